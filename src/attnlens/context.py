@@ -1,0 +1,106 @@
+"""What a method sees: the tensors of the shared pass (:class:`Capture`) and the batch it explains (:class:`BatchContext`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .adapters import Adapter
+
+TARGET_KINDS = ("logit", "probability", "loss")
+
+
+@dataclass
+class Capture:
+    """Tensors of one forward (and, if needed, one backward) pass over a padded batch.
+
+    Shapes: B examples, L layers of the explained attention stream, H heads, Q query and K key positions,
+    N input tokens, D hidden size. Every tensor is detached; gradients are of the summed per-example target.
+
+    Attributes:
+        logits: ``(B, C)`` classifier logits.
+        attentions: L tensors ``(B, H, Q, K)``: softmax attention, rows are queries.
+        attention_grads: gradients of the target w.r.t. ``attentions`` (``None`` without a backward pass).
+        hidden: L+1 tensors ``(B, K, D)`` aligned with the keys; ``hidden[l]`` is the input of layer ``l+1``
+            (``hidden[0]`` the embeddings) and ``hidden[L]`` the last layer's output.
+        hidden_grads: their gradients, or ``None``.
+        embeddings: ``(B, N, D)`` output of the input-embedding module (token space), or ``None``.
+        embedding_grads: its gradient, or ``None``.
+        query_mask: ``(B, Q)`` real (non-padding) query positions.
+        key_mask: ``(B, K)`` real key positions.
+        query_weights: ``(B, Q)`` weights of the explained query row(s): one-hot at the classification position,
+            or uniform over the real queries (BART's encoder stream). ``score = query_weights @ matrix``.
+        self_attention: whether queries and keys are the same positions (square matrices; rollout needs it).
+    """
+
+    logits: torch.Tensor
+    attentions: list[torch.Tensor]
+    query_mask: torch.Tensor
+    key_mask: torch.Tensor
+    query_weights: torch.Tensor
+    self_attention: bool = True
+    attention_grads: list[torch.Tensor] | None = None
+    hidden: list[torch.Tensor] | None = None
+    hidden_grads: list[torch.Tensor] | None = None
+    embeddings: torch.Tensor | None = None
+    embedding_grads: torch.Tensor | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.attentions)
+
+    def row(self, matrix: torch.Tensor) -> torch.Tensor:
+        """The explained row of ``matrix`` ``(B, Q, K)`` (or ``(B, H, Q, K)``): ``query_weights @ matrix``."""
+        if matrix.dim() == 4:
+            return torch.einsum("bq,bhqk->bhk", self.query_weights.to(matrix.dtype), matrix)
+        return torch.einsum("bq,bqk->bk", self.query_weights.to(matrix.dtype), matrix)
+
+
+@dataclass
+class BatchContext:
+    """One padded, length-sorted batch being explained, with everything a method may need.
+
+    Attributes:
+        model: the model (eval mode, eager attention) while the explainer runs.
+        adapter: the architecture adapter of the model's family.
+        inputs: model inputs (``input_ids``, ``attention_mask``, and ``token_type_ids`` where the model takes them).
+        token_mask: ``(B, N)`` real (non-padding) input tokens.
+        special_mask: ``(B, N)`` special tokens ([CLS], [SEP], ...), padding excluded.
+        targets: ``(B,)`` explained class per example.
+        target_kind: ``"logit"``, ``"probability"`` or ``"loss"`` (log-probability of ``targets``).
+        stream: which attention explains (``"self"`` for encoder-/decoder-only, or BART's
+            ``"encoder"``, ``"decoder"``, ``"cross"``).
+        capture: the shared pass, or ``None`` when no requested method needs it.
+        cache: scratch space shared by the methods of this batch (e.g. one LRP pass for several LRP methods).
+    """
+
+    model: torch.nn.Module
+    adapter: Adapter
+    inputs: dict[str, torch.Tensor]
+    token_mask: torch.Tensor
+    special_mask: torch.Tensor
+    targets: torch.Tensor
+    target_kind: str = "logit"
+    stream: str = "self"
+    capture: Capture | None = None
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def target_scalar(self, logits: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example explained scalar ``(B,)`` from logits ``(B, C)``: logit, probability or log-probability."""
+        return target_scalar(logits, self.targets if targets is None else targets, self.target_kind)
+
+
+def target_scalar(logits: torch.Tensor, targets: torch.Tensor, kind: str) -> torch.Tensor:
+    """The scalar each example's explanation is of; summing it over a batch keeps examples independent."""
+    if kind == "logit":
+        values = logits
+    elif kind == "probability":
+        values = logits.softmax(-1)
+    elif kind == "loss":  # minus cross-entropy, so that positive still means "supports the label"
+        values = logits.log_softmax(-1)
+    else:
+        raise ValueError(f"unknown target kind {kind!r}; choose one of {', '.join(TARGET_KINDS)}")
+    return values.gather(-1, targets.view(-1, 1)).squeeze(-1)

@@ -1,0 +1,22 @@
+"""Exceptions raised for user mistakes; each carries a message that says what to change."""
+
+from __future__ import annotations
+
+
+class AttnLensError(Exception):
+    """Base class for every error attnlens raises on purpose (bad input, unsupported model, ...)."""
+
+
+class InputError(AttnLensError, ValueError):
+    """Texts, targets or options that cannot be explained as given."""
+
+
+class ModelError(AttnLensError, TypeError):
+    """A model or tokenizer that attnlens cannot explain (wrong head, vocabulary mismatch, ...)."""
+
+
+class UnknownMethodError(InputError, KeyError):
+    """A method id that is not in the registry."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,277 @@
+"""The one result type: token scores of every method for one explained input.
+
+An :class:`Explanation` holds plain Python / NumPy data only (no tensors, no model references), so it can be
+saved, loaded, compared and rendered anywhere. Its JSON form (:meth:`Explanation.to_dict`) is a contract that
+the CLI and other tools rely on: the keys ``text, tokens, special, target, predicted, probabilities, scores,
+layers`` never change meaning.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError
+
+WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
+_SUBWORD_MARKS = ("##", "Ġ", "▁")
+
+
+@dataclass
+class Explanation:
+    """Token impact scores of one input, for every method that was asked for.
+
+    Attributes:
+        text: the explained text, or ``[text_a, text_b]`` for a sentence pair.
+        tokens: the model's tokens (padding removed), special tokens included.
+        special: ``True`` where a token is a special token ([CLS], [SEP], <s>, ...); never ranked.
+        target: the class whose score was explained.
+        predicted: the class the model predicted.
+        probabilities: softmax probabilities of every class.
+        scores: method id -> one float per token; positive supports ``target`` where the method is signed.
+        layers: method id -> ``(n_layers, n_tokens)`` per-layer scores for layered methods.
+        labels: class names (``id2label``), if the model has them.
+        word_ids, sequence_ids, offsets: the tokenizer's alignment of tokens to words and characters (fast
+            tokenizers only); used by :meth:`to_words`.
+        meta: how the explanation was made (model, target kind, attention stream, method options, ...).
+    """
+
+    text: str | list[str]
+    tokens: list[str]
+    special: list[bool]
+    target: int
+    predicted: int
+    probabilities: list[float]
+    scores: dict[str, np.ndarray] = field(default_factory=dict)
+    layers: dict[str, np.ndarray] = field(default_factory=dict)
+    labels: list[str] | None = None
+    word_ids: list[int | None] | None = None
+    sequence_ids: list[int | None] | None = None
+    offsets: list[tuple[int, int]] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def methods(self) -> list[str]:
+        """Ids of the methods whose scores this explanation holds."""
+        return list(self.scores)
+
+    @property
+    def target_label(self) -> str | None:
+        """Name of the explained class, if the model names its classes."""
+        return self.labels[self.target] if self.labels else None
+
+    @property
+    def predicted_label(self) -> str | None:
+        """Name of the predicted class, if the model names its classes."""
+        return self.labels[self.predicted] if self.labels else None
+
+    def _method_scores(self, method: str) -> np.ndarray:
+        if method not in self.scores:
+            raise InputError(
+                f"this explanation has no scores for method {method!r}; it has: {', '.join(self.scores) or 'none'}"
+            )
+        return self.scores[method]
+
+    def ranking(self, method: str) -> list[int]:
+        """Positions of the non-special tokens, highest score first (ties keep token order)."""
+        s = self._method_scores(method)
+        candidates = [i for i, sp in enumerate(self.special) if not sp]
+        return sorted(candidates, key=lambda i: -float(s[i]))
+
+    def top_k(self, method: str, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` highest-scoring non-special tokens as ``(token, score)`` pairs, highest first.
+
+        Special and padding tokens are never ranked. Use ``exp.to_words().top_k(...)`` for words.
+        """
+        if k < 0:
+            raise InputError(f"k must be >= 0, got {k}")
+        s = self._method_scores(method)
+        return [(self.tokens[i], float(s[i])) for i in self.ranking(method)[:k]]
+
+    # ------------------------------------------------------------- aggregation
+    def word_groups(self) -> list[list[int]]:
+        """Token positions grouped into words; every special token forms a group of its own."""
+        groups: list[list[int]] = []
+        last_key: tuple[Any, Any] | None = None
+        for i, tok in enumerate(self.tokens):
+            if self.special[i]:
+                groups.append([i])
+                last_key = None
+                continue
+            if self.word_ids is not None:
+                seq = self.sequence_ids[i] if self.sequence_ids is not None else 0
+                key = (seq, self.word_ids[i])
+                joins = last_key is not None and key == last_key and self.word_ids[i] is not None
+            else:  # slow tokenizer: fall back on subword markers
+                key = (None, None)
+                joins = bool(groups) and last_key is not None and _is_continuation(tok)
+            if joins:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+            last_key = key
+        return groups
+
+    def _word_text(self, group: list[int]) -> str:
+        if self.offsets is not None and not self.special[group[0]]:
+            seq = self.sequence_ids[group[0]] if self.sequence_ids is not None else 0
+            source = self.text[seq or 0] if isinstance(self.text, list) else self.text
+            start = min(self.offsets[i][0] for i in group)
+            end = max(self.offsets[i][1] for i in group)
+            if end > start:
+                return source[start:end]
+        return "".join(_strip_mark(self.tokens[i], first=(j == 0)) for j, i in enumerate(group))
+
+    def to_words(self, aggregation: str = "sum") -> Explanation:
+        """Aggregate subword scores to words: ``sum`` (default, keeps totals), ``mean``, ``max`` or ``absmax``.
+
+        Returns a new Explanation whose tokens are words; special tokens stay as they are.
+        """
+        if aggregation not in WORD_AGGREGATIONS:
+            raise InputError(f"unknown aggregation {aggregation!r}; choose one of {', '.join(WORD_AGGREGATIONS)}")
+        if self.meta.get("granularity") == "word":
+            return self
+        groups = self.word_groups()
+
+        def agg(values: np.ndarray) -> np.ndarray:  # values: (..., n_tokens)
+            cols = []
+            for g in groups:
+                v = values[..., g]
+                if aggregation == "sum":
+                    cols.append(v.sum(-1))
+                elif aggregation == "mean":
+                    cols.append(v.mean(-1))
+                elif aggregation == "max":
+                    cols.append(v.max(-1))
+                else:
+                    idx = np.abs(v).argmax(-1)
+                    cols.append(np.take_along_axis(v, np.expand_dims(idx, -1), -1)[..., 0])
+            return np.stack(cols, -1).astype(np.float64)
+
+        offsets = None
+        if self.offsets is not None:
+            offsets = [(min(self.offsets[i][0] for i in g), max(self.offsets[i][1] for i in g)) for g in groups]
+        return Explanation(
+            text=self.text,
+            tokens=[self._word_text(g) for g in groups],
+            special=[self.special[g[0]] for g in groups],
+            target=self.target,
+            predicted=self.predicted,
+            probabilities=list(self.probabilities),
+            scores={m: agg(s) for m, s in self.scores.items()},
+            layers={m: agg(s) for m, s in self.layers.items()},
+            labels=self.labels,
+            word_ids=[None if self.special[g[0]] else k for k, g in enumerate(groups)],
+            sequence_ids=None if self.sequence_ids is None else [self.sequence_ids[g[0]] for g in groups],
+            offsets=offsets,
+            meta={**self.meta, "granularity": "word", "word_aggregation": aggregation},
+        )
+
+    # ----------------------------------------------------------- serialization
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; the first eight keys are the stable contract of ``attnlens explain --format json``."""
+        return {
+            "text": self.text,
+            "tokens": list(self.tokens),
+            "special": [bool(x) for x in self.special],
+            "target": int(self.target),
+            "predicted": int(self.predicted),
+            "probabilities": [float(p) for p in self.probabilities],
+            "scores": {m: [float(x) for x in s] for m, s in self.scores.items()},
+            "layers": {m: [[float(x) for x in row] for row in s] for m, s in self.layers.items()},
+            "labels": self.labels,
+            "word_ids": self.word_ids,
+            "sequence_ids": self.sequence_ids,
+            "offsets": None if self.offsets is None else [list(o) for o in self.offsets],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Explanation:
+        """Inverse of :meth:`to_dict`."""
+        missing = [k for k in ("text", "tokens", "special", "target", "predicted", "probabilities") if k not in d]
+        if missing:
+            raise InputError(f"not an attnlens explanation: missing keys {', '.join(missing)}")
+        offsets = d.get("offsets")
+        return cls(
+            text=d["text"],
+            tokens=list(d["tokens"]),
+            special=[bool(x) for x in d["special"]],
+            target=int(d["target"]),
+            predicted=int(d["predicted"]),
+            probabilities=[float(p) for p in d["probabilities"]],
+            scores={m: np.asarray(s, dtype=np.float64) for m, s in d.get("scores", {}).items()},
+            layers={m: np.asarray(s, dtype=np.float64) for m, s in d.get("layers", {}).items()},
+            labels=d.get("labels"),
+            word_ids=d.get("word_ids"),
+            sequence_ids=d.get("sequence_ids"),
+            offsets=None if offsets is None else [tuple(o) for o in offsets],
+            meta=dict(d.get("meta") or {}),
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write this explanation as one JSON document."""
+        Path(path).write_text(json.dumps(self.to_dict()), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Explanation:
+        """Read an explanation written by :meth:`save` (or the first line of a JSONL file)."""
+        text = Path(path).read_text(encoding="utf-8").strip()
+        first = text.splitlines()[0] if text.startswith("{") and "\n" in text else text
+        return cls.from_dict(json.loads(first))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Explanation):
+            return NotImplemented
+        a, b = self.to_dict(), other.to_dict()
+        return a == b
+
+    # -------------------------------------------------------------- rendering
+    def show(self, methods: Sequence[str] | None = None, **kwargs: Any) -> None:
+        """Print a coloured token heatmap to the terminal (positive green, negative red)."""
+        from .viz.terminal import print_explanations
+
+        print_explanations([self], methods=methods, **kwargs)
+
+    def to_html(self, methods: Sequence[str] | None = None, **kwargs: Any) -> str:
+        """A self-contained HTML page with this explanation's token heatmaps."""
+        from .viz.html import explanations_html
+
+        return explanations_html([self], methods=methods, **kwargs)
+
+
+def _is_continuation(token: str) -> bool:
+    if token.startswith("##"):
+        return True
+    if token.startswith(("Ġ", "▁")):
+        return False
+    return False
+
+
+def _strip_mark(token: str, first: bool) -> str:
+    for mark in _SUBWORD_MARKS:
+        if token.startswith(mark):
+            return token[len(mark) :]
+    return token
+
+
+def save_explanations(explanations: Iterable[Explanation], path: str | Path) -> None:
+    """Write explanations as JSON Lines, one explanation per line."""
+    with Path(path).open("w", encoding="utf-8") as f:
+        for e in explanations:
+            f.write(json.dumps(e.to_dict()) + "\n")
+
+
+def load_explanations(path: str | Path) -> list[Explanation]:
+    """Read explanations written by :func:`save_explanations` (or a single :meth:`Explanation.save` file)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            out.append(Explanation.from_dict(json.loads(line)))
+    return out

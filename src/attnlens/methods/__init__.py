@@ -1,0 +1,5 @@
+"""Explanation methods, keyed by id in one registry."""
+
+from .registry import Method, MethodOutput, get_method, list_methods, register, resolve_methods
+
+__all__ = ["Method", "MethodOutput", "get_method", "list_methods", "register", "resolve_methods"]

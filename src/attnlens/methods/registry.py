@@ -1,0 +1,141 @@
+"""The method registry: one entry per explanation method, declaring what the shared pass must capture.
+
+A method is a small function ``compute(ctx, **options) -> MethodOutput`` of a :class:`~attnlens.context.BatchContext`.
+Most methods only read ``ctx.capture`` (the tensors of the one shared forward/backward pass); methods that need
+a pass of their own (Captum's integrated gradients, LRP) run it from ``ctx`` and may share it through
+``ctx.cache``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import InputError, UnknownMethodError
+
+# What a method can ask the shared pass for.
+ATTENTION = "attention"  # attention probabilities of the chosen stream
+GRADIENTS = "gradients"  # gradients of the target w.r.t. everything captured (forces a backward pass)
+HIDDEN = "hidden"  # hidden states aligned with the attention keys
+EMBEDDINGS = "embeddings"  # output of the input-embedding module (token space)
+OWN_PASS = "own_pass"  # the method runs its own computation from ctx (not the shared capture)
+NEEDS = frozenset({ATTENTION, GRADIENTS, HIDDEN, EMBEDDINGS, OWN_PASS})
+
+
+@dataclass
+class MethodOutput:
+    """Scores of one method for a whole batch.
+
+    ``scores`` is ``(B, K)`` and ``layers`` ``(B, L, K)`` (or ``None``). ``space`` says whether the last axis is the
+    attention stream's key positions (``"keys"``, mapped to input tokens by the engine) or input tokens
+    (``"tokens"``). The engine zeroes padding afterwards, so methods need not.
+    """
+
+    scores: torch.Tensor
+    layers: torch.Tensor | None = None
+    space: str = "keys"
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered explanation method."""
+
+    name: str
+    compute: Callable[..., MethodOutput]
+    needs: frozenset[str]
+    summary: str
+    citation: str
+    class_specific: bool = True
+    self_attention_only: bool = False
+    lrp: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Defaults merged with ``options``; unknown option names raise :class:`InputError`."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            allowed = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "none"
+            raise InputError(f"method {self.name!r} has no option {', '.join(unknown)}; its options: {allowed}")
+        return {**self.options, **options}
+
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(
+    name: str,
+    *,
+    needs: set[str] | frozenset[str],
+    summary: str,
+    citation: str,
+    class_specific: bool = True,
+    self_attention_only: bool = False,
+    lrp: bool = False,
+    options: dict[str, Any] | None = None,
+) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
+    """Decorator that adds ``compute`` to the registry under ``name``."""
+    bad = set(needs) - NEEDS
+    if bad:
+        raise ValueError(f"unknown needs {bad}; known: {sorted(NEEDS)}")
+
+    def deco(compute: Callable[..., MethodOutput]) -> Callable[..., MethodOutput]:
+        if name in _REGISTRY:
+            raise ValueError(f"method {name!r} is registered twice")
+        _REGISTRY[name] = Method(
+            name=name,
+            compute=compute,
+            needs=frozenset(needs),
+            summary=summary,
+            citation=citation,
+            class_specific=class_specific,
+            self_attention_only=self_attention_only,
+            lrp=lrp,
+            options=dict(options or {}),
+        )
+        return compute
+
+    return deco
+
+
+def get_method(name: str) -> Method:
+    """The registered method ``name``; an unknown id raises an error that lists the available ones."""
+    _load_builtin_methods()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownMethodError(
+            f"unknown method {name!r}; available methods: {', '.join(list_methods())}"
+        ) from None
+
+
+def list_methods(*, include_lrp: bool = True) -> list[str]:
+    """Ids of all registered methods, in registration order."""
+    _load_builtin_methods()
+    return [m for m, spec in _REGISTRY.items() if include_lrp or not spec.lrp]
+
+
+def resolve_methods(methods: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """Turn ``"all"``, ``None``, a comma-separated string or a list into a checked list of method ids."""
+    if methods is None or methods == "all":
+        return list_methods()
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
+    if not methods:
+        raise InputError(f"no methods given; available methods: {', '.join(list_methods())}")
+    out: list[str] = []
+    for m in methods:
+        if m == "all":
+            out.extend(x for x in list_methods() if x not in out)
+            continue
+        get_method(m)
+        if m not in out:
+            out.append(m)
+    return out
+
+
+def _load_builtin_methods() -> None:
+    # Importing the modules registers their methods; done lazily to keep imports cycle-free.
+    from . import builtin  # noqa: F401
