@@ -38,6 +38,7 @@ class Explanation:
         labels: class names (``id2label``), if the model has them.
         word_ids, sequence_ids, offsets: the tokenizer's alignment of tokens to words and characters (fast
             tokenizers only); used by :meth:`to_words`.
+        input_ids, token_type_ids: the token ids that were explained (evaluation perturbs these, never text).
         meta: how the explanation was made (model, target kind, attention stream, method options, ...).
     """
 
@@ -53,6 +54,8 @@ class Explanation:
     word_ids: list[int | None] | None = None
     sequence_ids: list[int | None] | None = None
     offsets: list[tuple[int, int]] | None = None
+    input_ids: list[int] | None = None
+    token_type_ids: list[int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ queries
@@ -189,6 +192,8 @@ class Explanation:
             "word_ids": self.word_ids,
             "sequence_ids": self.sequence_ids,
             "offsets": None if self.offsets is None else [list(o) for o in self.offsets],
+            "input_ids": self.input_ids,
+            "token_type_ids": self.token_type_ids,
             "meta": self.meta,
         }
 
@@ -212,6 +217,8 @@ class Explanation:
             word_ids=d.get("word_ids"),
             sequence_ids=d.get("sequence_ids"),
             offsets=None if offsets is None else [tuple(o) for o in offsets],
+            input_ids=d.get("input_ids"),
+            token_type_ids=d.get("token_type_ids"),
             meta=dict(d.get("meta") or {}),
         )
 
