@@ -1,4 +1,4 @@
-"""What a method sees: the tensors of the shared pass (:class:`Capture`) and the batch it explains (:class:`BatchContext`)."""
+"""What a method sees: the shared pass (:class:`Capture`) and the batch it explains (:class:`BatchContext`)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ class Capture:
     def n_layers(self) -> int:
         return len(self.attentions)
 
+    def query_mean(self, matrix: torch.Tensor) -> torch.Tensor:
+        """Mean of ``matrix`` ``(B, Q, K)`` over the real query rows: ``(B, K)``."""
+        m = self.query_mask.to(matrix.dtype)
+        return torch.einsum("bq,bqk->bk", m, matrix) / m.sum(1, keepdim=True).clamp_min(1.0)
+
     def row(self, matrix: torch.Tensor) -> torch.Tensor:
         """The explained row of ``matrix`` ``(B, Q, K)`` (or ``(B, H, Q, K)``): ``query_weights @ matrix``."""
         if matrix.dim() == 4:
@@ -71,6 +76,7 @@ class BatchContext:
         special_mask: ``(B, N)`` special tokens ([CLS], [SEP], ...), padding excluded.
         targets: ``(B,)`` explained class per example.
         target_kind: ``"logit"``, ``"probability"`` or ``"loss"`` (log-probability of ``targets``).
+        tokenizer: the tokenizer (for methods that need special token ids, e.g. baselines).
         stream: which attention explains (``"self"`` for encoder-/decoder-only, or BART's
             ``"encoder"``, ``"decoder"``, ``"cross"``).
         capture: the shared pass, or ``None`` when no requested method needs it.
@@ -85,6 +91,7 @@ class BatchContext:
     targets: torch.Tensor
     target_kind: str = "logit"
     stream: str = "self"
+    tokenizer: Any = None
     capture: Capture | None = None
     cache: dict[str, Any] = field(default_factory=dict)
 

@@ -1,0 +1,30 @@
+"""attnlens: explain Transformer predictions through their attention, and measure how faithful that is.
+
+>>> from attnlens import Explainer
+>>> ex = Explainer.from_pretrained("../shared/models/minilm-sst2")
+>>> exps = ex.explain(["a charming journey"], methods=["attcat", "rollout"])
+>>> exps[0].top_k("attcat", 3)
+"""
+
+__version__ = "0.1.0"
+
+from .adapters import register_adapter  # noqa: E402
+from .errors import AttnLensError, InputError, ModelError, UnknownMethodError  # noqa: E402
+from .explainer import Explainer  # noqa: E402
+from .explanation import Explanation, load_explanations, save_explanations  # noqa: E402
+from .methods import get_method, list_methods, register  # noqa: E402
+
+__all__ = [
+    "AttnLensError",
+    "Explainer",
+    "Explanation",
+    "InputError",
+    "ModelError",
+    "UnknownMethodError",
+    "get_method",
+    "list_methods",
+    "load_explanations",
+    "register",
+    "register_adapter",
+    "save_explanations",
+]

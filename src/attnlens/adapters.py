@@ -1,0 +1,234 @@
+"""One adapter per architecture family: where attention, hidden states and the classification position live.
+
+Families:
+- ``encoder`` (BERT, DistilBERT, RoBERTa, ALBERT, ELECTRA, MiniLM, ...): one self-attention stream; the head
+  reads position 0 ([CLS] / <s>).
+- ``decoder`` (GPT-2, Llama, Mistral, Qwen, ...): one causal self-attention stream; the head reads the last
+  real token (inputs are right-padded, so padding never reaches a real token).
+- ``encoder-decoder`` (BART, mBART): three streams. ``encoder`` self-attention is explained by the mean over
+  its real query rows (no single position feeds the head there); ``decoder`` self-attention and ``cross``
+  attention by the decoder position of the last EOS, whose state feeds the head. The decoder reads the input
+  shifted right by one (position 0 is the decoder start token), so decoder key ``i + 1`` is input token ``i``;
+  the final EOS itself is never a decoder key and scores 0 in that stream.
+
+Adding a family member is one call to :func:`register_adapter` (model_type -> adapter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import InputError, ModelError
+
+
+@dataclass
+class StreamTensors:
+    """The (non-detached) tensors of one attention stream, as the model returned them."""
+
+    attentions: list[torch.Tensor]  # L x (B, H, Q, K)
+    hidden: list[torch.Tensor]  # L+1 x (B, K, D), aligned with the keys
+    query_mask: torch.Tensor  # (B, Q) bool
+    key_mask: torch.Tensor  # (B, K) bool
+    query_weights: torch.Tensor  # (B, Q)
+    self_attention: bool
+
+
+def _one_hot(index: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(index, n).float()
+
+
+def _uniform(mask: torch.Tensor) -> torch.Tensor:
+    m = mask.float()
+    return m / m.sum(1, keepdim=True).clamp_min(1.0)
+
+
+class Adapter:
+    """Base adapter; subclasses describe one architecture family."""
+
+    family: str = ""
+    streams: tuple[str, ...] = ("self",)
+    default_stream: str = "self"
+
+    def check_stream(self, stream: str | None) -> str:
+        """The stream to explain: ``None`` picks the family's default; single-stream families also accept their
+        family name (``"encoder"`` for an encoder, ``"decoder"`` for a decoder)."""
+        if stream is None:
+            return self.default_stream
+        if stream in self.streams:
+            return stream
+        if self.streams == ("self",) and stream == self.family:
+            return "self"
+        choices = ", ".join(self.streams if self.streams != ("self",) else ("self", self.family))
+        raise InputError(f"attention={stream!r} is not available for {self.family} models; choose one of {choices}")
+
+    def embedding_module(self, model: nn.Module) -> nn.Module:
+        """The module whose output is the input-token embeddings (hooked for gradient baselines)."""
+        return model.get_input_embeddings()
+
+    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
+        """``(B,)`` position whose final state feeds the classification head."""
+        raise NotImplementedError
+
+    def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
+        """Pick the attention stream's tensors out of the model outputs."""
+        raise NotImplementedError
+
+    def keys_to_tokens(self, values: torch.Tensor, stream: str) -> torch.Tensor:
+        """Map the last axis from key positions to input-token positions (identity unless the stream is shifted)."""
+        return values
+
+    def pad_token_id(self, tokenizer: Any, config: Any) -> int:
+        """Id used to pad batches (the head of some families locates tokens by it)."""
+        for value in (getattr(config, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None)):
+            if value is not None:
+                return int(value)
+        return 0
+
+
+class EncoderAdapter(Adapter):
+    """BERT-like encoders: the classifier reads position 0."""
+
+    family = "encoder"
+
+    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
+        return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+
+    def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
+        mask = token_mask.bool()
+        return StreamTensors(
+            attentions=list(outputs.attentions),
+            hidden=list(outputs.hidden_states),
+            query_mask=mask,
+            key_mask=mask,
+            query_weights=_one_hot(cls, mask.shape[1]),
+            self_attention=True,
+        )
+
+
+class DecoderAdapter(EncoderAdapter):
+    """Causal decoders (GPT-2, Llama, ...): the classifier reads the last real token."""
+
+    family = "decoder"
+
+    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
+        return token_mask.long().sum(1) - 1
+
+
+class EncoderDecoderAdapter(Adapter):
+    """BART-like encoder-decoders: the classifier reads the decoder state at the last EOS."""
+
+    family = "encoder-decoder"
+    streams = ("encoder", "decoder", "cross")
+    default_stream = "encoder"
+
+    def embedding_module(self, model: nn.Module) -> nn.Module:
+        encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
+        if encoder is None and hasattr(model, "model"):
+            encoder = model.model.get_encoder()
+        if encoder is not None and hasattr(encoder, "get_input_embeddings"):
+            return encoder.get_input_embeddings()
+        return model.get_input_embeddings()
+
+    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
+        eos = config.eos_token_id
+        is_eos = (input_ids == eos) & token_mask.bool()
+        if not bool(is_eos.any(1).all()):
+            raise InputError(f"every input must contain the EOS token (id {eos}) that feeds the BART head")
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return torch.where(is_eos, positions, torch.full_like(positions, -1)).max(1).values
+
+    def _decoder_mask(self, token_mask: torch.Tensor) -> torch.Tensor:
+        # Decoder position 0 holds the start token, position i the input token i - 1.
+        mask = torch.zeros_like(token_mask, dtype=torch.bool)
+        mask[:, 0] = True
+        mask[:, 1:] = token_mask[:, :-1].bool()
+        return mask
+
+    def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
+        enc_mask = token_mask.bool()
+        n = enc_mask.shape[1]
+        if stream == "encoder":
+            return StreamTensors(
+                attentions=list(outputs.encoder_attentions),
+                hidden=list(outputs.encoder_hidden_states),
+                query_mask=enc_mask,
+                key_mask=enc_mask,
+                query_weights=_uniform(enc_mask),
+                self_attention=True,
+            )
+        dec_mask = self._decoder_mask(enc_mask)
+        if stream == "decoder":
+            return StreamTensors(
+                attentions=list(outputs.decoder_attentions),
+                hidden=list(outputs.decoder_hidden_states),
+                query_mask=dec_mask,
+                key_mask=dec_mask,
+                query_weights=_one_hot(cls, n),
+                self_attention=True,
+            )
+        if stream == "cross":
+            # Every cross-attention layer reads the encoder's output: it is the hidden state of each layer's keys.
+            layers = len(outputs.cross_attentions)
+            return StreamTensors(
+                attentions=list(outputs.cross_attentions),
+                hidden=[outputs.encoder_last_hidden_state] * (layers + 1),
+                query_mask=dec_mask,
+                key_mask=enc_mask,
+                query_weights=_one_hot(cls, n),
+                self_attention=False,
+            )
+        raise InputError(f"unknown attention stream {stream!r}; choose one of {', '.join(self.streams)}")
+
+    def keys_to_tokens(self, values: torch.Tensor, stream: str) -> torch.Tensor:
+        if stream != "decoder":
+            return values
+        out = torch.zeros_like(values)
+        out[..., :-1] = values[..., 1:]
+        return out
+
+
+ENCODER = EncoderAdapter()
+DECODER = DecoderAdapter()
+ENCODER_DECODER = EncoderDecoderAdapter()
+
+_ADAPTERS: dict[str, Adapter] = {
+    **dict.fromkeys(
+        ["bert", "distilbert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "deberta",
+         "deberta-v2", "mpnet", "ernie", "modernbert"],
+        ENCODER,
+    ),
+    **dict.fromkeys(
+        ["gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma",
+         "gemma2", "phi", "phi3", "opt", "bloom", "falcon"],
+        DECODER,
+    ),
+    **dict.fromkeys(["bart", "mbart"], ENCODER_DECODER),
+}
+
+
+def register_adapter(model_type: str, adapter: Adapter) -> None:
+    """Use ``adapter`` for models whose ``config.model_type`` is ``model_type``."""
+    _ADAPTERS[model_type] = adapter
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter of ``model``'s architecture family."""
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ModelError(f"{type(model).__name__} is not a HuggingFace model (it has no config)")
+    model_type = getattr(config, "model_type", "")
+    if model_type in _ADAPTERS:
+        return _ADAPTERS[model_type]
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelError(
+            f"encoder-decoder model type {model_type!r} has no adapter; supported: "
+            f"{', '.join(k for k, v in _ADAPTERS.items() if v is ENCODER_DECODER)} "
+            "(see attnlens.adapters.register_adapter)"
+        )
+    if getattr(config, "is_decoder", False):
+        return DECODER
+    return ENCODER

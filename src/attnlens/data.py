@@ -1,0 +1,358 @@
+"""Data sets for evaluation: SST-2, IMDB, Yelp/Amazon polarity, MNLI, QQP and SQuAD v1.1/v2.0.
+
+Every data set loads from plain local files first: by default ``$ATTNLENS_DATA`` or ``../shared/data`` (relative to
+the working directory or to the repository), in the formats described in that folder's README:
+
+- classification JSON Lines (optionally gzipped): ``{"text", "label"}`` per line (``sentence``/``content``/
+  ``review`` are accepted for ``text``);
+- sentence pairs: ``{"text_a", "text_b", "label"}`` (``premise``/``hypothesis`` and ``question1``/``question2``
+  are accepted too);
+- SQuAD JSON (optionally gzipped): ``{"data": [{"paragraphs": [{"context", "qas": [...]}]}]}``.
+
+Any file of the same shape can be passed as a path instead of a name. When the local files are missing and the
+``datasets`` package is installed, the HuggingFace hub is tried as a last resort (it needs network access).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+DATA_ENV = "ATTNLENS_DATA"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where a named data set lives locally and on the hub, and what its labels mean."""
+
+    name: str
+    task: str  # "classification", "pair" or "qa"
+    folder: str
+    files: dict[str, tuple[str, ...]]  # split -> candidate file names inside the folder, first found wins
+    default_split: str
+    labels: tuple[str, ...] = ()
+    hub: tuple[str, str | None] | None = None  # (path, config) for datasets.load_dataset
+    hub_splits: dict[str, str] = field(default_factory=dict)  # our split name -> hub split name
+
+
+def _cands(stem: str) -> tuple[str, ...]:
+    return (f"{stem}.jsonl", f"{stem}.jsonl.gz")
+
+
+SPECS: dict[str, DatasetSpec] = {
+    "sst2": DatasetSpec(
+        "sst2", "classification", "sst2",
+        {"dev": _cands("dev"), "train": _cands("train"), "test": _cands("test")},
+        "dev", ("negative", "positive"), ("glue", "sst2"),
+        {"dev": "validation", "train": "train", "test": "test"},
+    ),
+    "imdb": DatasetSpec(
+        "imdb", "classification", "imdb",
+        {"test": _cands("test"), "train": _cands("train"), "sample2000": _cands("test_sample2000_seed0")},
+        "test", ("negative", "positive"), ("imdb", None), {"test": "test", "train": "train"},
+    ),
+    "yelp_polarity": DatasetSpec(
+        "yelp_polarity", "classification", "yelp_polarity",
+        {"test": _cands("test"), "train": _cands("train")},
+        "test", ("negative", "positive"), ("yelp_polarity", None), {"test": "test", "train": "train"},
+    ),
+    "amazon_polarity": DatasetSpec(
+        "amazon_polarity", "classification", "amazon_polarity",
+        {"test": _cands("test"), "train": _cands("train")},
+        "test", ("negative", "positive"), ("amazon_polarity", None), {"test": "test", "train": "train"},
+    ),
+    "mnli": DatasetSpec(
+        "mnli", "pair", "mnli",
+        {
+            "dev_matched": ("dev_matched.jsonl", "dev_matched.jsonl.gz", "dev_matched_textfooler1000.jsonl"),
+            "dev_mismatched": (
+                "dev_mismatched.jsonl", "dev_mismatched.jsonl.gz", "dev_mismatched_textfooler1000.jsonl",
+            ),
+            "train": _cands("train"),
+        },
+        "dev_matched", ("entailment", "neutral", "contradiction"), ("glue", "mnli"),
+        {"dev_matched": "validation_matched", "dev_mismatched": "validation_mismatched", "train": "train"},
+    ),
+    "qqp": DatasetSpec(
+        "qqp", "pair", "qqp",
+        {"dev": _cands("dev"), "train": _cands("train")},
+        "dev", ("not_duplicate", "duplicate"), ("glue", "qqp"), {"dev": "validation", "train": "train"},
+    ),
+    "squad": DatasetSpec(
+        "squad", "qa", "squad_v1.1",
+        {"dev": ("dev-v1.1.json", "dev-v1.1.json.gz", "dev-v1.1.reconstructed.json.gz")},
+        "dev", (), ("squad", None), {"dev": "validation"},
+    ),
+    "squad_v2": DatasetSpec(
+        "squad_v2", "qa", "squad_v2.0",
+        {"dev": ("dev-v2.0.json", "dev-v2.0.json.gz", "dev-v2.0.reconstructed.json.gz")},
+        "dev", (), ("squad_v2", None), {"dev": "validation"},
+    ),
+}
+ALIASES = {
+    "glue/sst2": "sst2", "sst-2": "sst2", "glue/mnli": "mnli", "multi_nli": "mnli", "glue/qqp": "qqp",
+    "squad_v1": "squad", "squad_v1.1": "squad", "squad1": "squad", "squad_v2.0": "squad_v2", "squad2": "squad_v2",
+    "yelp": "yelp_polarity", "amazon": "amazon_polarity",
+}
+SPLIT_ALIASES = {"validation": "dev", "val": "dev", "validation_matched": "dev_matched",
+                 "validation_mismatched": "dev_mismatched"}
+
+
+@dataclass
+class Example:
+    """One labelled input.
+
+    ``text`` is a string, or ``[text_a, text_b]`` for a sentence pair and ``[question, context]`` for QA.
+    QA examples carry ``answers`` (``[{"text", "answer_start"}]``, character offsets into the context; empty for
+    unanswerable SQuAD v2 questions) and have ``label`` ``None``.
+    """
+
+    id: str
+    text: str | list[str]
+    label: int | None = None
+    answers: list[dict[str, Any]] | None = None
+
+    @property
+    def is_pair(self) -> bool:
+        return isinstance(self.text, list)
+
+
+@dataclass
+class Dataset:
+    """A loaded split: its examples, in file order (or a seeded subset of them, still in file order)."""
+
+    name: str
+    split: str
+    task: str
+    examples: list[Example]
+    labels: list[str] = field(default_factory=list)
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __iter__(self) -> Iterator[Example]:
+        return iter(self.examples)
+
+    def __getitem__(self, i: int) -> Example:
+        return self.examples[i]
+
+    @property
+    def texts(self) -> list[str | list[str]]:
+        """Inputs in the form :meth:`Explainer.explain` takes (strings or ``[a, b]`` pairs)."""
+        return [e.text for e in self.examples]
+
+    @property
+    def gold(self) -> list[int | None]:
+        return [e.label for e in self.examples]
+
+
+def known_datasets() -> list[str]:
+    """Names :func:`load_dataset` accepts (besides file paths)."""
+    return list(SPECS)
+
+
+def data_root(root: str | os.PathLike[str] | None = None) -> Path | None:
+    """The local data folder: ``root``, else ``$ATTNLENS_DATA``, else the first ``../shared/data`` found
+    relative to the working directory or to this package's repository; ``None`` if none exists."""
+    if root is not None:
+        return Path(root)
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for base in (Path.cwd(), *Path.cwd().parents[:2], *here.parents[:4]):
+        cand = base / ".." / "shared" / "data"
+        if cand.is_dir():
+            return cand.resolve()
+        cand = base / "shared" / "data"
+        if cand.is_dir():
+            return cand.resolve()
+    return None
+
+
+def load_dataset(
+    name: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    root: str | os.PathLike[str] | None = None,
+    task: str | None = None,
+    hub: bool = True,
+) -> Dataset:
+    """Load a data set by name (see :func:`known_datasets`) or from a file of the same shape.
+
+    Args:
+        name: a known name (``sst2``, ``imdb``, ``mnli``, ``squad`` ...) or a path to a ``.jsonl[.gz]`` /
+            SQuAD ``.json[.gz]`` file.
+        split: split name (``dev``, ``test``, ``train``; IMDB also ``sample2000``; MNLI ``dev_matched`` /
+            ``dev_mismatched``); the data set's default when ``None``.
+        limit: keep ``limit`` examples drawn with ``random.Random(seed)``, in their original order.
+        seed: seed of the subset.
+        root: local data folder (default: see :func:`data_root`).
+        task: for files: ``classification``, ``pair`` or ``qa`` (guessed from the content if ``None``).
+        hub: whether to fall back to the HuggingFace hub (needs ``datasets`` and network access).
+    """
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be a positive number of examples, got {limit}")
+    key = str(name)
+    path = Path(key)
+    if key.lower() not in SPECS and key.lower() not in ALIASES and (path.suffix or path.exists()):
+        if not path.is_file():
+            raise InputError(f"data file {key} does not exist")
+        ds = _load_file(path, task=task, name=path.name, split=split or path.stem)
+        return _subset(ds, limit, seed)
+    spec = SPECS.get(ALIASES.get(key.lower(), key.lower()))
+    if spec is None:
+        raise InputError(
+            f"unknown dataset {key!r}; known datasets: {', '.join(known_datasets())} (or give a path to a "
+            ".jsonl / SQuAD .json file)"
+        )
+    split = SPLIT_ALIASES.get(split, split) if split else spec.default_split
+    if split not in spec.files:
+        raise InputError(f"dataset {spec.name!r} has no split {split!r}; its splits: {', '.join(spec.files)}")
+    base = data_root(root)
+    tried: list[str] = []
+    if base is not None:
+        for fname in spec.files[split]:
+            f = base / spec.folder / fname
+            tried.append(str(f))
+            if f.is_file():
+                ds = _load_file(f, task=spec.task, name=spec.name, split=split, labels=list(spec.labels))
+                return _subset(ds, limit, seed)
+    if hub:
+        ds = _load_hub(spec, split, tried)
+        return _subset(ds, limit, seed)
+    raise InputError(f"no local file for {spec.name}/{split}; looked for {', '.join(tried) or 'no data folder'}")
+
+
+def _subset(ds: Dataset, limit: int | None, seed: int) -> Dataset:
+    if limit is None or limit >= len(ds.examples):
+        return ds
+    keep = sorted(random.Random(seed).sample(range(len(ds.examples)), limit))
+    ds.examples = [ds.examples[i] for i in keep]
+    return ds
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
+_TEXT_KEYS = ("text", "sentence", "content", "review")
+_PAIR_KEYS = (("text_a", "text_b"), ("premise", "hypothesis"), ("question1", "question2"), ("sentence1", "sentence2"))
+
+
+def _load_file(
+    path: Path, *, task: str | None, name: str, split: str, labels: list[str] | None = None
+) -> Dataset:
+    stem = path.name[:-3] if path.name.endswith(".gz") else path.name
+    if stem.endswith(".json") or task == "qa":
+        with _open_text(path) as f:
+            try:
+                doc = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path} is not a SQuAD-style JSON file: {exc}") from None
+        return Dataset(name, split, "qa", squad_examples(doc, source=str(path)), [], str(path))
+    examples: list[Example] = []
+    kind = task
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            ex, row_kind = _row_example(row, lineno, path)
+            if kind in (None, "classification", "pair") and kind not in (None, row_kind):
+                raise InputError(f"{path}:{lineno}: expected a {kind} row, got {sorted(row)}")
+            kind = row_kind
+            examples.append(ex)
+    if not examples:
+        raise InputError(f"{path} holds no examples")
+    if not labels:
+        names = {}
+        with _open_text(path) as f:  # label names, where rows carry them (MNLI's label_text)
+            for line in f:
+                if line.strip():
+                    row = json.loads(line)
+                    if "label_text" in row and "label" in row:
+                        names[int(row["label"])] = str(row["label_text"])
+        labels = [names[i] for i in sorted(names)] if names and sorted(names) == list(range(len(names))) else []
+    return Dataset(name, split, kind or "classification", examples, labels, str(path))
+
+
+def _row_example(row: dict[str, Any], lineno: int, path: Path) -> tuple[Example, str]:
+    ident = str(row.get("id", row.get("idx", lineno - 1)))
+    label = row.get("label")
+    if label is not None:
+        try:
+            label = int(label)
+        except (TypeError, ValueError):
+            raise InputError(f"{path}:{lineno}: label must be an integer class id, got {label!r}") from None
+    for a, b in _PAIR_KEYS:
+        if a in row and b in row:
+            return Example(ident, [str(row[a]), str(row[b])], label), "pair"
+    for k in _TEXT_KEYS:
+        if k in row:
+            text = str(row[k])
+            if "title" in row and k == "content" and row["title"]:  # amazon_polarity: title + content
+                text = f"{row['title']}. {text}"
+            return Example(ident, text, label), "classification"
+    raise InputError(
+        f"{path}:{lineno}: a row needs 'text' (or {', '.join(_TEXT_KEYS[1:])}) or a pair "
+        f"({', '.join('/'.join(p) for p in _PAIR_KEYS)}); got keys {sorted(row)}"
+    )
+
+
+def squad_examples(doc: dict[str, Any], source: str = "") -> list[Example]:
+    """Examples ``[question, context]`` with their gold answers from a SQuAD v1.1/v2.0 document."""
+    if "data" not in doc:
+        raise InputError(f"{source or 'document'} is not SQuAD JSON: no 'data' key")
+    out: list[Example] = []
+    for article in doc["data"]:
+        for para in article.get("paragraphs", []):
+            context = para["context"]
+            for qa in para.get("qas", []):
+                answers = [] if qa.get("is_impossible") else list(qa.get("answers", []))
+                out.append(Example(str(qa["id"]), [qa["question"], context], None, answers))
+    return out
+
+
+def _load_hub(spec: DatasetSpec, split: str, tried: Sequence[str]) -> Dataset:
+    where = f"looked for {', '.join(tried)}" if tried else f"no local data folder (set ${DATA_ENV})"
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError:
+        raise InputError(
+            f"no local file for {spec.name}/{split} ({where}) and the 'datasets' package is not installed "
+            "to fetch it from the HuggingFace hub (pip install attnlens[hub])"
+        ) from None
+    if spec.hub is None or split not in spec.hub_splits:
+        raise InputError(f"no local file for {spec.name}/{split} ({where}) and no hub split for it")
+    path, config = spec.hub
+    try:
+        hf = datasets.load_dataset(path, config, split=spec.hub_splits[split])
+    except Exception as exc:  # offline, renamed, ...: one readable line
+        raise InputError(f"no local file for {spec.name}/{split} ({where}); the hub failed too: {exc}") from None
+    examples: list[Example] = []
+    for i, row in enumerate(hf):
+        if spec.task == "qa":
+            ans = row["answers"]
+            answers = [{"text": t, "answer_start": s} for t, s in zip(ans["text"], ans["answer_start"])]
+            examples.append(Example(str(row["id"]), [row["question"], row["context"]], None, answers))
+        else:
+            ex, _ = _row_example(dict(row), i + 1, Path(f"{path}/{config or ''}"))
+            examples.append(ex)
+    return Dataset(spec.name, split, spec.task, examples, list(spec.labels), f"hub:{path}/{config or ''}")

@@ -1,0 +1,518 @@
+"""The :class:`Explainer`: tokenizes, batches, runs the shared pass and every requested method, returns
+:class:`~attnlens.explanation.Explanation` objects in input order."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from . import __version__
+from .adapters import Adapter, adapter_for
+from .capture import run_capture
+from .context import TARGET_KINDS, BatchContext
+from .errors import InputError, ModelError
+from .explanation import Explanation
+from .methods.registry import GRADIENTS, OWN_PASS, get_method, resolve_methods
+from .modelstate import explaining
+
+TextInput = Union[str, tuple[str, str], list[str]]  # noqa: UP007 (a runtime alias on Python 3.10)
+_POSITION_OFFSET_MODELS = {"roberta", "xlm-roberta", "camembert"}  # positions start after the padding index
+
+
+@dataclass
+class Encoded:
+    """One tokenized input."""
+
+    text: str | list[str]
+    ids: list[int]
+    type_ids: list[int] | None
+    special: list[bool]
+    tokens: list[str]
+    word_ids: list[int | None] | None
+    sequence_ids: list[int | None] | None
+    offsets: list[tuple[int, int]] | None
+    dropped: int = 0
+
+
+def _is_classifier(model: nn.Module) -> bool:
+    return type(model).__name__.endswith("ForSequenceClassification")
+
+
+class Explainer:
+    """Explains a HuggingFace sequence classifier with every registered method.
+
+    Args:
+        model: a ``...ForSequenceClassification`` model (encoder-only, decoder-only or encoder-decoder).
+        tokenizer: its tokenizer (a fast tokenizer enables word aggregation).
+        attention: which attention to explain: ``None`` (the family's default), or for BART-like models
+            ``"encoder"`` (default), ``"decoder"`` or ``"cross"``.
+        max_length: longest input in tokens (default: what the model's position embeddings allow).
+        name: how the model is named in the explanations' metadata.
+
+    The model is never modified: it runs in eval mode with eager attention while explaining, and its flags and
+    attention implementation are restored afterwards (also on errors).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        attention: str | None = None,
+        max_length: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise ModelError(f"expected a PyTorch HuggingFace model, got {type(model).__name__}")
+        if not _is_classifier(model):
+            raise ModelError(
+                f"attnlens explains sequence classifiers (…ForSequenceClassification); got {type(model).__name__}. "
+                "Load the model with AutoModelForSequenceClassification."
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.adapter: Adapter = adapter_for(model)
+        self.stream = self.adapter.check_stream(attention)
+        self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self._check_vocabulary()
+        self.max_length = self._max_length(max_length)
+        params = inspect.signature(model.forward).parameters
+        self._takes_token_types = "token_type_ids" in params
+        self.pad_id = self.adapter.pad_token_id(tokenizer, model.config)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        *,
+        attention: str | None = None,
+        max_length: int | None = None,
+        device: str | torch.device | None = None,
+        **model_kwargs: Any,
+    ) -> Explainer:
+        """Load a classifier and its tokenizer from a local directory (or a hub id when online), eager attention."""
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        name = str(name_or_path)
+        looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
+        if looks_local and not Path(name).expanduser().is_dir():
+            raise ModelError(f"model directory not found: {name}")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                name, attn_implementation="eager", **model_kwargs
+            )
+        except OSError as exc:  # missing files, unknown hub id, no network
+            raise ModelError(f"could not load model {name!r}: {str(exc).splitlines()[0]}") from exc
+        except ValueError as exc:  # e.g. a config that is not a sequence classifier
+            raise ModelError(f"could not load {name!r} as a sequence classifier: {str(exc).splitlines()[0]}") from exc
+        if device is not None:
+            model.to(device)
+        return cls(model, tokenizer, attention=attention, max_length=max_length, name=name)
+
+    # ----------------------------------------------------------------- checks
+    @property
+    def labels(self) -> list[str]:
+        """Class names in index order (``id2label``)."""
+        n = int(self.model.config.num_labels)
+        id2label = getattr(self.model.config, "id2label", None) or {}
+        return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(n)]
+
+    @property
+    def device(self) -> torch.device:
+        try:
+            return next(self.model.parameters()).device
+        except StopIteration:
+            return torch.device("cpu")
+
+    def _check_vocabulary(self) -> None:
+        rows = self.model.get_input_embeddings().num_embeddings
+        size = len(self.tokenizer)
+        if size > rows:
+            raise ModelError(
+                f"the tokenizer has {size} tokens but the model's embedding matrix has {rows} rows: "
+                "this tokenizer does not belong to this model"
+            )
+
+    def _max_length(self, requested: int | None) -> int:
+        config = self.model.config
+        limits = []
+        for attr in ("max_position_embeddings", "n_positions"):
+            value = getattr(config, attr, None)
+            if isinstance(value, int) and value > 0:
+                if getattr(config, "model_type", "") in _POSITION_OFFSET_MODELS:
+                    value -= int(getattr(config, "pad_token_id", 1) or 1) + 1
+                limits.append(value)
+                break
+        tok_limit = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(tok_limit, int) and 0 < tok_limit < 1_000_000:
+            limits.append(tok_limit)
+        model_limit = min(limits) if limits else 512
+        if requested is None:
+            return model_limit
+        if requested < 2:
+            raise InputError(f"max_length must be at least 2, got {requested}")
+        if requested > model_limit:
+            warnings.warn(
+                f"max_length={requested} exceeds what the model supports; using {model_limit}", stacklevel=3
+            )
+            return model_limit
+        return requested
+
+    # --------------------------------------------------------------- encoding
+    def _normalize_texts(self, texts: TextInput | Sequence[TextInput]) -> list[str | list[str]]:
+        is_pair = isinstance(texts, tuple) and len(texts) == 2 and all(isinstance(t, str) for t in texts)
+        if isinstance(texts, str) or is_pair:
+            texts = [texts]
+        if not isinstance(texts, Sequence) or len(texts) == 0:
+            raise InputError("no texts to explain: pass a string, a (text_a, text_b) pair or a list of them")
+        out: list[str | list[str]] = []
+        for i, t in enumerate(texts):
+            if isinstance(t, str):
+                parts = [t]
+            elif isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
+                parts = list(t)
+            else:
+                raise InputError(f"input {i} is neither a string nor a pair of strings: {t!r:.80}")
+            for p in parts:
+                if not p.strip():
+                    raise InputError(f"input {i} is empty or whitespace only")
+            out.append(parts[0] if len(parts) == 1 else parts)
+        return out
+
+    def encode(self, texts: TextInput | Sequence[TextInput], truncation: bool = True) -> list[Encoded]:
+        """Tokenize inputs (no padding); over-long inputs are truncated with a warning or rejected."""
+        items = self._normalize_texts(texts)
+        fast = bool(getattr(self.tokenizer, "is_fast", False))
+        encoded: list[Encoded] = []
+        too_long: list[tuple[int, int]] = []
+        for i, text in enumerate(items):
+            args = (text,) if isinstance(text, str) else (text[0], text[1])
+            kwargs = dict(add_special_tokens=True, return_special_tokens_mask=True, return_offsets_mapping=fast,
+                          verbose=False)
+            enc = self.tokenizer(*args, truncation=False, **kwargs)
+            n = len(enc["input_ids"])
+            dropped = 0
+            if n > self.max_length:
+                if not truncation:
+                    raise InputError(
+                        f"input {i} has {n} tokens, more than the model's maximum of {self.max_length} "
+                        "(pass truncation=True to cut it)"
+                    )
+                enc = self.tokenizer(*args, truncation=True, max_length=self.max_length, **kwargs)
+                dropped = n - len(enc["input_ids"])
+                too_long.append((i, dropped))
+            ids = [int(x) for x in enc["input_ids"]]
+            encoded.append(
+                Encoded(
+                    text=text,
+                    ids=ids,
+                    type_ids=[int(x) for x in enc["token_type_ids"]] if "token_type_ids" in enc else None,
+                    special=[bool(x) for x in enc["special_tokens_mask"]],
+                    tokens=self.tokenizer.convert_ids_to_tokens(ids),
+                    word_ids=enc.word_ids() if fast else None,
+                    sequence_ids=enc.sequence_ids() if fast else None,
+                    offsets=[tuple(o) for o in enc["offset_mapping"]] if fast else None,
+                    dropped=dropped,
+                )
+            )
+        if too_long:
+            detail = ", ".join(f"input {i}: {d} tokens" for i, d in too_long[:5])
+            more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
+            warnings.warn(
+                f"{len(too_long)} input(s) longer than {self.max_length} tokens were truncated ({detail}{more} "
+                "dropped)",
+                stacklevel=3,
+            )
+        rows = self.model.get_input_embeddings().num_embeddings
+        worst = max(max(e.ids) for e in encoded)
+        if worst >= rows:
+            raise ModelError(
+                f"the tokenizer produced token id {worst} but the model has only {rows} embeddings: "
+                "tokenizer and model do not belong together"
+            )
+        return encoded
+
+    def _inputs(
+        self,
+        ids: Sequence[Sequence[int]],
+        type_ids: Sequence[Sequence[int] | None] | None = None,
+        masks: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Right-padded model inputs and the ``(B, N)`` mask of real tokens."""
+        n = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), n), self.pad_id, dtype=torch.long)
+        token_mask = torch.zeros((len(ids), n), dtype=torch.long)
+        for b, seq in enumerate(ids):
+            input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            token_mask[b, : len(seq)] = 1
+        attention_mask = token_mask.clone()
+        if masks is not None:
+            for b, m in enumerate(masks):
+                attention_mask[b, : len(m)] = torch.tensor(m, dtype=torch.long)
+        device = self.device
+        inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+        if self._takes_token_types and type_ids is not None and all(t is not None for t in type_ids):
+            tt = torch.zeros((len(ids), n), dtype=torch.long)
+            for b, seq in enumerate(type_ids):
+                tt[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            inputs["token_type_ids"] = tt.to(device)
+        return inputs, token_mask.to(device)
+
+    def _effective_batch_size(self, batch_size: int) -> int:
+        if batch_size < 1:
+            raise InputError(f"batch_size must be >= 1, got {batch_size}")
+        if self.adapter.family == "decoder" and getattr(self.model.config, "pad_token_id", None) is None:
+            if batch_size > 1:
+                warnings.warn(
+                    "the model's config has no pad_token_id, so its head cannot find the last token of a padded "
+                    "batch; explaining one input at a time (set model.config.pad_token_id to batch)",
+                    stacklevel=3,
+                )
+            return 1
+        return batch_size
+
+    # ---------------------------------------------------------------- targets
+    def _resolve_targets(self, target: Any, n: int) -> list[int]:
+        """Per-example target class, ``-1`` for "the predicted class"."""
+        if target is None or isinstance(target, (int, str, np.integer)):
+            return [self._resolve_target(target)] * n
+        if isinstance(target, torch.Tensor):
+            target = target.tolist()
+        if not isinstance(target, Sequence) or len(target) != n:
+            raise InputError(f"target must be None, a class index, a label name, or one of those per input ({n})")
+        return [self._resolve_target(t) for t in target]
+
+    def _resolve_target(self, t: Any) -> int:
+        labels = self.labels
+        if t is None:
+            return -1
+        if isinstance(t, str):
+            lowered = {name.lower(): i for i, name in enumerate(labels)}
+            if t.lower() in lowered:
+                return lowered[t.lower()]
+            if t.lstrip("-").isdigit():
+                return self._resolve_target(int(t))
+            raise InputError(f"unknown label {t!r}; the model's labels are: {', '.join(labels)}")
+        if isinstance(t, (int, np.integer)) and not isinstance(t, bool):
+            if not 0 <= int(t) < len(labels):
+                raise InputError(
+                    f"target {t} is out of range: the model has {len(labels)} classes (0..{len(labels) - 1})"
+                )
+            return int(t)
+        raise InputError(f"target must be a class index or label name, got {t!r}")
+
+    # ---------------------------------------------------------------- explain
+    def explain(
+        self,
+        texts: TextInput | Sequence[TextInput],
+        methods: str | Sequence[str] | None = "all",
+        *,
+        target: Any = None,
+        batch_size: int = 32,
+        target_kind: str = "logit",
+        truncation: bool = True,
+        progress: bool = False,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> list[Explanation]:
+        """Explain each input with each method; one shared forward/backward pass per batch serves them all.
+
+        Args:
+            texts: a string, a ``(text_a, text_b)`` pair, or a list of them.
+            methods: ``"all"``, a comma-separated string or a list of method ids (see ``list_methods()``).
+            target: ``None`` (each input's predicted class), a class index, a label name, or one per input.
+            batch_size: inputs per padded batch (inputs are sorted by length internally).
+            target_kind: explain the ``"logit"`` (default), the ``"probability"``, or ``"loss"`` (the
+                log-probability of ``target``, i.e. minus the cross-entropy; pass the gold labels as ``target``).
+            truncation: cut inputs longer than the model's maximum (with a warning) instead of raising.
+            progress: show a progress bar.
+            options: per-method options, e.g. ``{"attcat": {"hidden": "output", "alpha": "cls"}}``.
+
+        Returns:
+            One :class:`Explanation` per input, in input order.
+        """
+        if target_kind not in TARGET_KINDS:
+            raise InputError(f"target_kind={target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
+        method_ids = resolve_methods(methods)
+        specs = [get_method(m) for m in method_ids]
+        options = dict(options or {})
+        for name in options:
+            if name not in method_ids:
+                raise InputError(f"options given for {name!r}, which is not among the requested methods")
+        method_options = {s.name: s.check_options(dict(options.get(s.name, {}))) for s in specs}
+        for s in specs:
+            if s.self_attention_only and self.stream == "cross":
+                raise InputError(f"method {s.name!r} needs self-attention; it is not defined for attention='cross'")
+        if target_kind == "loss" and target is None:
+            raise InputError("target_kind='loss' explains the loss against given labels: pass them as target=")
+        needs = set().union(*(s.needs for s in specs))
+        gradients = GRADIENTS in needs
+
+        encoded = self.encode(texts, truncation=truncation)
+        targets = self._resolve_targets(target, len(encoded))
+        size = self._effective_batch_size(batch_size)
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
+        results: list[Explanation | None] = [None] * len(encoded)
+        with explaining(self.model), tqdm(total=len(encoded), disable=not progress, desc="explaining",
+                                          unit="input") as bar:
+            for start in range(0, len(order), size):
+                idx = order[start : start + size]
+                batch = [encoded[i] for i in idx]
+                for i, exp in zip(idx, self._explain_batch(batch, [targets[i] for i in idx], specs,
+                                                           method_options, target_kind, gradients), strict=True):
+                    results[i] = exp
+                bar.update(len(idx))
+        return results  # type: ignore[return-value]
+
+    def _context(self, batch: list[Encoded], target_kind: str) -> BatchContext:
+        inputs, token_mask = self._inputs([e.ids for e in batch], [e.type_ids for e in batch])
+        special = torch.zeros_like(token_mask, dtype=torch.bool)
+        for b, e in enumerate(batch):
+            special[b, : len(e.special)] = torch.tensor(e.special)
+        return BatchContext(
+            model=self.model,
+            adapter=self.adapter,
+            inputs=inputs,
+            token_mask=token_mask,
+            special_mask=special,
+            targets=torch.zeros(len(batch), dtype=torch.long),
+            target_kind=target_kind,
+            stream=self.stream,
+            tokenizer=self.tokenizer,
+        )
+
+    def compute_batch(
+        self, batch: list[Encoded], targets: list[int], specs: list[Any], method_options: dict[str, dict[str, Any]],
+        target_kind: str = "logit", gradients: bool | None = None,
+    ) -> tuple[BatchContext, dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
+        """Scores of one padded batch in token space: ``{method: (scores (B, N), layers (B, L, N) | None)}``.
+
+        Padding positions are exactly zero. Used by :meth:`explain`; public for tests and evaluation code.
+        """
+        if gradients is None:
+            gradients = any(GRADIENTS in s.needs for s in specs)
+        ctx = self._context(batch, target_kind)
+        if gradients and any(t >= 0 for t in targets) and any(t < 0 for t in targets):
+            # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
+            probs = self._probabilities([e.ids for e in batch], [e.type_ids for e in batch])
+            targets = [t if t >= 0 else int(p.argmax()) for t, p in zip(targets, probs, strict=True)]
+        wanted = torch.tensor(targets, dtype=torch.long, device=ctx.token_mask.device)
+        with explaining(self.model):
+            capture, _ = run_capture(
+                self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream,
+                None if bool((wanted < 0).all()) else wanted, target_kind, gradients=gradients,
+            )
+            ctx.targets = torch.where(wanted < 0, capture.logits.argmax(-1), wanted)
+            ctx.capture = capture
+            out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+            mask = ctx.token_mask.to(capture.logits.dtype)
+            for spec in specs:
+                with torch.set_grad_enabled(OWN_PASS in spec.needs):  # capture-only methods need no graph
+                    result = spec.compute(ctx, **method_options.get(spec.name, {}))
+                scores, layers = result.scores.detach(), None if result.layers is None else result.layers.detach()
+                if result.space == "keys":
+                    scores = self.adapter.keys_to_tokens(scores, self.stream)
+                    layers = None if layers is None else self.adapter.keys_to_tokens(layers, self.stream)
+                scores = scores * mask
+                layers = None if layers is None else layers * mask[:, None, :]
+                out[spec.name] = (scores, layers)
+        return ctx, out
+
+    def _explain_batch(
+        self, batch: list[Encoded], targets: list[int], specs: list[Any], method_options: dict[str, dict[str, Any]],
+        target_kind: str, gradients: bool,
+    ) -> list[Explanation]:
+        ctx, out = self.compute_batch(batch, targets, specs, method_options, target_kind, gradients)
+        probs = ctx.capture.logits.float().softmax(-1).cpu().numpy()
+        explanations = []
+        meta = {
+            "model": self.name,
+            "family": self.adapter.family,
+            "attention": self.stream,
+            "target_kind": target_kind,
+            "options": {k: v for k, v in method_options.items() if v},
+            "attnlens": __version__,
+        }
+        for b, e in enumerate(batch):
+            n = len(e.ids)
+            scores = {m: s[b, :n].double().cpu().numpy() for m, (s, _) in out.items()}
+            layers = {m: lay[b, :, :n].double().cpu().numpy() for m, (_, lay) in out.items() if lay is not None}
+            explanations.append(
+                Explanation(
+                    text=e.text,
+                    tokens=list(e.tokens),
+                    special=list(e.special),
+                    target=int(ctx.targets[b]),
+                    predicted=int(probs[b].argmax()),
+                    probabilities=[float(p) for p in probs[b]],
+                    scores=scores,
+                    layers=layers,
+                    labels=self.labels,
+                    word_ids=e.word_ids,
+                    sequence_ids=e.sequence_ids,
+                    offsets=e.offsets,
+                    input_ids=list(e.ids),
+                    token_type_ids=e.type_ids,
+                    meta={**meta, "truncated_tokens": e.dropped} if e.dropped else dict(meta),
+                )
+            )
+        return explanations
+
+    # ------------------------------------------------------------ prediction
+    @torch.no_grad()
+    def _probabilities(
+        self,
+        ids: Sequence[Sequence[int]],
+        type_ids: Sequence[Sequence[int] | None] | None = None,
+        masks: Sequence[Sequence[int]] | None = None,
+    ) -> np.ndarray:
+        inputs, _ = self._inputs(ids, type_ids, masks)
+        with explaining(self.model):
+            logits = self.model(**inputs).logits
+        return logits.float().softmax(-1).cpu().numpy()
+
+    def predict_proba(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        attention_masks: Sequence[Sequence[int]] | None = None,
+        *,
+        batch_size: int = 64,
+    ) -> np.ndarray:
+        """Class probabilities ``(n, C)`` for token-id sequences of any lengths (no gradients, length-sorted
+        batches). ``attention_masks`` (one 0/1 list per sequence) lets callers hide tokens without deleting them."""
+        if len(input_ids) == 0:
+            return np.zeros((0, int(self.model.config.num_labels)))
+        size = self._effective_batch_size(batch_size)
+        order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
+        out = np.zeros((len(input_ids), int(self.model.config.num_labels)))
+        for start in range(0, len(order), size):
+            idx = order[start : start + size]
+            probs = self._probabilities(
+                [input_ids[i] for i in idx],
+                None if token_type_ids is None else [token_type_ids[i] for i in idx],
+                None if attention_masks is None else [attention_masks[i] for i in idx],
+            )
+            out[idx] = probs
+        return out
+
+    @torch.no_grad()
+    def attention_maps(self, text: TextInput) -> tuple[list[str], list[bool], np.ndarray]:
+        """Tokens, special flags and the attention probabilities ``(L, H, N, N)`` of the explained stream."""
+        (e,) = self.encode([text] if not isinstance(text, list) else [tuple(text)])
+        ctx = self._context([e], "logit")
+        with explaining(self.model):
+            capture, _ = run_capture(self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream, None,
+                                     "logit", gradients=False)
+        att = torch.stack(capture.attentions, 0)[:, 0]  # (L, H, Q, K)
+        return list(e.tokens), list(e.special), att.float().cpu().numpy()
