@@ -1,0 +1,171 @@
+"""Self-contained HTML pages of explanations: methods stacked per example (AttCAT Fig. 5b) and layer x token
+heatmaps of layered methods (AttCAT Fig. 4). No scripts, no external files; every piece of text is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..explanation import Explanation
+from .colors import (
+    hex_color,
+    layer_rows,
+    normalized,
+    prediction_line,
+    prepare,
+    select_methods,
+    shade,
+    text_of,
+)
+
+TOP_K = 5
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
+       color: #1f2937; line-height: 1.4; padding: 0 1em; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.1em; margin-top: 2.2em; }
+h3 { font-size: 1em; margin: 1.2em 0 .4em; }
+.example { border-top: 1px solid #d1d5db; padding-top: .5em; }
+.meta { color: #4b5563; font-size: .9em; }
+table.stack { border-collapse: collapse; margin: .5em 0; }
+table.stack td { padding: 4px 6px; vertical-align: top; }
+td.method { font-weight: 600; white-space: nowrap; font-family: ui-monospace, monospace; font-size: .9em; }
+.tok { display: inline-block; padding: 1px 3px; margin: 1px 1px; border-radius: 3px; color: #111827; }
+.special { color: #9ca3af; background: none; }
+table.grid { border-collapse: collapse; font-size: .8em; margin: .5em 0; }
+table.grid th, table.grid td { border: 1px solid #e5e7eb; padding: 2px 4px; text-align: center; }
+table.grid th.row { text-align: right; font-family: ui-monospace, monospace; }
+table.grid th.tokcol { writing-mode: vertical-rl; transform: rotate(180deg); font-weight: 400; }
+table.top { border-collapse: collapse; font-size: .9em; }
+table.top th, table.top td { border-bottom: 1px solid #e5e7eb; padding: 3px 8px; text-align: left; }
+.legend { display: inline-block; width: 160px; height: .8em; vertical-align: middle;
+          background: linear-gradient(to right, rgb(220,38,38), #fff, rgb(22,163,74));
+          border: 1px solid #d1d5db; }
+.scroll { overflow-x: auto; }
+table.grid tr.sum > * { border-top: 2px solid #111827; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _token_spans(exp: Explanation, scores: np.ndarray) -> str:
+    norm = normalized(scores, exp.special)
+    spans = []
+    for i, tok in enumerate(exp.tokens):
+        if exp.special[i]:
+            spans.append(f'<span class="tok special" title="special token">{_e(tok)}</span>')
+        else:
+            color = hex_color(shade(norm[i]))
+            tip = f"{float(scores[i]):+.4g}"
+            spans.append(f'<span class="tok" style="background:{color}" title="{tip}">{_e(tok)}</span>')
+    return " ".join(spans)
+
+
+def _stack(exp: Explanation, methods: list[str]) -> str:
+    rows = [
+        f'<tr><td class="method">{_e(m)}</td><td>{_token_spans(exp, np.asarray(exp.scores[m]))}</td></tr>'
+        for m in methods
+    ]
+    return '<table class="stack">' + "".join(rows) + "</table>"
+
+
+def _top_table(exp: Explanation, methods: list[str], k: int) -> str:
+    head = f"<tr><th>method</th><th>top {k} for</th><th>top {k} against</th></tr>"
+    body = []
+    for m in methods:
+        ranked = exp.top_k(m, len(exp.tokens))
+        pos = [(t, s) for t, s in ranked if s > 0][:k]
+        neg = [(t, s) for t, s in reversed(ranked) if s < 0][:k]
+        cell = lambda pairs: _e(", ".join(f"{t} {s:+.3g}" for t, s in pairs) or "-")  # noqa: E731
+        body.append(f"<tr><td>{_e(m)}</td><td>{cell(pos)}</td><td>{cell(neg)}</td></tr>")
+    return '<table class="top">' + head + "".join(body) + "</table>"
+
+
+def layer_heatmap_html(exp: Explanation, method: str) -> str:
+    """An HTML table: one row per layer plus ``sum`` and ``rollout``, one column per token (AttCAT Fig. 4).
+
+    Each row is normalised by its own largest magnitude over non-special tokens; the last column gives that
+    magnitude, so a row that is tiny in absolute terms (rollout, typically) is still visible as such.
+    """
+    names, rows = layer_rows(exp.layers[method])
+    if rows.shape[1] != len(exp.tokens):
+        raise ValueError(f"{method}: layer scores have {rows.shape[1]} tokens, the explanation {len(exp.tokens)}")
+    head = "<tr><th></th>" + "".join(f'<th class="tokcol">{_e(t)}</th>' for t in exp.tokens)
+    head += "<th>max |s|</th></tr>"
+    body = []
+    for name, row in zip(names, rows, strict=True):
+        norm = normalized(row, exp.special)
+        peak = float(np.abs(np.where(exp.special, 0.0, np.nan_to_num(row))).max())
+        cells = []
+        for i, v in enumerate(row):
+            if exp.special[i]:
+                cells.append('<td class="special"></td>')
+            else:
+                color = hex_color(shade(norm[i]))
+                cells.append(f'<td style="background:{color}" title="{float(v):+.4g}">{norm[i]:+.2f}</td>')
+        css = ' class="sum"' if name == "sum" else ""
+        body.append(f'<tr{css}><th class="row">{_e(name)}</th>{"".join(cells)}<td>{peak:.3g}</td></tr>')
+    return '<div class="scroll"><table class="grid">' + head + "".join(body) + "</table></div>"
+
+
+def _example(exp: Explanation, index: int, methods: Sequence[str] | None, k: int) -> str:
+    chosen = select_methods(exp, methods)
+    probs = ", ".join(
+        f"{_e(exp.labels[i] if exp.labels and i < len(exp.labels) else i)}: {p:.3f}"
+        for i, p in enumerate(exp.probabilities)
+    )
+    parts = [
+        f'<section class="example"><h2>Example {index + 1}</h2>',
+        f'<p class="text">{_e(text_of(exp))}</p>',
+        f'<p class="meta">{_e(prediction_line(exp))} &middot; probabilities {probs}</p>',
+        '<div class="scroll">' + _stack(exp, chosen) + "</div>",
+    ]
+    if chosen:
+        parts.append(_top_table(exp, chosen, k))
+    for m in chosen:
+        if m in exp.layers and np.asarray(exp.layers[m]).ndim == 2:
+            parts.append(f"<h3>{_e(m)}: scores per layer</h3>")
+            parts.append(layer_heatmap_html(exp, m))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def page(title: str, body: str) -> str:
+    """Wrap an HTML body fragment into a complete page with the shared style sheet."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{STYLE}</style></head>\n<body>\n{body}\n</body></html>\n"
+    )
+
+
+def explanations_html(
+    exps: Explanation | Sequence[Explanation],
+    methods: Sequence[str] | None = None,
+    title: str | None = None,
+    words: bool = False,
+    k: int = TOP_K,
+) -> str:
+    """A self-contained HTML page: for every explanation, all methods' token heatmaps stacked for comparison,
+    a top-token table, and a layer x token heatmap for each layered method.
+
+    Args:
+        exps: one explanation or several.
+        methods: methods to show, in this order; default all methods of each explanation.
+        title: page title (escaped); default "attnlens explanations".
+        words: aggregate subword scores to words first (sum).
+        k: how many tokens the top-token table lists for and against the explained class.
+    """
+    items = prepare(exps, words)
+    title = title or "attnlens explanations"
+    intro = (
+        f'<h1>{_e(title)}</h1>\n<p class="meta">Green supports the explained class, red opposes it; shade = '
+        "|score| relative to the largest of the same method on the same example. "
+        'Hover a token for its score. <span class="legend"></span> &minus;1 &hellip; +1</p>'
+    )
+    sections = [_example(e, i, methods, k) for i, e in enumerate(items)]
+    return page(title, intro + "\n" + "\n".join(sections))

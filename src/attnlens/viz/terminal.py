@@ -1,0 +1,112 @@
+"""Coloured token heatmaps in the terminal (rich): a line of shaded tokens per method, then a top-token table.
+
+Positive scores are shaded green, negative red; the shade's intensity is the score's magnitude relative to the
+largest one of the same method on the same example (AttCAT Fig. 5). Special tokens are dimmed.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+from rich.console import Console, Group
+from rich.rule import Rule
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from ..explanation import Explanation
+from .colors import normalized, prediction_line, prepare, select_methods, shade, text_of
+
+TOP_K = 5
+
+
+def _token_line(exp: Explanation, method: str) -> Text:
+    norm = normalized(exp.scores[method], exp.special)
+    line = Text()
+    for i, (tok, v) in enumerate(zip(exp.tokens, norm, strict=True)):
+        if i:
+            line.append(" ")
+        if exp.special[i]:
+            line.append(tok, style=Style(dim=True))
+        else:
+            r, g, b = shade(v)
+            line.append(tok, style=Style(color="black", bgcolor=f"rgb({r},{g},{b})"))
+    return line
+
+
+def _top_cell(pairs: list[tuple[str, float]]) -> str:
+    return ", ".join(f"{tok} {score:+.3g}" for tok, score in pairs) or "-"
+
+
+def _top_table(exp: Explanation, methods: list[str], k: int) -> Table:
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("method", style="bold")
+    table.add_column(f"top {k} for", overflow="fold")
+    table.add_column(f"top {k} against", overflow="fold")
+    for m in methods:
+        ranked = exp.top_k(m, len(exp.tokens))
+        pos = [(t, s) for t, s in ranked if s > 0][:k]
+        neg = [(t, s) for t, s in reversed(ranked) if s < 0][:k]
+        table.add_row(m, _top_cell(pos), _top_cell(neg))
+    return table
+
+
+def explanation_renderable(exp: Explanation, methods: Sequence[str] | None = None, k: int = TOP_K) -> Group:
+    """A rich renderable of one explanation: header, one shaded token line per method, top-token table."""
+    chosen = select_methods(exp, methods)
+    parts: list = [Rule(Text(text_of(exp), overflow="ellipsis"), align="left"), Text(prediction_line(exp))]
+    width = max((len(m) for m in chosen), default=0)
+    for m in chosen:
+        line = Text()
+        line.append(m.ljust(width) + "  ", style="bold")
+        line.append_text(_token_line(exp, m))
+        parts.append(line)
+    if chosen:
+        parts.append(Text(""))
+        parts.append(_top_table(exp, chosen, k))
+    return Group(*parts)
+
+
+def print_explanations(
+    exps: Explanation | Sequence[Explanation],
+    methods: Sequence[str] | None = None,
+    words: bool = False,
+    console: Console | None = None,
+    k: int = TOP_K,
+) -> None:
+    """Print explanations as coloured token heatmaps plus a per-method table of the top tokens.
+
+    Args:
+        exps: one explanation or several.
+        methods: methods to show, in this order; default all methods of each explanation.
+        words: aggregate subword scores to words first (sum, :meth:`Explanation.to_words`).
+        console: the rich console to print on (default: a new one on stdout).
+        k: how many tokens the top-token table lists for and against the explained class.
+    """
+    console = console or Console()
+    for exp in prepare(exps, words):
+        console.print(explanation_renderable(exp, methods, k))
+        console.print()
+
+
+def render_terminal(
+    exps: Explanation | Sequence[Explanation],
+    methods: Sequence[str] | None = None,
+    words: bool = False,
+    color: bool = True,
+    width: int = 120,
+    k: int = TOP_K,
+) -> str:
+    """What :func:`print_explanations` prints, as a string (ANSI colour codes included when ``color``)."""
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        width=width,
+        force_terminal=color,
+        color_system="truecolor" if color else None,
+        no_color=not color,
+        highlight=False,
+    )
+    print_explanations(exps, methods=methods, words=words, console=console, k=k)
+    return buffer.getvalue()
