@@ -1,0 +1,546 @@
+"""Faithfulness, confidence and consistency metrics; each describes itself (name, range, best, direction).
+
+Per-example metrics work in two phases so that a runner can share and batch model calls: ``requests(item,
+method)`` lists the perturbed inputs (:class:`~attnlens.evaluation.perturb.Variant`) the metric needs, and
+``compute(item, method, probs)`` turns their probabilities into a value. :func:`score_examples` does both for
+a list of examples with any ``predict(variants) -> (n, C)`` callable, so the math is testable on hand-made models.
+
+Conventions (``protocol="paper"``, the default):
+
+- ranking = the method's signed scores over the real, non-special tokens, highest first (ties keep token order);
+  ``n`` = number of those tokens; ``ŷ`` = the class predicted on the unperturbed input.
+- AOPC (AttCAT Eq. 13): delete the top ``round(k/100·n)`` tokens for k = 0, 10, …, 100; mean of p(ŷ|x) − p(ŷ|x̃_k).
+- LOdds (Eq. 14): same grid, the tokens are replaced by the pad token (still attended); mean of log p(ŷ|x̃_k)/p(ŷ|x).
+- comprehensiveness / sufficiency (ERASER, k = 10, …, 100 %): p(ŷ|x) − p(ŷ|x without the top k%) /
+  p(ŷ|x) − p(ŷ|x with only the top k% of the real tokens).
+- occlusion (seed 000): accuracy against the gold label after dropping the top / bottom / random 0, 2, …, 40 tokens
+  (attention mask 0 by default); the scalar is the mean accuracy over the nonzero counts of the top strategy.
+- kendall (Eq. 15): Kendall τ_b between the scores of ŷ and of each other class over the real tokens, averaged.
+- consistency (seed 000): silhouette of the last-layer hidden states of the top-5 tokens of correctly classified
+  examples, clustered by gold class.
+- precision@k (AttCAT, SQuAD): gold-answer tokens among the k best-ranked tokens.
+
+``protocol="attcat-code"`` reproduces the AttCAT notebooks instead: explained and scored class = the gold label;
+9 levels from ``np.linspace(0, 1, 10)`` of the length *including* [CLS]/[SEP] (k = 0 dropped, duplicates
+removed); examples shorter than 10 tokens skipped; AOPC takes |p0 − pk|; τ compares ``argsort(-scores)`` index
+sequences over all tokens, against one other class (1 − y; for three classes ``1 if y == 0 else y − 1``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from ..errors import InputError
+from ..explanation import Explanation
+from .perturb import MODES, Predict, Variant, perturb, predict_cached
+
+PROTOCOLS = ("paper", "attcat-code")
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Settings shared by all metrics of one run.
+
+    Attributes:
+        protocol: ``"paper"`` (the equations as published) or ``"attcat-code"`` (the AttCAT code's quirks).
+        pad_token_id: id that replaces tokens for LOdds.
+        occlusion_counts: absolute numbers of tokens dropped for the occlusion curves.
+        occlusion_drop: ``"mask"`` (attention mask 0, seed 000's way) or ``"delete"``.
+        seed: seed of the random occlusion strategy (combined with the example index).
+        precision_k: K of precision@K.
+        consistency_top: tokens per example for consistency.
+    """
+
+    protocol: str = "paper"
+    pad_token_id: int | None = 0
+    occlusion_counts: tuple[int, ...] = tuple(range(0, 41, 2))
+    occlusion_drop: str = "mask"
+    seed: int = 0
+    precision_k: int = 20
+    consistency_top: int = 5
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise InputError(f"unknown protocol {self.protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+        if self.occlusion_drop not in ("mask", "delete"):
+            raise InputError(f"occlusion drop must be 'mask' or 'delete', got {self.occlusion_drop!r}")
+        if any(c < 0 for c in self.occlusion_counts):
+            raise InputError("occlusion counts must be >= 0")
+
+
+@dataclass
+class Item:
+    """One example as the metrics see it.
+
+    Attributes:
+        exp: the explanation of the explained class (its ``input_ids`` are perturbed).
+        label: gold class (``None`` if unknown).
+        index: position in the data set (seeds the random occlusion strategy).
+        other: class -> explanation of that class, for Kendall τ.
+        answer_tokens: token positions of the gold answer, for precision@K.
+    """
+
+    exp: Explanation
+    label: int | None = None
+    index: int = 0
+    other: dict[int, Explanation] = field(default_factory=dict)
+    answer_tokens: list[int] | None = None
+
+    @property
+    def base(self) -> Variant:
+        if self.exp.input_ids is None:
+            raise InputError("explanations must carry input_ids to be evaluated")
+        return Variant.of(self.exp.input_ids, self.exp.token_type_ids)
+
+    @property
+    def candidates(self) -> list[int]:
+        return [i for i, s in enumerate(self.exp.special) if not s]
+
+
+@dataclass
+class Result:
+    """A per-example value (``None`` where undefined) and optional details (levels, curves)."""
+
+    value: float | None
+    detail: Any = None
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """How to read a metric: what it measures, its range, its best value and its direction."""
+
+    name: str
+    range: tuple[float, float]
+    best: float
+    lower_is_better: bool
+    description: str
+    level: str = "example"  # "example": mean of per-example values; "dataset": one value per method
+    class_specific_only: bool = False  # undefined (n/a) for class-agnostic methods
+
+    def to_dict(self) -> dict[str, Any]:
+        def finite(x: float) -> float | None:  # JSON has no infinities: unbounded is null
+            return x if math.isfinite(x) else None
+
+        return {
+            "range": [finite(self.range[0]), finite(self.range[1])],
+            "best": finite(self.best),
+            "lower_is_better": self.lower_is_better,
+            "description": self.description,
+        }
+
+
+def ranking(exp: Explanation, method: str, reverse: bool = False) -> list[int]:
+    """Real-token positions by signed score, highest first (``reverse``: lowest first); ties keep token order."""
+    if method not in exp.scores:
+        raise InputError(f"explanation has no scores for {method!r}; it has {', '.join(exp.scores) or 'none'}")
+    s = np.asarray(exp.scores[method], dtype=np.float64)
+    cands = [i for i, sp in enumerate(exp.special) if not sp]
+    sign = 1.0 if reverse else -1.0
+    return sorted(cands, key=lambda i: sign * s[i])
+
+
+def paper_counts(n: int, fractions: Sequence[float]) -> list[int]:
+    """``round(f·n)`` for each fraction (NumPy rounding, half to even)."""
+    return [int(np.round(f * n)) for f in fractions]
+
+
+def attcat_code_counts(total: int) -> list[int]:
+    """AttCAT's grid: ``int(round(g·total))`` for g in ``linspace(0, 1, 10)``, deduplicated, without 0."""
+    counts = sorted({int(np.round(g * total)) for g in np.linspace(0, 1, 10)})
+    return [c for c in counts if c > 0]
+
+
+PAPER_FRACTIONS = tuple(k / 10 for k in range(11))  # 0, 10, ..., 100 %
+ERASER_FRACTIONS = tuple(k / 10 for k in range(1, 11))  # 10, ..., 100 %
+
+
+class Metric:
+    """Base of the per-example metrics."""
+
+    info: MetricInfo
+
+    def __init__(self, config: EvalConfig) -> None:
+        self.config = config
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def applies(self, item: Item) -> bool:
+        return True
+
+    def requests(self, item: Item, method: str) -> list[Variant]:
+        raise NotImplementedError
+
+    def compute(self, item: Item, method: str, probs: Mapping[Variant, np.ndarray]) -> Result:
+        raise NotImplementedError
+
+    # helpers
+    def scored_class(self, item: Item, probs: Mapping[Variant, np.ndarray]) -> int:
+        """The class whose probability is tracked: ŷ (paper) or the gold label (attcat-code)."""
+        if self.config.protocol == "attcat-code" and item.label is not None:
+            return int(item.label)
+        return int(np.argmax(probs[item.base]))
+
+
+class _LevelMetric(Metric):
+    """Remove the top-ranked tokens at several levels and compare one class's probability with the original."""
+
+    mode = "delete"
+    fractions: tuple[float, ...] = PAPER_FRACTIONS
+
+    def levels(self, item: Item) -> list[int] | None:
+        n = len(item.candidates)
+        if self.config.protocol == "attcat-code":
+            total = len(item.exp.tokens)
+            if total < 10:  # the notebooks skip short inputs
+                return None
+            return [min(c, n) for c in attcat_code_counts(total)]
+        return paper_counts(n, self.fractions)
+
+    def variant(self, item: Item, order: list[int], count: int) -> Variant:
+        return perturb(item.base, order[:count], self.mode, self.config.pad_token_id)
+
+    def requests(self, item: Item, method: str) -> list[Variant]:
+        levels = self.levels(item)
+        if levels is None:
+            return [item.base]
+        order = ranking(item.exp, method)
+        return [item.base] + [self.variant(item, order, c) for c in levels]
+
+    def compute(self, item: Item, method: str, probs: Mapping[Variant, np.ndarray]) -> Result:
+        levels = self.levels(item)
+        if levels is None:
+            return Result(None)
+        c = self.scored_class(item, probs)
+        p0 = float(probs[item.base][c])
+        order = ranking(item.exp, method)
+        pk = [float(probs[self.variant(item, order, k)][c]) for k in levels]
+        per_level = [self.combine(p0, p) for p in pk]
+        return Result(float(np.mean(per_level)), per_level)
+
+    def combine(self, p0: float, pk: float) -> float:
+        raise NotImplementedError
+
+
+class AOPC(_LevelMetric):
+    info = MetricInfo(
+        "aopc", (-1.0, 1.0), 1.0, False,
+        "AOPC (AttCAT Eq. 13): mean drop in p(ŷ) after deleting the top 0, 10, ..., 100% of the tokens; higher is "
+        "better",
+    )
+
+    def combine(self, p0: float, pk: float) -> float:
+        return abs(p0 - pk) if self.config.protocol == "attcat-code" else p0 - pk
+
+
+class LOdds(_LevelMetric):
+    info = MetricInfo(
+        "lodds", (-math.inf, math.inf), -math.inf, True,
+        "Log-odds (AttCAT Eq. 14): mean log p(ŷ|x̃_k)/p(ŷ|x) after replacing the top 0, 10, ..., 100% of the "
+        "tokens by [PAD]; lower is better",
+    )
+    mode = "pad"
+
+    def combine(self, p0: float, pk: float) -> float:
+        return math.log(max(pk, _EPS) / max(p0, _EPS))
+
+
+class Comprehensiveness(_LevelMetric):
+    info = MetricInfo(
+        "comprehensiveness", (-1.0, 1.0), 1.0, False,
+        "ERASER comprehensiveness: mean drop in p(ŷ) after deleting the top 10, 20, ..., 100% of the tokens; "
+        "higher is better",
+    )
+    fractions = ERASER_FRACTIONS
+
+    def levels(self, item: Item) -> list[int] | None:
+        return paper_counts(len(item.candidates), self.fractions)
+
+    def combine(self, p0: float, pk: float) -> float:
+        return p0 - pk
+
+
+class Sufficiency(Comprehensiveness):
+    info = MetricInfo(
+        "sufficiency", (-1.0, 1.0), -1.0, True,
+        "ERASER sufficiency: mean drop in p(ŷ) when only the top 10, 20, ..., 100% of the tokens are kept; lower "
+        "is better",
+    )
+
+    def variant(self, item: Item, order: list[int], count: int) -> Variant:
+        return perturb(item.base, order[count:], "delete")
+
+
+class Occlusion(Metric):
+    """Seed 000's occlusion test; the per-example value is the mean top-strategy accuracy over nonzero counts."""
+
+    info = MetricInfo(
+        "occlusion", (0.0, 1.0), 0.0, True,
+        "Occlusion (seed 000): accuracy vs. gold after dropping the top 2, 4, ..., 40 tokens (attention mask 0), "
+        "averaged over the counts; lower is better. Curves (top/bottom/random) are in the summary",
+    )
+
+    def applies(self, item: Item) -> bool:
+        return item.label is not None
+
+    def _variants(self, item: Item, order: list[int]) -> list[Variant]:
+        return [perturb(item.base, order[:k], self.config.occlusion_drop) for k in self.config.occlusion_counts]
+
+    def random_order(self, item: Item) -> list[int]:
+        rng = np.random.default_rng([self.config.seed, item.index])
+        cands = item.candidates
+        return [cands[i] for i in rng.permutation(len(cands))]
+
+    def orders(self, item: Item, method: str | None) -> dict[str, list[int]]:
+        if method is None:
+            return {"random": self.random_order(item)}
+        return {"top": ranking(item.exp, method), "bottom": ranking(item.exp, method, reverse=True)}
+
+    def requests(self, item: Item, method: str | None) -> list[Variant]:
+        return [v for order in self.orders(item, method).values() for v in self._variants(item, order)]
+
+    def compute(self, item: Item, method: str | None, probs: Mapping[Variant, np.ndarray]) -> Result:
+        if item.label is None:
+            return Result(None)
+        curves = {
+            name: [int(int(np.argmax(probs[v])) == item.label) for v in self._variants(item, order)]
+            for name, order in self.orders(item, method).items()
+        }
+        key = "random" if method is None else "top"
+        nonzero = [c for k, c in zip(self.config.occlusion_counts, curves[key]) if k > 0]
+        return Result(float(np.mean(nonzero)) if nonzero else None, curves)
+
+
+class Kendall(Metric):
+    info = MetricInfo(
+        "kendall", (-1.0, 1.0), -1.0, True,
+        "Confidence (AttCAT Eq. 15): Kendall τ between the token scores for ŷ and for each other class, averaged; "
+        "lower is better; n/a for class-agnostic methods",
+        class_specific_only=True,
+    )
+
+    def requests(self, item: Item, method: str) -> list[Variant]:
+        return []
+
+    def compute(self, item: Item, method: str, probs: Mapping[Variant, np.ndarray]) -> Result:
+        others = kendall_other_classes(item.exp.target, len(item.exp.probabilities), self.config.protocol)
+        taus = []
+        for c in others:
+            other = item.other.get(c)
+            if other is None or method not in other.scores:
+                raise InputError(f"kendall needs the explanation of class {c} for method {method!r}")
+            taus.append(kendall_tau(item.exp.scores[method], other.scores[method], item.exp.special,
+                                    self.config.protocol))
+        taus = [t for t in taus if t is not None]
+        return Result(float(np.mean(taus)) if taus else None, taus)
+
+
+def kendall_other_classes(target: int, n_classes: int, protocol: str = "paper") -> list[int]:
+    """Classes whose explanations τ compares with the explained class ``target``."""
+    if protocol == "attcat-code":
+        return [1 - target] if n_classes == 2 else [1 if target == 0 else target - 1]
+    return [c for c in range(n_classes) if c != target]
+
+
+def kendall_tau(
+    a: Sequence[float], b: Sequence[float], special: Sequence[bool], protocol: str = "paper"
+) -> float | None:
+    """τ_b of two score vectors over the real tokens (``paper``), or of their argsort sequences over all tokens
+    (``attcat-code``); ``None`` where undefined (constant vectors, fewer than two tokens)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if protocol == "attcat-code":
+        x, y = np.argsort(-a), np.argsort(-b)
+    else:
+        keep = ~np.asarray(special, dtype=bool)
+        x, y = a[keep], b[keep]
+    if len(x) < 2:
+        return None
+    tau = stats.kendalltau(x, y).statistic
+    return None if tau is None or not np.isfinite(tau) else float(tau)
+
+
+class PrecisionAtK(Metric):
+    info = MetricInfo(
+        "precision_at_k", (0.0, math.inf), math.inf, False,
+        "Precision@K (AttCAT, SQuAD): number of gold-answer tokens among the K (=20) best-ranked tokens; higher is "
+        "better",
+    )
+
+    def applies(self, item: Item) -> bool:
+        return item.answer_tokens is not None
+
+    def requests(self, item: Item, method: str) -> list[Variant]:
+        return []
+
+    def compute(self, item: Item, method: str, probs: Mapping[Variant, np.ndarray]) -> Result:
+        if item.answer_tokens is None:
+            return Result(None)
+        return Result(float(precision_at_k(item.exp, method, item.answer_tokens, self.config.precision_k)),
+                      len(set(item.answer_tokens)))
+
+
+def precision_at_k(exp: Explanation, method: str, answer_tokens: Sequence[int], k: int = 20) -> int:
+    """How many of the gold-answer token positions are among the ``k`` best-ranked real tokens."""
+    return len(set(ranking(exp, method)[:k]) & set(int(t) for t in answer_tokens))
+
+
+def answer_token_positions(exp: Explanation, answers: Sequence[Mapping[str, Any]], context_sequence: int = 1,
+                           first_only: bool = True) -> list[int]:
+    """Token positions covering the gold answer's characters in the context (needs ``offsets``)."""
+    if exp.offsets is None:
+        raise InputError("precision@K needs token offsets (a fast tokenizer)")
+    spans = [(int(a["answer_start"]), int(a["answer_start"]) + len(a["text"])) for a in answers]
+    if first_only:
+        spans = spans[:1]
+    out = []
+    for i, (s, e) in enumerate(exp.offsets):
+        if exp.special[i] or e <= s:
+            continue
+        if exp.sequence_ids is not None and exp.sequence_ids[i] != context_sequence:
+            continue
+        if any(s < end and e > start for start, end in spans):
+            out.append(i)
+    return out
+
+
+CONSISTENCY = MetricInfo(
+    "consistency", (-1.0, 1.0), 1.0, False,
+    "Consistency (seed 000): silhouette of the last-layer hidden states of the top-5 tokens of correctly "
+    "classified examples, clustered by gold class; higher is better",
+    level="dataset",
+)
+
+METRICS: dict[str, type[Metric]] = {
+    "aopc": AOPC,
+    "lodds": LOdds,
+    "comprehensiveness": Comprehensiveness,
+    "sufficiency": Sufficiency,
+    "occlusion": Occlusion,
+    "kendall": Kendall,
+    "precision_at_k": PrecisionAtK,
+}
+ALL_METRICS = [*METRICS, "consistency"]
+DEFAULT_METRICS = ("aopc", "lodds", "kendall")
+
+
+def metric_info(name: str) -> MetricInfo:
+    """The description of metric ``name``."""
+    if name == "consistency":
+        return CONSISTENCY
+    if name not in METRICS:
+        raise InputError(f"unknown metric {name!r}; available metrics: {', '.join(ALL_METRICS)}")
+    return METRICS[name].info
+
+
+def resolve_metrics(metrics: str | Sequence[str] | None) -> list[str]:
+    """``"all"``, ``None`` (the default set), a comma-separated string or a list -> checked metric names."""
+    if metrics is None:
+        return list(DEFAULT_METRICS)
+    if isinstance(metrics, str):
+        metrics = [m.strip() for m in metrics.split(",") if m.strip()]
+    out: list[str] = []
+    for m in metrics:
+        names = [x for x in ALL_METRICS if x != "precision_at_k"] if m == "all" else [m]
+        for n in names:
+            metric_info(n)
+            if n not in out:
+                out.append(n)
+    if not out:
+        raise InputError(f"no metrics given; available metrics: {', '.join(ALL_METRICS)}")
+    return out
+
+
+@dataclass
+class ExampleScores:
+    """Per-method results of one example, plus the method-independent random occlusion baseline."""
+
+    methods: dict[str, dict[str, Result]]
+    baseline: dict[str, Any] = field(default_factory=dict)
+
+
+def score_examples(
+    items: Sequence[Item],
+    methods: Sequence[str],
+    metrics: Sequence[str],
+    predict: Predict,
+    config: EvalConfig | None = None,
+    class_specific: Mapping[str, bool] | None = None,
+    cache: dict[Variant, np.ndarray] | None = None,
+) -> list[ExampleScores]:
+    """Every per-example metric for every method on every item, with each distinct variant scored once.
+
+    ``class_specific`` maps method -> whether it is class-specific (Kendall is ``None`` for those that are not;
+    default: all are). ``consistency`` is a data-set metric (see :func:`consistency`) and is skipped here.
+    """
+    config = config or EvalConfig()
+    class_specific = class_specific or {}
+    objs = [METRICS[m](config) for m in metrics if m in METRICS]
+    cache = {} if cache is None else cache
+    needed: list[Variant] = []
+    for it in items:
+        needed.append(it.base)
+        for metric in objs:
+            if not metric.applies(it):
+                continue
+            if isinstance(metric, Occlusion):
+                needed.extend(metric.requests(it, None))
+            for m in methods:
+                if metric.info.class_specific_only and not class_specific.get(m, True):
+                    continue
+                needed.extend(metric.requests(it, m))
+    predict_cached(predict, needed, cache)
+    out = []
+    for it in items:
+        res: dict[str, dict[str, Result]] = {m: {} for m in methods}
+        baseline: dict[str, Any] = {}
+        for metric in objs:
+            if isinstance(metric, Occlusion) and metric.applies(it):
+                baseline["occlusion_random"] = metric.compute(it, None, cache).detail["random"]
+            for m in methods:
+                skip = metric.info.class_specific_only and not class_specific.get(m, True)
+                res[m][metric.name] = Result(None) if skip or not metric.applies(it) else metric.compute(it, m, cache)
+        out.append(ExampleScores(res, baseline))
+    return out
+
+
+def consistency(vectors: Sequence[np.ndarray], labels: Sequence[int], seed: int = 0) -> dict[str, Any]:
+    """Silhouette of token vectors clustered by label, and a 2-D PCA projection of them for plotting.
+
+    ``vectors[i]`` is ``(n_i, D)`` (the top tokens of example i), ``labels[i]`` its gold class. Returns
+    ``{"silhouette": float | None, "points": [[x, y], ...], "labels": [...]}``; the silhouette is ``None`` with
+    fewer than two classes or fewer than three points.
+    """
+    from sklearn.decomposition import PCA
+    from sklearn.metrics import silhouette_score
+
+    rows = [np.asarray(v, dtype=np.float64).reshape(-1, np.asarray(v).shape[-1]) for v in vectors if len(v)]
+    labs = [int(lab) for v, lab in zip(vectors, labels) for _ in range(len(v))]
+    if not rows:
+        return {"silhouette": None, "points": [], "labels": []}
+    x = np.concatenate(rows, 0)
+    sil = None
+    if len(set(labs)) >= 2 and len(x) > len(set(labs)):
+        sil = float(silhouette_score(x, labs))
+    if len(x) >= 2:
+        pts = PCA(n_components=min(2, x.shape[1], len(x)), random_state=seed).fit_transform(x)
+        if pts.shape[1] < 2:
+            pts = np.concatenate([pts, np.zeros((len(pts), 1))], 1)
+    else:
+        pts = np.zeros((len(x), 2))
+    return {"silhouette": sil, "points": [[float(a), float(b)] for a, b in pts], "labels": labs}
+
+
+__all__ = [
+    "ALL_METRICS", "CONSISTENCY", "DEFAULT_METRICS", "METRICS", "MODES", "PROTOCOLS", "EvalConfig", "ExampleScores",
+    "Item", "Metric", "MetricInfo", "Result", "answer_token_positions", "attcat_code_counts", "consistency",
+    "kendall_other_classes", "kendall_tau", "metric_info", "paper_counts", "precision_at_k", "ranking",
+    "resolve_metrics", "score_examples",
+]

@@ -1,0 +1,176 @@
+"""Perturbed inputs built on token ids (never by decoding and re-tokenizing), and batched scoring of them.
+
+A :class:`Variant` is an immutable, hashable model input: token ids, optional token type ids and an optional
+attention mask. Equal variants are equal keys, so a perturbation that several methods or metrics ask for (the
+unperturbed input, "delete everything", the same top-k set) is scored once.
+
+Three ways to take tokens out (``mode``):
+
+- ``"delete"``: remove the positions; the sequence gets shorter (AOPC, ERASER comprehensiveness/sufficiency).
+- ``"pad"``: replace the ids with the pad id and keep them attended (LOdds; AttCAT's code passes no mask).
+- ``"mask"``: keep the ids but set their attention mask to 0 (seed 000's occlusion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+
+MODES = ("delete", "pad", "mask")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One model input as ids: ``attention_mask`` ``None`` means every token is attended."""
+
+    input_ids: tuple[int, ...]
+    token_type_ids: tuple[int, ...] | None = None
+    attention_mask: tuple[int, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @classmethod
+    def of(cls, input_ids: Sequence[int], token_type_ids: Sequence[int] | None = None) -> Variant:
+        """A variant from (lists of) ids."""
+        if token_type_ids is not None and len(token_type_ids) != len(input_ids):
+            raise InputError("token_type_ids must have one entry per input id")
+        return cls(tuple(int(i) for i in input_ids), None if token_type_ids is None else tuple(token_type_ids))
+
+    def present(self) -> list[int]:
+        """Ids the model can see: not deleted and not masked out."""
+        if self.attention_mask is None:
+            return list(self.input_ids)
+        return [i for i, m in zip(self.input_ids, self.attention_mask) if m]
+
+
+def perturb(base: Variant, positions: Iterable[int], mode: str, pad_token_id: int | None = None) -> Variant:
+    """``base`` with ``positions`` taken out by ``mode`` (``delete``, ``pad`` or ``mask``)."""
+    drop = set(int(p) for p in positions)
+    if not drop:
+        return base
+    n = len(base.input_ids)
+    if min(drop) < 0 or max(drop) >= n:
+        raise InputError(f"perturbation position out of range 0..{n - 1}")
+    if mode == "delete":
+        keep = [i for i in range(n) if i not in drop]
+        return Variant(
+            tuple(base.input_ids[i] for i in keep),
+            None if base.token_type_ids is None else tuple(base.token_type_ids[i] for i in keep),
+            None if base.attention_mask is None else tuple(base.attention_mask[i] for i in keep),
+        )
+    if mode == "pad":
+        if pad_token_id is None:
+            raise InputError("replacing tokens by padding needs a tokenizer with a pad token")
+        ids = tuple(pad_token_id if i in drop else t for i, t in enumerate(base.input_ids))
+        return Variant(ids, base.token_type_ids, base.attention_mask)
+    if mode == "mask":
+        mask = base.attention_mask or (1,) * n
+        return Variant(base.input_ids, base.token_type_ids, tuple(0 if i in drop else m for i, m in enumerate(mask)))
+    raise InputError(f"unknown perturbation mode {mode!r}; choose one of {', '.join(MODES)}")
+
+
+# A predictor maps variants to class probabilities (n, C). Metrics only ever see this callable.
+Predict = Callable[[Sequence[Variant]], np.ndarray]
+
+
+def predict_cached(predict: Predict, variants: Sequence[Variant], cache: dict[Variant, np.ndarray]) -> None:
+    """Score the variants not yet in ``cache`` (each distinct one once) and add them to it."""
+    todo = list(dict.fromkeys(v for v in variants if v not in cache))
+    if not todo:
+        return
+    probs = np.asarray(predict(todo), dtype=np.float64)
+    if probs.ndim != 2 or probs.shape[0] != len(todo):
+        raise ValueError(f"predict returned shape {probs.shape} for {len(todo)} inputs; expected (n, n_classes)")
+    for v, p in zip(todo, probs):
+        cache[v] = p
+
+
+def from_id_predictor(fn: Callable[..., np.ndarray]) -> Predict:
+    """Wrap ``fn(input_ids_list, token_type_ids_list=None) -> (n, C)`` (e.g. ``Explainer.predict_proba``).
+
+    Such a function cannot express attention masks, so ``mask`` perturbations raise :class:`InputError`.
+    """
+
+    def predict(variants: Sequence[Variant]) -> np.ndarray:
+        if any(v.attention_mask is not None and 0 in v.attention_mask for v in variants):
+            raise InputError("this predictor takes ids only; use drop='delete' or ModelPredictor for masking")
+        ids = [list(v.input_ids) for v in variants]
+        types = None if variants[0].token_type_ids is None else [list(v.token_type_ids or ()) for v in variants]
+        return np.asarray(fn(ids, token_type_ids_list=types))
+
+    return predict
+
+
+class ModelPredictor:
+    """Batched, length-sorted, ``no_grad`` scoring of variants with a HuggingFace classifier.
+
+    Args:
+        model: a ``*ForSequenceClassification`` model (any family); put in eval mode here.
+        pad_token_id: id used to right-pad batches (padding is never attended).
+        batch_size: variants per forward pass.
+    """
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int | None, batch_size: int = 64) -> None:
+        self.model = model.eval()
+        self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+        self.batch_size = max(1, int(batch_size))
+        self.n_forward = 0  # forward passes run, for timing reports
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _batches(self, variants: Sequence[Variant]) -> Iterable[tuple[list[int], dict[str, torch.Tensor]]]:
+        order = sorted(range(len(variants)), key=lambda i: len(variants[i]))
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            width = max(len(variants[i]) for i in idx)
+            ids = torch.full((len(idx), width), self.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            types = torch.zeros((len(idx), width), dtype=torch.long)
+            has_types = variants[idx[0]].token_type_ids is not None
+            for r, i in enumerate(idx):
+                v = variants[i]
+                n = len(v)
+                ids[r, :n] = torch.tensor(v.input_ids)
+                mask[r, :n] = torch.tensor(v.attention_mask) if v.attention_mask is not None else 1
+                if has_types and v.token_type_ids is not None:
+                    types[r, :n] = torch.tensor(v.token_type_ids)
+            inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+            if has_types:
+                inputs["token_type_ids"] = types.to(self.device)
+            yield idx, inputs
+
+    @torch.no_grad()
+    def __call__(self, variants: Sequence[Variant]) -> np.ndarray:
+        """Softmax probabilities ``(len(variants), n_classes)`` in input order."""
+        out: np.ndarray | None = None
+        for idx, inputs in self._batches(variants):
+            logits = self.model(**inputs).logits.float()
+            self.n_forward += 1
+            probs = logits.softmax(-1).cpu().numpy()
+            if out is None:
+                out = np.zeros((len(variants), probs.shape[1]), dtype=np.float64)
+            out[idx] = probs
+        return out if out is not None else np.zeros((0, 0))
+
+    @torch.no_grad()
+    def hidden_states(self, variants: Sequence[Variant], positions: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Last-layer hidden states ``(len(positions[i]), D)`` of the given token positions of each variant.
+
+        For encoder-decoder models the encoder's last layer is used (its positions are the input tokens).
+        """
+        out: list[np.ndarray] = [np.zeros((0, 0))] * len(variants)
+        for idx, inputs in self._batches(variants):
+            res = self.model(**inputs, output_hidden_states=True)
+            states = getattr(res, "encoder_hidden_states", None) or res.hidden_states
+            last = states[-1].float().cpu().numpy()
+            for r, i in enumerate(idx):
+                out[i] = last[r, list(positions[i])]
+        return out

@@ -1,0 +1,597 @@
+"""The benchmark runner: explain once, perturb on token ids, score in batches, write results as it goes.
+
+Work is done in chunks of examples (in data-set order). For each chunk the runner
+
+1. explains the examples not yet in ``explanations.jsonl`` (one call for all methods; for Kendall τ one more call
+   per other class, class-specific methods only) and appends them there;
+2. collects every perturbed input that any metric of any method needs, scores each distinct one once
+   (length-sorted batches, ``torch.no_grad``), computes the per-example metrics and appends them to
+   ``examples.jsonl``.
+
+An interrupted run started again with the same settings skips what is on disk and continues; the summary is
+always computed from the files, so a resumed run gives the same totals as an uninterrupted one. See
+``docs/benchmark-format.md`` for the files.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import inspect
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data import Dataset
+from ..errors import InputError
+from ..explanation import Explanation
+from .metrics import (
+    METRICS,
+    EvalConfig,
+    Item,
+    consistency,
+    kendall_other_classes,
+    metric_info,
+    ranking,
+    resolve_metrics,
+    score_examples,
+)
+from .perturb import Predict, Variant
+
+FORMAT_VERSION = 1
+FILES = ("examples.jsonl", "explanations.jsonl", "summary.json", "table.md", "table.csv", "run.json")
+
+
+# ----------------------------------------------------------------- predictors
+def explainer_predictor(explainer: Any, batch_size: int = 64) -> Predict:
+    """``predict(variants)`` through ``Explainer.predict_proba`` (attention masks included)."""
+
+    def predict(variants: Sequence[Variant]) -> np.ndarray:
+        ids = [list(v.input_ids) for v in variants]
+        types = [None if v.token_type_ids is None else list(v.token_type_ids) for v in variants]
+        has_types = all(t is not None for t in types)
+        masks = [list(v.attention_mask) if v.attention_mask is not None else [1] * len(v) for v in variants]
+        return np.asarray(
+            explainer.predict_proba(ids, types if has_types else None, masks, batch_size=batch_size)
+        )
+
+    return predict
+
+
+@torch.no_grad()
+def last_hidden_states(
+    model: torch.nn.Module,
+    variants: Sequence[Variant],
+    positions: Sequence[Sequence[int]],
+    pad_token_id: int = 0,
+    batch_size: int = 32,
+) -> list[np.ndarray]:
+    """Last-layer hidden states ``(len(positions[i]), D)`` at the given positions of each (unperturbed) input.
+
+    Encoder-decoder models give their encoder's last layer, whose positions are the input tokens.
+    """
+    takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out: list[np.ndarray] = [np.zeros((0, 0), dtype=np.float32)] * len(variants)
+    order = sorted(range(len(variants)), key=lambda i: len(variants[i]))
+    try:
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            width = max(len(variants[i]) for i in idx)
+            ids = torch.full((len(idx), width), pad_token_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            types = torch.zeros_like(ids)
+            for r, i in enumerate(idx):
+                v = variants[i]
+                ids[r, : len(v)] = torch.tensor(v.input_ids)
+                mask[r, : len(v)] = 1
+                if v.token_type_ids is not None:
+                    types[r, : len(v)] = torch.tensor(v.token_type_ids)
+            inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+            if takes_types and all(variants[i].token_type_ids is not None for i in idx):
+                inputs["token_type_ids"] = types.to(device)
+            res = model(**inputs, output_hidden_states=True)
+            states = getattr(res, "encoder_hidden_states", None) or res.hidden_states
+            last = states[-1].float().cpu().numpy()
+            for r, i in enumerate(idx):
+                out[i] = last[r, list(positions[i])].astype(np.float32)
+    finally:
+        model.train(was_training)
+    return out
+
+
+# ------------------------------------------------------------------ helpers
+def _class_specific(methods: Sequence[str]) -> dict[str, bool]:
+    from ..methods.registry import get_method
+
+    out = {}
+    for m in methods:
+        try:
+            out[m] = bool(get_method(m).class_specific)
+        except Exception:  # a method this registry does not know (e.g. loaded results): assume class-specific
+            out[m] = True
+    return out
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Complete lines of a JSONL file; a torn last line (interrupted write) is cut off the file."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    end = raw.rfind(b"\n") + 1
+    if end < len(raw):
+        with path.open("r+b") as f:
+            f.truncate(end)
+        raw = raw[:end]
+    rows = []
+    for line in raw.decode("utf-8").splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def _append_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    with path.open("a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+        f.flush()
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+# --------------------------------------------------------------------- runner
+@dataclasses.dataclass
+class BenchmarkSettings:
+    """What a results directory was made with; a resumed run must match it."""
+
+    model: str
+    dataset: str
+    split: str
+    example_ids: list[str]
+    methods: list[str]
+    metrics: list[str]
+    config: dict[str, Any]
+    explain_options: dict[str, Any]
+    target_kind: str
+
+    def key(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def run_benchmark(
+    explainer: Any,
+    dataset: Dataset,
+    out_dir: str | Path,
+    *,
+    methods: str | Sequence[str] = "all",
+    metrics: str | Sequence[str] | None = None,
+    config: EvalConfig | None = None,
+    batch_size: int = 32,
+    eval_batch_size: int = 64,
+    chunk_size: int = 64,
+    resume: bool = True,
+    progress: bool = True,
+    explain_options: dict[str, dict[str, Any]] | None = None,
+    target_kind: str = "logit",
+    model_name: str | None = None,
+    predict: Predict | None = None,
+    stop_after: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Benchmark ``methods`` × ``metrics`` on ``dataset`` and write the results directory ``out_dir``.
+
+    Args:
+        explainer: an :class:`attnlens.Explainer` (anything with ``explain``, ``predict_proba`` and ``model``).
+        dataset: from :func:`attnlens.data.load_dataset`.
+        out_dir: results directory (created; see ``docs/benchmark-format.md``).
+        methods: method ids, ``"all"`` or a comma-separated string.
+        metrics: metric names (default ``aopc, lodds, kendall``; ``"all"`` for every classification metric).
+        config: protocol and metric settings (:class:`EvalConfig`); its ``pad_token_id`` defaults to the model's.
+        batch_size: inputs per explanation batch. eval_batch_size: perturbed inputs per forward pass.
+        chunk_size: examples per unit of work written to disk.
+        resume: continue a previous run in ``out_dir`` (it must have the same settings); ``False`` starts over.
+        progress: show a progress bar with an ETA.
+        stop_after: stop after this many newly processed examples (simulates an interruption; for tests).
+        predict: scorer of perturbed inputs (default: ``explainer.predict_proba``).
+
+    Returns:
+        The summary (also written to ``summary.json``).
+    """
+    from ..methods.registry import resolve_methods
+
+    if dataset.task == "qa":
+        raise InputError(
+            "question answering needs an explainer for extractive-QA models, which attnlens does not have yet; "
+            "benchmark a classification data set (precision@K is available as attnlens.evaluation.precision_at_k)"
+        )
+    method_ids = resolve_methods(methods)
+    metric_ids = resolve_metrics(metrics)
+    if "precision_at_k" in metric_ids:
+        raise InputError("precision_at_k needs a QA data set and model")
+    n_classes = int(explainer.model.config.num_labels)
+    if dataset.labels and len(dataset.labels) != n_classes:
+        raise InputError(
+            f"dataset {dataset.name} has {len(dataset.labels)} classes ({', '.join(dataset.labels)}) but the model "
+            f"has {n_classes}"
+        )
+    if config is None:
+        config = EvalConfig(pad_token_id=getattr(explainer, "pad_id", None) or _pad_id(explainer))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = BenchmarkSettings(
+        model=model_name or str(getattr(explainer, "name", type(explainer.model).__name__)),
+        dataset=dataset.name, split=dataset.split, example_ids=[e.id for e in dataset],
+        methods=method_ids, metrics=metric_ids, config=dataclasses.asdict(config),
+        explain_options=dict(explain_options or {}), target_kind=target_kind,
+    )
+    run_file = out / "run.json"
+    previous_seconds = 0.0
+    if resume and run_file.exists():
+        prev = json.loads(run_file.read_text(encoding="utf-8"))
+        now = json.loads(json.dumps(settings.key()))
+        if prev.get("settings") != now:
+            diff = [k for k in now if prev.get("settings", {}).get(k) != now[k]]
+            raise InputError(
+                f"{out} holds results made with other settings ({', '.join(diff)}); use another --out or --overwrite"
+            )
+        previous_seconds = float(prev.get("seconds", 0.0))
+    elif not resume:
+        for name in FILES:
+            (out / name).unlink(missing_ok=True)
+    run_file.write_text(json.dumps({"format": FORMAT_VERSION, "settings": settings.key(),
+                                    "seconds": previous_seconds}, indent=1), encoding="utf-8")
+
+    predict = predict or explainer_predictor(explainer, eval_batch_size)
+    class_specific = _class_specific(method_ids)
+    kendall_methods = [m for m in method_ids if class_specific[m]] if "kendall" in metric_ids else []
+
+    ex_path, exp_path = out / "examples.jsonl", out / "explanations.jsonl"
+    rows = _read_jsonl(ex_path)
+    done = _complete_examples(rows, method_ids)
+    if len(done) * (len(method_ids) + 1) != len(rows):  # drop lines of half-written examples
+        rows = [r for r in rows if r["index"] in done]
+        ex_path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    cached = _explanation_cache(_read_jsonl(exp_path))
+
+    todo = [i for i in range(len(dataset)) if i not in done]
+    timing = {"explain_seconds": 0.0, "evaluate_seconds": 0.0, "consistency_seconds": 0.0}
+    t_start = time.perf_counter()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(dataset), initial=len(done), disable=not progress, desc="benchmark", unit="example",
+               dynamic_ncols=True)
+    processed = 0
+    try:
+        for start in range(0, len(todo), chunk_size):
+            if stop_after is not None and processed >= stop_after:
+                break
+            chunk = todo[start : start + chunk_size]
+            if stop_after is not None:
+                chunk = chunk[: stop_after - processed]
+            t0 = time.perf_counter()
+            items = _explain_chunk(explainer, dataset, chunk, method_ids, kendall_methods, cached, exp_path,
+                                   config, n_classes, batch_size, explain_options, target_kind)
+            t1 = time.perf_counter()
+            scores = score_examples(items, method_ids, metric_ids, predict, config, class_specific)
+            _append_jsonl(ex_path, _example_rows(dataset, items, scores, method_ids))
+            timing["explain_seconds"] += t1 - t0
+            timing["evaluate_seconds"] += time.perf_counter() - t1
+            processed += len(chunk)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        seconds = previous_seconds + time.perf_counter() - t_start
+        run_file.write_text(json.dumps({"format": FORMAT_VERSION, "settings": settings.key(), "seconds": seconds},
+                                       indent=1), encoding="utf-8")
+    complete = len(_complete_examples(_read_jsonl(ex_path), method_ids)) == len(dataset)
+    t2 = time.perf_counter()
+    consist = None
+    if "consistency" in metric_ids and complete:
+        consist = _consistency(explainer, dataset, method_ids, cached, config, batch_size)
+    timing["consistency_seconds"] = time.perf_counter() - t2
+    seconds = previous_seconds + time.perf_counter() - t_start
+    run_file.write_text(json.dumps({"format": FORMAT_VERSION, "settings": settings.key(), "seconds": seconds},
+                                   indent=1), encoding="utf-8")
+    summary = summarize(out, settings, consist, {"seconds": seconds, **timing, "complete": complete})
+    if log is not None:
+        log(f"wrote {out}/summary.json ({'complete' if complete else 'partial'})")
+    return summary
+
+
+def _pad_id(explainer: Any) -> int | None:
+    tok = getattr(explainer, "tokenizer", None)
+    pid = getattr(tok, "pad_token_id", None)
+    return pid if pid is not None else getattr(explainer.model.config, "pad_token_id", None)
+
+
+def _complete_examples(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> set[int]:
+    seen: dict[int, set[Any]] = {}
+    for r in rows:
+        seen.setdefault(int(r["index"]), set()).add(r.get("method"))
+    need = set(methods) | {None}
+    return {i for i, s in seen.items() if need <= s}
+
+
+def _explanation_cache(rows: Sequence[dict[str, Any]]) -> dict[tuple[int, str, int], Explanation]:
+    out = {}
+    for r in rows:
+        meta = r.get("meta") or {}
+        if "example_index" in meta:
+            out[(int(meta["example_index"]), meta.get("benchmark_role", "explained"), int(r["target"]))] = (
+                Explanation.from_dict(r)
+            )
+    return out
+
+
+def _explain_chunk(
+    explainer: Any,
+    dataset: Dataset,
+    chunk: Sequence[int],
+    methods: Sequence[str],
+    kendall_methods: Sequence[str],
+    cached: dict[tuple[int, str, int], Explanation],
+    exp_path: Path,
+    config: EvalConfig,
+    n_classes: int,
+    batch_size: int,
+    options: dict[str, dict[str, Any]] | None,
+    target_kind: str,
+) -> list[Item]:
+    """Explanations of the chunk (from the cache or computed and appended to it) as metric items."""
+    gold_target = config.protocol == "attcat-code"
+
+    def wanted_target(i: int) -> int | None:
+        return dataset[i].label if gold_target else None
+
+    main: dict[int, Explanation] = {}
+    for (i, role, _t), e in cached.items():
+        if role == "explained" and i in chunk and (wanted_target(i) is None or e.target == wanted_target(i)):
+            main[i] = e
+    missing = [i for i in chunk if i not in main]
+    if missing:
+        targets = [wanted_target(i) for i in missing]
+        exps = explainer.explain(
+            [dataset[i].text for i in missing], list(methods), batch_size=batch_size,
+            target=None if not gold_target else targets, target_kind=target_kind,
+            options={k: v for k, v in (options or {}).items() if k in methods} or None,
+        )
+        rows = []
+        for i, e in zip(missing, exps):
+            e.meta = {**e.meta, "example_index": i, "example_id": dataset[i].id, "benchmark_role": "explained"}
+            main[i] = e
+            cached[(i, "explained", e.target)] = e
+            rows.append(e.to_dict())
+        _append_jsonl(exp_path, rows)
+    others: dict[int, dict[int, Explanation]] = {i: {} for i in chunk}
+    if kendall_methods:
+        needed = {i: kendall_other_classes(main[i].target, n_classes, config.protocol) for i in chunk}
+        todo: list[tuple[int, int]] = []
+        for i, classes in needed.items():
+            for c in classes:
+                e = cached.get((i, "other", c))
+                if e is not None and all(m in e.scores for m in kendall_methods):
+                    others[i][c] = e
+                else:
+                    todo.append((i, c))
+        if todo:
+            exps = explainer.explain(
+                [dataset[i].text for i, _ in todo], list(kendall_methods), batch_size=batch_size,
+                target=[c for _, c in todo], target_kind=target_kind,
+                options={k: v for k, v in (options or {}).items() if k in kendall_methods} or None,
+            )
+            rows = []
+            for (i, c), e in zip(todo, exps):
+                e.meta = {**e.meta, "example_index": i, "example_id": dataset[i].id, "benchmark_role": "other"}
+                others[i][c] = e
+                cached[(i, "other", c)] = e
+                rows.append(e.to_dict())
+            _append_jsonl(exp_path, rows)
+    return [Item(main[i], dataset[i].label, i, others[i]) for i in chunk]
+
+
+def _example_rows(dataset: Dataset, items: Sequence[Item], scores: Sequence[Any], methods: Sequence[str]) -> list[dict]:
+    rows = []
+    for it, sc in zip(items, scores):
+        head = {"index": it.index, "id": dataset[it.index].id, "label": it.label, "predicted": it.exp.predicted,
+                "target": it.exp.target, "n_tokens": len(it.exp.tokens)}
+        for m in methods:
+            res = sc.methods[m]
+            rows.append({**head, "method": m,
+                         "metrics": {k: _finite(r.value) for k, r in res.items()},
+                         "details": {k: _jsonable(r.detail) for k, r in res.items() if r.detail is not None}})
+        rows.append({**head, "method": None, "baseline": sc.baseline})
+    return rows
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float):
+        return _finite(x)
+    if isinstance(x, np.generic):
+        return _jsonable(x.item())
+    return x
+
+
+def _consistency(
+    explainer: Any,
+    dataset: Dataset,
+    methods: Sequence[str],
+    cached: dict[tuple[int, str, int], Explanation],
+    config: EvalConfig,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Silhouette + 2-D projection per method, from the cached explanations of correctly classified examples."""
+    main = {i: e for (i, role, _t), e in cached.items() if role == "explained"}
+    correct = [i for i in sorted(main) if dataset[i].label is not None and main[i].predicted == dataset[i].label]
+    positions = {i: {m: ranking(main[i], m)[: config.consistency_top] for m in methods} for i in correct}
+    union = {i: sorted({p for ps in positions[i].values() for p in ps}) for i in correct}
+    variants = [Variant.of(main[i].input_ids or [], main[i].token_type_ids) for i in correct]
+    states = last_hidden_states(explainer.model, variants, [union[i] for i in correct],
+                                pad_token_id=config.pad_token_id or 0, batch_size=batch_size)
+    by_example = dict(zip(correct, states))
+    result = {}
+    for m in methods:
+        vecs, labels, tokens = [], [], []
+        for i in correct:
+            col = {p: r for r, p in enumerate(union[i])}
+            pos = positions[i][m]
+            vecs.append(by_example[i][[col[p] for p in pos]] if pos else np.zeros((0, 1)))
+            labels.append(int(dataset[i].label))
+            tokens.extend(main[i].tokens[p] for p in pos)
+        res = consistency(vecs, labels, seed=config.seed)
+        res["tokens"] = tokens
+        res["n_examples"] = len(correct)
+        result[m] = res
+    return result
+
+
+# -------------------------------------------------------------------- summary
+def summarize(
+    out_dir: str | Path,
+    settings: BenchmarkSettings,
+    consist: dict[str, Any] | None = None,
+    timing: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Aggregate ``examples.jsonl`` into ``summary.json``, ``table.md`` and ``table.csv``."""
+    out = Path(out_dir)
+    rows = _read_jsonl(out / "examples.jsonl")
+    done = _complete_examples(rows, settings.methods)
+    rows = [r for r in rows if r["index"] in done]
+    config = EvalConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.config.items()})
+    by_method: dict[str, list[dict[str, Any]]] = {m: [] for m in settings.methods}
+    baselines = []
+    for r in rows:
+        if r["method"] is None:
+            baselines.append(r)
+        else:
+            by_method[r["method"]].append(r)
+    metric_names = list(settings.metrics)
+    results: dict[str, dict[str, float | None]] = {}
+    for m in settings.methods:
+        results[m] = {}
+        for name in metric_names:
+            if name == "consistency":
+                results[m][name] = None if consist is None else _finite(consist.get(m, {}).get("silhouette"))
+            else:
+                results[m][name] = _mean([r["metrics"].get(name) for r in by_method[m]])
+    curves: dict[str, Any] = {}
+    if "occlusion" in metric_names:
+        ks = list(config.occlusion_counts)
+        series = {}
+        rand = [b["baseline"]["occlusion_random"] for b in baselines if "occlusion_random" in b.get("baseline", {})]
+        if rand:
+            series["random"] = _accuracy_series(rand)
+        for m in settings.methods:
+            occ = [r["details"]["occlusion"] for r in by_method[m] if "occlusion" in r.get("details", {})]
+            if occ:
+                series[f"{m}:top"] = _accuracy_series([o["top"] for o in occ])
+                series[f"{m}:bottom"] = _accuracy_series([o["bottom"] for o in occ])
+        curves["occlusion"] = {"k": ks, "drop": config.occlusion_drop, "series": series}
+    if "aopc" in metric_names:
+        if config.protocol == "attcat-code":
+            fractions = [float(g) for g in np.linspace(0, 1, 10)[1:]]
+        else:
+            fractions = [k / 10 for k in range(11)]
+        curves["aopc"] = {}
+        for m in settings.methods:
+            levels = [r["details"]["aopc"] for r in by_method[m]
+                      if r.get("details", {}).get("aopc") is not None and len(r["details"]["aopc"]) == len(fractions)]
+            drop = [float(np.mean(col)) for col in zip(*levels)] if levels else []
+            curves["aopc"][m] = {"fractions": fractions, "drop": drop}
+    n_correct = sum(1 for b in baselines if b["label"] is not None and b["predicted"] == b["label"])
+    n_labelled = sum(1 for b in baselines if b["label"] is not None)
+    summary = {
+        "format": FORMAT_VERSION,
+        "model": settings.model,
+        "dataset": settings.dataset,
+        "split": settings.split,
+        "n_examples": len(done),
+        "n_planned": len(settings.example_ids),
+        "accuracy": n_correct / n_labelled if n_labelled else None,
+        "protocol": config.protocol,
+        "config": settings.config,
+        "methods": list(settings.methods),
+        "metrics": {name: metric_info(name).to_dict() for name in metric_names},
+        "results": results,
+        "curves": curves,
+        "consistency": {} if consist is None else consist,
+        "timing": timing or {},
+    }
+    _json_ready = json.loads(json.dumps(summary, default=_jsonable))
+    (out / "summary.json").write_text(json.dumps(_json_ready, indent=1, allow_nan=False), encoding="utf-8")
+    write_tables(out, summary)
+    return _json_ready
+
+
+def _accuracy_series(flags: Sequence[Sequence[int]]) -> dict[str, list[float | None]]:
+    acc = [float(np.mean(col)) for col in zip(*flags)]
+    rel = [a / acc[0] if acc and acc[0] > 0 else None for a in acc]
+    return {"accuracy": acc, "relative": rel}
+
+
+def best_methods(summary: dict[str, Any]) -> dict[str, list[str]]:
+    """Metric -> the method(s) with the best value (by the metric's direction)."""
+    out: dict[str, list[str]] = {}
+    for name, info in summary["metrics"].items():
+        vals = {m: r.get(name) for m, r in summary["results"].items() if r.get(name) is not None}
+        if not vals:
+            out[name] = []
+            continue
+        best = min(vals.values()) if info["lower_is_better"] else max(vals.values())
+        out[name] = [m for m, v in vals.items() if v == best]
+    return out
+
+
+def write_tables(out_dir: str | Path, summary: dict[str, Any]) -> None:
+    """``table.md`` (best values in bold) and ``table.csv`` (plus a ``best_in`` column) of methods × metrics."""
+    out = Path(out_dir)
+    metrics = list(summary["metrics"])
+    best = best_methods(summary)
+    arrows = {n: ("↓" if i["lower_is_better"] else "↑") for n, i in summary["metrics"].items()}
+    lines = [
+        f"{summary['model']} on {summary['dataset']}/{summary['split']} ({summary['n_examples']} examples, "
+        f"protocol {summary['protocol']}); best in bold.",
+        "",
+        "| method | " + " | ".join(f"{n} {arrows[n]}" for n in metrics) + " |",
+        "|---|" + "---:|" * len(metrics),
+    ]
+    for m, res in summary["results"].items():
+        cells = []
+        for n in metrics:
+            v = res.get(n)
+            text = "n/a" if v is None else f"{v:.3f}"
+            cells.append(f"**{text}**" if v is not None and m in best[n] else text)
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    (out / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with (out / "table.csv").open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["method", *metrics, "best_in"])
+        for m, res in summary["results"].items():
+            w.writerow([m, *("" if res.get(n) is None else f"{res[n]:.6g}" for n in metrics),
+                        ";".join(n for n in metrics if m in best[n])])
+
+
+__all__ = ["METRICS", "best_methods", "explainer_predictor", "last_hidden_states", "run_benchmark", "summarize",
+           "write_tables"]
