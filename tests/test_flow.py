@@ -1,0 +1,119 @@
+"""Attention flow: compiled max-flow against networkx, analytic cases, speed, and the registered method."""
+
+from __future__ import annotations
+
+import time
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+from conftest import ENCODERS, make_model
+
+from attnlens import Explainer
+from attnlens.methods import flow
+from attnlens.methods.flow import FLOW_SCALE, attention_flow, flow_from, rollout_matrices
+
+
+def random_mats(rng: np.random.Generator, n_layers: int, n: int, heads: int = 2) -> np.ndarray:
+    att = torch.softmax(torch.from_numpy(rng.normal(size=(n_layers, heads, n, n)) * 2.0), -1)
+    return rollout_matrices(list(att))
+
+
+def networkx_flows(mats: np.ndarray, source: int) -> np.ndarray:
+    """Reference: the full layered graph of Abnar & Zuidema, networkx's max-flow per input token."""
+    n_layers, n, _ = mats.shape
+    g = nx.DiGraph()
+    for layer in range(1, n_layers + 1):
+        for i in range(n):
+            for j in range(n):
+                g.add_edge((layer, i), (layer - 1, j), capacity=float(mats[layer - 1, i, j]))
+    return np.array([nx.maximum_flow_value(g, (n_layers, source), (0, j)) for j in range(n)])
+
+
+@pytest.mark.parametrize("n_layers,n,seed", [(2, 3, 0), (3, 5, 1), (4, 4, 2), (3, 6, 3), (2, 7, 4)])
+def test_flow_matches_networkx(n_layers, n, seed):
+    rng = np.random.default_rng(seed)
+    mats = random_mats(rng, n_layers, n)
+    source = int(rng.integers(n))
+    ours = flow_from(mats, source)
+    ref = networkx_flows(mats, source)
+    # integer capacities: each edge is off by <= 0.5/FLOW_SCALE, a cut has < n_layers * n^2 edges
+    assert np.abs(ours - ref).max() <= n_layers * n * n / FLOW_SCALE + 1e-12
+
+
+def test_flow_analytic_two_layers():
+    # With two layers every path source -> (1, i) -> (0, j) is its own chain: flow = sum_i min(Â2[c,i], Â1[i,j]).
+    rng = np.random.default_rng(7)
+    mats = random_mats(rng, 2, 5)
+    c = 2
+    expected = np.array([sum(min(mats[1, c, i], mats[0, i, j]) for i in range(5)) for j in range(5)])
+    np.testing.assert_allclose(flow_from(mats, c), expected, atol=1e-8)
+
+
+def test_flow_one_layer_is_the_rollout_row():
+    att = torch.tensor([[[[0.7, 0.2, 0.1], [0.3, 0.3, 0.4], [0.1, 0.1, 0.8]]]])  # (L=1, H=1, 3, 3)
+    mats = rollout_matrices(list(att))
+    np.testing.assert_allclose(mats[0], 0.5 * att[0, 0].numpy() + 0.5 * np.eye(3))
+    scores = attention_flow(mats, np.array([1.0, 0.0, 0.0]))
+    np.testing.assert_allclose(scores, [0.85, 0.1, 0.05], atol=1e-8)
+
+
+def test_uniform_weights_average_per_query_normalised_flows():
+    rng = np.random.default_rng(11)
+    mats = random_mats(rng, 3, 4)
+    weights = np.full(4, 0.25)
+    expected = np.zeros(4)
+    for q in range(4):
+        f = networkx_flows(mats, q)
+        expected += 0.25 * f / f.sum()
+    np.testing.assert_allclose(attention_flow(mats, weights), expected, atol=1e-7)
+
+
+def test_real_token_restriction_drops_padding():
+    att = torch.softmax(torch.randn(2, 2, 5, 5), -1)
+    keep = np.array([True, True, True, False, False])
+    mats = rollout_matrices(list(att), keep)
+    assert mats.shape == (2, 3, 3)
+    np.testing.assert_allclose(mats[1], 0.5 * att[1].mean(0)[:3, :3].double().numpy() + 0.5 * np.eye(3))
+
+
+def test_128_tokens_6_layers_is_fast():
+    rng = np.random.default_rng(0)
+    mats = random_mats(rng, 6, 128, heads=4)
+    start = time.perf_counter()
+    scores = attention_flow(mats, np.eye(128)[0])
+    elapsed = time.perf_counter() - start
+    assert elapsed < 5.0, f"flow took {elapsed:.2f} s"
+    assert scores.shape == (128,) and abs(scores.sum() - 1) < 1e-9 and (scores >= 0).all()
+
+
+def test_warns_when_slow(monkeypatch):
+    monkeypatch.setattr(flow, "SLOW_WORK", 10)
+    mats = random_mats(np.random.default_rng(0), 2, 4)
+    with pytest.warns(UserWarning, match="max-flow runs"):
+        attention_flow(mats, np.eye(4)[0])
+
+
+TEXTS = ["the movie was great", "i really didn ' t like this boring plot , but the actors were charming", "awful"]
+
+
+@pytest.mark.parametrize("family", ENCODERS + ["gpt2", "bart"])
+def test_registered_flow_through_explainer(family, tokenizer):
+    ex = Explainer(make_model(family), tokenizer)
+    batch = ex.explain(TEXTS, methods=["flow"], batch_size=3)
+    for text, e in zip(TEXTS, batch):
+        s = e.scores["flow"]
+        assert s.shape == (len(e.tokens),) and (s >= 0).all()
+        assert abs(s.sum() - 1) < 1e-6
+        (single,) = ex.explain([text], methods=["flow"])
+        np.testing.assert_allclose(s, single.scores["flow"], atol=1e-5)
+
+
+def test_registered_flow_equals_direct_computation(tokenizer):
+    ex = Explainer(make_model("bert"), tokenizer)
+    (e,) = ex.explain(["the movie was not very good"], methods=["flow"])
+    _, _, att = ex.attention_maps("the movie was not very good")
+    mats = rollout_matrices(list(torch.from_numpy(att)))
+    expected = attention_flow(mats, np.eye(len(e.tokens))[0])  # BERT explains the [CLS] row
+    np.testing.assert_allclose(e.scores["flow"], expected, atol=1e-6)
