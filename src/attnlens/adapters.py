@@ -141,13 +141,6 @@ class EncoderDecoderAdapter(Adapter):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         return torch.where(is_eos, positions, torch.full_like(positions, -1)).max(1).values
 
-    def _decoder_mask(self, token_mask: torch.Tensor) -> torch.Tensor:
-        # Decoder position 0 holds the start token, position i the input token i - 1.
-        mask = torch.zeros_like(token_mask, dtype=torch.bool)
-        mask[:, 0] = True
-        mask[:, 1:] = token_mask[:, :-1].bool()
-        return mask
-
     def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
         enc_mask = token_mask.bool()
         n = enc_mask.shape[1]
@@ -160,7 +153,9 @@ class EncoderDecoderAdapter(Adapter):
                 query_weights=_uniform(enc_mask),
                 self_attention=True,
             )
-        dec_mask = self._decoder_mask(enc_mask)
+        # Decoder position 0 holds the start token and position i the input token i - 1, so the real decoder
+        # positions that can reach the head (at the last EOS) are 0 .. n-1: the same mask as the input's.
+        dec_mask = enc_mask
         if stream == "decoder":
             return StreamTensors(
                 attentions=list(outputs.decoder_attentions),

@@ -420,9 +420,11 @@ class Explainer:
                 with torch.set_grad_enabled(OWN_PASS in spec.needs):  # capture-only methods need no graph
                     result = spec.compute(ctx, **method_options.get(spec.name, {}))
                 scores, layers = result.scores.detach(), None if result.layers is None else result.layers.detach()
-                if result.space == "keys":
-                    scores = self.adapter.keys_to_tokens(scores, self.stream)
-                    layers = None if layers is None else self.adapter.keys_to_tokens(layers, self.stream)
+                if result.space == "keys":  # zero keys the explained row cannot see, then map keys to tokens
+                    key_mask = capture.key_mask.to(scores.dtype)
+                    scores = self.adapter.keys_to_tokens(scores * key_mask, self.stream)
+                    layers = None if layers is None else self.adapter.keys_to_tokens(
+                        layers * key_mask[:, None, :], self.stream)
                 scores = scores * mask
                 layers = None if layers is None else layers * mask[:, None, :]
                 out[spec.name] = (scores, layers)

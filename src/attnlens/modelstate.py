@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from torch import nn
 
 EAGER = "eager"
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_HF_HOOK_FLAG = "_output_capturing_hooks_installed"  # transformers >= 5 hooks modules lazily to record outputs
 
 
 def attention_implementation(model: nn.Module) -> str | None:
@@ -29,10 +31,14 @@ def _set_attention_implementation(model: nn.Module, value: str | None) -> None:
 def explaining(model: nn.Module) -> Iterator[nn.Module]:
     """Put ``model`` in eval mode with eager attention (SDPA/flash return no attention probabilities) for the
     duration of the block, and restore every module's ``training`` flag and the attention implementation
-    afterwards, also when the block raises. Parameters are never modified: attnlens differentiates with
-    :func:`torch.autograd.grad` w.r.t. activations, so no ``.grad`` is written and ``requires_grad`` is untouched.
+    afterwards, also when the block raises. Hooks added meanwhile are removed. Parameters are never modified:
+    attnlens differentiates with :func:`torch.autograd.grad` w.r.t. activations, so no ``.grad`` is written and
+    ``requires_grad`` is untouched.
     """
-    training = {name: m.training for name, m in model.named_modules()}
+    modules = dict(model.named_modules())
+    training = {name: m.training for name, m in modules.items()}
+    hooks = {name: {d: set(getattr(m, d, {}) or {}) for d in _HOOK_DICTS} for name, m in modules.items()}
+    flags = {name: m.__dict__.get(_HF_HOOK_FLAG) for name, m in modules.items()}
     implementation = attention_implementation(model)
     try:
         model.eval()
@@ -43,3 +49,12 @@ def explaining(model: nn.Module) -> Iterator[nn.Module]:
         for name, m in model.named_modules():
             if name in training:
                 m.training = training[name]
+            # Remove hooks that appeared while explaining (ours are removed already; these are the output
+            # recorders transformers installs on first use) and reset transformers' "installed" flag with them.
+            for d in _HOOK_DICTS:
+                registered = getattr(m, d, None)
+                if registered:
+                    for key in set(registered) - hooks.get(name, {}).get(d, set()):
+                        del registered[key]
+            if name in flags and flags[name] is None and _HF_HOOK_FLAG in m.__dict__:
+                del m.__dict__[_HF_HOOK_FLAG]
