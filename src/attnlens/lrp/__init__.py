@@ -1,0 +1,10 @@
+"""Layer-wise relevance propagation on stock HuggingFace encoders, batched (see ``docs/lrp.md``).
+
+:func:`lrp_pass` runs one forward with LRP rules patched into the model's own modules and one backward; the
+model is restored afterwards. The methods ``partiallrp``, ``transatt`` and ``attnlrp`` read its result.
+"""
+
+from .patch import RULE_SETS, SUPPORTED, check_supported, supports
+from .relevance import LRPResult, lrp_pass
+
+__all__ = ["RULE_SETS", "SUPPORTED", "LRPResult", "check_supported", "lrp_pass", "supports"]

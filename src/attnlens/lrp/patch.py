@@ -1,0 +1,197 @@
+"""Temporarily switch a stock HF model into "LRP mode", and switch it back exactly.
+
+Patches are per module instance (an instance attribute ``forward`` that shadows the class method) plus the
+config's attention implementation, which is pointed at :func:`lrp_attention` (registered with transformers'
+``AttentionInterface`` under :data:`ATTN_NAME`). Everything is undone in ``finally``: forward attributes, the
+attention implementation, the training flags of every module and any hook this module added.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch import nn
+from transformers import activations as hf_activations
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..errors import ModelError
+from . import rules
+
+ATTN_NAME = "attnlens_lrp"
+RULE_SETS = ("attnlrp", "cp")
+
+# model_type -> a short description; the families whose stock modules the rules below cover.
+SUPPORTED = {
+    "bert": "BERT",
+    "roberta": "RoBERTa",
+    "distilbert": "DistilBERT",
+    "albert": "ALBERT",
+    "electra": "ELECTRA",
+}
+# Classification heads that apply tanh inline (not as a module), so the identity rule needs their forward.
+_INLINE_TANH_HEADS = ("RobertaClassificationHead",)
+
+# Element-wise activations with f(0) = 0, which get the identity rule.
+_TORCH_ACTIVATIONS = (nn.GELU, nn.ReLU, nn.Tanh, nn.SiLU, nn.Mish, nn.LeakyReLU, nn.ELU, nn.Hardtanh)
+_ACTIVATIONS: tuple[type, ...] = _TORCH_ACTIVATIONS + tuple(
+    cls
+    for name, cls in vars(hf_activations).items()
+    if isinstance(cls, type) and issubclass(cls, nn.Module) and name.endswith(("Activation", "GELUTanh"))
+    and name not in ("SqrtSoftplusActivation", "LaplaceActivation")
+)
+
+
+@dataclass
+class PassState:
+    """What the patched modules record during one LRP forward."""
+
+    rules: str = "attnlrp"
+    epsilon: float = 0.0
+    track_softmax: bool = False
+    probs: list[torch.Tensor] = field(default_factory=list)
+    softmax_inputs: list[torch.Tensor] = field(default_factory=list)
+    embedding_sum: torch.Tensor | None = None
+    word_embeddings: torch.Tensor | None = None
+
+
+_local = threading.local()
+
+
+def _active_state() -> PassState:
+    state = getattr(_local, "state", None)
+    if state is None:
+        raise RuntimeError(f"attention implementation {ATTN_NAME!r} is only usable inside attnlens.lrp.lrp_pass")
+    return state
+
+
+def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention with the AttnLRP rules (or CP-LRP's), same signature and outputs as HF's eager one.
+
+    AttnLRP: uniform rule (half the relevance to each factor) on ``Q K^T`` and on ``A V``; the softmax keeps its
+    true gradient, which in gradient x input form *is* AttnLRP's softmax rule ``R_x = x (R_s - s sum R_s)``.
+    CP-LRP (Ali et al. 2022): the softmax input is cut from the graph, so all relevance goes through ``V``; the
+    relevance reaching ``A`` is measured but not propagated further.
+    """
+    state = _active_state()
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    cp = state.rules == "cp"
+    scores = torch.matmul(query, key.transpose(2, 3))
+    scores = (scores.detach() if cp else rules.sum_rule(scores, state.epsilon, 0.5)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = nn.functional.softmax(scores, dim=-1)
+    if cp:  # a leaf: relevance reaching A is measured there and goes no further
+        probs = probs.detach().requires_grad_(True)
+    state.probs.append(probs)
+    if state.track_softmax:
+        state.softmax_inputs.append(scores)
+    out = rules.sum_rule(torch.matmul(probs, value), state.epsilon, 1.0 if cp else 0.5)
+    return out.transpose(1, 2).contiguous(), probs
+
+
+ALL_ATTENTION_FUNCTIONS.register(ATTN_NAME, lrp_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, eager_mask)
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether the LRP methods can explain ``model`` (so that ``methods="all"`` can skip them otherwise)."""
+    try:
+        check_supported(model)
+    except ModelError:
+        return False
+    return True
+
+
+def check_supported(model: nn.Module) -> str:
+    """The model's ``model_type`` if LRP supports it; otherwise :class:`ModelError` naming the supported ones."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in SUPPORTED:
+        names = ", ".join(SUPPORTED.values())
+        raise ModelError(
+            f"LRP methods (partiallrp, transatt, attnlrp) support {names}; "
+            f"this model is {model_type or type(model).__name__!r}"
+        )
+    base = getattr(model, "base_model", model)
+    if getattr(getattr(base, "embeddings", None), "LayerNorm", None) is None:
+        raise ModelError(f"LRP: {type(model).__name__} has no embeddings.LayerNorm; expected a stock HF model")
+    return model_type
+
+
+def _tanh_head_forward(head: nn.Module, features: torch.Tensor, **kwargs) -> torch.Tensor:
+    # RobertaClassificationHead.forward with the identity rule on its inline tanh
+    x = head.dropout(features[:, 0, :])
+    x = rules.identity_rule(torch.tanh, head.dense(x))
+    return head.out_proj(head.dropout(x))
+
+
+def _ln_forward(module: nn.LayerNorm, state: PassState, record: bool, x: torch.Tensor) -> torch.Tensor:
+    if record:  # the embeddings' LayerNorm: its input is word + position (+ segment) embeddings
+        state.embedding_sum = x
+    return rules.layer_norm(module, x)
+
+
+@contextmanager
+def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
+    """Within the block, ``model(...)`` runs the LRP forward and records into ``state``; afterwards the model is
+    exactly as before (also when the block raises)."""
+    check_supported(model)
+    if state.rules not in RULE_SETS:
+        raise ValueError(f"unknown LRP rules {state.rules!r}; choose one of {', '.join(RULE_SETS)}")
+    if getattr(_local, "state", None) is not None:
+        raise RuntimeError("an LRP pass is already running in this thread")
+    base = getattr(model, "base_model", model)
+    emb_ln = base.embeddings.LayerNorm
+    word = model.get_input_embeddings()
+    training = [(m, m.training) for m in model.modules()]
+    patched: list[tuple[nn.Module, Callable | None]] = []
+    configs = {id(c): c for c in [model.config] + [getattr(m, "config", None) for m in model.modules()]
+               if c is not None and hasattr(c, "_attn_implementation")}
+    old_impl = {k: c._attn_implementation for k, c in configs.items()}
+    handles = []
+
+    def patch(module: nn.Module, fn: Callable) -> None:
+        patched.append((module, module.__dict__.get("forward")))
+        module.forward = fn
+
+    def grab_word(_m, _inp, out: torch.Tensor) -> torch.Tensor:
+        # a leaf for the word embeddings, so relevance reaches them even if the weights are frozen
+        leaf = out.detach().requires_grad_(True)
+        state.word_embeddings = leaf
+        return leaf
+
+    try:
+        model.eval()
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                patch(module, partial(_ln_forward, module, state, module is emb_ln))
+            elif isinstance(module, nn.Linear) and state.epsilon > 0:
+                patch(module, partial(rules.linear, module, eps=state.epsilon))
+            elif isinstance(module, _ACTIVATIONS):
+                patch(module, partial(rules.identity_rule, module.forward))
+            elif type(module).__name__ in _INLINE_TANH_HEADS:
+                patch(module, partial(_tanh_head_forward, module))
+        handles.append(word.register_forward_hook(grab_word))
+        for c in configs.values():
+            c._attn_implementation = ATTN_NAME
+        _local.state = state
+        yield
+    finally:
+        _local.state = None
+        for k, c in configs.items():
+            c._attn_implementation = old_impl[k]
+        for h in handles:
+            h.remove()
+        for module, old in reversed(patched):
+            if old is None:
+                del module.forward
+            else:
+                module.forward = old
+        for m, flag in training:
+            m.training = flag

@@ -1,0 +1,114 @@
+"""The relevance pass: one forward in LRP mode and one ``autograd.grad`` give every relevance we need."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..context import TARGET_KINDS, target_scalar
+from ..errors import InputError, ModelError
+from .patch import PassState, lrp_mode
+
+
+@dataclass
+class LRPResult:
+    """Relevances of one batch; every tensor is detached. B examples, L layers, H heads, N tokens.
+
+    Attributes:
+        logits: ``(B, C)`` logits (the LRP forward computes the same values as the plain one).
+        target: ``(B,)`` the explained scalar per example (logit, probability or log-probability of the target).
+        attentions: L tensors ``(B, H, N, N)``, the attention probabilities.
+        attention_relevance: L tensors ``(B, H, N, N)``: ``R(A^l) = A^l * (modified gradient)``.
+        input_relevance: ``(B, N)`` relevance of the summed input embeddings (word + position + segment, the
+            input of the embeddings' LayerNorm), summed over the hidden dimension.
+        word_relevance: ``(B, N)`` relevance of the word embeddings alone (LXT's convention).
+        softmax_absorbed: ``(B,)`` relevance the attention softmaxes did not pass on
+            (``sum R(A) - sum R(softmax input)`` over all layers), only with ``track_softmax=True``.
+    """
+
+    logits: torch.Tensor
+    target: torch.Tensor
+    attentions: list[torch.Tensor]
+    attention_relevance: list[torch.Tensor]
+    input_relevance: torch.Tensor
+    word_relevance: torch.Tensor
+    softmax_absorbed: torch.Tensor | None = None
+
+
+def lrp_pass(
+    model: nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    targets: torch.Tensor | Sequence[int] | int,
+    target_kind: str = "logit",
+    *,
+    rules: str = "attnlrp",
+    epsilon: float = 0.0,
+    track_softmax: bool = False,
+) -> LRPResult:
+    """Run one LRP pass over a padded batch of a stock HF sequence classifier.
+
+    Args:
+        model: a BERT, RoBERTa, DistilBERT, ALBERT or ELECTRA sequence classifier (left unchanged).
+        inputs: model inputs (``input_ids``, ``attention_mask``, ...).
+        targets: explained class per example (``(B,)``, a list, or one int for all).
+        target_kind: ``"logit"`` (relevance starts as the target logit), ``"probability"`` or ``"loss"``
+            (log-probability); for the last two the output softmax gets the same gradient x input rule as the
+            attention softmax.
+        rules: ``"attnlrp"`` (Achtibat et al. 2024) or ``"cp"`` (Ali et al. 2022: attention treated as constant).
+        epsilon: stabiliser of the epsilon rule on Linear layers and attention matmuls (0: LRP-0).
+        track_softmax: also return the relevance absorbed by the attention softmaxes (for conservation checks).
+
+    Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
+    its examples one by one.
+    """
+    if target_kind not in TARGET_KINDS:
+        raise InputError(f"unknown target kind {target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
+    if epsilon < 0:
+        raise InputError(f"epsilon must be >= 0, got {epsilon}")
+    state = PassState(rules=rules, epsilon=float(epsilon), track_softmax=track_softmax)
+    with torch.enable_grad(), lrp_mode(model, state):
+        logits = model(**inputs).logits
+        if logits.dim() != 2:
+            shape = tuple(logits.shape)
+            raise ModelError(f"LRP explains sequence classifiers with (batch, classes) logits, got {shape}")
+        if not state.probs:
+            raise ModelError("LRP: the model computed no attention through the patched attention function")
+        tgt = torch.as_tensor(targets, device=logits.device).long().reshape(-1)
+        if tgt.numel() == 1:
+            tgt = tgt.expand(logits.shape[0])
+        if tgt.shape[0] != logits.shape[0] or bool(((tgt < 0) | (tgt >= logits.shape[1])).any()):
+            raise InputError(f"targets {tgt.tolist()} do not fit logits of shape {tuple(logits.shape)}")
+        value = target_scalar(logits, tgt, target_kind)
+        wrt = [state.word_embeddings, state.embedding_sum, *state.probs, *state.softmax_inputs]
+        live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
+        found = torch.autograd.grad(value.sum(), [wrt[i] for i in live], allow_unused=True)
+        grads: list[torch.Tensor | None] = [None] * len(wrt)
+        for i, g in zip(live, found):
+            grads[i] = g
+    g_word, g_sum = grads[0], grads[1]
+    n_layers = len(state.probs)
+    g_probs = grads[2 : 2 + n_layers]
+    g_soft = grads[2 + n_layers :]
+
+    def rel(x: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+        return torch.zeros_like(x).detach() if g is None else (x * g).detach()
+
+    att_rel = [rel(p, g) for p, g in zip(state.probs, g_probs)]
+    absorbed = None
+    if track_softmax and rules == "cp":  # the softmax is outside the relevance path
+        absorbed = torch.zeros_like(value).detach()
+    elif track_softmax:
+        soft_rel = [rel(torch.nan_to_num(s, neginf=0.0), g) for s, g in zip(state.softmax_inputs, g_soft)]
+        absorbed = sum(a.sum((1, 2, 3)) - s.sum((1, 2, 3)) for a, s in zip(att_rel, soft_rel))
+    return LRPResult(
+        logits=logits.detach(),
+        target=value.detach(),
+        attentions=[p.detach() for p in state.probs],
+        attention_relevance=att_rel,
+        input_relevance=rel(state.embedding_sum, g_sum).sum(-1),
+        word_relevance=rel(state.word_embeddings, g_word).sum(-1),
+        softmax_absorbed=absorbed,
+    )

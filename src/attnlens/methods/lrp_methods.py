@@ -1,0 +1,105 @@
+"""LRP-based methods: PartialLRP, TransAtt (Chefer et al.) and AttnLRP, all read one shared relevance pass.
+
+Notation as in :mod:`attnlens.methods.attention`; R(A^l) is the LRP relevance at the attention probabilities
+of layer l (:func:`attnlens.lrp.lrp_pass`), computed once per batch and shared through ``ctx.cache["lrp"]``.
+Rule sets and their differences from the authors' code: ``docs/lrp.md``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..context import BatchContext
+from ..errors import InputError
+from ..lrp import RULE_SETS, LRPResult, lrp_pass
+from .registry import ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, register
+
+_LRP_OPTIONS = {"rules": "attnlrp", "epsilon": 0.0}
+
+
+def shared_lrp(ctx: BatchContext, rules: str = "attnlrp", epsilon: float = 0.0) -> LRPResult:
+    """The batch's LRP pass for these settings, run once and cached in ``ctx.cache["lrp"]``."""
+    if rules not in RULE_SETS:
+        raise InputError(f"unknown LRP rules {rules!r}; choose one of {', '.join(RULE_SETS)}")
+    if not isinstance(epsilon, (int, float)) or epsilon < 0:
+        raise InputError(f"LRP epsilon must be a number >= 0, got {epsilon!r}")
+    cache = ctx.cache.setdefault("lrp", {})
+    key = (rules, float(epsilon))
+    if key not in cache:
+        cache[key] = lrp_pass(ctx.model, ctx.inputs, ctx.targets, ctx.target_kind, rules=rules, epsilon=epsilon)
+    return cache[key]
+
+
+def _rows(ctx: BatchContext, per_layer: list[torch.Tensor]) -> torch.Tensor:
+    """Explained row of each ``(B, Q, K)`` matrix, stacked to ``(B, L, K)``."""
+    return torch.stack([ctx.capture.row(m.to(ctx.capture.query_weights.dtype)) for m in per_layer], 1)
+
+
+@register(
+    "partiallrp",
+    needs={ATTENTION, OWN_PASS},
+    summary="Partial LRP: LRP relevance of the last layer's attention, E_h max(R(A^L), 0)[c, j].",
+    citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
+    lrp=True,
+    options=dict(_LRP_OPTIONS),
+)
+def partiallrp(ctx: BatchContext, rules: str = "attnlrp", epsilon: float = 0.0) -> MethodOutput:
+    res = shared_lrp(ctx, rules, epsilon)
+    layers = _rows(ctx, [r.clamp(min=0).mean(1) for r in res.attention_relevance])
+    return MethodOutput(layers[:, -1], layers)
+
+
+def transatt_rollout(
+    grads: list[torch.Tensor], relevances: list[torch.Tensor], start_layer: int = 0
+) -> list[torch.Tensor]:
+    """Chefer et al.'s rollout: Ā^l = E_h max(∇A^l ⊙ R(A^l), 0); M^l = (Ā^l + I) / rowsum; returns the
+    cumulative products ``M^l ··· M^start`` for l = start ... L-1 (each ``(B, N, N)``)."""
+    n_layers = len(relevances)
+    if not -n_layers <= start_layer < n_layers:
+        raise InputError(f"start_layer={start_layer} is out of range for a model with {n_layers} layers")
+    start_layer %= n_layers
+    joint = None
+    out = []
+    for g, r in zip(grads[start_layer:], relevances[start_layer:]):
+        a_bar = (g * r).clamp(min=0).mean(1)
+        m = a_bar + torch.eye(a_bar.shape[-1], dtype=a_bar.dtype, device=a_bar.device)
+        m = m / m.sum(-1, keepdim=True)
+        joint = m if joint is None else m @ joint
+        out.append(joint)
+    return out
+
+
+@register(
+    "transatt",
+    needs={ATTENTION, GRADIENTS, OWN_PASS},
+    self_attention_only=True,
+    summary="Transformer attribution: rollout of E_h max(∇A ⊙ R(A), 0) + I (row-normalised) from start_layer; "
+    "row c.",
+    citation="Chefer, Gur & Wolf, Transformer Interpretability Beyond Attention Visualization, CVPR 2021",
+    lrp=True,
+    options={"start_layer": 0, **_LRP_OPTIONS},
+)
+def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "attnlrp", epsilon: float = 0.0) -> MethodOutput:
+    if not isinstance(start_layer, int) or isinstance(start_layer, bool):
+        raise InputError(f"transatt start_layer must be an integer layer index, got {start_layer!r}")
+    res = shared_lrp(ctx, rules, epsilon)
+    joints = transatt_rollout(ctx.capture.attention_grads, res.attention_relevance, start_layer)
+    layers = _rows(ctx, joints)  # rows of the products from start_layer up to each layer
+    return MethodOutput(layers[:, -1], layers if start_layer in (0, -len(joints)) else None)
+
+
+@register(
+    "attnlrp",
+    needs={OWN_PASS},
+    summary="AttnLRP: relevance of the input embeddings under attention-aware LRP rules, summed over the "
+    "hidden dimension (signed).",
+    citation="Achtibat et al., AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers, ICML 2024",
+    lrp=True,
+    options={"input": "embeddings", **_LRP_OPTIONS},
+)
+def attnlrp(ctx: BatchContext, input: str = "embeddings", rules: str = "attnlrp", epsilon: float = 0.0) -> MethodOutput:
+    if input not in ("embeddings", "word"):
+        raise InputError(f"attnlrp input must be 'embeddings' (word + position + segment) or 'word', got {input!r}")
+    res = shared_lrp(ctx, rules, epsilon)
+    scores = res.input_relevance if input == "embeddings" else res.word_relevance
+    return MethodOutput(scores, None, space="tokens")

@@ -1,0 +1,317 @@
+"""LRP pass and the LRP methods: rules against explicit formulas, conservation, padding, batching, model state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import ENCODERS, make_model
+from torch import nn
+
+from attnlens import Explainer
+from attnlens.errors import InputError, ModelError
+from attnlens.lrp import lrp_pass, rules, supports
+from attnlens.methods.lrp_methods import transatt_rollout
+
+TEXTS = ["the movie was great", "i really didn ' t like this boring plot , but the actors were charming", "awful"]
+
+
+def bias_free(family: str, seed: int = 0) -> nn.Module:
+    model = make_model(family, num_labels=3, seed=seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    return model
+
+
+def padded_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 60, (3, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    mask[2, 3:] = 0
+    ids[mask == 0] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+# ---------------------------------------------------------------- rules vs explicit LRP formulas
+def test_epsilon_rule_equals_explicit_formula():
+    torch.manual_seed(0)
+    lin = nn.Linear(5, 4)
+    x = torch.randn(2, 5, requires_grad=True)
+    rel_out = torch.randn(2, 4)
+    eps = 0.1
+    z = rules.linear(lin, x, eps)
+    (g,) = torch.autograd.grad(z, x, rel_out / z.detach())  # relevance R_z enters as gradient R_z / z
+    ours = (x * g).detach()
+    zz = lin(x).detach()
+    explicit = torch.zeros(2, 5)
+    for b in range(2):
+        for i in range(5):
+            for j in range(4):
+                denom = zz[b, j] + eps * (1.0 if zz[b, j] >= 0 else -1.0)
+                explicit[b, i] += x[b, i].detach() * lin.weight[j, i].detach() * rel_out[b, j] / denom
+    torch.testing.assert_close(ours, explicit, rtol=1e-5, atol=1e-6)
+
+
+def test_identity_rule_passes_relevance_elementwise():
+    x = torch.tensor([-2.0, -0.3, 0.0, 0.5, 3.0], requires_grad=True)
+    y = rules.identity_rule(nn.functional.gelu, x)
+    torch.testing.assert_close(y, nn.functional.gelu(x))
+    grad_y = torch.tensor([1.0, 2.0, 3.0, -1.0, 0.5])
+    (g,) = torch.autograd.grad(y, x, grad_y)
+    torch.testing.assert_close(x * g, y.detach() * grad_y)  # R_x = R_y
+
+
+def test_softmax_gradient_x_input_is_the_attnlrp_softmax_rule():
+    # AttnLRP Prop. 3.1: R_x_i = x_i (R_i - s_i sum_j R_j) with R_j = s_j g_j the relevance at the output.
+    torch.manual_seed(1)
+    x = torch.randn(6, requires_grad=True)
+    s = torch.softmax(x, -1)
+    g_out = torch.randn(6)
+    (g,) = torch.autograd.grad(s, x, g_out)
+    r_out = (s * g_out).detach()
+    explicit = x.detach() * (r_out - s.detach() * r_out.sum())
+    torch.testing.assert_close(x.detach() * g, explicit)
+
+
+def test_layer_norm_rule_is_linear_map_with_frozen_std():
+    torch.manual_seed(2)
+    ln = nn.LayerNorm(6)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.zero_()
+    x = torch.randn(6, requires_grad=True)
+    y = rules.layer_norm(ln, x)
+    torch.testing.assert_close(y, ln(x))
+    rel_out = torch.randn(6)
+    (g,) = torch.autograd.grad(y, x, rel_out / y.detach())
+    std = (x.detach().var(unbiased=False) + ln.eps).sqrt()
+    w = ln.weight.detach()[:, None] * (torch.eye(6) - 1 / 6) / std  # y_j = sum_i w[j, i] x_i
+    explicit = torch.stack([sum(x[i].detach() * w[j, i] * rel_out[j] / y[j].detach() for j in range(6))
+                            for i in range(6)])
+    torch.testing.assert_close(x.detach() * g, explicit, rtol=1e-4, atol=1e-6)
+    assert abs(float((x * g).detach().sum() - rel_out.sum())) < 1e-4  # bias-free: conserved
+
+
+# ---------------------------------------------------------------- conservation
+@pytest.mark.parametrize("family", ENCODERS)
+def test_conservation_cp_rules_bias_free(family):
+    # CP-LRP cuts the softmax branch: every remaining rule is conservative, so without biases the input
+    # relevance adds up to the target logit. Tolerance: 1e-4 relative + 1e-5 absolute (float32 sums).
+    model = bias_free(family)
+    res = lrp_pass(model, padded_batch(), [0, 1, 2], rules="cp")
+    torch.testing.assert_close(res.input_relevance.sum(1), res.target, rtol=1e-4, atol=1e-5)
+    assert res.target.abs().min() > 1e-3  # the check is not vacuous
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_conservation_attnlrp_up_to_softmax_absorption(family):
+    # AttnLRP's softmax rule is the only non-conservative step of a bias-free model: input relevance plus the
+    # relevance the softmaxes absorbed equals the target logit (same tolerance).
+    model = bias_free(family)
+    res = lrp_pass(model, padded_batch(), [2, 0, 1], track_softmax=True)
+    torch.testing.assert_close(res.input_relevance.sum(1) + res.softmax_absorbed, res.target, rtol=1e-4, atol=1e-5)
+    assert res.softmax_absorbed.abs().max() > 1e-5  # the softmax rule does absorb something
+
+
+def test_epsilon_rule_absorbs_a_little_relevance():
+    model = bias_free("bert")
+    inputs = padded_batch(3)
+    exact = lrp_pass(model, inputs, 1, rules="cp", epsilon=0.0)
+    small = lrp_pass(model, inputs, 1, rules="cp", epsilon=1e-6)
+    big = lrp_pass(model, inputs, 1, rules="cp", epsilon=1.0)
+    torch.testing.assert_close(small.input_relevance.sum(1), exact.target, rtol=1e-3, atol=1e-5)
+    gap = (big.input_relevance.sum(1) - big.target).abs()
+    assert (gap > 1e-3 * big.target.abs()).all()  # a large epsilon visibly absorbs relevance
+    torch.testing.assert_close(small.logits, exact.logits)
+
+
+def test_log_probability_target_starts_from_the_softmax_rule():
+    # target_kind="loss": relevance of logit k is logit_k * d log p_c / d logit_k, so the CP total is
+    # logit_c - sum_k p_k logit_k.
+    model = bias_free("distilbert")
+    res = lrp_pass(model, padded_batch(), [0, 1, 2], "loss", rules="cp")
+    p = res.logits.softmax(-1)
+    expected = res.logits[torch.arange(3), torch.tensor([0, 1, 2])] - (p * res.logits).sum(-1)
+    torch.testing.assert_close(res.input_relevance.sum(1), expected, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- padding, batching, model state
+@pytest.mark.parametrize("family", ENCODERS)
+@pytest.mark.parametrize("rule_set", ["attnlrp", "cp"])
+def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
+    model = make_model(family, num_labels=3)
+    inputs = padded_batch(5)
+    targets = [1, 2, 0]
+    res = lrp_pass(model, inputs, targets, rules=rule_set)
+    pad = inputs["attention_mask"] == 0
+    assert (res.input_relevance[pad] == 0).all() and (res.word_relevance[pad] == 0).all()
+    for r in res.attention_relevance:
+        assert (r.permute(0, 2, 3, 1)[pad] == 0).all()  # padded query rows
+        assert (r.permute(0, 3, 2, 1)[pad] == 0).all()  # padded key columns
+    for b in range(3):
+        n = int(inputs["attention_mask"][b].sum())
+        one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, targets[b], rules=rule_set)
+        torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=1e-5, atol=1e-5)
+        for r_batch, r_one in zip(res.attention_relevance, one.attention_relevance):
+            torch.testing.assert_close(r_batch[b, :, :n, :n], r_one[0], rtol=1e-5, atol=1e-5)
+
+
+def _snapshot(model: nn.Module) -> dict:
+    return {
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "forward": {name: m.__dict__.get("forward") for name, m in model.named_modules()},
+        "training": {name: m.training for name, m in model.named_modules()},
+        "hooks": {name: (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
+                  for name, m in model.named_modules()},
+        "requires_grad": {k: p.requires_grad for k, p in model.named_parameters()},
+        "attn": model.config._attn_implementation,
+    }
+
+
+def _assert_unchanged(model: nn.Module, before: dict) -> None:
+    after = _snapshot(model)
+    for k in before["state"]:
+        assert torch.equal(before["state"][k], after["state"][k]), k
+    for key in ("forward", "training", "hooks", "requires_grad", "attn"):
+        assert before[key] == after[key], key
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "albert"])
+def test_model_left_unchanged(family):
+    model = make_model(family, attn="sdpa").train()
+    model.classifier.eval()  # mixed training flags must survive
+    next(model.parameters()).requires_grad_(False)
+    before = _snapshot(model)
+    res = lrp_pass(model, padded_batch(), 1)
+    _assert_unchanged(model, before)
+    assert len(res.attentions) == model.config.num_hidden_layers
+    with torch.no_grad():  # the LRP forward computes the model's own logits (in eval mode)
+        model.eval()
+        torch.testing.assert_close(res.logits, model(**padded_batch()).logits, rtol=1e-5, atol=1e-6)
+
+
+def test_model_restored_after_an_error():
+    model = make_model("bert")
+    before = _snapshot(model)
+    bad = padded_batch()
+    bad["input_ids"] = bad["input_ids"] + 1000  # out of the vocabulary: fails inside the patched forward
+    with pytest.raises(IndexError):
+        lrp_pass(model, bad, 0)
+    _assert_unchanged(model, before)
+    with pytest.raises(InputError, match="targets"):
+        lrp_pass(model, padded_batch(), 7)
+    _assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bart", "llama"])
+def test_unsupported_architecture_is_a_clear_error(family, tokenizer):
+    model = make_model(family)
+    assert not supports(model) and supports(make_model("electra"))
+    with pytest.raises(ModelError, match="BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA"):
+        lrp_pass(model, padded_batch(), 0)
+    with pytest.raises(ModelError, match="support"):
+        Explainer(model, tokenizer).explain(TEXTS[:1], methods=["attnlrp"])
+
+
+def test_bad_options_are_input_errors(tokenizer):
+    ex = Explainer(make_model("bert"), tokenizer)
+    with pytest.raises(InputError, match="rules"):
+        ex.explain(TEXTS[:1], methods=["partiallrp"], options={"partiallrp": {"rules": "magic"}})
+    with pytest.raises(InputError, match="start_layer"):
+        ex.explain(TEXTS[:1], methods=["transatt"], options={"transatt": {"start_layer": 5}})
+    with pytest.raises(InputError, match="input"):
+        ex.explain(TEXTS[:1], methods=["attnlrp"], options={"attnlrp": {"input": "hidden"}})
+
+
+# ---------------------------------------------------------------- the registered methods
+LRP_METHODS = ["partiallrp", "transatt", "attnlrp", "flow"]
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_methods_through_explainer(family, tokenizer):
+    ex = Explainer(make_model(family), tokenizer)
+    batch = ex.explain(TEXTS, methods=LRP_METHODS, batch_size=3)
+    for text, e in zip(TEXTS, batch):
+        for m in LRP_METHODS:
+            assert e.scores[m].shape == (len(e.tokens),) and np.isfinite(e.scores[m]).all(), m
+        assert (e.scores["partiallrp"] >= 0).all() and (e.scores["transatt"] >= 0).all()
+        assert e.layers["partiallrp"].shape == (2, len(e.tokens))
+        (single,) = ex.explain([text], methods=LRP_METHODS)
+        for m in LRP_METHODS:
+            np.testing.assert_allclose(e.scores[m], single.scores[m], rtol=1e-5, atol=1e-5, err_msg=m)
+
+
+def test_methods_equal_loop_recomputation(tokenizer):
+    model = make_model("bert")
+    ex = Explainer(model, tokenizer)
+    text = "i really didn ' t like this boring plot"
+    opts = {"transatt": {"start_layer": 0}}
+    (e,) = ex.explain([text], methods=["partiallrp", "transatt", "attnlrp", "grads"], target=1, options=opts)
+    inputs = {"input_ids": torch.tensor([e.input_ids]), "attention_mask": torch.ones(1, len(e.input_ids), dtype=int)}
+    inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+    res = lrp_pass(model, inputs, 1)
+    n = len(e.tokens)
+    r_last = res.attention_relevance[-1][0].numpy()
+    expected = np.array([np.mean([max(r_last[h, 0, j], 0.0) for h in range(r_last.shape[0])]) for j in range(n)])
+    np.testing.assert_allclose(e.scores["partiallrp"], expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(e.scores["attnlrp"], res.input_relevance[0].numpy(), rtol=1e-5, atol=1e-7)
+    # TransAtt with plain-gradient attention grads from a fresh autograd pass, rollout by explicit loops
+    atts = []
+    model.eval()
+    out = model(**inputs, output_attentions=True)
+    grads = torch.autograd.grad(out.logits[0, 1], list(out.attentions))
+    joint = np.eye(n)
+    for g, r in zip(grads, res.attention_relevance):
+        prod = (g[0] * r[0]).numpy()
+        a_bar = np.zeros((n, n))
+        for i in range(n):
+            for j in range(n):
+                a_bar[i, j] = np.mean([max(prod[h, i, j], 0.0) for h in range(prod.shape[0])])
+        m = a_bar + np.eye(n)
+        m = m / m.sum(1, keepdims=True)
+        joint = m @ joint
+        atts.append(m)
+    np.testing.assert_allclose(e.scores["transatt"], joint[0], rtol=1e-4, atol=1e-6)
+
+
+def test_transatt_start_layer_last_is_one_layer_formula():
+    torch.manual_seed(3)
+    g = [torch.randn(2, 3, 5, 5) for _ in range(3)]
+    r = [torch.randn(2, 3, 5, 5) for _ in range(3)]
+    (last,) = transatt_rollout(g, r, start_layer=-1)
+    a_bar = (g[2] * r[2]).clamp(min=0).mean(1) + torch.eye(5)
+    torch.testing.assert_close(last, a_bar / a_bar.sum(-1, keepdim=True))
+    assert len(transatt_rollout(g, r, start_layer=0)) == 3
+
+
+def test_shared_pass_runs_once_per_batch(tokenizer, monkeypatch):
+    from attnlens.methods import lrp_methods
+
+    calls = []
+    real = lrp_methods.lrp_pass
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lrp_methods, "lrp_pass", counting)
+    Explainer(make_model("bert"), tokenizer).explain(TEXTS, methods=["partiallrp", "transatt", "attnlrp"],
+                                                     batch_size=2)
+    assert len(calls) == 2  # two batches, one pass each
+
+
+@pytest.mark.slow
+def test_real_model_minilm_sst2(minilm_sst2):
+    texts = ["a gorgeous , witty , seductive movie .", "the plot is nothing but boilerplate clichés ."]
+    exps = minilm_sst2.explain(texts, methods=LRP_METHODS, target=1)
+    for e in exps:
+        for m in LRP_METHODS:
+            assert np.isfinite(e.scores[m]).all() and np.abs(e.scores[m]).max() > 0, m
+    pos = exps[0]
+    words = [t for t, s in zip(pos.tokens, pos.special) if not s]
+    top = words[int(np.argmax(pos.scores["attnlrp"][~np.array(pos.special)]))]
+    assert top in {"gorgeous", "witty", "seductive"}, top  # positive evidence for the positive class
