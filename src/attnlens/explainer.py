@@ -85,8 +85,11 @@ class Explainer:
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self._check_vocabulary()
         self.max_length = self._max_length(max_length)
+        # Token types go in only where the model takes them and the tokenizer makes them (GPT-2 takes them but
+        # adds them as extra token embeddings, so they must match what the model was trained with).
         params = inspect.signature(model.forward).parameters
-        self._takes_token_types = "token_type_ids" in params
+        made = "token_type_ids" in (getattr(tokenizer, "model_input_names", None) or ["token_type_ids"])
+        self._takes_token_types = "token_type_ids" in params and made
         self.pad_id = self.adapter.pad_token_id(tokenizer, model.config)
 
     # ------------------------------------------------------------------ loading
@@ -262,10 +265,11 @@ class Explainer:
                 attention_mask[b, : len(m)] = torch.tensor(m, dtype=torch.long)
         device = self.device
         inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
-        if self._takes_token_types and type_ids is not None and all(t is not None for t in type_ids):
+        if self._takes_token_types:  # missing types are zeros, as the tokenizer makes for single texts
             tt = torch.zeros((len(ids), n), dtype=torch.long)
-            for b, seq in enumerate(type_ids):
-                tt[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            for b, seq in enumerate(type_ids or []):
+                if seq is not None:
+                    tt[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             inputs["token_type_ids"] = tt.to(device)
         return inputs, token_mask.to(device)
 
@@ -290,7 +294,9 @@ class Explainer:
         if isinstance(target, torch.Tensor):
             target = target.tolist()
         if not isinstance(target, Sequence) or len(target) != n:
-            raise InputError(f"target must be None, a class index, a label name, or one of those per input ({n})")
+            raise InputError(
+                f"target must be None, a class index, a label name, or a list with one per input ({n} inputs)"
+            )
         return [self._resolve_target(t) for t in target]
 
     def _resolve_target(self, t: Any) -> int:
