@@ -138,6 +138,72 @@ def test_log_probability_target_starts_from_the_softmax_rule():
     torch.testing.assert_close(res.input_relevance.sum(1), expected, rtol=1e-4, atol=1e-5)
 
 
+# ---------------------------------------------------------------- the authors' rule set ("chefer")
+def test_zplus_rule_equals_explicit_formula():
+    torch.manual_seed(4)
+    lin = nn.Linear(5, 4)
+    x = torch.randn(2, 5, requires_grad=True)
+    rel_out = torch.rand(2, 4)
+    z = rules.zplus_linear(lin, x)
+    torch.testing.assert_close(z, lin(x))
+    (g,) = torch.autograd.grad(z, x, rel_out / z.detach())
+    w, xd = lin.weight.detach(), x.detach()
+    explicit = torch.zeros(2, 5)
+    for b in range(2):
+        for j in range(4):
+            contrib = [max(xd[b, i] * w[j, i], 0.0) if xd[b, i] > 0 else (xd[b, i] * w[j, i] if w[j, i] < 0 else 0.0)
+                       for i in range(5)]  # x+ W+ and x- W- terms: the positive contributions
+            denom = sum(contrib)
+            for i in range(5):
+                explicit[b, i] += contrib[i] * rel_out[b, j] / denom
+    torch.testing.assert_close(xd * g, explicit, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close((xd * g).sum(1), rel_out.sum(1))  # conservative, bias ignored
+
+
+def test_normalized_residual_splits_per_example():
+    torch.manual_seed(5)
+    a = torch.randn(3, 4, 2, requires_grad=True)
+    b = torch.randn(3, 4, 2, requires_grad=True)
+    g_out = torch.randn(3, 4, 2)
+    total = a + b
+    out = rules.normalized_residual(total, b)
+    torch.testing.assert_close(out, total)
+    ga, gb = torch.autograd.grad(out, [a, b], g_out)
+    for ex in range(3):  # Chefer's Add.relprop on one example at a time
+        ra, rb = (a[ex] * g_out[ex]).detach(), (b[ex] * g_out[ex]).detach()
+        r_sum = ra.sum() + rb.sum()
+        fa = ra.sum().abs() / (ra.sum().abs() + rb.sum().abs()) * r_sum
+        fb = rb.sum().abs() / (ra.sum().abs() + rb.sum().abs()) * r_sum
+        torch.testing.assert_close((a[ex] * ga[ex]).detach(), ra * fa / ra.sum())
+        torch.testing.assert_close((b[ex] * gb[ex]).detach(), rb * fb / rb.sum())
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "electra"])
+def test_chefer_rules_conserve_relevance_one_with_biases(family):
+    # The authors' rules are all conservative (z+ ignores biases), and relevance starts at 1: with biases the
+    # input relevance of each example sums to 1 (tolerance 1e-4; rows whose z+ denominator is 0 would lose some).
+    model = make_model(family, num_labels=3)
+    res = lrp_pass(model, padded_batch(), [0, 1, 2], rules="chefer")
+    torch.testing.assert_close(res.input_relevance.sum(1), torch.ones(3), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_chefer_rules_batch_invariance(family):
+    # Per-example normalisation of the residual rule: a batch equals its examples one by one (float64: the
+    # identity rules divide by activations, which amplifies float32 rounding to ~1e-5 in ALBERT).
+    model = make_model(family, num_labels=3).double()
+    inputs = padded_batch(6)
+    res = lrp_pass(model, inputs, [2, 0, 1], rules="chefer")
+    pad = inputs["attention_mask"] == 0
+    assert (res.input_relevance[pad] == 0).all()
+    for b, t in enumerate([2, 0, 1]):
+        n = int(inputs["attention_mask"][b].sum())
+        one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, t, rules="chefer")
+        torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(res.attention_relevance[-1][b, :, :n, :n], one.attention_relevance[-1][0],
+                                   rtol=1e-9, atol=1e-10)
+
+
 # ---------------------------------------------------------------- padding, batching, model state
 @pytest.mark.parametrize("family", ENCODERS)
 @pytest.mark.parametrize("rule_set", ["attnlrp", "cp"])
@@ -180,15 +246,16 @@ def _assert_unchanged(model: nn.Module, before: dict) -> None:
     assert all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "albert"])
-def test_model_left_unchanged(family):
+@pytest.mark.parametrize("family,rule_set", [("bert", "attnlrp"), ("roberta", "chefer"), ("albert", "chefer"),
+                                             ("distilbert", "cp")])
+def test_model_left_unchanged(family, rule_set):
     model = make_model(family, attn="sdpa").train()
     model.classifier.eval()  # mixed training flags must survive
     next(model.parameters()).requires_grad_(False)
     before = _snapshot(model)
-    res = lrp_pass(model, padded_batch(), 1)
+    res = lrp_pass(model, padded_batch(), 1, rules=rule_set, epsilon=1e-3)
     _assert_unchanged(model, before)
-    assert len(res.attentions) == model.config.num_hidden_layers
+    assert len(res.attentions) == getattr(model.config, "num_hidden_layers", getattr(model.config, "n_layers", 0))
     with torch.no_grad():  # the LRP forward computes the model's own logits (in eval mode)
         model.eval()
         torch.testing.assert_close(res.logits, model(**padded_batch()).logits, rtol=1e-5, atol=1e-6)
@@ -229,6 +296,17 @@ def test_bad_options_are_input_errors(tokenizer):
 
 # ---------------------------------------------------------------- the registered methods
 LRP_METHODS = ["partiallrp", "transatt", "attnlrp", "flow"]
+
+
+def test_rule_options_through_explainer(tokenizer):
+    ex = Explainer(make_model("roberta"), tokenizer)
+    opts = {m: {"rules": "chefer"} for m in ("partiallrp", "transatt", "attnlrp")}
+    opts["transatt"]["start_layer"] = -1
+    (e,) = ex.explain(TEXTS[1:2], methods=["partiallrp", "transatt", "attnlrp"], options=opts)
+    (d,) = ex.explain(TEXTS[1:2], methods=["partiallrp", "transatt", "attnlrp"])
+    assert abs(e.scores["attnlrp"].sum() - 1) < 1e-4  # the authors' rules start from relevance 1
+    assert not np.allclose(e.scores["partiallrp"], d.scores["partiallrp"])
+    assert "transatt" not in e.layers and d.layers["transatt"].shape == (2, len(d.tokens))
 
 
 @pytest.mark.parametrize("family", ENCODERS)

@@ -24,7 +24,7 @@ from ..errors import ModelError
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"
-RULE_SETS = ("attnlrp", "cp")
+RULE_SETS = ("attnlrp", "cp", "chefer")
 
 # model_type -> a short description; the families whose stock modules the rules below cover.
 SUPPORTED = {
@@ -57,6 +57,7 @@ class PassState:
     probs: list[torch.Tensor] = field(default_factory=list)
     softmax_inputs: list[torch.Tensor] = field(default_factory=list)
     embedding_sum: torch.Tensor | None = None
+    branches: dict[int, torch.Tensor] = field(default_factory=dict)  # residual branch per LayerNorm (chefer)
     word_embeddings: torch.Tensor | None = None
 
 
@@ -77,6 +78,7 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     true gradient, which in gradient x input form *is* AttnLRP's softmax rule ``R_x = x (R_s - s sum R_s)``.
     CP-LRP (Ali et al. 2022): the softmax input is cut from the graph, so all relevance goes through ``V``; the
     relevance reaching ``A`` is measured but not propagated further.
+    chefer: as AttnLRP but the softmax passes relevance through unchanged (identity), as in the authors' code.
     """
     state = _active_state()
     if scaling is None:
@@ -86,7 +88,10 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     scores = (scores.detach() if cp else rules.sum_rule(scores, state.epsilon, 0.5)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask
-    probs = nn.functional.softmax(scores, dim=-1)
+    if state.rules == "chefer":
+        probs = rules.pass_through(partial(nn.functional.softmax, dim=-1), scores)
+    else:
+        probs = nn.functional.softmax(scores, dim=-1)
     if cp:  # a leaf: relevance reaching A is measured there and goes no further
         probs = probs.detach().requires_grad_(True)
     state.probs.append(probs)
@@ -134,7 +139,34 @@ def _tanh_head_forward(head: nn.Module, features: torch.Tensor, **kwargs) -> tor
 def _ln_forward(module: nn.LayerNorm, state: PassState, record: bool, x: torch.Tensor) -> torch.Tensor:
     if record:  # the embeddings' LayerNorm: its input is word + position (+ segment) embeddings
         state.embedding_sum = x
-    return rules.layer_norm(module, x)
+    if state.rules != "chefer":
+        return rules.layer_norm(module, x)
+    branch = state.branches.pop(id(module), None)
+    if branch is not None:  # x = skip + branch: the authors' normalised residual rule, per example
+        if branch.shape != x.shape:
+            raise ModelError(f"LRP rules='chefer': unexpected residual branch shape {tuple(branch.shape)}")
+        x = rules.normalized_residual(x, branch)
+    return rules.pass_through(partial(nn.LayerNorm.forward, module), x)  # the class forward: unpatched
+
+
+def residual_sites(model: nn.Module) -> list[tuple[nn.LayerNorm, nn.Module]]:
+    """(LayerNorm, module whose output is the residual branch) for every post-LN residual sum ``LN(x + f(x))``."""
+    model_type = model.config.model_type
+    sites = []
+    for m in model.modules():
+        name = type(m).__name__
+        if model_type in ("bert", "roberta", "electra"):
+            if name.endswith("Output") and all(hasattr(m, a) for a in ("dense", "dropout", "LayerNorm")):
+                sites.append((m.LayerNorm, m.dropout))  # LayerNorm(dropout(dense(h)) + input_tensor)
+        elif model_type == "distilbert" and name == "TransformerBlock":
+            sites += [(m.sa_layer_norm, m.attention), (m.output_layer_norm, m.ffn)]
+        elif model_type == "albert" and name == "AlbertAttention":
+            sites.append((m.LayerNorm, m.output_dropout))
+        elif model_type == "albert" and name == "AlbertLayer":
+            if m.chunk_size_feed_forward:
+                raise ModelError("LRP rules='chefer' does not support ALBERT with chunked feed-forward")
+            sites.append((m.full_layer_layer_norm, m.ffn_output))
+    return sites
 
 
 @contextmanager
@@ -160,6 +192,12 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
         patched.append((module, module.__dict__.get("forward")))
         module.forward = fn
 
+    def grab_branch(ln: nn.LayerNorm):
+        def hook(_m, _inp, out):
+            state.branches[id(ln)] = out[0] if isinstance(out, tuple) else out
+
+        return hook
+
     def grab_word(_m, _inp, out: torch.Tensor) -> torch.Tensor:
         # a leaf for the word embeddings, so relevance reaches them even if the weights are frozen
         leaf = out.detach().requires_grad_(True)
@@ -171,6 +209,8 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
         for module in model.modules():
             if isinstance(module, nn.LayerNorm):
                 patch(module, partial(_ln_forward, module, state, module is emb_ln))
+            elif isinstance(module, nn.Linear) and state.rules == "chefer":
+                patch(module, partial(rules.zplus_linear, module))
             elif isinstance(module, nn.Linear) and state.epsilon > 0:
                 patch(module, partial(rules.linear, module, eps=state.epsilon))
             elif isinstance(module, _ACTIVATIONS):
@@ -178,6 +218,9 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
             elif type(module).__name__ in _INLINE_TANH_HEADS:
                 patch(module, partial(_tanh_head_forward, module))
         handles.append(word.register_forward_hook(grab_word))
+        if state.rules == "chefer":
+            for ln, branch in residual_sites(model):
+                handles.append(branch.register_forward_hook(grab_branch(ln)))
         for c in configs.values():
             c._attn_implementation = ATTN_NAME
         _local.state = state

@@ -57,7 +57,9 @@ def lrp_pass(
         target_kind: ``"logit"`` (relevance starts as the target logit), ``"probability"`` or ``"loss"``
             (log-probability); for the last two the output softmax gets the same gradient x input rule as the
             attention softmax.
-        rules: ``"attnlrp"`` (Achtibat et al. 2024) or ``"cp"`` (Ali et al. 2022: attention treated as constant).
+        rules: ``"attnlrp"`` (Achtibat et al. 2024), ``"cp"`` (Ali et al. 2022: attention treated as constant) or
+            ``"chefer"`` (the rules of Chefer et al.'s code: z+ Linear, identity LayerNorm and softmax, normalised
+            residuals, relevance 1 at the target logit whatever ``target_kind``; ``epsilon`` is not used).
         epsilon: stabiliser of the epsilon rule on Linear layers and attention matmuls (0: LRP-0).
         track_softmax: also return the relevance absorbed by the attention softmaxes (for conservation checks).
 
@@ -84,7 +86,13 @@ def lrp_pass(
         value = target_scalar(logits, tgt, target_kind)
         wrt = [state.word_embeddings, state.embedding_sum, *state.probs, *state.softmax_inputs]
         live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
-        found = torch.autograd.grad(value.sum(), [wrt[i] for i in live], allow_unused=True)
+        if rules == "chefer":  # the authors start from relevance 1 at the target logit: gradient 1 / logit
+            value = logits.gather(1, tgt.view(-1, 1)).squeeze(1)
+            picked = torch.zeros_like(logits).scatter(1, tgt.view(-1, 1), 1.0)
+            start = picked / torch.where(logits == 0, torch.ones_like(logits), logits)
+            found = torch.autograd.grad(logits, [wrt[i] for i in live], start.detach(), allow_unused=True)
+        else:
+            found = torch.autograd.grad(value.sum(), [wrt[i] for i in live], allow_unused=True)
         grads: list[torch.Tensor | None] = [None] * len(wrt)
         for i, g in zip(live, found):
             grads[i] = g

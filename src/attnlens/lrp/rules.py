@@ -92,3 +92,80 @@ def layer_norm(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
 def linear(module: nn.Linear, x: torch.Tensor, eps: float) -> torch.Tensor:
     """``nn.Linear`` under the epsilon rule (``eps=0``: LRP-0, i.e. the unmodified gradient)."""
     return sum_rule(F.linear(x, module.weight, module.bias), eps)
+
+
+# ---------------------------------------------------------------- the authors' rules (Chefer et al. 2021)
+def _safe_divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.where(b == 0, torch.zeros_like(a), a / torch.where(b == 0, torch.ones_like(b), b))
+
+
+class _ZPlusLinear(torch.autograd.Function):
+    """``F.linear`` forward; backward applies the z+ rule (LRP alpha=1, beta=0) with one shared denominator.
+
+    As ``layers_ours.Linear.relprop`` of Chefer et al.: ``Z = W+ x+ + W- x-`` (no bias), ``S = R / Z``,
+    ``R_x = x+ * (W+^T S) + x- * (W-^T S)``. Only positive contributions receive relevance and the bias none,
+    so the rule is conservative wherever ``Z != 0``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
+        z = F.linear(x, weight, bias)
+        ctx.save_for_backward(x, weight, z)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, weight, z = ctx.saved_tensors
+        w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
+        denom = F.linear(x.clamp(min=0), w_pos) + F.linear(x.clamp(max=0), w_neg)
+        s = _safe_divide(z * grad, denom)  # relevance R_z = z * grad, divided by the positive pre-activation
+        grad_x = torch.where(x > 0, s @ w_pos, s @ w_neg)
+        return grad_x, None, None
+
+
+def zplus_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear`` under the authors' z+ rule."""
+    return _ZPlusLinear.apply(x, module.weight, module.bias)
+
+
+def pass_through(fn, x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` for any shape-preserving function, with the identity rule ``R_x = R_y`` element-wise.
+
+    The authors' rule for LayerNorm and softmax (``RelProp.relprop`` returns R unchanged). Where ``x == 0`` or is
+    not finite the ratio is 0.
+    """
+    y = fn(x)
+    bad = (x == 0) | ~torch.isfinite(x)
+    ratio = torch.where(bad, torch.zeros_like(y), y / torch.where(bad, torch.ones_like(x), x))
+    return x * ratio.detach()
+
+
+class _NormalizedAdd(torch.autograd.Function):
+    """Residual sum ``a + b`` whose backward splits relevance as Chefer et al.'s ``Add.relprop``, per example.
+
+    The proportional split ``R_a = a * g``, ``R_b = b * g`` is rescaled so that each operand's total is
+    ``|sum R_a| / (|sum R_a| + |sum R_b|) * sum R``. The authors sum over the whole tensor (mixing the batch);
+    here every sum is over one example, so batching changes nothing.
+    """
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor, value: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, b)
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        a, b = ctx.saved_tensors
+        dims = tuple(range(1, grad.dim()))
+        shape = (-1,) + (1,) * (grad.dim() - 1)
+        ra, rb = (a * grad).sum(dims), (b * grad).sum(dims)
+        total = ra + rb
+        norm = ra.abs() + rb.abs()
+        fa = _safe_divide(_safe_divide(ra.abs(), norm) * total, ra)
+        fb = _safe_divide(_safe_divide(rb.abs(), norm) * total, rb)
+        return grad * fa.view(shape), grad * fb.view(shape), None
+
+
+def normalized_residual(total: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """Re-express ``total = skip + branch`` (already computed) as a normalised residual sum; same value."""
+    return _NormalizedAdd.apply(total - branch, branch, total.detach())

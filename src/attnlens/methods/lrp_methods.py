@@ -85,7 +85,8 @@ def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "attnlrp", ep
     res = shared_lrp(ctx, rules, epsilon)
     joints = transatt_rollout(ctx.capture.attention_grads, res.attention_relevance, start_layer)
     layers = _rows(ctx, joints)  # rows of the products from start_layer up to each layer
-    return MethodOutput(layers[:, -1], layers if start_layer in (0, -len(joints)) else None)
+    full = len(joints) == len(res.attention_relevance)  # per-layer rows only when the rollout starts at layer 0
+    return MethodOutput(layers[:, -1], layers if full else None)
 
 
 @register(
