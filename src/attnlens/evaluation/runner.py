@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import inspect
 import json
 import math
 import time
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..data import Dataset
 from ..errors import InputError
@@ -42,7 +40,7 @@ from .metrics import (
     resolve_metrics,
     score_examples,
 )
-from .perturb import Predict, Variant
+from .perturb import ModelPredictor, Predict, Variant
 
 FORMAT_VERSION = 1
 FILES = ("examples.jsonl", "explanations.jsonl", "summary.json", "table.md", "table.csv", "run.json")
@@ -62,50 +60,6 @@ def explainer_predictor(explainer: Any, batch_size: int = 64) -> Predict:
         )
 
     return predict
-
-
-@torch.no_grad()
-def last_hidden_states(
-    model: torch.nn.Module,
-    variants: Sequence[Variant],
-    positions: Sequence[Sequence[int]],
-    pad_token_id: int = 0,
-    batch_size: int = 32,
-) -> list[np.ndarray]:
-    """Last-layer hidden states ``(len(positions[i]), D)`` at the given positions of each (unperturbed) input.
-
-    Encoder-decoder models give their encoder's last layer, whose positions are the input tokens.
-    """
-    takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    out: list[np.ndarray] = [np.zeros((0, 0), dtype=np.float32)] * len(variants)
-    order = sorted(range(len(variants)), key=lambda i: len(variants[i]))
-    try:
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            width = max(len(variants[i]) for i in idx)
-            ids = torch.full((len(idx), width), pad_token_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            types = torch.zeros_like(ids)
-            for r, i in enumerate(idx):
-                v = variants[i]
-                ids[r, : len(v)] = torch.tensor(v.input_ids)
-                mask[r, : len(v)] = 1
-                if v.token_type_ids is not None:
-                    types[r, : len(v)] = torch.tensor(v.token_type_ids)
-            inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-            if takes_types and all(variants[i].token_type_ids is not None for i in idx):
-                inputs["token_type_ids"] = types.to(device)
-            res = model(**inputs, output_hidden_states=True)
-            states = getattr(res, "encoder_hidden_states", None) or res.hidden_states
-            last = states[-1].float().cpu().numpy()
-            for r, i in enumerate(idx):
-                out[i] = last[r, list(positions[i])].astype(np.float32)
-    finally:
-        model.train(was_training)
-    return out
 
 
 # ------------------------------------------------------------------ helpers
@@ -211,7 +165,8 @@ def run_benchmark(
         resume: continue a previous run in ``out_dir`` (it must have the same settings); ``False`` starts over.
         progress: show a progress bar with an ETA.
         stop_after: stop after this many newly processed examples (simulates an interruption; for tests).
-        predict: scorer of perturbed inputs (default: ``explainer.predict_proba``).
+        predict: scorer of perturbed inputs (default: :class:`ModelPredictor` on ``explainer.model``, SDPA
+            attention, no gradients).
 
     Returns:
         The summary (also written to ``summary.json``).
@@ -260,7 +215,7 @@ def run_benchmark(
     run_file.write_text(json.dumps({"format": FORMAT_VERSION, "settings": settings.key(),
                                     "seconds": previous_seconds}, indent=1), encoding="utf-8")
 
-    predict = predict or explainer_predictor(explainer, eval_batch_size)
+    predict = predict or ModelPredictor(explainer.model, config.pad_token_id, eval_batch_size)
     class_specific = _class_specific(method_ids)
     kendall_methods = [m for m in method_ids if class_specific[m]] if "kendall" in metric_ids else []
 
@@ -448,8 +403,8 @@ def _consistency(
     positions = {i: {m: ranking(main[i], m)[: config.consistency_top] for m in methods} for i in correct}
     union = {i: sorted({p for ps in positions[i].values() for p in ps}) for i in correct}
     variants = [Variant.of(main[i].input_ids or [], main[i].token_type_ids) for i in correct]
-    states = last_hidden_states(explainer.model, variants, [union[i] for i in correct],
-                                pad_token_id=config.pad_token_id or 0, batch_size=batch_size)
+    scorer = ModelPredictor(explainer.model, config.pad_token_id, batch_size)
+    states = scorer.hidden_states(variants, [union[i] for i in correct])
     by_example = dict(zip(correct, states))
     result = {}
     for m in methods:
@@ -593,5 +548,5 @@ def write_tables(out_dir: str | Path, summary: dict[str, Any]) -> None:
                         ";".join(n for n in metrics if m in best[n])])
 
 
-__all__ = ["METRICS", "best_methods", "explainer_predictor", "last_hidden_states", "run_benchmark", "summarize",
+__all__ = ["METRICS", "best_methods", "explainer_predictor", "run_benchmark", "summarize",
            "write_tables"]

@@ -1,0 +1,229 @@
+"""The benchmark runner: results format, caching, resuming after an interruption, protocols, and the command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from attnlens.data import Dataset, Example
+from attnlens.errors import InputError
+from attnlens.evaluation import EvalConfig, Variant
+from attnlens.evaluation.runner import run_benchmark
+from attnlens.explanation import Explanation
+
+CLS, SEP = 101, 102
+WORDS = "good great fine bad awful dull plot film actors story the a".split()
+VOCAB = {w: i + 10 for i, w in enumerate(WORDS)}
+WEIGHT = {VOCAB["good"]: 2.0, VOCAB["great"]: 2.5, VOCAB["fine"]: 0.7, VOCAB["bad"]: -2.0, VOCAB["awful"]: -3.0,
+          VOCAB["dull"]: -1.0, VOCAB["plot"]: 0.1, VOCAB["film"]: -0.1}
+
+
+def p1(ids):
+    z = sum(WEIGHT.get(t, 0.0) for t in ids)
+    return 1 / (1 + math.exp(-z))
+
+
+def linear_predict(variants):
+    return np.array([[1 - p1(v.present()), p1(v.present())] for v in variants])
+
+
+class FakeExplainer:
+    """Explains the linear bag-of-words model exactly: grads/attcat = signed weight for the target class."""
+
+    def __init__(self):
+        self.model = SimpleNamespace(config=SimpleNamespace(num_labels=2))
+        self.name = "linear-bow"
+        self.pad_id = 0
+        self.explained = 0
+
+    def explain(self, texts, methods, *, target=None, batch_size=32, target_kind="logit", options=None):
+        out = []
+        for i, text in enumerate(texts):
+            self.explained += 1
+            words = text.split()
+            ids = [CLS, *(VOCAB[w] for w in words), SEP]
+            p = p1(ids)
+            pred = int(p > 0.5)
+            tgt = pred if target is None or target[i] is None else int(target[i])
+            sign = 1.0 if tgt == 1 else -1.0
+            w = np.array([WEIGHT.get(t, 0.0) for t in ids])
+            w[0] = w[-1] = 0.0
+            scores = {"rawatt": np.abs(w) + 0.01 * np.arange(len(ids)), "grads": sign * w,
+                      "attcat": sign * w + 0.05 * np.cos(np.arange(len(ids)))}
+            out.append(Explanation(
+                text=text, tokens=["[CLS]", *words, "[SEP]"], special=[True] + [False] * len(words) + [True],
+                target=tgt, predicted=pred, probabilities=[1 - p, p],
+                scores={m: scores[m] for m in methods}, input_ids=ids, token_type_ids=[0] * len(ids),
+            ))
+        return out
+
+
+def dataset(n=11):
+    rng = np.random.default_rng(5)
+    examples = []
+    for i in range(n):
+        words = list(rng.choice(WORDS, size=int(rng.integers(4, 14))))
+        label = int(p1([VOCAB[w] for w in words]) > 0.5) if i % 4 else 1 - int(p1([VOCAB[w] for w in words]) > 0.5)
+        examples.append(Example(str(i), " ".join(words), label))
+    return Dataset("toy", "dev", "classification", examples, ["negative", "positive"])
+
+
+METRICS = "aopc,lodds,comprehensiveness,sufficiency,occlusion,kendall"
+CONFIG = EvalConfig(occlusion_counts=(0, 1, 2, 3, 5))
+
+
+def bench(tmp: Path, **kw):
+    ex = kw.pop("explainer", None) or FakeExplainer()
+    kw.setdefault("config", CONFIG)
+    return run_benchmark(ex, dataset(), tmp, methods="rawatt,grads,attcat", metrics=METRICS, predict=linear_predict,
+                         progress=False, chunk_size=3, **kw), ex
+
+
+def test_results_directory_format(tmp_path):
+    summary, ex = bench(tmp_path)
+    for name in ("examples.jsonl", "explanations.jsonl", "summary.json", "table.md", "table.csv"):
+        assert (tmp_path / name).is_file()
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == summary
+    assert summary["n_examples"] == 11 and summary["methods"] == ["rawatt", "grads", "attcat"]
+    assert set(summary["metrics"]) == set(METRICS.split(","))
+    assert summary["metrics"]["lodds"]["lower_is_better"] is True
+    assert summary["results"]["rawatt"]["kendall"] is None  # class-agnostic
+    assert summary["results"]["grads"]["kendall"] == pytest.approx(-1.0)  # exact sign flip of a linear model
+    occ = summary["curves"]["occlusion"]
+    assert occ["k"] == [0, 1, 2, 3, 5] and {"random", "grads:top", "grads:bottom"} <= set(occ["series"])
+    assert occ["series"]["grads:top"]["relative"][0] == pytest.approx(1.0)
+    assert len(summary["curves"]["aopc"]["grads"]["drop"]) == 11
+    # 11 examples x 3 methods + one baseline line each; explanations: 11 main + 11 other-class
+    lines = (tmp_path / "examples.jsonl").read_text().splitlines()
+    assert len(lines) == 44 and ex.explained == 22
+    # per-example AOPC of grads equals a plain recomputation
+    rows = [json.loads(x) for x in lines]
+    r = next(x for x in rows if x["method"] == "grads" and x["index"] == 2)
+    text = dataset()[2].text.split()
+    ids = [CLS, *(VOCAB[w] for w in text), SEP]
+    pred = int(p1(ids) > 0.5)
+    sign = 1 if pred else -1
+    order = sorted(range(1, len(ids) - 1), key=lambda i: -sign * WEIGHT.get(ids[i], 0.0))
+    n = len(order)
+    p = [p1(ids) if pred else 1 - p1(ids)]
+    want = []
+    for k in range(11):
+        c = int(np.round(k / 10 * n))
+        kept = [t for i, t in enumerate(ids) if i not in order[:c]]
+        want.append(p[0] - (p1(kept) if pred else 1 - p1(kept)))
+    assert r["metrics"]["aopc"] == pytest.approx(np.mean(want))
+    table = (tmp_path / "table.md").read_text()
+    best = max(summary["results"], key=lambda m: summary["results"][m]["aopc"])
+    assert f"**{summary['results'][best]['aopc']:.3f}**" in table
+    csv_rows = (tmp_path / "table.csv").read_text().splitlines()
+    assert csv_rows[0].startswith("method,aopc") and any("aopc" in row.split(",")[-1] for row in csv_rows[1:])
+
+
+def test_resume_after_interruption_gives_identical_totals(tmp_path):
+    full, _ = bench(tmp_path / "full")
+    part_dir = tmp_path / "part"
+    partial, ex1 = bench(part_dir, stop_after=5)
+    assert partial["n_examples"] == 5 and partial["timing"]["complete"] is False
+    with (part_dir / "examples.jsonl").open("a") as f:  # a write torn by the interruption
+        f.write('{"index": 7, "method": "grads", "metr')
+    with (part_dir / "explanations.jsonl").open("a") as f:
+        f.write('{"text": "x", "tok')
+    resumed, ex2 = bench(part_dir)
+    assert ex2.explained == 22 - 10  # the 5 finished examples (and their other-class explanations) are cached
+    assert resumed["results"] == full["results"] and resumed["curves"] == full["curves"]
+    assert resumed["n_examples"] == 11
+    rows = [json.loads(x) for x in (part_dir / "examples.jsonl").read_text().splitlines()]
+    assert len(rows) == 44 and len({(r["index"], r["method"]) for r in rows}) == 44
+
+
+def test_explanations_cached_but_metrics_missing_are_reused(tmp_path):
+    bench(tmp_path)
+    (tmp_path / "examples.jsonl").unlink()
+    _, ex = bench(tmp_path)
+    assert ex.explained == 0
+
+
+def test_other_settings_refuse_to_resume_and_overwrite_starts_over(tmp_path):
+    bench(tmp_path)
+    with pytest.raises(InputError, match="other settings"):
+        bench(tmp_path, config=EvalConfig(occlusion_counts=(0, 2)))
+    summary, ex = bench(tmp_path, config=EvalConfig(occlusion_counts=(0, 2)), resume=False)
+    assert ex.explained == 22 and summary["curves"]["occlusion"]["k"] == [0, 2]
+
+
+def test_attcat_code_protocol_explains_the_gold_class(tmp_path):
+    summary, _ = bench(tmp_path, config=EvalConfig(protocol="attcat-code", occlusion_counts=(0, 1)))
+    rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]
+    assert all(r["target"] == r["label"] for r in rows)
+    assert any(r["target"] != r["predicted"] for r in rows)
+    assert len(summary["curves"]["aopc"]["grads"]["fractions"]) == 9
+    vals = [r["metrics"]["aopc"] for r in rows if r["method"] == "grads"]
+    assert all(v is None or v >= 0 for v in vals)  # |p0 - pk|
+    assert any(v is None for v in vals)  # inputs under 10 tokens are skipped
+
+
+def test_bad_requests(tmp_path):
+    ds = dataset()
+    with pytest.raises(InputError, match="unknown method"):
+        run_benchmark(FakeExplainer(), ds, tmp_path, methods="nope", predict=linear_predict, progress=False)
+    with pytest.raises(InputError, match="unknown metric"):
+        run_benchmark(FakeExplainer(), ds, tmp_path, methods="grads", metrics="aopc,auc", predict=linear_predict)
+    three = Dataset("toy3", "dev", "pair", ds.examples, ["a", "b", "c"])
+    with pytest.raises(InputError, match="3 classes"):
+        run_benchmark(FakeExplainer(), three, tmp_path, methods="grads", predict=linear_predict)
+    qa = Dataset("squad", "dev", "qa", [Example("q", ["q?", "ctx"], None, [])])
+    with pytest.raises(InputError, match="question answering"):
+        run_benchmark(FakeExplainer(), qa, tmp_path, methods="grads")
+
+
+# ----------------------------------------------------------- real model (slow)
+MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "minilm-sst2"
+
+
+def _cli(argv):
+    from attnlens.cli import benchmark
+
+    parser = argparse.ArgumentParser()
+    benchmark.add_parser(parser.add_subparsers())
+    return benchmark.run(parser.parse_args(["benchmark", *argv]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MODEL.is_dir(), reason="reference model not found")
+def test_real_model_command_and_scoring(tmp_path, capsys):
+    import torch
+
+    from attnlens.evaluation import ModelPredictor
+    from attnlens.explainer import Explainer
+    from attnlens.explanation import load_explanations
+
+    torch.set_num_threads(1)
+    out = tmp_path / "res"
+    rc = _cli(["--model", str(MODEL), "--dataset", "sst2", "--limit", "6", "--methods", "rawatt,agrad",
+               "--metrics", "all", "--occlusion-max", "4", "--out", str(out), "--quiet", "--threads", "1"])
+    assert rc == 0 and "| method |" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_examples"] == 6 and summary["results"]["rawatt"]["kendall"] is None
+    for m in ("rawatt", "agrad"):
+        c = summary["consistency"][m]
+        assert len(c["points"]) == len(c["labels"]) == len(c["tokens"]) == 5 * c["n_examples"]
+        assert -1 <= summary["results"][m]["aopc"] <= 1
+    # our SDPA scorer agrees with the explainer's eager predict_proba on perturbed ids
+    ex = Explainer.from_pretrained(str(MODEL))
+    exps = [e for e in load_explanations(out / "explanations.jsonl") if e.meta["benchmark_role"] == "explained"]
+    vs = [Variant.of(e.input_ids, e.token_type_ids) for e in exps]
+    vs += [Variant(v.input_ids[:-2] + v.input_ids[-1:], v.token_type_ids[:-1], None) for v in vs]
+    vs += [Variant(v.input_ids, v.token_type_ids, (1, 0) + (1,) * (len(v) - 2)) for v in vs[:6]]
+    ours = ModelPredictor(ex.model, ex.pad_id, batch_size=4)(vs)
+    theirs = ex.predict_proba([list(v.input_ids) for v in vs], [list(v.token_type_ids) for v in vs],
+                              [list(v.attention_mask or [1] * len(v)) for v in vs])
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    assert ex.model.config._attn_implementation == "eager"  # restored after scoring
+    np.testing.assert_allclose(ours[:6].argmax(1), [e.predicted for e in exps])
