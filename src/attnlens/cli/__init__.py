@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from ..errors import AttnLensError
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
-SUBCOMMANDS = ["explain"]
+SUBCOMMANDS = ["explain", "benchmark"]
 
 
 def build_parser() -> argparse.ArgumentParser:
