@@ -82,7 +82,7 @@ def test_terminal_plain_text_lists_tokens_and_top_table():
     assert "[CLS] not a good film <script> [SEP]" in line
     table_row = [ln for ln in out.splitlines() if ln.startswith("attcat ")][1]
     # top "for" ranks good > film > a (special [CLS] and [SEP] never ranked); "against": not, then <script>
-    assert re.search(r"good \+0\.4, film \+0\.2, a \+0\.1\s+not -0\.8, <script> -0\.1", table_row)
+    assert re.search(r"good \+0\.4 · film \+0\.2 · a \+0\.1\s+not -0\.8 · <script> -0\.1", table_row)
 
 
 def test_terminal_colours_follow_sign_and_magnitude():

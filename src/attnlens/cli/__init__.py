@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from ..errors import AttnLensError
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
-SUBCOMMANDS = ["explain", "benchmark"]
+SUBCOMMANDS = ["explain", "benchmark", "train", "report"]
 
 
 def build_parser() -> argparse.ArgumentParser:

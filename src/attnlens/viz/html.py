@@ -45,6 +45,7 @@ table.top th, table.top td { border-bottom: 1px solid #e5e7eb; padding: 3px 8px;
           background: linear-gradient(to right, rgb(220,38,38), #fff, rgb(22,163,74));
           border: 1px solid #d1d5db; }
 .scroll { overflow-x: auto; }
+details { margin: .6em 0; } summary { font-weight: 600; cursor: pointer; }
 table.grid tr.sum > * { border-top: 2px solid #111827; }
 """
 
@@ -81,7 +82,7 @@ def _top_table(exp: Explanation, methods: list[str], k: int) -> str:
         ranked = exp.top_k(m, len(exp.tokens))
         pos = [(t, s) for t, s in ranked if s > 0][:k]
         neg = [(t, s) for t, s in reversed(ranked) if s < 0][:k]
-        cell = lambda pairs: _e(", ".join(f"{t} {s:+.3g}" for t, s in pairs) or "-")  # noqa: E731
+        cell = lambda pairs: _e(" · ".join(f"{t} {s:+.3g}" for t, s in pairs) or "-")  # noqa: E731
         body.append(f"<tr><td>{_e(m)}</td><td>{cell(pos)}</td><td>{cell(neg)}</td></tr>")
     return '<table class="top">' + head + "".join(body) + "</table>"
 
@@ -127,10 +128,12 @@ def _example(exp: Explanation, index: int, methods: Sequence[str] | None, k: int
     ]
     if chosen:
         parts.append(_top_table(exp, chosen, k))
-    for m in chosen:
-        if m in exp.layers and np.asarray(exp.layers[m]).ndim == 2:
-            parts.append(f"<h3>{_e(m)}: scores per layer</h3>")
-            parts.append(layer_heatmap_html(exp, m))
+    layered = [m for m in chosen if m in exp.layers and np.asarray(exp.layers[m]).ndim == 2]
+    for j, m in enumerate(layered):
+        # collapsible (no script needed); the first one open
+        parts.append(f"<details{' open' if j == 0 else ''}><summary>{_e(m)}: scores per layer</summary>")
+        parts.append(layer_heatmap_html(exp, m))
+        parts.append("</details>")
     parts.append("</section>")
     return "\n".join(parts)
 

@@ -36,7 +36,7 @@ def _token_line(exp: Explanation, method: str) -> Text:
 
 
 def _top_cell(pairs: list[tuple[str, float]]) -> str:
-    return ", ".join(f"{tok} {score:+.3g}" for tok, score in pairs) or "-"
+    return " · ".join(f"{tok} {score:+.3g}" for tok, score in pairs) or "-"
 
 
 def _top_table(exp: Explanation, methods: list[str], k: int) -> Table:
@@ -56,12 +56,12 @@ def explanation_renderable(exp: Explanation, methods: Sequence[str] | None = Non
     """A rich renderable of one explanation: header, one shaded token line per method, top-token table."""
     chosen = select_methods(exp, methods)
     parts: list = [Rule(Text(text_of(exp), overflow="ellipsis"), align="left"), Text(prediction_line(exp))]
-    width = max((len(m) for m in chosen), default=0)
+    lines = Table.grid(padding=(0, 2))
+    lines.add_column(style="bold", no_wrap=True)
+    lines.add_column(overflow="fold")
     for m in chosen:
-        line = Text()
-        line.append(m.ljust(width) + "  ", style="bold")
-        line.append_text(_token_line(exp, m))
-        parts.append(line)
+        lines.add_row(m, _token_line(exp, m))
+    parts.append(lines)
     if chosen:
         parts.append(Text(""))
         parts.append(_top_table(exp, chosen, k))

@@ -1,0 +1,192 @@
+"""attnlens train: a tiny random BERT fine-tuned for a few steps on a small JSONL file."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizerFast,
+)
+
+from attnlens.cli import main
+from attnlens.errors import InputError, ModelError
+from attnlens.train import TrainConfig, classification_metrics, load_splits, train
+
+POS = ["good", "great", "loved", "best", "funny", "charming"]
+NEG = ["bad", "awful", "hated", "worst", "dull", "boring"]
+FILL = ["the", "movie", "film", "was", "really", "story", "plot", "this", "it", "and"]
+
+
+def sentences(n: int, seed: int = 0) -> list[dict]:
+    """Sentences whose class is given by one sentiment word among filler words."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = i % 2
+        words = rng.sample(FILL, 4) + [rng.choice(POS if label else NEG)]
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), "label": label})
+    return rows
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def tiny_model(tmp_path) -> str:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *POS, *NEG, *FILL]
+    # transformers 5 takes the vocabulary as ``vocab=`` (a ``vocab_file=`` argument is silently ignored)
+    tokenizer = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
+    assert tokenizer.convert_ids_to_tokens(tokenizer("good film")["input_ids"]) == ["[CLS]", "good", "film", "[SEP]"]
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=24,
+        max_position_embeddings=64,
+        num_labels=2,
+        pad_token_id=0,
+    )
+    path = tmp_path / "tiny"
+    BertForSequenceClassification(cfg).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_train_cli_writes_model_and_metrics_and_loss_decreases(tmp_path, tiny_model):
+    data = write_jsonl(tmp_path / "train.jsonl", sentences(96))
+    evaluation = write_jsonl(tmp_path / "eval.jsonl", sentences(40, seed=1))
+    out = tmp_path / "out"
+    argv = [
+        "train",
+        "--model",
+        tiny_model,
+        "--data-file",
+        data,
+        "--eval-file",
+        evaluation,
+        "--epochs",
+        "6",
+        "--lr",
+        "1e-2",
+        "--batch-size",
+        "8",
+        "--max-length",
+        "16",
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.json"):
+        assert (out / name).is_file(), name
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train_examples"] == 96 and metrics["steps"] == 6 * 12
+    assert metrics["loss"]["last_10"] < 0.5 * metrics["loss"]["first_10"]
+    ev = metrics[metrics["eval_split"]]
+    assert ev["n"] == 40 and set(ev) >= {"accuracy", "precision", "recall", "f1"}
+
+    # the saved directory is a working HF classifier whose predictions give the recorded accuracy
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    rows = sentences(40, seed=1)
+    with torch.no_grad():
+        enc = tok([r["text"] for r in rows], padding=True, return_tensors="pt")
+        pred = model(**enc).logits.argmax(-1).tolist()
+    acc = np.mean([p == r["label"] for p, r in zip(pred, rows, strict=True)])
+    assert acc == pytest.approx(ev["accuracy"], abs=1e-4)
+    assert ev["accuracy"] > 0.8  # one sentiment word decides the class: easy to learn
+
+
+def test_same_seed_same_model(tmp_path, tiny_model):
+    data = write_jsonl(tmp_path / "train.jsonl", sentences(32))
+    runs = []
+    for name in ("a", "b"):
+        cfg = TrainConfig(
+            model=tiny_model,
+            out=str(tmp_path / name),
+            data_file=data,
+            epochs=1,
+            lr=1e-3,
+            batch_size=8,
+            max_length=16,
+            progress=False,
+        )
+        runs.append(train(cfg, log=lambda _: None)["loss"]["curve"])
+    assert runs[0] == runs[1]
+
+
+def test_custom_fields_string_labels_and_heldout_split(tmp_path):
+    rows = [{"review": r["text"], "sentiment": "pos" if r["label"] else "neg"} for r in sentences(20)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cfg = TrainConfig(
+        model="x", out="y", data_file=data, text_field="review", label_field="sentiment", eval_fraction=0.25
+    )
+    train_split, eval_split, names = load_splits(cfg)
+    assert names == ["neg", "pos"]
+    assert len(train_split.texts) == 15 and len(eval_split.texts) == 5
+    assert set(train_split.texts).isdisjoint(eval_split.texts)
+    by_text = {r["review"]: r["sentiment"] for r in rows}
+    assert all(names[y] == by_text[t] for t, y in zip(train_split.texts, train_split.labels, strict=True))
+    with pytest.raises(InputError, match="no field 'sentence'"):
+        load_splits(TrainConfig(model="x", out="y", data_file=data, text_field="sentence"))
+
+
+def test_sst2_limit_uses_dev_for_evaluation():
+    cfg = TrainConfig(model="x", out="y", dataset="sst2", limit=50, eval_limit=20)
+    train_split, eval_split, names = load_splits(cfg)
+    assert len(train_split.texts) == 50 and eval_split.name == "dev" and len(eval_split.texts) == 20
+    assert names == ["negative", "positive"]
+
+
+def test_head_with_other_label_count_is_refused(tmp_path, tiny_model):
+    rows = [{"text": r["text"], "label": i % 3} for i, r in enumerate(sentences(30))]
+    data = write_jsonl(tmp_path / "three.jsonl", rows)
+    cfg = TrainConfig(
+        model=tiny_model, out=str(tmp_path / "o"), data_file=data, epochs=1, batch_size=8, max_length=16, progress=False
+    )
+    with pytest.raises(ModelError, match="--reinit-head"):
+        train(cfg, log=lambda _: None)
+    cfg.reinit_head = True
+    train(cfg, log=lambda _: None)
+    saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "o")
+    assert saved.config.num_labels == 3 and saved.classifier.out_features == 3
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["train", "--model", str(tmp_path / "missing"), "--dataset", "nope", "--out", "o"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnlens: error:") and "\n" not in err
+    assert main(["train", "--model", "m", "--data-file", str(tmp_path / "none.jsonl"), "--out", "o"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_classification_metrics_by_hand():
+    gold = [1, 1, 0, 0, 1]
+    pred = [1, 0, 0, 1, 1]
+    m = classification_metrics(gold, pred, 2)
+    # tp=2, fp=1, fn=1
+    assert m == {
+        "accuracy": 0.6,
+        "precision": round(2 / 3, 4),
+        "recall": round(2 / 3, 4),
+        "f1": round(2 / 3, 4),
+        "n": 5,
+    }
+    macro = classification_metrics([0, 1, 2, 2], [0, 2, 2, 2], 3)
+    # per class precision 1, 0, 2/3; recall 1, 0, 1
+    assert macro["precision"] == round((1 + 0 + 2 / 3) / 3, 4) and macro["recall"] == round(2 / 3, 4)
