@@ -105,11 +105,14 @@ class Explainer:
     ) -> Explainer:
         """Load a classifier and its tokenizer from a local directory (or a hub id when online), eager attention."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         name = str(name_or_path)
         looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
         if looks_local and not Path(name).expanduser().is_dir():
             raise ModelError(f"model directory not found: {name}")
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a weight-loading bar per model is noise in a CLI and in logs
         try:
             tokenizer = AutoTokenizer.from_pretrained(name)
             model = AutoModelForSequenceClassification.from_pretrained(
@@ -119,6 +122,9 @@ class Explainer:
             raise ModelError(f"could not load model {name!r}: {str(exc).splitlines()[0]}") from exc
         except ValueError as exc:  # e.g. a config that is not a sequence classifier
             raise ModelError(f"could not load {name!r} as a sequence classifier: {str(exc).splitlines()[0]}") from exc
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
         if device is not None:
             model.to(device)
         return cls(model, tokenizer, attention=attention, max_length=max_length, name=name)

@@ -1,0 +1,101 @@
+"""``attnlens explain``: output contract, input files and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import make_model, make_tokenizer
+
+from attnlens.cli import main
+
+CONTRACT = ["text", "tokens", "special", "target", "predicted", "probabilities", "scores", "layers"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-bert")
+    model = make_model("bert")
+    model.config.id2label = {0: "negative", 1: "positive"}
+    model.config.label2id = {"negative": 0, "positive": 1}
+    model.save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def test_jsonl_contract(model_dir, tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the movie was great\n\ni didn't like it\n", encoding="utf-8")
+    code = main(["explain", "--model", model_dir, "--methods", "rawatt,attcat", "--format", "jsonl",
+                 "--file", str(texts)])
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [d["text"] for d in lines] == ["the movie was great", "i didn't like it"]
+    for d in lines:
+        for key in CONTRACT:
+            assert key in d
+        assert set(d["scores"]) == {"rawatt", "attcat"}
+        assert len(d["scores"]["attcat"]) == len(d["tokens"]) == len(d["special"])
+        assert len(d["layers"]["attcat"]) == 2 and len(d["layers"]["attcat"][0]) == len(d["tokens"])
+        assert d["target"] == d["predicted"]
+
+
+def test_json_pairs_target_and_out_file(model_dir, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"text_a": "the movie", "text_b": "was great"}) + "\n"
+                     + json.dumps({"text": "a single text"}) + "\n", encoding="utf-8")
+    out = tmp_path / "out.json"
+    code = main(["explain", "--model", model_dir, "--methods", "agrad", "--target", "positive", "--format", "json",
+                 "--file", str(pairs), "--out", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data[0]["text"] == ["the movie", "was great"] and data[1]["text"] == "a single text"
+    assert all(d["target"] == 1 for d in data)
+
+
+def test_terminal_and_html(model_dir, tmp_path, capsys):
+    html = tmp_path / "page.html"
+    code = main(["explain", "the movie was <script>alert(1)</script> great", "--model", model_dir,
+                 "--methods", "rollout,attcat", "--html", str(html), "--words"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "attcat" in out and "rollout" in out
+    page = html.read_text()
+    assert "<script>alert" not in page and "&lt;script&gt;" in page
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["explain", "x", "--model", "/nonexistent/model"], "model directory not found"),
+        (["explain", "--file", "/nonexistent.txt"], "no such file"),
+        (["explain", "good", "--methods", "nope"], "unknown method 'nope'; available methods: rawatt"),
+        (["explain", "good", "--target", "7"], "out of range"),
+        (["explain"], "nothing to explain"),
+    ],
+)
+def test_errors_are_one_line(model_dir, argv, message, capsys):
+    if "--model" not in argv:
+        argv = argv + ["--model", model_dir]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_files(model_dir, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n \n", encoding="utf-8")
+    assert main(["explain", "--model", model_dir, "--file", str(empty)]) == 2
+    assert "holds no texts" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"review": "no text field"}\n', encoding="utf-8")
+    assert main(["explain", "--model", model_dir, "--file", str(bad)]) == 2
+    assert 'line 2: no "text"' in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(model_dir):
+    from attnlens import InputError
+
+    with pytest.raises(InputError):
+        main(["--debug", "explain", "good", "--model", model_dir, "--methods", "nope"])
