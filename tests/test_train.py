@@ -190,3 +190,18 @@ def test_classification_metrics_by_hand():
     macro = classification_metrics([0, 1, 2, 2], [0, 2, 2, 2], 3)
     # per class precision 1, 0, 2/3; recall 1, 0, 1
     assert macro["precision"] == round((1 + 0 + 2 / 3) / 3, 4) and macro["recall"] == round(2 / 3, 4)
+
+
+def test_sentence_pairs_are_encoded_as_pairs(tmp_path, tiny_model):
+    from transformers import AutoTokenizer
+
+    from attnlens.train import encode
+
+    rows = [{"text_a": "good film", "text_b": "the story", "label": 1}, {"text_a": "bad", "text_b": "it", "label": 0}]
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows * 5)
+    train_split, _, _ = load_splits(TrainConfig(model="x", out="y", data_file=data, eval_fraction=0.2))
+    assert train_split.texts[0] in (["good film", "the story"], ["bad", "it"])
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    (feat,) = encode(tok, [["good film", "the story"]], max_length=16)
+    assert tok.convert_ids_to_tokens(feat["input_ids"]) == ["[CLS]", "good", "film", "[SEP]", "the", "story", "[SEP]"]
+    assert feat["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1]

@@ -264,6 +264,7 @@ def test_metric_bars_mark_best_and_missing(tmp_path, summary):
     out = tmp_path / "bars.png"
     fig = plots.plot_metric_bars(summary, path=out)
     _assert_png(out, (150, 600))
+    assert len(fig.axes) == 3
     assert plots.best_methods(summary, "aopc") == ["attcat"]  # highest AOPC
     assert plots.best_methods(summary, "lodds") == ["attcat"]  # lowest LOdds
     kendall_ax = fig.axes[2]
@@ -287,3 +288,32 @@ def test_embedding_png_has_silhouette_in_title(tmp_path, summary):
     assert _has_colour(rgb, colors.POSITIVE_RGB, 0.08) and _has_colour(rgb, colors.NEGATIVE_RGB, 0.08)
     with pytest.raises(InputError, match="no consistency"):
         plots.plot_embedding(summary["consistency"], "attcat")
+
+
+# ------------------------------------------------------- with the explainer
+def test_attention_head_view_of_a_tiny_model(tmp_path, tokenizer):
+    from conftest import make_model
+
+    from attnlens import Explainer
+
+    ex = Explainer(make_model("bert"), tokenizer)
+    tokens, special, att = ex.attention_maps("the movie was not good")
+    assert att.shape == (2, 2, len(tokens), len(tokens))
+    fig = plots.plot_attention_head(tokens, att, layer=1, head=0, special=special, path=tmp_path / "h.png")
+    _assert_png(tmp_path / "h.png")
+    np.testing.assert_allclose(np.asarray(fig.axes[0].images[0].get_array()), att[1, 0])
+    np.testing.assert_allclose(att.sum(-1), 1.0, atol=1e-5)  # rows of attention probabilities
+
+
+@pytest.mark.slow
+def test_real_model_renders_everywhere(tmp_path, minilm_sst2):
+    (exp,) = minilm_sst2.explain(["a charming and <b>moving</b> film"], methods=["rawatt", "attcat"])
+    page = explanations_html(exp)
+    assert "&lt;b&gt;moving&lt;/b&gt;" in page and "<b>" not in page
+    assert page.count("<details") == 2  # both methods are layered: rows per layer + sum + rollout
+    out = render_terminal(exp, color=False, width=200)
+    assert "predicted positive" in out
+    plots.plot_token_heatmap(exp, path=tmp_path / "t.png")
+    plots.plot_layer_heatmap(exp, "attcat", path=tmp_path / "l.png")
+    _assert_png(tmp_path / "t.png")
+    _assert_png(tmp_path / "l.png")

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ..errors import InputError  # noqa: E402
 from ..explanation import Explanation  # noqa: E402
@@ -257,7 +258,8 @@ def plot_occlusion_curves(
     ax.set_xlabel("tokens dropped (k)")
     ax.set_ylabel("accuracy relative to k = 0" if relative else "accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2 if len(names) > 6 else 1, loc="best")
+    # outside the axes: with many methods the curves fill the whole plot
+    ax.legend(fontsize=8, ncol=2 if len(names) > 16 else 1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title or f"Occlusion curves  |  {_summary_title(summary)}", fontsize=10)
     return _finish(fig, path)
 
@@ -323,11 +325,15 @@ def plot_metric_bars(
         raise InputError(f"unknown metric {', '.join(unknown)}; the summary has: {', '.join(all_metrics)}")
     if not chosen:
         raise InputError("the summary has no metrics")
+    ncols = min(3, len(chosen))
+    nrows = math.ceil(len(chosen) / ncols)
     fig, axes = plt.subplots(
-        1, len(chosen), figsize=(min(4.2 * len(chosen), _MAX_INCHES), 0.3 * len(methods) + 1.8), squeeze=False
+        nrows, ncols, figsize=(4.4 * ncols, nrows * (0.3 * len(methods) + 1.6) + 0.4), squeeze=False
     )
+    for ax in axes.flat[len(chosen) :]:
+        ax.set_visible(False)
     colors = _method_colors(methods)
-    for ax, metric in zip(axes[0], chosen, strict=True):
+    for ax, metric in zip(axes.flat, chosen):
         info = (summary.get("metrics") or {}).get(metric, {})
         values = [results.get(m, {}).get(metric) for m in methods]
         best = set(best_methods(summary, metric))
@@ -356,6 +362,7 @@ def plot_metric_bars(
         ax.set_title(f"{metric} ({arrow})", fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         ax.margins(x=0.25)
+        ax.xaxis.set_major_locator(MaxNLocator(5))
     fig.suptitle(title or _summary_title(summary), fontsize=10)
     fig.tight_layout()
     return _finish(fig, path)

@@ -97,7 +97,7 @@ def _results_table(summary: Mapping[str, Any]) -> str:
         rows.append(f"<tr><th>{_e(method)}</th>{''.join(cells)}</tr>")
     legend = "".join(
         f"<li><b>{_e(m)}</b> ({'lower' if infos[m].get('lower_is_better') else 'higher'} is better; range "
-        f"{_e(_range(infos[m].get('range')))}, best {_e(_fmt(infos[m].get('best')))}): "
+        f"{_e(_range(infos[m].get('range')))}, best {_e(_fmt(infos[m].get('best'), '.4g'))}): "
         f"{_e(infos[m].get('description', ''))}</li>"
         for m in metrics
         if m in infos
@@ -108,8 +108,8 @@ def _results_table(summary: Mapping[str, Any]) -> str:
 def _range(r: Any) -> str:
     if not isinstance(r, (list, tuple)) or len(r) != 2:
         return "?"
-    lo = "−∞" if r[0] is None else _fmt(r[0])
-    hi = "∞" if r[1] is None else _fmt(r[1])
+    lo = "−∞" if r[0] is None else _fmt(r[0], ".4g")
+    hi = "∞" if r[1] is None else _fmt(r[1], ".4g")
     return f"[{lo}, {hi}]"
 
 
@@ -132,8 +132,10 @@ def _figures(summary: Mapping[str, Any], label_names: list[str] | None) -> list[
             + (f" (drop = {_e(occ['drop'])})" if occ.get("drop") else "")
             + ".</p>"
         )
+        parts.append('<div class="pair">')
         parts.append(_figure(plots.plot_occlusion_curves(summary, relative=True), "relative occlusion curves"))
         parts.append(_figure(plots.plot_occlusion_curves(summary, relative=False), "absolute occlusion curves"))
+        parts.append("</div>")
     aopc = {m: c for m, c in (curves.get("aopc") or {}).items() if c.get("drop")}
     if aopc:
         parts.append("<h2>AOPC curves</h2>")
@@ -142,9 +144,11 @@ def _figures(summary: Mapping[str, Any], label_names: list[str] | None) -> list[
     consistency = {m: c for m, c in (summary.get("consistency") or {}).items() if c and c.get("points")}
     if consistency:
         parts.append("<h2>Consistency: embeddings of the top tokens</h2>")
+        parts.append('<div class="pair">')
         for method in consistency:
             fig = plots.plot_embedding(consistency, method, label_names=label_names)
             parts.append(_figure(fig, f"embedding projection for {method}"))
+        parts.append("</div>")
     return parts
 
 
@@ -187,6 +191,7 @@ table.results th, table.results td { border: 1px solid #e5e7eb; padding: 4px 10p
 table.results th:first-child { text-align: left; }
 table.results td.best { font-weight: 700; background: #dcfce7; }
 figure { margin: 1em 0; } figure img { max-width: 100%; }
+div.pair { display: flex; flex-wrap: wrap; gap: 1em; } div.pair figure { flex: 1 1 45%; margin: 0; }
 </style>
 """
 
