@@ -21,6 +21,7 @@ import torch
 import attnlens.methods.lrp_methods  # noqa: F401  (registers the LRP methods)
 from attnlens import Explainer
 from attnlens.lrp import lrp_pass
+from attnlens.methods import get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT.parent / "shared" / "models" / "minilm-sst2"
@@ -28,19 +29,14 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "sst2" / "dev.jsonl"
 LRP_METHODS = ["partiallrp", "transatt", "attnlrp"]
 
 
-def _batches(ex: Explainer, texts: list[str], batch_size: int) -> list[dict[str, torch.Tensor]]:
+def _batches(ex: Explainer, texts: list[str], batch_size: int) -> list[list]:
     encoded = ex.encode(texts)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))  # as Explainer.explain batches
-    out = []
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        inputs, _ = ex._inputs([encoded[i].ids for i in idx], [encoded[i].type_ids for i in idx])
-        out.append(inputs)
-    return out
+    return [[encoded[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
 
 
-def _plain_forward_backward(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
-    """Seconds for one forward and one backward (to the embeddings) per batch, eager attention."""
+def _plain_forward_backward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> float:
+    """Seconds for one forward and one backward (target logits w.r.t. the embeddings), eager attention."""
     emb = model.get_input_embeddings()
     leaf: dict[str, torch.Tensor] = {}
 
@@ -51,57 +47,65 @@ def _plain_forward_backward(model: torch.nn.Module, batches: list[dict[str, torc
     handle = emb.register_forward_hook(hook)
     try:
         start = time.perf_counter()
-        for inputs in batches:
-            logits = model(**inputs).logits
-            target = logits.gather(1, logits.detach().argmax(-1, keepdim=True)).sum()
-            torch.autograd.grad(target, leaf["x"])
+        logits = model(**inputs).logits
+        target = logits.gather(1, logits.detach().argmax(-1, keepdim=True)).sum()
+        torch.autograd.grad(target, leaf["x"])
         return time.perf_counter() - start
     finally:
         handle.remove()
 
 
-def run(model_dir: str | Path, texts: list[str], batch_size: int = 32) -> dict:
-    """Time the LRP methods and flow on ``texts``; returns the figures as a dict."""
+def _timed(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_texts: int = 200) -> dict:
+    """Time the LRP methods and flow on ``texts``; returns the figures as a dict.
+
+    The timings of each batch are interleaved (plain pass, LRP pass, the three LRP methods through the engine,
+    flow, an attention-only engine call), so that a machine whose load drifts biases no ratio.
+    """
     ex = Explainer.from_pretrained(model_dir)
     model = ex.model.eval()
     batches = _batches(ex, texts, batch_size)
-    _plain_forward_backward(model, batches[:1])  # warm-up
-    plain = _plain_forward_backward(model, batches)
-
-    start = time.perf_counter()
-    for inputs in batches:
+    specs = [get_method(m) for m in LRP_METHODS]
+    opts = {s.name: s.check_options({}) for s in specs}
+    flow_spec, raw_spec = get_method("flow"), get_method("rawatt")
+    totals = dict.fromkeys(("plain", "lrp_pass", "lrp_methods", "flow", "forward_only"), 0.0)
+    n_flow = 0
+    for i, batch in enumerate([batches[0]] + batches):  # the first run is a warm-up
+        inputs, _ = ex._inputs([e.ids for e in batch], [e.type_ids for e in batch])
         with torch.no_grad():
             targets = model(**inputs).logits.argmax(-1)
-        lrp_pass(model, inputs, targets)
-    lrp_only = time.perf_counter() - start
-
-    start = time.perf_counter()
-    ex.explain(texts, methods=LRP_METHODS, batch_size=batch_size)
-    lrp_methods = time.perf_counter() - start
-
-    start = time.perf_counter()
-    ex.explain(texts, methods=["rawatt"], batch_size=batch_size)
-    forward_only = time.perf_counter() - start
-    flow_texts = texts[: min(len(texts), 200)]
-    start = time.perf_counter()
-    ex.explain(flow_texts, methods=["flow"], batch_size=batch_size)
-    flow_total = time.perf_counter() - start
-    # flow's own cost: subtract the engine's forward pass (measured with rawatt on the same texts, scaled)
-    flow_per_sentence = max(flow_total - forward_only * len(flow_texts) / len(texts), 0.0) / len(flow_texts)
-    n_tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+        t = {
+            "plain": _plain_forward_backward(model, inputs),
+            "lrp_pass": _timed(lrp_pass, model, inputs, targets),
+            "lrp_methods": _timed(ex.compute_batch, batch, [-1] * len(batch), specs, opts),
+        }
+        if n_flow < flow_texts:
+            t["flow"] = _timed(ex.compute_batch, batch, [-1] * len(batch), [flow_spec], {"flow": {}})
+            t["forward_only"] = _timed(ex.compute_batch, batch, [-1] * len(batch), [raw_spec], {"rawatt": {}})
+            n_flow += len(batch) if i else 0
+        if i:
+            for k, v in t.items():
+                totals[k] += v
+    n_tokens = sum(len(e.ids) for b in batches for e in b)
     return {
         "model": str(model_dir),
         "n_texts": len(texts),
         "mean_tokens": n_tokens / len(texts),
         "batch_size": batch_size,
         "threads": torch.get_num_threads(),
-        "plain_forward_backward_s": plain,
-        "lrp_pass_s": lrp_only,
-        "lrp_pass_ratio": lrp_only / plain,
-        "lrp_methods_s": lrp_methods,
-        "lrp_methods_ratio": lrp_methods / plain,
-        "flow_s_per_sentence": flow_per_sentence,
-        "flow_sentences": len(flow_texts),
+        "plain_forward_backward_s": totals["plain"],
+        "lrp_pass_s": totals["lrp_pass"],
+        "lrp_pass_ratio": totals["lrp_pass"] / totals["plain"],
+        "lrp_methods_s": totals["lrp_methods"],
+        "lrp_methods_ratio": totals["lrp_methods"] / totals["plain"],
+        # flow's own cost: the engine call with flow minus the same call with an attention-only method
+        "flow_s_per_sentence": max(totals["flow"] - totals["forward_only"], 0.0) / max(n_flow, 1),
+        "flow_sentences": n_flow,
     }
 
 

@@ -67,8 +67,7 @@ def identity_rule(fn, x: torch.Tensor) -> torch.Tensor:
     ``x * grad_x = y * grad_y`` element-wise. Where ``x == 0`` the ratio is 0 (and so is the relevance).
     """
     y = fn(x)
-    safe = torch.where(x == 0, torch.ones_like(x), x)
-    ratio = torch.where(x == 0, torch.zeros_like(x), y / safe)
+    ratio = (y / x).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # 0/0 at x == 0 -> 0
     return x * ratio.detach()
 
 
