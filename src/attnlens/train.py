@@ -248,6 +248,8 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
                 f"{num_labels}; pass --reinit-head to replace the head with a new, untrained one"
             )
         print(f"attnlens: replacing the {config.num_labels}-label head of {name} by a new {num_labels}-label head")
+    elif not has_head:
+        print(f"attnlens: {name} has no classification head; a new {num_labels}-label head is trained from scratch")
     config.num_labels = num_labels
     names = label_names if label_names and len(label_names) == num_labels else None
     config.id2label = {i: (names[i] if names else f"LABEL_{i}") for i in range(num_labels)}
@@ -342,6 +344,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     from transformers import get_linear_schedule_with_warmup
 
     cfg.validate()
+    resolve_model(cfg.model)  # a missing model directory fails before the data is read
     started = time.time()
     seed_everything(cfg.seed)
     train_split, eval_split, label_names = load_splits(cfg)
