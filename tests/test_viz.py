@@ -317,3 +317,28 @@ def test_real_model_renders_everywhere(tmp_path, minilm_sst2):
     plots.plot_layer_heatmap(exp, "attcat", path=tmp_path / "l.png")
     _assert_png(tmp_path / "t.png")
     _assert_png(tmp_path / "l.png")
+
+
+def test_long_input_wraps_into_blocks_normalised_over_the_whole_example(tmp_path):
+    n = 95
+    scores = np.linspace(0.0, 1.0, n)  # the largest score is in the last block
+    special = [True] + [False] * (n - 2) + [True]
+    exp = Explanation(
+        text="x",
+        tokens=[f"t{i}" for i in range(n)],
+        special=special,
+        target=0,
+        predicted=0,
+        probabilities=[1.0],
+        scores={"m": scores},
+    )
+    fig = plots.plot_token_heatmap(exp, path=tmp_path / "long.png", per_line=40)
+    _assert_png(tmp_path / "long.png")
+    blocks = [ax for ax in fig.axes if ax.images]
+    assert len(blocks) == 3
+    first = np.ma.getdata(blocks[0].images[0].get_array())[0]
+    last = np.ma.getdata(blocks[2].images[0].get_array())[0]
+    np.testing.assert_allclose(first[1:], scores[1:40] / scores[n - 2])  # one scale for all blocks
+    assert last.shape == (15,) and np.ma.getmaskarray(blocks[2].images[0].get_array())[0, -1]  # [SEP] greyed
+    with pytest.raises(InputError, match="per_line"):
+        plots.plot_token_heatmap(exp, per_line=0)

@@ -69,13 +69,13 @@ def _one(exp: Explanation | Sequence[Explanation], words: bool) -> Explanation:
 
 def _heatmap(
     ax,
-    rows: np.ndarray,
+    norm: np.ndarray,
     special: Sequence[bool],
     tokens: Sequence[str],
     row_names: Sequence[str],
     annotate: bool,
 ) -> None:
-    norm = np.vstack([normalized(r, special) for r in rows])
+    """Draw normalised rows (already in [-1, 1]) as coloured cells; special tokens' columns grey."""
     masked = np.ma.masked_array(norm, mask=np.broadcast_to(np.asarray(special, bool), norm.shape))
     cmap = SCORE_CMAP.with_extremes(bad="#f3f4f6")
     ax.imshow(masked, cmap=cmap, vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
@@ -105,6 +105,44 @@ def _colorbar(fig: Figure, ax, label: str) -> None:
     fig.colorbar(sm, ax=ax, fraction=0.025, pad=0.02, label=label)
 
 
+def _chunks(n: int, per_line: int) -> list[tuple[int, int]]:
+    if per_line < 1:
+        raise InputError(f"per_line must be >= 1, got {per_line}")
+    return [(a, min(a + per_line, n)) for a in range(0, n, per_line)] or [(0, 0)]
+
+
+def _blocks(
+    exp: Explanation,
+    rows: np.ndarray,
+    row_names: Sequence[str],
+    per_line: int,
+    annotate: bool | None,
+    row_height: float,
+) -> tuple[Figure, list]:
+    """Rows x tokens heatmap, wrapped into blocks of ``per_line`` tokens (long inputs stay readable).
+
+    Each row is normalised over the whole example before it is cut into blocks.
+    """
+    norm = np.vstack([normalized(r, exp.special) for r in rows])
+    spans = _chunks(len(exp.tokens), per_line)
+    width = min(len(exp.tokens), per_line)
+    block_height = 1.1 + row_height * len(row_names)  # rows plus the rotated token labels
+    fig, axes = plt.subplots(
+        len(spans),
+        1,
+        figsize=(_width(width), block_height * len(spans) + 0.4),
+        squeeze=False,
+        layout="constrained",  # keeps every block's token labels clear of the next block
+    )
+    axes = list(axes[:, 0])
+    show_numbers = annotate if annotate is not None else width <= 40
+    for ax, (a, b) in zip(axes, spans, strict=True):
+        _heatmap(ax, norm[:, a:b], exp.special[a:b], exp.tokens[a:b], row_names, show_numbers)
+        ax.set_xlim(-0.5, width - 0.5)  # equal cell widths in every block
+    _colorbar(fig, axes, "normalised score")
+    return fig, axes
+
+
 def plot_token_heatmap(
     exp: Explanation,
     methods: Sequence[str] | None = None,
@@ -112,21 +150,21 @@ def plot_token_heatmap(
     words: bool = False,
     title: str | None = None,
     annotate: bool | None = None,
+    per_line: int = 40,
 ) -> Figure:
     """Token heatmap of one explanation, one row per method (stacked for comparison, AttCAT Fig. 5b).
 
-    Each row is normalised by its largest |score| over non-special tokens; special tokens are grey.
+    Each row is normalised by its largest |score| over non-special tokens; special tokens are grey. Inputs
+    longer than ``per_line`` tokens wrap into several blocks; ``annotate`` writes the values in the cells
+    (default: when a block is at most 40 tokens wide).
     """
     exp = _one(exp, words)
     chosen = select_methods(exp, methods)
     if not chosen:
         raise InputError("nothing to plot: the explanation has no method scores")
     rows = np.vstack([np.asarray(exp.scores[m], dtype=np.float64) for m in chosen])
-    n = len(exp.tokens)
-    fig, ax = plt.subplots(figsize=(_width(n), 0.9 + 0.45 * len(chosen) + 0.9))
-    _heatmap(ax, rows, exp.special, exp.tokens, chosen, annotate if annotate is not None else n <= 40)
-    _colorbar(fig, ax, "normalised score")
-    ax.set_title(_tex_safe(title or _short_title(exp)), fontsize=10, loc="left")
+    fig, axes = _blocks(exp, rows, chosen, per_line, annotate, 0.45)
+    axes[0].set_title(_tex_safe(title or _short_title(exp)), fontsize=10, loc="left")
     return _finish(fig, path)
 
 
@@ -137,6 +175,7 @@ def plot_layer_heatmap(
     words: bool = False,
     title: str | None = None,
     annotate: bool | None = None,
+    per_line: int = 40,
 ) -> Figure:
     """Layer x token heatmap of a layered method (AttCAT Fig. 4): rows L0..L(n-1), ``sum`` and ``rollout``.
 
@@ -148,16 +187,15 @@ def plot_layer_heatmap(
     names, rows = layer_rows(exp.layers[method])
     if rows.shape[1] != len(exp.tokens):
         raise InputError(f"{method}: layer scores have {rows.shape[1]} tokens, the explanation {len(exp.tokens)}")
-    n = len(exp.tokens)
-    fig, ax = plt.subplots(figsize=(_width(n), 1.2 + 0.32 * len(names) + 0.9))
-    _heatmap(ax, rows, exp.special, exp.tokens, names, annotate if annotate is not None else n <= 30)
-    ax.axhline(len(names) - 2.5, color="#111827", lw=1.2)
+    fig, axes = _blocks(exp, rows, names, per_line, annotate, 0.32)
     peaks = [float(np.abs(np.where(exp.special, 0.0, np.nan_to_num(r))).max()) for r in rows]
-    twin = ax.secondary_yaxis("right")
-    twin.set_yticks(range(len(names)), labels=[f"{p:.2g}" for p in peaks], fontsize=7)
-    twin.tick_params(length=0)
-    twin.set_ylabel("max |score| of the row", fontsize=8)
-    ax.set_title(_tex_safe(title or f"{method} per layer  |  {_short_title(exp)}"), fontsize=10, loc="left")
+    for ax in axes:
+        ax.axhline(len(names) - 2.5, color="#111827", lw=1.2)
+        twin = ax.secondary_yaxis("right")
+        twin.set_yticks(range(len(names)), labels=[f"{p:.2g}" for p in peaks], fontsize=7)
+        twin.tick_params(length=0)
+        twin.set_ylabel("max |score| of the row", fontsize=8)
+    axes[0].set_title(_tex_safe(title or f"{method} per layer  |  {_short_title(exp)}"), fontsize=10, loc="left")
     return _finish(fig, path)
 
 
