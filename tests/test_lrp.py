@@ -95,6 +95,82 @@ def test_layer_norm_rule_is_linear_map_with_frozen_std():
     assert abs(float((x * g).detach().sum() - rel_out.sum())) < 1e-4  # bias-free: conserved
 
 
+def _explicit_attnlrp_bert(model, ids: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """AttnLRP for a 1-layer BERT written out rule by rule (no autograd), batch of one, float64.
+
+    Returns the relevance of the summed input embeddings (n,) and of the attention probabilities (H, n, n).
+    """
+    def lin_rel(x, lin, z, r):  # epsilon/LRP-0 rule: R_x = x * W^T (R_z / z)
+        return x * ((r / z) @ lin.weight)
+
+    def ln_rel(x, ln, y, r):  # LayerNorm with constant std: y = M x + beta, M = diag(gamma)(I - 1/D)/std
+        d = x.shape[-1]
+        std = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
+        m = ln.weight[None, :, None] * (torch.eye(d, dtype=x.dtype) - 1.0 / d)[None] / std[:, :, None]
+        return x * torch.einsum("nji,nj->ni", m, r / y)
+
+    bert, n = model.bert, ids.shape[0]
+    emb, layer = bert.embeddings, bert.encoder.layer[0]
+    sa, h_n = layer.attention.self, model.config.num_attention_heads
+    e_sum = emb.word_embeddings.weight[ids] + emb.position_embeddings.weight[:n] + emb.token_type_embeddings.weight[0]
+    h0 = emb.LayerNorm(e_sum)
+    q, k, v = sa.query(h0), sa.key(h0), sa.value(h0)
+    heads = lambda t: t.view(n, h_n, -1).transpose(0, 1)  # noqa: E731
+    scale = sa.attention_head_size ** -0.5
+    scores = torch.einsum("hqd,hkd->hqk", heads(q), heads(k)) * scale
+    a = scores.softmax(-1)
+    ctx = torch.einsum("hqk,hkd->hqd", a, heads(v))
+    ctx_flat = ctx.transpose(0, 1).reshape(n, -1)
+    ao = layer.attention.output.dense(ctx_flat)
+    r1 = ao + h0
+    h1 = layer.attention.output.LayerNorm(r1)
+    inter = layer.intermediate.dense(h1)
+    act = nn.functional.gelu(inter)
+    out = layer.output.dense(act)
+    r2 = out + h1
+    h2 = layer.output.LayerNorm(r2)
+    pre = model.bert.pooler.dense(h2[:1])
+    pooled = torch.tanh(pre)
+    logits = model.classifier(pooled)
+
+    r_logits = torch.zeros_like(logits)
+    r_logits[0, target] = logits[0, target]
+    r_pre = lin_rel(pooled, model.classifier, logits, r_logits)  # tanh: identity rule
+    r_h2 = torch.zeros_like(h2)
+    r_h2[:1] = lin_rel(h2[:1], model.bert.pooler.dense, pre, r_pre)
+    r_r2 = ln_rel(r2, layer.output.LayerNorm, h2, r_h2)
+    r_act = lin_rel(act, layer.output.dense, out, out * r_r2 / r2)  # residual sum: proportional split
+    r_h1 = h1 * r_r2 / r2 + lin_rel(h1, layer.intermediate.dense, inter, r_act)  # GELU: identity rule
+    r_r1 = ln_rel(r1, layer.attention.output.LayerNorm, h1, r_h1)
+    r_ctx = lin_rel(ctx_flat, layer.attention.output.dense, ao, ao * r_r1 / r1)
+    r_ctx = heads(r_ctx) / ctx
+    r_a = 0.5 * torch.einsum("hqk,hkd,hqd->hqk", a, heads(v), r_ctx)  # uniform rule on A V
+    r_v = 0.5 * torch.einsum("hqk,hkd,hqd->hkd", a, heads(v), r_ctx)
+    r_s = scores * (r_a - a * r_a.sum(-1, keepdim=True))  # AttnLRP softmax rule
+    r_q = 0.5 * torch.einsum("hqd,hkd,hqk->hqd", heads(q), heads(k), scale * r_s / scores)
+    r_k = 0.5 * torch.einsum("hqd,hkd,hqk->hkd", heads(q), heads(k), scale * r_s / scores)
+    flat = lambda t: t.transpose(0, 1).reshape(n, -1)  # noqa: E731
+    r_h0 = (h0 * r_r1 / r1 + lin_rel(h0, sa.query, q, flat(r_q)) + lin_rel(h0, sa.key, k, flat(r_k))
+            + lin_rel(h0, sa.value, v, flat(r_v)))
+    r_e = ln_rel(e_sum, emb.LayerNorm, h0, r_h0)
+    return r_e.sum(-1), r_a
+
+
+def test_whole_pass_equals_explicit_rule_by_rule_propagation():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(8)
+    cfg = BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=12,
+                     max_position_embeddings=16, initializer_range=0.4, num_labels=3, attn_implementation="eager")
+    model = BertForSequenceClassification(cfg).double().eval()
+    ids = torch.tensor([2, 7, 13, 21, 5, 3])
+    with torch.no_grad():
+        expected_input, expected_att = _explicit_attnlrp_bert(model, ids, target=1)
+    res = lrp_pass(model, {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}, 1)
+    torch.testing.assert_close(res.input_relevance[0], expected_input, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(res.attention_relevance[0][0], expected_att, rtol=1e-8, atol=1e-10)
+
+
 # ---------------------------------------------------------------- conservation
 @pytest.mark.parametrize("family", ENCODERS)
 def test_conservation_cp_rules_bias_free(family):
