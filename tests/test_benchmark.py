@@ -227,3 +227,35 @@ def test_real_model_command_and_scoring(tmp_path, capsys):
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
     assert ex.model.config._attn_implementation == "eager"  # restored after scoring
     np.testing.assert_allclose(ours[:6].argmax(1), [e.predicted for e in exps])
+
+
+def test_model_predictor_on_a_tiny_bert():
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from attnlens.evaluation import ModelPredictor, from_id_predictor
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                     num_labels=3, attn_implementation="eager")
+    model = BertForSequenceClassification(cfg).train()  # training mode must survive scoring
+    vs = [Variant.of([1, 5, 6, 7, 2], [0, 0, 0, 1, 1]), Variant.of([1, 9, 2], [0, 0, 0]),
+          Variant((1, 5, 6, 7, 2), (0, 0, 0, 1, 1), (1, 0, 1, 1, 1))]
+    ours = ModelPredictor(model, 0, batch_size=2)(vs)
+    assert model.training and model.config._attn_implementation == "eager"
+    model.eval()
+    with torch.no_grad():
+        for v, row in zip(vs, ours):
+            mask = torch.tensor([v.attention_mask or [1] * len(v)])
+            want = model(torch.tensor([v.input_ids]), attention_mask=mask,
+                         token_type_ids=torch.tensor([v.token_type_ids])).logits.softmax(-1)[0]
+            np.testing.assert_allclose(row, want.numpy(), atol=1e-6)
+        states = ModelPredictor(model, 0).hidden_states(vs[:2], [[1, 3], [1]])
+        full = model(torch.tensor([vs[0].input_ids]), token_type_ids=torch.tensor([vs[0].token_type_ids]),
+                     output_hidden_states=True).hidden_states[-1][0]
+        np.testing.assert_allclose(states[0], full[[1, 3]].numpy(), atol=1e-5)
+        assert states[1].shape == (1, 16)
+    ids_only = from_id_predictor(lambda ids, token_type_ids_list=None: np.full((len(ids), 2), 0.5))
+    assert ids_only(vs[:2]).shape == (2, 2)
+    with pytest.raises(InputError, match="ids only"):
+        ids_only(vs[2:])
