@@ -268,3 +268,11 @@ def test_metric_infos_and_names():
         resolve_metrics("aopc,nope")
     with pytest.raises(InputError):
         EvalConfig(protocol="other")
+
+
+def test_other_classes_for_kendall():
+    from attnlens.evaluation.metrics import kendall_other_classes
+
+    assert kendall_other_classes(1, 2) == [0] and kendall_other_classes(2, 3) == [0, 1]
+    assert kendall_other_classes(0, 2, "attcat-code") == [1]
+    assert [kendall_other_classes(y, 3, "attcat-code") for y in range(3)] == [[1], [0], [1]]
