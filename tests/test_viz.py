@@ -342,3 +342,13 @@ def test_long_input_wraps_into_blocks_normalised_over_the_whole_example(tmp_path
     assert last.shape == (15,) and np.ma.getmaskarray(blocks[2].images[0].get_array())[0, -1]  # [SEP] greyed
     with pytest.raises(InputError, match="per_line"):
         plots.plot_token_heatmap(exp, per_line=0)
+
+
+def test_sentence_pair_and_show(capsys):
+    exp = make_exp()
+    exp.text = ["a premise <i>", "a hypothesis"]
+    page = explanations_html(exp)
+    assert "a premise &lt;i&gt; [SEP] a hypothesis" in page
+    exp.show(methods=["rawatt"])  # Explanation.show prints through print_explanations
+    out = capsys.readouterr().out
+    assert "rawatt" in out and "attcat" not in out and "a premise <i> [SEP] a hypothesis" in out
