@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from .adapters import Adapter
-from .context import Capture, target_scalar
+from .context import Capture
+from .heads import CLASSIFICATION, Head
 
 
 def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -28,6 +29,7 @@ def run_capture(
     target_kind: str,
     *,
     gradients: bool,
+    head: Head = CLASSIFICATION,
 ) -> tuple[Capture, torch.Tensor]:
     """Run ``model`` once on a padded batch, keeping attention probabilities and hidden states, and, if
     ``gradients``, take the gradients of the summed per-example target scalars w.r.t. all of them in one
@@ -54,9 +56,9 @@ def run_capture(
 
     cls = adapter.classification_index(inputs["input_ids"], token_mask, model.config)
     stream_tensors = adapter.select(outputs, stream, token_mask, cls)
-    logits = outputs.logits
+    logits = head.logits(outputs)
     if targets is None:
-        targets = logits.detach().argmax(-1)
+        targets = head.predicted(logits, token_mask)
     embeddings = store.get("embeddings")
 
     capture = Capture(
@@ -71,7 +73,7 @@ def run_capture(
     )
     if gradients:
         wanted = _unique(list(stream_tensors.attentions) + list(stream_tensors.hidden) + [embeddings])
-        y = target_scalar(logits, targets, target_kind).sum()
+        y = head.scalar(logits, targets, target_kind, token_mask).sum()
         grads = torch.autograd.grad(y, wanted, allow_unused=True)
         by_id = {id(t): (g if g is not None else torch.zeros_like(t)) for t, g in zip(wanted, grads, strict=True)}
         capture.attention_grads = [by_id[id(a)].detach() for a in stream_tensors.attentions]

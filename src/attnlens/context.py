@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .heads import CLASSIFICATION, TARGET_KINDS, Head
+
 if TYPE_CHECKING:
     from .adapters import Adapter
 
-TARGET_KINDS = ("logit", "probability", "loss")
+__all__ = ["TARGET_KINDS", "BatchContext", "Capture", "target_scalar"]
 
 
 @dataclass
@@ -21,7 +23,7 @@ class Capture:
     N input tokens, D hidden size. Every tensor is detached; gradients are of the summed per-example target.
 
     Attributes:
-        logits: ``(B, C)`` classifier logits.
+        logits: ``(B, C)`` classifier logits (``(B, N, 2)`` start/end logits for extractive QA).
         attentions: L tensors ``(B, H, Q, K)``: softmax attention, rows are queries.
         attention_grads: gradients of the target w.r.t. ``attentions`` (``None`` without a backward pass).
         hidden: L+1 tensors ``(B, K, D)`` aligned with the keys; ``hidden[l]`` is the input of layer ``l+1``
@@ -74,9 +76,10 @@ class BatchContext:
         inputs: model inputs (``input_ids``, ``attention_mask``, and ``token_type_ids`` where the model takes them).
         token_mask: ``(B, N)`` real (non-padding) input tokens.
         special_mask: ``(B, N)`` special tokens ([CLS], [SEP], ...), padding excluded.
-        targets: ``(B,)`` explained class per example.
+        targets: ``(B,)`` explained class per example (``(B, 2)`` start/end positions for extractive QA).
         target_kind: ``"logit"``, ``"probability"`` or ``"loss"`` (log-probability of ``targets``).
         tokenizer: the tokenizer (for methods that need special token ids, e.g. baselines).
+        head: what the model predicts (classification or extractive QA) and how the explained scalar is formed.
         stream: which attention explains (``"self"`` for encoder-/decoder-only, or BART's
             ``"encoder"``, ``"decoder"``, ``"cross"``).
         capture: the shared pass, or ``None`` when no requested method needs it.
@@ -92,22 +95,17 @@ class BatchContext:
     target_kind: str = "logit"
     stream: str = "self"
     tokenizer: Any = None
+    head: Head = CLASSIFICATION
     capture: Capture | None = None
     cache: dict[str, Any] = field(default_factory=dict)
 
     def target_scalar(self, logits: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-example explained scalar ``(B,)`` from logits ``(B, C)``: logit, probability or log-probability."""
-        return target_scalar(logits, self.targets if targets is None else targets, self.target_kind)
+        """Per-example explained scalar ``(B,)``: logit, probability or log-probability of the targets."""
+        targets = self.targets if targets is None else targets
+        return self.head.scalar(logits, targets, self.target_kind, self.token_mask)
 
 
 def target_scalar(logits: torch.Tensor, targets: torch.Tensor, kind: str) -> torch.Tensor:
-    """The scalar each example's explanation is of; summing it over a batch keeps examples independent."""
-    if kind == "logit":
-        values = logits
-    elif kind == "probability":
-        values = logits.softmax(-1)
-    elif kind == "loss":  # minus cross-entropy, so that positive still means "supports the label"
-        values = logits.log_softmax(-1)
-    else:
-        raise ValueError(f"unknown target kind {kind!r}; choose one of {', '.join(TARGET_KINDS)}")
-    return values.gather(-1, targets.view(-1, 1)).squeeze(-1)
+    """A classifier's explained scalar ``(B,)`` from logits ``(B, C)``; summing it over a batch keeps examples
+    independent."""
+    return CLASSIFICATION.scalar(logits, targets, kind, None)

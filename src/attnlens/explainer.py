@@ -21,6 +21,7 @@ from .capture import run_capture
 from .context import TARGET_KINDS, BatchContext
 from .errors import InputError, ModelError
 from .explanation import Explanation
+from .heads import head_for
 from .methods.registry import GRADIENTS, OWN_PASS, get_method, resolve_methods
 from .modelstate import explaining
 
@@ -43,15 +44,12 @@ class Encoded:
     dropped: int = 0
 
 
-def _is_classifier(model: nn.Module) -> bool:
-    return type(model).__name__.endswith("ForSequenceClassification")
-
-
 class Explainer:
-    """Explains a HuggingFace sequence classifier with every registered method.
+    """Explains a HuggingFace sequence classifier (or extractive QA model) with every registered method.
 
     Args:
-        model: a ``...ForSequenceClassification`` model (encoder-only, decoder-only or encoder-decoder).
+        model: a ``...ForSequenceClassification`` model (encoder-only, decoder-only or encoder-decoder), or a
+            ``...ForQuestionAnswering`` model, whose targets are (start, end) token positions.
         tokenizer: its tokenizer (a fast tokenizer enables word aggregation).
         attention: which attention to explain: ``None`` (the family's default), or for BART-like models
             ``"encoder"`` (default), ``"decoder"`` or ``"cross"``.
@@ -73,11 +71,7 @@ class Explainer:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ModelError(f"expected a PyTorch HuggingFace model, got {type(model).__name__}")
-        if not _is_classifier(model):
-            raise ModelError(
-                f"attnlens explains sequence classifiers (…ForSequenceClassification); got {type(model).__name__}. "
-                "Load the model with AutoModelForSequenceClassification."
-            )
+        self.head = head_for(model)
         self.model = model
         self.tokenizer = tokenizer
         self.adapter: Adapter = adapter_for(model)
@@ -132,7 +126,9 @@ class Explainer:
     # ----------------------------------------------------------------- checks
     @property
     def labels(self) -> list[str]:
-        """Class names in index order (``id2label``)."""
+        """Class names in index order (``id2label``); empty for QA models."""
+        if self.head.task == "qa":
+            return []
         n = int(self.model.config.num_labels)
         id2label = getattr(self.model.config, "id2label", None) or {}
         return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(n)]
@@ -293,8 +289,10 @@ class Explainer:
         return batch_size
 
     # ---------------------------------------------------------------- targets
-    def _resolve_targets(self, target: Any, n: int) -> list[int]:
-        """Per-example target class, ``-1`` for "the predicted class"."""
+    def _resolve_targets(self, target: Any, n: int) -> list[Any]:
+        """Per-example target class, ``-1`` for "the predicted class" (QA: ``(start, end)``, ``(-1, -1)``)."""
+        if self.head.task == "qa":
+            return self._resolve_spans(target, n)
         if target is None or isinstance(target, (int, str, np.integer)):
             return [self._resolve_target(target)] * n
         if isinstance(target, torch.Tensor):
@@ -304,6 +302,22 @@ class Explainer:
                 f"target must be None, a class index, a label name, or a list with one per input ({n} inputs)"
             )
         return [self._resolve_target(t) for t in target]
+
+    def _resolve_spans(self, target: Any, n: int) -> list[tuple[int, int]]:
+        def span(t: Any) -> tuple[int, int]:
+            if t is None:
+                return (-1, -1)
+            if (isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, (int, np.integer)) for x in t)
+                    and min(t) >= 0):
+                return (int(t[0]), int(t[1]))
+            raise InputError(f"a QA target is a (start, end) pair of token positions (>= 0), got {t!r}")
+
+        if target is None or (isinstance(target, tuple) and len(target) == 2
+                              and all(isinstance(x, (int, np.integer)) for x in target)):
+            return [span(target)] * n
+        if not isinstance(target, Sequence) or len(target) != n:
+            raise InputError(f"target must be None, a (start, end) pair, or a list with one per input ({n} inputs)")
+        return [span(t) for t in target]
 
     def _resolve_target(self, t: Any) -> int:
         labels = self.labels
@@ -370,8 +384,16 @@ class Explainer:
         needs = set().union(*(s.needs for s in specs))
         gradients = GRADIENTS in needs
 
+        if self.head.task == "qa":
+            for s in specs:
+                if s.lrp:
+                    raise InputError(f"method {s.name!r} supports sequence classifiers only, not QA models")
         encoded = self.encode(texts, truncation=truncation)
         targets = self._resolve_targets(target, len(encoded))
+        if self.head.task == "qa":
+            for i, (e, t) in enumerate(zip(encoded, targets, strict=True)):
+                if max(t) >= len(e.ids):
+                    raise InputError(f"target span {t} of input {i} is beyond its {len(e.ids)} tokens")
         size = self._effective_batch_size(batch_size)
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
         results: list[Explanation | None] = [None] * len(encoded)
@@ -401,10 +423,11 @@ class Explainer:
             target_kind=target_kind,
             stream=self.stream,
             tokenizer=self.tokenizer,
+            head=self.head,
         )
 
     def compute_batch(
-        self, batch: list[Encoded], targets: list[int], specs: list[Any], method_options: dict[str, dict[str, Any]],
+        self, batch: list[Encoded], targets: list[Any], specs: list[Any], method_options: dict[str, dict[str, Any]],
         target_kind: str = "logit", gradients: bool | None = None,
     ) -> tuple[BatchContext, dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
         """Scores of one padded batch in token space: ``{method: (scores (B, N), layers (B, L, N) | None)}``.
@@ -414,17 +437,20 @@ class Explainer:
         if gradients is None:
             gradients = any(GRADIENTS in s.needs for s in specs)
         ctx = self._context(batch, target_kind)
-        if gradients and any(t >= 0 for t in targets) and any(t < 0 for t in targets):
-            # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
-            probs = self._probabilities([e.ids for e in batch], [e.type_ids for e in batch])
-            targets = [t if t >= 0 else int(p.argmax()) for t, p in zip(targets, probs, strict=True)]
         wanted = torch.tensor(targets, dtype=torch.long, device=ctx.token_mask.device)
+        unresolved = (wanted < 0) if wanted.dim() == 1 else (wanted < 0).any(-1, keepdim=True)
+        if gradients and bool(unresolved.any()) and not bool(unresolved.all()):
+            # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
+            with torch.no_grad(), explaining(self.model):
+                logits = self.head.logits(self.model(**ctx.inputs))
+            wanted = torch.where(unresolved, self.head.predicted(logits, ctx.token_mask), wanted)
+            unresolved = torch.zeros_like(unresolved)
         with explaining(self.model):
             capture, _ = run_capture(
                 self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream,
-                None if bool((wanted < 0).all()) else wanted, target_kind, gradients=gradients,
+                None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=self.head,
             )
-            ctx.targets = torch.where(wanted < 0, capture.logits.argmax(-1), wanted)
+            ctx.targets = torch.where(unresolved, self.head.predicted(capture.logits, ctx.token_mask), wanted)
             ctx.capture = capture
             out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
             mask = ctx.token_mask.to(capture.logits.dtype)
@@ -443,17 +469,20 @@ class Explainer:
         return ctx, out
 
     def _explain_batch(
-        self, batch: list[Encoded], targets: list[int], specs: list[Any], method_options: dict[str, dict[str, Any]],
+        self, batch: list[Encoded], targets: list[Any], specs: list[Any], method_options: dict[str, dict[str, Any]],
         target_kind: str, gradients: bool,
     ) -> list[Explanation]:
         ctx, out = self.compute_batch(batch, targets, specs, method_options, target_kind, gradients)
-        probs = ctx.capture.logits.float().softmax(-1).cpu().numpy()
+        probs = self.head.probabilities(ctx.capture.logits, ctx.token_mask).cpu().numpy()
+        predicted = self.head.predicted(ctx.capture.logits, ctx.token_mask).cpu().tolist()
+        chosen = ctx.targets.cpu().tolist()
         explanations = []
         meta = {
             "model": self.name,
             "family": self.adapter.family,
             "attention": self.stream,
             "target_kind": target_kind,
+            "task": self.head.task,
             "options": {k: v for k, v in method_options.items() if v},
             "attnlens": __version__,
         }
@@ -461,17 +490,21 @@ class Explainer:
             n = len(e.ids)
             scores = {m: s[b, :n].double().cpu().numpy() for m, (s, _) in out.items()}
             layers = {m: lay[b, :, :n].double().cpu().numpy() for m, (_, lay) in out.items() if lay is not None}
+            if self.head.task == "qa":  # probabilities of the explained start and end positions
+                probabilities = [float(probs[b, chosen[b][0], 0]), float(probs[b, chosen[b][1], 1])]
+            else:
+                probabilities = [float(p) for p in probs[b]]
             explanations.append(
                 Explanation(
                     text=e.text,
                     tokens=list(e.tokens),
                     special=list(e.special),
-                    target=int(ctx.targets[b]),
-                    predicted=int(probs[b].argmax()),
-                    probabilities=[float(p) for p in probs[b]],
+                    target=chosen[b],
+                    predicted=predicted[b],
+                    probabilities=probabilities,
                     scores=scores,
                     layers=layers,
-                    labels=self.labels,
+                    labels=self.labels or None,
                     word_ids=e.word_ids,
                     sequence_ids=e.sequence_ids,
                     offsets=e.offsets,
@@ -505,6 +538,8 @@ class Explainer:
     ) -> np.ndarray:
         """Class probabilities ``(n, C)`` for token-id sequences of any lengths (no gradients, length-sorted
         batches). ``attention_masks`` (one 0/1 list per sequence) lets callers hide tokens without deleting them."""
+        if self.head.task != "classification":
+            raise ModelError("predict_proba is for sequence classifiers; this is a QA model")
         if len(input_ids) == 0:
             return np.zeros((0, int(self.model.config.num_labels)))
         size = self._effective_batch_size(batch_size)
@@ -527,6 +562,6 @@ class Explainer:
         ctx = self._context([e], "logit")
         with explaining(self.model):
             capture, _ = run_capture(self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream, None,
-                                     "logit", gradients=False)
+                                     "logit", gradients=False, head=self.head)
         att = torch.stack(capture.attentions, 0)[:, 0]  # (L, H, Q, K)
         return list(e.tokens), list(e.special), att.float().cpu().numpy()

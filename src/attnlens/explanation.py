@@ -30,9 +30,9 @@ class Explanation:
         text: the explained text, or ``[text_a, text_b]`` for a sentence pair.
         tokens: the model's tokens (padding removed), special tokens included.
         special: ``True`` where a token is a special token ([CLS], [SEP], <s>, ...); never ranked.
-        target: the class whose score was explained.
-        predicted: the class the model predicted.
-        probabilities: softmax probabilities of every class.
+        target: the class whose score was explained (QA models: the ``[start, end]`` token positions).
+        predicted: the class the model predicted (QA: the best ``[start, end]``).
+        probabilities: softmax probabilities of every class (QA: of the explained start and end positions).
         scores: method id -> one float per token; positive supports ``target`` where the method is signed.
         layers: method id -> ``(n_layers, n_tokens)`` per-layer scores for layered methods.
         labels: class names (``id2label``), if the model has them.
@@ -45,8 +45,8 @@ class Explanation:
     text: str | list[str]
     tokens: list[str]
     special: list[bool]
-    target: int
-    predicted: int
+    target: int | list[int]
+    predicted: int | list[int]
     probabilities: list[float]
     scores: dict[str, np.ndarray] = field(default_factory=dict)
     layers: dict[str, np.ndarray] = field(default_factory=dict)
@@ -67,12 +67,12 @@ class Explanation:
     @property
     def target_label(self) -> str | None:
         """Name of the explained class, if the model names its classes."""
-        return self.labels[self.target] if self.labels else None
+        return self.labels[self.target] if self.labels and isinstance(self.target, int) else None
 
     @property
     def predicted_label(self) -> str | None:
         """Name of the predicted class, if the model names its classes."""
-        return self.labels[self.predicted] if self.labels else None
+        return self.labels[self.predicted] if self.labels and isinstance(self.predicted, int) else None
 
     def _method_scores(self, method: str) -> np.ndarray:
         if method not in self.scores:
@@ -183,8 +183,8 @@ class Explanation:
             "text": self.text,
             "tokens": list(self.tokens),
             "special": [bool(x) for x in self.special],
-            "target": int(self.target),
-            "predicted": int(self.predicted),
+            "target": _ints(self.target),
+            "predicted": _ints(self.predicted),
             "probabilities": [float(p) for p in self.probabilities],
             "scores": {m: [float(x) for x in s] for m, s in self.scores.items()},
             "layers": {m: [[float(x) for x in row] for row in s] for m, s in self.layers.items()},
@@ -208,8 +208,8 @@ class Explanation:
             text=d["text"],
             tokens=list(d["tokens"]),
             special=[bool(x) for x in d["special"]],
-            target=int(d["target"]),
-            predicted=int(d["predicted"]),
+            target=_ints(d["target"]),
+            predicted=_ints(d["predicted"]),
             probabilities=[float(p) for p in d["probabilities"]],
             scores={m: np.asarray(s, dtype=np.float64) for m, s in d.get("scores", {}).items()},
             layers={m: np.asarray(s, dtype=np.float64) for m, s in d.get("layers", {}).items()},
@@ -251,6 +251,10 @@ class Explanation:
         from .viz.html import explanations_html
 
         return explanations_html([self], methods=methods, **kwargs)
+
+
+def _ints(value: Any) -> int | list[int]:
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else int(value)
 
 
 def _is_continuation(token: str) -> bool:

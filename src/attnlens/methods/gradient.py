@@ -4,8 +4,8 @@
 default; ``abs=False`` gives the signed sum).
 
 ``saliency`` and ``inputxgradient`` read the embedding gradient of the shared pass by default (one backward for
-all methods); ``engine="captum"`` runs Captum's ``LayerGradientXActivation`` instead (the tests check both agree).
-``integratedgradients`` always runs Captum's ``LayerIntegratedGradients`` (its own passes).
+all methods); ``engine="captum"`` runs Captum's ``Saliency`` / ``InputXGradient`` instead (the tests check both agree).
+``integratedgradients`` always runs Captum's ``IntegratedGradients`` on the token embeddings (its own passes).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from captum.attr import LayerGradientXActivation, LayerIntegratedGradients
+from captum.attr import InputXGradient, IntegratedGradients, Saliency
 
 from ..context import BatchContext
 from ..errors import InputError
@@ -23,27 +23,51 @@ ENGINES = ("shared", "captum")
 BASELINES = ("auto", "pad", "mask", "unk")
 
 
-def _forward(ctx: BatchContext) -> tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]:
-    """A Captum forward function over ``input_ids`` returning the per-class values the target kind explains."""
+def _embedding_forward(ctx: BatchContext) -> tuple[Callable[..., torch.Tensor], torch.Tensor, tuple[torch.Tensor, ...]]:
+    """A Captum forward function over the input-token embeddings, returning each example's explained scalar.
+
+    The embeddings replace the first output of the model's embedding module (some models call that module again,
+    e.g. GPT-2 for token types, which must stay untouched). Token ids, the other inputs and the targets travel as
+    additional arguments, so Captum expands them together with the embeddings (IG's steps).
+    Returns the forward function, the embeddings of the batch and the additional arguments.
+    """
+    module = ctx.adapter.embedding_module(ctx.model)
     keys = [k for k in ctx.inputs if k != "input_ids"]
 
-    def forward(input_ids: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-        logits = ctx.model(input_ids=input_ids, **dict(zip(keys, rest, strict=True))).logits
-        if ctx.target_kind == "probability":
-            return logits.softmax(-1)
-        if ctx.target_kind == "loss":
-            return logits.log_softmax(-1)
-        return logits
+    def forward(embeddings: torch.Tensor, input_ids: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        kwargs = dict(zip(keys, rest[:-1], strict=True))
+        replaced = []
 
-    return forward, tuple(ctx.inputs[k] for k in keys)
+        def substitute(_module: torch.nn.Module, _args: object, output: torch.Tensor) -> torch.Tensor:
+            if replaced:
+                return output
+            replaced.append(True)
+            return embeddings
+
+        handle = module.register_forward_hook(substitute)
+        try:
+            logits = ctx.head.logits(ctx.model(input_ids=input_ids, **kwargs))
+        finally:
+            handle.remove()
+        mask = kwargs.get("attention_mask", torch.ones_like(input_ids))
+        return ctx.head.scalar(logits, rest[-1], ctx.target_kind, mask)
+
+    with torch.no_grad():
+        embeddings = module(ctx.inputs["input_ids"])
+    extra = (ctx.inputs["input_ids"],) + tuple(ctx.inputs[k] for k in keys) + (ctx.targets,)
+    return forward, embeddings, extra
 
 
-def _captum_layer_grads(ctx: BatchContext, multiply: bool, reduce: bool = True) -> torch.Tensor:
-    forward, extra = _forward(ctx)
-    method = LayerGradientXActivation(forward, ctx.adapter.embedding_module(ctx.model), multiply_by_inputs=multiply)
+def _captum_gradients(ctx: BatchContext, multiply: bool) -> torch.Tensor:
+    """Captum's Saliency (signed) or InputXGradient on the token embeddings: ``(B, N, D)``."""
+    forward, embeddings, extra = _embedding_forward(ctx)
+    embeddings.requires_grad_(True)
     with torch.enable_grad():
-        attr = method.attribute(ctx.inputs["input_ids"], target=ctx.targets, additional_forward_args=extra)
-    return attr.sum(-1).detach() if reduce else attr.detach()
+        if multiply:
+            attr = InputXGradient(forward).attribute(embeddings, additional_forward_args=extra)
+        else:
+            attr = Saliency(forward).attribute(embeddings, abs=False, additional_forward_args=extra)
+    return attr.detach()
 
 
 def _check_engine(engine: str) -> None:
@@ -62,10 +86,7 @@ def saliency(ctx: BatchContext, engine: str = "shared", abs: bool = True) -> Met
     # Captum's Saliency takes |gradient| by default, and so do we: when a LayerNorm follows the embeddings
     # (BERT & co.), the gradient w.r.t. the embedding sums to ~0 over dimensions, so the signed sum says nothing.
     _check_engine(engine)
-    if engine == "captum":
-        grads = _captum_layer_grads(ctx, multiply=False, reduce=False)
-    else:
-        grads = ctx.capture.embedding_grads
+    grads = _captum_gradients(ctx, multiply=False) if engine == "captum" else ctx.capture.embedding_grads
     return MethodOutput((grads.abs() if abs else grads).sum(-1), space="tokens")
 
 
@@ -79,7 +100,7 @@ def saliency(ctx: BatchContext, engine: str = "shared", abs: bool = True) -> Met
 def inputxgradient(ctx: BatchContext, engine: str = "shared") -> MethodOutput:
     _check_engine(engine)
     if engine == "captum":
-        return MethodOutput(_captum_layer_grads(ctx, multiply=True), space="tokens")
+        return MethodOutput(_captum_gradients(ctx, multiply=True).sum(-1), space="tokens")
     cap = ctx.capture
     return MethodOutput((cap.embedding_grads * cap.embeddings).sum(-1), space="tokens")
 
@@ -112,19 +133,19 @@ def baseline_ids(ctx: BatchContext, baseline: str) -> torch.Tensor:
     "integratedgradients",
     needs={OWN_PASS},
     summary="Integrated gradients on the input token embeddings from a baseline of padding tokens.",
-    citation="Sundararajan et al. 2017; Captum LayerIntegratedGradients",
+    citation="Sundararajan et al. 2017; Captum IntegratedGradients",
     options={"n_steps": 50, "internal_batch_size": 128, "baseline": "auto"},
 )
 def integratedgradients(
     ctx: BatchContext, n_steps: int = 50, internal_batch_size: int = 128, baseline: str = "auto"
 ) -> MethodOutput:
-    forward, extra = _forward(ctx)
-    method = LayerIntegratedGradients(forward, ctx.adapter.embedding_module(ctx.model))
+    forward, embeddings, extra = _embedding_forward(ctx)
+    with torch.no_grad():
+        reference = ctx.adapter.embedding_module(ctx.model)(baseline_ids(ctx, baseline))
     with torch.enable_grad():
-        attr = method.attribute(
-            ctx.inputs["input_ids"],
-            baselines=baseline_ids(ctx, baseline),
-            target=ctx.targets,
+        attr = IntegratedGradients(forward).attribute(
+            embeddings,
+            baselines=reference,
             additional_forward_args=extra,
             n_steps=int(n_steps),
             internal_batch_size=int(internal_batch_size),
