@@ -215,12 +215,13 @@ def test_log_probability_target_starts_from_the_softmax_rule():
 
 
 # ---------------------------------------------------------------- the authors' rule set ("chefer")
-def test_zplus_rule_equals_explicit_formula():
+@pytest.mark.parametrize("shared", [True, False])
+def test_zplus_rule_equals_explicit_formula(shared):
     torch.manual_seed(4)
     lin = nn.Linear(5, 4)
     x = torch.randn(2, 5, requires_grad=True)
     rel_out = torch.rand(2, 4)
-    z = rules.zplus_linear(lin, x)
+    z = rules.zplus_linear(lin, x, shared=shared)
     torch.testing.assert_close(z, lin(x))
     (g,) = torch.autograd.grad(z, x, rel_out / z.detach())
     w, xd = lin.weight.detach(), x.detach()
@@ -229,11 +230,14 @@ def test_zplus_rule_equals_explicit_formula():
         for j in range(4):
             contrib = [max(xd[b, i] * w[j, i], 0.0) if xd[b, i] > 0 else (xd[b, i] * w[j, i] if w[j, i] < 0 else 0.0)
                        for i in range(5)]  # x+ W+ and x- W- terms: the positive contributions
-            denom = sum(contrib)
+            pos = sum(c for i, c in enumerate(contrib) if xd[b, i] > 0)
+            neg = sum(c for i, c in enumerate(contrib) if xd[b, i] <= 0)
             for i in range(5):
-                explicit[b, i] += contrib[i] * rel_out[b, j] / denom
+                denom = pos + neg if shared else (pos if xd[b, i] > 0 else neg)
+                explicit[b, i] += contrib[i] * rel_out[b, j] / denom if denom else 0.0
     torch.testing.assert_close(xd * g, explicit, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close((xd * g).sum(1), rel_out.sum(1))  # conservative, bias ignored
+    if shared:
+        torch.testing.assert_close((xd * g).sum(1), rel_out.sum(1))  # conservative, bias ignored
 
 
 def test_normalized_residual_splits_per_example():
@@ -264,17 +268,18 @@ def test_chefer_rules_conserve_relevance_one_with_biases(family):
 
 
 @pytest.mark.parametrize("family", ENCODERS)
-def test_chefer_rules_batch_invariance(family):
+@pytest.mark.parametrize("rule_set", ["chefer", "chefer-orig"])
+def test_chefer_rules_batch_invariance(family, rule_set):
     # Per-example normalisation of the residual rule: a batch equals its examples one by one (float64: the
     # identity rules divide by activations, which amplifies float32 rounding to ~1e-5 in ALBERT).
     model = make_model(family, num_labels=3).double()
     inputs = padded_batch(6)
-    res = lrp_pass(model, inputs, [2, 0, 1], rules="chefer")
+    res = lrp_pass(model, inputs, [2, 0, 1], rules=rule_set)
     pad = inputs["attention_mask"] == 0
     assert (res.input_relevance[pad] == 0).all()
     for b, t in enumerate([2, 0, 1]):
         n = int(inputs["attention_mask"][b].sum())
-        one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, t, rules="chefer")
+        one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, t, rules=rule_set)
         torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=1e-9, atol=1e-10)
         torch.testing.assert_close(res.attention_relevance[-1][b, :, :n, :n], one.attention_relevance[-1][0],
                                    rtol=1e-9, atol=1e-10)

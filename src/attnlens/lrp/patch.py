@@ -24,7 +24,8 @@ from ..errors import ModelError
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"
-RULE_SETS = ("attnlrp", "cp", "chefer")
+RULE_SETS = ("attnlrp", "cp", "chefer", "chefer-orig")
+CHEFER = ("chefer", "chefer-orig")  # the authors' rule sets (layers_ours.py, layers_lrp.py)
 
 # model_type -> a short description; the families whose stock modules the rules below cover.
 SUPPORTED = {
@@ -78,7 +79,8 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     true gradient, which in gradient x input form *is* AttnLRP's softmax rule ``R_x = x (R_s - s sum R_s)``.
     CP-LRP (Ali et al. 2022): the softmax input is cut from the graph, so all relevance goes through ``V``; the
     relevance reaching ``A`` is measured but not propagated further.
-    chefer: as AttnLRP but the softmax passes relevance through unchanged (identity), as in the authors' code.
+    chefer, chefer-orig: as AttnLRP but the softmax passes relevance through unchanged (identity), as in the
+    authors' code.
     """
     state = _active_state()
     if scaling is None:
@@ -88,7 +90,7 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     scores = (scores.detach() if cp else rules.sum_rule(scores, state.epsilon, 0.5)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask
-    if state.rules == "chefer":
+    if state.rules in CHEFER:
         probs = rules.pass_through(partial(nn.functional.softmax, dim=-1), scores)
     else:
         probs = nn.functional.softmax(scores, dim=-1)
@@ -139,9 +141,9 @@ def _tanh_head_forward(head: nn.Module, features: torch.Tensor, **kwargs) -> tor
 def _ln_forward(module: nn.LayerNorm, state: PassState, record: bool, x: torch.Tensor) -> torch.Tensor:
     if record:  # the embeddings' LayerNorm: its input is word + position (+ segment) embeddings
         state.embedding_sum = x
-    if state.rules != "chefer":
+    if state.rules not in CHEFER:
         return rules.layer_norm(module, x)
-    branch = state.branches.pop(id(module), None)
+    branch = state.branches.pop(id(module), None)  # recorded for rules="chefer" only
     if branch is not None:  # x = skip + branch: the authors' normalised residual rule, per example
         if branch.shape != x.shape:
             raise ModelError(f"LRP rules='chefer': unexpected residual branch shape {tuple(branch.shape)}")
@@ -209,8 +211,8 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
         for module in model.modules():
             if isinstance(module, nn.LayerNorm):
                 patch(module, partial(_ln_forward, module, state, module is emb_ln))
-            elif isinstance(module, nn.Linear) and state.rules == "chefer":
-                patch(module, partial(rules.zplus_linear, module))
+            elif isinstance(module, nn.Linear) and state.rules in CHEFER:
+                patch(module, partial(rules.zplus_linear, module, shared=state.rules == "chefer"))
             elif isinstance(module, nn.Linear) and state.epsilon > 0:
                 patch(module, partial(rules.linear, module, eps=state.epsilon))
             elif isinstance(module, _ACTIVATIONS):

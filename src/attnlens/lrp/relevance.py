@@ -10,7 +10,7 @@ from torch import nn
 
 from ..context import TARGET_KINDS, target_scalar
 from ..errors import InputError, ModelError
-from .patch import PassState, lrp_mode
+from .patch import CHEFER, PassState, lrp_mode
 
 
 @dataclass
@@ -59,7 +59,8 @@ def lrp_pass(
             attention softmax.
         rules: ``"attnlrp"`` (Achtibat et al. 2024), ``"cp"`` (Ali et al. 2022: attention treated as constant) or
             ``"chefer"`` (the rules of Chefer et al.'s code: z+ Linear, identity LayerNorm and softmax, normalised
-            residuals, relevance 1 at the target logit whatever ``target_kind``; ``epsilon`` is not used).
+            residuals, relevance 1 at the target logit whatever ``target_kind``; ``epsilon`` is not used) or
+            ``"chefer-orig"`` (their original rules: z+ with two denominators, plain residual split).
         epsilon: stabiliser of the epsilon rule on Linear layers and attention matmuls (0: LRP-0).
         track_softmax: also return the relevance absorbed by the attention softmaxes (for conservation checks).
 
@@ -86,7 +87,7 @@ def lrp_pass(
         value = target_scalar(logits, tgt, target_kind)
         wrt = [state.word_embeddings, state.embedding_sum, *state.probs, *state.softmax_inputs]
         live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
-        if rules == "chefer":  # the authors start from relevance 1 at the target logit: gradient 1 / logit
+        if rules in CHEFER:  # the authors start from relevance 1 at the target logit: gradient 1 / logit
             value = logits.gather(1, tgt.view(-1, 1)).squeeze(1)
             picked = torch.zeros_like(logits).scatter(1, tgt.view(-1, 1), 1.0)
             start = picked / torch.where(logits == 0, torch.ones_like(logits), logits)

@@ -103,28 +103,36 @@ class _ZPlusLinear(torch.autograd.Function):
 
     As ``layers_ours.Linear.relprop`` of Chefer et al.: ``Z = W+ x+ + W- x-`` (no bias), ``S = R / Z``,
     ``R_x = x+ * (W+^T S) + x- * (W-^T S)``. Only positive contributions receive relevance and the bias none,
-    so the rule is conservative wherever ``Z != 0``.
+    so the rule is conservative wherever ``Z != 0``. With ``shared=False`` the two parts get separate
+    denominators, ``R / (W+ x+)`` and ``R / (W- x-)``, as in their ``layers_lrp.py`` ("original" rules), which
+    counts the relevance of a row twice when both parts are non-zero.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
+                shared: bool = True) -> torch.Tensor:
         z = F.linear(x, weight, bias)
         ctx.save_for_backward(x, weight, z)
+        ctx.shared = shared
         return z
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, weight, z = ctx.saved_tensors
         w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
-        denom = F.linear(x.clamp(min=0), w_pos) + F.linear(x.clamp(max=0), w_neg)
-        s = _safe_divide(z * grad, denom)  # relevance R_z = z * grad, divided by the positive pre-activation
-        grad_x = torch.where(x > 0, s @ w_pos, s @ w_neg)
-        return grad_x, None, None
+        z_pos, z_neg = F.linear(x.clamp(min=0), w_pos), F.linear(x.clamp(max=0), w_neg)
+        rel = z * grad  # relevance R_z arriving at the output
+        if ctx.shared:
+            s_pos = s_neg = _safe_divide(rel, z_pos + z_neg)
+        else:
+            s_pos, s_neg = _safe_divide(rel, z_pos), _safe_divide(rel, z_neg)
+        grad_x = torch.where(x > 0, s_pos @ w_pos, s_neg @ w_neg)
+        return grad_x, None, None, None
 
 
-def zplus_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``nn.Linear`` under the authors' z+ rule."""
-    return _ZPlusLinear.apply(x, module.weight, module.bias)
+def zplus_linear(module: nn.Linear, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
+    """``nn.Linear`` under the authors' z+ rule (``shared=False``: their original rules' two denominators)."""
+    return _ZPlusLinear.apply(x, module.weight, module.bias, shared)
 
 
 def pass_through(fn, x: torch.Tensor) -> torch.Tensor:
