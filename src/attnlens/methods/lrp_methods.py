@@ -12,7 +12,7 @@ import torch
 from ..context import BatchContext
 from ..errors import InputError
 from ..lrp import RULE_SETS, LRPResult, lrp_pass
-from .registry import ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, register
+from .registry import _REGISTRY, ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, register
 
 _LRP_OPTIONS = {"rules": "attnlrp", "epsilon": 0.0}
 
@@ -104,3 +104,7 @@ def attnlrp(ctx: BatchContext, input: str = "embeddings", rules: str = "attnlrp"
     res = shared_lrp(ctx, rules, epsilon)
     scores = res.input_relevance if input == "embeddings" else res.word_relevance
     return MethodOutput(scores, None, space="tokens")
+
+
+# The registered specs, e.g. for tests that register these methods only temporarily.
+SPECS = tuple(_REGISTRY[name] for name in ("partiallrp", "transatt", "attnlrp"))
