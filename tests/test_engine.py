@@ -372,3 +372,18 @@ def test_word_aggregation(family, tokenizer):
     assert np.isclose(words.scores["attcat"][i], e.scores["attcat"][j] + e.scores["attcat"][j + 1])
     assert np.isclose(e.to_words("max").scores["attcat"][i], max(e.scores["attcat"][j:j + 2]))
     assert np.isclose(e.to_words("mean").scores["attcat"][i], np.mean(e.scores["attcat"][j:j + 2]))
+
+
+def test_all_skips_methods_that_do_not_apply_but_explicit_requests_fail(tokenizer):
+    from attnlens import InputError
+
+    ex = explainer("gpt2", tokenizer)
+    with pytest.warns(UserWarning, match="skipping partiallrp, transatt, attnlrp"):
+        (e,) = ex.explain("the movie was great", methods="all", options={"integratedgradients": {"n_steps": 4}})
+    assert "partiallrp" not in e.scores and "attcat" in e.scores and "flow" in e.scores
+    with pytest.raises(InputError, match="LRP methods"):
+        ex.explain("the movie was great", methods=["attnlrp"])
+    cross = Explainer(make_model("bart"), tokenizer, attention="cross")
+    with pytest.warns(UserWarning, match="rollout"):
+        (c,) = cross.explain("the movie was great", methods="all", options={"integratedgradients": {"n_steps": 4}})
+    assert "rollout" not in c.scores and "gae" not in c.scores and "agrad" in c.scores

@@ -370,24 +370,32 @@ class Explainer:
         if target_kind not in TARGET_KINDS:
             raise InputError(f"target_kind={target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
         method_ids = resolve_methods(methods)
+        requested = list(method_ids)
         specs = [get_method(m) for m in method_ids]
+        words = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods or ["all"])
+        asked_all = "all" in words
+        reasons = {s.name: s.unsupported(self.model, self.stream, self.head.task) for s in specs}
+        if asked_all:  # "all" means every method that applies to this model
+            skipped = {m: r for m, r in reasons.items() if r}
+            if skipped:
+                warnings.warn(f"skipping {', '.join(skipped)}: " + "; ".join(dict.fromkeys(skipped.values())),
+                              stacklevel=2)
+            specs = [s for s in specs if s.name not in skipped]
+            method_ids = [s.name for s in specs]
+        else:
+            for s in specs:
+                if reasons[s.name]:
+                    raise InputError(reasons[s.name])
         options = dict(options or {})
         for name in options:
-            if name not in method_ids:
+            if name not in requested:
                 raise InputError(f"options given for {name!r}, which is not among the requested methods")
         method_options = {s.name: s.check_options(dict(options.get(s.name, {}))) for s in specs}
-        for s in specs:
-            if s.self_attention_only and self.stream == "cross":
-                raise InputError(f"method {s.name!r} needs self-attention; it is not defined for attention='cross'")
         if target_kind == "loss" and target is None:
             raise InputError("target_kind='loss' explains the loss against given labels: pass them as target=")
         needs = set().union(*(s.needs for s in specs))
         gradients = GRADIENTS in needs
 
-        if self.head.task == "qa":
-            for s in specs:
-                if s.lrp:
-                    raise InputError(f"method {s.name!r} supports sequence classifiers only, not QA models")
         encoded = self.encode(texts, truncation=truncation)
         targets = self._resolve_targets(target, len(encoded))
         if self.head.task == "qa":

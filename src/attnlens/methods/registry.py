@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, UnknownMethodError
+from ..errors import InputError, ModelError, UnknownMethodError
 
 # What a method can ask the shared pass for.
 ATTENTION = "attention"  # attention probabilities of the chosen stream
@@ -52,6 +52,21 @@ class Method:
     self_attention_only: bool = False
     lrp: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+
+    def unsupported(self, model: Any, stream: str, task: str) -> str | None:
+        """Why this method cannot explain ``model`` (with this attention stream and task), or ``None``."""
+        if self.self_attention_only and stream == "cross":
+            return f"{self.name} needs self-attention; it is not defined for attention='cross'"
+        if self.lrp:
+            if task != "classification":
+                return f"{self.name} supports sequence classifiers only, not {task} models"
+            from ..lrp.patch import check_supported
+
+            try:
+                check_supported(model)
+            except ModelError as exc:
+                return str(exc)
+        return None
 
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """Defaults merged with ``options``; unknown option names raise :class:`InputError`."""
