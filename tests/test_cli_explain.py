@@ -53,11 +53,16 @@ def test_json_pairs_target_and_out_file(model_dir, tmp_path):
     assert all(d["target"] == 1 for d in data)
 
 
-def test_terminal_and_html(model_dir, tmp_path, capsys):
+def test_terminal_html_and_plot(model_dir, tmp_path, capsys):
     html = tmp_path / "page.html"
+    png = tmp_path / "heatmap.png"
     code = main(["explain", "the movie was <script>alert(1)</script> great", "--model", model_dir,
-                 "--methods", "rollout,attcat", "--html", str(html), "--words"])
+                 "--methods", "rollout,attcat", "--html", str(html), "--words", "--plot", str(png)])
     assert code == 0
+    import matplotlib.image
+
+    image = matplotlib.image.imread(png)
+    assert image.shape[0] > 100 and image.shape[1] > 300 and image[..., :3].std() > 0.05  # a real picture
     out = capsys.readouterr().out
     assert "attcat" in out and "rollout" in out
     page = html.read_text()

@@ -78,6 +78,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--format", default="terminal", choices=FORMATS)
     p.add_argument("--out", help="output file (json/jsonl/html; default: stdout, or explanations.html for html)")
     p.add_argument("--html", metavar="PATH", help="also write an HTML page (with --format terminal)")
+    p.add_argument("--plot", metavar="PATH", help="also save a token heatmap of the first input (.png or .svg)")
     p.add_argument("--words", action="store_true", help="aggregate subword scores to words (sum)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens")
@@ -130,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             for e in exps:
                 sys.stdout.write(json.dumps(e.to_dict()) + "\n")
+    if args.plot:
+        from ..viz.plots import plot_token_heatmap
+
+        plot_token_heatmap(exps[0], path=args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     html_path = args.out if args.format == "html" else args.html
     if args.format == "html" and html_path is None:
         html_path = "explanations.html"
