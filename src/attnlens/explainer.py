@@ -494,10 +494,13 @@ class Explainer:
             "options": {k: v for k, v in method_options.items() if v},
             "attnlens": __version__,
         }
+        # one device->host copy per method and batch, then cheap numpy slices per example
+        host = {m: (s.double().cpu().numpy(), None if lay is None else lay.double().cpu().numpy())
+                for m, (s, lay) in out.items()}
         for b, e in enumerate(batch):
             n = len(e.ids)
-            scores = {m: s[b, :n].double().cpu().numpy() for m, (s, _) in out.items()}
-            layers = {m: lay[b, :, :n].double().cpu().numpy() for m, (_, lay) in out.items() if lay is not None}
+            scores = {m: s[b, :n].copy() for m, (s, _) in host.items()}
+            layers = {m: lay[b, :, :n].copy() for m, (_, lay) in host.items() if lay is not None}
             if self.head.task == "qa":  # probabilities of the explained start and end positions
                 probabilities = [float(probs[b, chosen[b][0], 0]), float(probs[b, chosen[b][1], 1])]
             else:
