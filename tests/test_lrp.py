@@ -16,11 +16,8 @@ from attnlens.methods import registry
 
 @pytest.fixture(autouse=True)
 def lrp_methods_registered():
-    """Register partiallrp/transatt/attnlrp for one test and restore the registry afterwards.
-
-    Until ``methods/builtin.py`` imports ``lrp_methods`` (the engine must first skip LRP methods in "all" for
-    models LRP does not support), importing it at collection time would put them in every other test's "all".
-    """
+    """Make sure partiallrp/transatt/attnlrp are registered during the test and restore the registry afterwards,
+    so these tests neither depend on ``methods/builtin.py`` nor change what other tests' ``"all"`` means."""
     before = dict(registry._REGISTRY)
     from attnlens.methods import lrp_methods
 
