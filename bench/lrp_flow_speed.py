@@ -10,55 +10,21 @@ Run: ``OMP_WAIT_POLICY=PASSIVE python bench/lrp_flow_speed.py [model_dir] [--n N
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
+
+import argparse  # noqa: E402
 from pathlib import Path
 
 import torch
+from common import MODEL, SST2_DEV, batch_inputs, engine_batches, plain_forward_backward, read_texts, timed
 
-import attnlens.methods.lrp_methods  # noqa: F401  (registers the LRP methods)
 from attnlens import Explainer
 from attnlens.lrp import lrp_pass
 from attnlens.methods import get_method
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = ROOT.parent / "shared" / "models" / "minilm-sst2"
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "sst2" / "dev.jsonl"
 LRP_METHODS = ["partiallrp", "transatt", "attnlrp"]
-
-
-def _batches(ex: Explainer, texts: list[str], batch_size: int) -> list[list]:
-    encoded = ex.encode(texts)
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))  # as Explainer.explain batches
-    return [[encoded[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
-
-
-def _plain_forward_backward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> float:
-    """Seconds for one forward and one backward (target logits w.r.t. the embeddings), eager attention."""
-    emb = model.get_input_embeddings()
-    leaf: dict[str, torch.Tensor] = {}
-
-    def hook(_m, _i, out):
-        leaf["x"] = out.detach().requires_grad_(True)
-        return leaf["x"]
-
-    handle = emb.register_forward_hook(hook)
-    try:
-        start = time.perf_counter()
-        logits = model(**inputs).logits
-        target = logits.gather(1, logits.detach().argmax(-1, keepdim=True)).sum()
-        torch.autograd.grad(target, leaf["x"])
-        return time.perf_counter() - start
-    finally:
-        handle.remove()
-
-
-def _timed(fn, *args) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
 
 
 def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_texts: int = 200) -> dict:
@@ -69,24 +35,24 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
     """
     ex = Explainer.from_pretrained(model_dir)
     model = ex.model.eval()
-    batches = _batches(ex, texts, batch_size)
+    batches = engine_batches(ex, texts, batch_size)
     specs = [get_method(m) for m in LRP_METHODS]
     opts = {s.name: s.check_options({}) for s in specs}
     flow_spec, raw_spec = get_method("flow"), get_method("rawatt")
     totals = dict.fromkeys(("plain", "lrp_pass", "lrp_methods", "flow", "forward_only"), 0.0)
     n_flow = 0
     for i, batch in enumerate([batches[0]] + batches):  # the first run is a warm-up
-        inputs, _ = ex._inputs([e.ids for e in batch], [e.type_ids for e in batch])
+        inputs = batch_inputs(ex, batch)
         with torch.no_grad():
             targets = model(**inputs).logits.argmax(-1)
         t = {
-            "plain": _plain_forward_backward(model, inputs),
-            "lrp_pass": _timed(lrp_pass, model, inputs, targets),
-            "lrp_methods": _timed(ex.compute_batch, batch, [-1] * len(batch), specs, opts),
+            "plain": plain_forward_backward(model, inputs),
+            "lrp_pass": timed(lrp_pass, model, inputs, targets),
+            "lrp_methods": timed(ex.compute_batch, batch, [-1] * len(batch), specs, opts),
         }
         if n_flow < flow_texts:
-            t["flow"] = _timed(ex.compute_batch, batch, [-1] * len(batch), [flow_spec], {"flow": {}})
-            t["forward_only"] = _timed(ex.compute_batch, batch, [-1] * len(batch), [raw_spec], {"rawatt": {}})
+            t["flow"] = timed(ex.compute_batch, batch, [-1] * len(batch), [flow_spec], {"flow": {}})
+            t["forward_only"] = timed(ex.compute_batch, batch, [-1] * len(batch), [raw_spec], {"rawatt": {}})
             n_flow += len(batch) if i else 0
         if i:
             for k, v in t.items():
@@ -111,15 +77,12 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model_dir", nargs="?", default=str(DEFAULT_MODEL))
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="JSONL file with a 'text' field")
+    parser.add_argument("model_dir", nargs="?", default=str(MODEL))
+    parser.add_argument("--data", default=str(SST2_DEV), help="JSONL file with a 'text' field")
     parser.add_argument("--n", type=int, default=None, help="use the first N texts (default: all)")
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    with open(args.data, encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for line in f if line.strip()]
-    texts = texts[: args.n] if args.n else texts
+    texts = read_texts(args.data, args.n)
     figures = run(args.model_dir, texts, args.batch_size)
     for key, value in figures.items():
         print(f"{key:28s} {value:.4g}" if isinstance(value, float) else f"{key:28s} {value}")

@@ -11,22 +11,6 @@ from torch import nn
 from attnlens import Explainer
 from attnlens.errors import AttnLensError, InputError, ModelError
 from attnlens.lrp import lrp_pass, rules, supports
-from attnlens.methods import registry
-
-
-@pytest.fixture(autouse=True)
-def lrp_methods_registered():
-    """Make sure partiallrp/transatt/attnlrp are registered during the test and restore the registry afterwards,
-    so these tests neither depend on ``methods/builtin.py`` nor change what other tests' ``"all"`` means."""
-    before = dict(registry._REGISTRY)
-    from attnlens.methods import lrp_methods
-
-    for spec in lrp_methods.SPECS:
-        registry._REGISTRY.setdefault(spec.name, spec)
-    yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(before)
-
 
 TEXTS = ["the movie was great", "i really didn ' t like this boring plot , but the actors were charming", "awful"]
 
