@@ -178,8 +178,8 @@ def test_bad_requests(tmp_path):
     three = Dataset("toy3", "dev", "pair", ds.examples, ["a", "b", "c"])
     with pytest.raises(InputError, match="3 classes"):
         run_benchmark(FakeExplainer(), three, tmp_path, methods="grads", predict=linear_predict)
-    qa = Dataset("squad", "dev", "qa", [Example("q", ["q?", "ctx"], None, [])])
-    with pytest.raises(InputError, match="question answering"):
+    qa = Dataset("squad", "dev", "qa", [Example("q", ["q?", "ctx"], None, [])])  # with a classifier
+    with pytest.raises(InputError, match="QA data set but the model is a sequence classifier"):
         run_benchmark(FakeExplainer(), qa, tmp_path, methods="grads")
 
 
@@ -259,3 +259,81 @@ def test_model_predictor_on_a_tiny_bert():
     assert ids_only(vs[:2]).shape == (2, 2)
     with pytest.raises(InputError, match="ids only"):
         ids_only(vs[2:])
+
+
+TOKENIZER = MODEL  # the reference model's WordPiece tokenizer (a fast tokenizer with offsets)
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason="reference tokenizer not found")
+def test_qa_precision_at_k_with_a_tiny_qa_model(tmp_path):
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
+
+    from attnlens.explainer import Explainer
+    from attnlens.explanation import load_explanations
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=32, attn_implementation="eager")
+    ex = Explainer(BertForQuestionAnswering(cfg), tok)
+    ctx = "The Normans were a people who in the 10th and 11th centuries gave their name to Normandy in France."
+    examples = [
+        Example("a", ["In what country is Normandy located?", ctx], None,
+                [{"text": "France", "answer_start": ctx.index("France")}]),
+        Example("b", ["When were the Normans in Normandy?", ctx], None,
+                [{"text": "10th and 11th centuries", "answer_start": ctx.index("10th")}]),
+        Example("c", ["Who ruled Mars?", ctx], None, []),  # unanswerable (SQuAD v2)
+    ]
+    ds = Dataset("squad_v2", "dev", "qa", examples)
+    summary = run_benchmark(ex, ds, tmp_path, methods="all", progress=False, config=EvalConfig(precision_k=5))
+    assert list(summary["metrics"]) == ["precision_at_k"]
+    assert "partiallrp" not in summary["methods"] and "attcat" in summary["methods"]  # LRP: classifiers only
+    exps = [e for e in load_explanations(tmp_path / "explanations.jsonl") if e.meta["benchmark_role"] == "explained"]
+    rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]
+    sizes = []
+    for m in ("attcat", "grads"):
+        values = []
+        for e, exm in zip(exps, examples):
+            row = next(r for r in rows if r["method"] == m and r["id"] == exm.id)
+            if not exm.answers:
+                assert row["metrics"]["precision_at_k"] is None
+                continue
+            a = exm.answers[0]
+            lo, hi = a["answer_start"], a["answer_start"] + len(a["text"])
+            gold = {i for i, (s, t) in enumerate(e.offsets)
+                    if e.sequence_ids[i] == 1 and not e.special[i] and s < hi and t > lo}
+            answer = " ".join(e.tokens[i] for i in sorted(gold)).replace(" ##", "")
+            assert answer in ("france", "10th and 11th centuries")
+            scores = e.scores[m]
+            top = sorted((i for i in range(len(scores)) if not e.special[i]), key=lambda i: -scores[i])[:5]
+            values.append(len(gold & set(top)))
+            sizes.append(len(gold))
+            assert row["metrics"]["precision_at_k"] == values[-1]
+        assert summary["results"][m]["precision_at_k"] == pytest.approx(np.mean(values))
+    assert summary["curves"]["precision_at_k"]["answer_tokens"] == pytest.approx(np.mean(sizes))
+    with pytest.raises(InputError, match="precision_at_k only"):
+        run_benchmark(ex, ds, tmp_path / "x", methods="grads", metrics="aopc", progress=False)
+    with pytest.raises(InputError, match="classification data set but the model is an extractive QA"):
+        run_benchmark(ex, dataset(), tmp_path / "y", methods="grads", progress=False)
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason="reference tokenizer not found")
+def test_qa_command(tmp_path, capsys):
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32)
+    BertForQuestionAnswering(cfg).save_pretrained(tmp_path / "qa")
+    tok.save_pretrained(tmp_path / "qa")
+    ctx = "Paris is the capital of France."
+    (tmp_path / "mini.json").write_text(json.dumps({"data": [{"paragraphs": [{"context": ctx, "qas": [
+        {"id": "q1", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 24}]}]}]}]}))
+    rc = _cli(["--model", str(tmp_path / "qa"), "--dataset", str(tmp_path / "mini.json"), "--methods", "grads,attcat",
+               "--k", "3", "--out", str(tmp_path / "res"), "--quiet"])
+    assert rc == 0 and "precision_at_k" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    assert summary["config"]["precision_k"] == 3 and summary["curves"]["precision_at_k"]["answer_tokens"] == 1

@@ -27,14 +27,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, help="model directory (or hub id when online)")
     p.add_argument("--dataset", required=True,
-                   help="sst2, imdb, yelp_polarity, amazon_polarity, mnli, qqp, or a .jsonl file of the same shape")
+                   help="sst2, imdb, yelp_polarity, amazon_polarity, mnli, qqp, squad, squad_v2, or a file of the "
+                   "same shape")
     p.add_argument("--split", default=None, help="split (default: the data set's evaluation split)")
     p.add_argument("--data-root", default=None, help="local data folder (default: $ATTNLENS_DATA or ../shared/data)")
     p.add_argument("--methods", default="all", help="'all' or comma-separated method ids")
     p.add_argument("--no-lrp", action="store_true", help="leave out LRP-based methods when --methods all")
-    p.add_argument("--metrics", default="aopc,lodds,kendall",
+    p.add_argument("--metrics", default=None,
                    help="comma-separated: aopc, lodds, comprehensiveness, sufficiency, occlusion, kendall, "
-                   "consistency; or 'all'")
+                   "consistency; or 'all' (default aopc,lodds,kendall; on squad/squad_v2: precision_at_k)")
     p.add_argument("--protocol", choices=["paper", "attcat-code"], default="paper",
                    help="'paper' follows the published equations; 'attcat-code' reproduces the AttCAT code")
     p.add_argument("--limit", type=int, default=None, help="evaluate a seeded random subset of N examples")
@@ -43,6 +44,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--occlusion-step", type=int, default=2, help="step of the occlusion curves")
     p.add_argument("--occlusion-drop", choices=["mask", "delete"], default="mask",
                    help="drop tokens by attention mask 0 (seed 000) or by deleting them")
+    p.add_argument("--k", type=int, default=20, help="K of precision@K (QA)")
     p.add_argument("--attention", default=None, help="BART-like models: encoder, decoder or cross")
     p.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
     p.add_argument("--batch-size", type=int, default=32, help="inputs per explanation batch")
@@ -78,11 +80,15 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
             raise InputError('--options must map method ids to option objects, e.g. {"attcat": {"alpha": "cls"}}')
     dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
-    explainer = Explainer.from_pretrained(args.model, attention=args.attention, max_length=args.max_length)
+    if dataset.task == "qa":
+        explainer = _qa_explainer(args)
+    else:
+        explainer = Explainer.from_pretrained(args.model, attention=args.attention, max_length=args.max_length)
     methods: Any = args.methods
     if args.no_lrp and methods == "all":
         methods = list_methods(include_lrp=False)
     config = EvalConfig(
+        precision_k=args.k,
         protocol=args.protocol,
         pad_token_id=explainer.pad_id,
         occlusion_counts=tuple(range(0, args.occlusion_max + 1, args.occlusion_step)),
@@ -99,3 +105,19 @@ def run(args: argparse.Namespace) -> int:
     t = summary["timing"]
     print(f"{summary['n_examples']} examples in {t.get('seconds', 0):.1f} s; results in {out}/")
     return 0
+
+
+def _qa_explainer(args: argparse.Namespace) -> Any:
+    """An explainer of an extractive QA model (``AutoModelForQuestionAnswering``)."""
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    from ..errors import ModelError
+    from ..explainer import Explainer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForQuestionAnswering.from_pretrained(args.model, attn_implementation="eager")
+    except (OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0]
+        raise ModelError(f"could not load {args.model!r} as an extractive QA model: {first}") from exc
+    return Explainer(model, tokenizer, attention=args.attention, max_length=args.max_length, name=args.model)

@@ -485,8 +485,7 @@ def score_examples(
     objs = [METRICS[m](config) for m in metrics if m in METRICS]
     cache = {} if cache is None else cache
     needed: list[Variant] = []
-    for it in items:
-        needed.append(it.base)
+    for it in items:  # the metrics that perturb ask for the unperturbed input themselves
         for metric in objs:
             if not metric.applies(it):
                 continue

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from .metrics import (
     METRICS,
     EvalConfig,
     Item,
+    answer_token_positions,
     consistency,
     kendall_other_classes,
     metric_info,
@@ -173,17 +175,21 @@ def run_benchmark(
     """
     from ..methods.registry import resolve_methods
 
-    if dataset.task == "qa":
+    model_task = getattr(getattr(explainer, "head", None), "task", "classification")
+    qa = dataset.task == "qa"
+    if qa != (model_task == "qa"):
         raise InputError(
-            "question answering needs an explainer for extractive-QA models, which attnlens does not have yet; "
-            "benchmark a classification data set (precision@K is available as attnlens.evaluation.precision_at_k)"
+            f"dataset {dataset.name} is {'a QA' if qa else 'a classification'} data set but the model is "
+            f"{'an extractive QA model' if model_task == 'qa' else 'a sequence classifier'}"
         )
-    method_ids = resolve_methods(methods)
-    metric_ids = resolve_metrics(metrics)
-    if "precision_at_k" in metric_ids:
-        raise InputError("precision_at_k needs a QA data set and model")
+    method_ids = _applicable_methods(methods, explainer, resolve_methods)
+    metric_ids = resolve_metrics(("precision_at_k" if qa else None) if metrics is None else metrics)
+    if qa and metric_ids != ["precision_at_k"]:
+        raise InputError("on QA data sets the benchmark measures precision_at_k only (--metrics precision_at_k)")
+    if not qa and "precision_at_k" in metric_ids:
+        raise InputError("precision_at_k needs a QA data set and an extractive QA model")
     n_classes = int(explainer.model.config.num_labels)
-    if dataset.labels and len(dataset.labels) != n_classes:
+    if not qa and dataset.labels and len(dataset.labels) != n_classes:
         raise InputError(
             f"dataset {dataset.name} has {len(dataset.labels)} classes ({', '.join(dataset.labels)}) but the model "
             f"has {n_classes}"
@@ -272,6 +278,32 @@ def run_benchmark(
     return summary
 
 
+def _applicable_methods(methods: Any, explainer: Any, resolve: Callable[[Any], list[str]]) -> list[str]:
+    """Checked method ids; ``"all"`` keeps only the methods that apply to this model (with a warning)."""
+    from ..methods.registry import get_method
+
+    ids = resolve(methods)
+    words = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods)
+    if "all" not in words:
+        return ids
+    task = getattr(getattr(explainer, "head", None), "task", "classification")
+    stream = getattr(explainer, "stream", "self")
+    skipped = {}
+    for m in ids:
+        check = getattr(get_method(m), "unsupported", None)
+        reason = check(explainer.model, stream, task) if check is not None else None
+        if reason:
+            skipped[m] = reason
+    if skipped:
+        warnings.warn(f"skipping {', '.join(skipped)}: " + "; ".join(dict.fromkeys(skipped.values())), stacklevel=3)
+    return [m for m in ids if m not in skipped]
+
+
+def _tkey(target: Any) -> Any:
+    """Hashable form of a target: a class index, or a (start, end) pair for QA."""
+    return tuple(int(t) for t in target) if isinstance(target, (list, tuple)) else int(target)
+
+
 def _pad_id(explainer: Any) -> int | None:
     tok = getattr(explainer, "tokenizer", None)
     pid = getattr(tok, "pad_token_id", None)
@@ -286,12 +318,12 @@ def _complete_examples(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -
     return {i for i, s in seen.items() if need <= s}
 
 
-def _explanation_cache(rows: Sequence[dict[str, Any]]) -> dict[tuple[int, str, int], Explanation]:
+def _explanation_cache(rows: Sequence[dict[str, Any]]) -> dict[tuple[int, str, Any], Explanation]:
     out = {}
     for r in rows:
         meta = r.get("meta") or {}
         if "example_index" in meta:
-            out[(int(meta["example_index"]), meta.get("benchmark_role", "explained"), int(r["target"]))] = (
+            out[(int(meta["example_index"]), meta.get("benchmark_role", "explained"), _tkey(r["target"]))] = (
                 Explanation.from_dict(r)
             )
     return out
@@ -333,7 +365,7 @@ def _explain_chunk(
         for i, e in zip(missing, exps):
             e.meta = {**e.meta, "example_index": i, "example_id": dataset[i].id, "benchmark_role": "explained"}
             main[i] = e
-            cached[(i, "explained", e.target)] = e
+            cached[(i, "explained", _tkey(e.target))] = e
             rows.append(e.to_dict())
         _append_jsonl(exp_path, rows)
     others: dict[int, dict[int, Explanation]] = {i: {} for i in chunk}
@@ -360,7 +392,12 @@ def _explain_chunk(
                 cached[(i, "other", c)] = e
                 rows.append(e.to_dict())
             _append_jsonl(exp_path, rows)
-    return [Item(main[i], dataset[i].label, i, others[i]) for i in chunk]
+    items = []
+    for i in chunk:
+        answers = dataset[i].answers
+        spans = answer_token_positions(main[i], answers) if answers else None  # unanswerable: no value
+        items.append(Item(main[i], dataset[i].label, i, others[i], spans))
+    return items
 
 
 def _example_rows(dataset: Dataset, items: Sequence[Item], scores: Sequence[Any], methods: Sequence[str]) -> list[dict]:
@@ -475,6 +512,14 @@ def summarize(
                       if r.get("details", {}).get("aopc") is not None and len(r["details"]["aopc"]) == len(fractions)]
             drop = [float(np.mean(col)) for col in zip(*levels)] if levels else []
             curves["aopc"][m] = {"fractions": fractions, "drop": drop}
+    if "precision_at_k" in metric_names:
+        spans = [r["details"]["precision_at_k"] for r in by_method[settings.methods[0]]
+                 if r.get("details", {}).get("precision_at_k") is not None] if settings.methods else []
+        curves["precision_at_k"] = {
+            "k": config.precision_k,
+            "answer_tokens": _mean(spans),
+            "perfect": _mean([min(n, config.precision_k) for n in spans]),
+        }
     n_correct = sum(1 for b in baselines if b["label"] is not None and b["predicted"] == b["label"])
     n_labelled = sum(1 for b in baselines if b["label"] is not None)
     summary = {
