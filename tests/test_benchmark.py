@@ -337,3 +337,14 @@ def test_qa_command(tmp_path, capsys):
     assert rc == 0 and "precision_at_k" in capsys.readouterr().out
     summary = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert summary["config"]["precision_k"] == 3 and summary["curves"]["precision_at_k"]["answer_tokens"] == 1
+
+
+def test_gold_target_explains_the_label_but_tracks_the_prediction(tmp_path):
+    summary, _ = bench(tmp_path, target="gold")
+    rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]
+    assert all(r["target"] == r["label"] for r in rows) and any(r["target"] != r["predicted"] for r in rows)
+    assert json.loads((tmp_path / "run.json").read_text())["settings"]["target"] == "gold"
+    with pytest.raises(InputError, match="other settings"):
+        bench(tmp_path)  # same directory, other target
+    with pytest.raises(InputError, match="'predicted' or 'gold'"):
+        bench(tmp_path / "x", target="label")

@@ -44,6 +44,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--occlusion-step", type=int, default=2, help="step of the occlusion curves")
     p.add_argument("--occlusion-drop", choices=["mask", "delete"], default="mask",
                    help="drop tokens by attention mask 0 (seed 000) or by deleting them")
+    p.add_argument("--target", choices=["predicted", "gold"], default="predicted",
+                   help="explain the predicted class or the gold label (seed 000 explains the gold label)")
+    p.add_argument("--target-kind", choices=["logit", "probability", "loss"], default="logit",
+                   help="explain the logit, the probability, or the loss (log-probability) of the target")
     p.add_argument("--k", type=int, default=20, help="K of precision@K (QA)")
     p.add_argument("--attention", default=None, help="BART-like models: encoder, decoder or cross")
     p.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
@@ -99,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     summary = run_benchmark(
         explainer, dataset, out, methods=methods, metrics=args.metrics, config=config,
         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, resume=not args.overwrite,
-        progress=not args.quiet, explain_options=options, model_name=args.model,
+        progress=not args.quiet, explain_options=options, model_name=args.model, target=args.target,
+        target_kind=args.target_kind,
     )
     print((out / "table.md").read_text(encoding="utf-8"))
     t = summary["timing"]

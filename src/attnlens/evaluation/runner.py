@@ -128,6 +128,7 @@ class BenchmarkSettings:
     config: dict[str, Any]
     explain_options: dict[str, Any]
     target_kind: str
+    target: str = "predicted"
 
     def key(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -148,6 +149,7 @@ def run_benchmark(
     progress: bool = True,
     explain_options: dict[str, dict[str, Any]] | None = None,
     target_kind: str = "logit",
+    target: str = "predicted",
     model_name: str | None = None,
     predict: Predict | None = None,
     stop_after: int | None = None,
@@ -166,6 +168,10 @@ def run_benchmark(
         chunk_size: examples per unit of work written to disk.
         resume: continue a previous run in ``out_dir`` (it must have the same settings); ``False`` starts over.
         progress: show a progress bar with an ETA.
+        target_kind: what the explanations are of: ``"logit"``, ``"probability"`` or ``"loss"`` (log-probability
+            of the explained class; seed 000's AGrad uses the loss of the gold label).
+        target: explain the ``"predicted"`` class (default) or the ``"gold"`` label (seed 000, and always under
+            ``protocol="attcat-code"``). Metrics that track a class still track ŷ under ``protocol="paper"``.
         stop_after: stop after this many newly processed examples (simulates an interruption; for tests).
         predict: scorer of perturbed inputs (default: :class:`ModelPredictor` on ``explainer.model``, SDPA
             attention, no gradients).
@@ -182,6 +188,8 @@ def run_benchmark(
             f"dataset {dataset.name} is {'a QA' if qa else 'a classification'} data set but the model is "
             f"{'an extractive QA model' if model_task == 'qa' else 'a sequence classifier'}"
         )
+    if target not in ("predicted", "gold"):
+        raise InputError(f"target must be 'predicted' or 'gold', got {target!r}")
     method_ids = _applicable_methods(methods, explainer, resolve_methods)
     metric_ids = resolve_metrics(("precision_at_k" if qa else None) if metrics is None else metrics)
     if qa and metric_ids != ["precision_at_k"]:
@@ -202,15 +210,16 @@ def run_benchmark(
         model=model_name or str(getattr(explainer, "name", type(explainer.model).__name__)),
         dataset=dataset.name, split=dataset.split, example_ids=[e.id for e in dataset],
         methods=method_ids, metrics=metric_ids, config=dataclasses.asdict(config),
-        explain_options=dict(explain_options or {}), target_kind=target_kind,
+        explain_options=dict(explain_options or {}), target_kind=target_kind, target=target,
     )
     run_file = out / "run.json"
     previous_seconds = 0.0
     if resume and run_file.exists():
         prev = json.loads(run_file.read_text(encoding="utf-8"))
         now = json.loads(json.dumps(settings.key()))
-        if prev.get("settings") != now:
-            diff = [k for k in now if prev.get("settings", {}).get(k) != now[k]]
+        before = {"target": "predicted", **prev.get("settings", {})}  # runs made before the target option
+        if before != now:
+            diff = [k for k in now if before.get(k) != now[k]]
             raise InputError(
                 f"{out} holds results made with other settings ({', '.join(diff)}); use another --out or --overwrite"
             )
@@ -250,7 +259,8 @@ def run_benchmark(
                 chunk = chunk[: stop_after - processed]
             t0 = time.perf_counter()
             items = _explain_chunk(explainer, dataset, chunk, method_ids, kendall_methods, cached, exp_path,
-                                   config, n_classes, batch_size, explain_options, target_kind)
+                                   config, n_classes, batch_size, explain_options, target_kind,
+                                   gold=target == "gold")
             t1 = time.perf_counter()
             scores = score_examples(items, method_ids, metric_ids, predict, config, class_specific)
             _append_jsonl(ex_path, _example_rows(dataset, items, scores, method_ids))
@@ -342,9 +352,10 @@ def _explain_chunk(
     batch_size: int,
     options: dict[str, dict[str, Any]] | None,
     target_kind: str,
+    gold: bool = False,
 ) -> list[Item]:
     """Explanations of the chunk (from the cache or computed and appended to it) as metric items."""
-    gold_target = config.protocol == "attcat-code"
+    gold_target = gold or config.protocol == "attcat-code"
 
     def wanted_target(i: int) -> int | None:
         return dataset[i].label if gold_target else None
