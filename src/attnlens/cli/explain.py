@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..data import iter_jsonl
 from ..errors import InputError, ModelError
 
 FORMATS = ("terminal", "html", "json", "jsonl")
@@ -37,22 +38,15 @@ def read_texts(path: str) -> list[Any]:
     if p.is_dir():
         raise InputError(f"--file {path}: is a directory")
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"--file {path}: cannot read it ({exc})") from None
-    lines = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
     if not lines:
         raise InputError(f"--file {path}: the file holds no texts")
-    if not lines[0][1].lstrip().startswith("{"):
-        return [line.strip() for _, line in lines]
+    if not lines[0].lstrip().startswith("{"):
+        return [line.strip() for line in lines]
     texts: list[Any] = []
-    for number, line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--file {path}, line {number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise InputError(f"--file {path}, line {number}: expected a JSON object")
+    for number, row in iter_jsonl(p, what=f"--file {path}"):
         if isinstance(row.get("text"), str):
             texts.append(row["text"])
         elif isinstance(row.get("text_a"), str) and isinstance(row.get("text_b"), str):

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..batching import length_sorted_chunks, pad_batch
 from ..errors import InputError
+from ..modelstate import EAGER, explaining
 
 MODES = ("delete", "pad", "mask")
 
@@ -136,48 +138,20 @@ class ModelPredictor:
         return next(self.model.parameters()).device
 
     def _batches(self, variants: Sequence[Variant]) -> Iterable[tuple[list[int], dict[str, torch.Tensor]]]:
-        order = sorted(range(len(variants)), key=lambda i: len(variants[i]))
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            width = max(len(variants[i]) for i in idx)
-            ids = torch.full((len(idx), width), self.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            types = torch.zeros((len(idx), width), dtype=torch.long)
-            has_types = self.takes_token_types and all(variants[i].token_type_ids is not None for i in idx)
-            for r, i in enumerate(idx):
-                v = variants[i]
-                n = len(v)
-                ids[r, :n] = torch.tensor(v.input_ids)
-                mask[r, :n] = torch.tensor(v.attention_mask) if v.attention_mask is not None else 1
-                if has_types:
-                    types[r, :n] = torch.tensor(v.token_type_ids)
-            inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
-            if has_types:
-                inputs["token_type_ids"] = types.to(self.device)
+        for idx in length_sorted_chunks([len(v) for v in variants], self.batch_size):
+            chosen = [variants[i] for i in idx]
+            with_types = self.takes_token_types and all(v.token_type_ids is not None for v in chosen)
+            inputs, _ = pad_batch(
+                [v.input_ids for v in chosen], self.pad_token_id, self.device,
+                type_ids=[v.token_type_ids for v in chosen], masks=[v.attention_mask for v in chosen],
+                with_types=with_types,
+            )
             yield idx, inputs
 
     @contextmanager
     def _scoring(self) -> Iterator[None]:
-        model = self.model
-        training = {m: m.training for m in model.modules()}
-        config = getattr(model, "config", None)
-        before = getattr(config, "_attn_implementation", None)
-        switched = False
-        if self.fast_attention and before == "eager" and hasattr(model, "set_attn_implementation"):
-            try:
-                model.set_attn_implementation("sdpa")
-                switched = True
-            except Exception:  # the architecture has no SDPA kernel: stay eager
-                switched = False
-        model.eval()
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            if switched:
-                model.set_attn_implementation(before)
-            for m, flag in training.items():
-                m.training = flag
+        with explaining(self.model, "sdpa" if self.fast_attention else EAGER), torch.no_grad():
+            yield
 
     def __call__(self, variants: Sequence[Variant]) -> np.ndarray:
         """Softmax probabilities ``(len(variants), n_classes)`` in input order."""
