@@ -563,7 +563,10 @@ class Explainer:
 
     @torch.no_grad()
     def attention_maps(self, text: TextInput) -> tuple[list[str], list[bool], np.ndarray]:
-        """Tokens, special flags and the attention probabilities ``(L, H, N, N)`` of the explained stream."""
+        """Tokens, special flags and the attention probabilities ``(L, H, N, N)`` of the explained stream.
+
+        Rows and columns are the stream's query and key positions: the input tokens, except in BART's decoder
+        stream, whose position i holds input token i - 1 (position 0 is the decoder start token)."""
         (e,) = self.encode([text] if not isinstance(text, list) else [tuple(text)])
         ctx = self._context([e], "logit")
         with explaining(self.model):

@@ -73,6 +73,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", help="output file (json/jsonl/html; default: stdout, or explanations.html for html)")
     p.add_argument("--html", metavar="PATH", help="also write an HTML page (with --format terminal)")
     p.add_argument("--plot", metavar="PATH", help="also save a token heatmap of the first input (.png or .svg)")
+    p.add_argument("--head-view", metavar="PATH", help="also write an interactive attention view (layer x head) of "
+                   "the first input as HTML")
     p.add_argument("--words", action="store_true", help="aggregate subword scores to words (sum)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens")
@@ -130,6 +132,15 @@ def run(args: argparse.Namespace) -> int:
 
         plot_token_heatmap(exps[0], path=args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+    if args.head_view:
+        from ..viz.headview import attention_view_html
+
+        tokens, special, attentions = explainer.attention_maps(texts[0])
+        Path(args.head_view).write_text(
+            attention_view_html(tokens, attentions, special, title=f"attention of {model} ({explainer.stream})"),
+            encoding="utf-8",
+        )
+        print(f"wrote {args.head_view}", file=sys.stderr)
     html_path = args.out if args.format == "html" else args.html
     if args.format == "html" and html_path is None:
         html_path = "explanations.html"
