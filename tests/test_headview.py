@@ -6,6 +6,7 @@ missing browser fails them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -93,6 +94,7 @@ def test_renders_in_a_browser(tmp_path):
     assert dom.count(">0.50</td>") == 4 and dom.count(">0.17</td>") == 12
 
 
+@functools.cache
 def _long_attention(n: int = 512, layers: int = 6, heads: int = 12) -> np.ndarray:
     """Row-stochastic attention where head h of layer l puts most of each row on token (i + l + h) mod n."""
     rng = np.random.default_rng(0)
@@ -123,18 +125,23 @@ def test_a_512_token_view_renders_and_switches_layers(tmp_path):
     att = _long_attention()
     tokens = ["[CLS]"] + [f"w{i}" for i in range(510)] + ["[SEP]"]
     page = attention_view_html(tokens, att, special=[True] + [False] * 510 + [True])
-    switch = (  # what a reader does: pick layer 2, head 3, after the first drawing
-        "<script>setTimeout(() => { layerSel.value = 2; layerSel.dispatchEvent(new Event('change'));"
-        " headSel.value = 3; headSel.dispatchEvent(new Event('change')); }, 100);</script>"
+    switch = (  # what a reader does: pick layer 2, head 3, then point at cell (10, 15)
+        "<script>setTimeout(() => { document.body.dataset.first = document.body.dataset.drawn + ' ' +"
+        " caption.textContent; layerSel.value = 2; layerSel.dispatchEvent(new Event('change'));"
+        " headSel.value = 3; headSel.dispatchEvent(new Event('change')); }, 100);"
+        "setTimeout(() => { const c = document.querySelector('canvas'), r = c.getBoundingClientRect();"
+        " c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + 15.5 * r.width / 512,"
+        " clientY: r.top + 10.5 * r.height / 512})); }, 3000);</script>"
     )
-    (tmp_path / "first.html").write_text(page)
-    (tmp_path / "switched.html").write_text(page.replace("</body>", switch + "</body>"))
-    dom = _dom(tmp_path / "first.html", tmp_path)
-    assert 'data-drawn="5:-1"' in dom and "layer 5, mean over heads" in dom
+    (tmp_path / "view.html").write_text(page.replace("</body>", switch + "</body>"))
+    dom = _dom(tmp_path / "view.html", tmp_path)
+    assert re.search(r'data-first="5:-1 layer 5, mean over heads', dom)  # the last layer drawn first
     strip = re.search(r'<p class="tokens">(.*?)</p>', dom, re.S).group(1)
     assert len(re.findall(r'<span class="tok[ "]', strip)) == 512
     assert strip.count('class="tok special"') == 2 and ">w509</span>" in strip
     canvas = re.search(r"<canvas[^>]*>", dom).group(0)  # 3 px per cell
     assert 'width="1536"' in canvas and 'height="1536"' in canvas and 'class="attn"' in canvas
-    dom = _dom(tmp_path / "switched.html", tmp_path)
     assert 'data-drawn="2:3"' in dom and "layer 2, head 3" in dom
+    shown = re.search(r"token 10 w9 \u2192 token 15 w14: ([0-9.]+)", dom)
+    assert shown, "hovering the canvas shows the cell's value"
+    assert abs(float(shown.group(1)) - att[2, 3, 10, 15]) <= att[2, 3, 10].max() / 510 + 1e-4  # decoded right

@@ -82,8 +82,8 @@ def normalized_layer_rows(rows: np.ndarray, special: Sequence[bool] | None = Non
     Every row is shown relative to its own largest magnitude, so a layer whose scores are small but real is
     still readable; but a layer row is divided by at least ``NOISE_RTOL`` x the example's largest layer
     magnitude, so numerical noise (max |s| 3e-12 next to layers of order 1) is drawn blank. ``sum`` has the same
-    floor; ``rollout``, a product of the layers, is floored by ``NOISE_RTOL`` x the product of the layers'
-    divisors (a product with a noise layer is noise).
+    floor. ``rollout``, the product of the layers, is noise when one of its factors is: then it is divided by
+    the product of the layers' divisors (at least its own peak), so it is drawn blank too.
     """
     rows = np.asarray(rows, dtype=np.float64)
     mask = np.zeros(rows.shape[1], dtype=bool) if special is None else np.asarray(special, dtype=bool)
@@ -93,7 +93,8 @@ def normalized_layer_rows(rows: np.ndarray, special: Sequence[bool] | None = Non
     scale = float(peaks[:n_layers].max())
     floors = np.full(len(rows), max(NOISE_RTOL * scale, NOISE_ATOL))
     layer_divisors = np.maximum(peaks[:n_layers], floors[:n_layers])
-    floors[-1] = max(NOISE_RTOL * float(np.prod(layer_divisors)), np.finfo(np.float64).tiny)
+    noisy = bool((peaks[:n_layers] < floors[:n_layers]).any())
+    floors[-1] = float(np.prod(layer_divisors)) if noisy else 0.0
     return np.vstack([normalized(row, special, floor=f) for row, f in zip(rows, floors, strict=True)])
 
 

@@ -58,7 +58,6 @@ async function matrix(l, h) {  // row-major n x n Float32Array
   return m; }
 function cell(tag, text, cls) { const c = document.createElement(tag); c.textContent = text;
   if (cls) c.className = cls; return c; }
-function tokenLabel(i) { return data.tokens[i]; }
 function drawTable(m, max) {
   const table = document.createElement("table"); table.className = "grid";
   const head = document.createElement("tr"); head.appendChild(cell("th", ""));
@@ -69,7 +68,7 @@ function drawTable(m, max) {
     tr.appendChild(cell("th", data.tokens[i], "row" + (data.special[i] ? " special" : "")));
     for (let j = 0; j < n; j++) { const v = m[i * n + j], td = cell("td", v.toFixed(2)), a = v / max;
       td.style.background = "rgba(37, 99, 235, " + a.toFixed(3) + ")"; td.style.color = a > 0.55 ? "#fff" : "#111827";
-      td.title = tokenLabel(i) + " \\u2192 " + tokenLabel(j) + ": " + v.toFixed(4); tr.appendChild(td); }
+      td.title = data.tokens[i] + " \\u2192 " + data.tokens[j] + ": " + v.toFixed(4); tr.appendChild(td); }
     table.appendChild(tr);
   }
   grid.replaceChildren(table); }
@@ -81,18 +80,20 @@ function drawCanvas(m, max) {
     const a = m[i * n + j] / max, r = Math.round(255 - 218 * a), g = Math.round(255 - 156 * a),
           b = Math.round(255 - 20 * a);
     for (let y = i * px; y < (i + 1) * px; y++) for (let x = j * px; x < (j + 1) * px; x++) {
-      const o = (y * n * px + x) * 4; img.data[o] = r; img.data[o + 1] = g; img.data[o + 2] = b; img.data[o + 3] = 255; }
+      img.data.set([r, g, b, 255], (y * n * px + x) * 4); }
   }
   ctx.putImageData(img, 0, 0);
   const status = cell("p", "point at a cell to read its value", "meta");
-  canvas.onmousemove = (ev) => { const rect = canvas.getBoundingClientRect();
-    const i = Math.floor((ev.clientY - rect.top) / rect.height * n), j = Math.floor((ev.clientX - rect.left) / rect.width * n);
-    if (i >= 0 && i < n && j >= 0 && j < n) status.textContent = "token " + i + " " + tokenLabel(i) + " \\u2192 token " +
-      j + " " + tokenLabel(j) + ": " + m[i * n + j].toFixed(4); };
-  const strip = document.createElement("p"); strip.className = "tokens";
+  canvas.onmousemove = (ev) => {
+    const rect = canvas.getBoundingClientRect(), i = Math.floor((ev.clientY - rect.top) / rect.height * n),
+          j = Math.floor((ev.clientX - rect.left) / rect.width * n);
+    if (i < 0 || i >= n || j < 0 || j >= n) return;
+    status.textContent = "token " + i + " " + data.tokens[i] + " \\u2192 token " + j + " " + data.tokens[j] + ": " +
+      m[i * n + j].toFixed(4); };
+  const strip = document.createElement("p"); strip.className = "tokens"; strip.style.fontSize = ".8em";
   data.tokens.forEach((t, i) => { strip.appendChild(cell("span", t, "tok" + (data.special[i] ? " special" : "")));
     strip.appendChild(document.createTextNode(" ")); });
-  grid.replaceChildren(strip, status, canvas); }
+  grid.replaceChildren(status, canvas, strip); }
 let pending = 0;
 async function draw() {
   const l = +layerSel.value, h = +headSel.value, ticket = ++pending;
@@ -129,7 +130,7 @@ def encode_attentions(att: np.ndarray) -> dict:
         peak = np.abs(layer).max(axis=-1).astype(np.float32)  # (H, N)
         safe = np.where(peak > 0, peak, 1.0)[..., None]
         q = np.rint(np.clip(layer / safe, 0.0, 1.0) * qmax).astype("<u2" if bits == 16 else "u1")
-        values.append(_b64(zlib.compress(q.tobytes(), 6)))
+        values.append(_b64(zlib.compress(q.tobytes(), 1)))
         scales.append(_b64(peak.astype("<f4").tobytes()))
     return {"layers": n_layers, "heads": n_heads, "n": n, "bits": bits, "values": values, "scales": scales}
 
@@ -160,7 +161,7 @@ def attention_view_html(
         special: which tokens are special (shown grey).
         title: page title (escaped).
     """
-    att = np.nan_to_num(np.asarray(attentions, dtype=np.float64))
+    att = np.nan_to_num(np.asarray(attentions, dtype=np.float32))
     if att.ndim != 4 or att.shape[2] != att.shape[3] or att.shape[2] != len(tokens) or 0 in att.shape[:2]:
         raise InputError(f"attentions must have shape (layers, heads, {len(tokens)}, {len(tokens)}); got {att.shape}")
     if att.min() < 0:
