@@ -90,7 +90,7 @@ function drawCanvas(m, max) {
     if (i < 0 || i >= n || j < 0 || j >= n) return;
     status.textContent = "token " + i + " " + data.tokens[i] + " \\u2192 token " + j + " " + data.tokens[j] + ": " +
       m[i * n + j].toFixed(4); };
-  const strip = document.createElement("p"); strip.className = "tokens"; strip.style.fontSize = ".8em";
+  const strip = document.createElement("p"); strip.className = "tokens";
   data.tokens.forEach((t, i) => { strip.appendChild(cell("span", t, "tok" + (data.special[i] ? " special" : "")));
     strip.appendChild(document.createTextNode(" ")); });
   grid.replaceChildren(status, canvas, strip); }
@@ -174,7 +174,7 @@ def attention_view_html(
     title = title or "attnlens attention view"
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{STYLE}canvas.attn {{ image-rendering: pixelated; }}</style></head>\n"
+        f"<title>{_e(title)}</title><style>{STYLE}canvas.attn {{ image-rendering: pixelated; }} p.tokens {{ font-size: .8em; }}</style></head>\n"
         f"<body>\n<h1>{_e(title)}</h1>\n"
         '<p><label>Layer <select id="layer"></select></label> '
         '<label>Head <select id="head"></select></label></p>\n'
