@@ -25,6 +25,8 @@ from .html import STYLE, _e
 TABLE_MAX_TOKENS = 100  # above this, a canvas: a table of N^2 cells gets slow to build and to read
 PRECISE_MAX_VALUES = 1 << 22  # pages with at most this many attention values keep 16 bits per value
 
+_STYLE = "canvas.attn { image-rendering: pixelated; } p.tokens { font-size: .8em; }\n"
+
 _SCRIPT = """
 const data = JSON.parse(document.getElementById("attnlens-data").textContent);
 const layerSel = document.getElementById("layer"), headSel = document.getElementById("head");
@@ -174,7 +176,7 @@ def attention_view_html(
     title = title or "attnlens attention view"
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{STYLE}canvas.attn {{ image-rendering: pixelated; }} p.tokens {{ font-size: .8em; }}</style></head>\n"
+        f"<title>{_e(title)}</title><style>{STYLE}{_STYLE}</style></head>\n"
         f"<body>\n<h1>{_e(title)}</h1>\n"
         '<p><label>Layer <select id="layer"></select></label> '
         '<label>Head <select id="head"></select></label></p>\n'
