@@ -95,7 +95,8 @@ TEXT = "the movie was good but the plot was boring and the story was dull"
 
 
 def test_truncated_input_shows_what_was_explained_and_how_much_was_cut(model_dir):
-    exp = Explainer.from_pretrained(model_dir, max_length=8).explain(TEXT, methods=["rawatt"])[0]
+    with pytest.warns(UserWarning, match="8 tokens dropped"):
+        exp = Explainer.from_pretrained(model_dir, max_length=8).explain(TEXT, methods=["rawatt"])[0]
     assert exp.meta["truncated_tokens"] == 8  # 14 words + [CLS] [SEP] = 16 tokens, 8 kept
     kept, cut = colors.explained_text(exp)
     assert kept == " ".join(t for t, s in zip(exp.tokens, exp.special, strict=True) if not s)
@@ -113,8 +114,9 @@ def test_truncated_input_shows_what_was_explained_and_how_much_was_cut(model_dir
 
 
 def test_truncated_pair_is_cut_per_side(model_dir):
-    exp = Explainer.from_pretrained(model_dir, max_length=9).explain(
-        [("the movie was good", "but the plot was boring and the story was dull")], methods=["rawatt"])[0]
+    with pytest.warns(UserWarning, match="truncated"):
+        exp = Explainer.from_pretrained(model_dir, max_length=9).explain(
+            [("the movie was good", "but the plot was boring and the story was dull")], methods=["rawatt"])[0]
     kept, cut = colors.explained_text(exp)
     words = [t for t, s in zip(exp.tokens, exp.special, strict=True) if not s]
     assert kept.replace(" [SEP] ", " ").split() == words
