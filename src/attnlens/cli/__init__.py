@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 
 from ..errors import AttnLensError
+from ..safetext import terminal_safe
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
 SUBCOMMANDS = ["explain", "benchmark", "train", "report"]
@@ -37,16 +39,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    format_warning = warnings.formatwarning
+    # warnings quote texts, labels and paths: print them with control characters escaped
+    warnings.formatwarning = lambda *a, **k: terminal_safe(format_warning(*a, **k))
     try:
         return int(args._run(args) or 0)
     except (AttnLensError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         if args.debug:
             raise
-        print(f"attnlens: error: {exc}", file=sys.stderr)
+        print(f"attnlens: error: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnlens: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = format_warning
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..safetext import terminal_safe
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -106,9 +107,10 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet, explain_options=options, model_name=args.model, target=args.target,
         target_kind=args.target_kind,
     )
-    print((out / "table.md").read_text(encoding="utf-8"))
+    print(terminal_safe((out / "table.md").read_text(encoding="utf-8")))
     t = summary["timing"]
-    print(f"{summary['n_examples']} examples in {t.get('seconds', 0):.1f} s; results in {out}/")
+    print(terminal_safe(f"{summary['n_examples']} examples in {t.get('seconds', 0):.1f} s; results in {out}/",
+                        one_line=True))
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..data import iter_jsonl
 from ..errors import InputError, ModelError
+from ..safetext import terminal_safe
 
 FORMATS = ("terminal", "html", "json", "jsonl")
 DEFAULT_MODEL_NAME = "minilm-sst2"
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         from ..viz.plots import plot_token_heatmap
 
         plot_token_heatmap(exps[0], path=args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
+        print(f"wrote {terminal_safe(args.plot, one_line=True)}", file=sys.stderr)
     if args.head_view:
         from ..viz.headview import attention_view_html
 
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             attention_view_html(tokens, attentions, special, title=f"attention of {model} ({explainer.stream})"),
             encoding="utf-8",
         )
-        print(f"wrote {args.head_view}", file=sys.stderr)
+        print(f"wrote {terminal_safe(args.head_view, one_line=True)}", file=sys.stderr)
     html_path = args.out if args.format == "html" else args.html
     if args.format == "html" and html_path is None:
         html_path = "explanations.html"
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         from ..viz.html import explanations_html
 
         Path(html_path).write_text(explanations_html(exps, title=f"attnlens: {model}"), encoding="utf-8")
-        print(f"wrote {html_path}", file=sys.stderr)
+        print(f"wrote {terminal_safe(html_path, one_line=True)}", file=sys.stderr)
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..safetext import terminal_safe
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -25,5 +27,5 @@ def run(args: argparse.Namespace) -> int:
     from ..viz.report import write_report
 
     path = write_report(args.results_dir, args.out, examples=args.examples)
-    print(f"wrote {path}")
+    print(f"wrote {terminal_safe(path, one_line=True)}")
     return 0

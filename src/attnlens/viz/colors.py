@@ -17,6 +17,10 @@ from ..explanation import Explanation
 POSITIVE_RGB = (22, 163, 74)  # green
 NEGATIVE_RGB = (220, 38, 38)  # red
 NEUTRAL_RGB = (255, 255, 255)
+# Noise floors of the normalisation: a row is divided by at least NOISE_ATOL, and a layer row by at least
+# NOISE_RTOL x the largest |score| of any layer of the example (float32 sums carry relative errors ~1e-7).
+NOISE_ATOL = 1e-12
+NOISE_RTOL = 1e-5
 
 
 def select_methods(exp: Explanation, methods: Sequence[str] | None) -> list[str]:
@@ -44,15 +48,17 @@ def prepare(exps: Explanation | Sequence[Explanation], words: bool) -> list[Expl
     return [e.to_words() for e in exps] if words else exps
 
 
-def normalized(scores: np.ndarray, special: Sequence[bool] | None = None) -> np.ndarray:
+def normalized(scores: np.ndarray, special: Sequence[bool] | None = None, floor: float = NOISE_ATOL) -> np.ndarray:
     """Scores divided by their largest magnitude over non-special tokens, so values lie in [-1, 1].
 
-    Special tokens get 0 (they are drawn dimmed, not coloured); NaN counts as 0; an all-zero row stays zero.
+    Special tokens get 0 (they are drawn dimmed, not coloured); NaN counts as 0. The divisor is at least
+    ``floor``, so a row of numerical noise (all ``|s|`` far below the floor) stays blank instead of being blown
+    up to full colour; an all-zero row stays zero.
     """
     s = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
     if special is not None:
         s = np.where(np.asarray(special, dtype=bool), 0.0, s)
-    peak = np.abs(s).max() if s.size else 0.0
+    peak = max(float(np.abs(s).max()) if s.size else 0.0, floor)
     return s / peak if peak > 0 else np.zeros_like(s)
 
 
@@ -68,6 +74,28 @@ def layer_rows(layers: np.ndarray) -> tuple[list[str], np.ndarray]:
     names = [f"L{i}" for i in range(arr.shape[0])] + ["sum", "rollout"]
     rows = np.vstack([arr, arr.sum(0, keepdims=True), arr.prod(0, keepdims=True)])
     return names, rows
+
+
+def normalized_layer_rows(rows: np.ndarray, special: Sequence[bool] | None = None) -> np.ndarray:
+    """The rows of :func:`layer_rows` (layers, ``sum``, ``rollout``) normalised to [-1, 1] with a noise floor.
+
+    Every row is shown relative to its own largest magnitude, so a layer whose scores are small but real is
+    still readable; but a layer row is divided by at least ``NOISE_RTOL`` x the example's largest layer
+    magnitude, so numerical noise (max |s| 3e-12 next to layers of order 1) is drawn blank. ``sum`` has the same
+    floor. ``rollout``, the product of the layers, is noise when one of its factors is: then it is divided by
+    the product of the layers' divisors (at least its own peak), so it is drawn blank too.
+    """
+    rows = np.asarray(rows, dtype=np.float64)
+    mask = np.zeros(rows.shape[1], dtype=bool) if special is None else np.asarray(special, dtype=bool)
+    clean = np.where(mask, 0.0, np.nan_to_num(rows, nan=0.0, posinf=0.0, neginf=0.0))
+    peaks = np.abs(clean).max(axis=1) if clean.shape[1] else np.zeros(len(rows))
+    n_layers = len(rows) - 2
+    scale = float(peaks[:n_layers].max())
+    floors = np.full(len(rows), max(NOISE_RTOL * scale, NOISE_ATOL))
+    layer_divisors = np.maximum(peaks[:n_layers], floors[:n_layers])
+    noisy = bool((peaks[:n_layers] < floors[:n_layers]).any())
+    floors[-1] = float(np.prod(layer_divisors)) if noisy else 0.0
+    return np.vstack([normalized(row, special, floor=f) for row, f in zip(rows, floors, strict=True)])
 
 
 def shade(value: float) -> tuple[int, int, int]:
@@ -86,6 +114,43 @@ def hex_color(rgb: tuple[int, int, int]) -> str:
 def text_of(exp: Explanation) -> str:
     """The explained text as one string (sentence pairs joined with `` [SEP] ``)."""
     return " [SEP] ".join(exp.text) if isinstance(exp.text, list) else str(exp.text)
+
+
+def _sources(exp: Explanation) -> list[str]:
+    return [str(t) for t in exp.text] if isinstance(exp.text, list) else [str(exp.text)]
+
+
+def explained_text(exp: Explanation) -> tuple[str, str]:
+    """The part of the text the model read and the part cut off by truncation (``""`` when nothing was cut).
+
+    Uses the tokens' character offsets; for a sentence pair each side is cut where its last kept token ends.
+    Without offsets (slow tokenizers) the whole text is returned as explained.
+    """
+    sources = _sources(exp)
+    if not exp.meta.get("truncated_tokens") or exp.offsets is None:
+        return text_of(exp), ""
+    kept, cut = [], []
+    for seq, source in enumerate(sources):
+        ends = [
+            end
+            for i, (_, end) in enumerate(exp.offsets)
+            if not exp.special[i] and (exp.sequence_ids[i] if exp.sequence_ids is not None else 0) == seq
+        ]
+        stop = max(ends, default=0)
+        kept.append(source[:stop])
+        cut.append(source[stop:].strip())
+    return " [SEP] ".join(kept), " [SEP] ".join(c for c in cut if c)
+
+
+def truncation_note(exp: Explanation) -> str | None:
+    """One sentence saying how many tokens truncation cut from this input, or None when nothing was cut."""
+    n = int(exp.meta.get("truncated_tokens") or 0)
+    if n <= 0:
+        return None
+    return (
+        f"input truncated: {n} token{'s' if n != 1 else ''} beyond the model's maximum length were cut and are "
+        "not explained"
+    )
 
 
 def prediction_line(exp: Explanation) -> str:

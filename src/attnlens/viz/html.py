@@ -11,14 +11,16 @@ import numpy as np
 
 from ..explanation import Explanation
 from .colors import (
+    explained_text,
     hex_color,
     layer_rows,
     normalized,
+    normalized_layer_rows,
     prediction_line,
     prepare,
     select_methods,
     shade,
-    text_of,
+    truncation_note,
 )
 
 TOP_K = 5
@@ -47,6 +49,8 @@ table.top th, table.top td { border-bottom: 1px solid #e5e7eb; padding: 3px 8px;
 .scroll { overflow-x: auto; }
 details { margin: .6em 0; } summary { font-weight: 600; cursor: pointer; }
 table.grid tr.sum > * { border-top: 2px solid #111827; }
+.truncated { color: #92400e; background: #fef3c7; padding: .3em .6em; border-radius: 4px; }
+.cut { color: #6b7280; }
 """
 
 
@@ -91,16 +95,17 @@ def layer_heatmap_html(exp: Explanation, method: str) -> str:
     """An HTML table: one row per layer plus ``sum`` and ``rollout``, one column per token (AttCAT Fig. 4).
 
     Each row is normalised by its own largest magnitude over non-special tokens; the last column gives that
-    magnitude, so a row that is tiny in absolute terms (rollout, typically) is still visible as such.
+    magnitude, so a row that is tiny in absolute terms (rollout, typically) is still visible as such. Rows of
+    numerical noise stay blank (:func:`~attnlens.viz.colors.normalized_layer_rows`).
     """
     names, rows = layer_rows(exp.layers[method])
     if rows.shape[1] != len(exp.tokens):
         raise ValueError(f"{method}: layer scores have {rows.shape[1]} tokens, the explanation {len(exp.tokens)}")
+    norms = normalized_layer_rows(rows, exp.special)
     head = "<tr><th></th>" + "".join(f'<th class="tokcol">{_e(t)}</th>' for t in exp.tokens)
     head += "<th>max |s|</th></tr>"
     body = []
-    for name, row in zip(names, rows, strict=True):
-        norm = normalized(row, exp.special)
+    for name, row, norm in zip(names, rows, norms, strict=True):
         peak = float(np.abs(np.where(exp.special, 0.0, np.nan_to_num(row))).max())
         cells = []
         for i, v in enumerate(row):
@@ -114,6 +119,18 @@ def layer_heatmap_html(exp: Explanation, method: str) -> str:
     return '<div class="scroll"><table class="grid">' + head + "".join(body) + "</table></div>"
 
 
+def _text_block(exp: Explanation) -> list[str]:
+    """The explained text; after truncation, a notice of how many tokens were cut and the cut text, folded."""
+    kept, cut = explained_text(exp)
+    parts = [f'<p class="text">{_e(kept)}</p>']
+    note = truncation_note(exp)
+    if note:
+        parts.append(f'<p class="truncated"><strong>{_e(note)}.</strong></p>')
+        if cut:
+            parts.append(f'<details><summary>text not explained</summary><p class="cut">{_e(cut)}</p></details>')
+    return parts
+
+
 def _example(exp: Explanation, index: int, methods: Sequence[str] | None, k: int) -> str:
     chosen = select_methods(exp, methods)
     probs = ", ".join(
@@ -122,7 +139,7 @@ def _example(exp: Explanation, index: int, methods: Sequence[str] | None, k: int
     )
     parts = [
         f'<section class="example"><h2>Example {index + 1}</h2>',
-        f'<p class="text">{_e(text_of(exp))}</p>',
+        *_text_block(exp),
         f'<p class="meta">{_e(prediction_line(exp))} &middot; probabilities {probs}</p>',
         '<div class="scroll">' + _stack(exp, chosen) + "</div>",
     ]

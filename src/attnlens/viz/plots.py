@@ -22,7 +22,15 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ..errors import InputError  # noqa: E402
 from ..explanation import Explanation  # noqa: E402
-from .colors import NEGATIVE_RGB, POSITIVE_RGB, layer_rows, normalized, prepare, select_methods  # noqa: E402
+from .colors import (  # noqa: E402
+    NEGATIVE_RGB,
+    POSITIVE_RGB,
+    layer_rows,
+    normalized,
+    normalized_layer_rows,
+    prepare,
+    select_methods,
+)
 
 FORMATS = (".png", ".svg")
 # Same scale as the terminal and HTML views: red (-1) .. white (0) .. green (+1).
@@ -118,12 +126,14 @@ def _blocks(
     per_line: int,
     annotate: bool | None,
     row_height: float,
+    norm: np.ndarray | None = None,
 ) -> tuple[Figure, list]:
     """Rows x tokens heatmap, wrapped into blocks of ``per_line`` tokens (long inputs stay readable).
 
-    Each row is normalised over the whole example before it is cut into blocks.
+    Each row is normalised over the whole example before it is cut into blocks (unless ``norm`` is given).
     """
-    norm = np.vstack([normalized(r, exp.special) for r in rows])
+    if norm is None:
+        norm = np.vstack([normalized(r, exp.special) for r in rows])
     spans = _chunks(len(exp.tokens), per_line)
     width = min(len(exp.tokens), per_line)
     block_height = 1.1 + row_height * len(row_names)  # rows plus the rotated token labels
@@ -179,7 +189,8 @@ def plot_layer_heatmap(
 ) -> Figure:
     """Layer x token heatmap of a layered method (AttCAT Fig. 4): rows L0..L(n-1), ``sum`` and ``rollout``.
 
-    Each row is normalised by its own largest magnitude; the right-hand labels give that magnitude.
+    Each row is normalised by its own largest magnitude, with a noise floor (rows of numerical noise stay
+    blank, :func:`~attnlens.viz.colors.normalized_layer_rows`); the right-hand labels give that magnitude.
     """
     exp = _one(exp, words)
     if method not in exp.layers:
@@ -187,7 +198,7 @@ def plot_layer_heatmap(
     names, rows = layer_rows(exp.layers[method])
     if rows.shape[1] != len(exp.tokens):
         raise InputError(f"{method}: layer scores have {rows.shape[1]} tokens, the explanation {len(exp.tokens)}")
-    fig, axes = _blocks(exp, rows, names, per_line, annotate, 0.32)
+    fig, axes = _blocks(exp, rows, names, per_line, annotate, 0.32, normalized_layer_rows(rows, exp.special))
     peaks = [float(np.abs(np.where(exp.special, 0.0, np.nan_to_num(r))).max()) for r in rows]
     for ax in axes:
         ax.axhline(len(names) - 2.5, color="#111827", lw=1.2)

@@ -16,15 +16,22 @@ from rich.table import Table
 from rich.text import Text
 
 from ..explanation import Explanation
-from .colors import normalized, prediction_line, prepare, select_methods, shade, text_of
+from ..safetext import terminal_safe
+from .colors import explained_text, normalized, prediction_line, prepare, select_methods, shade, truncation_note
 
 TOP_K = 5
+
+
+def _safe(text: object) -> Text:
+    """Plain rich text (no markup parsed), control characters escaped: input text must not drive the terminal."""
+    return Text(terminal_safe(text, one_line=True))
 
 
 def _token_line(exp: Explanation, method: str) -> Text:
     norm = normalized(exp.scores[method], exp.special)
     line = Text()
-    for i, (tok, v) in enumerate(zip(exp.tokens, norm, strict=True)):
+    for i, (raw, v) in enumerate(zip(exp.tokens, norm, strict=True)):
+        tok = terminal_safe(raw, one_line=True)
         if i:
             line.append(" ")
         if exp.special[i]:
@@ -35,8 +42,8 @@ def _token_line(exp: Explanation, method: str) -> Text:
     return line
 
 
-def _top_cell(pairs: list[tuple[str, float]]) -> str:
-    return " · ".join(f"{tok} {score:+.3g}" for tok, score in pairs) or "-"
+def _top_cell(pairs: list[tuple[str, float]]) -> Text:
+    return _safe(" · ".join(f"{tok} {score:+.3g}" for tok, score in pairs) or "-")
 
 
 def _top_table(exp: Explanation, methods: list[str], k: int) -> Table:
@@ -48,19 +55,23 @@ def _top_table(exp: Explanation, methods: list[str], k: int) -> Table:
         ranked = exp.top_k(m, len(exp.tokens))
         pos = [(t, s) for t, s in ranked if s > 0][:k]
         neg = [(t, s) for t, s in reversed(ranked) if s < 0][:k]
-        table.add_row(m, _top_cell(pos), _top_cell(neg))
+        table.add_row(_safe(m), _top_cell(pos), _top_cell(neg))
     return table
 
 
 def explanation_renderable(exp: Explanation, methods: Sequence[str] | None = None, k: int = TOP_K) -> Group:
     """A rich renderable of one explanation: header, one shaded token line per method, top-token table."""
     chosen = select_methods(exp, methods)
-    parts: list = [Rule(Text(text_of(exp), overflow="ellipsis"), align="left"), Text(prediction_line(exp))]
+    header = Text(terminal_safe(explained_text(exp)[0], one_line=True), overflow="ellipsis")
+    parts: list = [Rule(header, align="left"), _safe(prediction_line(exp))]
+    note = truncation_note(exp)
+    if note:
+        parts.append(Text(note, style="bold yellow"))
     lines = Table.grid(padding=(0, 2))
     lines.add_column(style="bold", no_wrap=True)
     lines.add_column(overflow="fold")
     for m in chosen:
-        lines.add_row(m, _token_line(exp, m))
+        lines.add_row(_safe(m), _token_line(exp, m))
     parts.append(lines)
     if chosen:
         parts.append(Text(""))

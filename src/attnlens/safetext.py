@@ -1,0 +1,26 @@
+"""Make user-supplied text safe to print on a terminal.
+
+Input texts, tokens, label names, model paths and file names reach the terminal in the renderer, in the CLI's
+``wrote PATH`` lines, in warnings and in error lines. A control character in any of them is a terminal command:
+``ESC [ 2 J`` clears the screen, ``ESC ] 0 ; … BEL`` sets the window title, ``CR`` overwrites the line, and the
+Unicode bidi overrides reorder what the reader sees. :func:`terminal_safe` replaces each such character by its
+visible Python escape (``\\x1b``, ``\\x9b``, ``\\u202e``), so nothing is executed and nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+# Unicode bidi embeddings, overrides and isolates ("Trojan Source", CVE-2021-42574): they reorder displayed text.
+_BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+# C0 controls (but tab and newline), DEL, C1 controls, bidi controls -> their visible escape.
+_UNSAFE = [c for c in range(0x20) if c not in (0x09, 0x0A)] + [0x7F, *range(0x80, 0xA0), *_BIDI]
+_TABLE = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _UNSAFE}
+_ONE_LINE_TABLE = {**_TABLE, 0x09: "\\t", 0x0A: "\\n"}
+
+
+def terminal_safe(text: object, one_line: bool = False) -> str:
+    """``str(text)`` with every terminal control character replaced by its visible escape (``ESC`` -> ``\\x1b``).
+
+    Tab and newline are kept unless ``one_line`` (then they become ``\\t`` and ``\\n`` too, for one-line
+    messages such as an error line or a table cell).
+    """
+    return str(text).translate(_ONE_LINE_TABLE if one_line else _TABLE)
