@@ -11,11 +11,13 @@ import numpy as np
 
 from ..explanation import Explanation
 from .colors import (
+    answer_positions,
     hex_color,
     layer_rows,
     normalized,
     prediction_line,
     prepare,
+    probabilities_line,
     select_methods,
     shade,
     text_of,
@@ -35,6 +37,7 @@ table.stack td { padding: 4px 6px; vertical-align: top; }
 td.method { font-weight: 600; white-space: nowrap; font-family: ui-monospace, monospace; font-size: .9em; }
 .tok { display: inline-block; padding: 1px 3px; margin: 1px 1px; border-radius: 3px; color: #111827; }
 .special { color: #9ca3af; background: none; }
+.tok.answer { outline: 2px solid #2563eb; }
 table.grid { border-collapse: collapse; font-size: .8em; margin: .5em 0; }
 table.grid th, table.grid td { border: 1px solid #e5e7eb; padding: 2px 4px; text-align: center; }
 table.grid th.row { text-align: right; font-family: ui-monospace, monospace; }
@@ -56,14 +59,16 @@ def _e(value: object) -> str:
 
 def _token_spans(exp: Explanation, scores: np.ndarray) -> str:
     norm = normalized(scores, exp.special)
+    answer = answer_positions(exp)  # QA: the explained span is outlined
     spans = []
     for i, tok in enumerate(exp.tokens):
         if exp.special[i]:
             spans.append(f'<span class="tok special" title="special token">{_e(tok)}</span>')
         else:
             color = hex_color(shade(norm[i]))
-            tip = f"{float(scores[i]):+.4g}"
-            spans.append(f'<span class="tok" style="background:{color}" title="{tip}">{_e(tok)}</span>')
+            tip = f"{float(scores[i]):+.4g}" + (" (answer)" if i in answer else "")
+            css = "tok answer" if i in answer else "tok"
+            spans.append(f'<span class="{css}" style="background:{color}" title="{tip}">{_e(tok)}</span>')
     return " ".join(spans)
 
 
@@ -116,16 +121,16 @@ def layer_heatmap_html(exp: Explanation, method: str) -> str:
 
 def _example(exp: Explanation, index: int, methods: Sequence[str] | None, k: int) -> str:
     chosen = select_methods(exp, methods)
-    probs = ", ".join(
-        f"{_e(exp.labels[i] if exp.labels and i < len(exp.labels) else i)}: {p:.3f}"
-        for i, p in enumerate(exp.probabilities)
-    )
-    parts = [
-        f'<section class="example"><h2>Example {index + 1}</h2>',
-        f'<p class="text">{_e(text_of(exp))}</p>',
-        f'<p class="meta">{_e(prediction_line(exp))} &middot; probabilities {probs}</p>',
-        '<div class="scroll">' + _stack(exp, chosen) + "</div>",
-    ]
+    parts = [f'<section class="example"><h2>Example {index + 1}</h2>']
+    if exp.is_qa and isinstance(exp.text, list) and len(exp.text) == 2:
+        parts.append(f'<p class="text"><b>question</b>: {_e(exp.text[0])}</p>')
+        parts.append(f'<p class="text"><b>context</b>: {_e(exp.text[1])}</p>')
+    else:
+        parts.append(f'<p class="text">{_e(text_of(exp))}</p>')
+    probs = probabilities_line(exp)
+    meta = _e(prediction_line(exp)) + (f" &middot; {_e(probs)}" if probs else "")
+    parts.append(f'<p class="meta">{meta}</p>')
+    parts.append('<div class="scroll">' + _stack(exp, chosen) + "</div>")
     if chosen:
         parts.append(_top_table(exp, chosen, k))
     layered = [m for m in chosen if m in exp.layers and np.asarray(exp.layers[m]).ndim == 2]

@@ -16,13 +16,23 @@ from rich.table import Table
 from rich.text import Text
 
 from ..explanation import Explanation
-from .colors import normalized, prediction_line, prepare, select_methods, shade, text_of
+from .colors import (
+    answer_positions,
+    normalized,
+    prediction_line,
+    prepare,
+    probabilities_line,
+    select_methods,
+    shade,
+    text_of,
+)
 
 TOP_K = 5
 
 
 def _token_line(exp: Explanation, method: str) -> Text:
     norm = normalized(exp.scores[method], exp.special)
+    answer = answer_positions(exp)  # QA: the explained span is underlined
     line = Text()
     for i, (tok, v) in enumerate(zip(exp.tokens, norm, strict=True)):
         if i:
@@ -31,7 +41,7 @@ def _token_line(exp: Explanation, method: str) -> Text:
             line.append(tok, style=Style(dim=True))
         else:
             r, g, b = shade(v)
-            line.append(tok, style=Style(color="black", bgcolor=f"rgb({r},{g},{b})"))
+            line.append(tok, style=Style(color="black", bgcolor=f"rgb({r},{g},{b})", underline=i in answer))
     return line
 
 
@@ -56,6 +66,8 @@ def explanation_renderable(exp: Explanation, methods: Sequence[str] | None = Non
     """A rich renderable of one explanation: header, one shaded token line per method, top-token table."""
     chosen = select_methods(exp, methods)
     parts: list = [Rule(Text(text_of(exp), overflow="ellipsis"), align="left"), Text(prediction_line(exp))]
+    if exp.is_multi_label:  # the labels' probabilities are independent: show them all
+        parts.append(Text(probabilities_line(exp)))
     lines = Table.grid(padding=(0, 2))
     lines.add_column(style="bold", no_wrap=True)
     lines.add_column(overflow="fold")

@@ -1,0 +1,181 @@
+"""Issue 8, QA and multi-label slice: SQuAD span decoding, QA and multi-label explanations rendered everywhere
+(terminal, HTML, plots, benchmark report), Precision@K as a documented count."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from conftest import PAD, V, make_model, make_tokenizer
+from transformers import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
+
+from attnlens import Explainer, InputError
+from attnlens.explanation import Explanation
+from attnlens.heads import MULTI_LABEL, best_spans, head_for
+from attnlens.viz.html import explanations_html
+from attnlens.viz.terminal import render_terminal
+
+QUESTION, CONTEXT = "what was the movie ?", "the movie was great but the plot was boring ."
+
+
+@pytest.fixture(scope="module")
+def qa() -> Explainer:
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+                     max_position_embeddings=64, initializer_range=0.3, pad_token_id=PAD)
+    model = BertForQuestionAnswering(cfg).eval()
+    model.set_attn_implementation("eager")
+    return Explainer(model, make_tokenizer())
+
+
+def _brute_force(start, end, allowed, max_len):
+    pairs = [(s, e) for s, e in itertools.product(range(len(start)), repeat=2)
+             if allowed[s] and allowed[e] and s <= e < s + max_len]
+    return max(pairs, key=lambda p: float(start[p[0]] + end[p[1]]))
+
+
+# ------------------------------------------------------------------ span decoding
+def test_best_spans_match_a_brute_force_search():
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        n = 3 + trial % 9
+        start, end = torch.randn(4, n, generator=gen), torch.randn(4, n, generator=gen)
+        allowed = torch.rand(4, n, generator=gen) > 0.3
+        allowed[:, n // 2] = True  # at least one allowed position
+        max_len = 1 + trial % 5
+        got = best_spans(start, end, allowed, max_len)
+        for b in range(4):
+            assert tuple(got[b].tolist()) == _brute_force(start[b], end[b], allowed[b], max_len)
+
+
+def test_predicted_span_is_the_squad_span_inside_the_context(qa):
+    texts = [(QUESTION, CONTEXT), ("is the plot boring ?", "the film was good"), ("what ?", "great")]
+    exps = qa.explain(texts, methods=["attcat"], batch_size=2)
+    for (q, c), e in zip(texts, exps):
+        enc = qa.tokenizer(q, c, return_tensors="pt")
+        with torch.no_grad():
+            out = qa.model(**enc)
+        seq = enc.sequence_ids(0)
+        allowed = [s == 1 and not sp for s, sp in zip(seq, e.special)]
+        best = _brute_force(out.start_logits[0], out.end_logits[0], allowed, 30)
+        assert e.predicted == e.target == list(best)
+        assert e.target[0] <= e.target[1] and all(seq[i] == 1 for i in e.target)
+        p_start = torch.softmax(out.start_logits[0], 0)[best[0]]
+        p_end = torch.softmax(out.end_logits[0], 0)[best[1]]
+        np.testing.assert_allclose(e.probabilities, [float(p_start), float(p_end)], rtol=1e-5)
+
+
+def test_the_independent_argmaxes_are_not_the_answer(qa):
+    """On this model the separate start/end argmaxes fall in the question (before the fix: [1, 6])."""
+    enc = qa.tokenizer(QUESTION, CONTEXT, return_tensors="pt")
+    with torch.no_grad():
+        out = qa.model(**enc)
+    naive = [int(out.start_logits[0].argmax()), int(out.end_logits[0].argmax())]
+    (e,) = qa.explain([(QUESTION, CONTEXT)], methods=["attcat"])
+    assert naive != e.predicted and enc.sequence_ids(0)[naive[0]] != 1
+
+
+def test_max_answer_length_is_settable(qa):
+    enc = qa.tokenizer(QUESTION, CONTEXT, return_tensors="pt")
+    with torch.no_grad():
+        out = qa.model(**enc)
+    allowed = [s == 1 and not sp for s, sp in zip(enc.sequence_ids(0), qa.encode([(QUESTION, CONTEXT)])[0].special)]
+    ex = Explainer(qa.model, qa.tokenizer, max_answer_length=1)
+    (e,) = ex.explain([(QUESTION, CONTEXT)], methods=["attcat"])
+    assert e.predicted[0] == e.predicted[1] and e.meta["max_answer_length"] == 1
+    assert tuple(e.predicted) == _brute_force(out.start_logits[0], out.end_logits[0], allowed, 1)
+    ex.max_answer_length = 3
+    (e,) = ex.explain([(QUESTION, CONTEXT)], methods=["attcat"])
+    assert tuple(e.predicted) == _brute_force(out.start_logits[0], out.end_logits[0], allowed, 3)
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(InputError, match="max_answer_length must be a positive"):
+            Explainer(qa.model, qa.tokenizer, max_answer_length=bad)
+    with pytest.raises(InputError, match="QA models only"):
+        Explainer(make_model("bert"), make_tokenizer()).max_answer_length = 5
+
+
+def test_a_target_span_ending_before_it_starts_is_refused(qa):
+    for target in [(9, 4), [(9, 4)]]:
+        with pytest.raises(InputError, match=r"^QA target span \(9, 4\) ends before it starts") as info:
+            qa.explain([(QUESTION, CONTEXT)], methods=["attcat"], target=target)
+        assert "\n" not in str(info.value)
+    (e,) = qa.explain([(QUESTION, CONTEXT)], methods=["attcat"], target=(4, 4))  # a one-token span is fine
+    assert e.target == [4, 4]
+
+
+def test_qa_target_span_error_through_the_cli(qa, tmp_path, capsys):
+    from attnlens.cli import main
+
+    qa.model.save_pretrained(tmp_path / "m")
+    qa.tokenizer.save_pretrained(tmp_path / "m")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text_a": QUESTION, "text_b": CONTEXT}) + "\n")
+    capsys.readouterr()
+    args = ["explain", "--model", str(tmp_path / "m"), "--file", str(tmp_path / "in.jsonl"), "--methods", "attcat"]
+    assert main([*args, "--target", "9,4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["attnlens: error: QA target span (9, 4) ends before it starts: give (start, end) with end >= start"]
+    assert main([*args, "--target", "9,11", "--format", "json"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)
+    assert d["target"] == [9, 11] and d["meta"]["task"] == "qa"
+    assert Explanation.from_dict(d).span_text() == "was great but"
+
+
+# ------------------------------------------------------------------ QA rendering
+def _plain(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def test_qa_terminal_view_shows_question_context_answer_and_probabilities(qa):
+    (e,) = qa.explain([(QUESTION, CONTEXT)], methods=["attcat", "grads"], target=(9, 11))
+    out = _plain(render_terminal(e, color=False, width=200))
+    p_start, p_end = e.probabilities
+    assert f"question: {QUESTION} context: {CONTEXT}" in out
+    assert f'answer: "was great but" (tokens 9-11), p(start) {p_start:.3f}, p(end) {p_end:.3f}' in out
+    assert f'predicted answer: "{e.span_text(e.predicted)}"' in out
+    assert "attcat" in out and "top 5 for" in out
+    coloured = render_terminal(e, color=True, width=200)
+    assert re.search(r"\x1b\[[0-9;]*\b4;[0-9;]*m(was|great|but)\b", coloured)  # the answer span is underlined
+    (p,) = qa.explain([(QUESTION, CONTEXT)], methods=["attcat"])
+    assert "(the predicted answer)" in _plain(render_terminal(p, color=False, width=200))
+
+
+def test_qa_word_aggregation_maps_the_span_to_word_positions(qa):
+    text = ("what films ?", "the films was great and boring .")
+    enc = qa.encode([text])[0]
+    context = [k for k in range(len(enc.tokens)) if enc.sequence_ids[k] == 1 and not enc.special[k]]
+    assert [enc.tokens[k] for k in context[:3]] == ["the", "film", "##s"]  # a word of two tokens
+    (e,) = qa.explain([text], methods=["attcat"], target=(context[1], context[-1]))
+    w = e.to_words()
+    assert e.span_text() == w.span_text() == "films was great and boring ."
+    assert w.tokens[w.target[0]] == "films" and w.tokens[w.target[1]] == "."
+    out = _plain(render_terminal(e, color=False, width=200, words=True))
+    assert f'answer: "films was great and boring ." (tokens {w.target[0]}-{w.target[1]})' in out
+
+
+def test_qa_html_shows_question_context_answer_and_probabilities(qa):
+    (e,) = qa.explain([(QUESTION, CONTEXT)], methods=["attcat", "grads"], target=(9, 11))
+    page = explanations_html(e)
+    p_start, p_end = e.probabilities
+    assert f"<b>question</b>: {QUESTION}</p>" in page and f"<b>context</b>: {CONTEXT}</p>" in page
+    assert (f"answer: &quot;was great but&quot; (tokens 9-11), p(start) {p_start:.3f}, p(end) {p_end:.3f}"
+            in page)
+    assert page.count('class="tok answer"') == 2 * 3  # the span's 3 tokens outlined, in both methods' rows
+    assert "probabilities 0:" not in page  # no bogus "class" probabilities
+
+
+def test_qa_token_and_layer_heatmaps(qa, tmp_path):
+    from attnlens.viz import plots
+
+    (e,) = qa.explain([(QUESTION, CONTEXT)], methods=["attcat", "grads"], target=(9, 11))
+    fig = plots.plot_token_heatmap(e, path=tmp_path / "t.png")
+    title = fig.axes[0].get_title(loc="left")
+    assert 'answer: "was great but" (tokens 9-11)' in title and "question: what was the movie" in title
+    bold = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_fontweight() == "bold"]
+    assert bold == ["was", "great", "but"]
+    fig = plots.plot_layer_heatmap(e, "attcat", path=tmp_path / "l.svg")
+    assert 'answer: "was great but"' in fig.axes[0].get_title(loc="left")
+    assert (tmp_path / "t.png").stat().st_size > 0 and (tmp_path / "l.svg").stat().st_size > 0
