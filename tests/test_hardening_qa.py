@@ -179,3 +179,27 @@ def test_qa_token_and_layer_heatmaps(qa, tmp_path):
     fig = plots.plot_layer_heatmap(e, "attcat", path=tmp_path / "l.svg")
     assert 'answer: "was great but"' in fig.axes[0].get_title(loc="left")
     assert (tmp_path / "t.png").stat().st_size > 0 and (tmp_path / "l.svg").stat().st_size > 0
+
+
+def test_report_of_a_squad_run_shows_the_answers(qa, tmp_path):
+    from attnlens.cli import main
+    from attnlens.data import Dataset, Example
+    from attnlens.evaluation import EvalConfig
+    from attnlens.evaluation.runner import run_benchmark
+
+    examples = [
+        Example("a", [QUESTION, CONTEXT], None, [{"text": "great", "answer_start": CONTEXT.index("great")}]),
+        Example("b", ["is the plot boring ?", "the plot was boring ."], None,
+                [{"text": "boring", "answer_start": 13}]),
+    ]
+    run_benchmark(qa, Dataset("squad", "dev", "qa", examples), tmp_path, methods="attcat,grads", progress=False,
+                  config=EvalConfig(precision_k=5))
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    exps = qa.explain([tuple(x.text) for x in examples], methods=["attcat"])
+    for x, e in zip(examples, exps):
+        assert f"<b>question</b>: {x.text[0]}</p>" in page and f"<b>context</b>: {x.text[1]}</p>" in page
+        p_start, p_end = e.probabilities
+        assert (f"answer: &quot;{e.span_text()}&quot;" in page and f"p(start) {p_start:.3f}, p(end) {p_end:.3f} "
+                "(the predicted answer)" in page)
+    assert "precision_at_k" in page and page.count('class="tok answer"') >= 2
