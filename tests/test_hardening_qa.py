@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import re
@@ -203,3 +204,112 @@ def test_report_of_a_squad_run_shows_the_answers(qa, tmp_path):
         assert (f"answer: &quot;{e.span_text()}&quot;" in page and f"p(start) {p_start:.3f}, p(end) {p_end:.3f} "
                 "(the predicted answer)" in page)
     assert "precision_at_k" in page and page.count('class="tok answer"') >= 2
+
+
+# ------------------------------------------------------------------ multi-label
+LABELS = {0: "joy", 1: "anger", 2: "fear", 3: "love"}
+TEXT = "the movie was great but the plot was boring ."
+
+
+@pytest.fixture(scope="module")
+def multi() -> Explainer:
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+                     max_position_embeddings=64, initializer_range=0.3, pad_token_id=PAD, num_labels=4,
+                     problem_type="multi_label_classification", id2label=LABELS)
+    model = BertForSequenceClassification(cfg).eval()
+    model.set_attn_implementation("eager")
+    return Explainer(model, make_tokenizer())
+
+
+def _logits(ex: Explainer, text: str) -> torch.Tensor:
+    with torch.no_grad():
+        return ex.model(**ex.tokenizer(text, return_tensors="pt")).logits[0]
+
+
+def test_multi_label_head_is_chosen_from_the_config(multi):
+    assert multi.head is MULTI_LABEL and head_for(make_model("bert")) is not MULTI_LABEL
+
+
+def test_multi_label_probabilities_prediction_and_default_target(multi):
+    texts = [TEXT, "boring", "great film and great plot !"]
+    exps = multi.explain(texts, methods=["attcat"])
+    for text, e in zip(texts, exps):
+        z = _logits(multi, text)
+        p = torch.sigmoid(z)
+        np.testing.assert_allclose(e.probabilities, p.numpy(), rtol=1e-5)
+        assert abs(sum(e.probabilities) - 1) > 1e-3  # not a softmax
+        assert e.predicted == [j for j in range(4) if p[j] > 0.5]
+        assert e.target == int(z.argmax()) and e.meta["problem_type"] == "multi_label_classification"
+    np.testing.assert_allclose(multi.predict_proba([multi.encode([TEXT])[0].ids])[0],
+                               torch.sigmoid(_logits(multi, TEXT)).numpy(), rtol=1e-5)
+    back = Explanation.from_dict(json.loads(json.dumps(exps[0].to_dict())))
+    assert back == exps[0] and back.is_multi_label and back.predicted == exps[0].predicted
+
+
+@pytest.mark.parametrize("j", [0, 1, 2, 3])
+def test_multi_label_probability_and_loss_targets_scale_the_logit_gradient(multi, j):
+    """d sigmoid(z_j) = sigmoid'(z_j) dz_j and d log sigmoid(z_j) = (1 - sigmoid(z_j)) dz_j: every method linear
+    (or positively homogeneous) in the gradient scales by that factor; a softmax would mix in other labels."""
+    methods = ["inputxgradient", "saliency", "grads"]
+    s = float(torch.sigmoid(_logits(multi, TEXT)[j]))
+    (logit,) = multi.explain(TEXT, methods=methods, target=j)
+    (prob,) = multi.explain(TEXT, methods=methods, target=j, target_kind="probability")
+    (loss,) = multi.explain(TEXT, methods=methods, target=LABELS[j], target_kind="loss")
+    assert logit.target == prob.target == loss.target == j
+    for m in methods:
+        np.testing.assert_allclose(prob.scores[m], s * (1 - s) * logit.scores[m], rtol=1e-4, atol=1e-9)
+        np.testing.assert_allclose(loss.scores[m], (1 - s) * logit.scores[m], rtol=1e-4, atol=1e-9)
+
+
+def test_multi_label_integrated_gradients_complete_to_the_sigmoid(multi):
+    from attnlens.methods.gradient import baseline_ids
+
+    j = 3
+    (e,) = multi.explain(TEXT, methods=["integratedgradients"], target=j, target_kind="probability",
+                         options={"integratedgradients": {"n_steps": 300}})
+    (enc,) = multi.encode([TEXT])
+    ctx = multi._context([enc], "probability")
+    ctx.targets = torch.tensor([j])
+    base = baseline_ids(ctx, "auto")
+    with torch.no_grad():
+        f_x = torch.sigmoid(multi.model(**ctx.inputs).logits[0, j])
+        f_b = torch.sigmoid(multi.model(**{**ctx.inputs, "input_ids": base}).logits[0, j])
+    assert e.scores["integratedgradients"].sum() == pytest.approx(float(f_x - f_b), rel=0.02, abs=2e-4)
+
+
+def test_multi_label_lrp_probability_target_uses_the_sigmoid(multi):
+    s = float(torch.sigmoid(_logits(multi, TEXT)[1]))
+    (logit,) = multi.explain(TEXT, methods=["attnlrp"], target=1)
+    (prob,) = multi.explain(TEXT, methods=["attnlrp"], target=1, target_kind="probability")
+    # the output sigmoid gets the gradient x input rule: relevance scales by sigmoid'(z) z / z at the top
+    np.testing.assert_allclose(prob.scores["attnlrp"], s * (1 - s) * logit.scores["attnlrp"], rtol=1e-4, atol=1e-9)
+
+
+def test_multi_label_rendering(multi, tmp_path):
+    from attnlens.viz import plots
+
+    (e,) = multi.explain(TEXT, methods=["attcat", "grads"], target="anger")
+    p = e.probabilities
+    chosen = ", ".join(f"{LABELS[j]} ({p[j]:.3f})" for j in e.predicted) or "none"
+    line = f"predicted labels (p > 0.5 each, independent): {chosen}; explaining anger (p {p[1]:.3f})"
+    listed = "label probabilities (sigmoid, independent) " + ", ".join(f"{LABELS[j]}: {p[j]:.3f}" for j in range(4))
+    out = _plain(render_terminal(e, color=False, width=200))
+    assert line in out and listed in out
+    page = explanations_html(e)
+    assert html.escape(line) in page and listed in page
+    fig = plots.plot_token_heatmap(e, path=tmp_path / "m.png")
+    assert line in fig.axes[0].get_title(loc="left")
+    nobody = Explanation.from_dict({**e.to_dict(), "predicted": []})
+    assert "predicted labels (p > 0.5 each, independent): none; explaining anger" in render_terminal(
+        nobody, color=False, width=200)
+
+
+def test_benchmark_refuses_a_multi_label_model(multi, tmp_path):
+    from attnlens.data import Dataset, Example
+    from attnlens.evaluation.runner import run_benchmark
+
+    ds = Dataset("sst2", "dev", "classification", [Example("a", TEXT, 1, None)])
+    with pytest.raises(InputError, match="single-label classifiers; this model is multi-label"):
+        run_benchmark(multi, ds, tmp_path, methods="attcat", progress=False)
+    assert not (tmp_path / "run.json").exists()

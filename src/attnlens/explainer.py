@@ -575,9 +575,9 @@ class Explainer:
         *,
         batch_size: int = 64,
     ) -> np.ndarray:
-        """Class probabilities ``(n, C)`` (multi-label models: independent sigmoid per label) for token-id sequences of any lengths (no gradients, length-sorted
-        batches, SDPA attention while scoring). ``attention_masks`` (one 0/1 list per sequence) lets callers hide
-        tokens without deleting them."""
+        """Class probabilities ``(n, C)`` for token-id sequences of any lengths (no gradients, length-sorted
+        batches, SDPA attention while scoring); multi-label models give each label's independent sigmoid.
+        ``attention_masks`` (one 0/1 list per sequence) lets callers hide tokens without deleting them."""
         if self.head.task != "classification":
             raise ModelError("predict_proba is for sequence classifiers; this is a QA model")
         if len(input_ids) == 0:

@@ -188,6 +188,9 @@ def run_benchmark(
             f"dataset {dataset.name} is {'a QA' if qa else 'a classification'} data set but the model is "
             f"{'an extractive QA model' if model_task == 'qa' else 'a sequence classifier'}"
         )
+    if getattr(getattr(explainer, "head", None), "multi_label", False):
+        raise InputError("the benchmark scores single-label classifiers; this model is multi-label "
+                         "(config.problem_type='multi_label_classification')")
     if target not in ("predicted", "gold"):
         raise InputError(f"target must be 'predicted' or 'gold', got {target!r}")
     method_ids = _applicable_methods(methods, explainer, resolve_methods)
