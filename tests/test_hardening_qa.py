@@ -7,6 +7,7 @@ import html
 import itertools
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -313,3 +314,34 @@ def test_benchmark_refuses_a_multi_label_model(multi, tmp_path):
     with pytest.raises(InputError, match="single-label classifiers; this model is multi-label"):
         run_benchmark(multi, ds, tmp_path, methods="attcat", progress=False)
     assert not (tmp_path / "run.json").exists()
+
+
+# ------------------------------------------------------------------ precision@K
+def test_precision_at_k_is_a_documented_count_everywhere(tmp_path):
+    from attnlens.evaluation import EvalConfig, precision_at_k
+    from attnlens.evaluation.metrics import metric_info
+    from attnlens.evaluation.runner import write_tables
+
+    # hand-made: ranking of the real tokens by score is 3, 1, 4, 2, 5; the answer is tokens 1, 2, 5
+    exp = Explanation(text="a b c d e", tokens=["[CLS]", "a", "b", "c", "d", "e", "[SEP]"],
+                      special=[True, False, False, False, False, False, True], target=0, predicted=0,
+                      probabilities=[1.0], scores={"m": np.array([9.0, 4.0, 2.0, 5.0, 3.0, 1.0, 9.0])})
+    assert [precision_at_k(exp, "m", [1, 2, 5], k) for k in (1, 2, 3, 4, 5, 20)] == [0, 1, 1, 2, 3, 3]
+    info = metric_info("precision_at_k", EvalConfig(precision_k=4)).to_dict()
+    assert info["range"] == [0.0, 4.0] and info["best"] == 4.0 and not info["lower_is_better"]
+    assert "count in [0, K]" in info["description"] and "K = 4" in info["description"]
+    assert "not a fraction" in info["description"]
+    for bad in (0, -1, 2.5):
+        with pytest.raises(InputError, match="K of precision@K must be a positive"):
+            EvalConfig(precision_k=bad)
+    summary = {"model": "m", "dataset": "squad", "split": "dev", "n_examples": 1, "protocol": "paper",
+               "metrics": {"precision_at_k": info}, "results": {"m": {"precision_at_k": 2.0}},
+               "curves": {"precision_at_k": {"k": 4, "answer_tokens": 3.0, "perfect": 3.0}}}
+    write_tables(tmp_path, summary)
+    table = (tmp_path / "table.md").read_text()
+    assert "| m | **2.000** |" in table
+    assert "precision_at_k is a count, not a fraction: gold-answer tokens among the top K = 4" in table
+    assert "(best reachable: 3.000)" in table
+    docs = (Path(__file__).parents[1] / "docs" / "benchmark-format.md").read_text()
+    row = next(line for line in docs.splitlines() if line.startswith("| `precision_at_k`"))
+    assert "| [0, K] |" in row and "a **count**, not a fraction" in row

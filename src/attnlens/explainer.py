@@ -378,7 +378,9 @@ class Explainer:
         Args:
             texts: a string, a ``(text_a, text_b)`` pair, or a list of them.
             methods: ``"all"``, a comma-separated string or a list of method ids (see ``list_methods()``).
-            target: ``None`` (each input's predicted class), a class index, a label name, or one per input.
+            target: ``None`` (each input's predicted class; multi-label: its highest-scoring label; QA: its
+                predicted answer span), a class index, a label name, a QA ``(start, end)`` span with end >= start,
+                or one per input.
             batch_size: inputs per padded batch (inputs are sorted by length internally).
             target_kind: explain the ``"logit"`` (default), the ``"probability"``, or ``"loss"`` (the
                 log-probability of ``target``, i.e. minus the cross-entropy; pass the gold labels as ``target``).
