@@ -122,8 +122,9 @@ def test_qa_target_span_error_through_the_cli(qa, tmp_path, capsys):
     assert err == ["attnlens: error: QA target span (9, 4) ends before it starts: give (start, end) with end >= start"]
     assert main([*args, "--target", "9,11", "--format", "json"]) == 0
     (d,) = json.loads(capsys.readouterr().out)
-    assert d["target"] == [9, 11] and d["meta"]["task"] == "qa"
+    assert d["target"] == [9, 11] and d["meta"]["task"] == "qa" and d["meta"]["answer"] == "was great but"
     assert Explanation.from_dict(d).span_text() == "was great but"
+    assert d["meta"]["predicted_answer"] == Explanation.from_dict(d).span_text(d["predicted"])
 
 
 # ------------------------------------------------------------------ QA rendering
@@ -345,3 +346,22 @@ def test_precision_at_k_is_a_documented_count_everywhere(tmp_path):
     docs = (Path(__file__).parents[1] / "docs" / "benchmark-format.md").read_text()
     row = next(line for line in docs.splitlines() if line.startswith("| `precision_at_k`"))
     assert "| [0, K] |" in row and "a **count**, not a fraction" in row
+
+
+def test_multi_label_model_through_the_cli(multi, tmp_path, capsys):
+    from attnlens.cli import main
+
+    multi.model.save_pretrained(tmp_path / "m")
+    multi.tokenizer.save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    args = ["explain", "--model", str(tmp_path / "m"), "--methods", "attcat", TEXT]
+    assert main([*args, "--format", "json", "--target", "love"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)
+    p = torch.sigmoid(_logits(multi, TEXT))
+    np.testing.assert_allclose(d["probabilities"], p.numpy(), rtol=1e-5)
+    assert d["predicted"] == [j for j in range(4) if p[j] > 0.5] and d["target"] == 3
+    assert d["meta"]["problem_type"] == "multi_label_classification"
+    assert main(args) == 0
+    out = _plain(capsys.readouterr().out)
+    assert f"explaining {LABELS[int(p.argmax())]} (p {float(p.max()):.3f})" in out
+    assert "label probabilities (sigmoid, independent) joy:" in out

@@ -556,6 +556,9 @@ class Explainer:
                     meta={**meta, "truncated_tokens": e.dropped} if e.dropped else dict(meta),
                 )
             )
+            if self.head.task == "qa":  # the spans as text, for JSON readers
+                exp = explanations[-1]
+                exp.meta.update(answer=exp.span_text(), predicted_answer=exp.span_text(exp.predicted))
         return explanations
 
     # ------------------------------------------------------------ prediction
