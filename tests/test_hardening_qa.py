@@ -156,7 +156,7 @@ def test_qa_word_aggregation_maps_the_span_to_word_positions(qa):
     assert e.span_text() == w.span_text() == "films was great and boring ."
     assert w.tokens[w.target[0]] == "films" and w.tokens[w.target[1]] == "."
     out = _plain(render_terminal(e, color=False, width=200, words=True))
-    assert f'answer: "films was great and boring ." (tokens {w.target[0]}-{w.target[1]})' in out
+    assert f'answer: "films was great and boring ." (words {w.target[0]}-{w.target[1]})' in out
 
 
 def test_qa_html_shows_question_context_answer_and_probabilities(qa):
@@ -168,6 +168,7 @@ def test_qa_html_shows_question_context_answer_and_probabilities(qa):
             in page)
     assert page.count('class="tok answer"') == 2 * 3  # the span's 3 tokens outlined, in both methods' rows
     assert "probabilities 0:" not in page  # no bogus "class" probabilities
+    assert "Green supports the explained answer span (outlined)" in page
 
 
 def test_qa_token_and_layer_heatmaps(qa, tmp_path):

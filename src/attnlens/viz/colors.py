@@ -100,7 +100,8 @@ def answer_positions(exp: Explanation) -> set[int]:
 
 def _span(exp: Explanation, span: object) -> str:
     start, end = span  # type: ignore[misc]
-    where = f"token {start}" if start == end else f"tokens {start}-{end}"
+    unit = "word" if exp.meta.get("granularity") == "word" else "token"
+    where = f"{unit} {start}" if start == end else f"{unit}s {start}-{end}"
     return f'"{exp.span_text(span)}" ({where})'  # type: ignore[arg-type]
 
 

@@ -170,8 +170,9 @@ def explanations_html(
     """
     items = prepare(exps, words)
     title = title or "attnlens explanations"
+    explained = "explained answer span (outlined)" if any(e.is_qa for e in items) else "explained class"
     intro = (
-        f'<h1>{_e(title)}</h1>\n<p class="meta">Green supports the explained class, red opposes it; shade = '
+        f'<h1>{_e(title)}</h1>\n<p class="meta">Green supports the {explained}, red opposes it; shade = '
         "|score| relative to the largest of the same method on the same example. "
         'Hover a token for its score. <span class="legend"></span> &minus;1 &hellip; +1</p>'
     )
