@@ -29,13 +29,17 @@ def test_qa_explains_start_plus_end(qa):
     enc = qa.tokenizer(QUESTION, CONTEXT, return_tensors="pt")
     with torch.no_grad():
         out = qa.model(**enc)
-    best = [int(out.start_logits[0].argmax()), int(out.end_logits[0].argmax())]
+    # SQuAD decoding: the best start + end logit over context tokens with start <= end (brute force)
+    context = [i for i, s in enumerate(enc.sequence_ids(0)) if s == 1]
+    st, en = out.start_logits[0], out.end_logits[0]
+    best = list(max(((s, t) for s in context for t in context if s <= t < s + 30), key=lambda p: st[p[0]] + en[p[1]]))
     assert e.predicted == e.target == best
     assert e.meta["task"] == "qa" and e.labels is None
-    start = qa.explain([(QUESTION, CONTEXT)], methods=["agrad", "attcat"], target=(best[0], 0))[0]
+    last = len(e.tokens) - 1  # anchors (0, last) keep every span end >= start
+    start = qa.explain([(QUESTION, CONTEXT)], methods=["agrad", "attcat"], target=(best[0], last))[0]
     end = qa.explain([(QUESTION, CONTEXT)], methods=["agrad", "attcat"], target=(0, best[1]))[0]
-    zero = qa.explain([(QUESTION, CONTEXT)], methods=["agrad", "attcat"], target=(0, 0))[0]
-    # linear in the gradient: explain(start + end) = explain(start) + explain(end) (each with position 0 removed)
+    zero = qa.explain([(QUESTION, CONTEXT)], methods=["agrad", "attcat"], target=(0, last))[0]
+    # linear in the gradient: explain(start + end) = explain(start) + explain(end) - explain(anchors)
     for m in ["agrad", "attcat"]:
         np.testing.assert_allclose(e.scores[m], start.scores[m] + end.scores[m] - zero.scores[m], atol=1e-6)
     d = e.to_dict()

@@ -30,11 +30,13 @@ def run_capture(
     *,
     gradients: bool,
     head: Head = CLASSIFICATION,
+    answer_mask: torch.Tensor | None = None,
 ) -> tuple[Capture, torch.Tensor]:
     """Run ``model`` once on a padded batch, keeping attention probabilities and hidden states, and, if
     ``gradients``, take the gradients of the summed per-example target scalars w.r.t. all of them in one
     backward pass (:func:`torch.autograd.grad`: nothing is written to ``.grad`` and weight gradients are never
-    computed). ``targets=None`` explains each example's predicted class. Returns the capture and the targets.
+    computed). ``targets=None`` explains each example's predicted class (QA: the best span within ``answer_mask``).
+    Returns the capture and the targets.
     """
     store: dict[str, torch.Tensor] = {}
 
@@ -58,7 +60,7 @@ def run_capture(
     stream_tensors = adapter.select(outputs, stream, token_mask, cls)
     logits = head.logits(outputs)
     if targets is None:
-        targets = head.predicted(logits, token_mask)
+        targets = head.predicted(logits, token_mask, answer_mask)
     embeddings = store.get("embeddings")
 
     capture = Capture(

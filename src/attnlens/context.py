@@ -82,6 +82,8 @@ class BatchContext:
         head: what the model predicts (classification or extractive QA) and how the explained scalar is formed.
         stream: which attention explains (``"self"`` for encoder-/decoder-only, or BART's
             ``"encoder"``, ``"decoder"``, ``"cross"``).
+        answer_mask: ``(B, N)`` positions an extractive QA answer may use (the context's non-special tokens),
+            or ``None`` (classifiers).
         capture: the shared pass, or ``None`` when no requested method needs it.
         cache: scratch space shared by the methods of this batch (e.g. one LRP pass for several LRP methods).
     """
@@ -96,6 +98,7 @@ class BatchContext:
     stream: str = "self"
     tokenizer: Any = None
     head: Head = CLASSIFICATION
+    answer_mask: torch.Tensor | None = None
     capture: Capture | None = None
     cache: dict[str, Any] = field(default_factory=dict)
 

@@ -56,6 +56,13 @@ class Explainer:
             ``"encoder"`` (default), ``"decoder"`` or ``"cross"``.
         max_length: longest input in tokens (default: what the model's position embeddings allow).
         name: how the model is named in the explanations' metadata.
+        max_answer_length: QA models: the longest predicted answer span in tokens (default 30, as HF's
+            question-answering pipeline). Predicted spans are decoded as SQuAD does: the best start + end logit
+            with end >= start, within the context (the second sequence of a (question, context) pair).
+
+    A model whose ``config.problem_type`` is ``"multi_label_classification"`` is explained as multi-label:
+    independent sigmoid probabilities per label, ``predicted`` lists the labels with p > 0.5, and the default
+    target is the highest-scoring label (any label can be explained with ``target=``).
 
     The model is never modified: it runs in eval mode with eager attention while explaining, and its flags and
     attention implementation are restored afterwards (also on errors).
@@ -69,10 +76,11 @@ class Explainer:
         attention: str | None = None,
         max_length: int | None = None,
         name: str | None = None,
+        max_answer_length: int = 30,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ModelError(f"expected a PyTorch HuggingFace model, got {type(model).__name__}")
-        self.head = head_for(model)
+        self.head = head_for(model, max_answer_length=max_answer_length)
         self.model = model
         self.tokenizer = tokenizer
         self.adapter: Adapter = adapter_for(model)
@@ -149,6 +157,17 @@ class Explainer:
         n = int(self.model.config.num_labels)
         id2label = getattr(self.model.config, "id2label", None) or {}
         return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(n)]
+
+    @property
+    def max_answer_length(self) -> int | None:
+        """QA models: the longest predicted answer span in tokens (settable); ``None`` for classifiers."""
+        return getattr(self.head, "max_answer_length", None)
+
+    @max_answer_length.setter
+    def max_answer_length(self, value: int) -> None:
+        if self.head.task != "qa":
+            raise InputError("max_answer_length applies to extractive QA models only")
+        self.head = head_for(self.model, max_answer_length=value)
 
     @property
     def device(self) -> torch.device:
@@ -309,6 +328,9 @@ class Explainer:
                 return (-1, -1)
             if (isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, (int, np.integer)) for x in t)
                     and min(t) >= 0):
+                if int(t[1]) < int(t[0]):
+                    raise InputError(f"QA target span {tuple(int(x) for x in t)} ends before it starts: "
+                                     "give (start, end) with end >= start")
                 return (int(t[0]), int(t[1]))
             raise InputError(f"a QA target is a (start, end) pair of token positions (>= 0), got {t!r}")
 
@@ -356,7 +378,9 @@ class Explainer:
         Args:
             texts: a string, a ``(text_a, text_b)`` pair, or a list of them.
             methods: ``"all"``, a comma-separated string or a list of method ids (see ``list_methods()``).
-            target: ``None`` (each input's predicted class), a class index, a label name, or one per input.
+            target: ``None`` (each input's predicted class; multi-label: its highest-scoring label; QA: its
+                predicted answer span), a class index, a label name, a QA ``(start, end)`` span with end >= start,
+                or one per input.
             batch_size: inputs per padded batch (inputs are sorted by length internally).
             target_kind: explain the ``"logit"`` (default), the ``"probability"``, or ``"loss"`` (the
                 log-probability of ``target``, i.e. minus the cross-entropy; pass the gold labels as ``target``).
@@ -419,6 +443,11 @@ class Explainer:
         special = torch.zeros_like(token_mask, dtype=torch.bool)
         for b, e in enumerate(batch):
             special[b, : len(e.special)] = torch.tensor(e.special)
+        answer_mask = None
+        if self.head.task == "qa":
+            answer_mask = torch.zeros_like(special)
+            for b, e in enumerate(batch):
+                answer_mask[b, : len(e.ids)] = torch.tensor(_context_positions(e))
         return BatchContext(
             model=self.model,
             adapter=self.adapter,
@@ -430,6 +459,7 @@ class Explainer:
             stream=self.stream,
             tokenizer=self.tokenizer,
             head=self.head,
+            answer_mask=answer_mask,
         )
 
     def compute_batch(
@@ -449,14 +479,16 @@ class Explainer:
             # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
             with torch.no_grad(), explaining(self.model):
                 logits = self.head.logits(self.model(**ctx.inputs))
-            wanted = torch.where(unresolved, self.head.predicted(logits, ctx.token_mask), wanted)
+            wanted = torch.where(unresolved, self.head.predicted(logits, ctx.token_mask, ctx.answer_mask), wanted)
             unresolved = torch.zeros_like(unresolved)
         with explaining(self.model):
             capture, _ = run_capture(
                 self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream,
                 None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=self.head,
+                answer_mask=ctx.answer_mask,
             )
-            ctx.targets = torch.where(unresolved, self.head.predicted(capture.logits, ctx.token_mask), wanted)
+            ctx.targets = torch.where(
+                unresolved, self.head.predicted(capture.logits, ctx.token_mask, ctx.answer_mask), wanted)
             ctx.capture = capture
             out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
             mask = ctx.token_mask.to(capture.logits.dtype)
@@ -480,7 +512,7 @@ class Explainer:
     ) -> list[Explanation]:
         ctx, out = self.compute_batch(batch, targets, specs, method_options, target_kind, gradients)
         probs = self.head.probabilities(ctx.capture.logits, ctx.token_mask).cpu().numpy()
-        predicted = self.head.predicted(ctx.capture.logits, ctx.token_mask).cpu().tolist()
+        predicted = self.head.prediction(ctx.capture.logits, ctx.token_mask, ctx.answer_mask)
         chosen = ctx.targets.cpu().tolist()
         explanations = []
         meta = {
@@ -489,6 +521,8 @@ class Explainer:
             "attention": self.stream,
             "target_kind": target_kind,
             "task": self.head.task,
+            **({"problem_type": "multi_label_classification"} if self.head.multi_label else {}),
+            **({"max_answer_length": self.head.max_answer_length} if self.head.task == "qa" else {}),
             "options": {k: v for k, v in method_options.items() if v},
             "attnlens": __version__,
         }
@@ -522,6 +556,9 @@ class Explainer:
                     meta={**meta, "truncated_tokens": e.dropped} if e.dropped else dict(meta),
                 )
             )
+            if self.head.task == "qa":  # the spans as text, for JSON readers
+                exp = explanations[-1]
+                exp.meta.update(answer=exp.span_text(), predicted_answer=exp.span_text(exp.predicted))
         return explanations
 
     # ------------------------------------------------------------ prediction
@@ -533,7 +570,7 @@ class Explainer:
         masks: Sequence[Sequence[int]] | None = None,
     ) -> np.ndarray:
         inputs, _ = self._inputs(ids, type_ids, masks)
-        return self.model(**inputs).logits.float().softmax(-1).cpu().numpy()
+        return self.head.probabilities(self.model(**inputs).logits, inputs["attention_mask"]).cpu().numpy()
 
     def predict_proba(
         self,
@@ -544,8 +581,8 @@ class Explainer:
         batch_size: int = 64,
     ) -> np.ndarray:
         """Class probabilities ``(n, C)`` for token-id sequences of any lengths (no gradients, length-sorted
-        batches, SDPA attention while scoring). ``attention_masks`` (one 0/1 list per sequence) lets callers hide
-        tokens without deleting them."""
+        batches, SDPA attention while scoring); multi-label models give each label's independent sigmoid.
+        ``attention_masks`` (one 0/1 list per sequence) lets callers hide tokens without deleting them."""
         if self.head.task != "classification":
             raise ModelError("predict_proba is for sequence classifiers; this is a QA model")
         if len(input_ids) == 0:
@@ -574,3 +611,15 @@ class Explainer:
                                      "logit", gradients=False, head=self.head)
         att = torch.stack(capture.attentions, 0)[:, 0]  # (L, H, Q, K)
         return list(e.tokens), list(e.special), att.float().cpu().numpy()
+
+
+def _context_positions(e: Encoded) -> list[bool]:
+    """Token positions an extractive QA answer may use: the non-special tokens of the context, which is the
+    second sequence of a (question, context) pair (sequence id 1, else token type 1); all non-special tokens of
+    a single text."""
+    if isinstance(e.text, list):
+        if e.sequence_ids is not None:
+            return [s == 1 and not sp for s, sp in zip(e.sequence_ids, e.special, strict=True)]
+        if e.type_ids is not None and any(e.type_ids):
+            return [t == 1 and not sp for t, sp in zip(e.type_ids, e.special, strict=True)]
+    return [not sp for sp in e.special]

@@ -30,9 +30,11 @@ class Explanation:
         text: the explained text, or ``[text_a, text_b]`` for a sentence pair.
         tokens: the model's tokens (padding removed), special tokens included.
         special: ``True`` where a token is a special token ([CLS], [SEP], <s>, ...); never ranked.
-        target: the class whose score was explained (QA models: the ``[start, end]`` token positions).
-        predicted: the class the model predicted (QA: the best ``[start, end]``).
-        probabilities: softmax probabilities of every class (QA: of the explained start and end positions).
+        target: the class whose score was explained (QA models: the ``[start, end]`` token positions, inclusive).
+        predicted: the class the model predicted (QA: the best ``[start, end]`` span, decoded as SQuAD does;
+            multi-label models: the list of labels with p > 0.5, possibly empty).
+        probabilities: softmax probabilities of every class (multi-label: each label's independent sigmoid
+            probability; QA: the probabilities of the explained start and end positions).
         scores: method id -> one float per token; positive supports ``target`` where the method is signed.
         layers: method id -> ``(n_layers, n_tokens)`` per-layer scores for layered methods.
         labels: class names (``id2label``), if the model has them.
@@ -73,6 +75,39 @@ class Explanation:
     def predicted_label(self) -> str | None:
         """Name of the predicted class, if the model names its classes."""
         return self.labels[self.predicted] if self.labels and isinstance(self.predicted, int) else None
+
+    @property
+    def is_qa(self) -> bool:
+        """Whether this explains an extractive QA model (its target is a ``[start, end]`` token span)."""
+        return self.meta.get("task") == "qa" or (isinstance(self.target, list) and not self.is_multi_label)
+
+    @property
+    def is_multi_label(self) -> bool:
+        """Whether the model is a multi-label classifier (independent sigmoid probabilities per label)."""
+        return self.meta.get("problem_type") == "multi_label_classification"
+
+    def label_name(self, index: int) -> str:
+        """Name of class ``index`` (its ``id2label`` entry, else the index)."""
+        return self.labels[index] if self.labels and 0 <= index < len(self.labels) else str(index)
+
+    def span_text(self, span: Sequence[int] | None = None) -> str:
+        """QA: the text of the token span ``[start, end]`` (default: the explained one), cut from the original
+        text by the token offsets where the span lies in one sequence, else its tokens joined."""
+        start, end = (self.target if span is None else span)  # type: ignore[misc]
+        start, end = int(start), int(end)
+        if not 0 <= start <= end < len(self.tokens):
+            return ""
+        group = list(range(start, end + 1))
+        seqs = {None if self.sequence_ids is None else self.sequence_ids[i] for i in group}
+        if self.offsets is not None and len(seqs) == 1 and not any(self.special[i] for i in group):
+            seq = seqs.pop()
+            source = self.text[seq or 0] if isinstance(self.text, list) else self.text
+            lo, hi = self.offsets[start][0], max(self.offsets[i][1] for i in group)
+            if hi > lo:
+                return source[lo:hi]
+        words = [_strip_mark(self.tokens[i], first=True) if _is_continuation(self.tokens[i]) else " " + self.tokens[i]
+                 for i in group]
+        return "".join(words).strip()
 
     def _method_scores(self, method: str) -> np.ndarray:
         if method not in self.scores:
@@ -160,12 +195,17 @@ class Explanation:
         offsets = None
         if self.offsets is not None:
             offsets = [(min(self.offsets[i][0] for i in g), max(self.offsets[i][1] for i in g)) for g in groups]
+        target, predicted = self.target, self.predicted
+        if self.is_qa:  # spans are token positions: map them to word positions
+            word_of = {i: k for k, g in enumerate(groups) for i in g}
+            target, predicted = ([word_of.get(int(i), int(i)) for i in span]  # type: ignore[union-attr]
+                                 for span in (self.target, self.predicted))
         return Explanation(
             text=self.text,
             tokens=[self._word_text(g) for g in groups],
             special=[self.special[g[0]] for g in groups],
-            target=self.target,
-            predicted=self.predicted,
+            target=target,
+            predicted=predicted,
             probabilities=list(self.probabilities),
             scores={m: agg(s) for m, s in self.scores.items()},
             layers={m: agg(s) for m, s in self.layers.items()},

@@ -49,7 +49,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="explain the predicted class or the gold label (seed 000 explains the gold label)")
     p.add_argument("--target-kind", choices=["logit", "probability", "loss"], default="logit",
                    help="explain the logit, the probability, or the loss (log-probability) of the target")
-    p.add_argument("--k", type=int, default=20, help="K of precision@K (QA)")
+    p.add_argument("--k", type=int, default=20,
+                   help="K of precision@K (QA): the count of gold-answer tokens among the top K")
     p.add_argument("--attention", default=None, help="BART-like models: encoder, decoder or cross")
     p.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
     p.add_argument("--batch-size", type=int, default=32, help="inputs per explanation batch")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--file", help="one text per line, or JSON Lines with text / text_a + text_b")
     p.add_argument("--model", help="HF model directory or hub id (default: ../shared/models/minilm-sst2)")
     p.add_argument("--methods", default="all", help="comma-separated method ids, or 'all' (default)")
-    p.add_argument("--target", help="class index or label name to explain (default: the predicted class)")
+    p.add_argument("--target", help="class index or label name to explain (default: the predicted class); QA models: "
+                   "START,END token positions of the answer span")
     p.add_argument("--target-kind", default="logit", choices=["logit", "probability", "loss"])
     p.add_argument("--attention", help="BART-like models: encoder (default), decoder or cross")
     p.add_argument("--format", default="terminal", choices=FORMATS)
@@ -102,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     target: Any = args.target
     if target is not None and target.lstrip("-").isdigit():
         target = int(target)
+    elif target is not None and re.fullmatch(r"\s*\d+\s*,\s*\d+\s*", target):  # a QA span START,END
+        target = tuple(int(x) for x in target.split(","))
     explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length)
     exps = explainer.explain(
         texts,

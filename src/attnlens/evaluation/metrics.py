@@ -18,7 +18,8 @@ Conventions (``protocol="paper"``, the default):
 - kendall (Eq. 15): Kendall τ_b between the scores of ŷ and of each other class over the real tokens, averaged.
 - consistency (seed 000): silhouette of the last-layer hidden states of the top-5 tokens of correctly classified
   examples, clustered by gold class.
-- precision@k (AttCAT, SQuAD): gold-answer tokens among the k best-ranked tokens.
+- precision@k (AttCAT, SQuAD): the number of gold-answer tokens among the k best-ranked tokens (a count in
+  [0, k], as the AttCAT code computes and reports it, not a fraction).
 
 ``protocol="attcat-code"`` reproduces the AttCAT notebooks instead: explained and scored class = the gold label;
 9 levels from ``np.linspace(0, 1, 10)`` of the length *including* [CLS]/[SEP] (k = 0 dropped, duplicates
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,8 @@ class EvalConfig:
             raise InputError(f"occlusion drop must be 'mask' or 'delete', got {self.occlusion_drop!r}")
         if any(c < 0 for c in self.occlusion_counts):
             raise InputError("occlusion counts must be >= 0")
+        if isinstance(self.precision_k, bool) or not isinstance(self.precision_k, int) or self.precision_k < 1:
+            raise InputError(f"K of precision@K must be a positive number of tokens, got {self.precision_k!r}")
 
 
 @dataclass
@@ -369,10 +372,16 @@ def kendall_tau(
 
 class PrecisionAtK(Metric):
     info = MetricInfo(
-        "precision_at_k", (0.0, math.inf), math.inf, False,
-        "Precision@K (AttCAT, SQuAD): number of gold-answer tokens among the K (=20) best-ranked tokens; higher is "
-        "better",
+        "precision_at_k", (0.0, 20.0), 20.0, False,
+        "Precision@K (AttCAT, SQuAD): the number of gold-answer tokens among the K = 20 best-ranked tokens, a count "
+        "in [0, K] as the AttCAT code reports it (not a fraction; at most the answer's length); higher is better",
     )
+
+    @classmethod
+    def info_for(cls, k: int) -> MetricInfo:
+        """The description with the run's K."""
+        return replace(cls.info, range=(0.0, float(k)), best=float(k), description=cls.info.description.replace(
+            "K = 20", f"K = {k}"))
 
     def applies(self, item: Item) -> bool:
         return item.answer_tokens is not None
@@ -388,7 +397,9 @@ class PrecisionAtK(Metric):
 
 
 def precision_at_k(exp: Explanation, method: str, answer_tokens: Sequence[int], k: int = 20) -> int:
-    """How many of the gold-answer token positions are among the ``k`` best-ranked real tokens."""
+    """How many of the gold-answer token positions are among the ``k`` best-ranked real tokens: a count in
+    ``[0, min(k, len(answer_tokens))]`` (the AttCAT code's ``cal_count``), not a fraction; divide by ``k`` for
+    precision in the information-retrieval sense."""
     return len(set(ranking(exp, method)[:k]) & set(int(t) for t in answer_tokens))
 
 
@@ -431,12 +442,14 @@ ALL_METRICS = [*METRICS, "consistency"]
 DEFAULT_METRICS = ("aopc", "lodds", "kendall")
 
 
-def metric_info(name: str) -> MetricInfo:
-    """The description of metric ``name``."""
+def metric_info(name: str, config: EvalConfig | None = None) -> MetricInfo:
+    """The description of metric ``name`` (with ``config``'s K for precision@K)."""
     if name == "consistency":
         return CONSISTENCY
     if name not in METRICS:
         raise InputError(f"unknown metric {name!r}; available metrics: {', '.join(ALL_METRICS)}")
+    if name == "precision_at_k" and config is not None:
+        return PrecisionAtK.info_for(config.precision_k)
     return METRICS[name].info
 
 

@@ -188,6 +188,9 @@ def run_benchmark(
             f"dataset {dataset.name} is {'a QA' if qa else 'a classification'} data set but the model is "
             f"{'an extractive QA model' if model_task == 'qa' else 'a sequence classifier'}"
         )
+    if getattr(getattr(explainer, "head", None), "multi_label", False):
+        raise InputError("the benchmark scores single-label classifiers; this model is multi-label "
+                         "(config.problem_type='multi_label_classification')")
     if target not in ("predicted", "gold"):
         raise InputError(f"target must be 'predicted' or 'gold', got {target!r}")
     method_ids = _applicable_methods(methods, explainer, resolve_methods)
@@ -544,7 +547,7 @@ def summarize(
         "protocol": config.protocol,
         "config": settings.config,
         "methods": list(settings.methods),
-        "metrics": {name: metric_info(name).to_dict() for name in metric_names},
+        "metrics": {name: metric_info(name, config).to_dict() for name in metric_names},
         "results": results,
         "curves": curves,
         "consistency": {} if consist is None else consist,
@@ -595,6 +598,12 @@ def write_tables(out_dir: str | Path, summary: dict[str, Any]) -> None:
             text = "n/a" if v is None else f"{v:.3f}"
             cells.append(f"**{text}**" if v is not None and m in best[n] else text)
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    if "precision_at_k" in metrics:
+        pk = summary.get("curves", {}).get("precision_at_k", {})
+        perfect = pk.get("perfect")
+        lines += ["", f"precision_at_k is a count, not a fraction: gold-answer tokens among the top K = {pk.get('k')} "
+                  "tokens, averaged over the answerable questions" + (
+                      "" if perfect is None else f" (best reachable: {perfect:.3f})") + "."]
     (out / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     with (out / "table.csv").open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)

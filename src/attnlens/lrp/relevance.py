@@ -10,6 +10,7 @@ from torch import nn
 
 from ..context import TARGET_KINDS, target_scalar
 from ..errors import InputError, ModelError
+from ..heads import MULTI_LABEL
 from .patch import CHEFER, PassState, lrp_mode
 
 
@@ -84,7 +85,10 @@ def lrp_pass(
             tgt = tgt.expand(logits.shape[0])
         if tgt.shape[0] != logits.shape[0] or bool(((tgt < 0) | (tgt >= logits.shape[1])).any()):
             raise InputError(f"targets {tgt.tolist()} do not fit logits of shape {tuple(logits.shape)}")
-        value = target_scalar(logits, tgt, target_kind)
+        if getattr(model.config, "problem_type", None) == "multi_label_classification":  # sigmoid per label
+            value = MULTI_LABEL.scalar(logits, tgt, target_kind, None)
+        else:
+            value = target_scalar(logits, tgt, target_kind)
         wrt = [state.word_embeddings, state.embedding_sum, *state.probs, *state.softmax_inputs]
         live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
         if rules in CHEFER:  # the authors start from relevance 1 at the target logit: gradient 1 / logit

@@ -112,7 +112,9 @@ def hex_color(rgb: tuple[int, int, int]) -> str:
 
 
 def text_of(exp: Explanation) -> str:
-    """The explained text as one string (sentence pairs joined with `` [SEP] ``)."""
+    """The explained text as one string (sentence pairs joined with `` [SEP] ``; QA: ``question: … context: …``)."""
+    if exp.is_qa and isinstance(exp.text, list) and len(exp.text) == 2:
+        return f"question: {exp.text[0]}  context: {exp.text[1]}"
     return " [SEP] ".join(exp.text) if isinstance(exp.text, list) else str(exp.text)
 
 
@@ -153,11 +155,50 @@ def truncation_note(exp: Explanation) -> str | None:
     )
 
 
+def answer_positions(exp: Explanation) -> set[int]:
+    """QA: the token positions of the explained answer span (empty for classifiers)."""
+    if not exp.is_qa:
+        return set()
+    start, end = exp.target  # type: ignore[misc]
+    return set(range(int(start), int(end) + 1))
+
+
+def _span(exp: Explanation, span: object) -> str:
+    start, end = span  # type: ignore[misc]
+    unit = "word" if exp.meta.get("granularity") == "word" else "token"
+    where = f"{unit} {start}" if start == end else f"{unit}s {start}-{end}"
+    return f'"{exp.span_text(span)}" ({where})'  # type: ignore[arg-type]
+
+
 def prediction_line(exp: Explanation) -> str:
-    """``predicted positive (0.93), explaining positive`` style summary of the prediction."""
+    """One-line summary of the prediction and of what is explained, e.g. ``predicted positive (0.930),
+    explaining positive``; QA: the explained answer span as text with its start and end probabilities;
+    multi-label: the labels with p > 0.5 (independent sigmoid probabilities) and the explained label."""
+    probs = exp.probabilities
+    if exp.is_qa:
+        p_start, p_end = (list(probs) + [float("nan")] * 2)[:2]
+        line = f"answer: {_span(exp, exp.target)}, p(start) {p_start:.3f}, p(end) {p_end:.3f}"
+        if list(exp.predicted) == list(exp.target):  # type: ignore[arg-type]
+            return line + " (the predicted answer)"
+        return line + f"; predicted answer: {_span(exp, exp.predicted)}"
 
-    def name(i: int) -> str:
-        return exp.labels[i] if exp.labels and 0 <= i < len(exp.labels) else str(i)
+    def p(i: int) -> float:
+        return probs[i] if 0 <= i < len(probs) else float("nan")
 
-    p = exp.probabilities[exp.predicted] if 0 <= exp.predicted < len(exp.probabilities) else float("nan")
-    return f"predicted {name(exp.predicted)} ({p:.3f}), explaining {name(exp.target)}"
+    target = int(exp.target)  # type: ignore[arg-type]
+    if exp.is_multi_label:
+        chosen = [int(i) for i in exp.predicted]  # type: ignore[union-attr]
+        shown = ", ".join(f"{exp.label_name(i)} ({p(i):.3f})" for i in chosen) or "none"
+        return f"predicted labels (p > 0.5 each, independent): {shown}; explaining {exp.label_name(target)} " \
+               f"(p {p(target):.3f})"
+    predicted = int(exp.predicted)  # type: ignore[arg-type]
+    return f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}"
+
+
+def probabilities_line(exp: Explanation) -> str:
+    """Every class's probability (multi-label: independent per label); empty for QA, whose start and end
+    probabilities :func:`prediction_line` gives."""
+    if exp.is_qa:
+        return ""
+    listed = ", ".join(f"{exp.label_name(i)}: {p:.3f}" for i, p in enumerate(exp.probabilities))
+    return f"label probabilities (sigmoid, independent) {listed}" if exp.is_multi_label else f"probabilities {listed}"

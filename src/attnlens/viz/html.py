@@ -11,6 +11,7 @@ import numpy as np
 
 from ..explanation import Explanation
 from .colors import (
+    answer_positions,
     explained_text,
     hex_color,
     layer_rows,
@@ -18,6 +19,7 @@ from .colors import (
     normalized_layer_rows,
     prediction_line,
     prepare,
+    probabilities_line,
     select_methods,
     shade,
     truncation_note,
@@ -37,6 +39,7 @@ table.stack td { padding: 4px 6px; vertical-align: top; }
 td.method { font-weight: 600; white-space: nowrap; font-family: ui-monospace, monospace; font-size: .9em; }
 .tok { display: inline-block; padding: 1px 3px; margin: 1px 1px; border-radius: 3px; color: #111827; }
 .special { color: #9ca3af; background: none; }
+.tok.answer { outline: 2px solid #2563eb; }
 table.grid { border-collapse: collapse; font-size: .8em; margin: .5em 0; }
 table.grid th, table.grid td { border: 1px solid #e5e7eb; padding: 2px 4px; text-align: center; }
 table.grid th.row { text-align: right; font-family: ui-monospace, monospace; }
@@ -60,14 +63,16 @@ def _e(value: object) -> str:
 
 def _token_spans(exp: Explanation, scores: np.ndarray) -> str:
     norm = normalized(scores, exp.special)
+    answer = answer_positions(exp)  # QA: the explained span is outlined
     spans = []
     for i, tok in enumerate(exp.tokens):
         if exp.special[i]:
             spans.append(f'<span class="tok special" title="special token">{_e(tok)}</span>')
         else:
             color = hex_color(shade(norm[i]))
-            tip = f"{float(scores[i]):+.4g}"
-            spans.append(f'<span class="tok" style="background:{color}" title="{tip}">{_e(tok)}</span>')
+            tip = f"{float(scores[i]):+.4g}" + (" (answer)" if i in answer else "")
+            css = "tok answer" if i in answer else "tok"
+            spans.append(f'<span class="{css}" style="background:{color}" title="{tip}">{_e(tok)}</span>')
     return " ".join(spans)
 
 
@@ -133,16 +138,19 @@ def _text_block(exp: Explanation) -> list[str]:
 
 def _example(exp: Explanation, index: int, methods: Sequence[str] | None, k: int) -> str:
     chosen = select_methods(exp, methods)
-    probs = ", ".join(
-        f"{_e(exp.labels[i] if exp.labels and i < len(exp.labels) else i)}: {p:.3f}"
-        for i, p in enumerate(exp.probabilities)
-    )
-    parts = [
-        f'<section class="example"><h2>Example {index + 1}</h2>',
-        *_text_block(exp),
-        f'<p class="meta">{_e(prediction_line(exp))} &middot; probabilities {probs}</p>',
-        '<div class="scroll">' + _stack(exp, chosen) + "</div>",
-    ]
+    parts = [f'<section class="example"><h2>Example {index + 1}</h2>']
+    if exp.is_qa and isinstance(exp.text, list) and len(exp.text) == 2:
+        parts.append(f'<p class="text"><b>question</b>: {_e(exp.text[0])}</p>')
+        parts.append(f'<p class="text"><b>context</b>: {_e(exp.text[1])}</p>')
+        note = truncation_note(exp)
+        if note:
+            parts.append(f'<p class="truncated"><strong>{_e(note)}.</strong></p>')
+    else:
+        parts.extend(_text_block(exp))
+    probs = probabilities_line(exp)
+    meta = _e(prediction_line(exp)) + (f" &middot; {_e(probs)}" if probs else "")
+    parts.append(f'<p class="meta">{meta}</p>')
+    parts.append('<div class="scroll">' + _stack(exp, chosen) + "</div>")
     if chosen:
         parts.append(_top_table(exp, chosen, k))
     layered = [m for m in chosen if m in exp.layers and np.asarray(exp.layers[m]).ndim == 2]
@@ -182,8 +190,9 @@ def explanations_html(
     """
     items = prepare(exps, words)
     title = title or "attnlens explanations"
+    explained = "explained answer span (outlined)" if any(e.is_qa for e in items) else "explained class"
     intro = (
-        f'<h1>{_e(title)}</h1>\n<p class="meta">Green supports the explained class, red opposes it; shade = '
+        f'<h1>{_e(title)}</h1>\n<p class="meta">Green supports the {explained}, red opposes it; shade = '
         "|score| relative to the largest of the same method on the same example. "
         'Hover a token for its score. <span class="legend"></span> &minus;1 &hellip; +1</p>'
     )

@@ -25,11 +25,14 @@ from ..explanation import Explanation  # noqa: E402
 from .colors import (  # noqa: E402
     NEGATIVE_RGB,
     POSITIVE_RGB,
+    answer_positions,
     layer_rows,
     normalized,
     normalized_layer_rows,
+    prediction_line,
     prepare,
     select_methods,
+    text_of,
 )
 
 FORMATS = (".png", ".svg")
@@ -146,9 +149,14 @@ def _blocks(
     )
     axes = list(axes[:, 0])
     show_numbers = annotate if annotate is not None else width <= 40
+    answer = answer_positions(exp)
     for ax, (a, b) in zip(axes, spans, strict=True):
         _heatmap(ax, norm[:, a:b], exp.special[a:b], exp.tokens[a:b], row_names, show_numbers)
         ax.set_xlim(-0.5, width - 0.5)  # equal cell widths in every block
+        for label, i in zip(ax.get_xticklabels(), range(a, b), strict=True):
+            if i in answer:  # QA: the explained answer span in bold blue
+                label.set_color("#2563eb")
+                label.set_fontweight("bold")
     _colorbar(fig, axes, "normalised score")
     return fig, axes
 
@@ -466,8 +474,6 @@ def plot_embedding(
 
 
 def _short_title(exp: Explanation) -> str:
-    text = " [SEP] ".join(exp.text) if isinstance(exp.text, list) else str(exp.text)
+    text = text_of(exp)
     text = text if len(text) <= 90 else text[:87] + "..."
-    label = exp.labels[exp.predicted] if exp.labels and exp.predicted < len(exp.labels) else exp.predicted
-    p = exp.probabilities[exp.predicted] if exp.predicted < len(exp.probabilities) else float("nan")
-    return f"{text}  (predicted {label}, p={p:.2f})"
+    return f"{text}\n{prediction_line(exp)}"

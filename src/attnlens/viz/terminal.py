@@ -17,7 +17,17 @@ from rich.text import Text
 
 from ..explanation import Explanation
 from ..safetext import terminal_safe
-from .colors import explained_text, normalized, prediction_line, prepare, select_methods, shade, truncation_note
+from .colors import (
+    answer_positions,
+    explained_text,
+    normalized,
+    prediction_line,
+    prepare,
+    probabilities_line,
+    select_methods,
+    shade,
+    truncation_note,
+)
 
 TOP_K = 5
 
@@ -29,6 +39,7 @@ def _safe(text: object) -> Text:
 
 def _token_line(exp: Explanation, method: str) -> Text:
     norm = normalized(exp.scores[method], exp.special)
+    answer = answer_positions(exp)  # QA: the explained span is underlined
     line = Text()
     for i, (raw, v) in enumerate(zip(exp.tokens, norm, strict=True)):
         tok = terminal_safe(raw, one_line=True)
@@ -38,7 +49,7 @@ def _token_line(exp: Explanation, method: str) -> Text:
             line.append(tok, style=Style(dim=True))
         else:
             r, g, b = shade(v)
-            line.append(tok, style=Style(color="black", bgcolor=f"rgb({r},{g},{b})"))
+            line.append(tok, style=Style(color="black", bgcolor=f"rgb({r},{g},{b})", underline=i in answer))
     return line
 
 
@@ -64,6 +75,8 @@ def explanation_renderable(exp: Explanation, methods: Sequence[str] | None = Non
     chosen = select_methods(exp, methods)
     header = Text(terminal_safe(explained_text(exp)[0], one_line=True), overflow="ellipsis")
     parts: list = [Rule(header, align="left"), _safe(prediction_line(exp))]
+    if exp.is_multi_label:  # the labels' probabilities are independent: show them all
+        parts.append(_safe(probabilities_line(exp)))
     note = truncation_note(exp)
     if note:
         parts.append(Text(note, style="bold yellow"))
