@@ -131,6 +131,7 @@ def test_methods_named_explicitly_still_refuse(models, capsys):
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
         (["--batch-size", "-1"], "--batch-size must be at least 1, got -1"),
         (["--max-length", "1"], "--max-length must be at least 2 tokens, got 1"),
+        (["--target-kind", "loss"], "--target-kind loss explains the loss against a given label: pass it as --target"),
         (["--out", "x.json"], "--out is for --format html/json/jsonl; use --html PATH for a page beside the terminal"),
         (["--format", "html", "--html", "x.html"], "with --format html, --out PATH names the page"),
         (["--plot", "heat.txt"], "--plot heat.txt: give a .png or .svg file name"),

@@ -147,6 +147,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.max_length is not None and args.max_length < 2:
         raise InputError(f"--max-length must be at least 2 tokens, got {args.max_length}")
+    if args.target_kind == "loss" and args.target is None:
+        raise InputError("--target-kind loss explains the loss against a given label: pass it as --target")
     if args.out is not None and args.format == "terminal":
         raise InputError("--out is for --format html/json/jsonl; use --html PATH for a page beside the terminal view")
     if args.html is not None and args.format == "html":
