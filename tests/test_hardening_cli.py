@@ -69,7 +69,7 @@ def _one_line_error(capsys, code: int) -> str:
 )
 def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped, tmp_path, capsys):
     out = tmp_path / "out.json"
-    text = ("what was great ?", "the movie was great") if name == "qa" else "the movie was great"
+    text = ("was it great", "the movie was great") if name == "qa" else "the movie was great"
     pairs = tmp_path / "in.jsonl"
     pairs.write_text(json.dumps({"text_a": text[0], "text_b": text[1]} if name == "qa" else {"text": text}) + "\n")
     argv = ["explain", "--file", str(pairs), "--model", models[name], "--format", "json", "--out", str(out)]
@@ -79,7 +79,7 @@ def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped,
     expected = [m for m in list_methods() if m not in skipped]
     (exp,) = load_explanations(out)
     assert exp.methods == expected
-    notices = [line for line in err.splitlines() if line.startswith("attnlens: warning:")]
+    notices = [line for line in err.splitlines() if line.startswith("attnlens: warning: skipping")]
     if skipped:  # one line naming every skipped method, and why
         assert len(notices) == 1, err
         names = ", ".join(m for m in list_methods() if m in skipped)
