@@ -124,7 +124,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--format", default="terminal", choices=FORMATS)
     p.add_argument("--out", help="output file of --format html/json/jsonl (default: stdout, or explanations.html "
                    "for html); refused with --format terminal, where --html PATH writes a page beside the view")
-    p.add_argument("--html", metavar="PATH", help="also write an HTML page (with --format terminal)")
+    p.add_argument("--html", metavar="PATH", help="also write an HTML page (with --format terminal/json/jsonl)")
     p.add_argument("--plot", metavar="PATH", help="also save a token heatmap of the first input (.png or .svg)")
     p.add_argument("--head-view", metavar="PATH", help="also write an interactive attention view (layer x head) of "
                    "the first input as HTML")
