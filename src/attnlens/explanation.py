@@ -268,10 +268,10 @@ class Explanation:
 
     @classmethod
     def load(cls, path: str | Path) -> Explanation:
-        """Read an explanation written by :meth:`save` (or the first line of a JSONL file)."""
-        text = Path(path).read_text(encoding="utf-8").strip()
-        first = text.splitlines()[0] if text.startswith("{") and "\n" in text else text
-        return cls.from_dict(json.loads(first))
+        """Read an explanation written by :meth:`save`, or the first one of a file that holds several (a JSON
+        array as written by ``attnlens explain --format json``, or JSON Lines); :func:`load_explanations` reads
+        them all."""
+        return cls.from_dict(_read_dicts(path)[0])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Explanation):
@@ -320,9 +320,28 @@ def save_explanations(explanations: Iterable[Explanation], path: str | Path) -> 
 
 
 def load_explanations(path: str | Path) -> list[Explanation]:
-    """Read explanations written by :func:`save_explanations` (or a single :meth:`Explanation.save` file)."""
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            out.append(Explanation.from_dict(json.loads(line)))
-    return out
+    """Read every explanation of a file: JSON Lines (:func:`save_explanations`, ``--format jsonl``), a JSON array
+    (``attnlens explain --format json``) or a single :meth:`Explanation.save` document."""
+    return [Explanation.from_dict(d) for d in _read_dicts(path)]
+
+
+def _read_dicts(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a file holding one object, an array of objects, or JSON Lines (at least one)."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        doc = json.loads(text)
+        rows = doc if isinstance(doc, list) else [doc]
+    except json.JSONDecodeError:  # several documents: JSON Lines
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{path}, line {number}: not valid JSON ({exc.msg})") from None
+    if not rows:
+        raise InputError(f"{path} holds no explanations")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise InputError(f"{path}: item {i + 1} is not an attnlens explanation (a JSON object)")
+    return rows

@@ -1,7 +1,7 @@
 """The ``attnlens`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
 
-User mistakes (:class:`~attnlens.errors.AttnLensError`, missing files) print one line and exit with status 2;
-``--debug`` shows the traceback instead.
+User mistakes (:class:`~attnlens.errors.AttnLensError`, missing files, bad options) print one line and exit with
+status 2; warnings print one line each; ``--debug`` shows tracebacks and full warnings instead.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import importlib
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import IO, NoReturn
 
+from .. import __version__
 from ..errors import AttnLensError
 from ..safetext import terminal_safe
 
@@ -19,11 +21,20 @@ from ..safetext import terminal_safe
 SUBCOMMANDS = ["explain", "benchmark", "train", "report"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (subcommand parsers inherit the class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``attnlens`` argument parser with every subcommand."""
+    parser = _Parser(
         prog="attnlens",
         description="Explain Transformer predictions through their attention, and measure faithfulness.",
     )
+    parser.add_argument("--version", action="version", version=f"attnlens {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -38,13 +49,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``attnlens`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return int(exc.code or 0)
     format_warning = warnings.formatwarning
-    # warnings quote texts, labels and paths: print them with control characters escaped
+    # warnings quote texts, labels and paths: print them with control characters escaped (also under --debug)
     warnings.formatwarning = lambda *a, **k: terminal_safe(format_warning(*a, **k))
     try:
-        return int(args._run(args) or 0)
-    except (AttnLensError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        with warnings.catch_warnings():
+            if not args.debug:
+                warnings.showwarning = _show_warning
+            return int(args._run(args) or 0)
+    except (AttnLensError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
         if args.debug:
             raise
         print(f"attnlens: error: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
@@ -54,6 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         warnings.formatwarning = format_warning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: IO[str] | None = None, line: str | None = None) -> None:
+    """A warning as one line (no source location), e.g. which methods "all" skipped and why."""
+    print(f"attnlens: warning: {terminal_safe(message, one_line=True)}", file=file or sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..data import iter_jsonl
 from ..errors import InputError, ModelError
 from ..safetext import terminal_safe
 
@@ -33,29 +32,80 @@ def default_model() -> str | None:
 
 
 def read_texts(path: str) -> list[Any]:
-    """Texts from a file: one per line, or JSON Lines with ``text`` or ``text_a`` + ``text_b`` per line."""
+    """Texts from a file: one per line, or JSON Lines with ``text`` or ``text_a`` + ``text_b`` per line.
+
+    The file is JSON Lines when its first non-blank line is a JSON object, plain text lines otherwise (so a
+    text such as ``{braces} are fun`` is a text); a file that mixes both, or holds one multi-line JSON
+    document, is refused with the line to fix.
+    """
     p = Path(path)
     if not p.exists():
         raise InputError(f"--file {path}: no such file")
     if p.is_dir():
         raise InputError(f"--file {path}: is a directory")
     try:
-        lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        content = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"--file {path}: cannot read it ({exc})") from None
+    lines = [(n, line) for n, line in enumerate(content.splitlines(), 1) if line.strip()]
     if not lines:
         raise InputError(f"--file {path}: the file holds no texts")
-    if not lines[0].lstrip().startswith("{"):
-        return [line.strip() for line in lines]
+    rows = [_json_object(line) for _, line in lines]
+    jsonl = rows[0] is not None
+    if not jsonl and len(lines) > 1 and _is_json_document(content):
+        raise InputError(
+            f"--file {path}: holds one JSON document; give one text per line, or JSON Lines (one object per line)"
+        )
     texts: list[Any] = []
-    for number, row in iter_jsonl(p, what=f"--file {path}"):
-        if isinstance(row.get("text"), str):
+    for (number, line), row in zip(lines, rows, strict=True):
+        if (row is not None) != jsonl:
+            kind = "not a JSON object, but line {} is one" if jsonl else "a JSON object, but line {} is plain text"
+            raise InputError(
+                f"--file {path}, line {number}: {kind.format(lines[0][0])}; a file holds JSON Lines throughout "
+                "or plain text lines throughout"
+            )
+        if row is None:
+            texts.append(line.strip())
+        elif isinstance(row.get("text"), str):
             texts.append(row["text"])
         elif isinstance(row.get("text_a"), str) and isinstance(row.get("text_b"), str):
             texts.append((row["text_a"], row["text_b"]))
         else:
             raise InputError(f"--file {path}, line {number}: no \"text\" (or \"text_a\" and \"text_b\") field")
     return texts
+
+
+def _json_object(line: str) -> dict[str, Any] | None:
+    """The JSON object a line holds, or None when the line is not one."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _is_json_document(content: str) -> bool:
+    """Whether the whole file is one JSON array or object (e.g. pretty-printed ``--format json`` output)."""
+    try:
+        return isinstance(json.loads(content), (list, dict))
+    except ValueError:
+        return False
+
+
+def check_output(option: str, path: str) -> Path:
+    """An output file path that can be written: not a directory, and not under an existing file.
+
+    Missing parent directories are fine (they are created when writing).
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise InputError(f"{option} {path} is a directory; give a file name")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(f"{option} {path}: {parent} is a file, not a directory")
+    return p
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -65,25 +115,62 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Explain a sequence classifier's predictions with attention-based (and gradient) methods.",
     )
     p.add_argument("texts", nargs="*", help="texts to explain (or use --file)")
-    p.add_argument("--file", help="one text per line, or JSON Lines with text / text_a + text_b")
+    p.add_argument("--file", help="JSON Lines with text (or text_a + text_b) per line when the first non-blank line "
+                   "is a JSON object, else one text per line; a file mixing both is refused")
     p.add_argument("--model", help="HF model directory or hub id (default: ../shared/models/minilm-sst2)")
-    p.add_argument("--methods", default="all", help="comma-separated method ids, or 'all' (default)")
+    p.add_argument("--methods", default="all", help="comma-separated method ids, or 'all' (default: every method "
+                   "that applies to the model; the others are skipped with a notice)")
     p.add_argument("--target", help="class index or label name to explain (default: the predicted class); QA models: "
                    "START,END token positions of the answer span")
     p.add_argument("--target-kind", default="logit", choices=["logit", "probability", "loss"])
     p.add_argument("--attention", help="BART-like models: encoder (default), decoder or cross")
     p.add_argument("--format", default="terminal", choices=FORMATS)
-    p.add_argument("--out", help="output file (json/jsonl/html; default: stdout, or explanations.html for html)")
-    p.add_argument("--html", metavar="PATH", help="also write an HTML page (with --format terminal)")
+    p.add_argument("--out", help="output file of --format html/json/jsonl (default: stdout, or explanations.html "
+                   "for html); refused with --format terminal, where --html PATH writes a page beside the view")
+    p.add_argument("--html", metavar="PATH", help="also write an HTML page (with --format terminal/json/jsonl)")
     p.add_argument("--plot", metavar="PATH", help="also save a token heatmap of the first input (.png or .svg)")
     p.add_argument("--head-view", metavar="PATH", help="also write an interactive attention view (layer x head) of "
                    "the first input as HTML")
     p.add_argument("--words", action="store_true", help="aggregate subword scores to words (sum)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens")
+    p.add_argument("--batch-size", type=int, default=32, help="inputs per batch (default 32)")
+    p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens (at least 2)")
     p.add_argument("--no-truncation", action="store_true", help="fail on over-long inputs instead of cutting them")
-    p.add_argument("--top-k", type=int, default=5, help="tokens per method in the terminal table")
+    p.add_argument("--top-k", type=int, default=5, help="tokens per method in the terminal table (default 5)")
     return p
+
+
+OUTPUTS = ("out", "html", "plot", "head_view")  # the options that name a file to write
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse every option mistake with one line, before the model loads and before anything is written."""
+    if args.top_k < 1:
+        raise InputError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.max_length is not None and args.max_length < 2:
+        raise InputError(f"--max-length must be at least 2 tokens, got {args.max_length}")
+    if args.target_kind == "loss" and args.target is None:
+        raise InputError("--target-kind loss explains the loss against a given label: pass it as --target")
+    if args.out is not None and args.format == "terminal":
+        raise InputError("--out is for --format html/json/jsonl; use --html PATH for a page beside the terminal view")
+    if args.html is not None and args.format == "html":
+        raise InputError("--html is for the other formats; with --format html, --out PATH names the page")
+    seen: dict[Path, str] = {}
+    for name in OUTPUTS:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        option = "--" + name.replace("_", "-")
+        path = check_output(option, value).resolve()
+        if path in seen:
+            raise InputError(f"{seen[path]} and {option} both name {value}; give each its own file")
+        seen[path] = option
+    if args.plot is not None:
+        from ..viz.plots import FORMATS as PLOT_FORMATS
+
+        if Path(args.plot).suffix.lower() not in PLOT_FORMATS:
+            raise InputError(f"--plot {args.plot}: give a .png or .svg file name")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,7 +178,10 @@ def run(args: argparse.Namespace) -> int:
     from ..explanation import save_explanations
     from ..methods import resolve_methods
 
-    methods = resolve_methods(args.methods)  # fail on a typo before loading anything
+    resolve_methods(args.methods)  # fail on a typo before loading anything
+    if args.format == "html" and args.out is None:
+        args.out = "explanations.html"
+    check_args(args)
 
     texts: list[Any] = list(args.texts)
     if args.file:
@@ -109,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length)
     exps = explainer.explain(
         texts,
-        methods=methods,
+        methods=args.methods,  # as given: "all" skips the methods that do not apply to this model, with a notice
         target=target,
         target_kind=args.target_kind,
         batch_size=args.batch_size,
@@ -128,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
             payload = json.dumps([e.to_dict() for e in exps], indent=1)
             _write(args.out, payload + "\n")
         elif args.out:
-            save_explanations(exps, args.out)
+            save_explanations(exps, _parent_made(args.out))
         else:
             for e in exps:
                 sys.stdout.write(json.dumps(e.to_dict()) + "\n")
@@ -141,24 +231,29 @@ def run(args: argparse.Namespace) -> int:
         from ..viz.headview import attention_view_html
 
         tokens, special, attentions = explainer.attention_maps(texts[0])
-        Path(args.head_view).write_text(
+        _write(
+            args.head_view,
             attention_view_html(tokens, attentions, special, title=f"attention of {model} ({explainer.stream})"),
-            encoding="utf-8",
         )
         print(f"wrote {terminal_safe(args.head_view, one_line=True)}", file=sys.stderr)
     html_path = args.out if args.format == "html" else args.html
-    if args.format == "html" and html_path is None:
-        html_path = "explanations.html"
     if html_path:
         from ..viz.html import explanations_html
 
-        Path(html_path).write_text(explanations_html(exps, title=f"attnlens: {model}"), encoding="utf-8")
+        _write(html_path, explanations_html(exps, title=f"attnlens: {model}"))
         print(f"wrote {terminal_safe(html_path, one_line=True)}", file=sys.stderr)
     return 0
 
 
+def _parent_made(path: str) -> Path:
+    """``path`` (checked by :func:`check_output`), its missing parent directories created."""
+    p = Path(path).expanduser()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
 def _write(path: str | None, text: str) -> None:
     if path:
-        Path(path).write_text(text, encoding="utf-8")
+        _parent_made(path).write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)

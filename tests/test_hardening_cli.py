@@ -1,0 +1,260 @@
+"""Issue 8, the ``attnlens explain`` command line: every user mistake is one line + exit 2 (found before the model
+loads or anything is written), ``--methods all`` skips what does not apply as the API does, ``--format json``
+loads back, ``--version``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import MODELS, make_model, make_tokenizer
+from transformers import BertConfig, BertForQuestionAnswering
+
+import attnlens
+from attnlens import Explainer, Explanation, list_methods, load_explanations
+from attnlens.cli import main
+
+LRP = {"partiallrp", "transatt", "attnlrp"}
+SQUARE = {"rollout", "gae", "flow", "transatt"}  # need square self-attention: not for BART's cross stream
+LABELS = {0: "negative", 1: "positive"}
+
+
+def _save(model: torch.nn.Module, path: Path) -> str:
+    model.save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("cli-models")
+    out = {}
+    for family in ("bert", "gpt2", "bart"):
+        model = make_model(family)
+        model.config.id2label, model.config.label2id = LABELS, {v: k for k, v in LABELS.items()}
+        out[family] = _save(model, root / family)
+    torch.manual_seed(0)
+    qa = BertForQuestionAnswering(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                             intermediate_size=24, max_position_embeddings=64, pad_token_id=0,
+                                             initializer_range=0.3))
+    out["qa"] = _save(qa, root / "qa")
+    return out
+
+
+def _one_line_error(capsys, code: int) -> str:
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# ------------------------------------------------------------- --methods all on every family and stream
+@pytest.mark.parametrize(
+    "name,attention,skipped",
+    [
+        ("bert", None, set()),
+        ("gpt2", None, LRP),
+        ("bart", None, LRP),
+        ("bart", "encoder", LRP),
+        ("bart", "decoder", LRP),
+        ("bart", "cross", LRP | SQUARE),
+        ("qa", None, LRP),
+    ],
+)
+def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    text = ("was it great", "the movie was great") if name == "qa" else "the movie was great"
+    pairs = tmp_path / "in.jsonl"
+    pairs.write_text(json.dumps({"text_a": text[0], "text_b": text[1]} if name == "qa" else {"text": text}) + "\n")
+    argv = ["explain", "--file", str(pairs), "--model", models[name], "--format", "json", "--out", str(out)]
+    code = main(argv + (["--attention", attention] if attention else []))
+    err = capsys.readouterr().err
+    assert code == 0, err
+    expected = [m for m in list_methods() if m not in skipped]
+    (exp,) = load_explanations(out)
+    assert exp.methods == expected
+    notices = [line for line in err.splitlines() if line.startswith("attnlens: warning: skipping")]
+    if skipped:  # one line naming every skipped method, and why
+        assert len(notices) == 1, err
+        names = ", ".join(m for m in list_methods() if m in skipped)
+        assert notices[0].startswith(f"attnlens: warning: skipping {names}: ")
+        assert "support BERT" in notices[0] or "sequence classifiers only" in notices[0]
+        if attention == "cross":
+            assert "needs self-attention" in notices[0]
+    else:
+        assert notices == []
+    # the same as the Python API gives
+    api = Explainer.from_pretrained(models[name], attention=attention)
+    with pytest.warns(UserWarning, match="skipping") if skipped else contextlib.nullcontext():
+        (ref,) = api.explain([text], methods="all")
+    assert ref.methods == expected
+    for m in expected:
+        assert exp.scores[m] == pytest.approx(ref.scores[m], abs=1e-6), m
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,attention", [("gpt2-scratch-sst2", None), ("bart-scratch-sst2", None),
+                                            ("bart-scratch-sst2", "decoder"), ("bart-scratch-sst2", "cross")])
+def test_methods_all_on_reference_models(name, attention, tmp_path, capsys):
+    path = MODELS / name
+    if not path.is_dir():
+        pytest.skip(f"reference model not found at {path}")
+    out = tmp_path / "out.jsonl"
+    argv = ["explain", "a charming journey", "--model", str(path), "--format", "jsonl", "--out", str(out)]
+    code = main(argv + (["--attention", attention] if attention else []))
+    err = capsys.readouterr().err
+    assert code == 0, err
+    skipped = LRP | (SQUARE if attention == "cross" else set())
+    (exp,) = load_explanations(out)
+    assert exp.methods == [m for m in list_methods() if m not in skipped]
+    assert exp.predicted == 1  # positive: the reference models get this sentence right
+    assert sum(line.startswith("attnlens: warning: skipping") for line in err.splitlines()) == 1
+
+
+def test_methods_named_explicitly_still_refuse(models, capsys):
+    code = main(["explain", "good", "--model", models["gpt2"], "--methods", "rawatt,attnlrp"])
+    assert "support BERT" in _one_line_error(capsys, code)
+
+
+# ------------------------------------------------------------- option mistakes: one line, before loading
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--top-k", "-1"], "--top-k must be at least 1, got -1"),
+        (["--top-k", "0"], "--top-k must be at least 1, got 0"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["--batch-size", "-1"], "--batch-size must be at least 1, got -1"),
+        (["--max-length", "1"], "--max-length must be at least 2 tokens, got 1"),
+        (["--target-kind", "loss"], "--target-kind loss explains the loss against a given label: pass it as --target"),
+        (["--out", "x.json"], "--out is for --format html/json/jsonl; use --html PATH for a page beside the terminal"),
+        (["--format", "html", "--html", "x.html"], "with --format html, --out PATH names the page"),
+        (["--plot", "heat.txt"], "--plot heat.txt: give a .png or .svg file name"),
+        (["--plot", "a.png", "--format", "html", "--out", "a.png"], "--out and --plot both name a.png"),
+    ],
+)
+def test_option_mistakes_are_refused_before_loading(extra, message, capsys):
+    # a model path that does not exist: the option error must come first
+    code = main(["explain", "good", "--model", "/nonexistent/model"] + extra)
+    assert message in _one_line_error(capsys, code)
+
+
+@pytest.mark.parametrize("option", ["--out", "--html", "--head-view", "--plot"])
+def test_output_paths_that_cannot_be_written(option, tmp_path, capsys):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    fmt = ["--format", "json"] if option == "--out" else []
+    suffix = ".png" if option == "--plot" else ".html"
+    code = main(["explain", "good", "--model", "/nonexistent/model", *fmt, option, str(tmp_path)])
+    assert f"{option} {tmp_path} is a directory; give a file name" in _one_line_error(capsys, code)
+    under = a_file / f"x{suffix}"
+    code = main(["explain", "good", "--model", "/nonexistent/model", *fmt, option, str(under)])
+    assert f"{a_file} is a file, not a directory" in _one_line_error(capsys, code)
+    assert a_file.read_text() == "x"
+
+
+@pytest.mark.parametrize("text", ["", "   "])
+def test_empty_text_arguments(models, text, capsys):
+    code = main(["explain", "good", text, "--model", models["bert"], "--methods", "rawatt"])
+    assert "input 1 is empty or whitespace only" in _one_line_error(capsys, code)
+
+
+@pytest.mark.parametrize("argv", [["explain", "good", "--top-k", "abc"], ["explain", "good", "--bogus"],
+                                  ["explain", "good", "--format", "xml"], ["nosuchcommand"]])
+def test_usage_errors_are_one_line(argv, capsys):
+    err = _one_line_error(capsys, main(argv))
+    assert err.startswith("attnlens") and ": error: " in err and "--help" in err
+
+
+def test_out_creates_missing_folders(models, tmp_path, capsys):
+    out = tmp_path / "new" / "sub" / "page.html"
+    assert main(["explain", "good", "--model", models["bert"], "--methods", "rawatt", "--format", "html",
+                 "--out", str(out)]) == 0
+    assert "<html" in out.read_text().lower()
+
+
+# ------------------------------------------------------------- --file: JSON Lines or plain lines, decided per file
+def test_file_plain_line_starting_with_a_brace(models, tmp_path, capsys):
+    f = tmp_path / "texts.txt"
+    f.write_text("{braces} are fun\n\nthe movie was great\n", encoding="utf-8")
+    assert main(["explain", "--file", str(f), "--model", models["bert"], "--methods", "rawatt",
+                 "--format", "jsonl"]) == 0
+    texts = [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
+    assert texts == ["{braces} are fun", "the movie was great"]
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"text": "good"}\nplain text\n', "line 2: not a JSON object, but line 1 is one"),
+        ('\nplain text\n{"text": "good"}\n', "line 3: a JSON object, but line 2 is plain text"),
+        ('[\n {"text": "a"},\n {"text": "b"}\n]\n', "holds one JSON document"),
+        ('{\n "text": "a"\n}\n', "holds one JSON document"),
+    ],
+)
+def test_file_mixing_json_and_text_is_refused(content, message, tmp_path, capsys):
+    f = tmp_path / "texts.txt"
+    f.write_text(content, encoding="utf-8")
+    code = main(["explain", "--file", str(f), "--model", "/nonexistent/model"])
+    assert message in _one_line_error(capsys, code)
+
+
+# ------------------------------------------------------------- --format json / jsonl load back
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+@pytest.mark.parametrize("words", [False, True])
+def test_json_output_loads_back(models, fmt, words, tmp_path):
+    texts = ["the movie was great", "i didn ' t like it"]
+    out = tmp_path / f"out.{fmt}"
+    argv = ["explain", *texts, "--model", models["bert"], "--methods", "rawatt,attcat,rollout", "--target",
+            "positive", "--format", fmt, "--out", str(out)] + (["--words"] if words else [])
+    assert main(argv) == 0
+    ref = Explainer.from_pretrained(models["bert"]).explain(texts, methods="rawatt,attcat,rollout", target=1)
+    if words:
+        ref = [e.to_words() for e in ref]
+    loaded = load_explanations(out)
+    assert len(loaded) == 2
+    for got, want in zip(loaded, ref, strict=True):
+        assert got.tokens == want.tokens and got.target == want.target == 1 and got.special == want.special
+        assert got.methods == want.methods
+        for m in want.methods:
+            assert got.scores[m] == pytest.approx(want.scores[m], abs=1e-6)
+            assert got.layers[m].shape == want.layers[m].shape
+            assert got.layers[m] == pytest.approx(want.layers[m], abs=1e-6)
+    assert Explanation.load(out) == loaded[0]
+    # and what load writes back is the same file content
+    again = tmp_path / "again.jsonl"
+    attnlens.save_explanations(loaded, again)
+    assert load_explanations(again) == loaded
+
+
+def test_load_errors_are_one_line(tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text("\n")
+    with pytest.raises(attnlens.InputError, match="holds no explanations"):
+        load_explanations(empty)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\nnot json\n')
+    with pytest.raises(attnlens.InputError, match="line 2: not valid JSON"):
+        load_explanations(bad)
+    numbers = tmp_path / "numbers.json"
+    numbers.write_text("[1, 2]")
+    with pytest.raises(attnlens.InputError, match="item 1 is not an attnlens explanation"):
+        Explanation.load(numbers)
+
+
+# ------------------------------------------------------------- --version
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"attnlens {attnlens.__version__}"
+
+
+def test_version_through_python_m():
+    src = Path(attnlens.__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "attnlens.cli", "--version"], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"attnlens {attnlens.__version__}"
