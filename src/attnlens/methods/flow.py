@@ -15,7 +15,7 @@ Instead each value is sandwiched between two integers that are cheap to get and 
 - an upper bound, the cheapest "token chain" cut (:func:`_chain_bound`, O(L n^2) for all sinks together): in
   trained and random attention the minimum cut is the source's edges (value 1), the sink's in-edges (its column
   sum), or, for a few tokens, the edges into the sink token's chain ``(l, j)`` from every other token;
-- a lower bound, the max-flow of a sparse subgraph (scipy's Dinic on ~20 edges per node instead of n): the full
+- a lower bound, the max-flow of a sparse subgraph (scipy's Dinic on ~25 edges per node instead of n): the full
   rows of the tokens that carry the rollout from the source, the largest edges of every row and column, and
   every edge into the sink's chain. Any flow of a subgraph is a flow of the graph.
 Where they differ, a larger subgraph and then the full graph decide, so the result is always the full graph's
@@ -34,7 +34,10 @@ from scipy.sparse.csgraph import maximum_flow
 from .registry import ATTENTION, MethodOutput, register
 
 FLOW_SCALE = 2**30  # integer capacity of a weight of 1; total flow <= FLOW_SCALE < 2**31 (scipy uses int32)
-# Work per example = sources x sinks x subgraph nodes (one sparse max-flow per sink); see SLOW_WORK_NOTE.
+# Work per example = sources x sinks x nodes below the source (one sparse max-flow per sink); measured about
+# 1.5e-6 s per unit (512 tokens x 6 layers = 1.3e6: ~2 s, bench/lrp_flow_speed.py --flow-lengths, 2 shared CPU
+# cores), so 3e6 is ~5 s: one source passes quietly up to ~770 tokens x 6 layers; uniform query weights (one
+# source per token) warn from ~85 tokens x 6 layers.
 SLOW_WORK = 3e6
 
 
@@ -161,7 +164,7 @@ class _Subgraph:
 
 
 # Subgraphs tried before the full graph: (full rows of the tokens carrying most rollout, largest edges per row/column)
-SUBGRAPHS = ((16, 2), (64, 8))
+SUBGRAPHS = ((16, 4), (64, 8))
 
 
 def flow_from(mats: np.ndarray, source: int) -> np.ndarray:
@@ -209,7 +212,7 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray) -> np.ndarray:
     if work > SLOW_WORK:
         warnings.warn(
             f"attention flow on {n} tokens x {n_layers} layers from {len(sources)} source node(s) needs "
-            f"{len(sources) * n} max-flow runs on graphs of about {20 * (n_layers - 1) * n} edges; "
+            f"{len(sources) * n} max-flow runs on graphs of about {25 * (n_layers - 1) * n} edges; "
             "this may take minutes",
             stacklevel=3,
         )
