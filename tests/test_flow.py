@@ -180,3 +180,17 @@ def test_registered_flow_equals_direct_computation(tokenizer):
     mats = rollout_matrices(list(torch.from_numpy(att)))
     expected = attention_flow(mats, np.eye(len(e.tokens))[0])  # BERT explains the [CLS] row
     np.testing.assert_allclose(e.scores["flow"], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["random", "peaked"])
+def test_long_inputs_never_reach_the_full_graph(monkeypatch, kind):
+    # the speed guarantee: on encoder-like and random attention every sink is settled by the sparse subgraphs
+    rng = np.random.default_rng(9)
+    mats = random_mats(rng, 6, 160, heads=12) if kind == "random" else peaked_mats(rng, 6, 160)
+    expected = full_graph_flows(mats, 0)
+
+    def no_full_graph(*_args):
+        raise AssertionError("fell back to the full graph")
+
+    monkeypatch.setattr(flow, "_flow_graph", no_full_graph)
+    np.testing.assert_array_equal(flow_from(mats, 0), expected)
