@@ -6,6 +6,12 @@ w.r.t. the embeddings, eager attention), and attention flow's seconds per senten
 
 Run: ``OMP_WAIT_POLICY=PASSIVE python bench/lrp_flow_speed.py [model_dir] [--n N] [--batch-size 32]``
 (default: ``../shared/models/minilm-sst2`` on the SST-2 dev set).
+
+``--flow-lengths`` times attention flow alone on long inputs instead: seconds per example at 32/128/256/512
+tokens on random row-stochastic attention of MiniLM's shape (6 layers x 12 heads, explained from token 0) and on
+one real 512-token IMDB review through ``../shared/models/minilm-imdb``, for the library's flow and for the
+previous implementation (one max-flow on the full graph per input token, kept below as ``full_graph_flow``),
+timed back to back in the same run, with a check that both give identical scores.
 """
 
 from __future__ import annotations
@@ -15,13 +21,19 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
 
 import argparse  # noqa: E402
+import gzip  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
 from pathlib import Path
 
+import numpy as np  # noqa: E402
 import torch
-from common import MODEL, SST2_DEV, batch_inputs, engine_batches, plain_forward_backward, read_texts, timed
+from common import MODEL, SHARED, SST2_DEV, batch_inputs, engine_batches, plain_forward_backward, read_texts, timed
 
 from attnlens import Explainer
 from attnlens.lrp import lrp_pass
+from attnlens.methods import flow as flow_method
 from attnlens.methods import get_method
 
 LRP_METHODS = ["partiallrp", "transatt", "attnlrp"]
@@ -75,13 +87,81 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
     }
 
 
+def full_graph_flow(mats: np.ndarray, source: int) -> np.ndarray:
+    """The previous attention flow (the reference for timing and equality): one Dinic max-flow on the full
+    integer-capacity graph per input token."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_flow
+
+    n = mats.shape[1]
+    data, indices, indptr, sink = flow_method._flow_graph(mats, source)
+    caps1 = np.rint(mats[0] * flow_method.FLOW_SCALE).astype(np.int32)
+    out = np.empty(n)
+    for j in range(n):
+        data[-n:] = caps1[:, j]
+        graph = csr_matrix((data, indices, indptr), shape=(sink + 1, sink + 1))
+        out[j] = maximum_flow(graph, 0, sink, method="dinic").flow_value
+    return out / flow_method.FLOW_SCALE
+
+
+def random_attention(n: int, layers: int = 6, heads: int = 12, seed: int = 0) -> np.ndarray:
+    """Row-stochastic attention ``(L, H, n, n)``: softmax of scaled Gaussian logits (as the unit tests use)."""
+    rng = np.random.default_rng(seed)
+    return torch.softmax(torch.from_numpy(rng.normal(size=(layers, heads, n, n)) * 2.0), -1).numpy()
+
+
+def imdb_attention(model_dir: Path = SHARED / "models" / "minilm-imdb", min_words: int = 600) -> np.ndarray:
+    """Attention ``(L, H, 512, 512)`` of the first IMDB test review long enough to fill 512 tokens."""
+    with gzip.open(SHARED / "data" / "imdb" / "test.jsonl.gz", "rt", encoding="utf-8") as f:
+        text = next(r["text"] for r in map(json.loads, f) if len(r["text"].split()) >= min_words)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "truncated to 512 tokens"
+        _, _, att = Explainer.from_pretrained(model_dir).attention_maps(text)
+    return att
+
+
+def flow_lengths(lengths: tuple[int, ...] = (32, 128, 256, 512), old: bool = True, repeats: int = 2) -> list[dict]:
+    """Seconds per example of attention flow (one-hot source at token 0, as for a [CLS] classifier): the library
+    and, when ``old``, the full-graph reference timed right after it on the same attention; each the fastest of
+    ``repeats`` runs."""
+    cases = [(f"random {n} tokens", random_attention(n)) for n in lengths] + [("minilm-imdb 512 tokens",
+                                                                             imdb_attention())]
+    rows = []
+    for name, att in cases:
+        mats = flow_method.rollout_matrices(att)
+        times: dict[str, list[float]] = {"new": [], "old": []}
+        for _ in range(repeats):  # interleaved; the minimum of each is the least disturbed by other load
+            start = time.perf_counter()
+            new = flow_method.flow_from(mats, 0)
+            times["new"].append(time.perf_counter() - start)
+            if old:
+                start = time.perf_counter()
+                ref = full_graph_flow(mats, 0)
+                times["old"].append(time.perf_counter() - start)
+        row = {"case": name, "layers": mats.shape[0], "new_s": min(times["new"])}
+        if old:
+            row["old_s"] = min(times["old"])
+            row["speedup"] = row["old_s"] / row["new_s"]
+            row["identical"] = bool(np.array_equal(new, ref))
+        rows.append(row)
+        print("  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir", nargs="?", default=str(MODEL))
     parser.add_argument("--data", default=str(SST2_DEV), help="JSONL file with a 'text' field")
     parser.add_argument("--n", type=int, default=None, help="use the first N texts (default: all)")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--flow-lengths", action="store_true",
+                        help="time attention flow alone at 32-512 tokens against the previous implementation")
+    parser.add_argument("--no-old", action="store_true", help="with --flow-lengths: skip the previous implementation")
+    parser.add_argument("--repeats", type=int, default=2, help="with --flow-lengths: runs per timing (the fastest)")
     args = parser.parse_args()
+    if args.flow_lengths:
+        flow_lengths(old=not args.no_old, repeats=args.repeats)
+        return
     texts = read_texts(args.data, args.n)
     figures = run(args.model_dir, texts, args.batch_size)
     for key, value in figures.items():

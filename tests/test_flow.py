@@ -13,7 +13,7 @@ from conftest import ENCODERS, make_model
 
 from attnlens import Explainer
 from attnlens.methods import flow
-from attnlens.methods.flow import FLOW_SCALE, attention_flow, flow_from, rollout_matrices
+from attnlens.methods.flow import FLOW_SCALE, _chain_bound, attention_flow, flow_from, rollout_matrices
 
 
 def random_mats(rng: np.random.Generator, n_layers: int, n: int, heads: int = 2) -> np.ndarray:
@@ -41,6 +41,66 @@ def test_flow_matches_networkx(n_layers, n, seed):
     ref = networkx_flows(mats, source)
     # integer capacities: each edge is off by <= 0.5/FLOW_SCALE, a cut has < n_layers * n^2 edges
     assert np.abs(ours - ref).max() <= n_layers * n * n / FLOW_SCALE + 1e-12
+
+
+def full_graph_flows(mats: np.ndarray, source: int) -> np.ndarray:
+    """The integer max-flow on the full graph for every sink (the pre-sandwich implementation)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(flow, "SUBGRAPHS", ())
+        return flow_from(mats, source)
+
+
+def peaked_mats(rng: np.random.Generator, n_layers: int, n: int, heads: int = 12) -> np.ndarray:
+    """Attention shaped like a trained encoder's: every head puts much of its mass on [CLS], [SEP] or a neighbour."""
+    logits = rng.normal(size=(n_layers, heads, n, n)) * 1.5
+    for h in range(heads):
+        target = [0, n - 1, None][h % 3]
+        if target is None:
+            logits[:, h, np.arange(n - 1), np.arange(1, n)] += 4.0  # attend to the next token
+        else:
+            logits[:, h, :, target] += 4.0
+    return rollout_matrices(list(torch.softmax(torch.from_numpy(logits), -1)))
+
+
+@pytest.mark.parametrize("kind,n_layers,n,seed", [("random", 4, 64, 0), ("peaked", 4, 64, 1), ("random", 6, 72, 2)])
+def test_flow_matches_networkx_at_64_tokens(kind, n_layers, n, seed):
+    rng = np.random.default_rng(seed)
+    mats = random_mats(rng, n_layers, n, heads=12) if kind == "random" else peaked_mats(rng, n_layers, n)
+    ours = flow_from(mats, 0)
+    sinks = [0, 1, n // 2, n - 1]  # networkx takes seconds per sink at this size: check a few, incl. the source token
+    g = nx.DiGraph()
+    for layer in range(1, n_layers + 1):
+        for i in range(n):
+            for j in range(n):
+                g.add_edge((layer, i), (layer - 1, j), capacity=float(mats[layer - 1, i, j]))
+    ref = np.array([nx.maximum_flow_value(g, (n_layers, 0), (0, j)) for j in sinks])
+    np.testing.assert_allclose(ours[sinks], ref, rtol=0, atol=n_layers * n * n / FLOW_SCALE)
+    # every sink: bit-identical to the integer max-flow on the full graph, and the chain cut bounds it from above
+    full = full_graph_flows(mats, 0)
+    np.testing.assert_array_equal(ours, full)
+    assert (np.rint(full * FLOW_SCALE) <= _chain_bound(np.rint(mats * FLOW_SCALE).astype(np.int64), 0)).all()
+
+
+@pytest.mark.parametrize("subgraphs", [(), ((1, 1),), ((2, 1), (4, 2))])
+def test_every_path_of_the_sandwich_is_exact(monkeypatch, subgraphs):
+    # tiny subgraphs leave sinks uncertified (they fall through to the larger subgraph and the full graph)
+    rng = np.random.default_rng(5)
+    for n_layers, n in [(3, 9), (5, 12), (6, 16)]:
+        mats = peaked_mats(rng, n_layers, n, heads=4)
+        source = int(rng.integers(n))
+        expected = full_graph_flows(mats, source)
+        monkeypatch.setattr(flow, "SUBGRAPHS", subgraphs)
+        np.testing.assert_array_equal(flow_from(mats, source), expected)
+        monkeypatch.undo()
+        ref = networkx_flows(mats, source)
+        assert np.abs(expected - ref).max() <= n_layers * n * n / FLOW_SCALE
+
+
+def test_two_layers_need_no_max_flow(monkeypatch):
+    monkeypatch.setattr(flow, "maximum_flow", None)  # the chain bound is the exact value for two layers
+    mats = random_mats(np.random.default_rng(3), 2, 30)
+    ref = networkx_flows(mats, 4)
+    assert np.abs(flow_from(mats, 4) - ref).max() <= 2 * 30 * 30 / FLOW_SCALE
 
 
 def test_flow_analytic_two_layers():
@@ -120,3 +180,17 @@ def test_registered_flow_equals_direct_computation(tokenizer):
     mats = rollout_matrices(list(torch.from_numpy(att)))
     expected = attention_flow(mats, np.eye(len(e.tokens))[0])  # BERT explains the [CLS] row
     np.testing.assert_allclose(e.scores["flow"], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["random", "peaked"])
+def test_long_inputs_never_reach_the_full_graph(monkeypatch, kind):
+    # the speed guarantee: on encoder-like and random attention every sink is settled by the sparse subgraphs
+    rng = np.random.default_rng(9)
+    mats = random_mats(rng, 6, 160, heads=12) if kind == "random" else peaked_mats(rng, 6, 160)
+    expected = full_graph_flows(mats, 0)
+
+    def no_full_graph(*_args):
+        raise AssertionError("fell back to the full graph")
+
+    monkeypatch.setattr(flow, "_flow_graph", no_full_graph)
+    np.testing.assert_array_equal(flow_from(mats, 0), expected)

@@ -5,10 +5,21 @@ has capacity ``Â^l[i, j]`` with ``Â^l = 0.5 mean_h A^l + 0.5 I`` (residual-aug
 the real tokens). A token's score is the maximum flow from the explained node of the top layer to that token
 at the input layer; the scores of one example are normalised to sum to 1.
 
-Max-flow runs in scipy's compiled solver (``scipy.sparse.csgraph.maximum_flow``, Dinic) on integer capacities
-``round(Â * FLOW_SCALE)``. Rounding moves each capacity by at most ``0.5 / FLOW_SCALE`` (4.7e-10), so a flow
-value is off by at most ``(edges in its minimum cut) * 0.5 / FLOW_SCALE``: below 1e-4 (absolute, before the
-normalisation) for 128 tokens and 12 layers, and usually far less.
+The values are the exact max-flows of the graph with integer capacities ``round(Â * FLOW_SCALE)``. Rounding
+moves each capacity by at most ``0.5 / FLOW_SCALE`` (4.7e-10), so a flow value is off by at most
+``(edges in its minimum cut) * 0.5 / FLOW_SCALE``: below 1e-4 (absolute, before the normalisation) for 128
+tokens and 12 layers, and usually far less.
+
+Speed: one max-flow per input token on the full graph (L n^2 edges) costs 25 s for 512 tokens x 6 layers.
+Instead each value is sandwiched between two integers that are cheap to get and usually equal:
+- an upper bound, the cheapest "token chain" cut (:func:`_chain_bound`, O(L n^2) for all sinks together): in
+  trained and random attention the minimum cut is the source's edges (value 1), the sink's in-edges (its column
+  sum), or, for a few tokens, the edges into the sink token's chain ``(l, j)`` from every other token;
+- a lower bound, the max-flow of a sparse subgraph (scipy's Dinic on ~25 edges per node instead of n): the full
+  rows of the tokens that carry the rollout from the source, the largest edges of every row and column, and
+  every edge into the sink's chain. Any flow of a subgraph is a flow of the graph.
+Where they differ, a larger subgraph and then the full graph decide, so the result is always the full graph's
+integer max-flow, bit for bit.
 """
 
 from __future__ import annotations
@@ -23,9 +34,11 @@ from scipy.sparse.csgraph import maximum_flow
 from .registry import ATTENTION, MethodOutput, register
 
 FLOW_SCALE = 2**30  # integer capacity of a weight of 1; total flow <= FLOW_SCALE < 2**31 (scipy uses int32)
-# Work per example = sources x sinks x edges; measured 4e-8 to 1.5e-7 s per unit (2 shared CPU cores), so
-# 5e7 is 2 to 7 s: 128 tokens x 6 layers (1e7, 0.4 s) passes quietly, 256 tokens x 6 layers (8.4e7) warns.
-SLOW_WORK = 5e7
+# Work per example = sources x sinks x nodes below the source (one sparse max-flow per sink); measured about
+# 1.5e-6 s per unit (512 tokens x 6 layers = 1.3e6: ~2 s, bench/lrp_flow_speed.py --flow-lengths, 2 shared CPU
+# cores), so 3e6 is ~5 s: one source passes quietly up to ~770 tokens x 6 layers; uniform query weights (one
+# source per token) warn from ~85 tokens x 6 layers.
+SLOW_WORK = 3e6
 
 
 def rollout_matrices(attentions: list[torch.Tensor] | np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
@@ -73,22 +86,117 @@ def _flow_graph(mats: np.ndarray, source: int) -> tuple[np.ndarray, np.ndarray, 
             np.concatenate(indptr).astype(np.int32), sink)
 
 
+def _chain_bound(caps: np.ndarray, source: int) -> np.ndarray:
+    """Integer capacity of the cheapest "token chain" cut to every input token: an upper bound on each max-flow.
+
+    ``F_k(j)`` bounds the flow from the source into token j of layer k: cut the source edges (``sum a``), or cut
+    every edge into ``(k, j)`` from another token plus either the diagonal edge ``(k+1, j) -> (k, j)`` or, by
+    recursion, a cut above ``(k+1, j)``. Two layers below the source the exact value is known (each middle node
+    is one path: ``sum_u min(a_u, Â[u, j])``), so for two layers the bound is the max-flow itself.
+    """
+    n_layers = caps.shape[0]
+    a = caps[n_layers - 1][source]
+    bound = np.minimum(a[:, None], caps[n_layers - 2]).sum(axis=0)
+    for k in range(n_layers - 3, -1, -1):
+        diag = np.diagonal(caps[k])
+        bound = np.minimum(caps[k].sum(axis=0) - diag + np.minimum(diag, bound), a.sum())
+    return bound
+
+
+def _kept_edges(mats: np.ndarray, source: int, rows: int, per_row: int) -> np.ndarray:
+    """Edge mask ``(L, n, n)`` of a sparse subgraph likely to carry a maximum flow: the full rows of the ``rows``
+    tokens that carry most of the rollout from the source in each layer, and the ``per_row`` largest edges of
+    every row and of every column."""
+    n_layers, n, _ = mats.shape
+    keep = np.zeros(mats.shape, dtype=bool)
+    mass = mats[n_layers - 1][source]
+    for layer in range(n_layers - 1, 0, -1):  # nodes of layer `layer` have the out-edges mats[layer - 1]
+        keep[layer - 1][np.argsort(-mass)[:rows]] = True
+        mass = mass @ mats[layer - 1]
+    k = min(per_row, n)
+    np.put_along_axis(keep, np.argsort(-mats, axis=2)[:, :, :k], True, axis=2)
+    np.put_along_axis(keep, np.argsort(-mats, axis=1)[:, :k, :], True, axis=1)
+    return keep
+
+
+class _Subgraph:
+    """CSR arrays of the layered graph (as :func:`_flow_graph`) over the kept edges, with one spare slot per row
+    for the edge into the current sink's token one layer down (every edge into the sink's token chain is kept:
+    the chain cut saturates all of them)."""
+
+    def __init__(self, caps: np.ndarray, source: int, keep: np.ndarray):
+        n_layers, n, _ = caps.shape
+        self.caps, self.keep, self.n = caps, keep, n
+        self.sink = 1 + (n_layers - 1) * n
+        self.dummy = self.sink + 1  # a dead end: spare slots not needed for this sink point here, capacity 0
+        counts, indices, data = [np.array([n])], [1 + np.arange(n)], [caps[n_layers - 1][source]]
+        self.slots: list[tuple[np.ndarray, int, int]] = []  # (slot positions, layer index, first node below)
+        pos = n
+        for b in range(n_layers - 2):  # block b is layer L-1-b, its edges are caps[L-2-b]
+            layer, below = n_layers - 2 - b, 1 + (b + 1) * n
+            mask = np.concatenate([keep[layer], np.ones((n, 1), dtype=bool)], axis=1)  # the slot is last in a row
+            r, c = np.nonzero(mask)
+            is_slot = c == n
+            indices.append(np.where(is_slot, self.dummy, below + np.minimum(c, n - 1)))
+            data.append(np.where(is_slot, 0, caps[layer][r, np.minimum(c, n - 1)]))
+            counts.append(mask.sum(axis=1))
+            self.slots.append((pos + np.flatnonzero(is_slot), layer, below))
+            pos += len(r)
+        counts += [np.ones(n, dtype=np.int64), np.zeros(2, dtype=np.int64)]  # layer-1 nodes -> sink; sink, dummy
+        indices.append(np.full(n, self.sink))
+        data.append(np.zeros(n, dtype=np.int64))
+        self.bottom = pos + np.arange(n)
+        self.indices = np.concatenate(indices).astype(np.int32)
+        self.data = np.concatenate(data).astype(np.int32)
+        self.indptr = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int32)
+
+    def max_flow(self, sink_token: int) -> int:
+        """Integer max-flow from the source to input token ``sink_token`` within the subgraph."""
+        indices, data = self.indices.copy(), self.data.copy()
+        for slots, layer, below in self.slots:
+            missing = ~self.keep[layer][:, sink_token]
+            indices[slots] = np.where(missing, below + sink_token, self.dummy)
+            data[slots] = np.where(missing, self.caps[layer][:, sink_token], 0)
+        data[self.bottom] = self.caps[0][:, sink_token]
+        size = self.dummy + 1
+        graph = csr_matrix((data, indices, self.indptr), shape=(size, size))
+        return int(maximum_flow(graph, 0, self.sink, method="dinic").flow_value)
+
+
+# Subgraphs tried before the full graph: (full rows of the tokens carrying most rollout, largest edges per row/column)
+SUBGRAPHS = ((16, 4), (64, 8))
+
+
 def flow_from(mats: np.ndarray, source: int) -> np.ndarray:
     """Max-flow values ``(n,)`` from token ``source`` of the top layer to every token of the input layer.
 
     ``mats`` is ``(L, n, n)``: ``mats[l-1] = Â^l``, rows are queries (the upper layer's tokens). Not normalised.
+
+    Exact (the integer max-flow of the module docstring), computed by sandwiching: the chain-cut upper bound of
+    :func:`_chain_bound` against the max-flow of a sparse subgraph (a lower bound: any flow there is a flow of
+    the full graph). Where the two integers are equal, that is the max-flow; the few sinks left go to a larger
+    subgraph, then to the full graph.
     """
     n_layers, n, _ = mats.shape
     if n_layers == 1:  # a single edge from the source to each sink
         return mats[0, source].copy()
-    data, indices, indptr, sink = _flow_graph(mats, source)
-    caps1 = np.rint(mats[0] * FLOW_SCALE).astype(np.int32)
-    size = sink + 1
-    out = np.empty(n)
-    for j in range(n):  # one compiled max-flow per input token (the loop is over sinks, not edges)
-        data[-n:] = caps1[:, j]
-        graph = csr_matrix((data, indices, indptr), shape=(size, size))
-        out[j] = maximum_flow(graph, 0, sink, method="dinic").flow_value
+    caps = np.rint(mats * FLOW_SCALE).astype(np.int64)
+    out = _chain_bound(caps, source)
+    if n_layers == 2:  # exact: every path source -> (1, i) -> sink is its own chain
+        return out / FLOW_SCALE
+    todo = np.arange(n)
+    for rows, per_row in SUBGRAPHS:
+        if not len(todo):
+            break
+        sub = _Subgraph(caps, source, _kept_edges(mats, source, rows, per_row))
+        todo = np.array([j for j in todo if sub.max_flow(int(j)) != out[j]], dtype=np.int64)
+    if len(todo):
+        data, indices, indptr, sink = _flow_graph(mats, source)
+        caps1 = caps[0].astype(np.int32)
+        for j in todo:  # one compiled max-flow per remaining input token on the full graph
+            data[-n:] = caps1[:, j]
+            graph = csr_matrix((data, indices, indptr), shape=(sink + 1, sink + 1))
+            out[j] = maximum_flow(graph, 0, sink, method="dinic").flow_value
     return out / FLOW_SCALE
 
 
@@ -100,11 +208,12 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """
     n_layers, n, _ = mats.shape
     sources = np.flatnonzero(weights)
-    work = len(sources) * n * (n_layers - 1) * n * n
+    work = len(sources) * n * (n_layers - 1) * n
     if work > SLOW_WORK:
         warnings.warn(
             f"attention flow on {n} tokens x {n_layers} layers from {len(sources)} source node(s) needs "
-            f"{len(sources) * n} max-flow runs on graphs of {(n_layers - 1) * n * n} edges; this may take minutes",
+            f"{len(sources) * n} max-flow runs on graphs of about {25 * (n_layers - 1) * n} edges; "
+            "this may take minutes",
             stacklevel=3,
         )
     out = np.zeros(n)
