@@ -227,3 +227,10 @@ def test_gpt2_without_pad_token_config_restored_on_error():
         batch = ex.encode(["the movie", "bad"])
         ex.compute_batch(batch, [-1, -1], [], {})
     assert model.config.pad_token_id is None
+
+
+def test_head_of_another_shape_is_refused(classifier_dir):
+    with pytest.raises(ModelError, match=r"classifier\.weight.*another shape.*would be random"):
+        Explainer.from_pretrained(classifier_dir, num_labels=3, ignore_mismatched_sizes=True)
+    with pytest.raises(ModelError, match="other shapes than the config asks for"):
+        Explainer.from_pretrained(classifier_dir, num_labels=3)

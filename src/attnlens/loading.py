@@ -94,7 +94,10 @@ def load_weights(auto: Any, name: str, **kwargs: Any) -> tuple[Any, dict[str, An
         detail = str(exc).splitlines()[0] if isinstance(exc, SafetensorError) else "torch.load cannot read it"
         raise ModelError(f"could not load model {name}: {file} {state} ({detail})") from exc
     except (OSError, RuntimeError) as exc:  # missing files, unknown hub id, no network, shape mismatches
-        raise ModelError(f"could not load model {name}: {str(exc).splitlines()[0]}") from exc
+        detail = str(exc).splitlines()[0]
+        if "ignore_mismatched_sizes" in detail:  # the report it points to is silenced above
+            detail = "weights of the checkpoint have other shapes than the config asks for (e.g. num_labels)"
+        raise ModelError(f"could not load model {name}: {detail}") from exc
 
 
 def describe_checkpoint(config: Any) -> tuple[str, str | None]:
@@ -125,6 +128,8 @@ def check_complete(model: Any, info: dict[str, Any], name: str, task: str) -> No
     listed = ", ".join((head or new)[:4]) + (" ..." if len(head or new) > 4 else "")
     wanted = "an extractive QA model" if task == "qa" else "a sequence classifier"
     what = f"its task head ({listed}) is" if head else f"weights {listed} are"
+    where = "not in the checkpoint (or of another shape there)" if info.get("mismatched_keys") else (
+        "not in the checkpoint")
     description, kind = describe_checkpoint(model.config)
     if kind in _LANGUAGE_MODELS:
         advice = ("attnlens explains sequence classifiers and extractive QA models; explaining a language "
@@ -137,7 +142,7 @@ def check_complete(model: Any, info: dict[str, Any], name: str, task: str) -> No
         advice = "load it with task='qa'"
     else:
         advice = "attnlens explains sequence classifiers and extractive QA models"
-    raise ModelError(f"cannot explain {name} as {wanted}: {what} not in the checkpoint and would be random; "
+    raise ModelError(f"cannot explain {name} as {wanted}: {what} {where} and would be random; "
                      f"{description}: {advice}")
 
 
