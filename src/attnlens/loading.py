@@ -1,0 +1,177 @@
+"""Loading a checkpoint and its tokenizer: the model the user gave, or one line that says why not.
+
+``transformers`` happily builds a model whose task head is missing from the checkpoint (it initialises the head
+at random and logs a warning), and a tokenizer from a directory without tokenizer files (an empty vocabulary:
+every word becomes ``[UNK]``). Explanations of either are silently wrong, so attnlens refuses both; corrupt or
+empty weights files become one-line errors instead of a traceback from deep inside ``safetensors``/``torch``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelError
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+# A tokenizer whose vocabulary is less than this fraction of the embedding matrix cannot be the model's own:
+# real checkpoints pad their embeddings by a few rows at most (e.g. 32000 tokens, 32064 rows).
+MIN_VOCAB_FRACTION = 0.5
+# (suffix of the architecture name, what that checkpoint is)
+_KINDS = (
+    ("ForSequenceClassification", "a sequence classifier"),
+    ("ForQuestionAnswering", "an extractive QA model"),
+    ("ForMaskedLM", "a masked language model"),
+    ("ForCausalLM", "a language model"),
+    ("LMHeadModel", "a language model"),
+    ("ForConditionalGeneration", "a sequence-to-sequence language model"),
+    ("ForPreTraining", "a pretraining checkpoint with language-model heads"),
+    ("ForTokenClassification", "a token classifier"),
+    ("ForMultipleChoice", "a multiple-choice model"),
+    ("Model", "a base model without a task head"),
+)
+_LANGUAGE_MODELS = ("a masked language model", "a language model", "a sequence-to-sequence language model",
+                    "a pretraining checkpoint with language-model heads")
+
+
+def check_model_dir(name: str) -> Path | None:
+    """The local directory ``name`` names (``None`` for a hub id); :class:`ModelError` if it exists but holds no
+    saved model (no ``config.json``)."""
+    path = Path(name).expanduser()
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        raise ModelError(f"could not load model {name}: it is a file; give the model's directory")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"could not load model {name}: the directory has no config.json, so it is not a saved "
+                         "HuggingFace model")
+    return path
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' progress bars and load reports while loading: attnlens checks what they report
+    (newly initialised weights) itself and turns it into an error or one line of its own."""
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def _weights_file(path: Path | None) -> str:
+    if path is not None:
+        for file in WEIGHT_FILES:
+            if (path / file).is_file():
+                return file
+    return "the weights file"
+
+
+def load_weights(auto: Any, name: str, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """``auto.from_pretrained(name, **kwargs)`` and its loading info (missing and mismatched keys); unreadable
+    weights raise a one-line :class:`ModelError`."""
+    from safetensors import SafetensorError
+
+    path = check_model_dir(name)
+    try:
+        with quiet_transformers():
+            return auto.from_pretrained(name, output_loading_info=True, **kwargs)
+    except (SafetensorError, pickle.UnpicklingError, EOFError) as exc:
+        file = _weights_file(path)
+        empty = path is not None and (path / file).is_file() and (path / file).stat().st_size == 0
+        state = "is empty (0 bytes)" if empty else "is corrupt or truncated"
+        detail = str(exc).splitlines()[0] if isinstance(exc, SafetensorError) else "torch.load cannot read it"
+        raise ModelError(f"could not load model {name}: {file} {state} ({detail})") from exc
+    except (OSError, RuntimeError) as exc:  # missing files, unknown hub id, no network, shape mismatches
+        detail = str(exc).splitlines()[0]
+        if "ignore_mismatched_sizes" in detail:  # the report it points to is silenced above
+            detail = "weights of the checkpoint have other shapes than the config asks for (e.g. num_labels)"
+        raise ModelError(f"could not load model {name}: {detail}") from exc
+
+
+def describe_checkpoint(config: Any) -> tuple[str, str | None]:
+    """``("this is a BertForMaskedLM checkpoint (a masked language model)", kind)`` from ``config.architectures``;
+    ``kind`` is one of the kinds above or ``None``."""
+    architectures = list(getattr(config, "architectures", None) or [])
+    if not architectures:
+        return "its config.json names no architecture", None
+    arch = architectures[0]
+    kind = next((k for suffix, k in _KINDS if arch.endswith(suffix)), None)
+    return f"this is a {arch} checkpoint" + (f" ({kind})" if kind else ""), kind
+
+
+def new_weights(info: dict[str, Any]) -> list[str]:
+    """Names of the weights ``from_pretrained`` initialised at random (missing, or of another shape)."""
+    mismatched = [m[0] if isinstance(m, (tuple, list)) else m for m in info.get("mismatched_keys") or []]
+    return sorted(set(info.get("missing_keys") or []) | set(mismatched))
+
+
+def check_complete(model: Any, info: dict[str, Any], name: str, task: str) -> None:
+    """Refuse a model some of whose weights are not in the checkpoint (they would be random): one line naming
+    the task head (or the other new weights) and what the checkpoint is."""
+    new = new_weights(info)
+    if not new:
+        return
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    head = [k for k in new if not (prefix and k.startswith(prefix + "."))]
+    listed = ", ".join((head or new)[:4]) + (" ..." if len(head or new) > 4 else "")
+    wanted = "an extractive QA model" if task == "qa" else "a sequence classifier"
+    what = f"its task head ({listed}) is" if head else f"weights {listed} are"
+    where = "not in the checkpoint (or of another shape there)" if info.get("mismatched_keys") else (
+        "not in the checkpoint")
+    description, kind = describe_checkpoint(model.config)
+    if kind in _LANGUAGE_MODELS:
+        advice = ("attnlens explains sequence classifiers and extractive QA models; explaining a language "
+                  "model's generation is not supported yet")
+    elif kind == "a base model without a task head":
+        advice = f"fine-tune it first, e.g. attnlens train --model {name} --dataset sst2 --out OUT"
+    elif kind == "a sequence classifier" and task == "qa":
+        advice = "explain it as a sequence classifier; task='qa' and the squad data sets need an extractive QA model"
+    elif kind == "an extractive QA model" and task != "qa":
+        advice = "load it with task='qa'"
+    else:
+        advice = "attnlens explains sequence classifiers and extractive QA models"
+    raise ModelError(f"cannot explain {name} as {wanted}: {what} {where} and would be random; "
+                     f"{description}: {advice}")
+
+
+def check_tokenizer_files(tokenizer: Any, name: str) -> None:
+    """A local model directory must hold its tokenizer's files (without them ``AutoTokenizer`` builds an empty
+    vocabulary and every word becomes ``[UNK]``)."""
+    path = check_model_dir(name)
+    if path is None:
+        return
+    files = {"tokenizer.json", *(getattr(tokenizer, "vocab_files_names", None) or {}).values()}
+    if not any((path / f).is_file() for f in files):
+        raise ModelError(
+            f"could not load the tokenizer of {name}: the directory has none of its files "
+            f"({', '.join(sorted(files))}); save it next to the model with tokenizer.save_pretrained(DIR)"
+        )
+
+
+def check_vocabulary(tokenizer: Any, model: Any) -> None:
+    """The tokenizer must fit the model's embedding matrix: not larger, and not less than
+    :data:`MIN_VOCAB_FRACTION` of it."""
+    rows = model.get_input_embeddings().num_embeddings
+    size = len(tokenizer)
+    if size > rows:
+        raise ModelError(
+            f"the tokenizer has {size} tokens but the model's embedding matrix has {rows} rows: "
+            "this tokenizer does not belong to this model"
+        )
+    if size < MIN_VOCAB_FRACTION * rows:
+        raise ModelError(
+            f"the tokenizer has {size} tokens but the model's embedding matrix has {rows} rows (less than "
+            f"{MIN_VOCAB_FRACTION:.0%}): this tokenizer does not belong to this model"
+        )
