@@ -161,7 +161,7 @@ def test_seconds_stay_cumulative_and_results_equal_across_a_sigkill(tmp_path):
     assert resumed["n_examples"] == full["n_examples"] == 11
 
 
-def test_default_chunk_writes_every_8_examples_and_progress_moves(tmp_path, capsys):
+def test_default_chunk_writes_every_16_examples_and_progress_moves(tmp_path, capsys):
     calls = []
 
     def predict(variants):
@@ -171,15 +171,15 @@ def test_default_chunk_writes_every_8_examples_and_progress_moves(tmp_path, caps
         return linear_predict(variants)
 
     with pytest.raises(KeyboardInterrupt):
-        run_benchmark(FakeExplainer(), dataset(), tmp_path, methods="grads", metrics="aopc", predict=predict,
+        run_benchmark(FakeExplainer(), dataset(20), tmp_path, methods="grads", metrics="aopc", predict=predict,
                       progress=True)
     rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]
-    assert sorted({r["index"] for r in rows}) == list(range(8))
-    assert "8/11" in capsys.readouterr().err  # the bar advanced with the written chunk
+    assert sorted({r["index"] for r in rows}) == list(range(16))  # written before the interruption
+    assert "16/20" in capsys.readouterr().err  # the bar advanced with the written chunk
     assert json.loads((tmp_path / "run.json").read_text())["seconds"] > 0
-    summary = run_benchmark(FakeExplainer(), dataset(), tmp_path, methods="grads", metrics="aopc",
+    summary = run_benchmark(FakeExplainer(), dataset(20), tmp_path, methods="grads", metrics="aopc",
                             predict=linear_predict, progress=False)
-    assert summary["n_examples"] == 11
+    assert summary["n_examples"] == 20
 
 
 def test_chunk_size_option(tiny, tmp_path):

@@ -54,7 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
     p.add_argument("--batch-size", type=int, default=32, help="inputs per explanation batch")
     p.add_argument("--eval-batch-size", type=int, default=64, help="perturbed inputs per forward pass")
-    p.add_argument("--chunk-size", type=int, default=8,
+    p.add_argument("--chunk-size", type=int, default=16,
                    help="examples explained, scored and written together (progress moves and an interruption "
                    "loses work per chunk)")
     p.add_argument("--options", default=None, help='method options as JSON, e.g. \'{"attcat": {"alpha": "cls"}}\'')

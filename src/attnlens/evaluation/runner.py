@@ -226,7 +226,7 @@ def run_benchmark(
     config: EvalConfig | None = None,
     batch_size: int = 32,
     eval_batch_size: int = 64,
-    chunk_size: int = 8,
+    chunk_size: int = 16,
     resume: bool = True,
     progress: bool = True,
     explain_options: dict[str, dict[str, Any]] | None = None,
