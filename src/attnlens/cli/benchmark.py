@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
     p.add_argument("--batch-size", type=int, default=32, help="inputs per explanation batch")
     p.add_argument("--eval-batch-size", type=int, default=64, help="perturbed inputs per forward pass")
+    p.add_argument("--chunk-size", type=int, default=16,
+                   help="examples explained, scored and written together (progress moves and an interruption "
+                   "loses work per chunk)")
     p.add_argument("--options", default=None, help='method options as JSON, e.g. \'{"attcat": {"alpha": "cls"}}\'')
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", required=True, help="results directory")
@@ -69,14 +73,19 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data import load_dataset
     from ..evaluation.metrics import EvalConfig
-    from ..evaluation.runner import run_benchmark
+    from ..evaluation.runner import check_output_dir, run_benchmark
     from ..explainer import Explainer
     from ..methods.registry import list_methods
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    for name in ("threads", "batch_size", "eval_batch_size", "chunk_size", "k"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
     if args.occlusion_step < 1 or args.occlusion_max < 0:
         raise InputError("--occlusion-step must be >= 1 and --occlusion-max >= 0")
+    check_output_dir(args.out, "--out")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     options = None
     if args.options:
         try:
@@ -93,18 +102,24 @@ def run(args: argparse.Namespace) -> int:
     methods: Any = args.methods
     if args.no_lrp and methods == "all":
         methods = list_methods(include_lrp=False)
+    occlusion_max = args.occlusion_max
+    if occlusion_max > explainer.max_length:  # a count above an input's length drops all of it: stop there
+        occlusion_max = explainer.max_length
+        print(f"attnlens: --occlusion-max {args.occlusion_max} is more than the model's {occlusion_max}-token inputs; "
+              f"using {occlusion_max}", file=sys.stderr)
     config = EvalConfig(
         precision_k=args.k,
         protocol=args.protocol,
         pad_token_id=explainer.pad_id,
-        occlusion_counts=tuple(range(0, args.occlusion_max + 1, args.occlusion_step)),
+        occlusion_counts=tuple(range(0, occlusion_max + 1, args.occlusion_step)),
         occlusion_drop=args.occlusion_drop,
         seed=args.seed,
     )
     out = Path(args.out)
     summary = run_benchmark(
         explainer, dataset, out, methods=methods, metrics=args.metrics, config=config,
-        batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, resume=not args.overwrite,
+        batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, chunk_size=args.chunk_size,
+        resume=not args.overwrite,
         progress=not args.quiet, explain_options=options, model_name=args.model, target=args.target,
         target_kind=args.target_kind,
     )

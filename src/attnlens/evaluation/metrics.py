@@ -74,6 +74,8 @@ class EvalConfig:
             raise InputError(f"occlusion drop must be 'mask' or 'delete', got {self.occlusion_drop!r}")
         if any(c < 0 for c in self.occlusion_counts):
             raise InputError("occlusion counts must be >= 0")
+        if self.seed < 0:  # numpy's generators take non-negative seeds only
+            raise InputError(f"seed must be >= 0, got {self.seed}")
         if isinstance(self.precision_k, bool) or not isinstance(self.precision_k, int) or self.precision_k < 1:
             raise InputError(f"K of precision@K must be a positive number of tokens, got {self.precision_k!r}")
 

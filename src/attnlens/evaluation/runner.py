@@ -15,13 +15,15 @@ always computed from the files, so a resumed run gives the same totals as an uni
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
 import math
+import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,14 @@ from .metrics import (
 )
 from .perturb import ModelPredictor, Predict, Variant
 
+try:  # POSIX advisory locks; elsewhere the results directory is not locked
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
 FORMAT_VERSION = 1
 FILES = ("examples.jsonl", "explanations.jsonl", "summary.json", "table.md", "table.csv", "run.json")
+LOCK_FILE = ".lock"
 
 
 # ----------------------------------------------------------------- predictors
@@ -114,6 +122,80 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
+def check_output_dir(path: str | Path, what: str = "results directory") -> Path:
+    """``path`` as a directory that can be created or reused; a file in the way raises :class:`InputError`."""
+    if not str(path).strip():
+        raise InputError(f"the {what} path is empty")
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{what} {out} is an existing file; give a directory")
+    for parent in out.parents:  # the nearest existing ancestor must be a directory
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"{what} {out} is under {parent}, which is a file")
+            break
+    return out
+
+
+@contextlib.contextmanager
+def results_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/.lock`` while writing ``out``: an exclusive ``flock`` on a file holding our pid.
+
+    A second writer gets :class:`InputError` naming the holder's pid. The kernel drops the lock when its holder
+    exits, however it exits, so a lock file left by a killed run is simply taken over.
+    """
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    path = out / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise InputError(
+                f"{out} is being written by another benchmark (pid {holder}); wait for it to end or use another --out"
+            ) from None
+        except OSError as exc:  # a file system without flock (some network mounts): go on unlocked
+            os.close(fd)
+            warnings.warn(f"cannot lock {path} ({exc.strerror}); do not run two benchmarks on {out}", stacklevel=3)
+            yield
+            return
+        try:  # the previous holder may have unlinked the file between our open and flock: lock the live one
+            live = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            live = False
+        if live:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)  # releases the lock
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (a kill leaves the old or the new file, never a torn one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_run(path: Path) -> dict[str, Any]:
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        run = None
+    if not isinstance(run, dict) or not isinstance(run.get("settings"), dict):
+        raise InputError(f"{path} is not a readable run file; use --overwrite to start over")
+    return run
+
+
 # --------------------------------------------------------------------- runner
 @dataclasses.dataclass
 class BenchmarkSettings:
@@ -144,7 +226,7 @@ def run_benchmark(
     config: EvalConfig | None = None,
     batch_size: int = 32,
     eval_batch_size: int = 64,
-    chunk_size: int = 64,
+    chunk_size: int = 16,
     resume: bool = True,
     progress: bool = True,
     explain_options: dict[str, dict[str, Any]] | None = None,
@@ -160,12 +242,14 @@ def run_benchmark(
     Args:
         explainer: an :class:`attnlens.Explainer` (anything with ``explain``, ``predict_proba`` and ``model``).
         dataset: from :func:`attnlens.data.load_dataset`.
-        out_dir: results directory (created; see ``docs/benchmark-format.md``).
+        out_dir: results directory (created; see ``docs/benchmark-format.md``). Locked while the run writes it:
+            a second run on the same directory raises :class:`InputError`.
         methods: method ids, ``"all"`` or a comma-separated string.
         metrics: metric names (default ``aopc, lodds, kendall``; ``"all"`` for every classification metric).
         config: protocol and metric settings (:class:`EvalConfig`); its ``pad_token_id`` defaults to the model's.
         batch_size: inputs per explanation batch. eval_batch_size: perturbed inputs per forward pass.
-        chunk_size: examples per unit of work written to disk.
+        chunk_size: examples per unit of work: explained, scored, written to disk and shown as progress together
+            (an interruption loses at most one chunk).
         resume: continue a previous run in ``out_dir`` (it must have the same settings); ``False`` starts over.
         progress: show a progress bar with an ETA.
         target_kind: what the explanations are of: ``"logit"``, ``"probability"`` or ``"loss"`` (log-probability
@@ -207,20 +291,84 @@ def run_benchmark(
         )
     if config is None:
         config = EvalConfig(pad_token_id=getattr(explainer, "pad_id", None) or _pad_id(explainer))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
+                        ("chunk_size", chunk_size)):
+        if not isinstance(value, int) or value < 1:
+            raise InputError(f"{name} must be a positive number, got {value}")
+    if not len(dataset):
+        raise InputError(f"dataset {dataset.name} has no examples")
+    if not qa:
+        _check_labels(dataset, n_classes, need=target == "gold" or config.protocol == "attcat-code")
+    if target_kind == "loss" and target != "gold" and config.protocol != "attcat-code":
+        raise InputError("target kind 'loss' is the loss of the gold label: use it with target 'gold' (--target gold)")
+    explain_options = _checked_options(explainer, dataset, methods, method_ids, explain_options, target,
+                                       target_kind, config)
+    out = check_output_dir(out_dir)
     settings = BenchmarkSettings(
         model=model_name or str(getattr(explainer, "name", type(explainer.model).__name__)),
         dataset=dataset.name, split=dataset.split, example_ids=[e.id for e in dataset],
         methods=method_ids, metrics=metric_ids, config=dataclasses.asdict(config),
         explain_options=dict(explain_options or {}), target_kind=target_kind, target=target,
     )
+    # Everything is checked: from here on we write, holding the directory's lock until the last file is written.
+    out.mkdir(parents=True, exist_ok=True)
+    with results_lock(out):
+        return _run_locked(explainer, dataset, out, settings, config, method_ids, metric_ids, n_classes,
+                           batch_size=batch_size, chunk_size=chunk_size, resume=resume, progress=progress,
+                           explain_options=explain_options, target_kind=target_kind, target=target,
+                           predict=predict or ModelPredictor(explainer.model, config.pad_token_id, eval_batch_size),
+                           stop_after=stop_after, log=log)
+
+
+def _check_labels(dataset: Dataset, n_classes: int, need: bool) -> None:
+    """Every gold label is a class of the model; with ``need`` (gold targets) every example has one."""
+    for e in dataset:
+        if e.label is None:
+            if need:
+                raise InputError(f"example {e.id!r} has no label; explaining the gold label needs one per example")
+        elif not 0 <= e.label < n_classes:
+            raise InputError(
+                f"example {e.id!r} has label {e.label}, but the model has {n_classes} classes (0..{n_classes - 1})"
+            )
+
+
+def _checked_options(
+    explainer: Any, dataset: Dataset, methods: Any, method_ids: Sequence[str],
+    options: dict[str, dict[str, Any]] | None, target: str, target_kind: str, config: EvalConfig,
+) -> dict[str, dict[str, Any]]:
+    """``options`` checked by name, then by value on one example, so that a typo is refused before any write."""
+    from ..methods.registry import get_method, resolve_methods
+
+    options = dict(options or {})
+    requested = set(resolve_methods(methods))
+    for name, opts in options.items():
+        if name not in requested:
+            raise InputError(f"options given for {name!r}, which is not among the benchmarked methods")
+        if not isinstance(opts, dict):
+            raise InputError(f"options of {name!r} must be an object of option names and values, got {opts!r}")
+        get_method(name).check_options(dict(opts))
+    used = [m for m in method_ids if options.get(m)]
+    if used:  # option values are checked by the methods themselves: explain one example with them
+        first = dataset[0]
+        gold = target == "gold" or config.protocol == "attcat-code"
+        explainer.explain([first.text], used, target=[first.label] if gold else None, target_kind=target_kind,
+                          options={m: options[m] for m in used})
+    return options
+
+
+def _run_locked(
+    explainer: Any, dataset: Dataset, out: Path, settings: BenchmarkSettings, config: EvalConfig,
+    method_ids: list[str], metric_ids: list[str], n_classes: int, *, batch_size: int, chunk_size: int,
+    resume: bool, progress: bool, explain_options: dict[str, dict[str, Any]], target_kind: str, target: str,
+    predict: Predict, stop_after: int | None, log: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """The body of :func:`run_benchmark`, run while holding the lock of ``out``."""
     run_file = out / "run.json"
     previous_seconds = 0.0
     if resume and run_file.exists():
-        prev = json.loads(run_file.read_text(encoding="utf-8"))
+        prev = _read_run(run_file)
         now = json.loads(json.dumps(settings.key()))
-        before = {"target": "predicted", **prev.get("settings", {})}  # runs made before the target option
+        before = {"target": "predicted", **prev["settings"]}  # runs made before the target option
         if before != now:
             diff = [k for k in now if before.get(k) != now[k]]
             raise InputError(
@@ -230,10 +378,16 @@ def run_benchmark(
     elif not resume:
         for name in FILES:
             (out / name).unlink(missing_ok=True)
-    run_file.write_text(json.dumps({"format": FORMAT_VERSION, "settings": settings.key(),
-                                    "seconds": previous_seconds}, indent=1), encoding="utf-8")
 
-    predict = predict or ModelPredictor(explainer.model, config.pad_token_id, eval_batch_size)
+    t_start = time.perf_counter()
+
+    def save_run() -> float:
+        """Record the settings and the cumulative compute time (after every chunk: a kill loses one chunk's)."""
+        seconds = previous_seconds + time.perf_counter() - t_start
+        _write_json(run_file, {"format": FORMAT_VERSION, "settings": settings.key(), "seconds": seconds})
+        return seconds
+
+    save_run()
     class_specific = _class_specific(method_ids)
     kendall_methods = [m for m in method_ids if class_specific[m]] if "kendall" in metric_ids else []
 
@@ -247,7 +401,6 @@ def run_benchmark(
 
     todo = [i for i in range(len(dataset)) if i not in done]
     timing = {"explain_seconds": 0.0, "evaluate_seconds": 0.0, "consistency_seconds": 0.0}
-    t_start = time.perf_counter()
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(dataset), initial=len(done), disable=not progress, desc="benchmark", unit="example",
@@ -261,30 +414,29 @@ def run_benchmark(
             if stop_after is not None:
                 chunk = chunk[: stop_after - processed]
             t0 = time.perf_counter()
+            bar.set_postfix_str("explaining", refresh=True)
             items = _explain_chunk(explainer, dataset, chunk, method_ids, kendall_methods, cached, exp_path,
                                    config, n_classes, batch_size, explain_options, target_kind,
                                    gold=target == "gold")
             t1 = time.perf_counter()
+            bar.set_postfix_str("scoring", refresh=True)
             scores = score_examples(items, method_ids, metric_ids, predict, config, class_specific)
             _append_jsonl(ex_path, _example_rows(dataset, items, scores, method_ids))
             timing["explain_seconds"] += t1 - t0
             timing["evaluate_seconds"] += time.perf_counter() - t1
             processed += len(chunk)
+            save_run()
             bar.update(len(chunk))
     finally:
         bar.close()
-        seconds = previous_seconds + time.perf_counter() - t_start
-        run_file.write_text(json.dumps({"format": FORMAT_VERSION, "settings": settings.key(), "seconds": seconds},
-                                       indent=1), encoding="utf-8")
+        save_run()
     complete = len(_complete_examples(_read_jsonl(ex_path), method_ids)) == len(dataset)
     t2 = time.perf_counter()
     consist = None
     if "consistency" in metric_ids and complete:
         consist = _consistency(explainer, dataset, method_ids, cached, config, batch_size)
     timing["consistency_seconds"] = time.perf_counter() - t2
-    seconds = previous_seconds + time.perf_counter() - t_start
-    run_file.write_text(json.dumps({"format": FORMAT_VERSION, "settings": settings.key(), "seconds": seconds},
-                                   indent=1), encoding="utf-8")
+    seconds = save_run()
     summary = summarize(out, settings, consist, {"seconds": seconds, **timing, "complete": complete})
     if log is not None:
         log(f"wrote {out}/summary.json ({'complete' if complete else 'partial'})")

@@ -33,8 +33,12 @@ def load_summary(results_dir: str | Path) -> dict[str, Any]:
         summary = json.loads(f.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(f"{f} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{f} is not valid JSON (not UTF-8 text)") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("results"), dict):
         raise InputError(f"{f} is not a benchmark summary: it has no 'results'")
+    if not all(isinstance(r, dict) for r in summary["results"].values()):
+        raise InputError(f"{f} is not a benchmark summary: 'results' must map methods to metric values")
     return summary
 
 
