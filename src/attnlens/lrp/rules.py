@@ -104,8 +104,8 @@ class _ZPlusLinear(torch.autograd.Function):
     As ``layers_ours.Linear.relprop`` of Chefer et al.: ``Z = W+ x+ + W- x-`` (no bias), ``S = R / Z``,
     ``R_x = x+ * (W+^T S) + x- * (W-^T S)``. Only positive contributions receive relevance and the bias none,
     so the rule is conservative wherever ``Z != 0``. With ``shared=False`` the two parts get separate
-    denominators, ``R / (W+ x+)`` and ``R / (W- x-)``, as in their ``layers_lrp.py`` ("original" rules), which
-    counts the relevance of a row twice when both parts are non-zero.
+    denominators, ``R / (W+ x+)`` and ``R / (W- x-)``, as in their ``layers_lrp.py`` (the rules of their LRP
+    baselines), which counts the relevance of a row twice when both parts are non-zero.
     """
 
     @staticmethod
@@ -131,7 +131,7 @@ class _ZPlusLinear(torch.autograd.Function):
 
 
 def zplus_linear(module: nn.Linear, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
-    """``nn.Linear`` under the authors' z+ rule (``shared=False``: their original rules' two denominators)."""
+    """``nn.Linear`` under the authors' z+ rule (``shared=False``: the two denominators of ``layers_lrp.py``)."""
     return _ZPlusLinear.apply(x, module.weight, module.bias, shared)
 
 
