@@ -139,12 +139,13 @@ def pass_through(fn, x: torch.Tensor) -> torch.Tensor:
     """``fn(x)`` for any shape-preserving function, with the identity rule ``R_x = R_y`` element-wise.
 
     The authors' rule for LayerNorm and softmax (``RelProp.relprop`` returns R unchanged). Where ``x == 0`` or is
-    not finite the ratio is 0.
+    not finite the output keeps its value ``fn(x)`` (a LayerNorm maps 0 to beta, not 0) but passes no relevance:
+    ``x * grad`` is 0 there, and the authors' next ``safe_divide`` by that 0 drops it too.
     """
     y = fn(x)
     bad = (x == 0) | ~torch.isfinite(x)
     ratio = torch.where(bad, torch.zeros_like(y), y / torch.where(bad, torch.ones_like(x), x))
-    return x * ratio.detach()
+    return torch.where(bad, y.detach(), x * ratio.detach())
 
 
 class _NormalizedAdd(torch.autograd.Function):
