@@ -112,22 +112,27 @@ class _ZPlusLinear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
                 shared: bool = True) -> torch.Tensor:
         z = F.linear(x, weight, bias)
-        ctx.save_for_backward(x, weight, z)
+        ctx.save_for_backward(x, weight, z, bias)
         ctx.shared = shared
         return z
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        x, weight, z = ctx.saved_tensors
-        w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
-        z_pos, z_neg = F.linear(x.clamp(min=0), w_pos), F.linear(x.clamp(max=0), w_neg)
+        x, weight, z, bias = ctx.saved_tensors
         rel = z * grad  # relevance R_z arriving at the output
+        w_abs = weight.abs()
         if ctx.shared:
-            s_pos = s_neg = _safe_divide(rel, z_pos + z_neg)
+            # W+ x+ + W- x- = (|W| |x| + W x) / 2: one matmul instead of two; W+^T S = (W^T S + |W|^T S) / 2
+            z_nobias = z if bias is None else z - bias
+            s = _safe_divide(rel, (F.linear(x.abs(), w_abs) + z_nobias) / 2)
+            grad_x = (s @ w_abs).mul_(torch.sign(x)).add_(s @ weight).mul_(0.5)
         else:
-            s_pos, s_neg = _safe_divide(rel, z_pos), _safe_divide(rel, z_neg)
-        grad_x = torch.where(x > 0, s_pos @ w_pos, s_neg @ w_neg)
-        return grad_x, None, None, None
+            w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
+            s_pos = _safe_divide(rel, F.linear(x.clamp(min=0), w_pos))
+            s_neg = _safe_divide(rel, F.linear(x.clamp(max=0), w_neg))
+            grad_x = torch.where(x > 0, s_pos @ w_pos, s_neg @ w_neg)
+        # where x == 0 the rule gives no relevance, and passes none further down (their safe_divide by 0)
+        return grad_x.masked_fill_(x == 0, 0.0), None, None, None
 
 
 def zplus_linear(module: nn.Linear, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
