@@ -1,8 +1,9 @@
 """Speed of the LRP methods and of attention flow on a real model.
 
 Figures: the time of ``partiallrp + transatt + attnlrp`` (one shared capture pass for ∇A plus one LRP pass per
-batch) divided by the time of one plain forward + backward over the same batches (gradient of the target logits
-w.r.t. the embeddings, eager attention), and attention flow's seconds per sentence.
+batch and rule set: ``"chefer"`` for partiallrp and transatt, ``"attnlrp"`` for attnlrp) divided by the time of
+one plain forward + backward over the same batches (gradient of the target logits w.r.t. the embeddings, eager
+attention), one LRP pass alone of each rule set, and attention flow's seconds per sentence.
 
 Run: ``OMP_WAIT_POLICY=PASSIVE python bench/lrp_flow_speed.py [model_dir] [--n N] [--batch-size 32]``
 (default: ``../shared/models/minilm-sst2`` on the SST-2 dev set).
@@ -51,7 +52,7 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
     specs = [get_method(m) for m in LRP_METHODS]
     opts = {s.name: s.check_options({}) for s in specs}
     flow_spec, raw_spec = get_method("flow"), get_method("rawatt")
-    totals = dict.fromkeys(("plain", "lrp_pass", "lrp_methods", "flow", "forward_only"), 0.0)
+    totals = dict.fromkeys(("plain", "lrp_pass", "lrp_pass_chefer", "lrp_methods", "flow", "forward_only"), 0.0)
     n_flow = 0
     for i, batch in enumerate([batches[0]] + batches):  # the first run is a warm-up
         inputs = batch_inputs(ex, batch)
@@ -60,6 +61,7 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
         t = {
             "plain": plain_forward_backward(model, inputs),
             "lrp_pass": timed(lrp_pass, model, inputs, targets),
+            "lrp_pass_chefer": timed(lrp_pass, model, inputs, targets, rules="chefer"),
             "lrp_methods": timed(ex.compute_batch, batch, [-1] * len(batch), specs, opts),
         }
         if n_flow < flow_texts:
@@ -79,6 +81,7 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
         "plain_forward_backward_s": totals["plain"],
         "lrp_pass_s": totals["lrp_pass"],
         "lrp_pass_ratio": totals["lrp_pass"] / totals["plain"],
+        "lrp_pass_chefer_ratio": totals["lrp_pass_chefer"] / totals["plain"],
         "lrp_methods_s": totals["lrp_methods"],
         "lrp_methods_ratio": totals["lrp_methods"] / totals["plain"],
         # flow's own cost: the engine call with flow minus the same call with an attention-only method

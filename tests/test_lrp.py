@@ -267,7 +267,7 @@ def test_chefer_rules_conserve_relevance_one_with_biases(family):
 
 
 @pytest.mark.parametrize("family", ENCODERS)
-@pytest.mark.parametrize("rule_set", ["chefer", "chefer-orig"])
+@pytest.mark.parametrize("rule_set", ["chefer", "chefer-lrp"])
 def test_chefer_rules_batch_invariance(family, rule_set):
     # Per-example normalisation of the residual rule: a batch equals its examples one by one (float64: the
     # identity rules divide by activations, which amplifies float32 rounding to ~1e-5 in ALBERT).
@@ -333,7 +333,8 @@ def test_model_left_unchanged(family, rule_set):
     model.classifier.eval()  # mixed training flags must survive
     next(model.parameters()).requires_grad_(False)
     before = _snapshot(model)
-    res = lrp_pass(model, padded_batch(), 1, rules=rule_set, epsilon=1e-3)
+    eps = 0.0 if rule_set == "chefer" else 1e-3  # the z+ rule has no epsilon
+    res = lrp_pass(model, padded_batch(), 1, rules=rule_set, epsilon=eps)
     _assert_unchanged(model, before)
     assert len(res.attentions) == getattr(model.config, "num_hidden_layers", getattr(model.config, "n_layers", 0))
     with torch.no_grad():  # the LRP forward computes the model's own logits (in eval mode)
@@ -380,13 +381,20 @@ LRP_METHODS = ["partiallrp", "transatt", "attnlrp", "flow"]
 
 def test_rule_options_through_explainer(tokenizer):
     ex = Explainer(make_model("roberta"), tokenizer)
-    opts = {m: {"rules": "chefer"} for m in ("partiallrp", "transatt", "attnlrp")}
+    opts = {m: {"rules": "attnlrp"} for m in ("partiallrp", "transatt")}
+    opts["attnlrp"] = {"rules": "cp"}
     opts["transatt"]["start_layer"] = -1
     (e,) = ex.explain(TEXTS[1:2], methods=["partiallrp", "transatt", "attnlrp"], options=opts)
     (d,) = ex.explain(TEXTS[1:2], methods=["partiallrp", "transatt", "attnlrp"])
-    assert abs(e.scores["attnlrp"].sum() - 1) < 1e-4  # the authors' rules start from relevance 1
+    model = ex.model
+    inputs = {"input_ids": torch.tensor([e.input_ids]), "attention_mask": torch.ones(1, len(e.input_ids), dtype=int)}
+    chefer = lrp_pass(model, inputs, e.target, rules="chefer")
+    assert abs(chefer.input_relevance.sum() - 1) < 1e-4  # the authors' rules start from relevance 1
     assert not np.allclose(e.scores["partiallrp"], d.scores["partiallrp"])
+    assert not np.allclose(e.scores["attnlrp"], d.scores["attnlrp"])
     assert "transatt" not in e.layers and d.layers["transatt"].shape == (2, len(d.tokens))
+    with pytest.raises(InputError, match="attnlrp takes rules 'attnlrp' .* or 'cp'"):
+        ex.explain(TEXTS[1:2], methods=["attnlrp"], options={"attnlrp": {"rules": "chefer"}})
 
 
 @pytest.mark.parametrize("family", ENCODERS)
@@ -411,12 +419,13 @@ def test_methods_equal_loop_recomputation(tokenizer):
     (e,) = ex.explain([text], methods=["partiallrp", "transatt", "attnlrp", "grads"], target=1, options=opts)
     inputs = {"input_ids": torch.tensor([e.input_ids]), "attention_mask": torch.ones(1, len(e.input_ids), dtype=int)}
     inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
-    res = lrp_pass(model, inputs, 1)
+    res = lrp_pass(model, inputs, 1, rules="chefer")  # the default rules of partiallrp and transatt
     n = len(e.tokens)
     r_last = res.attention_relevance[-1][0].numpy()
     expected = np.array([np.mean([max(r_last[h, 0, j], 0.0) for h in range(r_last.shape[0])]) for j in range(n)])
     np.testing.assert_allclose(e.scores["partiallrp"], expected, rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(e.scores["attnlrp"], res.input_relevance[0].numpy(), rtol=1e-5, atol=1e-7)
+    res_attnlrp = lrp_pass(model, inputs, 1)  # attnlrp's default rules
+    np.testing.assert_allclose(e.scores["attnlrp"], res_attnlrp.input_relevance[0].numpy(), rtol=1e-5, atol=1e-7)
     # TransAtt with plain-gradient attention grads from a fresh autograd pass, rollout by explicit loops
     atts = []
     model.eval()
@@ -459,9 +468,12 @@ def test_shared_pass_runs_once_per_batch(tokenizer, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lrp_methods, "lrp_pass", counting)
-    Explainer(make_model("bert"), tokenizer).explain(TEXTS, methods=["partiallrp", "transatt", "attnlrp"],
-                                                     batch_size=2)
+    ex = Explainer(make_model("bert"), tokenizer)
+    ex.explain(TEXTS, methods=["partiallrp", "transatt"], batch_size=2)
     assert len(calls) == 2  # two batches, one pass each
+    calls.clear()
+    ex.explain(TEXTS, methods=["partiallrp", "transatt", "attnlrp"], batch_size=2)
+    assert len(calls) == 4  # two batches, one pass per rule set ("chefer" and attnlrp's own)
 
 
 @pytest.mark.slow

@@ -20,12 +20,15 @@ from transformers import activations as hf_activations
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..errors import ModelError
+from ..errors import InputError, ModelError
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"
-RULE_SETS = ("attnlrp", "cp", "chefer", "chefer-orig")
-CHEFER = ("chefer", "chefer-orig")  # the authors' rule sets (layers_ours.py, layers_lrp.py)
+RULE_SETS = ("chefer", "chefer-lrp", "attnlrp", "cp")
+# Chefer et al.'s two rule sets: their modified rules (layers_ours.py, what TransAtt and AttCAT's PartialLRP run)
+# and the plain LRP rules of their baselines (layers_lrp.py, what their ERASER PartialLRP ran).
+CHEFER = ("chefer", "chefer-lrp")
+_RENAMED = {"chefer-orig": "chefer-lrp"}
 
 # model_type -> a short description; the families whose stock modules the rules below cover.
 SUPPORTED = {
@@ -79,8 +82,8 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     true gradient, which in gradient x input form *is* AttnLRP's softmax rule ``R_x = x (R_s - s sum R_s)``.
     CP-LRP (Ali et al. 2022): the softmax input is cut from the graph, so all relevance goes through ``V``; the
     relevance reaching ``A`` is measured but not propagated further.
-    chefer, chefer-orig: as AttnLRP but the softmax passes relevance through unchanged (identity), as in the
-    authors' code.
+    chefer, chefer-lrp: as AttnLRP but the softmax passes relevance through unchanged (identity), as in
+    Chefer et al.'s code (their ``MatMul.relprop`` is the same proportional split, halved per factor).
     """
     state = _active_state()
     if scaling is None:
@@ -105,6 +108,14 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
 
 ALL_ATTENTION_FUNCTIONS.register(ATTN_NAME, lrp_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, eager_mask)
+
+
+def check_rules(rules: object) -> str:
+    """``rules`` if it names a rule set; otherwise :class:`InputError` listing them (and any renamed one)."""
+    if rules in RULE_SETS:
+        return rules  # type: ignore[return-value]
+    hint = f" ({rules!r} is now called {_RENAMED[rules]!r})" if isinstance(rules, str) and rules in _RENAMED else ""
+    raise InputError(f"unknown LRP rules {rules!r}{hint}; choose one of {', '.join(RULE_SETS)}")
 
 
 def supports(model: nn.Module) -> bool:
@@ -176,8 +187,7 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     """Within the block, ``model(...)`` runs the LRP forward and records into ``state``; afterwards the model is
     exactly as before (also when the block raises)."""
     check_supported(model)
-    if state.rules not in RULE_SETS:
-        raise ValueError(f"unknown LRP rules {state.rules!r}; choose one of {', '.join(RULE_SETS)}")
+    check_rules(state.rules)
     if getattr(_local, "state", None) is not None:
         raise RuntimeError("an LRP pass is already running in this thread")
     base = getattr(model, "base_model", model)

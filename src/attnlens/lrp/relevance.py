@@ -11,7 +11,7 @@ from torch import nn
 from ..context import TARGET_KINDS, target_scalar
 from ..errors import InputError, ModelError
 from ..heads import MULTI_LABEL
-from .patch import CHEFER, PassState, lrp_mode
+from .patch import CHEFER, PassState, check_rules, lrp_mode
 
 
 @dataclass
@@ -39,6 +39,15 @@ class LRPResult:
     softmax_absorbed: torch.Tensor | None = None
 
 
+def check_settings(rules: object, epsilon: object) -> None:
+    """:class:`InputError` unless ``rules`` names a rule set and ``epsilon`` is a number >= 0 it can use."""
+    check_rules(rules)
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon >= 0:
+        raise InputError(f"LRP epsilon must be a number >= 0, got {epsilon!r}")
+    if epsilon and rules in CHEFER:
+        raise InputError(f"LRP epsilon applies to rules 'attnlrp' and 'cp', not {rules!r} (whose z+ rule has none)")
+
+
 def lrp_pass(
     model: nn.Module,
     inputs: Mapping[str, torch.Tensor],
@@ -58,11 +67,13 @@ def lrp_pass(
         target_kind: ``"logit"`` (relevance starts as the target logit), ``"probability"`` or ``"loss"``
             (log-probability); for the last two the output softmax gets the same gradient x input rule as the
             attention softmax.
-        rules: ``"attnlrp"`` (Achtibat et al. 2024), ``"cp"`` (Ali et al. 2022: attention treated as constant) or
-            ``"chefer"`` (the rules of Chefer et al.'s code: z+ Linear, identity LayerNorm and softmax, normalised
-            residuals, relevance 1 at the target logit whatever ``target_kind``; ``epsilon`` is not used) or
-            ``"chefer-orig"`` (their original rules: z+ with two denominators, plain residual split).
-        epsilon: stabiliser of the epsilon rule on Linear layers and attention matmuls (0: LRP-0).
+        rules: ``"chefer"`` (Chefer et al.'s modified rules, ``layers_ours.py``: z+ Linear, identity LayerNorm
+            and softmax, normalised residuals, relevance 1 at the target logit whatever ``target_kind``),
+            ``"chefer-lrp"`` (the LRP-baseline rules of their code, ``layers_lrp.py``: z+ with two denominators,
+            which doubles relevance at most Linear layers, and plain residual splits), ``"attnlrp"`` (Achtibat
+            et al. 2024) or ``"cp"`` (Ali et al. 2022: attention treated as constant). See ``docs/lrp.md``.
+        epsilon: stabiliser of the epsilon rule on Linear layers and attention matmuls (0: LRP-0); only for
+            ``"attnlrp"`` and ``"cp"``.
         track_softmax: also return the relevance absorbed by the attention softmaxes (for conservation checks).
 
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
@@ -70,8 +81,7 @@ def lrp_pass(
     """
     if target_kind not in TARGET_KINDS:
         raise InputError(f"unknown target kind {target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
-    if epsilon < 0:
-        raise InputError(f"epsilon must be >= 0, got {epsilon}")
+    check_settings(rules, epsilon)
     state = PassState(rules=rules, epsilon=float(epsilon), track_softmax=track_softmax)
     with torch.enable_grad(), lrp_mode(model, state):
         logits = model(**inputs).logits

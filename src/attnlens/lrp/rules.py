@@ -104,34 +104,39 @@ class _ZPlusLinear(torch.autograd.Function):
     As ``layers_ours.Linear.relprop`` of Chefer et al.: ``Z = W+ x+ + W- x-`` (no bias), ``S = R / Z``,
     ``R_x = x+ * (W+^T S) + x- * (W-^T S)``. Only positive contributions receive relevance and the bias none,
     so the rule is conservative wherever ``Z != 0``. With ``shared=False`` the two parts get separate
-    denominators, ``R / (W+ x+)`` and ``R / (W- x-)``, as in their ``layers_lrp.py`` ("original" rules), which
-    counts the relevance of a row twice when both parts are non-zero.
+    denominators, ``R / (W+ x+)`` and ``R / (W- x-)``, as in their ``layers_lrp.py`` (the rules of their LRP
+    baselines), which counts the relevance of a row twice when both parts are non-zero.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
                 shared: bool = True) -> torch.Tensor:
         z = F.linear(x, weight, bias)
-        ctx.save_for_backward(x, weight, z)
+        ctx.save_for_backward(x, weight, z, bias)
         ctx.shared = shared
         return z
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        x, weight, z = ctx.saved_tensors
-        w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
-        z_pos, z_neg = F.linear(x.clamp(min=0), w_pos), F.linear(x.clamp(max=0), w_neg)
+        x, weight, z, bias = ctx.saved_tensors
         rel = z * grad  # relevance R_z arriving at the output
+        w_abs = weight.abs()
         if ctx.shared:
-            s_pos = s_neg = _safe_divide(rel, z_pos + z_neg)
+            # W+ x+ + W- x- = (|W| |x| + W x) / 2: one matmul instead of two; W+^T S = (W^T S + |W|^T S) / 2
+            z_nobias = z if bias is None else z - bias
+            s = _safe_divide(rel, (F.linear(x.abs(), w_abs) + z_nobias) / 2)
+            grad_x = (s @ w_abs).mul_(torch.sign(x)).add_(s @ weight).mul_(0.5)
         else:
-            s_pos, s_neg = _safe_divide(rel, z_pos), _safe_divide(rel, z_neg)
-        grad_x = torch.where(x > 0, s_pos @ w_pos, s_neg @ w_neg)
-        return grad_x, None, None, None
+            w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
+            s_pos = _safe_divide(rel, F.linear(x.clamp(min=0), w_pos))
+            s_neg = _safe_divide(rel, F.linear(x.clamp(max=0), w_neg))
+            grad_x = torch.where(x > 0, s_pos @ w_pos, s_neg @ w_neg)
+        # where x == 0 the rule gives no relevance, and passes none further down (their safe_divide by 0)
+        return grad_x.masked_fill_(x == 0, 0.0), None, None, None
 
 
 def zplus_linear(module: nn.Linear, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
-    """``nn.Linear`` under the authors' z+ rule (``shared=False``: their original rules' two denominators)."""
+    """``nn.Linear`` under the authors' z+ rule (``shared=False``: the two denominators of ``layers_lrp.py``)."""
     return _ZPlusLinear.apply(x, module.weight, module.bias, shared)
 
 
@@ -139,12 +144,13 @@ def pass_through(fn, x: torch.Tensor) -> torch.Tensor:
     """``fn(x)`` for any shape-preserving function, with the identity rule ``R_x = R_y`` element-wise.
 
     The authors' rule for LayerNorm and softmax (``RelProp.relprop`` returns R unchanged). Where ``x == 0`` or is
-    not finite the ratio is 0.
+    not finite the output keeps its value ``fn(x)`` (a LayerNorm maps 0 to beta, not 0) but passes no relevance:
+    ``x * grad`` is 0 there, and the authors' next ``safe_divide`` by that 0 drops it too.
     """
     y = fn(x)
     bad = (x == 0) | ~torch.isfinite(x)
     ratio = torch.where(bad, torch.zeros_like(y), y / torch.where(bad, torch.ones_like(x), x))
-    return x * ratio.detach()
+    return torch.where(bad, y.detach(), x * ratio.detach())
 
 
 class _NormalizedAdd(torch.autograd.Function):

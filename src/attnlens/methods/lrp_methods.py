@@ -1,8 +1,10 @@
-"""LRP-based methods: PartialLRP, TransAtt (Chefer et al.) and AttnLRP, all read one shared relevance pass.
+"""LRP-based methods: PartialLRP, TransAtt (Chefer et al.) and AttnLRP, reading shared relevance passes.
 
 Notation as in :mod:`attnlens.methods.attention`; R(A^l) is the LRP relevance at the attention probabilities
-of layer l (:func:`attnlens.lrp.lrp_pass`), computed once per batch and shared through ``ctx.cache["lrp"]``.
-Rule sets and their differences from the authors' code: ``docs/lrp.md``.
+of layer l (:func:`attnlens.lrp.lrp_pass`), computed once per batch and rule set and shared through
+``ctx.cache["lrp"]``. Each method's default rules are those of its authors' code: ``partiallrp`` and
+``transatt`` Chefer et al.'s modified rules (``"chefer"``, as TransAtt's and AttCAT's code run them),
+``attnlrp`` AttnLRP's. Rule sets and their differences from the authors' code: ``docs/lrp.md``.
 """
 
 from __future__ import annotations
@@ -11,18 +13,17 @@ import torch
 
 from ..context import BatchContext
 from ..errors import InputError
-from ..lrp import RULE_SETS, LRPResult, lrp_pass
+from ..lrp import LRPResult, lrp_pass
+from ..lrp.relevance import check_settings
 from .registry import _REGISTRY, ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, register
 
-_LRP_OPTIONS = {"rules": "attnlrp", "epsilon": 0.0}
+_CHEFER_OPTIONS = {"rules": "chefer", "epsilon": 0.0}  # what Chefer et al.'s and AttCAT's code run
+ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP / CP-LRP
 
 
-def shared_lrp(ctx: BatchContext, rules: str = "attnlrp", epsilon: float = 0.0) -> LRPResult:
+def shared_lrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0) -> LRPResult:
     """The batch's LRP pass for these settings, run once and cached in ``ctx.cache["lrp"]``."""
-    if rules not in RULE_SETS:
-        raise InputError(f"unknown LRP rules {rules!r}; choose one of {', '.join(RULE_SETS)}")
-    if not isinstance(epsilon, (int, float)) or epsilon < 0:
-        raise InputError(f"LRP epsilon must be a number >= 0, got {epsilon!r}")
+    check_settings(rules, epsilon)
     cache = ctx.cache.setdefault("lrp", {})
     key = (rules, float(epsilon))
     if key not in cache:
@@ -41,9 +42,9 @@ def _rows(ctx: BatchContext, per_layer: list[torch.Tensor]) -> torch.Tensor:
     summary="Partial LRP: LRP relevance of the last layer's attention, E_h max(R(A^L), 0)[c, j].",
     citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
     lrp=True,
-    options=dict(_LRP_OPTIONS),
+    options=dict(_CHEFER_OPTIONS),
 )
-def partiallrp(ctx: BatchContext, rules: str = "attnlrp", epsilon: float = 0.0) -> MethodOutput:
+def partiallrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0) -> MethodOutput:
     res = shared_lrp(ctx, rules, epsilon)
     layers = _rows(ctx, [r.clamp(min=0).mean(1) for r in res.attention_relevance])
     return MethodOutput(layers[:, -1], layers)
@@ -56,7 +57,8 @@ def transatt_rollout(
     cumulative products ``M^l ··· M^start`` for l = start ... L-1 (each ``(B, N, N)``)."""
     n_layers = len(relevances)
     if not -n_layers <= start_layer < n_layers:
-        raise InputError(f"start_layer={start_layer} is out of range for a model with {n_layers} layers")
+        raise InputError(f"transatt start_layer={start_layer} is out of range for a model with {n_layers} layers: "
+                         f"use 0 to {n_layers - 1}, or -1 to -{n_layers} to count from the top")
     start_layer %= n_layers
     joint = None
     out = []
@@ -77,9 +79,9 @@ def transatt_rollout(
     "row c.",
     citation="Chefer, Gur & Wolf, Transformer Interpretability Beyond Attention Visualization, CVPR 2021",
     lrp=True,
-    options={"start_layer": 0, **_LRP_OPTIONS},
+    options={"start_layer": 0, **_CHEFER_OPTIONS},
 )
-def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "attnlrp", epsilon: float = 0.0) -> MethodOutput:
+def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "chefer", epsilon: float = 0.0) -> MethodOutput:
     if not isinstance(start_layer, int) or isinstance(start_layer, bool):
         raise InputError(f"transatt start_layer must be an integer layer index, got {start_layer!r}")
     res = shared_lrp(ctx, rules, epsilon)
@@ -96,11 +98,14 @@ def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "attnlrp", ep
     "hidden dimension (signed).",
     citation="Achtibat et al., AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers, ICML 2024",
     lrp=True,
-    options={"input": "embeddings", **_LRP_OPTIONS},
+    options={"input": "embeddings", "rules": "attnlrp", "epsilon": 0.0},
 )
 def attnlrp(ctx: BatchContext, input: str = "embeddings", rules: str = "attnlrp", epsilon: float = 0.0) -> MethodOutput:
     if input not in ("embeddings", "word"):
         raise InputError(f"attnlrp input must be 'embeddings' (word + position + segment) or 'word', got {input!r}")
+    if rules not in ATTNLRP_RULES:  # Chefer et al.'s rules propagate to the input too, but that is not AttnLRP
+        raise InputError(f"attnlrp takes rules 'attnlrp' (AttnLRP) or 'cp' (CP-LRP), not {rules!r}; "
+                         "the chefer rule sets are for partiallrp and transatt")
     res = shared_lrp(ctx, rules, epsilon)
     scores = res.input_relevance if input == "embeddings" else res.word_relevance
     return MethodOutput(scores, None, space="tokens")
