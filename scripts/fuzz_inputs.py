@@ -769,12 +769,16 @@ def explain_cases() -> list[Case]:
                 "emptydir": "{emptydir}", "configonly": "{configonly}", "adir": "{adir}"}[name]
         c.append(cli(f"explain/model-{name}", ["explain", "--model", path, "good"], "error",
                      quick=name == "missing"))
+    c.append(cli("explain/model-empty-string", ["explain", "--model", "", "good"], "error"))
+    c.append(cli("explain/file-empty-string", [*X, "--file", ""], "error"))
+    c.append(cli("explain/max-length-2-no-real-token", [*XJ, "--max-length", "2", "good movie"], "either",
+                 out_file("o.jsonl", max_tokens=2)))
     c.append(cli("explain/model-hub-id-offline", ["explain", "--model", "nosuch-org/nosuch-model", "good"], "error",
                  timeout=60))
     for fam in ["bert", "distilbert", "roberta", "albert", "electra", "llama", "gpt2", "bert3"]:
         c.append(cli(f"explain/model-{fam}-all", ["explain", "--model", f"{{{fam}}}", "--format", "jsonl", "--out",
                                                   "{tmp}/o.jsonl", "good movie", "bad film !"], "ok",
-                     out_file("o.jsonl", fam, n=2), owner="cli" if fam == "gpt2" else "fuzz",
+                     out_file("o.jsonl", fam, n=2), owner="cli" if fam in ("gpt2", "llama") else "fuzz",
                      quick=fam in ("bert", "gpt2")))
     c.append(cli("explain/model-gpt2-no-pad-all", ["explain", "--model", "{gpt2nopad}", "--format", "jsonl", "--out",
                                                    "{tmp}/o.jsonl", "good movie", "bad film !"], "ok",
@@ -828,6 +832,8 @@ def benchmark_cases() -> list[Case]:
                      ("no-text", "{notext.jsonl}"), ("str-label", "{strlabel.jsonl}"), ("bad-json", "{badjson.jsonl}"),
                      ("bad-gz", "{bad.jsonl.gz}"), ("under-file", "{under_file}"), ("squad-bad", "{squad_bad.json}")]:
         c.append(cli(f"benchmark/dataset-{name}", [*B[:4], ds, *B[5:]], "error", quick=name in ("unknown", "binary")))
+    c.append(cli("benchmark/dataset-empty-string", [*B[:4], "", *B[5:]], "error"))
+    c.append(cli("benchmark/limit-1", [*B, "--limit", "1"], "ok", summary_ok(1)))
     c.append(cli("benchmark/gold-label-7", [*B[:4], "{labels7.jsonl}", *B[5:], "--target", "gold"], "error",
                  owner="bench", quick=True))
     c.append(cli("benchmark/gold-label-7-predicted", [*B[:4], "{labels7.jsonl}", *B[5:]], "error", owner="bench"))
@@ -835,7 +841,8 @@ def benchmark_cases() -> list[Case]:
     c.append(cli("benchmark/pairs-3-class", ["benchmark", "--model", "{bert3}", "--dataset", "{pairs.jsonl}",
                                              *B[5:]], "ok", summary_ok(4)))
     c.append(cli("benchmark/no-label", [*B[:4], "{nolabel.jsonl}", *B[5:]], "either", summary_ok(4)))
-    c.append(cli("benchmark/no-label-gold", [*B[:4], "{nolabel.jsonl}", *B[5:], "--target", "gold"], "error"))
+    c.append(cli("benchmark/no-label-gold", [*B[:4], "{nolabel.jsonl}", *B[5:], "--target", "gold"], "error",
+                 owner="bench"))
     for opt, val in [("--limit", "0"), ("--limit", "-1"), ("--occlusion-step", "0"), ("--occlusion-max", "-1"),
                      ("--batch-size", "0"), ("--batch-size", "-3"), ("--eval-batch-size", "0"),
                      ("--eval-batch-size", "-1"), ("--max-length", "1"), ("--max-length", "0"),
@@ -855,7 +862,8 @@ def benchmark_cases() -> list[Case]:
                             ("unrequested-method", '{"attcat": {"alpha": "cls"}}', "error"),
                             ("non-dict-value", '{"rawatt": 5}', "error"), ("empty", "{}", "ok")]:
         c.append(cli(f"benchmark/options-{name}", [*B, "--options", opts], exp,
-                     summary_ok(6) if exp == "ok" else None, quick=name == "unknown-option"))
+                     summary_ok(6) if exp == "ok" else None, quick=name == "unknown-option",
+                     owner="bench" if name == "unrequested-method" else "fuzz"))
     c.append(cli("benchmark/options-typo-then-fixed", [*B[:6], "attcat", *B[7:], "--options",
                                                         '{"attcat": {"alpha": "cls"}}'], "ok", summary_ok(6),
                  pre=[[*B[:6], "attcat", *B[7:], "--options", '{"attcat": {"alpah": "cls"}}']], owner="bench",
@@ -930,6 +938,9 @@ def train_cases() -> list[Case]:
                     ("bad-gz", "{bad.jsonl.gz}")]:
         c.append(cli(f"train/data-file-{name}", [*TD, "--data-file", f, "--out", "{tmp}/out"], "error",
                      quick=name == "binary"))
+    c.append(cli("train/data-file-empty-string", [*TD[:4], "", *TD[5:], "--out", "{tmp}/out"], "error"))
+    c.append(cli("train/eval-fraction-0.99", [*TD, "--eval-fraction", "0.99", "--out", "{tmp}/out"], "either",
+                 trained_ok(2)))
     c.append(cli("train/one-class", [*TD[:4], "{oneclass.jsonl}", *TD[5:], "--out", "{tmp}/out"], "either",
                  trained_ok(2)))
     c.append(cli("train/label-field-missing", [*TD, "--label-field", "nosuch", "--out", "{tmp}/out"], "error"))
@@ -992,12 +1003,9 @@ def report_cases() -> list[Case]:
 def sub_cases() -> list[Case]:
     """The real ``python -m attnlens.cli`` entry point (a fresh interpreter each: slow, so few)."""
     return [
-        Case("sub/help", "sub", "ok", argv=["--help"], oracle=stdout_has("explain", "benchmark"), quick=True,
-             owner="cli"),
         Case("sub/explain-missing-model", "sub", "error", argv=["explain", "--model", "{tmp}/nomodel", "good"],
              quick=True, owner="cli"),
         Case("sub/explain-bert", "sub", "ok", argv=[*XJ, "good movie"], oracle=out_file("o.jsonl"), owner="cli"),
-        Case("sub/report-missing", "sub", "error", argv=["report", "{tmp}/nope"], owner="cli"),
     ]
 
 
@@ -1013,6 +1021,12 @@ def _ex(env: Env, texts: Any = "good movie", model: str = "bert", **kw: Any) -> 
     return _tiny(env, model).explain(texts, **kw)
 
 
+def _load_dataset(env: Env, *args: str, **kw: Any) -> Any:
+    from attnlens.data import load_dataset
+
+    return load_dataset(*[env.fmt(x) for x in args], **kw)
+
+
 def exps_ok(model: str | None = "bert", **kw: Any) -> Oracle:
     return lambda value, env: check_exps(value, env[model] if model else None, **kw)
 
@@ -1023,10 +1037,11 @@ def api_cases() -> list[Case]:
     c: list[Case] = []
     # texts
     for name, texts in [("none", None), ("empty-list", []), ("int", 5), ("list-with-none", ["good", None]),
-                        ("one-tuple", [("good",)]), ("triple", ("a", "b", "c")), ("bytes", b"good movie"),
+                        ("one-tuple", [("good",)]), ("bytes", b"good movie"),
                         ("empty-str", ""), ("list-with-empty", ["good", ""]), ("dict", {"text": "good"}),
                         ("nested-list", [["a", ["b"]]]), ("pair-with-empty", [("good", " ")])]:
         c.append(api(f"api/texts-{name}", lambda env, t=texts: _ex(env, t), "error", quick=name in ("none", "bytes")))
+    c.append(api("api/texts-tuple-of-3", lambda env: _ex(env, ("good", "bad", "dull")), "either", exps_ok(n=3)))
     c.append(api("api/texts-generator", lambda env: _ex(env, (t for t in GOOD)), "either", exps_ok(n=4)))
     c.append(api("api/texts-numpy", lambda env: _ex(env, np.array(GOOD)), "either", exps_ok(n=4)))
     c.append(api("api/texts-pair-list", lambda env: _ex(env, [["good movie", "bad film"]]), "ok", exps_ok(n=1)))
@@ -1265,18 +1280,19 @@ def api_cases() -> list[Case]:
         from attnlens.data import load_dataset
         from attnlens.evaluation import run_benchmark
 
+        kw = {"metrics": "aopc", **kw}
         return run_benchmark(_tiny(env), load_dataset(env["sst.jsonl"]), env.tmp / "out", methods="rawatt",
-                             metrics="aopc", progress=False, **kw)
+                             progress=False, **kw)
 
     for name, kw in [("metrics-bogus", {"metrics": "bogus"}), ("batch-0", {"batch_size": 0}),
                      ("eval-batch-0", {"eval_batch_size": 0}), ("chunk-0", {"chunk_size": 0}),
                      ("target-bogus", {"target": "bogus"}), ("target-kind-bogus", {"target_kind": "bogus"}),
                      ("options-unknown", {"explain_options": {"rawatt": {"x": 1}}})]:
         c.append(api(f"api/run-benchmark-{name}", lambda env, kw=kw: bench_api(env, **kw), "error", owner="bench"))
-    for name, args in [("unknown", ("nosuch",)), ("split", ("sst2", "nosuch")), ("limit-0", ("sst2", None, 0)),
-                       ("dir", ("{adir}",)), ("binary", ("{binary.bin}",))]:
-        c.append(api(f"api/load-dataset-{name}", lambda env, a=args: __import__("attnlens.data").data.load_dataset(
-            *[env.fmt(x) if isinstance(x, str) else x for x in a]), "error"))
+    for name, args, kw in [("unknown", ("nosuch",), {}), ("split", ("sst2", "nosuch"), {}),
+                           ("limit-0", ("sst2",), {"limit": 0}), ("limit-neg", ("sst2",), {"limit": -3}),
+                           ("dir", ("{adir}",), {}), ("binary", ("{binary.bin}",), {})]:
+        c.append(api(f"api/load-dataset-{name}", lambda env, a=args, kw=kw: _load_dataset(env, *a, **kw), "error"))
     return c
 
 

@@ -232,3 +232,8 @@ def test_python_m_attnlens_cli_entry_point():
                           timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "attnlens: error: results directory /nonexistent/results does not exist"
+
+
+def test_from_pretrained_unknown_device(model_dir):
+    with pytest.raises(InputError, match="cannot move the model to device 'bogus'"):
+        Explainer.from_pretrained(model_dir, device="bogus")
