@@ -237,3 +237,8 @@ def test_python_m_attnlens_cli_entry_point():
 def test_from_pretrained_unknown_device(model_dir):
     with pytest.raises(InputError, match="cannot move the model to device 'bogus'"):
         Explainer.from_pretrained(model_dir, device="bogus")
+
+
+def test_explain_empty_model_is_not_the_default(capsys):
+    line = _cli_error(["explain", "--model", "", "--methods", "rawatt", "good movie"], capsys)
+    assert line == "attnlens: error: --model is empty: give a model directory or hub id"

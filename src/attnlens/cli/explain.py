@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         texts += read_texts(args.file)
     if not texts:
         raise InputError("nothing to explain: give texts as arguments or --file FILE")
+    if args.model is not None and not args.model.strip():  # not silently the default model
+        raise ModelError("--model is empty: give a model directory or hub id")
     model = args.model or default_model()
     if model is None:
         raise ModelError("no --model given and the default ../shared/models/minilm-sst2 was not found")
