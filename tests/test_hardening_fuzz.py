@@ -242,3 +242,20 @@ def test_from_pretrained_unknown_device(model_dir):
 def test_explain_empty_model_is_not_the_default(capsys):
     line = _cli_error(["explain", "--model", "", "--methods", "rawatt", "good movie"], capsys)
     assert line == "attnlens: error: --model is empty: give a model directory or hub id"
+
+
+def test_fuzz_harness_lists_its_cases():
+    """scripts/fuzz_inputs.py stays runnable: at least 200 distinct cases, each with a valid expectation."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "fuzz_inputs.py"
+    proc = subprocess.run([sys.executable, str(script), "--list"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[:-1]]
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids)) >= 200
+    assert {r[2] for r in rows} <= {"error", "ok", "either", "traceback"}
+    assert {r[1] for r in rows} == {"cli", "sub", "api"}
+    assert {i.split("/")[0] for i in ids} >= {"explain", "benchmark", "train", "report", "api"}

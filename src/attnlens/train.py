@@ -82,8 +82,8 @@ class TrainConfig:
         checks = [
             (0 < self.epochs < math.inf, f"--epochs must be a finite number > 0, got {self.epochs}"),
             (0 < self.lr < math.inf, f"--lr must be a finite number > 0, got {self.lr}"),
-            (0 <= self.weight_decay < math.inf, f"--weight-decay must be a finite number >= 0, got {self.weight_decay}"
-             ),
+            (0 <= self.weight_decay < math.inf,
+             f"--weight-decay must be a finite number >= 0, got {self.weight_decay}"),
             (0 <= self.seed < 2**32, f"--seed must be in 0..2**32-1, got {self.seed}"),
             (self.max_length >= 2, f"--max-length must be >= 2, got {self.max_length}"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
