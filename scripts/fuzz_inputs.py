@@ -777,6 +777,8 @@ def explain_cases() -> list[Case]:
     c.append(cli("explain/file-empty-string", [*X, "--file", ""], "error"))
     c.append(cli("explain/max-length-2-no-real-token", [*XJ, "--max-length", "2", "good movie"], "either",
                  out_file("o.jsonl", max_tokens=2)))
+    c.append(cli("explain/max-length-3-pair", [*XJ, "--max-length", "3", "--file", "{pairs_in.jsonl}"], "either",
+                 out_file("o.jsonl", max_tokens=3)))
     c.append(cli("explain/model-hub-id-offline", ["explain", "--model", "nosuch-org/nosuch-model", "good"], "error",
                  timeout=60))
     for fam in ["bert", "distilbert", "roberta", "albert", "electra", "llama", "gpt2", "bert3"]:

@@ -259,3 +259,17 @@ def test_fuzz_harness_lists_its_cases():
     assert {r[2] for r in rows} <= {"error", "ok", "either", "traceback"}
     assert {r[1] for r in rows} == {"cli", "sub", "api"}
     assert {i.split("/")[0] for i in ids} >= {"explain", "benchmark", "train", "report", "api"}
+
+
+def test_inputs_with_nothing_to_explain():
+    tok = make_tokenizer()
+    ex = Explainer(make_model("bert"), tok)
+    with pytest.raises(InputError, match="input 1 has no token to explain \\(only special tokens\\)"):
+        ex.explain(["good", "\u200b\u200b"], methods="rawatt")  # zero-width spaces: the tokenizer drops them
+    short = Explainer(make_model("bert"), tok, max_length=3)
+    with pytest.raises(InputError, match="input 0 has no token to explain after truncation to 3 tokens"):
+        short.explain([("good movie", "bad film")], methods="rawatt")
+    with pytest.raises(InputError, match="input 0: max_length=2 is too short for its special tokens"):
+        Explainer(make_model("bert"), tok, max_length=2).explain([("good movie", "bad film")], methods="rawatt")
+    (e,) = short.explain("good movie", methods="rawatt")  # one real token fits: explained
+    assert e.tokens == ["[CLS]", "good", "[SEP]"]

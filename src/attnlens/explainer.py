@@ -248,6 +248,11 @@ class Explainer:
                 dropped = n - len(enc["input_ids"])
                 too_long.append((i, dropped))
             ids = [int(x) for x in enc["input_ids"]]
+            if len(ids) > self.max_length:  # a tokenizer cannot cut a pair below its special tokens
+                raise InputError(f"input {i}: max_length={self.max_length} is too short for its special tokens")
+            if all(enc["special_tokens_mask"]):  # nothing but [CLS]/[SEP]: there is nothing to explain
+                cut = f" after truncation to {self.max_length} tokens" if dropped else ""
+                raise InputError(f"input {i} has no token to explain{cut} (only special tokens): {text!r:.80}")
             encoded.append(
                 Encoded(
                     text=text,
