@@ -122,7 +122,8 @@ GOOD = ["the movie was very good", "i really didn ' t like this film", "a charmi
 DATA_FILES = [
     "sst.jsonl", "labels7.jsonl", "pairs.jsonl", "three.jsonl", "oneclass.jsonl", "strlabel.jsonl", "nolabel.jsonl",
     "notext.jsonl", "numtext.jsonl", "emptytext.jsonl", "badjson.jsonl", "empty.txt", "blank.txt", "binary.bin",
-    "latin1.txt", "hugeline.txt", "nul.txt", "texts.txt", "crlf.txt", "bom.txt", "brace.txt", "pairs_in.jsonl",
+    "latin1.txt", "hugeline.txt", "nul.txt", "nulltext.jsonl", "nulllabel.jsonl",
+    "floatlabel.jsonl", "texts.txt", "crlf.txt", "bom.txt", "brace.txt", "pairs_in.jsonl",
     "squad.json", "squad_bad.json", "sst.jsonl.gz", "bad.jsonl.gz", "big.txt", "unreadable.txt",
 ]
 
@@ -195,6 +196,10 @@ def build_fixtures(root: Path) -> None:
     jsonl("nolabel.jsonl", [{"text": t} for t in GOOD])
     jsonl("notext.jsonl", [{"label": 1}, {"label": 0}])
     jsonl("numtext.jsonl", [{"text": 5, "label": 1}])
+    jsonl("nulltext.jsonl", [{"text": t, "label": i % 2} for i, t in enumerate(GOOD)] + [{"text": None, "label": 1}])
+    jsonl("nulllabel.jsonl", [{"text": t, "label": i % 2} for i, t in enumerate(GOOD * 2)]
+          + [{"text": "x", "label": None}])
+    jsonl("floatlabel.jsonl", [{"text": t, "label": 0.7 + i % 2} for i, t in enumerate(GOOD)])
     jsonl("emptytext.jsonl", [{"text": "", "label": 1}, {"text": "good", "label": 1}])
     (data / "badjson.jsonl").write_text('{"text": "good", "label": 1}\n{"text": oops\n', encoding="utf-8")
     (data / "empty.txt").write_bytes(b"")
@@ -840,6 +845,8 @@ def benchmark_cases() -> list[Case]:
         c.append(cli(f"benchmark/dataset-{name}", [*B[:4], ds, *B[5:]], "error", quick=name in ("unknown", "binary")))
     c.append(cli("benchmark/dataset-empty-string", [*B[:4], "", *B[5:]], "error"))
     c.append(cli("benchmark/dataset-unreadable", [*B[:4], "{unreadable.txt}", *B[5:]], "error", needs=("nonroot",)))
+    for name in ("nulltext", "floatlabel"):
+        c.append(cli(f"benchmark/dataset-{name}", [*B[:4], f"{{{name}.jsonl}}", *B[5:]], "error"))
     c.append(cli("benchmark/limit-1", [*B, "--limit", "1"], "ok", summary_ok(1)))
     c.append(cli("benchmark/gold-label-7", [*B[:4], "{labels7.jsonl}", *B[5:], "--target", "gold"], "error",
                  owner="bench", quick=True))
@@ -950,6 +957,9 @@ def train_cases() -> list[Case]:
                  trained_ok(2)))
     c.append(cli("train/data-file-unreadable", [*TD[:4], "{unreadable.txt}", *TD[5:], "--out", "{tmp}/out"],
                  "error", needs=("nonroot",)))
+    for name in ("nulltext", "nulllabel", "floatlabel"):
+        c.append(cli(f"train/data-file-{name}", [*TD[:4], f"{{{name}.jsonl}}", *TD[5:], "--out", "{tmp}/out"],
+                     "error"))
     c.append(cli("train/one-class", [*TD[:4], "{oneclass.jsonl}", *TD[5:], "--out", "{tmp}/out"], "either",
                  trained_ok(2)))
     c.append(cli("train/label-field-missing", [*TD, "--label-field", "nosuch", "--out", "{tmp}/out"], "error"))

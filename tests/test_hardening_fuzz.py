@@ -273,3 +273,33 @@ def test_inputs_with_nothing_to_explain():
         Explainer(make_model("bert"), tok, max_length=2).explain([("good movie", "bad film")], methods="rawatt")
     (e,) = short.explain("good movie", methods="rawatt")  # one real token fits: explained
     assert e.tokens == ["[CLS]", "good", "[SEP]"]
+
+
+def test_null_texts_and_labels_are_not_data(model_dir, tmp_path, capsys):
+    rows = [{"text": "good movie", "label": 1}, {"text": "bad film", "label": 0}] * 2
+    cases = {
+        "nulltext": (rows + [{"text": None, "label": 1}], "field 'text' is null, not a text string"),
+        "numtext": (rows + [{"text": 5, "label": 1}], "field 'text' is 5, not a text string"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in data))
+        line = _cli_error(["train", "--model", model_dir, "--data-file", str(path), "--no-progress",
+                           "--out", str(tmp_path / "out")], capsys)
+        assert f"{path}:5: {message}" in line
+    path = tmp_path / "nulllabel.jsonl"  # with --text-field, rows are read by train.read_rows
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + [{"text": "ok", "label": None}]))
+    line = _cli_error(["train", "--model", model_dir, "--data-file", str(path), "--text-field", "text",
+                       "--no-progress", "--out", str(tmp_path / "out")], capsys)
+    assert f"{path}:5: field 'label' is null; every training row needs a label" in line
+    from attnlens.data import load_dataset
+
+    path = tmp_path / "bench.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + [{"text": None, "label": 1}]))
+    with pytest.raises(InputError, match="bench.jsonl:5: field 'text' is null, not a text string"):
+        load_dataset(str(path))
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"text": "good", "label": 0.7}]))
+    with pytest.raises(InputError, match="bench.jsonl:1: label must be an integer class id, got 0.7"):
+        load_dataset(str(path))
+    path.write_text(json.dumps({"text": "good", "label": 1.0}) + "\n")
+    assert load_dataset(str(path)).examples[0].label == 1

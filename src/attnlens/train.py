@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data import Dataset, iter_jsonl, load_dataset
+from .data import Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
 from .paths import check_output_path
 
@@ -131,8 +131,11 @@ def read_rows(
         missing = [k for k in fields if k not in row]
         if missing:
             raise InputError(f"{path}:{lineno}: no field {', '.join(map(repr, missing))}; has {sorted(row)}")
-        text = str(row[text_field])
-        texts.append([text, str(row[text_pair_field])] if text_pair_field else text)
+        where = f"{path}:{lineno}"
+        text = row_text(row, text_field, where)
+        texts.append([text, row_text(row, text_pair_field, where)] if text_pair_field else text)
+        if row[label_field] is None:
+            raise InputError(f"{where}: field {label_field!r} is null; every training row needs a label")
         labels.append(row[label_field])
     if not texts:
         raise InputError(f"{path} holds no examples")
