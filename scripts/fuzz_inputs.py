@@ -115,7 +115,7 @@ class Env:
 # --------------------------------------------------------------------------------------------- fixtures
 TINY_MODELS = [
     "bert", "distilbert", "roberta", "albert", "electra", "gpt2", "gpt2nopad", "llama", "bart", "bartquirk", "bert3",
-    "qa",
+    "qa", "evillabels", "bigvocab",
     "multilabel", "basemodel", "mlm", "lmhead", "notok", "corrupt", "emptyst", "configonly", "emptydir",
 ]
 GOOD = ["the movie was very good", "i really didn ' t like this film", "a charming journey", "boring plot !"]
@@ -173,6 +173,12 @@ def build_fixtures(root: Path) -> None:
     save("mlm", BertForMaskedLM(BertConfig(**bert_cfg)))
     save("lmhead", GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=64)))
     save("notok", make_model("bert"), with_tok=False)
+    evil = make_model("bert")  # label names that would drive the terminal
+    evil.config.id2label = {0: "neg\x1b]0;pwned\x07", 1: "pos\x1b[2J"}
+    evil.config.label2id = {v: k for k, v in evil.config.id2label.items()}
+    save("evillabels", evil)
+    torch.manual_seed(0)
+    save("bigvocab", BertForSequenceClassification(BertConfig(**{**bert_cfg, "vocab_size": 5000})))
     for name in ("corrupt", "emptyst"):
         path = save(name, make_model("bert"))
         (path / "model.safetensors").write_bytes(b"" if name == "emptyst" else b"\x00garbage" * 100)
@@ -180,6 +186,7 @@ def build_fixtures(root: Path) -> None:
     cfg_only.mkdir(parents=True)
     (cfg_only / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (models / "emptydir").mkdir()
+    (models / "evil\x1b]0;pwned\x07name").symlink_to(models / "bert")
 
     data = root / "data"
     data.mkdir()
@@ -811,6 +818,24 @@ def explain_cases() -> list[Case]:
     c.append(cli("explain/model-bart-reloads-3-labels", ["explain", "--model", "{bartquirk}", "--methods", "rawatt",
                                                          "--format", "jsonl", "--out", "{tmp}/o.jsonl", "good"],
                  "either", out_file("o.jsonl", "bartquirk"), owner="load"))
+    c.append(cli("explain/label-names-control-chars", ["explain", "--model", "{evillabels}", "--methods", "rawatt",
+                                                       "good movie"], "ok", clean_terminal, owner="viz"))
+    c.append(cli("explain/model-path-control-chars", ["explain", "--model", "{root}/models/evil\x1b]0;pwned\x07name",
+                                                      "--methods", "rawatt", "good movie"], "ok", clean_terminal,
+                 owner="viz"))
+    c.append(cli("explain/tokenizer-far-smaller-than-embedding", ["explain", "--model", "{bigvocab}", "--methods",
+                                                                  "rawatt", "good movie"], "error", owner="load"))
+    c.append(cli("explain/mostly-unk-warns", ["explain", "--model", "{minilm}", "--methods", "rawatt",
+                                              "☃☃☃ ☂☂☂ ☄☄☄ ok"], "ok",
+                 lambda r, e: None if "unk" in r.stderr.lower() else "no warning about [UNK] tokens",
+                 owner="load", needs=("minilm",)))
+    c.append(cli("explain/qa-plot", ["explain", "--model", "{qa}", "--methods", "rawatt,attcat", "--plot",
+                                     "{tmp}/p.png", "--format", "jsonl", "--file", "{pairs_in.jsonl}"], "ok",
+                 files_exist("{tmp}/p.png"), owner="qa"))
+    c.append(cli("explain/html-truncation-notice", ["explain", "--model", "{minilm}", "--methods", "rawatt",
+                                                    "--format", "html", "--out", "{tmp}/o.html", "good " * 1000],
+                 "ok", lambda r, e: None if "trunc" in (e.tmp / "o.html").read_text().lower()
+                 else "the page does not say the input was truncated", owner="viz", needs=("minilm",)))
     c.append(cli("explain/model-multilabel", ["explain", "--model", "{multilabel}", "--methods", "rawatt,attcat",
                                               "--format", "jsonl", "--out", "{tmp}/o.jsonl", "good movie"], "ok",
                  out_file("o.jsonl", "multilabel"), owner="qa", quick=True))
@@ -1198,6 +1223,11 @@ def api_cases() -> list[Case]:
                      exps_ok(fam, n=4), quick=fam in ("bart",)))
     c.append(api("api/gpt2-no-pad-all", lambda env: _ex(env, GOOD, model="gpt2nopad", methods="all"), "ok",
                  exps_ok("gpt2nopad", n=4), owner="load", quick=True))
+    for rules in ("chefer-orig", "chefer", "cp", "attnlrp"):
+        c.append(api(f"api/lrp-{rules}-magnitude", lambda env, r=rules: _ex(
+            env, "a charming and often affecting journey .", model="minilm", methods="partiallrp,transatt,attnlrp",
+            options={m: {"rules": r} for m in ("partiallrp", "transatt", "attnlrp")}), "either", exps_ok("minilm"),
+            owner="lrp", needs=("minilm",), quick=rules == "chefer-orig"))
     c.append(api("api/multilabel-probabilities", lambda env: _ex(env, GOOD, model="multilabel"), "ok",
                  exps_ok("multilabel"), owner="qa", quick=True))
 
