@@ -204,7 +204,7 @@ def test_bad_benchmark_inputs_give_one_line_and_write_nothing(tiny, tmp_path, ca
     cases = [
         (["--dataset", str(data["label7"])], "example '3' has label 7, but the model has 2 classes (0..1)"),
         (["--out", str(tmp_path / "afile")], "is an existing file"),
-        (["--out", str(tmp_path / "afile" / "sub")], f"is under {tmp_path / 'afile'}, which is a file"),
+        (["--out", str(tmp_path / "afile" / "sub")], f"cannot be created: {tmp_path / 'afile'} is a file"),
         (["--out", ""], "path is empty"),
         (["--threads", "-1"], "--threads must be a positive number, got -1"),
         (["--threads", "0"], "--threads must be a positive number, got 0"),
@@ -273,14 +273,14 @@ def test_bad_report_inputs_give_one_line(tiny, tmp_path, capsys):
     (shape / "summary.json").write_text('{"results": {"grads": 3}}')
     cases = [
         ([str(tmp_path / "missing")], "does not exist"),
-        ([str(tmp_path / "afile")], "is a file, not a results directory"),
+        ([str(tmp_path / "afile")], "is a file"),
         ([str(empty)], "no summary.json in"),
         ([str(corrupt)], "is not valid JSON"),
-        ([str(binary)], "is not valid JSON (not UTF-8 text)"),
+        ([str(binary)], "is not a UTF-8 text file"),
         ([str(shape)], "'results' must map methods to metric values"),
-        ([str(res), "--out", str(tmp_path / "afile" / "r.html")], "which is a file"),
+        ([str(res), "--out", str(tmp_path / "afile" / "r.html")], "afile is a file, not a directory"),
         ([str(res), "--out", str(tmp_path)], "is a directory"),
-        ([str(res), "--examples", "-1"], "--examples must be >= 0"),
+        ([str(res), "--examples", "-1"], "--examples must be an integer >= 0"),
     ]
     for argv, message in cases:
         assert main(["report", *argv]) == 2, argv

@@ -273,6 +273,14 @@ def iter_jsonl(path: str | os.PathLike[str], what: str | None = None) -> Iterato
         raise InputError(f"{where}: cannot read it ({exc})") from None
 
 
+def row_text(row: dict[str, Any], key: str, where: str) -> str:
+    """``row[key]`` if it is a string; a null, number or list is a broken row, not the text "None"."""
+    value = row[key]
+    if not isinstance(value, str):
+        raise InputError(f"{where}: field {key!r} is {json.dumps(value)[:40]}, not a text string")
+    return value
+
+
 _TEXT_KEYS = ("text", "sentence", "content", "review")
 _PAIR_KEYS = (("text_a", "text_b"), ("premise", "hypothesis"), ("question1", "question2"), ("sentence1", "sentence2"))
 
@@ -310,17 +318,20 @@ def _load_file(
 def _row_example(row: dict[str, Any], lineno: int, path: Path) -> tuple[Example, str]:
     ident = str(row.get("id", row.get("idx", lineno - 1)))
     label = row.get("label")
+    if isinstance(label, bool) or (isinstance(label, float) and not label.is_integer()):
+        raise InputError(f"{path}:{lineno}: label must be an integer class id, got {label!r}")
     if label is not None:
         try:
             label = int(label)
         except (TypeError, ValueError):
             raise InputError(f"{path}:{lineno}: label must be an integer class id, got {label!r}") from None
+    where = f"{path}:{lineno}"
     for a, b in _PAIR_KEYS:
         if a in row and b in row:
-            return Example(ident, [str(row[a]), str(row[b])], label), "pair"
+            return Example(ident, [row_text(row, a, where), row_text(row, b, where)], label), "pair"
     for k in _TEXT_KEYS:
         if k in row:
-            text = str(row[k])
+            text = row_text(row, k, where)
             if "title" in row and k == "content" and row["title"]:  # amazon_polarity: title + content
                 text = f"{row['title']}. {text}"
             return Example(ident, text, label), "classification"

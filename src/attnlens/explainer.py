@@ -97,6 +97,8 @@ class Explainer:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ModelError(f"expected a PyTorch HuggingFace model, got {type(model).__name__}")
+        if not callable(tokenizer) or not hasattr(tokenizer, "convert_ids_to_tokens"):
+            raise ModelError(f"expected a HuggingFace tokenizer, got {type(tokenizer).__name__}")
         self.head = head_for(model, max_answer_length=max_answer_length)
         self.model = model
         self.tokenizer = tokenizer
@@ -165,7 +167,10 @@ class Explainer:
             raise ModelError(f"could not load {name!r} as {kind}: {str(exc).splitlines()[0]}") from exc
         check_complete(model, info, name, task)
         if device is not None:
-            model.to(device)
+            try:
+                model.to(device)
+            except (RuntimeError, AssertionError, ValueError) as exc:  # unknown device type, CUDA not compiled in
+                raise InputError(f"cannot move the model to device {device!r}: {str(exc).splitlines()[0]}") from None
         return cls(model, tokenizer, attention=attention, max_length=max_length, name=name)
 
     # ----------------------------------------------------------------- checks
@@ -215,6 +220,8 @@ class Explainer:
         model_limit = min(limits) if limits else 512
         if requested is None:
             return model_limit
+        if isinstance(requested, bool) or not isinstance(requested, (int, np.integer)):
+            raise InputError(f"max_length must be an integer, got {requested!r}")
         if requested < 2:
             raise InputError(f"max_length must be at least 2, got {requested}")
         if requested > model_limit:
@@ -242,6 +249,12 @@ class Explainer:
             for p in parts:
                 if not p.strip():
                     raise InputError(f"input {i} is empty or whitespace only")
+                try:
+                    p.encode("utf-8")
+                except UnicodeEncodeError:  # lone surrogates, e.g. undecodable bytes from a non-UTF-8 terminal
+                    raise InputError(
+                        f"input {i} holds characters that are not valid Unicode (undecodable bytes?): {p!r:.80}"
+                    ) from None
             out.append(parts[0] if len(parts) == 1 else parts)
         return out
 
@@ -268,6 +281,11 @@ class Explainer:
                 dropped = n - len(enc["input_ids"])
                 too_long.append((i, dropped))
             ids = [int(x) for x in enc["input_ids"]]
+            if len(ids) > self.max_length:  # a tokenizer cannot cut a pair below its special tokens
+                raise InputError(f"input {i}: max_length={self.max_length} is too short for its special tokens")
+            if all(enc["special_tokens_mask"]):  # nothing but [CLS]/[SEP]: there is nothing to explain
+                cut = f" after truncation to {self.max_length} tokens" if dropped else ""
+                raise InputError(f"input {i} has no token to explain{cut} (only special tokens): {text!r:.80}")
             encoded.append(
                 Encoded(
                     text=text,
@@ -325,6 +343,8 @@ class Explainer:
                          with_types=self._takes_token_types)
 
     def _effective_batch_size(self, batch_size: int) -> int:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+            raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1, got {batch_size}")
         if self.adapter.family == "decoder" and getattr(self.model.config, "pad_token_id", None) is None:
@@ -450,7 +470,7 @@ class Explainer:
             for s in specs:
                 if reasons[s.name]:
                     raise InputError(reasons[s.name])
-        options = dict(options or {})
+        options = _check_options_mapping(options)
         for name in options:
             if name not in requested:
                 raise InputError(f"options given for {name!r}, which is not among the requested methods")
@@ -627,6 +647,10 @@ class Explainer:
             raise ModelError("predict_proba is for sequence classifiers; this is a QA model")
         if len(input_ids) == 0:
             return np.zeros((0, int(self.model.config.num_labels)))
+        rows = self.model.get_input_embeddings().num_embeddings
+        for i, ids in enumerate(input_ids):
+            if len(ids) == 0 or min(ids) < 0 or max(ids) >= rows:
+                raise InputError(f"input_ids[{i}] must be a non-empty list of token ids in 0..{rows - 1}")
         size = self._effective_batch_size(batch_size)
         out = np.zeros((len(input_ids), int(self.model.config.num_labels)))
         with explaining(self.model, "sdpa"):  # no attention probabilities needed: the faster kernel
@@ -663,3 +687,18 @@ def _context_positions(e: Encoded) -> list[bool]:
         if e.type_ids is not None and any(e.type_ids):
             return [t == 1 and not sp for t, sp in zip(e.type_ids, e.special, strict=True)]
     return [not sp for sp in e.special]
+
+
+def _check_options_mapping(options: Any) -> dict[str, dict[str, Any]]:
+    """``options`` as a dict of per-method option dicts; anything else is an :class:`InputError`."""
+    if options is None:
+        return {}
+    example = 'e.g. {"attcat": {"alpha": "cls"}}'
+    if not isinstance(options, Mapping):
+        raise InputError(f"options must map method ids to option dicts ({example}), got {options!r:.80}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in options.items():
+        if not isinstance(name, str) or not isinstance(value, Mapping):
+            raise InputError(f"options must map method ids to option dicts ({example}), got {name!r}: {value!r:.60}")
+        out[name] = dict(value)
+    return out

@@ -127,8 +127,8 @@ class Explanation:
 
         Special and padding tokens are never ranked. Use ``exp.to_words().top_k(...)`` for words.
         """
-        if k < 0:
-            raise InputError(f"k must be >= 0, got {k}")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise InputError(f"k must be an integer >= 0, got {k!r}")
         s = self._method_scores(method)
         return [(self.tokens[i], float(s[i])) for i in self.ranking(method)[:k]]
 
@@ -240,6 +240,8 @@ class Explanation:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Explanation:
         """Inverse of :meth:`to_dict`."""
+        if not isinstance(d, dict):
+            raise InputError(f"not an attnlens explanation: expected a JSON object, got {type(d).__name__}")
         missing = [k for k in ("text", "tokens", "special", "target", "predicted", "probabilities") if k not in d]
         if missing:
             raise InputError(f"not an attnlens explanation: missing keys {', '.join(missing)}")
@@ -327,7 +329,7 @@ def load_explanations(path: str | Path) -> list[Explanation]:
 
 def _read_dicts(path: str | Path) -> list[dict[str, Any]]:
     """The JSON objects of a file holding one object, an array of objects, or JSON Lines (at least one)."""
-    text = Path(path).read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         doc = json.loads(text)
         rows = doc if isinstance(doc, list) else [doc]
@@ -345,3 +347,10 @@ def _read_dicts(path: str | Path) -> list[dict[str, Any]]:
         if not isinstance(row, dict):
             raise InputError(f"{path}: item {i + 1} is not an attnlens explanation (a JSON object)")
     return rows
+
+
+def _read_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not a UTF-8 text file of attnlens explanations") from None

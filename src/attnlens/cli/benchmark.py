@@ -73,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data import load_dataset
     from ..evaluation.metrics import EvalConfig
-    from ..evaluation.runner import check_output_dir, run_benchmark
+    from ..evaluation.runner import run_benchmark
     from ..explainer import Explainer
     from ..methods.registry import list_methods
+    from ..paths import check_output_path
 
     for name in ("threads", "batch_size", "eval_batch_size", "chunk_size", "k"):
         value = getattr(args, name)
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
     if args.occlusion_step < 1 or args.occlusion_max < 0:
         raise InputError("--occlusion-step must be >= 1 and --occlusion-max >= 0")
-    check_output_dir(args.out, "--out")
+    check_output_path(args.out, "--out", directory=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     options = None

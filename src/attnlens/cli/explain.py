@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelError
+from ..paths import check_output_path
 from ..safetext import terminal_safe
 
 FORMATS = ("terminal", "html", "json", "jsonl")
@@ -92,22 +93,6 @@ def _is_json_document(content: str) -> bool:
         return False
 
 
-def check_output(option: str, path: str) -> Path:
-    """An output file path that can be written: not a directory, and not under an existing file.
-
-    Missing parent directories are fine (they are created when writing).
-    """
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise InputError(f"{option} {path} is a directory; give a file name")
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise InputError(f"{option} {path}: {parent} is a file, not a directory")
-    return p
-
-
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "explain",
@@ -162,7 +147,7 @@ def check_args(args: argparse.Namespace) -> None:
         if value is None:
             continue
         option = "--" + name.replace("_", "-")
-        path = check_output(option, value).resolve()
+        path = check_output_path(value, option, directory=False).resolve()
         if path in seen:
             raise InputError(f"{seen[path]} and {option} both name {value}; give each its own file")
         seen[path] = option
@@ -188,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
         texts += read_texts(args.file)
     if not texts:
         raise InputError("nothing to explain: give texts as arguments or --file FILE")
+    if args.model is not None and not args.model.strip():  # not silently the default model
+        raise ModelError("--model is empty: give a model directory or hub id")
     model = args.model or default_model()
     if model is None:
         raise ModelError("no --model given and the default ../shared/models/minilm-sst2 was not found")

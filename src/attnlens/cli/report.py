@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..safetext import terminal_safe
 
@@ -25,23 +24,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import InputError
     from ..viz.report import write_report
 
-    results = Path(args.results_dir)
-    if results.exists() and not results.is_dir():
-        raise InputError(f"{results} is a file, not a results directory of `attnlens benchmark`")
-    if args.examples < 0:
-        raise InputError(f"--examples must be >= 0, got {args.examples}")
-    if args.out is not None:
-        out = Path(args.out)
-        if out.is_dir() or not str(args.out).strip():
-            raise InputError(f"--out {args.out!r} is a directory (or empty); give the path of an HTML file")
-        for parent in out.parents:  # the nearest existing ancestor must be a directory
-            if parent.exists():
-                if not parent.is_dir():
-                    raise InputError(f"--out {out} is under {parent}, which is a file")
-                break
     path = write_report(args.results_dir, args.out, examples=args.examples)
     print(f"wrote {terminal_safe(path, one_line=True)}")
     return 0

@@ -32,6 +32,7 @@ import numpy as np
 from ..data import Dataset
 from ..errors import InputError
 from ..explanation import Explanation
+from ..paths import check_output_path
 from .metrics import (
     METRICS,
     EvalConfig,
@@ -120,21 +121,6 @@ def _finite(x: float | None) -> float | None:
 def _mean(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return float(np.mean(vals)) if vals else None
-
-
-def check_output_dir(path: str | Path, what: str = "results directory") -> Path:
-    """``path`` as a directory that can be created or reused; a file in the way raises :class:`InputError`."""
-    if not str(path).strip():
-        raise InputError(f"the {what} path is empty")
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{what} {out} is an existing file; give a directory")
-    for parent in out.parents:  # the nearest existing ancestor must be a directory
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"{what} {out} is under {parent}, which is a file")
-            break
-    return out
 
 
 @contextlib.contextmanager
@@ -303,7 +289,7 @@ def run_benchmark(
         raise InputError("target kind 'loss' is the loss of the gold label: use it with target 'gold' (--target gold)")
     explain_options = _checked_options(explainer, dataset, methods, method_ids, explain_options, target,
                                        target_kind, config)
-    out = check_output_dir(out_dir)
+    out = check_output_path(out_dir, "results directory", directory=True)
     settings = BenchmarkSettings(
         model=model_name or str(getattr(explainer, "name", type(explainer.model).__name__)),
         dataset=dataset.name, split=dataset.split, example_ids=[e.id for e in dataset],

@@ -86,6 +86,8 @@ def saliency(ctx: BatchContext, engine: str = "shared", abs: bool = True) -> Met
     # Captum's Saliency takes |gradient| by default, and so do we: when a LayerNorm follows the embeddings
     # (BERT & co.), the gradient w.r.t. the embedding sums to ~0 over dimensions, so the signed sum says nothing.
     _check_engine(engine)
+    if not isinstance(abs, bool):
+        raise InputError(f"saliency abs must be True or False, got {abs!r}")
     grads = _captum_gradients(ctx, multiply=False) if engine == "captum" else ctx.capture.embedding_grads
     return MethodOutput((grads.abs() if abs else grads).sum(-1), space="tokens")
 
@@ -139,6 +141,9 @@ def baseline_ids(ctx: BatchContext, baseline: str) -> torch.Tensor:
 def integratedgradients(
     ctx: BatchContext, n_steps: int = 50, internal_batch_size: int = 128, baseline: str = "auto"
 ) -> MethodOutput:
+    for name, value in (("n_steps", n_steps), ("internal_batch_size", internal_batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"integratedgradients {name} must be an integer >= 1, got {value!r}")
     forward, embeddings, extra = _embedding_forward(ctx)
     with torch.no_grad():
         reference = ctx.adapter.embedding_module(ctx.model)(baseline_ids(ctx, baseline))
@@ -147,7 +152,7 @@ def integratedgradients(
             embeddings,
             baselines=reference,
             additional_forward_args=extra,
-            n_steps=int(n_steps),
-            internal_batch_size=int(internal_batch_size),
+            n_steps=n_steps,
+            internal_batch_size=internal_batch_size,
         )
     return MethodOutput(attr.sum(-1).detach(), space="tokens")

@@ -138,6 +138,10 @@ def resolve_methods(methods: str | list[str] | tuple[str, ...] | None) -> list[s
         return list_methods()
     if isinstance(methods, str):
         methods = [m.strip() for m in methods.split(",") if m.strip()]
+    elif not isinstance(methods, (list, tuple)) or not all(isinstance(m, str) for m in methods):
+        raise InputError(
+            f"methods must be 'all', a comma-separated string or a list of method ids, got {methods!r:.80}"
+        )
     if not methods:
         raise InputError(f"no methods given; available methods: {', '.join(list_methods())}")
     out: list[str] = []

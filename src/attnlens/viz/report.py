@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..explanation import Explanation
+from ..paths import check_output_path
 from .html import _e, _example, page
 
 SUMMARY = "summary.json"
@@ -25,7 +26,7 @@ def load_summary(results_dir: str | Path) -> dict[str, Any]:
     """``summary.json`` of a results directory, checked for the keys the report needs."""
     d = Path(results_dir)
     if not d.is_dir():
-        raise InputError(f"results directory {d} does not exist")
+        raise InputError(f"results directory {d} {'is a file' if d.exists() else 'does not exist'}")
     f = d / SUMMARY
     if not f.is_file():
         raise InputError(f"no {SUMMARY} in {d}; run `attnlens benchmark --out {d}` first")
@@ -34,7 +35,7 @@ def load_summary(results_dir: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise InputError(f"{f} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
     except UnicodeDecodeError:
-        raise InputError(f"{f} is not valid JSON (not UTF-8 text)") from None
+        raise InputError(f"{f} is not a UTF-8 text file (not valid JSON)") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("results"), dict):
         raise InputError(f"{f} is not a benchmark summary: it has no 'results'")
     if not all(isinstance(r, dict) for r in summary["results"].values()):
@@ -225,8 +226,10 @@ def report_html(results_dir: str | Path, examples: int = 3, title: str | None = 
 
 def write_report(results_dir: str | Path, out: str | Path | None = None, examples: int = 3) -> Path:
     """Write :func:`report_html` to ``out`` (default ``RESULTS_DIR/report.html``) and return the path."""
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
+        raise InputError(f"--examples must be an integer >= 0, got {examples!r}")
+    path = check_output_path(out, "--out", directory=False) if out is not None else Path(results_dir) / "report.html"
     html_text = report_html(results_dir, examples=examples)
-    path = Path(out) if out is not None else Path(results_dir) / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html_text, encoding="utf-8")
     return path

@@ -1,0 +1,305 @@
+"""Issue 8, found by scripts/fuzz_inputs.py: wrong types and odd values through the API and the CLI give one clear
+error (exit 2), never a traceback or a silently wrong result."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_model, make_tokenizer
+
+from attnlens import Explainer, Explanation, load_explanations
+from attnlens.cli import main
+from attnlens.errors import InputError, ModelError
+from attnlens.train import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def ex() -> Explainer:
+    return Explainer(make_model("bert"), make_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-bert")
+    make_model("bert").save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def results_dir(model_dir, tmp_path_factory):
+    """A finished tiny benchmark run."""
+    root = tmp_path_factory.mktemp("bench")
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": i % 2}) + "\n"
+                            for i, t in enumerate(["the movie was good", "a boring plot", "i loved it"])))
+    out = root / "out"
+    assert main(["benchmark", "--model", model_dir, "--dataset", str(data), "--methods", "rawatt",
+                 "--metrics", "aopc", "--occlusion-max", "2", "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+def _cli_error(argv: list[str], capsys) -> str:
+    """Run the CLI, assert exit 2 with one `attnlens: error:` line, return that line."""
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith("attnlens: error: ")
+    return err[-1]
+
+
+# ------------------------------------------------------------------------------------------- explain API
+@pytest.mark.parametrize("methods", [5, [["rawatt"]], {"rawatt"}, b"rawatt"])
+def test_methods_of_a_wrong_type(ex, methods):
+    with pytest.raises(InputError, match="methods must be|unknown method"):
+        ex.explain("good movie", methods=methods)
+
+
+@pytest.mark.parametrize("options", ["attcat", {"attcat": 5}, {"attcat": None}, [("attcat", {})], {3: {}}])
+def test_options_of_a_wrong_type(ex, options):
+    with pytest.raises(InputError, match="options must map method ids to option dicts"):
+        ex.explain("good movie", methods="attcat", options=options)
+
+
+@pytest.mark.parametrize("batch_size", [1.5, "8", None, True])
+def test_batch_size_of_a_wrong_type(ex, batch_size):
+    with pytest.raises(InputError, match="batch_size must be an integer"):
+        ex.explain(["good movie", "bad film"], methods="rawatt", batch_size=batch_size)
+    with pytest.raises(InputError, match="batch_size must be an integer"):
+        ex.predict_proba([[2, 10, 3]], batch_size=batch_size)
+
+
+def test_tokenizer_and_max_length_of_a_wrong_type():
+    with pytest.raises(ModelError, match="expected a HuggingFace tokenizer, got NoneType"):
+        Explainer(make_model("bert"), None)
+    with pytest.raises(ModelError, match="expected a HuggingFace tokenizer, got str"):
+        Explainer(make_model("bert"), "bert-base-uncased")
+    with pytest.raises(InputError, match="max_length must be an integer, got '10'"):
+        Explainer(make_model("bert"), make_tokenizer(), max_length="10")
+
+
+def test_text_with_lone_surrogates(ex, model_dir, capsys):
+    # what Python makes of undecodable bytes in argv or a file read with errors="surrogateescape"
+    with pytest.raises(InputError, match="input 1 holds characters that are not valid Unicode"):
+        ex.explain(["good", "good \udcff movie"], methods="rawatt")
+    line = _cli_error(["explain", "--model", model_dir, "--methods", "rawatt", "good \udcff movie"], capsys)
+    assert "not valid Unicode" in line
+
+
+@pytest.mark.parametrize("value", [0, -5, "a", 2.5, True])
+def test_integrated_gradients_steps(ex, value):
+    for option in ("n_steps", "internal_batch_size"):
+        with pytest.raises(InputError, match=f"integratedgradients {option} must be an integer >= 1"):
+            ex.explain("good movie", methods="integratedgradients",
+                       options={"integratedgradients": {option: value}})
+
+
+def test_integrated_gradients_few_steps_still_work(ex):
+    (e,) = ex.explain("good movie", methods="integratedgradients", options={"integratedgradients": {"n_steps": 3}})
+    assert len(e.scores["integratedgradients"]) == len(e.tokens) and np.isfinite(e.scores["integratedgradients"]).all()
+
+
+def test_saliency_abs_must_be_boolean(ex):
+    with pytest.raises(InputError, match="saliency abs must be True or False"):
+        ex.explain("good movie", methods="saliency", options={"saliency": {"abs": "no"}})
+
+
+def test_top_k_of_a_wrong_type(ex):
+    (e,) = ex.explain("the movie was very good", methods="rawatt")
+    with pytest.raises(InputError, match="k must be an integer >= 0, got '3'"):
+        e.top_k("rawatt", "3")
+    assert len(e.top_k("rawatt", np.int64(2))) == 2
+
+
+@pytest.mark.parametrize("ids", [[[]], [[2, 99999, 3]], [[2, -4, 3]]])
+def test_predict_proba_bad_ids(ex, ids):
+    with pytest.raises(InputError, match=r"input_ids\[0\] must be a non-empty list of token ids in 0\.\.63"):
+        ex.predict_proba(ids)
+
+
+def test_predict_proba_equals_a_direct_call(ex):
+    ids = [[2, 10, 11, 3], [2, 7, 3]]
+    got = ex.predict_proba(ids)
+    with torch.no_grad():
+        want = [ex.model(input_ids=torch.tensor([x])).logits[0].softmax(-1).numpy() for x in ids]
+    np.testing.assert_allclose(got, np.stack(want), atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ explanation files
+def test_loading_files_that_are_not_explanations(ex, tmp_path):
+    binary = tmp_path / "x.bin"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(InputError, match="is not a UTF-8 text file of attnlens explanations"):
+        Explanation.load(binary)
+    with pytest.raises(InputError, match="is not a UTF-8 text file"):
+        load_explanations(binary)
+    broken = tmp_path / "x.jsonl"
+    broken.write_text(json.dumps(ex.explain("good", methods="rawatt")[0].to_dict()) + "\n{oops\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"x.jsonl, line 2: not valid JSON \(Expecting property name"):
+        load_explanations(broken)
+    (tmp_path / "n.json").write_text("5")
+    with pytest.raises(InputError, match="item 1 is not an attnlens explanation"):
+        Explanation.load(tmp_path / "n.json")
+
+
+# ------------------------------------------------------------------------------------------------ train
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--lr", "inf", "--lr must be a finite number > 0, got inf"),
+        ("--epochs", "inf", "--epochs must be a finite number > 0, got inf"),
+        ("--weight-decay", "nan", "--weight-decay must be a finite number >= 0, got nan"),
+        ("--weight-decay", "-1", "--weight-decay must be a finite number >= 0, got -1.0"),
+        ("--seed", "-1", "--seed must be in 0..2**32-1, got -1"),
+        ("--device", "bogus", "--device 'bogus' is not a torch device"),
+    ],
+)
+def test_train_options(flag, value, message, model_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": "good movie", "label": i % 2}) + "\n" for i in range(4)))
+    out = tmp_path / "out"
+    line = _cli_error(["train", "--model", model_dir, "--data-file", str(data), "--no-progress", "--out", str(out),
+                       flag, value], capsys)
+    assert message in line
+    assert not out.exists()  # refused before anything was trained or written
+
+
+def test_train_device_that_is_not_there():
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine with fewer than 8 GPUs")
+    with pytest.raises(InputError, match="no such CUDA device"):
+        TrainConfig(model="m", out="o", dataset="sst2", device="cuda:7").validate()
+
+
+def test_train_out_that_is_a_file(model_dir, tmp_path, capsys):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("x")
+    line = _cli_error(["train", "--model", model_dir, "--dataset", "sst2", "--out", str(afile)], capsys)
+    assert f"--out {afile} is an existing file" in line
+    line = _cli_error(["train", "--model", model_dir, "--dataset", "sst2", "--out", str(afile / "sub")], capsys)
+    assert f"{afile} is a file, not a directory" in line
+    assert afile.read_text() == "x"
+
+
+def test_train_config_accepts_finite_values():
+    TrainConfig(model="m", out="o", dataset="sst2", lr=1e-3, epochs=0.5, weight_decay=0.0, seed=2**32 - 1).validate()
+    assert math.isfinite(TrainConfig(model="m", out="o", dataset="sst2").lr)
+
+
+# ----------------------------------------------------------------------------------------------- report
+def test_report_negative_examples(results_dir, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    line = _cli_error(["report", str(results_dir), "--out", str(out), "--examples", "-1"], capsys)
+    assert "--examples must be an integer >= 0, got -1" in line
+    assert not out.exists()
+
+
+def test_report_out_paths(results_dir, tmp_path, capsys):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("x")
+    line = _cli_error(["report", str(results_dir), "--out", str(afile / "r.html")], capsys)
+    assert f"{afile} is a file, not a directory" in line
+    line = _cli_error(["report", str(results_dir), "--out", str(tmp_path)], capsys)
+    assert "is a directory; give a file name" in line
+    line = _cli_error(["report", str(afile)], capsys)
+    assert f"results directory {afile} is a file" in line
+    assert main(["report", str(results_dir), "--out", str(tmp_path / "new" / "r.html")]) == 0
+    assert "<html" in (tmp_path / "new" / "r.html").read_text(encoding="utf-8").lower()
+
+
+def test_report_summary_not_utf8(results_dir, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "res"
+    shutil.copytree(results_dir, copy)
+    (copy / "summary.json").write_bytes(b"\xff\xfe\x00garbage")
+    line = _cli_error(["report", str(copy)], capsys)
+    assert "is not a UTF-8 text file" in line
+
+
+def test_python_m_attnlens_cli_entry_point():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    proc = subprocess.run([sys.executable, "-m", "attnlens.cli", "report", "/nonexistent/results"],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
+                          timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "attnlens: error: results directory /nonexistent/results does not exist"
+
+
+def test_from_pretrained_unknown_device(model_dir):
+    with pytest.raises(InputError, match="cannot move the model to device 'bogus'"):
+        Explainer.from_pretrained(model_dir, device="bogus")
+
+
+def test_explain_empty_model_is_not_the_default(capsys):
+    line = _cli_error(["explain", "--model", "", "--methods", "rawatt", "good movie"], capsys)
+    assert line == "attnlens: error: --model is empty: give a model directory or hub id"
+
+
+def test_fuzz_harness_lists_its_cases():
+    """scripts/fuzz_inputs.py stays runnable: at least 200 distinct cases, each with a valid expectation."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "fuzz_inputs.py"
+    proc = subprocess.run([sys.executable, str(script), "--list"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[:-1]]
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids)) >= 200
+    assert {r[2] for r in rows} <= {"error", "ok", "either", "traceback"}
+    assert {r[1] for r in rows} == {"cli", "sub", "api"}
+    assert {i.split("/")[0] for i in ids} >= {"explain", "benchmark", "train", "report", "api"}
+
+
+def test_inputs_with_nothing_to_explain():
+    tok = make_tokenizer()
+    ex = Explainer(make_model("bert"), tok)
+    with pytest.raises(InputError, match="input 1 has no token to explain \\(only special tokens\\)"):
+        ex.explain(["good", "\u200b\u200b"], methods="rawatt")  # zero-width spaces: the tokenizer drops them
+    short = Explainer(make_model("bert"), tok, max_length=3)
+    with pytest.raises(InputError, match="input 0 has no token to explain after truncation to 3 tokens"):
+        short.explain([("good movie", "bad film")], methods="rawatt")
+    with pytest.raises(InputError, match="input 0: max_length=2 is too short for its special tokens"):
+        Explainer(make_model("bert"), tok, max_length=2).explain([("good movie", "bad film")], methods="rawatt")
+    (e,) = short.explain("good movie", methods="rawatt")  # one real token fits: explained
+    assert e.tokens == ["[CLS]", "good", "[SEP]"]
+
+
+def test_null_texts_and_labels_are_not_data(model_dir, tmp_path, capsys):
+    rows = [{"text": "good movie", "label": 1}, {"text": "bad film", "label": 0}] * 2
+    cases = {
+        "nulltext": (rows + [{"text": None, "label": 1}], "field 'text' is null, not a text string"),
+        "numtext": (rows + [{"text": 5, "label": 1}], "field 'text' is 5, not a text string"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in data))
+        line = _cli_error(["train", "--model", model_dir, "--data-file", str(path), "--no-progress",
+                           "--out", str(tmp_path / "out")], capsys)
+        assert f"{path}:5: {message}" in line
+    path = tmp_path / "nulllabel.jsonl"  # with --text-field, rows are read by train.read_rows
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + [{"text": "ok", "label": None}]))
+    line = _cli_error(["train", "--model", model_dir, "--data-file", str(path), "--text-field", "text",
+                       "--no-progress", "--out", str(tmp_path / "out")], capsys)
+    assert f"{path}:5: field 'label' is null; every training row needs a label" in line
+    from attnlens.data import load_dataset
+
+    path = tmp_path / "bench.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + [{"text": None, "label": 1}]))
+    with pytest.raises(InputError, match="bench.jsonl:5: field 'text' is null, not a text string"):
+        load_dataset(str(path))
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"text": "good", "label": 0.7}]))
+    with pytest.raises(InputError, match="bench.jsonl:1: label must be an integer class id, got 0.7"):
+        load_dataset(str(path))
+    path.write_text(json.dumps({"text": "good", "label": 1.0}) + "\n")
+    assert load_dataset(str(path)).examples[0].label == 1
