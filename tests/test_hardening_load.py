@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import CLS as CLS_ID
 from conftest import PAD, V, make_model, make_tokenizer
+from conftest import SEP as SEP_ID
 from transformers import BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel
 
 from attnlens import Explainer, ModelError
@@ -219,6 +221,19 @@ def test_gpt2_without_pad_token_equals_gpt2_with_one():
         np.testing.assert_allclose(g.probabilities, w.probabilities, rtol=1e-5, atol=1e-6)
         for m in w.scores:
             np.testing.assert_allclose(g.scores[m], w.scores[m], rtol=1e-4, atol=1e-6, err_msg=m)
+
+
+def test_gpt2_without_pad_token_scores_perturbations_like_gpt2_with_one():
+    """The benchmark's scorer batches variants of different lengths: without a pad id it goes one at a time."""
+    from attnlens.evaluation.perturb import ModelPredictor, Variant
+
+    with_pad, without = make_model("gpt2"), make_model("gpt2")
+    without.config.pad_token_id = None
+    variants = [Variant.of(v) for v in ([CLS_ID, 5, 6, 7, SEP_ID], [CLS_ID, 8, SEP_ID], [CLS_ID, 9, 10, SEP_ID])]
+    want = ModelPredictor(with_pad, PAD, batch_size=8)(variants)
+    got = ModelPredictor(without, None, batch_size=8)(variants)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert without.config.pad_token_id is None
 
 
 def test_gpt2_without_pad_token_config_restored_on_error():

@@ -205,6 +205,14 @@ _ADAPTERS: dict[str, Adapter] = {
 }
 
 
+def finds_last_token_by_padding(model: nn.Module) -> bool:
+    """Whether ``model``'s head cannot read a padded batch: a decoder-only classifier (GPT-2, Llama, ...) finds
+    each row's last real token by ``config.pad_token_id``, and without one refuses batches of more than one row.
+    Such models get one input per forward pass."""
+    config = getattr(model, "config", None)
+    return adapter_for(model).family == "decoder" and getattr(config, "pad_token_id", None) is None
+
+
 def register_adapter(model_type: str, adapter: Adapter) -> None:
     """Use ``adapter`` for models whose ``config.model_type`` is ``model_type``."""
     _ADAPTERS[model_type] = adapter

@@ -17,7 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import __version__
-from .adapters import Adapter, adapter_for
+from .adapters import Adapter, adapter_for, finds_last_token_by_padding
 from .batching import length_sorted_chunks, pad_batch
 from .capture import run_capture
 from .context import TARGET_KINDS, BatchContext
@@ -347,7 +347,7 @@ class Explainer:
             raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1, got {batch_size}")
-        if self.adapter.family == "decoder" and getattr(self.model.config, "pad_token_id", None) is None:
+        if finds_last_token_by_padding(self.model):
             if batch_size > 1:
                 warnings.warn(
                     "the model's config has no pad_token_id, so its head cannot find the last token of a padded "
@@ -360,7 +360,7 @@ class Explainer:
     def _head_without_padding(self, token_mask: torch.Tensor) -> AbstractContextManager[Any]:
         """Decoder-only models without a pad id get a temporary one, so that integrated gradients (Captum expands
         each input to a batch of ``n_steps`` copies) runs; inputs then go one at a time (_effective_batch_size)."""
-        if self.adapter.family != "decoder" or getattr(self.model.config, "pad_token_id", None) is not None:
+        if not finds_last_token_by_padding(self.model):
             return nullcontext()
         if not bool(token_mask.bool().all()):
             raise ModelError("the model's config has no pad_token_id, so its head cannot find the last token of a "

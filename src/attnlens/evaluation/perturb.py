@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..adapters import finds_last_token_by_padding
 from ..batching import length_sorted_chunks, pad_batch
 from ..errors import InputError
 from ..modelstate import EAGER, explaining
@@ -128,7 +129,8 @@ class ModelPredictor:
     ) -> None:
         self.model = model
         self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
-        self.batch_size = max(1, int(batch_size))
+        # a decoder head without a pad id cannot read padded rows: one variant per forward pass
+        self.batch_size = 1 if finds_last_token_by_padding(model) else max(1, int(batch_size))
         self.fast_attention = fast_attention
         self.takes_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
         self.n_forward = 0  # forward passes run, for timing reports
