@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench fuzz clean
 
 install: $(STAMP)
 
@@ -28,6 +28,9 @@ test: install
 
 lint: install
 	$(BIN)/ruff check src tests bench scripts
+
+fuzz: install
+	$(BIN)/python scripts/fuzz_inputs.py
 
 bench: install
 	cd bench && ../$(BIN)/python explain_speed.py
