@@ -8,13 +8,14 @@
 
 __version__ = "0.1.0"
 
-from .adapters import register_adapter  # noqa: E402
+from .architectures import Architecture, register_adapter, register_architecture  # noqa: E402
 from .errors import AttnLensError, InputError, ModelError, UnknownMethodError  # noqa: E402
 from .explainer import Explainer  # noqa: E402
 from .explanation import Explanation, load_explanations, save_explanations  # noqa: E402
 from .methods import get_method, list_methods, register  # noqa: E402
 
 __all__ = [
+    "Architecture",
     "AttnLensError",
     "Explainer",
     "Explanation",
@@ -26,5 +27,6 @@ __all__ = [
     "load_explanations",
     "register",
     "register_adapter",
+    "register_architecture",
     "save_explanations",
 ]

@@ -1,21 +1,22 @@
-"""One adapter per architecture family: where attention, hidden states and the classification position live.
+"""One adapter per architecture family: which attention stream tensors are explained and from which query rows.
 
 Families:
 - ``encoder`` (BERT, DistilBERT, RoBERTa, ALBERT, ELECTRA, MiniLM, ...): one self-attention stream; the head
-  reads position 0 ([CLS] / <s>).
+  reads position 0 ([CLS] / <s>), or the mean over the real tokens (ModernBERT with ``classifier_pooling="mean"``).
 - ``decoder`` (GPT-2, Llama, Mistral, Qwen, ...): one causal self-attention stream; the head reads the last
   real token (inputs are right-padded, so padding never reaches a real token).
-- ``encoder-decoder`` (BART, mBART): three streams. ``encoder`` self-attention is explained by the mean over
+- ``encoder-decoder`` (BART, mBART, T5): three streams. ``encoder`` self-attention is explained by the mean over
   its real query rows (no single position feeds the head there); ``decoder`` self-attention and ``cross``
   attention by the decoder position of the last EOS, whose state feeds the head. The decoder reads the input
   shifted right by one (position 0 is the decoder start token), so decoder key ``i + 1`` is input token ``i``;
   the final EOS itself is never a decoder key and scores 0 in that stream.
 
-Adding a family member is one call to :func:`register_adapter` (model_type -> adapter).
+Which model type uses which adapter (and how its head pools) is declared in :mod:`attnlens.architectures`.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,12 +47,34 @@ def _uniform(mask: torch.Tensor) -> torch.Tensor:
     return m / m.sum(1, keepdim=True).clamp_min(1.0)
 
 
+# Where the classification head reads the final hidden states (an architecture entry's ``pooling``).
+FIRST = "first"  # position 0: [CLS] / <s>
+LAST = "last"  # the last real token (right padding)
+EOS = "eos"  # the decoder state at the input's last EOS token
+MEAN = "mean"  # the mean over the real tokens
+POOLINGS = (FIRST, LAST, EOS, MEAN)
+
+
 class Adapter:
     """Base adapter; subclasses describe one architecture family."""
 
     family: str = ""
     streams: tuple[str, ...] = ("self",)
     default_stream: str = "self"
+    pooling: str = FIRST
+    poolings: tuple[str, ...] = (FIRST, LAST, MEAN)  # the poolings :meth:`select` can explain
+    # whether the head finds its token by the pad id (so padding, and an input token equal to the pad id, matter)
+    head_reads_pad_id: bool = False
+
+    def with_pooling(self, pooling: str) -> Adapter:
+        """This adapter for a head that pools by ``pooling`` (one of :data:`POOLINGS`)."""
+        if pooling == self.pooling:
+            return self
+        if pooling not in self.poolings:
+            raise ModelError(f"{self.family} adapter cannot explain a head with pooling {pooling!r}")
+        clone = copy.copy(self)
+        clone.pooling = pooling
+        return clone
 
     def check_stream(self, stream: str | None) -> str:
         """The stream to explain: ``None`` picks the family's default; single-stream families also accept their
@@ -70,8 +93,22 @@ class Adapter:
         return model.get_input_embeddings()
 
     def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
-        """``(B,)`` position whose final state feeds the classification head."""
-        raise NotImplementedError
+        """``(B,)`` position whose final state feeds the classification head (0 for ``MEAN``, which reads all)."""
+        if self.pooling == LAST:
+            return token_mask.long().sum(1) - 1
+        if self.pooling == EOS:
+            eos = config.eos_token_id
+            is_eos = (input_ids == eos) & token_mask.bool()
+            if not bool(is_eos.any(1).all()):
+                raise InputError(f"every input must contain the EOS token (id {eos}) that feeds the head")
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            return torch.where(is_eos, positions, torch.full_like(positions, -1)).max(1).values
+        return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+
+    def query_weights(self, query_mask: torch.Tensor, cls: torch.Tensor) -> torch.Tensor:
+        """``(B, Q)`` weights of the query rows the head reads: uniform over the real rows for ``MEAN`` pooling,
+        else one-hot at ``cls``."""
+        return _uniform(query_mask) if self.pooling == MEAN else _one_hot(cls, query_mask.shape[1])
 
     def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
         """Pick the attention stream's tensors out of the model outputs."""
@@ -90,12 +127,9 @@ class Adapter:
 
 
 class EncoderAdapter(Adapter):
-    """BERT-like encoders: the classifier reads position 0."""
+    """BERT-like encoders: the classifier reads position 0 (or the mean over the real tokens)."""
 
     family = "encoder"
-
-    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
-        return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
 
     def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
         mask = token_mask.bool()
@@ -104,7 +138,7 @@ class EncoderAdapter(Adapter):
             hidden=list(outputs.hidden_states),
             query_mask=mask,
             key_mask=mask,
-            query_weights=_one_hot(cls, mask.shape[1]),
+            query_weights=self.query_weights(mask, cls),
             self_attention=True,
         )
 
@@ -113,9 +147,8 @@ class DecoderAdapter(EncoderAdapter):
     """Causal decoders (GPT-2, Llama, ...): the classifier reads the last real token."""
 
     family = "decoder"
-
-    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
-        return token_mask.long().sum(1) - 1
+    pooling = LAST
+    head_reads_pad_id = True
 
 
 class EncoderDecoderAdapter(Adapter):
@@ -124,6 +157,8 @@ class EncoderDecoderAdapter(Adapter):
     family = "encoder-decoder"
     streams = ("encoder", "decoder", "cross")
     default_stream = "encoder"
+    pooling = EOS
+    poolings = (EOS,)
 
     def embedding_module(self, model: nn.Module) -> nn.Module:
         encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
@@ -132,14 +167,6 @@ class EncoderDecoderAdapter(Adapter):
         if encoder is not None and hasattr(encoder, "get_input_embeddings"):
             return encoder.get_input_embeddings()
         return model.get_input_embeddings()
-
-    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
-        eos = config.eos_token_id
-        is_eos = (input_ids == eos) & token_mask.bool()
-        if not bool(is_eos.any(1).all()):
-            raise InputError(f"every input must contain the EOS token (id {eos}) that feeds the BART head")
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return torch.where(is_eos, positions, torch.full_like(positions, -1)).max(1).values
 
     def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
         enc_mask = token_mask.bool()
@@ -190,48 +217,25 @@ ENCODER = EncoderAdapter()
 DECODER = DecoderAdapter()
 ENCODER_DECODER = EncoderDecoderAdapter()
 
-_ADAPTERS: dict[str, Adapter] = {
-    **dict.fromkeys(
-        ["bert", "distilbert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "deberta",
-         "deberta-v2", "mpnet", "ernie", "modernbert"],
-        ENCODER,
-    ),
-    **dict.fromkeys(
-        ["gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma",
-         "gemma2", "phi", "phi3", "opt", "bloom", "falcon"],
-        DECODER,
-    ),
-    **dict.fromkeys(["bart", "mbart"], ENCODER_DECODER),
-}
 
+# Kept for code written against the adapter table: the lookups now live in :mod:`attnlens.architectures`.
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter of ``model``'s architecture (see :func:`attnlens.architectures.adapter_for`)."""
+    from .architectures import adapter_for as lookup
 
-def finds_last_token_by_padding(model: nn.Module) -> bool:
-    """Whether ``model``'s head cannot read a padded batch: a decoder-only classifier (GPT-2, Llama, ...) finds
-    each row's last real token by ``config.pad_token_id``, and without one refuses batches of more than one row.
-    Such models get one input per forward pass."""
-    config = getattr(model, "config", None)
-    return adapter_for(model).family == "decoder" and getattr(config, "pad_token_id", None) is None
+    return lookup(model)
 
 
 def register_adapter(model_type: str, adapter: Adapter) -> None:
-    """Use ``adapter`` for models whose ``config.model_type`` is ``model_type``."""
-    _ADAPTERS[model_type] = adapter
+    """Use ``adapter`` for models whose ``config.model_type`` is ``model_type`` (a thin alias of
+    :func:`attnlens.architectures.register_architecture`)."""
+    from .architectures import register_adapter as register
+
+    register(model_type, adapter)
 
 
-def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter of ``model``'s architecture family."""
-    config = getattr(model, "config", None)
-    if config is None:
-        raise ModelError(f"{type(model).__name__} is not a HuggingFace model (it has no config)")
-    model_type = getattr(config, "model_type", "")
-    if model_type in _ADAPTERS:
-        return _ADAPTERS[model_type]
-    if getattr(config, "is_encoder_decoder", False):
-        raise ModelError(
-            f"encoder-decoder model type {model_type!r} has no adapter; supported: "
-            f"{', '.join(k for k, v in _ADAPTERS.items() if v is ENCODER_DECODER)} "
-            "(see attnlens.adapters.register_adapter)"
-        )
-    if getattr(config, "is_decoder", False):
-        return DECODER
-    return ENCODER
+def finds_last_token_by_padding(model: nn.Module) -> bool:
+    """See :func:`attnlens.architectures.finds_last_token_by_padding`."""
+    from .architectures import finds_last_token_by_padding as finds
+
+    return finds(model)

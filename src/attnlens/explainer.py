@@ -17,7 +17,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import __version__
-from .adapters import Adapter, adapter_for, finds_last_token_by_padding
+from .adapters import Adapter
+from .architectures import adapter_for, architecture_for, finds_last_token_by_padding
 from .batching import length_sorted_chunks, pad_batch
 from .capture import run_capture
 from .context import TARGET_KINDS, BatchContext
@@ -36,7 +37,6 @@ from .methods.registry import GRADIENTS, OWN_PASS, get_method, resolve_methods
 from .modelstate import explaining, last_token_head
 
 TextInput = Union[str, tuple[str, str], list[str]]  # noqa: UP007 (a runtime alias on Python 3.10)
-_POSITION_OFFSET_MODELS = {"roberta", "xlm-roberta", "camembert"}  # positions start after the padding index
 UNKNOWN_WARNING_FRACTION = 0.5  # warn when more of the inputs' (non-special) tokens are the unknown token
 
 
@@ -210,7 +210,7 @@ class Explainer:
         for attr in ("max_position_embeddings", "n_positions"):
             value = getattr(config, attr, None)
             if isinstance(value, int) and value > 0:
-                if getattr(config, "model_type", "") in _POSITION_OFFSET_MODELS:
+                if architecture_for(config).position_offset:  # positions start after the padding index
                     value -= int(getattr(config, "pad_token_id", 1) or 1) + 1
                 limits.append(value)
                 break

@@ -7,6 +7,8 @@ from contextlib import contextmanager
 
 from torch import nn
 
+from .errors import ModelError
+
 EAGER = "eager"
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _HF_HOOK_FLAG = "_output_capturing_hooks_installed"  # transformers >= 5 hooks modules lazily to record outputs
@@ -47,6 +49,12 @@ def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Mod
             _set_attention_implementation(model, implementation)
         except (ValueError, NotImplementedError, ImportError):  # no kernel of that kind for this architecture
             _set_attention_implementation(model, EAGER)
+        now = attention_implementation(model)
+        if implementation == EAGER and now not in (None, EAGER):
+            # Some models (Falcon) cannot switch after construction: their attention probabilities, and
+            # padded batches, would be silently wrong.
+            raise ModelError(f"{type(model).__name__} cannot switch to eager attention after loading (it uses "
+                             f"{now!r}); load it with attn_implementation='eager'")
         yield model
     finally:
         _set_attention_implementation(model, original)

@@ -20,6 +20,7 @@ from transformers import activations as hf_activations
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..architectures import LRP_SUPPORTED, LRPSupport, architecture_for
 from ..errors import InputError, ModelError
 from . import rules
 
@@ -30,16 +31,9 @@ RULE_SETS = ("chefer", "chefer-lrp", "attnlrp", "cp")
 CHEFER = ("chefer", "chefer-lrp")
 _RENAMED = {"chefer-orig": "chefer-lrp"}
 
-# model_type -> a short description; the families whose stock modules the rules below cover.
-SUPPORTED = {
-    "bert": "BERT",
-    "roberta": "RoBERTa",
-    "distilbert": "DistilBERT",
-    "albert": "ALBERT",
-    "electra": "ELECTRA",
-}
-# Classification heads that apply tanh inline (not as a module), so the identity rule needs their forward.
-_INLINE_TANH_HEADS = ("RobertaClassificationHead",)
+# model_type -> display name of the architectures whose entry (attnlens.architectures) declares LRP support: the
+# families whose stock modules the rules below cover. A live view: register_architecture updates it.
+SUPPORTED = LRP_SUPPORTED
 
 # Element-wise activations with f(0) = 0, which get the identity rule.
 _TORCH_ACTIVATIONS = (nn.GELU, nn.ReLU, nn.Tanh, nn.SiLU, nn.Mish, nn.LeakyReLU, nn.ELU, nn.Hardtanh)
@@ -162,23 +156,26 @@ def _ln_forward(module: nn.LayerNorm, state: PassState, record: bool, x: torch.T
     return rules.pass_through(partial(nn.LayerNorm.forward, module), x)  # the class forward: unpatched
 
 
+def _support(model: nn.Module) -> LRPSupport:
+    support = architecture_for(model.config).lrp
+    if support is None:
+        raise ModelError(f"LRP: no LRP support declared for model type {model.config.model_type!r}")
+    return support
+
+
 def residual_sites(model: nn.Module) -> list[tuple[nn.LayerNorm, nn.Module]]:
-    """(LayerNorm, module whose output is the residual branch) for every post-LN residual sum ``LN(x + f(x))``."""
-    model_type = model.config.model_type
+    """(LayerNorm, module whose output is the residual branch) for every post-LN residual sum ``LN(x + f(x))``,
+    as the architecture's entry declares them (:class:`attnlens.architectures.Residual`)."""
+    support = _support(model)
     sites = []
     for m in model.modules():
         name = type(m).__name__
-        if model_type in ("bert", "roberta", "electra"):
-            if name.endswith("Output") and all(hasattr(m, a) for a in ("dense", "dropout", "LayerNorm")):
-                sites.append((m.LayerNorm, m.dropout))  # LayerNorm(dropout(dense(h)) + input_tensor)
-        elif model_type == "distilbert" and name == "TransformerBlock":
-            sites += [(m.sa_layer_norm, m.attention), (m.output_layer_norm, m.ffn)]
-        elif model_type == "albert" and name == "AlbertAttention":
-            sites.append((m.LayerNorm, m.output_dropout))
-        elif model_type == "albert" and name == "AlbertLayer":
-            if m.chunk_size_feed_forward:
-                raise ModelError("LRP rules='chefer' does not support ALBERT with chunked feed-forward")
-            sites.append((m.full_layer_layer_norm, m.ffn_output))
+        for site in support.residuals:
+            if not (name.endswith(site.module) and hasattr(m, site.norm) and hasattr(m, site.branch)):
+                continue
+            if getattr(m, "chunk_size_feed_forward", 0):  # the branch would be computed in chunks
+                raise ModelError(f"LRP rules='chefer' does not support {support.name} with chunked feed-forward")
+            sites.append((getattr(m, site.norm), getattr(m, site.branch)))
     return sites
 
 
@@ -190,6 +187,7 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     check_rules(state.rules)
     if getattr(_local, "state", None) is not None:
         raise RuntimeError("an LRP pass is already running in this thread")
+    tanh_heads = _support(model).tanh_heads
     base = getattr(model, "base_model", model)
     emb_ln = base.embeddings.LayerNorm
     word = model.get_input_embeddings()
@@ -227,7 +225,7 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
                 patch(module, partial(rules.linear, module, eps=state.epsilon))
             elif isinstance(module, _ACTIVATIONS):
                 patch(module, partial(rules.identity_rule, module.forward))
-            elif type(module).__name__ in _INLINE_TANH_HEADS:
+            elif type(module).__name__ in tanh_heads:
                 patch(module, partial(_tanh_head_forward, module))
         handles.append(word.register_forward_hook(grab_word))
         if state.rules == "chefer":

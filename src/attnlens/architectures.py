@@ -1,0 +1,281 @@
+"""One description per model type: everything attnlens needs to know about an architecture, in one entry.
+
+An :class:`Architecture` says, for one ``config.model_type``:
+
+- ``adapter``: the family's adapter (:mod:`attnlens.adapters`: which attention streams, hidden states and query
+  rows are explained); its ``family`` is ``encoder``, ``decoder`` or ``encoder-decoder``;
+- ``pooling``: where the classification head reads the final states (``first`` token, ``last`` real token, the
+  decoder's ``eos``, or the ``mean`` over real tokens), or a function of the config choosing one;
+- ``position_offset``: whether position ids start after the padding index (RoBERTa-style), which shortens the
+  usable length by ``pad_token_id + 1``;
+- ``lrp``: what the LRP methods need (:class:`LRPSupport`), or ``None`` where they are not supported;
+- ``tiny``: a recipe for a tiny random model of the type (:class:`Tiny`, :func:`build_tiny`), which the tests
+  use to build and explain every type.
+
+Adding a model type is one :func:`register_architecture` call (or one entry in ``_ENTRIES``) plus a tiny-model
+test: see docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from .adapters import (
+    DECODER,
+    ENCODER,
+    ENCODER_DECODER,
+    FIRST,
+    MEAN,
+    POOLINGS,
+    Adapter,
+)
+from .errors import InputError, ModelError
+
+
+@dataclass(frozen=True)
+class Residual:
+    """A post-LN residual sum ``norm(x + branch(x))`` inside modules whose class name ends with ``module``:
+    ``norm`` and ``branch`` are attribute names of that module (LRP rules="chefer" rescales the sum)."""
+
+    module: str
+    norm: str
+    branch: str
+
+
+@dataclass(frozen=True)
+class LRPSupport:
+    """The facts the LRP patch (:mod:`attnlens.lrp.patch`) needs about one architecture."""
+
+    name: str  # display name, listed in the "LRP supports ..." error
+    residuals: tuple[Residual, ...]  # the residual sums the chefer rules rescale
+    tanh_heads: tuple[str, ...] = ()  # classification-head classes that apply tanh inline (not as a module)
+
+
+class _Slot:
+    """A placeholder in a :class:`Tiny` recipe, filled by :func:`build_tiny` (token ids, init scale)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name.upper()
+
+
+PAD_ID, BOS, EOS_ID, STD = _Slot("pad"), _Slot("bos"), _Slot("eos"), _Slot("std")
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """How to build a tiny random classifier of a model type: transformers config and model class names and the
+    config's size arguments (``vocab_size``, ``pad_token_id`` and ``num_labels`` are always passed)."""
+
+    config: str
+    model: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Everything attnlens knows about one ``config.model_type`` (see the module docstring)."""
+
+    model_type: str
+    adapter: Adapter
+    pooling: str | Callable[[Any], str] | None = None  # None: the adapter's default
+    position_offset: bool = False
+    lrp: LRPSupport | None = None
+    tiny: Tiny | None = None
+
+    @property
+    def family(self) -> str:
+        return self.adapter.family
+
+    def pooling_for(self, config: Any) -> str:
+        """Where this model's head reads (:data:`attnlens.adapters.POOLINGS`)."""
+        pooling = self.pooling(config) if callable(self.pooling) else self.pooling
+        return pooling or self.adapter.pooling
+
+    def adapter_for(self, config: Any) -> Adapter:
+        """The family adapter, set to this model's pooling."""
+        return self.adapter.with_pooling(self.pooling_for(config))
+
+
+def _modernbert_pooling(config: Any) -> str:
+    # ModernBERT's head reads [CLS] or, with classifier_pooling="mean", the mean over the real tokens
+    return MEAN if getattr(config, "classifier_pooling", "cls") == "mean" else FIRST
+
+
+# --- LRP facts -------------------------------------------------------------------------------------------------
+_BERT_RESIDUALS = (Residual("Output", "LayerNorm", "dropout"),)  # XSelfOutput, XOutput: LN(dropout(dense(h)) + x)
+
+# --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------
+_ENC = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
+_DEC = dict(_ENC, num_key_value_heads=1, max_position_embeddings=64)
+_SEQ2SEQ = dict(d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                decoder_attention_heads=2, encoder_ffn_dim=24, decoder_ffn_dim=24, max_position_embeddings=64,
+                bos_token_id=BOS, eos_token_id=EOS_ID, decoder_start_token_id=EOS_ID)
+_ROBERTA = dict(_ENC, max_position_embeddings=70)  # positions start after the padding index
+
+
+def _tiny(name: str, **kwargs: Any) -> Tiny:
+    """``Tiny("<name>Config", "<name>ForSequenceClassification", kwargs)``."""
+    return Tiny(f"{name}Config", f"{name}ForSequenceClassification", kwargs)
+
+
+_ENTRIES: list[Architecture] = [
+    # encoders (the first five in the order the LRP error lists them)
+    Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS),
+                 tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD)),
+    Architecture("roberta", ENCODER, position_offset=True,
+                 lrp=LRPSupport("RoBERTa", _BERT_RESIDUALS, tanh_heads=("RobertaClassificationHead",)),
+                 tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
+    Architecture("distilbert", ENCODER,
+                 lrp=LRPSupport("DistilBERT", (Residual("TransformerBlock", "sa_layer_norm", "attention"),
+                                               Residual("TransformerBlock", "output_layer_norm", "ffn"))),
+                 tiny=_tiny("DistilBert", dim=16, n_layers=2, n_heads=2, hidden_dim=24, max_position_embeddings=64,
+                            initializer_range=STD)),
+    Architecture("albert", ENCODER,
+                 lrp=LRPSupport("ALBERT", (Residual("AlbertAttention", "LayerNorm", "output_dropout"),
+                                           Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
+                 tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),
+    Architecture("electra", ENCODER, lrp=LRPSupport("ELECTRA", _BERT_RESIDUALS),
+                 tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),
+    Architecture("xlm-roberta", ENCODER, position_offset=True, tiny=_tiny("XLMRoberta", **_ROBERTA)),
+    Architecture("camembert", ENCODER, position_offset=True, tiny=_tiny("Camembert", **_ROBERTA)),
+    Architecture("deberta", ENCODER, tiny=_tiny("Deberta", **_ENC, max_position_embeddings=64)),
+    Architecture("deberta-v2", ENCODER,
+                 tiny=_tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
+                            pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16)),
+    Architecture("mpnet", ENCODER, tiny=_tiny("MPNet", **_ENC, max_position_embeddings=70)),
+    Architecture("ernie", ENCODER, tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64)),
+    Architecture("modernbert", ENCODER, pooling=_modernbert_pooling,
+                 tiny=_tiny("ModernBert", **_ENC, max_position_embeddings=64, cls_token_id=BOS, sep_token_id=EOS_ID,
+                            bos_token_id=BOS, eos_token_id=EOS_ID, global_attn_every_n_layers=1, local_attention=16)),
+    Architecture("xlm-roberta-xl", ENCODER, position_offset=True, tiny=_tiny("XLMRobertaXL", **_ROBERTA)),
+    # decoders
+    Architecture("gpt2", DECODER, tiny=_tiny("GPT2", n_embd=16, n_layer=2, n_head=2, n_positions=64,
+                                              initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
+    Architecture("gpt_neo", DECODER, tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
+                                                 attention_types=[[["global", "local"], 1]],
+                                                 max_position_embeddings=64)),
+    Architecture("gpt_neox", DECODER, tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64)),
+    Architecture("gptj", DECODER, tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4)),
+    Architecture("llama", DECODER, tiny=_tiny("Llama", **_ENC, num_key_value_heads=2, max_position_embeddings=64,
+                                              initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
+    Architecture("mistral", DECODER, tiny=_tiny("Mistral", **_DEC)),
+    Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1)),
+    Architecture("qwen2", DECODER, tiny=_tiny("Qwen2", **_DEC)),
+    Architecture("qwen3", DECODER, tiny=_tiny("Qwen3", **_DEC, head_dim=8)),
+    Architecture("gemma", DECODER, tiny=_tiny("Gemma", **_DEC, head_dim=8)),
+    Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8)),
+    Architecture("phi", DECODER, tiny=_tiny("Phi", **_ENC, max_position_embeddings=64)),
+    Architecture("phi3", DECODER, tiny=_tiny("Phi3", **_ENC, max_position_embeddings=64)),
+    Architecture("opt", DECODER, tiny=_tiny("OPT", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                            ffn_dim=24, max_position_embeddings=64, word_embed_proj_dim=16)),
+    Architecture("bloom", DECODER, tiny=_tiny("Bloom", hidden_size=16, n_layer=2, n_head=2)),
+    Architecture("falcon", DECODER, tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
+    # encoder-decoders: the head reads the decoder state at the last EOS
+    Architecture("bart", ENCODER_DECODER,
+                 tiny=_tiny("Bart", **_SEQ2SEQ, init_std=STD, forced_eos_token_id=None)),
+    Architecture("mbart", ENCODER_DECODER, tiny=_tiny("MBart", **_SEQ2SEQ)),
+    Architecture("t5", ENCODER_DECODER, tiny=_tiny("T5", d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
+                                                    eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)),
+]
+
+ARCHITECTURES: dict[str, Architecture] = {}
+# model_type -> display name of every architecture the LRP methods support (read by attnlens.lrp)
+LRP_SUPPORTED: dict[str, str] = {}
+
+
+def register_architecture(arch: Architecture) -> None:
+    """Describe ``arch.model_type`` (replacing any earlier entry of that type)."""
+    pooling = arch.pooling
+    if isinstance(pooling, str) and pooling not in POOLINGS:
+        raise ModelError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+    if isinstance(pooling, str):
+        arch.adapter.with_pooling(pooling)  # refuses a pooling the adapter cannot explain
+    ARCHITECTURES[arch.model_type] = arch
+    if arch.lrp is None:
+        LRP_SUPPORTED.pop(arch.model_type, None)
+    else:  # a replaced entry keeps its place in the list
+        LRP_SUPPORTED[arch.model_type] = arch.lrp.name
+
+
+def register_adapter(model_type: str, adapter: Adapter) -> None:
+    """Use ``adapter`` for models whose ``config.model_type`` is ``model_type`` (the other facts of an existing
+    entry are kept; a new type gets the defaults)."""
+    old = ARCHITECTURES.get(model_type)
+    register_architecture(replace(old, adapter=adapter) if old else Architecture(model_type, adapter))
+
+
+for _arch in _ENTRIES:
+    register_architecture(_arch)
+
+
+def architecture_for(config: Any) -> Architecture:
+    """The entry of ``config.model_type``; an unknown type gets a generic one from its config flags (encoder,
+    or decoder when ``config.is_decoder``); an unknown encoder-decoder type is refused."""
+    model_type = getattr(config, "model_type", "")
+    if model_type in ARCHITECTURES:
+        return ARCHITECTURES[model_type]
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelError(
+            f"encoder-decoder model type {model_type!r} has no adapter; supported: "
+            f"{', '.join(k for k, a in ARCHITECTURES.items() if a.family == 'encoder-decoder')} "
+            "(see attnlens.architectures.register_architecture)"
+        )
+    return Architecture(model_type, DECODER if getattr(config, "is_decoder", False) else ENCODER)
+
+
+def _config(model: nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ModelError(f"{type(model).__name__} is not a HuggingFace model (it has no config)")
+    return config
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter of ``model``'s architecture family, set to where its head reads."""
+    config = _config(model)
+    return architecture_for(config).adapter_for(config)
+
+
+def finds_last_token_by_padding(model: nn.Module) -> bool:
+    """Whether ``model``'s head cannot read a padded batch: a decoder-only classifier (GPT-2, Llama, ...) finds
+    each row's last real token by ``config.pad_token_id``, and without one refuses batches of more than one row.
+    Such models get one input per forward pass."""
+    return adapter_for(model).head_reads_pad_id and getattr(model.config, "pad_token_id", None) is None
+
+
+def build_tiny(
+    model_type: str,
+    *,
+    vocab_size: int,
+    pad_token_id: int,
+    bos_token_id: int,
+    eos_token_id: int,
+    num_labels: int = 2,
+    init_std: float = 0.3,
+    seed: int = 0,
+    attn: str = "eager",
+) -> nn.Module:
+    """A tiny random classifier of ``model_type`` from its entry's :class:`Tiny` recipe (for tests), in eval mode.
+
+    ``init_std`` replaces the config's ``initializer_range`` where the recipe asks for it (larger than HF's 0.02,
+    so attention is far from uniform and every method has signal)."""
+    import transformers
+
+    arch = ARCHITECTURES.get(model_type)
+    if arch is None or arch.tiny is None:
+        raise InputError(f"no tiny-model recipe for model type {model_type!r}")
+    slots = {PAD_ID: pad_token_id, BOS: bos_token_id, EOS_ID: eos_token_id, STD: init_std}
+    kwargs = {k: slots[v] if isinstance(v, _Slot) else v for k, v in arch.tiny.kwargs.items()}
+    torch.manual_seed(seed)
+    config = getattr(transformers, arch.tiny.config)(  # attn at construction: Falcon cannot switch afterwards
+        vocab_size=vocab_size, num_labels=num_labels, pad_token_id=pad_token_id, attn_implementation=attn, **kwargs
+    )
+    return getattr(transformers, arch.tiny.model)(config).eval()

@@ -1,0 +1,202 @@
+"""One entry per model type (attnlens.architectures): every type the README claims is built tiny from its entry
+and explained; the entries' facts (pooling, position offset, LRP support) reach the engine and the LRP patch."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
+
+from attnlens import Explainer, register_adapter
+from attnlens.adapters import DECODER, ENCODER, FIRST, LAST, MEAN, adapter_for
+from attnlens.architectures import (
+    ARCHITECTURES,
+    LRP_SUPPORTED,
+    Architecture,
+    Tiny,
+    architecture_for,
+    finds_last_token_by_padding,
+    register_architecture,
+)
+from attnlens.errors import ModelError
+from attnlens.lrp import SUPPORTED, supports
+from attnlens.methods import registry
+
+# The model types README.md claims, plus the ones added since (T5, XLM-RoBERTa-XL).
+README_TYPES = [
+    "bert", "distilbert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "deberta", "deberta-v2",
+    "mpnet", "ernie", "modernbert", "gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2",
+    "qwen3", "gemma", "gemma2", "phi", "phi3", "opt", "bloom", "falcon", "bart", "mbart",
+]
+ZOO = README_TYPES + ["t5", "xlm-roberta-xl"]
+TEXTS = ["i didn ' t like this boring film", "good"]  # the second is padded in the batch
+CAPTURE_METHODS = ["rawatt", "rollout", "attgrads", "gae", "attcat", "saliency"]
+IG = {"integratedgradients": {"n_steps": 4}}
+
+
+@pytest.fixture
+def restore_registry():
+    """Undo registrations made by a test (the tables are module-level)."""
+    saved = dict(ARCHITECTURES), dict(LRP_SUPPORTED)
+    yield
+    for table, old in zip((ARCHITECTURES, LRP_SUPPORTED), saved):
+        table.clear()
+        table.update(old)
+
+
+def test_every_claimed_type_has_an_entry_with_a_tiny_recipe():
+    missing = [t for t in ZOO if t not in ARCHITECTURES or ARCHITECTURES[t].tiny is None]
+    assert missing == []
+
+
+@pytest.mark.parametrize("model_type", ZOO)
+def test_every_type_is_built_and_explained(model_type, tokenizer):
+    model = make_model(model_type)
+    assert model.config.model_type == model_type
+    ex = Explainer(model, tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # methods="all" warns when it skips LRP on types without LRP support
+        batch = ex.explain(TEXTS, methods="all", options=IG)
+        alone = [ex.explain([t], methods="all", options=IG)[0] for t in TEXTS]
+    expected = set(registry.resolve_methods("all")) if supports(model) else None
+    for text, b, a in zip(TEXTS, batch, alone):
+        assert b.input_ids == tokenizer(text)["input_ids"]
+        assert b.scores.keys() == a.scores.keys()
+        if expected is not None:
+            assert set(b.scores) == expected
+        assert {"rawatt", "rollout", "gae", "attcat", "integratedgradients"} <= set(b.scores)
+        for m in b.scores:  # padding (in the batch) changes no score
+            assert np.isfinite(b.scores[m]).all(), m
+            np.testing.assert_allclose(b.scores[m], a.scores[m], atol=2e-4, rtol=1e-3, err_msg=m)
+        np.testing.assert_allclose(b.probabilities, a.probabilities, atol=1e-5)
+    # padded positions of the raw batch tensors are exactly zero
+    ctx, out = ex.compute_batch(ex.encode(TEXTS), [-1] * len(TEXTS),
+                                [registry.get_method(m) for m in CAPTURE_METHODS], {})
+    pad = ~ctx.token_mask.bool()
+    assert pad.any()
+    for m, (scores, _layers) in out.items():
+        assert torch.all(scores[pad] == 0), m
+
+
+@pytest.mark.parametrize("pooling, rows", [("cls", "first"), ("mean", "real")])
+def test_modernbert_is_explained_from_the_rows_its_head_reads(pooling, rows, tokenizer):
+    # classifier_pooling="mean" feeds the head the mean over the real tokens, so rawatt is the mean over the real
+    # query rows of the last layer's attention (not the [CLS] row, which the head never reads alone)
+    model = make_model("modernbert")
+    model.config.classifier_pooling = pooling
+    assert adapter_for(model).pooling == (MEAN if pooling == "mean" else FIRST)
+    ex = Explainer(model, tokenizer)
+    exps = ex.explain(TEXTS, methods=["rawatt"])
+    for text, e in zip(TEXTS, exps):
+        enc = tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            att = model(**enc, output_attentions=True).attentions[-1][0].mean(0)  # (Q, K) of one unpadded input
+        want = att.mean(0) if rows == "real" else att[0]
+        np.testing.assert_allclose(e.scores["rawatt"], want.numpy(), atol=1e-6)
+
+
+def test_t5_head_reads_the_decoder_at_the_last_eos(tokenizer):
+    model = make_model("t5")
+    ex = Explainer(model, tokenizer)
+    assert ex.adapter.family == "encoder-decoder" and ex.stream == "encoder"
+    enc = tokenizer(TEXTS[0], return_tensors="pt")
+    ids = enc["input_ids"]
+    assert int(ex.adapter.classification_index(ids, enc["attention_mask"], model.config)) == ids.shape[1] - 1
+    # the cross stream's scores are the last-EOS row of the last cross-attention layer (mean over heads)
+    (e,) = Explainer(model, tokenizer, attention="cross").explain([TEXTS[0]], methods=["rawatt"])
+    with torch.no_grad():
+        cross = model(**enc, output_attentions=True).cross_attentions[-1][0].mean(0)
+    np.testing.assert_allclose(e.scores["rawatt"], cross[ids.shape[1] - 1].numpy(), atol=1e-6)
+
+
+def test_position_offset_comes_from_the_entry():
+    # RoBERTa-like positions start after the padding index: 70 - (pad_token_id + 1) usable, where the rule reads
+    # a pad id of 0 as 1 (conservative: 68)
+    assert architecture_for(make_model("roberta").config).position_offset
+    tok = make_tokenizer()
+    tok.model_max_length = 10_000  # so the model's limit decides
+    for model_type, usable in [("roberta", 68), ("xlm-roberta-xl", 68), ("mpnet", 70), ("bert", 64)]:
+        assert Explainer(make_model(model_type), tok).max_length == usable, model_type
+
+
+def test_lrp_support_and_residual_sites_come_from_the_entries():
+    from attnlens.lrp.patch import residual_sites
+
+    assert list(SUPPORTED.values()) == ["BERT", "RoBERTa", "DistilBERT", "ALBERT", "ELECTRA"]
+    assert SUPPORTED is LRP_SUPPORTED
+    sites = {t: residual_sites(make_model(t)) for t in ["bert", "distilbert", "albert"]}
+    assert len(sites["bert"]) == 4  # attention and feed-forward output of 2 layers
+    assert len(sites["distilbert"]) == 4
+    assert len(sites["albert"]) == 2  # one layer shared by both layers: attention and feed-forward sums
+    model = make_model("albert")
+    model.albert.encoder.albert_layer_groups[0].albert_layers[0].chunk_size_feed_forward = 2
+    with pytest.raises(ModelError, match="ALBERT with chunked feed-forward"):
+        residual_sites(model)
+
+
+def test_a_new_model_type_is_one_entry(tokenizer, restore_registry):
+    # RoFormer is not in the table: one entry (adapter + tiny recipe) makes it explainable and buildable
+    assert "roformer" not in ARCHITECTURES
+    register_architecture(Architecture(
+        "roformer", ENCODER,
+        tiny=Tiny("RoFormerConfig", "RoFormerForSequenceClassification",
+                  dict(hidden_size=16, embedding_size=16, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=24, max_position_embeddings=64)),
+    ))
+    model = make_model("roformer")
+    ex = Explainer(model, tokenizer)
+    batch = ex.explain(TEXTS, methods=["rawatt", "gae", "attcat"])
+    for text, b in zip(TEXTS, batch):
+        (a,) = ex.explain([text], methods=["rawatt", "gae", "attcat"])
+        for m in b.scores:
+            np.testing.assert_allclose(b.scores[m], a.scores[m], atol=1e-5, err_msg=m)
+    assert not supports(model)  # no LRP facts declared
+
+
+def test_register_adapter_is_kept_as_an_alias(restore_registry):
+    model = make_model("bert")
+    register_adapter("bert", DECODER)
+    assert adapter_for(model).family == "decoder" and adapter_for(model).pooling == LAST
+    assert architecture_for(model.config).lrp is not None  # the entry's other facts are kept
+    assert finds_last_token_by_padding(model) is False  # it has a pad id
+    model.config.pad_token_id = None
+    assert finds_last_token_by_padding(model) is True
+    assert list(SUPPORTED)[0] == "bert"  # re-registering keeps the LRP list's order
+
+
+def test_unknown_types_fall_back_by_config_flags_and_bad_entries_are_refused(restore_registry):
+    bert = make_model("bert")
+    bert.config.model_type = "not-a-type"
+    assert adapter_for(bert).family == "encoder"
+    bert.config.is_decoder = True
+    assert adapter_for(bert).family == "decoder"
+    bert.config.is_encoder_decoder = True
+    with pytest.raises(ModelError, match="has no adapter; supported: bart, mbart, t5"):
+        adapter_for(bert)
+    with pytest.raises(ModelError, match="unknown pooling"):
+        register_architecture(Architecture("x", ENCODER, pooling="middle"))
+    with pytest.raises(ModelError, match="cannot explain a head with pooling 'mean'"):
+        register_architecture(Architecture("x", adapter_for(make_model("bart")), pooling=MEAN))
+    assert "x" not in ARCHITECTURES
+
+
+def test_tiny_models_use_the_shared_token_ids():
+    for model_type in ["bart", "t5", "gpt2"]:
+        c = make_model(model_type).config
+        assert c.vocab_size == V and c.pad_token_id == PAD
+    assert make_model("bart").config.eos_token_id == SEP and make_model("gpt2").config.bos_token_id == CLS
+
+
+def test_a_model_that_cannot_switch_to_eager_attention_is_refused(tokenizer):
+    # Falcon keeps the attention implementation it was built with: explaining it with SDPA gave padded-batch
+    # scores different from the single-input ones (silently wrong); now a one-line ModelError
+    model = make_model("falcon", attn="sdpa")
+    assert model.config._attn_implementation == "sdpa"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ModelError, match="cannot switch to eager attention.*attn_implementation='eager'"):
+            Explainer(model, tokenizer).explain(TEXTS, methods=["rawatt"])
+    assert model.config._attn_implementation == "sdpa"  # left as it was
