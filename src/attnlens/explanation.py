@@ -116,11 +116,13 @@ class Explanation:
             )
         return self.scores[method]
 
-    def ranking(self, method: str) -> list[int]:
-        """Positions of the non-special tokens, highest score first (ties keep token order)."""
+    def ranking(self, method: str, reverse: bool = False) -> list[int]:
+        """Positions of the non-special tokens, highest score first (``reverse``: lowest first); ties keep
+        token order. The one ranking of attnlens: top-k, the metrics and the benchmark all use it."""
         s = self._method_scores(method)
         candidates = [i for i, sp in enumerate(self.special) if not sp]
-        return sorted(candidates, key=lambda i: -float(s[i]))
+        sign = 1.0 if reverse else -1.0
+        return sorted(candidates, key=lambda i: sign * float(s[i]))
 
     def top_k(self, method: str, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` highest-scoring non-special tokens as ``(token, score)`` pairs, highest first.

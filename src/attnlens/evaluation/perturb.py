@@ -96,22 +96,6 @@ def predict_cached(predict: Predict, variants: Sequence[Variant], cache: dict[Va
         cache[v] = p
 
 
-def from_id_predictor(fn: Callable[..., np.ndarray]) -> Predict:
-    """Wrap ``fn(input_ids_list, token_type_ids_list=None) -> (n, C)`` (e.g. ``Explainer.predict_proba``).
-
-    Such a function cannot express attention masks, so ``mask`` perturbations raise :class:`InputError`.
-    """
-
-    def predict(variants: Sequence[Variant]) -> np.ndarray:
-        if any(v.attention_mask is not None and 0 in v.attention_mask for v in variants):
-            raise InputError("this predictor takes ids only; use drop='delete' or ModelPredictor for masking")
-        ids = [list(v.input_ids) for v in variants]
-        types = None if variants[0].token_type_ids is None else [list(v.token_type_ids or ()) for v in variants]
-        return np.asarray(fn(ids, token_type_ids_list=types))
-
-    return predict
-
-
 class ModelPredictor:
     """Batched, length-sorted, ``no_grad`` scoring of variants with a HuggingFace classifier.
 
@@ -133,7 +117,6 @@ class ModelPredictor:
         self.batch_size = 1 if finds_last_token_by_padding(model) else max(1, int(batch_size))
         self.fast_attention = fast_attention
         self.takes_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
-        self.n_forward = 0  # forward passes run, for timing reports
 
     @property
     def device(self) -> torch.device:
@@ -161,7 +144,6 @@ class ModelPredictor:
         with self._scoring():
             for idx, inputs in self._batches(variants):
                 logits = self.model(**inputs).logits.float()
-                self.n_forward += 1
                 probs = logits.softmax(-1).cpu().numpy()
                 if out is None:
                     out = np.zeros((len(variants), probs.shape[1]), dtype=np.float64)

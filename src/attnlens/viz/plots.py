@@ -21,6 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ..errors import InputError  # noqa: E402
+from ..evaluation.summary import best_methods  # noqa: E402  (the one tie rule, shared with the tables)
 from ..explanation import Explanation  # noqa: E402
 from .colors import (  # noqa: E402
     NEGATIVE_RGB,
@@ -344,17 +345,6 @@ def _method_colors(methods: Sequence[str]) -> dict[str, Any]:
     unique = list(dict.fromkeys(methods))
     cmap = plt.get_cmap("tab10" if len(unique) <= 10 else "tab20")
     return {m: cmap(i % cmap.N) for i, m in enumerate(unique)}
-
-
-def best_methods(summary: Mapping[str, Any], metric: str) -> list[str]:
-    """Methods with the best value of ``metric`` (by its ``lower_is_better`` flag); ties all count."""
-    info = (summary.get("metrics") or {}).get(metric, {})
-    values = {m: r.get(metric) for m, r in (summary.get("results") or {}).items() if _is_number(r.get(metric))}
-    if not values:
-        return []
-    pick = min if info.get("lower_is_better") else max
-    best = pick(values.values())
-    return [m for m, v in values.items() if math.isclose(v, best, rel_tol=1e-12, abs_tol=1e-12)]
 
 
 def _is_number(v: Any) -> bool:

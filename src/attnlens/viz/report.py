@@ -79,7 +79,7 @@ def _facts(summary: Mapping[str, Any]) -> str:
 
 
 def _results_table(summary: Mapping[str, Any]) -> str:
-    from .plots import best_methods
+    from ..evaluation.summary import best_methods
 
     results = summary.get("results") or {}
     methods = list(summary.get("methods") or results)
