@@ -102,3 +102,16 @@ def test_renderers_do_not_import_the_result_type():
     for bad in ("text", [exp, {"tokens": []}], [json.dumps(exp.to_dict())]):
         with pytest.raises(InputError, match="expected Explanation objects"):
             colors.prepare(bad, False)
+
+
+def test_explanation_files_read_json_lines_through_the_one_reader(tmp_path):
+    """JSON Lines are split on newlines only (str.splitlines also split on U+2028 inside a JSON string)."""
+    from attnlens.explanation import load_explanations
+
+    exp = Explanation("a\u2028b", ["a", "b"], [False, False], 0, 0, [1.0], {"m": np.array([1.0, 2.0])})
+    f = tmp_path / "e.jsonl"
+    f.write_text("".join(json.dumps(exp.to_dict(), ensure_ascii=False) + "\n" for _ in range(2)), encoding="utf-8")
+    assert [e.text for e in load_explanations(f)] == ["a\u2028b", "a\u2028b"]
+    f.write_text(json.dumps(exp.to_dict()) + "\n[1]\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"e.jsonl, line 2: expected a JSON object"):
+        load_explanations(f)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .data import iter_jsonl
 from .errors import InputError
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
@@ -336,13 +337,7 @@ def _read_dicts(path: str | Path) -> list[dict[str, Any]]:
         doc = json.loads(text)
         rows = doc if isinstance(doc, list) else [doc]
     except json.JSONDecodeError:  # several documents: JSON Lines
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path}, line {number}: not valid JSON ({exc.msg})") from None
+        rows = [row for _, row in iter_jsonl(path)]
     if not rows:
         raise InputError(f"{path} holds no explanations")
     for i, row in enumerate(rows):

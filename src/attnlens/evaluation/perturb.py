@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..adapters import finds_last_token_by_padding
-from ..batching import length_sorted_chunks, pad_batch
+from ..batching import length_sorted_chunks, pad_batch, predict_batches
 from ..errors import InputError
 from ..modelstate import EAGER, explaining
 
@@ -140,15 +140,12 @@ class ModelPredictor:
 
     def __call__(self, variants: Sequence[Variant]) -> np.ndarray:
         """Softmax probabilities ``(len(variants), n_classes)`` in input order."""
-        out: np.ndarray | None = None
-        with self._scoring():
-            for idx, inputs in self._batches(variants):
-                logits = self.model(**inputs).logits.float()
-                probs = logits.softmax(-1).cpu().numpy()
-                if out is None:
-                    out = np.zeros((len(variants), probs.shape[1]), dtype=np.float64)
-                out[idx] = probs
-        return out if out is not None else np.zeros((0, 0))
+        return predict_batches(
+            self.model, [v.input_ids for v in variants], self.pad_token_id, self.batch_size,
+            type_ids=[v.token_type_ids for v in variants], masks=[v.attention_mask for v in variants],
+            with_types=None if self.takes_token_types else False,
+            attention="sdpa" if self.fast_attention else EAGER,
+        )
 
     def hidden_states(self, variants: Sequence[Variant], positions: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Last-layer hidden states ``(len(positions[i]), D)`` of the given token positions of each variant.
