@@ -573,6 +573,39 @@ def score_examples(
     return out
 
 
+def consistency_of(
+    explanations: Mapping[int, Explanation],
+    labels: Mapping[int, int | None],
+    methods: Sequence[str],
+    scorer: Any,
+    config: EvalConfig,
+) -> dict[str, Any]:
+    """Consistency of each method: :func:`consistency` of the last-layer hidden states of the top
+    ``config.consistency_top`` tokens of the correctly classified examples (``explanations`` and gold ``labels`` by
+    example index; ``scorer.hidden_states(variants, positions)``, e.g. a
+    :class:`~attnlens.evaluation.perturb.ModelPredictor`, gives the states). Adds ``tokens`` and ``n_examples``."""
+    correct = [i for i in sorted(explanations) if labels[i] is not None and explanations[i].predicted == labels[i]]
+    positions = {i: {m: explanations[i].ranking(m)[: config.consistency_top] for m in methods} for i in correct}
+    union = {i: sorted({p for ps in positions[i].values() for p in ps}) for i in correct}
+    variants = [Variant.of(explanations[i].input_ids or [], explanations[i].token_type_ids) for i in correct]
+    states = scorer.hidden_states(variants, [union[i] for i in correct])
+    by_example = dict(zip(correct, states))
+    result = {}
+    for m in methods:
+        vecs, labs, tokens = [], [], []
+        for i in correct:
+            col = {p: r for r, p in enumerate(union[i])}
+            pos = positions[i][m]
+            vecs.append(by_example[i][[col[p] for p in pos]] if pos else np.zeros((0, 1)))
+            labs.append(int(labels[i]))
+            tokens.extend(explanations[i].tokens[p] for p in pos)
+        res = consistency(vecs, labs, seed=config.seed)
+        res["tokens"] = tokens
+        res["n_examples"] = len(correct)
+        result[m] = res
+    return result
+
+
 def consistency(vectors: Sequence[np.ndarray], labels: Sequence[int], seed: int = 0) -> dict[str, Any]:
     """Silhouette of token vectors clustered by label, and a 2-D PCA projection of them for plotting.
 
@@ -603,6 +636,6 @@ def consistency(vectors: Sequence[np.ndarray], labels: Sequence[int], seed: int 
 __all__ = [
     "ALL_METRICS", "CONSISTENCY", "CURVES", "DEFAULT_METRICS", "METRICS", "MODES", "PROTOCOLS", "EvalConfig",
     "ExampleScores", "Item", "Metric", "MetricInfo", "Result", "answer_token_positions", "attcat_code_counts",
-    "consistency", "kendall_other_classes", "kendall_tau", "mean_or_none", "metric_info", "paper_counts",
-    "precision_at_k", "resolve_metrics", "score_examples",
+    "consistency", "consistency_of", "kendall_other_classes", "kendall_tau", "mean_or_none", "metric_info",
+    "paper_counts", "precision_at_k", "resolve_metrics", "score_examples",
 ]

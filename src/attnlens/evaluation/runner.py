@@ -23,8 +23,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..data import Dataset
 from ..errors import InputError
 from ..explanation import Explanation
@@ -33,12 +31,12 @@ from .metrics import (
     EvalConfig,
     Item,
     answer_token_positions,
-    consistency,
+    consistency_of,
     kendall_other_classes,
     resolve_metrics,
     score_examples,
 )
-from .perturb import ModelPredictor, Predict, Variant
+from .perturb import ModelPredictor, Predict
 from .results import (
     FILES,
     FORMAT_VERSION,
@@ -405,29 +403,10 @@ def _consistency(
     config: EvalConfig,
     batch_size: int,
 ) -> dict[str, Any]:
-    """Silhouette + 2-D projection per method, from the cached explanations of correctly classified examples."""
+    """The data-set metric consistency, from the cached explanations of the explained classes."""
     main = {i: e for (i, role, _t), e in cached.items() if role == "explained"}
-    correct = [i for i in sorted(main) if dataset[i].label is not None and main[i].predicted == dataset[i].label]
-    positions = {i: {m: main[i].ranking(m)[: config.consistency_top] for m in methods} for i in correct}
-    union = {i: sorted({p for ps in positions[i].values() for p in ps}) for i in correct}
-    variants = [Variant.of(main[i].input_ids or [], main[i].token_type_ids) for i in correct]
-    scorer = ModelPredictor(explainer.model, config.pad_token_id, batch_size)
-    states = scorer.hidden_states(variants, [union[i] for i in correct])
-    by_example = dict(zip(correct, states))
-    result = {}
-    for m in methods:
-        vecs, labels, tokens = [], [], []
-        for i in correct:
-            col = {p: r for r, p in enumerate(union[i])}
-            pos = positions[i][m]
-            vecs.append(by_example[i][[col[p] for p in pos]] if pos else np.zeros((0, 1)))
-            labels.append(int(dataset[i].label))
-            tokens.extend(main[i].tokens[p] for p in pos)
-        res = consistency(vecs, labels, seed=config.seed)
-        res["tokens"] = tokens
-        res["n_examples"] = len(correct)
-        result[m] = res
-    return result
+    return consistency_of(main, {i: dataset[i].label for i in main}, methods,
+                          ModelPredictor(explainer.model, config.pad_token_id, batch_size), config)
 
 
 __all__ = ["run_benchmark"]
