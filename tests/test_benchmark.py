@@ -233,7 +233,7 @@ def test_model_predictor_on_a_tiny_bert():
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
-    from attnlens.evaluation import ModelPredictor, from_id_predictor
+    from attnlens.evaluation import ModelPredictor
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
@@ -255,10 +255,6 @@ def test_model_predictor_on_a_tiny_bert():
                      output_hidden_states=True).hidden_states[-1][0]
         np.testing.assert_allclose(states[0], full[[1, 3]].numpy(), atol=1e-5)
         assert states[1].shape == (1, 16)
-    ids_only = from_id_predictor(lambda ids, token_type_ids_list=None: np.full((len(ids), 2), 0.5))
-    assert ids_only(vs[:2]).shape == (2, 2)
-    with pytest.raises(InputError, match="ids only"):
-        ids_only(vs[2:])
 
 
 TOKENIZER = MODEL  # the reference model's WordPiece tokenizer (a fast tokenizer with offsets)

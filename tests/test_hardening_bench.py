@@ -21,7 +21,8 @@ from test_benchmark import CONFIG, METRICS, FakeExplainer, bench, dataset, linea
 
 from attnlens.cli import main
 from attnlens.errors import InputError
-from attnlens.evaluation.runner import LOCK_FILE, results_lock, run_benchmark
+from attnlens.evaluation.results import LOCK_FILE, results_lock
+from attnlens.evaluation.runner import run_benchmark
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
@@ -54,7 +55,7 @@ def _holder(out: Path) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from attnlens.evaluation.runner import results_lock
+        from attnlens.evaluation.results import results_lock
         with results_lock(Path({str(out)!r})):
             print("locked", flush=True)
             time.sleep(600)

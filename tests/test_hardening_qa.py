@@ -322,7 +322,7 @@ def test_benchmark_refuses_a_multi_label_model(multi, tmp_path):
 def test_precision_at_k_is_a_documented_count_everywhere(tmp_path):
     from attnlens.evaluation import EvalConfig, precision_at_k
     from attnlens.evaluation.metrics import metric_info
-    from attnlens.evaluation.runner import write_tables
+    from attnlens.evaluation.summary import write_tables
 
     # hand-made: ranking of the real tokens by score is 3, 1, 4, 2, 5; the answer is tokens 1, 2, 5
     exp = Explanation(text="a b c d e", tokens=["[CLS]", "a", "b", "c", "d", "e", "[SEP]"],

@@ -1,10 +1,15 @@
-"""Length-sorted, right-padded batches of token-id sequences: the one place where attnlens pads inputs."""
+"""Length-sorted, right-padded batches of token-id sequences: the one place where attnlens pads inputs, and the
+one batched scorer of token-id sequences (:func:`predict_batches`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
+from torch import nn
+
+from .modelstate import explaining
 
 
 def length_sorted_chunks(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
@@ -46,3 +51,46 @@ def pad_batch(
                 types[b, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
         inputs["token_type_ids"] = types.to(device)
     return inputs, token_mask.to(device)
+
+
+def softmax(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Class probabilities of a single-label classifier's logits."""
+    return logits.float().softmax(-1)
+
+
+def predict_batches(
+    model: nn.Module,
+    ids: Sequence[Sequence[int]],
+    pad_id: int,
+    batch_size: int,
+    *,
+    type_ids: Sequence[Sequence[int] | None] | None = None,
+    masks: Sequence[Sequence[int] | None] | None = None,
+    with_types: bool | None = False,
+    probabilities: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = softmax,
+    attention: str = "sdpa",
+) -> np.ndarray:
+    """Probabilities ``(len(ids), C)`` of token-id sequences of any lengths, in input order.
+
+    Length-sorted batches of ``batch_size``, right-padded with ``pad_id``, under ``torch.no_grad()``, with the
+    model in eval mode and its attention set to ``attention`` (SDPA: no attention probabilities are needed), both
+    restored afterwards. ``probabilities(logits, attention_mask)`` turns logits into probabilities (softmax by
+    default; a head's own rule, e.g. multi-label sigmoids). ``with_types``: pass token types (zeros where a
+    sequence has none); ``None``: only in batches where every sequence has them. No sequences: ``(0, 0)``.
+    """
+    device = next(model.parameters()).device
+    out: np.ndarray | None = None
+    with explaining(model, attention), torch.no_grad():
+        for idx in length_sorted_chunks([len(x) for x in ids], batch_size):
+            types = None if type_ids is None else [type_ids[i] for i in idx]
+            batch_types = with_types if with_types is not None else (
+                types is not None and all(t is not None for t in types))
+            inputs, _ = pad_batch(
+                [ids[i] for i in idx], pad_id, device, type_ids=types,
+                masks=None if masks is None else [masks[i] for i in idx], with_types=batch_types,
+            )
+            probs = probabilities(model(**inputs).logits, inputs["attention_mask"]).float().cpu().numpy()
+            if out is None:
+                out = np.zeros((len(ids), probs.shape[1]), dtype=np.float64)
+            out[idx] = probs
+    return out if out is not None else np.zeros((0, 0))

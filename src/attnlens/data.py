@@ -249,11 +249,14 @@ def _open_text(path: Path):
     return path.open("r", encoding="utf-8")
 
 
-def iter_jsonl(path: str | os.PathLike[str], what: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(
+    path: str | os.PathLike[str], what: str | None = None, *, skip_bad: bool = False
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for each non-blank line of a JSON Lines file (optionally gzipped).
 
     A line that is not a JSON object raises :class:`InputError` naming the file and line (``what`` replaces the
-    file name in messages, e.g. ``"--file x.jsonl"``).
+    file name in messages, e.g. ``"--file x.jsonl"``); with ``skip_bad`` it is skipped instead (files written
+    by attnlens itself, whose only bad line is one torn by an interruption).
     """
     path = Path(path)
     where = what or str(path)
@@ -265,8 +268,12 @@ def iter_jsonl(path: str | os.PathLike[str], what: str | None = None) -> Iterato
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
+                    if skip_bad:
+                        continue
                     raise InputError(f"{where}, line {lineno}: not valid JSON ({exc.msg})") from None
                 if not isinstance(row, dict):
+                    if skip_bad:
+                        continue
                     raise InputError(f"{where}, line {lineno}: expected a JSON object")
                 yield lineno, row
     except (OSError, UnicodeDecodeError) as exc:

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from . import __version__
 from .adapters import Adapter
 from .architectures import adapter_for, architecture_for, finds_last_token_by_padding
-from .batching import length_sorted_chunks, pad_batch
+from .batching import length_sorted_chunks, pad_batch, predict_batches
 from .capture import run_capture
 from .context import TARGET_KINDS, BatchContext
 from .errors import InputError, ModelError
@@ -622,16 +622,6 @@ class Explainer:
         return explanations
 
     # ------------------------------------------------------------ prediction
-    @torch.no_grad()
-    def _probabilities(
-        self,
-        ids: Sequence[Sequence[int]],
-        type_ids: Sequence[Sequence[int] | None] | None = None,
-        masks: Sequence[Sequence[int]] | None = None,
-    ) -> np.ndarray:
-        inputs, _ = self._inputs(ids, type_ids, masks)
-        return self.head.probabilities(self.model(**inputs).logits, inputs["attention_mask"]).cpu().numpy()
-
     def predict_proba(
         self,
         input_ids: Sequence[Sequence[int]],
@@ -651,16 +641,9 @@ class Explainer:
         for i, ids in enumerate(input_ids):
             if len(ids) == 0 or min(ids) < 0 or max(ids) >= rows:
                 raise InputError(f"input_ids[{i}] must be a non-empty list of token ids in 0..{rows - 1}")
-        size = self._effective_batch_size(batch_size)
-        out = np.zeros((len(input_ids), int(self.model.config.num_labels)))
-        with explaining(self.model, "sdpa"):  # no attention probabilities needed: the faster kernel
-            for idx in length_sorted_chunks([len(x) for x in input_ids], size):
-                out[idx] = self._probabilities(
-                    [input_ids[i] for i in idx],
-                    None if token_type_ids is None else [token_type_ids[i] for i in idx],
-                    None if attention_masks is None else [attention_masks[i] for i in idx],
-                )
-        return out
+        return predict_batches(self.model, input_ids, self.pad_id, self._effective_batch_size(batch_size),
+                               type_ids=token_type_ids, masks=attention_masks, with_types=self._takes_token_types,
+                               probabilities=self.head.probabilities)
 
     @torch.no_grad()
     def attention_maps(self, text: TextInput) -> tuple[list[str], list[bool], np.ndarray]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .data import iter_jsonl
 from .errors import InputError
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
@@ -116,11 +117,13 @@ class Explanation:
             )
         return self.scores[method]
 
-    def ranking(self, method: str) -> list[int]:
-        """Positions of the non-special tokens, highest score first (ties keep token order)."""
+    def ranking(self, method: str, reverse: bool = False) -> list[int]:
+        """Positions of the non-special tokens, highest score first (``reverse``: lowest first); ties keep
+        token order. The one ranking of attnlens: top-k, the metrics and the benchmark all use it."""
         s = self._method_scores(method)
         candidates = [i for i, sp in enumerate(self.special) if not sp]
-        return sorted(candidates, key=lambda i: -float(s[i]))
+        sign = 1.0 if reverse else -1.0
+        return sorted(candidates, key=lambda i: sign * float(s[i]))
 
     def top_k(self, method: str, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` highest-scoring non-special tokens as ``(token, score)`` pairs, highest first.
@@ -334,13 +337,7 @@ def _read_dicts(path: str | Path) -> list[dict[str, Any]]:
         doc = json.loads(text)
         rows = doc if isinstance(doc, list) else [doc]
     except json.JSONDecodeError:  # several documents: JSON Lines
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path}, line {number}: not valid JSON ({exc.msg})") from None
+        rows = [row for _, row in iter_jsonl(path)]
     if not rows:
         raise InputError(f"{path} holds no explanations")
     for i, row in enumerate(rows):

@@ -141,16 +141,6 @@ class MetricInfo:
         }
 
 
-def ranking(exp: Explanation, method: str, reverse: bool = False) -> list[int]:
-    """Real-token positions by signed score, highest first (``reverse``: lowest first); ties keep token order."""
-    if method not in exp.scores:
-        raise InputError(f"explanation has no scores for {method!r}; it has {', '.join(exp.scores) or 'none'}")
-    s = np.asarray(exp.scores[method], dtype=np.float64)
-    cands = [i for i, sp in enumerate(exp.special) if not sp]
-    sign = 1.0 if reverse else -1.0
-    return sorted(cands, key=lambda i: sign * s[i])
-
-
 def paper_counts(n: int, fractions: Sequence[float]) -> list[int]:
     """``round(f·n)`` for each fraction (NumPy rounding, half to even)."""
     return [int(np.round(f * n)) for f in fractions]
@@ -187,6 +177,12 @@ class Metric:
     def compute(self, item: Item, method: str, probs: Mapping[Variant, np.ndarray]) -> Result:
         raise NotImplementedError
 
+    def curve(self, rows: Mapping[str, Sequence[Mapping[str, Any]]],
+              baselines: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+        """This metric's curve for ``summary.json`` from the complete ``examples.jsonl`` rows (``rows``: method
+        -> its rows; ``baselines``: the method-independent rows), or ``None`` for a metric without one."""
+        return None
+
     # helpers
     def scored_class(self, item: Item, probs: Mapping[Variant, np.ndarray]) -> int:
         """The class whose probability is tracked: ŷ (paper) or the gold label (attcat-code)."""
@@ -217,7 +213,7 @@ class _LevelMetric(Metric):
         levels = self.levels(item)
         if levels is None:
             return [item.base]
-        order = ranking(item.exp, method)
+        order = item.exp.ranking(method)
         return [item.base] + [self.variant(item, order, c) for c in levels]
 
     def compute(self, item: Item, method: str, probs: Mapping[Variant, np.ndarray]) -> Result:
@@ -226,7 +222,7 @@ class _LevelMetric(Metric):
             return Result(None)
         c = self.scored_class(item, probs)
         p0 = float(probs[item.base][c])
-        order = ranking(item.exp, method)
+        order = item.exp.ranking(method)
         pk = [float(probs[self.variant(item, order, k)][c]) for k in levels]
         per_level = [self.combine(p0, p) for p in pk]
         return Result(float(np.mean(per_level)), per_level)
@@ -244,6 +240,21 @@ class AOPC(_LevelMetric):
 
     def combine(self, p0: float, pk: float) -> float:
         return abs(p0 - pk) if self.config.protocol == "attcat-code" else p0 - pk
+
+    def curve(self, rows: Mapping[str, Sequence[Mapping[str, Any]]],
+              baselines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Per method, the mean drop at each deleted fraction (over the examples with every level)."""
+        if self.config.protocol == "attcat-code":
+            fractions = [float(g) for g in np.linspace(0, 1, 10)[1:]]
+        else:
+            fractions = [k / 10 for k in range(11)]
+        out = {}
+        for m, method_rows in rows.items():
+            levels = [r["details"]["aopc"] for r in method_rows
+                      if r.get("details", {}).get("aopc") is not None and len(r["details"]["aopc"]) == len(fractions)]
+            drop = [float(np.mean(col)) for col in zip(*levels)] if levels else []
+            out[m] = {"fractions": fractions, "drop": drop}
+        return out
 
 
 class LOdds(_LevelMetric):
@@ -307,7 +318,7 @@ class Occlusion(Metric):
     def orders(self, item: Item, method: str | None) -> dict[str, list[int]]:
         if method is None:
             return {"random": self.random_order(item)}
-        return {"top": ranking(item.exp, method), "bottom": ranking(item.exp, method, reverse=True)}
+        return {"top": item.exp.ranking(method), "bottom": item.exp.ranking(method, reverse=True)}
 
     def requests(self, item: Item, method: str | None) -> list[Variant]:
         return [v for order in self.orders(item, method).values() for v in self._variants(item, order)]
@@ -322,6 +333,27 @@ class Occlusion(Metric):
         key = "random" if method is None else "top"
         nonzero = [c for k, c in zip(self.config.occlusion_counts, curves[key]) if k > 0]
         return Result(float(np.mean(nonzero)) if nonzero else None, curves)
+
+    def curve(self, rows: Mapping[str, Sequence[Mapping[str, Any]]],
+              baselines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Accuracy (and accuracy relative to the unperturbed one) per count: random, then each method's top
+        and bottom strategies."""
+        series = {}
+        rand = [b["baseline"]["occlusion_random"] for b in baselines if "occlusion_random" in b.get("baseline", {})]
+        if rand:
+            series["random"] = _accuracy_series(rand)
+        for m, method_rows in rows.items():
+            occ = [r["details"]["occlusion"] for r in method_rows if "occlusion" in r.get("details", {})]
+            if occ:
+                series[f"{m}:top"] = _accuracy_series([o["top"] for o in occ])
+                series[f"{m}:bottom"] = _accuracy_series([o["bottom"] for o in occ])
+        return {"k": list(self.config.occlusion_counts), "drop": self.config.occlusion_drop, "series": series}
+
+
+def _accuracy_series(flags: Sequence[Sequence[int]]) -> dict[str, list[float | None]]:
+    acc = [float(np.mean(col)) for col in zip(*flags)]
+    rel = [a / acc[0] if acc and acc[0] > 0 else None for a in acc]
+    return {"accuracy": acc, "relative": rel}
 
 
 class Kendall(Metric):
@@ -397,12 +429,21 @@ class PrecisionAtK(Metric):
         return Result(float(precision_at_k(item.exp, method, item.answer_tokens, self.config.precision_k)),
                       len(set(item.answer_tokens)))
 
+    def curve(self, rows: Mapping[str, Sequence[Mapping[str, Any]]],
+              baselines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """K, the mean number of answer tokens and the best reachable mean (the same for every method)."""
+        first = next(iter(rows.values()), [])
+        spans = [r["details"]["precision_at_k"] for r in first
+                 if r.get("details", {}).get("precision_at_k") is not None]
+        k = self.config.precision_k
+        return {"k": k, "answer_tokens": mean_or_none(spans), "perfect": mean_or_none([min(n, k) for n in spans])}
+
 
 def precision_at_k(exp: Explanation, method: str, answer_tokens: Sequence[int], k: int = 20) -> int:
     """How many of the gold-answer token positions are among the ``k`` best-ranked real tokens: a count in
     ``[0, min(k, len(answer_tokens))]`` (the AttCAT code's ``cal_count``), not a fraction; divide by ``k`` for
     precision in the information-retrieval sense."""
-    return len(set(ranking(exp, method)[:k]) & set(int(t) for t in answer_tokens))
+    return len(set(exp.ranking(method)[:k]) & set(int(t) for t in answer_tokens))
 
 
 def answer_token_positions(exp: Explanation, answers: Sequence[Mapping[str, Any]], context_sequence: int = 1,
@@ -441,7 +482,14 @@ METRICS: dict[str, type[Metric]] = {
     "precision_at_k": PrecisionAtK,
 }
 ALL_METRICS = [*METRICS, "consistency"]
+CURVES = ("occlusion", "aopc", "precision_at_k")  # the metrics with a summary curve, in summary.json's order
 DEFAULT_METRICS = ("aopc", "lodds", "kendall")
+
+
+def mean_or_none(values: Sequence[float | None]) -> float | None:
+    """Mean of the values that are not ``None``; ``None`` if there are none."""
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
 
 
 def metric_info(name: str, config: EvalConfig | None = None) -> MetricInfo:
@@ -525,6 +573,39 @@ def score_examples(
     return out
 
 
+def consistency_of(
+    explanations: Mapping[int, Explanation],
+    labels: Mapping[int, int | None],
+    methods: Sequence[str],
+    scorer: Any,
+    config: EvalConfig,
+) -> dict[str, Any]:
+    """Consistency of each method: :func:`consistency` of the last-layer hidden states of the top
+    ``config.consistency_top`` tokens of the correctly classified examples (``explanations`` and gold ``labels`` by
+    example index; ``scorer.hidden_states(variants, positions)``, e.g. a
+    :class:`~attnlens.evaluation.perturb.ModelPredictor`, gives the states). Adds ``tokens`` and ``n_examples``."""
+    correct = [i for i in sorted(explanations) if labels[i] is not None and explanations[i].predicted == labels[i]]
+    positions = {i: {m: explanations[i].ranking(m)[: config.consistency_top] for m in methods} for i in correct}
+    union = {i: sorted({p for ps in positions[i].values() for p in ps}) for i in correct}
+    variants = [Variant.of(explanations[i].input_ids or [], explanations[i].token_type_ids) for i in correct]
+    states = scorer.hidden_states(variants, [union[i] for i in correct])
+    by_example = dict(zip(correct, states))
+    result = {}
+    for m in methods:
+        vecs, labs, tokens = [], [], []
+        for i in correct:
+            col = {p: r for r, p in enumerate(union[i])}
+            pos = positions[i][m]
+            vecs.append(by_example[i][[col[p] for p in pos]] if pos else np.zeros((0, 1)))
+            labs.append(int(labels[i]))
+            tokens.extend(explanations[i].tokens[p] for p in pos)
+        res = consistency(vecs, labs, seed=config.seed)
+        res["tokens"] = tokens
+        res["n_examples"] = len(correct)
+        result[m] = res
+    return result
+
+
 def consistency(vectors: Sequence[np.ndarray], labels: Sequence[int], seed: int = 0) -> dict[str, Any]:
     """Silhouette of token vectors clustered by label, and a 2-D PCA projection of them for plotting.
 
@@ -553,8 +634,8 @@ def consistency(vectors: Sequence[np.ndarray], labels: Sequence[int], seed: int 
 
 
 __all__ = [
-    "ALL_METRICS", "CONSISTENCY", "DEFAULT_METRICS", "METRICS", "MODES", "PROTOCOLS", "EvalConfig", "ExampleScores",
-    "Item", "Metric", "MetricInfo", "Result", "answer_token_positions", "attcat_code_counts", "consistency",
-    "kendall_other_classes", "kendall_tau", "metric_info", "paper_counts", "precision_at_k", "ranking",
-    "resolve_metrics", "score_examples",
+    "ALL_METRICS", "CONSISTENCY", "CURVES", "DEFAULT_METRICS", "METRICS", "MODES", "PROTOCOLS", "EvalConfig",
+    "ExampleScores", "Item", "Metric", "MetricInfo", "Result", "answer_token_positions", "attcat_code_counts",
+    "consistency", "consistency_of", "kendall_other_classes", "kendall_tau", "mean_or_none", "metric_info",
+    "paper_counts", "precision_at_k", "resolve_metrics", "score_examples",
 ]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..adapters import finds_last_token_by_padding
-from ..batching import length_sorted_chunks, pad_batch
+from ..batching import length_sorted_chunks, pad_batch, predict_batches
 from ..errors import InputError
 from ..modelstate import EAGER, explaining
 
@@ -96,22 +96,6 @@ def predict_cached(predict: Predict, variants: Sequence[Variant], cache: dict[Va
         cache[v] = p
 
 
-def from_id_predictor(fn: Callable[..., np.ndarray]) -> Predict:
-    """Wrap ``fn(input_ids_list, token_type_ids_list=None) -> (n, C)`` (e.g. ``Explainer.predict_proba``).
-
-    Such a function cannot express attention masks, so ``mask`` perturbations raise :class:`InputError`.
-    """
-
-    def predict(variants: Sequence[Variant]) -> np.ndarray:
-        if any(v.attention_mask is not None and 0 in v.attention_mask for v in variants):
-            raise InputError("this predictor takes ids only; use drop='delete' or ModelPredictor for masking")
-        ids = [list(v.input_ids) for v in variants]
-        types = None if variants[0].token_type_ids is None else [list(v.token_type_ids or ()) for v in variants]
-        return np.asarray(fn(ids, token_type_ids_list=types))
-
-    return predict
-
-
 class ModelPredictor:
     """Batched, length-sorted, ``no_grad`` scoring of variants with a HuggingFace classifier.
 
@@ -133,7 +117,6 @@ class ModelPredictor:
         self.batch_size = 1 if finds_last_token_by_padding(model) else max(1, int(batch_size))
         self.fast_attention = fast_attention
         self.takes_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
-        self.n_forward = 0  # forward passes run, for timing reports
 
     @property
     def device(self) -> torch.device:
@@ -157,16 +140,12 @@ class ModelPredictor:
 
     def __call__(self, variants: Sequence[Variant]) -> np.ndarray:
         """Softmax probabilities ``(len(variants), n_classes)`` in input order."""
-        out: np.ndarray | None = None
-        with self._scoring():
-            for idx, inputs in self._batches(variants):
-                logits = self.model(**inputs).logits.float()
-                self.n_forward += 1
-                probs = logits.softmax(-1).cpu().numpy()
-                if out is None:
-                    out = np.zeros((len(variants), probs.shape[1]), dtype=np.float64)
-                out[idx] = probs
-        return out if out is not None else np.zeros((0, 0))
+        return predict_batches(
+            self.model, [v.input_ids for v in variants], self.pad_token_id, self.batch_size,
+            type_ids=[v.token_type_ids for v in variants], masks=[v.attention_mask for v in variants],
+            with_types=None if self.takes_token_types else False,
+            attention="sdpa" if self.fast_attention else EAGER,
+        )
 
     def hidden_states(self, variants: Sequence[Variant], positions: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Last-layer hidden states ``(len(positions[i]), D)`` of the given token positions of each variant.

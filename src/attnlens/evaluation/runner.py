@@ -15,62 +15,44 @@ always computed from the files, so a resumed run gives the same totals as an uni
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import dataclasses
 import json
-import math
-import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ..data import Dataset
 from ..errors import InputError
 from ..explanation import Explanation
 from ..paths import check_output_path
 from .metrics import (
-    METRICS,
     EvalConfig,
     Item,
     answer_token_positions,
-    consistency,
+    consistency_of,
     kendall_other_classes,
-    metric_info,
-    ranking,
     resolve_metrics,
     score_examples,
 )
-from .perturb import ModelPredictor, Predict, Variant
-
-try:  # POSIX advisory locks; elsewhere the results directory is not locked
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
-
-FORMAT_VERSION = 1
-FILES = ("examples.jsonl", "explanations.jsonl", "summary.json", "table.md", "table.csv", "run.json")
-LOCK_FILE = ".lock"
-
-
-# ----------------------------------------------------------------- predictors
-def explainer_predictor(explainer: Any, batch_size: int = 64) -> Predict:
-    """``predict(variants)`` through ``Explainer.predict_proba`` (attention masks included)."""
-
-    def predict(variants: Sequence[Variant]) -> np.ndarray:
-        ids = [list(v.input_ids) for v in variants]
-        types = [None if v.token_type_ids is None else list(v.token_type_ids) for v in variants]
-        has_types = all(t is not None for t in types)
-        masks = [list(v.attention_mask) if v.attention_mask is not None else [1] * len(v) for v in variants]
-        return np.asarray(
-            explainer.predict_proba(ids, types if has_types else None, masks, batch_size=batch_size)
-        )
-
-    return predict
+from .perturb import ModelPredictor, Predict
+from .results import (
+    FILES,
+    FORMAT_VERSION,
+    BenchmarkSettings,
+    append_rows,
+    complete_examples,
+    example_rows,
+    explanation_cache,
+    read_rows,
+    read_run,
+    results_lock,
+    rewrite_rows,
+    target_key,
+    write_json,
+)
+from .summary import summarize
 
 
 # ------------------------------------------------------------------ helpers
@@ -86,122 +68,7 @@ def _class_specific(methods: Sequence[str]) -> dict[str, bool]:
     return out
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Complete lines of a JSONL file; a torn last line (interrupted write) is cut off the file."""
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    end = raw.rfind(b"\n") + 1
-    if end < len(raw):
-        with path.open("r+b") as f:
-            f.truncate(end)
-        raw = raw[:end]
-    rows = []
-    for line in raw.decode("utf-8").splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
-def _append_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    with path.open("a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
-        f.flush()
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
-def _mean(values: Sequence[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return float(np.mean(vals)) if vals else None
-
-
-@contextlib.contextmanager
-def results_lock(out: Path) -> Iterator[None]:
-    """Hold ``out/.lock`` while writing ``out``: an exclusive ``flock`` on a file holding our pid.
-
-    A second writer gets :class:`InputError` naming the holder's pid. The kernel drops the lock when its holder
-    exits, however it exits, so a lock file left by a killed run is simply taken over.
-    """
-    if fcntl is None:  # pragma: no cover
-        yield
-        return
-    path = out / LOCK_FILE
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise InputError(
-                f"{out} is being written by another benchmark (pid {holder}); wait for it to end or use another --out"
-            ) from None
-        except OSError as exc:  # a file system without flock (some network mounts): go on unlocked
-            os.close(fd)
-            warnings.warn(f"cannot lock {path} ({exc.strerror}); do not run two benchmarks on {out}", stacklevel=3)
-            yield
-            return
-        try:  # the previous holder may have unlinked the file between our open and flock: lock the live one
-            live = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            live = False
-        if live:
-            break
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        os.close(fd)  # releases the lock
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (a kill leaves the old or the new file, never a torn one)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _read_run(path: Path) -> dict[str, Any]:
-    try:
-        run = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        run = None
-    if not isinstance(run, dict) or not isinstance(run.get("settings"), dict):
-        raise InputError(f"{path} is not a readable run file; use --overwrite to start over")
-    return run
-
-
 # --------------------------------------------------------------------- runner
-@dataclasses.dataclass
-class BenchmarkSettings:
-    """What a results directory was made with; a resumed run must match it."""
-
-    model: str
-    dataset: str
-    split: str
-    example_ids: list[str]
-    methods: list[str]
-    metrics: list[str]
-    config: dict[str, Any]
-    explain_options: dict[str, Any]
-    target_kind: str
-    target: str = "predicted"
-
-    def key(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 def run_benchmark(
     explainer: Any,
     dataset: Dataset,
@@ -352,7 +219,7 @@ def _run_locked(
     run_file = out / "run.json"
     previous_seconds = 0.0
     if resume and run_file.exists():
-        prev = _read_run(run_file)
+        prev = read_run(run_file)
         now = json.loads(json.dumps(settings.key()))
         before = {"target": "predicted", **prev["settings"]}  # runs made before the target option
         if before != now:
@@ -370,7 +237,7 @@ def _run_locked(
     def save_run() -> float:
         """Record the settings and the cumulative compute time (after every chunk: a kill loses one chunk's)."""
         seconds = previous_seconds + time.perf_counter() - t_start
-        _write_json(run_file, {"format": FORMAT_VERSION, "settings": settings.key(), "seconds": seconds})
+        write_json(run_file, {"format": FORMAT_VERSION, "settings": settings.key(), "seconds": seconds})
         return seconds
 
     save_run()
@@ -378,12 +245,12 @@ def _run_locked(
     kendall_methods = [m for m in method_ids if class_specific[m]] if "kendall" in metric_ids else []
 
     ex_path, exp_path = out / "examples.jsonl", out / "explanations.jsonl"
-    rows = _read_jsonl(ex_path)
-    done = _complete_examples(rows, method_ids)
+    rows = read_rows(ex_path)
+    done = complete_examples(rows, method_ids)
     if len(done) * (len(method_ids) + 1) != len(rows):  # drop lines of half-written examples
         rows = [r for r in rows if r["index"] in done]
-        ex_path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    cached = _explanation_cache(_read_jsonl(exp_path))
+        rewrite_rows(ex_path, rows)
+    cached = explanation_cache(read_rows(exp_path))
 
     todo = [i for i in range(len(dataset)) if i not in done]
     timing = {"explain_seconds": 0.0, "evaluate_seconds": 0.0, "consistency_seconds": 0.0}
@@ -407,7 +274,7 @@ def _run_locked(
             t1 = time.perf_counter()
             bar.set_postfix_str("scoring", refresh=True)
             scores = score_examples(items, method_ids, metric_ids, predict, config, class_specific)
-            _append_jsonl(ex_path, _example_rows(dataset, items, scores, method_ids))
+            append_rows(ex_path, example_rows(dataset, items, scores, method_ids))
             timing["explain_seconds"] += t1 - t0
             timing["evaluate_seconds"] += time.perf_counter() - t1
             processed += len(chunk)
@@ -416,7 +283,7 @@ def _run_locked(
     finally:
         bar.close()
         save_run()
-    complete = len(_complete_examples(_read_jsonl(ex_path), method_ids)) == len(dataset)
+    complete = len(complete_examples(read_rows(ex_path), method_ids)) == len(dataset)
     t2 = time.perf_counter()
     consist = None
     if "consistency" in metric_ids and complete:
@@ -450,34 +317,10 @@ def _applicable_methods(methods: Any, explainer: Any, resolve: Callable[[Any], l
     return [m for m in ids if m not in skipped]
 
 
-def _tkey(target: Any) -> Any:
-    """Hashable form of a target: a class index, or a (start, end) pair for QA."""
-    return tuple(int(t) for t in target) if isinstance(target, (list, tuple)) else int(target)
-
-
 def _pad_id(explainer: Any) -> int | None:
     tok = getattr(explainer, "tokenizer", None)
     pid = getattr(tok, "pad_token_id", None)
     return pid if pid is not None else getattr(explainer.model.config, "pad_token_id", None)
-
-
-def _complete_examples(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> set[int]:
-    seen: dict[int, set[Any]] = {}
-    for r in rows:
-        seen.setdefault(int(r["index"]), set()).add(r.get("method"))
-    need = set(methods) | {None}
-    return {i for i, s in seen.items() if need <= s}
-
-
-def _explanation_cache(rows: Sequence[dict[str, Any]]) -> dict[tuple[int, str, Any], Explanation]:
-    out = {}
-    for r in rows:
-        meta = r.get("meta") or {}
-        if "example_index" in meta:
-            out[(int(meta["example_index"]), meta.get("benchmark_role", "explained"), _tkey(r["target"]))] = (
-                Explanation.from_dict(r)
-            )
-    return out
 
 
 def _explain_chunk(
@@ -517,9 +360,9 @@ def _explain_chunk(
         for i, e in zip(missing, exps):
             e.meta = {**e.meta, "example_index": i, "example_id": dataset[i].id, "benchmark_role": "explained"}
             main[i] = e
-            cached[(i, "explained", _tkey(e.target))] = e
+            cached[(i, "explained", target_key(e.target))] = e
             rows.append(e.to_dict())
-        _append_jsonl(exp_path, rows)
+        append_rows(exp_path, rows)
     others: dict[int, dict[int, Explanation]] = {i: {} for i in chunk}
     if kendall_methods:
         needed = {i: kendall_other_classes(main[i].target, n_classes, config.protocol) for i in chunk}
@@ -543,39 +386,13 @@ def _explain_chunk(
                 others[i][c] = e
                 cached[(i, "other", c)] = e
                 rows.append(e.to_dict())
-            _append_jsonl(exp_path, rows)
+            append_rows(exp_path, rows)
     items = []
     for i in chunk:
         answers = dataset[i].answers
         spans = answer_token_positions(main[i], answers) if answers else None  # unanswerable: no value
         items.append(Item(main[i], dataset[i].label, i, others[i], spans))
     return items
-
-
-def _example_rows(dataset: Dataset, items: Sequence[Item], scores: Sequence[Any], methods: Sequence[str]) -> list[dict]:
-    rows = []
-    for it, sc in zip(items, scores):
-        head = {"index": it.index, "id": dataset[it.index].id, "label": it.label, "predicted": it.exp.predicted,
-                "target": it.exp.target, "n_tokens": len(it.exp.tokens)}
-        for m in methods:
-            res = sc.methods[m]
-            rows.append({**head, "method": m,
-                         "metrics": {k: _finite(r.value) for k, r in res.items()},
-                         "details": {k: _jsonable(r.detail) for k, r in res.items() if r.detail is not None}})
-        rows.append({**head, "method": None, "baseline": sc.baseline})
-    return rows
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float):
-        return _finite(x)
-    if isinstance(x, np.generic):
-        return _jsonable(x.item())
-    return x
 
 
 def _consistency(
@@ -586,170 +403,10 @@ def _consistency(
     config: EvalConfig,
     batch_size: int,
 ) -> dict[str, Any]:
-    """Silhouette + 2-D projection per method, from the cached explanations of correctly classified examples."""
+    """The data-set metric consistency, from the cached explanations of the explained classes."""
     main = {i: e for (i, role, _t), e in cached.items() if role == "explained"}
-    correct = [i for i in sorted(main) if dataset[i].label is not None and main[i].predicted == dataset[i].label]
-    positions = {i: {m: ranking(main[i], m)[: config.consistency_top] for m in methods} for i in correct}
-    union = {i: sorted({p for ps in positions[i].values() for p in ps}) for i in correct}
-    variants = [Variant.of(main[i].input_ids or [], main[i].token_type_ids) for i in correct]
-    scorer = ModelPredictor(explainer.model, config.pad_token_id, batch_size)
-    states = scorer.hidden_states(variants, [union[i] for i in correct])
-    by_example = dict(zip(correct, states))
-    result = {}
-    for m in methods:
-        vecs, labels, tokens = [], [], []
-        for i in correct:
-            col = {p: r for r, p in enumerate(union[i])}
-            pos = positions[i][m]
-            vecs.append(by_example[i][[col[p] for p in pos]] if pos else np.zeros((0, 1)))
-            labels.append(int(dataset[i].label))
-            tokens.extend(main[i].tokens[p] for p in pos)
-        res = consistency(vecs, labels, seed=config.seed)
-        res["tokens"] = tokens
-        res["n_examples"] = len(correct)
-        result[m] = res
-    return result
+    return consistency_of(main, {i: dataset[i].label for i in main}, methods,
+                          ModelPredictor(explainer.model, config.pad_token_id, batch_size), config)
 
 
-# -------------------------------------------------------------------- summary
-def summarize(
-    out_dir: str | Path,
-    settings: BenchmarkSettings,
-    consist: dict[str, Any] | None = None,
-    timing: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Aggregate ``examples.jsonl`` into ``summary.json``, ``table.md`` and ``table.csv``."""
-    out = Path(out_dir)
-    rows = _read_jsonl(out / "examples.jsonl")
-    done = _complete_examples(rows, settings.methods)
-    rows = [r for r in rows if r["index"] in done]
-    config = EvalConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.config.items()})
-    by_method: dict[str, list[dict[str, Any]]] = {m: [] for m in settings.methods}
-    baselines = []
-    for r in rows:
-        if r["method"] is None:
-            baselines.append(r)
-        else:
-            by_method[r["method"]].append(r)
-    metric_names = list(settings.metrics)
-    results: dict[str, dict[str, float | None]] = {}
-    for m in settings.methods:
-        results[m] = {}
-        for name in metric_names:
-            if name == "consistency":
-                results[m][name] = None if consist is None else _finite(consist.get(m, {}).get("silhouette"))
-            else:
-                results[m][name] = _mean([r["metrics"].get(name) for r in by_method[m]])
-    curves: dict[str, Any] = {}
-    if "occlusion" in metric_names:
-        ks = list(config.occlusion_counts)
-        series = {}
-        rand = [b["baseline"]["occlusion_random"] for b in baselines if "occlusion_random" in b.get("baseline", {})]
-        if rand:
-            series["random"] = _accuracy_series(rand)
-        for m in settings.methods:
-            occ = [r["details"]["occlusion"] for r in by_method[m] if "occlusion" in r.get("details", {})]
-            if occ:
-                series[f"{m}:top"] = _accuracy_series([o["top"] for o in occ])
-                series[f"{m}:bottom"] = _accuracy_series([o["bottom"] for o in occ])
-        curves["occlusion"] = {"k": ks, "drop": config.occlusion_drop, "series": series}
-    if "aopc" in metric_names:
-        if config.protocol == "attcat-code":
-            fractions = [float(g) for g in np.linspace(0, 1, 10)[1:]]
-        else:
-            fractions = [k / 10 for k in range(11)]
-        curves["aopc"] = {}
-        for m in settings.methods:
-            levels = [r["details"]["aopc"] for r in by_method[m]
-                      if r.get("details", {}).get("aopc") is not None and len(r["details"]["aopc"]) == len(fractions)]
-            drop = [float(np.mean(col)) for col in zip(*levels)] if levels else []
-            curves["aopc"][m] = {"fractions": fractions, "drop": drop}
-    if "precision_at_k" in metric_names:
-        spans = [r["details"]["precision_at_k"] for r in by_method[settings.methods[0]]
-                 if r.get("details", {}).get("precision_at_k") is not None] if settings.methods else []
-        curves["precision_at_k"] = {
-            "k": config.precision_k,
-            "answer_tokens": _mean(spans),
-            "perfect": _mean([min(n, config.precision_k) for n in spans]),
-        }
-    n_correct = sum(1 for b in baselines if b["label"] is not None and b["predicted"] == b["label"])
-    n_labelled = sum(1 for b in baselines if b["label"] is not None)
-    summary = {
-        "format": FORMAT_VERSION,
-        "model": settings.model,
-        "dataset": settings.dataset,
-        "split": settings.split,
-        "n_examples": len(done),
-        "n_planned": len(settings.example_ids),
-        "accuracy": n_correct / n_labelled if n_labelled else None,
-        "protocol": config.protocol,
-        "config": settings.config,
-        "methods": list(settings.methods),
-        "metrics": {name: metric_info(name, config).to_dict() for name in metric_names},
-        "results": results,
-        "curves": curves,
-        "consistency": {} if consist is None else consist,
-        "timing": timing or {},
-    }
-    _json_ready = json.loads(json.dumps(summary, default=_jsonable))
-    (out / "summary.json").write_text(json.dumps(_json_ready, indent=1, allow_nan=False), encoding="utf-8")
-    write_tables(out, summary)
-    return _json_ready
-
-
-def _accuracy_series(flags: Sequence[Sequence[int]]) -> dict[str, list[float | None]]:
-    acc = [float(np.mean(col)) for col in zip(*flags)]
-    rel = [a / acc[0] if acc and acc[0] > 0 else None for a in acc]
-    return {"accuracy": acc, "relative": rel}
-
-
-def best_methods(summary: dict[str, Any]) -> dict[str, list[str]]:
-    """Metric -> the method(s) with the best value (by the metric's direction)."""
-    out: dict[str, list[str]] = {}
-    for name, info in summary["metrics"].items():
-        vals = {m: r.get(name) for m, r in summary["results"].items() if r.get(name) is not None}
-        if not vals:
-            out[name] = []
-            continue
-        best = min(vals.values()) if info["lower_is_better"] else max(vals.values())
-        out[name] = [m for m, v in vals.items() if v == best]
-    return out
-
-
-def write_tables(out_dir: str | Path, summary: dict[str, Any]) -> None:
-    """``table.md`` (best values in bold) and ``table.csv`` (plus a ``best_in`` column) of methods × metrics."""
-    out = Path(out_dir)
-    metrics = list(summary["metrics"])
-    best = best_methods(summary)
-    arrows = {n: ("↓" if i["lower_is_better"] else "↑") for n, i in summary["metrics"].items()}
-    lines = [
-        f"{summary['model']} on {summary['dataset']}/{summary['split']} ({summary['n_examples']} examples, "
-        f"protocol {summary['protocol']}); best in bold.",
-        "",
-        "| method | " + " | ".join(f"{n} {arrows[n]}" for n in metrics) + " |",
-        "|---|" + "---:|" * len(metrics),
-    ]
-    for m, res in summary["results"].items():
-        cells = []
-        for n in metrics:
-            v = res.get(n)
-            text = "n/a" if v is None else f"{v:.3f}"
-            cells.append(f"**{text}**" if v is not None and m in best[n] else text)
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    if "precision_at_k" in metrics:
-        pk = summary.get("curves", {}).get("precision_at_k", {})
-        perfect = pk.get("perfect")
-        lines += ["", f"precision_at_k is a count, not a fraction: gold-answer tokens among the top K = {pk.get('k')} "
-                  "tokens, averaged over the answerable questions" + (
-                      "" if perfect is None else f" (best reachable: {perfect:.3f})") + "."]
-    (out / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with (out / "table.csv").open("w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["method", *metrics, "best_in"])
-        for m, res in summary["results"].items():
-            w.writerow([m, *("" if res.get(n) is None else f"{res[n]:.6g}" for n in metrics),
-                        ";".join(n for n in metrics if m in best[n])])
-
-
-__all__ = ["METRICS", "best_methods", "explainer_predictor", "run_benchmark", "summarize",
-           "write_tables"]
+__all__ = ["run_benchmark"]

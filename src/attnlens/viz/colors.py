@@ -8,11 +8,11 @@ tokens excluded, since they are never ranked).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import InputError
-from ..explanation import Explanation
 
 POSITIVE_RGB = (22, 163, 74)  # green
 NEGATIVE_RGB = (220, 38, 38)  # red
@@ -23,7 +23,41 @@ NOISE_ATOL = 1e-12
 NOISE_RTOL = 1e-5
 
 
-def select_methods(exp: Explanation, methods: Sequence[str] | None) -> list[str]:
+class Explained(Protocol):
+    """What the renderers read of an explanation; :class:`attnlens.Explanation` is one.
+
+    viz types against this protocol rather than importing the result type: ``Explanation.show()`` and
+    ``Explanation.to_html()`` import viz, so the arrow runs one way only (result type -> renderers).
+    """
+
+    text: str | list[str]
+    tokens: list[str]
+    special: list[bool]
+    target: Any
+    predicted: Any
+    probabilities: list[float]
+    scores: dict[str, np.ndarray]
+    layers: dict[str, np.ndarray]
+    sequence_ids: list[int | None] | None
+    offsets: list[tuple[int, int]] | None
+    meta: dict[str, Any]
+
+    @property
+    def is_qa(self) -> bool: ...
+
+    @property
+    def is_multi_label(self) -> bool: ...
+
+    def label_name(self, index: int) -> str: ...
+
+    def span_text(self, span: Sequence[int] | None = None) -> str: ...
+
+    def top_k(self, method: str, k: int = 5) -> list[tuple[str, float]]: ...
+
+    def to_words(self, aggregation: str = "sum") -> Explained: ...
+
+
+def select_methods(exp: Explained, methods: Sequence[str] | None) -> list[str]:
     """The methods to render: all of the explanation's methods by default, else those asked for, in order."""
     if methods is None:
         return list(exp.scores)
@@ -38,14 +72,19 @@ def select_methods(exp: Explanation, methods: Sequence[str] | None) -> list[str]
     return list(methods)
 
 
-def prepare(exps: Explanation | Sequence[Explanation], words: bool) -> list[Explanation]:
+def prepare(exps: Explained | Sequence[Explained], words: bool) -> list[Explained]:
     """A list of explanations, aggregated to words when asked."""
-    if isinstance(exps, Explanation):
+    if _is_explanation(exps):
         exps = [exps]
     exps = list(exps)
-    if not all(isinstance(e, Explanation) for e in exps):
+    if not all(map(_is_explanation, exps)):
         raise InputError("expected Explanation objects")
     return [e.to_words() for e in exps] if words else exps
+
+
+def _is_explanation(x: object) -> bool:
+    """Whether ``x`` is an explanation, by what the renderers use (viz does not import the result type)."""
+    return all(hasattr(x, a) for a in ("tokens", "special", "scores", "to_words"))
 
 
 def normalized(scores: np.ndarray, special: Sequence[bool] | None = None, floor: float = NOISE_ATOL) -> np.ndarray:
@@ -111,18 +150,18 @@ def hex_color(rgb: tuple[int, int, int]) -> str:
     return "#{:02x}{:02x}{:02x}".format(*rgb)
 
 
-def text_of(exp: Explanation) -> str:
+def text_of(exp: Explained) -> str:
     """The explained text as one string (sentence pairs joined with `` [SEP] ``; QA: ``question: … context: …``)."""
     if exp.is_qa and isinstance(exp.text, list) and len(exp.text) == 2:
         return f"question: {exp.text[0]}  context: {exp.text[1]}"
     return " [SEP] ".join(exp.text) if isinstance(exp.text, list) else str(exp.text)
 
 
-def _sources(exp: Explanation) -> list[str]:
+def _sources(exp: Explained) -> list[str]:
     return [str(t) for t in exp.text] if isinstance(exp.text, list) else [str(exp.text)]
 
 
-def explained_text(exp: Explanation) -> tuple[str, str]:
+def explained_text(exp: Explained) -> tuple[str, str]:
     """The part of the text the model read and the part cut off by truncation (``""`` when nothing was cut).
 
     Uses the tokens' character offsets; for a sentence pair each side is cut where its last kept token ends.
@@ -144,7 +183,7 @@ def explained_text(exp: Explanation) -> tuple[str, str]:
     return " [SEP] ".join(kept), " [SEP] ".join(c for c in cut if c)
 
 
-def truncation_note(exp: Explanation) -> str | None:
+def truncation_note(exp: Explained) -> str | None:
     """One sentence saying how many tokens truncation cut from this input, or None when nothing was cut."""
     n = int(exp.meta.get("truncated_tokens") or 0)
     if n <= 0:
@@ -155,7 +194,7 @@ def truncation_note(exp: Explanation) -> str | None:
     )
 
 
-def answer_positions(exp: Explanation) -> set[int]:
+def answer_positions(exp: Explained) -> set[int]:
     """QA: the token positions of the explained answer span (empty for classifiers)."""
     if not exp.is_qa:
         return set()
@@ -163,14 +202,14 @@ def answer_positions(exp: Explanation) -> set[int]:
     return set(range(int(start), int(end) + 1))
 
 
-def _span(exp: Explanation, span: object) -> str:
+def _span(exp: Explained, span: object) -> str:
     start, end = span  # type: ignore[misc]
     unit = "word" if exp.meta.get("granularity") == "word" else "token"
     where = f"{unit} {start}" if start == end else f"{unit}s {start}-{end}"
     return f'"{exp.span_text(span)}" ({where})'  # type: ignore[arg-type]
 
 
-def prediction_line(exp: Explanation) -> str:
+def prediction_line(exp: Explained) -> str:
     """One-line summary of the prediction and of what is explained, e.g. ``predicted positive (0.930),
     explaining positive``; QA: the explained answer span as text with its start and end probabilities;
     multi-label: the labels with p > 0.5 (independent sigmoid probabilities) and the explained label."""
@@ -195,7 +234,7 @@ def prediction_line(exp: Explanation) -> str:
     return f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}"
 
 
-def probabilities_line(exp: Explanation) -> str:
+def probabilities_line(exp: Explained) -> str:
     """Every class's probability (multi-label: independent per label); empty for QA, whose start and end
     probabilities :func:`prediction_line` gives."""
     if exp.is_qa:

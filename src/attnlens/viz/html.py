@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..explanation import Explanation
 from .colors import (
+    Explained,
     answer_positions,
     explained_text,
     hex_color,
@@ -61,7 +61,7 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _token_spans(exp: Explanation, scores: np.ndarray) -> str:
+def _token_spans(exp: Explained, scores: np.ndarray) -> str:
     norm = normalized(scores, exp.special)
     answer = answer_positions(exp)  # QA: the explained span is outlined
     spans = []
@@ -76,7 +76,7 @@ def _token_spans(exp: Explanation, scores: np.ndarray) -> str:
     return " ".join(spans)
 
 
-def _stack(exp: Explanation, methods: list[str]) -> str:
+def _stack(exp: Explained, methods: list[str]) -> str:
     rows = [
         f'<tr><td class="method">{_e(m)}</td><td>{_token_spans(exp, np.asarray(exp.scores[m]))}</td></tr>'
         for m in methods
@@ -84,7 +84,7 @@ def _stack(exp: Explanation, methods: list[str]) -> str:
     return '<table class="stack">' + "".join(rows) + "</table>"
 
 
-def _top_table(exp: Explanation, methods: list[str], k: int) -> str:
+def _top_table(exp: Explained, methods: list[str], k: int) -> str:
     head = f"<tr><th>method</th><th>top {k} for</th><th>top {k} against</th></tr>"
     body = []
     for m in methods:
@@ -96,7 +96,7 @@ def _top_table(exp: Explanation, methods: list[str], k: int) -> str:
     return '<table class="top">' + head + "".join(body) + "</table>"
 
 
-def layer_heatmap_html(exp: Explanation, method: str) -> str:
+def layer_heatmap_html(exp: Explained, method: str) -> str:
     """An HTML table: one row per layer plus ``sum`` and ``rollout``, one column per token (AttCAT Fig. 4).
 
     Each row is normalised by its own largest magnitude over non-special tokens; the last column gives that
@@ -124,7 +124,7 @@ def layer_heatmap_html(exp: Explanation, method: str) -> str:
     return '<div class="scroll"><table class="grid">' + head + "".join(body) + "</table></div>"
 
 
-def _text_block(exp: Explanation) -> list[str]:
+def _text_block(exp: Explained) -> list[str]:
     """The explained text; after truncation, a notice of how many tokens were cut and the cut text, folded."""
     kept, cut = explained_text(exp)
     parts = [f'<p class="text">{_e(kept)}</p>']
@@ -136,7 +136,7 @@ def _text_block(exp: Explanation) -> list[str]:
     return parts
 
 
-def _example(exp: Explanation, index: int, methods: Sequence[str] | None, k: int) -> str:
+def _example(exp: Explained, index: int, methods: Sequence[str] | None, k: int) -> str:
     chosen = select_methods(exp, methods)
     parts = [f'<section class="example"><h2>Example {index + 1}</h2>']
     if exp.is_qa and isinstance(exp.text, list) and len(exp.text) == 2:
@@ -172,7 +172,7 @@ def page(title: str, body: str) -> str:
 
 
 def explanations_html(
-    exps: Explanation | Sequence[Explanation],
+    exps: Explained | Sequence[Explained],
     methods: Sequence[str] | None = None,
     title: str | None = None,
     words: bool = False,

@@ -21,10 +21,11 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ..errors import InputError  # noqa: E402
-from ..explanation import Explanation  # noqa: E402
+from ..evaluation.summary import best_methods  # noqa: E402  (the one tie rule, shared with the tables)
 from .colors import (  # noqa: E402
     NEGATIVE_RGB,
     POSITIVE_RGB,
+    Explained,
     answer_positions,
     layer_rows,
     normalized,
@@ -71,7 +72,7 @@ def _width(n_columns: int, per_column: float = 0.42, extra: float = 2.0) -> floa
     return min(max(4.0, per_column * n_columns + extra), _MAX_INCHES)
 
 
-def _one(exp: Explanation | Sequence[Explanation], words: bool) -> Explanation:
+def _one(exp: Explained | Sequence[Explained], words: bool) -> Explained:
     items = prepare(exp, words)
     if len(items) != 1:
         raise InputError(f"expected one explanation, got {len(items)}")
@@ -123,7 +124,7 @@ def _chunks(n: int, per_line: int) -> list[tuple[int, int]]:
 
 
 def _blocks(
-    exp: Explanation,
+    exp: Explained,
     rows: np.ndarray,
     row_names: Sequence[str],
     per_line: int,
@@ -162,7 +163,7 @@ def _blocks(
 
 
 def plot_token_heatmap(
-    exp: Explanation,
+    exp: Explained,
     methods: Sequence[str] | None = None,
     path: str | Path | None = None,
     words: bool = False,
@@ -187,7 +188,7 @@ def plot_token_heatmap(
 
 
 def plot_layer_heatmap(
-    exp: Explanation,
+    exp: Explained,
     method: str,
     path: str | Path | None = None,
     words: bool = False,
@@ -346,17 +347,6 @@ def _method_colors(methods: Sequence[str]) -> dict[str, Any]:
     return {m: cmap(i % cmap.N) for i, m in enumerate(unique)}
 
 
-def best_methods(summary: Mapping[str, Any], metric: str) -> list[str]:
-    """Methods with the best value of ``metric`` (by its ``lower_is_better`` flag); ties all count."""
-    info = (summary.get("metrics") or {}).get(metric, {})
-    values = {m: r.get(metric) for m, r in (summary.get("results") or {}).items() if _is_number(r.get(metric))}
-    if not values:
-        return []
-    pick = min if info.get("lower_is_better") else max
-    best = pick(values.values())
-    return [m for m, v in values.items() if math.isclose(v, best, rel_tol=1e-12, abs_tol=1e-12)]
-
-
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -473,7 +463,7 @@ def plot_embedding(
     return _finish(fig, path)
 
 
-def _short_title(exp: Explanation) -> str:
+def _short_title(exp: Explained) -> str:
     text = text_of(exp)
     text = text if len(text) <= 90 else text[:87] + "..."
     return f"{text}\n{prediction_line(exp)}"

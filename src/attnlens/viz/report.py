@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..data import iter_jsonl
 from ..errors import InputError
 from ..explanation import Explanation
 from ..paths import check_output_path
@@ -79,7 +80,7 @@ def _facts(summary: Mapping[str, Any]) -> str:
 
 
 def _results_table(summary: Mapping[str, Any]) -> str:
-    from .plots import best_methods
+    from ..evaluation.summary import best_methods
 
     results = summary.get("results") or {}
     methods = list(summary.get("methods") or results)
@@ -164,18 +165,15 @@ def read_examples(results_dir: str | Path, n: int) -> list[Explanation]:
     items: list[Explanation] = []
     if n <= 0 or not f.is_file():
         return items
-    with f.open(encoding="utf-8") as fh:
-        for line in fh:
-            if len(items) >= n:
-                break
-            if not line.strip():
-                continue
-            try:
-                exp = Explanation.from_dict(json.loads(line))
-            except (json.JSONDecodeError, InputError, TypeError, ValueError, AttributeError, KeyError):
-                continue
-            if exp.meta.get("benchmark_role", "explained") == "explained":
-                items.append(exp)
+    for _, row in iter_jsonl(f, skip_bad=True):
+        if len(items) >= n:
+            break
+        try:
+            exp = Explanation.from_dict(row)
+        except (InputError, TypeError, ValueError, AttributeError, KeyError):
+            continue
+        if exp.meta.get("benchmark_role", "explained") == "explained":
+            items.append(exp)
     return items
 
 

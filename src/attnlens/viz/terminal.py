@@ -15,9 +15,9 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from ..explanation import Explanation
 from ..safetext import terminal_safe
 from .colors import (
+    Explained,
     answer_positions,
     explained_text,
     normalized,
@@ -37,7 +37,7 @@ def _safe(text: object) -> Text:
     return Text(terminal_safe(text, one_line=True))
 
 
-def _token_line(exp: Explanation, method: str) -> Text:
+def _token_line(exp: Explained, method: str) -> Text:
     norm = normalized(exp.scores[method], exp.special)
     answer = answer_positions(exp)  # QA: the explained span is underlined
     line = Text()
@@ -57,7 +57,7 @@ def _top_cell(pairs: list[tuple[str, float]]) -> Text:
     return _safe(" · ".join(f"{tok} {score:+.3g}" for tok, score in pairs) or "-")
 
 
-def _top_table(exp: Explanation, methods: list[str], k: int) -> Table:
+def _top_table(exp: Explained, methods: list[str], k: int) -> Table:
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     table.add_column("method", style="bold")
     table.add_column(f"top {k} for", overflow="fold")
@@ -70,7 +70,7 @@ def _top_table(exp: Explanation, methods: list[str], k: int) -> Table:
     return table
 
 
-def explanation_renderable(exp: Explanation, methods: Sequence[str] | None = None, k: int = TOP_K) -> Group:
+def explanation_renderable(exp: Explained, methods: Sequence[str] | None = None, k: int = TOP_K) -> Group:
     """A rich renderable of one explanation: header, one shaded token line per method, top-token table."""
     chosen = select_methods(exp, methods)
     header = Text(terminal_safe(explained_text(exp)[0], one_line=True), overflow="ellipsis")
@@ -93,7 +93,7 @@ def explanation_renderable(exp: Explanation, methods: Sequence[str] | None = Non
 
 
 def print_explanations(
-    exps: Explanation | Sequence[Explanation],
+    exps: Explained | Sequence[Explained],
     methods: Sequence[str] | None = None,
     words: bool = False,
     console: Console | None = None,
@@ -115,7 +115,7 @@ def print_explanations(
 
 
 def render_terminal(
-    exps: Explanation | Sequence[Explanation],
+    exps: Explained | Sequence[Explained],
     methods: Sequence[str] | None = None,
     words: bool = False,
     color: bool = True,

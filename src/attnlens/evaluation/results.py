@@ -1,0 +1,209 @@
+"""The results directory of a benchmark: its files, their rows, and the lock held while writing it.
+
+``run.json`` holds the settings (a resumed run must match them) and the cumulative seconds; ``explanations.jsonl``
+the explanations (cached: never recomputed); ``examples.jsonl`` one row per example and method plus one baseline
+row per example; ``summary.json``, ``table.md`` and ``table.csv`` the summary (:mod:`.summary`). See
+``docs/benchmark-format.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..data import Dataset, iter_jsonl
+from ..errors import InputError
+from ..explanation import Explanation
+
+try:  # POSIX advisory locks; elsewhere the results directory is not locked
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+FORMAT_VERSION = 1
+FILES = ("examples.jsonl", "explanations.jsonl", "summary.json", "table.md", "table.csv", "run.json")
+LOCK_FILE = ".lock"
+
+
+@dataclasses.dataclass
+class BenchmarkSettings:
+    """What a results directory was made with; a resumed run must match it."""
+
+    model: str
+    dataset: str
+    split: str
+    example_ids: list[str]
+    methods: list[str]
+    metrics: list[str]
+    config: dict[str, Any]
+    explain_options: dict[str, Any]
+    target_kind: str
+    target: str = "predicted"
+
+    def key(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------ JSON files
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Complete lines of a results JSONL file; a torn last line (interrupted write) is cut off the file, and a
+    line that is not a JSON object is skipped."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    end = raw.rfind(b"\n") + 1
+    if end < len(raw):
+        with path.open("r+b") as f:
+            f.truncate(end)
+    return [row for _, row in iter_jsonl(path, skip_bad=True)]
+
+
+def append_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """Append ``rows`` as JSON lines (flushed: a kill loses at most the line being written)."""
+    if not rows:
+        return
+    with path.open("a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+        f.flush()
+
+
+def rewrite_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """Replace the content of a JSONL file by ``rows``."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (a kill leaves the old or the new file, never a torn one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_run(path: Path) -> dict[str, Any]:
+    """``run.json``; a file that is not one is an :class:`InputError`."""
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        run = None
+    if not isinstance(run, dict) or not isinstance(run.get("settings"), dict):
+        raise InputError(f"{path} is not a readable run file; use --overwrite to start over")
+    return run
+
+
+def finite(x: float | None) -> float | None:
+    """``x`` as a float, ``None`` where it is missing or not finite (JSON has no NaN)."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with NumPy scalars as Python numbers and non-finite floats as ``None``."""
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, float):
+        return finite(x)
+    if isinstance(x, np.generic):
+        return jsonable(x.item())
+    return x
+
+
+# ------------------------------------------------------------------ rows
+def target_key(target: Any) -> Any:
+    """Hashable form of a target: a class index, or a (start, end) pair for QA."""
+    return tuple(int(t) for t in target) if isinstance(target, (list, tuple)) else int(target)
+
+
+def complete_examples(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> set[int]:
+    """Indices of the examples of ``examples.jsonl`` with a row for every method and the baseline row."""
+    seen: dict[int, set[Any]] = {}
+    for r in rows:
+        seen.setdefault(int(r["index"]), set()).add(r.get("method"))
+    need = set(methods) | {None}
+    return {i for i, s in seen.items() if need <= s}
+
+
+def explanation_cache(rows: Sequence[dict[str, Any]]) -> dict[tuple[int, str, Any], Explanation]:
+    """``(example index, role, target) -> explanation`` of the rows of ``explanations.jsonl``."""
+    out = {}
+    for r in rows:
+        meta = r.get("meta") or {}
+        if "example_index" in meta:
+            out[(int(meta["example_index"]), meta.get("benchmark_role", "explained"), target_key(r["target"]))] = (
+                Explanation.from_dict(r)
+            )
+    return out
+
+
+def example_rows(dataset: Dataset, items: Sequence[Any], scores: Sequence[Any], methods: Sequence[str]) -> list[dict]:
+    """The ``examples.jsonl`` rows of scored items: one per method (values and details), then the baseline."""
+    rows = []
+    for it, sc in zip(items, scores):
+        head = {"index": it.index, "id": dataset[it.index].id, "label": it.label, "predicted": it.exp.predicted,
+                "target": it.exp.target, "n_tokens": len(it.exp.tokens)}
+        for m in methods:
+            res = sc.methods[m]
+            rows.append({**head, "method": m,
+                         "metrics": {k: finite(r.value) for k, r in res.items()},
+                         "details": {k: jsonable(r.detail) for k, r in res.items() if r.detail is not None}})
+        rows.append({**head, "method": None, "baseline": sc.baseline})
+    return rows
+
+
+# ------------------------------------------------------------------ lock
+@contextlib.contextmanager
+def results_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/.lock`` while writing ``out``: an exclusive ``flock`` on a file holding our pid.
+
+    A second writer gets :class:`InputError` naming the holder's pid. The kernel drops the lock when its holder
+    exits, however it exits, so a lock file left by a killed run is simply taken over.
+    """
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    path = out / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise InputError(
+                f"{out} is being written by another benchmark (pid {holder}); wait for it to end or use another --out"
+            ) from None
+        except OSError as exc:  # a file system without flock (some network mounts): go on unlocked
+            os.close(fd)
+            warnings.warn(f"cannot lock {path} ({exc.strerror}); do not run two benchmarks on {out}", stacklevel=3)
+            yield
+            return
+        try:  # the previous holder may have unlinked the file between our open and flock: lock the live one
+            live = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            live = False
+        if live:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)  # releases the lock
+
+
+__all__ = [
+    "FILES", "FORMAT_VERSION", "LOCK_FILE", "BenchmarkSettings", "append_rows", "complete_examples",
+    "example_rows", "explanation_cache", "finite", "jsonable", "read_rows", "read_run", "results_lock",
+    "rewrite_rows", "target_key", "write_json",
+]
