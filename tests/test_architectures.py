@@ -11,12 +11,13 @@ import torch
 from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
 
 from attnlens import Explainer, register_adapter
-from attnlens.adapters import DECODER, ENCODER, FIRST, LAST, MEAN, adapter_for
+from attnlens.adapters import DECODER, ENCODER, FIRST, LAST, MEAN
 from attnlens.architectures import (
     ARCHITECTURES,
     LRP_SUPPORTED,
     Architecture,
     Tiny,
+    adapter_for,
     architecture_for,
     finds_last_token_by_padding,
     register_architecture,

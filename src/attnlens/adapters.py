@@ -216,26 +216,3 @@ class EncoderDecoderAdapter(Adapter):
 ENCODER = EncoderAdapter()
 DECODER = DecoderAdapter()
 ENCODER_DECODER = EncoderDecoderAdapter()
-
-
-# Kept for code written against the adapter table: the lookups now live in :mod:`attnlens.architectures`.
-def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter of ``model``'s architecture (see :func:`attnlens.architectures.adapter_for`)."""
-    from .architectures import adapter_for as lookup
-
-    return lookup(model)
-
-
-def register_adapter(model_type: str, adapter: Adapter) -> None:
-    """Use ``adapter`` for models whose ``config.model_type`` is ``model_type`` (a thin alias of
-    :func:`attnlens.architectures.register_architecture`)."""
-    from .architectures import register_adapter as register
-
-    register(model_type, adapter)
-
-
-def finds_last_token_by_padding(model: nn.Module) -> bool:
-    """See :func:`attnlens.architectures.finds_last_token_by_padding`."""
-    from .architectures import finds_last_token_by_padding as finds
-
-    return finds(model)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..adapters import finds_last_token_by_padding
+from ..architectures import finds_last_token_by_padding
 from ..batching import length_sorted_chunks, pad_batch, predict_batches
 from ..errors import InputError
 from ..modelstate import EAGER, explaining
