@@ -12,7 +12,7 @@ from .heads import CLASSIFICATION, TARGET_KINDS, Head
 if TYPE_CHECKING:
     from .adapters import Adapter
 
-__all__ = ["TARGET_KINDS", "BatchContext", "Capture", "target_scalar"]
+__all__ = ["TARGET_KINDS", "BatchContext", "Capture"]
 
 
 @dataclass
@@ -101,14 +101,3 @@ class BatchContext:
     answer_mask: torch.Tensor | None = None
     capture: Capture | None = None
     cache: dict[str, Any] = field(default_factory=dict)
-
-    def target_scalar(self, logits: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-example explained scalar ``(B,)``: logit, probability or log-probability of the targets."""
-        targets = self.targets if targets is None else targets
-        return self.head.scalar(logits, targets, self.target_kind, self.token_mask)
-
-
-def target_scalar(logits: torch.Tensor, targets: torch.Tensor, kind: str) -> torch.Tensor:
-    """A classifier's explained scalar ``(B,)`` from logits ``(B, C)``; summing it over a batch keeps examples
-    independent."""
-    return CLASSIFICATION.scalar(logits, targets, kind, None)

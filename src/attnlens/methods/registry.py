@@ -8,6 +8,7 @@ a pass of their own (Captum's integrated gradients, LRP) run it from ``ctx`` and
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,9 +90,12 @@ def register(
     class_specific: bool = True,
     self_attention_only: bool = False,
     lrp: bool = False,
-    options: dict[str, Any] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
-    """Decorator that adds ``compute`` to the registry under ``name``."""
+    """Decorator that adds ``compute`` to the registry under ``name``.
+
+    The method's options and their defaults are the keyword arguments of ``compute`` after ``ctx`` (written once,
+    in its signature).
+    """
     bad = set(needs) - NEEDS
     if bad:
         raise ValueError(f"unknown needs {bad}; known: {sorted(NEEDS)}")
@@ -108,11 +112,20 @@ def register(
             class_specific=class_specific,
             self_attention_only=self_attention_only,
             lrp=lrp,
-            options=dict(options or {}),
+            options=_option_defaults(name, compute),
         )
         return compute
 
     return deco
+
+
+def _option_defaults(name: str, compute: Callable[..., MethodOutput]) -> dict[str, Any]:
+    """``{option: default}`` from the parameters of ``compute`` after the first (the batch context)."""
+    params = list(inspect.signature(compute).parameters.values())[1:]
+    for p in params:
+        if p.default is inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
+            raise ValueError(f"method {name!r}: option {p.name!r} needs a default value and a name")
+    return {p.name: p.default for p in params}
 
 
 def get_method(name: str) -> Method:
