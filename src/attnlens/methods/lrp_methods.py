@@ -15,6 +15,7 @@ from ..context import BatchContext
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass
 from ..lrp.relevance import check_settings
+from .attention import propagate
 from .registry import ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, register
 
 ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP / CP-LRP
@@ -58,15 +59,14 @@ def transatt_rollout(
         raise InputError(f"transatt start_layer={start_layer} is out of range for a model with {n_layers} layers: "
                          f"use 0 to {n_layers - 1}, or -1 to -{n_layers} to count from the top")
     start_layer %= n_layers
-    joint = None
-    out = []
-    for g, r in zip(grads[start_layer:], relevances[start_layer:]):
-        a_bar = (g * r).clamp(min=0).mean(1)
-        m = a_bar + torch.eye(a_bar.shape[-1], dtype=a_bar.dtype, device=a_bar.device)
-        m = m / m.sum(-1, keepdim=True)
-        joint = m if joint is None else m @ joint
-        out.append(joint)
-    return out
+    return propagate(_normalised(g, r) for g, r in zip(grads[start_layer:], relevances[start_layer:]))
+
+
+def _normalised(grad: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    """``(Ā + I) / rowsum`` with ``Ā = E_h max(∇A ⊙ R(A), 0)``."""
+    a_bar = (grad * relevance).clamp(min=0).mean(1)
+    m = a_bar + torch.eye(a_bar.shape[-1], dtype=a_bar.dtype, device=a_bar.device)
+    return m / m.sum(-1, keepdim=True)
 
 
 @register(
