@@ -131,7 +131,7 @@ def flow_lengths(lengths: tuple[int, ...] = (32, 128, 256, 512), old: bool = Tru
                                                                              imdb_attention())]
     rows = []
     for name, att in cases:
-        mats = flow_method.rollout_matrices(att)
+        mats = flow_method.flow_matrices(att)
         times: dict[str, list[float]] = {"new": [], "old": []}
         for _ in range(repeats):  # interleaved; the minimum of each is the least disturbed by other load
             start = time.perf_counter()

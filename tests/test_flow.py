@@ -13,12 +13,12 @@ from conftest import ENCODERS, make_model
 
 from attnlens import Explainer
 from attnlens.methods import flow
-from attnlens.methods.flow import FLOW_SCALE, _chain_bound, attention_flow, flow_from, rollout_matrices
+from attnlens.methods.flow import FLOW_SCALE, _chain_bound, attention_flow, flow_from, flow_matrices
 
 
 def random_mats(rng: np.random.Generator, n_layers: int, n: int, heads: int = 2) -> np.ndarray:
     att = torch.softmax(torch.from_numpy(rng.normal(size=(n_layers, heads, n, n)) * 2.0), -1)
-    return rollout_matrices(list(att))
+    return flow_matrices(list(att))
 
 
 def networkx_flows(mats: np.ndarray, source: int) -> np.ndarray:
@@ -59,7 +59,7 @@ def peaked_mats(rng: np.random.Generator, n_layers: int, n: int, heads: int = 12
             logits[:, h, np.arange(n - 1), np.arange(1, n)] += 4.0  # attend to the next token
         else:
             logits[:, h, :, target] += 4.0
-    return rollout_matrices(list(torch.softmax(torch.from_numpy(logits), -1)))
+    return flow_matrices(list(torch.softmax(torch.from_numpy(logits), -1)))
 
 
 @pytest.mark.parametrize("kind,n_layers,n,seed", [("random", 4, 64, 0), ("peaked", 4, 64, 1), ("random", 6, 72, 2)])
@@ -114,7 +114,7 @@ def test_flow_analytic_two_layers():
 
 def test_flow_one_layer_is_the_rollout_row():
     att = torch.tensor([[[[0.7, 0.2, 0.1], [0.3, 0.3, 0.4], [0.1, 0.1, 0.8]]]])  # (L=1, H=1, 3, 3)
-    mats = rollout_matrices(list(att))
+    mats = flow_matrices(list(att))
     np.testing.assert_allclose(mats[0], 0.5 * att[0, 0].numpy() + 0.5 * np.eye(3))
     scores = attention_flow(mats, np.array([1.0, 0.0, 0.0]))
     np.testing.assert_allclose(scores, [0.85, 0.1, 0.05], atol=1e-8)
@@ -134,7 +134,7 @@ def test_uniform_weights_average_per_query_normalised_flows():
 def test_real_token_restriction_drops_padding():
     att = torch.softmax(torch.randn(2, 2, 5, 5), -1)
     keep = np.array([True, True, True, False, False])
-    mats = rollout_matrices(list(att), keep)
+    mats = flow_matrices(list(att), keep)
     assert mats.shape == (2, 3, 3)
     np.testing.assert_allclose(mats[1], 0.5 * att[1].mean(0)[:3, :3].double().numpy() + 0.5 * np.eye(3))
 
@@ -177,7 +177,7 @@ def test_registered_flow_equals_direct_computation(tokenizer):
     ex = Explainer(make_model("bert"), tokenizer)
     (e,) = ex.explain(["the movie was not very good"], methods=["flow"])
     _, _, att = ex.attention_maps("the movie was not very good")
-    mats = rollout_matrices(list(torch.from_numpy(att)))
+    mats = flow_matrices(list(torch.from_numpy(att)))
     expected = attention_flow(mats, np.eye(len(e.tokens))[0])  # BERT explains the [CLS] row
     np.testing.assert_allclose(e.scores["flow"], expected, atol=1e-6)
 

@@ -1,7 +1,16 @@
-"""The shared pass: one forward (and at most one backward) pass per batch serves every capture-based method."""
+"""The shared pass: one forward (and at most one backward) pass per batch serves every capture-based method.
+
+The pass keeps only what the requested methods declare (:func:`attnlens.methods.registry.capture_request`):
+attention-only requests run without a graph and keep no hidden states, and gradients are taken only of the
+tensors whose gradients some method reads. A new kind of tensor (e.g. value vectors, for a method that needs
+them) is one constant in the registry's ``CAPTURED`` and one recorder below (a forward hook, as for the
+embeddings).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -10,6 +19,7 @@ from torch import nn
 from .adapters import Adapter
 from .context import Capture
 from .heads import CLASSIFICATION, Head
+from .methods.registry import ATTENTION, CAPTURED, EMBEDDINGS, HIDDEN
 
 
 def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -17,6 +27,16 @@ def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     for t in tensors:
         seen.setdefault(id(t), t)
     return list(seen.values())
+
+
+def _without_hidden_states(outputs: Any) -> Any:
+    """``outputs`` of a pass run without ``output_hidden_states``, with empty tuples where the adapters read
+    hidden states (``hidden_states``, ``encoder_hidden_states``, ...)."""
+    if dataclasses.is_dataclass(outputs):
+        for f in dataclasses.fields(outputs):
+            if f.name.endswith("hidden_states") and getattr(outputs, f.name) is None:
+                setattr(outputs, f.name, ())
+    return outputs
 
 
 def run_capture(
@@ -31,13 +51,20 @@ def run_capture(
     gradients: bool,
     head: Head = CLASSIFICATION,
     answer_mask: torch.Tensor | None = None,
+    keep: Collection[str] = CAPTURED,
+    differentiate: Collection[str] | None = None,
 ) -> tuple[Capture, torch.Tensor]:
-    """Run ``model`` once on a padded batch, keeping attention probabilities and hidden states, and, if
-    ``gradients``, take the gradients of the summed per-example target scalars w.r.t. all of them in one
-    backward pass (:func:`torch.autograd.grad`: nothing is written to ``.grad`` and weight gradients are never
-    computed). ``targets=None`` explains each example's predicted class (QA: the best span within ``answer_mask``).
+    """Run ``model`` once on a padded batch, keeping the tensors named in ``keep`` (attention probabilities,
+    hidden states, input embeddings: the registry's ``ATTENTION``, ``HIDDEN``, ``EMBEDDINGS``), and, if
+    ``gradients``, take the gradients of the summed per-example target scalars w.r.t. those in ``differentiate``
+    (default: all of ``keep``) in one backward pass (:func:`torch.autograd.grad`: nothing is written to ``.grad``
+    and weight gradients are never computed). What is not kept stays ``None`` in the capture.
+    ``targets=None`` explains each example's predicted class (QA: the best span within ``answer_mask``).
     Returns the capture and the targets.
     """
+    keep = frozenset(keep)
+    differentiate = keep if differentiate is None else frozenset(differentiate) & keep
+    gradients = gradients and bool(differentiate)
     store: dict[str, torch.Tensor] = {}
 
     def keep_embeddings(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
@@ -49,36 +76,54 @@ def run_capture(
             store["embeddings"] = output
         return output
 
-    handle = adapter.embedding_module(model).register_forward_hook(keep_embeddings)
+    hooked = gradients or EMBEDDINGS in keep
+    handle = adapter.embedding_module(model).register_forward_hook(keep_embeddings) if hooked else None
     try:
         with torch.set_grad_enabled(gradients):
-            outputs = model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
+            # Attention probabilities are always asked for: the adapters read the stream's layout from them.
+            outputs = model(**inputs, output_attentions=True, output_hidden_states=HIDDEN in keep, return_dict=True)
     finally:
-        handle.remove()
+        if handle is not None:
+            handle.remove()
+    if HIDDEN not in keep:
+        outputs = _without_hidden_states(outputs)
 
     cls = adapter.classification_index(inputs["input_ids"], token_mask, model.config)
     stream_tensors = adapter.select(outputs, stream, token_mask, cls)
     logits = head.logits(outputs)
     if targets is None:
         targets = head.predicted(logits, token_mask, answer_mask)
-    embeddings = store.get("embeddings")
+    recorded = {
+        ATTENTION: list(stream_tensors.attentions),
+        HIDDEN: list(stream_tensors.hidden),
+        EMBEDDINGS: [store["embeddings"]] if "embeddings" in store else [],
+    }
 
+    def kept(kind: str, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        return [t.detach() for t in tensors] if kind in keep else None
+
+    embeddings = kept(EMBEDDINGS, recorded[EMBEDDINGS])
     capture = Capture(
         logits=logits.detach(),
-        attentions=[a.detach() for a in stream_tensors.attentions],
+        attentions=kept(ATTENTION, recorded[ATTENTION]),
         query_mask=stream_tensors.query_mask,
         key_mask=stream_tensors.key_mask,
         query_weights=stream_tensors.query_weights.to(logits.dtype),
         self_attention=stream_tensors.self_attention,
-        hidden=[h.detach() for h in stream_tensors.hidden],
-        embeddings=None if embeddings is None else embeddings.detach(),
+        hidden=kept(HIDDEN, recorded[HIDDEN]),
+        embeddings=embeddings[0] if embeddings else None,
     )
     if gradients:
-        wanted = _unique(list(stream_tensors.attentions) + list(stream_tensors.hidden) + [embeddings])
+        wanted = _unique([t for kind in sorted(differentiate) for t in recorded[kind]])
         y = head.scalar(logits, targets, target_kind, token_mask).sum()
         grads = torch.autograd.grad(y, wanted, allow_unused=True)
         by_id = {id(t): (g if g is not None else torch.zeros_like(t)) for t, g in zip(wanted, grads, strict=True)}
-        capture.attention_grads = [by_id[id(a)].detach() for a in stream_tensors.attentions]
-        capture.hidden_grads = [by_id[id(h)].detach() for h in stream_tensors.hidden]
-        capture.embedding_grads = by_id[id(embeddings)].detach()
+
+        def grads_of(kind: str) -> list[torch.Tensor] | None:
+            return [by_id[id(t)].detach() for t in recorded[kind]] if kind in differentiate else None
+
+        capture.attention_grads = grads_of(ATTENTION)
+        capture.hidden_grads = grads_of(HIDDEN)
+        embedding_grads = grads_of(EMBEDDINGS)
+        capture.embedding_grads = embedding_grads[0] if embedding_grads else None
     return capture, targets

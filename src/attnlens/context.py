@@ -12,7 +12,7 @@ from .heads import CLASSIFICATION, TARGET_KINDS, Head
 if TYPE_CHECKING:
     from .adapters import Adapter
 
-__all__ = ["TARGET_KINDS", "BatchContext", "Capture", "target_scalar"]
+__all__ = ["TARGET_KINDS", "BatchContext", "Capture"]
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Capture:
 
     Shapes: B examples, L layers of the explained attention stream, H heads, Q query and K key positions,
     N input tokens, D hidden size. Every tensor is detached; gradients are of the summed per-example target.
+    The pass keeps only what the requested methods declare: anything else is ``None``.
 
     Attributes:
         logits: ``(B, C)`` classifier logits (``(B, N, 2)`` start/end logits for extractive QA).
@@ -39,11 +40,11 @@ class Capture:
     """
 
     logits: torch.Tensor
-    attentions: list[torch.Tensor]
     query_mask: torch.Tensor
     key_mask: torch.Tensor
     query_weights: torch.Tensor
     self_attention: bool = True
+    attentions: list[torch.Tensor] | None = None
     attention_grads: list[torch.Tensor] | None = None
     hidden: list[torch.Tensor] | None = None
     hidden_grads: list[torch.Tensor] | None = None
@@ -52,7 +53,12 @@ class Capture:
 
     @property
     def n_layers(self) -> int:
-        return len(self.attentions)
+        """L, from whichever per-layer tensors were kept (0 if none was)."""
+        for tensors, extra in ((self.attentions, 0), (self.attention_grads, 0), (self.hidden, 1),
+                               (self.hidden_grads, 1)):
+            if tensors is not None:
+                return len(tensors) - extra
+        return 0
 
     def query_mean(self, matrix: torch.Tensor) -> torch.Tensor:
         """Mean of ``matrix`` ``(B, Q, K)`` over the real query rows: ``(B, K)``."""
@@ -101,14 +107,3 @@ class BatchContext:
     answer_mask: torch.Tensor | None = None
     capture: Capture | None = None
     cache: dict[str, Any] = field(default_factory=dict)
-
-    def target_scalar(self, logits: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-example explained scalar ``(B,)``: logit, probability or log-probability of the targets."""
-        targets = self.targets if targets is None else targets
-        return self.head.scalar(logits, targets, self.target_kind, self.token_mask)
-
-
-def target_scalar(logits: torch.Tensor, targets: torch.Tensor, kind: str) -> torch.Tensor:
-    """A classifier's explained scalar ``(B,)`` from logits ``(B, C)``; summing it over a batch keeps examples
-    independent."""
-    return CLASSIFICATION.scalar(logits, targets, kind, None)

@@ -33,7 +33,7 @@ from .loading import (
     load_weights,
     quiet_transformers,
 )
-from .methods.registry import GRADIENTS, OWN_PASS, get_method, resolve_methods
+from .methods.registry import ATTENTION, GRADIENTS, OWN_PASS, capture_request, get_method, resolve_methods
 from .modelstate import explaining, last_token_head
 
 TextInput = Union[str, tuple[str, str], list[str]]  # noqa: UP007 (a runtime alias on Python 3.10)
@@ -542,10 +542,11 @@ class Explainer:
             wanted = torch.where(unresolved, self.head.predicted(logits, ctx.token_mask, ctx.answer_mask), wanted)
             unresolved = torch.zeros_like(unresolved)
         with explaining(self.model), self._head_without_padding(ctx.token_mask):
+            keep, differentiate = capture_request(specs)
             capture, _ = run_capture(
                 self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream,
                 None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=self.head,
-                answer_mask=ctx.answer_mask,
+                answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate,
             )
             ctx.targets = torch.where(
                 unresolved, self.head.predicted(capture.logits, ctx.token_mask, ctx.answer_mask), wanted)
@@ -655,7 +656,7 @@ class Explainer:
         ctx = self._context([e], "logit")
         with explaining(self.model):
             capture, _ = run_capture(self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream, None,
-                                     "logit", gradients=False, head=self.head)
+                                     "logit", gradients=False, head=self.head, keep={ATTENTION})
         att = torch.stack(capture.attentions, 0)[:, 0]  # (L, H, Q, K)
         return list(e.tokens), list(e.special), att.float().cpu().numpy()
 

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..context import TARGET_KINDS, target_scalar
 from ..errors import InputError, ModelError
-from ..heads import MULTI_LABEL
+from ..heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS
 from .patch import CHEFER, PassState, check_rules, lrp_mode
 
 
@@ -95,10 +94,9 @@ def lrp_pass(
             tgt = tgt.expand(logits.shape[0])
         if tgt.shape[0] != logits.shape[0] or bool(((tgt < 0) | (tgt >= logits.shape[1])).any()):
             raise InputError(f"targets {tgt.tolist()} do not fit logits of shape {tuple(logits.shape)}")
-        if getattr(model.config, "problem_type", None) == "multi_label_classification":  # sigmoid per label
-            value = MULTI_LABEL.scalar(logits, tgt, target_kind, None)
-        else:
-            value = target_scalar(logits, tgt, target_kind)
+        multi_label = getattr(model.config, "problem_type", None) == "multi_label_classification"
+        head = MULTI_LABEL if multi_label else CLASSIFICATION  # multi-label: a sigmoid per label
+        value = head.scalar(logits, tgt, target_kind, None)
         wrt = [state.word_embeddings, state.embedding_sum, *state.probs, *state.softmax_inputs]
         live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
         if rules in CHEFER:  # the authors start from relevance 1 at the target logit: gradient 1 / logit

@@ -6,17 +6,42 @@ E_h the mean over heads, "row c" the explained query row(s) (``Capture.row``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from ..context import BatchContext, Capture
 from .registry import ATTENTION, GRADIENTS, MethodOutput, register
 
 
-def rollout_matrices(capture: Capture) -> list[torch.Tensor]:
-    """Â^l = 0.5·E_h A^l + 0.5·I per layer (Abnar & Zuidema 2020): the residual connection as identity."""
-    n = capture.attentions[0].shape[-1]
-    eye = torch.eye(n, dtype=capture.attentions[0].dtype, device=capture.attentions[0].device)
-    return [0.5 * a.mean(1) + 0.5 * eye for a in capture.attentions]
+def rollout_matrices(attentions: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Â^l = 0.5·E_h A^l + 0.5·I per layer (Abnar & Zuidema 2020): the residual connection as identity.
+
+    ``attentions`` are L tensors ``(..., H, N, N)`` (a capture's ``(B, H, N, N)``, or one example's); returns L
+    tensors ``(..., N, N)``, computed in ``dtype`` (default: the attention's).
+    """
+    out = []
+    for a in attentions:
+        mean = (a if dtype is None else a.to(dtype)).mean(-3)
+        out.append(0.5 * mean + 0.5 * torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device))
+    return out
+
+
+def propagate(steps: Iterable[torch.Tensor], *, residual: bool = False) -> list[torch.Tensor]:
+    """Per-layer matrices ``M^l`` (bottom layer first) chained upwards; returns ``P^1 ... P^L``.
+
+    Plain: ``P^1 = M^1``, ``P^l = M^l P^{l-1}`` (rollout, TransAtt). ``residual``: ``P^0 = I``,
+    ``P^l = P^{l-1} + M^l P^{l-1}`` (GAE's self-attention rule: ``(I + M^l) P^{l-1}`` without forming ``I + M^l``).
+    """
+    out: list[torch.Tensor] = []
+    joint = None
+    for m in steps:
+        if joint is None:
+            joint = m + torch.eye(m.shape[-1], dtype=m.dtype, device=m.device) if residual else m
+        else:
+            joint = joint + m @ joint if residual else m @ joint
+        out.append(joint)
+    return out
 
 
 def _stack_rows(capture: Capture, matrices: list[torch.Tensor]) -> torch.Tensor:
@@ -46,12 +71,7 @@ def rawatt(ctx: BatchContext) -> MethodOutput:
 )
 def rollout(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    joint = None
-    cumulative = []
-    for a_hat in rollout_matrices(cap):
-        joint = a_hat if joint is None else a_hat @ joint
-        cumulative.append(joint)
-    layers = _stack_rows(cap, cumulative)  # row c of the rollout up to each layer
+    layers = _stack_rows(cap, propagate(rollout_matrices(cap.attentions)))  # row c of the rollout up to each layer
     return MethodOutput(layers[:, -1], layers)
 
 
@@ -101,12 +121,6 @@ def agrad(ctx: BatchContext) -> MethodOutput:
 )
 def gae(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    b, _, q, _ = cap.attentions[0].shape
-    relevance = torch.eye(q, dtype=cap.attentions[0].dtype, device=cap.attentions[0].device).expand(b, q, q)
-    cumulative = []
-    for a, g in zip(cap.attentions, cap.attention_grads):
-        a_bar = (g * a).clamp_min(0).mean(1)
-        relevance = relevance + a_bar @ relevance
-        cumulative.append(relevance)
-    layers = _stack_rows(cap, cumulative)
+    a_bars = ((g * a).clamp_min(0).mean(1) for a, g in zip(cap.attentions, cap.attention_grads))
+    layers = _stack_rows(cap, propagate(a_bars, residual=True))
     return MethodOutput(layers[:, -1], layers)

@@ -30,7 +30,6 @@ def cat_per_layer(capture: Capture, hidden: str) -> torch.Tensor:
     needs={HIDDEN, GRADIENTS},
     summary="Σ over layers of Σ_d (∇h^{l-1} ⊙ h^{l-1})[j, d] (AttCAT Eq. 10 without attention).",
     citation="Qiang et al. 2022 (AttCAT), Eq. 10",
-    options={"hidden": "input"},
 )
 def cat(ctx: BatchContext, hidden: str = "input") -> MethodOutput:
     layers = cat_per_layer(ctx.capture, hidden)
@@ -43,7 +42,6 @@ def cat(ctx: BatchContext, hidden: str = "input") -> MethodOutput:
     summary="Σ over layers of ᾱ^l_j · Σ_d (∇h^{l-1} ⊙ h^{l-1})[j, d]; ᾱ = attention token j receives, mean over "
     "heads and real query rows.",
     citation="Qiang et al. 2022 (AttCAT), Eq. 11 as in the authors' code",
-    options={"hidden": "input", "alpha": "mean"},
 )
 def attcat(ctx: BatchContext, hidden: str = "input", alpha: str = "mean") -> MethodOutput:
     cap = ctx.capture

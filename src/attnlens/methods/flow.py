@@ -31,6 +31,7 @@ import torch
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
+from .attention import rollout_matrices
 from .registry import ATTENTION, MethodOutput, register
 
 FLOW_SCALE = 2**30  # integer capacity of a weight of 1; total flow <= FLOW_SCALE < 2**31 (scipy uses int32)
@@ -41,19 +42,16 @@ FLOW_SCALE = 2**30  # integer capacity of a weight of 1; total flow <= FLOW_SCAL
 SLOW_WORK = 3e6
 
 
-def rollout_matrices(attentions: list[torch.Tensor] | np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
-    """``Â^l = 0.5 mean_h A^l + 0.5 I`` for one example, over the kept (real) tokens: ``(L, n, n)``.
+def flow_matrices(attentions: list[torch.Tensor] | np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+    """One example's rollout matrices (:func:`~attnlens.methods.attention.rollout_matrices`, in float64)
+    restricted to the kept (real) tokens: ``(L, n, n)``.
 
     ``attentions`` is a list of L ``(H, N, N)`` tensors (or an array ``(L, H, N, N)``); ``keep`` a boolean mask
     ``(N,)`` of the tokens to keep (default: all).
     """
-    att = np.stack([np.asarray(a.detach().double().cpu() if torch.is_tensor(a) else a, dtype=np.float64)
-                    for a in attentions])
-    mean = att.mean(axis=1)
-    if keep is not None:
-        mean = mean[:, keep][:, :, keep]
-    n = mean.shape[-1]
-    return 0.5 * mean + 0.5 * np.eye(n)[None]
+    mats = rollout_matrices((torch.as_tensor(a).detach().cpu() for a in attentions), torch.float64)
+    out = torch.stack(mats).numpy()
+    return out if keep is None else out[:, keep][:, :, keep]
 
 
 def _flow_graph(mats: np.ndarray, source: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -235,13 +233,12 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray) -> np.ndarray:
 )
 def compute(ctx) -> MethodOutput:
     cap = ctx.capture
-    atts = torch.stack([a.detach() for a in cap.attentions], dim=1)  # (B, L, H, N, N)
     key_mask = cap.key_mask.bool().cpu().numpy()
     weights = cap.query_weights.detach().double().cpu().numpy()
     scores = torch.zeros(cap.key_mask.shape, dtype=torch.float32)
-    for b in range(atts.shape[0]):
+    for b in range(len(key_mask)):
         keep = key_mask[b]
-        mats = rollout_matrices(atts[b], keep)
+        mats = flow_matrices([a[b] for a in cap.attentions], keep)
         w = weights[b][keep]
         scores[b, torch.from_numpy(np.flatnonzero(keep))] = torch.from_numpy(attention_flow(mats, w)).float()
     return MethodOutput(scores.to(cap.key_mask.device), None, space="keys")

@@ -80,7 +80,6 @@ def _check_engine(engine: str) -> None:
     needs={EMBEDDINGS, GRADIENTS},
     summary="Gradient of the target w.r.t. the input token embeddings, |·| summed over dimensions.",
     citation="Simonyan et al. 2014; Captum Saliency",
-    options={"engine": "shared", "abs": True},
 )
 def saliency(ctx: BatchContext, engine: str = "shared", abs: bool = True) -> MethodOutput:  # noqa: A002
     # Captum's Saliency takes |gradient| by default, and so do we: when a LayerNorm follows the embeddings
@@ -97,7 +96,6 @@ def saliency(ctx: BatchContext, engine: str = "shared", abs: bool = True) -> Met
     needs={EMBEDDINGS, GRADIENTS},
     summary="Input embeddings × their gradient, summed over dimensions.",
     citation="Shrikumar et al. 2016; Captum InputXGradient",
-    options={"engine": "shared"},
 )
 def inputxgradient(ctx: BatchContext, engine: str = "shared") -> MethodOutput:
     _check_engine(engine)
@@ -136,7 +134,6 @@ def baseline_ids(ctx: BatchContext, baseline: str) -> torch.Tensor:
     needs={OWN_PASS},
     summary="Integrated gradients on the input token embeddings from a baseline of padding tokens.",
     citation="Sundararajan et al. 2017; Captum IntegratedGradients",
-    options={"n_steps": 50, "internal_batch_size": 128, "baseline": "auto"},
 )
 def integratedgradients(
     ctx: BatchContext, n_steps: int = 50, internal_batch_size: int = 128, baseline: str = "auto"

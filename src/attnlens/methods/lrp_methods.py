@@ -15,13 +15,13 @@ from ..context import BatchContext
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass
 from ..lrp.relevance import check_settings
-from .registry import _REGISTRY, ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, register
+from .attention import propagate
+from .registry import ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, register
 
-_CHEFER_OPTIONS = {"rules": "chefer", "epsilon": 0.0}  # what Chefer et al.'s and AttCAT's code run
 ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP / CP-LRP
 
 
-def shared_lrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0) -> LRPResult:
+def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     """The batch's LRP pass for these settings, run once and cached in ``ctx.cache["lrp"]``."""
     check_settings(rules, epsilon)
     cache = ctx.cache.setdefault("lrp", {})
@@ -42,7 +42,6 @@ def _rows(ctx: BatchContext, per_layer: list[torch.Tensor]) -> torch.Tensor:
     summary="Partial LRP: LRP relevance of the last layer's attention, E_h max(R(A^L), 0)[c, j].",
     citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
     lrp=True,
-    options=dict(_CHEFER_OPTIONS),
 )
 def partiallrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0) -> MethodOutput:
     res = shared_lrp(ctx, rules, epsilon)
@@ -60,15 +59,14 @@ def transatt_rollout(
         raise InputError(f"transatt start_layer={start_layer} is out of range for a model with {n_layers} layers: "
                          f"use 0 to {n_layers - 1}, or -1 to -{n_layers} to count from the top")
     start_layer %= n_layers
-    joint = None
-    out = []
-    for g, r in zip(grads[start_layer:], relevances[start_layer:]):
-        a_bar = (g * r).clamp(min=0).mean(1)
-        m = a_bar + torch.eye(a_bar.shape[-1], dtype=a_bar.dtype, device=a_bar.device)
-        m = m / m.sum(-1, keepdim=True)
-        joint = m if joint is None else m @ joint
-        out.append(joint)
-    return out
+    return propagate(_normalised(g, r) for g, r in zip(grads[start_layer:], relevances[start_layer:]))
+
+
+def _normalised(grad: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    """``(Ā + I) / rowsum`` with ``Ā = E_h max(∇A ⊙ R(A), 0)``."""
+    a_bar = (grad * relevance).clamp(min=0).mean(1)
+    m = a_bar + torch.eye(a_bar.shape[-1], dtype=a_bar.dtype, device=a_bar.device)
+    return m / m.sum(-1, keepdim=True)
 
 
 @register(
@@ -79,7 +77,6 @@ def transatt_rollout(
     "row c.",
     citation="Chefer, Gur & Wolf, Transformer Interpretability Beyond Attention Visualization, CVPR 2021",
     lrp=True,
-    options={"start_layer": 0, **_CHEFER_OPTIONS},
 )
 def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "chefer", epsilon: float = 0.0) -> MethodOutput:
     if not isinstance(start_layer, int) or isinstance(start_layer, bool):
@@ -98,7 +95,6 @@ def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "chefer", eps
     "hidden dimension (signed).",
     citation="Achtibat et al., AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers, ICML 2024",
     lrp=True,
-    options={"input": "embeddings", "rules": "attnlrp", "epsilon": 0.0},
 )
 def attnlrp(ctx: BatchContext, input: str = "embeddings", rules: str = "attnlrp", epsilon: float = 0.0) -> MethodOutput:
     if input not in ("embeddings", "word"):
@@ -109,7 +105,3 @@ def attnlrp(ctx: BatchContext, input: str = "embeddings", rules: str = "attnlrp"
     res = shared_lrp(ctx, rules, epsilon)
     scores = res.input_relevance if input == "embeddings" else res.word_relevance
     return MethodOutput(scores, None, space="tokens")
-
-
-# The registered specs, e.g. for tests that register these methods only temporarily.
-SPECS = tuple(_REGISTRY[name] for name in ("partiallrp", "transatt", "attnlrp"))

@@ -8,7 +8,8 @@ a pass of their own (Captum's integrated gradients, LRP) run it from ``ctx`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,13 +17,16 @@ import torch
 
 from ..errors import InputError, ModelError, UnknownMethodError
 
-# What a method can ask the shared pass for.
+# What a method can ask the shared pass for. The pass keeps only what the requested methods declare.
 ATTENTION = "attention"  # attention probabilities of the chosen stream
-GRADIENTS = "gradients"  # gradients of the target w.r.t. everything captured (forces a backward pass)
 HIDDEN = "hidden"  # hidden states aligned with the attention keys
 EMBEDDINGS = "embeddings"  # output of the input-embedding module (token space)
+GRADIENTS = "gradients"  # gradients of the target w.r.t. the tensors above that the method declares (a backward)
 OWN_PASS = "own_pass"  # the method runs its own computation from ctx (not the shared capture)
-NEEDS = frozenset({ATTENTION, GRADIENTS, HIDDEN, EMBEDDINGS, OWN_PASS})
+# Tensors the shared pass can keep (attnlens.capture.run_capture). A new kind, e.g. the value vectors of each
+# layer, is one constant here plus one recorder there (a forward hook on the layer's value projection).
+CAPTURED = frozenset({ATTENTION, HIDDEN, EMBEDDINGS})
+NEEDS = CAPTURED | {GRADIENTS, OWN_PASS}
 
 
 @dataclass
@@ -52,6 +56,16 @@ class Method:
     self_attention_only: bool = False
     lrp: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def captured(self) -> frozenset[str]:
+        """The tensors of the shared pass this method reads."""
+        return self.needs & CAPTURED
+
+    @property
+    def differentiated(self) -> frozenset[str]:
+        """The captured tensors whose gradients this method reads."""
+        return self.captured if GRADIENTS in self.needs else frozenset()
 
     def unsupported(self, model: Any, stream: str, task: str) -> str | None:
         """Why this method cannot explain ``model`` (with this attention stream and task), or ``None``."""
@@ -89,12 +103,17 @@ def register(
     class_specific: bool = True,
     self_attention_only: bool = False,
     lrp: bool = False,
-    options: dict[str, Any] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
-    """Decorator that adds ``compute`` to the registry under ``name``."""
+    """Decorator that adds ``compute`` to the registry under ``name``.
+
+    The method's options and their defaults are the keyword arguments of ``compute`` after ``ctx`` (written once,
+    in its signature).
+    """
     bad = set(needs) - NEEDS
     if bad:
         raise ValueError(f"unknown needs {bad}; known: {sorted(NEEDS)}")
+    if GRADIENTS in needs and not set(needs) & CAPTURED:
+        raise ValueError(f"method {name!r}: GRADIENTS of what? declare some of {sorted(CAPTURED)}")
 
     def deco(compute: Callable[..., MethodOutput]) -> Callable[..., MethodOutput]:
         if name in _REGISTRY:
@@ -108,11 +127,27 @@ def register(
             class_specific=class_specific,
             self_attention_only=self_attention_only,
             lrp=lrp,
-            options=dict(options or {}),
+            options=_option_defaults(name, compute),
         )
         return compute
 
     return deco
+
+
+def _option_defaults(name: str, compute: Callable[..., MethodOutput]) -> dict[str, Any]:
+    """``{option: default}`` from the parameters of ``compute`` after the first (the batch context)."""
+    params = list(inspect.signature(compute).parameters.values())[1:]
+    for p in params:
+        if p.default is inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
+            raise ValueError(f"method {name!r}: option {p.name!r} needs a default value and a name")
+    return {p.name: p.default for p in params}
+
+
+def capture_request(methods: Iterable[Method]) -> tuple[frozenset[str], frozenset[str]]:
+    """What the shared pass must keep for ``methods``, and of which of those it takes gradients."""
+    methods = list(methods)
+    keep = frozenset().union(*(m.captured for m in methods))
+    return keep, frozenset().union(*(m.differentiated for m in methods))
 
 
 def get_method(name: str) -> Method:

@@ -1,0 +1,103 @@
+"""Issue 9, methods and the shared pass: options written once, one rollout, the capture keeps what is asked."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from conftest import make_model
+
+from attnlens import Explainer
+from attnlens.methods import get_method, list_methods, registry
+from attnlens.methods.registry import ATTENTION, MethodOutput, register
+
+
+def test_options_are_the_compute_signature_defaults():
+    for name in list_methods():
+        spec = get_method(name)
+        params = list(inspect.signature(spec.compute).parameters.values())[1:]
+        assert spec.options == {p.name: p.default for p in params}, name
+    assert get_method("attcat").options == {"hidden": "input", "alpha": "mean"}
+    assert get_method("transatt").options == {"start_layer": 0, "rules": "chefer", "epsilon": 0.0}
+
+
+def test_option_without_default_is_refused_at_registration(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+    def bad(ctx, alpha) -> MethodOutput:  # no default: the option would have no value
+        raise AssertionError
+
+    with pytest.raises(ValueError, match="option 'alpha' needs a default"):
+        register("bad", needs={ATTENTION}, summary="", citation="")(bad)
+    assert "bad" not in registry._REGISTRY
+
+
+def test_gradients_without_a_tensor_to_differentiate_is_refused(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    with pytest.raises(ValueError, match="GRADIENTS of what"):
+        register("bad", needs={registry.GRADIENTS}, summary="", citation="")(lambda ctx: None)
+
+
+TEXTS = ["i really didn't like this movie .", "a charming journey", "the plot was boring but the actors were great !"]
+CAPTURE_METHODS = ["rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "saliency",
+                   "inputxgradient"]
+
+
+def _capture(ex: Explainer, methods: list[str]):
+    specs = [get_method(m) for m in methods]
+    ctx, out = ex.compute_batch(ex.encode(TEXTS), [-1] * len(TEXTS), specs, {})
+    return ctx.capture, out
+
+
+@pytest.mark.parametrize(
+    "methods,kept",
+    [
+        (["rawatt"], {"attentions"}),
+        (["rollout", "flow"], {"attentions"}),
+        (["grads"], {"attentions", "attention_grads"}),
+        (["cat"], {"hidden", "hidden_grads"}),
+        (["attcat"], {"attentions", "attention_grads", "hidden", "hidden_grads"}),
+        (["saliency"], {"embeddings", "embedding_grads"}),
+        (["rawatt", "saliency"], {"attentions", "embeddings", "embedding_grads"}),
+        (["integratedgradients"], set()),
+        (CAPTURE_METHODS, {"attentions", "attention_grads", "hidden", "hidden_grads", "embeddings",
+                           "embedding_grads"}),
+    ],
+)
+def test_capture_keeps_what_the_methods_declare(methods, kept, tokenizer):
+    ex = Explainer(make_model("bert"), tokenizer)
+    capture, _ = _capture(ex, methods)
+    fields = {"attentions", "attention_grads", "hidden", "hidden_grads", "embeddings", "embedding_grads"}
+    assert {f for f in fields if getattr(capture, f) is not None} == kept
+    assert capture.logits.shape == (len(TEXTS), 2)
+    assert capture.n_layers == (2 if kept - {"embeddings", "embedding_grads"} else 0)
+
+
+def test_attention_only_pass_asks_for_no_hidden_states_and_builds_no_graph(tokenizer, monkeypatch):
+    ex = Explainer(make_model("bert"), tokenizer)
+    calls = []
+    forward = ex.model.forward
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("output_hidden_states"), torch.is_grad_enabled()))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(ex.model, "forward", spy)
+    capture, _ = _capture(ex, ["rawatt"])
+    assert calls == [(False, False)]
+    assert not capture.attentions[0].requires_grad
+
+
+@pytest.mark.parametrize("family,attention", [("bert", None), ("gpt2", None), ("bart", "encoder"),
+                                              ("bart", "decoder"), ("bart", "cross")])
+def test_each_method_alone_equals_it_among_all(family, attention, tokenizer):
+    """A smaller capture changes no value: each method requested alone gives bit-identical scores."""
+    ex = Explainer(make_model(family), tokenizer, attention=attention)
+    methods = [m for m in CAPTURE_METHODS if not (attention == "cross" and m in ("rollout", "gae"))]
+    _, together = _capture(ex, methods)
+    for m in methods:
+        _, alone = _capture(ex, [m])
+        torch.testing.assert_close(alone[m][0], together[m][0], rtol=0, atol=0, msg=m)
+        if together[m][1] is not None:
+            torch.testing.assert_close(alone[m][1], together[m][1], rtol=0, atol=0, msg=m)
