@@ -177,11 +177,7 @@ class Explainer:
     @property
     def labels(self) -> list[str]:
         """Class names in index order (``id2label``); empty for QA models."""
-        if self.head.task == "qa":
-            return []
-        n = int(self.model.config.num_labels)
-        id2label = getattr(self.model.config, "id2label", None) or {}
-        return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(n)]
+        return self.head.labels(self.model.config)
 
     @property
     def max_answer_length(self) -> int | None:
@@ -190,9 +186,7 @@ class Explainer:
 
     @max_answer_length.setter
     def max_answer_length(self, value: int) -> None:
-        if self.head.task != "qa":
-            raise InputError("max_answer_length applies to extractive QA models only")
-        self.head = head_for(self.model, max_answer_length=value)
+        self.head = self.head.with_max_answer_length(value)
 
     @property
     def device(self) -> torch.device:
@@ -367,59 +361,6 @@ class Explainer:
                              "padded batch: pass one input per batch, or set model.config.pad_token_id")
         return last_token_head(self.model)
 
-    # ---------------------------------------------------------------- targets
-    def _resolve_targets(self, target: Any, n: int) -> list[Any]:
-        """Per-example target class, ``-1`` for "the predicted class" (QA: ``(start, end)``, ``(-1, -1)``)."""
-        if self.head.task == "qa":
-            return self._resolve_spans(target, n)
-        if target is None or isinstance(target, (int, str, np.integer)):
-            return [self._resolve_target(target)] * n
-        if isinstance(target, torch.Tensor):
-            target = target.tolist()
-        if not isinstance(target, Sequence) or len(target) != n:
-            raise InputError(
-                f"target must be None, a class index, a label name, or a list with one per input ({n} inputs)"
-            )
-        return [self._resolve_target(t) for t in target]
-
-    def _resolve_spans(self, target: Any, n: int) -> list[tuple[int, int]]:
-        def span(t: Any) -> tuple[int, int]:
-            if t is None:
-                return (-1, -1)
-            if (isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, (int, np.integer)) for x in t)
-                    and min(t) >= 0):
-                if int(t[1]) < int(t[0]):
-                    raise InputError(f"QA target span {tuple(int(x) for x in t)} ends before it starts: "
-                                     "give (start, end) with end >= start")
-                return (int(t[0]), int(t[1]))
-            raise InputError(f"a QA target is a (start, end) pair of token positions (>= 0), got {t!r}")
-
-        if target is None or (isinstance(target, tuple) and len(target) == 2
-                              and all(isinstance(x, (int, np.integer)) for x in target)):
-            return [span(target)] * n
-        if not isinstance(target, Sequence) or len(target) != n:
-            raise InputError(f"target must be None, a (start, end) pair, or a list with one per input ({n} inputs)")
-        return [span(t) for t in target]
-
-    def _resolve_target(self, t: Any) -> int:
-        labels = self.labels
-        if t is None:
-            return -1
-        if isinstance(t, str):
-            lowered = {name.lower(): i for i, name in enumerate(labels)}
-            if t.lower() in lowered:
-                return lowered[t.lower()]
-            if t.lstrip("-").isdigit():
-                return self._resolve_target(int(t))
-            raise InputError(f"unknown label {t!r}; the model's labels are: {', '.join(labels)}")
-        if isinstance(t, (int, np.integer)) and not isinstance(t, bool):
-            if not 0 <= int(t) < len(labels):
-                raise InputError(
-                    f"target {t} is out of range: the model has {len(labels)} classes (0..{len(labels) - 1})"
-                )
-            return int(t)
-        raise InputError(f"target must be a class index or label name, got {t!r}")
-
     # ---------------------------------------------------------------- explain
     def explain(
         self,
@@ -481,11 +422,8 @@ class Explainer:
         gradients = GRADIENTS in needs
 
         encoded = self.encode(texts, truncation=truncation)
-        targets = self._resolve_targets(target, len(encoded))
-        if self.head.task == "qa":
-            for i, (e, t) in enumerate(zip(encoded, targets, strict=True)):
-                if max(t) >= len(e.ids):
-                    raise InputError(f"target span {t} of input {i} is beyond its {len(e.ids)} tokens")
+        targets = self.head.resolve_targets(target, len(encoded), self.labels)
+        self.head.check_targets([len(e.ids) for e in encoded], targets)
         size = self._effective_batch_size(batch_size)
         results: list[Explanation | None] = [None] * len(encoded)
         with explaining(self.model), tqdm(total=len(encoded), disable=not progress, desc="explaining",
@@ -503,11 +441,7 @@ class Explainer:
         special = torch.zeros_like(token_mask, dtype=torch.bool)
         for b, e in enumerate(batch):
             special[b, : len(e.special)] = torch.tensor(e.special)
-        answer_mask = None
-        if self.head.task == "qa":
-            answer_mask = torch.zeros_like(special)
-            for b, e in enumerate(batch):
-                answer_mask[b, : len(e.ids)] = torch.tensor(_context_positions(e))
+        answer_mask = self.head.answer_mask(batch, token_mask)
         return BatchContext(
             model=self.model,
             adapter=self.adapter,
@@ -533,8 +467,7 @@ class Explainer:
         if gradients is None:
             gradients = any(GRADIENTS in s.needs for s in specs)
         ctx = self._context(batch, target_kind)
-        wanted = torch.tensor(targets, dtype=torch.long, device=ctx.token_mask.device)
-        unresolved = (wanted < 0) if wanted.dim() == 1 else (wanted < 0).any(-1, keepdim=True)
+        wanted, unresolved = self.head.pending(targets, ctx.token_mask.device)
         if gradients and bool(unresolved.any()) and not bool(unresolved.all()):
             # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
             with torch.no_grad(), explaining(self.model):
@@ -581,9 +514,7 @@ class Explainer:
             "family": self.adapter.family,
             "attention": self.stream,
             "target_kind": target_kind,
-            "task": self.head.task,
-            **({"problem_type": "multi_label_classification"} if self.head.multi_label else {}),
-            **({"max_answer_length": self.head.max_answer_length} if self.head.task == "qa" else {}),
+            **self.head.meta(),
             "options": {k: v for k, v in method_options.items() if v},
             "attnlens": __version__,
         }
@@ -594,10 +525,6 @@ class Explainer:
             n = len(e.ids)
             scores = {m: s[b, :n].copy() for m, (s, _) in host.items()}
             layers = {m: lay[b, :, :n].copy() for m, (_, lay) in host.items() if lay is not None}
-            if self.head.task == "qa":  # probabilities of the explained start and end positions
-                probabilities = [float(probs[b, chosen[b][0], 0]), float(probs[b, chosen[b][1], 1])]
-            else:
-                probabilities = [float(p) for p in probs[b]]
             explanations.append(
                 Explanation(
                     text=e.text,
@@ -605,7 +532,7 @@ class Explainer:
                     special=list(e.special),
                     target=chosen[b],
                     predicted=predicted[b],
-                    probabilities=probabilities,
+                    probabilities=self.head.shown_probabilities(probs[b], chosen[b]),
                     scores=scores,
                     layers=layers,
                     labels=self.labels or None,
@@ -617,9 +544,7 @@ class Explainer:
                     meta={**meta, "truncated_tokens": e.dropped} if e.dropped else dict(meta),
                 )
             )
-            if self.head.task == "qa":  # the spans as text, for JSON readers
-                exp = explanations[-1]
-                exp.meta.update(answer=exp.span_text(), predicted_answer=exp.span_text(exp.predicted))
+            self.head.annotate(explanations[-1])
         return explanations
 
     # ------------------------------------------------------------ prediction
@@ -634,8 +559,7 @@ class Explainer:
         """Class probabilities ``(n, C)`` for token-id sequences of any lengths (no gradients, length-sorted
         batches, SDPA attention while scoring); multi-label models give each label's independent sigmoid.
         ``attention_masks`` (one 0/1 list per sequence) lets callers hide tokens without deleting them."""
-        if self.head.task != "classification":
-            raise ModelError("predict_proba is for sequence classifiers; this is a QA model")
+        self.head.check_predict_proba()
         if len(input_ids) == 0:
             return np.zeros((0, int(self.model.config.num_labels)))
         rows = self.model.get_input_embeddings().num_embeddings
@@ -659,18 +583,6 @@ class Explainer:
                                      "logit", gradients=False, head=self.head, keep={ATTENTION})
         att = torch.stack(capture.attentions, 0)[:, 0]  # (L, H, Q, K)
         return list(e.tokens), list(e.special), att.float().cpu().numpy()
-
-
-def _context_positions(e: Encoded) -> list[bool]:
-    """Token positions an extractive QA answer may use: the non-special tokens of the context, which is the
-    second sequence of a (question, context) pair (sequence id 1, else token type 1); all non-special tokens of
-    a single text."""
-    if isinstance(e.text, list):
-        if e.sequence_ids is not None:
-            return [s == 1 and not sp for s, sp in zip(e.sequence_ids, e.special, strict=True)]
-        if e.type_ids is not None and any(e.type_ids):
-            return [t == 1 and not sp for t, sp in zip(e.type_ids, e.special, strict=True)]
-    return [not sp for sp in e.special]
 
 
 def _check_options_mapping(options: Any) -> dict[str, dict[str, Any]]:
