@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelError
+from .errors import InputError, ModelError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -175,3 +175,49 @@ def check_vocabulary(tokenizer: Any, model: Any) -> None:
             f"the tokenizer has {size} tokens but the model's embedding matrix has {rows} rows (less than "
             f"{MIN_VOCAB_FRACTION:.0%}): this tokenizer does not belong to this model"
         )
+
+
+def load_pretrained(
+    name_or_path: str | Path, *, task: str | None = None, device: Any = None, **model_kwargs: Any,
+) -> tuple[Any, Any, str]:
+    """Model (eager attention), tokenizer and name of a local directory or hub id, as
+    :meth:`Explainer.from_pretrained <attnlens.Explainer.from_pretrained>` documents: ``task`` picks
+    ``AutoModelForSequenceClassification`` or ``AutoModelForQuestionAnswering`` (default: what the config's
+    architecture names); a checkpoint that cannot be explained as it is raises :class:`ModelError`."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForQuestionAnswering,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
+
+    if task not in (None, "classification", "qa"):
+        raise InputError(f"task={task!r}; choose 'classification' or 'qa'")
+
+    name = str(name_or_path)
+    looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
+    if looks_local and not Path(name).expanduser().is_dir():
+        raise ModelError(f"model directory not found: {name}")
+    check_model_dir(name)
+    try:
+        with quiet_transformers():
+            if task is None:
+                architectures = getattr(AutoConfig.from_pretrained(name), "architectures", None) or []
+                qa = any(a.endswith("ForQuestionAnswering") for a in architectures)
+                task = "qa" if qa else "classification"
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        check_tokenizer_files(tokenizer, name)
+        auto = AutoModelForQuestionAnswering if task == "qa" else AutoModelForSequenceClassification
+        model, info = load_weights(auto, name, attn_implementation="eager", **model_kwargs)
+    except OSError as exc:  # missing files, unknown hub id, no network
+        raise ModelError(f"could not load model {name!r}: {str(exc).splitlines()[0]}") from exc
+    except ValueError as exc:  # e.g. a config of another kind of model
+        kind = "an extractive QA model" if task == "qa" else "a sequence classifier"
+        raise ModelError(f"could not load {name!r} as {kind}: {str(exc).splitlines()[0]}") from exc
+    check_complete(model, info, name, task)
+    if device is not None:
+        try:
+            model.to(device)
+        except (RuntimeError, AssertionError, ValueError) as exc:  # unknown device type, CUDA not compiled in
+            raise InputError(f"cannot move the model to device {device!r}: {str(exc).splitlines()[0]}") from None
+    return model, tokenizer, name
