@@ -100,3 +100,18 @@ def test_qa_explanations_still_carry_answers_and_the_explained_span_probabilitie
     assert exp.probabilities == pytest.approx([float(probs[8, 0]), float(probs[9, 1])])
     assert exp.meta["answer"] == exp.span_text() and exp.meta["predicted_answer"] == exp.span_text(exp.predicted)
     assert exp.meta["task"] == "qa" and exp.meta["max_answer_length"] == 30
+
+
+def test_tasks_are_named_in_one_table_that_loading_reads():
+    from attnlens.heads import TASKS, task_of
+
+    assert task_of(["BertForQuestionAnswering"]) == "qa"
+    assert task_of(["RobertaForSequenceClassification"]) == task_of([]) == "classification"
+    assert {t: (h.auto_class, h.kind) for t, h in TASKS.items()} == {
+        "classification": ("AutoModelForSequenceClassification", "a sequence classifier"),
+        "qa": ("AutoModelForQuestionAnswering", "an extractive QA model"),
+    }
+    with pytest.raises(InputError, match=r"^task='ner'; choose 'classification' or 'qa'$"):
+        Explainer.from_pretrained("/nonexistent", task="ner")
+    loading = (SRC / "loading.py").read_text()
+    assert 'if task == "qa"' not in loading

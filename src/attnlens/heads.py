@@ -31,6 +31,9 @@ class Head:
 
     task = "classification"
     multi_label = False
+    model_suffix = "ForSequenceClassification"  # the HF model classes this head reads
+    auto_class = "AutoModelForSequenceClassification"  # how from_pretrained loads one
+    kind = "a sequence classifier"  # how messages name such a model
 
     def logits(self, outputs: Any) -> torch.Tensor:
         return outputs.logits
@@ -196,6 +199,9 @@ class QAHead(Head):
     """
 
     task = "qa"
+    model_suffix = "ForQuestionAnswering"
+    auto_class = "AutoModelForQuestionAnswering"
+    kind = "an extractive QA model"
 
     def __init__(self, max_answer_length: int = 30) -> None:
         self.max_answer_length = max_answer_length
@@ -316,16 +322,23 @@ QA = QAHead()
 
 
 MULTI_LABEL = MultiLabelHead()
+TASKS: dict[str, Head] = {"classification": CLASSIFICATION, "qa": QA}  # from_pretrained's task=, by name
+
+
+def task_of(architectures: Sequence[str]) -> str:
+    """The task whose model classes a config's ``architectures`` name (default ``"classification"``)."""
+    return next((t for t, h in TASKS.items() if any(a.endswith(h.model_suffix) for a in architectures)),
+                "classification")
 
 
 def head_for(model: nn.Module, max_answer_length: int = 30) -> Head:
     """The head of ``model``: sequence classification (multi-label where ``config.problem_type`` says so) or
     extractive QA (spans of at most ``max_answer_length`` tokens); anything else is an error."""
     name = type(model).__name__
-    if name.endswith("ForSequenceClassification"):
+    if name.endswith(CLASSIFICATION.model_suffix):
         multi = getattr(model.config, "problem_type", None) == "multi_label_classification"
         return MULTI_LABEL if multi else CLASSIFICATION
-    if name.endswith("ForQuestionAnswering"):
+    if name.endswith(QA.model_suffix):
         return _qa_head(max_answer_length)
     raise ModelError(
         f"attnlens explains sequence classifiers (…ForSequenceClassification) and extractive QA models "
