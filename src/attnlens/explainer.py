@@ -7,52 +7,28 @@ import inspect
 import warnings
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-from . import __version__
+from . import engine
 from .adapters import Adapter
-from .architectures import adapter_for, architecture_for, finds_last_token_by_padding
-from .batching import length_sorted_chunks, pad_batch, predict_batches
+from .architectures import adapter_for, finds_last_token_by_padding
+from .batching import pad_batch, predict_batches
 from .capture import run_capture
-from .context import TARGET_KINDS, BatchContext
+from .context import BatchContext
+from .encoding import Encoded, TextInput, encode, model_max_length
 from .errors import InputError, ModelError
 from .explanation import Explanation
 from .heads import head_for
-from .loading import (
-    check_complete,
-    check_model_dir,
-    check_tokenizer_files,
-    check_vocabulary,
-    load_weights,
-    quiet_transformers,
-)
-from .methods.registry import ATTENTION, GRADIENTS, OWN_PASS, capture_request, get_method, resolve_methods
+from .loading import check_vocabulary, load_pretrained
+from .methods.registry import ATTENTION
 from .modelstate import explaining, last_token_head
 
-TextInput = Union[str, tuple[str, str], list[str]]  # noqa: UP007 (a runtime alias on Python 3.10)
-UNKNOWN_WARNING_FRACTION = 0.5  # warn when more of the inputs' (non-special) tokens are the unknown token
-
-
-@dataclass
-class Encoded:
-    """One tokenized input."""
-
-    text: str | list[str]
-    ids: list[int]
-    type_ids: list[int] | None
-    special: list[bool]
-    tokens: list[str]
-    word_ids: list[int | None] | None
-    sequence_ids: list[int | None] | None
-    offsets: list[tuple[int, int]] | None
-    dropped: int = 0
+__all__ = ["Encoded", "Explainer", "TextInput"]
 
 
 class Explainer:
@@ -106,7 +82,7 @@ class Explainer:
         self.stream = self.adapter.check_stream(attention)
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self._check_vocabulary()
-        self.max_length = self._max_length(max_length)
+        self.max_length = model_max_length(model, tokenizer, max_length)
         # Token types go in only where the model takes them and the tokenizer makes them (GPT-2 takes them but
         # adds them as extra token embeddings, so they must match what the model was trained with).
         params = inspect.signature(model.forward).parameters
@@ -135,53 +111,14 @@ class Explainer:
         is not in the weights (a base encoder, a language model, a classifier loaded with ``task="qa"``: the head
         would be random), a directory without tokenizer files, corrupt or empty weights files.
         """
-        from transformers import (
-            AutoConfig,
-            AutoModelForQuestionAnswering,
-            AutoModelForSequenceClassification,
-            AutoTokenizer,
-        )
-
-        if task not in (None, "classification", "qa"):
-            raise InputError(f"task={task!r}; choose 'classification' or 'qa'")
-
-        name = str(name_or_path)
-        looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
-        if looks_local and not Path(name).expanduser().is_dir():
-            raise ModelError(f"model directory not found: {name}")
-        check_model_dir(name)
-        try:
-            with quiet_transformers():
-                if task is None:
-                    architectures = getattr(AutoConfig.from_pretrained(name), "architectures", None) or []
-                    qa = any(a.endswith("ForQuestionAnswering") for a in architectures)
-                    task = "qa" if qa else "classification"
-                tokenizer = AutoTokenizer.from_pretrained(name)
-            check_tokenizer_files(tokenizer, name)
-            auto = AutoModelForQuestionAnswering if task == "qa" else AutoModelForSequenceClassification
-            model, info = load_weights(auto, name, attn_implementation="eager", **model_kwargs)
-        except OSError as exc:  # missing files, unknown hub id, no network
-            raise ModelError(f"could not load model {name!r}: {str(exc).splitlines()[0]}") from exc
-        except ValueError as exc:  # e.g. a config of another kind of model
-            kind = "an extractive QA model" if task == "qa" else "a sequence classifier"
-            raise ModelError(f"could not load {name!r} as {kind}: {str(exc).splitlines()[0]}") from exc
-        check_complete(model, info, name, task)
-        if device is not None:
-            try:
-                model.to(device)
-            except (RuntimeError, AssertionError, ValueError) as exc:  # unknown device type, CUDA not compiled in
-                raise InputError(f"cannot move the model to device {device!r}: {str(exc).splitlines()[0]}") from None
+        model, tokenizer, name = load_pretrained(name_or_path, task=task, device=device, **model_kwargs)
         return cls(model, tokenizer, attention=attention, max_length=max_length, name=name)
 
     # ----------------------------------------------------------------- checks
     @property
     def labels(self) -> list[str]:
         """Class names in index order (``id2label``); empty for QA models."""
-        if self.head.task == "qa":
-            return []
-        n = int(self.model.config.num_labels)
-        id2label = getattr(self.model.config, "id2label", None) or {}
-        return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(n)]
+        return self.head.labels(self.model.config)
 
     @property
     def max_answer_length(self) -> int | None:
@@ -190,9 +127,7 @@ class Explainer:
 
     @max_answer_length.setter
     def max_answer_length(self, value: int) -> None:
-        if self.head.task != "qa":
-            raise InputError("max_answer_length applies to extractive QA models only")
-        self.head = head_for(self.model, max_answer_length=value)
+        self.head = self.head.with_max_answer_length(value)
 
     @property
     def device(self) -> torch.device:
@@ -204,133 +139,10 @@ class Explainer:
     def _check_vocabulary(self) -> None:
         check_vocabulary(self.tokenizer, self.model)
 
-    def _max_length(self, requested: int | None) -> int:
-        config = self.model.config
-        limits = []
-        for attr in ("max_position_embeddings", "n_positions"):
-            value = getattr(config, attr, None)
-            if isinstance(value, int) and value > 0:
-                if architecture_for(config).position_offset:  # positions start after the padding index
-                    value -= int(getattr(config, "pad_token_id", 1) or 1) + 1
-                limits.append(value)
-                break
-        tok_limit = getattr(self.tokenizer, "model_max_length", None)
-        if isinstance(tok_limit, int) and 0 < tok_limit < 1_000_000:
-            limits.append(tok_limit)
-        model_limit = min(limits) if limits else 512
-        if requested is None:
-            return model_limit
-        if isinstance(requested, bool) or not isinstance(requested, (int, np.integer)):
-            raise InputError(f"max_length must be an integer, got {requested!r}")
-        if requested < 2:
-            raise InputError(f"max_length must be at least 2, got {requested}")
-        if requested > model_limit:
-            warnings.warn(
-                f"max_length={requested} exceeds what the model supports; using {model_limit}", stacklevel=3
-            )
-            return model_limit
-        return requested
-
     # --------------------------------------------------------------- encoding
-    def _normalize_texts(self, texts: TextInput | Sequence[TextInput]) -> list[str | list[str]]:
-        is_pair = isinstance(texts, tuple) and len(texts) == 2 and all(isinstance(t, str) for t in texts)
-        if isinstance(texts, str) or is_pair:
-            texts = [texts]
-        if not isinstance(texts, Sequence) or len(texts) == 0:
-            raise InputError("no texts to explain: pass a string, a (text_a, text_b) pair or a list of them")
-        out: list[str | list[str]] = []
-        for i, t in enumerate(texts):
-            if isinstance(t, str):
-                parts = [t]
-            elif isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
-                parts = list(t)
-            else:
-                raise InputError(f"input {i} is neither a string nor a pair of strings: {t!r:.80}")
-            for p in parts:
-                if not p.strip():
-                    raise InputError(f"input {i} is empty or whitespace only")
-                try:
-                    p.encode("utf-8")
-                except UnicodeEncodeError:  # lone surrogates, e.g. undecodable bytes from a non-UTF-8 terminal
-                    raise InputError(
-                        f"input {i} holds characters that are not valid Unicode (undecodable bytes?): {p!r:.80}"
-                    ) from None
-            out.append(parts[0] if len(parts) == 1 else parts)
-        return out
-
     def encode(self, texts: TextInput | Sequence[TextInput], truncation: bool = True) -> list[Encoded]:
         """Tokenize inputs (no padding); over-long inputs are truncated with a warning or rejected."""
-        items = self._normalize_texts(texts)
-        fast = bool(getattr(self.tokenizer, "is_fast", False))
-        encoded: list[Encoded] = []
-        too_long: list[tuple[int, int]] = []
-        for i, text in enumerate(items):
-            args = (text,) if isinstance(text, str) else (text[0], text[1])
-            kwargs = dict(add_special_tokens=True, return_special_tokens_mask=True, return_offsets_mapping=fast,
-                          verbose=False)
-            enc = self.tokenizer(*args, truncation=False, **kwargs)
-            n = len(enc["input_ids"])
-            dropped = 0
-            if n > self.max_length:
-                if not truncation:
-                    raise InputError(
-                        f"input {i} has {n} tokens, more than the model's maximum of {self.max_length} "
-                        "(pass truncation=True to cut it)"
-                    )
-                enc = self.tokenizer(*args, truncation=True, max_length=self.max_length, **kwargs)
-                dropped = n - len(enc["input_ids"])
-                too_long.append((i, dropped))
-            ids = [int(x) for x in enc["input_ids"]]
-            if len(ids) > self.max_length:  # a tokenizer cannot cut a pair below its special tokens
-                raise InputError(f"input {i}: max_length={self.max_length} is too short for its special tokens")
-            if all(enc["special_tokens_mask"]):  # nothing but [CLS]/[SEP]: there is nothing to explain
-                cut = f" after truncation to {self.max_length} tokens" if dropped else ""
-                raise InputError(f"input {i} has no token to explain{cut} (only special tokens): {text!r:.80}")
-            encoded.append(
-                Encoded(
-                    text=text,
-                    ids=ids,
-                    type_ids=[int(x) for x in enc["token_type_ids"]] if "token_type_ids" in enc else None,
-                    special=[bool(x) for x in enc["special_tokens_mask"]],
-                    tokens=self.tokenizer.convert_ids_to_tokens(ids),
-                    word_ids=enc.word_ids() if fast else None,
-                    sequence_ids=enc.sequence_ids() if fast else None,
-                    offsets=[tuple(o) for o in enc["offset_mapping"]] if fast else None,
-                    dropped=dropped,
-                )
-            )
-        if too_long:
-            detail = ", ".join(f"input {i}: {d} tokens" for i, d in too_long[:5])
-            more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
-            warnings.warn(
-                f"{len(too_long)} input(s) longer than {self.max_length} tokens were truncated ({detail}{more} "
-                "dropped)",
-                stacklevel=3,
-            )
-        self._warn_unknown(encoded)
-        rows = self.model.get_input_embeddings().num_embeddings
-        worst = max(max(e.ids) for e in encoded)
-        if worst >= rows:
-            raise ModelError(
-                f"the tokenizer produced token id {worst} but the model has only {rows} embeddings: "
-                "tokenizer and model do not belong together"
-            )
-        return encoded
-
-    def _warn_unknown(self, encoded: list[Encoded]) -> None:
-        """Warn when most tokens of the inputs are the unknown token: the tokenizer is likely not the model's."""
-        unk = getattr(self.tokenizer, "unk_token_id", None)
-        if unk is None:
-            return
-        words = [i for e in encoded for i, s in zip(e.ids, e.special, strict=True) if not s]
-        unknown = sum(i == unk for i in words)
-        if words and unknown > UNKNOWN_WARNING_FRACTION * len(words):
-            warnings.warn(
-                f"{unknown} of the {len(words)} tokens of the inputs are unknown to the tokenizer "
-                f"({self.tokenizer.unk_token}): the explanation is of {self.tokenizer.unk_token} tokens; "
-                "is this the tokenizer the model was trained with?",
-                stacklevel=4,
-            )
+        return encode(self.tokenizer, self.model, texts, self.max_length, truncation)
 
     def _inputs(
         self,
@@ -367,59 +179,6 @@ class Explainer:
                              "padded batch: pass one input per batch, or set model.config.pad_token_id")
         return last_token_head(self.model)
 
-    # ---------------------------------------------------------------- targets
-    def _resolve_targets(self, target: Any, n: int) -> list[Any]:
-        """Per-example target class, ``-1`` for "the predicted class" (QA: ``(start, end)``, ``(-1, -1)``)."""
-        if self.head.task == "qa":
-            return self._resolve_spans(target, n)
-        if target is None or isinstance(target, (int, str, np.integer)):
-            return [self._resolve_target(target)] * n
-        if isinstance(target, torch.Tensor):
-            target = target.tolist()
-        if not isinstance(target, Sequence) or len(target) != n:
-            raise InputError(
-                f"target must be None, a class index, a label name, or a list with one per input ({n} inputs)"
-            )
-        return [self._resolve_target(t) for t in target]
-
-    def _resolve_spans(self, target: Any, n: int) -> list[tuple[int, int]]:
-        def span(t: Any) -> tuple[int, int]:
-            if t is None:
-                return (-1, -1)
-            if (isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, (int, np.integer)) for x in t)
-                    and min(t) >= 0):
-                if int(t[1]) < int(t[0]):
-                    raise InputError(f"QA target span {tuple(int(x) for x in t)} ends before it starts: "
-                                     "give (start, end) with end >= start")
-                return (int(t[0]), int(t[1]))
-            raise InputError(f"a QA target is a (start, end) pair of token positions (>= 0), got {t!r}")
-
-        if target is None or (isinstance(target, tuple) and len(target) == 2
-                              and all(isinstance(x, (int, np.integer)) for x in target)):
-            return [span(target)] * n
-        if not isinstance(target, Sequence) or len(target) != n:
-            raise InputError(f"target must be None, a (start, end) pair, or a list with one per input ({n} inputs)")
-        return [span(t) for t in target]
-
-    def _resolve_target(self, t: Any) -> int:
-        labels = self.labels
-        if t is None:
-            return -1
-        if isinstance(t, str):
-            lowered = {name.lower(): i for i, name in enumerate(labels)}
-            if t.lower() in lowered:
-                return lowered[t.lower()]
-            if t.lstrip("-").isdigit():
-                return self._resolve_target(int(t))
-            raise InputError(f"unknown label {t!r}; the model's labels are: {', '.join(labels)}")
-        if isinstance(t, (int, np.integer)) and not isinstance(t, bool):
-            if not 0 <= int(t) < len(labels):
-                raise InputError(
-                    f"target {t} is out of range: the model has {len(labels)} classes (0..{len(labels) - 1})"
-                )
-            return int(t)
-        raise InputError(f"target must be a class index or label name, got {t!r}")
-
     # ---------------------------------------------------------------- explain
     def explain(
         self,
@@ -451,76 +210,15 @@ class Explainer:
         Returns:
             One :class:`Explanation` per input, in input order.
         """
-        if target_kind not in TARGET_KINDS:
-            raise InputError(f"target_kind={target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
-        method_ids = resolve_methods(methods)
-        requested = list(method_ids)
-        specs = [get_method(m) for m in method_ids]
-        words = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods or ["all"])
-        asked_all = "all" in words
-        reasons = {s.name: s.unsupported(self.model, self.stream, self.head.task) for s in specs}
-        if asked_all:  # "all" means every method that applies to this model
-            skipped = {m: r for m, r in reasons.items() if r}
-            if skipped:
-                warnings.warn(f"skipping {', '.join(skipped)}: " + "; ".join(dict.fromkeys(skipped.values())),
-                              stacklevel=2)
-            specs = [s for s in specs if s.name not in skipped]
-            method_ids = [s.name for s in specs]
-        else:
-            for s in specs:
-                if reasons[s.name]:
-                    raise InputError(reasons[s.name])
-        options = _check_options_mapping(options)
-        for name in options:
-            if name not in requested:
-                raise InputError(f"options given for {name!r}, which is not among the requested methods")
-        method_options = {s.name: s.check_options(dict(options.get(s.name, {}))) for s in specs}
-        if target_kind == "loss" and target is None:
-            raise InputError("target_kind='loss' explains the loss against given labels: pass them as target=")
-        needs = set().union(*(s.needs for s in specs))
-        gradients = GRADIENTS in needs
-
+        specs, method_options = engine.select_methods(self, methods, target, target_kind, options)
         encoded = self.encode(texts, truncation=truncation)
-        targets = self._resolve_targets(target, len(encoded))
-        if self.head.task == "qa":
-            for i, (e, t) in enumerate(zip(encoded, targets, strict=True)):
-                if max(t) >= len(e.ids):
-                    raise InputError(f"target span {t} of input {i} is beyond its {len(e.ids)} tokens")
+        targets = self.head.resolve_targets(target, len(encoded), self.labels)
+        self.head.check_targets([len(e.ids) for e in encoded], targets)
         size = self._effective_batch_size(batch_size)
-        results: list[Explanation | None] = [None] * len(encoded)
-        with explaining(self.model), tqdm(total=len(encoded), disable=not progress, desc="explaining",
-                                          unit="input") as bar:
-            for idx in length_sorted_chunks([len(e.ids) for e in encoded], size):
-                batch = [encoded[i] for i in idx]
-                for i, exp in zip(idx, self._explain_batch(batch, [targets[i] for i in idx], specs,
-                                                           method_options, target_kind, gradients), strict=True):
-                    results[i] = exp
-                bar.update(len(idx))
-        return results  # type: ignore[return-value]
+        return engine.explain_all(self, encoded, targets, specs, method_options, target_kind, size, progress)
 
     def _context(self, batch: list[Encoded], target_kind: str) -> BatchContext:
-        inputs, token_mask = self._inputs([e.ids for e in batch], [e.type_ids for e in batch])
-        special = torch.zeros_like(token_mask, dtype=torch.bool)
-        for b, e in enumerate(batch):
-            special[b, : len(e.special)] = torch.tensor(e.special)
-        answer_mask = None
-        if self.head.task == "qa":
-            answer_mask = torch.zeros_like(special)
-            for b, e in enumerate(batch):
-                answer_mask[b, : len(e.ids)] = torch.tensor(_context_positions(e))
-        return BatchContext(
-            model=self.model,
-            adapter=self.adapter,
-            inputs=inputs,
-            token_mask=token_mask,
-            special_mask=special,
-            targets=torch.zeros(len(batch), dtype=torch.long),
-            target_kind=target_kind,
-            stream=self.stream,
-            tokenizer=self.tokenizer,
-            head=self.head,
-            answer_mask=answer_mask,
-        )
+        return engine.batch_context(self, batch, target_kind)
 
     def compute_batch(
         self, batch: list[Encoded], targets: list[Any], specs: list[Any], method_options: dict[str, dict[str, Any]],
@@ -528,99 +226,10 @@ class Explainer:
     ) -> tuple[BatchContext, dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
         """Scores of one padded batch in token space: ``{method: (scores (B, N), layers (B, L, N) | None)}``.
 
-        Padding positions are exactly zero. Used by :meth:`explain`; public for tests and evaluation code.
+        Padding positions are exactly zero; a negative target is the predicted one. Used by :meth:`explain`
+        (see :mod:`attnlens.engine`); public for tests and evaluation code.
         """
-        if gradients is None:
-            gradients = any(GRADIENTS in s.needs for s in specs)
-        ctx = self._context(batch, target_kind)
-        wanted = torch.tensor(targets, dtype=torch.long, device=ctx.token_mask.device)
-        unresolved = (wanted < 0) if wanted.dim() == 1 else (wanted < 0).any(-1, keepdim=True)
-        if gradients and bool(unresolved.any()) and not bool(unresolved.all()):
-            # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
-            with torch.no_grad(), explaining(self.model):
-                logits = self.head.logits(self.model(**ctx.inputs))
-            wanted = torch.where(unresolved, self.head.predicted(logits, ctx.token_mask, ctx.answer_mask), wanted)
-            unresolved = torch.zeros_like(unresolved)
-        with explaining(self.model), self._head_without_padding(ctx.token_mask):
-            keep, differentiate = capture_request(specs)
-            capture, _ = run_capture(
-                self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream,
-                None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=self.head,
-                answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate,
-            )
-            ctx.targets = torch.where(
-                unresolved, self.head.predicted(capture.logits, ctx.token_mask, ctx.answer_mask), wanted)
-            ctx.capture = capture
-            out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
-            mask = ctx.token_mask.to(capture.logits.dtype)
-            for spec in specs:
-                with torch.set_grad_enabled(OWN_PASS in spec.needs):  # capture-only methods need no graph
-                    result = spec.compute(ctx, **method_options.get(spec.name, {}))
-                scores, layers = result.scores.detach(), None if result.layers is None else result.layers.detach()
-                if result.space == "keys":  # zero keys the explained row cannot see, then map keys to tokens
-                    key_mask = capture.key_mask.to(scores.dtype)
-                    scores = self.adapter.keys_to_tokens(scores * key_mask, self.stream)
-                    layers = None if layers is None else self.adapter.keys_to_tokens(
-                        layers * key_mask[:, None, :], self.stream)
-                scores = scores * mask
-                layers = None if layers is None else layers * mask[:, None, :]
-                out[spec.name] = (scores, layers)
-        return ctx, out
-
-    def _explain_batch(
-        self, batch: list[Encoded], targets: list[Any], specs: list[Any], method_options: dict[str, dict[str, Any]],
-        target_kind: str, gradients: bool,
-    ) -> list[Explanation]:
-        ctx, out = self.compute_batch(batch, targets, specs, method_options, target_kind, gradients)
-        probs = self.head.probabilities(ctx.capture.logits, ctx.token_mask).cpu().numpy()
-        predicted = self.head.prediction(ctx.capture.logits, ctx.token_mask, ctx.answer_mask)
-        chosen = ctx.targets.cpu().tolist()
-        explanations = []
-        meta = {
-            "model": self.name,
-            "family": self.adapter.family,
-            "attention": self.stream,
-            "target_kind": target_kind,
-            "task": self.head.task,
-            **({"problem_type": "multi_label_classification"} if self.head.multi_label else {}),
-            **({"max_answer_length": self.head.max_answer_length} if self.head.task == "qa" else {}),
-            "options": {k: v for k, v in method_options.items() if v},
-            "attnlens": __version__,
-        }
-        # one device->host copy per method and batch, then cheap numpy slices per example
-        host = {m: (s.double().cpu().numpy(), None if lay is None else lay.double().cpu().numpy())
-                for m, (s, lay) in out.items()}
-        for b, e in enumerate(batch):
-            n = len(e.ids)
-            scores = {m: s[b, :n].copy() for m, (s, _) in host.items()}
-            layers = {m: lay[b, :, :n].copy() for m, (_, lay) in host.items() if lay is not None}
-            if self.head.task == "qa":  # probabilities of the explained start and end positions
-                probabilities = [float(probs[b, chosen[b][0], 0]), float(probs[b, chosen[b][1], 1])]
-            else:
-                probabilities = [float(p) for p in probs[b]]
-            explanations.append(
-                Explanation(
-                    text=e.text,
-                    tokens=list(e.tokens),
-                    special=list(e.special),
-                    target=chosen[b],
-                    predicted=predicted[b],
-                    probabilities=probabilities,
-                    scores=scores,
-                    layers=layers,
-                    labels=self.labels or None,
-                    word_ids=e.word_ids,
-                    sequence_ids=e.sequence_ids,
-                    offsets=e.offsets,
-                    input_ids=list(e.ids),
-                    token_type_ids=e.type_ids,
-                    meta={**meta, "truncated_tokens": e.dropped} if e.dropped else dict(meta),
-                )
-            )
-            if self.head.task == "qa":  # the spans as text, for JSON readers
-                exp = explanations[-1]
-                exp.meta.update(answer=exp.span_text(), predicted_answer=exp.span_text(exp.predicted))
-        return explanations
+        return engine.compute_batch(self, batch, targets, specs, method_options, target_kind, gradients)
 
     # ------------------------------------------------------------ prediction
     def predict_proba(
@@ -634,8 +243,7 @@ class Explainer:
         """Class probabilities ``(n, C)`` for token-id sequences of any lengths (no gradients, length-sorted
         batches, SDPA attention while scoring); multi-label models give each label's independent sigmoid.
         ``attention_masks`` (one 0/1 list per sequence) lets callers hide tokens without deleting them."""
-        if self.head.task != "classification":
-            raise ModelError("predict_proba is for sequence classifiers; this is a QA model")
+        self.head.check_predict_proba()
         if len(input_ids) == 0:
             return np.zeros((0, int(self.model.config.num_labels)))
         rows = self.model.get_input_embeddings().num_embeddings
@@ -659,30 +267,3 @@ class Explainer:
                                      "logit", gradients=False, head=self.head, keep={ATTENTION})
         att = torch.stack(capture.attentions, 0)[:, 0]  # (L, H, Q, K)
         return list(e.tokens), list(e.special), att.float().cpu().numpy()
-
-
-def _context_positions(e: Encoded) -> list[bool]:
-    """Token positions an extractive QA answer may use: the non-special tokens of the context, which is the
-    second sequence of a (question, context) pair (sequence id 1, else token type 1); all non-special tokens of
-    a single text."""
-    if isinstance(e.text, list):
-        if e.sequence_ids is not None:
-            return [s == 1 and not sp for s, sp in zip(e.sequence_ids, e.special, strict=True)]
-        if e.type_ids is not None and any(e.type_ids):
-            return [t == 1 and not sp for t, sp in zip(e.type_ids, e.special, strict=True)]
-    return [not sp for sp in e.special]
-
-
-def _check_options_mapping(options: Any) -> dict[str, dict[str, Any]]:
-    """``options`` as a dict of per-method option dicts; anything else is an :class:`InputError`."""
-    if options is None:
-        return {}
-    example = 'e.g. {"attcat": {"alpha": "cls"}}'
-    if not isinstance(options, Mapping):
-        raise InputError(f"options must map method ids to option dicts ({example}), got {options!r:.80}")
-    out: dict[str, dict[str, Any]] = {}
-    for name, value in options.items():
-        if not isinstance(name, str) or not isinstance(value, Mapping):
-            raise InputError(f"options must map method ids to option dicts ({example}), got {name!r}: {value!r:.60}")
-        out[name] = dict(value)
-    return out

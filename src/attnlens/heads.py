@@ -13,14 +13,17 @@ multi-label) or extractive QA.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from .errors import InputError, ModelError
 
 TARGET_KINDS = ("logit", "probability", "loss")
+PREDICTED = -1  # an internal target entry meaning "the model's prediction" (QA: both positions of the span)
 
 
 class Head:
@@ -28,6 +31,9 @@ class Head:
 
     task = "classification"
     multi_label = False
+    model_suffix = "ForSequenceClassification"  # the HF model classes this head reads
+    auto_class = "AutoModelForSequenceClassification"  # how from_pretrained loads one
+    kind = "a sequence classifier"  # how messages name such a model
 
     def logits(self, outputs: Any) -> torch.Tensor:
         return outputs.logits
@@ -59,6 +65,76 @@ class Head:
     def probabilities(self, logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         return logits.float().softmax(-1)
 
+    # ---------------------------------------------------------------- targets
+    def labels(self, config: Any) -> list[str]:
+        """Class names in index order (``id2label``)."""
+        n = int(config.num_labels)
+        id2label = getattr(config, "id2label", None) or {}
+        return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(n)]
+
+    def resolve_targets(self, target: Any, n: int, labels: list[str]) -> list[Any]:
+        """A user target (``None``, a class index, a label name, or one per input) as ``n`` checked class
+        indices, :data:`PREDICTED` for "the predicted class"."""
+        if target is None or isinstance(target, (int, str, np.integer)):
+            return [self._resolve_one(target, labels)] * n
+        if isinstance(target, torch.Tensor):
+            target = target.tolist()
+        if not isinstance(target, Sequence) or len(target) != n:
+            raise InputError(
+                f"target must be None, a class index, a label name, or a list with one per input ({n} inputs)"
+            )
+        return [self._resolve_one(t, labels) for t in target]
+
+    def _resolve_one(self, t: Any, labels: list[str]) -> int:
+        if t is None:
+            return PREDICTED
+        if isinstance(t, str):
+            lowered = {name.lower(): i for i, name in enumerate(labels)}
+            if t.lower() in lowered:
+                return lowered[t.lower()]
+            if t.lstrip("-").isdigit():
+                return self._resolve_one(int(t), labels)
+            raise InputError(f"unknown label {t!r}; the model's labels are: {', '.join(labels)}")
+        if isinstance(t, (int, np.integer)) and not isinstance(t, bool):
+            if not 0 <= int(t) < len(labels):
+                raise InputError(
+                    f"target {t} is out of range: the model has {len(labels)} classes (0..{len(labels) - 1})"
+                )
+            return int(t)
+        raise InputError(f"target must be a class index or label name, got {t!r}")
+
+    def check_targets(self, lengths: list[int], targets: list[Any]) -> None:
+        """Check resolved targets against the inputs' token counts (class indices need no check)."""
+
+    def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Targets as a tensor, and the mask of the :data:`PREDICTED` entries, shaped to ``torch.where`` one
+        with :meth:`predicted`."""
+        wanted = torch.tensor(targets, dtype=torch.long, device=device)
+        return wanted, wanted < 0  # PREDICTED (compute_batch callers may pass any negative)
+
+    def answer_mask(self, batch: list[Any], like: torch.Tensor) -> torch.Tensor | None:
+        """``(B, N)`` positions an answer may use (QA only; ``None`` here)."""
+        return None
+
+    # ---------------------------------------------------------------- display
+    def shown_probabilities(self, probs: np.ndarray, target: Any) -> list[float]:
+        """What :attr:`Explanation.probabilities` stores of one example's probabilities: every class."""
+        return [float(p) for p in probs]
+
+    def meta(self) -> dict[str, Any]:
+        """The head's entries of every explanation's metadata."""
+        return {"task": self.task}
+
+    def annotate(self, explanation: Any) -> None:
+        """Add per-example metadata to an explanation (nothing for classifiers)."""
+
+    # ------------------------------------------------------------------ checks
+    def check_predict_proba(self) -> None:
+        """Raise when :meth:`Explainer.predict_proba` does not apply (it does to classifiers)."""
+
+    def with_max_answer_length(self, value: int) -> Head:
+        raise InputError("max_answer_length applies to extractive QA models only")
+
 
 class MultiLabelHead(Head):
     """Multi-label classification: every label is an independent yes/no with probability ``sigmoid(logit)``."""
@@ -85,6 +161,9 @@ class MultiLabelHead(Head):
         """The labels with p > 0.5 of each example (ascending; possibly none)."""
         on = self.probabilities(logits.detach(), token_mask) > self.threshold
         return [row.nonzero().flatten().tolist() for row in on.cpu()]
+
+    def meta(self) -> dict[str, Any]:
+        return {"task": self.task, "problem_type": "multi_label_classification"}
 
 
 def best_spans(start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor, max_answer_length: int) -> torch.Tensor:
@@ -120,6 +199,9 @@ class QAHead(Head):
     """
 
     task = "qa"
+    model_suffix = "ForQuestionAnswering"
+    auto_class = "AutoModelForQuestionAnswering"
+    kind = "an extractive QA model"
 
     def __init__(self, max_answer_length: int = 30) -> None:
         self.max_answer_length = max_answer_length
@@ -157,26 +239,114 @@ class QAHead(Head):
     def probabilities(self, logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         return self._masked(logits.float(), token_mask).softmax(1)
 
+    # ---------------------------------------------------------------- targets
+    def labels(self, config: Any) -> list[str]:
+        """QA models have no class names."""
+        return []
+
+    def resolve_targets(self, target: Any, n: int, labels: list[str]) -> list[Any]:
+        """A user target (``None``, a ``(start, end)`` pair, or one per input) as ``n`` checked spans,
+        ``(PREDICTED, PREDICTED)`` for "the predicted span"."""
+        if target is None or (isinstance(target, tuple) and len(target) == 2
+                              and all(isinstance(x, (int, np.integer)) for x in target)):
+            return [_span(target)] * n
+        if not isinstance(target, Sequence) or len(target) != n:
+            raise InputError(f"target must be None, a (start, end) pair, or a list with one per input ({n} inputs)")
+        return [_span(t) for t in target]
+
+    def check_targets(self, lengths: list[int], targets: list[Any]) -> None:
+        for i, (n, t) in enumerate(zip(lengths, targets, strict=True)):
+            if max(t) >= n:
+                raise InputError(f"target span {t} of input {i} is beyond its {n} tokens")
+
+    def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        wanted = torch.tensor(targets, dtype=torch.long, device=device)
+        return wanted, (wanted < 0).any(-1, keepdim=True)
+
+    def answer_mask(self, batch: list[Any], like: torch.Tensor) -> torch.Tensor | None:
+        """The non-special tokens of each input's context (:func:`context_positions`)."""
+        mask = torch.zeros_like(like, dtype=torch.bool)
+        for b, e in enumerate(batch):
+            mask[b, : len(e.ids)] = torch.tensor(context_positions(e))
+        return mask
+
+    # ---------------------------------------------------------------- display
+    def shown_probabilities(self, probs: np.ndarray, target: Any) -> list[float]:
+        """The probabilities of the explained start and end positions."""
+        return [float(probs[target[0], 0]), float(probs[target[1], 1])]
+
+    def meta(self) -> dict[str, Any]:
+        return {"task": self.task, "max_answer_length": self.max_answer_length}
+
+    def annotate(self, explanation: Any) -> None:
+        """The explained and predicted spans as text, for JSON readers."""
+        explanation.meta.update(answer=explanation.span_text(),
+                                predicted_answer=explanation.span_text(explanation.predicted))
+
+    # ------------------------------------------------------------------ checks
+    def check_predict_proba(self) -> None:
+        raise ModelError("predict_proba is for sequence classifiers; this is a QA model")
+
+    def with_max_answer_length(self, value: int) -> Head:
+        return _qa_head(value)
+
+
+
+def _span(t: Any) -> tuple[int, int]:
+    """One QA target: ``None`` (the predicted span) or a ``(start, end)`` pair with ``0 <= start <= end``."""
+    if t is None:
+        return (PREDICTED, PREDICTED)
+    if (isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, (int, np.integer)) for x in t)
+            and min(t) >= 0):
+        if int(t[1]) < int(t[0]):
+            raise InputError(f"QA target span {tuple(int(x) for x in t)} ends before it starts: "
+                             "give (start, end) with end >= start")
+        return (int(t[0]), int(t[1]))
+    raise InputError(f"a QA target is a (start, end) pair of token positions (>= 0), got {t!r}")
+
+
+def context_positions(e: Any) -> list[bool]:
+    """Token positions an extractive QA answer may use: the non-special tokens of the context, which is the
+    second sequence of a (question, context) pair (sequence id 1, else token type 1); all non-special tokens of
+    a single text. ``e`` is an :class:`~attnlens.encoding.Encoded` input."""
+    if isinstance(e.text, list):
+        if e.sequence_ids is not None:
+            return [s == 1 and not sp for s, sp in zip(e.sequence_ids, e.special, strict=True)]
+        if e.type_ids is not None and any(e.type_ids):
+            return [t == 1 and not sp for t, sp in zip(e.type_ids, e.special, strict=True)]
+    return [not sp for sp in e.special]
+
 
 CLASSIFICATION = Head()
 QA = QAHead()
 
 
 MULTI_LABEL = MultiLabelHead()
+TASKS: dict[str, Head] = {"classification": CLASSIFICATION, "qa": QA}  # from_pretrained's task=, by name
+
+
+def task_of(architectures: Sequence[str]) -> str:
+    """The task whose model classes a config's ``architectures`` name (default ``"classification"``)."""
+    return next((t for t, h in TASKS.items() if any(a.endswith(h.model_suffix) for a in architectures)),
+                "classification")
 
 
 def head_for(model: nn.Module, max_answer_length: int = 30) -> Head:
     """The head of ``model``: sequence classification (multi-label where ``config.problem_type`` says so) or
     extractive QA (spans of at most ``max_answer_length`` tokens); anything else is an error."""
     name = type(model).__name__
-    if name.endswith("ForSequenceClassification"):
+    if name.endswith(CLASSIFICATION.model_suffix):
         multi = getattr(model.config, "problem_type", None) == "multi_label_classification"
         return MULTI_LABEL if multi else CLASSIFICATION
-    if name.endswith("ForQuestionAnswering"):
-        if isinstance(max_answer_length, bool) or not isinstance(max_answer_length, int) or max_answer_length < 1:
-            raise InputError(f"max_answer_length must be a positive number of tokens, got {max_answer_length!r}")
-        return QA if max_answer_length == QA.max_answer_length else QAHead(max_answer_length)
+    if name.endswith(QA.model_suffix):
+        return _qa_head(max_answer_length)
     raise ModelError(
         f"attnlens explains sequence classifiers (…ForSequenceClassification) and extractive QA models "
         f"(…ForQuestionAnswering); got {name}. Load the model with AutoModelForSequenceClassification."
     )
+
+
+def _qa_head(max_answer_length: int) -> QAHead:
+    if isinstance(max_answer_length, bool) or not isinstance(max_answer_length, int) or max_answer_length < 1:
+        raise InputError(f"max_answer_length must be a positive number of tokens, got {max_answer_length!r}")
+    return QA if max_answer_length == QA.max_answer_length else QAHead(max_answer_length)

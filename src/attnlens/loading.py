@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelError
+from .errors import InputError, ModelError
+from .heads import TASKS, task_of
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -126,7 +127,7 @@ def check_complete(model: Any, info: dict[str, Any], name: str, task: str) -> No
     prefix = getattr(model, "base_model_prefix", "") or ""
     head = [k for k in new if not (prefix and k.startswith(prefix + "."))]
     listed = ", ".join((head or new)[:4]) + (" ..." if len(head or new) > 4 else "")
-    wanted = "an extractive QA model" if task == "qa" else "a sequence classifier"
+    wanted = TASKS[task].kind
     what = f"its task head ({listed}) is" if head else f"weights {listed} are"
     where = "not in the checkpoint (or of another shape there)" if info.get("mismatched_keys") else (
         "not in the checkpoint")
@@ -175,3 +176,43 @@ def check_vocabulary(tokenizer: Any, model: Any) -> None:
             f"the tokenizer has {size} tokens but the model's embedding matrix has {rows} rows (less than "
             f"{MIN_VOCAB_FRACTION:.0%}): this tokenizer does not belong to this model"
         )
+
+
+def load_pretrained(
+    name_or_path: str | Path, *, task: str | None = None, device: Any = None, **model_kwargs: Any,
+) -> tuple[Any, Any, str]:
+    """Model (eager attention), tokenizer and name of a local directory or hub id, as
+    :meth:`Explainer.from_pretrained <attnlens.Explainer.from_pretrained>` documents: ``task`` picks
+    ``AutoModelForSequenceClassification`` or ``AutoModelForQuestionAnswering`` (default: what the config's
+    architecture names); a checkpoint that cannot be explained as it is raises :class:`ModelError`."""
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    if task not in (None, *TASKS):
+        raise InputError(f"task={task!r}; choose {' or '.join(map(repr, TASKS))}")
+
+    name = str(name_or_path)
+    looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
+    if looks_local and not Path(name).expanduser().is_dir():
+        raise ModelError(f"model directory not found: {name}")
+    check_model_dir(name)
+    try:
+        with quiet_transformers():
+            if task is None:
+                task = task_of(getattr(AutoConfig.from_pretrained(name), "architectures", None) or [])
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        check_tokenizer_files(tokenizer, name)
+        auto = getattr(transformers, TASKS[task].auto_class)
+        model, info = load_weights(auto, name, attn_implementation="eager", **model_kwargs)
+    except OSError as exc:  # missing files, unknown hub id, no network
+        raise ModelError(f"could not load model {name!r}: {str(exc).splitlines()[0]}") from exc
+    except ValueError as exc:  # e.g. a config of another kind of model
+        kind = TASKS[task or "classification"].kind  # task is None when the config itself would not load
+        raise ModelError(f"could not load {name!r} as {kind}: {str(exc).splitlines()[0]}") from exc
+    check_complete(model, info, name, task)
+    if device is not None:
+        try:
+            model.to(device)
+        except (RuntimeError, AssertionError, ValueError) as exc:  # unknown device type, CUDA not compiled in
+            raise InputError(f"cannot move the model to device {device!r}: {str(exc).splitlines()[0]}") from None
+    return model, tokenizer, name

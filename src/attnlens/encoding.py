@@ -1,0 +1,168 @@
+"""Encoding: inputs (strings and text pairs) checked and tokenized into :class:`Encoded` token lists, and the
+longest input a model takes."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+from torch import nn
+
+from .architectures import architecture_for
+from .errors import InputError, ModelError
+
+TextInput = Union[str, tuple[str, str], list[str]]  # noqa: UP007 (a runtime alias on Python 3.10)
+UNKNOWN_WARNING_FRACTION = 0.5  # warn when more of the inputs' (non-special) tokens are the unknown token
+
+@dataclass
+class Encoded:
+    """One tokenized input."""
+
+    text: str | list[str]
+    ids: list[int]
+    type_ids: list[int] | None
+    special: list[bool]
+    tokens: list[str]
+    word_ids: list[int | None] | None
+    sequence_ids: list[int | None] | None
+    offsets: list[tuple[int, int]] | None
+    dropped: int = 0
+
+
+def model_max_length(model: nn.Module, tokenizer: Any, requested: int | None) -> int:
+    """The longest input in tokens: ``requested`` (checked), at most what the model's positions and the
+    tokenizer allow."""
+    config = model.config
+    limits = []
+    for attr in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            if architecture_for(config).position_offset:  # positions start after the padding index
+                value -= int(getattr(config, "pad_token_id", 1) or 1) + 1
+            limits.append(value)
+            break
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_limit, int) and 0 < tok_limit < 1_000_000:
+        limits.append(tok_limit)
+    model_limit = min(limits) if limits else 512
+    if requested is None:
+        return model_limit
+    if isinstance(requested, bool) or not isinstance(requested, (int, np.integer)):
+        raise InputError(f"max_length must be an integer, got {requested!r}")
+    if requested < 2:
+        raise InputError(f"max_length must be at least 2, got {requested}")
+    if requested > model_limit:
+        warnings.warn(
+            f"max_length={requested} exceeds what the model supports; using {model_limit}", stacklevel=3
+        )
+        return model_limit
+    return requested
+
+
+def normalize_texts(texts: TextInput | Sequence[TextInput]) -> list[str | list[str]]:
+    """Inputs as a list of strings and ``[text_a, text_b]`` pairs; malformed ones are an :class:`InputError`."""
+    is_pair = isinstance(texts, tuple) and len(texts) == 2 and all(isinstance(t, str) for t in texts)
+    if isinstance(texts, str) or is_pair:
+        texts = [texts]
+    if not isinstance(texts, Sequence) or len(texts) == 0:
+        raise InputError("no texts to explain: pass a string, a (text_a, text_b) pair or a list of them")
+    out: list[str | list[str]] = []
+    for i, t in enumerate(texts):
+        if isinstance(t, str):
+            parts = [t]
+        elif isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
+            parts = list(t)
+        else:
+            raise InputError(f"input {i} is neither a string nor a pair of strings: {t!r:.80}")
+        for p in parts:
+            if not p.strip():
+                raise InputError(f"input {i} is empty or whitespace only")
+            try:
+                p.encode("utf-8")
+            except UnicodeEncodeError:  # lone surrogates, e.g. undecodable bytes from a non-UTF-8 terminal
+                raise InputError(
+                    f"input {i} holds characters that are not valid Unicode (undecodable bytes?): {p!r:.80}"
+                ) from None
+        out.append(parts[0] if len(parts) == 1 else parts)
+    return out
+
+
+def encode(
+    tokenizer: Any, model: nn.Module, texts: TextInput | Sequence[TextInput], max_length: int, truncation: bool = True,
+) -> list[Encoded]:
+    """Tokenize inputs (no padding); over-long inputs are truncated with a warning or rejected."""
+    items = normalize_texts(texts)
+    fast = bool(getattr(tokenizer, "is_fast", False))
+    encoded: list[Encoded] = []
+    too_long: list[tuple[int, int]] = []
+    for i, text in enumerate(items):
+        args = (text,) if isinstance(text, str) else (text[0], text[1])
+        kwargs = dict(add_special_tokens=True, return_special_tokens_mask=True, return_offsets_mapping=fast,
+                      verbose=False)
+        enc = tokenizer(*args, truncation=False, **kwargs)
+        n = len(enc["input_ids"])
+        dropped = 0
+        if n > max_length:
+            if not truncation:
+                raise InputError(
+                    f"input {i} has {n} tokens, more than the model's maximum of {max_length} "
+                    "(pass truncation=True to cut it)"
+                )
+            enc = tokenizer(*args, truncation=True, max_length=max_length, **kwargs)
+            dropped = n - len(enc["input_ids"])
+            too_long.append((i, dropped))
+        ids = [int(x) for x in enc["input_ids"]]
+        if len(ids) > max_length:  # a tokenizer cannot cut a pair below its special tokens
+            raise InputError(f"input {i}: max_length={max_length} is too short for its special tokens")
+        if all(enc["special_tokens_mask"]):  # nothing but [CLS]/[SEP]: there is nothing to explain
+            cut = f" after truncation to {max_length} tokens" if dropped else ""
+            raise InputError(f"input {i} has no token to explain{cut} (only special tokens): {text!r:.80}")
+        encoded.append(
+            Encoded(
+                text=text,
+                ids=ids,
+                type_ids=[int(x) for x in enc["token_type_ids"]] if "token_type_ids" in enc else None,
+                special=[bool(x) for x in enc["special_tokens_mask"]],
+                tokens=tokenizer.convert_ids_to_tokens(ids),
+                word_ids=enc.word_ids() if fast else None,
+                sequence_ids=enc.sequence_ids() if fast else None,
+                offsets=[tuple(o) for o in enc["offset_mapping"]] if fast else None,
+                dropped=dropped,
+            )
+        )
+    if too_long:
+        detail = ", ".join(f"input {i}: {d} tokens" for i, d in too_long[:5])
+        more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
+        warnings.warn(
+            f"{len(too_long)} input(s) longer than {max_length} tokens were truncated ({detail}{more} "
+            "dropped)",
+            stacklevel=4,
+        )
+    warn_unknown(tokenizer, encoded)
+    rows = model.get_input_embeddings().num_embeddings
+    worst = max(max(e.ids) for e in encoded)
+    if worst >= rows:
+        raise ModelError(
+            f"the tokenizer produced token id {worst} but the model has only {rows} embeddings: "
+            "tokenizer and model do not belong together"
+        )
+    return encoded
+
+
+def warn_unknown(tokenizer: Any, encoded: list[Encoded]) -> None:
+    """Warn when most tokens of the inputs are the unknown token: the tokenizer is likely not the model's."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return
+    words = [i for e in encoded for i, s in zip(e.ids, e.special, strict=True) if not s]
+    unknown = sum(i == unk for i in words)
+    if words and unknown > UNKNOWN_WARNING_FRACTION * len(words):
+        warnings.warn(
+            f"{unknown} of the {len(words)} tokens of the inputs are unknown to the tokenizer "
+            f"({tokenizer.unk_token}): the explanation is of {tokenizer.unk_token} tokens; "
+            "is this the tokenizer the model was trained with?",
+            stacklevel=5,
+        )

@@ -1,0 +1,206 @@
+"""The batch engine: which methods run, and per padded batch one shared pass (:func:`compute_batch`) whose
+captured tensors every method reads, turned into :class:`~attnlens.explanation.Explanation` objects
+(:func:`explain_batch`). Task-specific parts (targets, probabilities, metadata) are the head's
+(:mod:`attnlens.heads`); architecture facts are the adapter's."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+from . import __version__
+from .batching import length_sorted_chunks
+from .capture import run_capture
+from .context import TARGET_KINDS, BatchContext
+from .encoding import Encoded
+from .errors import InputError
+from .explanation import Explanation
+from .methods.registry import GRADIENTS, OWN_PASS, Method, capture_request, get_method, resolve_methods
+from .modelstate import explaining
+
+if TYPE_CHECKING:
+    from .explainer import Explainer
+
+
+def select_methods(
+    ex: Explainer, methods: str | Sequence[str] | None, target: Any, target_kind: str,
+    options: Mapping[str, Mapping[str, Any]] | None,
+) -> tuple[list[Method], dict[str, dict[str, Any]]]:
+    """The methods to run and their checked options. ``"all"`` skips (with a warning) the methods that do not
+    apply to this model; a named method that does not apply, or an option for a method not requested, is an
+    :class:`InputError`."""
+    if target_kind not in TARGET_KINDS:
+        raise InputError(f"target_kind={target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
+    method_ids = resolve_methods(methods)
+    requested = list(method_ids)
+    specs = [get_method(m) for m in method_ids]
+    words = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods or ["all"])
+    asked_all = "all" in words
+    reasons = {s.name: s.unsupported(ex.model, ex.stream, ex.head.task) for s in specs}
+    if asked_all:  # "all" means every method that applies to this model
+        skipped = {m: r for m, r in reasons.items() if r}
+        if skipped:
+            warnings.warn(f"skipping {', '.join(skipped)}: " + "; ".join(dict.fromkeys(skipped.values())),
+                          stacklevel=3)
+        specs = [s for s in specs if s.name not in skipped]
+    else:
+        for s in specs:
+            if reasons[s.name]:
+                raise InputError(reasons[s.name])
+    checked = _check_options_mapping(options)
+    for name in checked:
+        if name not in requested:
+            raise InputError(f"options given for {name!r}, which is not among the requested methods")
+    method_options = {s.name: s.check_options(dict(checked.get(s.name, {}))) for s in specs}
+    if target_kind == "loss" and target is None:
+        raise InputError("target_kind='loss' explains the loss against given labels: pass them as target=")
+    return specs, method_options
+
+
+def explain_all(
+    ex: Explainer, encoded: list[Encoded], targets: list[Any], specs: list[Method],
+    method_options: dict[str, dict[str, Any]], target_kind: str, batch_size: int, progress: bool,
+) -> list[Explanation]:
+    """Explanations of every input, in input order: length-sorted batches of at most ``batch_size``."""
+    gradients = any(GRADIENTS in s.needs for s in specs)
+    results: list[Explanation | None] = [None] * len(encoded)
+    with explaining(ex.model), tqdm(total=len(encoded), disable=not progress, desc="explaining",
+                                    unit="input") as bar:
+        for idx in length_sorted_chunks([len(e.ids) for e in encoded], batch_size):
+            batch = [encoded[i] for i in idx]
+            for i, exp in zip(idx, explain_batch(ex, batch, [targets[i] for i in idx], specs,
+                                                 method_options, target_kind, gradients), strict=True):
+                results[i] = exp
+            bar.update(len(idx))
+    return results  # type: ignore[return-value]
+
+
+def batch_context(ex: Explainer, batch: list[Encoded], target_kind: str) -> BatchContext:
+    """The padded inputs and masks of one batch (targets are filled in by :func:`compute_batch`)."""
+    inputs, token_mask = ex._inputs([e.ids for e in batch], [e.type_ids for e in batch])
+    special = torch.zeros_like(token_mask, dtype=torch.bool)
+    for b, e in enumerate(batch):
+        special[b, : len(e.special)] = torch.tensor(e.special)
+    return BatchContext(
+        model=ex.model,
+        adapter=ex.adapter,
+        inputs=inputs,
+        token_mask=token_mask,
+        special_mask=special,
+        targets=torch.zeros(len(batch), dtype=torch.long),
+        target_kind=target_kind,
+        stream=ex.stream,
+        tokenizer=ex.tokenizer,
+        head=ex.head,
+        answer_mask=ex.head.answer_mask(batch, token_mask),
+    )
+
+
+def compute_batch(
+    ex: Explainer, batch: list[Encoded], targets: list[Any], specs: list[Any],
+    method_options: dict[str, dict[str, Any]], target_kind: str = "logit", gradients: bool | None = None,
+) -> tuple[BatchContext, dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
+    """Scores of one padded batch in token space: ``{method: (scores (B, N), layers (B, L, N) | None)}``;
+    padding positions are exactly zero. ``targets`` are the head's resolved targets (negative: predicted)."""
+    if gradients is None:
+        gradients = any(GRADIENTS in s.needs for s in specs)
+    head = ex.head
+    ctx = batch_context(ex, batch, target_kind)
+    wanted, unresolved = head.pending(targets, ctx.token_mask.device)
+    if gradients and bool(unresolved.any()) and not bool(unresolved.all()):
+        # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
+        with torch.no_grad(), explaining(ex.model):
+            logits = head.logits(ex.model(**ctx.inputs))
+        wanted = torch.where(unresolved, head.predicted(logits, ctx.token_mask, ctx.answer_mask), wanted)
+        unresolved = torch.zeros_like(unresolved)
+    with explaining(ex.model), ex._head_without_padding(ctx.token_mask):
+        keep, differentiate = capture_request(specs)
+        capture, _ = run_capture(
+            ex.model, ex.adapter, ctx.inputs, ctx.token_mask, ex.stream,
+            None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=head,
+            answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate,
+        )
+        ctx.targets = torch.where(unresolved, head.predicted(capture.logits, ctx.token_mask, ctx.answer_mask), wanted)
+        ctx.capture = capture
+        out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        mask = ctx.token_mask.to(capture.logits.dtype)
+        for spec in specs:
+            with torch.set_grad_enabled(OWN_PASS in spec.needs):  # capture-only methods need no graph
+                result = spec.compute(ctx, **method_options.get(spec.name, {}))
+            scores, layers = result.scores.detach(), None if result.layers is None else result.layers.detach()
+            if result.space == "keys":  # zero keys the explained row cannot see, then map keys to tokens
+                key_mask = capture.key_mask.to(scores.dtype)
+                scores = ex.adapter.keys_to_tokens(scores * key_mask, ex.stream)
+                layers = None if layers is None else ex.adapter.keys_to_tokens(
+                    layers * key_mask[:, None, :], ex.stream)
+            scores = scores * mask
+            layers = None if layers is None else layers * mask[:, None, :]
+            out[spec.name] = (scores, layers)
+    return ctx, out
+
+
+def explain_batch(
+    ex: Explainer, batch: list[Encoded], targets: list[Any], specs: list[Any],
+    method_options: dict[str, dict[str, Any]], target_kind: str, gradients: bool,
+) -> list[Explanation]:
+    """One :class:`Explanation` per input of one batch."""
+    ctx, out = compute_batch(ex, batch, targets, specs, method_options, target_kind, gradients)
+    head = ex.head
+    probs = head.probabilities(ctx.capture.logits, ctx.token_mask).cpu().numpy()
+    predicted = head.prediction(ctx.capture.logits, ctx.token_mask, ctx.answer_mask)
+    chosen = ctx.targets.cpu().tolist()
+    labels = ex.labels or None
+    explanations = []
+    meta = {
+        "model": ex.name,
+        "family": ex.adapter.family,
+        "attention": ex.stream,
+        "target_kind": target_kind,
+        **head.meta(),
+        "options": {k: v for k, v in method_options.items() if v},
+        "attnlens": __version__,
+    }
+    # one device->host copy per method and batch, then cheap numpy slices per example
+    host = {m: (s.double().cpu().numpy(), None if lay is None else lay.double().cpu().numpy())
+            for m, (s, lay) in out.items()}
+    for b, e in enumerate(batch):
+        n = len(e.ids)
+        exp = Explanation(
+            text=e.text,
+            tokens=list(e.tokens),
+            special=list(e.special),
+            target=chosen[b],
+            predicted=predicted[b],
+            probabilities=head.shown_probabilities(probs[b], chosen[b]),
+            scores={m: s[b, :n].copy() for m, (s, _) in host.items()},
+            layers={m: lay[b, :, :n].copy() for m, (_, lay) in host.items() if lay is not None},
+            labels=labels,
+            word_ids=e.word_ids,
+            sequence_ids=e.sequence_ids,
+            offsets=e.offsets,
+            input_ids=list(e.ids),
+            token_type_ids=e.type_ids,
+            meta={**meta, "truncated_tokens": e.dropped} if e.dropped else dict(meta),
+        )
+        head.annotate(exp)
+        explanations.append(exp)
+    return explanations
+
+
+def _check_options_mapping(options: Any) -> dict[str, dict[str, Any]]:
+    """``options`` as a dict of per-method option dicts; anything else is an :class:`InputError`."""
+    if options is None:
+        return {}
+    example = 'e.g. {"attcat": {"alpha": "cls"}}'
+    if not isinstance(options, Mapping):
+        raise InputError(f"options must map method ids to option dicts ({example}), got {options!r:.80}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in options.items():
+        if not isinstance(name, str) or not isinstance(value, Mapping):
+            raise InputError(f"options must map method ids to option dicts ({example}), got {name!r}: {value!r:.60}")
+        out[name] = dict(value)
+    return out

@@ -1,0 +1,117 @@
+"""Issue 9, engine slice: each task's head owns its targets (resolving, checking, the probabilities and metadata
+shown), and the engine (attnlens.engine) only calls head methods."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import PAD, V, make_model, make_tokenizer
+from transformers import BertConfig, BertForQuestionAnswering
+
+import attnlens
+from attnlens import Explainer, InputError, ModelError
+from attnlens.heads import CLASSIFICATION, MULTI_LABEL, PREDICTED, QA, Head, QAHead
+
+SRC = Path(attnlens.__file__).parent
+LABELS = ["negative", "positive"]
+
+
+def test_classification_head_resolves_user_targets_on_its_own():
+    assert CLASSIFICATION.resolve_targets(None, 2, LABELS) == [PREDICTED, PREDICTED]
+    assert CLASSIFICATION.resolve_targets("Positive", 3, LABELS) == [1, 1, 1]
+    assert CLASSIFICATION.resolve_targets(["0", np.int64(1)], 2, LABELS) == [0, 1]
+    assert CLASSIFICATION.resolve_targets(torch.tensor([1, 0]), 2, LABELS) == [1, 0]
+    assert MULTI_LABEL.resolve_targets([None, "negative"], 2, LABELS) == [PREDICTED, 0]
+    with pytest.raises(InputError, match=r"^target 2 is out of range: the model has 2 classes \(0\.\.1\)$"):
+        CLASSIFICATION.resolve_targets(2, 1, LABELS)
+    with pytest.raises(InputError, match=r"^unknown label 'neutral'; the model's labels are: negative, positive$"):
+        CLASSIFICATION.resolve_targets("neutral", 1, LABELS)
+    with pytest.raises(InputError, match=r"one per input \(3 inputs\)"):
+        CLASSIFICATION.resolve_targets([0, 1], 3, LABELS)
+    with pytest.raises(InputError, match="class index or label name, got True"):
+        CLASSIFICATION.resolve_targets([True], 1, LABELS)
+
+
+def test_qa_head_resolves_and_checks_spans_on_its_own():
+    assert QA.labels(None) == []
+    assert QA.resolve_targets(None, 2, []) == [(PREDICTED, PREDICTED)] * 2
+    assert QA.resolve_targets([(1, 2), None], 2, []) == [(1, 2), (PREDICTED, PREDICTED)]
+    with pytest.raises(InputError, match=re.escape("QA target span (3, 1) ends before it starts")):
+        QA.resolve_targets((3, 1), 1, [])
+    with pytest.raises(InputError, match=re.escape("target span (2, 9) of input 1 is beyond its 6 tokens")):
+        QA.check_targets([10, 6], [(0, 1), (2, 9)])
+    wanted, pending = QA.pending([(1, 2), (PREDICTED, PREDICTED)], torch.device("cpu"))
+    assert pending.tolist() == [[False], [True]] and wanted.tolist() == [[1, 2], [-1, -1]]
+    assert QA.shown_probabilities(np.array([[0.1, 0.2], [0.3, 0.4]]), (1, 0)) == [0.3, 0.2]
+    assert QA.meta() == {"task": "qa", "max_answer_length": 30}
+    assert QA.with_max_answer_length(7).max_answer_length == 7
+    with pytest.raises(InputError, match="max_answer_length applies to extractive QA models only"):
+        CLASSIFICATION.with_max_answer_length(7)
+    with pytest.raises(ModelError, match="predict_proba is for sequence classifiers; this is a QA model"):
+        QAHead().check_predict_proba()
+    assert MULTI_LABEL.meta() == {"task": "classification", "problem_type": "multi_label_classification"}
+
+
+def test_engine_and_explainer_have_no_task_branches():
+    for module in ("explainer.py", "engine.py", "encoding.py"):
+        source = (SRC / module).read_text()
+        assert not re.search(r"task\s*[!=]=|[!=]=\s*\"qa\"|\.multi_label\b|\(-1, -1\)", source), module
+
+
+class _TaggingHead(Head):
+    """A head that changes what is shown, to prove the engine asks the head."""
+
+    def shown_probabilities(self, probs: np.ndarray, target: int) -> list[float]:
+        return [float(probs[target])]
+
+    def meta(self) -> dict:
+        return {"task": "tagged"}
+
+    def annotate(self, explanation) -> None:
+        explanation.meta["tag"] = explanation.target
+
+
+def test_the_engine_shows_what_the_head_says():
+    ex = Explainer(make_model("bert"), make_tokenizer())
+    plain = ex.explain(["good movie", "bad plot"], methods="rawatt", target=[None, 0])
+    ex.head = _TaggingHead()
+    tagged = ex.explain(["good movie", "bad plot"], methods="rawatt", target=[None, 0])
+    for p, t in zip(plain, tagged, strict=True):
+        assert t.target == p.target and t.meta["task"] == "tagged" and t.meta["tag"] == p.target
+        assert t.probabilities == [p.probabilities[p.target]]
+        np.testing.assert_array_equal(t.scores["rawatt"], p.scores["rawatt"])
+
+
+def test_qa_explanations_still_carry_answers_and_the_explained_span_probabilities():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+                     max_position_embeddings=64, initializer_range=0.3, pad_token_id=PAD)
+    model = BertForQuestionAnswering(cfg).eval()
+    ex = Explainer(model, make_tokenizer())
+    pair = ("what was the movie ?", "the movie was great but the plot was boring .")
+    (exp,) = ex.explain([pair], methods="rawatt", target=(8, 9))
+    ctx, _ = ex.compute_batch(ex.encode([pair]), [(8, 9)], [], {})
+    with torch.no_grad():
+        probs = ex.head.probabilities(ex.head.logits(model(**ctx.inputs)), ctx.token_mask)[0]
+    assert exp.probabilities == pytest.approx([float(probs[8, 0]), float(probs[9, 1])])
+    assert exp.meta["answer"] == exp.span_text() and exp.meta["predicted_answer"] == exp.span_text(exp.predicted)
+    assert exp.meta["task"] == "qa" and exp.meta["max_answer_length"] == 30
+
+
+def test_tasks_are_named_in_one_table_that_loading_reads():
+    from attnlens.heads import TASKS, task_of
+
+    assert task_of(["BertForQuestionAnswering"]) == "qa"
+    assert task_of(["RobertaForSequenceClassification"]) == task_of([]) == "classification"
+    assert {t: (h.auto_class, h.kind) for t, h in TASKS.items()} == {
+        "classification": ("AutoModelForSequenceClassification", "a sequence classifier"),
+        "qa": ("AutoModelForQuestionAnswering", "an extractive QA model"),
+    }
+    with pytest.raises(InputError, match=r"^task='ner'; choose 'classification' or 'qa'$"):
+        Explainer.from_pretrained("/nonexistent", task="ner")
+    loading = (SRC / "loading.py").read_text()
+    assert 'if task == "qa"' not in loading
