@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..architectures import adapter_for
 from ..data import Dataset
 from ..errors import InputError
 from ..explanation import Explanation
@@ -143,7 +144,7 @@ def run_benchmark(
             f"has {n_classes}"
         )
     if config is None:
-        config = EvalConfig(pad_token_id=getattr(explainer, "pad_id", None) or _pad_id(explainer))
+        config = EvalConfig(pad_token_id=_pad_id(explainer))
     for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                         ("chunk_size", chunk_size)):
         if not isinstance(value, int) or value < 1:
@@ -317,10 +318,12 @@ def _applicable_methods(methods: Any, explainer: Any, resolve: Callable[[Any], l
     return [m for m in ids if m not in skipped]
 
 
-def _pad_id(explainer: Any) -> int | None:
-    tok = getattr(explainer, "tokenizer", None)
-    pid = getattr(tok, "pad_token_id", None)
-    return pid if pid is not None else getattr(explainer.model.config, "pad_token_id", None)
+def _pad_id(explainer: Any) -> int:
+    """The id the explainer pads with (scoring pads the same way); the architecture's rule for duck-typed ones."""
+    pad = getattr(explainer, "pad_id", None)
+    if pad is not None:
+        return int(pad)
+    return adapter_for(explainer.model).pad_token_id(getattr(explainer, "tokenizer", None), explainer.model.config)
 
 
 def _explain_chunk(
