@@ -88,9 +88,33 @@ def layer_norm(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def linear(module: nn.Linear, x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``nn.Linear`` under the epsilon rule (``eps=0``: LRP-0, i.e. the unmodified gradient)."""
-    return sum_rule(F.linear(x, module.weight, module.bias), eps)
+def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """RMSNorm (Llama-family ``weight * x / rms(x)``) with the root mean square treated as a constant.
+
+    The identity rule on the normalisation (AttnLRP Sec. 3.3, LXT's ``rms_norm_forward``): the layer is then the
+    linear map ``x * (weight / rms)``, which passes relevance element-wise unchanged (no bias, nothing absorbed).
+    Same arithmetic as the stock module (float32 statistics, cast back), so the forward value is the model's.
+    """
+    xf = x.to(torch.float32)
+    inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).detach()
+    return module.weight * (xf * inv_rms).to(x.dtype)
+
+
+def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Element-wise ``a * b`` (a gated MLP's gate times its up-projection) under the uniform rule: each factor gets
+    half of the product's relevance (AttnLRP Eq. 7 for multiplication; LXT halves the gradient the same way)."""
+    return sum_rule(a * b, 0.0, 0.5)
+
+
+def linear_weight(module: nn.Module) -> torch.Tensor:
+    """The ``(out, in)`` weight of an ``nn.Linear`` or of transformers' ``Conv1D`` (GPT-2), which stores it
+    transposed: ``Conv1D(x) = x @ W + b = F.linear(x, W.T, b)``."""
+    return module.weight if isinstance(module, nn.Linear) else module.weight.T
+
+
+def linear(module: nn.Module, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``nn.Linear`` (or ``Conv1D``) under the epsilon rule (``eps=0``: LRP-0, i.e. the unmodified gradient)."""
+    return sum_rule(F.linear(x, linear_weight(module), module.bias), eps)
 
 
 # ---------------------------------------------------------------- the authors' rules (Chefer et al. 2021)
@@ -135,9 +159,10 @@ class _ZPlusLinear(torch.autograd.Function):
         return grad_x.masked_fill_(x == 0, 0.0), None, None, None
 
 
-def zplus_linear(module: nn.Linear, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
-    """``nn.Linear`` under the authors' z+ rule (``shared=False``: the two denominators of ``layers_lrp.py``)."""
-    return _ZPlusLinear.apply(x, module.weight, module.bias, shared)
+def zplus_linear(module: nn.Module, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
+    """``nn.Linear`` (or ``Conv1D``) under the authors' z+ rule (``shared=False``: the two denominators of
+    ``layers_lrp.py``)."""
+    return _ZPlusLinear.apply(x, linear_weight(module), module.bias, shared)
 
 
 def pass_through(fn, x: torch.Tensor) -> torch.Tensor:
