@@ -93,9 +93,10 @@ def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
     The identity rule on the normalisation (AttnLRP Sec. 3.3, LXT's ``rms_norm_forward``): the layer is then the
     linear map ``x * (weight / rms)``, which passes relevance element-wise unchanged (no bias, nothing absorbed).
-    Same arithmetic as the stock module (float32 statistics, cast back), so the forward value is the model's.
+    Same arithmetic as the stock module (float32 statistics, cast back), so the forward value is the model's;
+    a float64 input stays float64 (the stock module would round it to float32: checks in float64 stay exact).
     """
-    xf = x.to(torch.float32)
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).detach()
     return module.weight * (xf * inv_rms).to(x.dtype)
 
