@@ -479,3 +479,41 @@ def restore_lrp_entry():
     saved = ARCHITECTURES["gpt2"]
     yield
     register_architecture(saved)
+
+
+@pytest.mark.parametrize("constant_gate", [False, True])
+def test_gated_product_rule(constant_gate):
+    from attnlens.lrp import rules
+
+    torch.manual_seed(0)
+    gate, up = torch.randn(2, 5, requires_grad=True), torch.randn(2, 5, requires_grad=True)
+    y = rules.gated(gate, up, constant_gate)
+    torch.testing.assert_close(y, gate * up)
+    r_y = torch.randn(2, 5)
+    g_gate, g_up = torch.autograd.grad(y, [gate, up], r_y / y.detach(), allow_unused=True)
+    if constant_gate:  # CP-LRP (LXT's cp_gated_mlp_forward): the gate is a constant, up takes everything
+        assert g_gate is None
+        torch.testing.assert_close((up * g_up).detach(), r_y)
+    else:  # uniform rule: half to each factor
+        torch.testing.assert_close((gate * g_gate).detach(), r_y / 2)
+        torch.testing.assert_close((up * g_up).detach(), r_y / 2)
+
+
+def test_modernbert_local_attention_layers():
+    # ModernBERT alternates global and sliding-window layers; the sliding mask comes from the same mask interface
+    import transformers
+
+    cfg = transformers.ModernBertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                                        intermediate_size=24, max_position_embeddings=64, pad_token_id=0,
+                                        global_attn_every_n_layers=3, local_attention=4, num_labels=3,
+                                        attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.ModernBertForSequenceClassification(cfg).eval()
+    inputs = padded_batch(2)
+    inputs["input_ids"] = torch.cat([inputs["input_ids"]] * 2, 1)
+    inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.zeros_like(inputs["attention_mask"])], 1)
+    res = lrp_pass(model, inputs, [0, 1, 2], rules="cp")
+    with torch.no_grad():
+        torch.testing.assert_close(res.logits, model(**inputs).logits, rtol=1e-5, atol=1e-6)
+    far = res.attentions[1][0, :, 0, 3:]  # a local layer (window 4): [CLS] sees 2 tokens on each side
+    assert (far == 0).all() and (res.attentions[0][0, :, 0, 1:6] > 0).all()

@@ -48,14 +48,15 @@ def rms_norm(norm: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor
 
 def gated_mlp(mlp: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor:
     """Llama-family MLP ``down(act(gate(x)) * up(x))``: identity rule on ``act`` (a patched module), uniform
-    rule on the gating product."""
-    return mlp.down_proj(rules.product(mlp.act_fn(mlp.gate_proj(x)), mlp.up_proj(x)))
+    rule on the gating product (CP-LRP: the gate is a constant, :func:`rules.gated`)."""
+    return mlp.down_proj(rules.gated(mlp.act_fn(mlp.gate_proj(x)), mlp.up_proj(x), state.rules == "cp"))
 
 
 def glu_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
-    """ModernBERT's GeGLU MLP ``Wo(act(input) * gate)`` with ``input, gate = Wi(x)``: as :func:`gated_mlp`."""
-    inp, gate = mlp.Wi(hidden_states).chunk(2, dim=-1)
-    return mlp.Wo(mlp.drop(rules.product(mlp.act(inp), gate)))
+    """ModernBERT's GeGLU MLP ``Wo(act(input) * gate)`` with ``input, gate = Wi(x)``: as :func:`gated_mlp`, the
+    activated half being the gate."""
+    inp, up = mlp.Wi(hidden_states).chunk(2, dim=-1)
+    return mlp.Wo(mlp.drop(rules.gated(mlp.act(inp), up, state.rules == "cp")))
 
 
 def prenorm_block(spec: PreNorm, block: nn.Module, state: PassState, *args: Any, **kwargs: Any) -> torch.Tensor:

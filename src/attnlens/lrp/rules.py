@@ -101,10 +101,14 @@ def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return module.weight * (xf * inv_rms).to(x.dtype)
 
 
-def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Element-wise ``a * b`` (a gated MLP's gate times its up-projection) under the uniform rule: each factor gets
-    half of the product's relevance (AttnLRP Eq. 7 for multiplication; LXT halves the gradient the same way)."""
-    return sum_rule(a * b, 0.0, 0.5)
+def gated(gate: torch.Tensor, up: torch.Tensor, constant_gate: bool = False) -> torch.Tensor:
+    """Element-wise ``gate * up`` of a gated MLP under the uniform rule: each factor gets half of the product's
+    relevance (AttnLRP Eq. 7 for multiplication; LXT's ``gated_mlp_forward`` halves the gradient the same way).
+    ``constant_gate``: the gate is a constant and ``up`` takes all of it (CP-LRP, LXT's ``cp_gated_mlp_forward``).
+    """
+    if constant_gate:
+        return gate.detach() * up
+    return sum_rule(gate * up, 0.0, 0.5)
 
 
 def linear_weight(module: nn.Module) -> torch.Tensor:
