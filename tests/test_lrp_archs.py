@@ -517,3 +517,62 @@ def test_modernbert_local_attention_layers():
         torch.testing.assert_close(res.logits, model(**inputs).logits, rtol=1e-5, atol=1e-6)
     far = res.attentions[1][0, :, 0, 3:]  # a local layer (window 4): [CLS] sees 2 tokens on each side
     assert (far == 0).all() and (res.attentions[0][0, :, 0, 1:6] > 0).all()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_zplus_rule_of_a_convolution_equals_the_linear_one(shared):
+    # a kernel-1 convolution is a Linear layer over channels: the generic z+ (vector-Jacobian products of the
+    # operation) must give the relevance of the explicit-matrix z+ rule
+    from attnlens.lrp import rules
+
+    torch.manual_seed(1)
+    conv = nn.Conv1d(6, 4, 1).double()
+    lin = nn.Linear(6, 4).double()
+    with torch.no_grad():
+        lin.weight.copy_(conv.weight[:, :, 0])
+        lin.bias.copy_(conv.bias)
+    x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    r_out = torch.randn(2, 5, 4, dtype=torch.float64)
+    y_lin = rules.zplus_linear(lin, x, shared)
+    y_conv = rules.zplus_conv(conv, x.transpose(1, 2), shared).transpose(1, 2)
+    torch.testing.assert_close(y_conv, y_lin)
+    (g_lin,) = torch.autograd.grad(y_lin, x, r_out / y_lin.detach())
+    (g_conv,) = torch.autograd.grad(y_conv, x, r_out / y_conv.detach())
+    torch.testing.assert_close(x * g_conv, x * g_lin)
+
+
+def test_deberta_v2_with_a_convolution_layer():
+    import transformers
+
+    cfg = transformers.DebertaV2Config(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=24, max_position_embeddings=64, num_labels=3,
+                                       relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+                                       max_relative_positions=16, conv_kernel_size=3, conv_act="tanh",
+                                       attn_implementation="eager")
+    torch.manual_seed(2)
+    model = transformers.DebertaV2ForSequenceClassification(cfg).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+    inputs, targets = padded_batch(4), [0, 1, 2]
+    with torch.no_grad():
+        plain = model(**inputs).logits
+    chefer = lrp_pass(model, inputs, targets, rules="chefer")
+    torch.testing.assert_close(chefer.logits, plain)
+    total = chefer.input_relevance.sum(1) + chefer.position_relevance  # z+ on the convolution too: biases ignored
+    torch.testing.assert_close(total, torch.ones(3, dtype=plain.dtype))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    for rule_set in ("attnlrp", "chefer"):
+        res = lrp_pass(model, inputs, targets, rules=rule_set, track_softmax=True)
+        if rule_set == "attnlrp":
+            total = res.input_relevance.sum(1) + res.softmax_absorbed + res.position_relevance
+            torch.testing.assert_close(total, res.target)
+        assert (res.input_relevance[inputs["attention_mask"] == 0] == 0).all()
+        for b in range(3):
+            n = int(inputs["attention_mask"][b].sum())
+            one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, targets[b], rules=rule_set)
+            torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=1e-8, atol=1e-9)

@@ -179,7 +179,8 @@ _ENTRIES: list[Architecture] = [
     Architecture("deberta", ENCODER, tiny=_tiny("Deberta", **_ENC, max_position_embeddings=64)),
     Architecture("deberta-v2", ENCODER,
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
-                     ("DisentangledSelfAttention", "deberta_attention"), ("ContextPooler", "deberta_pooler"))),
+                     ("DisentangledSelfAttention", "deberta_attention"), ("ContextPooler", "deberta_pooler"),
+                     ("ConvLayer", "deberta_conv"))),
                  tiny=_tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
                             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16)),
     Architecture("mpnet", ENCODER, tiny=_tiny("MPNet", **_ENC, max_position_embeddings=70)),

@@ -104,6 +104,25 @@ def deberta_attention(
     return context, (probs if output_attentions else None)
 
 
+def deberta_conv(layer: nn.Module, state: PassState, hidden_states: torch.Tensor, residual_states: torch.Tensor,
+                 input_mask: torch.Tensor) -> torch.Tensor:
+    """DeBERTa-v2's ``ConvLayer`` (``conv_kernel_size > 0``): ``LN(residual + act(conv(h)))`` with the identity
+    rule on its inline activation; under ``rules="chefer"`` the normalised residual rule on the sum (the
+    convolution itself gets the z+ / epsilon rule of every ``nn.Conv1d``)."""
+    out = layer.conv(hidden_states.permute(0, 2, 1).contiguous()).permute(0, 2, 1).contiguous()
+    out = out.masked_fill((1 - input_mask).bool().unsqueeze(-1).expand(out.size()), 0)
+    out = rules.identity_rule(ACT2FN[layer.conv_act], layer.dropout(out))
+    total = residual_states + out
+    if state.rules == "chefer":
+        total = rules.normalized_residual(total, out)
+    output = layer.LayerNorm(total)
+    if input_mask.dim() != total.dim():
+        if input_mask.dim() == 4:
+            input_mask = input_mask.squeeze(1).squeeze(1)
+        input_mask = input_mask.unsqueeze(2)
+    return output * input_mask.to(output.dtype)
+
+
 def _deberta_position_scores(hf, attn, state, split, q, k, relative_pos, rel_embeddings, factor) -> torch.Tensor:
     # DisentangledSelfAttention.disentangled_attention_bias, with per-example position leaves and score rules
     if relative_pos is None:
@@ -143,6 +162,7 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "tanh_head": tanh_head,
     "deberta_pooler": deberta_pooler,
     "deberta_attention": deberta_attention,
+    "deberta_conv": deberta_conv,
     "rms_norm": rms_norm,
     "gated_mlp": gated_mlp,
     "glu_mlp": glu_mlp,

@@ -265,6 +265,10 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
                 patch(module, partial(rules.zplus_linear, module, shared=state.rules == "chefer"))
             elif isinstance(module, _LINEAR) and state.epsilon > 0:
                 patch(module, partial(rules.linear, module, eps=state.epsilon))
+            elif isinstance(module, nn.Conv1d) and state.rules in CHEFER:
+                patch(module, partial(rules.zplus_conv, module, shared=state.rules == "chefer"))
+            elif isinstance(module, nn.Conv1d) and state.epsilon > 0:
+                patch(module, partial(rules.conv, module, eps=state.epsilon))
             elif isinstance(module, _ACTIVATIONS):
                 patch(module, partial(rules.identity_rule, module.forward))
         handles.append(word.register_forward_hook(grab_word))
