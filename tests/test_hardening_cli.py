@@ -118,7 +118,7 @@ def test_methods_all_on_reference_models(name, attention, tmp_path, capsys):
 
 
 def test_methods_named_explicitly_still_refuse(models, capsys):
-    code = main(["explain", "good", "--model", models["gpt2"], "--methods", "rawatt,attnlrp"])
+    code = main(["explain", "good", "--model", models["bart"], "--methods", "rawatt,attnlrp"])
     assert "support BERT" in _one_line_error(capsys, code)
 
 

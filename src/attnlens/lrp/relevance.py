@@ -22,8 +22,9 @@ class LRPResult:
         target: ``(B,)`` the explained scalar per example (logit, probability or log-probability of the target).
         attentions: L tensors ``(B, H, N, N)``, the attention probabilities.
         attention_relevance: L tensors ``(B, H, N, N)``: ``R(A^l) = A^l * (modified gradient)``.
-        input_relevance: ``(B, N)`` relevance of the summed input embeddings (word + position + segment, the
-            input of the embeddings' LayerNorm), summed over the hidden dimension.
+        input_relevance: ``(B, N)`` relevance of the summed input embeddings (word + position + segment where
+            the model adds them: the input of the module ``LRPSupport.embedding_input`` names, else the word
+            embeddings), summed over the hidden dimension.
         word_relevance: ``(B, N)`` relevance of the word embeddings alone (LXT's convention).
         position_relevance: ``(B,)`` relevance taken by relative-position embeddings (DeBERTa-v2's, absorbed by
             those parameters like a bias); zeros for other models.
