@@ -576,3 +576,68 @@ def test_deberta_v2_with_a_convolution_layer():
             n = int(inputs["attention_mask"][b].sum())
             one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, targets[b], rules=rule_set)
             torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=1e-8, atol=1e-9)
+
+
+# ---------------------------------------------------------------- the chefer rules on a pre-LN block
+def _chefer_gpt2(model, ids, target, rule_set):
+    """Chefer et al.'s relprop rules (``tests/lrp_reference.py`` primitives, batch of one) through a 1-layer
+    GPT-2: z+ on every Conv1D / Linear, LayerNorm, softmax and GELU pass relevance unchanged, both attention
+    products proportional and halved, and each pre-LN residual sum an ``Add`` (normalised for ``"chefer"``);
+    the residual stream feeding both a sum and a LayerNorm is a ``Clone``. Relevance 1 at the target logit."""
+    from lrp_reference import add_relprop, clone_relprop, linear_relprop, matmul_relprop
+
+    shared = normalized = rule_set == "chefer"
+    tr, blk = model.transformer, model.transformer.h[0]
+    n, h = ids.shape[0], model.config.n_head
+
+    def as_linear(conv1d):  # Conv1D(x) = x W + b: a Linear with weight W^T
+        lin = nn.Linear(conv1d.weight.shape[0], conv1d.weight.shape[1]).double()
+        lin.weight.data, lin.bias.data = conv1d.weight.T.clone(), conv1d.bias.clone()
+        return lin
+
+    c_attn, a_proj, c_fc, m_proj = (as_linear(c) for c in (blk.attn.c_attn, blk.attn.c_proj, blk.mlp.c_fc,
+                                                           blk.mlp.c_proj))
+    x0 = tr.wte.weight[ids] + tr.wpe.weight[:n]
+    n1 = blk.ln_1(x0)
+    qkv = c_attn(n1)
+    q, k, v = (split(t, h) for t in qkv.split(model.config.n_embd, dim=-1))
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    a = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~allowed, float("-inf")).softmax(-1)
+    ctx = merge(a @ v)
+    o = a_proj(ctx)
+    h1 = x0 + o
+    n2 = blk.ln_2(h1)
+    act = blk.mlp.act(c_fc(n2))
+    m = m_proj(act)
+    h2 = h1 + m
+    nf = tr.ln_f(h2)
+    logits = model.score(nf)
+    r = torch.zeros_like(logits)
+    r[n - 1, target] = 1.0
+    r_h2 = linear_relprop(nf, model.score, r, shared)  # ln_f: unchanged
+    r_m, r_skip = add_relprop(m, h1, r_h2, normalized)
+    r_n2 = linear_relprop(n2, c_fc, linear_relprop(act, m_proj, r_m, shared), shared)  # GELU: unchanged
+    r_h1 = clone_relprop(h1, r_skip, r_n2)  # ln_2: unchanged
+    r_o, r_skip = add_relprop(o, x0, r_h1, normalized)
+    r_ctx = split(linear_relprop(ctx, a_proj, r_o, shared), h)
+    r_a, r_v = matmul_relprop(a, v, r_ctx)  # softmax and the causal mask: unchanged
+    r_q, r_kt = matmul_relprop(q, k.transpose(-1, -2), r_a)
+    r_qkv = torch.cat([merge(r_q), merge(r_kt.transpose(-1, -2)), merge(r_v)], -1)
+    r_x0 = clone_relprop(x0, r_skip, linear_relprop(n1, c_attn, r_qkv, shared))
+    return r_x0.sum(-1), r_a
+
+
+@pytest.mark.parametrize("rule_set", ["chefer", "chefer-lrp"])
+def test_chefer_rules_on_a_pre_ln_block_equal_the_reference_relprop(rule_set):
+    from lrp_reference import exact
+
+    model = _one_layer("gpt2")
+    ids = torch.tensor([2, 7, 13, 21, 5, 3])
+    inputs = {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}
+    with torch.no_grad(), exact():
+        expected_input, expected_att = _chefer_gpt2(model, ids, 2, rule_set)
+    res = lrp_pass(model, inputs, 2, rules=rule_set)
+    torch.testing.assert_close(res.input_relevance[0], expected_input, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(res.attention_relevance[0][0], expected_att, rtol=1e-9, atol=1e-10)
+    if rule_set == "chefer":
+        assert abs(float(expected_input.sum()) - 1) < 1e-9
