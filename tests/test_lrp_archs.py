@@ -311,7 +311,7 @@ def _one_layer(family: str) -> nn.Module:
         cls = transformers.LlamaForSequenceClassification
     elif family == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_positions=32, num_labels=3,
-                                      pad_token_id=0, attn_implementation="eager")
+                                      pad_token_id=0, bos_token_id=2, eos_token_id=3, attn_implementation="eager")
         cls = transformers.GPT2ForSequenceClassification
     elif family == "modernbert":
         cfg = transformers.ModernBertConfig(**common, global_attn_every_n_layers=1, cls_token_id=2, sep_token_id=3,
