@@ -306,9 +306,10 @@ def _one_layer(family: str) -> nn.Module:
 
     common = dict(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=12,
                   max_position_embeddings=32, num_labels=3, pad_token_id=0, attn_implementation="eager")
-    if family == "llama":  # grouped-query attention: 2 query heads share 1 key/value head
-        cfg = transformers.LlamaConfig(**common, num_key_value_heads=1)
-        cls = transformers.LlamaForSequenceClassification
+    if family in ("llama", "mistral", "qwen2"):  # grouped-query attention: 2 query heads share 1 key/value head
+        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[family]  # Qwen2: q, k, v biases
+        cfg = getattr(transformers, f"{prefix}Config")(**common, num_key_value_heads=1)
+        cls = getattr(transformers, f"{prefix}ForSequenceClassification")
     elif family == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_positions=32, num_labels=3,
                                       pad_token_id=0, bos_token_id=2, eos_token_id=3, attn_implementation="eager")
@@ -332,8 +333,8 @@ def _one_layer(family: str) -> nn.Module:
     return model
 
 
-EXPLICIT = {"llama": _explicit_llama, "gpt2": _explicit_gpt2, "modernbert": _explicit_modernbert,
-            "deberta-v2": _explicit_deberta}
+EXPLICIT = {"llama": _explicit_llama, "mistral": _explicit_llama, "qwen2": _explicit_llama, "gpt2": _explicit_gpt2,
+            "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta}
 
 
 @pytest.mark.parametrize("family", list(EXPLICIT))
