@@ -48,12 +48,33 @@ class Residual:
 
 
 @dataclass(frozen=True)
+class PreNorm:
+    """A pre-LN block ``h = x + attn(norm1(x)); out = h + mlp(norm2(h))`` of class ``module`` (exact class name);
+    the other fields are attribute names. LRP rules="chefer" runs such blocks with its normalised residual sums."""
+
+    module: str
+    norm1: str
+    attn: str
+    norm2: str
+    mlp: str
+
+
+@dataclass(frozen=True)
 class LRPSupport:
-    """The facts the LRP patch (:mod:`attnlens.lrp.patch`) needs about one architecture."""
+    """The facts the LRP patch (:mod:`attnlens.lrp.patch`) needs about one architecture.
+
+    ``forwards`` maps exact module class names to the LRP forward that replaces theirs during the pass (names of
+    :data:`attnlens.lrp.modules.FORWARDS`): for what the generic patches (``nn.Linear``, ``Conv1D``,
+    ``nn.LayerNorm``, activation modules, the attention interface) do not reach, such as inline nonlinearities,
+    gated products, RMSNorm, or an attention that does not go through transformers' attention interface."""
 
     name: str  # display name, listed in the "LRP supports ..." error
-    residuals: tuple[Residual, ...]  # the residual sums the chefer rules rescale
-    tanh_heads: tuple[str, ...] = ()  # classification-head classes that apply tanh inline (not as a module)
+    residuals: tuple[Residual, ...] = ()  # post-LN residual sums the chefer rules rescale
+    blocks: tuple[PreNorm, ...] = ()  # pre-LN blocks whose residual sums the chefer rules rescale
+    forwards: tuple[tuple[str, str], ...] = ()  # (module class name, LRP forward name)
+    # the module (path below the base model) whose input is the summed input embeddings (word + position +
+    # segment); None: the word embeddings themselves (models without absolute position embeddings)
+    embedding_input: str | None = "embeddings.LayerNorm"
 
 
 class _Slot:
@@ -112,6 +133,15 @@ def _modernbert_pooling(config: Any) -> str:
 # --- LRP facts -------------------------------------------------------------------------------------------------
 _BERT_RESIDUALS = (Residual("Output", "LayerNorm", "dropout"),)  # XSelfOutput, XOutput: LN(dropout(dense(h)) + x)
 
+
+def _llama_lrp(prefix: str) -> LRPSupport:
+    """Llama-family decoders (class names ``<prefix>...``): pre-RMSNorm blocks, gated MLP, rotary attention
+    through the attention interface, no absolute position embeddings."""
+    return LRPSupport(
+        prefix, blocks=(PreNorm(f"{prefix}DecoderLayer", "input_layernorm", "self_attn", "post_attention_layernorm",
+                              "mlp"),),
+        forwards=((f"{prefix}RMSNorm", "rms_norm"), (f"{prefix}MLP", "gated_mlp")), embedding_input=None)
+
 # --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------
 _ENC = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
 _DEC = dict(_ENC, num_key_value_heads=1, max_position_embeddings=64)
@@ -131,7 +161,7 @@ _ENTRIES: list[Architecture] = [
     Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS),
                  tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD)),
     Architecture("roberta", ENCODER, position_offset=True,
-                 lrp=LRPSupport("RoBERTa", _BERT_RESIDUALS, tanh_heads=("RobertaClassificationHead",)),
+                 lrp=LRPSupport("RoBERTa", _BERT_RESIDUALS, forwards=(("RobertaClassificationHead", "tanh_head"),)),
                  tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
     Architecture("distilbert", ENCODER,
                  lrp=LRPSupport("DistilBERT", (Residual("TransformerBlock", "sa_layer_norm", "attention"),
@@ -148,27 +178,37 @@ _ENTRIES: list[Architecture] = [
     Architecture("camembert", ENCODER, position_offset=True, tiny=_tiny("Camembert", **_ROBERTA)),
     Architecture("deberta", ENCODER, tiny=_tiny("Deberta", **_ENC, max_position_embeddings=64)),
     Architecture("deberta-v2", ENCODER,
+                 lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
+                     ("DisentangledSelfAttention", "deberta_attention"), ("ContextPooler", "deberta_pooler"),
+                     ("ConvLayer", "deberta_conv"))),
                  tiny=_tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
                             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16)),
     Architecture("mpnet", ENCODER, tiny=_tiny("MPNet", **_ENC, max_position_embeddings=70)),
     Architecture("ernie", ENCODER, tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64)),
     Architecture("modernbert", ENCODER, pooling=_modernbert_pooling,
+                 lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
+                                                              "mlp"),),
+                                forwards=(("ModernBertMLP", "glu_mlp"),), embedding_input="embeddings.norm"),
                  tiny=_tiny("ModernBert", **_ENC, max_position_embeddings=64, cls_token_id=BOS, sep_token_id=EOS_ID,
                             bos_token_id=BOS, eos_token_id=EOS_ID, global_attn_every_n_layers=1, local_attention=16)),
     Architecture("xlm-roberta-xl", ENCODER, position_offset=True, tiny=_tiny("XLMRobertaXL", **_ROBERTA)),
     # decoders
-    Architecture("gpt2", DECODER, tiny=_tiny("GPT2", n_embd=16, n_layer=2, n_head=2, n_positions=64,
+    Architecture("gpt2", DECODER,
+                 lrp=LRPSupport("GPT-2", blocks=(PreNorm("GPT2Block", "ln_1", "attn", "ln_2", "mlp"),),
+                                embedding_input="drop"),  # GPT2Model.drop(wte + wpe)
+                 tiny=_tiny("GPT2", n_embd=16, n_layer=2, n_head=2, n_positions=64,
                                               initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
     Architecture("gpt_neo", DECODER, tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
                                                  attention_types=[[["global", "local"], 1]],
                                                  max_position_embeddings=64)),
     Architecture("gpt_neox", DECODER, tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64)),
     Architecture("gptj", DECODER, tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4)),
-    Architecture("llama", DECODER, tiny=_tiny("Llama", **_ENC, num_key_value_heads=2, max_position_embeddings=64,
-                                              initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
-    Architecture("mistral", DECODER, tiny=_tiny("Mistral", **_DEC)),
+    Architecture("llama", DECODER, lrp=_llama_lrp("Llama"),
+                 tiny=_tiny("Llama", **_ENC, num_key_value_heads=2, max_position_embeddings=64,
+                            initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
+    Architecture("mistral", DECODER, lrp=_llama_lrp("Mistral"), tiny=_tiny("Mistral", **_DEC)),
     Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1)),
-    Architecture("qwen2", DECODER, tiny=_tiny("Qwen2", **_DEC)),
+    Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC)),
     Architecture("qwen3", DECODER, tiny=_tiny("Qwen3", **_DEC, head_dim=8)),
     Architecture("gemma", DECODER, tiny=_tiny("Gemma", **_DEC, head_dim=8)),
     Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8)),

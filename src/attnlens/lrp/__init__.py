@@ -1,4 +1,4 @@
-"""Layer-wise relevance propagation on stock HuggingFace encoders, batched (see ``docs/lrp.md``).
+"""Layer-wise relevance propagation on stock HuggingFace encoders and decoders, batched (see ``docs/lrp.md``).
 
 :func:`lrp_pass` runs one forward with LRP rules patched into the model's own modules and one backward; the
 model is restored afterwards. The methods ``partiallrp``, ``transatt`` and ``attnlrp`` read its result.

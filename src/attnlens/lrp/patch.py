@@ -19,6 +19,7 @@ from torch import nn
 from transformers import activations as hf_activations
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.pytorch_utils import Conv1D
 
 from ..architectures import LRP_SUPPORTED, LRPSupport, architecture_for
 from ..errors import InputError, ModelError
@@ -43,6 +44,7 @@ _ACTIVATIONS: tuple[type, ...] = _TORCH_ACTIVATIONS + tuple(
     if isinstance(cls, type) and issubclass(cls, nn.Module) and name.endswith(("Activation", "GELUTanh"))
     and name not in ("SqrtSoftplusActivation", "LaplaceActivation")
 )
+_LINEAR = (nn.Linear, Conv1D)  # weighted sums: z+ (chefer) or epsilon rule
 
 
 @dataclass
@@ -57,6 +59,14 @@ class PassState:
     embedding_sum: torch.Tensor | None = None
     branches: dict[int, torch.Tensor] = field(default_factory=dict)  # residual branch per LayerNorm (chefer)
     word_embeddings: torch.Tensor | None = None
+    position_inputs: list[torch.Tensor] = field(default_factory=list)  # per-example relative-position leaves
+
+    def position_leaf(self, table: torch.Tensor, batch: int) -> torch.Tensor:
+        """A per-example copy ``(B, P, D)`` of a shared relative-position table ``(P, D)``, recorded as a leaf:
+        the relevance that reaches it (absorbed by these parameters) is then measured per example."""
+        leaf = table.detach().unsqueeze(0).expand(batch, -1, -1).clone().requires_grad_(True)
+        self.position_inputs.append(leaf)
+        return leaf
 
 
 _local = threading.local()
@@ -69,24 +79,24 @@ def _active_state() -> PassState:
     return state
 
 
-def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Eager attention with the AttnLRP rules (or CP-LRP's), same signature and outputs as HF's eager one.
+def score_product(state: PassState, scores: torch.Tensor) -> torch.Tensor:
+    """A bilinear attention-score term (``Q K^T``, or DeBERTa's content-position products) under the rule set:
+    uniform rule (half the relevance to each factor, AttnLRP Eq. 7; Chefer et al.'s halved ``MatMul``) with the
+    epsilon rule on the sum; cut from the graph under CP-LRP."""
+    return scores.detach() if state.rules == "cp" else rules.sum_rule(scores, state.epsilon, 0.5)
 
-    AttnLRP: uniform rule (half the relevance to each factor) on ``Q K^T`` and on ``A V``; the softmax keeps its
-    true gradient, which in gradient x input form *is* AttnLRP's softmax rule ``R_x = x (R_s - s sum R_s)``.
-    CP-LRP (Ali et al. 2022): the softmax input is cut from the graph, so all relevance goes through ``V``; the
-    relevance reaching ``A`` is measured but not propagated further.
-    chefer, chefer-lrp: as AttnLRP but the softmax passes relevance through unchanged (identity), as in
-    Chefer et al.'s code (their ``MatMul.relprop`` is the same proportional split, halved per factor).
+
+def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax of masked ``scores`` ``(B, H, Q, K)`` and ``A V`` under the rule set; records ``A``.
+
+    AttnLRP: the softmax keeps its true gradient, which in gradient x input form *is* AttnLRP's softmax rule
+    ``R_x = x (R_s - s sum R_s)``; uniform rule on ``A V``. CP-LRP (Ali et al. 2022): ``A`` is a leaf, so all
+    relevance goes through ``V``; the relevance reaching ``A`` is measured but not propagated further.
+    chefer, chefer-lrp: as AttnLRP but the softmax passes relevance through unchanged (identity), as in Chefer
+    et al.'s code (their ``MatMul.relprop`` is the same proportional split, halved per factor).
+    Returns ``(A V (B, H, Q, d), A)``.
     """
-    state = _active_state()
-    if scaling is None:
-        scaling = query.size(-1) ** -0.5
     cp = state.rules == "cp"
-    scores = torch.matmul(query, key.transpose(2, 3))
-    scores = (scores.detach() if cp else rules.sum_rule(scores, state.epsilon, 0.5)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask
     if state.rules in CHEFER:
         probs = rules.pass_through(partial(nn.functional.softmax, dim=-1), scores)
     else:
@@ -96,7 +106,24 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     state.probs.append(probs)
     if state.track_softmax:
         state.softmax_inputs.append(scores)
-    out = rules.sum_rule(torch.matmul(probs, value), state.epsilon, 1.0 if cp else 0.5)
+    return rules.sum_rule(torch.matmul(probs, value), state.epsilon, 1.0 if cp else 0.5), probs
+
+
+def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention with the LRP rules (:func:`score_product`, :func:`attend`), same signature and outputs as
+    HF's eager one. Grouped-query attention (Llama-family ``num_key_value_groups``) repeats K and V per group, as
+    HF's ``repeat_kv``; rotary embeddings were applied before (a rotation: linear, relevance passes as gradient
+    x input). Dropout is off (eval mode)."""
+    state = _active_state()
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = score_product(state, torch.matmul(query, key.transpose(2, 3))) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    out, probs = attend(state, scores, value)
     return out.transpose(1, 2).contiguous(), probs
 
 
@@ -130,22 +157,23 @@ def check_supported(model: nn.Module) -> str:
             f"LRP methods (partiallrp, transatt, attnlrp) support {names}; "
             f"this model is {model_type or type(model).__name__!r}"
         )
-    base = getattr(model, "base_model", model)
-    if getattr(getattr(base, "embeddings", None), "LayerNorm", None) is None:
-        raise ModelError(f"LRP: {type(model).__name__} has no embeddings.LayerNorm; expected a stock HF model")
+    _embedding_input(model, _support(model))
     return model_type
 
 
-def _tanh_head_forward(head: nn.Module, features: torch.Tensor, **kwargs) -> torch.Tensor:
-    # RobertaClassificationHead.forward with the identity rule on its inline tanh
-    x = head.dropout(features[:, 0, :])
-    x = rules.identity_rule(torch.tanh, head.dense(x))
-    return head.out_proj(head.dropout(x))
+def _embedding_input(model: nn.Module, support: LRPSupport) -> nn.Module | None:
+    """The module whose input is the summed input embeddings (``None``: they are the word embeddings)."""
+    if support.embedding_input is None:
+        return None
+    base = getattr(model, "base_model", model)
+    try:
+        return base.get_submodule(support.embedding_input)
+    except AttributeError:
+        raise ModelError(f"LRP: {type(model).__name__} has no {support.embedding_input}; expected a stock HF "
+                         f"{support.name} model") from None
 
 
-def _ln_forward(module: nn.LayerNorm, state: PassState, record: bool, x: torch.Tensor) -> torch.Tensor:
-    if record:  # the embeddings' LayerNorm: its input is word + position (+ segment) embeddings
-        state.embedding_sum = x
+def _ln_forward(module: nn.LayerNorm, state: PassState, x: torch.Tensor) -> torch.Tensor:
     if state.rules not in CHEFER:
         return rules.layer_norm(module, x)
     branch = state.branches.pop(id(module), None)  # recorded for rules="chefer" only
@@ -187,9 +215,15 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     check_rules(state.rules)
     if getattr(_local, "state", None) is not None:
         raise RuntimeError("an LRP pass is already running in this thread")
-    tanh_heads = _support(model).tanh_heads
-    base = getattr(model, "base_model", model)
-    emb_ln = base.embeddings.LayerNorm
+    support = _support(model)
+    if state.rules == "chefer" and not (support.residuals or support.blocks):
+        raise InputError(f"LRP rules='chefer' needs the residual sums of {support.name}, which its architecture "
+                         "entry does not declare; use rules='chefer-lrp', 'attnlrp' or 'cp'")
+    from . import modules  # the per-architecture LRP forwards, which build on this module's attention rules
+
+    forwards = dict(support.forwards)
+    blocks = {b.module: b for b in support.blocks} if state.rules == "chefer" else {}
+    emb_input = _embedding_input(model, support)
     word = model.get_input_embeddings()
     training = [(m, m.training) for m in model.modules()]
     patched: list[tuple[nn.Module, Callable | None]] = []
@@ -214,20 +248,32 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
         state.word_embeddings = leaf
         return leaf
 
+    def grab_sum(_m, args: tuple) -> None:  # the input of the embeddings' norm: word + position (+ segment)
+        state.embedding_sum = args[0]
+
     try:
         model.eval()
         for module in model.modules():
-            if isinstance(module, nn.LayerNorm):
-                patch(module, partial(_ln_forward, module, state, module is emb_ln))
-            elif isinstance(module, nn.Linear) and state.rules in CHEFER:
+            name = type(module).__name__
+            if name in forwards:
+                patch(module, partial(modules.FORWARDS[forwards[name]], module, state))
+            elif name in blocks:
+                patch(module, partial(modules.prenorm_block, blocks[name], module, state))
+            elif isinstance(module, nn.LayerNorm):
+                patch(module, partial(_ln_forward, module, state))
+            elif isinstance(module, _LINEAR) and state.rules in CHEFER:
                 patch(module, partial(rules.zplus_linear, module, shared=state.rules == "chefer"))
-            elif isinstance(module, nn.Linear) and state.epsilon > 0:
+            elif isinstance(module, _LINEAR) and state.epsilon > 0:
                 patch(module, partial(rules.linear, module, eps=state.epsilon))
+            elif isinstance(module, nn.Conv1d) and state.rules in CHEFER:
+                patch(module, partial(rules.zplus_conv, module, shared=state.rules == "chefer"))
+            elif isinstance(module, nn.Conv1d) and state.epsilon > 0:
+                patch(module, partial(rules.conv, module, eps=state.epsilon))
             elif isinstance(module, _ACTIVATIONS):
                 patch(module, partial(rules.identity_rule, module.forward))
-            elif type(module).__name__ in tanh_heads:
-                patch(module, partial(_tanh_head_forward, module))
         handles.append(word.register_forward_hook(grab_word))
+        if emb_input is not None:
+            handles.append(emb_input.register_forward_pre_hook(grab_sum))
         if state.rules == "chefer":
             for ln, branch in residual_sites(model):
                 handles.append(branch.register_forward_hook(grab_branch(ln)))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, ModelError
-from ..heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS
+from ..heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
 from .patch import CHEFER, PassState, check_rules, lrp_mode
 
 
@@ -22,9 +22,12 @@ class LRPResult:
         target: ``(B,)`` the explained scalar per example (logit, probability or log-probability of the target).
         attentions: L tensors ``(B, H, N, N)``, the attention probabilities.
         attention_relevance: L tensors ``(B, H, N, N)``: ``R(A^l) = A^l * (modified gradient)``.
-        input_relevance: ``(B, N)`` relevance of the summed input embeddings (word + position + segment, the
-            input of the embeddings' LayerNorm), summed over the hidden dimension.
+        input_relevance: ``(B, N)`` relevance of the summed input embeddings (word + position + segment where
+            the model adds them: the input of the module ``LRPSupport.embedding_input`` names, else the word
+            embeddings), summed over the hidden dimension.
         word_relevance: ``(B, N)`` relevance of the word embeddings alone (LXT's convention).
+        position_relevance: ``(B,)`` relevance taken by relative-position embeddings (DeBERTa-v2's, absorbed by
+            those parameters like a bias); zeros for other models.
         softmax_absorbed: ``(B,)`` relevance the attention softmaxes did not pass on
             (``sum R(A) - sum R(softmax input)`` over all layers), only with ``track_softmax=True``.
     """
@@ -35,6 +38,7 @@ class LRPResult:
     attention_relevance: list[torch.Tensor]
     input_relevance: torch.Tensor
     word_relevance: torch.Tensor
+    position_relevance: torch.Tensor
     softmax_absorbed: torch.Tensor | None = None
 
 
@@ -53,21 +57,28 @@ def lrp_pass(
     targets: torch.Tensor | Sequence[int] | int,
     target_kind: str = "logit",
     *,
+    head: Head | None = None,
     rules: str = "attnlrp",
     epsilon: float = 0.0,
     track_softmax: bool = False,
 ) -> LRPResult:
-    """Run one LRP pass over a padded batch of a stock HF sequence classifier.
+    """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
     Args:
-        model: a BERT, RoBERTa, DistilBERT, ALBERT or ELECTRA sequence classifier (left unchanged).
+        model: a supported model (``attnlens.lrp.SUPPORTED``: BERT-style encoders, DeBERTa-v2, ModernBERT,
+            GPT-2, Llama, Mistral, Qwen2), left unchanged.
         inputs: model inputs (``input_ids``, ``attention_mask``, ...).
-        targets: explained class per example (``(B,)``, a list, or one int for all).
+        targets: explained target per example, as ``head.scalar`` takes them; for the default classification
+            head a class per example (``(B,)``, a list, or one int for all).
         target_kind: ``"logit"`` (relevance starts as the target logit), ``"probability"`` or ``"loss"``
             (log-probability); for the last two the output softmax gets the same gradient x input rule as the
             attention softmax.
+        head: the task head (:mod:`attnlens.heads`) that reads the model output (``head.logits``) and forms the
+            explained scalar per example (``head.scalar``); default: the (multi-label) sequence classification
+            head. Any head works whose scalar is a differentiable function of the logits and keeps the examples
+            independent (e.g. one token's logit, or a difference of two logits, in a causal LM).
         rules: ``"chefer"`` (Chefer et al.'s modified rules, ``layers_ours.py``: z+ Linear, identity LayerNorm
-            and softmax, normalised residuals, relevance 1 at the target logit whatever ``target_kind``),
+            and softmax, normalised residuals, relevance 1 at the explained scalar whatever ``target_kind``),
             ``"chefer-lrp"`` (the LRP-baseline rules of their code, ``layers_lrp.py``: z+ with two denominators,
             which doubles relevance at most Linear layers, and plain residual splits), ``"attnlrp"`` (Achtibat
             et al. 2024) or ``"cp"`` (Ali et al. 2022: attention treated as constant). See ``docs/lrp.md``.
@@ -81,38 +92,34 @@ def lrp_pass(
     if target_kind not in TARGET_KINDS:
         raise InputError(f"unknown target kind {target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
     check_settings(rules, epsilon)
+    if head is None:  # multi-label: a sigmoid per label
+        multi_label = getattr(model.config, "problem_type", None) == "multi_label_classification"
+        head = MULTI_LABEL if multi_label else CLASSIFICATION
+    token_mask = inputs.get("attention_mask")
     state = PassState(rules=rules, epsilon=float(epsilon), track_softmax=track_softmax)
     with torch.enable_grad(), lrp_mode(model, state):
-        logits = model(**inputs).logits
-        if logits.dim() != 2:
-            shape = tuple(logits.shape)
-            raise ModelError(f"LRP explains sequence classifiers with (batch, classes) logits, got {shape}")
+        logits = head.logits(model(**inputs))
         if not state.probs:
             raise ModelError("LRP: the model computed no attention through the patched attention function")
-        tgt = torch.as_tensor(targets, device=logits.device).long().reshape(-1)
-        if tgt.numel() == 1:
-            tgt = tgt.expand(logits.shape[0])
-        if tgt.shape[0] != logits.shape[0] or bool(((tgt < 0) | (tgt >= logits.shape[1])).any()):
-            raise InputError(f"targets {tgt.tolist()} do not fit logits of shape {tuple(logits.shape)}")
-        multi_label = getattr(model.config, "problem_type", None) == "multi_label_classification"
-        head = MULTI_LABEL if multi_label else CLASSIFICATION  # multi-label: a sigmoid per label
-        value = head.scalar(logits, tgt, target_kind, None)
-        wrt = [state.word_embeddings, state.embedding_sum, *state.probs, *state.softmax_inputs]
+        tgt = _class_targets(targets, logits) if head.task == "classification" else targets
+        value = head.scalar(logits, tgt, target_kind, token_mask)
+        emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
+        wrt = [state.word_embeddings, emb_sum, *state.probs, *state.softmax_inputs, *state.position_inputs]
         live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
-        if rules in CHEFER:  # the authors start from relevance 1 at the target logit: gradient 1 / logit
-            value = logits.gather(1, tgt.view(-1, 1)).squeeze(1)
-            picked = torch.zeros_like(logits).scatter(1, tgt.view(-1, 1), 1.0)
-            start = picked / torch.where(logits == 0, torch.ones_like(logits), logits)
-            found = torch.autograd.grad(logits, [wrt[i] for i in live], start.detach(), allow_unused=True)
+        if rules in CHEFER:  # the authors start from relevance 1 at the explained logit: gradient 1 / logit
+            value = head.scalar(logits, tgt, "logit", token_mask)
+            start = 1.0 / torch.where(value == 0, torch.ones_like(value), value)
+            found = torch.autograd.grad(value, [wrt[i] for i in live], start.detach(), allow_unused=True)
         else:
             found = torch.autograd.grad(value.sum(), [wrt[i] for i in live], allow_unused=True)
         grads: list[torch.Tensor | None] = [None] * len(wrt)
         for i, g in zip(live, found):
             grads[i] = g
+    n_layers, n_soft = len(state.probs), len(state.softmax_inputs)
     g_word, g_sum = grads[0], grads[1]
-    n_layers = len(state.probs)
     g_probs = grads[2 : 2 + n_layers]
-    g_soft = grads[2 + n_layers :]
+    g_soft = grads[2 + n_layers : 2 + n_layers + n_soft]
+    g_pos = grads[2 + n_layers + n_soft :]
 
     def rel(x: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
         return torch.zeros_like(x).detach() if g is None else (x * g).detach()
@@ -124,12 +131,28 @@ def lrp_pass(
     elif track_softmax:
         soft_rel = [rel(torch.nan_to_num(s, neginf=0.0), g) for s, g in zip(state.softmax_inputs, g_soft)]
         absorbed = sum(a.sum((1, 2, 3)) - s.sum((1, 2, 3)) for a, s in zip(att_rel, soft_rel))
+    position = torch.zeros_like(value).detach()
+    for leaf, g in zip(state.position_inputs, g_pos):
+        position = position + rel(leaf, g).sum((1, 2))
     return LRPResult(
         logits=logits.detach(),
         target=value.detach(),
         attentions=[p.detach() for p in state.probs],
         attention_relevance=att_rel,
-        input_relevance=rel(state.embedding_sum, g_sum).sum(-1),
+        input_relevance=rel(emb_sum, g_sum).sum(-1),
         word_relevance=rel(state.word_embeddings, g_word).sum(-1),
+        position_relevance=position,
         softmax_absorbed=absorbed,
     )
+
+
+def _class_targets(targets: torch.Tensor | Sequence[int] | int, logits: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` checked class indices for ``(B, C)`` logits (one int: the same class for every example)."""
+    if logits.dim() != 2:
+        raise ModelError(f"LRP explains sequence classifiers with (batch, classes) logits, got {tuple(logits.shape)}")
+    tgt = torch.as_tensor(targets, device=logits.device).long().reshape(-1)
+    if tgt.numel() == 1:
+        tgt = tgt.expand(logits.shape[0])
+    if tgt.shape[0] != logits.shape[0] or bool(((tgt < 0) | (tgt >= logits.shape[1])).any()):
+        raise InputError(f"targets {tgt.tolist()} do not fit logits of shape {tuple(logits.shape)}")
+    return tgt

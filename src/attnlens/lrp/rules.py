@@ -8,6 +8,8 @@ runs the whole relevance pass in one backward.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -88,9 +90,38 @@ def layer_norm(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def linear(module: nn.Linear, x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``nn.Linear`` under the epsilon rule (``eps=0``: LRP-0, i.e. the unmodified gradient)."""
-    return sum_rule(F.linear(x, module.weight, module.bias), eps)
+def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """RMSNorm (Llama-family ``weight * x / rms(x)``) with the root mean square treated as a constant.
+
+    The identity rule on the normalisation (AttnLRP Sec. 3.3, LXT's ``rms_norm_forward``): the layer is then the
+    linear map ``x * (weight / rms)``, which passes relevance element-wise unchanged (no bias, nothing absorbed).
+    Same arithmetic as the stock module (float32 statistics, cast back), so the forward value is the model's;
+    a float64 input stays float64 (the stock module would round it to float32: checks in float64 stay exact).
+    """
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).detach()
+    return module.weight * (xf * inv_rms).to(x.dtype)
+
+
+def gated(gate: torch.Tensor, up: torch.Tensor, constant_gate: bool = False) -> torch.Tensor:
+    """Element-wise ``gate * up`` of a gated MLP under the uniform rule: each factor gets half of the product's
+    relevance (AttnLRP Eq. 7 for multiplication; LXT's ``gated_mlp_forward`` halves the gradient the same way).
+    ``constant_gate``: the gate is a constant and ``up`` takes all of it (CP-LRP, LXT's ``cp_gated_mlp_forward``).
+    """
+    if constant_gate:
+        return gate.detach() * up
+    return sum_rule(gate * up, 0.0, 0.5)
+
+
+def linear_weight(module: nn.Module) -> torch.Tensor:
+    """The ``(out, in)`` weight of an ``nn.Linear`` or of transformers' ``Conv1D`` (GPT-2), which stores it
+    transposed: ``Conv1D(x) = x @ W + b = F.linear(x, W.T, b)``."""
+    return module.weight if isinstance(module, nn.Linear) else module.weight.T
+
+
+def linear(module: nn.Module, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``nn.Linear`` (or ``Conv1D``) under the epsilon rule (``eps=0``: LRP-0, i.e. the unmodified gradient)."""
+    return sum_rule(F.linear(x, linear_weight(module), module.bias), eps)
 
 
 # ---------------------------------------------------------------- the authors' rules (Chefer et al. 2021)
@@ -135,9 +166,60 @@ class _ZPlusLinear(torch.autograd.Function):
         return grad_x.masked_fill_(x == 0, 0.0), None, None, None
 
 
-def zplus_linear(module: nn.Linear, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
-    """``nn.Linear`` under the authors' z+ rule (``shared=False``: the two denominators of ``layers_lrp.py``)."""
-    return _ZPlusLinear.apply(x, module.weight, module.bias, shared)
+def zplus_linear(module: nn.Module, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
+    """``nn.Linear`` (or ``Conv1D``) under the authors' z+ rule (``shared=False``: the two denominators of
+    ``layers_lrp.py``)."""
+    return _ZPlusLinear.apply(x, linear_weight(module), module.bias, shared)
+
+
+class _ZPlusOp(torch.autograd.Function):
+    """``op(x, weight) + bias`` for an operation linear in ``x`` (a convolution) under the z+ rule of
+    :class:`_ZPlusLinear` (``shared``: one denominator); the transposed maps ``W+^T S``, ``W-^T S`` are the
+    operation's own vector-Jacobian products."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
+                op, shared: bool = True) -> torch.Tensor:
+        z = op(x, weight)
+        if bias is not None:  # channels first: (B, C, ...)
+            z = z + bias.view(-1, *([1] * (z.dim() - 2)))
+        ctx.save_for_backward(x, weight, z)
+        ctx.op, ctx.shared = op, shared
+        return z
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, weight, z = ctx.saved_tensors
+        rel = z * grad  # relevance R_z arriving at the output
+        w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
+        z_pos, z_neg = ctx.op(x.clamp(min=0), w_pos), ctx.op(x.clamp(max=0), w_neg)
+        if ctx.shared:
+            s_pos = s_neg = _safe_divide(rel, z_pos + z_neg)
+        else:
+            s_pos, s_neg = _safe_divide(rel, z_pos), _safe_divide(rel, z_neg)
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_(True)
+            (g_pos,) = torch.autograd.grad(ctx.op(leaf, w_pos), leaf, s_pos)
+            (g_neg,) = torch.autograd.grad(ctx.op(leaf, w_neg), leaf, s_neg)
+        grad_x = torch.where(x > 0, g_pos, g_neg)
+        return grad_x.masked_fill_(x == 0, 0.0), None, None, None, None
+
+
+def _conv_op(module: nn.Conv1d):
+    if module.padding_mode != "zeros":
+        raise ValueError(f"LRP covers zero-padded convolutions, not padding_mode={module.padding_mode!r}")
+    return partial(F.conv1d, bias=None, stride=module.stride, padding=module.padding, dilation=module.dilation,
+                   groups=module.groups)
+
+
+def zplus_conv(module: nn.Conv1d, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
+    """``nn.Conv1d`` under the authors' z+ rule (as :func:`zplus_linear`)."""
+    return _ZPlusOp.apply(x, module.weight, module.bias, _conv_op(module), shared)
+
+
+def conv(module: nn.Conv1d, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``nn.Conv1d`` under the epsilon rule (a weighted sum, as :func:`linear`)."""
+    return sum_rule(nn.Conv1d.forward(module, x), eps)
 
 
 def pass_through(fn, x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,8 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     cache = ctx.cache.setdefault("lrp", {})
     key = (rules, float(epsilon))
     if key not in cache:
-        cache[key] = lrp_pass(ctx.model, ctx.inputs, ctx.targets, ctx.target_kind, rules=rules, epsilon=epsilon)
+        cache[key] = lrp_pass(ctx.model, ctx.inputs, ctx.targets, ctx.target_kind, head=ctx.head, rules=rules,
+                              epsilon=epsilon)
     return cache[key]
 
 

@@ -1,0 +1,169 @@
+"""LRP forwards of the modules the generic patches do not reach, named by architecture entries.
+
+An :class:`attnlens.architectures.LRPSupport` maps a module class to one of :data:`FORWARDS`; during an LRP
+pass that forward replaces the instance's own (``fn(module, state, *args, **kwargs)``). Each computes the
+stock module's values, with the LRP rules on its inline operations: nonlinearities that are not modules, gated
+products, RMSNorm, an attention that does not call transformers' attention interface (DeBERTa-v2), and the
+pre-LN residual sums that ``rules="chefer"`` rescales (:func:`prenorm_block`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from ..architectures import PreNorm
+from ..errors import ModelError
+from . import rules
+from .patch import CHEFER, PassState, attend, score_product
+
+
+def tanh_head(head: nn.Module, state: PassState, features: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """``RobertaClassificationHead``: identity rule on its inline tanh."""
+    x = head.dropout(features[:, 0, :])
+    x = rules.identity_rule(torch.tanh, head.dense(x))
+    return head.out_proj(head.dropout(x))
+
+
+def deberta_pooler(pooler: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
+    """DeBERTa's ``ContextPooler``: identity rule on its activation (looked up inline, not a submodule)."""
+    x = pooler.dense(pooler.dropout(hidden_states[:, 0]))
+    return rules.identity_rule(ACT2FN[pooler.config.pooler_hidden_act], x)
+
+
+def rms_norm(norm: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor:
+    """Llama-family RMSNorm: constant root mean square (:func:`rules.rms_norm`); under the chefer rule sets the
+    module passes relevance through unchanged, as their LayerNorm does."""
+    if state.rules in CHEFER:
+        return rules.pass_through(partial(type(norm).forward, norm), x)
+    return rules.rms_norm(norm, x)
+
+
+def gated_mlp(mlp: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor:
+    """Llama-family MLP ``down(act(gate(x)) * up(x))``: identity rule on ``act`` (a patched module), uniform
+    rule on the gating product (CP-LRP: the gate is a constant, :func:`rules.gated`)."""
+    return mlp.down_proj(rules.gated(mlp.act_fn(mlp.gate_proj(x)), mlp.up_proj(x), state.rules == "cp"))
+
+
+def glu_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
+    """ModernBERT's GeGLU MLP ``Wo(act(input) * gate)`` with ``input, gate = Wi(x)``: as :func:`gated_mlp`, the
+    activated half being the gate."""
+    inp, up = mlp.Wi(hidden_states).chunk(2, dim=-1)
+    return mlp.Wo(mlp.drop(rules.gated(mlp.act(inp), up, state.rules == "cp")))
+
+
+def prenorm_block(spec: PreNorm, block: nn.Module, state: PassState, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A pre-LN block ``h = x + attn(norm1(x)); out = h + mlp(norm2(h))`` with Chefer et al.'s normalised
+    residual rule on both sums (``rules="chefer"`` only). The block's own arguments are passed on to its
+    attention, as its forward does."""
+    bound = inspect.signature(type(block).forward).bind(block, *args, **kwargs)
+    named = dict(bound.arguments)
+    named.pop("self")
+    extra = named.pop("kwargs", {})
+    x = named.pop("hidden_states")
+    if named.get("encoder_hidden_states") is not None:
+        raise ModelError("LRP rules='chefer' does not support blocks with cross-attention")
+    branch = getattr(block, spec.attn)(getattr(block, spec.norm1)(x), **named, **extra)
+    branch = branch[0] if isinstance(branch, tuple) else branch
+    h = rules.normalized_residual(x + branch, branch)
+    branch = getattr(block, spec.mlp)(getattr(block, spec.norm2)(h))
+    branch = branch[0] if isinstance(branch, tuple) else branch
+    return rules.normalized_residual(h + branch, branch)
+
+
+def deberta_attention(
+    attn: nn.Module, state: PassState, hidden_states: torch.Tensor, attention_mask: torch.Tensor,
+    output_attentions: bool = False, query_states: torch.Tensor | None = None,
+    relative_pos: torch.Tensor | None = None, rel_embeddings: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DeBERTa-v2's ``DisentangledSelfAttention`` with the LRP rules: the content-content ``Q K^T`` and the
+    content-position / position-content products are each a :func:`score_product`; masked softmax and ``A V``
+    as every attention (:func:`attend`). The relative-position embeddings enter as per-example leaves
+    (:meth:`PassState.position_leaf`): the relevance they take is absorbed by these parameters."""
+    hf = sys.modules[type(attn).__module__]  # the model's own helpers (relative positions, scales)
+    heads = attn.num_attention_heads
+    split: Callable[[torch.Tensor], torch.Tensor] = partial(attn.transpose_for_scores, attention_heads=heads)
+    q_in = hidden_states if query_states is None else query_states
+    q, k, v = split(attn.query_proj(q_in)), split(attn.key_proj(hidden_states)), split(attn.value_proj(hidden_states))
+    factor = 1 + ("c2p" in attn.pos_att_type) + ("p2c" in attn.pos_att_type)
+    scores = score_product(state, torch.bmm(q, k.transpose(-1, -2))) / hf.scaled_size_sqrt(q, factor).to(q.dtype)
+    if attn.relative_attention:
+        scores = scores + _deberta_position_scores(hf, attn, state, split, q, k, relative_pos, rel_embeddings, factor)
+    batch = hidden_states.shape[0]
+    scores = scores.view(batch, heads, scores.size(-2), scores.size(-1))
+    scores = scores.masked_fill(~attention_mask.bool(), torch.finfo(q.dtype).min)
+    out, probs = attend(state, scores, v.view(batch, heads, v.size(-2), v.size(-1)))
+    context = out.permute(0, 2, 1, 3).reshape(batch, out.size(2), -1)
+    return context, (probs if output_attentions else None)
+
+
+def deberta_conv(layer: nn.Module, state: PassState, hidden_states: torch.Tensor, residual_states: torch.Tensor,
+                 input_mask: torch.Tensor) -> torch.Tensor:
+    """DeBERTa-v2's ``ConvLayer`` (``conv_kernel_size > 0``): ``LN(residual + act(conv(h)))`` with the identity
+    rule on its inline activation; under ``rules="chefer"`` the normalised residual rule on the sum (the
+    convolution itself gets the z+ / epsilon rule of every ``nn.Conv1d``)."""
+    out = layer.conv(hidden_states.permute(0, 2, 1).contiguous()).permute(0, 2, 1).contiguous()
+    out = out.masked_fill((1 - input_mask).bool().unsqueeze(-1).expand(out.size()), 0)
+    out = rules.identity_rule(ACT2FN[layer.conv_act], layer.dropout(out))
+    total = residual_states + out
+    if state.rules == "chefer":
+        total = rules.normalized_residual(total, out)
+    output = layer.LayerNorm(total)
+    if input_mask.dim() != total.dim():
+        if input_mask.dim() == 4:
+            input_mask = input_mask.squeeze(1).squeeze(1)
+        input_mask = input_mask.unsqueeze(2)
+    return output * input_mask.to(output.dtype)
+
+
+def _deberta_position_scores(hf, attn, state, split, q, k, relative_pos, rel_embeddings, factor) -> torch.Tensor:
+    # DisentangledSelfAttention.disentangled_attention_bias, with per-example position leaves and score rules
+    if relative_pos is None:
+        relative_pos = hf.build_relative_position(q, k, bucket_size=attn.position_buckets,
+                                                  max_position=attn.max_relative_positions)
+    if relative_pos.dim() == 2:
+        relative_pos = relative_pos.unsqueeze(0).unsqueeze(0)
+    elif relative_pos.dim() == 3:
+        relative_pos = relative_pos.unsqueeze(1)
+    elif relative_pos.dim() != 4:
+        raise ModelError(f"DeBERTa relative positions must have 2, 3 or 4 dims, got {relative_pos.dim()}")
+    span = attn.pos_ebd_size
+    relative_pos = relative_pos.to(device=q.device, dtype=torch.long)
+    rel = state.position_leaf(attn.pos_dropout(rel_embeddings)[: span * 2], q.size(0) // attn.num_attention_heads)
+    if attn.share_att_key:
+        pos_q, pos_k = split(attn.query_proj(rel)), split(attn.key_proj(rel))
+    else:
+        pos_k = split(attn.pos_key_proj(rel)) if "c2p" in attn.pos_att_type else None
+        pos_q = split(attn.pos_query_proj(rel)) if "p2c" in attn.pos_att_type else None
+    score = torch.zeros((), dtype=q.dtype, device=q.device)
+    if "c2p" in attn.pos_att_type:
+        c2p = score_product(state, torch.bmm(q, pos_k.transpose(-1, -2)))
+        c2p_pos = torch.clamp(relative_pos + span, 0, span * 2 - 1)
+        c2p = torch.gather(c2p, -1, c2p_pos.squeeze(0).expand([q.size(0), q.size(1), relative_pos.size(-1)]))
+        score = score + c2p / hf.scaled_size_sqrt(pos_k, factor).to(c2p.dtype)
+    if "p2c" in attn.pos_att_type:
+        # the argument order of the model's own call (max_relative_positions before position_buckets)
+        r_pos = hf.build_rpos(q, k, relative_pos, attn.max_relative_positions, attn.position_buckets)
+        p2c_pos = torch.clamp(-r_pos + span, 0, span * 2 - 1)
+        p2c = score_product(state, torch.bmm(k, pos_q.transpose(-1, -2)))
+        p2c = torch.gather(p2c, -1, p2c_pos.squeeze(0).expand([q.size(0), k.size(-2), k.size(-2)])).transpose(-1, -2)
+        score = score + p2c / hf.scaled_size_sqrt(pos_q, factor).to(p2c.dtype)
+    return score
+
+
+FORWARDS: dict[str, Callable[..., Any]] = {
+    "tanh_head": tanh_head,
+    "deberta_pooler": deberta_pooler,
+    "deberta_attention": deberta_attention,
+    "deberta_conv": deberta_conv,
+    "rms_norm": rms_norm,
+    "gated_mlp": gated_mlp,
+    "glu_mlp": glu_mlp,
+}

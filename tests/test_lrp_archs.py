@@ -1,0 +1,644 @@
+"""LRP beyond BERT-style encoders: DeBERTa-v2, ModernBERT, GPT-2 and the Llama family (Llama, Mistral, Qwen2).
+
+Each architecture: the whole pass against an explicit rule-by-rule AttnLRP propagation of a 1-layer model
+(float64, no autograd), conservation, padding exactly 0, batch vs one by one, the model unchanged afterwards,
+and (decoders) an explained scalar given by a task head other than the classifier's (a causal LM token logit,
+as generation explains).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from conftest import make_model
+from test_lrp import _assert_unchanged, _snapshot, padded_batch
+from torch import nn
+
+from attnlens.errors import InputError
+from attnlens.heads import Head
+from attnlens.lrp import lrp_pass, supports
+
+ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2"]
+RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
+
+
+def strong(family: str, *, biases: bool = True, seed: int = 0) -> nn.Module:
+    """The tiny model with weight matrices redrawn at std 0.3 (the recipes of some types keep HF's 0.02, which
+    leaves logits near 0 and every relevance tiny), optionally without biases."""
+    model = make_model(family, num_labels=3, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            elif name.endswith("bias") and not biases:
+                p.zero_()
+    return model
+
+
+# ---------------------------------------------------------------- explicit AttnLRP, rule by rule (float64)
+def lin(x, weight, z, r):
+    """epsilon = 0 rule of ``z = x W^T (+ b)``: ``R_x = x * ((R_z / z) W)``."""
+    return x * ((r / z) @ weight)
+
+
+def ln_rel(x, ln, y, r):
+    """LayerNorm with a constant std: ``y = M x (+ beta)``, ``M = diag(gamma) (I - 1/D) / std``."""
+    d = x.shape[-1]
+    std = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
+    m = ln.weight[None, :, None] * (torch.eye(d, dtype=x.dtype) - 1.0 / d)[None] / std[:, :, None]
+    return x * torch.einsum("nji,nj->ni", m, r / y)
+
+
+def split(t, n_heads):  # (N, H*d) -> (H, N, d)
+    return t.view(t.shape[0], n_heads, -1).transpose(0, 1)
+
+
+def merge(t):  # (H, N, d) -> (N, H*d)
+    return t.transpose(0, 1).reshape(t.shape[1], -1)
+
+
+def softmax_rule(s, a, r_a, allowed):
+    """AttnLRP's softmax rule ``R_s = s (R_a - a sum R_a)`` on the allowed (unmasked) entries."""
+    return torch.where(allowed, s * (r_a - a * r_a.sum(-1, keepdim=True)), torch.zeros_like(s))
+
+
+def av_rule(a, v, r_ctx):
+    """Uniform rule on ``ctx = A V``: half of each product term's relevance to ``A``, half to ``V``."""
+    ctx = a @ v
+    r_a = 0.5 * torch.einsum("hqk,hkd,hqd->hqk", a, v, r_ctx / ctx)
+    r_v = 0.5 * torch.einsum("hqk,hkd,hqd->hkd", a, v, r_ctx / ctx)
+    return r_a, r_v
+
+
+def qk_rule(q, k, r_prod):
+    """Uniform rule on ``P = Q K^T`` given the relevance ``r_prod`` of each entry of P."""
+    prod = q @ k.transpose(-1, -2)
+    r_q = 0.5 * torch.einsum("hqd,hkd,hqk->hqd", q, k, r_prod / prod)
+    r_k = 0.5 * torch.einsum("hqd,hkd,hqk->hkd", q, k, r_prod / prod)
+    return r_q, r_k
+
+
+def rotation(cos, sin):
+    """Per-position matrices ``M_i`` of the rotary map ``x cos + rotate_half(x) sin`` (``(N, d, d)``)."""
+    d = cos.shape[-1]
+    half = torch.zeros(d, d, dtype=cos.dtype)  # rotate_half(x) = x @ half.T: [-x2, x1]
+    half[: d // 2, d // 2 :] = -torch.eye(d // 2)
+    half[d // 2 :, : d // 2] = torch.eye(d // 2)
+    return torch.diag_embed(cos) + torch.diag_embed(sin) @ half
+
+
+def rope_rel(x, m, r_y):
+    """epsilon = 0 rule of the rotation ``y_i = M_i x_i`` (per head ``(H, N, d)``)."""
+    y = torch.einsum("nij,hnj->hni", m, x)
+    return x * torch.einsum("nij,hni->hnj", m, r_y / y)
+
+
+def causal_attention_rel(q, k, v, scale, r_ctx):
+    """Explicit AttnLRP through causal attention; returns ``(R_q, R_k, R_v, R_A, A)``."""
+    n = q.shape[1]
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    s = (q @ k.transpose(-1, -2)) * scale
+    a = s.masked_fill(~allowed, float("-inf")).softmax(-1)
+    r_a, r_v = av_rule(a, v, r_ctx)
+    r_q, r_k = qk_rule(q, k, softmax_rule(s, a, r_a, allowed))  # scaling: linear, relevance unchanged
+    return r_q, r_k, r_v, r_a, a
+
+
+def _explicit_llama(model, ids, target):
+    base, layer = model.model, model.model.layers[0]
+    sa, mlp, cfg = layer.self_attn, layer.mlp, model.config
+    n, h, kv = ids.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads
+
+    def rms(x, norm):
+        return norm.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+
+    x0 = base.embed_tokens.weight[ids]
+    n1 = rms(x0, layer.input_layernorm)
+    q, k, v = sa.q_proj(n1), sa.k_proj(n1), sa.v_proj(n1)
+    cos, sin = base.rotary_emb(x0, torch.arange(n)[None])
+    rot = rotation(cos[0], sin[0])
+    qh, kh, vh = split(q, h), split(k, kv), split(v, kv)
+    qr, kr = torch.einsum("nij,hnj->hni", rot, qh), torch.einsum("nij,hnj->hni", rot, kh)
+    rep = h // kv
+    kr2, vh2 = kr.repeat_interleave(rep, 0), vh.repeat_interleave(rep, 0)  # grouped-query: heads share K, V
+    ctx = merge((qr @ kr2.transpose(-1, -2) * sa.scaling).masked_fill(
+        ~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1) @ vh2)
+    o = sa.o_proj(ctx)
+    h1 = x0 + o
+    n2 = rms(h1, layer.post_attention_layernorm)
+    gate, up = mlp.gate_proj(n2), mlp.up_proj(n2)
+    p = nn.functional.silu(gate) * up
+    m = mlp.down_proj(p)
+    h2 = h1 + m
+    nf = rms(h2, base.norm)
+    logits = model.score(nf)
+    r_logits = torch.zeros_like(logits)
+    r_logits[n - 1, target] = logits[n - 1, target]
+    r_h2 = lin(nf, model.score.weight, logits, r_logits)  # RMSNorm: identity (element-wise linear map)
+    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
+    r_p = lin(p, mlp.down_proj.weight, m, r_m)
+    r_gate = r_up = r_p / 2  # uniform rule on the gating product; SiLU: identity
+    r_h1 = r_h1 + lin(n2, mlp.gate_proj.weight, gate, r_gate) + lin(n2, mlp.up_proj.weight, up, r_up)
+    r_o, r_x0 = o * r_h1 / h1, x0 * r_h1 / h1
+    r_ctx = split(lin(ctx, sa.o_proj.weight, o, r_o), h)
+    r_q, r_k, r_v, r_a, _ = causal_attention_rel(qr, kr2, vh2, sa.scaling, r_ctx)
+    r_k = r_k.view(kv, rep, n, -1).sum(1)  # the repeated key/value heads collect their groups' relevance
+    r_v = r_v.view(kv, rep, n, -1).sum(1)
+    r_qh, r_kh = rope_rel(qh, rot, r_q), rope_rel(kh, rot, r_k)
+    r_x0 = (r_x0 + lin(n1, sa.q_proj.weight, q, merge(r_qh)) + lin(n1, sa.k_proj.weight, k, merge(r_kh))
+            + lin(n1, sa.v_proj.weight, v, merge(r_v)))  # input RMSNorm: identity
+    return r_x0.sum(-1), r_a
+
+
+def _explicit_gpt2(model, ids, target):
+    tr, blk = model.transformer, model.transformer.h[0]
+    n, h = ids.shape[0], model.config.n_head
+    x0 = tr.wte.weight[ids] + tr.wpe.weight[:n]
+    n1 = blk.ln_1(x0)
+    qkv = blk.attn.c_attn(n1)
+    q, k, v = (split(t, h) for t in qkv.split(model.config.n_embd, dim=-1))
+    scale = (q.shape[-1]) ** -0.5
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    a = (q @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf")).softmax(-1)
+    ctx = merge(a @ v)
+    o = blk.attn.c_proj(ctx)
+    h1 = x0 + o
+    n2 = blk.ln_2(h1)
+    fc = blk.mlp.c_fc(n2)
+    act = blk.mlp.act(fc)
+    m = blk.mlp.c_proj(act)
+    h2 = h1 + m
+    nf = tr.ln_f(h2)
+    logits = model.score(nf)
+    r_logits = torch.zeros_like(logits)
+    r_logits[n - 1, target] = logits[n - 1, target]
+    r_nf = lin(nf, model.score.weight, logits, r_logits)
+    r_h2 = ln_rel(h2, tr.ln_f, nf, r_nf)
+    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
+    r_act = lin(act, blk.mlp.c_proj.weight.T, m, r_m)  # Conv1D stores W^T; tanh-GELU: identity
+    r_h1 = r_h1 + ln_rel(h1, blk.ln_2, n2, lin(n2, blk.mlp.c_fc.weight.T, fc, r_act))
+    r_o, r_x0 = o * r_h1 / h1, x0 * r_h1 / h1
+    r_ctx = split(lin(ctx, blk.attn.c_proj.weight.T, o, r_o), h)
+    r_q, r_k, r_v, r_a, _ = causal_attention_rel(q, k, v, scale, r_ctx)
+    r_qkv = torch.cat([merge(r_q), merge(r_k), merge(r_v)], -1)
+    r_x0 = r_x0 + ln_rel(x0, blk.ln_1, n1, lin(n1, blk.attn.c_attn.weight.T, qkv, r_qkv))
+    return r_x0.sum(-1), r_a
+
+
+def _explicit_modernbert(model, ids, target):
+    base, layer = model.model, model.model.layers[0]
+    attn, mlp, cfg = layer.attn, layer.mlp, model.config
+    n, h = ids.shape[0], cfg.num_attention_heads
+    x0 = base.embeddings.tok_embeddings.weight[ids]
+    h0 = base.embeddings.norm(x0)  # layer 0: attn_norm is the identity
+    qkv = attn.Wqkv(h0)
+    q, k, v = (split(t, h) for t in qkv.view(n, 3, -1).unbind(1))
+    cos, sin = base.rotary_emb(x0, torch.arange(n)[None], layer.attention_type)
+    rot = rotation(cos[0], sin[0])
+    qr, kr = torch.einsum("nij,hnj->hni", rot, q), torch.einsum("nij,hnj->hni", rot, k)
+    scale = attn.head_dim ** -0.5
+    s = qr @ kr.transpose(-1, -2) * scale
+    a = s.softmax(-1)
+    ctx = merge(a @ v)
+    o = attn.Wo(ctx)
+    h1 = h0 + o
+    n2 = layer.mlp_norm(h1)
+    wi = mlp.Wi(n2)
+    inp, gate = wi.chunk(2, dim=-1)
+    act = mlp.act(inp)
+    p = act * gate
+    m = mlp.Wo(p)
+    h2 = h1 + m
+    hf = base.final_norm(h2)
+    dense = model.head.dense(hf[:1])  # [CLS] pooling
+    hact = model.head.act(dense)
+    pooled = model.head.norm(hact)
+    logits = model.classifier(pooled)
+    r_logits = torch.zeros_like(logits)
+    r_logits[0, target] = logits[0, target]
+    r_pooled = lin(pooled, model.classifier.weight, logits, r_logits)
+    r_dense = ln_rel(hact, model.head.norm, pooled, r_pooled)  # head activation: identity
+    r_hf = torch.zeros_like(hf)
+    r_hf[:1] = lin(hf[:1], model.head.dense.weight, dense, r_dense)
+    r_h2 = ln_rel(h2, base.final_norm, hf, r_hf)
+    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
+    r_p = lin(p, mlp.Wo.weight, m, r_m)
+    r_wi = torch.cat([r_p / 2, r_p / 2], -1)  # uniform rule on act(input) * gate; GELU: identity
+    r_h1 = r_h1 + ln_rel(h1, layer.mlp_norm, n2, lin(n2, mlp.Wi.weight, wi, r_wi))
+    r_o, r_h0 = o * r_h1 / h1, h0 * r_h1 / h1
+    r_ctx = split(lin(ctx, attn.Wo.weight, o, r_o), h)
+    r_a, r_v = av_rule(a, v, r_ctx)
+    r_q, r_k = qk_rule(qr, kr, softmax_rule(s, a, r_a, torch.ones_like(s, dtype=torch.bool)))
+    r_qkv = torch.stack([merge(rope_rel(q, rot, r_q)), merge(rope_rel(k, rot, r_k)), merge(r_v)], 1).reshape(n, -1)
+    r_h0 = r_h0 + lin(h0, attn.Wqkv.weight, qkv, r_qkv)
+    r_x0 = ln_rel(x0, base.embeddings.norm, h0, r_h0)
+    return r_x0.sum(-1), r_a
+
+
+def _explicit_deberta(model, ids, target):
+    """DeBERTa-v3 style: shared attention keys, LayerNorm on the relative embeddings, no absolute positions."""
+    deb, layer = model.deberta, model.deberta.encoder.layer[0]
+    sa, so = layer.attention.self, layer.attention.output
+    hf = sys.modules[type(sa).__module__]
+    n, h = ids.shape[0], model.config.num_attention_heads
+    x0 = deb.embeddings.word_embeddings.weight[ids]
+    h0 = deb.embeddings.LayerNorm(x0)
+    q, k, v = sa.query_proj(h0), sa.key_proj(h0), sa.value_proj(h0)
+    qh, kh, vh = split(q, h), split(k, h), split(v, h)
+    span = sa.pos_ebd_size
+    rel = deb.encoder.get_rel_embedding()[: 2 * span]
+    pq, pk = sa.query_proj(rel), sa.key_proj(rel)  # share_att_key
+    pqh, pkh = split(pq, h), split(pk, h)
+    rp = hf.build_relative_position(qh, kh, bucket_size=sa.position_buckets, max_position=sa.max_relative_positions)
+    rp = rp.reshape(n, n)
+    c_idx = torch.clamp(rp + span, 0, 2 * span - 1)  # c2p[i, j] = q_i . pk[c_idx[i, j]]
+    p_idx = torch.clamp(-rp + span, 0, 2 * span - 1)  # p2c[i, j] = k_j . pq[p_idx[j, i]]
+    scale = hf.scaled_size_sqrt(qh, 3).to(qh.dtype)  # sqrt(3 d), computed in float32 as the model does
+    qk = qh @ kh.transpose(-1, -2)
+    c2p_full, p2c_full = qh @ pkh.transpose(-1, -2), kh @ pqh.transpose(-1, -2)  # (H, N, 2 span)
+    c2p = torch.gather(c2p_full, -1, c_idx.expand(h, n, n))
+    p2c = torch.gather(p2c_full, -1, p_idx.expand(h, n, n)).transpose(-1, -2)
+    s = (qk + c2p + p2c) / scale
+    a = s.softmax(-1)
+    ctx = merge(a @ vh)
+    ao = so.dense(ctx)
+    h1 = so.LayerNorm(ao + h0)
+    inter = layer.intermediate.dense(h1)
+    act = nn.functional.gelu(inter)
+    out = layer.output.dense(act)
+    h2 = layer.output.LayerNorm(out + h1)
+    pre = model.pooler.dense(h2[:1])
+    pooled = nn.functional.gelu(pre)
+    logits = model.classifier(pooled)
+    r_logits = torch.zeros_like(logits)
+    r_logits[0, target] = logits[0, target]
+    r_pre = lin(pooled, model.classifier.weight, logits, r_logits)  # pooler GELU: identity
+    r_h2 = torch.zeros_like(h2)
+    r_h2[:1] = lin(h2[:1], model.pooler.dense.weight, pre, r_pre)
+    r2 = out + h1
+    r_r2 = ln_rel(r2, layer.output.LayerNorm, h2, r_h2)
+    r_act = lin(act, layer.output.dense.weight, out, out * r_r2 / r2)
+    r_h1 = h1 * r_r2 / r2 + lin(h1, layer.intermediate.dense.weight, inter, r_act)
+    r1 = ao + h0
+    r_r1 = ln_rel(r1, so.LayerNorm, h1, r_h1)
+    r_ctx = split(lin(ctx, so.dense.weight, ao, ao * r_r1 / r1), h)
+    r_a, r_v = av_rule(a, vh, r_ctx)
+    r_s = softmax_rule(s, a, r_a, torch.ones_like(s, dtype=torch.bool))
+    # the sum of three score terms: proportional; then the uniform rule on each product
+    r_qh, r_kh = qk_rule(qh, kh, qk / scale * r_s / s)
+    r_c2p, r_p2c = c2p / scale * r_s / s, p2c / scale * r_s / s
+    r_c2p_full = torch.zeros_like(c2p_full).scatter_add_(-1, c_idx.expand(h, n, n), r_c2p)
+    r_p2c_full = torch.zeros_like(p2c_full).scatter_add_(-1, p_idx.expand(h, n, n), r_p2c.transpose(-1, -2))
+    r_q2, r_pk = qk_rule(qh, pkh, r_c2p_full)
+    r_k2, r_pq = qk_rule(kh, pqh, r_p2c_full)
+    r_h0 = (h0 * r_r1 / r1 + lin(h0, sa.query_proj.weight, q, merge(r_qh + r_q2))
+            + lin(h0, sa.key_proj.weight, k, merge(r_kh + r_k2)) + lin(h0, sa.value_proj.weight, v, merge(r_v)))
+    r_x0 = ln_rel(x0, deb.embeddings.LayerNorm, h0, r_h0)
+    r_rel = lin(rel, sa.query_proj.weight, pq, merge(r_pq)) + lin(rel, sa.key_proj.weight, pk, merge(r_pk))
+    return r_x0.sum(-1), r_a, r_rel.sum()
+
+
+def _one_layer(family: str) -> nn.Module:
+    import transformers
+
+    common = dict(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=12,
+                  max_position_embeddings=32, num_labels=3, pad_token_id=0, attn_implementation="eager")
+    if family in ("llama", "mistral", "qwen2"):  # grouped-query attention: 2 query heads share 1 key/value head
+        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[family]  # Qwen2: q, k, v biases
+        cfg = getattr(transformers, f"{prefix}Config")(**common, num_key_value_heads=1)
+        cls = getattr(transformers, f"{prefix}ForSequenceClassification")
+    elif family == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_positions=32, num_labels=3,
+                                      pad_token_id=0, bos_token_id=2, eos_token_id=3, attn_implementation="eager")
+        cls = transformers.GPT2ForSequenceClassification
+    elif family == "modernbert":
+        cfg = transformers.ModernBertConfig(**common, global_attn_every_n_layers=1, cls_token_id=2, sep_token_id=3,
+                                            bos_token_id=2, eos_token_id=3)
+        cls = transformers.ModernBertForSequenceClassification
+    else:
+        cfg = transformers.DebertaV2Config(**common, relative_attention=True, pos_att_type=["p2c", "c2p"],
+                                           position_buckets=4, max_relative_positions=8, share_att_key=True,
+                                           norm_rel_ebd="layer_norm", position_biased_input=False)
+        cls = transformers.DebertaV2ForSequenceClassification
+    torch.manual_seed(3)
+    model = cls(cfg).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.4 if p.dim() >= 2 else 0.2) + (1.0 if "norm" in name.lower()
+                                                                              and p.dim() == 1
+                                                                              and name.endswith("weight") else 0))
+    return model
+
+
+EXPLICIT = {"llama": _explicit_llama, "mistral": _explicit_llama, "qwen2": _explicit_llama, "gpt2": _explicit_gpt2,
+            "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta}
+
+
+@pytest.mark.parametrize("family", list(EXPLICIT))
+def test_whole_pass_equals_explicit_rule_by_rule_propagation(family):
+    model = _one_layer(family)
+    ids = torch.tensor([2, 7, 13, 21, 5, 3])
+    inputs = {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}
+    with torch.no_grad():
+        expected = EXPLICIT[family](model, ids, 1)
+    res = lrp_pass(model, inputs, 1)
+    # ModernBERT's stock rotary map rounds q and k to float32 even in a float64 model (and so does its gradient)
+    tol = dict(rtol=1e-5, atol=1e-7) if family == "modernbert" else dict(rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(res.input_relevance[0], expected[0], **tol)
+    torch.testing.assert_close(res.attention_relevance[0][0], expected[1], **tol)
+    if family == "deberta-v2":
+        torch.testing.assert_close(res.position_relevance[0], expected[2], rtol=1e-8, atol=1e-10)
+        assert abs(float(expected[2])) > 1e-3  # the relative positions do take relevance
+    assert res.input_relevance.abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------- conservation
+@pytest.mark.parametrize("family", ARCHS)
+def test_conservation(family):
+    # Bias-free, epsilon = 0: CP-LRP conserves exactly; AttnLRP up to what the softmaxes absorb and, in
+    # DeBERTa, what its relative-position embeddings take (parameters, like biases). Tolerance 1e-4 relative.
+    model = strong(family, biases=False)
+    inputs, targets = padded_batch(), [0, 1, 2]
+    cp = lrp_pass(model, inputs, targets, rules="cp")
+    torch.testing.assert_close(cp.input_relevance.sum(1), cp.target, rtol=1e-4, atol=1e-5)
+    assert cp.target.abs().min() > 1e-3 and (cp.position_relevance == 0).all()
+    res = lrp_pass(model, inputs, targets, track_softmax=True)
+    total = res.input_relevance.sum(1) + res.softmax_absorbed + res.position_relevance
+    torch.testing.assert_close(total, res.target, rtol=1e-4, atol=1e-5)
+    assert res.softmax_absorbed.abs().max() > 1e-4
+    assert (res.position_relevance.abs().max() > 1e-4) == (family == "deberta-v2")
+
+
+@pytest.mark.parametrize("family", ARCHS)
+def test_chefer_rules_conserve_relevance_one_with_biases(family):
+    # z+ ignores biases and every chefer rule is conservative: relevance 1 at the logit reaches the input
+    # (and DeBERTa's relative positions) whole, biases included.
+    model = strong(family)
+    res = lrp_pass(model, padded_batch(), [0, 1, 2], rules="chefer")
+    torch.testing.assert_close(res.input_relevance.sum(1) + res.position_relevance, torch.ones(3),
+                               rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- padding, batching, model state
+@pytest.mark.parametrize("family", ARCHS)
+@pytest.mark.parametrize("rule_set", RULE_SETS)
+def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
+    model = strong(family).double()  # float64: the chefer rules divide by activations
+    inputs = padded_batch(5)
+    targets = [1, 2, 0]
+    res = lrp_pass(model, inputs, targets, rules=rule_set)
+    pad = inputs["attention_mask"] == 0
+    assert (res.input_relevance[pad] == 0).all() and (res.word_relevance[pad] == 0).all()
+    for r in res.attention_relevance:
+        assert (r.permute(0, 2, 3, 1)[pad] == 0).all()  # padded query rows
+        assert (r.permute(0, 3, 2, 1)[pad] == 0).all()  # padded key columns
+    for b in range(3):
+        n = int(inputs["attention_mask"][b].sum())
+        one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, targets[b], rules=rule_set)
+        torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=1e-8, atol=1e-9)
+        torch.testing.assert_close(res.position_relevance[b], one.position_relevance[0], rtol=1e-8, atol=1e-9)
+        for r_batch, r_one in zip(res.attention_relevance, one.attention_relevance):
+            torch.testing.assert_close(r_batch[b, :, :n, :n], r_one[0], rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("family", ARCHS)
+@pytest.mark.parametrize("rule_set", ["attnlrp", "chefer"])
+def test_model_left_unchanged_and_forward_values_kept(family, rule_set):
+    model = make_model(family, attn="eager" if family == "deberta-v2" else "sdpa").train()  # DeBERTa: eager only
+    next(model.parameters()).requires_grad_(False)
+    before = _snapshot(model)
+    res = lrp_pass(model, padded_batch(), 1, rules=rule_set, epsilon=0.0 if rule_set == "chefer" else 1e-3)
+    _assert_unchanged(model, before)
+    assert len(res.attentions) == model.config.num_hidden_layers
+    with torch.no_grad():  # the LRP forward computes the model's own logits (in eval mode)
+        model.eval()
+        torch.testing.assert_close(res.logits, model(**padded_batch()).logits, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- a head other than the classifier's
+class TokenLogitHead(Head):
+    """A causal LM's logit of token ``t`` at position ``p`` (targets ``(B, 2)`` rows ``(p, t)``), minus that
+    of a contrast token ``c`` when targets have a third column, as a generation head explains."""
+
+    task = "generation"
+
+    def scalar(self, logits, targets, kind, token_mask):
+        rows = torch.arange(logits.shape[0])
+        value = logits[rows, targets[:, 0], targets[:, 1]]
+        if targets.shape[1] > 2:
+            value = value - logits[rows, targets[:, 0], targets[:, 2]]
+        return value
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+def test_lrp_explains_the_scalar_the_head_gives(family):
+    import transformers
+
+    cls = make_model(family)
+    lm_class = type(cls).__name__.replace("SequenceClassification", "CausalLM")
+    lm_class = "GPT2LMHeadModel" if family == "gpt2" else lm_class
+    lm = getattr(transformers, lm_class)(cls.config).eval()
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    ids = torch.randint(5, 60, (2, 7), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    head = TokenLogitHead()
+    both = torch.tensor([[3, 11, 40], [5, 9, 12]])
+    res = lrp_pass(lm, inputs, both, head=head, track_softmax=True)
+    logits = lm(**inputs).logits
+    torch.testing.assert_close(res.target, logits[[0, 1], [3, 5], [11, 9]] - logits[[0, 1], [3, 5], [40, 12]])
+    torch.testing.assert_close(res.input_relevance.sum(1) + res.softmax_absorbed, res.target, rtol=1e-4, atol=1e-5)
+    assert (res.input_relevance[0, 4:] == 0).all() and (res.input_relevance[1, 6:] == 0).all()  # causal
+    # every AttnLRP rule is linear in the relevance it starts from: a contrast is the difference of two passes
+    first = lrp_pass(lm, inputs, both[:, :2], head=head)
+    second = lrp_pass(lm, inputs, both[:, [0, 2]], head=head)
+    torch.testing.assert_close(res.input_relevance, first.input_relevance - second.input_relevance,
+                               rtol=1e-4, atol=1e-5)
+    assert supports(lm)
+
+
+def test_chefer_refused_where_no_residual_sums_are_declared(restore_lrp_entry):
+    from dataclasses import replace
+
+    from attnlens.architectures import ARCHITECTURES, register_architecture
+
+    arch = ARCHITECTURES["gpt2"]
+    register_architecture(replace(arch, lrp=replace(arch.lrp, blocks=())))
+    with pytest.raises(InputError, match="rules='chefer' needs the residual sums of GPT-2"):
+        lrp_pass(make_model("gpt2"), padded_batch(), 0, rules="chefer")
+
+
+@pytest.fixture
+def restore_lrp_entry():
+    from attnlens.architectures import ARCHITECTURES, register_architecture
+
+    saved = ARCHITECTURES["gpt2"]
+    yield
+    register_architecture(saved)
+
+
+@pytest.mark.parametrize("constant_gate", [False, True])
+def test_gated_product_rule(constant_gate):
+    from attnlens.lrp import rules
+
+    torch.manual_seed(0)
+    gate, up = torch.randn(2, 5, requires_grad=True), torch.randn(2, 5, requires_grad=True)
+    y = rules.gated(gate, up, constant_gate)
+    torch.testing.assert_close(y, gate * up)
+    r_y = torch.randn(2, 5)
+    g_gate, g_up = torch.autograd.grad(y, [gate, up], r_y / y.detach(), allow_unused=True)
+    if constant_gate:  # CP-LRP (LXT's cp_gated_mlp_forward): the gate is a constant, up takes everything
+        assert g_gate is None
+        torch.testing.assert_close((up * g_up).detach(), r_y)
+    else:  # uniform rule: half to each factor
+        torch.testing.assert_close((gate * g_gate).detach(), r_y / 2)
+        torch.testing.assert_close((up * g_up).detach(), r_y / 2)
+
+
+def test_modernbert_local_attention_layers():
+    # ModernBERT alternates global and sliding-window layers; the sliding mask comes from the same mask interface
+    import transformers
+
+    cfg = transformers.ModernBertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                                        intermediate_size=24, max_position_embeddings=64, pad_token_id=0,
+                                        global_attn_every_n_layers=3, local_attention=4, num_labels=3,
+                                        attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.ModernBertForSequenceClassification(cfg).eval()
+    inputs = padded_batch(2)
+    inputs["input_ids"] = torch.cat([inputs["input_ids"]] * 2, 1)
+    inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.zeros_like(inputs["attention_mask"])], 1)
+    res = lrp_pass(model, inputs, [0, 1, 2], rules="cp")
+    with torch.no_grad():
+        torch.testing.assert_close(res.logits, model(**inputs).logits, rtol=1e-5, atol=1e-6)
+    far = res.attentions[1][0, :, 0, 3:]  # a local layer (window 4): [CLS] sees 2 tokens on each side
+    assert (far == 0).all() and (res.attentions[0][0, :, 0, 1:6] > 0).all()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_zplus_rule_of_a_convolution_equals_the_linear_one(shared):
+    # a kernel-1 convolution is a Linear layer over channels: the generic z+ (vector-Jacobian products of the
+    # operation) must give the relevance of the explicit-matrix z+ rule
+    from attnlens.lrp import rules
+
+    torch.manual_seed(1)
+    conv = nn.Conv1d(6, 4, 1).double()
+    lin = nn.Linear(6, 4).double()
+    with torch.no_grad():
+        lin.weight.copy_(conv.weight[:, :, 0])
+        lin.bias.copy_(conv.bias)
+    x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    r_out = torch.randn(2, 5, 4, dtype=torch.float64)
+    y_lin = rules.zplus_linear(lin, x, shared)
+    y_conv = rules.zplus_conv(conv, x.transpose(1, 2), shared).transpose(1, 2)
+    torch.testing.assert_close(y_conv, y_lin)
+    (g_lin,) = torch.autograd.grad(y_lin, x, r_out / y_lin.detach())
+    (g_conv,) = torch.autograd.grad(y_conv, x, r_out / y_conv.detach())
+    torch.testing.assert_close(x * g_conv, x * g_lin)
+
+
+def test_deberta_v2_with_a_convolution_layer():
+    import transformers
+
+    cfg = transformers.DebertaV2Config(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=24, max_position_embeddings=64, num_labels=3,
+                                       relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+                                       max_relative_positions=16, conv_kernel_size=3, conv_act="tanh",
+                                       attn_implementation="eager")
+    torch.manual_seed(2)
+    model = transformers.DebertaV2ForSequenceClassification(cfg).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+    inputs, targets = padded_batch(4), [0, 1, 2]
+    with torch.no_grad():
+        plain = model(**inputs).logits
+    chefer = lrp_pass(model, inputs, targets, rules="chefer")
+    torch.testing.assert_close(chefer.logits, plain)
+    total = chefer.input_relevance.sum(1) + chefer.position_relevance  # z+ on the convolution too: biases ignored
+    torch.testing.assert_close(total, torch.ones(3, dtype=plain.dtype))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    for rule_set in ("attnlrp", "chefer"):
+        res = lrp_pass(model, inputs, targets, rules=rule_set, track_softmax=True)
+        if rule_set == "attnlrp":
+            total = res.input_relevance.sum(1) + res.softmax_absorbed + res.position_relevance
+            torch.testing.assert_close(total, res.target)
+        assert (res.input_relevance[inputs["attention_mask"] == 0] == 0).all()
+        for b in range(3):
+            n = int(inputs["attention_mask"][b].sum())
+            one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, targets[b], rules=rule_set)
+            torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=1e-8, atol=1e-9)
+
+
+# ---------------------------------------------------------------- the chefer rules on a pre-LN block
+def _chefer_gpt2(model, ids, target, rule_set):
+    """Chefer et al.'s relprop rules (``tests/lrp_reference.py`` primitives, batch of one) through a 1-layer
+    GPT-2: z+ on every Conv1D / Linear, LayerNorm, softmax and GELU pass relevance unchanged, both attention
+    products proportional and halved, and each pre-LN residual sum an ``Add`` (normalised for ``"chefer"``);
+    the residual stream feeding both a sum and a LayerNorm is a ``Clone``. Relevance 1 at the target logit."""
+    from lrp_reference import add_relprop, clone_relprop, linear_relprop, matmul_relprop
+
+    shared = normalized = rule_set == "chefer"
+    tr, blk = model.transformer, model.transformer.h[0]
+    n, h = ids.shape[0], model.config.n_head
+
+    def as_linear(conv1d):  # Conv1D(x) = x W + b: a Linear with weight W^T
+        lin = nn.Linear(conv1d.weight.shape[0], conv1d.weight.shape[1]).double()
+        lin.weight.data, lin.bias.data = conv1d.weight.T.clone(), conv1d.bias.clone()
+        return lin
+
+    c_attn, a_proj, c_fc, m_proj = (as_linear(c) for c in (blk.attn.c_attn, blk.attn.c_proj, blk.mlp.c_fc,
+                                                           blk.mlp.c_proj))
+    x0 = tr.wte.weight[ids] + tr.wpe.weight[:n]
+    n1 = blk.ln_1(x0)
+    qkv = c_attn(n1)
+    q, k, v = (split(t, h) for t in qkv.split(model.config.n_embd, dim=-1))
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    a = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~allowed, float("-inf")).softmax(-1)
+    ctx = merge(a @ v)
+    o = a_proj(ctx)
+    h1 = x0 + o
+    n2 = blk.ln_2(h1)
+    act = blk.mlp.act(c_fc(n2))
+    m = m_proj(act)
+    h2 = h1 + m
+    nf = tr.ln_f(h2)
+    logits = model.score(nf)
+    r = torch.zeros_like(logits)
+    r[n - 1, target] = 1.0
+    r_h2 = linear_relprop(nf, model.score, r, shared)  # ln_f: unchanged
+    r_m, r_skip = add_relprop(m, h1, r_h2, normalized)
+    r_n2 = linear_relprop(n2, c_fc, linear_relprop(act, m_proj, r_m, shared), shared)  # GELU: unchanged
+    r_h1 = clone_relprop(h1, r_skip, r_n2)  # ln_2: unchanged
+    r_o, r_skip = add_relprop(o, x0, r_h1, normalized)
+    r_ctx = split(linear_relprop(ctx, a_proj, r_o, shared), h)
+    r_a, r_v = matmul_relprop(a, v, r_ctx)  # softmax and the causal mask: unchanged
+    r_q, r_kt = matmul_relprop(q, k.transpose(-1, -2), r_a)
+    r_qkv = torch.cat([merge(r_q), merge(r_kt.transpose(-1, -2)), merge(r_v)], -1)
+    r_x0 = clone_relprop(x0, r_skip, linear_relprop(n1, c_attn, r_qkv, shared))
+    return r_x0.sum(-1), r_a
+
+
+@pytest.mark.parametrize("rule_set", ["chefer", "chefer-lrp"])
+def test_chefer_rules_on_a_pre_ln_block_equal_the_reference_relprop(rule_set):
+    from lrp_reference import exact
+
+    model = _one_layer("gpt2")
+    ids = torch.tensor([2, 7, 13, 21, 5, 3])
+    inputs = {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}
+    with torch.no_grad(), exact():
+        expected_input, expected_att = _chefer_gpt2(model, ids, 2, rule_set)
+    res = lrp_pass(model, inputs, 2, rules=rule_set)
+    torch.testing.assert_close(res.input_relevance[0], expected_input, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(res.attention_relevance[0][0], expected_att, rtol=1e-9, atol=1e-10)
+    if rule_set == "chefer":
+        assert abs(float(expected_input.sum()) - 1) < 1e-9
