@@ -1,0 +1,201 @@
+"""Explaining generation on tiny random language models: every method, step t = the prefix explained alone,
+batching, teacher forcing, contrast linearity, the model left unchanged, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLS, PAD, SEP, V, make_model
+
+from attnlens import Explainer, Generation, InputError, ModelError
+from attnlens.architectures import build_tiny
+from attnlens.encoding import Encoded
+from attnlens.methods.registry import get_method
+
+PROMPT = "the movie was really"
+DECODERS = ["gpt2", "llama"]
+FAST = ["rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "flow", "saliency",
+        "inputxgradient"]
+LINEAR = ["grads", "agrad", "cat", "inputxgradient"]  # linear in the gradient of the explained scalar
+
+
+def make_lm(family: str, seed: int = 0) -> torch.nn.Module:
+    return build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, seed=seed,
+                      task="causal-lm")
+
+
+@pytest.fixture(scope="module", params=DECODERS)
+def lm(request, tokenizer) -> Explainer:
+    return Explainer(make_lm(request.param), tokenizer)
+
+
+def test_every_method_runs_with_step_by_token_shapes(lm):
+    with pytest.warns(UserWarning, match="skipping"):  # the LRP methods are for classifiers so far
+        g = lm.explain_generation(PROMPT, max_new_tokens=4, methods="all",
+                                  options={"integratedgradients": {"n_steps": 4}})
+    p, t = len(g.prompt_ids), len(g.generated_ids)
+    assert 1 <= t <= 4 and g.predicted_ids == g.generated_ids and not g.forced
+    assert g.tokens == g.prompt_tokens + g.generated_tokens and len(g.generated) == t
+    assert {"integratedgradients", "flow", "attcat"} <= set(g.methods)
+    for m, s in g.scores.items():
+        assert s.shape == (t, p + t) and np.isfinite(s).all(), m
+        for step in range(t):  # a step is explained by the tokens before it only
+            assert not s[step, p + step:].any(), m
+        assert np.abs(s).max() > 0, m
+    assert all(0 < q <= 1 for q in g.probabilities)
+
+
+def _prefix_scores(ex: Explainer, ids: list[int], token: int, methods: list[str]) -> dict[str, np.ndarray]:
+    """The prefix ``ids`` explained as one example of the classifier engine, target = ``token``."""
+    e = Encoded(text="", ids=ids, type_ids=None, special=[False] * len(ids), tokens=["x"] * len(ids),
+                word_ids=None, sequence_ids=None, offsets=None)
+    specs = [get_method(m) for m in methods]
+    _, out = ex.compute_batch([e], [token], specs, {m: s.check_options({}) for m, s in zip(methods, specs)})
+    return {m: s[0].double().numpy() for m, (s, _) in out.items()}
+
+
+def test_each_step_equals_its_prefix_explained_alone(lm):
+    g = lm.explain_generation(PROMPT, max_new_tokens=5, methods=FAST)
+    ids = g.prompt_ids + g.generated_ids
+    for t, token in enumerate(g.generated_ids):
+        n = len(g.prompt_ids) + t
+        alone = _prefix_scores(lm, ids[:n], token, FAST)
+        for m in FAST:
+            np.testing.assert_allclose(g.scores[m][t, :n], alone[m], atol=1e-5, rtol=1e-4, err_msg=f"{m} step {t}")
+
+
+def test_scores_match_independent_autograd_and_attention(lm):
+    """Input × gradient, rawatt and the probabilities recomputed by hand from the model on each prefix."""
+    g = lm.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "inputxgradient"])
+    ids = g.prompt_ids + g.generated_ids
+    emb = lm.model.get_input_embeddings()
+    for t, token in enumerate(g.generated_ids):
+        n = len(g.prompt_ids) + t
+        x = emb(torch.tensor([ids[:n]])).detach().requires_grad_(True)
+        out = lm.model(inputs_embeds=x, output_attentions=True)
+        logit = out.logits[0, -1, token]
+        (grad,) = torch.autograd.grad(logit, x)
+        np.testing.assert_allclose(g.scores["inputxgradient"][t, :n], (grad * x).sum(-1)[0].detach().numpy(),
+                                   atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(g.scores["rawatt"][t, :n], out.attentions[-1][0, :, -1].mean(0).detach().numpy(),
+                                   atol=1e-6)
+        assert g.probabilities[t] == pytest.approx(float(out.logits[0, -1].softmax(-1)[token].detach()), abs=1e-6)
+
+
+def test_batch_of_steps_equals_step_by_step(lm):
+    batched = lm.explain_generation(PROMPT, max_new_tokens=5, methods=FAST, batch_size=16)
+    single = lm.explain_generation(PROMPT, max_new_tokens=5, methods=FAST, batch_size=1)
+    assert batched.generated_ids == single.generated_ids
+    for m in FAST:
+        np.testing.assert_allclose(batched.scores[m], single.scores[m], atol=1e-5, rtol=1e-4, err_msg=m)
+
+
+def test_teacher_forcing_the_greedy_continuation_reproduces_it(lm):
+    greedy = lm.explain_generation(PROMPT, max_new_tokens=4, methods=FAST)
+    forced = lm.explain_generation(PROMPT, target=greedy.generated_ids, methods=FAST)
+    assert forced.forced and forced.generated_ids == greedy.generated_ids == forced.predicted_ids
+    for m in FAST:
+        np.testing.assert_allclose(forced.scores[m], greedy.scores[m], atol=1e-6, err_msg=m)
+    np.testing.assert_allclose(forced.probabilities, greedy.probabilities, atol=1e-7)
+
+
+def test_forced_text_target_is_tokenized_without_special_tokens(lm, tokenizer):
+    g = lm.explain_generation(PROMPT, target=" good film", methods="rawatt")
+    assert g.generated_ids == tokenizer(" good film", add_special_tokens=False)["input_ids"]
+    assert g.generated_tokens == ["good", "film"]
+
+
+def test_contrast_is_the_difference_of_the_two_targets(lm):
+    target, contrast = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    both = lm.explain_generation(PROMPT, target=[target], contrast=[contrast], methods=LINEAR)
+    one = lm.explain_generation(PROMPT, target=[target], methods=LINEAR)
+    other = lm.explain_generation(PROMPT, target=[contrast], methods=LINEAR)
+    for m in LINEAR:
+        np.testing.assert_allclose(both.scores[m], one.scores[m] - other.scores[m], atol=1e-5, err_msg=m)
+    assert both.contrast_ids == [contrast]
+    assert both.contrast_probabilities == pytest.approx(other.probabilities)
+    # log-probabilities differ by the logits' difference (the softmax normaliser cancels)
+    loss = lm.explain_generation(PROMPT, target=[target], contrast=[contrast], methods=LINEAR, target_kind="loss")
+    for m in LINEAR:
+        np.testing.assert_allclose(loss.scores[m], both.scores[m], atol=1e-5, err_msg=m)
+
+
+def test_model_is_left_unchanged(tokenizer):
+    model = make_lm("llama").train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    impl = model.config._attn_implementation
+    Explainer(model, tokenizer).explain_generation(PROMPT, max_new_tokens=2, methods=FAST)
+    assert model.training and model.config._attn_implementation == impl
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_save_and_load_round_trip(lm, tmp_path):
+    g = lm.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "attcat"], contrast=None)
+    g.save(tmp_path / "g.json")
+    back = Generation.load(tmp_path / "g.json")
+    assert back == g and back.text == g.text
+    step = back.step(-1)
+    assert step.tokens == g.tokens[: len(g.prompt_ids) + len(g.generated_ids) - 1]
+    assert step.target == g.generated_ids[-1]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"prompt": "   "}, "prompt is empty"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+    ({"target": ""}, "tokenizes to nothing"),
+    ({"target": [V + 5]}, "list of token ids"),
+    ({"target": " good film", "contrast": " bad"}, "one contrast token per generated token"),
+    ({"chat": True}, "no chat template"),
+    ({"methods": "nosuch"}, "unknown method"),
+])
+def test_user_mistakes_are_one_line_errors(lm, kwargs, message):
+    kwargs = {"prompt": PROMPT, "methods": "rawatt", **kwargs}
+    with pytest.raises(InputError, match=message):
+        lm.explain_generation(kwargs.pop("prompt"), **kwargs)
+
+
+def test_explain_generation_needs_a_language_model(tokenizer):
+    with pytest.raises(ModelError, match="needs a language model"):
+        Explainer(make_model("gpt2"), tokenizer).explain_generation(PROMPT)
+
+
+def test_explain_on_a_language_model_explains_the_next_token(lm):
+    """explain() of a causal LM explains the next token: the first generation step."""
+    g = lm.explain_generation(PROMPT, max_new_tokens=1, methods=["rawatt", "inputxgradient"])
+    (e,) = lm.explain(PROMPT, methods=["rawatt", "inputxgradient"])
+    assert e.target == e.predicted == g.generated_ids[0]
+    assert e.probabilities == pytest.approx(g.probabilities)
+    for m in ("rawatt", "inputxgradient"):
+        np.testing.assert_allclose(e.scores[m], g.scores[m][0, : len(e.tokens)], atol=1e-6)
+    with pytest.raises(InputError, match="out of range"):
+        lm.explain(PROMPT, methods="rawatt", target=V + 1)
+
+
+# ------------------------------------------------------------------------------ contrast for classifiers
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_classifier_contrast_is_the_difference_of_the_two_classes(family, tokenizer):
+    ex = Explainer(make_model(family, num_labels=3), tokenizer)
+    texts = ["a charming journey", "the plot was boring"]
+    both = ex.explain(texts, methods=LINEAR, target=1, contrast=2)
+    one = ex.explain(texts, methods=LINEAR, target=1)
+    other = ex.explain(texts, methods=LINEAR, target=2)
+    for b, o, t in zip(both, one, other):
+        assert b.target == 1 and b.meta["contrast"] == 2 and b.probabilities == pytest.approx(o.probabilities)
+        for m in LINEAR:
+            np.testing.assert_allclose(b.scores[m], o.scores[m] - t.scores[m], atol=1e-5, err_msg=m)
+    # the predicted class against a fixed one; the loss kind (log-probabilities) equals the logit difference
+    predicted = ex.explain(texts, methods=LINEAR, contrast="LABEL_0")
+    loss = ex.explain(texts, methods=LINEAR, target=[e.predicted for e in predicted], contrast=0, target_kind="loss")
+    for p, q in zip(predicted, loss):
+        for m in LINEAR:
+            np.testing.assert_allclose(p.scores[m], q.scores[m], atol=1e-5, err_msg=m)
+
+
+def test_classifier_contrast_mistakes(tokenizer):
+    ex = Explainer(make_model("bert"), tokenizer)
+    with pytest.raises(InputError, match="out of range"):
+        ex.explain("good", methods="rawatt", contrast=7)
+    with pytest.raises(InputError, match="one class index or label name"):
+        ex.explain("good", methods="rawatt", contrast=[0, 1])
