@@ -3,6 +3,8 @@ batching, teacher forcing, contrast linearity, the model left unchanged, clear e
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -199,3 +201,61 @@ def test_classifier_contrast_mistakes(tokenizer):
         ex.explain("good", methods="rawatt", contrast=7)
     with pytest.raises(InputError, match="one class index or label name"):
         ex.explain("good", methods="rawatt", contrast=[0, 1])
+
+
+# ------------------------------------------------------------------------------ views and CLI
+def test_views_render_every_step(lm, tmp_path):
+    from attnlens.viz.generation import generation_html, render_generation
+
+    g = lm.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "inputxgradient"])
+    text = render_generation(g, color=False, width=400)
+    assert text.count("→") == 1 + 2 * len(g.generated_ids) and "inputxgradient" in text  # header + 1 per step
+    page = generation_html(g)
+    assert page.count('class="tok gen"') + page.count('class="tok special gen"') == 2 * len(g.generated_ids)
+    assert "<script>" in page and "step × token heatmap" in page
+    g.plot(path=tmp_path / "g.png")
+    assert (tmp_path / "g.png").stat().st_size > 0
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory, tokenizer) -> str:
+    path = tmp_path_factory.mktemp("lm") / "gpt2-lm"
+    make_lm("gpt2").save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_cli_generate_json_html_plot_and_head_view(lm_dir, tmp_path, capsys):
+    from attnlens.cli import main
+
+    out, page, png, view = (tmp_path / n for n in ("g.json", "g.html", "g.png", "view.html"))
+    assert main(["explain", "--model", lm_dir, "--generate", "--max-new-tokens", "3", "--methods",
+                 "rawatt,inputxgradient", "--format", "json", "--out", str(out), "--html", str(page),
+                 "--plot", str(png), "--head-view", str(view), PROMPT]) == 0
+    (d,) = json.loads(out.read_text())
+    assert {"prompt_tokens", "generated_tokens", "scores", "target_ids", "contrast_ids", "probabilities"} <= set(d)
+    g = Generation.from_dict(d)
+    assert g.scores["rawatt"].shape == (len(g.generated_ids), len(g.prompt_ids) + len(g.generated_ids))
+    direct = Explainer.from_pretrained(lm_dir).explain_generation(PROMPT, max_new_tokens=3, methods="rawatt")
+    assert g.generated_ids == direct.generated_ids
+    np.testing.assert_allclose(g.scores["rawatt"], direct.scores["rawatt"], atol=1e-7)
+    assert page.stat().st_size and png.stat().st_size and view.stat().st_size
+    capsys.readouterr()
+    assert main(["explain", "--model", lm_dir, "--generate", "--target", " good film", "--contrast", " bad movie",
+                 "--methods", "grads", PROMPT]) == 0
+    assert "→" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--chat"], "are for --generate"),
+    (["--generate", "--max-new-tokens", "0"], "at least 1"),
+    (["--generate", "--target", " good", "--contrast", " bad film"], "one contrast token per generated token"),
+    (["--generate", "--chat"], "no chat template"),
+])
+def test_cli_generation_mistakes(lm_dir, capsys, argv, message):
+    from attnlens.cli import main
+
+    capsys.readouterr()
+    assert main(["explain", "--model", lm_dir, "--methods", "rawatt", *argv, PROMPT]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnlens: error:") and message in err and "\n" not in err

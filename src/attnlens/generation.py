@@ -188,6 +188,13 @@ class Generation:
         return generation_html(self, methods, **kwargs)
 
 
+    def plot(self, method: str | None = None, path: str | Path | None = None) -> Any:
+        """Step × token heatmap of ``method`` (default: the first) as a matplotlib figure; PNG/SVG to ``path``."""
+        from .viz.generation import plot_generation
+
+        return plot_generation(self, method, path)
+
+
 # ---------------------------------------------------------------------------------------------------- engine
 def explain_generation(
     ex: Explainer,
@@ -341,3 +348,17 @@ def _check_count(name: str, value: Any) -> None:
 
 def _decode(tokenizer: Any, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+@torch.no_grad()
+def attention_maps(ex: Explainer, g: Generation) -> np.ndarray:
+    """Attention probabilities ``(L, H, N, N)`` of the explained stream over the whole prompt + continuation of
+    ``g`` (one forward pass), for the head view."""
+    from .capture import run_capture
+    from .methods.registry import ATTENTION
+
+    inputs, mask = ex._inputs([g.prompt_ids + g.generated_ids])
+    with explaining(ex.model):
+        capture, _ = run_capture(ex.model, ex.adapter, inputs, mask, ex.stream, None, "logit", gradients=False,
+                                 head=ex.head, keep={ATTENTION})
+    return torch.stack(capture.attentions, 0)[:, 0].float().cpu().numpy()
