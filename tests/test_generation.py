@@ -259,3 +259,85 @@ def test_cli_generation_mistakes(lm_dir, capsys, argv, message):
     assert main(["explain", "--model", lm_dir, "--methods", "rawatt", *argv, PROMPT]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("attnlens: error:") and message in err and "\n" not in err
+
+
+# ------------------------------------------------------------------------------ encoder-decoder LMs
+SEQ2SEQ_FAST = ["rawatt", "grads", "attgrads", "agrad", "cat", "attcat", "saliency", "inputxgradient"]
+
+
+@pytest.fixture(scope="module", params=[("bart", "encoder"), ("bart", "cross"), ("t5", "encoder"), ("t5", "cross")],
+                ids=lambda p: "-".join(p))
+def s2s(request, tokenizer) -> Explainer:
+    family, stream = request.param
+    model = build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
+                       task="seq2seq-lm")
+    return Explainer(model, tokenizer, attention=stream)
+
+
+def test_seq2seq_every_method_runs_over_the_prompt(s2s):
+    with pytest.warns(UserWarning, match="skipping"):
+        g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods="all",
+                                   options={"integratedgradients": {"n_steps": 4}})
+    p, t = len(g.prompt_ids), len(g.generated_ids)
+    assert g.predicted_ids == g.generated_ids and g.meta["task"] == "seq2seq-lm"
+    # cross attention is not square: the propagating methods are skipped there (see docs)
+    assert ({"rollout", "gae", "flow"} <= set(g.methods)) == (s2s.stream == "encoder")
+    for m, s in g.scores.items():
+        assert s.shape == (t, p + t) and np.isfinite(s).all() and not s[:, p:].any(), m
+        assert np.abs(s).max() > 0, m
+
+
+def test_seq2seq_steps_equal_each_prefix_alone(s2s):
+    """A batch row holds the whole decoder input; batch_size=1 cuts it at the step: the prefix alone."""
+    methods = SEQ2SEQ_FAST + (["rollout", "gae", "flow"] if s2s.stream == "encoder" else [])
+    batched = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=8)
+    single = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=1)
+    for m in methods:
+        np.testing.assert_allclose(batched.scores[m], single.scores[m], atol=1e-5, rtol=1e-4, err_msg=m)
+    np.testing.assert_allclose(batched.probabilities, single.probabilities, atol=1e-6)
+
+
+def test_seq2seq_scores_match_independent_autograd(s2s):
+    g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "inputxgradient"])
+    model = s2s.model
+    enc_ids = torch.tensor([g.prompt_ids])
+    emb = s2s.adapter.embedding_module(model)
+    start = model.config.decoder_start_token_id
+    for t, token in enumerate(g.generated_ids):
+        decoder = torch.tensor([[start] + g.generated_ids[:t]])
+        x = emb(enc_ids).detach().requires_grad_(True)  # the encoder's (scaled) token embeddings
+        out = model(inputs_embeds=x, decoder_input_ids=decoder, output_attentions=True)
+        (grad,) = torch.autograd.grad(out.logits[0, -1, token], x)
+        np.testing.assert_allclose(g.scores["inputxgradient"][t, : len(g.prompt_ids)],
+                                   (grad * x).sum(-1)[0].detach().numpy(), atol=1e-5, rtol=1e-4)
+        if s2s.stream == "cross":
+            row = out.cross_attentions[-1][0, :, -1].mean(0)
+            np.testing.assert_allclose(g.scores["rawatt"][t, : len(g.prompt_ids)], row.detach().numpy(), atol=1e-6)
+        assert g.probabilities[t] == pytest.approx(float(out.logits[0, -1].softmax(-1)[token].detach()), abs=1e-6)
+
+
+def test_seq2seq_forcing_and_contrast(s2s):
+    greedy = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=LINEAR)
+    forced = s2s.explain_generation(PROMPT, target=greedy.generated_ids, methods=LINEAR)
+    for m in LINEAR:
+        np.testing.assert_allclose(forced.scores[m], greedy.scores[m], atol=1e-6, err_msg=m)
+    target, contrast = [s2s.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    both = s2s.explain_generation(PROMPT, target=[target, contrast], contrast=[contrast, target], methods=LINEAR)
+    one = s2s.explain_generation(PROMPT, target=[target, contrast], methods=LINEAR)
+    # step 0 contrasts "bad" after no token, step 1 "good" after "good": the same steps of two forced runs
+    other0 = s2s.explain_generation(PROMPT, target=[contrast], methods=LINEAR)
+    other1 = s2s.explain_generation(PROMPT, target=[target, target], methods=LINEAR)
+    p = len(both.prompt_ids)
+    for m in LINEAR:
+        np.testing.assert_allclose(both.scores[m][0], one.scores[m][0] - np.pad(other0.scores[m][0], (0, 1)),
+                                   atol=1e-5, err_msg=m)
+        np.testing.assert_allclose(both.scores[m][1, :p], one.scores[m][1, :p] - other1.scores[m][1, :p],
+                                   atol=1e-5, err_msg=m)
+
+
+def test_seq2seq_mistakes(tokenizer):
+    model = build_tiny("bart", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
+    with pytest.raises(InputError, match="attention='decoder' is not available"):
+        Explainer(model, tokenizer, attention="decoder").explain_generation(PROMPT, methods="rawatt")
+    with pytest.raises(ModelError, match="use explain_generation"):
+        Explainer(model, tokenizer).explain(PROMPT, methods="rawatt")

@@ -16,6 +16,7 @@ continuation greedily (or takes the forced ``target``), explains all steps in ba
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,10 +27,12 @@ import numpy as np
 import torch
 
 from . import __version__, engine
+from .adapters import EncoderDecoderAdapter, StreamTensors
+from .context import BatchContext
 from .encoding import Encoded, encode
 from .errors import InputError, ModelError
 from .explanation import Explanation
-from .heads import ContrastHead, LMHead
+from .heads import ContrastHead, LMHead, Seq2SeqLMHead
 from .modelstate import explaining
 
 if TYPE_CHECKING:
@@ -212,11 +215,12 @@ def explain_generation(
     """See :meth:`attnlens.Explainer.explain_generation`."""
     head = ex.head
     if not isinstance(head, LMHead):
-        raise ModelError(f"explain_generation needs a language model (…ForCausalLM); {ex.name} is "
-                         f"{head.kind}: use explain() for it")
-    if ex.adapter.family != "decoder":
-        raise ModelError(f"explain_generation supports decoder-only language models so far; {ex.name} is "
-                         f"{ex.adapter.family} ({type(ex.model).__name__})")
+        raise ModelError(f"explain_generation needs a language model (…ForCausalLM, …ForConditionalGeneration); "
+                         f"{ex.name} is {head.kind}: use explain() for it")
+    seq2seq = isinstance(head, Seq2SeqLMHead)
+    if seq2seq and ex.stream == "decoder":
+        raise InputError("attention='decoder' is not available for sequence-to-sequence generation yet (its keys "
+                         "are the generated tokens, not the prompt's): use 'encoder' or 'cross'")
     if not isinstance(prompt, str) or not prompt.strip():
         raise InputError("the prompt is empty: give the text the model should continue")
     _check_count("max_new_tokens", max_new_tokens)
@@ -231,8 +235,9 @@ def explain_generation(
         raise InputError(f"contrast has {len(contrast_ids)} token(s) but the explained continuation has "
                          f"{len(generated)}: give one contrast token per generated token (step t contrasts "
                          "token t)")
-    total = len(prompt_ids) + len(generated)
-    if total > ex.max_length:
+    # a decoder-only model reads prompt + continuation; an encoder-decoder's decoder reads start + continuation
+    longest = len(generated) + 1 if seq2seq else len(prompt_ids) + len(generated)
+    if longest > ex.max_length:
         raise InputError(f"prompt ({len(prompt_ids)} tokens) + continuation ({len(generated)}) is longer than the "
                          f"model's maximum of {ex.max_length} tokens")
 
@@ -240,44 +245,100 @@ def explain_generation(
     ids = prompt_ids + generated
     tokens = ex.tokenizer.convert_ids_to_tokens(ids)
     special = [i in special_ids for i in ids]
-    steps = [Encoded(text=prompt, ids=ids[: len(prompt_ids) + t], type_ids=None,
-                     special=special[: len(prompt_ids) + t], tokens=tokens[: len(prompt_ids) + t],
-                     word_ids=None, sequence_ids=None, offsets=None) for t in range(len(generated))]
+    n_prompt, n_steps = len(prompt_ids), len(generated)
+    # decoder-only: step t is the prefix prompt + generated[:t]; seq2seq: the prompt (the decoder is added below)
+    steps = [Encoded(text=prompt, ids=ids[: n_prompt + t], type_ids=None, special=special[: n_prompt + t],
+                     tokens=tokens[: n_prompt + t], word_ids=None, sequence_ids=None, offsets=None)
+             for t in range(0 if seq2seq else n_steps)]
+    prompt_only = Encoded(text=prompt, ids=prompt_ids, type_ids=None, special=special[:n_prompt],
+                          tokens=tokens[:n_prompt], word_ids=None, sequence_ids=None, offsets=None)
 
-    n_steps = len(generated)
-    scores = {s.name: np.zeros((n_steps, total)) for s in specs}
+    scores = {s.name: np.zeros((n_steps, n_prompt + n_steps)) for s in specs}
     probabilities, predicted, contrast_probs = [0.0] * n_steps, [0] * n_steps, [0.0] * n_steps
-    for start in range(0, n_steps, size):
-        rows = list(range(start, min(start + size, n_steps)))
-        runner = ex
-        if contrast_ids is not None:
-            runner = ex._with_head(ContrastHead(head, torch.tensor([contrast_ids[t] for t in rows])))
-        ctx, out = engine.compute_batch(runner, [steps[t] for t in rows], [generated[t] for t in rows], specs,
-                                        method_options, target_kind)
-        probs = head.probabilities(ctx.capture.logits, ctx.token_mask)  # (B, V) at each row's last position
-        greedy_ids = probs.argmax(-1).tolist()
+    for first in range(0, n_steps, size):
+        rows = list(range(first, min(first + size, n_steps)))
+        if seq2seq:
+            runner, ctx, targets = _seq2seq_batch(ex, prompt_only, generated, rows, contrast_ids, target_kind)
+            batch = [prompt_only] * len(rows)
+        else:
+            runner, ctx, batch = ex, None, [steps[t] for t in rows]
+            targets = [generated[t] for t in rows]
+            if contrast_ids is not None:
+                runner = ex._with_head(ContrastHead(head, torch.tensor([contrast_ids[t] for t in rows])))
+        ctx, out = engine.compute_batch(runner, batch, targets, specs, method_options, target_kind, ctx=ctx)
+        logits = (head.at(ctx.capture.logits, ctx.targets) if seq2seq
+                  else head.last(ctx.capture.logits, ctx.token_mask))
+        probs = logits.float().softmax(-1)  # (B, V): the distribution each step's token was drawn from
         for b, t in enumerate(rows):
-            n = len(steps[t].ids)
-            for m, (s, _) in out.items():
-                scores[m][t, :n] = s[b, :n].double().cpu().numpy()
+            n = n_prompt if seq2seq else n_prompt + t
+            for m, (sc, _) in out.items():
+                scores[m][t, :n] = sc[b, :n].double().cpu().numpy()
             probabilities[t] = float(probs[b, generated[t]])
-            predicted[t] = int(greedy_ids[b])
+            predicted[t] = int(probs[b].argmax())
             if contrast_ids is not None:
                 contrast_probs[t] = float(probs[b, contrast_ids[t]])
 
     meta = {
         "model": ex.name, "family": ex.adapter.family, "attention": ex.stream, "target_kind": target_kind,
         **head.meta(), "chat_template": template, "max_new_tokens": None if forced else max_new_tokens,
-        "generated_special": special[len(prompt_ids):],
+        "generated_special": special[n_prompt:],
         "options": {k: v for k, v in method_options.items() if v}, "attnlens": __version__,
     }
     return Generation(
-        prompt=prompt, prompt_tokens=tokens[: len(prompt_ids)], prompt_ids=prompt_ids,
-        prompt_special=special[: len(prompt_ids)], generated_tokens=tokens[len(prompt_ids):],
+        prompt=prompt, prompt_tokens=tokens[:n_prompt], prompt_ids=prompt_ids,
+        prompt_special=special[:n_prompt], generated_tokens=tokens[n_prompt:],
         generated_ids=generated, generated=[_decode(ex.tokenizer, i) for i in generated],
         scores=scores, probabilities=probabilities, predicted_ids=predicted, contrast_ids=contrast_ids,
         contrast_probabilities=None if contrast_ids is None else contrast_probs, forced=forced, meta=meta,
     )
+
+
+class _Seq2SeqSteps(EncoderDecoderAdapter):
+    """The rows of a seq2seq generation batch: every row holds the whole teacher-forced decoder input and row b
+    explains decoder position ``positions[b]`` (the one predicting its token). Causal masking keeps later decoder
+    positions out of that position's forward and backward; they are also left out of the query rows that
+    methods average over (cross stream). Encoder stream: as for BART classification (mean over its rows)."""
+
+    def __init__(self, positions: torch.Tensor) -> None:
+        self.positions = positions
+
+    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
+        return self.positions.to(input_ids.device)
+
+    def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
+        if stream != "cross":
+            return super().select(outputs, stream, token_mask, cls)
+        n_decoder = outputs.cross_attentions[0].shape[2]
+        rows = torch.arange(n_decoder, device=cls.device)[None, :] <= cls[:, None]
+        return StreamTensors(
+            attentions=list(outputs.cross_attentions),
+            hidden=[outputs.encoder_last_hidden_state] * (len(outputs.cross_attentions) + 1),
+            query_mask=rows, key_mask=token_mask.bool(),
+            query_weights=torch.nn.functional.one_hot(cls, n_decoder).float(), self_attention=False,
+        )
+
+
+def _seq2seq_batch(ex: Explainer, prompt: Encoded, generated: list[int], rows: list[int],
+                   contrast_ids: list[int] | None, target_kind: str) -> tuple[Explainer, BatchContext, list[Any]]:
+    """The explainer, inputs and targets of seq2seq generation steps ``rows``: the prompt in the encoder,
+    start token + the continuation up to the last row's step in the decoder, target triples (token, decoder
+    position, contrast or -1)."""
+    positions = torch.tensor(rows)
+    runner = copy.copy(ex)
+    runner.adapter = _Seq2SeqSteps(positions)
+    ctx = engine.batch_context(runner, [prompt] * len(rows), target_kind)
+    decoder = [_decoder_start(ex)] + generated[: rows[-1]]
+    ctx.inputs["decoder_input_ids"] = torch.tensor([decoder] * len(rows), device=ex.device)
+    targets = [(generated[t], t, -1 if contrast_ids is None else contrast_ids[t]) for t in rows]
+    return runner, ctx, targets
+
+
+def _decoder_start(ex: Explainer) -> int:
+    start = getattr(ex.model.config, "decoder_start_token_id", None)
+    if start is None:
+        raise ModelError(f"{type(ex.model).__name__} has no decoder_start_token_id in its config: set it to "
+                         "generate")
+    return int(start)
 
 
 @torch.no_grad()
@@ -286,12 +347,22 @@ def greedy(ex: Explainer, prompt_ids: list[int], max_new_tokens: int) -> list[in
     ``max_new_tokens`` tokens, stopping after an end-of-sequence token; key/value cache reused between steps."""
     eos = _eos_ids(ex)
     room = ex.max_length - len(prompt_ids)
-    if room < 1:
+    if room < 1 and not isinstance(ex.head, Seq2SeqLMHead):
         raise InputError(f"the prompt has {len(prompt_ids)} tokens: no room to generate within the model's "
                          f"maximum of {ex.max_length}")
     out: list[int] = []
     with explaining(ex.model):
         ids = torch.tensor([prompt_ids], device=ex.device)
+        if isinstance(ex.head, Seq2SeqLMHead):  # encode once; the short decoder input is re-run every step
+            encoded = ex.model.get_encoder()(input_ids=ids, attention_mask=torch.ones_like(ids))
+            decoder = [_decoder_start(ex)]
+            for _ in range(min(max_new_tokens, ex.max_length - 1)):
+                logits = ex.model(encoder_outputs=encoded, attention_mask=torch.ones_like(ids),
+                                  decoder_input_ids=torch.tensor([decoder], device=ex.device)).logits
+                decoder.append(int(logits[0, -1].argmax()))
+                if decoder[-1] in eos:
+                    break
+            return decoder[1:]
         past = None
         for _ in range(min(max_new_tokens, room)):
             result = ex.model(input_ids=ids, past_key_values=past, use_cache=True)
@@ -357,6 +428,9 @@ def attention_maps(ex: Explainer, g: Generation) -> np.ndarray:
     from .capture import run_capture
     from .methods.registry import ATTENTION
 
+    if isinstance(ex.head, Seq2SeqLMHead):
+        raise InputError("the head view of a generation shows one self-attention over prompt + continuation: "
+                         "decoder-only models only (an encoder-decoder's streams split them)")
     inputs, mask = ex._inputs([g.prompt_ids + g.generated_ids])
     with explaining(ex.model):
         capture, _ = run_capture(ex.model, ex.adapter, inputs, mask, ex.stream, None, "logit", gradients=False,

@@ -386,14 +386,42 @@ class LMHead(Head):
 
 class Seq2SeqLMHead(LMHead):
     """Next-token prediction of an encoder-decoder language model (BART, T5 ``…ForConditionalGeneration``):
-    logits ``(B, N_decoder, V)`` read at each decoder input's last real position. Only generation
-    (:mod:`attnlens.generation`) feeds these models; :meth:`token_mask` of a batch is the decoder's."""
+    logits ``(B, N_decoder, V)``. Only generation (:mod:`attnlens.generation`) feeds these models: every row of
+    a batch holds the whole teacher-forced decoder input, so a target says where it is read, as a
+    ``(token, decoder position, contrast token or -1)`` triple; the explained scalar is the token's value at
+    that position, minus the contrast token's when there is one."""
 
     task = "seq2seq-lm"
     model_suffix = "ForConditionalGeneration"
     model_suffixes = ("ForConditionalGeneration",)
     auto_class = "AutoModelForSeq2SeqLM"
     kind = "a sequence-to-sequence language model"
+
+    def resolve_targets(self, target: Any, n: int, labels: list[str]) -> list[Any]:
+        raise ModelError("explain() reads one prediction per input; a sequence-to-sequence language model is "
+                         "explained by what it generates: use explain_generation(prompt)")
+
+    def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        wanted = torch.tensor(targets, dtype=torch.long, device=device)
+        return wanted, torch.zeros(len(targets), 1, dtype=torch.bool, device=device)
+
+    def predicted(self, logits: torch.Tensor, token_mask: torch.Tensor,
+                  answer_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The greedy token after the last decoder position, as a target triple (generation gives every target,
+        so this is never what is explained)."""
+        last = torch.full((logits.shape[0],), logits.shape[1] - 1, dtype=torch.long, device=logits.device)
+        return torch.stack([logits.detach()[:, -1].argmax(-1), last, torch.full_like(last, -1)], -1)
+
+    def at(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``(B, V)`` logits at each target's decoder position."""
+        return logits[torch.arange(logits.shape[0], device=logits.device), targets[:, 1]]
+
+    def scalar(self, logits: torch.Tensor, targets: torch.Tensor, kind: str, token_mask: torch.Tensor) -> torch.Tensor:
+        values = Head.values(self, self.at(logits, targets), kind, token_mask)
+        token, contrast = targets[:, 0:1], targets[:, 2:3]
+        value = values.gather(-1, token)
+        other = torch.where(contrast >= 0, values.gather(-1, contrast.clamp_min(0)), torch.zeros_like(value))
+        return (value - other).squeeze(-1)
 
 
 class ContrastHead:
