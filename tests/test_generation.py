@@ -341,3 +341,13 @@ def test_seq2seq_mistakes(tokenizer):
         Explainer(model, tokenizer, attention="decoder").explain_generation(PROMPT, methods="rawatt")
     with pytest.raises(ModelError, match="use explain_generation"):
         Explainer(model, tokenizer).explain(PROMPT, methods="rawatt")
+
+
+def test_chat_prompt_goes_through_the_template(lm):
+    import copy
+
+    tok = copy.deepcopy(lm.tokenizer)
+    tok.chat_template = "[CLS] {% for m in messages %}{{ m['content'] }}{% endfor %} good"
+    g = Explainer(lm.model, tok).explain_generation(PROMPT, max_new_tokens=2, methods="rawatt", chat=True)
+    assert g.prompt_tokens == ["[CLS]", "the", "movie", "was", "really", "good"] and g.meta["chat_template"]
+    assert g.prompt == PROMPT and g.prompt_special[0] and not any(g.prompt_special[1:])
