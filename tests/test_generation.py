@@ -109,12 +109,20 @@ def test_forced_text_target_is_tokenized_without_special_tokens(lm, tokenizer):
 
 
 def test_contrast_is_the_difference_of_the_two_targets(lm):
-    target, contrast = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    good, bad, film = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad", "film")]
+    ig = {"integratedgradients": {"n_steps": 4}}  # linear in the scalar too (same baseline and steps)
+    kw = dict(methods=LINEAR + ["integratedgradients"], options=ig)
+    both = lm.explain_generation(PROMPT, target=[good, film], contrast=[bad, good], **kw)
+    one = lm.explain_generation(PROMPT, target=[good, film], **kw)
+    other = lm.explain_generation(PROMPT, target=[bad], **kw)
+    other1 = lm.explain_generation(PROMPT, target=[good, good], **kw)  # step 1: "good" after "good"
+    for m in LINEAR + ["integratedgradients"]:
+        np.testing.assert_allclose(both.scores[m][0], one.scores[m][0] - np.pad(other.scores[m][0], (0, 1)),
+                                   atol=1e-5, err_msg=m)
+        np.testing.assert_allclose(both.scores[m][1], one.scores[m][1] - other1.scores[m][1], atol=1e-5, err_msg=m)
+    target, contrast = good, bad
     both = lm.explain_generation(PROMPT, target=[target], contrast=[contrast], methods=LINEAR)
-    one = lm.explain_generation(PROMPT, target=[target], methods=LINEAR)
     other = lm.explain_generation(PROMPT, target=[contrast], methods=LINEAR)
-    for m in LINEAR:
-        np.testing.assert_allclose(both.scores[m], one.scores[m] - other.scores[m], atol=1e-5, err_msg=m)
     assert both.contrast_ids == [contrast]
     assert both.contrast_probabilities == pytest.approx(other.probabilities)
     # log-probabilities differ by the logits' difference (the softmax normaliser cancels)
@@ -180,12 +188,13 @@ def test_explain_on_a_language_model_explains_the_next_token(lm):
 def test_classifier_contrast_is_the_difference_of_the_two_classes(family, tokenizer):
     ex = Explainer(make_model(family, num_labels=3), tokenizer)
     texts = ["a charming journey", "the plot was boring"]
-    both = ex.explain(texts, methods=LINEAR, target=1, contrast=2)
-    one = ex.explain(texts, methods=LINEAR, target=1)
-    other = ex.explain(texts, methods=LINEAR, target=2)
+    kw = dict(methods=LINEAR + ["integratedgradients"], options={"integratedgradients": {"n_steps": 4}})
+    both = ex.explain(texts, target=1, contrast=2, **kw)
+    one = ex.explain(texts, target=1, **kw)
+    other = ex.explain(texts, target=2, **kw)
     for b, o, t in zip(both, one, other):
         assert b.target == 1 and b.meta["contrast"] == 2 and b.probabilities == pytest.approx(o.probabilities)
-        for m in LINEAR:
+        for m in LINEAR + ["integratedgradients"]:
             np.testing.assert_allclose(b.scores[m], o.scores[m] - t.scores[m], atol=1e-5, err_msg=m)
     # the predicted class against a fixed one; the loss kind (log-probabilities) equals the logit difference
     predicted = ex.explain(texts, methods=LINEAR, contrast="LABEL_0")

@@ -220,8 +220,8 @@ class Explainer:
         ex = self if contrast is None else self._with_head(with_contrast(self.head, contrast, self.labels))
         specs, method_options = engine.select_methods(ex, methods, target, target_kind, options)
         encoded = self.encode(texts, truncation=truncation)
-        targets = self.head.resolve_targets(target, len(encoded), self.labels)
-        self.head.check_targets([len(e.ids) for e in encoded], targets)
+        targets = ex.head.resolve_targets(target, len(encoded), self.labels)
+        ex.head.check_targets([len(e.ids) for e in encoded], targets)
         size = self._effective_batch_size(batch_size)
         return engine.explain_all(ex, encoded, targets, specs, method_options, target_kind, size, progress)
 

@@ -263,8 +263,9 @@ def explain_generation(
         else:
             runner, ctx, batch = ex, None, [steps[t] for t in rows]
             targets = [generated[t] for t in rows]
-            if contrast_ids is not None:
-                runner = ex._with_head(ContrastHead(head, torch.tensor([contrast_ids[t] for t in rows])))
+            if contrast_ids is not None:  # (token, contrast) pairs: each step has its own contrast
+                runner = ex._with_head(ContrastHead(head))
+                targets = [(generated[t], contrast_ids[t]) for t in rows]
         ctx, out = engine.compute_batch(runner, batch, targets, specs, method_options, target_kind, ctx=ctx)
         logits = (head.at(ctx.capture.logits, ctx.targets) if seq2seq
                   else head.last(ctx.capture.logits, ctx.token_mask))
