@@ -156,8 +156,9 @@ def test_save_and_load_round_trip(lm, tmp_path):
     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
     ({"target": ""}, "tokenizes to nothing"),
     ({"target": [V + 5]}, "list of token ids"),
-    ({"target": " good film", "contrast": " bad"}, "one contrast token per generated token"),
+    ({"target": " good film", "contrast": " bad", "methods": "grads"}, "one contrast token per generated token"),
     ({"chat": True}, "no chat template"),
+    ({"target": " good", "contrast": " bad", "methods": "rawatt,grads"}, "rawatt does not depend on the explained"),
     ({"methods": "nosuch"}, "unknown method"),
 ])
 def test_user_mistakes_are_one_line_errors(lm, kwargs, message):
@@ -207,9 +208,15 @@ def test_classifier_contrast_is_the_difference_of_the_two_classes(family, tokeni
 def test_classifier_contrast_mistakes(tokenizer):
     ex = Explainer(make_model("bert"), tokenizer)
     with pytest.raises(InputError, match="out of range"):
-        ex.explain("good", methods="rawatt", contrast=7)
+        ex.explain("good", methods="grads", contrast=7)
     with pytest.raises(InputError, match="one class index or label name"):
-        ex.explain("good", methods="rawatt", contrast=[0, 1])
+        ex.explain("good", methods="grads", contrast=[0, 1])
+    with pytest.raises(InputError, match="rollout does not depend on the explained target"):
+        ex.explain("good", methods="grads,rollout", contrast=0)
+    with pytest.warns(UserWarning, match="skipping rawatt, rollout, flow, partiallrp, transatt, attnlrp:.*"
+                                         "contrast does not apply.*does not support a contrast"):
+        (e,) = ex.explain("good", contrast=0)
+    assert "grads" in e.scores and "rawatt" not in e.scores
 
 
 # ------------------------------------------------------------------------------ views and CLI
@@ -258,7 +265,8 @@ def test_cli_generate_json_html_plot_and_head_view(lm_dir, tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--chat"], "are for --generate"),
     (["--generate", "--max-new-tokens", "0"], "at least 1"),
-    (["--generate", "--target", " good", "--contrast", " bad film"], "one contrast token per generated token"),
+    (["--generate", "--target", " good", "--contrast", " bad film", "--methods", "grads"],
+     "one contrast token per generated token"),
     (["--generate", "--chat"], "no chat template"),
 ])
 def test_cli_generation_mistakes(lm_dir, capsys, argv, message):

@@ -218,7 +218,7 @@ class Explainer:
             One :class:`Explanation` per input, in input order.
         """
         ex = self if contrast is None else self._with_head(with_contrast(self.head, contrast, self.labels))
-        specs, method_options = engine.select_methods(ex, methods, target, target_kind, options)
+        specs, method_options = engine.select_methods(ex, methods, target, target_kind, options, contrast is not None)
         encoded = self.encode(texts, truncation=truncation)
         targets = ex.head.resolve_targets(target, len(encoded), self.labels)
         ex.head.check_targets([len(e.ids) for e in encoded], targets)

@@ -225,7 +225,8 @@ def explain_generation(
         raise InputError("the prompt is empty: give the text the model should continue")
     _check_count("max_new_tokens", max_new_tokens)
     size = ex._effective_batch_size(batch_size)
-    specs, method_options = engine.select_methods(ex, methods, target or "generated", target_kind, options)
+    specs, method_options = engine.select_methods(ex, methods, target or "generated", target_kind, options,
+                                                  contrast is not None)
 
     prompt_ids, template = _prompt_ids(ex, prompt, chat)
     forced = target is not None
