@@ -149,6 +149,9 @@ def test_save_and_load_round_trip(lm, tmp_path):
     step = back.step(-1)
     assert step.tokens == g.tokens[: len(g.prompt_ids) + len(g.generated_ids) - 1]
     assert step.target == g.generated_ids[-1]
+    from attnlens.viz.terminal import render_terminal
+
+    assert f"explaining next token {g.generated[-1]!r} (p {g.probabilities[-1]:.3f})" in render_terminal(step)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -108,7 +108,7 @@ class Generation:
             raise InputError(f"step {t} is out of range: {len(self.generated_ids)} tokens were generated")
         t %= len(self.generated_ids)
         n = self.n_prompt + t
-        meta = {**self.meta, "step": t, "generated": self.generated[t]}
+        meta = {**self.meta, "step": t, "target_token": self.generated[t]}
         if self.contrast_ids is not None:
             meta["contrast"] = self.contrast_ids[t]
         return Explanation(
