@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import CLS, PAD, SEP, V, make_model
 
-from attnlens import Explainer, Generation, InputError, ModelError
+from attnlens import Explainer, Generation, InputError, ModelError, load_generations
 from attnlens.architectures import build_tiny
 from attnlens.encoding import Encoded
 from attnlens.methods.registry import get_method
@@ -252,6 +252,7 @@ def test_cli_generate_json_html_plot_and_head_view(lm_dir, tmp_path, capsys):
                  "rawatt,inputxgradient", "--format", "json", "--out", str(out), "--html", str(page),
                  "--plot", str(png), "--head-view", str(view), PROMPT]) == 0
     (d,) = json.loads(out.read_text())
+    assert load_generations(out) == [Generation.from_dict(d)]
     assert {"prompt_tokens", "generated_tokens", "scores", "target_ids", "contrast_ids", "probabilities"} <= set(d)
     g = Generation.from_dict(d)
     assert g.scores["rawatt"].shape == (len(g.generated_ids), len(g.prompt_ids) + len(g.generated_ids))
@@ -353,6 +354,19 @@ def test_seq2seq_forcing_and_contrast(s2s):
                                    atol=1e-5, err_msg=m)
         np.testing.assert_allclose(both.scores[m][1, :p], one.scores[m][1, :p] - other1.scores[m][1, :p],
                                    atol=1e-5, err_msg=m)
+
+
+def test_seq2seq_checkpoint_loads_as_a_language_model(tmp_path, tokenizer):
+    model = build_tiny("t5", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ex = Explainer.from_pretrained(tmp_path, attention="cross")
+    assert ex.head.task == "seq2seq-lm"
+    g = ex.explain_generation(PROMPT, max_new_tokens=2, methods="attcat")
+    direct = Explainer(model, tokenizer, attention="cross").explain_generation(PROMPT, max_new_tokens=2,
+                                                                               methods="attcat")
+    assert g.generated_ids == direct.generated_ids
+    np.testing.assert_allclose(g.scores["attcat"], direct.scores["attcat"], atol=1e-6)
 
 
 def test_seq2seq_mistakes(tokenizer):

@@ -31,14 +31,14 @@ from .adapters import EncoderDecoderAdapter, StreamTensors
 from .context import BatchContext
 from .encoding import Encoded, encode
 from .errors import InputError, ModelError
-from .explanation import Explanation
+from .explanation import Explanation, _read_dicts
 from .heads import ContrastHead, LMHead, Seq2SeqLMHead
 from .modelstate import explaining
 
 if TYPE_CHECKING:
     from .explainer import Explainer
 
-__all__ = ["Generation", "explain_generation"]
+__all__ = ["Generation", "explain_generation", "load_generations"]
 
 
 @dataclass
@@ -163,13 +163,11 @@ class Generation:
 
     @classmethod
     def load(cls, path: str | Path) -> Generation:
-        try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"cannot read {path}: {exc}") from None
-        if not isinstance(d, dict):
-            raise InputError(f"{path} does not hold a generation explanation")
-        return cls.from_dict(d)
+        """Read a :meth:`save` document (several: :func:`load_generations`)."""
+        (g, *more) = load_generations(path)
+        if more:
+            raise InputError(f"{path} holds {1 + len(more)} generations: read them with load_generations")
+        return g
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Generation):
@@ -196,6 +194,14 @@ class Generation:
         from .viz.generation import plot_generation
 
         return plot_generation(self, method, path)
+
+
+def load_generations(path: str | Path) -> list[Generation]:
+    """Every generation of a file: one :meth:`Generation.save` document, a JSON array (``attnlens explain
+    --generate --format json``) or JSON Lines (``--format jsonl``)."""
+    if not Path(path).is_file():
+        raise InputError(f"cannot read {path}: no such file")
+    return [Generation.from_dict(d) for d in _read_dicts(path)]
 
 
 # ---------------------------------------------------------------------------------------------------- engine
