@@ -163,6 +163,7 @@ def test_save_and_load_round_trip(lm, tmp_path):
     ({"chat": True}, "no chat template"),
     ({"target": " good", "contrast": " bad", "methods": "rawatt,grads"}, "rawatt does not depend on the explained"),
     ({"methods": "nosuch"}, "unknown method"),
+    ({"prompt": "good " * 60}, "the prompt has 62 tokens, more than the model's maximum of 48"),
 ])
 def test_user_mistakes_are_one_line_errors(lm, kwargs, message):
     kwargs = {"prompt": PROMPT, "methods": "rawatt", **kwargs}

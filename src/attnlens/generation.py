@@ -395,6 +395,9 @@ def _eos_ids(ex: Explainer) -> set[int]:
 def _prompt_ids(ex: Explainer, prompt: str, chat: bool) -> tuple[list[int], bool]:
     """The prompt's token ids (with the tokenizer's special tokens, or through its chat template)."""
     if not chat:
+        n = len(ex.tokenizer(prompt)["input_ids"])
+        if n > ex.max_length:
+            raise InputError(f"the prompt has {n} tokens, more than the model's maximum of {ex.max_length}")
         (e,) = encode(ex.tokenizer, ex.model, prompt, ex.max_length, truncation=False)
         return e.ids, False
     if not getattr(ex.tokenizer, "chat_template", None):
