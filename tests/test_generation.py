@@ -186,6 +186,12 @@ def test_explain_on_a_language_model_explains_the_next_token(lm):
         np.testing.assert_allclose(e.scores[m], g.scores[m][0, : len(e.tokens)], atol=1e-6)
     with pytest.raises(InputError, match="out of range"):
         lm.explain(PROMPT, methods="rawatt", target=V + 1)
+    good, bad = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    (c,) = lm.explain(PROMPT, methods="inputxgradient", target=good, contrast=bad)
+    step = lm.explain_generation(PROMPT, target=[good], contrast=[bad], methods="inputxgradient")
+    assert c.target == good and c.meta["contrast"] == bad
+    np.testing.assert_allclose(c.scores["inputxgradient"], step.scores["inputxgradient"][0, : len(c.tokens)],
+                               atol=1e-6)
 
 
 # ------------------------------------------------------------------------------ contrast for classifiers
