@@ -290,10 +290,7 @@ def test_cli_generation_mistakes(lm_dir, capsys, argv, message):
 
 
 # ------------------------------------------------------------------------------ encoder-decoder LMs
-SEQ2SEQ_FAST = ["rawatt", "grads", "attgrads", "agrad", "cat", "attcat", "saliency", "inputxgradient"]
-
-
-@pytest.fixture(scope="module", params=[("bart", "encoder"), ("bart", "cross"), ("t5", "encoder"), ("t5", "cross")],
+@pytest.fixture(scope="module", params=[(f, s) for f in ("bart", "t5") for s in ("encoder", "cross", "decoder")],
                 ids=lambda p: "-".join(p))
 def s2s(request, tokenizer) -> Explainer:
     family, stream = request.param
@@ -302,22 +299,32 @@ def s2s(request, tokenizer) -> Explainer:
     return Explainer(model, tokenizer, attention=stream)
 
 
-def test_seq2seq_every_method_runs_over_the_prompt(s2s):
+def _s2s_methods(s2s: Explainer, methods: list[str]) -> list[str]:
+    """``methods`` that apply to the stream: no propagation through cross attention, no input-embedding methods
+    on the decoder stream (its tokens are not the encoder's input)."""
+    skip = {"cross": {"rollout", "gae", "flow"}, "decoder": {"saliency", "inputxgradient", "integratedgradients"}}
+    return [m for m in methods if m not in skip.get(s2s.stream, set())]
+
+
+def test_seq2seq_every_method_runs(s2s):
     with pytest.warns(UserWarning, match="skipping"):
-        g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods="all",
+        g = s2s.explain_generation(PROMPT, target=" good film .", methods="all",
                                    options={"integratedgradients": {"n_steps": 4}})
     p, t = len(g.prompt_ids), len(g.generated_ids)
-    assert g.predicted_ids == g.generated_ids and g.meta["task"] == "seq2seq-lm"
-    # cross attention is not square: the propagating methods are skipped there (see docs)
-    assert ({"rollout", "gae", "flow"} <= set(g.methods)) == (s2s.stream == "encoder")
+    assert g.meta["task"] == "seq2seq-lm" and t == 3
+    assert set(g.methods) == set(_s2s_methods(s2s, FAST + ["integratedgradients"]))
     for m, s in g.scores.items():
-        assert s.shape == (t, p + t) and np.isfinite(s).all() and not s[:, p:].any(), m
-        assert np.abs(s).max() > 0, m
+        assert s.shape == (t, p + t) and np.isfinite(s).all(), m
+        if s2s.stream == "decoder":  # over the continuation before each step (step 0 has only the start token)
+            assert not s[:, :p].any() and not s[0].any() and np.abs(s[1:, p]).min() > 0, m
+            assert all(not s[k, p + k:].any() for k in range(t)), m
+        else:  # over the prompt
+            assert not s[:, p:].any() and np.abs(s).max() > 0, m
 
 
 def test_seq2seq_steps_equal_each_prefix_alone(s2s):
     """A batch row holds the whole decoder input; batch_size=1 cuts it at the step: the prefix alone."""
-    methods = SEQ2SEQ_FAST + (["rollout", "gae", "flow"] if s2s.stream == "encoder" else [])
+    methods = _s2s_methods(s2s, FAST)
     batched = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=8)
     single = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=1)
     for m in methods:
@@ -326,7 +333,7 @@ def test_seq2seq_steps_equal_each_prefix_alone(s2s):
 
 
 def test_seq2seq_scores_match_independent_autograd(s2s):
-    g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "inputxgradient"])
+    g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=_s2s_methods(s2s, ["rawatt", "inputxgradient"]))
     model = s2s.model
     enc_ids = torch.tensor([g.prompt_ids])
     emb = s2s.adapter.embedding_module(model)
@@ -336,8 +343,13 @@ def test_seq2seq_scores_match_independent_autograd(s2s):
         x = emb(enc_ids).detach().requires_grad_(True)  # the encoder's (scaled) token embeddings
         out = model(inputs_embeds=x, decoder_input_ids=decoder, output_attentions=True)
         (grad,) = torch.autograd.grad(out.logits[0, -1, token], x)
-        np.testing.assert_allclose(g.scores["inputxgradient"][t, : len(g.prompt_ids)],
-                                   (grad * x).sum(-1)[0].detach().numpy(), atol=1e-5, rtol=1e-4)
+        if s2s.stream == "decoder":  # decoder key k >= 1 is generated token k - 1 (key 0: the start token)
+            row = out.decoder_attentions[-1][0, :, -1].mean(0)[1:]
+            np.testing.assert_allclose(g.scores["rawatt"][t, len(g.prompt_ids): len(g.prompt_ids) + t],
+                                       row.detach().numpy(), atol=1e-6)
+        else:
+            np.testing.assert_allclose(g.scores["inputxgradient"][t, : len(g.prompt_ids)],
+                                       (grad * x).sum(-1)[0].detach().numpy(), atol=1e-5, rtol=1e-4)
         if s2s.stream == "cross":
             row = out.cross_attentions[-1][0, :, -1].mean(0)
             np.testing.assert_allclose(g.scores["rawatt"][t, : len(g.prompt_ids)], row.detach().numpy(), atol=1e-6)
@@ -345,22 +357,23 @@ def test_seq2seq_scores_match_independent_autograd(s2s):
 
 
 def test_seq2seq_forcing_and_contrast(s2s):
-    greedy = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=LINEAR)
-    forced = s2s.explain_generation(PROMPT, target=greedy.generated_ids, methods=LINEAR)
-    for m in LINEAR:
+    linear = _s2s_methods(s2s, LINEAR)
+    greedy = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=linear)
+    forced = s2s.explain_generation(PROMPT, target=greedy.generated_ids, methods=linear)
+    for m in linear:
         np.testing.assert_allclose(forced.scores[m], greedy.scores[m], atol=1e-6, err_msg=m)
     target, contrast = [s2s.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
-    both = s2s.explain_generation(PROMPT, target=[target, contrast], contrast=[contrast, target], methods=LINEAR)
-    one = s2s.explain_generation(PROMPT, target=[target, contrast], methods=LINEAR)
+    both = s2s.explain_generation(PROMPT, target=[target, contrast], contrast=[contrast, target], methods=linear)
+    one = s2s.explain_generation(PROMPT, target=[target, contrast], methods=linear)
     # step 0 contrasts "bad" after no token, step 1 "good" after "good": the same steps of two forced runs
-    other0 = s2s.explain_generation(PROMPT, target=[contrast], methods=LINEAR)
-    other1 = s2s.explain_generation(PROMPT, target=[target, target], methods=LINEAR)
+    other0 = s2s.explain_generation(PROMPT, target=[contrast], methods=linear)
+    other1 = s2s.explain_generation(PROMPT, target=[target, target], methods=linear)
     p = len(both.prompt_ids)
-    for m in LINEAR:
+    for m in linear:
         np.testing.assert_allclose(both.scores[m][0], one.scores[m][0] - np.pad(other0.scores[m][0], (0, 1)),
                                    atol=1e-5, err_msg=m)
-        np.testing.assert_allclose(both.scores[m][1, :p], one.scores[m][1, :p] - other1.scores[m][1, :p],
-                                   atol=1e-5, err_msg=m)
+        np.testing.assert_allclose(both.scores[m][1, : p + 1], one.scores[m][1, : p + 1]
+                                   - other1.scores[m][1, : p + 1], atol=1e-5, err_msg=m)
 
 
 def test_seq2seq_checkpoint_loads_as_a_language_model(tmp_path, tokenizer):
@@ -378,8 +391,8 @@ def test_seq2seq_checkpoint_loads_as_a_language_model(tmp_path, tokenizer):
 
 def test_seq2seq_mistakes(tokenizer):
     model = build_tiny("bart", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
-    with pytest.raises(InputError, match="attention='decoder' is not available"):
-        Explainer(model, tokenizer, attention="decoder").explain_generation(PROMPT, methods="rawatt")
+    with pytest.raises(InputError, match="saliency attribute to the encoder's input embeddings"):
+        Explainer(model, tokenizer, attention="decoder").explain_generation(PROMPT, methods="rawatt,saliency")
     with pytest.raises(ModelError, match="use explain_generation"):
         Explainer(model, tokenizer).explain(PROMPT, methods="rawatt")
 
