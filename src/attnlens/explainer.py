@@ -34,7 +34,8 @@ __all__ = ["Encoded", "Explainer", "TextInput"]
 
 
 class Explainer:
-    """Explains a HuggingFace sequence classifier (or extractive QA model) with every registered method.
+    """Explains a HuggingFace sequence classifier (or extractive QA model) with every registered method; a
+    language model (``…ForCausalLM``, ``…ForConditionalGeneration``) through :meth:`explain_generation`.
 
     Args:
         model: a ``...ForSequenceClassification`` model (encoder-only, decoder-only or encoder-decoder), or a
