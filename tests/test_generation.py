@@ -33,13 +33,11 @@ def lm(request, tokenizer) -> Explainer:
 
 
 def test_every_method_runs_with_step_by_token_shapes(lm):
-    with pytest.warns(UserWarning, match="skipping"):  # the LRP methods are for classifiers so far
-        g = lm.explain_generation(PROMPT, max_new_tokens=4, methods="all",
-                                  options={"integratedgradients": {"n_steps": 4}})
+    g = lm.explain_generation(PROMPT, max_new_tokens=4, methods="all", options={"integratedgradients": {"n_steps": 4}})
     p, t = len(g.prompt_ids), len(g.generated_ids)
     assert 1 <= t <= 4 and g.predicted_ids == g.generated_ids and not g.forced
     assert g.tokens == g.prompt_tokens + g.generated_tokens and len(g.generated) == t
-    assert {"integratedgradients", "flow", "attcat"} <= set(g.methods)
+    assert {"integratedgradients", "flow", "attcat", "attnlrp", "transatt", "partiallrp"} <= set(g.methods)
     for m, s in g.scores.items():
         assert s.shape == (t, p + t) and np.isfinite(s).all(), m
         for step in range(t):  # a step is explained by the tokens before it only
@@ -131,6 +129,27 @@ def test_contrast_is_the_difference_of_the_two_targets(lm):
         np.testing.assert_allclose(loss.scores[m], both.scores[m], atol=1e-5, err_msg=m)
 
 
+LRP = ["attnlrp", "transatt", "partiallrp"]
+
+
+def test_lrp_steps_equal_their_prefix_and_contrast_is_linear(lm):
+    """The LRP methods take the step's scalar from the head: each step equals its prefix explained alone, and
+    AttnLRP (linear in the explained scalar) of a contrast is the difference of the two targets' relevances."""
+    g = lm.explain_generation(PROMPT, max_new_tokens=3, methods=LRP)
+    ids = g.prompt_ids + g.generated_ids
+    for t, token in enumerate(g.generated_ids):
+        n = len(g.prompt_ids) + t
+        alone = _prefix_scores(lm, ids[:n], token, LRP)
+        for m in LRP:
+            np.testing.assert_allclose(g.scores[m][t, :n], alone[m], atol=1e-5, rtol=1e-4, err_msg=f"{m} step {t}")
+    good, bad = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    both = lm.explain_generation(PROMPT, target=[good], contrast=[bad], methods=["attnlrp"])
+    one = lm.explain_generation(PROMPT, target=[good], methods=["attnlrp"])
+    other = lm.explain_generation(PROMPT, target=[bad], methods=["attnlrp"])
+    np.testing.assert_allclose(both.scores["attnlrp"], one.scores["attnlrp"] - other.scores["attnlrp"], atol=1e-5)
+    assert np.abs(both.scores["attnlrp"]).max() > 1e-3
+
+
 def test_model_is_left_unchanged(tokenizer):
     model = make_lm("llama").train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -199,13 +218,14 @@ def test_explain_on_a_language_model_explains_the_next_token(lm):
 def test_classifier_contrast_is_the_difference_of_the_two_classes(family, tokenizer):
     ex = Explainer(make_model(family, num_labels=3), tokenizer)
     texts = ["a charming journey", "the plot was boring"]
-    kw = dict(methods=LINEAR + ["integratedgradients"], options={"integratedgradients": {"n_steps": 4}})
+    linear = LINEAR + ["integratedgradients", "attnlrp"]  # AttnLRP: linear in the explained scalar too
+    kw = dict(methods=linear, options={"integratedgradients": {"n_steps": 4}})
     both = ex.explain(texts, target=1, contrast=2, **kw)
     one = ex.explain(texts, target=1, **kw)
     other = ex.explain(texts, target=2, **kw)
     for b, o, t in zip(both, one, other):
         assert b.target == 1 and b.meta["contrast"] == 2 and b.probabilities == pytest.approx(o.probabilities)
-        for m in LINEAR + ["integratedgradients"]:
+        for m in linear:
             np.testing.assert_allclose(b.scores[m], o.scores[m] - t.scores[m], atol=1e-5, err_msg=m)
     # the predicted class against a fixed one; the loss kind (log-probabilities) equals the logit difference
     predicted = ex.explain(texts, methods=LINEAR, contrast="LABEL_0")
@@ -223,8 +243,7 @@ def test_classifier_contrast_mistakes(tokenizer):
         ex.explain("good", methods="grads", contrast=[0, 1])
     with pytest.raises(InputError, match="rollout does not depend on the explained target"):
         ex.explain("good", methods="grads,rollout", contrast=0)
-    with pytest.warns(UserWarning, match="skipping rawatt, rollout, flow, partiallrp, transatt, attnlrp:.*"
-                                         "contrast does not apply.*does not support a contrast"):
+    with pytest.warns(UserWarning, match="skipping rawatt, rollout, flow: .*contrast does not apply"):
         (e,) = ex.explain("good", contrast=0)
     assert "grads" in e.scores and "rawatt" not in e.scores
 

@@ -84,7 +84,7 @@ def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped,
         assert len(notices) == 1, err
         names = ", ".join(m for m in list_methods() if m in skipped)
         assert notices[0].startswith(f"attnlens: warning: skipping {names}: ")
-        assert "support BERT" in notices[0] or "sequence classifiers only" in notices[0]
+        assert "support BERT" in notices[0] or "sequence classifiers and causal language models only" in notices[0]
         if attention == "cross":
             assert "needs self-attention" in notices[0]
     else:

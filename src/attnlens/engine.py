@@ -44,9 +44,6 @@ def select_methods(
     if contrast:
         reasons.update({s.name: f"{s.name} does not depend on the explained target, so a contrast does not "
                                 "apply to it" for s in specs if not s.class_specific and not reasons[s.name]})
-        # LRP starts from the target's logit itself (not from the head's scalar), so it cannot take a difference
-        reasons.update({s.name: f"{s.name} does not support a contrast yet" for s in specs
-                        if s.lrp and not reasons[s.name]})
     if asked_all:  # "all" means every method that applies to this model
         skipped = {m: r for m, r in reasons.items() if r}
         if skipped:

@@ -147,10 +147,16 @@ def lrp_pass(
 
 
 def _class_targets(targets: torch.Tensor | Sequence[int] | int, logits: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` checked class indices for ``(B, C)`` logits (one int: the same class for every example)."""
+    """``(B,)`` checked class indices for ``(B, C)`` logits (one int: the same class for every example), or
+    ``(B, 2)`` (target, contrast) pairs of a contrastive head."""
     if logits.dim() != 2:
         raise ModelError(f"LRP explains sequence classifiers with (batch, classes) logits, got {tuple(logits.shape)}")
-    tgt = torch.as_tensor(targets, device=logits.device).long().reshape(-1)
+    tgt = torch.as_tensor(targets, device=logits.device).long()
+    if tgt.dim() == 2 and tgt.shape[1] == 2:  # (target, contrast) pairs of a contrastive head
+        if tgt.shape[0] != logits.shape[0] or bool(((tgt < 0) | (tgt >= logits.shape[1])).any()):
+            raise InputError(f"targets {tgt.tolist()} do not fit logits of shape {tuple(logits.shape)}")
+        return tgt
+    tgt = tgt.reshape(-1)
     if tgt.numel() == 1:
         tgt = tgt.expand(logits.shape[0])
     if tgt.shape[0] != logits.shape[0] or bool(((tgt < 0) | (tgt >= logits.shape[1])).any()):
