@@ -19,7 +19,8 @@ from .context import TARGET_KINDS, BatchContext
 from .encoding import Encoded
 from .errors import InputError
 from .explanation import Explanation
-from .methods.registry import GRADIENTS, OWN_PASS, Method, capture_request, get_method, resolve_methods
+from .methods import get_method, resolve_methods
+from .methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from .modelstate import explaining
 
 if TYPE_CHECKING:

@@ -4,6 +4,10 @@ A method is a small function ``compute(ctx, **options) -> MethodOutput`` of a :c
 Most methods only read ``ctx.capture`` (the tensors of the one shared forward/backward pass); methods that need
 a pass of their own (Captum's integrated gradients, LRP) run it from ``ctx`` and may share it through
 ``ctx.cache``.
+
+This module holds only the registry and imports no method module: the package :mod:`attnlens.methods` imports
+the built-in method modules (which register themselves here), so whichever module is imported first, the
+registry is complete once ``attnlens.methods`` is.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, ModelError, UnknownMethodError
+from ..lrp.patch import check_supported
 
 # What a method can ask the shared pass for. The pass keeps only what the requested methods declare.
 ATTENTION = "attention"  # attention probabilities of the chosen stream
@@ -74,8 +79,6 @@ class Method:
         if self.lrp:
             if task != "classification":
                 return f"{self.name} supports sequence classifiers only, not {task} models"
-            from ..lrp.patch import check_supported
-
             try:
                 check_supported(model)
             except ModelError as exc:
@@ -152,7 +155,6 @@ def capture_request(methods: Iterable[Method]) -> tuple[frozenset[str], frozense
 
 def get_method(name: str) -> Method:
     """The registered method ``name``; an unknown id raises an error that lists the available ones."""
-    _load_builtin_methods()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -163,7 +165,6 @@ def get_method(name: str) -> Method:
 
 def list_methods(*, include_lrp: bool = True) -> list[str]:
     """Ids of all registered methods, in registration order."""
-    _load_builtin_methods()
     return [m for m, spec in _REGISTRY.items() if include_lrp or not spec.lrp]
 
 
@@ -189,7 +190,3 @@ def resolve_methods(methods: str | list[str] | tuple[str, ...] | None) -> list[s
             out.append(m)
     return out
 
-
-def _load_builtin_methods() -> None:
-    # Importing the modules registers their methods; done lazily to keep imports cycle-free.
-    from . import builtin  # noqa: F401
