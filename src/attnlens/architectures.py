@@ -9,6 +9,8 @@ An :class:`Architecture` says, for one ``config.model_type``:
 - ``position_offset``: whether position ids start after the padding index (RoBERTa-style), which shortens the
   usable length by ``pad_token_id + 1``;
 - ``lrp``: what the LRP methods need (:class:`LRPSupport`), or ``None`` where they are not supported;
+- ``layers``: where the layers and their value projections are (:class:`Layers`), for methods that rerun one
+  layer (value zeroing), or ``None`` where such methods are skipped;
 - ``tiny``: a recipe for a tiny random model of the type (:class:`Tiny`, :func:`build_tiny`), which the tests
   use to build and explain every type.
 
@@ -70,6 +72,17 @@ PAD_ID, BOS, EOS_ID, STD = _Slot("pad"), _Slot("bos"), _Slot("eos"), _Slot("std"
 
 
 @dataclass(frozen=True)
+class Layers:
+    """Where the transformer layers of the explained stream and their value projections are, for methods that
+    rerun one layer with some value vectors changed (value zeroing). ``layers`` is the attribute path of the
+    layers' ``ModuleList`` under ``model.base_model``; ``value`` the path, within one layer, of the module whose
+    output ``(B, N, heads * head_dim)`` holds every head's value vectors."""
+
+    layers: str
+    value: str
+
+
+@dataclass(frozen=True)
 class Tiny:
     """How to build a tiny random classifier of a model type: transformers config and model class names and the
     config's size arguments (``vocab_size``, ``pad_token_id`` and ``num_labels`` are always passed)."""
@@ -89,6 +102,7 @@ class Architecture:
     position_offset: bool = False
     lrp: LRPSupport | None = None
     tiny: Tiny | None = None
+    layers: Layers | None = None  # None: methods that rerun a layer (value zeroing) are skipped for this type
 
     @property
     def family(self) -> str:
@@ -108,6 +122,9 @@ def _modernbert_pooling(config: Any) -> str:
     # ModernBERT's head reads [CLS] or, with classifier_pooling="mean", the mean over the real tokens
     return MEAN if getattr(config, "classifier_pooling", "cls") == "mean" else FIRST
 
+
+_BERT_LAYERS = Layers("encoder.layer", "attention.self.value")
+_LLAMA_LAYERS = Layers("layers", "self_attn.v_proj")
 
 # --- LRP facts -------------------------------------------------------------------------------------------------
 _BERT_RESIDUALS = (Residual("Output", "LayerNorm", "dropout"),)  # XSelfOutput, XOutput: LN(dropout(dense(h)) + x)
@@ -129,29 +146,33 @@ def _tiny(name: str, **kwargs: Any) -> Tiny:
 _ENTRIES: list[Architecture] = [
     # encoders (the first five in the order the LRP error lists them)
     Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS),
-                 tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD)),
+                 tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD), layers=_BERT_LAYERS),
     Architecture("roberta", ENCODER, position_offset=True,
                  lrp=LRPSupport("RoBERTa", _BERT_RESIDUALS, tanh_heads=("RobertaClassificationHead",)),
-                 tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
+                 tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
+                 layers=_BERT_LAYERS),
     Architecture("distilbert", ENCODER,
                  lrp=LRPSupport("DistilBERT", (Residual("TransformerBlock", "sa_layer_norm", "attention"),
                                                Residual("TransformerBlock", "output_layer_norm", "ffn"))),
                  tiny=_tiny("DistilBert", dim=16, n_layers=2, n_heads=2, hidden_dim=24, max_position_embeddings=64,
-                            initializer_range=STD)),
+                            initializer_range=STD), layers=Layers("transformer.layer", "attention.v_lin")),
     Architecture("albert", ENCODER,
                  lrp=LRPSupport("ALBERT", (Residual("AlbertAttention", "LayerNorm", "output_dropout"),
                                            Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
                  tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),
     Architecture("electra", ENCODER, lrp=LRPSupport("ELECTRA", _BERT_RESIDUALS),
-                 tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),
-    Architecture("xlm-roberta", ENCODER, position_offset=True, tiny=_tiny("XLMRoberta", **_ROBERTA)),
-    Architecture("camembert", ENCODER, position_offset=True, tiny=_tiny("Camembert", **_ROBERTA)),
+                 tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
+                 layers=_BERT_LAYERS),
+    Architecture("xlm-roberta", ENCODER, position_offset=True, tiny=_tiny("XLMRoberta", **_ROBERTA),
+                 layers=_BERT_LAYERS),
+    Architecture("camembert", ENCODER, position_offset=True, tiny=_tiny("Camembert", **_ROBERTA),
+                 layers=_BERT_LAYERS),
     Architecture("deberta", ENCODER, tiny=_tiny("Deberta", **_ENC, max_position_embeddings=64)),
     Architecture("deberta-v2", ENCODER,
                  tiny=_tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
                             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16)),
     Architecture("mpnet", ENCODER, tiny=_tiny("MPNet", **_ENC, max_position_embeddings=70)),
-    Architecture("ernie", ENCODER, tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64)),
+    Architecture("ernie", ENCODER, tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64), layers=_BERT_LAYERS),
     Architecture("modernbert", ENCODER, pooling=_modernbert_pooling,
                  tiny=_tiny("ModernBert", **_ENC, max_position_embeddings=64, cls_token_id=BOS, sep_token_id=EOS_ID,
                             bos_token_id=BOS, eos_token_id=EOS_ID, global_attn_every_n_layers=1, local_attention=16)),
@@ -165,10 +186,11 @@ _ENTRIES: list[Architecture] = [
     Architecture("gpt_neox", DECODER, tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64)),
     Architecture("gptj", DECODER, tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4)),
     Architecture("llama", DECODER, tiny=_tiny("Llama", **_ENC, num_key_value_heads=2, max_position_embeddings=64,
-                                              initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
-    Architecture("mistral", DECODER, tiny=_tiny("Mistral", **_DEC)),
+                                              initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
+                 layers=_LLAMA_LAYERS),
+    Architecture("mistral", DECODER, tiny=_tiny("Mistral", **_DEC), layers=_LLAMA_LAYERS),
     Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1)),
-    Architecture("qwen2", DECODER, tiny=_tiny("Qwen2", **_DEC)),
+    Architecture("qwen2", DECODER, tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS),
     Architecture("qwen3", DECODER, tiny=_tiny("Qwen3", **_DEC, head_dim=8)),
     Architecture("gemma", DECODER, tiny=_tiny("Gemma", **_DEC, head_dim=8)),
     Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8)),

@@ -5,7 +5,7 @@ Importing this package registers the built-in methods: the order of the modules 
 """
 
 # The built-in methods, in their documented order (each module registers its methods on import).
-from . import attention, cat, flow, gradient, lrp_methods  # noqa: F401
+from . import attention, cat, flow, gradient, lrp_methods, valuezeroing  # noqa: F401
 from .registry import Method, MethodOutput, get_method, list_methods, register, resolve_methods
 
 __all__ = ["Method", "MethodOutput", "get_method", "list_methods", "register", "resolve_methods"]

@@ -61,6 +61,8 @@ class Method:
     self_attention_only: bool = False
     lrp: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    # why the method cannot explain a model (model, stream, task) -> reason or None, beyond the checks below
+    applies: Callable[[Any, str, str], str | None] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -83,7 +85,7 @@ class Method:
                 check_supported(model)
             except ModelError as exc:
                 return str(exc)
-        return None
+        return self.applies(model, stream, task) if self.applies is not None else None
 
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """Defaults merged with ``options``; unknown option names raise :class:`InputError`."""
@@ -106,8 +108,12 @@ def register(
     class_specific: bool = True,
     self_attention_only: bool = False,
     lrp: bool = False,
+    applies: Callable[[Any, str, str], str | None] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
+
+    ``applies(model, stream, task)`` returns why the method cannot explain such a model (``None``: it can); a
+    request for ``"all"`` skips the method there, a named request raises the reason as an :class:`InputError`.
 
     The method's options and their defaults are the keyword arguments of ``compute`` after ``ctx`` (written once,
     in its signature).
@@ -131,6 +137,7 @@ def register(
             self_attention_only=self_attention_only,
             lrp=lrp,
             options=_option_defaults(name, compute),
+            applies=applies,
         )
         return compute
 

@@ -1,0 +1,160 @@
+"""Value zeroing (Mohebbi, Zuidema, Chrupała & Alishahi, EACL 2023): how much each token's value vector changes
+every token's layer output.
+
+For layer l and token j, the value vector of j is set to zero in every head of layer l, the layer is rerun on
+its original input, and token i's output ĥ_i is compared with the original h_i by cosine distance:
+C^l[i, j] = 1 - cos(h_i, ĥ_i^{¬j}). Each row is normalised to sum to 1 and the layers are rolled out without an
+added identity (the residual is already inside the layer): R = C^L ··· C^1, s_j = R[c, j] (the authors'
+``compute_joint_attention(..., res=False)``).
+
+Cost: L·N reruns of one layer per example (about N forward passes), batched: the copies of one layer (one per
+zeroed token, plus the unchanged layer) run as one batch on the layer's captured input and arguments, never the
+whole model. The architecture entry says where the layers and their value projections are
+(:class:`attnlens.architectures.Layers`); types without one are skipped. Defined for self-attention streams:
+encoders, and decoders (causally masked, so C^l[i, j] = 0 for j > i); for encoder-decoders it is not offered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..architectures import Layers, architecture_for
+from ..context import BatchContext
+from .attention import propagate
+from .registry import OWN_PASS, MethodOutput, register
+
+MAX_ROWS = 2 ** 22  # token rows (copies × N) per rerun chunk: bounds the memory of one batched layer call
+
+
+def _layers_of(model: nn.Module) -> Layers | None:
+    return architecture_for(model.config).layers
+
+
+def _applies(model: nn.Module, stream: str, task: str) -> str | None:
+    if stream != "self":
+        return f"valuezeroing is defined for self-attention streams (encoders, decoders), not attention={stream!r}"
+    if _layers_of(model) is None:
+        return (f"valuezeroing does not know where the layers of model type {model.config.model_type!r} are "
+                "(no 'layers' in its architecture entry)")
+    return None
+
+
+def _module(root: nn.Module, path: str) -> Any:
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def _repeat(value: Any, batch: int, times: int) -> Any:
+    """Each example's entry of a layer argument repeated ``times`` times (tensors whose first axis is the batch;
+    tuples and lists element-wise); caches are dropped (the reruns must not extend them)."""
+    if isinstance(value, torch.Tensor):
+        return value.repeat_interleave(times, 0) if value.dim() > 0 and value.shape[0] == batch else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_repeat(v, batch, times) for v in value)
+    if type(value).__name__.endswith("Cache"):
+        return None
+    return value
+
+
+def _rows(value: Any, batch: int, start: int, stop: int) -> Any:
+    """Examples ``start:stop`` of a layer argument (tensors whose first axis is the batch; tuples and lists
+    element-wise)."""
+    if isinstance(value, torch.Tensor):
+        return value[start:stop] if value.dim() > 0 and value.shape[0] == batch else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows(v, batch, start, stop) for v in value)
+    return value
+
+
+@contextmanager
+def _zeroing(value_module: nn.Module, keep: torch.Tensor) -> Iterator[None]:
+    """Multiply the value projection's output ``(R, N, D)`` by ``keep`` ``(R, N)`` (0 = zeroed value vector)."""
+    def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return output * keep[..., None].to(output.dtype)
+
+    handle = value_module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _layer_calls(model: nn.Module, layers: nn.ModuleList, inputs: dict[str, torch.Tensor]) -> list[tuple]:
+    """One forward pass recording the positional and keyword arguments each layer is called with."""
+    calls: list[tuple] = [None] * len(layers)  # type: ignore[list-item]
+
+    def recorder(i: int):
+        def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if calls[i] is None:
+                calls[i] = (args, kwargs)
+        return pre
+
+    handles = [layer.register_forward_pre_hook(recorder(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    try:
+        model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
+                           max_rows: int = MAX_ROWS) -> list[torch.Tensor]:
+    """C^l ``(B, N, N)`` per layer: ``C[b, i, j]`` = cosine distance between token i's output of layer l and
+    its output with the value vector of token j zeroed (rows and columns of padding are 0; not normalised)."""
+    spec = _layers_of(model)
+    layers = _module(model.base_model, spec.layers)
+    calls = _layer_calls(model, layers, inputs)
+    b, n = token_mask.shape
+    copies = n + 1  # copy j < n zeroes token j's value; copy n is the unchanged layer
+    keep = torch.ones(copies, n, device=token_mask.device)
+    keep[torch.arange(n), torch.arange(n)] = 0.0
+    per_chunk = max(1, max_rows // (copies * n))
+    out = []
+    for layer, (args, kwargs) in zip(layers, calls, strict=True):
+        hidden, rest = args[0] if args else kwargs["hidden_states"], args[1:]
+        kwargs = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        outputs = []
+        for start in range(0, b, per_chunk):
+            stop = min(b, start + per_chunk)
+            size = stop - start
+
+            def expand(value: Any, start: int = start, stop: int = stop, size: int = size) -> Any:
+                return _repeat(_rows(value, b, start, stop), size, copies)
+
+            with _zeroing(_module(layer, spec.value), keep.repeat(size, 1)):
+                y = layer(expand(hidden), *expand(rest), **{k: expand(v) for k, v in kwargs.items()})
+            y = (y[0] if isinstance(y, tuple) else y).view(size, copies, n, -1)
+            original, zeroed = y[:, -1:], y[:, :-1]  # (s, 1, N, D), (s, j, N(i), D)
+            dist = 1.0 - torch.nn.functional.cosine_similarity(zeroed.float(), original.float(), dim=-1)
+            outputs.append(dist.transpose(1, 2))  # (s, i, j)
+        m = token_mask.to(torch.float32)
+        out.append(torch.cat(outputs, 0).clamp_min(0.0) * m[:, :, None] * m[:, None, :])
+    return out
+
+
+@register(
+    "valuezeroing",
+    needs={OWN_PASS},
+    class_specific=False,
+    self_attention_only=True,
+    applies=_applies,
+    summary="Value zeroing: C^l[i,j] = cosine distance of token i's layer-l output when j's value vector is zeroed; "
+            "rows normalised, rolled out over layers; s_j = R[c, j].",
+    citation="Mohebbi et al. 2023 (EACL), authors' code hmohebbi/ValueZeroing",
+)
+def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
+    """``rollout=False``: the last layer's normalised row alone (no propagation through the layers below)."""
+    with torch.no_grad():
+        matrices = value_zeroing_matrices(ctx.model, ctx.inputs, ctx.token_mask)
+    normalised = [c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny) for c in matrices]
+    chained = propagate(normalised) if rollout else normalised
+    cap = ctx.capture
+    layers = torch.stack([cap.row(m.to(cap.query_weights.dtype)) for m in chained], 1)
+    return MethodOutput(layers[:, -1], layers)
