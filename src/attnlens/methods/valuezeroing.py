@@ -8,8 +8,8 @@ added identity (the residual is already inside the layer): R = C^L ··· C^1, s
 ``compute_joint_attention(..., res=False)``).
 
 Cost: L·N reruns of one layer per example (about N forward passes), batched: the copies of one layer (one per
-zeroed token, plus the unchanged layer) run as one batch on the layer's captured input and arguments, never the
-whole model. The architecture entry says where the layers and their value projections are
+example and zeroed real token) run in batches of at most ``MAX_ROWS`` token rows on the layer's captured input
+and arguments, never the whole model. The architecture entry says where the layers and their value projections are
 (:class:`attnlens.architectures.Layers`); types without one are skipped. Defined for self-attention streams:
 encoders, and decoders (causally masked, so C^l[i, j] = 0 for j > i); for encoder-decoders it is not offered.
 """
@@ -28,7 +28,7 @@ from ..context import BatchContext
 from .attention import propagate
 from .registry import OWN_PASS, MethodOutput, register
 
-MAX_ROWS = 2 ** 22  # token rows (copies × N) per rerun chunk: bounds the memory of one batched layer call
+MAX_ROWS = 2 ** 14  # token rows per batched layer rerun: bounds its memory (hidden and FFN activations)
 
 
 def _layers_of(model: nn.Module) -> Layers | None:
@@ -50,25 +50,15 @@ def _module(root: nn.Module, path: str) -> Any:
     return root
 
 
-def _repeat(value: Any, batch: int, times: int) -> Any:
-    """Each example's entry of a layer argument repeated ``times`` times (tensors whose first axis is the batch;
-    tuples and lists element-wise); caches are dropped (the reruns must not extend them)."""
+def _take(value: Any, batch: int, index: torch.Tensor) -> Any:
+    """Rows ``index`` of a layer argument (tensors whose first axis is the batch; tuples and lists element-wise);
+    caches are dropped (the reruns must not extend them)."""
     if isinstance(value, torch.Tensor):
-        return value.repeat_interleave(times, 0) if value.dim() > 0 and value.shape[0] == batch else value
+        return value.index_select(0, index) if value.dim() > 0 and value.shape[0] == batch else value
     if isinstance(value, (tuple, list)):
-        return type(value)(_repeat(v, batch, times) for v in value)
+        return type(value)(_take(v, batch, index) for v in value)
     if type(value).__name__.endswith("Cache"):
         return None
-    return value
-
-
-def _rows(value: Any, batch: int, start: int, stop: int) -> Any:
-    """Examples ``start:stop`` of a layer argument (tensors whose first axis is the batch; tuples and lists
-    element-wise)."""
-    if isinstance(value, torch.Tensor):
-        return value[start:stop] if value.dim() > 0 and value.shape[0] == batch else value
-    if isinstance(value, (tuple, list)):
-        return type(value)(_rows(v, batch, start, stop) for v in value)
     return value
 
 
@@ -107,35 +97,42 @@ def _layer_calls(model: nn.Module, layers: nn.ModuleList, inputs: dict[str, torc
 def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
                            max_rows: int = MAX_ROWS) -> list[torch.Tensor]:
     """C^l ``(B, N, N)`` per layer: ``C[b, i, j]`` = cosine distance between token i's output of layer l and
-    its output with the value vector of token j zeroed (rows and columns of padding are 0; not normalised)."""
+    its output with the value vector of token j zeroed (rows and columns of padding are 0; not normalised).
+
+    The (example, zeroed token) copies of one layer run as batches of at most ``max_rows`` token rows."""
     spec = _layers_of(model)
     layers = _module(model.base_model, spec.layers)
     calls = _layer_calls(model, layers, inputs)
     b, n = token_mask.shape
-    copies = n + 1  # copy j < n zeroes token j's value; copy n is the unchanged layer
-    keep = torch.ones(copies, n, device=token_mask.device)
-    keep[torch.arange(n), torch.arange(n)] = 0.0
-    per_chunk = max(1, max_rows // (copies * n))
+    device = token_mask.device
+    real = token_mask.bool()
+    pairs = real.nonzero()  # (P, 2): the (example, token) pairs whose value vector is zeroed
+    per_chunk = max(1, max_rows // n)
+    m = real.to(torch.float32)
     out = []
     for layer, (args, kwargs) in zip(layers, calls, strict=True):
-        hidden, rest = args[0] if args else kwargs["hidden_states"], args[1:]
+        hidden = args[0] if args else kwargs["hidden_states"]
+        rest = args[1:]
         kwargs = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-        outputs = []
-        for start in range(0, b, per_chunk):
-            stop = min(b, start + per_chunk)
-            size = stop - start
 
-            def expand(value: Any, start: int = start, stop: int = stop, size: int = size) -> Any:
-                return _repeat(_rows(value, b, start, stop), size, copies)
+        def run(index: torch.Tensor, zeroed: torch.Tensor | None, layer: nn.Module = layer, hidden: Any = hidden,
+                rest: tuple = rest, kwargs: dict = kwargs) -> torch.Tensor:
+            keep = torch.ones(len(index), n, device=device)
+            if zeroed is not None:
+                keep[torch.arange(len(index), device=device), zeroed] = 0.0
+            with _zeroing(_module(layer, spec.value), keep):
+                y = layer(_take(hidden, b, index), *_take(rest, b, index),
+                          **{k: _take(v, b, index) for k, v in kwargs.items()})
+            return (y[0] if isinstance(y, tuple) else y).float()
 
-            with _zeroing(_module(layer, spec.value), keep.repeat(size, 1)):
-                y = layer(expand(hidden), *expand(rest), **{k: expand(v) for k, v in kwargs.items()})
-            y = (y[0] if isinstance(y, tuple) else y).view(size, copies, n, -1)
-            original, zeroed = y[:, -1:], y[:, :-1]  # (s, 1, N, D), (s, j, N(i), D)
-            dist = 1.0 - torch.nn.functional.cosine_similarity(zeroed.float(), original.float(), dim=-1)
-            outputs.append(dist.transpose(1, 2))  # (s, i, j)
-        m = token_mask.to(torch.float32)
-        out.append(torch.cat(outputs, 0).clamp_min(0.0) * m[:, :, None] * m[:, None, :])
+        original = torch.cat([run(i, None) for i in torch.arange(b, device=device).split(per_chunk)])
+        c = torch.zeros(b, n, n, device=device)
+        for chunk in pairs.split(per_chunk):
+            examples, tokens = chunk[:, 0], chunk[:, 1]
+            changed = run(examples, tokens)
+            dist = 1.0 - torch.nn.functional.cosine_similarity(changed, original[examples], dim=-1)  # (P, N(i))
+            c[examples, :, tokens] = dist
+        out.append(c.clamp_min(0.0) * m[:, :, None] * m[:, None, :])
     return out
 
 
