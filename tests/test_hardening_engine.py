@@ -110,8 +110,10 @@ def test_tasks_are_named_in_one_table_that_loading_reads():
     assert {t: (h.auto_class, h.kind) for t, h in TASKS.items()} == {
         "classification": ("AutoModelForSequenceClassification", "a sequence classifier"),
         "qa": ("AutoModelForQuestionAnswering", "an extractive QA model"),
+        "token": ("AutoModelForTokenClassification", "a token classifier"),
     }
-    with pytest.raises(InputError, match=r"^task='ner'; choose 'classification' or 'qa'$"):
+    assert task_of(["BertForTokenClassification"]) == "token"
+    with pytest.raises(InputError, match=r"^task='ner'; choose 'classification' or 'qa' or 'token'$"):
         Explainer.from_pretrained("/nonexistent", task="ner")
     loading = (SRC / "loading.py").read_text()
     assert 'if task == "qa"' not in loading

@@ -284,11 +284,13 @@ def build_tiny(
     init_std: float = 0.3,
     seed: int = 0,
     attn: str = "eager",
+    model_suffix: str = "ForSequenceClassification",
 ) -> nn.Module:
     """A tiny random classifier of ``model_type`` from its entry's :class:`Tiny` recipe (for tests), in eval mode.
 
     ``init_std`` replaces the config's ``initializer_range`` where the recipe asks for it (larger than HF's 0.02,
-    so attention is far from uniform and every method has signal)."""
+    so attention is far from uniform and every method has signal). ``model_suffix`` picks another task's model
+    class of the type (e.g. ``"ForTokenClassification"``)."""
     import transformers
 
     arch = ARCHITECTURES.get(model_type)
@@ -300,4 +302,7 @@ def build_tiny(
     config = getattr(transformers, arch.tiny.config)(  # attn at construction: Falcon cannot switch afterwards
         vocab_size=vocab_size, num_labels=num_labels, pad_token_id=pad_token_id, attn_implementation=attn, **kwargs
     )
-    return getattr(transformers, arch.tiny.model)(config).eval()
+    model_class = arch.tiny.model.removesuffix("ForSequenceClassification") + model_suffix
+    if not hasattr(transformers, model_class):
+        raise InputError(f"transformers has no {model_class}")
+    return getattr(transformers, model_class)(config).eval()

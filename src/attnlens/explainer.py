@@ -212,7 +212,7 @@ class Explainer:
         """
         specs, method_options = engine.select_methods(self, methods, target, target_kind, options)
         encoded = self.encode(texts, truncation=truncation)
-        targets = self.head.resolve_targets(target, len(encoded), self.labels)
+        targets = self.head.locate(encoded, self.head.resolve_targets(target, len(encoded), self.labels))
         self.head.check_targets([len(e.ids) for e in encoded], targets)
         size = self._effective_batch_size(batch_size)
         return engine.explain_all(self, encoded, targets, specs, method_options, target_kind, size, progress)

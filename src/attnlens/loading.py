@@ -133,16 +133,18 @@ def check_complete(model: Any, info: dict[str, Any], name: str, task: str) -> No
         "not in the checkpoint")
     description, kind = describe_checkpoint(model.config)
     if kind in _LANGUAGE_MODELS:
-        advice = ("attnlens explains sequence classifiers and extractive QA models; explaining a language "
-                  "model's generation is not supported yet")
+        advice = ("attnlens explains sequence classifiers, token classifiers and extractive QA models; explaining "
+                  "a language model's generation is not supported yet")
     elif kind == "a base model without a task head":
         advice = f"fine-tune it first, e.g. attnlens train --model {name} --dataset sst2 --out OUT"
     elif kind == "a sequence classifier" and task == "qa":
         advice = "explain it as a sequence classifier; task='qa' and the squad data sets need an extractive QA model"
     elif kind == "an extractive QA model" and task != "qa":
         advice = "load it with task='qa'"
+    elif kind == "a token classifier" and task != "token":
+        advice = "load it with task='token'"
     else:
-        advice = "attnlens explains sequence classifiers and extractive QA models"
+        advice = "attnlens explains sequence classifiers, token classifiers and extractive QA models"
     raise ModelError(f"cannot explain {name} as {wanted}: {what} {where} and would be random; "
                      f"{description}: {advice}")
 

@@ -195,7 +195,10 @@ def truncation_note(exp: Explained) -> str | None:
 
 
 def answer_positions(exp: Explained) -> set[int]:
-    """QA: the token positions of the explained answer span (empty for classifiers)."""
+    """QA: the token positions of the explained answer span; token classification: the explained token (empty
+    for sequence classifiers)."""
+    if "position" in exp.meta and exp.meta.get("task") == "token":
+        return {int(exp.meta["position"])}
     if not exp.is_qa:
         return set()
     start, end = exp.target  # type: ignore[misc]
@@ -231,7 +234,12 @@ def prediction_line(exp: Explained) -> str:
         return f"predicted labels (p > 0.5 each, independent): {shown}; explaining {exp.label_name(target)} " \
                f"(p {p(target):.3f})"
     predicted = int(exp.predicted)  # type: ignore[arg-type]
-    return f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}"
+    line = f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}"
+    if exp.meta.get("task") == "token" and "position" in exp.meta:
+        unit = "word" if exp.meta.get("granularity") == "word" else "token"
+        position = int(exp.meta["position"])
+        return f"{unit} {position} {exp.tokens[position]!r}: {line}"
+    return line
 
 
 def probabilities_line(exp: Explained) -> str:
