@@ -73,13 +73,23 @@ PAD_ID, BOS, EOS_ID, STD = _Slot("pad"), _Slot("bos"), _Slot("eos"), _Slot("std"
 
 @dataclass(frozen=True)
 class Layers:
-    """Where the transformer layers of the explained stream and their value projections are, for methods that
-    rerun one layer with some value vectors changed (value zeroing). ``layers`` is the attribute path of the
-    layers' ``ModuleList`` under ``model.base_model``; ``value`` the path, within one layer, of the module whose
-    output ``(B, N, heads * head_dim)`` holds every head's value vectors."""
+    """Where the transformer layers and their value projections are, for methods that rerun one layer with some
+    value vectors changed (value zeroing).
 
-    layers: str
+    ``layers`` is the attribute path of the layers' ``ModuleList`` under ``model.base_model`` (encoder-decoders:
+    one path per attention stream, e.g. ``{"encoder": "encoder.layers", "decoder": "decoder.layers"}``; a layer
+    called several times, as ALBERT's shared one, counts once per call); ``value`` the path, within one layer, of
+    the module whose output ``(B, N, fused * heads * head_dim)`` holds every head's value vectors: alone
+    (``fused=1``) or as the last of ``fused`` equal parts (GPT-2's query/key/value projection: ``fused=3``)."""
+
+    layers: str | dict[str, str]
     value: str
+    fused: int = 1
+
+    def path(self, stream: str) -> str | None:
+        """The layers' path for attention stream ``stream`` (``"self"`` for single-stream models), or ``None``."""
+        return self.layers.get(stream) if isinstance(self.layers, dict) else (
+            self.layers if stream == "self" else None)
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,8 @@ _ENTRIES: list[Architecture] = [
     Architecture("albert", ENCODER,
                  lrp=LRPSupport("ALBERT", (Residual("AlbertAttention", "LayerNorm", "output_dropout"),
                                            Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
-                 tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),
+                 tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
+                 layers=Layers("encoder.albert_layer_groups.0.albert_layers", "attention.value")),
     Architecture("electra", ENCODER, lrp=LRPSupport("ELECTRA", _BERT_RESIDUALS),
                  tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
                  layers=_BERT_LAYERS),
@@ -179,7 +190,8 @@ _ENTRIES: list[Architecture] = [
     Architecture("xlm-roberta-xl", ENCODER, position_offset=True, tiny=_tiny("XLMRobertaXL", **_ROBERTA)),
     # decoders
     Architecture("gpt2", DECODER, tiny=_tiny("GPT2", n_embd=16, n_layer=2, n_head=2, n_positions=64,
-                                              initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
+                                              initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
+                 layers=Layers("h", "attn.c_attn", fused=3)),
     Architecture("gpt_neo", DECODER, tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
                                                  attention_types=[[["global", "local"], 1]],
                                                  max_position_embeddings=64)),
@@ -202,7 +214,8 @@ _ENTRIES: list[Architecture] = [
     Architecture("falcon", DECODER, tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
     # encoder-decoders: the head reads the decoder state at the last EOS
     Architecture("bart", ENCODER_DECODER,
-                 tiny=_tiny("Bart", **_SEQ2SEQ, init_std=STD, forced_eos_token_id=None)),
+                 tiny=_tiny("Bart", **_SEQ2SEQ, init_std=STD, forced_eos_token_id=None),
+                 layers=Layers({"encoder": "encoder.layers", "decoder": "decoder.layers"}, "self_attn.v_proj")),
     Architecture("mbart", ENCODER_DECODER, tiny=_tiny("MBart", **_SEQ2SEQ)),
     Architecture("t5", ENCODER_DECODER, tiny=_tiny("T5", d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
                                                     eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)),

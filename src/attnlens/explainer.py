@@ -32,7 +32,8 @@ __all__ = ["Encoded", "Explainer", "TextInput"]
 
 
 class Explainer:
-    """Explains a HuggingFace sequence classifier (or extractive QA model) with every registered method.
+    """Explains a HuggingFace sequence classifier (or token classifier, or extractive QA model) with every
+    registered method.
 
     Args:
         model: a ``...ForSequenceClassification`` model (encoder-only, decoder-only or encoder-decoder), or a
@@ -199,7 +200,9 @@ class Explainer:
             methods: ``"all"``, a comma-separated string or a list of method ids (see ``list_methods()``).
             target: ``None`` (each input's predicted class; multi-label: its highest-scoring label; QA: its
                 predicted answer span), a class index, a label name, a QA ``(start, end)`` span with end >= start,
-                or one per input.
+                or one per input. Token classifiers (NER) explain one token's label: the token as a position or a
+                word of the input, or a ``(token, label)`` pair (default label: the predicted one), or one per
+                input (a list).
             batch_size: inputs per padded batch (inputs are sorted by length internally).
             target_kind: explain the ``"logit"`` (default), the ``"probability"``, or ``"loss"`` (the
                 log-probability of ``target``, i.e. minus the cross-entropy; pass the gold labels as ``target``).

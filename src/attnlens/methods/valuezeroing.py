@@ -11,7 +11,9 @@ Cost: L·N reruns of one layer per example (about N forward passes), batched: th
 example and zeroed real token) run in batches of at most ``MAX_ROWS`` token rows on the layer's captured input
 and arguments, never the whole model. The architecture entry says where the layers and their value projections are
 (:class:`attnlens.architectures.Layers`); types without one are skipped. Defined for self-attention streams:
-encoders, and decoders (causally masked, so C^l[i, j] = 0 for j > i); for encoder-decoders it is not offered.
+encoders, decoders (causally masked, so C^l[i, j] = 0 for j > i), and the encoder and decoder self-attention of
+encoder-decoders (BART: the decoder layers are rerun with their cross-attention inputs unchanged); not for
+cross-attention, whose queries and keys are different positions (no square matrices to roll out).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import nn
 
 from ..architectures import Layers, architecture_for
 from ..context import BatchContext
+from ..errors import ModelError
 from .attention import propagate
 from .registry import OWN_PASS, MethodOutput, register
 
@@ -36,11 +39,12 @@ def _layers_of(model: nn.Module) -> Layers | None:
 
 
 def _applies(model: nn.Module, stream: str, task: str) -> str | None:
-    if stream != "self":
-        return f"valuezeroing is defined for self-attention streams (encoders, decoders), not attention={stream!r}"
-    if _layers_of(model) is None:
+    spec = _layers_of(model)
+    if spec is None:
         return (f"valuezeroing does not know where the layers of model type {model.config.model_type!r} are "
                 "(no 'layers' in its architecture entry)")
+    if spec.path(stream) is None:
+        return f"valuezeroing is defined for self-attention streams, not attention={stream!r}"
     return None
 
 
@@ -63,10 +67,15 @@ def _take(value: Any, batch: int, index: torch.Tensor) -> Any:
 
 
 @contextmanager
-def _zeroing(value_module: nn.Module, keep: torch.Tensor) -> Iterator[None]:
-    """Multiply the value projection's output ``(R, N, D)`` by ``keep`` ``(R, N)`` (0 = zeroed value vector)."""
+def _zeroing(value_module: nn.Module, keep: torch.Tensor, fused: int) -> Iterator[None]:
+    """Multiply the value vectors in the value projection's output ``(R, N, fused * D)`` (its last ``D``
+    features) by ``keep`` ``(R, N)`` (0 = zeroed value vector)."""
     def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
-        return output * keep[..., None].to(output.dtype)
+        scale = keep[..., None].to(output.dtype)
+        if fused == 1:
+            return output * scale
+        part = output.shape[-1] // fused
+        return torch.cat([output[..., :-part], output[..., -part:] * scale], -1)
 
     handle = value_module.register_forward_hook(hook)
     try:
@@ -76,16 +85,14 @@ def _zeroing(value_module: nn.Module, keep: torch.Tensor) -> Iterator[None]:
 
 
 def _layer_calls(model: nn.Module, layers: nn.ModuleList, inputs: dict[str, torch.Tensor]) -> list[tuple]:
-    """One forward pass recording the positional and keyword arguments each layer is called with."""
-    calls: list[tuple] = [None] * len(layers)  # type: ignore[list-item]
+    """One forward pass recording every call of the layers, in order: ``(layer, args, kwargs)`` (a layer shared
+    across depths, as ALBERT's, once per call)."""
+    calls: list[tuple] = []
 
-    def recorder(i: int):
-        def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if calls[i] is None:
-                calls[i] = (args, kwargs)
-        return pre
+    def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        calls.append((module, args, kwargs))
 
-    handles = [layer.register_forward_pre_hook(recorder(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    handles = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in layers]
     try:
         model(**inputs)
     finally:
@@ -95,23 +102,27 @@ def _layer_calls(model: nn.Module, layers: nn.ModuleList, inputs: dict[str, torc
 
 
 def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
-                           max_rows: int = MAX_ROWS) -> list[torch.Tensor]:
-    """C^l ``(B, N, N)`` per layer: ``C[b, i, j]`` = cosine distance between token i's output of layer l and
-    its output with the value vector of token j zeroed (rows and columns of padding are 0; not normalised).
+                           stream: str = "self", max_rows: int = MAX_ROWS) -> list[torch.Tensor]:
+    """C^l ``(B, N, N)`` per layer of attention stream ``stream``: ``C[b, i, j]`` = cosine distance between
+    position i's output of layer l and its output with the value vector of position j zeroed (``token_mask``:
+    the stream's real positions; rows and columns of padding are 0; not normalised).
 
-    The (example, zeroed token) copies of one layer run as batches of at most ``max_rows`` token rows."""
+    The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows."""
     spec = _layers_of(model)
-    layers = _module(model.base_model, spec.layers)
+    layers = _module(model.base_model, spec.path(stream))
     calls = _layer_calls(model, layers, inputs)
     b, n = token_mask.shape
     device = token_mask.device
     real = token_mask.bool()
-    pairs = real.nonzero()  # (P, 2): the (example, token) pairs whose value vector is zeroed
+    pairs = real.nonzero()  # (P, 2): the (example, position) pairs whose value vector is zeroed
     per_chunk = max(1, max_rows // n)
     m = real.to(torch.float32)
     out = []
-    for layer, (args, kwargs) in zip(layers, calls, strict=True):
+    for layer, args, kwargs in calls:
         hidden = args[0] if args else kwargs["hidden_states"]
+        if hidden.shape[:2] != (b, n):
+            raise ModelError(f"valuezeroing: the layers at {spec.path(stream)!r} do not take ({b}, {n}, D) hidden "
+                             f"states (got {tuple(hidden.shape)}); check the architecture entry's 'layers'")
         rest = args[1:]
         kwargs = {k: v for k, v in kwargs.items() if k != "hidden_states"}
 
@@ -120,7 +131,7 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
             keep = torch.ones(len(index), n, device=device)
             if zeroed is not None:
                 keep[torch.arange(len(index), device=device), zeroed] = 0.0
-            with _zeroing(_module(layer, spec.value), keep):
+            with _zeroing(_module(layer, spec.value), keep, spec.fused):
                 y = layer(_take(hidden, b, index), *_take(rest, b, index),
                           **{k: _take(v, b, index) for k, v in kwargs.items()})
             return (y[0] if isinstance(y, tuple) else y).float()
@@ -128,10 +139,10 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
         original = torch.cat([run(i, None) for i in torch.arange(b, device=device).split(per_chunk)])
         c = torch.zeros(b, n, n, device=device)
         for chunk in pairs.split(per_chunk):
-            examples, tokens = chunk[:, 0], chunk[:, 1]
-            changed = run(examples, tokens)
+            examples, positions = chunk[:, 0], chunk[:, 1]
+            changed = run(examples, positions)
             dist = 1.0 - torch.nn.functional.cosine_similarity(changed, original[examples], dim=-1)  # (P, N(i))
-            c[examples, :, tokens] = dist
+            c[examples, :, positions] = dist
         out.append(c.clamp_min(0.0) * m[:, :, None] * m[:, None, :])
     return out
 
@@ -148,10 +159,10 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
 )
 def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
     """``rollout=False``: the last layer's normalised row alone (no propagation through the layers below)."""
+    cap = ctx.capture
     with torch.no_grad():
-        matrices = value_zeroing_matrices(ctx.model, ctx.inputs, ctx.token_mask)
+        matrices = value_zeroing_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream)
     normalised = [c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny) for c in matrices]
     chained = propagate(normalised) if rollout else normalised
-    cap = ctx.capture
     layers = torch.stack([cap.row(m.to(cap.query_weights.dtype)) for m in chained], 1)
     return MethodOutput(layers[:, -1], layers)
