@@ -56,7 +56,9 @@ def _module(root: nn.Module, path: str) -> Any:
 
 def _take(value: Any, batch: int, index: torch.Tensor) -> Any:
     """Rows ``index`` of a layer argument (tensors whose first axis is the batch; tuples and lists element-wise);
-    caches are dropped (the reruns must not extend them)."""
+    caches are dropped (the reruns must not extend them). A shared tensor whose first axis merely equals the batch
+    size would be cut wrongly: each type's ``layers`` entry is checked against a naive re-computation on a tiny
+    model before it is added (DeBERTa's relative embeddings are such a tensor; it has no entry)."""
     if isinstance(value, torch.Tensor):
         return value.index_select(0, index) if value.dim() > 0 and value.shape[0] == batch else value
     if isinstance(value, (tuple, list)):
