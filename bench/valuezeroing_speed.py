@@ -6,6 +6,11 @@ batches (interleaved batch by batch, as ``explain_speed.py`` times), plus the ro
 run for scale.
 
 Run: ``python bench/valuezeroing_speed.py [--limit 128] [--batch-size 32]``.
+
+Measured (2026-11-23, first 128 dev sentences, 24.9 tokens on average, batch 32, 2 CPU threads on a machine
+shared with other jobs, load average ~12): plain forward+backward 8.94 s, valuezeroing 178.3 s = 19.9x, rollout
+0.5x. Expected from the method: about N+1 one-layer reruns per layer and sentence, i.e. ~N forwards, against a
+forward+backward of ~2 forwards.
 """
 
 from __future__ import annotations

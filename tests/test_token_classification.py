@@ -127,7 +127,9 @@ def test_targets_words_labels_and_display(tokenizer):
     assert back == e and back.meta["position"] == 2
     line = prediction_line(e)
     assert line.startswith("token 2 'movie': predicted") and "explaining B-LOC" in line
-    assert 'class="tok answer"' in explanations_html([e]) and explanations_html([e]).count("tok answer") >= 1
+    page = explanations_html([e])
+    assert page.count('class="tok answer"') == len(e.scores) and "(explained token)" in page
+    assert "explained label of the outlined token" in page
     (multi,) = ex.explain("the movies loved it", ["rawatt"], target="loved")
     words = multi.to_words()
     assert multi.tokens[multi.meta["position"]] == "loved" and words.tokens[words.meta["position"]] == "loved"
