@@ -1378,7 +1378,7 @@ def _warm_imports() -> None:
                  "transformers.models.distilbert.modeling_distilbert", "transformers.models.roberta.modeling_roberta",
                  "transformers.models.albert.modeling_albert", "transformers.models.electra.modeling_electra",
                  "transformers.models.llama.modeling_llama", "captum.attr", "scipy.stats",
-                 "safetensors.torch", "attnlens.methods.builtin", "attnlens.viz.plots", "attnlens.viz.html",
+                 "safetensors.torch", "attnlens.methods", "attnlens.viz.plots", "attnlens.viz.html",
                  "attnlens.viz.terminal", "attnlens.viz.headview", "attnlens.train", "attnlens.data", "conftest"]:
         with contextlib.suppress(Exception):
             importlib.import_module(name)

@@ -360,6 +360,20 @@ def test_list_methods_has_every_core_method():
     assert set(CORE + ["integratedgradients"]) <= set(list_methods())
 
 
+@pytest.mark.parametrize("first", ["attnlens.methods.registry", "attnlens.methods.attention", "attnlens.methods.cat",
+                                   "attnlens.methods.lrp_methods", "attnlens.capture", "attnlens.engine",
+                                   "attnlens.context"])
+def test_registry_complete_whichever_module_is_imported_first(first):
+    # The registry imports no method module (no lazy import to dodge a cycle): importing any module first gives
+    # the full registry in its documented order.
+    import subprocess
+    import sys
+
+    code = f"import {first}; from attnlens.methods.registry import list_methods; print(','.join(list_methods()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out.split(",") == list_methods()
+
+
 @pytest.mark.parametrize("family", ENCODERS)
 def test_word_aggregation(family, tokenizer):
     ex = explainer(family, tokenizer)

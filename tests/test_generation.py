@@ -243,7 +243,7 @@ def test_classifier_contrast_mistakes(tokenizer):
         ex.explain("good", methods="grads", contrast=[0, 1])
     with pytest.raises(InputError, match="rollout does not depend on the explained target"):
         ex.explain("good", methods="grads,rollout", contrast=0)
-    with pytest.warns(UserWarning, match="skipping rawatt, rollout, flow: .*contrast does not apply"):
+    with pytest.warns(UserWarning, match="skipping rawatt, rollout, flow, valuezeroing: .*contrast does not apply"):
         (e,) = ex.explain("good", contrast=0)
     assert "grads" in e.scores and "rawatt" not in e.scores
 
@@ -321,7 +321,8 @@ def s2s(request, tokenizer) -> Explainer:
 def _s2s_methods(s2s: Explainer, methods: list[str]) -> list[str]:
     """``methods`` that apply to the stream: no propagation through cross attention, no input-embedding methods
     on the decoder stream (its tokens are not the encoder's input)."""
-    skip = {"cross": {"rollout", "gae", "flow"}, "decoder": {"saliency", "inputxgradient", "integratedgradients"}}
+    skip = {"cross": {"rollout", "gae", "flow", "valuezeroing"},
+            "decoder": {"saliency", "inputxgradient", "integratedgradients", "valuezeroing"}}
     return [m for m in methods if m not in skip.get(s2s.stream, set())]
 
 
@@ -331,7 +332,8 @@ def test_seq2seq_every_method_runs(s2s):
                                    options={"integratedgradients": {"n_steps": 4}})
     p, t = len(g.prompt_ids), len(g.generated_ids)
     assert g.meta["task"] == "seq2seq-lm" and t == 3
-    assert set(g.methods) == set(_s2s_methods(s2s, FAST + ["integratedgradients"]))
+    vz = [] if get_method("valuezeroing").unsupported(s2s.model, s2s.stream, "seq2seq-lm") else ["valuezeroing"]
+    assert set(g.methods) == set(_s2s_methods(s2s, FAST + ["integratedgradients"] + vz))
     for m, s in g.scores.items():
         assert s.shape == (t, p + t) and np.isfinite(s).all(), m
         if s2s.stream == "decoder":  # over the continuation before each step (step 0 has only the start token)

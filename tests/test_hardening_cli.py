@@ -20,7 +20,7 @@ from attnlens import Explainer, Explanation, list_methods, load_explanations
 from attnlens.cli import main
 
 LRP = {"partiallrp", "transatt", "attnlrp"}
-SQUARE = {"rollout", "gae", "flow", "transatt"}  # need square self-attention: not for BART's cross stream
+SQUARE = {"rollout", "gae", "flow", "transatt", "valuezeroing"}  # need square self-attention (not BART's cross)
 LABELS = {0: "negative", 1: "positive"}
 
 

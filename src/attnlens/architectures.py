@@ -9,6 +9,8 @@ An :class:`Architecture` says, for one ``config.model_type``:
 - ``position_offset``: whether position ids start after the padding index (RoBERTa-style), which shortens the
   usable length by ``pad_token_id + 1``;
 - ``lrp``: what the LRP methods need (:class:`LRPSupport`), or ``None`` where they are not supported;
+- ``layers``: where the layers and their value projections are (:class:`Layers`), for methods that rerun one
+  layer (value zeroing), or ``None`` where such methods are skipped;
 - ``tiny``: a recipe for a tiny random model of the type (:class:`Tiny`, :func:`build_tiny`), which the tests
   use to build and explain every type.
 
@@ -91,6 +93,27 @@ PAD_ID, BOS, EOS_ID, STD = _Slot("pad"), _Slot("bos"), _Slot("eos"), _Slot("std"
 
 
 @dataclass(frozen=True)
+class Layers:
+    """Where the transformer layers and their value projections are, for methods that rerun one layer with some
+    value vectors changed (value zeroing).
+
+    ``layers`` is the attribute path of the layers' ``ModuleList`` under ``model.base_model`` (encoder-decoders:
+    one path per attention stream, e.g. ``{"encoder": "encoder.layers", "decoder": "decoder.layers"}``; a layer
+    called several times, as ALBERT's shared one, counts once per call); ``value`` the path, within one layer, of
+    the module whose output ``(B, N, fused * heads * head_dim)`` holds every head's value vectors: alone
+    (``fused=1``) or as the last of ``fused`` equal parts (GPT-2's query/key/value projection: ``fused=3``)."""
+
+    layers: str | dict[str, str]
+    value: str
+    fused: int = 1
+
+    def path(self, stream: str) -> str | None:
+        """The layers' path for attention stream ``stream`` (``"self"`` for single-stream models), or ``None``."""
+        return self.layers.get(stream) if isinstance(self.layers, dict) else (
+            self.layers if stream == "self" else None)
+
+
+@dataclass(frozen=True)
 class Tiny:
     """How to build a tiny random classifier of a model type: transformers config and model class names and the
     config's size arguments (``vocab_size``, ``pad_token_id`` and ``num_labels`` are always passed)."""
@@ -110,6 +133,7 @@ class Architecture:
     position_offset: bool = False
     lrp: LRPSupport | None = None
     tiny: Tiny | None = None
+    layers: Layers | None = None  # None: methods that rerun a layer (value zeroing) are skipped for this type
 
     @property
     def family(self) -> str:
@@ -129,6 +153,9 @@ def _modernbert_pooling(config: Any) -> str:
     # ModernBERT's head reads [CLS] or, with classifier_pooling="mean", the mean over the real tokens
     return MEAN if getattr(config, "classifier_pooling", "cls") == "mean" else FIRST
 
+
+_BERT_LAYERS = Layers("encoder.layer", "attention.self.value")
+_LLAMA_LAYERS = Layers("layers", "self_attn.v_proj")
 
 # --- LRP facts -------------------------------------------------------------------------------------------------
 _BERT_RESIDUALS = (Residual("Output", "LayerNorm", "dropout"),)  # XSelfOutput, XOutput: LN(dropout(dense(h)) + x)
@@ -159,23 +186,28 @@ def _tiny(name: str, **kwargs: Any) -> Tiny:
 _ENTRIES: list[Architecture] = [
     # encoders (the first five in the order the LRP error lists them)
     Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS),
-                 tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD)),
+                 tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD), layers=_BERT_LAYERS),
     Architecture("roberta", ENCODER, position_offset=True,
                  lrp=LRPSupport("RoBERTa", _BERT_RESIDUALS, forwards=(("RobertaClassificationHead", "tanh_head"),)),
-                 tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
+                 tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
+                 layers=_BERT_LAYERS),
     Architecture("distilbert", ENCODER,
                  lrp=LRPSupport("DistilBERT", (Residual("TransformerBlock", "sa_layer_norm", "attention"),
                                                Residual("TransformerBlock", "output_layer_norm", "ffn"))),
                  tiny=_tiny("DistilBert", dim=16, n_layers=2, n_heads=2, hidden_dim=24, max_position_embeddings=64,
-                            initializer_range=STD)),
+                            initializer_range=STD), layers=Layers("transformer.layer", "attention.v_lin")),
     Architecture("albert", ENCODER,
                  lrp=LRPSupport("ALBERT", (Residual("AlbertAttention", "LayerNorm", "output_dropout"),
                                            Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
-                 tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),
+                 tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
+                 layers=Layers("encoder.albert_layer_groups.0.albert_layers", "attention.value")),
     Architecture("electra", ENCODER, lrp=LRPSupport("ELECTRA", _BERT_RESIDUALS),
-                 tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),
-    Architecture("xlm-roberta", ENCODER, position_offset=True, tiny=_tiny("XLMRoberta", **_ROBERTA)),
-    Architecture("camembert", ENCODER, position_offset=True, tiny=_tiny("Camembert", **_ROBERTA)),
+                 tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
+                 layers=_BERT_LAYERS),
+    Architecture("xlm-roberta", ENCODER, position_offset=True, tiny=_tiny("XLMRoberta", **_ROBERTA),
+                 layers=_BERT_LAYERS),
+    Architecture("camembert", ENCODER, position_offset=True, tiny=_tiny("Camembert", **_ROBERTA),
+                 layers=_BERT_LAYERS),
     Architecture("deberta", ENCODER, tiny=_tiny("Deberta", **_ENC, max_position_embeddings=64)),
     Architecture("deberta-v2", ENCODER,
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
@@ -184,7 +216,7 @@ _ENTRIES: list[Architecture] = [
                  tiny=_tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
                             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16)),
     Architecture("mpnet", ENCODER, tiny=_tiny("MPNet", **_ENC, max_position_embeddings=70)),
-    Architecture("ernie", ENCODER, tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64)),
+    Architecture("ernie", ENCODER, tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64), layers=_BERT_LAYERS),
     Architecture("modernbert", ENCODER, pooling=_modernbert_pooling,
                  lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
                                                               "mlp"),),
@@ -197,7 +229,8 @@ _ENTRIES: list[Architecture] = [
                  lrp=LRPSupport("GPT-2", blocks=(PreNorm("GPT2Block", "ln_1", "attn", "ln_2", "mlp"),),
                                 embedding_input="drop"),  # GPT2Model.drop(wte + wpe)
                  tiny=_tiny("GPT2", n_embd=16, n_layer=2, n_head=2, n_positions=64,
-                                              initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
+                            initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
+                 layers=Layers("h", "attn.c_attn", fused=3)),
     Architecture("gpt_neo", DECODER, tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
                                                  attention_types=[[["global", "local"], 1]],
                                                  max_position_embeddings=64)),
@@ -205,10 +238,11 @@ _ENTRIES: list[Architecture] = [
     Architecture("gptj", DECODER, tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4)),
     Architecture("llama", DECODER, lrp=_llama_lrp("Llama"),
                  tiny=_tiny("Llama", **_ENC, num_key_value_heads=2, max_position_embeddings=64,
-                            initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
-    Architecture("mistral", DECODER, lrp=_llama_lrp("Mistral"), tiny=_tiny("Mistral", **_DEC)),
+                            initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
+                 layers=_LLAMA_LAYERS),
+    Architecture("mistral", DECODER, lrp=_llama_lrp("Mistral"), tiny=_tiny("Mistral", **_DEC), layers=_LLAMA_LAYERS),
     Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1)),
-    Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC)),
+    Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS),
     Architecture("qwen3", DECODER, tiny=_tiny("Qwen3", **_DEC, head_dim=8)),
     Architecture("gemma", DECODER, tiny=_tiny("Gemma", **_DEC, head_dim=8)),
     Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8)),
@@ -220,7 +254,8 @@ _ENTRIES: list[Architecture] = [
     Architecture("falcon", DECODER, tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
     # encoder-decoders: the head reads the decoder state at the last EOS
     Architecture("bart", ENCODER_DECODER,
-                 tiny=_tiny("Bart", **_SEQ2SEQ, init_std=STD, forced_eos_token_id=None)),
+                 tiny=_tiny("Bart", **_SEQ2SEQ, init_std=STD, forced_eos_token_id=None),
+                 layers=Layers({"encoder": "encoder.layers", "decoder": "decoder.layers"}, "self_attn.v_proj")),
     Architecture("mbart", ENCODER_DECODER, tiny=_tiny("MBart", **_SEQ2SEQ)),
     Architecture("t5", ENCODER_DECODER, tiny=_tiny("T5", d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
                                                     eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)),
@@ -304,12 +339,14 @@ def build_tiny(
     seed: int = 0,
     attn: str = "eager",
     task: str = "classification",
+    model_suffix: str = "ForSequenceClassification",
 ) -> nn.Module:
     """A tiny random classifier of ``model_type`` from its entry's :class:`Tiny` recipe (for tests), in eval mode;
     ``task="causal-lm"`` / ``"seq2seq-lm"`` builds the type's language model from the same config instead.
 
     ``init_std`` replaces the config's ``initializer_range`` where the recipe asks for it (larger than HF's 0.02,
-    so attention is far from uniform and every method has signal)."""
+    so attention is far from uniform and every method has signal). ``model_suffix`` picks another task's model
+    class of the type (e.g. ``"ForTokenClassification"``)."""
     import transformers
 
     arch = ARCHITECTURES.get(model_type)
@@ -327,4 +364,7 @@ def build_tiny(
         if task not in TASKS:
             raise InputError(f"task={task!r}; choose one of {', '.join(TASKS)}")
         return getattr(transformers, TASKS[task].auto_class).from_config(config).eval()
-    return getattr(transformers, arch.tiny.model)(config).eval()
+    model_class = arch.tiny.model.removesuffix("ForSequenceClassification") + model_suffix
+    if not hasattr(transformers, model_class):
+        raise InputError(f"transformers has no {model_class}")
+    return getattr(transformers, model_class)(config).eval()

@@ -88,8 +88,14 @@ def run_capture(
     if HIDDEN not in keep:
         outputs = _without_hidden_states(outputs)
 
-    cls = adapter.classification_index(inputs["input_ids"], token_mask, model.config)
+    positions = head.explained_positions(targets)  # token classification: the explained token's row
+    if positions is None:
+        cls = adapter.classification_index(inputs["input_ids"], token_mask, model.config)
+    else:
+        cls = positions
     stream_tensors = adapter.select(outputs, stream, token_mask, cls)
+    if positions is not None:
+        stream_tensors.query_weights = torch.nn.functional.one_hot(positions, stream_tensors.query_mask.shape[1])
     logits = head.logits(outputs)
     if targets is None:
         targets = head.predicted(logits, token_mask, answer_mask)

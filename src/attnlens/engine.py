@@ -19,7 +19,8 @@ from .context import TARGET_KINDS, BatchContext
 from .encoding import Encoded
 from .errors import InputError
 from .explanation import Explanation
-from .methods.registry import GRADIENTS, OWN_PASS, Method, capture_request, get_method, resolve_methods
+from .methods import get_method, resolve_methods
+from .methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from .modelstate import explaining
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ def compute_batch(
         # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
         with torch.no_grad(), explaining(ex.model):
             logits = head.logits(ex.model(**ctx.inputs))
-        wanted = torch.where(unresolved, head.predicted(logits, ctx.token_mask, ctx.answer_mask), wanted)
+        wanted = head.resolve(wanted, unresolved, logits, ctx.token_mask, ctx.answer_mask)
         unresolved = torch.zeros_like(unresolved)
     with explaining(ex.model), ex._head_without_padding(ctx.token_mask):
         keep, differentiate = capture_request(specs)
@@ -130,7 +131,7 @@ def compute_batch(
             None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=head,
             answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate,
         )
-        ctx.targets = torch.where(unresolved, head.predicted(capture.logits, ctx.token_mask, ctx.answer_mask), wanted)
+        ctx.targets = head.resolve(wanted, unresolved, capture.logits, ctx.token_mask, ctx.answer_mask)
         ctx.capture = capture
         out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         mask = ctx.token_mask.to(capture.logits.dtype)

@@ -34,8 +34,9 @@ __all__ = ["Encoded", "Explainer", "TextInput"]
 
 
 class Explainer:
-    """Explains a HuggingFace sequence classifier (or extractive QA model) with every registered method; a
-    language model (``…ForCausalLM``, ``…ForConditionalGeneration``) through :meth:`explain_generation`.
+    """Explains a HuggingFace sequence classifier (or token classifier, or extractive QA model) with every
+    registered method; a language model (``…ForCausalLM``, ``…ForConditionalGeneration``) through
+    :meth:`explain_generation`.
 
     Args:
         model: a ``...ForSequenceClassification`` model (encoder-only, decoder-only or encoder-decoder), or a
@@ -203,7 +204,9 @@ class Explainer:
             methods: ``"all"``, a comma-separated string or a list of method ids (see ``list_methods()``).
             target: ``None`` (each input's predicted class; multi-label: its highest-scoring label; QA: its
                 predicted answer span), a class index, a label name, a QA ``(start, end)`` span with end >= start,
-                or one per input.
+                or one per input. Token classifiers (NER) explain one token's label: the token as a position or a
+                word of the input, or a ``(token, label)`` pair (default label: the predicted one), or one per
+                input (a list).
             batch_size: inputs per padded batch (inputs are sorted by length internally).
             target_kind: explain the ``"logit"`` (default), the ``"probability"``, or ``"loss"`` (the
                 log-probability of ``target``, i.e. minus the cross-entropy; pass the gold labels as ``target``).
@@ -221,7 +224,7 @@ class Explainer:
         ex = self if contrast is None else self._with_head(with_contrast(self.head, contrast, self.labels))
         specs, method_options = engine.select_methods(ex, methods, target, target_kind, options, contrast is not None)
         encoded = self.encode(texts, truncation=truncation)
-        targets = ex.head.resolve_targets(target, len(encoded), self.labels)
+        targets = ex.head.locate(encoded, ex.head.resolve_targets(target, len(encoded), self.labels))
         ex.head.check_targets([len(e.ids) for e in encoded], targets)
         size = self._effective_batch_size(batch_size)
         return engine.explain_all(ex, encoded, targets, specs, method_options, target_kind, size, progress)

@@ -199,10 +199,13 @@ class Explanation:
         if self.offsets is not None:
             offsets = [(min(self.offsets[i][0] for i in g), max(self.offsets[i][1] for i in g)) for g in groups]
         target, predicted = self.target, self.predicted
+        word_of = {i: k for k, g in enumerate(groups) for i in g}
         if self.is_qa:  # spans are token positions: map them to word positions
-            word_of = {i: k for k, g in enumerate(groups) for i in g}
             target, predicted = ([word_of.get(int(i), int(i)) for i in span]  # type: ignore[union-attr]
                                  for span in (self.target, self.predicted))
+        meta = {**self.meta, "granularity": "word", "word_aggregation": aggregation}
+        if "position" in meta:  # token classification: the explained token's word
+            meta["position"] = word_of.get(int(meta["position"]), int(meta["position"]))
         return Explanation(
             text=self.text,
             tokens=[self._word_text(g) for g in groups],
@@ -216,7 +219,7 @@ class Explanation:
             word_ids=[None if self.special[g[0]] else k for k, g in enumerate(groups)],
             sequence_ids=None if self.sequence_ids is None else [self.sequence_ids[g[0]] for g in groups],
             offsets=offsets,
-            meta={**self.meta, "granularity": "word", "word_aggregation": aggregation},
+            meta=meta,
         )
 
     # ----------------------------------------------------------- serialization

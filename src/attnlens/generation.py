@@ -357,7 +357,9 @@ def _seq2seq_batch(ex: Explainer, prompt: Encoded, generated: list[int], rows: l
 
 def _decoder_stream_methods(specs: list[Any], methods: Any) -> list[Any]:
     """The methods that apply to a seq2seq decoder stream: not those on input embeddings, which are the
-    encoder's (skipped with a warning under ``"all"``, refused when named)."""
+    encoder's, nor those running passes of their own (integrated gradients, value zeroing), which perturb the
+    encoder's input or have not been checked on the decoder stream (skipped with a warning under ``"all"``,
+    refused when named)."""
     from .methods.registry import EMBEDDINGS, OWN_PASS
 
     bad = [s.name for s in specs if EMBEDDINGS in s.needs or OWN_PASS in s.needs]
@@ -365,8 +367,8 @@ def _decoder_stream_methods(specs: list[Any], methods: Any) -> list[Any]:
         raise InputError(f"{', '.join(bad)} attribute to the encoder's input embeddings, not to the decoder "
                          "stream's tokens: use attention='encoder' or 'cross' for them")
     if bad:
-        warnings.warn(f"skipping {', '.join(bad)}: they attribute to the encoder's input, not to the decoder stream",
-                      stacklevel=3)
+        warnings.warn(f"skipping {', '.join(bad)}: they attribute to the encoder's input or run passes of their own, "
+                      "not defined for the decoder stream", stacklevel=3)
     return [s for s in specs if s.name not in bad]
 
 

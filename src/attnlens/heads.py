@@ -1,10 +1,14 @@
 """What the model predicts and which scalar an explanation is of: sequence classification (single- or
-multi-label) or extractive QA.
+multi-label), token classification or extractive QA.
 
 - ``classification`` (``…ForSequenceClassification``): logits ``(B, C)``, a target is a class index.
 - multi-label classification (``config.problem_type == "multi_label_classification"``): the same logits, but
   each label has its own independent probability ``sigmoid(logit)``; the predicted labels are those with
   p > 0.5 and the default explained target is the highest-scoring label.
+- ``token`` (``…ForTokenClassification``, e.g. NER): logits ``(B, N, C)``; a target is one token's label: a
+  ``(position, label)`` pair (the position a token index or a word of the input, the label defaulting to the
+  label the model predicts there). Attention methods read that token's query row; the explained scalar is that
+  token's label logit / probability / log-probability.
 - ``qa`` (``…ForQuestionAnswering``): logits ``(B, N, 2)`` (start, end), a target is a ``(start, end)`` pair of
   token positions; the explained scalar is start logit + end logit, which equals the sum of the two separate
   explanations for every method linear in the gradient (the AttCAT authors explain both and add them). The
@@ -115,6 +119,21 @@ class Head:
     def answer_mask(self, batch: list[Any], like: torch.Tensor) -> torch.Tensor | None:
         """``(B, N)`` positions an answer may use (QA only; ``None`` here)."""
         return None
+
+    def resolve(self, wanted: torch.Tensor, unresolved: torch.Tensor, logits: torch.Tensor,
+                token_mask: torch.Tensor, answer_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The targets of :meth:`pending` with their :data:`PREDICTED` entries replaced by the prediction."""
+        return torch.where(unresolved, self.predicted(logits, token_mask, answer_mask), wanted)
+
+    def explained_positions(self, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """``(B,)`` the query position each example's explanation is of, where the target says it (token
+        classification); ``None``: where the architecture's head reads (the adapter's classification position)."""
+        return None
+
+    def locate(self, encoded: list[Any], targets: list[Any]) -> list[Any]:
+        """Resolved targets checked against the encoded inputs (:class:`~attnlens.encoding.Encoded`), with
+        anything that needs the tokens filled in (token classification: words as token positions)."""
+        return targets
 
     # ---------------------------------------------------------------- display
     def shown_probabilities(self, probs: np.ndarray, target: Any) -> list[float]:
@@ -317,12 +336,141 @@ def context_positions(e: Any) -> list[bool]:
     return [not sp for sp in e.special]
 
 
+class TokenHead(Head):
+    """Token classification (NER, POS tagging): one label per token; an explanation is of one token's label.
+
+    Internal targets are ``(position, label)`` pairs, ``label`` :data:`PREDICTED` for the label the model
+    predicts at ``position``. :class:`~attnlens.explanation.Explanation` shows the label as ``target`` and
+    ``predicted`` (as for sequence classifiers), the token in ``meta["position"]`` / ``meta["token"]``, and every
+    token's predicted label in ``meta["predicted_labels"]``.
+    """
+
+    task = "token"
+    model_suffix = "ForTokenClassification"
+    auto_class = "AutoModelForTokenClassification"
+    kind = "a token classifier"
+
+    def predicted(self, logits: torch.Tensor, token_mask: torch.Tensor,
+                  answer_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``(B, N)`` the predicted label of every token."""
+        return logits.detach().argmax(-1)
+
+    def prediction(self, logits: torch.Tensor, token_mask: torch.Tensor,
+                   answer_mask: torch.Tensor | None = None) -> list[Any]:
+        """The predicted label of every real token, one list per example."""
+        labels = self.predicted(logits, token_mask).cpu()
+        return [row[: int(n)].tolist() for row, n in zip(labels, token_mask.long().sum(1).cpu(), strict=True)]
+
+    def scalar(self, logits: torch.Tensor, targets: torch.Tensor, kind: str, token_mask: torch.Tensor) -> torch.Tensor:
+        """The value of label ``targets[:, 1]`` at token ``targets[:, 0]``."""
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        return self.values(logits, kind, token_mask)[rows, targets[:, 0], targets[:, 1]]
+
+    # ---------------------------------------------------------------- targets
+    def resolve_targets(self, target: Any, n: int, labels: list[str]) -> list[Any]:
+        """A user target (a token position or word, a ``(token, label)`` pair, or a list with one per input) as
+        ``n`` ``(token, label)`` pairs; words stay strings until :meth:`locate` sees the tokens."""
+        if target is None:
+            raise InputError("a token classifier explains one token's label: pass the token as target= (its "
+                             "position among the tokens, or a word of the input), or a (token, label) pair")
+        if isinstance(target, (int, str, np.integer)) or (isinstance(target, tuple) and len(target) == 2):
+            return [self._pair(target, labels)] * n
+        if isinstance(target, torch.Tensor):
+            target = target.tolist()
+        if not isinstance(target, Sequence) or len(target) != n:
+            raise InputError(f"target must be a token (position or word), a (token, label) pair, or a list with one "
+                             f"per input ({n} inputs)")
+        return [self._pair(t, labels) for t in target]
+
+    def _pair(self, t: Any, labels: list[str]) -> tuple[int | str, int]:
+        token, label = (t if isinstance(t, (tuple, list)) and len(t) == 2 else (t, None))
+        if isinstance(token, str) and token.strip().isdigit():
+            token = int(token)
+        if isinstance(token, bool) or not isinstance(token, (int, str, np.integer)) or (
+                not isinstance(token, str) and token < 0):
+            raise InputError(f"the explained token is a position (>= 0) or a word of the input, got {token!r}")
+        return (token if isinstance(token, str) else int(token), self._resolve_one(label, labels))
+
+    def locate(self, encoded: list[Any], targets: list[Any]) -> list[Any]:
+        """Words as the position of their first token; positions checked: within the input and not a special
+        token (a token classifier is not trained on their labels)."""
+        out = []
+        for i, (e, (token, label)) in enumerate(zip(encoded, targets, strict=True)):
+            position = _word_position(e, token, i) if isinstance(token, str) else token
+            n = len(e.ids)
+            if position >= n:
+                raise InputError(f"token position {position} is beyond input {i}'s {n} tokens (0..{n - 1})")
+            if e.special[position]:
+                raise InputError(f"token {position} of input {i} is the special token {e.tokens[position]!r}, whose "
+                                 "label a token classifier is not trained on: pick a token of the text")
+            out.append((position, label))
+        return out
+
+    def check_targets(self, lengths: list[int], targets: list[Any]) -> None:
+        for i, (n, (position, _)) in enumerate(zip(lengths, targets, strict=True)):
+            if not isinstance(position, int) or position >= n:
+                raise InputError(f"token position {position} is beyond input {i}'s {n} tokens (0..{n - 1})")
+
+    def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        wanted = torch.tensor(targets, dtype=torch.long, device=device).view(-1, 2)
+        return wanted, torch.stack([torch.zeros_like(wanted[:, 0], dtype=torch.bool), wanted[:, 1] < 0], 1)
+
+    def resolve(self, wanted: torch.Tensor, unresolved: torch.Tensor, logits: torch.Tensor,
+                token_mask: torch.Tensor, answer_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Predicted labels at the explained positions (the positions are always given)."""
+        at = self.predicted(logits, token_mask).gather(1, wanted[:, :1])
+        return torch.where(unresolved, torch.cat([wanted[:, :1], at], 1), wanted)
+
+    def explained_positions(self, targets: torch.Tensor | None) -> torch.Tensor | None:
+        return None if targets is None else targets[:, 0]
+
+    # ---------------------------------------------------------------- display
+    def shown_probabilities(self, probs: np.ndarray, target: Any) -> list[float]:
+        """Every label's probability at the explained token."""
+        return [float(p) for p in probs[target[0]]]
+
+    def annotate(self, explanation: Any) -> None:
+        """The explained token moves from ``target`` to ``meta``: ``target`` and ``predicted`` become that token's
+        explained and predicted labels; every token's predicted label is kept by name in the metadata."""
+        position, label = explanation.target
+        per_token = list(explanation.predicted)
+        explanation.target, explanation.predicted = int(label), int(per_token[position])
+        explanation.meta.update(position=int(position), token=explanation.tokens[position],
+                                predicted_labels=[explanation.label_name(int(k)) for k in per_token])
+
+    # ------------------------------------------------------------------ checks
+    def check_predict_proba(self) -> None:
+        raise ModelError("predict_proba is for sequence classifiers; this is a token classifier")
+
+
+def _word_position(e: Any, word: str, index: int) -> int:
+    """The position of the first token of the first word of input ``e`` equal to ``word`` (case-insensitive)."""
+    wanted = word.strip().lower()
+    groups: dict[Any, list[int]] = {}
+    for i, w in enumerate(e.word_ids or []):
+        if w is not None and not e.special[i]:
+            groups.setdefault((None if e.sequence_ids is None else e.sequence_ids[i], w), []).append(i)
+    words = []
+    for (seq, _), positions in groups.items():
+        source = e.text[seq or 0] if isinstance(e.text, list) else e.text
+        text = source[e.offsets[positions[0]][0]:e.offsets[positions[-1]][1]] if e.offsets else ""
+        if text.lower() == wanted:
+            return positions[0]
+        words.append(text)
+    if not groups:
+        raise InputError("words can be explained only with a fast tokenizer (it knows where words are): pass the "
+                         "token position instead")
+    raise InputError(f"input {index} has no word {word!r}; its words: {' '.join(words)}")
+
+
 CLASSIFICATION = Head()
 QA = QAHead()
+TOKEN = TokenHead()
 
 
 MULTI_LABEL = MultiLabelHead()
-TASKS: dict[str, Head] = {"classification": CLASSIFICATION, "qa": QA}  # from_pretrained's task=, by name
+# from_pretrained's task=, by name
+TASKS: dict[str, Head] = {"classification": CLASSIFICATION, "qa": QA, "token": TOKEN}
 
 
 class LMHead(Head):
@@ -452,6 +600,10 @@ class ContrastHead:
         wanted = torch.tensor(targets, dtype=torch.long, device=device)
         return wanted, wanted[:, :1] < 0
 
+    def resolve(self, wanted: torch.Tensor, unresolved: torch.Tensor, logits: torch.Tensor,
+                token_mask: torch.Tensor, answer_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.where(unresolved, self.predicted(logits, token_mask, answer_mask), wanted)
+
     def predicted(self, logits: torch.Tensor, token_mask: torch.Tensor,
                   answer_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The base head's prediction paired with the contrast."""
@@ -477,8 +629,9 @@ class ContrastHead:
 
 def with_contrast(head: Head, contrast: Any, labels: list[str]) -> ContrastHead:
     """``head`` explaining target − ``contrast`` (one class index or label name for every input), checked."""
-    if isinstance(head, QAHead):
-        raise InputError("contrast applies to classifiers and language models, not to extractive QA spans")
+    if isinstance(head, (QAHead, TokenHead)):
+        raise InputError("contrast applies to sequence classifiers and language models, not to extractive QA spans "
+                         "or token classifiers")
     if contrast is None or isinstance(contrast, bool) or not isinstance(contrast, (int, str, np.integer)):
         raise InputError(f"contrast must be one class index or label name (the same for every input), got "
                          f"{contrast!r:.60}")
@@ -502,20 +655,26 @@ def _matches(head: Head, model_class: str) -> bool:
 
 
 def head_for(model: nn.Module, max_answer_length: int = 30) -> Head:
-    """The head of ``model``: sequence classification (multi-label where ``config.problem_type`` says so) or
-    extractive QA (spans of at most ``max_answer_length`` tokens); anything else is an error."""
+    """The head of ``model``: sequence classification (multi-label where ``config.problem_type`` says so), token
+    classification or extractive QA (spans of at most ``max_answer_length`` tokens); anything else is an error."""
     name = type(model).__name__
     if name.endswith(CLASSIFICATION.model_suffix):
         multi = getattr(model.config, "problem_type", None) == "multi_label_classification"
         return MULTI_LABEL if multi else CLASSIFICATION
     if name.endswith(QA.model_suffix):
         return _qa_head(max_answer_length)
+    if name.endswith(TOKEN.model_suffix):
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise ModelError(f"token classifiers are explained for encoder and decoder models; {name} is an "
+                             "encoder-decoder type")
+        return TOKEN
     for generative in GENERATION_HEADS:
         if generative.matches(name):
             return type(generative)(int(model.get_output_embeddings().weight.shape[0]))
     raise ModelError(
-        f"attnlens explains sequence classifiers (…ForSequenceClassification), extractive QA models "
-        f"(…ForQuestionAnswering) and language models (…ForCausalLM, …ForConditionalGeneration); got {name}. "
+        f"attnlens explains sequence classifiers (…ForSequenceClassification), token classifiers "
+        f"(…ForTokenClassification), extractive QA models (…ForQuestionAnswering) and language models "
+        f"(…ForCausalLM, …ForConditionalGeneration); got {name}. "
         "Load the model with AutoModelForSequenceClassification or AutoModelForCausalLM."
     )
 

@@ -136,16 +136,18 @@ def check_complete(model: Any, info: dict[str, Any], name: str, task: str) -> No
     if kind in ("a language model", "a sequence-to-sequence language model") and task not in _GENERATION_TASKS:
         advice = "load it without task= (or task='causal-lm' / 'seq2seq-lm') to explain what it generates"
     elif kind in _LANGUAGE_MODELS:
-        advice = ("attnlens explains sequence classifiers, extractive QA models and causal or sequence-to-sequence "
-                  "language models")
+        advice = ("attnlens explains sequence classifiers, token classifiers, extractive QA models and causal or "
+                  "sequence-to-sequence language models")
     elif kind == "a base model without a task head":
         advice = f"fine-tune it first, e.g. attnlens train --model {name} --dataset sst2 --out OUT"
     elif kind == "a sequence classifier" and task == "qa":
         advice = "explain it as a sequence classifier; task='qa' and the squad data sets need an extractive QA model"
     elif kind == "an extractive QA model" and task != "qa":
         advice = "load it with task='qa'"
+    elif kind == "a token classifier" and task != "token":
+        advice = "load it with task='token'"
     else:
-        advice = "attnlens explains sequence classifiers and extractive QA models"
+        advice = "attnlens explains sequence classifiers, token classifiers and extractive QA models"
     raise ModelError(f"cannot explain {name} as {wanted}: {what} {where} and would be random; "
                      f"{description}: {advice}")
 

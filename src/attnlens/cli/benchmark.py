@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluation.metrics import EvalConfig
     from ..evaluation.runner import run_benchmark
     from ..explainer import Explainer
-    from ..methods.registry import list_methods
+    from ..methods import list_methods
     from ..paths import check_output_path
 
     for name in ("threads", "batch_size", "eval_batch_size", "chunk_size", "k"):

@@ -108,6 +108,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "that applies to the model; the others are skipped with a notice)")
     p.add_argument("--target", help="class index or label name to explain (default: the predicted class); QA models: "
                    "START,END token positions of the answer span")
+    p.add_argument("--token", help="token classifiers (NER): the token whose label is explained, as a position among "
+                   "the tokens or a word of the input; --target then names the label (default: the predicted one)")
     p.add_argument("--target-kind", default="logit", choices=["logit", "probability", "loss"])
     p.add_argument("--attention", help="BART-like models: encoder (default), decoder or cross")
     p.add_argument("--format", default="terminal", choices=FORMATS)
@@ -200,6 +202,13 @@ def run(args: argparse.Namespace) -> int:
     elif target is not None and re.fullmatch(r"\s*\d+\s*,\s*\d+\s*", target):  # a QA span START,END
         target = tuple(int(x) for x in target.split(","))
     explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length)
+    if explainer.head.task == "token":
+        if args.token is None:
+            raise InputError("this is a token classifier: pass the explained token as --token POSITION or --token WORD "
+                             "(and its label as --target, default: the predicted label)")
+        target = (int(args.token) if args.token.strip().isdigit() else args.token, target)
+    elif args.token is not None:
+        raise InputError(f"--token is for token classifiers; this model is {explainer.head.kind}")
     exps = explainer.explain(
         texts,
         methods=args.methods,  # as given: "all" skips the methods that do not apply to this model, with a notice

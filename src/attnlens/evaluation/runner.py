@@ -58,7 +58,7 @@ from .summary import summarize
 
 # ------------------------------------------------------------------ helpers
 def _class_specific(methods: Sequence[str]) -> dict[str, bool]:
-    from ..methods.registry import get_method
+    from ..methods import get_method
 
     out = {}
     for m in methods:
@@ -117,7 +117,7 @@ def run_benchmark(
     Returns:
         The summary (also written to ``summary.json``).
     """
-    from ..methods.registry import resolve_methods
+    from ..methods import resolve_methods
 
     model_task = getattr(getattr(explainer, "head", None), "task", "classification")
     qa = dataset.task == "qa"
@@ -191,7 +191,7 @@ def _checked_options(
     options: dict[str, dict[str, Any]] | None, target: str, target_kind: str, config: EvalConfig,
 ) -> dict[str, dict[str, Any]]:
     """``options`` checked by name, then by value on one example, so that a typo is refused before any write."""
-    from ..methods.registry import get_method, resolve_methods
+    from ..methods import get_method, resolve_methods
 
     options = dict(options or {})
     requested = set(resolve_methods(methods))
@@ -299,7 +299,7 @@ def _run_locked(
 
 def _applicable_methods(methods: Any, explainer: Any, resolve: Callable[[Any], list[str]]) -> list[str]:
     """Checked method ids; ``"all"`` keeps only the methods that apply to this model (with a warning)."""
-    from ..methods.registry import get_method
+    from ..methods import get_method
 
     ids = resolve(methods)
     words = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods)

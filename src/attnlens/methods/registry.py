@@ -4,6 +4,10 @@ A method is a small function ``compute(ctx, **options) -> MethodOutput`` of a :c
 Most methods only read ``ctx.capture`` (the tensors of the one shared forward/backward pass); methods that need
 a pass of their own (Captum's integrated gradients, LRP) run it from ``ctx`` and may share it through
 ``ctx.cache``.
+
+This module holds only the registry and imports no method module: the package :mod:`attnlens.methods` imports
+the built-in method modules (which register themselves here), so whichever module is imported first, the
+registry is complete once ``attnlens.methods`` is.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, ModelError, UnknownMethodError
+from ..lrp.patch import check_supported
 
 # What a method can ask the shared pass for. The pass keeps only what the requested methods declare.
 ATTENTION = "attention"  # attention probabilities of the chosen stream
@@ -58,6 +63,8 @@ class Method:
     self_attention_only: bool = False
     lrp: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    # why the method cannot explain a model (model, stream, task) -> reason or None, beyond the checks below
+    applies: Callable[[Any, str, str], str | None] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -76,13 +83,11 @@ class Method:
         if self.lrp:
             if task not in LRP_TASKS:
                 return f"{self.name} supports sequence classifiers and causal language models only, not {task} models"
-            from ..lrp.patch import check_supported
-
             try:
                 check_supported(model)
             except ModelError as exc:
                 return str(exc)
-        return None
+        return self.applies(model, stream, task) if self.applies is not None else None
 
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """Defaults merged with ``options``; unknown option names raise :class:`InputError`."""
@@ -105,8 +110,12 @@ def register(
     class_specific: bool = True,
     self_attention_only: bool = False,
     lrp: bool = False,
+    applies: Callable[[Any, str, str], str | None] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
+
+    ``applies(model, stream, task)`` returns why the method cannot explain such a model (``None``: it can); a
+    request for ``"all"`` skips the method there, a named request raises the reason as an :class:`InputError`.
 
     The method's options and their defaults are the keyword arguments of ``compute`` after ``ctx`` (written once,
     in its signature).
@@ -130,6 +139,7 @@ def register(
             self_attention_only=self_attention_only,
             lrp=lrp,
             options=_option_defaults(name, compute),
+            applies=applies,
         )
         return compute
 
@@ -154,7 +164,6 @@ def capture_request(methods: Iterable[Method]) -> tuple[frozenset[str], frozense
 
 def get_method(name: str) -> Method:
     """The registered method ``name``; an unknown id raises an error that lists the available ones."""
-    _load_builtin_methods()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -165,7 +174,6 @@ def get_method(name: str) -> Method:
 
 def list_methods(*, include_lrp: bool = True) -> list[str]:
     """Ids of all registered methods, in registration order."""
-    _load_builtin_methods()
     return [m for m, spec in _REGISTRY.items() if include_lrp or not spec.lrp]
 
 
@@ -191,7 +199,3 @@ def resolve_methods(methods: str | list[str] | tuple[str, ...] | None) -> list[s
             out.append(m)
     return out
 
-
-def _load_builtin_methods() -> None:
-    # Importing the modules registers their methods; done lazily to keep imports cycle-free.
-    from . import builtin  # noqa: F401

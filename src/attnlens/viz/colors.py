@@ -195,7 +195,10 @@ def truncation_note(exp: Explained) -> str | None:
 
 
 def answer_positions(exp: Explained) -> set[int]:
-    """QA: the token positions of the explained answer span (empty for classifiers)."""
+    """QA: the token positions of the explained answer span; token classification: the explained token (empty
+    for sequence classifiers)."""
+    if "position" in exp.meta and exp.meta.get("task") == "token":
+        return {int(exp.meta["position"])}
     if not exp.is_qa:
         return set()
     start, end = exp.target  # type: ignore[misc]
@@ -235,7 +238,12 @@ def prediction_line(exp: Explained) -> str:
         target_name = repr(exp.meta["target_token"]) if "target_token" in exp.meta else f"token #{target}"
         line = f"explaining next token {target_name} (p {p(0):.3f})"
         return line + (", the greedy choice" if predicted == target else f"; greedy choice: token #{predicted}")
-    return f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}"
+    line = f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}"
+    if exp.meta.get("task") == "token" and "position" in exp.meta:
+        unit = "word" if exp.meta.get("granularity") == "word" else "token"
+        position = int(exp.meta["position"])
+        return f"{unit} {position} {exp.tokens[position]!r}: {line}"
+    return line
 
 
 def probabilities_line(exp: Explained) -> str:

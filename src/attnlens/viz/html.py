@@ -70,7 +70,8 @@ def _token_spans(exp: Explained, scores: np.ndarray) -> str:
             spans.append(f'<span class="tok special" title="special token">{_e(tok)}</span>')
         else:
             color = hex_color(shade(norm[i]))
-            tip = f"{float(scores[i]):+.4g}" + (" (answer)" if i in answer else "")
+            marked = " (explained token)" if exp.meta.get("task") == "token" else " (answer)"
+            tip = f"{float(scores[i]):+.4g}" + (marked if i in answer else "")
             css = "tok answer" if i in answer else "tok"
             spans.append(f'<span class="{css}" style="background:{color}" title="{tip}">{_e(tok)}</span>')
     return " ".join(spans)
@@ -190,7 +191,9 @@ def explanations_html(
     """
     items = prepare(exps, words)
     title = title or "attnlens explanations"
-    explained = "explained answer span (outlined)" if any(e.is_qa for e in items) else "explained class"
+    explained = "explained answer span (outlined)" if any(e.is_qa for e in items) else (
+        "explained label of the outlined token" if any(e.meta.get("task") == "token" for e in items)
+        else "explained class")
     intro = (
         f'<h1>{_e(title)}</h1>\n<p class="meta">Green supports the {explained}, red opposes it; shade = '
         "|score| relative to the largest of the same method on the same example. "

@@ -1,0 +1,60 @@
+"""What value zeroing costs, on ``../shared/models/minilm-sst2`` and SST-2 dev sentences (default: the first 128).
+
+Value zeroing reruns each of the L layers once per token (L·N one-layer reruns per sentence, batched per layer);
+the figure is its time through ``Explainer.explain`` divided by one plain forward+backward pass over the same
+batches (interleaved batch by batch, as ``explain_speed.py`` times), plus the rollout method's ratio from the same
+run for scale.
+
+Run: ``python bench/valuezeroing_speed.py [--limit 128] [--batch-size 32]``.
+
+Measured (2026-11-23, first 128 dev sentences, 24.9 tokens on average, batch 32, 2 CPU threads on a machine
+shared with other jobs, load average ~12): plain forward+backward 8.94 s, valuezeroing 178.3 s = 19.9x, rollout
+0.5x. Expected from the method: about N+1 one-layer reruns per layer and sentence, i.e. ~N forwards, against a
+forward+backward of ~2 forwards.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+
+import torch  # noqa: E402
+from common import MODEL, batch_inputs, engine_batches, plain_forward_backward, read_texts, timed  # noqa: E402
+
+from attnlens import Explainer  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=128, help="use only the first N dev sentences")
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+
+    texts = read_texts(limit=args.limit)
+    ex = Explainer.from_pretrained(MODEL)
+    batches = engine_batches(ex, texts, args.batch_size)
+    n_tokens = sum(len(e.ids) for b in batches for e in b)
+    print(f"model {MODEL.name}; {len(texts)} sentences, {n_tokens / len(texts):.1f} tokens on average; "
+          f"batch {args.batch_size}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{platform.machine()}")
+    totals = {"plain": 0.0, "valuezeroing": 0.0, "rollout": 0.0}
+    for i, batch in enumerate([batches[0]] + batches):  # the first round is a warm-up
+        inputs = batch_inputs(ex, batch)
+        t = {"plain": plain_forward_backward(ex.model, inputs)}
+        for method in ("valuezeroing", "rollout"):
+            t[method] = timed(ex.explain, [e.text for e in batch], methods=[method], batch_size=args.batch_size)
+        if i:
+            for k, v in t.items():
+                totals[k] += v
+    print(f"plain forward+backward: {totals['plain']:.2f} s")
+    for method in ("valuezeroing", "rollout"):
+        print(f"{method}: {totals[method]:.2f} s, {totals[method] / totals['plain']:.1f}x the plain "
+              f"forward+backward ({len(texts) / totals[method]:.1f} sentences/s)")
+
+
+if __name__ == "__main__":
+    main()

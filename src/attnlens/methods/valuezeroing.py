@@ -1,0 +1,170 @@
+"""Value zeroing (Mohebbi, Zuidema, Chrupała & Alishahi, EACL 2023): how much each token's value vector changes
+every token's layer output.
+
+For layer l and token j, the value vector of j is set to zero in every head of layer l, the layer is rerun on
+its original input, and token i's output ĥ_i is compared with the original h_i by cosine distance:
+C^l[i, j] = 1 - cos(h_i, ĥ_i^{¬j}). Each row is normalised to sum to 1 and the layers are rolled out without an
+added identity (the residual is already inside the layer): R = C^L ··· C^1, s_j = R[c, j] (the authors'
+``compute_joint_attention(..., res=False)``).
+
+Cost: L·N reruns of one layer per example (about N forward passes), batched: the copies of one layer (one per
+example and zeroed real token) run in batches of at most ``MAX_ROWS`` token rows on the layer's captured input
+and arguments, never the whole model. The architecture entry says where the layers and their value projections are
+(:class:`attnlens.architectures.Layers`); types without one are skipped. Defined for self-attention streams:
+encoders, decoders (causally masked, so C^l[i, j] = 0 for j > i), and the encoder and decoder self-attention of
+encoder-decoders (BART: the decoder layers are rerun with their cross-attention inputs unchanged); not for
+cross-attention, whose queries and keys are different positions (no square matrices to roll out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..architectures import Layers, architecture_for
+from ..context import BatchContext
+from ..errors import ModelError
+from .attention import propagate
+from .registry import OWN_PASS, MethodOutput, register
+
+MAX_ROWS = 2 ** 14  # token rows per batched layer rerun: bounds its memory (hidden and FFN activations)
+
+
+def _layers_of(model: nn.Module) -> Layers | None:
+    return architecture_for(model.config).layers
+
+
+def _applies(model: nn.Module, stream: str, task: str) -> str | None:
+    spec = _layers_of(model)
+    if spec is None:
+        return (f"valuezeroing does not know where the layers of model type {model.config.model_type!r} are "
+                "(no 'layers' in its architecture entry)")
+    if spec.path(stream) is None:
+        return f"valuezeroing is defined for self-attention streams, not attention={stream!r}"
+    return None
+
+
+def _module(root: nn.Module, path: str) -> Any:
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def _take(value: Any, batch: int, index: torch.Tensor) -> Any:
+    """Rows ``index`` of a layer argument (tensors whose first axis is the batch; tuples and lists element-wise);
+    caches are dropped (the reruns must not extend them). A shared tensor whose first axis merely equals the batch
+    size would be cut wrongly: each type's ``layers`` entry is checked against a naive re-computation on a tiny
+    model before it is added (DeBERTa's relative embeddings are such a tensor; it has no entry)."""
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, index) if value.dim() > 0 and value.shape[0] == batch else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_take(v, batch, index) for v in value)
+    if type(value).__name__.endswith("Cache"):
+        return None
+    return value
+
+
+@contextmanager
+def _zeroing(value_module: nn.Module, keep: torch.Tensor, fused: int) -> Iterator[None]:
+    """Multiply the value vectors in the value projection's output ``(R, N, fused * D)`` (its last ``D``
+    features) by ``keep`` ``(R, N)`` (0 = zeroed value vector)."""
+    def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        scale = keep[..., None].to(output.dtype)
+        if fused == 1:
+            return output * scale
+        part = output.shape[-1] // fused
+        return torch.cat([output[..., :-part], output[..., -part:] * scale], -1)
+
+    handle = value_module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _layer_calls(model: nn.Module, layers: nn.ModuleList, inputs: dict[str, torch.Tensor]) -> list[tuple]:
+    """One forward pass recording every call of the layers, in order: ``(layer, args, kwargs)`` (a layer shared
+    across depths, as ALBERT's, once per call)."""
+    calls: list[tuple] = []
+
+    def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        calls.append((module, args, kwargs))
+
+    handles = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in layers]
+    try:
+        model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
+                           stream: str = "self", max_rows: int = MAX_ROWS) -> list[torch.Tensor]:
+    """C^l ``(B, N, N)`` per layer of attention stream ``stream``: ``C[b, i, j]`` = cosine distance between
+    position i's output of layer l and its output with the value vector of position j zeroed (``token_mask``:
+    the stream's real positions; rows and columns of padding are 0; not normalised).
+
+    The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows."""
+    spec = _layers_of(model)
+    layers = _module(model.base_model, spec.path(stream))
+    calls = _layer_calls(model, layers, inputs)
+    b, n = token_mask.shape
+    device = token_mask.device
+    real = token_mask.bool()
+    pairs = real.nonzero()  # (P, 2): the (example, position) pairs whose value vector is zeroed
+    per_chunk = max(1, max_rows // n)
+    m = real.to(torch.float32)
+    out = []
+    for layer, args, kwargs in calls:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if hidden.shape[:2] != (b, n):
+            raise ModelError(f"valuezeroing: the layers at {spec.path(stream)!r} do not take ({b}, {n}, D) hidden "
+                             f"states (got {tuple(hidden.shape)}); check the architecture entry's 'layers'")
+        rest = args[1:]
+        kwargs = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+
+        def run(index: torch.Tensor, zeroed: torch.Tensor | None, layer: nn.Module = layer, hidden: Any = hidden,
+                rest: tuple = rest, kwargs: dict = kwargs) -> torch.Tensor:
+            keep = torch.ones(len(index), n, device=device)
+            if zeroed is not None:
+                keep[torch.arange(len(index), device=device), zeroed] = 0.0
+            with _zeroing(_module(layer, spec.value), keep, spec.fused):
+                y = layer(_take(hidden, b, index), *_take(rest, b, index),
+                          **{k: _take(v, b, index) for k, v in kwargs.items()})
+            return (y[0] if isinstance(y, tuple) else y).float()
+
+        original = torch.cat([run(i, None) for i in torch.arange(b, device=device).split(per_chunk)])
+        c = torch.zeros(b, n, n, device=device)
+        for chunk in pairs.split(per_chunk):
+            examples, positions = chunk[:, 0], chunk[:, 1]
+            changed = run(examples, positions)
+            dist = 1.0 - torch.nn.functional.cosine_similarity(changed, original[examples], dim=-1)  # (P, N(i))
+            c[examples, :, positions] = dist
+        out.append(c.clamp_min(0.0) * m[:, :, None] * m[:, None, :])
+    return out
+
+
+@register(
+    "valuezeroing",
+    needs={OWN_PASS},
+    class_specific=False,
+    self_attention_only=True,
+    applies=_applies,
+    summary="Value zeroing: C^l[i,j] = cosine distance of token i's layer-l output when j's value vector is zeroed; "
+            "rows normalised, rolled out over layers; s_j = R[c, j].",
+    citation="Mohebbi et al. 2023 (EACL), authors' code hmohebbi/ValueZeroing",
+)
+def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
+    """``rollout=False``: the last layer's normalised row alone (no propagation through the layers below)."""
+    cap = ctx.capture
+    with torch.no_grad():
+        matrices = value_zeroing_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream)
+    normalised = [c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny) for c in matrices]
+    chained = propagate(normalised) if rollout else normalised
+    layers = torch.stack([cap.row(m.to(cap.query_weights.dtype)) for m in chained], 1)
+    return MethodOutput(layers[:, -1], layers)

@@ -1,0 +1,148 @@
+"""Value zeroing (Mohebbi et al. 2023) against a naive re-computation that reruns the whole model once per
+(layer, token) with a forward hook zeroing one value vector."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_model
+
+from attnlens import Explainer, InputError, get_method
+from attnlens.architectures import architecture_for
+from attnlens.methods.valuezeroing import value_zeroing_matrices
+
+TYPES = ["bert", "distilbert", "roberta", "albert", "llama", "gpt2", "bart"]
+TEXTS = ["the movie was good", "not very bad , i really didn ' t like this film", "awful !"]
+
+
+def _module(root, path):
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.ndarray, np.ndarray]:
+    """The method's definition, one full forward per (layer, zeroed token), in float64 numpy: per-layer
+    row-normalised cosine distances C^l, rolled out as the authors' ``compute_joint_attention(res=False)``;
+    returns (the explained row of the rollout up to each layer (L, N), the raw C (L, N, N))."""
+    spec = architecture_for(model.config).layers
+    layers = _module(model.base_model, spec.path(stream))
+    ids = tokenizer(text, return_tensors="pt")
+    takes = inspect.signature(model.forward).parameters
+    ids = {k: v for k, v in ids.items() if k in takes}
+    n = ids["input_ids"].shape[1]
+
+    def layer_outputs(zero_call=None, zero_token=None):
+        """Every layer call's output, in call order; the value vector of ``zero_token`` zeroed in call
+        ``zero_call`` only (a shared layer, as ALBERT's, is called once per depth)."""
+        outs, state = [], {"call": -1}
+        handles = []
+        for layer in layers:
+            handles.append(layer.register_forward_pre_hook(lambda m, a: state.__setitem__("call", state["call"] + 1)))
+            handles.append(layer.register_forward_hook(
+                lambda m, a, o: outs.append((o[0] if isinstance(o, tuple) else o)[0].double().numpy())))
+
+            def zero(m, a, o):
+                if state["call"] != zero_call:
+                    return o
+                o = o.clone()
+                part = o.shape[-1] // spec.fused
+                o[:, zero_token, -part:] = 0
+                return o
+            handles.append(_module(layer, spec.value).register_forward_hook(zero))
+        with torch.no_grad():
+            model(**ids)
+        for h in handles:
+            h.remove()
+        return outs
+
+    original = layer_outputs()
+    n_layers = len(original)
+    c = np.zeros((n_layers, n, n))
+    for layer in range(n_layers):
+        for j in range(n):
+            changed = layer_outputs(layer, j)[layer]
+            h = original[layer]
+            cos = (changed * h).sum(-1) / np.linalg.norm(changed, axis=-1) / np.linalg.norm(h, axis=-1)
+            c[layer, :, j] = 1 - cos
+    c = np.clip(c, 0, None)
+    normalised = c / c.sum(-1, keepdims=True)
+    joint = [normalised[0]]
+    for layer in range(1, n_layers):
+        joint.append(normalised[layer] @ joint[-1])
+    weights = np.zeros(n)
+    if model.config.model_type == "bart":  # the encoder stream is explained by the mean over its rows
+        weights[:] = 1 / n
+    else:
+        weights[n - 1 if model.config.model_type in ("llama", "gpt2") else 0] = 1
+    return np.stack([weights @ j for j in joint]), c, weights
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_matches_naive_whole_model_recomputation(model_type, tokenizer):
+    model = make_model(model_type)
+    ex = Explainer(model, tokenizer)
+    tolerance = {"atol": 5e-5, "rtol": 1e-3}  # float32 cosine distances of nearly parallel vectors
+    for text in TEXTS[:2]:
+        (e,) = ex.explain(text, "valuezeroing")
+        layers, c, weights = naive_scores(model, tokenizer, text, "encoder" if model_type == "bart" else "self")
+        np.testing.assert_allclose(e.layers["valuezeroing"], layers, **tolerance)
+        np.testing.assert_allclose(e.scores["valuezeroing"], layers[-1], **tolerance)
+        (last,) = ex.explain(text, "valuezeroing", options={"valuezeroing": {"rollout": False}})
+        np.testing.assert_allclose(last.scores["valuezeroing"], weights @ (c[-1] / c[-1].sum(-1, keepdims=True)),
+                                   **tolerance)
+
+
+@pytest.mark.parametrize("model_type,attention", [("bert", None), ("llama", None), ("gpt2", None),
+                                                  ("bart", "decoder")])
+def test_batch_equals_one_by_one_and_padding_scores_zero(model_type, attention, tokenizer):
+    ex = Explainer(make_model(model_type), tokenizer, attention=attention)
+    batch = ex.explain(TEXTS, "valuezeroing", batch_size=3)
+    for text, b in zip(TEXTS, batch, strict=True):
+        (alone,) = ex.explain(text, "valuezeroing")
+        np.testing.assert_allclose(b.scores["valuezeroing"], alone.scores["valuezeroing"], atol=1e-5)
+        np.testing.assert_allclose(b.layers["valuezeroing"], alone.layers["valuezeroing"], atol=1e-5)
+    encoded = ex.encode(TEXTS)
+    ctx, out = ex.compute_batch(encoded, [-1] * 3, [get_method("valuezeroing")], {"valuezeroing": {"rollout": True}})
+    scores = out["valuezeroing"][0]
+    assert torch.all(scores[~ctx.token_mask.bool()] == 0)
+    if attention is None:  # rows of a rollout of row-stochastic matrices sum to 1 (BART's decoder stream drops
+        # the start token's share when its keys are mapped to input tokens)
+        assert torch.allclose(scores.sum(1), torch.ones(3, dtype=scores.dtype), atol=1e-5)
+
+
+def test_chunked_reruns_equal_one_call(tokenizer):
+    model = make_model("bert")
+    enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    mask = enc["attention_mask"].bool()
+    with torch.no_grad():
+        whole = value_zeroing_matrices(model, dict(enc), mask)
+        chunked = value_zeroing_matrices(model, dict(enc), mask, max_rows=1)  # one example per chunk
+    for a, b in zip(whole, chunked, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        assert torch.all(a[~mask] == 0) and torch.all(a.transpose(1, 2)[~mask] == 0)
+
+
+def test_model_unchanged_and_no_hooks_left(tokenizer):
+    model = make_model("bert")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    Explainer(model, tokenizer).explain(TEXTS, "valuezeroing")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not model.training
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks
+
+
+def test_types_without_layers_and_cross_streams_are_refused_or_skipped(tokenizer):
+    ex = Explainer(make_model("gpt_neox"), tokenizer)
+    with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'gpt_neox'"):
+        ex.explain("the movie", "valuezeroing")
+    with pytest.warns(UserWarning, match="skipping.*valuezeroing"):
+        (e,) = ex.explain("the movie", "all", options={"integratedgradients": {"n_steps": 2}})
+    assert "valuezeroing" not in e.scores
+    bart = Explainer(make_model("bart"), tokenizer, attention="cross")
+    with pytest.raises(InputError, match="valuezeroing needs self-attention"):
+        bart.explain("the movie", "valuezeroing")
