@@ -9,6 +9,8 @@ An :class:`Architecture` says, for one ``config.model_type``:
 - ``position_offset``: whether position ids start after the padding index (RoBERTa-style), which shortens the
   usable length by ``pad_token_id + 1``;
 - ``lrp``: what the LRP methods need (:class:`LRPSupport`), or ``None`` where they are not supported;
+- ``anatomy``: where a post-LN encoder layer's pieces and the classification head are (:class:`Anatomy`), for the
+  norm-based and decomposition methods (``attnnorm``, ``globenc``, ``alti``, ``decompx``); ``None``: not supported;
 - ``tiny``: a recipe for a tiny random model of the type (:class:`Tiny`, :func:`build_tiny`), which the tests
   use to build and explain every type.
 
@@ -56,6 +58,31 @@ class LRPSupport:
     tanh_heads: tuple[str, ...] = ()  # classification-head classes that apply tanh inline (not as a module)
 
 
+@dataclass(frozen=True)
+class Anatomy:
+    """Where the pieces of a post-LN encoder layer ``LN2(h + FFN(h))``, ``h = LN1(x + Attn(x))`` and of the
+    classification head are, as dotted module paths (read by :mod:`attnlens.methods.decomposition`).
+
+    ``layers`` is the layer list, from the model root; ``value`` ... ``ln2`` are relative to one layer (``act`` is
+    the FFN's activation, a module or function attribute). ``head`` lists the head's ``(linear, activation)`` steps
+    from the pooled first-token state to the logits, the activation a path from the model root, a name in
+    ``HEAD_ACTIVATIONS`` (for heads that apply it inline) or ``None``.
+    """
+
+    layers: str
+    head: tuple[tuple[str, str | None], ...]
+    value: str = "attention.self.value"
+    output: str = "attention.output.dense"
+    ln1: str = "attention.output.LayerNorm"
+    ffn_in: str = "intermediate.dense"
+    act: str = "intermediate.intermediate_act_fn"
+    ffn_out: str = "output.dense"
+    ln2: str = "output.LayerNorm"
+
+
+HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
+
+
 class _Slot:
     """A placeholder in a :class:`Tiny` recipe, filled by :func:`build_tiny` (token ids, init scale)."""
 
@@ -89,6 +116,7 @@ class Architecture:
     position_offset: bool = False
     lrp: LRPSupport | None = None
     tiny: Tiny | None = None
+    anatomy: Anatomy | None = None
 
     @property
     def family(self) -> str:
@@ -112,6 +140,16 @@ def _modernbert_pooling(config: Any) -> str:
 # --- LRP facts -------------------------------------------------------------------------------------------------
 _BERT_RESIDUALS = (Residual("Output", "LayerNorm", "dropout"),)  # XSelfOutput, XOutput: LN(dropout(dense(h)) + x)
 
+# --- anatomy of the BERT-style encoders (norm-based and decomposition methods) -----------------------------
+def _bert_like(prefix: str, head: tuple[tuple[str, str | None], ...] | None = None) -> Anatomy:
+    """BertLayer module names under ``<prefix>.encoder.layer``; the head is BERT's pooler + classifier unless
+    given."""
+    pooler = ((f"{prefix}.pooler.dense", f"{prefix}.pooler.activation"), ("classifier", None))
+    return Anatomy(f"{prefix}.encoder.layer", head or pooler)
+
+
+_ROBERTA_ANATOMY = _bert_like("roberta", (("classifier.dense", "tanh"), ("classifier.out_proj", None)))
+
 # --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------
 _ENC = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
 _DEC = dict(_ENC, num_key_value_heads=1, max_position_embeddings=64)
@@ -128,12 +166,16 @@ def _tiny(name: str, **kwargs: Any) -> Tiny:
 
 _ENTRIES: list[Architecture] = [
     # encoders (the first five in the order the LRP error lists them)
-    Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS),
+    Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS), anatomy=_bert_like("bert"),
                  tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD)),
-    Architecture("roberta", ENCODER, position_offset=True,
+    Architecture("roberta", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
                  lrp=LRPSupport("RoBERTa", _BERT_RESIDUALS, tanh_heads=("RobertaClassificationHead",)),
                  tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID)),
     Architecture("distilbert", ENCODER,
+                 anatomy=Anatomy("distilbert.transformer.layer", (("pre_classifier", "relu"), ("classifier", None)),
+                                 value="attention.v_lin", output="attention.out_lin", ln1="sa_layer_norm",
+                                 ffn_in="ffn.lin1", act="ffn.activation", ffn_out="ffn.lin2",
+                                 ln2="output_layer_norm"),
                  lrp=LRPSupport("DistilBERT", (Residual("TransformerBlock", "sa_layer_norm", "attention"),
                                                Residual("TransformerBlock", "output_layer_norm", "ffn"))),
                  tiny=_tiny("DistilBert", dim=16, n_layers=2, n_heads=2, hidden_dim=24, max_position_embeddings=64,
@@ -143,15 +185,20 @@ _ENTRIES: list[Architecture] = [
                                            Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
                  tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),
     Architecture("electra", ENCODER, lrp=LRPSupport("ELECTRA", _BERT_RESIDUALS),
+                 anatomy=_bert_like("electra", (("classifier.dense", "classifier.activation"),
+                                                ("classifier.out_proj", None))),
                  tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),
-    Architecture("xlm-roberta", ENCODER, position_offset=True, tiny=_tiny("XLMRoberta", **_ROBERTA)),
-    Architecture("camembert", ENCODER, position_offset=True, tiny=_tiny("Camembert", **_ROBERTA)),
+    Architecture("xlm-roberta", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
+                 tiny=_tiny("XLMRoberta", **_ROBERTA)),
+    Architecture("camembert", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
+                 tiny=_tiny("Camembert", **_ROBERTA)),
     Architecture("deberta", ENCODER, tiny=_tiny("Deberta", **_ENC, max_position_embeddings=64)),
     Architecture("deberta-v2", ENCODER,
                  tiny=_tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
                             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16)),
     Architecture("mpnet", ENCODER, tiny=_tiny("MPNet", **_ENC, max_position_embeddings=70)),
-    Architecture("ernie", ENCODER, tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64)),
+    Architecture("ernie", ENCODER, anatomy=_bert_like("ernie"),
+                 tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64)),
     Architecture("modernbert", ENCODER, pooling=_modernbert_pooling,
                  tiny=_tiny("ModernBert", **_ENC, max_position_embeddings=64, cls_token_id=BOS, sep_token_id=EOS_ID,
                             bos_token_id=BOS, eos_token_id=EOS_ID, global_attn_every_n_layers=1, local_attention=16)),

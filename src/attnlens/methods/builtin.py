@@ -1,3 +1,3 @@
 """Imports every module that registers built-in methods (the order is the order of ``list_methods()``)."""
 
-from . import attention, cat, flow, gradient, lrp_methods  # noqa: F401
+from . import attention, cat, decomposition, flow, gradient, lrp_methods  # noqa: F401

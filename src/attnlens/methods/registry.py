@@ -56,6 +56,8 @@ class Method:
     self_attention_only: bool = False
     lrp: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    # a further condition of the method's own: (model, stream, task) -> why it cannot explain them, or None
+    condition: Callable[[Any, str, str], str | None] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -80,6 +82,8 @@ class Method:
                 check_supported(model)
             except ModelError as exc:
                 return str(exc)
+        if self.condition is not None:
+            return self.condition(model, stream, task)
         return None
 
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -103,11 +107,13 @@ def register(
     class_specific: bool = True,
     self_attention_only: bool = False,
     lrp: bool = False,
+    condition: Callable[[Any, str, str], str | None] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
     The method's options and their defaults are the keyword arguments of ``compute`` after ``ctx`` (written once,
-    in its signature).
+    in its signature). ``condition(model, stream, task)`` returns why the method cannot explain a model (then
+    ``methods="all"`` skips it and a named request is an :class:`InputError`), or ``None``.
     """
     bad = set(needs) - NEEDS
     if bad:
@@ -128,6 +134,7 @@ def register(
             self_attention_only=self_attention_only,
             lrp=lrp,
             options=_option_defaults(name, compute),
+            condition=condition,
         )
         return compute
 
