@@ -122,24 +122,47 @@ def encoder_layers(ctx: BatchContext) -> list[Layer]:
     return out
 
 
-def _ln_part(v: torch.Tensor, ln: nn.LayerNorm, std: torch.Tensor) -> torch.Tensor:
-    """LN applied to summands ``v`` ``(B, r, K, D)`` of rows with input std ``std`` ``(B, r, 1)``, without β."""
-    return (v - v.mean(-1, keepdim=True)) * ln.weight / std.unsqueeze(2)
+def _ln_part(v: torch.Tensor, ln: nn.LayerNorm, std: torch.Tensor | None = None) -> torch.Tensor:
+    """LN applied to summands ``v`` ``(..., D)`` without β: (v − mean_d v) ⊙ γ, divided by ``std`` (broadcast to
+    ``v[..., :1]``) when given."""
+    out = (v - v.mean(-1, keepdim=True)) * ln.weight
+    return out if std is None else out / std
 
 
-def _matrix(layer: Layer, reduce: Callable[[torch.Tensor, slice], torch.Tensor], residual: bool = True) -> torch.Tensor:
-    """``(B, N, N)``: ``reduce(z[:, rows], rows)`` over chunks of query rows (z_ij as in the module docstring,
-    without the residual if not ``residual``), so only a block of the ``(B, N, N, D)`` vectors is in memory."""
+def _norm_matrix(layer: Layer, transform: Callable[[torch.Tensor], torch.Tensor], scale: torch.Tensor | None,
+                 residual: bool) -> torch.Tensor:
+    """``(B, N, N)``: ‖M z_ij‖ · scale_i for a linear map M (``transform``), without forming the ``(B, N, N, D)``
+    vectors: with g^h_j = M f^h(x_j) and G_j = [⟨g^h_j, g^k_j⟩]_hk, ‖Σ_h α^h_ij g^h_j‖² = α_ij^T G_j α_ij, plus, on
+    the diagonal with the residual, 2 Σ_h α^h_ii ⟨g^h_i, M x_i⟩ + ‖M x_i‖²."""
+    a = layer.attn.double()
+    g = transform(layer.f).double()  # (B, H, N, D)
+    gram = torch.einsum("bhjd,bkjd->bjhk", g, g)
+    sq = (torch.einsum("bhij,bjhk->bkij", a, gram) * a).sum(1)
+    if residual:
+        m = transform(layer.x).double()  # (B, N, D)
+        diag = 2 * torch.einsum("bhii,bhid,bid->bi", a, g, m) + (m * m).sum(-1)
+        sq = sq + torch.diag_embed(diag)
+    out = sq.clamp_min(0).sqrt().to(layer.x.dtype)
+    return out if scale is None else out * scale
+
+
+def _alti_matrix(layer: Layer) -> torch.Tensor:
+    """``(B, N, N)``: max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij), over chunks of query rows (only a
+    block of the ``(B, N, N, D)`` vectors T in memory)."""
+    ln1 = layer.modules["ln1"]
+    g = _ln_part(layer.f, ln1)  # (B, H, N, D): LN1 is linear per summand, so it commutes with the attention sum
+    m = _ln_part(layer.x, ln1) / layer.std1
     b, n, d = layer.x.shape
     step = max(1, _ELEMENTS // max(1, b * n * d))
     parts = []
     for start in range(0, n, step):
         rows = slice(start, min(n, start + step))
-        z = torch.einsum("bhij,bhjd->bijd", layer.attn[:, :, rows], layer.f)
-        if residual:
-            idx = torch.arange(rows.start, rows.stop, device=z.device)
-            z[:, idx - rows.start, idx] += layer.x[:, rows]
-        parts.append(reduce(z, rows))
+        t = torch.einsum("bhij,bhjd->bijd", layer.attn[:, :, rows] / layer.std1[:, None, rows], g)
+        idx = torch.arange(rows.start, rows.stop, device=t.device)
+        t[:, idx - rows.start, idx] += m[:, rows]
+        y = layer.y1[:, rows]
+        dist = torch.linalg.vector_norm(t.sub_(y.unsqueeze(2)), ord=1, dim=-1)
+        parts.append((torch.linalg.vector_norm(y, ord=1, dim=-1).unsqueeze(-1) - dist).clamp_min(0))
     return torch.cat(parts, 1)
 
 
@@ -176,12 +199,10 @@ def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
     mats = []
     for layer in encoder_layers(ctx):
         if variant == "attn_res_ln":
-            def reduce(z: torch.Tensor, rows: slice, layer: Layer = layer) -> torch.Tensor:
-                return _ln_part(z, layer.modules["ln1"], layer.std1[:, rows]).norm(dim=-1)
+            m = _norm_matrix(layer, functools.partial(_ln_part, ln=layer.modules["ln1"]), 1 / layer.std1, True)
         else:
-            def reduce(z: torch.Tensor, rows: slice) -> torch.Tensor:
-                return z.norm(dim=-1)
-        mats.append(_real_pairs(cap, _matrix(layer, reduce, residual=variant != "attn")))
+            m = _norm_matrix(layer, lambda v: v, None, variant == "attn_res")
+        mats.append(_real_pairs(cap, m))
     layers = torch.stack([cap.row(m) for m in mats], 1)
     return MethodOutput(layers[:, -1], layers)
 
@@ -201,11 +222,10 @@ def globenc(ctx: BatchContext, normalize: bool = False) -> MethodOutput:
     cap = ctx.capture
     mats = []
     for layer in encoder_layers(ctx):
-        def reduce(z: torch.Tensor, rows: slice, layer: Layer = layer) -> torch.Tensor:
-            once = _ln_part(z, layer.modules["ln1"], layer.std1[:, rows])
-            return _ln_part(once, layer.modules["ln2"], layer.std2[:, rows]).norm(dim=-1)
-
-        m = _real_pairs(cap, _matrix(layer, reduce))
+        ln1, ln2 = layer.modules["ln1"], layer.modules["ln2"]
+        m = _norm_matrix(layer, lambda v, ln1=ln1, ln2=ln2: _ln_part(_ln_part(v, ln1), ln2),
+                         1 / (layer.std1 * layer.std2), True)
+        m = _real_pairs(cap, m)
         mats.append(_row_normalised(m) if normalize else m)
     return _rolled_rows(cap, mats)
 
@@ -222,14 +242,7 @@ def globenc(ctx: BatchContext, normalize: bool = False) -> MethodOutput:
 )
 def alti(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    mats = []
-    for layer in encoder_layers(ctx):
-        def reduce(z: torch.Tensor, rows: slice, layer: Layer = layer) -> torch.Tensor:
-            t = _ln_part(z, layer.modules["ln1"], layer.std1[:, rows])
-            y = layer.y1[:, rows].unsqueeze(2)
-            return (y.abs().sum(-1) - (y - t).abs().sum(-1)).clamp_min(0)
-
-        mats.append(_row_normalised(_real_pairs(cap, _matrix(layer, reduce))))
+    mats = [_row_normalised(_real_pairs(cap, _alti_matrix(layer))) for layer in encoder_layers(ctx)]
     return _rolled_rows(cap, mats)
 
 
@@ -262,11 +275,11 @@ def _decompose_layer(e: torch.Tensor, layer: Layer, first: bool, rows: slice, mo
     mixed = torch.einsum("bhij,bjkhv->bikhv", layer.attn[:, :, rows], v.view(b, n, k, h, d // h))
     r = torch.einsum("bikhv,dhv->bikd", mixed, mods["output"].weight.view(d, h, d // h)) + e[:, rows]
     r = _add_bias(r, bias, mode)
-    r = _add_bias(_ln_part(r, mods["ln1"], layer.std1[:, rows]), mods["ln1"].bias, mode)
+    r = _add_bias(_ln_part(r, mods["ln1"], layer.std1[:, rows, None]), mods["ln1"].bias, mode)
     u = _add_bias(torch.einsum("bikd,fd->bikf", r, mods["ffn_in"].weight), mods["ffn_in"].bias, mode)
     u = u * layer.theta[:, rows].unsqueeze(2)
     r = r + _add_bias(torch.einsum("bikf,df->bikd", u, mods["ffn_out"].weight), mods["ffn_out"].bias, mode)
-    return _add_bias(_ln_part(r, mods["ln2"], layer.std2[:, rows]), mods["ln2"].bias, mode)
+    return _add_bias(_ln_part(r, mods["ln2"], layer.std2[:, rows, None]), mods["ln2"].bias, mode)
 
 
 def _decompose_head(e: torch.Tensor, state: torch.Tensor, model: nn.Module, anatomy: Anatomy,
@@ -323,19 +336,79 @@ def decompx_logits(ctx: BatchContext, bias: str = "absdot") -> torch.Tensor:
     return result
 
 
+def _frozen_ln(v: torch.Tensor, ln: nn.LayerNorm) -> torch.Tensor:
+    """``ln(v)`` with its std held constant (a linear map of ``v``, as DecompX reads a LayerNorm)."""
+    return (v - v.mean(-1, keepdim=True)) / _std(ln, v).detach() * ln.weight + ln.bias
+
+
+def _linearised(act: Callable[[torch.Tensor], torch.Tensor], pre: torch.Tensor) -> torch.Tensor:
+    """``act(pre)`` as ``pre`` times the constant ratio act(pre)/pre (the zero-origin linearisation)."""
+    return pre * _ratio(act(pre), pre).detach()
+
+
+def decompx_token_scores(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """DecompX with ``bias="token"`` for the explained logits, in one backward pass: ``(scores (B, N), bias (B,))``.
+
+    With attention, LayerNorm stds and activation ratios held at their values in the real pass, the network is
+    affine in its input and every bias goes to the bias term, so DecompX's decomposition is linear: a token's share
+    of the logit is the gradient of that linearised network times the token's vectors. These are the token's input
+    state through the residual of layer 1 and its layer-1 value vector (which carries the value bias, as in the
+    authors' code). The bias term is the logit minus the token scores.
+    """
+    cap, model = ctx.capture, ctx.model
+    anatomy = _anatomy(model)
+    blocks = _attr(model, anatomy.layers)
+    real = cap.key_mask.bool()
+    with torch.enable_grad():
+        x0 = cap.hidden[0].detach().requires_grad_(True)
+        h, value0 = x0, None
+        for i, (block, attn) in enumerate(zip(blocks, cap.attentions, strict=True)):
+            mods = {k: _attr(block, getattr(anatomy, k)) for k in
+                    ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2")}
+            b, n, d = h.shape
+            heads = attn.shape[1]
+            v = mods["value"](h)
+            if value0 is None:
+                value0 = v = v.detach().requires_grad_(True)
+            mixed = torch.einsum("bhij,bjhv->bihv", attn, v.view(b, n, heads, d // heads)).reshape(b, n, d)
+            y1 = _frozen_ln(h + mods["output"](mixed), mods["ln1"])
+            h = _frozen_ln(y1 + mods["ffn_out"](_linearised(mods["act"], mods["ffn_in"](y1))), mods["ln2"])
+            want = cap.hidden[i + 1]
+            err = (h.detach() - want)[real].abs().max().item() if real.any() else 0.0
+            if not err <= 1e-3 * (1.0 + want[real].abs().max().item()):
+                raise ModelError(f"recomputing layer {i + 1} of this {model.config.model_type!r} model does not "
+                                 f"reproduce its hidden states (max difference {err:.3g}): its architecture "
+                                 "entry's anatomy does not describe it")
+        state = h[:, 0]
+        for linear_path, act_path in anatomy.head:
+            state = _attr(model, linear_path)(state)
+            if act_path is not None:
+                state = _linearised(HEAD_ACTIVATIONS.get(act_path) or _attr(model, act_path), state)
+        logit = state.gather(1, ctx.targets.view(-1, 1))[:, 0]
+        g0, gv = torch.autograd.grad(logit.sum(), [x0, value0])
+    scores = ((g0 * x0).sum(-1) + (gv * value0).sum(-1)).detach()
+    return scores, logit.detach() - (scores * real).sum(-1)
+
+
 @register(
     "decompx",
     needs={ATTENTION, HIDDEN},
     condition=_condition("decompx", head=True),
     summary="DecompX: each token's share of the target logit, its vector propagated through attention, residuals, "
     "LayerNorms, the FFN (activation linearised through the origin), pooler and classifier; signed.",
-    citation="Modarressi et al. 2023 (ACL), as in the authors' code",
+    citation="Modarressi et al. 2023 (ACL); bias='absdot' as in the authors' code",
 )
-def decompx(ctx: BatchContext, bias: str = "absdot") -> MethodOutput:
-    """``bias``: ``"absdot"`` shares each bias among the tokens by |vector · bias| (the authors' default);
-    ``"token"`` keeps all biases in a separate term, so the scores sum to the logit minus that term."""
+def decompx(ctx: BatchContext, bias: str = "token") -> MethodOutput:
+    """``bias``: ``"token"`` keeps every bias in a separate term (the authors' ``include_bias_token`` option), so
+    the scores sum to the logit minus that term, computed in one backward pass of the linearised network;
+    ``"absdot"`` shares each bias among the tokens by |vector · bias| (the authors' default), by propagating all
+    N×N decomposed vectors (about N/3 times the cost of a forward+backward pass)."""
+    if bias not in BIAS_MODES:
+        raise InputError(f"bias={bias!r}; choose one of {', '.join(BIAS_MODES)}")
     if ctx.target_kind != "logit":
         raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")
-    contributions = decompx_logits(ctx, bias)[:, :-1]  # (B, N, C), the bias term dropped
+    if bias == "token":
+        return MethodOutput(decompx_token_scores(ctx)[0])
+    contributions = decompx_logits(ctx, bias)[:, :-1]  # (B, N, C), the bias term (all zero here) dropped
     scores = contributions.gather(2, ctx.targets.view(-1, 1, 1).expand(-1, contributions.shape[1], 1))
     return MethodOutput(scores[..., 0])
