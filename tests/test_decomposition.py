@@ -20,7 +20,7 @@ from attnlens.methods.decomposition import decompx_logits
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
 TEXTS = ["i really didn't like this movie .", "a charming journey", "the plot was boring but the actors were great !"]
-ANATOMY_FAMILIES = ["bert", "roberta", "distilbert", "electra"]
+ANATOMY_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert"]
 
 
 def randomised(family: str, seed: int = 0) -> torch.nn.Module:

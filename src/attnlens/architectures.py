@@ -63,13 +63,14 @@ class Anatomy:
     """Where the pieces of a post-LN encoder layer ``LN2(h + FFN(h))``, ``h = LN1(x + Attn(x))`` and of the
     classification head are, as dotted module paths (read by :mod:`attnlens.methods.decomposition`).
 
-    ``layers`` is the layer list, from the model root; ``value`` ... ``ln2`` are relative to one layer (``act`` is
-    the FFN's activation, a module or function attribute). ``head`` lists the head's ``(linear, activation)`` steps
+    ``layers`` is the layer list, a path from the model root or a function of the model giving one module per
+    layer; ``value`` ... ``ln2`` are relative to one layer (``act`` is the FFN's activation, a module or function
+    attribute). ``head`` lists the head's ``(linear, activation)`` steps
     from the pooled first-token state to the logits, the activation a path from the model root, a name in
     ``HEAD_ACTIVATIONS`` (for heads that apply it inline) or ``None``.
     """
 
-    layers: str
+    layers: str | Callable[[nn.Module], list[nn.Module]]
     head: tuple[tuple[str, str | None], ...]
     value: str = "attention.self.value"
     output: str = "attention.output.dense"
@@ -148,6 +149,19 @@ def _bert_like(prefix: str, head: tuple[tuple[str, str | None], ...] | None = No
     return Anatomy(f"{prefix}.encoder.layer", head or pooler)
 
 
+def _albert_layers(model: nn.Module) -> list[nn.Module]:
+    """ALBERT's shared layers, one entry per layer applied (groups of one layer, as in every released model)."""
+    config = model.config
+    if config.inner_group_num != 1:
+        raise ModelError(f"ALBERT with inner_group_num={config.inner_group_num} is not supported (only 1)")
+    groups = model.albert.encoder.albert_layer_groups
+    n, g = config.num_hidden_layers, config.num_hidden_groups
+    return [groups[int(i / (n / g))].albert_layers[0] for i in range(n)]
+
+
+_ALBERT_ANATOMY = Anatomy(_albert_layers, (("albert.pooler", "albert.pooler_activation"), ("classifier", None)),
+                          value="attention.value", output="attention.dense", ln1="attention.LayerNorm",
+                          ffn_in="ffn", act="activation", ffn_out="ffn_output", ln2="full_layer_layer_norm")
 _ROBERTA_ANATOMY = _bert_like("roberta", (("classifier.dense", "tanh"), ("classifier.out_proj", None)))
 
 # --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------
@@ -180,7 +194,7 @@ _ENTRIES: list[Architecture] = [
                                                Residual("TransformerBlock", "output_layer_norm", "ffn"))),
                  tiny=_tiny("DistilBert", dim=16, n_layers=2, n_heads=2, hidden_dim=24, max_position_embeddings=64,
                             initializer_range=STD)),
-    Architecture("albert", ENCODER,
+    Architecture("albert", ENCODER, anatomy=_ALBERT_ANATOMY,
                  lrp=LRPSupport("ALBERT", (Residual("AlbertAttention", "LayerNorm", "output_dropout"),
                                            Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
                  tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD)),

@@ -43,6 +43,11 @@ def _anatomy(model: nn.Module) -> Anatomy | None:
     return architecture_for(model.config).anatomy
 
 
+def _blocks(model: nn.Module, anatomy: Anatomy) -> list[nn.Module]:
+    """The model's encoder layers, in order."""
+    return list(anatomy.layers(model) if callable(anatomy.layers) else _attr(model, anatomy.layers))
+
+
 def _condition(name: str, *, head: bool = False) -> Callable[[Any, str, str], str | None]:
     """Why ``name`` cannot explain a model: it needs an encoder anatomy (and, for ``head``, a sequence classifier
     whose head reads the first token)."""
@@ -91,7 +96,7 @@ def encoder_layers(ctx: BatchContext) -> list[Layer]:
         return ctx.cache["decomposition.layers"]
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
-    blocks = _attr(model, anatomy.layers)
+    blocks = _blocks(model, anatomy)
     real = cap.key_mask.bool()
     out: list[Layer] = []
     with torch.no_grad():
@@ -357,7 +362,7 @@ def decompx_token_scores(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]
     """
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
-    blocks = _attr(model, anatomy.layers)
+    blocks = _blocks(model, anatomy)
     real = cap.key_mask.bool()
     with torch.enable_grad():
         x0 = cap.hidden[0].detach().requires_grad_(True)
