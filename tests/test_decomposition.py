@@ -223,6 +223,17 @@ def test_decompx_matches_loop_and_sums_to_the_logit(bert_case, target):
     (a,) = ex.explain([TEXTS[0]], methods=["decompx"], target=target, options={"decompx": {"bias": "absdot"}})
     assert abs(a.scores["decompx"].sum() - float(ref.logits[target])) < 1e-4
     assert np.abs(a.scores["decompx"] - scores).max() > 1e-3
+    # contrast=True decomposes z_t − Σ_c p_c z_c: the loop's per-class shares combined
+    p = torch.softmax(ref.logits, -1).numpy()
+    per_class = [ref.decompx_token(c)[0] for c in range(len(p))]
+    want = per_class[target] - sum(p[c] * per_class[c] for c in range(len(p)))
+    for bias in ("token", "absdot"):
+        (c,) = ex.explain([TEXTS[0]], methods=["decompx"], target=target,
+                          options={"decompx": {"contrast": True, "bias": bias}})
+        if bias == "token":
+            np.testing.assert_allclose(c.scores["decompx"], want, rtol=1e-4, atol=1e-5)
+        else:  # the shares of the contrast sum to it
+            assert abs(c.scores["decompx"].sum() - float(ref.logits[target] - (p * ref.logits.numpy()).sum())) < 1e-4
 
 
 def test_decompx_logits_identity_every_class_both_modes(tokenizer):

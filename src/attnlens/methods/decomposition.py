@@ -351,8 +351,16 @@ def _linearised(act: Callable[[torch.Tensor], torch.Tensor], pre: torch.Tensor) 
     return pre * _ratio(act(pre), pre).detach()
 
 
-def decompx_token_scores(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """DecompX with ``bias="token"`` for the explained logits, in one backward pass: ``(scores (B, N), bias (B,))``.
+def _output_weights(logits: torch.Tensor, targets: torch.Tensor, contrast: bool) -> torch.Tensor:
+    """``(B, C)`` weights of the explained combination of logits: the target's one-hot, minus the softmax with
+    ``contrast`` (z_t − Σ_c p_c z_c, the first-order change of log p_t)."""
+    w = torch.nn.functional.one_hot(targets, logits.shape[-1]).to(logits.dtype)
+    return w - logits.softmax(-1) if contrast else w
+
+
+def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """DecompX with ``bias="token"`` for the explained logits (``contrast``: z_t − Σ_c p_c z_c), in one backward
+    pass: ``(scores (B, N), bias (B,))``.
 
     With attention, LayerNorm stds and activation ratios held at their values in the real pass, the network is
     affine in its input and every bias goes to the bias term, so DecompX's decomposition is linear: a token's share
@@ -389,7 +397,7 @@ def decompx_token_scores(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]
             state = _attr(model, linear_path)(state)
             if act_path is not None:
                 state = _linearised(HEAD_ACTIVATIONS.get(act_path) or _attr(model, act_path), state)
-        logit = state.gather(1, ctx.targets.view(-1, 1))[:, 0]
+        logit = (state * _output_weights(state.detach(), ctx.targets, contrast)).sum(-1)
         g0, gv = torch.autograd.grad(logit.sum(), [x0, value0])
     scores = ((g0 * x0).sum(-1) + (gv * value0).sum(-1)).detach()
     return scores, logit.detach() - (scores * real).sum(-1)
@@ -403,17 +411,19 @@ def decompx_token_scores(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]
     "LayerNorms, the FFN (activation linearised through the origin), pooler and classifier; signed.",
     citation="Modarressi et al. 2023 (ACL); bias='absdot' as in the authors' code",
 )
-def decompx(ctx: BatchContext, bias: str = "token") -> MethodOutput:
+def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> MethodOutput:
     """``bias``: ``"token"`` keeps every bias in a separate term (the authors' ``include_bias_token`` option), so
     the scores sum to the logit minus that term, computed in one backward pass of the linearised network;
     ``"absdot"`` shares each bias among the tokens by |vector · bias| (the authors' default), by propagating all
-    N×N decomposed vectors (about N/3 times the cost of a forward+backward pass)."""
+    N×N decomposed vectors (about N/3 times the cost of a forward+backward pass). ``contrast``: decompose
+    z_t − Σ_c p_c z_c (the target logit against the probability-weighted mean logit; for two classes
+    (1 − p_t)(z_t − z_other)) instead of z_t, what moves the target's probability."""
     if bias not in BIAS_MODES:
         raise InputError(f"bias={bias!r}; choose one of {', '.join(BIAS_MODES)}")
     if ctx.target_kind != "logit":
         raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")
     if bias == "token":
-        return MethodOutput(decompx_token_scores(ctx)[0])
+        return MethodOutput(decompx_token_scores(ctx, contrast)[0])
     contributions = decompx_logits(ctx, bias)[:, :-1]  # (B, N, C), the bias term (all zero here) dropped
-    scores = contributions.gather(2, ctx.targets.view(-1, 1, 1).expand(-1, contributions.shape[1], 1))
-    return MethodOutput(scores[..., 0])
+    weights = _output_weights(ctx.capture.logits, ctx.targets, contrast)
+    return MethodOutput(torch.einsum("bnc,bc->bn", contributions, weights))
