@@ -90,6 +90,25 @@ def _ratio(out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return torch.where(pre != 0, out / torch.where(pre != 0, pre, torch.ones_like(pre)), torch.zeros_like(pre))
 
 
+_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2")
+
+
+def _parts(block: nn.Module, anatomy: Anatomy) -> dict[str, nn.Module]:
+    """One layer's pieces by their :class:`Anatomy` names."""
+    return {k: _attr(block, getattr(anatomy, k)) for k in _PARTS}
+
+
+def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> None:
+    """Refuse a recomputed layer output that is not the model's (a wrong anatomy would give wrong scores)."""
+    err = (got - want)[real].abs().max().item() if real.any() else 0.0
+    if not err <= 1e-3 * (1.0 + want[real].abs().max().item()):
+        raise ModelError(
+            f"recomputing layer {index + 1} of this {model.config.model_type!r} model from its modules does not "
+            f"reproduce its hidden states (max difference {err:.3g}): its architecture entry's anatomy does not "
+            "describe it"
+        )
+
+
 def encoder_layers(ctx: BatchContext) -> list[Layer]:
     """Every layer of the batch recomputed from the shared pass (cached in ``ctx.cache`` for the other methods)."""
     if "decomposition.layers" in ctx.cache:
@@ -101,8 +120,7 @@ def encoder_layers(ctx: BatchContext) -> list[Layer]:
     out: list[Layer] = []
     with torch.no_grad():
         for i, (block, attn) in enumerate(zip(blocks, cap.attentions, strict=True)):
-            mods = {k: _attr(block, getattr(anatomy, k)) for k in
-                    ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2")}
+            mods = _parts(block, anatomy)
             x = cap.hidden[i]
             b, n, d = x.shape
             h = attn.shape[1]
@@ -113,15 +131,7 @@ def encoder_layers(ctx: BatchContext) -> list[Layer]:
             u = mods["ffn_in"](y1)
             a = mods["act"](u)
             pre2 = y1 + mods["ffn_out"](a)
-            h_out = mods["ln2"](pre2)
-            want = cap.hidden[i + 1]
-            err = (h_out - want)[real].abs().max().item() if real.any() else 0.0
-            if not err <= 1e-3 * (1.0 + want[real].abs().max().item()):
-                raise ModelError(
-                    f"recomputing layer {i + 1} of this {model.config.model_type!r} model from its modules does not "
-                    f"reproduce its hidden states (max difference {err:.3g}): its architecture entry's anatomy does "
-                    "not describe it"
-                )
+            _check_layer(model, i, mods["ln2"](pre2), cap.hidden[i + 1], real)
             out.append(Layer(x, attn, f, _std(mods["ln1"], pre1), y1, _ratio(a, u), _std(mods["ln2"], pre2), mods))
     ctx.cache["decomposition.layers"] = out
     return out
@@ -376,8 +386,7 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
         x0 = cap.hidden[0].detach().requires_grad_(True)
         h, value0 = x0, None
         for i, (block, attn) in enumerate(zip(blocks, cap.attentions, strict=True)):
-            mods = {k: _attr(block, getattr(anatomy, k)) for k in
-                    ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2")}
+            mods = _parts(block, anatomy)
             b, n, d = h.shape
             heads = attn.shape[1]
             v = mods["value"](h)
@@ -386,12 +395,7 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
             mixed = torch.einsum("bhij,bjhv->bihv", attn, v.view(b, n, heads, d // heads)).reshape(b, n, d)
             y1 = _frozen_ln(h + mods["output"](mixed), mods["ln1"])
             h = _frozen_ln(y1 + mods["ffn_out"](_linearised(mods["act"], mods["ffn_in"](y1))), mods["ln2"])
-            want = cap.hidden[i + 1]
-            err = (h.detach() - want)[real].abs().max().item() if real.any() else 0.0
-            if not err <= 1e-3 * (1.0 + want[real].abs().max().item()):
-                raise ModelError(f"recomputing layer {i + 1} of this {model.config.model_type!r} model does not "
-                                 f"reproduce its hidden states (max difference {err:.3g}): its architecture "
-                                 "entry's anatomy does not describe it")
+            _check_layer(model, i, h.detach(), cap.hidden[i + 1], real)
         state = h[:, 0]
         for linear_path, act_path in anatomy.head:
             state = _attr(model, linear_path)(state)
