@@ -21,6 +21,7 @@ from attnlens.cli import main
 
 LRP = {"partiallrp", "transatt", "attnlrp"}
 SQUARE = {"rollout", "gae", "flow", "transatt"}  # need square self-attention: not for BART's cross stream
+NORM = {"attnnorm", "globenc", "alti", "decompx"}  # need a post-LN encoder anatomy (decompx: a classifier)
 LABELS = {0: "negative", 1: "positive"}
 
 
@@ -59,12 +60,12 @@ def _one_line_error(capsys, code: int) -> str:
     "name,attention,skipped",
     [
         ("bert", None, set()),
-        ("gpt2", None, LRP),
-        ("bart", None, LRP),
-        ("bart", "encoder", LRP),
-        ("bart", "decoder", LRP),
-        ("bart", "cross", LRP | SQUARE),
-        ("qa", None, LRP),
+        ("gpt2", None, LRP | NORM),
+        ("bart", None, LRP | NORM),
+        ("bart", "encoder", LRP | NORM),
+        ("bart", "decoder", LRP | NORM),
+        ("bart", "cross", LRP | SQUARE | NORM),
+        ("qa", None, LRP | {"decompx"}),
     ],
 )
 def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped, tmp_path, capsys):
