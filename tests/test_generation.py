@@ -243,7 +243,8 @@ def test_classifier_contrast_mistakes(tokenizer):
         ex.explain("good", methods="grads", contrast=[0, 1])
     with pytest.raises(InputError, match="rollout does not depend on the explained target"):
         ex.explain("good", methods="grads,rollout", contrast=0)
-    with pytest.warns(UserWarning, match="skipping rawatt, rollout, flow, valuezeroing: .*contrast does not apply"):
+    with pytest.warns(UserWarning, match="skipping rawatt, rollout, flow, attnnorm, globenc, alti, valuezeroing: "
+                                         ".*contrast does not apply"):
         (e,) = ex.explain("good", contrast=0)
     assert "grads" in e.scores and "rawatt" not in e.scores
 

@@ -157,7 +157,8 @@ def test_not_applicable_parts_are_clear(tokenizer):
     ex = Explainer(token_model("bert"), tokenizer)
     with pytest.raises(ModelError, match="predict_proba is for sequence classifiers; this is a token classifier"):
         ex.predict_proba([[CLS, 5, SEP]])
-    with pytest.raises(InputError, match="attnlrp supports sequence classifiers and causal language models only, not token models"):
+    with pytest.raises(InputError, match="attnlrp supports sequence classifiers and causal language models only, "
+                                         "not token models"):
         ex.explain("the movie", "attnlrp", target=1)
     with pytest.warns(UserWarning, match="skipping partiallrp, transatt, attnlrp"):
         (e,) = ex.explain("the movie", "all", target=1, options={"integratedgradients": {"n_steps": 2}})

@@ -11,6 +11,8 @@ An :class:`Architecture` says, for one ``config.model_type``:
 - ``lrp``: what the LRP methods need (:class:`LRPSupport`), or ``None`` where they are not supported;
 - ``layers``: where the layers and their value projections are (:class:`Layers`), for methods that rerun one
   layer (value zeroing), or ``None`` where such methods are skipped;
+- ``anatomy``: where a post-LN encoder layer's pieces and the classification head are (:class:`Anatomy`), for the
+  norm-based and decomposition methods (``attnnorm``, ``globenc``, ``alti``, ``decompx``); ``None``: not supported;
 - ``tiny``: a recipe for a tiny random model of the type (:class:`Tiny`, :func:`build_tiny`), which the tests
   use to build and explain every type.
 
@@ -79,6 +81,32 @@ class LRPSupport:
     embedding_input: str | None = "embeddings.LayerNorm"
 
 
+@dataclass(frozen=True)
+class Anatomy:
+    """Where the pieces of a post-LN encoder layer ``LN2(h + FFN(h))``, ``h = LN1(x + Attn(x))`` and of the
+    classification head are, as dotted module paths (read by :mod:`attnlens.methods.decomposition`).
+
+    ``layers`` is the layer list, a path from the model root or a function of the model giving one module per
+    layer; ``value`` ... ``ln2`` are relative to one layer (``act`` is the FFN's activation, a module or function
+    attribute). ``head`` lists the head's ``(linear, activation)`` steps
+    from the pooled first-token state to the logits, the activation a path from the model root, a name in
+    ``HEAD_ACTIVATIONS`` (for heads that apply it inline) or ``None``.
+    """
+
+    layers: str | Callable[[nn.Module], list[nn.Module]]
+    head: tuple[tuple[str, str | None], ...]
+    value: str = "attention.self.value"
+    output: str = "attention.output.dense"
+    ln1: str = "attention.output.LayerNorm"
+    ffn_in: str = "intermediate.dense"
+    act: str = "intermediate.intermediate_act_fn"
+    ffn_out: str = "output.dense"
+    ln2: str = "output.LayerNorm"
+
+
+HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
+
+
 class _Slot:
     """A placeholder in a :class:`Tiny` recipe, filled by :func:`build_tiny` (token ids, init scale)."""
 
@@ -134,6 +162,7 @@ class Architecture:
     lrp: LRPSupport | None = None
     tiny: Tiny | None = None
     layers: Layers | None = None  # None: methods that rerun a layer (value zeroing) are skipped for this type
+    anatomy: Anatomy | None = None  # None: the norm-based and decomposition methods are skipped for this type
 
     @property
     def family(self) -> str:
@@ -169,6 +198,30 @@ def _llama_lrp(prefix: str) -> LRPSupport:
                               "mlp"),),
         forwards=((f"{prefix}RMSNorm", "rms_norm"), (f"{prefix}MLP", "gated_mlp")), embedding_input=None)
 
+
+# --- anatomy of the BERT-style encoders (norm-based and decomposition methods) -----------------------------
+def _bert_like(prefix: str, head: tuple[tuple[str, str | None], ...] | None = None) -> Anatomy:
+    """BertLayer module names under ``<prefix>.encoder.layer``; the head is BERT's pooler + classifier unless
+    given."""
+    pooler = ((f"{prefix}.pooler.dense", f"{prefix}.pooler.activation"), ("classifier", None))
+    return Anatomy(f"{prefix}.encoder.layer", head or pooler)
+
+
+def _albert_layers(model: nn.Module) -> list[nn.Module]:
+    """ALBERT's shared layers, one entry per layer applied (groups of one layer, as in every released model)."""
+    config = model.config
+    if config.inner_group_num != 1:
+        raise ModelError(f"ALBERT with inner_group_num={config.inner_group_num} is not supported (only 1)")
+    groups = model.albert.encoder.albert_layer_groups
+    n, g = config.num_hidden_layers, config.num_hidden_groups
+    return [groups[int(i / (n / g))].albert_layers[0] for i in range(n)]
+
+
+_ALBERT_ANATOMY = Anatomy(_albert_layers, (("albert.pooler", "albert.pooler_activation"), ("classifier", None)),
+                          value="attention.value", output="attention.dense", ln1="attention.LayerNorm",
+                          ffn_in="ffn", act="activation", ffn_out="ffn_output", ln2="full_layer_layer_norm")
+_ROBERTA_ANATOMY = _bert_like("roberta", (("classifier.dense", "tanh"), ("classifier.out_proj", None)))
+
 # --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------
 _ENC = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
 _DEC = dict(_ENC, num_key_value_heads=1, max_position_embeddings=64)
@@ -185,29 +238,35 @@ def _tiny(name: str, **kwargs: Any) -> Tiny:
 
 _ENTRIES: list[Architecture] = [
     # encoders (the first five in the order the LRP error lists them)
-    Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS),
+    Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS), anatomy=_bert_like("bert"),
                  tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD), layers=_BERT_LAYERS),
-    Architecture("roberta", ENCODER, position_offset=True,
+    Architecture("roberta", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
                  lrp=LRPSupport("RoBERTa", _BERT_RESIDUALS, forwards=(("RobertaClassificationHead", "tanh_head"),)),
                  tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
                  layers=_BERT_LAYERS),
     Architecture("distilbert", ENCODER,
+                 anatomy=Anatomy("distilbert.transformer.layer", (("pre_classifier", "relu"), ("classifier", None)),
+                                 value="attention.v_lin", output="attention.out_lin", ln1="sa_layer_norm",
+                                 ffn_in="ffn.lin1", act="ffn.activation", ffn_out="ffn.lin2",
+                                 ln2="output_layer_norm"),
                  lrp=LRPSupport("DistilBERT", (Residual("TransformerBlock", "sa_layer_norm", "attention"),
                                                Residual("TransformerBlock", "output_layer_norm", "ffn"))),
                  tiny=_tiny("DistilBert", dim=16, n_layers=2, n_heads=2, hidden_dim=24, max_position_embeddings=64,
                             initializer_range=STD), layers=Layers("transformer.layer", "attention.v_lin")),
-    Architecture("albert", ENCODER,
+    Architecture("albert", ENCODER, anatomy=_ALBERT_ANATOMY,
                  lrp=LRPSupport("ALBERT", (Residual("AlbertAttention", "LayerNorm", "output_dropout"),
                                            Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
                  tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
                  layers=Layers("encoder.albert_layer_groups.0.albert_layers", "attention.value")),
     Architecture("electra", ENCODER, lrp=LRPSupport("ELECTRA", _BERT_RESIDUALS),
+                 anatomy=_bert_like("electra", (("classifier.dense", "classifier.activation"),
+                                                ("classifier.out_proj", None))),
                  tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
                  layers=_BERT_LAYERS),
-    Architecture("xlm-roberta", ENCODER, position_offset=True, tiny=_tiny("XLMRoberta", **_ROBERTA),
-                 layers=_BERT_LAYERS),
-    Architecture("camembert", ENCODER, position_offset=True, tiny=_tiny("Camembert", **_ROBERTA),
-                 layers=_BERT_LAYERS),
+    Architecture("xlm-roberta", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
+                 tiny=_tiny("XLMRoberta", **_ROBERTA), layers=_BERT_LAYERS),
+    Architecture("camembert", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
+                 tiny=_tiny("Camembert", **_ROBERTA), layers=_BERT_LAYERS),
     Architecture("deberta", ENCODER, tiny=_tiny("Deberta", **_ENC, max_position_embeddings=64)),
     Architecture("deberta-v2", ENCODER,
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
@@ -216,7 +275,8 @@ _ENTRIES: list[Architecture] = [
                  tiny=_tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
                             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16)),
     Architecture("mpnet", ENCODER, tiny=_tiny("MPNet", **_ENC, max_position_embeddings=70)),
-    Architecture("ernie", ENCODER, tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64), layers=_BERT_LAYERS),
+    Architecture("ernie", ENCODER, anatomy=_bert_like("ernie"),
+                 tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64), layers=_BERT_LAYERS),
     Architecture("modernbert", ENCODER, pooling=_modernbert_pooling,
                  lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
                                                               "mlp"),),

@@ -4,8 +4,13 @@ Importing this package registers the built-in methods: the order of the modules 
 ``list_methods()``. The method modules import only the registry, never this package, so there is no cycle.
 """
 
-# The built-in methods, in their documented order (each module registers its methods on import).
-from . import attention, cat, flow, gradient, lrp_methods, valuezeroing  # noqa: F401
+from importlib import import_module
+
 from .registry import Method, MethodOutput, get_method, list_methods, register, resolve_methods
+
+# The built-in method modules, in their documented order (each registers its methods on import).
+BUILTIN_MODULES = ("attention", "cat", "flow", "gradient", "lrp_methods", "decomposition", "valuezeroing")
+for _module in BUILTIN_MODULES:
+    import_module(f"{__name__}.{_module}")
 
 __all__ = ["Method", "MethodOutput", "get_method", "list_methods", "register", "resolve_methods"]

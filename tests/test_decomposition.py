@@ -1,0 +1,373 @@
+"""attnnorm, globenc, alti, decompx against per-example loop re-computations from the module weights (tiny BERT
+with random biases and LayerNorm parameters), DecompX's decomposition identity, an analytic one-layer case,
+batch and padding invariance, model safety and the cases they do not apply to."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_model
+
+from attnlens import Explainer, InputError
+from attnlens.architectures import ARCHITECTURES, register_architecture
+from attnlens.errors import ModelError
+from attnlens.methods import registry
+from attnlens.methods.decomposition import decompx_logits
+
+NORM = ["attnnorm", "globenc", "alti", "decompx"]
+TEXTS = ["i really didn't like this movie .", "a charming journey", "the plot was boring but the actors were great !"]
+ANATOMY_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert"]
+
+
+def randomised(family: str, seed: int = 0) -> torch.nn.Module:
+    """A tiny model whose biases and LayerNorm parameters are random too (HF initialises them to 0 and 1, which
+    would hide every bias term and the LayerNorm scales)."""
+    model = make_model(family, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            elif "norm" in name.lower() and name.endswith("weight"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+# --------------------------------------------------------------------------- an independent per-example pass
+class Reference:
+    """One example through a tiny BERT without padding, with each layer's pieces read by hooks, and the formulas
+    of the papers written out with loops over tokens and heads."""
+
+    def __init__(self, model: torch.nn.Module, ids: list[int]) -> None:
+        self.model = model
+        store: dict[tuple[str, int], torch.Tensor] = {}
+        hooks = []
+
+        def keep(name: str, layer: int, inputs: bool):
+            def hook(_m, args, out):
+                store[(name, layer)] = (args[0] if inputs else out)[0].detach()
+            return hook
+
+        for l, layer in enumerate(model.bert.encoder.layer):
+            hooks += [
+                layer.attention.output.LayerNorm.register_forward_hook(keep("pre1", l, True)),
+                layer.attention.output.LayerNorm.register_forward_hook(keep("y1", l, False)),
+                layer.intermediate.dense.register_forward_hook(keep("u", l, False)),
+                layer.intermediate.register_forward_hook(keep("a", l, False)),
+                layer.output.LayerNorm.register_forward_hook(keep("pre2", l, True)),
+            ]
+        hooks.append(model.bert.pooler.dense.register_forward_hook(keep("pool", 0, False)))
+        try:
+            with torch.no_grad():
+                out = model(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
+        finally:
+            for h in hooks:
+                h.remove()
+        self.store = store
+        self.hidden = [h[0] for h in out.hidden_states]
+        self.attn = [a[0] for a in out.attentions]
+        self.logits = out.logits[0]
+        self.n = len(ids)
+        self.heads = model.config.num_attention_heads
+
+    def layer(self, l: int):
+        return self.model.bert.encoder.layer[l]
+
+    def f(self, l: int, h: int, j: int) -> torch.Tensor:
+        """f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h."""
+        layer, x = self.layer(l), self.hidden[l][j]
+        dh = x.shape[0] // self.heads
+        rows = slice(h * dh, (h + 1) * dh)
+        value = layer.attention.self.value
+        v = x @ value.weight[rows].T + value.bias[rows]
+        return v @ layer.attention.output.dense.weight[:, rows].T
+
+    def z(self, l: int, i: int, j: int, residual: bool = True) -> torch.Tensor:
+        out = sum(self.attn[l][h, i, j] * self.f(l, h, j) for h in range(self.heads))
+        return out + self.hidden[l][i] if residual and i == j else out
+
+    def ln(self, v: torch.Tensor, module: torch.nn.LayerNorm, pre: torch.Tensor) -> torch.Tensor:
+        return (v - v.mean()) * module.weight / torch.sqrt(pre.var(unbiased=False) + module.eps)
+
+    def ln1(self, l: int, i: int, v: torch.Tensor) -> torch.Tensor:
+        return self.ln(v, self.layer(l).attention.output.LayerNorm, self.store[("pre1", l)][i])
+
+    def ln2(self, l: int, i: int, v: torch.Tensor) -> torch.Tensor:
+        return self.ln(v, self.layer(l).output.LayerNorm, self.store[("pre2", l)][i])
+
+    def matrix(self, entry) -> torch.Tensor:
+        return torch.tensor([[float(entry(i, j)) for j in range(self.n)] for i in range(self.n)])
+
+    @staticmethod
+    def rollout_row(mats: list[torch.Tensor]) -> np.ndarray:
+        joint = mats[0]
+        for m in mats[1:]:
+            joint = m @ joint
+        return joint[0].numpy()
+
+    # the four methods, row 0 ([CLS], which the head reads)
+    @torch.no_grad()
+    def attnnorm(self, variant: str) -> np.ndarray:
+        l = len(self.attn) - 1
+        vecs = [self.z(l, 0, j, residual=variant != "attn") for j in range(self.n)]
+        if variant == "attn_res_ln":
+            vecs = [self.ln1(l, 0, v) for v in vecs]
+        return np.array([float(v.detach().norm()) for v in vecs])
+
+    @torch.no_grad()
+    def globenc(self, normalize: bool = False) -> np.ndarray:
+        mats = []
+        for l in range(len(self.attn)):
+            m = self.matrix(lambda i, j, l=l: self.ln2(l, i, self.ln1(l, i, self.z(l, i, j))).norm())
+            mats.append(m / m.sum(1, keepdim=True) if normalize else m)
+        return self.rollout_row(mats)
+
+    @torch.no_grad()
+    def alti(self) -> np.ndarray:
+        mats = []
+        for l in range(len(self.attn)):
+            def c(i: int, j: int, l: int = l) -> float:
+                y = self.store[("y1", l)][i]
+                return max(0.0, float(y.abs().sum() - (y - self.ln1(l, i, self.z(l, i, j))).abs().sum()))
+            m = self.matrix(c)
+            mats.append(m / m.sum(1, keepdim=True))
+        return self.rollout_row(mats)
+
+    @torch.no_grad()
+    def decompx_token(self, target: int) -> tuple[np.ndarray, float]:
+        """Each source's vectors propagated alone (no biases), and the biases propagated alone: (scores, bias)."""
+        n, d = self.hidden[0].shape
+
+        def propagate(e: torch.Tensor, source: int | None) -> float:
+            for l in range(len(self.attn)):
+                layer = self.layer(l)
+                value, out = layer.attention.self.value, layer.attention.output.dense
+                biases = source is None
+                v = e @ value.weight.T
+                if l == 0 and source is not None:  # layer 1: the value bias goes with the token's value
+                    v[source] += value.bias
+                dh = d // self.heads
+                att = torch.zeros(n, d)
+                for h in range(self.heads):
+                    rows = slice(h * dh, (h + 1) * dh)
+                    att += (self.attn[l][h] @ v[:, rows]) @ out.weight[:, rows].T
+                r = att + e
+                if biases:
+                    r = r + out.bias + (out.weight @ value.bias if l > 0 else 0)
+                ln1, ln2 = layer.attention.output.LayerNorm, layer.output.LayerNorm
+                r = torch.stack([self.ln1(l, i, r[i]) for i in range(n)]) + (ln1.bias if biases else 0)
+                u = r @ layer.intermediate.dense.weight.T + (layer.intermediate.dense.bias if biases else 0)
+                u = u * self.store[("a", l)] / self.store[("u", l)]
+                r = r + u @ layer.output.dense.weight.T + (layer.output.dense.bias if biases else 0)
+                e = torch.stack([self.ln2(l, i, r[i]) for i in range(n)]) + (ln2.bias if biases else 0)
+            pooler, classifier = self.model.bert.pooler.dense, self.model.classifier
+            pre = self.store[("pool", 0)]
+            p = e[0] @ pooler.weight.T + (pooler.bias if biases else 0)
+            p = p * torch.tanh(pre) / pre
+            return float((p @ classifier.weight.T + (classifier.bias if biases else 0))[target])
+
+        scores = []
+        for k in range(n):
+            e = torch.zeros(n, d)
+            e[k] = self.hidden[0][k]
+            scores.append(propagate(e, k))
+        return np.array(scores), propagate(torch.zeros(n, d), None)
+
+
+@pytest.fixture(scope="module")
+def bert_case(tokenizer):
+    model = randomised("bert")
+    ex = Explainer(model, tokenizer)
+    with torch.no_grad():
+        (e,) = ex.explain([TEXTS[0]], methods=["attnnorm"])
+    return model, ex, Reference(model, e.input_ids), e.input_ids
+
+
+@pytest.mark.parametrize("variant", ["attn", "attn_res", "attn_res_ln"])
+def test_attnnorm_matches_loop(bert_case, variant):
+    _, ex, ref, _ = bert_case
+    (e,) = ex.explain([TEXTS[0]], methods=["attnnorm"], options={"attnnorm": {"variant": variant}})
+    np.testing.assert_allclose(e.scores["attnnorm"], ref.attnnorm(variant), rtol=1e-4, atol=1e-5)
+    assert e.layers["attnnorm"].shape == (2, ref.n)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_globenc_matches_loop(bert_case, normalize):
+    _, ex, ref, _ = bert_case
+    (e,) = ex.explain([TEXTS[0]], methods=["globenc"], options={"globenc": {"normalize": normalize}})
+    np.testing.assert_allclose(e.scores["globenc"], ref.globenc(normalize), rtol=1e-4, atol=1e-5)
+
+
+def test_alti_matches_loop(bert_case):
+    _, ex, ref, _ = bert_case
+    (e,) = ex.explain([TEXTS[0]], methods=["alti"])
+    want = ref.alti()
+    np.testing.assert_allclose(e.scores["alti"], want, rtol=1e-4, atol=1e-6)
+    assert abs(want.sum() - 1) < 1e-5  # row-normalised contributions rolled out stay a distribution
+
+
+@pytest.mark.parametrize("target", [0, 1])
+def test_decompx_matches_loop_and_sums_to_the_logit(bert_case, target):
+    _, ex, ref, _ = bert_case
+    scores, bias = ref.decompx_token(target)
+    # the identity, from the independent loop: token shares + propagated biases = the model's logit
+    assert abs(scores.sum() + bias - float(ref.logits[target])) < 1e-4
+    assert abs(bias) > 1e-2  # the random biases matter, so the test can tell a bias term from none
+    (e,) = ex.explain([TEXTS[0]], methods=["decompx"], target=target)
+    np.testing.assert_allclose(e.scores["decompx"], scores, rtol=1e-4, atol=1e-5)
+    # bias="absdot" shares every bias among the tokens: its scores alone sum to the logit
+    (a,) = ex.explain([TEXTS[0]], methods=["decompx"], target=target, options={"decompx": {"bias": "absdot"}})
+    assert abs(a.scores["decompx"].sum() - float(ref.logits[target])) < 1e-4
+    assert np.abs(a.scores["decompx"] - scores).max() > 1e-3
+    # contrast=True decomposes z_t − Σ_c p_c z_c: the loop's per-class shares combined
+    p = torch.softmax(ref.logits, -1).numpy()
+    per_class = [ref.decompx_token(c)[0] for c in range(len(p))]
+    want = per_class[target] - sum(p[c] * per_class[c] for c in range(len(p)))
+    for bias in ("token", "absdot"):
+        (c,) = ex.explain([TEXTS[0]], methods=["decompx"], target=target,
+                          options={"decompx": {"contrast": True, "bias": bias}})
+        if bias == "token":
+            np.testing.assert_allclose(c.scores["decompx"], want, rtol=1e-4, atol=1e-5)
+        else:  # the shares of the contrast sum to it
+            assert abs(c.scores["decompx"].sum() - float(ref.logits[target] - (p * ref.logits.numpy()).sum())) < 1e-4
+
+
+def test_decompx_logits_identity_every_class_both_modes(tokenizer):
+    ex = Explainer(randomised("bert", seed=3), tokenizer)
+    encoded = ex.encode(TEXTS)
+    ctx, _ = ex.compute_batch(encoded, [-1] * len(TEXTS), [registry.get_method("decompx")], {"decompx": {}})
+    for mode in ("absdot", "token"):
+        d = decompx_logits(ctx, mode)  # (B, N + 1, C), the last row the bias term
+        np.testing.assert_allclose(d.sum(1), ctx.capture.logits, atol=1e-4)
+        pad = ~ctx.token_mask.bool()
+        assert torch.all(d[:, :-1][pad] == 0)
+        if mode == "absdot":
+            assert torch.all(d[:, -1] == 0)
+    # the one-backward token path equals the forward decomposition of the target logit
+    t = ctx.targets
+    fwd = decompx_logits(ctx, "token")[torch.arange(len(t)), :-1, t]
+    (out,) = ex.compute_batch(encoded, [-1] * len(TEXTS), [registry.get_method("decompx")], {"decompx": {}})[1].values()
+    np.testing.assert_allclose(out[0], fwd * ctx.token_mask, atol=1e-5)
+
+
+def test_analytic_one_layer_one_head(tokenizer):
+    """Identity value/output projections, uniform attention: ‖Σ α f(x_j)‖ = ‖x_j‖ / N, and with the residual
+    the [CLS] entry is ‖x_0 + x_0 / N‖; ALTI's row of a one-token input is [1]."""
+    model = make_model("bert")
+    layer = model.bert.encoder.layer[0]
+    d = model.config.hidden_size
+    with torch.no_grad():
+        for lin in (layer.attention.self.query, layer.attention.self.key):
+            lin.weight.zero_()
+            lin.bias.zero_()
+        for lin in (layer.attention.self.value, layer.attention.output.dense):
+            lin.weight.copy_(torch.eye(d))
+            lin.bias.zero_()
+    ex = Explainer(model, tokenizer)
+    text = "a charming journey"
+    (e,) = ex.explain([text], methods=["attnnorm"], options={"attnnorm": {"variant": "attn"}})
+    with torch.no_grad():
+        out = model(torch.tensor([e.input_ids]), output_hidden_states=True, output_attentions=True)
+    x = out.hidden_states[0][0]
+    n = x.shape[0]
+    assert torch.allclose(out.attentions[0][0], torch.full_like(out.attentions[0][0], 1 / n))
+    np.testing.assert_allclose(e.layers["attnnorm"][0], (x.norm(dim=-1) / n).numpy(), rtol=1e-5)
+    (r,) = ex.explain([text], methods=["attnnorm"], options={"attnnorm": {"variant": "attn_res"}})
+    first = r.layers["attnnorm"][0]
+    np.testing.assert_allclose(first[0], float((x[0] * (1 + 1 / n)).norm()), rtol=1e-5)
+    np.testing.assert_allclose(first[1:], (x[1:].norm(dim=-1) / n).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ANATOMY_FAMILIES)
+def test_batch_and_padding_invariance(family, tokenizer):
+    ex = Explainer(randomised(family), tokenizer)
+    options = {"decompx": {"bias": "absdot"}}
+    batch = ex.explain(TEXTS, methods=NORM, batch_size=len(TEXTS))
+    batch_absdot = ex.explain(TEXTS, methods=["decompx"], batch_size=len(TEXTS), options=options)
+    for text, e, a in zip(TEXTS, batch, batch_absdot):
+        (alone,) = ex.explain([text], methods=NORM)
+        (alone_absdot,) = ex.explain([text], methods=["decompx"], options=options)
+        for m in NORM:
+            np.testing.assert_allclose(e.scores[m], alone.scores[m], rtol=1e-4, atol=1e-5, err_msg=f"{family} {m}")
+            assert np.isfinite(e.scores[m]).all() and np.abs(e.scores[m]).max() > 0
+        np.testing.assert_allclose(a.scores["decompx"], alone_absdot.scores["decompx"], rtol=1e-4, atol=1e-5)
+    encoded = ex.encode(TEXTS)
+    specs = [registry.get_method(m) for m in NORM]
+    ctx, out = ex.compute_batch(encoded, [-1] * len(TEXTS), specs, {m: {} for m in NORM})
+    pad = ~ctx.token_mask.bool()
+    assert pad.any()
+    for m, (scores, layers) in out.items():
+        assert torch.all(scores[pad] == 0), m
+        if layers is not None:
+            assert torch.all(layers.permute(0, 2, 1)[pad] == 0), m
+
+
+def test_model_untouched_and_no_graph_left(tokenizer):
+    model = randomised("bert")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    Explainer(model, tokenizer).explain(TEXTS, methods=NORM)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(p.grad is None for p in model.parameters())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_unsupported_models_are_skipped_or_refused(tokenizer):
+    ex = Explainer(make_model("gpt2"), tokenizer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (e,) = ex.explain("the movie was great", methods="all", options={"integratedgradients": {"n_steps": 2}})
+    assert not set(NORM) & set(e.scores)
+    assert any("attnnorm" in str(w.message) for w in caught)
+    for m in NORM:
+        with pytest.raises(InputError, match="norm-based and decomposition methods need a post-LN encoder"):
+            ex.explain("the movie was great", methods=[m])
+    bert = Explainer(randomised("bert"), tokenizer)
+    with pytest.raises(InputError, match="decompx decomposes the logits"):
+        bert.explain("good", methods=["decompx"], target_kind="probability")
+    with pytest.raises(InputError, match="bias='nope'"):
+        bert.explain("good", methods=["decompx"], options={"decompx": {"bias": "nope"}})
+    with pytest.raises(InputError, match="variant='x'"):
+        bert.explain("good", methods=["attnnorm"], options={"attnnorm": {"variant": "x"}})
+
+
+def test_a_wrong_anatomy_is_an_error_not_a_wrong_score(tokenizer):
+    old = ARCHITECTURES["bert"]
+    swapped = dataclasses.replace(old.anatomy, ln1=old.anatomy.ln2, ln2=old.anatomy.ln1)
+    register_architecture(dataclasses.replace(old, anatomy=swapped))
+    try:
+        ex = Explainer(randomised("bert"), tokenizer)
+        for m in NORM:
+            with pytest.raises(ModelError, match="anatomy does not describe it"):
+                ex.explain("a charming journey", methods=[m])
+    finally:
+        register_architecture(old)
+
+
+@pytest.mark.slow
+def test_reference_model_decompx_identity(minilm_sst2):
+    ex = minilm_sst2
+    encoded = ex.encode(["a charming and often affecting journey .", "the plot is boring and the actors bad ."])
+    ctx, out = ex.compute_batch(encoded, [-1, -1], [registry.get_method("decompx")], {"decompx": {}})
+    for mode in ("absdot", "token"):
+        np.testing.assert_allclose(decompx_logits(ctx, mode).sum(1), ctx.capture.logits, atol=1e-3)
+    scores = out["decompx"][0]
+    fwd = decompx_logits(ctx, "token")[torch.arange(2), :-1, ctx.targets]
+    np.testing.assert_allclose(scores, fwd * ctx.token_mask, atol=1e-4)
+
+
+@pytest.mark.parametrize("bias", ["token", "absdot"])
+def test_decompx_of_a_contrast_is_the_difference_of_the_two_classes(bias, tokenizer):
+    """A contrastive target (explain(target=t, contrast=c)) decomposes z_t − z_c: DecompX is linear in the logits."""
+    ex = Explainer(make_model("bert", num_labels=3), tokenizer)
+    texts, opts = ["a charming journey", "the plot was boring and thin"], {"decompx": {"bias": bias}}
+    both = ex.explain(texts, methods="decompx", target=1, contrast=2, options=opts)
+    one = ex.explain(texts, methods="decompx", target=1, options=opts)
+    other = ex.explain(texts, methods="decompx", target=2, options=opts)
+    for b, o, t in zip(both, one, other):
+        np.testing.assert_allclose(b.scores["decompx"], o.scores["decompx"] - t.scores["decompx"], atol=1e-5)
+        assert np.abs(b.scores["decompx"]).max() > 1e-3
