@@ -13,6 +13,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+UNITS = 1000  # bar units per input of average cost
 ProgressCallback = Callable[[float, int], None]  # (fraction of the estimated work done, inputs finished)
 
 
@@ -58,7 +59,8 @@ class ExplainProgress:
         self.done = 0.0
         self.finished = 0
         self.callback = callback
-        self.bar = tqdm(total=float(self.n_inputs), disable=not bar, desc="explaining", file=file,
+        # the bar counts integer units (no float drift past its total): UNITS per input of average cost
+        self.bar = tqdm(total=self.n_inputs * UNITS, disable=not bar, desc="explaining", file=file,
                         bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix} [{elapsed}<{remaining}]")
         self._postfix()
         self._batch_weight = 0.0
@@ -100,7 +102,7 @@ class ExplainProgress:
     def _move(self, amount: float) -> None:
         self.done = min(self.done + max(amount, 0.0), float(self.n_inputs))
         self._postfix()
-        self.bar.update(max(amount, 0.0))
+        self.bar.update(min(round(self.done * UNITS), self.bar.total) - self.bar.n)
         if self.callback is not None:
             self.callback(self.done / max(self.n_inputs, 1), self.finished)
 
