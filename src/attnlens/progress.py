@@ -61,7 +61,7 @@ class ExplainProgress:
         self.callback = callback
         # the bar counts integer units (no float drift past its total): UNITS per input of average cost
         self.bar = tqdm(total=self.n_inputs * UNITS, disable=not bar, desc="explaining", file=file,
-                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix} [{elapsed}<{remaining}]")
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
         self._postfix()
         self._batch_weight = 0.0
         self._budget = 0.0  # what the current method may still advance
