@@ -106,7 +106,8 @@ def test_tolerance_doubles_steps_per_input_until_the_gap_is_met(ex, rule):
 
 def test_unmet_tolerance_warns_and_is_recorded(ex):
     with pytest.warns(UserWarning, match=r"did not reach tolerance 1e-09 within max_steps=8"):
-        exps = ex.explain(TEXTS, methods=[IG], options={IG: {"tolerance": 1e-9, "max_steps": 8}})
+        exps = ex.explain(TEXTS, methods=[IG], options={IG: {"tolerance": 1e-9, "max_steps": 8,
+                                                             "method": "gausslegendre"}})
     assert all(e.meta[IG]["n_steps"] == 8 and e.meta[IG]["relative_gap"] > 1e-9 for e in exps)
 
 
@@ -125,6 +126,7 @@ def test_internal_batch_does_not_change_scores(ex):
     ({"tolerance": "0.01"}, "tolerance must be a number in"),
     ({"tolerance": 1.5}, "tolerance must be a number in"),
     ({"max_steps": 0}, "max_steps must be an integer >= 1"),
+    ({"n_steps": 16, "tolerance": 0.1, "max_steps": 8}, "n_steps=16 is more than max_steps=8"),
 ])
 def test_bad_options_are_one_line_errors(ex, options, message):
     with pytest.raises(InputError, match=message):
@@ -135,3 +137,11 @@ def test_no_warning_when_converged(ex):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ex.explain("good movie", methods=[IG], options={IG: {"tolerance": 0.05, "max_steps": 1024}})
+
+
+def test_default_is_the_adaptive_trapezoid_and_n_steps_alone_is_fixed(ex):
+    schedule = [4, 7, 13, 25, 49, 97, 193]  # trapezoid counts: n -> 2n - 1
+    for e in ex.explain(TEXTS, methods=[IG]):
+        assert e.meta[IG]["relative_gap"] <= 0.01 and e.meta[IG]["n_steps"] in schedule
+    (e,) = ex.explain(TEXTS[0], methods=[IG], options={IG: {"n_steps": 3}})
+    assert e.meta[IG]["n_steps"] == 3

@@ -27,8 +27,8 @@ def test_cost_weights_grow_with_length():
 
 def test_planned_passes():
     assert planned_passes({"n_steps": 12, "tolerance": None}) == 12
-    assert planned_passes({"n_steps": None, "tolerance": None}) == 50  # integrated gradients' default
-    assert planned_passes({"n_steps": None, "tolerance": 0.01}) == 8
+    assert planned_passes({"n_steps": None, "tolerance": None}) == 20  # integrated gradients' adaptive default
+    assert planned_passes({"n_steps": None, "tolerance": 0.01}) == 20
     assert planned_passes({"alpha": "cls"}) == 1 and planned_passes({"n_steps": "x"}) == 1
 
 

@@ -27,10 +27,10 @@ def planned_passes(options: dict[str, Any]) -> float:
     """Passes over its batch a method that runs its own plans: its ``n_steps`` option when it has one (an
     adaptive run may take more or fewer; the bar is topped up or capped per batch), else one."""
     steps = options.get("n_steps")
-    if steps is None and "n_steps" in options:
-        from .methods.gradient import ADAPTIVE_START, DEFAULT_STEPS
+    if steps is None and "n_steps" in options:  # an adaptive schedule: plan what it typically takes
+        from .methods.gradient import TYPICAL_STEPS
 
-        steps = 2 * ADAPTIVE_START if options.get("tolerance") is not None else DEFAULT_STEPS
+        steps = TYPICAL_STEPS
     # unchecked here (the method checks its options and raises): a bad value plans one pass
     return float(steps) if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 1.0
 

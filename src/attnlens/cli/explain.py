@@ -123,13 +123,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=5, help="tokens per method in the terminal table (default 5)")
     add_memory_options(p)
     # integrated gradients' options (the others' are in the API's options=)
-    p.add_argument("--ig-steps", type=int, help="integratedgradients: points of the path integral (default 50; with "
-                   "--ig-tolerance the first count of the adaptive schedule, default 4)")
+    p.add_argument("--ig-steps", type=int, help="integratedgradients: a fixed count of points of the path "
+                   "integral (with --ig-tolerance: the first count of the adaptive schedule, default 4)")
     p.add_argument("--ig-tolerance", type=float, help="integratedgradients: double the steps per input until the "
                    "relative completeness gap |sum of attributions - (F(x) - F(baseline))| / |F(x) - F(baseline)| "
-                   "is at most this, e.g. 0.01 (the gap is in the JSON output's meta)")
-    p.add_argument("--ig-method", metavar="RULE", help="integratedgradients: quadrature rule, gausslegendre "
-                   "(default) or riemann_trapezoid, riemann_middle, riemann_left, riemann_right")
+                   "is at most this (default 0.01 unless --ig-steps is given; the gap is in the JSON output's meta)")
+    p.add_argument("--ig-method", metavar="RULE", help="integratedgradients: quadrature rule, riemann_trapezoid "
+                   "(default), gausslegendre, riemann_middle, riemann_left or riemann_right")
     return p
 
 

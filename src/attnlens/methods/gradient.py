@@ -135,8 +135,13 @@ def baseline_ids(ctx: BatchContext, baseline: str) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- integrated gradients
 QUADRATURES = ("gausslegendre", "riemann_trapezoid", "riemann_middle", "riemann_left", "riemann_right")
-DEFAULT_STEPS = 50  # fixed count when neither n_steps nor tolerance is given
-ADAPTIVE_START = 4  # first count of the adaptive schedule (doubled until the tolerance is met)
+# Defaults chosen from bench/ig_convergence.py (docs/integrated-gradients.md): the trapezoid rule, doubled from 4
+# points until the relative completeness gap is <= 1 %, reached every SST-2 dev / IMDB input measured with ~20
+# evaluations on average (nested: each doubling reuses the earlier points), against 50 for a fixed count.
+DEFAULT_RULE = "riemann_trapezoid"
+DEFAULT_TOLERANCE = 0.01  # when neither n_steps nor tolerance is given
+ADAPTIVE_START = 4  # first count of the adaptive schedule (about doubled until the tolerance is met)
+TYPICAL_STEPS = 20  # what the default schedule took on average (for the progress bar's plan)
 GAP_FLOOR = 1e-4  # |F(x) - F(baseline)| below this counts as this when the gap is made relative
 
 
@@ -212,6 +217,8 @@ def _check_ig_options(n_steps: int | None, internal_batch_size: int | None, tole
                                   or not 0 < tolerance < 1):
         raise InputError(f"integratedgradients tolerance must be a number in (0, 1) (a relative completeness gap, "
                          f"e.g. 0.01), got {tolerance!r}")
+    if tolerance is not None and n_steps is not None and n_steps > max_steps:
+        raise InputError(f"integratedgradients n_steps={n_steps} is more than max_steps={max_steps}")
 
 
 @register(
@@ -221,17 +228,18 @@ def _check_ig_options(n_steps: int | None, internal_batch_size: int | None, tole
     citation="Sundararajan et al. 2017; Captum IntegratedGradients",
 )
 def integratedgradients(
-    ctx: BatchContext, n_steps: int | None = None, method: str = "gausslegendre", tolerance: float | None = None,
+    ctx: BatchContext, n_steps: int | None = None, method: str = DEFAULT_RULE, tolerance: float | None = None,
     max_steps: int = 256, internal_batch_size: int | None = None, baseline: str = "auto",
 ) -> MethodOutput:
-    """IG on the token embeddings, ``(x - x') · ∫₀¹ ∇F(x' + α (x - x')) dα`` by an ``n_steps``-point ``method``
-    rule (Captum's rules; Gauss–Legendre by default).
+    """IG on the token embeddings, ``(x - x') · ∫₀¹ ∇F(x' + α (x - x')) dα`` by a ``method`` quadrature rule
+    (Captum's rules; the trapezoid by default).
 
     Completeness (Sundararajan et al. 2017) gives a check: ``delta = Σ attributions - (F(x) - F(x'))`` (Captum's
     convergence delta), recorded per input in the explanation's meta with ``relative_gap = |delta| / |F(x) -
-    F(x')|`` and the steps used. With ``tolerance``, each input starts at ``n_steps`` (default 4) points and
-    doubles them until its relative gap is at most ``tolerance`` or ``max_steps`` is passed (a warning names the
-    inputs that did not converge); nested rules (trapezoid, left, right) reuse their earlier evaluations.
+    F(x')|`` and the steps used. With a ``tolerance``, each input starts at ``n_steps`` (default 4) points and
+    about doubles them until its relative gap is at most ``tolerance`` or ``max_steps`` would be passed (a
+    warning names the inputs that did not converge); nested rules (trapezoid, left, right) reuse their earlier
+    evaluations. ``n_steps`` alone: a fixed count. Neither: ``tolerance=0.01`` from 4 points.
     ``internal_batch_size``: rows (input × point) per forward+backward; default: as many as the memory budget
     allows at this batch's length.
     """
@@ -248,7 +256,9 @@ def integratedgradients(
 
     ends = _values(forward, torch.cat([x, base]), tuple(torch.cat([t, t]) for t in extra), chunk)
     gain = ends[:n_ex] - ends[n_ex:]  # F(x) - F(x')
-    steps = n_steps or (ADAPTIVE_START if tolerance is not None else DEFAULT_STEPS)
+    if n_steps is None and tolerance is None:
+        tolerance = DEFAULT_TOLERANCE
+    steps = n_steps or min(ADAPTIVE_START, max_steps)
     sums = torch.zeros_like(x)  # Σ w ∇F per input at the current count
     used = torch.zeros(n_ex, dtype=torch.long)
     delta = torch.zeros_like(gain)
