@@ -100,6 +100,8 @@ def test_batch_with_different_positions_equals_one_by_one_and_padding_is_zero(to
     batch = ex.explain(TEXTS, methods, target=positions, batch_size=3, options=options)
     for text, p, b in zip(TEXTS, positions, batch, strict=True):
         (alone,) = ex.explain(text, methods, target=p, options=options)
+        ig_b, ig_a = b.meta.pop("integratedgradients"), alone.meta.pop("integratedgradients")  # per-input gap
+        assert ig_b["n_steps"] == ig_a["n_steps"] and ig_b["delta"] == pytest.approx(ig_a["delta"], abs=1e-5)
         assert (b.target, b.predicted, b.meta) == (alone.target, alone.predicted, alone.meta)
         for m in methods:
             np.testing.assert_allclose(b.scores[m], alone.scores[m], atol=1e-5, rtol=1e-4, err_msg=m)

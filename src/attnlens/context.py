@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .heads import CLASSIFICATION, TARGET_KINDS, Head
+from .memory import DEFAULT_BUDGET
 
 if TYPE_CHECKING:
     from .adapters import Adapter
@@ -92,6 +94,11 @@ class BatchContext:
             or ``None`` (classifiers).
         capture: the shared pass, or ``None`` when no requested method needs it.
         cache: scratch space shared by the methods of this batch (e.g. one LRP pass for several LRP methods).
+        memory_budget: bytes a method running its own passes may plan for (integrated gradients sizes its
+            internal batches from it).
+        progress: called by long-running methods with the passes over the whole batch done since the last call
+            (fractions allowed), so progress moves inside a batch; ``None``: nobody listens.
+        meta: per-method, per-input figures the methods reported (:attr:`MethodOutput.meta`), filled by the engine.
     """
 
     model: torch.nn.Module
@@ -107,3 +114,6 @@ class BatchContext:
     answer_mask: torch.Tensor | None = None
     capture: Capture | None = None
     cache: dict[str, Any] = field(default_factory=dict)
+    memory_budget: int = DEFAULT_BUDGET
+    progress: Callable[[float], None] | None = None
+    meta: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)

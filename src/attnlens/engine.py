@@ -10,18 +10,18 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
 
 from . import __version__
-from .batching import length_sorted_chunks
 from .capture import run_capture
 from .context import TARGET_KINDS, BatchContext
 from .encoding import Encoded
 from .errors import InputError
 from .explanation import Explanation
+from .memory import DEFAULT_BUDGET, budget_chunks, model_dims, shared_pass_row_bytes
 from .methods import get_method, resolve_methods
 from .methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from .modelstate import explaining
+from .progress import ExplainProgress, ProgressCallback, planned_passes
 
 if TYPE_CHECKING:
     from .explainer import Explainer
@@ -67,19 +67,34 @@ def select_methods(
 
 def explain_all(
     ex: Explainer, encoded: list[Encoded], targets: list[Any], specs: list[Method],
-    method_options: dict[str, dict[str, Any]], target_kind: str, batch_size: int, progress: bool,
+    method_options: dict[str, dict[str, Any]], target_kind: str, batch_size: int, progress: bool | ProgressCallback,
+    memory_budget: int = DEFAULT_BUDGET,
 ) -> list[Explanation]:
-    """Explanations of every input, in input order: length-sorted batches of at most ``batch_size``."""
+    """Explanations of every input, in input order: length-sorted batches of at most ``batch_size`` inputs whose
+    shared pass fits ``memory_budget`` bytes (long inputs go in smaller batches, one at least).
+
+    ``progress``: ``True`` shows a bar (its ETA weights inputs by length, it moves inside a batch as methods and
+    integrated gradients' steps finish); a callable is called with (fraction of the work done, inputs finished).
+    """
     gradients = any(GRADIENTS in s.needs for s in specs)
     results: list[Explanation | None] = [None] * len(encoded)
-    with explaining(ex.model), tqdm(total=len(encoded), disable=not progress, desc="explaining",
-                                    unit="input") as bar:
-        for idx in length_sorted_chunks([len(e.ids) for e in encoded], batch_size):
-            batch = [encoded[i] for i in idx]
-            for i, exp in zip(idx, explain_batch(ex, batch, [targets[i] for i in idx], specs,
-                                                 method_options, target_kind, gradients), strict=True):
-                results[i] = exp
-            bar.update(len(idx))
+    lengths = [len(e.ids) for e in encoded]
+    dims = model_dims(ex.model)
+    own = {s.name: planned_passes(method_options.get(s.name, {})) for s in specs if OWN_PASS in s.needs}
+    tracker = ExplainProgress(lengths, dims.hidden, own, bar=progress is True,
+                              callback=progress if callable(progress) else None)
+    with explaining(ex.model):
+        tracker.start()
+        try:
+            for idx in budget_chunks(lengths, batch_size, memory_budget, lambda n: shared_pass_row_bytes(dims, n)):
+                batch = [encoded[i] for i in idx]
+                tracker.begin_batch(idx)
+                for i, exp in zip(idx, explain_batch(ex, batch, [targets[i] for i in idx], specs, method_options,
+                                                     target_kind, gradients, memory_budget, tracker), strict=True):
+                    results[i] = exp
+                tracker.end_batch()
+        finally:
+            tracker.close()
     return results  # type: ignore[return-value]
 
 
@@ -107,16 +122,19 @@ def batch_context(ex: Explainer, batch: list[Encoded], target_kind: str) -> Batc
 def compute_batch(
     ex: Explainer, batch: list[Encoded], targets: list[Any], specs: list[Any],
     method_options: dict[str, dict[str, Any]], target_kind: str = "logit", gradients: bool | None = None,
-    ctx: BatchContext | None = None,
+    ctx: BatchContext | None = None, memory_budget: int = DEFAULT_BUDGET, tracker: ExplainProgress | None = None,
 ) -> tuple[BatchContext, dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
     """Scores of one padded batch in token space: ``{method: (scores (B, N), layers (B, L, N) | None)}``;
     padding positions are exactly zero. ``targets`` are the head's resolved targets (negative: predicted).
     ``ctx``: the batch's inputs when they are not :func:`batch_context`'s (a seq2seq generation step adds the
-    decoder's); its adapter and head must be ``ex``'s."""
+    decoder's); its adapter and head must be ``ex``'s. Per-input figures the methods report are in ``ctx.meta``.
+    ``tracker`` hears of each finished step."""
     if gradients is None:
         gradients = any(GRADIENTS in s.needs for s in specs)
     head = ex.head
     ctx = ctx or batch_context(ex, batch, target_kind)
+    ctx.memory_budget = memory_budget
+    capture_only = [s for s in specs if OWN_PASS not in s.needs]
     wanted, unresolved = head.pending(targets, ctx.token_mask.device)
     if gradients and bool(unresolved.any()) and not bool(unresolved.all()):
         # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
@@ -135,9 +153,22 @@ def compute_batch(
         ctx.capture = capture
         out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         mask = ctx.token_mask.to(capture.logits.dtype)
+        # the shared pass and the capture-only methods plan one pass over the batch together
+        step = 1.0 / (1 + len(capture_only))
+        if tracker is not None:
+            tracker.begin_method(step)
+            tracker.advance(step)
+            ctx.progress = tracker.advance
         for spec in specs:
+            opts = method_options.get(spec.name, {})
+            if tracker is not None:
+                tracker.begin_method(planned_passes(opts) if OWN_PASS in spec.needs else step)
             with torch.set_grad_enabled(OWN_PASS in spec.needs):  # capture-only methods need no graph
-                result = spec.compute(ctx, **method_options.get(spec.name, {}))
+                result = spec.compute(ctx, **opts)
+            if tracker is not None:
+                tracker.advance(float("inf"))  # the step is done: whatever it did not report
+            if result.meta:
+                ctx.meta[spec.name] = result.meta
             scores, layers = result.scores.detach(), None if result.layers is None else result.layers.detach()
             if result.space == "keys":  # zero keys the explained row cannot see, then map keys to tokens
                 key_mask = capture.key_mask.to(scores.dtype)
@@ -153,9 +184,11 @@ def compute_batch(
 def explain_batch(
     ex: Explainer, batch: list[Encoded], targets: list[Any], specs: list[Any],
     method_options: dict[str, dict[str, Any]], target_kind: str, gradients: bool,
+    memory_budget: int = DEFAULT_BUDGET, tracker: ExplainProgress | None = None,
 ) -> list[Explanation]:
     """One :class:`Explanation` per input of one batch."""
-    ctx, out = compute_batch(ex, batch, targets, specs, method_options, target_kind, gradients)
+    ctx, out = compute_batch(ex, batch, targets, specs, method_options, target_kind, gradients,
+                             memory_budget=memory_budget, tracker=tracker)
     head = ex.head
     probs = head.probabilities(ctx.capture.logits, ctx.token_mask).cpu().numpy()
     predicted = head.prediction(ctx.capture.logits, ctx.token_mask, ctx.answer_mask)
@@ -174,6 +207,7 @@ def explain_batch(
     # one device->host copy per method and batch, then cheap numpy slices per example
     host = {m: (s.double().cpu().numpy(), None if lay is None else lay.double().cpu().numpy())
             for m, (s, lay) in out.items()}
+    figures = {m: {k: v.cpu().tolist() for k, v in values.items()} for m, values in ctx.meta.items()}
     for b, e in enumerate(batch):
         n = len(e.ids)
         exp = Explanation(
@@ -193,6 +227,8 @@ def explain_batch(
             token_type_ids=e.type_ids,
             meta={**meta, "truncated_tokens": e.dropped} if e.dropped else dict(meta),
         )
+        for m, values in figures.items():  # e.g. integrated gradients' completeness gap of this input
+            exp.meta[m] = {k: v[b] for k, v in values.items()}
         head.annotate(exp)
         explanations.append(exp)
     return explanations

@@ -27,8 +27,10 @@ from .explanation import Explanation
 from .generation import Generation, explain_generation
 from .heads import head_for, with_contrast
 from .loading import check_vocabulary, load_pretrained
+from .memory import parse_budget
 from .methods.registry import ATTENTION
 from .modelstate import explaining, last_token_head
+from .progress import ProgressCallback
 
 __all__ = ["Encoded", "Explainer", "TextInput"]
 
@@ -193,9 +195,10 @@ class Explainer:
         batch_size: int = 32,
         target_kind: str = "logit",
         truncation: bool = True,
-        progress: bool = False,
+        progress: bool | ProgressCallback = False,
         options: Mapping[str, Mapping[str, Any]] | None = None,
         contrast: int | str | None = None,
+        memory_budget: str | int | None = None,
     ) -> list[Explanation]:
         """Explain each input with each method; one shared forward/backward pass per batch serves them all.
 
@@ -207,27 +210,34 @@ class Explainer:
                 or one per input. Token classifiers (NER) explain one token's label: the token as a position or a
                 word of the input, or a ``(token, label)`` pair (default label: the predicted one), or one per
                 input (a list).
-            batch_size: inputs per padded batch (inputs are sorted by length internally).
+            batch_size: at most this many inputs per padded batch (inputs are sorted by length internally; long
+                inputs go in smaller batches so that a batch fits ``memory_budget``).
             target_kind: explain the ``"logit"`` (default), the ``"probability"``, or ``"loss"`` (the
                 log-probability of ``target``, i.e. minus the cross-entropy; pass the gold labels as ``target``).
             truncation: cut inputs longer than the model's maximum (with a warning) instead of raising.
-            progress: show a progress bar.
+            progress: show a progress bar (its ETA weights inputs by length; integrated gradients' passes are
+                announced before they start), or a callable called with (fraction of the work done, inputs done).
             options: per-method options, e.g. ``{"attcat": {"hidden": "output", "alpha": "cls"}}``.
             contrast: explain target − contrast: one class index or label name for every input (a language
                 model: a token id). The explained scalar is the difference of the two classes' logits
                 (``"probability"``: of their probabilities; ``"loss"``: of their log-probabilities, which for a
                 softmax is the logit difference again); ``meta["contrast"]`` records it.
+            memory_budget: memory the passes may plan for, e.g. ``"4GB"`` (default 4 GiB): sets how many inputs
+                share a batch at their length and integrated gradients' internal batches. An estimate from the
+                model's sizes, not a hard limit.
 
         Returns:
             One :class:`Explanation` per input, in input order.
         """
         ex = self if contrast is None else self._with_head(with_contrast(self.head, contrast, self.labels))
         specs, method_options = engine.select_methods(ex, methods, target, target_kind, options, contrast is not None)
+        budget = parse_budget(memory_budget)
         encoded = self.encode(texts, truncation=truncation)
         targets = ex.head.locate(encoded, ex.head.resolve_targets(target, len(encoded), self.labels))
         ex.head.check_targets([len(e.ids) for e in encoded], targets)
         size = self._effective_batch_size(batch_size)
-        return engine.explain_all(ex, encoded, targets, specs, method_options, target_kind, size, progress)
+        return engine.explain_all(ex, encoded, targets, specs, method_options, target_kind, size, progress,
+                                  budget)
 
     def explain_generation(
         self,
@@ -276,14 +286,15 @@ class Explainer:
 
     def compute_batch(
         self, batch: list[Encoded], targets: list[Any], specs: list[Any], method_options: dict[str, dict[str, Any]],
-        target_kind: str = "logit", gradients: bool | None = None,
+        target_kind: str = "logit", gradients: bool | None = None, memory_budget: str | int | None = None,
     ) -> tuple[BatchContext, dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
         """Scores of one padded batch in token space: ``{method: (scores (B, N), layers (B, L, N) | None)}``.
 
         Padding positions are exactly zero; a negative target is the predicted one. Used by :meth:`explain`
         (see :mod:`attnlens.engine`); public for tests and evaluation code.
         """
-        return engine.compute_batch(self, batch, targets, specs, method_options, target_kind, gradients)
+        return engine.compute_batch(self, batch, targets, specs, method_options, target_kind, gradients,
+                                    memory_budget=parse_budget(memory_budget))
 
     # ------------------------------------------------------------ prediction
     def predict_proba(

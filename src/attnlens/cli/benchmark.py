@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..safetext import terminal_safe
+from .explain import add_memory_options
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -64,6 +65,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="results directory")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming a run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_memory_options(p)
     return p
 
 
@@ -85,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     if args.occlusion_step < 1 or args.occlusion_max < 0:
         raise InputError("--occlusion-step must be >= 1 and --occlusion-max >= 0")
     check_output_path(args.out, "--out", directory=True)
+    from ..memory import parse_budget
+
+    budget = None if args.memory_budget is None else parse_budget(args.memory_budget)
     if args.threads:
         torch.set_num_threads(args.threads)
     options = None
@@ -122,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, chunk_size=args.chunk_size,
         resume=not args.overwrite,
         progress=not args.quiet, explain_options=options, model_name=args.model, target=args.target,
-        target_kind=args.target_kind,
+        target_kind=args.target_kind, memory_budget=budget,
     )
     print(terminal_safe((out / "table.md").read_text(encoding="utf-8")))
     t = summary["timing"]

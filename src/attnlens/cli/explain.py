@@ -131,7 +131,33 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      "each text (greedy); --target TEXT forces the continuation instead")
     gen.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate (default 8)")
     gen.add_argument("--chat", action="store_true", help="put each prompt through the tokenizer's chat template")
+    add_memory_options(p)
+    # integrated gradients' options (the others' are in the API's options=)
+    p.add_argument("--ig-steps", type=int, help="integratedgradients: a fixed count of points of the path "
+                   "integral (with --ig-tolerance: the first count of the adaptive schedule, default 4)")
+    p.add_argument("--ig-tolerance", type=float, help="integratedgradients: double the steps per input until the "
+                   "relative completeness gap |sum of attributions - (F(x) - F(baseline))| / |F(x) - F(baseline)| "
+                   "is at most this (default 0.01 unless --ig-steps is given; the gap is in the JSON output's meta)")
+    p.add_argument("--ig-method", metavar="RULE", help="integratedgradients: quadrature rule, riemann_trapezoid "
+                   "(default), gausslegendre, riemann_middle, riemann_left or riemann_right")
     return p
+
+
+def add_memory_options(p: argparse.ArgumentParser) -> None:
+    """``--memory-budget`` (explain and benchmark)."""
+    p.add_argument("--memory-budget", metavar="SIZE", help="memory the passes plan for, e.g. 4GB or 512MiB "
+                   "(default 4GiB): long inputs go in smaller batches, integrated gradients' internal batches fit it")
+
+
+def ig_options(args: argparse.Namespace, methods: list[str]) -> dict[str, dict[str, Any]] | None:
+    """The ``--ig-*`` flags as method options (``None`` when none is given)."""
+    given = {k: v for k, v in (("n_steps", args.ig_steps), ("tolerance", args.ig_tolerance),
+                               ("method", args.ig_method)) if v is not None}
+    if not given:
+        return None
+    if "integratedgradients" not in methods:
+        raise InputError("--ig-steps/--ig-tolerance/--ig-method set integratedgradients, which --methods leaves out")
+    return {"integratedgradients": given}
 
 
 OUTPUTS = ("out", "html", "plot", "head_view")  # the options that name a file to write
@@ -177,9 +203,11 @@ def check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import Explainer
     from ..explanation import save_explanations
+    from ..memory import parse_budget
     from ..methods import resolve_methods
 
-    resolve_methods(args.methods)  # fail on a typo before loading anything
+    options = ig_options(args, resolve_methods(args.methods))  # fail on a typo before loading anything
+    budget = parse_budget(args.memory_budget)
     if args.format == "html" and args.out is None:
         args.out = "explanations.html"
     check_args(args)
@@ -216,8 +244,10 @@ def run(args: argparse.Namespace) -> int:
         target_kind=args.target_kind,
         batch_size=args.batch_size,
         truncation=not args.no_truncation,
-        progress=len(texts) > args.batch_size,
+        progress=len(texts) > args.batch_size or options is not None,
         contrast=int(args.contrast) if args.contrast and args.contrast.lstrip("-").isdigit() else args.contrast,
+        options=options,
+        memory_budget=budget,
     )
     if args.words:
         exps = [e.to_words() for e in exps]

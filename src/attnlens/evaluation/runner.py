@@ -69,6 +69,27 @@ def _class_specific(methods: Sequence[str]) -> dict[str, bool]:
     return out
 
 
+class _ExplainWith:
+    """The explainer, with extra keyword arguments for every ``explain`` call (memory budget, progress callback);
+    everything else is the explainer's."""
+
+    def __init__(self, explainer: Any, kwargs: dict[str, Any]) -> None:
+        self._explainer = explainer
+        self.kwargs = kwargs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._explainer, name)
+
+    def takes(self, name: str) -> bool:
+        """Whether the explainer's ``explain`` takes the keyword ``name`` (duck-typed explainers may not)."""
+        import inspect
+
+        return name in inspect.signature(self._explainer.explain).parameters
+
+    def explain(self, *args: Any, **kwargs: Any) -> Any:
+        return self._explainer.explain(*args, **self.kwargs, **kwargs)
+
+
 # --------------------------------------------------------------------- runner
 def run_benchmark(
     explainer: Any,
@@ -90,6 +111,7 @@ def run_benchmark(
     predict: Predict | None = None,
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
+    memory_budget: str | int | None = None,
 ) -> dict[str, Any]:
     """Benchmark ``methods`` × ``metrics`` on ``dataset`` and write the results directory ``out_dir``.
 
@@ -113,6 +135,7 @@ def run_benchmark(
         stop_after: stop after this many newly processed examples (simulates an interruption; for tests).
         predict: scorer of perturbed inputs (default: :class:`ModelPredictor` on ``explainer.model``, SDPA
             attention, no gradients).
+        memory_budget: passed to ``explainer.explain`` (e.g. ``"4GB"``; default: the explainer's).
 
     Returns:
         The summary (also written to ``summary.json``).
@@ -155,6 +178,7 @@ def run_benchmark(
         _check_labels(dataset, n_classes, need=target == "gold" or config.protocol == "attcat-code")
     if target_kind == "loss" and target != "gold" and config.protocol != "attcat-code":
         raise InputError("target kind 'loss' is the loss of the gold label: use it with target 'gold' (--target gold)")
+    explainer = _ExplainWith(explainer, {} if memory_budget is None else {"memory_budget": memory_budget})
     explain_options = _checked_options(explainer, dataset, methods, method_ids, explain_options, target,
                                        target_kind, config)
     out = check_output_path(out_dir, "results directory", directory=True)
@@ -259,6 +283,9 @@ def _run_locked(
 
     bar = tqdm(total=len(dataset), initial=len(done), disable=not progress, desc="benchmark", unit="example",
                dynamic_ncols=True)
+    if progress and isinstance(explainer, _ExplainWith) and explainer.takes("progress"):
+        # the bar moves per chunk; inside one, the postfix follows the explanation's progress (long inputs, IG)
+        explainer.kwargs["progress"] = lambda done, _n: bar.set_postfix_str(f"explaining {done:.0%}")
     processed = 0
     try:
         for start in range(0, len(todo), chunk_size):

@@ -42,12 +42,15 @@ class MethodOutput:
 
     ``scores`` is ``(B, K)`` and ``layers`` ``(B, L, K)`` (or ``None``). ``space`` says whether the last axis is the
     attention stream's key positions (``"keys"``, mapped to input tokens by the engine) or input tokens
-    (``"tokens"``). The engine zeroes padding afterwards, so methods need not.
+    (``"tokens"``). The engine zeroes padding afterwards, so methods need not. ``meta``: per-input figures
+    (tensors of shape ``(B,)``, e.g. integrated gradients' completeness gap), stored in each explanation's meta
+    under the method's id.
     """
 
     scores: torch.Tensor
     layers: torch.Tensor | None = None
     space: str = "keys"
+    meta: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
