@@ -19,7 +19,7 @@ import torch
 
 from .data import Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
-from .loading import check_model_dir, check_tokenizer_files, load_weights, quiet_transformers
+from .loading import check_model_dir, check_tokenizer_files, load_weights, quiet_transformers, resolve_device
 from .paths import check_output_path
 from .safetext import terminal_safe
 
@@ -98,14 +98,7 @@ class TrainConfig:
             if not ok:
                 raise InputError(message)
         check_output_path(self.out, "--out", directory=True)
-        if self.device is not None:
-            try:
-                device = torch.device(self.device)
-            except RuntimeError:
-                raise InputError(f"--device {self.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
-            if device.type == "cuda" and (not torch.cuda.is_available()
-                                          or (device.index or 0) >= torch.cuda.device_count()):
-                raise InputError(f"--device {self.device}: no such CUDA device on this machine")
+        resolve_device(self.device, "--device")
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -366,7 +359,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     if min(train_split.labels + eval_split.labels) < 0:
         raise InputError("labels must be class ids >= 0")
 
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(cfg.device or "auto")
     tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head)
     seed_everything(cfg.seed)  # the new head's initialisation does not depend on what was loaded before
     model.to(device)

@@ -11,7 +11,7 @@ import importlib
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 from .. import __version__
 from ..errors import AttnLensError
@@ -71,6 +71,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         warnings.formatwarning = format_warning
+
+
+def add_placement_options(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
+    """``--device`` and ``--dtype``: where a command runs its model and in which precision."""
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:N, mps or auto (the first of cuda, mps, cpu this machine has); default cpu")
+    if dtype:
+        p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                       help="precision the model runs in (default: the checkpoint's)")
+
+
+def placement(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(device, dtype)`` of ``--device``/``--dtype``, checked before anything loads (``None``: not given)."""
+    from ..loading import resolve_device, resolve_dtype
+
+    return resolve_device(args.device, "--device"), resolve_dtype(getattr(args, "dtype", None), "--dtype")
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

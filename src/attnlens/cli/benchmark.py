@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..safetext import terminal_safe
+from . import add_placement_options, placement
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -64,6 +65,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="results directory")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming a run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_placement_options(p)
     return p
 
 
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.occlusion_step < 1 or args.occlusion_max < 0:
         raise InputError("--occlusion-step must be >= 1 and --occlusion-max >= 0")
     check_output_path(args.out, "--out", directory=True)
+    device, dtype = placement(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     options = None
@@ -96,10 +99,8 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
             raise InputError('--options must map method ids to option objects, e.g. {"attcat": {"alpha": "cls"}}')
     dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
-    if dataset.task == "qa":
-        explainer = _qa_explainer(args)
-    else:
-        explainer = Explainer.from_pretrained(args.model, attention=args.attention, max_length=args.max_length)
+    explainer = Explainer.from_pretrained(args.model, attention=args.attention, max_length=args.max_length,
+                                          task="qa" if dataset.task == "qa" else None, device=device, dtype=dtype)
     methods: Any = args.methods
     if args.no_lrp and methods == "all":
         methods = list_methods(include_lrp=False)
@@ -130,9 +131,3 @@ def run(args: argparse.Namespace) -> int:
                         one_line=True))
     return 0
 
-
-def _qa_explainer(args: argparse.Namespace) -> Any:
-    """An explainer of an extractive QA model (``AutoModelForQuestionAnswering``)."""
-    from ..explainer import Explainer
-
-    return Explainer.from_pretrained(args.model, attention=args.attention, max_length=args.max_length, task="qa")

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import InputError, ModelError
 from ..paths import check_output_path
 from ..safetext import terminal_safe
+from . import add_placement_options, placement
 
 FORMATS = ("terminal", "html", "json", "jsonl")
 DEFAULT_MODEL_NAME = "minilm-sst2"
@@ -121,6 +122,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens (at least 2)")
     p.add_argument("--no-truncation", action="store_true", help="fail on over-long inputs instead of cutting them")
     p.add_argument("--top-k", type=int, default=5, help="tokens per method in the terminal table (default 5)")
+    add_placement_options(p)
     return p
 
 
@@ -167,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "html" and args.out is None:
         args.out = "explanations.html"
     check_args(args)
+    device, dtype = placement(args)
 
     texts: list[Any] = list(args.texts)
     if args.file:
@@ -183,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
         target = int(target)
     elif target is not None and re.fullmatch(r"\s*\d+\s*,\s*\d+\s*", target):  # a QA span START,END
         target = tuple(int(x) for x in target.split(","))
-    explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length)
+    explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length,
+                                          device=device, dtype=dtype)
     exps = explainer.explain(
         texts,
         methods=args.methods,  # as given: "all" skips the methods that do not apply to this model, with a notice

@@ -49,7 +49,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="replace a classification head whose number of labels differs from the data's",
     )
-    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N, mps or auto (default: auto, the first of cuda, mps, cpu "
+                   "this machine has)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", required=True, help="output directory")
     return p
