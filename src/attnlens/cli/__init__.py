@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return int(exc.code or 0)
+    args.argv = argv  # as given: a command that starts copies of itself (benchmark --processes) passes it on
     format_warning = warnings.formatwarning
     # warnings quote texts, labels and paths: print them with control characters escaped (also under --debug)
     warnings.formatwarning = lambda *a, **k: terminal_safe(format_warning(*a, **k))
