@@ -167,3 +167,22 @@ def test_train_accepts_auto(model_dir, tmp_path):
     from attnlens.train import TrainConfig
 
     TrainConfig(model=model_dir, out=str(tmp_path / "o"), dataset="sst2", device="auto").validate()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_train_in_mixed_precision(dtype, model_dir, tmp_path):
+    """--dtype trains under autocast (float16 with loss scaling): the loss falls and the weights stay float32."""
+    from attnlens.train import TrainConfig, train
+
+    rows = [{"text": f"{w} movie", "label": int(w in ("good", "great", "best"))}
+            for w in ("good", "bad", "great", "awful", "best", "worst", "boring", "dull") * 6]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    metrics = train(TrainConfig(model=model_dir, out=str(out), data_file=str(data), epochs=8, lr=5e-3, batch_size=8,
+                                max_length=8, progress=False, dtype=dtype, device="cpu"), log=lambda _: None)
+    assert metrics["loss"]["last_10"] < 0.5 * metrics["loss"]["first_10"]
+    saved = Explainer.from_pretrained(out)
+    assert {p.dtype for p in saved.model.parameters()} == {torch.float32}
+    with pytest.raises(InputError, match="--dtype int8 is not a dtype"):
+        TrainConfig(model=model_dir, out=str(out), data_file=str(data), dtype="int8").validate()

@@ -124,9 +124,13 @@ def run(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
     out = Path(args.out)
     if launched:  # one of the processes `accelerate launch` (or --processes) started: its rank is its shard
-        shard, own_device = parallel.join_launched(cpu=device is None or device.type == "cpu")
-        if device is not None and device.type != "cpu":
-            device = own_device  # cuda:LOCAL_RANK
+        cpu = device.type == "cpu" if device is not None else not torch.cuda.is_available()
+        shard, own_device = parallel.join_launched(cpu=cpu)
+        if shard.count != parallel.launched_world_size():  # each process would do the whole run
+            raise InputError(f"the launcher started {parallel.launched_world_size()} processes but accelerate sees "
+                             f"{shard.count} (--device {args.device or 'not given'}); give --device cpu or cuda")
+        if device is None or device.type != "cpu":
+            device = own_device  # the launcher's: cuda:LOCAL_RANK on GPUs
         if args.overwrite:  # rank 0 clears the run, the others wait for it before anything is read
             if shard.index == 0:
                 clear_results(out)
@@ -162,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     if args.processes > 1:  # check everything here, once, then start the processes (they each load the model)
         run_benchmark(explainer, dataset, out, check_only=True, **kwargs)
         del explainer
-        argv = [*args.argv, "--processes", "1", "--threads", str(threads)]  # the last value of an option wins
+        # the workers run the same command (the last value of an option wins), on the CPU unless --device says
+        argv = [*args.argv, "--processes", "1", "--threads", str(threads), "--device", args.device or "cpu"]
         wall = parallel.launch(argv, args.processes, threads)
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
         print(terminal_safe((out / "table.md").read_text(encoding="utf-8")))
