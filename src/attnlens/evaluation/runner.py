@@ -179,10 +179,10 @@ def run_benchmark(
         methods=method_ids, metrics=metric_ids, config=dataclasses.asdict(config),
         explain_options=dict(explain_options or {}), target_kind=target_kind, target=target,
     )
+    if resume:  # the run to resume, and every process's part of it, must have been made with these settings
+        for d in [out, *shard_dirs(out)]:
+            _check_settings(d / "run.json", settings, d)
     if check_only:
-        if resume:
-            for d in [out, *shard_dirs(out)]:
-                _check_settings(d / "run.json", settings, d)
         return None
     # Everything is checked: from here on we write, holding the directory's lock until the last file is written.
     out.mkdir(parents=True, exist_ok=True)
@@ -355,13 +355,14 @@ def _finish(
         rewrite_rows(out / "explanations.jsonl", merged.explanations)
         seconds = _check_settings(run_file, settings, out)
         for d in merged.shards:  # everything in them is merged: remove the shards no process is writing
+            spent = _check_settings(d / "run.json", settings, d)
             try:
                 with results_lock(d):
-                    spent = float(read_run(d / "run.json").get("seconds", 0.0)) if (d / "run.json").exists() else 0
+                    spent = _check_settings(d / "run.json", settings, d)
                     shutil.rmtree(d)
                 seconds += spent
             except InputError:  # its process is still at work
-                remaining += float(read_run(d / "run.json").get("seconds", 0.0))
+                remaining += spent
         _save_run(run_file, settings, seconds)
         if not shard_dirs(out):
             shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
