@@ -185,3 +185,22 @@ def test_a_failed_process_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"^2 of 2 benchmark processes failed \(rank 0, 1; exit status 1, 1\); "
                                          "the finished examples are saved: run the same command again to resume$"):
         parallel.launch(["benchmark"], 2, 1)
+
+
+def test_a_shard_removed_by_a_merge_is_made_again(tmp_path, monkeypatch):
+    import attnlens.evaluation.parallel as parallel
+
+    directory = tmp_path / "out" / "shards" / "0-of-2"
+    real = parallel.results_lock
+    calls = []
+
+    def vanishing(path, wait=False):  # the first time, a merge removes the directory between mkdir and lock
+        calls.append(path)
+        if len(calls) == 1:
+            path.rmdir()
+        return real(path, wait=wait)
+
+    monkeypatch.setattr(parallel, "results_lock", vanishing)
+    with parallel.shard_lock(directory):
+        assert (directory / ".lock").is_file()
+    assert len(calls) == 2 and not (directory / ".lock").exists()

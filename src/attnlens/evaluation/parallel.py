@@ -16,18 +16,19 @@ Processes come from ``accelerate launch`` (or ``torchrun``: the ranks are read t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .results import SHARDS_DIR, complete_examples, read_rows, read_run, shard_dirs, target_key
+from .results import SHARDS_DIR, complete_examples, read_rows, read_run, results_lock, shard_dirs, target_key
 
 QUIET_TABLE = "ATTNLENS_NO_TABLE"  # workers of launch() leave printing the table to the command that started them
 WORLD_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")  # as accelerate reads them
@@ -65,6 +66,22 @@ def chunks(n_examples: int, chunk_size: int, shard: Shard | None = None) -> list
     """The example indices of each chunk a process works on: all chunks, or every ``count``-th from ``index``."""
     grid = [list(range(s, min(s + chunk_size, n_examples))) for s in range(0, n_examples, chunk_size)]
     return grid if shard is None else grid[shard.index :: shard.count]
+
+
+@contextlib.contextmanager
+def shard_lock(directory: Path) -> Iterator[None]:
+    """Hold the lock of a shard's directory, made if missing. A merge deletes the shards it took in (holding their
+    lock for a moment): wait for it, and make the directory again if it went."""
+    while True:
+        directory.mkdir(parents=True, exist_ok=True)
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(results_lock(directory, wait=True))
+        except FileNotFoundError:  # removed between mkdir and lock
+            continue
+        with stack:
+            yield
+        return
 
 
 # ------------------------------------------------------------------ merge
@@ -183,4 +200,4 @@ def launch(argv: Sequence[str], processes: int, threads: int) -> float:
     return time.perf_counter() - start
 
 
-__all__ = ["Merged", "Shard", "chunks", "join_launched", "launch", "launched_world_size", "merge_sources"]
+__all__ = ["Merged", "Shard", "chunks", "join_launched", "launch", "launched_world_size", "merge_sources", "shard_lock"]

@@ -41,7 +41,7 @@ from .metrics import (
     resolve_metrics,
     score_examples,
 )
-from .parallel import Shard, chunks, merge_sources
+from .parallel import Shard, chunks, merge_sources, shard_lock
 from .perturb import ModelPredictor, Predict
 from .results import (
     FORMAT_VERSION,
@@ -201,8 +201,7 @@ def run_benchmark(
             return _finish(explainer, dataset, out, timing, cached, **finish)
     _check_settings(out / "run.json", settings, out)  # a merge into out must not mix runs
     mine = shard.directory(out)
-    mine.mkdir(parents=True, exist_ok=True)
-    with results_lock(mine):
+    with shard_lock(mine):
         if not resume:
             clear_results(mine)
         others = [out, *(d for d in shard_dirs(out) if d != mine)]
