@@ -4,6 +4,7 @@ GPU: the CUDA and MPS cases check the refusals a machine without them gives)."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -84,11 +85,25 @@ def test_unknown_dtype(spec):
 
 # ------------------------------------------------------------------ from_pretrained
 def test_from_pretrained_places_the_model(model_dir):
-    explainer = Explainer.from_pretrained(model_dir, device="auto", dtype="bfloat16")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        explainer = Explainer.from_pretrained(model_dir, device="auto", dtype="bfloat16")
     assert explainer.device.type in ("cpu", "cuda", "mps")
+    on_cpu = [str(w.message) for w in caught if "on the CPU" in str(w.message)]
+    assert on_cpu == (["bfloat16 on the CPU: explaining may be far slower than in float32 (about 25x for minilm-sst2 "
+                       "on attnlens' test machine); half precision is for GPUs"] if explainer.device.type == "cpu"
+                      else [])
+    assert not any("on the CPU" in str(w.message) for w in _caught(model_dir, "float32"))
     assert {p.dtype for p in explainer.model.parameters()} == {torch.bfloat16}
     exp = explainer.explain(TEXTS[0], methods="rawatt,grads")[0]
     assert all(s.dtype == np.float64 and np.isfinite(s).all() for s in exp.scores.values())
+
+
+def _caught(model_dir: str, dtype: str) -> list:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Explainer.from_pretrained(model_dir, dtype=dtype)
+    return caught
 
 
 def test_from_pretrained_refuses_dtype_twice(model_dir):
