@@ -105,6 +105,7 @@ class Explainer:
         attention: str | None = None,
         max_length: int | None = None,
         device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
         task: str | None = None,
         **model_kwargs: Any,
     ) -> Explainer:
@@ -112,12 +113,17 @@ class Explainer:
 
         ``task`` is ``"classification"`` (``AutoModelForSequenceClassification``) or ``"qa"``
         (``AutoModelForQuestionAnswering``); by default it follows the architecture the model's config names.
+        ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``"auto"`` (the first of cuda, mps, cpu
+        this machine has; default: where ``from_pretrained`` puts it, the CPU); ``dtype`` is ``"float32"``,
+        ``"bfloat16"`` or ``"float16"`` (default: the checkpoint's). Explaining follows the model's device and
+        dtype; scores are returned as float64 NumPy arrays either way.
 
         Raises :class:`ModelError` (one line) when the checkpoint cannot be explained as it is: a task head that
         is not in the weights (a base encoder, a language model, a classifier loaded with ``task="qa"``: the head
         would be random), a directory without tokenizer files, corrupt or empty weights files.
         """
-        model, tokenizer, name = load_pretrained(name_or_path, task=task, device=device, **model_kwargs)
+        model, tokenizer, name = load_pretrained(name_or_path, task=task, device=device, dtype=dtype,
+                                                 **model_kwargs)
         return cls(model, tokenizer, attention=attention, max_length=max_length, name=name)
 
     # ----------------------------------------------------------------- checks

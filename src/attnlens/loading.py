@@ -9,6 +9,7 @@ empty weights files become one-line errors instead of a traceback from deep insi
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,11 @@ from typing import Any
 
 from .errors import InputError, ModelError
 from .heads import TASKS, task_of
+
+DEVICES = "cpu, cuda, cuda:N, mps or auto"
+# dtype names a user may give (the --dtype choices first), and the torch dtype each stands for
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp32": "float32",
+          "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -183,18 +189,77 @@ def check_vocabulary(tokenizer: Any, model: Any) -> None:
         )
 
 
+def resolve_device(spec: Any, option: str | None = None) -> Any:
+    """The ``torch.device`` that ``spec`` names (``None`` stays ``None``: the model stays where it is).
+
+    ``"auto"`` is the first of cuda, mps and cpu that this machine has. A device this machine does not have
+    (CUDA asked on a CPU-only build or machine, ``cuda:N`` beyond its GPUs, MPS off a Mac) and a name that is no
+    device raise a one-line :class:`InputError`; ``option`` (e.g. ``"--device"``) names where the value came from.
+    """
+    import torch
+
+    if spec is None:
+        return None
+    if isinstance(spec, str) and spec.strip().lower() == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    what = f"{option} {spec}" if option else f"device {spec!r}"
+    try:
+        device = torch.device(spec.strip() if isinstance(spec, str) else spec)
+    except (RuntimeError, TypeError):
+        raise InputError(f"{option} {spec!r} is not a torch device ({DEVICES})" if option else
+                         f"cannot move the model to device {spec!r}: not a torch device ({DEVICES})") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            why = (f"torch {torch.__version__} was built without CUDA" if torch.version.cuda is None else
+                   "no GPU is visible" if count == 0 else f"it has {count}: cuda:0..cuda:{count - 1}")
+            raise InputError(f"{what}: no such CUDA device on this machine ({why}); use cpu or auto")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"{what}: this machine has no MPS device (Apple GPUs only); use cpu or auto")
+    return device
+
+
+def resolve_dtype(spec: Any, option: str | None = None) -> Any:
+    """The floating-point ``torch.dtype`` that ``spec`` names (``"float32"``, ``"bfloat16"``, ``"float16"`` or
+    their short names, or a ``torch.dtype``); ``None`` stays ``None`` (the checkpoint's dtype)."""
+    import torch
+
+    if spec is None:
+        return None
+    if isinstance(spec, torch.dtype):
+        name = str(spec).removeprefix("torch.")
+    else:
+        name = DTYPES.get(str(spec).strip().lower(), "")
+    if name not in ("float32", "bfloat16", "float16"):
+        where = f"{option} {spec}" if option else f"dtype={spec!r}"
+        raise InputError(f"{where} is not a dtype attnlens runs models in; choose float32, bfloat16 or float16")
+    return getattr(torch, name)
+
+
 def load_pretrained(
-    name_or_path: str | Path, *, task: str | None = None, device: Any = None, **model_kwargs: Any,
+    name_or_path: str | Path, *, task: str | None = None, device: Any = None, dtype: Any = None,
+    **model_kwargs: Any,
 ) -> tuple[Any, Any, str]:
     """Model (eager attention), tokenizer and name of a local directory or hub id, as
     :meth:`Explainer.from_pretrained <attnlens.Explainer.from_pretrained>` documents: ``task`` picks
     ``AutoModelForSequenceClassification`` or ``AutoModelForQuestionAnswering`` (default: what the config's
-    architecture names); a checkpoint that cannot be explained as it is raises :class:`ModelError`."""
+    architecture names); ``device`` and ``dtype`` (see :func:`resolve_device`, :func:`resolve_dtype`) place it;
+    a checkpoint that cannot be explained as it is raises :class:`ModelError`."""
+    import torch
     import transformers
     from transformers import AutoConfig, AutoTokenizer
 
     if task not in (None, *TASKS):
         raise InputError(f"task={task!r}; choose {' or '.join(map(repr, TASKS))}")
+    target_device = resolve_device(device)  # a device this machine lacks is refused before anything loads
+    if dtype is not None:
+        if {"dtype", "torch_dtype"} & set(model_kwargs):
+            raise InputError("give the dtype once: dtype=... (not also dtype/torch_dtype among the model options)")
+        model_kwargs["dtype"] = resolve_dtype(dtype)  # loaded in it: no float32 copy on the way
 
     name = str(name_or_path)
     looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
@@ -215,9 +280,13 @@ def load_pretrained(
         kind = TASKS[task or "classification"].kind  # task is None when the config itself would not load
         raise ModelError(f"could not load {name!r} as {kind}: {str(exc).splitlines()[0]}") from exc
     check_complete(model, info, name, task)
-    if device is not None:
+    if target_device is not None:
         try:
-            model.to(device)
-        except (RuntimeError, AssertionError, ValueError) as exc:  # unknown device type, CUDA not compiled in
+            model.to(target_device)
+        except (RuntimeError, AssertionError, ValueError) as exc:  # e.g. a device type torch was built without
             raise InputError(f"cannot move the model to device {device!r}: {str(exc).splitlines()[0]}") from None
+    if dtype is not None and model_kwargs["dtype"] != torch.float32 and model.device.type == "cpu":
+        half = str(model_kwargs["dtype"]).removeprefix("torch.")
+        warnings.warn(f"{half} on the CPU: explaining may be far slower than in float32 (about 25x for minilm-sst2 "
+                      "on attnlens' test machine); half precision is for GPUs", stacklevel=3)
     return model, tokenizer, name

@@ -10,6 +10,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,14 @@ import torch
 
 from .data import Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
-from .loading import check_model_dir, check_tokenizer_files, load_weights, quiet_transformers
+from .loading import (
+    check_model_dir,
+    check_tokenizer_files,
+    load_weights,
+    quiet_transformers,
+    resolve_device,
+    resolve_dtype,
+)
 from .paths import check_output_path
 from .safetext import terminal_safe
 
@@ -76,6 +84,7 @@ class TrainConfig:
     seed: int = 0
     reinit_head: bool = False
     device: str | None = None
+    dtype: str | None = None  # mixed precision: forward and backward under autocast, weights kept in float32
     progress: bool = True
 
     def validate(self) -> None:
@@ -98,14 +107,8 @@ class TrainConfig:
             if not ok:
                 raise InputError(message)
         check_output_path(self.out, "--out", directory=True)
-        if self.device is not None:
-            try:
-                device = torch.device(self.device)
-            except RuntimeError:
-                raise InputError(f"--device {self.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
-            if device.type == "cuda" and (not torch.cuda.is_available()
-                                          or (device.index or 0) >= torch.cuda.device_count()):
-                raise InputError(f"--device {self.device}: no such CUDA device on this machine")
+        resolve_device(self.device, "--device")
+        resolve_dtype(self.dtype, "--dtype")
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -366,7 +369,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     if min(train_split.labels + eval_split.labels) < 0:
         raise InputError("labels must be class ids >= 0")
 
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(cfg.device or "auto")
     tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head)
     seed_everything(cfg.seed)  # the new head's initialisation does not depend on what was loaded before
     model.to(device)
@@ -384,6 +387,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
     generator = torch.Generator().manual_seed(cfg.seed)
     labels = torch.tensor(train_split.labels)
+    # --dtype: mixed precision (autocast) with float32 weights; float16 gradients are loss-scaled against underflow
+    dtype = resolve_dtype(cfg.dtype)
+    half = dtype is not None and dtype != torch.float32
+    autocast = torch.autocast(device.type, dtype=dtype) if half else nullcontext()
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
     losses: list[float] = []
     model.train()
@@ -396,10 +404,13 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
                 break
             idx = order[start : start + cfg.batch_size]
             batch = _batch(tokenizer, [train_features[i] for i in idx], device)
-            out = model(**batch, labels=labels[idx].to(device))
-            out.loss.backward()
+            with autocast:
+                out = model(**batch, labels=labels[idx].to(device))
+            scaler.scale(out.loss).backward()
+            scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(float(out.loss.detach()))

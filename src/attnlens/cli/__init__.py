@@ -11,7 +11,7 @@ import importlib
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 from .. import __version__
 from ..errors import AttnLensError
@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return int(exc.code or 0)
+    args.argv = argv  # as given: a command that starts copies of itself (benchmark --processes) passes it on
     format_warning = warnings.formatwarning
     # warnings quote texts, labels and paths: print them with control characters escaped (also under --debug)
     warnings.formatwarning = lambda *a, **k: terminal_safe(format_warning(*a, **k))
@@ -71,6 +72,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         warnings.formatwarning = format_warning
+
+
+def add_placement_options(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
+    """``--device`` and ``--dtype``: where a command runs its model and in which precision."""
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:N, mps or auto (the first of cuda, mps, cpu this machine has); default cpu")
+    if dtype:
+        p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                       help="precision the model runs in (default: the checkpoint's)")
+
+
+def placement(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(device, dtype)`` of ``--device``/``--dtype``, checked before anything loads (``None``: not given)."""
+    from ..loading import resolve_device, resolve_dtype
+
+    return resolve_device(args.device, "--device"), resolve_dtype(getattr(args, "dtype", None), "--dtype")
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

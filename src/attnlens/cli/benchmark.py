@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..safetext import terminal_safe
+from . import add_placement_options, placement
 from .explain import add_memory_options
 
 
@@ -66,6 +67,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming a run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_memory_options(p)
+    add_placement_options(p)
+    # data-parallel runs (docs/scaling.md); `accelerate launch -m attnlens.cli benchmark ...` needs neither option
+    p.add_argument("--processes", type=int, default=1,
+                   help="run in N processes on this machine, each on its share of the examples (one per GPU with "
+                   "--device cuda); the merged results equal a one-process run's")
+    p.add_argument("--shard", metavar="RANK/COUNT", default=None,
+                   help="run one share of a data-parallel run whose processes a scheduler starts (e.g. a Slurm "
+                   "array: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); the last one to end merges the results")
     return p
 
 
@@ -74,13 +83,15 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..data import load_dataset
+    from ..evaluation import parallel
     from ..evaluation.metrics import EvalConfig
+    from ..evaluation.results import clear_results
     from ..evaluation.runner import run_benchmark
     from ..explainer import Explainer
     from ..methods import list_methods
     from ..paths import check_output_path
 
-    for name in ("threads", "batch_size", "eval_batch_size", "chunk_size", "k"):
+    for name in ("threads", "batch_size", "eval_batch_size", "chunk_size", "k", "processes"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
@@ -90,8 +101,23 @@ def run(args: argparse.Namespace) -> int:
     from ..memory import parse_budget
 
     budget = None if args.memory_budget is None else parse_budget(args.memory_budget)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device, dtype = placement(args)
+    shard = parallel.Shard.parse(args.shard) if args.shard else None
+    launched = parallel.launched_world_size() > 1
+    if (args.processes > 1) + (shard is not None) + launched > 1:
+        raise InputError("--processes, --shard and accelerate launch each split the run: use one of them")
+    if shard is not None and args.overwrite:
+        raise InputError("--overwrite with --shard would clear the other shards' work: delete --out before "
+                         "starting the shards instead")
+    if args.processes > 1 and device is not None and device.type == "cuda" and (
+            args.processes > torch.cuda.device_count() or device.index is not None):
+        raise InputError(f"--processes {args.processes} --device {args.device}: give --device cuda (one process "
+                             f"per GPU), with at most {torch.cuda.device_count()} processes")
+    threads = args.threads
+    if args.processes > 1 and threads is None:  # the cores are shared: one process per core share
+        threads = max(1, (os.cpu_count() or 1) // args.processes)
+    if threads:
+        torch.set_num_threads(threads)
     options = None
     if args.options:
         try:
@@ -101,18 +127,33 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
             raise InputError('--options must map method ids to option objects, e.g. {"attcat": {"alpha": "cls"}}')
     dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
-    if dataset.task == "qa":
-        explainer = _qa_explainer(args)
-    else:
-        explainer = Explainer.from_pretrained(args.model, attention=args.attention, max_length=args.max_length)
+    out = Path(args.out)
+    if launched:  # one of the processes `accelerate launch` (or --processes) started: its rank is its shard
+        cpu = device.type == "cpu" if device is not None else not torch.cuda.is_available()
+        shard, own_device = parallel.join_launched(cpu=cpu)
+        if shard.count != parallel.launched_world_size():  # each process would do the whole run
+            raise InputError(f"the launcher started {parallel.launched_world_size()} processes but accelerate sees "
+                             f"{shard.count} (--device {args.device or 'not given'}); give --device cpu or cuda")
+        if device is None or device.type != "cpu":
+            device = own_device  # the launcher's: cuda:LOCAL_RANK on GPUs
+        if args.overwrite:  # rank 0 clears the run, the others wait for it before anything is read
+            if shard.index == 0:
+                clear_results(out)
+            parallel.barrier()
+            args.overwrite = False
+    explainer = Explainer.from_pretrained(
+        args.model, attention=args.attention, max_length=args.max_length,
+        task="qa" if dataset.task == "qa" else None, device=None if args.processes > 1 else device, dtype=dtype,
+    )
     methods: Any = args.methods
     if args.no_lrp and methods == "all":
         methods = list_methods(include_lrp=False)
     occlusion_max = args.occlusion_max
     if occlusion_max > explainer.max_length:  # a count above an input's length drops all of it: stop there
         occlusion_max = explainer.max_length
-        print(f"attnlens: --occlusion-max {args.occlusion_max} is more than the model's {occlusion_max}-token inputs; "
-              f"using {occlusion_max}", file=sys.stderr)
+        if shard is None or shard.index == 0:
+            print(f"attnlens: --occlusion-max {args.occlusion_max} is more than the model's {occlusion_max}-token "
+                  f"inputs; using {occlusion_max}", file=sys.stderr)
     config = EvalConfig(
         precision_k=args.k,
         protocol=args.protocol,
@@ -121,23 +162,40 @@ def run(args: argparse.Namespace) -> int:
         occlusion_drop=args.occlusion_drop,
         seed=args.seed,
     )
-    out = Path(args.out)
-    summary = run_benchmark(
-        explainer, dataset, out, methods=methods, metrics=args.metrics, config=config,
+    kwargs = dict(
+        methods=methods, metrics=args.metrics, config=config,
         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, chunk_size=args.chunk_size,
-        resume=not args.overwrite,
-        progress=not args.quiet, explain_options=options, model_name=args.model, target=args.target,
-        target_kind=args.target_kind, memory_budget=budget,
+        resume=not args.overwrite, progress=not args.quiet and (shard is None or shard.index == 0),
+        explain_options=options, model_name=args.model, target=args.target, target_kind=args.target_kind,
+        memory_budget=budget,
     )
+    if args.processes > 1:  # check everything here, once, then start the processes (they each load the model)
+        run_benchmark(explainer, dataset, out, check_only=True, **kwargs)
+        del explainer
+        # the workers run the same command (the last value of an option wins), on the CPU unless --device says
+        argv = [*args.argv, "--processes", "1", "--threads", str(threads), "--device", args.device or "cpu"]
+        wall = parallel.launch(argv, args.processes, threads)
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        print(terminal_safe((out / "table.md").read_text(encoding="utf-8")))
+        print(terminal_safe(f"{summary['n_examples']} examples in {wall:.1f} s with {args.processes} processes "
+                            f"({summary['timing'].get('seconds', 0):.1f} s of compute); results in {out}/",
+                            one_line=True))
+        return 0
+    try:
+        summary = run_benchmark(explainer, dataset, out, shard=shard, **kwargs)
+    finally:
+        if launched:
+            parallel.leave_group()
+    assert summary is not None
+    if shard is not None:
+        state = "complete" if summary["timing"].get("complete") else "partial: the other shards merge when they end"
+        print(terminal_safe(f"attnlens: shard {shard.index}/{shard.count} done; {summary['n_examples']} of "
+                            f"{summary['n_planned']} examples merged into {out}/ ({state})", one_line=True),
+              file=sys.stderr)
+        if not summary["timing"].get("complete") or os.environ.get(parallel.QUIET_TABLE):
+            return 0
     print(terminal_safe((out / "table.md").read_text(encoding="utf-8")))
     t = summary["timing"]
     print(terminal_safe(f"{summary['n_examples']} examples in {t.get('seconds', 0):.1f} s; results in {out}/",
                         one_line=True))
     return 0
-
-
-def _qa_explainer(args: argparse.Namespace) -> Any:
-    """An explainer of an extractive QA model (``AutoModelForQuestionAnswering``)."""
-    from ..explainer import Explainer
-
-    return Explainer.from_pretrained(args.model, attention=args.attention, max_length=args.max_length, task="qa")

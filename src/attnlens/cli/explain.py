@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import InputError, ModelError
 from ..paths import check_output_path
 from ..safetext import terminal_safe
+from . import add_placement_options, placement
 
 FORMATS = ("terminal", "html", "json", "jsonl")
 DEFAULT_MODEL_NAME = "minilm-sst2"
@@ -140,6 +141,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "is at most this (default 0.01 unless --ig-steps is given; the gap is in the JSON output's meta)")
     p.add_argument("--ig-method", metavar="RULE", help="integratedgradients: quadrature rule, riemann_trapezoid "
                    "(default), gausslegendre, riemann_middle, riemann_left or riemann_right")
+    add_placement_options(p)
     return p
 
 
@@ -211,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "html" and args.out is None:
         args.out = "explanations.html"
     check_args(args)
+    device, dtype = placement(args)
 
     texts: list[Any] = list(args.texts)
     if args.file:
@@ -229,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
         target = int(target)
     elif target is not None and re.fullmatch(r"\s*\d+\s*,\s*\d+\s*", target):  # a QA span START,END
         target = tuple(int(x) for x in target.split(","))
-    explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length)
+    explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length,
+                                          device=device, dtype=dtype)
     if explainer.head.task == "token":
         if args.token is None:
             raise InputError("this is a token classifier: pass the explained token as --token POSITION or --token WORD "

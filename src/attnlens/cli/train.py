@@ -49,7 +49,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="replace a classification head whose number of labels differs from the data's",
     )
-    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N, mps or auto (default: auto, the first of cuda, mps, cpu "
+                   "this machine has)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="mixed precision: run forward and backward in this dtype (autocast); weights stay float32")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", required=True, help="output directory")
     return p
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         reinit_head=args.reinit_head,
         device=args.device,
+        dtype=args.dtype,
         progress=not args.no_progress,
     )
     train(cfg)

@@ -2,8 +2,9 @@
 
 ``run.json`` holds the settings (a resumed run must match them) and the cumulative seconds; ``explanations.jsonl``
 the explanations (cached: never recomputed); ``examples.jsonl`` one row per example and method plus one baseline
-row per example; ``summary.json``, ``table.md`` and ``table.csv`` the summary (:mod:`.summary`). See
-``docs/benchmark-format.md``.
+row per example; ``summary.json``, ``table.md`` and ``table.csv`` the summary (:mod:`.summary`). A data-parallel run
+(:mod:`.parallel`) writes the same three work files per process under ``shards/RANK-of-COUNT/`` and merges them into
+the top-level ones. See ``docs/benchmark-format.md`` and ``docs/scaling.md``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,6 +34,7 @@ except ImportError:  # pragma: no cover
 FORMAT_VERSION = 1
 FILES = ("examples.jsonl", "explanations.jsonl", "summary.json", "table.md", "table.csv", "run.json")
 LOCK_FILE = ".lock"
+SHARDS_DIR = "shards"  # one results directory per process of a data-parallel run
 
 
 @dataclasses.dataclass
@@ -54,17 +57,28 @@ class BenchmarkSettings:
 
 
 # ------------------------------------------------------------------ JSON files
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Complete lines of a results JSONL file; a torn last line (interrupted write) is cut off the file, and a
-    line that is not a JSON object is skipped."""
+def read_rows(path: Path, repair: bool = True) -> list[dict[str, Any]]:
+    """Complete lines of a results JSONL file; a torn last line (interrupted write) is cut off the file (left in
+    place with ``repair=False``: a file another process may be appending to), and a line that is not a JSON object
+    is skipped."""
     if not path.exists():
         return []
     raw = path.read_bytes()
     end = raw.rfind(b"\n") + 1
     if end < len(raw):
+        if not repair:
+            return [row for row in map(_object, raw[:end].decode("utf-8", "replace").splitlines()) if row]
         with path.open("r+b") as f:
             f.truncate(end)
     return [row for _, row in iter_jsonl(path, skip_bad=True)]
+
+
+def _object(line: str) -> dict[str, Any] | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def append_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -77,8 +91,23 @@ def append_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def rewrite_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """Replace the content of a JSONL file by ``rows``."""
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    """Replace the content of a JSONL file by ``rows`` atomically (other processes may be reading it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def shard_dirs(out: Path) -> list[Path]:
+    """The per-process directories of data-parallel runs in ``out`` (``shards/RANK-of-COUNT``), in name order."""
+    root = out / SHARDS_DIR
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def clear_results(out: Path) -> None:
+    """Delete the results in ``out`` (its files and every shard), to start a run over."""
+    for name in FILES:
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -161,11 +190,12 @@ def example_rows(dataset: Dataset, items: Sequence[Any], scores: Sequence[Any], 
 
 # ------------------------------------------------------------------ lock
 @contextlib.contextmanager
-def results_lock(out: Path) -> Iterator[None]:
+def results_lock(out: Path, wait: bool = False) -> Iterator[None]:
     """Hold ``out/.lock`` while writing ``out``: an exclusive ``flock`` on a file holding our pid.
 
-    A second writer gets :class:`InputError` naming the holder's pid. The kernel drops the lock when its holder
-    exits, however it exits, so a lock file left by a killed run is simply taken over.
+    A second writer gets :class:`InputError` naming the holder's pid (or, with ``wait``, waits for it: the short
+    merge of a data-parallel run). The kernel drops the lock when its holder exits, however it exits, so a lock
+    file left by a killed run is simply taken over.
     """
     if fcntl is None:  # pragma: no cover
         yield
@@ -174,7 +204,7 @@ def results_lock(out: Path) -> Iterator[None]:
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
@@ -203,7 +233,7 @@ def results_lock(out: Path) -> Iterator[None]:
 
 
 __all__ = [
-    "FILES", "FORMAT_VERSION", "LOCK_FILE", "BenchmarkSettings", "append_rows", "complete_examples",
-    "example_rows", "explanation_cache", "finite", "jsonable", "read_rows", "read_run", "results_lock",
-    "rewrite_rows", "target_key", "write_json",
+    "FILES", "FORMAT_VERSION", "LOCK_FILE", "SHARDS_DIR", "BenchmarkSettings", "append_rows", "clear_results",
+    "complete_examples", "example_rows", "explanation_cache", "finite", "jsonable", "read_rows", "read_run",
+    "results_lock", "rewrite_rows", "shard_dirs", "target_key", "write_json",
 ]

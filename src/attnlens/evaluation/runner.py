@@ -8,15 +8,19 @@ Work is done in chunks of examples (in data-set order). For each chunk the runne
    (length-sorted batches, ``torch.no_grad``), computes the per-example metrics and appends them to
    ``examples.jsonl``.
 
-An interrupted run started again with the same settings skips what is on disk and continues; the summary is
-always computed from the files, so a resumed run gives the same totals as an uninterrupted one. See
-``docs/benchmark-format.md`` for the files.
+Chunks are fixed: chunk ``c`` holds examples ``c·chunk_size ..``, whichever process does it and whatever was done
+before. An interrupted run started again with the same settings skips what is on disk and continues; the summary is
+always computed from the files, so a resumed run gives the same totals as an uninterrupted one. With ``shard=``
+the run is one process of a data-parallel run (:mod:`.parallel`): it does every ``count``-th chunk in its own
+directory and merges what is complete into ``out_dir`` at its end. See ``docs/benchmark-format.md`` for the files
+and ``docs/scaling.md`` for several processes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -37,12 +41,14 @@ from .metrics import (
     resolve_metrics,
     score_examples,
 )
+from .parallel import Shard, chunks, merge_sources, shard_lock
 from .perturb import ModelPredictor, Predict
 from .results import (
-    FILES,
     FORMAT_VERSION,
+    SHARDS_DIR,
     BenchmarkSettings,
     append_rows,
+    clear_results,
     complete_examples,
     example_rows,
     explanation_cache,
@@ -50,6 +56,7 @@ from .results import (
     read_run,
     results_lock,
     rewrite_rows,
+    shard_dirs,
     target_key,
     write_json,
 )
@@ -112,7 +119,9 @@ def run_benchmark(
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
     memory_budget: str | int | None = None,
-) -> dict[str, Any]:
+    shard: Shard | None = None,
+    check_only: bool = False,
+) -> dict[str, Any] | None:
     """Benchmark ``methods`` × ``metrics`` on ``dataset`` and write the results directory ``out_dir``.
 
     Args:
@@ -136,9 +145,15 @@ def run_benchmark(
         predict: scorer of perturbed inputs (default: :class:`ModelPredictor` on ``explainer.model``, SDPA
             attention, no gradients).
         memory_budget: passed to ``explainer.explain`` (e.g. ``"4GB"``; default: the explainer's).
+        shard: this process's :class:`~attnlens.evaluation.parallel.Shard` of a data-parallel run: it does chunks
+            ``index, index + count, ...`` in ``out_dir/shards/INDEX-of-COUNT/`` (``resume=False`` starts that
+            directory over; clear ``out_dir`` first to start a whole run over), then merges everything complete
+            into ``out_dir``, waiting for the lock of ``out_dir`` while another process merges.
+        check_only: check everything (explaining one example when ``explain_options`` are given) and return
+            ``None`` without writing: what a launcher does before it starts the processes.
 
     Returns:
-        The summary (also written to ``summary.json``).
+        The summary (also written to ``summary.json``): of every example that is complete so far, in all shards.
     """
     from ..methods import resolve_methods
 
@@ -188,14 +203,36 @@ def run_benchmark(
         methods=method_ids, metrics=metric_ids, config=dataclasses.asdict(config),
         explain_options=dict(explain_options or {}), target_kind=target_kind, target=target,
     )
+    if resume:  # the run to resume, and every process's part of it, must have been made with these settings
+        for d in [out, *shard_dirs(out)]:
+            _check_settings(d / "run.json", settings, d)
+    if check_only:
+        return None
     # Everything is checked: from here on we write, holding the directory's lock until the last file is written.
     out.mkdir(parents=True, exist_ok=True)
-    with results_lock(out):
-        return _run_locked(explainer, dataset, out, settings, config, method_ids, metric_ids, n_classes,
-                           batch_size=batch_size, chunk_size=chunk_size, resume=resume, progress=progress,
-                           explain_options=explain_options, target_kind=target_kind, target=target,
-                           predict=predict or ModelPredictor(explainer.model, config.pad_token_id, eval_batch_size),
-                           stop_after=stop_after, log=log)
+    predict = predict or ModelPredictor(explainer.model, config.pad_token_id, eval_batch_size)
+    work = dict(settings=settings, config=config, method_ids=method_ids, metric_ids=metric_ids, n_classes=n_classes,
+                batch_size=batch_size, explain_options=explain_options, target_kind=target_kind, target=target,
+                predict=predict, stop_after=stop_after)
+    finish = dict(settings=settings, config=config, method_ids=method_ids, metric_ids=metric_ids,
+                  batch_size=batch_size, chunk_size=chunk_size, log=log)
+    if shard is None or shard.count == 1:
+        with results_lock(out):
+            if not resume:
+                clear_results(out)
+            timing, cached = _work(explainer, dataset, out, shard_dirs(out), chunks(len(dataset), chunk_size),
+                                   progress=progress, **work)
+            return _finish(explainer, dataset, out, timing, cached, **finish)
+    _check_settings(out / "run.json", settings, out)  # a merge into out must not mix runs
+    mine = shard.directory(out)
+    with shard_lock(mine):
+        if not resume:
+            clear_results(mine)
+        others = [out, *(d for d in shard_dirs(out) if d != mine)]
+        timing, _ = _work(explainer, dataset, mine, others, chunks(len(dataset), chunk_size, shard),
+                          progress=progress, **work)
+    with results_lock(out, wait=True):  # one merge at a time; each one takes in everything complete so far
+        return _finish(explainer, dataset, out, timing, None, **finish)
 
 
 def _check_labels(dataset: Dataset, n_classes: int, need: bool) -> None:
@@ -234,64 +271,76 @@ def _checked_options(
     return options
 
 
-def _run_locked(
-    explainer: Any, dataset: Dataset, out: Path, settings: BenchmarkSettings, config: EvalConfig,
-    method_ids: list[str], metric_ids: list[str], n_classes: int, *, batch_size: int, chunk_size: int,
-    resume: bool, progress: bool, explain_options: dict[str, dict[str, Any]], target_kind: str, target: str,
-    predict: Predict, stop_after: int | None, log: Callable[[str], None] | None,
-) -> dict[str, Any]:
-    """The body of :func:`run_benchmark`, run while holding the lock of ``out``."""
-    run_file = out / "run.json"
-    previous_seconds = 0.0
-    if resume and run_file.exists():
-        prev = read_run(run_file)
-        now = json.loads(json.dumps(settings.key()))
-        before = {"target": "predicted", **prev["settings"]}  # runs made before the target option
-        if before != now:
-            diff = [k for k in now if before.get(k) != now[k]]
-            raise InputError(
-                f"{out} holds results made with other settings ({', '.join(diff)}); use another --out or --overwrite"
-            )
-        previous_seconds = float(prev.get("seconds", 0.0))
-    elif not resume:
-        for name in FILES:
-            (out / name).unlink(missing_ok=True)
+def _check_settings(run_file: Path, settings: BenchmarkSettings, out: Path) -> float:
+    """The seconds recorded in ``run_file`` (0 when there is none); :class:`InputError` when it was made with
+    other settings than ``settings``."""
+    if not run_file.exists():
+        return 0.0
+    prev = read_run(run_file)
+    now = json.loads(json.dumps(settings.key()))
+    before = {"target": "predicted", **prev["settings"]}  # runs made before the target option
+    if before != now:
+        diff = [k for k in now if before.get(k) != now[k]]
+        raise InputError(
+            f"{out} holds results made with other settings ({', '.join(diff)}); use another --out or --overwrite"
+        )
+    return float(prev.get("seconds", 0.0))
 
+
+def _save_run(run_file: Path, settings: BenchmarkSettings, seconds: float) -> float:
+    write_json(run_file, {"format": FORMAT_VERSION, "settings": settings.key(), "seconds": seconds})
+    return seconds
+
+
+def _work(
+    explainer: Any, dataset: Dataset, work_dir: Path, sources: Sequence[Path], plan: list[list[int]], *,
+    settings: BenchmarkSettings, config: EvalConfig, method_ids: list[str], metric_ids: list[str], n_classes: int,
+    batch_size: int, progress: bool, explain_options: dict[str, dict[str, Any]], target_kind: str, target: str,
+    predict: Predict, stop_after: int | None,
+) -> tuple[dict[str, float], dict[tuple[int, str, Any], Explanation]]:
+    """Explain and score the examples of the ``plan`` chunks that neither ``work_dir`` (whose lock we hold) nor the
+    other results directories ``sources`` hold yet, appending them to ``work_dir``'s files.
+
+    Returns the seconds spent and the explanations of the plan's examples (cached and new)."""
+    run_file = work_dir / "run.json"
+    previous_seconds = _check_settings(run_file, settings, work_dir)
     t_start = time.perf_counter()
 
     def save_run() -> float:
         """Record the settings and the cumulative compute time (after every chunk: a kill loses one chunk's)."""
-        seconds = previous_seconds + time.perf_counter() - t_start
-        write_json(run_file, {"format": FORMAT_VERSION, "settings": settings.key(), "seconds": seconds})
-        return seconds
+        return _save_run(run_file, settings, previous_seconds + time.perf_counter() - t_start)
 
     save_run()
     class_specific = _class_specific(method_ids)
     kendall_methods = [m for m in method_ids if class_specific[m]] if "kendall" in metric_ids else []
 
-    ex_path, exp_path = out / "examples.jsonl", out / "explanations.jsonl"
+    ex_path, exp_path = work_dir / "examples.jsonl", work_dir / "explanations.jsonl"
     rows = read_rows(ex_path)
     done = complete_examples(rows, method_ids)
     if len(done) * (len(method_ids) + 1) != len(rows):  # drop lines of half-written examples
         rows = [r for r in rows if r["index"] in done]
         rewrite_rows(ex_path, rows)
-    cached = explanation_cache(read_rows(exp_path))
+    wanted = {i for chunk in plan for i in chunk}
+    exp_rows = read_rows(exp_path)
+    for src in sources:  # other processes may be appending to these: read complete lines, repair nothing
+        done |= complete_examples(read_rows(src / "examples.jsonl", repair=False), method_ids)
+        exp_rows += read_rows(src / "explanations.jsonl", repair=False)
+    cached = explanation_cache([r for r in exp_rows if (r.get("meta") or {}).get("example_index") in wanted])
 
-    todo = [i for i in range(len(dataset)) if i not in done]
-    timing = {"explain_seconds": 0.0, "evaluate_seconds": 0.0, "consistency_seconds": 0.0}
+    todo = [c for c in ([i for i in chunk if i not in done] for chunk in plan) if c]
+    timing = {"explain_seconds": 0.0, "evaluate_seconds": 0.0}
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(dataset), initial=len(done), disable=not progress, desc="benchmark", unit="example",
-               dynamic_ncols=True)
+    bar = tqdm(total=len(wanted), initial=len(wanted & done), disable=not progress, desc="benchmark",
+               unit="example", dynamic_ncols=True)
     if progress and isinstance(explainer, _ExplainWith) and explainer.takes("progress"):
         # the bar moves per chunk; inside one, the postfix follows the explanation's progress (long inputs, IG)
         explainer.kwargs["progress"] = lambda done, _n: bar.set_postfix_str(f"explaining {done:.0%}")
     processed = 0
     try:
-        for start in range(0, len(todo), chunk_size):
+        for chunk in todo:
             if stop_after is not None and processed >= stop_after:
                 break
-            chunk = todo[start : start + chunk_size]
             if stop_after is not None:
                 chunk = chunk[: stop_after - processed]
             t0 = time.perf_counter()
@@ -311,14 +360,49 @@ def _run_locked(
     finally:
         bar.close()
         save_run()
-    complete = len(complete_examples(read_rows(ex_path), method_ids)) == len(dataset)
+    return timing, cached
+
+
+def _finish(
+    explainer: Any, dataset: Dataset, out: Path, timing: dict[str, float],
+    cached: dict[tuple[int, str, Any], Explanation] | None, *, settings: BenchmarkSettings, config: EvalConfig,
+    method_ids: list[str], metric_ids: list[str], batch_size: int, chunk_size: int,
+    log: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """Merge the shards of ``out`` (whose lock we hold) into its files, then the data-set metrics and the summary.
+
+    ``cached``: the explanations of every example when they are all in ``out`` already (a single-process run)."""
+    run_file = out / "run.json"
+    remaining = 0.0  # compute seconds of shards still being written (kept, merged again later)
+    shards = shard_dirs(out)
+    if shards:
+        merged = merge_sources(out, json.loads(json.dumps(settings.key())), method_ids, chunk_size)
+        rewrite_rows(out / "examples.jsonl", merged.examples)
+        rewrite_rows(out / "explanations.jsonl", merged.explanations)
+        seconds = _check_settings(run_file, settings, out)
+        for d in merged.shards:  # everything in them is merged: remove the shards no process is writing
+            spent = _check_settings(d / "run.json", settings, d)
+            try:
+                with results_lock(d):
+                    spent = _check_settings(d / "run.json", settings, d)
+                    shutil.rmtree(d)
+                seconds += spent
+            except InputError:  # its process is still at work
+                remaining += spent
+        _save_run(run_file, settings, seconds)
+        if not shard_dirs(out):
+            shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
+        cached = explanation_cache(merged.explanations)
+    complete = len(complete_examples(read_rows(out / "examples.jsonl"), method_ids)) == len(dataset)
     t2 = time.perf_counter()
     consist = None
     if "consistency" in metric_ids and complete:
+        if cached is None:
+            cached = explanation_cache(read_rows(out / "explanations.jsonl"))
         consist = _consistency(explainer, dataset, method_ids, cached, config, batch_size)
-    timing["consistency_seconds"] = time.perf_counter() - t2
-    seconds = save_run()
-    summary = summarize(out, settings, consist, {"seconds": seconds, **timing, "complete": complete})
+    timing = {**timing, "consistency_seconds": time.perf_counter() - t2}
+    seconds = _save_run(run_file, settings, _check_settings(run_file, settings, out) + timing["consistency_seconds"])
+    summary = summarize(out, settings, consist, {"seconds": seconds + remaining, **timing, "complete": complete})
     if log is not None:
         log(f"wrote {out}/summary.json ({'complete' if complete else 'partial'})")
     return summary
@@ -439,4 +523,4 @@ def _consistency(
                           ModelPredictor(explainer.model, config.pad_token_id, batch_size), config)
 
 
-__all__ = ["run_benchmark"]
+__all__ = ["Shard", "run_benchmark"]
