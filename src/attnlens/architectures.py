@@ -248,7 +248,8 @@ def finds_last_token_by_padding(model: nn.Module) -> bool:
     """Whether ``model``'s head cannot read a padded batch: a decoder-only classifier (GPT-2, Llama, ...) finds
     each row's last real token by ``config.pad_token_id``, and without one refuses batches of more than one row.
     Such models get one input per forward pass."""
-    return adapter_for(model).head_reads_pad_id and getattr(model.config, "pad_token_id", None) is None
+    classifier = type(model).__name__.endswith("ForSequenceClassification")  # a language model's head reads all
+    return classifier and adapter_for(model).head_reads_pad_id and getattr(model.config, "pad_token_id", None) is None
 
 
 def build_tiny(
@@ -262,8 +263,10 @@ def build_tiny(
     init_std: float = 0.3,
     seed: int = 0,
     attn: str = "eager",
+    task: str = "classification",
 ) -> nn.Module:
-    """A tiny random classifier of ``model_type`` from its entry's :class:`Tiny` recipe (for tests), in eval mode.
+    """A tiny random classifier of ``model_type`` from its entry's :class:`Tiny` recipe (for tests), in eval mode;
+    ``task="causal-lm"`` / ``"seq2seq-lm"`` builds the type's language model from the same config instead.
 
     ``init_std`` replaces the config's ``initializer_range`` where the recipe asks for it (larger than HF's 0.02,
     so attention is far from uniform and every method has signal)."""
@@ -278,4 +281,10 @@ def build_tiny(
     config = getattr(transformers, arch.tiny.config)(  # attn at construction: Falcon cannot switch afterwards
         vocab_size=vocab_size, num_labels=num_labels, pad_token_id=pad_token_id, attn_implementation=attn, **kwargs
     )
+    if task != "classification":
+        from .heads import TASKS
+
+        if task not in TASKS:
+            raise InputError(f"task={task!r}; choose one of {', '.join(TASKS)}")
+        return getattr(transformers, TASKS[task].auto_class).from_config(config).eval()
     return getattr(transformers, arch.tiny.model)(config).eval()

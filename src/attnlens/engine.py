@@ -103,13 +103,16 @@ def batch_context(ex: Explainer, batch: list[Encoded], target_kind: str) -> Batc
 def compute_batch(
     ex: Explainer, batch: list[Encoded], targets: list[Any], specs: list[Any],
     method_options: dict[str, dict[str, Any]], target_kind: str = "logit", gradients: bool | None = None,
+    ctx: BatchContext | None = None,
 ) -> tuple[BatchContext, dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
     """Scores of one padded batch in token space: ``{method: (scores (B, N), layers (B, L, N) | None)}``;
-    padding positions are exactly zero. ``targets`` are the head's resolved targets (negative: predicted)."""
+    padding positions are exactly zero. ``targets`` are the head's resolved targets (negative: predicted).
+    ``ctx``: the batch's inputs when they are not :func:`batch_context`'s (a seq2seq generation step adds the
+    decoder's); its adapter and head must be ``ex``'s."""
     if gradients is None:
         gradients = any(GRADIENTS in s.needs for s in specs)
     head = ex.head
-    ctx = batch_context(ex, batch, target_kind)
+    ctx = ctx or batch_context(ex, batch, target_kind)
     wanted, unresolved = head.pending(targets, ctx.token_mask.device)
     if gradients and bool(unresolved.any()) and not bool(unresolved.all()):
         # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,8 @@ from .context import BatchContext
 from .encoding import Encoded, TextInput, encode, model_max_length
 from .errors import InputError, ModelError
 from .explanation import Explanation
-from .heads import head_for
+from .generation import Generation, explain_generation
+from .heads import head_for, with_contrast
 from .loading import check_vocabulary, load_pretrained
 from .methods.registry import ATTENTION
 from .modelstate import explaining, last_token_head
@@ -87,7 +89,7 @@ class Explainer:
         # adds them as extra token embeddings, so they must match what the model was trained with).
         params = inspect.signature(model.forward).parameters
         made = "token_type_ids" in (getattr(tokenizer, "model_input_names", None) or ["token_type_ids"])
-        self._takes_token_types = "token_type_ids" in params and made
+        self._takes_token_types = "token_type_ids" in params and made and not self.head.task.endswith("-lm")
         self.pad_id = self.adapter.pad_token_id(tokenizer, model.config)
 
     # ------------------------------------------------------------------ loading
@@ -191,6 +193,7 @@ class Explainer:
         truncation: bool = True,
         progress: bool = False,
         options: Mapping[str, Mapping[str, Any]] | None = None,
+        contrast: int | str | None = None,
     ) -> list[Explanation]:
         """Explain each input with each method; one shared forward/backward pass per batch serves them all.
 
@@ -206,16 +209,63 @@ class Explainer:
             truncation: cut inputs longer than the model's maximum (with a warning) instead of raising.
             progress: show a progress bar.
             options: per-method options, e.g. ``{"attcat": {"hidden": "output", "alpha": "cls"}}``.
+            contrast: explain target − contrast: one class index or label name for every input (a language
+                model: a token id). The explained scalar is the difference of the two classes' logits
+                (``"probability"``: of their probabilities; ``"loss"``: of their log-probabilities, which for a
+                softmax is the logit difference again); ``meta["contrast"]`` records it.
 
         Returns:
             One :class:`Explanation` per input, in input order.
         """
-        specs, method_options = engine.select_methods(self, methods, target, target_kind, options)
+        ex = self if contrast is None else self._with_head(with_contrast(self.head, contrast, self.labels))
+        specs, method_options = engine.select_methods(ex, methods, target, target_kind, options)
         encoded = self.encode(texts, truncation=truncation)
         targets = self.head.resolve_targets(target, len(encoded), self.labels)
         self.head.check_targets([len(e.ids) for e in encoded], targets)
         size = self._effective_batch_size(batch_size)
-        return engine.explain_all(self, encoded, targets, specs, method_options, target_kind, size, progress)
+        return engine.explain_all(ex, encoded, targets, specs, method_options, target_kind, size, progress)
+
+    def explain_generation(
+        self,
+        prompt: str,
+        methods: str | Sequence[str] | None = "all",
+        *,
+        max_new_tokens: int = 8,
+        target: str | Sequence[int] | None = None,
+        contrast: str | Sequence[int] | None = None,
+        chat: bool = False,
+        target_kind: str = "logit",
+        batch_size: int = 16,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> Generation:
+        """Explain every token a language model generates after ``prompt``, with each method.
+
+        Args:
+            prompt: the text to continue.
+            methods: as for :meth:`explain`.
+            max_new_tokens: how many tokens to generate greedily (fewer if an end-of-sequence token comes first).
+            target: force the continuation (teacher forcing): text (tokenized without special tokens) or token
+                ids; ``max_new_tokens`` is then ignored.
+            contrast: explain target − contrast at every step: text or ids with one token per explained step
+                (step t compares generated token t with contrast token t, after the same prefix).
+            chat: put the prompt through the tokenizer's chat template (a user turn + the assistant's start).
+            target_kind: ``"logit"`` (default), ``"probability"`` or ``"loss"`` (log-probability) of each token.
+            batch_size: steps per batched forward/backward pass.
+            options: per-method options.
+
+        Returns:
+            A :class:`~attnlens.generation.Generation`: ``scores[m]`` is ``(n_generated, n_prompt + n_generated)``,
+            row t explaining generated token t over the tokens before it (zeros after).
+        """
+        return explain_generation(self, prompt, methods, max_new_tokens=max_new_tokens, target=target,
+                                  contrast=contrast, chat=chat, target_kind=target_kind, batch_size=batch_size,
+                                  options=options)
+
+    def _with_head(self, head: Any) -> Explainer:
+        """A shallow copy (same model and tokenizer) explaining with ``head`` (e.g. a contrast)."""
+        clone = copy.copy(self)
+        clone.head = head
+        return clone
 
     def _context(self, batch: list[Encoded], target_kind: str) -> BatchContext:
         return engine.batch_context(self, batch, target_kind)

@@ -325,10 +325,156 @@ MULTI_LABEL = MultiLabelHead()
 TASKS: dict[str, Head] = {"classification": CLASSIFICATION, "qa": QA}  # from_pretrained's task=, by name
 
 
+class LMHead(Head):
+    """Next-token prediction of a causal language model (``…ForCausalLM``, GPT-2's ``…LMHeadModel``).
+
+    Logits are ``(B, N, V)``; the prediction read is the one at each input's last real token (inputs are
+    right-padded), a target is a token id, and the explained scalar is that token's logit (probability,
+    log-probability) there. A generation step is such an input: the prompt plus the tokens generated before it
+    (:mod:`attnlens.generation`). ``vocab_size`` bounds the token ids a user may give.
+    """
+
+    task = "causal-lm"
+    model_suffix = "ForCausalLM"
+    model_suffixes: tuple[str, ...] = ("ForCausalLM", "LMHeadModel")
+    auto_class = "AutoModelForCausalLM"
+    kind = "a causal language model"
+
+    def __init__(self, vocab_size: int = 0) -> None:
+        self.vocab_size = int(vocab_size)
+
+    def matches(self, model_class: str) -> bool:
+        """Whether ``model_class`` (a class or ``config.architectures`` name) is one of this head's models."""
+        return model_class.endswith(self.model_suffixes)
+
+    def last(self, logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        """``(B, V)`` logits at each input's last real position (the prediction of the next token)."""
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        return logits[rows, token_mask.long().sum(1).to(logits.device) - 1]
+
+    def predicted(self, logits: torch.Tensor, token_mask: torch.Tensor,
+                  answer_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The greedy next token of each input."""
+        return self.last(logits.detach(), token_mask).argmax(-1)
+
+    def values(self, logits: torch.Tensor, kind: str, token_mask: torch.Tensor) -> torch.Tensor:
+        return super().values(self.last(logits, token_mask), kind, token_mask)
+
+    def probabilities(self, logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        return self.last(logits, token_mask).float().softmax(-1)
+
+    def labels(self, config: Any) -> list[str]:
+        return []  # the vocabulary is not a list of class names (and far too long to store per explanation)
+
+    def _resolve_one(self, t: Any, labels: list[str]) -> int:
+        if t is None:
+            return PREDICTED
+        if isinstance(t, (int, np.integer)) and not isinstance(t, bool):
+            if not 0 <= int(t) < self.vocab_size:
+                raise InputError(f"target token id {t} is out of range: the vocabulary has {self.vocab_size} tokens")
+            return int(t)
+        raise InputError(f"a language model's target is a token id, got {t!r}; to explain a continuation given "
+                         "as text, use explain_generation(prompt, target=...)")
+
+    def shown_probabilities(self, probs: np.ndarray, target: Any) -> list[float]:
+        """The probability of the explained token only (not the whole vocabulary)."""
+        return [float(probs[target])]
+
+    def check_predict_proba(self) -> None:
+        raise ModelError("predict_proba is for sequence classifiers; this is a language model")
+
+
+class Seq2SeqLMHead(LMHead):
+    """Next-token prediction of an encoder-decoder language model (BART, T5 ``…ForConditionalGeneration``):
+    logits ``(B, N_decoder, V)``. Only generation (:mod:`attnlens.generation`) feeds these models: every row of
+    a batch holds the whole teacher-forced decoder input, so a target says where it is read, as a
+    ``(token, decoder position, contrast token or -1)`` triple; the explained scalar is the token's value at
+    that position, minus the contrast token's when there is one."""
+
+    task = "seq2seq-lm"
+    model_suffix = "ForConditionalGeneration"
+    model_suffixes = ("ForConditionalGeneration",)
+    auto_class = "AutoModelForSeq2SeqLM"
+    kind = "a sequence-to-sequence language model"
+
+    def resolve_targets(self, target: Any, n: int, labels: list[str]) -> list[Any]:
+        raise ModelError("explain() reads one prediction per input; a sequence-to-sequence language model is "
+                         "explained by what it generates: use explain_generation(prompt)")
+
+    def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        wanted = torch.tensor(targets, dtype=torch.long, device=device)
+        return wanted, torch.zeros(len(targets), 1, dtype=torch.bool, device=device)
+
+    def predicted(self, logits: torch.Tensor, token_mask: torch.Tensor,
+                  answer_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The greedy token after the last decoder position, as a target triple (generation gives every target,
+        so this is never what is explained)."""
+        last = torch.full((logits.shape[0],), logits.shape[1] - 1, dtype=torch.long, device=logits.device)
+        return torch.stack([logits.detach()[:, -1].argmax(-1), last, torch.full_like(last, -1)], -1)
+
+    def at(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``(B, V)`` logits at each target's decoder position."""
+        return logits[torch.arange(logits.shape[0], device=logits.device), targets[:, 1]]
+
+    def scalar(self, logits: torch.Tensor, targets: torch.Tensor, kind: str, token_mask: torch.Tensor) -> torch.Tensor:
+        values = Head.values(self, self.at(logits, targets), kind, token_mask)
+        token, contrast = targets[:, 0:1], targets[:, 2:3]
+        value = values.gather(-1, token)
+        other = torch.where(contrast >= 0, values.gather(-1, contrast.clamp_min(0)), torch.zeros_like(value))
+        return (value - other).squeeze(-1)
+
+
+class ContrastHead:
+    """``base``'s head explaining target − contrast: the difference of the two classes' (tokens') values.
+
+    With ``target_kind="logit"`` that is logit(target) − logit(contrast); ``"probability"``: p(target) −
+    p(contrast); ``"loss"``: log p(target) − log p(contrast), which for a softmax equals the logit difference
+    (the normaliser cancels) and for a multi-label sigmoid is the difference of the two log-sigmoids.
+    ``contrast`` is one class (token) id for every input of a batch, or a ``(B,)`` tensor of one per input.
+    Everything else is the base head's.
+    """
+
+    def __init__(self, base: Head, contrast: int | torch.Tensor) -> None:
+        self.base = base
+        self.contrast = contrast
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+    def scalar(self, logits: torch.Tensor, targets: torch.Tensor, kind: str, token_mask: torch.Tensor) -> torch.Tensor:
+        values = self.base.values(logits, kind, token_mask)
+        contrast = torch.as_tensor(self.contrast, dtype=torch.long, device=values.device).expand(values.shape[0])
+        return (values.gather(-1, targets.view(-1, 1)) - values.gather(-1, contrast.view(-1, 1))).squeeze(-1)
+
+    def meta(self) -> dict[str, Any]:
+        contrast = self.contrast.tolist() if isinstance(self.contrast, torch.Tensor) else self.contrast
+        return {**self.base.meta(), "contrast": contrast}
+
+
+def with_contrast(head: Head, contrast: Any, labels: list[str]) -> ContrastHead:
+    """``head`` explaining target − ``contrast`` (one class index or label name for every input), checked."""
+    if isinstance(head, QAHead):
+        raise InputError("contrast applies to classifiers and language models, not to extractive QA spans")
+    if contrast is None or isinstance(contrast, bool) or not isinstance(contrast, (int, str, np.integer)):
+        raise InputError(f"contrast must be one class index or label name (the same for every input), got "
+                         f"{contrast!r:.60}")
+    return ContrastHead(head, head._resolve_one(contrast, labels))
+
+
+CAUSAL_LM = LMHead()
+SEQ2SEQ_LM = Seq2SeqLMHead()
+TASKS.update({"causal-lm": CAUSAL_LM, "seq2seq-lm": SEQ2SEQ_LM})
+GENERATION_HEADS = (CAUSAL_LM, SEQ2SEQ_LM)
+
+
 def task_of(architectures: Sequence[str]) -> str:
     """The task whose model classes a config's ``architectures`` name (default ``"classification"``)."""
-    return next((t for t, h in TASKS.items() if any(a.endswith(h.model_suffix) for a in architectures)),
-                "classification")
+    return next((t for t, h in TASKS.items() if any(_matches(h, a) for a in architectures)), "classification")
+
+
+def _matches(head: Head, model_class: str) -> bool:
+    matches = getattr(head, "matches", None)
+    return matches(model_class) if matches else model_class.endswith(head.model_suffix)
 
 
 def head_for(model: nn.Module, max_answer_length: int = 30) -> Head:
@@ -340,9 +486,13 @@ def head_for(model: nn.Module, max_answer_length: int = 30) -> Head:
         return MULTI_LABEL if multi else CLASSIFICATION
     if name.endswith(QA.model_suffix):
         return _qa_head(max_answer_length)
+    for generative in GENERATION_HEADS:
+        if generative.matches(name):
+            return type(generative)(int(model.get_output_embeddings().weight.shape[0]))
     raise ModelError(
-        f"attnlens explains sequence classifiers (…ForSequenceClassification) and extractive QA models "
-        f"(…ForQuestionAnswering); got {name}. Load the model with AutoModelForSequenceClassification."
+        f"attnlens explains sequence classifiers (…ForSequenceClassification), extractive QA models "
+        f"(…ForQuestionAnswering) and language models (…ForCausalLM, …ForConditionalGeneration); got {name}. "
+        "Load the model with AutoModelForSequenceClassification or AutoModelForCausalLM."
     )
 
 

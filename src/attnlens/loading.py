@@ -36,6 +36,7 @@ _KINDS = (
     ("ForMultipleChoice", "a multiple-choice model"),
     ("Model", "a base model without a task head"),
 )
+_GENERATION_TASKS = ("causal-lm", "seq2seq-lm")
 _LANGUAGE_MODELS = ("a masked language model", "a language model", "a sequence-to-sequence language model",
                     "a pretraining checkpoint with language-model heads")
 
@@ -133,9 +134,11 @@ def check_complete(model: Any, info: dict[str, Any], name: str, task: str) -> No
     where = "not in the checkpoint (or of another shape there)" if info.get("mismatched_keys") else (
         "not in the checkpoint")
     description, kind = describe_checkpoint(model.config)
-    if kind in _LANGUAGE_MODELS:
-        advice = ("attnlens explains sequence classifiers and extractive QA models; explaining a language "
-                  "model's generation is not supported yet")
+    if kind in ("a language model", "a sequence-to-sequence language model") and task not in _GENERATION_TASKS:
+        advice = "load it without task= (or task='causal-lm' / 'seq2seq-lm') to explain what it generates"
+    elif kind in _LANGUAGE_MODELS:
+        advice = ("attnlens explains sequence classifiers, extractive QA models and causal or sequence-to-sequence "
+                  "language models")
     elif kind == "a base model without a task head":
         advice = f"fine-tune it first, e.g. attnlens train --model {name} --dataset sst2 --out OUT"
     elif kind == "a sequence classifier" and task == "qa":

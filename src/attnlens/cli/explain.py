@@ -97,7 +97,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "explain",
         help="explain texts with attention-based methods",
-        description="Explain a sequence classifier's predictions with attention-based (and gradient) methods.",
+        description="Explain a sequence classifier's predictions (or, with --generate, what a language model "
+                    "generates) with attention-based (and gradient) methods.",
     )
     p.add_argument("texts", nargs="*", help="texts to explain (or use --file)")
     p.add_argument("--file", help="JSON Lines with text (or text_a + text_b) per line when the first non-blank line "
@@ -121,6 +122,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens (at least 2)")
     p.add_argument("--no-truncation", action="store_true", help="fail on over-long inputs instead of cutting them")
     p.add_argument("--top-k", type=int, default=5, help="tokens per method in the terminal table (default 5)")
+    p.add_argument("--contrast", help="explain target - contrast: a class index or label name; with --generate, "
+                   "the contrast continuation as text (one token per explained token)")
+    gen = p.add_argument_group("generation (language models)")
+    gen.add_argument("--generate", action="store_true", help="explain every token a language model generates after "
+                     "each text (greedy); --target TEXT forces the continuation instead")
+    gen.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate (default 8)")
+    gen.add_argument("--chat", action="store_true", help="put each prompt through the tokenizer's chat template")
     return p
 
 
@@ -135,7 +143,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.max_length is not None and args.max_length < 2:
         raise InputError(f"--max-length must be at least 2 tokens, got {args.max_length}")
-    if args.target_kind == "loss" and args.target is None:
+    if not args.generate and (args.chat or args.max_new_tokens != 8):
+        raise InputError("--chat and --max-new-tokens are for --generate")
+    if args.generate and args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.generate and args.words:
+        raise InputError("--words is not available with --generate (scores are per token)")
+    if args.target_kind == "loss" and args.target is None and not args.generate:
         raise InputError("--target-kind loss explains the loss against a given label: pass it as --target")
     if args.out is not None and args.format == "terminal":
         raise InputError("--out is for --format html/json/jsonl; use --html PATH for a page beside the terminal view")
@@ -178,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or default_model()
     if model is None:
         raise ModelError("no --model given and the default ../shared/models/minilm-sst2 was not found")
+    if args.generate:
+        return _run_generation(args, texts, model)
     target: Any = args.target
     if target is not None and target.lstrip("-").isdigit():
         target = int(target)
@@ -192,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         truncation=not args.no_truncation,
         progress=len(texts) > args.batch_size,
+        contrast=int(args.contrast) if args.contrast and args.contrast.lstrip("-").isdigit() else args.contrast,
     )
     if args.words:
         exps = [e.to_words() for e in exps]
@@ -228,6 +245,46 @@ def run(args: argparse.Namespace) -> int:
         from ..viz.html import explanations_html
 
         _write(html_path, explanations_html(exps, title=f"attnlens: {model}"))
+        print(f"wrote {terminal_safe(html_path, one_line=True)}", file=sys.stderr)
+    return 0
+
+
+def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str) -> int:
+    """``--generate``: explain what the model generates after each prompt."""
+    from .. import Explainer
+
+    if not all(isinstance(p, str) for p in prompts):
+        raise InputError("--generate continues single texts, not sentence pairs")
+    explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length)
+    gens = [explainer.explain_generation(p, methods=args.methods, max_new_tokens=args.max_new_tokens,
+                                         target=args.target, contrast=args.contrast, chat=args.chat,
+                                         target_kind=args.target_kind, batch_size=min(args.batch_size, 16))
+            for p in prompts]
+    if args.format == "terminal":
+        for g in gens:
+            g.show()
+    elif args.format == "json":
+        _write(args.out, json.dumps([g.to_dict() for g in gens], indent=1) + "\n")
+    elif args.format == "jsonl":
+        _write(args.out, "".join(json.dumps(g.to_dict()) + "\n" for g in gens))
+    if args.plot:
+        from ..viz.generation import plot_generation
+
+        plot_generation(gens[0], path=args.plot)
+        print(f"wrote {terminal_safe(args.plot, one_line=True)}", file=sys.stderr)
+    if args.head_view:
+        from ..generation import attention_maps
+        from ..viz.headview import attention_view_html
+
+        attentions = attention_maps(explainer, gens[0])
+        _write(args.head_view, attention_view_html(gens[0].tokens, attentions, gens[0].special,
+                                                   title=f"attention of {model}: prompt + continuation"))
+        print(f"wrote {terminal_safe(args.head_view, one_line=True)}", file=sys.stderr)
+    html_path = args.out if args.format == "html" else args.html
+    if html_path:
+        from ..viz.generation import generation_html
+
+        _write(html_path, generation_html(gens, title=f"attnlens: {model}"))
         print(f"wrote {terminal_safe(html_path, one_line=True)}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,353 @@
+"""Explaining generation on tiny random language models: every method, step t = the prefix explained alone,
+batching, teacher forcing, contrast linearity, the model left unchanged, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLS, PAD, SEP, V, make_model
+
+from attnlens import Explainer, Generation, InputError, ModelError
+from attnlens.architectures import build_tiny
+from attnlens.encoding import Encoded
+from attnlens.methods.registry import get_method
+
+PROMPT = "the movie was really"
+DECODERS = ["gpt2", "llama"]
+FAST = ["rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "flow", "saliency",
+        "inputxgradient"]
+LINEAR = ["grads", "agrad", "cat", "inputxgradient"]  # linear in the gradient of the explained scalar
+
+
+def make_lm(family: str, seed: int = 0) -> torch.nn.Module:
+    return build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, seed=seed,
+                      task="causal-lm")
+
+
+@pytest.fixture(scope="module", params=DECODERS)
+def lm(request, tokenizer) -> Explainer:
+    return Explainer(make_lm(request.param), tokenizer)
+
+
+def test_every_method_runs_with_step_by_token_shapes(lm):
+    with pytest.warns(UserWarning, match="skipping"):  # the LRP methods are for classifiers so far
+        g = lm.explain_generation(PROMPT, max_new_tokens=4, methods="all",
+                                  options={"integratedgradients": {"n_steps": 4}})
+    p, t = len(g.prompt_ids), len(g.generated_ids)
+    assert 1 <= t <= 4 and g.predicted_ids == g.generated_ids and not g.forced
+    assert g.tokens == g.prompt_tokens + g.generated_tokens and len(g.generated) == t
+    assert {"integratedgradients", "flow", "attcat"} <= set(g.methods)
+    for m, s in g.scores.items():
+        assert s.shape == (t, p + t) and np.isfinite(s).all(), m
+        for step in range(t):  # a step is explained by the tokens before it only
+            assert not s[step, p + step:].any(), m
+        assert np.abs(s).max() > 0, m
+    assert all(0 < q <= 1 for q in g.probabilities)
+
+
+def _prefix_scores(ex: Explainer, ids: list[int], token: int, methods: list[str]) -> dict[str, np.ndarray]:
+    """The prefix ``ids`` explained as one example of the classifier engine, target = ``token``."""
+    e = Encoded(text="", ids=ids, type_ids=None, special=[False] * len(ids), tokens=["x"] * len(ids),
+                word_ids=None, sequence_ids=None, offsets=None)
+    specs = [get_method(m) for m in methods]
+    _, out = ex.compute_batch([e], [token], specs, {m: s.check_options({}) for m, s in zip(methods, specs)})
+    return {m: s[0].double().numpy() for m, (s, _) in out.items()}
+
+
+def test_each_step_equals_its_prefix_explained_alone(lm):
+    g = lm.explain_generation(PROMPT, max_new_tokens=5, methods=FAST)
+    ids = g.prompt_ids + g.generated_ids
+    for t, token in enumerate(g.generated_ids):
+        n = len(g.prompt_ids) + t
+        alone = _prefix_scores(lm, ids[:n], token, FAST)
+        for m in FAST:
+            np.testing.assert_allclose(g.scores[m][t, :n], alone[m], atol=1e-5, rtol=1e-4, err_msg=f"{m} step {t}")
+
+
+def test_scores_match_independent_autograd_and_attention(lm):
+    """Input × gradient, rawatt and the probabilities recomputed by hand from the model on each prefix."""
+    g = lm.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "inputxgradient"])
+    ids = g.prompt_ids + g.generated_ids
+    emb = lm.model.get_input_embeddings()
+    for t, token in enumerate(g.generated_ids):
+        n = len(g.prompt_ids) + t
+        x = emb(torch.tensor([ids[:n]])).detach().requires_grad_(True)
+        out = lm.model(inputs_embeds=x, output_attentions=True)
+        logit = out.logits[0, -1, token]
+        (grad,) = torch.autograd.grad(logit, x)
+        np.testing.assert_allclose(g.scores["inputxgradient"][t, :n], (grad * x).sum(-1)[0].detach().numpy(),
+                                   atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(g.scores["rawatt"][t, :n], out.attentions[-1][0, :, -1].mean(0).detach().numpy(),
+                                   atol=1e-6)
+        assert g.probabilities[t] == pytest.approx(float(out.logits[0, -1].softmax(-1)[token].detach()), abs=1e-6)
+
+
+def test_batch_of_steps_equals_step_by_step(lm):
+    batched = lm.explain_generation(PROMPT, max_new_tokens=5, methods=FAST, batch_size=16)
+    single = lm.explain_generation(PROMPT, max_new_tokens=5, methods=FAST, batch_size=1)
+    assert batched.generated_ids == single.generated_ids
+    for m in FAST:
+        np.testing.assert_allclose(batched.scores[m], single.scores[m], atol=1e-5, rtol=1e-4, err_msg=m)
+
+
+def test_teacher_forcing_the_greedy_continuation_reproduces_it(lm):
+    greedy = lm.explain_generation(PROMPT, max_new_tokens=4, methods=FAST)
+    forced = lm.explain_generation(PROMPT, target=greedy.generated_ids, methods=FAST)
+    assert forced.forced and forced.generated_ids == greedy.generated_ids == forced.predicted_ids
+    for m in FAST:
+        np.testing.assert_allclose(forced.scores[m], greedy.scores[m], atol=1e-6, err_msg=m)
+    np.testing.assert_allclose(forced.probabilities, greedy.probabilities, atol=1e-7)
+
+
+def test_forced_text_target_is_tokenized_without_special_tokens(lm, tokenizer):
+    g = lm.explain_generation(PROMPT, target=" good film", methods="rawatt")
+    assert g.generated_ids == tokenizer(" good film", add_special_tokens=False)["input_ids"]
+    assert g.generated_tokens == ["good", "film"]
+
+
+def test_contrast_is_the_difference_of_the_two_targets(lm):
+    target, contrast = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    both = lm.explain_generation(PROMPT, target=[target], contrast=[contrast], methods=LINEAR)
+    one = lm.explain_generation(PROMPT, target=[target], methods=LINEAR)
+    other = lm.explain_generation(PROMPT, target=[contrast], methods=LINEAR)
+    for m in LINEAR:
+        np.testing.assert_allclose(both.scores[m], one.scores[m] - other.scores[m], atol=1e-5, err_msg=m)
+    assert both.contrast_ids == [contrast]
+    assert both.contrast_probabilities == pytest.approx(other.probabilities)
+    # log-probabilities differ by the logits' difference (the softmax normaliser cancels)
+    loss = lm.explain_generation(PROMPT, target=[target], contrast=[contrast], methods=LINEAR, target_kind="loss")
+    for m in LINEAR:
+        np.testing.assert_allclose(loss.scores[m], both.scores[m], atol=1e-5, err_msg=m)
+
+
+def test_model_is_left_unchanged(tokenizer):
+    model = make_lm("llama").train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    impl = model.config._attn_implementation
+    Explainer(model, tokenizer).explain_generation(PROMPT, max_new_tokens=2, methods=FAST)
+    assert model.training and model.config._attn_implementation == impl
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_save_and_load_round_trip(lm, tmp_path):
+    g = lm.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "attcat"], contrast=None)
+    g.save(tmp_path / "g.json")
+    back = Generation.load(tmp_path / "g.json")
+    assert back == g and back.text == g.text
+    step = back.step(-1)
+    assert step.tokens == g.tokens[: len(g.prompt_ids) + len(g.generated_ids) - 1]
+    assert step.target == g.generated_ids[-1]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"prompt": "   "}, "prompt is empty"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+    ({"target": ""}, "tokenizes to nothing"),
+    ({"target": [V + 5]}, "list of token ids"),
+    ({"target": " good film", "contrast": " bad"}, "one contrast token per generated token"),
+    ({"chat": True}, "no chat template"),
+    ({"methods": "nosuch"}, "unknown method"),
+])
+def test_user_mistakes_are_one_line_errors(lm, kwargs, message):
+    kwargs = {"prompt": PROMPT, "methods": "rawatt", **kwargs}
+    with pytest.raises(InputError, match=message):
+        lm.explain_generation(kwargs.pop("prompt"), **kwargs)
+
+
+def test_explain_generation_needs_a_language_model(tokenizer):
+    with pytest.raises(ModelError, match="needs a language model"):
+        Explainer(make_model("gpt2"), tokenizer).explain_generation(PROMPT)
+
+
+def test_explain_on_a_language_model_explains_the_next_token(lm):
+    """explain() of a causal LM explains the next token: the first generation step."""
+    g = lm.explain_generation(PROMPT, max_new_tokens=1, methods=["rawatt", "inputxgradient"])
+    (e,) = lm.explain(PROMPT, methods=["rawatt", "inputxgradient"])
+    assert e.target == e.predicted == g.generated_ids[0]
+    assert e.probabilities == pytest.approx(g.probabilities)
+    for m in ("rawatt", "inputxgradient"):
+        np.testing.assert_allclose(e.scores[m], g.scores[m][0, : len(e.tokens)], atol=1e-6)
+    with pytest.raises(InputError, match="out of range"):
+        lm.explain(PROMPT, methods="rawatt", target=V + 1)
+
+
+# ------------------------------------------------------------------------------ contrast for classifiers
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_classifier_contrast_is_the_difference_of_the_two_classes(family, tokenizer):
+    ex = Explainer(make_model(family, num_labels=3), tokenizer)
+    texts = ["a charming journey", "the plot was boring"]
+    both = ex.explain(texts, methods=LINEAR, target=1, contrast=2)
+    one = ex.explain(texts, methods=LINEAR, target=1)
+    other = ex.explain(texts, methods=LINEAR, target=2)
+    for b, o, t in zip(both, one, other):
+        assert b.target == 1 and b.meta["contrast"] == 2 and b.probabilities == pytest.approx(o.probabilities)
+        for m in LINEAR:
+            np.testing.assert_allclose(b.scores[m], o.scores[m] - t.scores[m], atol=1e-5, err_msg=m)
+    # the predicted class against a fixed one; the loss kind (log-probabilities) equals the logit difference
+    predicted = ex.explain(texts, methods=LINEAR, contrast="LABEL_0")
+    loss = ex.explain(texts, methods=LINEAR, target=[e.predicted for e in predicted], contrast=0, target_kind="loss")
+    for p, q in zip(predicted, loss):
+        for m in LINEAR:
+            np.testing.assert_allclose(p.scores[m], q.scores[m], atol=1e-5, err_msg=m)
+
+
+def test_classifier_contrast_mistakes(tokenizer):
+    ex = Explainer(make_model("bert"), tokenizer)
+    with pytest.raises(InputError, match="out of range"):
+        ex.explain("good", methods="rawatt", contrast=7)
+    with pytest.raises(InputError, match="one class index or label name"):
+        ex.explain("good", methods="rawatt", contrast=[0, 1])
+
+
+# ------------------------------------------------------------------------------ views and CLI
+def test_views_render_every_step(lm, tmp_path):
+    from attnlens.viz.generation import generation_html, render_generation
+
+    g = lm.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "inputxgradient"])
+    text = render_generation(g, color=False, width=400)
+    assert text.count("→") == 1 + 2 * len(g.generated_ids) and "inputxgradient" in text  # header + 1 per step
+    page = generation_html(g)
+    assert page.count('class="tok gen"') + page.count('class="tok special gen"') == 2 * len(g.generated_ids)
+    assert "<script>" in page and "step × token heatmap" in page
+    g.plot(path=tmp_path / "g.png")
+    assert (tmp_path / "g.png").stat().st_size > 0
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory, tokenizer) -> str:
+    path = tmp_path_factory.mktemp("lm") / "gpt2-lm"
+    make_lm("gpt2").save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_cli_generate_json_html_plot_and_head_view(lm_dir, tmp_path, capsys):
+    from attnlens.cli import main
+
+    out, page, png, view = (tmp_path / n for n in ("g.json", "g.html", "g.png", "view.html"))
+    assert main(["explain", "--model", lm_dir, "--generate", "--max-new-tokens", "3", "--methods",
+                 "rawatt,inputxgradient", "--format", "json", "--out", str(out), "--html", str(page),
+                 "--plot", str(png), "--head-view", str(view), PROMPT]) == 0
+    (d,) = json.loads(out.read_text())
+    assert {"prompt_tokens", "generated_tokens", "scores", "target_ids", "contrast_ids", "probabilities"} <= set(d)
+    g = Generation.from_dict(d)
+    assert g.scores["rawatt"].shape == (len(g.generated_ids), len(g.prompt_ids) + len(g.generated_ids))
+    direct = Explainer.from_pretrained(lm_dir).explain_generation(PROMPT, max_new_tokens=3, methods="rawatt")
+    assert g.generated_ids == direct.generated_ids
+    np.testing.assert_allclose(g.scores["rawatt"], direct.scores["rawatt"], atol=1e-7)
+    assert page.stat().st_size and png.stat().st_size and view.stat().st_size
+    capsys.readouterr()
+    assert main(["explain", "--model", lm_dir, "--generate", "--target", " good film", "--contrast", " bad movie",
+                 "--methods", "grads", PROMPT]) == 0
+    assert "→" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--chat"], "are for --generate"),
+    (["--generate", "--max-new-tokens", "0"], "at least 1"),
+    (["--generate", "--target", " good", "--contrast", " bad film"], "one contrast token per generated token"),
+    (["--generate", "--chat"], "no chat template"),
+])
+def test_cli_generation_mistakes(lm_dir, capsys, argv, message):
+    from attnlens.cli import main
+
+    capsys.readouterr()
+    assert main(["explain", "--model", lm_dir, "--methods", "rawatt", *argv, PROMPT]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnlens: error:") and message in err and "\n" not in err
+
+
+# ------------------------------------------------------------------------------ encoder-decoder LMs
+SEQ2SEQ_FAST = ["rawatt", "grads", "attgrads", "agrad", "cat", "attcat", "saliency", "inputxgradient"]
+
+
+@pytest.fixture(scope="module", params=[("bart", "encoder"), ("bart", "cross"), ("t5", "encoder"), ("t5", "cross")],
+                ids=lambda p: "-".join(p))
+def s2s(request, tokenizer) -> Explainer:
+    family, stream = request.param
+    model = build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
+                       task="seq2seq-lm")
+    return Explainer(model, tokenizer, attention=stream)
+
+
+def test_seq2seq_every_method_runs_over_the_prompt(s2s):
+    with pytest.warns(UserWarning, match="skipping"):
+        g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods="all",
+                                   options={"integratedgradients": {"n_steps": 4}})
+    p, t = len(g.prompt_ids), len(g.generated_ids)
+    assert g.predicted_ids == g.generated_ids and g.meta["task"] == "seq2seq-lm"
+    # cross attention is not square: the propagating methods are skipped there (see docs)
+    assert ({"rollout", "gae", "flow"} <= set(g.methods)) == (s2s.stream == "encoder")
+    for m, s in g.scores.items():
+        assert s.shape == (t, p + t) and np.isfinite(s).all() and not s[:, p:].any(), m
+        assert np.abs(s).max() > 0, m
+
+
+def test_seq2seq_steps_equal_each_prefix_alone(s2s):
+    """A batch row holds the whole decoder input; batch_size=1 cuts it at the step: the prefix alone."""
+    methods = SEQ2SEQ_FAST + (["rollout", "gae", "flow"] if s2s.stream == "encoder" else [])
+    batched = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=8)
+    single = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=1)
+    for m in methods:
+        np.testing.assert_allclose(batched.scores[m], single.scores[m], atol=1e-5, rtol=1e-4, err_msg=m)
+    np.testing.assert_allclose(batched.probabilities, single.probabilities, atol=1e-6)
+
+
+def test_seq2seq_scores_match_independent_autograd(s2s):
+    g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "inputxgradient"])
+    model = s2s.model
+    enc_ids = torch.tensor([g.prompt_ids])
+    emb = s2s.adapter.embedding_module(model)
+    start = model.config.decoder_start_token_id
+    for t, token in enumerate(g.generated_ids):
+        decoder = torch.tensor([[start] + g.generated_ids[:t]])
+        x = emb(enc_ids).detach().requires_grad_(True)  # the encoder's (scaled) token embeddings
+        out = model(inputs_embeds=x, decoder_input_ids=decoder, output_attentions=True)
+        (grad,) = torch.autograd.grad(out.logits[0, -1, token], x)
+        np.testing.assert_allclose(g.scores["inputxgradient"][t, : len(g.prompt_ids)],
+                                   (grad * x).sum(-1)[0].detach().numpy(), atol=1e-5, rtol=1e-4)
+        if s2s.stream == "cross":
+            row = out.cross_attentions[-1][0, :, -1].mean(0)
+            np.testing.assert_allclose(g.scores["rawatt"][t, : len(g.prompt_ids)], row.detach().numpy(), atol=1e-6)
+        assert g.probabilities[t] == pytest.approx(float(out.logits[0, -1].softmax(-1)[token].detach()), abs=1e-6)
+
+
+def test_seq2seq_forcing_and_contrast(s2s):
+    greedy = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=LINEAR)
+    forced = s2s.explain_generation(PROMPT, target=greedy.generated_ids, methods=LINEAR)
+    for m in LINEAR:
+        np.testing.assert_allclose(forced.scores[m], greedy.scores[m], atol=1e-6, err_msg=m)
+    target, contrast = [s2s.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    both = s2s.explain_generation(PROMPT, target=[target, contrast], contrast=[contrast, target], methods=LINEAR)
+    one = s2s.explain_generation(PROMPT, target=[target, contrast], methods=LINEAR)
+    # step 0 contrasts "bad" after no token, step 1 "good" after "good": the same steps of two forced runs
+    other0 = s2s.explain_generation(PROMPT, target=[contrast], methods=LINEAR)
+    other1 = s2s.explain_generation(PROMPT, target=[target, target], methods=LINEAR)
+    p = len(both.prompt_ids)
+    for m in LINEAR:
+        np.testing.assert_allclose(both.scores[m][0], one.scores[m][0] - np.pad(other0.scores[m][0], (0, 1)),
+                                   atol=1e-5, err_msg=m)
+        np.testing.assert_allclose(both.scores[m][1, :p], one.scores[m][1, :p] - other1.scores[m][1, :p],
+                                   atol=1e-5, err_msg=m)
+
+
+def test_seq2seq_mistakes(tokenizer):
+    model = build_tiny("bart", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
+    with pytest.raises(InputError, match="attention='decoder' is not available"):
+        Explainer(model, tokenizer, attention="decoder").explain_generation(PROMPT, methods="rawatt")
+    with pytest.raises(ModelError, match="use explain_generation"):
+        Explainer(model, tokenizer).explain(PROMPT, methods="rawatt")
+
+
+def test_chat_prompt_goes_through_the_template(lm):
+    import copy
+
+    tok = copy.deepcopy(lm.tokenizer)
+    tok.chat_template = "[CLS] {% for m in messages %}{{ m['content'] }}{% endfor %} good"
+    g = Explainer(lm.model, tok).explain_generation(PROMPT, max_new_tokens=2, methods="rawatt", chat=True)
+    assert g.prompt_tokens == ["[CLS]", "the", "movie", "was", "really", "good"] and g.meta["chat_template"]
+    assert g.prompt == PROMPT and g.prompt_special[0] and not any(g.prompt_special[1:])
