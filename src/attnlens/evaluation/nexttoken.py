@@ -140,6 +140,7 @@ def run_next_token_benchmark(
         (choices) or the answer's first token is the model's top next token (answers).
     """
     from ..methods.registry import resolve_methods
+    from .runner import _applicable_methods
 
     if getattr(getattr(explainer, "head", None), "task", None) != "causal-lm":
         raise InputError("the next-token benchmark needs a causal language model (…ForCausalLM)")
@@ -150,7 +151,7 @@ def run_next_token_benchmark(
     if bad:
         raise InputError(f"{', '.join(bad)} do not apply to next-token targets; use aopc, lodds, comprehensiveness "
                          "or sufficiency")
-    method_ids = resolve_methods(methods)
+    method_ids = _applicable_methods(methods, explainer, resolve_methods)  # "all": those that apply to LMs
     config = config or EvalConfig(pad_token_id=int(explainer.pad_id))
     tokenizer, model = explainer.tokenizer, explainer.model
     prompts = [fill(template, e.text) for e in examples]
