@@ -139,3 +139,55 @@ def test_smollm2_answers_the_capital_of_france(smollm2):
     out = model.generate(**inputs, max_new_tokens=10, do_sample=False)
     answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+@pytest.fixture(scope="session")
+def smollm2_explainer(smollm2):
+    from attnlens import Explainer
+
+    return Explainer.from_pretrained("smollm2")
+
+
+@pytest.mark.slow
+@needs_llm
+def test_the_shorthand_loads_a_causal_lm_that_continues_with_paris(smollm2_explainer):
+    ex = smollm2_explainer
+    assert ex.name == "smollm2" and ex.head.task == "causal-lm"
+    assert ex.model.config._attn_implementation == "eager"
+    g = ex.explain_generation("The capital of France is", ["rawatt", "grads"], max_new_tokens=2)
+    assert g.generated[0] == " Paris"
+    assert g.scores["grads"].shape == (2, len(g.prompt_ids) + 2)
+
+
+@pytest.mark.slow
+@needs_llm
+def test_zero_shot_sst2_accuracy_of_the_first_200_dev_sentences(smollm2_explainer):
+    """71.5% (issue 10's figure): " positive" vs " negative" after the review, read by the benchmark's scorer."""
+    from conftest import DATA
+
+    from attnlens.evaluation.nexttoken import NextTokenPredictor, fill, first_token
+    from attnlens.evaluation.perturb import Variant
+
+    ex = smollm2_explainer
+    rows = [json.loads(line) for line in (DATA / "sst2" / "dev.jsonl").read_text().splitlines()[:200]]
+    prompts = [fill("Review: {text}\nSentiment (positive or negative):", r["text"])[0] for r in rows]
+    tokens = [first_token(ex.tokenizer, " negative"), first_token(ex.tokenizer, " positive")]
+    probs = NextTokenPredictor(ex.model, ex.pad_id, tokens, "choices", batch_size=32)(
+        [Variant.of(e.ids) for e in ex.encode(prompts)])
+    accuracy = float((probs.argmax(1) == [r["label"] for r in rows]).mean())
+    assert accuracy == pytest.approx(0.715, abs=0.01)
+
+
+@pytest.mark.slow
+@needs_llm
+def test_cli_explains_what_smollm2_generates(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "g.json"
+    run = subprocess.run([sys.executable, "-m", "attnlens.cli", "explain", "--model", "smollm2", "--generate",
+                          "--max-new-tokens", "2", "--methods", "rawatt,grads", "--format", "json", "--out",
+                          str(out), "The capital of France is"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (generation,) = json.loads(out.read_text())  # one prompt
+    assert "Paris" in json.dumps(generation["generated_tokens"])
