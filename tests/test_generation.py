@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import CLS, PAD, SEP, V, make_model
 
-from attnlens import Explainer, Generation, InputError, ModelError
+from attnlens import Explainer, Generation, InputError, ModelError, load_generations
 from attnlens.architectures import build_tiny
 from attnlens.encoding import Encoded
 from attnlens.methods.registry import get_method
@@ -109,12 +109,20 @@ def test_forced_text_target_is_tokenized_without_special_tokens(lm, tokenizer):
 
 
 def test_contrast_is_the_difference_of_the_two_targets(lm):
-    target, contrast = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    good, bad, film = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad", "film")]
+    ig = {"integratedgradients": {"n_steps": 4}}  # linear in the scalar too (same baseline and steps)
+    kw = dict(methods=LINEAR + ["integratedgradients"], options=ig)
+    both = lm.explain_generation(PROMPT, target=[good, film], contrast=[bad, good], **kw)
+    one = lm.explain_generation(PROMPT, target=[good, film], **kw)
+    other = lm.explain_generation(PROMPT, target=[bad], **kw)
+    other1 = lm.explain_generation(PROMPT, target=[good, good], **kw)  # step 1: "good" after "good"
+    for m in LINEAR + ["integratedgradients"]:
+        np.testing.assert_allclose(both.scores[m][0], one.scores[m][0] - np.pad(other.scores[m][0], (0, 1)),
+                                   atol=1e-5, err_msg=m)
+        np.testing.assert_allclose(both.scores[m][1], one.scores[m][1] - other1.scores[m][1], atol=1e-5, err_msg=m)
+    target, contrast = good, bad
     both = lm.explain_generation(PROMPT, target=[target], contrast=[contrast], methods=LINEAR)
-    one = lm.explain_generation(PROMPT, target=[target], methods=LINEAR)
     other = lm.explain_generation(PROMPT, target=[contrast], methods=LINEAR)
-    for m in LINEAR:
-        np.testing.assert_allclose(both.scores[m], one.scores[m] - other.scores[m], atol=1e-5, err_msg=m)
     assert both.contrast_ids == [contrast]
     assert both.contrast_probabilities == pytest.approx(other.probabilities)
     # log-probabilities differ by the logits' difference (the softmax normaliser cancels)
@@ -141,6 +149,9 @@ def test_save_and_load_round_trip(lm, tmp_path):
     step = back.step(-1)
     assert step.tokens == g.tokens[: len(g.prompt_ids) + len(g.generated_ids) - 1]
     assert step.target == g.generated_ids[-1]
+    from attnlens.viz.terminal import render_terminal
+
+    assert f"explaining next token {g.generated[-1]!r} (p {g.probabilities[-1]:.3f})" in render_terminal(step)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -148,9 +159,11 @@ def test_save_and_load_round_trip(lm, tmp_path):
     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
     ({"target": ""}, "tokenizes to nothing"),
     ({"target": [V + 5]}, "list of token ids"),
-    ({"target": " good film", "contrast": " bad"}, "one contrast token per generated token"),
+    ({"target": " good film", "contrast": " bad", "methods": "grads"}, "one contrast token per generated token"),
     ({"chat": True}, "no chat template"),
+    ({"target": " good", "contrast": " bad", "methods": "rawatt,grads"}, "rawatt does not depend on the explained"),
     ({"methods": "nosuch"}, "unknown method"),
+    ({"prompt": "good " * 60}, "the prompt has 62 tokens, more than the model's maximum of 48"),
 ])
 def test_user_mistakes_are_one_line_errors(lm, kwargs, message):
     kwargs = {"prompt": PROMPT, "methods": "rawatt", **kwargs}
@@ -173,6 +186,12 @@ def test_explain_on_a_language_model_explains_the_next_token(lm):
         np.testing.assert_allclose(e.scores[m], g.scores[m][0, : len(e.tokens)], atol=1e-6)
     with pytest.raises(InputError, match="out of range"):
         lm.explain(PROMPT, methods="rawatt", target=V + 1)
+    good, bad = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    (c,) = lm.explain(PROMPT, methods="inputxgradient", target=good, contrast=bad)
+    step = lm.explain_generation(PROMPT, target=[good], contrast=[bad], methods="inputxgradient")
+    assert c.target == good and c.meta["contrast"] == bad
+    np.testing.assert_allclose(c.scores["inputxgradient"], step.scores["inputxgradient"][0, : len(c.tokens)],
+                               atol=1e-6)
 
 
 # ------------------------------------------------------------------------------ contrast for classifiers
@@ -180,12 +199,13 @@ def test_explain_on_a_language_model_explains_the_next_token(lm):
 def test_classifier_contrast_is_the_difference_of_the_two_classes(family, tokenizer):
     ex = Explainer(make_model(family, num_labels=3), tokenizer)
     texts = ["a charming journey", "the plot was boring"]
-    both = ex.explain(texts, methods=LINEAR, target=1, contrast=2)
-    one = ex.explain(texts, methods=LINEAR, target=1)
-    other = ex.explain(texts, methods=LINEAR, target=2)
+    kw = dict(methods=LINEAR + ["integratedgradients"], options={"integratedgradients": {"n_steps": 4}})
+    both = ex.explain(texts, target=1, contrast=2, **kw)
+    one = ex.explain(texts, target=1, **kw)
+    other = ex.explain(texts, target=2, **kw)
     for b, o, t in zip(both, one, other):
         assert b.target == 1 and b.meta["contrast"] == 2 and b.probabilities == pytest.approx(o.probabilities)
-        for m in LINEAR:
+        for m in LINEAR + ["integratedgradients"]:
             np.testing.assert_allclose(b.scores[m], o.scores[m] - t.scores[m], atol=1e-5, err_msg=m)
     # the predicted class against a fixed one; the loss kind (log-probabilities) equals the logit difference
     predicted = ex.explain(texts, methods=LINEAR, contrast="LABEL_0")
@@ -198,9 +218,15 @@ def test_classifier_contrast_is_the_difference_of_the_two_classes(family, tokeni
 def test_classifier_contrast_mistakes(tokenizer):
     ex = Explainer(make_model("bert"), tokenizer)
     with pytest.raises(InputError, match="out of range"):
-        ex.explain("good", methods="rawatt", contrast=7)
+        ex.explain("good", methods="grads", contrast=7)
     with pytest.raises(InputError, match="one class index or label name"):
-        ex.explain("good", methods="rawatt", contrast=[0, 1])
+        ex.explain("good", methods="grads", contrast=[0, 1])
+    with pytest.raises(InputError, match="rollout does not depend on the explained target"):
+        ex.explain("good", methods="grads,rollout", contrast=0)
+    with pytest.warns(UserWarning, match="skipping rawatt, rollout, flow, partiallrp, transatt, attnlrp:.*"
+                                         "contrast does not apply.*does not support a contrast"):
+        (e,) = ex.explain("good", contrast=0)
+    assert "grads" in e.scores and "rawatt" not in e.scores
 
 
 # ------------------------------------------------------------------------------ views and CLI
@@ -233,6 +259,7 @@ def test_cli_generate_json_html_plot_and_head_view(lm_dir, tmp_path, capsys):
                  "rawatt,inputxgradient", "--format", "json", "--out", str(out), "--html", str(page),
                  "--plot", str(png), "--head-view", str(view), PROMPT]) == 0
     (d,) = json.loads(out.read_text())
+    assert load_generations(out) == [Generation.from_dict(d)]
     assert {"prompt_tokens", "generated_tokens", "scores", "target_ids", "contrast_ids", "probabilities"} <= set(d)
     g = Generation.from_dict(d)
     assert g.scores["rawatt"].shape == (len(g.generated_ids), len(g.prompt_ids) + len(g.generated_ids))
@@ -249,7 +276,8 @@ def test_cli_generate_json_html_plot_and_head_view(lm_dir, tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--chat"], "are for --generate"),
     (["--generate", "--max-new-tokens", "0"], "at least 1"),
-    (["--generate", "--target", " good", "--contrast", " bad film"], "one contrast token per generated token"),
+    (["--generate", "--target", " good", "--contrast", " bad film", "--methods", "grads"],
+     "one contrast token per generated token"),
     (["--generate", "--chat"], "no chat template"),
 ])
 def test_cli_generation_mistakes(lm_dir, capsys, argv, message):
@@ -262,10 +290,7 @@ def test_cli_generation_mistakes(lm_dir, capsys, argv, message):
 
 
 # ------------------------------------------------------------------------------ encoder-decoder LMs
-SEQ2SEQ_FAST = ["rawatt", "grads", "attgrads", "agrad", "cat", "attcat", "saliency", "inputxgradient"]
-
-
-@pytest.fixture(scope="module", params=[("bart", "encoder"), ("bart", "cross"), ("t5", "encoder"), ("t5", "cross")],
+@pytest.fixture(scope="module", params=[(f, s) for f in ("bart", "t5") for s in ("encoder", "cross", "decoder")],
                 ids=lambda p: "-".join(p))
 def s2s(request, tokenizer) -> Explainer:
     family, stream = request.param
@@ -274,22 +299,32 @@ def s2s(request, tokenizer) -> Explainer:
     return Explainer(model, tokenizer, attention=stream)
 
 
-def test_seq2seq_every_method_runs_over_the_prompt(s2s):
+def _s2s_methods(s2s: Explainer, methods: list[str]) -> list[str]:
+    """``methods`` that apply to the stream: no propagation through cross attention, no input-embedding methods
+    on the decoder stream (its tokens are not the encoder's input)."""
+    skip = {"cross": {"rollout", "gae", "flow"}, "decoder": {"saliency", "inputxgradient", "integratedgradients"}}
+    return [m for m in methods if m not in skip.get(s2s.stream, set())]
+
+
+def test_seq2seq_every_method_runs(s2s):
     with pytest.warns(UserWarning, match="skipping"):
-        g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods="all",
+        g = s2s.explain_generation(PROMPT, target=" good film .", methods="all",
                                    options={"integratedgradients": {"n_steps": 4}})
     p, t = len(g.prompt_ids), len(g.generated_ids)
-    assert g.predicted_ids == g.generated_ids and g.meta["task"] == "seq2seq-lm"
-    # cross attention is not square: the propagating methods are skipped there (see docs)
-    assert ({"rollout", "gae", "flow"} <= set(g.methods)) == (s2s.stream == "encoder")
+    assert g.meta["task"] == "seq2seq-lm" and t == 3
+    assert set(g.methods) == set(_s2s_methods(s2s, FAST + ["integratedgradients"]))
     for m, s in g.scores.items():
-        assert s.shape == (t, p + t) and np.isfinite(s).all() and not s[:, p:].any(), m
-        assert np.abs(s).max() > 0, m
+        assert s.shape == (t, p + t) and np.isfinite(s).all(), m
+        if s2s.stream == "decoder":  # over the continuation before each step (step 0 has only the start token)
+            assert not s[:, :p].any() and not s[0].any() and np.abs(s[1:, p]).min() > 0, m
+            assert all(not s[k, p + k:].any() for k in range(t)), m
+        else:  # over the prompt
+            assert not s[:, p:].any() and np.abs(s).max() > 0, m
 
 
 def test_seq2seq_steps_equal_each_prefix_alone(s2s):
     """A batch row holds the whole decoder input; batch_size=1 cuts it at the step: the prefix alone."""
-    methods = SEQ2SEQ_FAST + (["rollout", "gae", "flow"] if s2s.stream == "encoder" else [])
+    methods = _s2s_methods(s2s, FAST)
     batched = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=8)
     single = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=1)
     for m in methods:
@@ -298,7 +333,7 @@ def test_seq2seq_steps_equal_each_prefix_alone(s2s):
 
 
 def test_seq2seq_scores_match_independent_autograd(s2s):
-    g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=["rawatt", "inputxgradient"])
+    g = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=_s2s_methods(s2s, ["rawatt", "inputxgradient"]))
     model = s2s.model
     enc_ids = torch.tensor([g.prompt_ids])
     emb = s2s.adapter.embedding_module(model)
@@ -308,8 +343,13 @@ def test_seq2seq_scores_match_independent_autograd(s2s):
         x = emb(enc_ids).detach().requires_grad_(True)  # the encoder's (scaled) token embeddings
         out = model(inputs_embeds=x, decoder_input_ids=decoder, output_attentions=True)
         (grad,) = torch.autograd.grad(out.logits[0, -1, token], x)
-        np.testing.assert_allclose(g.scores["inputxgradient"][t, : len(g.prompt_ids)],
-                                   (grad * x).sum(-1)[0].detach().numpy(), atol=1e-5, rtol=1e-4)
+        if s2s.stream == "decoder":  # decoder key k >= 1 is generated token k - 1 (key 0: the start token)
+            row = out.decoder_attentions[-1][0, :, -1].mean(0)[1:]
+            np.testing.assert_allclose(g.scores["rawatt"][t, len(g.prompt_ids): len(g.prompt_ids) + t],
+                                       row.detach().numpy(), atol=1e-6)
+        else:
+            np.testing.assert_allclose(g.scores["inputxgradient"][t, : len(g.prompt_ids)],
+                                       (grad * x).sum(-1)[0].detach().numpy(), atol=1e-5, rtol=1e-4)
         if s2s.stream == "cross":
             row = out.cross_attentions[-1][0, :, -1].mean(0)
             np.testing.assert_allclose(g.scores["rawatt"][t, : len(g.prompt_ids)], row.detach().numpy(), atol=1e-6)
@@ -317,28 +357,42 @@ def test_seq2seq_scores_match_independent_autograd(s2s):
 
 
 def test_seq2seq_forcing_and_contrast(s2s):
-    greedy = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=LINEAR)
-    forced = s2s.explain_generation(PROMPT, target=greedy.generated_ids, methods=LINEAR)
-    for m in LINEAR:
+    linear = _s2s_methods(s2s, LINEAR)
+    greedy = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=linear)
+    forced = s2s.explain_generation(PROMPT, target=greedy.generated_ids, methods=linear)
+    for m in linear:
         np.testing.assert_allclose(forced.scores[m], greedy.scores[m], atol=1e-6, err_msg=m)
     target, contrast = [s2s.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
-    both = s2s.explain_generation(PROMPT, target=[target, contrast], contrast=[contrast, target], methods=LINEAR)
-    one = s2s.explain_generation(PROMPT, target=[target, contrast], methods=LINEAR)
+    both = s2s.explain_generation(PROMPT, target=[target, contrast], contrast=[contrast, target], methods=linear)
+    one = s2s.explain_generation(PROMPT, target=[target, contrast], methods=linear)
     # step 0 contrasts "bad" after no token, step 1 "good" after "good": the same steps of two forced runs
-    other0 = s2s.explain_generation(PROMPT, target=[contrast], methods=LINEAR)
-    other1 = s2s.explain_generation(PROMPT, target=[target, target], methods=LINEAR)
+    other0 = s2s.explain_generation(PROMPT, target=[contrast], methods=linear)
+    other1 = s2s.explain_generation(PROMPT, target=[target, target], methods=linear)
     p = len(both.prompt_ids)
-    for m in LINEAR:
+    for m in linear:
         np.testing.assert_allclose(both.scores[m][0], one.scores[m][0] - np.pad(other0.scores[m][0], (0, 1)),
                                    atol=1e-5, err_msg=m)
-        np.testing.assert_allclose(both.scores[m][1, :p], one.scores[m][1, :p] - other1.scores[m][1, :p],
-                                   atol=1e-5, err_msg=m)
+        np.testing.assert_allclose(both.scores[m][1, : p + 1], one.scores[m][1, : p + 1]
+                                   - other1.scores[m][1, : p + 1], atol=1e-5, err_msg=m)
+
+
+def test_seq2seq_checkpoint_loads_as_a_language_model(tmp_path, tokenizer):
+    model = build_tiny("t5", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ex = Explainer.from_pretrained(tmp_path, attention="cross")
+    assert ex.head.task == "seq2seq-lm"
+    g = ex.explain_generation(PROMPT, max_new_tokens=2, methods="attcat")
+    direct = Explainer(model, tokenizer, attention="cross").explain_generation(PROMPT, max_new_tokens=2,
+                                                                               methods="attcat")
+    assert g.generated_ids == direct.generated_ids
+    np.testing.assert_allclose(g.scores["attcat"], direct.scores["attcat"], atol=1e-6)
 
 
 def test_seq2seq_mistakes(tokenizer):
     model = build_tiny("bart", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
-    with pytest.raises(InputError, match="attention='decoder' is not available"):
-        Explainer(model, tokenizer, attention="decoder").explain_generation(PROMPT, methods="rawatt")
+    with pytest.raises(InputError, match="saliency attribute to the encoder's input embeddings"):
+        Explainer(model, tokenizer, attention="decoder").explain_generation(PROMPT, methods="rawatt,saliency")
     with pytest.raises(ModelError, match="use explain_generation"):
         Explainer(model, tokenizer).explain(PROMPT, methods="rawatt")
 

@@ -110,8 +110,13 @@ def test_tasks_are_named_in_one_table_that_loading_reads():
     assert {t: (h.auto_class, h.kind) for t, h in TASKS.items()} == {
         "classification": ("AutoModelForSequenceClassification", "a sequence classifier"),
         "qa": ("AutoModelForQuestionAnswering", "an extractive QA model"),
+        "causal-lm": ("AutoModelForCausalLM", "a causal language model"),
+        "seq2seq-lm": ("AutoModelForSeq2SeqLM", "a sequence-to-sequence language model"),
     }
-    with pytest.raises(InputError, match=r"^task='ner'; choose 'classification' or 'qa'$"):
+    assert task_of(["GPT2LMHeadModel"]) == task_of(["LlamaForCausalLM"]) == "causal-lm"
+    assert task_of(["T5ForConditionalGeneration"]) == "seq2seq-lm"
+    with pytest.raises(InputError, match=r"^task='ner'; choose 'classification' or 'qa' or 'causal-lm' or "
+                                         r"'seq2seq-lm'$"):
         Explainer.from_pretrained("/nonexistent", task="ner")
     loading = (SRC / "loading.py").read_text()
     assert 'if task == "qa"' not in loading

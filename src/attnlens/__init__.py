@@ -12,7 +12,7 @@ from .architectures import Architecture, register_adapter, register_architecture
 from .errors import AttnLensError, InputError, ModelError, UnknownMethodError  # noqa: E402
 from .explainer import Explainer  # noqa: E402
 from .explanation import Explanation, load_explanations, save_explanations  # noqa: E402
-from .generation import Generation  # noqa: E402
+from .generation import Generation, load_generations  # noqa: E402
 from .methods import get_method, list_methods, register  # noqa: E402
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "get_method",
     "list_methods",
     "load_explanations",
+    "load_generations",
     "register",
     "register_adapter",
     "register_architecture",

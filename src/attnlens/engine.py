@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 
 def select_methods(
     ex: Explainer, methods: str | Sequence[str] | None, target: Any, target_kind: str,
-    options: Mapping[str, Mapping[str, Any]] | None,
+    options: Mapping[str, Mapping[str, Any]] | None, contrast: bool = False,
 ) -> tuple[list[Method], dict[str, dict[str, Any]]]:
     """The methods to run and their checked options. ``"all"`` skips (with a warning) the methods that do not
-    apply to this model; a named method that does not apply, or an option for a method not requested, is an
-    :class:`InputError`."""
+    apply to this model (with ``contrast``: nor those that do not depend on the target); a named method that
+    does not apply, or an option for a method not requested, is an :class:`InputError`."""
     if target_kind not in TARGET_KINDS:
         raise InputError(f"target_kind={target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
     method_ids = resolve_methods(methods)
@@ -41,6 +41,12 @@ def select_methods(
     words = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods or ["all"])
     asked_all = "all" in words
     reasons = {s.name: s.unsupported(ex.model, ex.stream, ex.head.task) for s in specs}
+    if contrast:
+        reasons.update({s.name: f"{s.name} does not depend on the explained target, so a contrast does not "
+                                "apply to it" for s in specs if not s.class_specific and not reasons[s.name]})
+        # LRP starts from the target's logit itself (not from the head's scalar), so it cannot take a difference
+        reasons.update({s.name: f"{s.name} does not support a contrast yet" for s in specs
+                        if s.lrp and not reasons[s.name]})
     if asked_all:  # "all" means every method that applies to this model
         skipped = {m: r for m, r in reasons.items() if r}
         if skipped:

@@ -34,7 +34,8 @@ __all__ = ["Encoded", "Explainer", "TextInput"]
 
 
 class Explainer:
-    """Explains a HuggingFace sequence classifier (or extractive QA model) with every registered method.
+    """Explains a HuggingFace sequence classifier (or extractive QA model) with every registered method; a
+    language model (``…ForCausalLM``, ``…ForConditionalGeneration``) through :meth:`explain_generation`.
 
     Args:
         model: a ``...ForSequenceClassification`` model (encoder-only, decoder-only or encoder-decoder), or a
@@ -218,10 +219,10 @@ class Explainer:
             One :class:`Explanation` per input, in input order.
         """
         ex = self if contrast is None else self._with_head(with_contrast(self.head, contrast, self.labels))
-        specs, method_options = engine.select_methods(ex, methods, target, target_kind, options)
+        specs, method_options = engine.select_methods(ex, methods, target, target_kind, options, contrast is not None)
         encoded = self.encode(texts, truncation=truncation)
-        targets = self.head.resolve_targets(target, len(encoded), self.labels)
-        self.head.check_targets([len(e.ids) for e in encoded], targets)
+        targets = ex.head.resolve_targets(target, len(encoded), self.labels)
+        ex.head.check_targets([len(e.ids) for e in encoded], targets)
         size = self._effective_batch_size(batch_size)
         return engine.explain_all(ex, encoded, targets, specs, method_options, target_kind, size, progress)
 

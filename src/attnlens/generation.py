@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +32,14 @@ from .adapters import EncoderDecoderAdapter, StreamTensors
 from .context import BatchContext
 from .encoding import Encoded, encode
 from .errors import InputError, ModelError
-from .explanation import Explanation
+from .explanation import Explanation, _read_dicts
 from .heads import ContrastHead, LMHead, Seq2SeqLMHead
 from .modelstate import explaining
 
 if TYPE_CHECKING:
     from .explainer import Explainer
 
-__all__ = ["Generation", "explain_generation"]
+__all__ = ["Generation", "explain_generation", "load_generations"]
 
 
 @dataclass
@@ -108,7 +109,7 @@ class Generation:
             raise InputError(f"step {t} is out of range: {len(self.generated_ids)} tokens were generated")
         t %= len(self.generated_ids)
         n = self.n_prompt + t
-        meta = {**self.meta, "step": t, "generated": self.generated[t]}
+        meta = {**self.meta, "step": t, "target_token": self.generated[t]}
         if self.contrast_ids is not None:
             meta["contrast"] = self.contrast_ids[t]
         return Explanation(
@@ -163,13 +164,11 @@ class Generation:
 
     @classmethod
     def load(cls, path: str | Path) -> Generation:
-        try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"cannot read {path}: {exc}") from None
-        if not isinstance(d, dict):
-            raise InputError(f"{path} does not hold a generation explanation")
-        return cls.from_dict(d)
+        """Read a :meth:`save` document (several: :func:`load_generations`)."""
+        (g, *more) = load_generations(path)
+        if more:
+            raise InputError(f"{path} holds {1 + len(more)} generations: read them with load_generations")
+        return g
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Generation):
@@ -198,6 +197,14 @@ class Generation:
         return plot_generation(self, method, path)
 
 
+def load_generations(path: str | Path) -> list[Generation]:
+    """Every generation of a file: one :meth:`Generation.save` document, a JSON array (``attnlens explain
+    --generate --format json``) or JSON Lines (``--format jsonl``)."""
+    if not Path(path).is_file():
+        raise InputError(f"cannot read {path}: no such file")
+    return [Generation.from_dict(d) for d in _read_dicts(path)]
+
+
 # ---------------------------------------------------------------------------------------------------- engine
 def explain_generation(
     ex: Explainer,
@@ -218,14 +225,15 @@ def explain_generation(
         raise ModelError(f"explain_generation needs a language model (…ForCausalLM, …ForConditionalGeneration); "
                          f"{ex.name} is {head.kind}: use explain() for it")
     seq2seq = isinstance(head, Seq2SeqLMHead)
-    if seq2seq and ex.stream == "decoder":
-        raise InputError("attention='decoder' is not available for sequence-to-sequence generation yet (its keys "
-                         "are the generated tokens, not the prompt's): use 'encoder' or 'cross'")
+    decoder_stream = seq2seq and ex.stream == "decoder"  # scores over the continuation instead of the prompt
     if not isinstance(prompt, str) or not prompt.strip():
         raise InputError("the prompt is empty: give the text the model should continue")
     _check_count("max_new_tokens", max_new_tokens)
     size = ex._effective_batch_size(batch_size)
-    specs, method_options = engine.select_methods(ex, methods, target or "generated", target_kind, options)
+    specs, method_options = engine.select_methods(ex, methods, target or "generated", target_kind, options,
+                                                  contrast is not None)
+    if decoder_stream:
+        specs = _decoder_stream_methods(specs, methods)
 
     prompt_ids, template = _prompt_ids(ex, prompt, chat)
     forced = target is not None
@@ -263,16 +271,20 @@ def explain_generation(
         else:
             runner, ctx, batch = ex, None, [steps[t] for t in rows]
             targets = [generated[t] for t in rows]
-            if contrast_ids is not None:
-                runner = ex._with_head(ContrastHead(head, torch.tensor([contrast_ids[t] for t in rows])))
+            if contrast_ids is not None:  # (token, contrast) pairs: each step has its own contrast
+                runner = ex._with_head(ContrastHead(head))
+                targets = [(generated[t], contrast_ids[t]) for t in rows]
         ctx, out = engine.compute_batch(runner, batch, targets, specs, method_options, target_kind, ctx=ctx)
         logits = (head.at(ctx.capture.logits, ctx.targets) if seq2seq
                   else head.last(ctx.capture.logits, ctx.token_mask))
         probs = logits.float().softmax(-1)  # (B, V): the distribution each step's token was drawn from
         for b, t in enumerate(rows):
-            n = n_prompt if seq2seq else n_prompt + t
             for m, (sc, _) in out.items():
-                scores[m][t, :n] = sc[b, :n].double().cpu().numpy()
+                if decoder_stream:  # decoder key k >= 1 is generated token k - 1; key 0, the start token, has none
+                    scores[m][t, n_prompt: n_prompt + t] = sc[b, 1: t + 1].double().cpu().numpy()
+                else:
+                    n = n_prompt if seq2seq else n_prompt + t
+                    scores[m][t, :n] = sc[b, :n].double().cpu().numpy()
             probabilities[t] = float(probs[b, generated[t]])
             predicted[t] = int(probs[b].argmax())
             if contrast_ids is not None:
@@ -306,16 +318,23 @@ class _Seq2SeqSteps(EncoderDecoderAdapter):
         return self.positions.to(input_ids.device)
 
     def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
-        if stream != "cross":
+        if stream == "encoder":
             return super().select(outputs, stream, token_mask, cls)
         n_decoder = outputs.cross_attentions[0].shape[2]
         rows = torch.arange(n_decoder, device=cls.device)[None, :] <= cls[:, None]
+        one_hot = torch.nn.functional.one_hot(cls, n_decoder).float()
+        if stream == "decoder":  # keys: the decoder input (start token + continuation) up to the step
+            return StreamTensors(attentions=list(outputs.decoder_attentions),
+                                 hidden=list(outputs.decoder_hidden_states), query_mask=rows, key_mask=rows,
+                                 query_weights=one_hot, self_attention=True)
         return StreamTensors(
             attentions=list(outputs.cross_attentions),
             hidden=[outputs.encoder_last_hidden_state] * (len(outputs.cross_attentions) + 1),
-            query_mask=rows, key_mask=token_mask.bool(),
-            query_weights=torch.nn.functional.one_hot(cls, n_decoder).float(), self_attention=False,
+            query_mask=rows, key_mask=token_mask.bool(), query_weights=one_hot, self_attention=False,
         )
+
+    def keys_to_tokens(self, values: torch.Tensor, stream: str) -> torch.Tensor:
+        return values  # decoder stream: the token space is the decoder input itself (see _seq2seq_batch)
 
 
 def _seq2seq_batch(ex: Explainer, prompt: Encoded, generated: list[int], rows: list[int],
@@ -329,8 +348,26 @@ def _seq2seq_batch(ex: Explainer, prompt: Encoded, generated: list[int], rows: l
     ctx = engine.batch_context(runner, [prompt] * len(rows), target_kind)
     decoder = [_decoder_start(ex)] + generated[: rows[-1]]
     ctx.inputs["decoder_input_ids"] = torch.tensor([decoder] * len(rows), device=ex.device)
+    if ex.stream == "decoder":  # scores over the decoder input: start token + continuation (placed by the caller)
+        ctx.token_mask = torch.ones(len(rows), len(decoder), dtype=ctx.token_mask.dtype, device=ex.device)
+        ctx.special_mask = torch.zeros_like(ctx.token_mask, dtype=torch.bool)
     targets = [(generated[t], t, -1 if contrast_ids is None else contrast_ids[t]) for t in rows]
     return runner, ctx, targets
+
+
+def _decoder_stream_methods(specs: list[Any], methods: Any) -> list[Any]:
+    """The methods that apply to a seq2seq decoder stream: not those on input embeddings, which are the
+    encoder's (skipped with a warning under ``"all"``, refused when named)."""
+    from .methods.registry import EMBEDDINGS, OWN_PASS
+
+    bad = [s.name for s in specs if EMBEDDINGS in s.needs or OWN_PASS in s.needs]
+    if bad and methods not in (None, "all"):
+        raise InputError(f"{', '.join(bad)} attribute to the encoder's input embeddings, not to the decoder "
+                         "stream's tokens: use attention='encoder' or 'cross' for them")
+    if bad:
+        warnings.warn(f"skipping {', '.join(bad)}: they attribute to the encoder's input, not to the decoder stream",
+                      stacklevel=3)
+    return [s for s in specs if s.name not in bad]
 
 
 def _decoder_start(ex: Explainer) -> int:
@@ -387,6 +424,9 @@ def _eos_ids(ex: Explainer) -> set[int]:
 def _prompt_ids(ex: Explainer, prompt: str, chat: bool) -> tuple[list[int], bool]:
     """The prompt's token ids (with the tokenizer's special tokens, or through its chat template)."""
     if not chat:
+        n = len(ex.tokenizer(prompt)["input_ids"])
+        if n > ex.max_length:
+            raise InputError(f"the prompt has {n} tokens, more than the model's maximum of {ex.max_length}")
         (e,) = encode(ex.tokenizer, ex.model, prompt, ex.max_length, truncation=False)
         return e.ids, False
     if not getattr(ex.tokenizer, "chat_template", None):

@@ -231,6 +231,10 @@ def prediction_line(exp: Explained) -> str:
         return f"predicted labels (p > 0.5 each, independent): {shown}; explaining {exp.label_name(target)} " \
                f"(p {p(target):.3f})"
     predicted = int(exp.predicted)  # type: ignore[arg-type]
+    if str(exp.meta.get("task", "")).endswith("-lm"):  # a language model's next token (probabilities: p(target))
+        target_name = repr(exp.meta["target_token"]) if "target_token" in exp.meta else f"token #{target}"
+        line = f"explaining next token {target_name} (p {p(0):.3f})"
+        return line + (", the greedy choice" if predicted == target else f"; greedy choice: token #{predicted}")
     return f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}"
 
 

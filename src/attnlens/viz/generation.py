@@ -127,7 +127,7 @@ document.querySelectorAll("section.method").forEach(function (sec) {
     toks.forEach(function (el, i) {
       var c = colors[t][i];
       el.style.background = c || "none";
-      el.classList.toggle("future", c === null && !el.classList.contains("special"));
+      el.classList.toggle("future", i > nPrompt + t);  // not part of this step's input
       el.classList.toggle("on", i === nPrompt + t);
     });
   }
