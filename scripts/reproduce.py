@@ -208,6 +208,51 @@ def imdb_section(imdb: dict[str, Any], pred: dict[str, Any], n_total: int, image
     return lines
 
 
+ATTENTION_FAMILY = ("rawatt", "rollout", "flow", "attgrads", "agrad", "gae", "cat", "attcat")
+
+
+def generation_section(path: Path) -> list[str]:
+    """The figures of ``bench/generation_faithfulness.py --json results/generation_faithfulness.json``, if run."""
+    if not path.is_file():
+        return []
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from generation_faithfulness import table  # the one table of that benchmark
+
+    f = json.loads(path.read_text(encoding="utf-8"))
+    res, secs = f["results"], f["seconds"]
+    lines = [
+        "## 4. Generation: faithfulness on a decoder-only LLM (`bench/generation_faithfulness.py`)",
+        "",
+        "SmolLM2-135M-Instruct (`--model smollm2`, Llama architecture, 30 layers × 9 heads), each example's next "
+        "token explained with every method that applies to a causal LM (the LRP methods do not yet), and the top "
+        "0, 10, ..., 100% of the prompt's *text* tokens (never the template's) deleted (AOPC, higher is better) "
+        "or replaced by the pad token (LOdds, lower is better), on CPU:",
+        "",
+    ]
+    for name, r in res.items():
+        if r.get("choices"):
+            what = (f"zero-shot classification, template `{r['template']!r}`; the model's choice between "
+                    f"{' and '.join(repr(c) for c in r['choices'])} explained as the contrast chosen − other, its "
+                    "probability renormalised over the two tracked; accuracy against the gold labels")
+        else:
+            what = (f"template `{r['template']!r}`; the first token of the expected answer explained (logit) and its "
+                    "vocabulary probability tracked; accuracy = the answer's first token is the top next token")
+        mean_p = sum(e["p"] for e in r["examples"]) / r["n"]
+        lines.append(f"- **{name}**: {r['n']} prompts; {what}: {r['accuracy']:.1%}; mean p(explained token) "
+                     f"{mean_p:.2f}; {secs[name]:.0f} s.")
+    lines += ["", table(res), ""]
+    for name, r in res.items():
+        ranked = sorted(r["methods"], key=lambda m: -(r["methods"][m]["aopc"] or 0.0))
+        att = [m for m in ranked if m in ATTENTION_FAMILY]
+        lines.append(f"{name}: best AOPC {ranked[0]} ({r['methods'][ranked[0]]['aopc']:.3f}), best attention-family "
+                     f"method {att[0]} (rank {ranked.index(att[0]) + 1} of {len(ranked)}), raw attention rank "
+                     f"{ranked.index('rawatt') + 1}, rollout rank {ranked.index('rollout') + 1}.")
+    return lines + [""]
+
+
 def speed_section(path: Path) -> list[str]:
     """The figures of ``bench/eval_speed.py --json results/eval_speed.json``, if it was run."""
     if not path.is_file():
@@ -349,6 +394,7 @@ def main() -> None:
         *imdb_section(imdb, imdb_pred, len(full_imdb), occ_png, emb_pngs),
         "",
         *speed_section(ROOT / "results" / "eval_speed.json"),
+        *generation_section(ROOT / "results" / "generation_faithfulness.json"),
     ]
     Path(args.doc).write_text("\n".join(doc), encoding="utf-8")
     print(f"wrote {args.doc} in {elapsed:.0f} s")

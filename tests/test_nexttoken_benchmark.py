@@ -1,0 +1,135 @@
+"""The next-token faithfulness benchmark on a tiny random Llama LM: the scorer reads the last real token, and AOPC
+/ LOdds equal a hand computation (template tokens never perturbed, the explained token's probability tracked)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLS, PAD, SEP, V
+
+from attnlens import Explainer, InputError
+from attnlens.architectures import build_tiny
+from attnlens.evaluation.nexttoken import NextTokenPredictor, PromptExample, fill, run_next_token_benchmark
+from attnlens.evaluation.perturb import Variant
+
+TEMPLATE = "i really {text} ! it was"
+EXAMPLES = [PromptExample("a", "loved the charming movie", " good", 1),
+            PromptExample("b", "hated this boring film and the plot", " bad", 0),
+            PromptExample("c", "never liked it", " good", 0)]
+
+
+@pytest.fixture(scope="module")
+def lm(tokenizer) -> Explainer:
+    model = build_tiny("llama", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
+                       task="causal-lm")
+    return Explainer(model, tokenizer)
+
+
+def _next_probs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0, -1].double().softmax(-1)
+
+
+def test_predictor_reads_each_variants_last_token(lm):
+    variants = [Variant.of([CLS, 7, 8, 9, SEP]), Variant.of([CLS, 10, SEP]), Variant.of([CLS, 11, 12, 13, 14, 15])]
+    tokens = [20, 21, 22]
+    vocab = NextTokenPredictor(lm.model, PAD, tokens, "vocab", batch_size=8)(variants)
+    choices = NextTokenPredictor(lm.model, PAD, tokens, "choices", batch_size=8)(variants)
+    for v, pv, pc in zip(variants, vocab, choices):
+        p = _next_probs(lm.model, list(v.input_ids))
+        np.testing.assert_allclose(pv, p[tokens].numpy(), rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(pc, (p[tokens] / p[tokens].sum()).numpy(), rtol=1e-4, atol=1e-7)
+
+
+def _hand_metric(lm, ex, template, method, token, mode, tracked) -> float:
+    """AOPC (delete) or LOdds (pad) of one example computed directly: rank the text's tokens by the method,
+    take out the top round(f·n) for f = 0, 0.1, ..., 1, and track ``tracked(probs)``."""
+    prompt, (lo, hi) = fill(template, ex.text)
+    e = lm.explain([prompt], [method], target=[token])[0]
+    text = [i for i, (s, t) in enumerate(e.offsets) if s < hi and t > lo and not e.special[i]]
+    order = sorted(text, key=lambda i: -float(e.scores[method][i]))
+    ids = list(e.input_ids)
+    p0 = tracked(_next_probs(lm.model, ids))
+    values = []
+    for f in [k / 10 for k in range(11)]:
+        drop = set(order[: int(np.round(f * len(text)))])
+        if mode == "delete":
+            changed = [t for i, t in enumerate(ids) if i not in drop]
+        else:
+            changed = [PAD if i in drop else t for i, t in enumerate(ids)]
+        pk = tracked(_next_probs(lm.model, changed))
+        values.append(p0 - pk if mode == "delete" else np.log(max(pk, 1e-12) / max(p0, 1e-12)))
+    return float(np.mean(values))
+
+
+def test_answer_targets_equal_a_hand_computation(lm, tokenizer):
+    out = run_next_token_benchmark(lm, EXAMPLES, template=TEMPLATE, methods=["rawatt", "grads"],
+                                   metrics=["aopc", "lodds"])
+    assert out["n"] == 3 and set(out["methods"]) == {"rawatt", "grads"}
+    for ex, row in zip(EXAMPLES, out["examples"]):
+        token = tokenizer.convert_tokens_to_ids(ex.answer.strip())
+        for method in ("rawatt", "grads"):
+            for metric, mode in (("aopc", "delete"), ("lodds", "pad")):
+                want = _hand_metric(lm, ex, TEMPLATE, method, token, mode, lambda p, t=token: float(p[t]))
+                assert row[method][metric] == pytest.approx(want, rel=1e-4, abs=1e-6), (ex.id, method, metric)
+        assert row["correct"] == (int(_next_probs(lm.model, lm.encode([fill(TEMPLATE, ex.text)[0]])[0].ids)
+                                      .argmax()) == token)
+    assert out["methods"]["grads"]["aopc"] == pytest.approx(np.mean([r["grads"]["aopc"] for r in out["examples"]]))
+
+
+def test_choices_explain_the_models_choice_against_the_other(lm, tokenizer):
+    choices = [" bad", " good"]
+    ids = [tokenizer.convert_tokens_to_ids(c.strip()) for c in choices]
+    out = run_next_token_benchmark(lm, EXAMPLES, template=TEMPLATE, choices=choices, methods=["grads"],
+                                   metrics=["aopc"])
+    for ex, row in zip(EXAMPLES, out["examples"]):
+        p = _next_probs(lm.model, lm.encode([fill(TEMPLATE, ex.text)[0]])[0].ids)[ids]
+        chosen = int(p.argmax())
+        assert row["target"].strip() == choices[chosen].strip()
+        assert row["p"] == pytest.approx(float(p.max() / p.sum()), rel=1e-5)
+        assert row["correct"] == (chosen == ex.label)
+        # the explained scalar is logit(chosen) - logit(other): the gradient of the contrast, by linearity
+        prompt = fill(TEMPLATE, ex.text)[0]
+        a = lm.explain([prompt], ["grads"], target=[ids[chosen]])[0].scores["grads"]
+        b = lm.explain([prompt], ["grads"], target=[ids[1 - chosen]])[0].scores["grads"]
+        c = lm.explain([prompt], ["grads"], target=[ids[chosen]], contrast=ids[1 - chosen])[0].scores["grads"]
+        assert not np.allclose(c, a)  # the contrast changes the explanation
+        assert np.abs(c).max() > 0 and np.isfinite(a).all() and np.isfinite(b).all()
+
+        def tracked(q, chosen=chosen):
+            return float(q[ids[chosen]] / q[ids].sum())
+
+        want = _hand_metric_contrast(lm, ex, ids, chosen, tracked)
+        assert row["grads"]["aopc"] == pytest.approx(want, rel=1e-4, abs=1e-6)
+    assert out["accuracy"] == pytest.approx(np.mean([r["correct"] for r in out["examples"]]))
+
+
+def _hand_metric_contrast(lm, ex, ids, chosen, tracked) -> float:
+    prompt, (lo, hi) = fill(TEMPLATE, ex.text)
+    e = lm.explain([prompt], ["grads"], target=[ids[chosen]], contrast=ids[1 - chosen])[0]
+    text = [i for i, (s, t) in enumerate(e.offsets) if s < hi and t > lo and not e.special[i]]
+    order = sorted(text, key=lambda i: -float(e.scores["grads"][i]))
+    full = list(e.input_ids)
+    p0 = tracked(_next_probs(lm.model, full))
+    drops = []
+    for f in [k / 10 for k in range(11)]:
+        drop = set(order[: int(np.round(f * len(text)))])
+        drops.append(p0 - tracked(_next_probs(lm.model, [t for i, t in enumerate(full) if i not in drop])))
+    return float(np.mean(drops))
+
+
+def test_mistakes_are_one_line(lm, tokenizer):
+    with pytest.raises(InputError, match="exactly once"):
+        run_next_token_benchmark(lm, EXAMPLES, template="no placeholder", methods=["grads"])
+    with pytest.raises(InputError, match="do not apply"):
+        run_next_token_benchmark(lm, EXAMPLES, template=TEMPLATE, methods=["grads"], metrics=["kendall"])
+    with pytest.raises(InputError, match="needs an answer"):
+        run_next_token_benchmark(lm, [PromptExample("x", "the movie")], template=TEMPLATE, methods=["grads"])
+    with pytest.raises(InputError, match="tokenizes to nothing"):
+        run_next_token_benchmark(lm, [PromptExample("x", "the movie", " ")], template=TEMPLATE, methods=["grads"])
+    with pytest.raises(InputError, match="two different tokens"):
+        run_next_token_benchmark(lm, EXAMPLES, template=TEMPLATE, choices=[" good", " good"], methods=["grads"])
+    with pytest.raises(InputError, match="causal language model"):
+        run_next_token_benchmark(Explainer(build_tiny("gpt2", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS,
+                                                      eos_token_id=SEP), tokenizer), EXAMPLES, methods=["grads"])

