@@ -204,3 +204,21 @@ def test_a_shard_removed_by_a_merge_is_made_again(tmp_path, monkeypatch):
     with parallel.shard_lock(directory):
         assert (directory / ".lock").is_file()
     assert len(calls) == 2 and not (directory / ".lock").exists()
+
+
+def test_a_shard_appended_after_the_merge_read_it_is_not_removed(tmp_path):
+    """A process appends a chunk between its chunks without the shard's lock: a merge that read the shard before
+    that append must not remove it (the new chunk would be lost); it is merged and removed by a later merge."""
+    from attnlens.evaluation.parallel import Shard, merge_sources
+
+    out = tmp_path / "out"
+    shard = Shard.parse("1/2").directory(out)
+    shard.mkdir(parents=True)
+    for name in ("examples.jsonl", "explanations.jsonl"):
+        (shard / name).write_text("")
+    merged = merge_sources(out, {}, [], chunk_size=2)
+    assert merged.shards == [shard] and merged.unchanged(shard)
+    with (shard / "examples.jsonl").open("a") as f:
+        f.write(json.dumps({"index": 2}) + "\n")
+    assert not merged.unchanged(shard)
+    assert merge_sources(out, {}, [], chunk_size=2).unchanged(shard)

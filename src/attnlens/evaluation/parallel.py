@@ -93,6 +93,18 @@ class Merged:
     explanations: list[dict[str, Any]]  # every cached explanation once, in a single-process run's order
     seconds: float  # compute seconds recorded by the merged directories
     shards: list[Path]
+    read: dict[Path, tuple[int, int]] = dataclasses.field(default_factory=dict)  # shard -> work-file sizes read
+
+    def unchanged(self, shard: Path) -> bool:
+        """Whether ``shard``'s work files are as this merge read them (hold its lock when asking): only then is
+        everything in it merged, so it may be removed. A process appends between its chunks, without the lock."""
+        return self.read.get(shard) == _sizes(shard)
+
+
+def _sizes(directory: Path) -> tuple[int, int]:
+    sizes = [(directory / name).stat().st_size if (directory / name).exists() else -1
+             for name in ("examples.jsonl", "explanations.jsonl")]
+    return sizes[0], sizes[1]
 
 
 def merge_sources(out: Path, settings: dict[str, Any], methods: Sequence[str], chunk_size: int) -> Merged:
@@ -101,6 +113,7 @@ def merge_sources(out: Path, settings: dict[str, Any], methods: Sequence[str], c
     shards = shard_dirs(out)
     by_index: dict[int, list[dict[str, Any]]] = {}
     explanations: dict[tuple[int, str, Any], dict[str, Any]] = {}
+    read: dict[Path, tuple[int, int]] = {}
     seconds = 0.0
     for directory in [out, *shards]:
         if directory != out:
@@ -112,6 +125,8 @@ def merge_sources(out: Path, settings: dict[str, Any], methods: Sequence[str], c
                                      "--overwrite")
                 seconds += float(prev.get("seconds", 0.0))
         mine = directory == out  # we hold out's lock; a shard may still be appended to by its process
+        if not mine:
+            read[directory] = _sizes(directory)  # before reading: a later append makes the shard "changed"
         rows = read_rows(directory / "examples.jsonl", repair=mine)
         complete = complete_examples(rows, methods) - set(by_index)
         for r in rows:
@@ -132,6 +147,7 @@ def merge_sources(out: Path, settings: dict[str, Any], methods: Sequence[str], c
         explanations=[explanations[k] for k in sorted(explanations, key=order)],
         seconds=seconds,
         shards=shards,
+        read=read,
     )
 
 

@@ -385,6 +385,8 @@ def _finish(
             try:
                 with results_lock(d):
                     spent = _check_settings(d / "run.json", settings, d)
+                    if not merged.unchanged(d):  # its process appended a chunk after we read it: merged later
+                        raise InputError(f"{d} changed while merging")
                     shutil.rmtree(d)
                 seconds += spent
             except InputError:  # its process is still at work
