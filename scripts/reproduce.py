@@ -296,7 +296,8 @@ ISSUE11_COMMON = ["--metrics", "aopc,lodds", "--seed", "0", "--threads", "1"]
 
 def issue11_args(name: str, out: Path) -> list[str]:
     """The ``attnlens benchmark`` arguments of issue 11's run ``name`` (paths relative to the repository root)."""
-    return ["benchmark", *ISSUE11_RUNS[name][1], *ISSUE11_COMMON, "--out", f"{out.relative_to(ROOT)}/{name}"]
+    where = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
+    return ["benchmark", *ISSUE11_RUNS[name][1], *ISSUE11_COMMON, "--out", f"{where}/{name}"]
 
 
 def issue11_summary(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
