@@ -382,7 +382,9 @@ def issue11_findings(res: dict[str, dict[str, Any]], rows: list[dict[str, Any]])
         out.append(f"- {label}: best attention-based method **{top}** ({fmt(res[top][metric])}), best of "
                    f"integrated gradients / AttnLRP **{ref}** ({fmt(res[ref][metric])}); Δ = "
                    + ("n/a" if diff is None else f"{diff[0]:+.3f} ± {diff[1]:.3f}")
-                   + f": {'ahead' if beats else 'behind'}.")
+                   + f": {'ahead' if beats else 'behind'}"
+                   + (" (|Δ| < 2 standard errors: not a clear difference)." if diff and abs(diff[0]) < 2 * diff[1]
+                      else "."))
     winners = [m for m in attention if all(
         (res[m][k] < res[r][k]) if k == "lodds" else (res[m][k] > res[r][k]) for r in refs for k in ("aopc", "lodds"))]
     out.append("- An attention-based method ahead of both integrated gradients and AttnLRP on both metrics: "
