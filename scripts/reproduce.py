@@ -5,16 +5,25 @@
    (``attcat-code``), next to the paper's BERT-base numbers.
 2. Seed 000 Charts 2 and 5-6: occlusion curves (random / rawatt top / agrad top / agrad bottom) and the
    consistency (silhouette) of rawatt and agrad on the IMDB 2,000-review sample with ``minilm-imdb``.
+3. Issue 11: AOPC and LOdds of the attention, norm/decomposition and gradient methods on SST-2 dev
+   (``minilm-sst2``) and 200 reviews of the IMDB sample at 256 tokens (``minilm-imdb``), run with
+   ``attnlens benchmark`` itself (the command lines in the document are the ones run).
 
 Results directories go to ``results/reproduction/`` and are resumed when present, so the script can be stopped
 and started again. Run: ``python scripts/reproduce.py [--sst2-limit N] [--attcat-limit N] [--imdb-limit N]``.
+Issue 11's runs go to ``results/issue11/``; ``python scripts/reproduce.py --issue11 [--no-run]`` runs (or, with
+``--no-run``, only summarises, partial runs included) them and rewrites that section of the document alone.
+Run it from the repository root (the runs record the model path as given).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +32,9 @@ import torch
 
 from attnlens.data import load_dataset
 from attnlens.evaluation.metrics import EvalConfig
+from attnlens.evaluation.results import BenchmarkSettings, read_run
 from attnlens.evaluation.runner import run_benchmark
+from attnlens.evaluation.summary import best_methods, summarize
 from attnlens.explainer import Explainer
 from attnlens.methods.registry import get_method, list_methods
 
@@ -257,8 +268,6 @@ def speed_section(path: Path) -> list[str]:
     """The figures of ``bench/eval_speed.py --json results/eval_speed.json``, if it was run."""
     if not path.is_file():
         return []
-    import json
-
     f = json.loads(path.read_text(encoding="utf-8"))
     return [
         "## 3. Speed (`bench/eval_speed.py`)",
@@ -311,6 +320,141 @@ def pcons_sil(pred: dict[str, Any], method: str) -> float | None:
 def series_names() -> tuple[str, str, str, str]:
     return ("random", "rawatt:top", "agrad:top", "agrad:bottom")
 
+# --- Issue 11: attention, norm/decomposition and gradient methods on SST-2 and IMDB ----------------------------------
+ISSUE11_METHODS = ["attnlrp", "integratedgradients", "grads", "agrad", "attcat", "decompx", "alti", "globenc",
+                   "attnnorm", "valuezeroing", "rawatt"]
+REFERENCES = ("integratedgradients", "attnlrp")  # the methods the issue asks an attention-based method to beat
+NOT_ATTENTION = ("integratedgradients", "attnlrp", "grads")  # the rest read attention (weights, norms, gradients)
+IMDB_METHODS = [m for m in ISSUE11_METHODS if m != "valuezeroing"]
+ISSUE11_RUNS: dict[str, tuple[str, list[str]]] = {
+    "sst2-dev": ("`minilm-sst2` × SST-2 dev (872 sentences)", [
+        "--model", "../shared/models/minilm-sst2", "--dataset", "sst2", "--split", "dev",
+        "--methods", ",".join(ISSUE11_METHODS), "--chunk-size", "16"]),
+    "imdb-sample": ("`minilm-imdb` × IMDB test sample (200 of the 2,000 reviews, seed 0, 256 tokens)", [
+        "--model", "../shared/models/minilm-imdb", "--dataset", "imdb", "--split", "sample2000", "--limit", "200",
+        "--max-length", "256", "--methods", ",".join(IMDB_METHODS), "--chunk-size", "8"]),
+}
+ISSUE11_COMMON = ["--metrics", "aopc,lodds", "--seed", "0", "--threads", "1"]
+ISSUE11_NOTES = {
+    "imdb-sample": "Value zeroing is left out: it reruns every layer once per token, more than 65 s per review at 256 "
+                   "tokens on one CPU thread (measured on 4 reviews), hours for 200 reviews on the shared machine.",
+}
+
+
+def issue11_args(name: str, out: Path) -> list[str]:
+    """The ``attnlens benchmark`` arguments of issue 11's run ``name`` (paths relative to the repository root)."""
+    where = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
+    return ["benchmark", *ISSUE11_RUNS[name][1], *ISSUE11_COMMON, "--out", f"{where}/{name}"]
+
+
+def issue11_summary(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The summary of a (possibly partial) results directory and its per-example rows; ``None`` if never run."""
+    if not (run_dir / "run.json").is_file():
+        return None
+    import tempfile
+
+    from attnlens.evaluation.results import complete_examples, read_rows
+
+    run = read_run(run_dir / "run.json")
+    settings = BenchmarkSettings(**run["settings"])
+    rows = read_rows(run_dir / "examples.jsonl", repair=False)  # a run may be appending to it: never cut it
+    with tempfile.TemporaryDirectory() as tmp:  # summarise a copy of the complete lines, the run's files untouched
+        Path(tmp, "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        summary = summarize(tmp, settings, timing={"seconds": run.get("seconds")})
+    done = complete_examples(rows, settings.methods)
+    return summary, [r for r in rows if r["index"] in done and r["method"] is not None]
+
+
+def paired(rows: list[dict[str, Any]], a: str, b: str, metric: str) -> tuple[float, float] | None:
+    """Mean per-example difference ``a − b`` of ``metric`` and its standard error (paired: same examples)."""
+    va = {r["index"]: r["metrics"].get(metric) for r in rows if r["method"] == a}
+    vb = {r["index"]: r["metrics"].get(metric) for r in rows if r["method"] == b}
+    d = [va[i] - vb[i] for i in va if i in vb and va[i] is not None and vb[i] is not None]
+    if len(d) < 2:
+        return None
+    t = torch.tensor(d, dtype=torch.float64)
+    return float(t.mean()), float(t.std() / len(d) ** 0.5)
+
+
+def issue11_section(out: Path) -> list[str]:
+    lines = [
+        "## 5. Issue 11: attention, norm/decomposition and gradient methods (AOPC, LOdds)",
+        "",
+        "Protocol `paper` (predicted class, its logit explained; 0-100 % of the real tokens deleted (AOPC) or "
+        "replaced by [PAD] (LOdds) in 10 % steps), seed 0, one CPU thread, run with `attnlens benchmark` itself "
+        "(`python scripts/reproduce.py --issue11` runs the commands below and rewrites this section; a run that "
+        "was stopped is resumed, and a partial one is summarised over the examples it finished, the first chunks "
+        "in data-set order). Best value per column in bold. Δ = paired mean difference over the same examples "
+        "± its standard error.",
+        "",
+    ]
+    for name, (title, _) in ISSUE11_RUNS.items():
+        got = issue11_summary(out / name)
+        lines += [f"### {title}", "", "```bash", "attnlens " + " ".join(issue11_args(name, out)), "```", ""]
+        if got is None:
+            lines += ["Not run yet.", ""]
+            continue
+        summary, rows = got
+        res = summary["results"]
+        done, planned = summary["n_examples"], summary["n_planned"]
+        seconds = (summary.get("timing") or {}).get("seconds")
+        lines.append(f"{done} of {planned} examples done{' (partial run)' if done < planned else ''}; model "
+                     f"accuracy on them {fmt(summary['accuracy'])}; compute {fmt(seconds, 0)} s."
+                     + (f" {ISSUE11_NOTES[name]}" if name in ISSUE11_NOTES else ""))
+        lines += ["", "| method | AOPC ↑ | LOdds ↓ |", "|---|---:|---:|"]
+        best = {m: best_methods(summary, m) for m in ("aopc", "lodds")}
+        order = sorted(res, key=lambda m: -(res[m].get("aopc") if res[m].get("aopc") is not None else -9))
+        for m in order:
+            cells = [f"**{fmt(res[m].get(k))}**" if m in best[k] else fmt(res[m].get(k)) for k in ("aopc", "lodds")]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines += ["", *issue11_findings(res, rows), ""]
+    return lines
+
+
+def issue11_findings(res: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
+    """What the table says about the issue's goal, computed from it."""
+    out = []
+    attention = [m for m in res if m not in NOT_ATTENTION and res[m].get("aopc") is not None]
+    refs = [m for m in REFERENCES if m in res and res[m].get("aopc") is not None]
+    if not attention or not refs:
+        return out
+    for metric, label, lower in (("aopc", "AOPC", False), ("lodds", "LOdds", True)):
+        key = (lambda m, metric=metric: res[m][metric]) if lower else (lambda m, metric=metric: -res[m][metric])
+        top = min(attention, key=key)
+        ref = min(refs, key=key)
+        diff = paired(rows, top, ref, metric)
+        beats = key(top) < key(ref)
+        out.append(f"- {label}: best attention-based method **{top}** ({fmt(res[top][metric])}), best of "
+                   f"integrated gradients / AttnLRP **{ref}** ({fmt(res[ref][metric])}); Δ = "
+                   + ("n/a" if diff is None else f"{diff[0]:+.3f} ± {diff[1]:.3f}")
+                   + f": {'ahead' if beats else 'behind'}"
+                   + (" (|Δ| < 2 standard errors: not a clear difference)." if diff and abs(diff[0]) < 2 * diff[1]
+                      else "."))
+    winners = [m for m in attention if all(
+        (res[m][k] < res[r][k]) if k == "lodds" else (res[m][k] > res[r][k]) for r in refs for k in ("aopc", "lodds"))]
+    out.append("- An attention-based method ahead of both integrated gradients and AttnLRP on both metrics: "
+               + (", ".join(winners) if winners else "none") + ".")
+    return out
+
+
+def write_issue11(doc: Path, out: Path) -> None:
+    """Replace (or append) section 5 of ``doc``, leaving the other sections as they are."""
+    text = doc.read_text(encoding="utf-8") if doc.is_file() else "# Reproduction report\n"
+    section = "\n".join(issue11_section(out)).rstrip() + "\n"
+    start = text.find("## 5. Issue 11")
+    if start < 0:
+        text = text.rstrip() + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + ("" if end < 0 else text[end:])
+    doc.write_text(text, encoding="utf-8")
+
+
+def run_issue11(out: Path, names: list[str]) -> None:
+    """Run (or resume) issue 11's benchmarks with the CLI, one after the other."""
+    for name in names:
+        subprocess.run([sys.executable, "-m", "attnlens.cli", *issue11_args(name, out)], cwd=ROOT, check=True)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -321,7 +465,17 @@ def main() -> None:
     parser.add_argument("--with-slow", action="store_true", help=f"also run {', '.join(SLOW)}")
     parser.add_argument("--out", default=str(ROOT / "results" / "reproduction"))
     parser.add_argument("--doc", default=str(ROOT / "docs" / "reproduction.md"))
+    parser.add_argument("--issue11", action="store_true", help="only issue 11's runs and section 5 of the document")
+    parser.add_argument("--issue11-runs", default=",".join(ISSUE11_RUNS), help="which of issue 11's runs to do")
+    parser.add_argument("--no-run", action="store_true", help="with --issue11: summarise what is there, run nothing")
+    parser.add_argument("--issue11-out", default=str(ROOT / "results" / "issue11"))
     args = parser.parse_args()
+    if args.issue11:
+        if not args.no_run:
+            run_issue11(Path(args.issue11_out), [n for n in args.issue11_runs.split(",") if n])
+        write_issue11(Path(args.doc), Path(args.issue11_out))
+        print(f"wrote section 5 of {args.doc}")
+        return
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     t0 = time.perf_counter()
@@ -395,6 +549,8 @@ def main() -> None:
         "",
         *speed_section(ROOT / "results" / "eval_speed.json"),
         *generation_section(ROOT / "results" / "generation_faithfulness.json"),
+        "",
+        *issue11_section(Path(args.issue11_out)),
     ]
     Path(args.doc).write_text("\n".join(doc), encoding="utf-8")
     print(f"wrote {args.doc} in {elapsed:.0f} s")
