@@ -46,20 +46,42 @@ def batch_inputs(ex: Explainer, batch: list[Encoded]) -> dict[str, torch.Tensor]
     return inputs
 
 
-def plain_forward_backward(model: torch.nn.Module, inputs: dict[str, torch.Tensor], *, weights: bool = False) -> float:
-    """Seconds for one plain forward and one backward of the summed predicted-class logits of a batch.
-
-    ``weights=False`` differentiates w.r.t. the embedding output only (what any explanation needs at least);
-    ``weights=True`` is a training-style ``backward()`` that also computes every parameter gradient.
-    """
-    emb = model.get_input_embeddings()
+def embedding_leaf(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], Any]:
+    """A forward hook making the input-embedding output a fresh leaf that requires grad (``leaf["x"]`` after each
+    forward), so a plain pass can differentiate w.r.t. it without weight gradients; remove the returned handle."""
     leaf: dict[str, torch.Tensor] = {}
 
     def hook(_m: torch.nn.Module, _i: Any, out: torch.Tensor) -> torch.Tensor:
         leaf["x"] = out.detach().requires_grad_(True)
         return leaf["x"]
 
-    handle = emb.register_forward_hook(hook)
+    return leaf, model.get_input_embeddings().register_forward_hook(hook)
+
+
+def setup(limit: int | None, batch_size: int) -> tuple[list[str], Any, list[list[Any]]]:
+    """The SST-2 dev texts, the reference model's explainer and its length-sorted batches; prints the header line
+    every speed benchmark starts with."""
+    import platform
+
+    from attnlens import Explainer
+
+    texts = read_texts(limit=limit)
+    ex = Explainer.from_pretrained(MODEL)  # eager attention, as every attention method needs
+    batches = engine_batches(ex, texts, batch_size)
+    n_tokens = sum(len(e.ids) for b in batches for e in b)
+    print(f"model {MODEL.name}; {len(texts)} sentences, {n_tokens / len(texts):.1f} tokens on average; "
+          f"batch {batch_size}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{platform.machine()}")
+    return texts, ex, batches
+
+
+def plain_forward_backward(model: torch.nn.Module, inputs: dict[str, torch.Tensor], *, weights: bool = False) -> float:
+    """Seconds for one plain forward and one backward of the summed predicted-class logits of a batch.
+
+    ``weights=False`` differentiates w.r.t. the embedding output only (what any explanation needs at least);
+    ``weights=True`` is a training-style ``backward()`` that also computes every parameter gradient.
+    """
+    leaf, handle = embedding_leaf(model)
     try:
         start = time.perf_counter()
         logits = model(**inputs).logits

@@ -15,12 +15,8 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 
-import torch  # noqa: E402
-from common import MODEL, batch_inputs, engine_batches, plain_forward_backward, read_texts, timed  # noqa: E402
-
-from attnlens import Explainer  # noqa: E402
+from common import batch_inputs, plain_forward_backward, setup, timed  # noqa: E402
 
 RUNS = {  # label -> (method, options)
     "attnnorm": ("attnnorm", {}),
@@ -37,13 +33,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
 
-    texts = read_texts(limit=args.limit or None)
-    ex = Explainer.from_pretrained(MODEL)
-    batches = engine_batches(ex, texts, args.batch_size)
-    n_tokens = sum(len(e.ids) for b in batches for e in b)
-    print(f"model {MODEL.name}; {len(texts)} sentences, {n_tokens / len(texts):.1f} tokens on average; "
-          f"batch {args.batch_size}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.machine()}")
+    texts, ex, batches = setup(args.limit or None, args.batch_size)
     totals = dict.fromkeys(["plain", *RUNS], 0.0)
     for i, batch in enumerate([batches[0]] + batches):  # the first round is a warm-up
         inputs = batch_inputs(ex, batch)

@@ -19,12 +19,8 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 
-import torch  # noqa: E402
-from common import MODEL, batch_inputs, engine_batches, plain_forward_backward, read_texts, timed  # noqa: E402
-
-from attnlens import Explainer  # noqa: E402
+from common import MODEL, batch_inputs, plain_forward_backward, setup, timed  # noqa: E402
 
 FAST = ["rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "saliency", "inputxgradient"]
 
@@ -37,14 +33,8 @@ def main() -> None:
     parser.add_argument("--no-lrp", action="store_true", help="skip the LRP and flow figures")
     args = parser.parse_args()
 
-    texts = read_texts(limit=args.limit)
-    ex = Explainer.from_pretrained(MODEL)  # eager attention, as every attention method needs
+    texts, ex, batches = setup(args.limit, args.batch_size)
     model = ex.model.eval()
-    batches = engine_batches(ex, texts, args.batch_size)
-    n_tokens = sum(len(e.ids) for b in batches for e in b)
-    print(f"model {MODEL.name}; {len(texts)} sentences, {n_tokens / len(texts):.1f} tokens on average; "
-          f"batch {args.batch_size}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.machine()}")
 
     totals = {"plain": 0.0, "plain_weights": 0.0, "attnlens": 0.0}
     for i, batch in enumerate([batches[0]] + batches):  # the first round is a warm-up

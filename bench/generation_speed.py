@@ -23,9 +23,9 @@ import argparse  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from common import embedding_leaf  # noqa: E402
 
 from attnlens import Explainer  # noqa: E402
 
@@ -50,14 +50,7 @@ def prompt_and_continuation(ex: Explainer, prompt_tokens: int, new_tokens: int) 
 def plain_steps(model: torch.nn.Module, ids: list[int], continuation: list[int], batched: bool) -> float:
     """Seconds for a forward + backward (to the input embeddings) of each step's target logit: one pass per step,
     or all steps as one right-padded batch (``batched``)."""
-    emb = model.get_input_embeddings()
-    leaf: dict[str, torch.Tensor] = {}
-
-    def hook(_m: torch.nn.Module, _i: Any, out: torch.Tensor) -> torch.Tensor:
-        leaf["x"] = out.detach().requires_grad_(True)
-        return leaf["x"]
-
-    handle = emb.register_forward_hook(hook)
+    leaf, handle = embedding_leaf(model)
     full = ids + continuation
     n = len(ids)
     try:

@@ -194,9 +194,14 @@ def _row_normalised(m: torch.Tensor) -> torch.Tensor:
     return m / m.sum(-1, keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
 
 
-def _rolled_rows(cap: Capture, matrices: list[torch.Tensor]) -> MethodOutput:
-    layers = torch.stack([cap.row(p) for p in propagate(matrices)], 1)
+def _rows(cap: Capture, matrices: list[torch.Tensor]) -> MethodOutput:
+    """The explained row of each layer's matrix; the score is the last layer's."""
+    layers = torch.stack([cap.row(m) for m in matrices], 1)
     return MethodOutput(layers[:, -1], layers)
+
+
+def _rolled_rows(cap: Capture, matrices: list[torch.Tensor]) -> MethodOutput:
+    return _rows(cap, propagate(matrices))
 
 
 @register(
@@ -221,8 +226,7 @@ def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
         else:
             m = _norm_matrix(layer, lambda v: v, None, variant == "attn_res")
         mats.append(_real_pairs(cap, m))
-    layers = torch.stack([cap.row(m) for m in mats], 1)
-    return MethodOutput(layers[:, -1], layers)
+    return _rows(cap, mats)
 
 
 @register(
