@@ -14,6 +14,7 @@ from attnlens import Explainer, Generation, InputError, ModelError, load_generat
 from attnlens.architectures import build_tiny
 from attnlens.encoding import Encoded
 from attnlens.methods.registry import get_method
+from attnlens.viz.colors import prediction_line
 
 PROMPT = "the movie was really"
 DECODERS = ["gpt2", "llama"]
@@ -209,6 +210,9 @@ def test_explain_on_a_language_model_explains_the_next_token(lm):
     (c,) = lm.explain(PROMPT, methods="inputxgradient", target=good, contrast=bad)
     step = lm.explain_generation(PROMPT, target=[good], contrast=[bad], methods="inputxgradient")
     assert c.target == good and c.meta["contrast"] == bad
+    # the terminal line names the tokens, not their ids
+    assert e.meta["target_token"] == e.meta["predicted_token"] == g.generated[0]
+    assert c.meta["target_token"] == lm.tokenizer.decode([good]) and "#" not in prediction_line(c)
     np.testing.assert_allclose(c.scores["inputxgradient"], step.scores["inputxgradient"][0, : len(c.tokens)],
                                atol=1e-6)
 
@@ -427,3 +431,26 @@ def test_chat_prompt_goes_through_the_template(lm):
     g = Explainer(lm.model, tok).explain_generation(PROMPT, max_new_tokens=2, methods="rawatt", chat=True)
     assert g.prompt_tokens == ["[CLS]", "the", "movie", "was", "really", "good"] and g.meta["chat_template"]
     assert g.prompt == PROMPT and g.prompt_special[0] and not any(g.prompt_special[1:])
+
+
+@pytest.mark.parametrize("ig", [{"n_steps": 5}, {"tolerance": 0.05, "max_steps": 9, "internal_batch_size": 3}])
+def test_one_forward_over_the_sequence_equals_a_row_per_step(lm, monkeypatch, ig):
+    """Steps read from one forward over prompt + continuation (gradients by batched vector-Jacobian products,
+    integrated gradients' nodes shared by every step) equal each step run as its own padded row."""
+    import attnlens.generation as generation
+
+    methods = [*FAST, "integratedgradients", "attnlrp"]
+    kwargs = dict(methods=methods, max_new_tokens=5, batch_size=3, options={"integratedgradients": ig})
+    shared = lm.explain_generation(PROMPT, **kwargs)
+    contrast = dict(kwargs, methods=[m for m in methods if get_method(m).class_specific], target=shared.generated_ids,
+                    contrast=[V - 1] * len(shared.generated_ids))
+    contrasted = lm.explain_generation(PROMPT, **contrast)
+    monkeypatch.setattr(generation, "ONE_PASS", False)
+    rows = lm.explain_generation(PROMPT, **kwargs)
+    rows_contrasted = lm.explain_generation(PROMPT, **contrast)
+    assert shared.generated_ids == rows.generated_ids
+    for a, b in ((shared, rows), (contrasted, rows_contrasted)):
+        np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-6)
+        assert a.methods == b.methods
+        for m in a.methods:
+            np.testing.assert_allclose(a.scores[m], b.scores[m], atol=1e-5, rtol=1e-4, err_msg=m)

@@ -29,7 +29,7 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
     row-normalised cosine distances C^l, rolled out as the authors' ``compute_joint_attention(res=False)``;
     returns (the explained row of the rollout up to each layer (L, N), the raw C (L, N, N))."""
     spec = architecture_for(model.config).layers
-    layers = _module(model.base_model, spec.path(stream))
+    layers = list({id(m): m for m in spec.modules(model, stream)}.values())  # a shared layer once
     ids = tokenizer(text, return_tensors="pt")
     takes = inspect.signature(model.forward).parameters
     ids = {k: v for k, v in ids.items() if k in takes}
@@ -146,3 +146,22 @@ def test_types_without_layers_and_cross_streams_are_refused_or_skipped(tokenizer
     bart = Explainer(make_model("bart"), tokenizer, attention="cross")
     with pytest.raises(InputError, match="valuezeroing needs self-attention"):
         bart.explain("the movie", "valuezeroing")
+
+
+def test_all_on_long_inputs_says_value_zeroing_dominates(tokenizer, monkeypatch):
+    """Under "all", value zeroing on a long input (one pass per token) gets a notice; named, or on short
+    inputs, it runs quietly. (The tiny model takes 48 tokens: "long" is lowered to 12.)"""
+    import warnings
+
+    from attnlens import engine
+
+    monkeypatch.setattr(engine, "LONG_INPUT", 12)
+    ex = Explainer(make_model("bert"), tokenizer)
+    long_text = " ".join(["good movie"] * 8)
+    quick = ["rawatt", "valuezeroing"]
+    with pytest.warns(UserWarning, match=r"valuezeroing reruns every layer once per input token.*name the methods"):
+        ex.explain(long_text, methods="all", options={"integratedgradients": {"n_steps": 2}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ex.explain(long_text, methods=quick)
+        ex.explain(TEXTS[0], methods=quick)

@@ -84,18 +84,16 @@ class LRPSupport:
 @dataclass(frozen=True)
 class Anatomy:
     """Where the pieces of a post-LN encoder layer ``LN2(h + FFN(h))``, ``h = LN1(x + Attn(x))`` and of the
-    classification head are, as dotted module paths (read by :mod:`attnlens.methods.decomposition`).
+    classification head are, as dotted module paths (read by :mod:`attnlens.methods.decomposition`; the layers
+    themselves and their value projections are the entry's :class:`Layers`).
 
-    ``layers`` is the layer list, a path from the model root or a function of the model giving one module per
-    layer; ``value`` ... ``ln2`` are relative to one layer (``act`` is the FFN's activation, a module or function
-    attribute). ``head`` lists the head's ``(linear, activation)`` steps
-    from the pooled first-token state to the logits, the activation a path from the model root, a name in
-    ``HEAD_ACTIVATIONS`` (for heads that apply it inline) or ``None``.
+    ``output`` ... ``ln2`` are relative to one layer (``act`` is the FFN's activation, a module or function
+    attribute). ``head`` lists the head's ``(linear, activation)`` steps from the pooled first-token state to the
+    logits, the activation a path from the model root, a name in ``HEAD_ACTIVATIONS`` (for heads that apply it
+    inline) or ``None``.
     """
 
-    layers: str | Callable[[nn.Module], list[nn.Module]]
     head: tuple[tuple[str, str | None], ...]
-    value: str = "attention.self.value"
     output: str = "attention.output.dense"
     ln1: str = "attention.output.LayerNorm"
     ffn_in: str = "intermediate.dense"
@@ -122,23 +120,40 @@ PAD_ID, BOS, EOS_ID, STD = _Slot("pad"), _Slot("bos"), _Slot("eos"), _Slot("std"
 
 @dataclass(frozen=True)
 class Layers:
-    """Where the transformer layers and their value projections are, for methods that rerun one layer with some
-    value vectors changed (value zeroing).
+    """Where the transformer layers and their value projections are: for the methods that rerun one layer with
+    some value vectors changed (value zeroing) or recompute each layer from its modules (the norm-based and
+    decomposition methods, with the entry's :class:`Anatomy`).
 
     ``layers`` is the attribute path of the layers' ``ModuleList`` under ``model.base_model`` (encoder-decoders:
-    one path per attention stream, e.g. ``{"encoder": "encoder.layers", "decoder": "decoder.layers"}``; a layer
-    called several times, as ALBERT's shared one, counts once per call); ``value`` the path, within one layer, of
-    the module whose output ``(B, N, fused * heads * head_dim)`` holds every head's value vectors: alone
-    (``fused=1``) or as the last of ``fused`` equal parts (GPT-2's query/key/value projection: ``fused=3``)."""
+    one path per attention stream, e.g. ``{"encoder": "encoder.layers", "decoder": "decoder.layers"}``), or a
+    function of the model giving one module per layer application (a layer shared across depths, as ALBERT's,
+    repeats); ``value`` the path, within one layer, of the module whose output ``(B, N, fused * heads *
+    head_dim)`` holds every head's value vectors: alone (``fused=1``) or as the last of ``fused`` equal parts
+    (GPT-2's query/key/value projection: ``fused=3``)."""
 
-    layers: str | dict[str, str]
+    layers: str | dict[str, str] | Callable[[nn.Module], list[nn.Module]]
     value: str
     fused: int = 1
 
     def path(self, stream: str) -> str | None:
-        """The layers' path for attention stream ``stream`` (``"self"`` for single-stream models), or ``None``."""
+        """The layers' path for attention stream ``stream`` (``"self"`` for single-stream models), or ``None``
+        (no such stream; a function of the model: ``"<function>"`` for ``"self"``)."""
+        if callable(self.layers):
+            return getattr(self.layers, "__name__", "<function>") if stream == "self" else None
         return self.layers.get(stream) if isinstance(self.layers, dict) else (
             self.layers if stream == "self" else None)
+
+    def modules(self, model: nn.Module, stream: str = "self") -> list[nn.Module]:
+        """One module per layer application of stream ``stream``, in depth order."""
+        if callable(self.layers):
+            return list(self.layers(model))
+        path = self.path(stream)
+        if path is None:
+            raise ModelError(f"{model.config.model_type!r} has no {stream!r} attention stream")
+        root: Any = model.base_model
+        for name in path.split("."):
+            root = getattr(root, name)
+        return list(root)
 
 
 @dataclass(frozen=True)
@@ -201,10 +216,10 @@ def _llama_lrp(prefix: str) -> LRPSupport:
 
 # --- anatomy of the BERT-style encoders (norm-based and decomposition methods) -----------------------------
 def _bert_like(prefix: str, head: tuple[tuple[str, str | None], ...] | None = None) -> Anatomy:
-    """BertLayer module names under ``<prefix>.encoder.layer``; the head is BERT's pooler + classifier unless
+    """BertLayer module names (the layers are ``_BERT_LAYERS``); the head is BERT's pooler + classifier unless
     given."""
     pooler = ((f"{prefix}.pooler.dense", f"{prefix}.pooler.activation"), ("classifier", None))
-    return Anatomy(f"{prefix}.encoder.layer", head or pooler)
+    return Anatomy(head or pooler)
 
 
 def _albert_layers(model: nn.Module) -> list[nn.Module]:
@@ -217,9 +232,9 @@ def _albert_layers(model: nn.Module) -> list[nn.Module]:
     return [groups[int(i / (n / g))].albert_layers[0] for i in range(n)]
 
 
-_ALBERT_ANATOMY = Anatomy(_albert_layers, (("albert.pooler", "albert.pooler_activation"), ("classifier", None)),
-                          value="attention.value", output="attention.dense", ln1="attention.LayerNorm",
-                          ffn_in="ffn", act="activation", ffn_out="ffn_output", ln2="full_layer_layer_norm")
+_ALBERT_ANATOMY = Anatomy((("albert.pooler", "albert.pooler_activation"), ("classifier", None)),
+                          output="attention.dense", ln1="attention.LayerNorm", ffn_in="ffn", act="activation",
+                          ffn_out="ffn_output", ln2="full_layer_layer_norm")
 _ROBERTA_ANATOMY = _bert_like("roberta", (("classifier.dense", "tanh"), ("classifier.out_proj", None)))
 
 # --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------
@@ -245,9 +260,8 @@ _ENTRIES: list[Architecture] = [
                  tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
                  layers=_BERT_LAYERS),
     Architecture("distilbert", ENCODER,
-                 anatomy=Anatomy("distilbert.transformer.layer", (("pre_classifier", "relu"), ("classifier", None)),
-                                 value="attention.v_lin", output="attention.out_lin", ln1="sa_layer_norm",
-                                 ffn_in="ffn.lin1", act="ffn.activation", ffn_out="ffn.lin2",
+                 anatomy=Anatomy((("pre_classifier", "relu"), ("classifier", None)), output="attention.out_lin",
+                                 ln1="sa_layer_norm", ffn_in="ffn.lin1", act="ffn.activation", ffn_out="ffn.lin2",
                                  ln2="output_layer_norm"),
                  lrp=LRPSupport("DistilBERT", (Residual("TransformerBlock", "sa_layer_norm", "attention"),
                                                Residual("TransformerBlock", "output_layer_norm", "ffn"))),
@@ -257,7 +271,7 @@ _ENTRIES: list[Architecture] = [
                  lrp=LRPSupport("ALBERT", (Residual("AlbertAttention", "LayerNorm", "output_dropout"),
                                            Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
                  tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
-                 layers=Layers("encoder.albert_layer_groups.0.albert_layers", "attention.value")),
+                 layers=Layers(_albert_layers, "attention.value")),
     Architecture("electra", ENCODER, lrp=LRPSupport("ELECTRA", _BERT_RESIDUALS),
                  anatomy=_bert_like("electra", (("classifier.dense", "classifier.activation"),
                                                 ("classifier.out_proj", None))),
@@ -333,6 +347,8 @@ def register_architecture(arch: Architecture) -> None:
         raise ModelError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
     if isinstance(pooling, str):
         arch.adapter.with_pooling(pooling)  # refuses a pooling the adapter cannot explain
+    if arch.anatomy is not None and (arch.layers is None or arch.layers.fused != 1):
+        raise ModelError(f"{arch.model_type}: an anatomy needs the entry's layers, with an unfused value projection")
     ARCHITECTURES[arch.model_type] = arch
     if arch.lrp is None:
         LRP_SUPPORTED.pop(arch.model_type, None)

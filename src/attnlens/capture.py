@@ -18,7 +18,7 @@ from torch import nn
 
 from .adapters import Adapter
 from .context import Capture
-from .heads import CLASSIFICATION, Head
+from .heads import CLASSIFICATION, Head, last_token_rows
 from .methods.registry import ATTENTION, CAPTURED, EMBEDDINGS, HIDDEN
 
 
@@ -39,6 +39,30 @@ def _without_hidden_states(outputs: Any) -> Any:
     return outputs
 
 
+class _RowViews:
+    """Views of a batch-of-one forward's tensors as ``rows`` identical rows (no copy), remembering the tensor
+    each view was made from: the backward differentiates those."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.bases: dict[int, torch.Tensor] = {}
+
+    def view(self, t: torch.Tensor) -> torch.Tensor:
+        view = t.expand(self.rows, *t.shape[1:])
+        self.bases[id(view)] = t
+        return view
+
+    def outputs(self, outputs: Any) -> Any:
+        """``outputs`` with every tensor the adapters and heads read (logits, attentions, hidden states) viewed."""
+        for name in ("logits", "attentions", "hidden_states"):
+            value = getattr(outputs, name, None)
+            if isinstance(value, torch.Tensor):
+                setattr(outputs, name, self.view(value))
+            elif isinstance(value, tuple) and value:
+                setattr(outputs, name, tuple(self.view(t) for t in value))
+        return outputs
+
+
 def run_capture(
     model: nn.Module,
     adapter: Adapter,
@@ -53,6 +77,7 @@ def run_capture(
     answer_mask: torch.Tensor | None = None,
     keep: Collection[str] = CAPTURED,
     differentiate: Collection[str] | None = None,
+    sequence: dict[str, torch.Tensor] | None = None,
 ) -> tuple[Capture, torch.Tensor]:
     """Run ``model`` once on a padded batch, keeping the tensors named in ``keep`` (attention probabilities,
     hidden states, input embeddings: the registry's ``ATTENTION``, ``HIDDEN``, ``EMBEDDINGS``), and, if
@@ -60,6 +85,10 @@ def run_capture(
     (default: all of ``keep``) in one backward pass (:func:`torch.autograd.grad`: nothing is written to ``.grad``
     and weight gradients are never computed). What is not kept stays ``None`` in the capture.
     ``targets=None`` explains each example's predicted class (QA: the best span within ``answer_mask``).
+    ``sequence``: inputs (a batch of one) of a causal sequence whose prefixes the batch's rows are (the steps of a
+    generation, :attr:`BatchContext.sequence`): the model runs once, on it, and the capture holds its tensors
+    viewed as the batch's rows; each row's gradients are of its own target, by batched vector-Jacobian
+    products through that one forward (``is_grads_batched``).
     Returns the capture and the targets.
     """
     keep = frozenset(keep)
@@ -81,10 +110,16 @@ def run_capture(
     try:
         with torch.set_grad_enabled(gradients):
             # Attention probabilities are always asked for: the adapters read the stream's layout from them.
-            outputs = model(**inputs, output_attentions=True, output_hidden_states=HIDDEN in keep, return_dict=True)
+            outputs = model(**(inputs if sequence is None else sequence), output_attentions=True,
+                            output_hidden_states=HIDDEN in keep, return_dict=True)
     finally:
         if handle is not None:
             handle.remove()
+    views = _RowViews(token_mask.shape[0])
+    if sequence is not None:  # the batch's rows are prefixes of the one sequence that ran
+        outputs = views.outputs(outputs)
+        if "embeddings" in store:
+            store["embeddings"] = views.view(store["embeddings"])
     if HIDDEN not in keep:
         outputs = _without_hidden_states(outputs)
 
@@ -121,8 +156,16 @@ def run_capture(
     )
     if gradients:
         wanted = _unique([t for kind in sorted(differentiate) for t in recorded[kind]])
-        y = head.scalar(logits, targets, target_kind, token_mask).sum()
-        grads = torch.autograd.grad(y, wanted, allow_unused=True)
+        if sequence is None:
+            y = head.scalar(logits, targets, target_kind, token_mask)
+            grads = torch.autograd.grad(y.sum(), wanted, allow_unused=True)
+        else:  # row b's gradient is of y[b] alone: one vector-Jacobian product per row, batched
+            last_logits, last_mask = last_token_rows(views.bases[id(logits)], token_mask)
+            y = head.scalar(last_logits, targets, target_kind, last_mask)
+            eye = torch.eye(len(y), dtype=y.dtype, device=y.device)
+            grads = torch.autograd.grad(y, [views.bases[id(t)] for t in wanted], grad_outputs=eye,
+                                        is_grads_batched=True, allow_unused=True)
+            grads = tuple(None if g is None else g[:, 0] for g in grads)
         by_id = {id(t): (g if g is not None else torch.zeros_like(t)) for t, g in zip(wanted, grads, strict=True)}
 
         def grads_of(kind: str) -> list[torch.Tensor] | None:

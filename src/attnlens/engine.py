@@ -27,6 +27,12 @@ if TYPE_CHECKING:
     from .explainer import Explainer
 
 
+def _asks_all(methods: str | Sequence[str] | None) -> bool:
+    """Whether a methods request includes ``"all"`` (every method that applies)."""
+    words = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods or ["all"])
+    return "all" in words
+
+
 def select_methods(
     ex: Explainer, methods: str | Sequence[str] | None, target: Any, target_kind: str,
     options: Mapping[str, Mapping[str, Any]] | None, contrast: bool = False,
@@ -39,8 +45,7 @@ def select_methods(
     method_ids = resolve_methods(methods)
     requested = list(method_ids)
     specs = [get_method(m) for m in method_ids]
-    words = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods or ["all"])
-    asked_all = "all" in words
+    asked_all = _asks_all(methods)
     reasons = {s.name: s.unsupported(ex.model, ex.stream, ex.head.task) for s in specs}
     if contrast:
         reasons.update({s.name: f"{s.name} does not depend on the explained target, so a contrast does not "
@@ -63,6 +68,20 @@ def select_methods(
     if target_kind == "loss" and target is None:
         raise InputError("target_kind='loss' explains the loss against given labels: pass them as target=")
     return specs, method_options
+
+
+LONG_INPUT = 128  # tokens from which a method running a pass per token is worth a notice under "all"
+
+
+def warn_per_token_methods(specs: list[Method], methods: str | Sequence[str] | None, lengths: list[int]) -> None:
+    """Under ``"all"``, a notice when a method that runs passes per input token (value zeroing) meets long inputs:
+    it then costs far more than every other method together, and the user did not name it."""
+    slow = [s.name for s in specs if s.per_token_passes]
+    longest = max(lengths, default=0)
+    if _asks_all(methods) and slow and longest >= LONG_INPUT:
+        warnings.warn(f"{', '.join(slow)} reruns every layer once per input token: inputs of up to {longest} tokens "
+                      f"here cost about {longest} layer passes each, more than all the other methods together; "
+                      "name the methods without it when speed matters", stacklevel=3)
 
 
 def explain_all(
@@ -127,7 +146,8 @@ def compute_batch(
     """Scores of one padded batch in token space: ``{method: (scores (B, N), layers (B, L, N) | None)}``;
     padding positions are exactly zero. ``targets`` are the head's resolved targets (negative: predicted).
     ``ctx``: the batch's inputs when they are not :func:`batch_context`'s (a seq2seq generation step adds the
-    decoder's); its adapter and head must be ``ex``'s. Per-input figures the methods report are in ``ctx.meta``.
+    decoder's, a decoder-only generation the one sequence its rows are prefixes of, ``ctx.sequence``); its adapter
+    and head must be ``ex``'s. Per-input figures the methods report are in ``ctx.meta``.
     ``tracker`` hears of each finished step."""
     if gradients is None:
         gradients = any(GRADIENTS in s.needs for s in specs)
@@ -147,7 +167,7 @@ def compute_batch(
         capture, _ = run_capture(
             ex.model, ex.adapter, ctx.inputs, ctx.token_mask, ex.stream,
             None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=head,
-            answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate,
+            answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate, sequence=ctx.sequence,
         )
         ctx.targets = head.resolve(wanted, unresolved, capture.logits, ctx.token_mask, ctx.answer_mask)
         ctx.capture = capture

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import warnings
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,7 @@ from .encoding import Encoded, TextInput, encode, model_max_length
 from .errors import InputError, ModelError
 from .explanation import Explanation
 from .generation import Generation, explain_generation
-from .heads import head_for, with_contrast
+from .heads import LMHead, decode_token, head_for, with_contrast
 from .loading import check_vocabulary, load_pretrained
 from .memory import parse_budget
 from .methods.registry import ATTENTION
@@ -84,6 +85,8 @@ class Explainer:
         self.head = head_for(model, max_answer_length=max_answer_length)
         self.model = model
         self.tokenizer = tokenizer
+        if isinstance(self.head, LMHead):  # a language model's explanations name their tokens
+            self.head.decode = functools.partial(decode_token, tokenizer)
         self.adapter: Adapter = adapter_for(model)
         self.stream = self.adapter.check_stream(attention)
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
@@ -239,6 +242,7 @@ class Explainer:
         specs, method_options = engine.select_methods(ex, methods, target, target_kind, options, contrast is not None)
         budget = parse_budget(memory_budget)
         encoded = self.encode(texts, truncation=truncation)
+        engine.warn_per_token_methods(specs, methods, [len(e.ids) for e in encoded])
         targets = ex.head.locate(encoded, ex.head.resolve_targets(target, len(encoded), self.labels))
         ex.head.check_targets([len(e.ids) for e in encoded], targets)
         size = self._effective_batch_size(batch_size)

@@ -33,13 +33,17 @@ from .context import BatchContext
 from .encoding import Encoded, encode
 from .errors import InputError, ModelError
 from .explanation import Explanation, _read_dicts
-from .heads import ContrastHead, LMHead, Seq2SeqLMHead
+from .heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
 from .modelstate import explaining
 
 if TYPE_CHECKING:
     from .explainer import Explainer
 
 __all__ = ["Generation", "explain_generation", "load_generations"]
+
+# Decoder-only steps share one forward over the sequence (BatchContext.sequence). False: each step's row runs
+# its own forward over its prefix (the same numbers, up to rounding; the tests compare the two).
+ONE_PASS = True
 
 
 @dataclass
@@ -269,11 +273,14 @@ def explain_generation(
             runner, ctx, targets = _seq2seq_batch(ex, prompt_only, generated, rows, contrast_ids, target_kind)
             batch = [prompt_only] * len(rows)
         else:
-            runner, ctx, batch = ex, None, [steps[t] for t in rows]
+            runner, batch = ex, [steps[t] for t in rows]
             targets = [generated[t] for t in rows]
             if contrast_ids is not None:  # (token, contrast) pairs: each step has its own contrast
                 runner = ex._with_head(ContrastHead(head))
                 targets = [(generated[t], contrast_ids[t]) for t in rows]
+            ctx = engine.batch_context(runner, batch, target_kind)
+            if ONE_PASS:  # every row is a prefix of the longest: one forward over it serves them all
+                ctx.sequence = ex._inputs([steps[rows[-1]].ids])[0]
         ctx, out = engine.compute_batch(runner, batch, targets, specs, method_options, target_kind, ctx=ctx)
         logits = (head.at(ctx.capture.logits, ctx.targets) if seq2seq
                   else head.last(ctx.capture.logits, ctx.token_mask))
@@ -299,7 +306,7 @@ def explain_generation(
     return Generation(
         prompt=prompt, prompt_tokens=tokens[:n_prompt], prompt_ids=prompt_ids,
         prompt_special=special[:n_prompt], generated_tokens=tokens[n_prompt:],
-        generated_ids=generated, generated=[_decode(ex.tokenizer, i) for i in generated],
+        generated_ids=generated, generated=[decode_token(ex.tokenizer, i) for i in generated],
         scores=scores, probabilities=probabilities, predicted_ids=predicted, contrast_ids=contrast_ids,
         contrast_probabilities=None if contrast_ids is None else contrast_probs, forced=forced, meta=meta,
     )
@@ -457,10 +464,6 @@ def _token_ids(ex: Explainer, value: str | Sequence[int], what: str) -> list[int
 def _check_count(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise InputError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _decode(tokenizer: Any, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ multi-label), token classification or extractive QA.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -488,8 +488,15 @@ class LMHead(Head):
     auto_class = "AutoModelForCausalLM"
     kind = "a causal language model"
 
-    def __init__(self, vocab_size: int = 0) -> None:
+    def __init__(self, vocab_size: int = 0, decode: Callable[[int], str] | None = None) -> None:
         self.vocab_size = int(vocab_size)
+        self.decode = decode  # token id -> its text, to name the explained and predicted tokens
+
+    def annotate(self, explanation: Any) -> None:
+        """The explained and the greedy next token as text (``meta["target_token"]``, ``"predicted_token"``)."""
+        if self.decode is not None:
+            explanation.meta["target_token"] = self.decode(int(explanation.target))
+            explanation.meta["predicted_token"] = self.decode(int(explanation.predicted))
 
     def matches(self, model_class: str) -> bool:
         """Whether ``model_class`` (a class or ``config.architectures`` name) is one of this head's models."""
@@ -530,6 +537,19 @@ class LMHead(Head):
 
     def check_predict_proba(self) -> None:
         raise ModelError("predict_proba is for sequence classifiers; this is a language model")
+
+
+def last_token_rows(logits: torch.Tensor, token_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(1, N, V)`` logits of one sequence read as the rows of a batch of its prefixes by a head that reads
+    each row's last real token (language models): ``(B, 1, V)`` logits and their ``(B, 1)`` mask, gathered
+    rather than viewed, so a batched backward per row carries one position's gradient, not ``N × V``."""
+    last = token_mask.long().sum(1).to(logits.device) - 1
+    return logits[0, last][:, None], torch.ones(len(last), 1, dtype=token_mask.dtype, device=token_mask.device)
+
+
+def decode_token(tokenizer: Any, token_id: int) -> str:
+    """One token id as its text, exactly (``" Paris"``: no special tokens skipped, no spaces cleaned up)."""
+    return tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 class Seq2SeqLMHead(LMHead):

@@ -43,9 +43,9 @@ def _anatomy(model: nn.Module) -> Anatomy | None:
     return architecture_for(model.config).anatomy
 
 
-def _blocks(model: nn.Module, anatomy: Anatomy) -> list[nn.Module]:
-    """The model's encoder layers, in order."""
-    return list(anatomy.layers(model) if callable(anatomy.layers) else _attr(model, anatomy.layers))
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's encoder layers, one per depth (its architecture entry's :class:`Layers`)."""
+    return architecture_for(model.config).layers.modules(model)
 
 
 def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str | None]:
@@ -94,9 +94,10 @@ def _ratio(out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 _PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2")
 
 
-def _parts(block: nn.Module, anatomy: Anatomy) -> dict[str, nn.Module]:
-    """One layer's pieces by their :class:`Anatomy` names."""
-    return {k: _attr(block, getattr(anatomy, k)) for k in _PARTS}
+def _parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[str, nn.Module]:
+    """One layer's pieces by their :class:`Anatomy` names (the value projection: the entry's :class:`Layers`)."""
+    value = architecture_for(model.config).layers.value
+    return {k: _attr(block, value if k == "value" else getattr(anatomy, k)) for k in _PARTS}
 
 
 def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> None:
@@ -118,12 +119,12 @@ def encoder_layers(ctx: BatchContext) -> list[Layer]:
         return ctx.cache["decomposition.layers"]
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
-    blocks = _blocks(model, anatomy)
+    blocks = _blocks(model)
     real = cap.key_mask.bool()
     out: list[Layer] = []
     with torch.no_grad():
         for i, (block, attn) in enumerate(zip(blocks, cap.attentions, strict=True)):
-            mods = _parts(block, anatomy)
+            mods = _parts(block, model, anatomy)
             x = cap.hidden[i]
             b, n, d = x.shape
             h = attn.shape[1]
@@ -391,13 +392,13 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     """
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
-    blocks = _blocks(model, anatomy)
+    blocks = _blocks(model)
     real = cap.key_mask.bool()
     with torch.enable_grad():
         x0 = cap.hidden[0].detach().requires_grad_(True)
         h, value0 = x0, None
         for i, (block, attn) in enumerate(zip(blocks, cap.attentions, strict=True)):
-            mods = _parts(block, anatomy)
+            mods = _parts(block, model, anatomy)
             b, n, d = h.shape
             heads = attn.shape[1]
             v = mods["value"](h)

@@ -66,6 +66,8 @@ class Method:
     self_attention_only: bool = False
     lrp: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    # runs passes in proportion to the input's length (value zeroing: every layer once per token)
+    per_token_passes: bool = False
     # why the method cannot explain a model (model, stream, task) -> reason or None, beyond the checks below
     applies: Callable[[Any, str, str], str | None] | None = None
 
@@ -114,6 +116,7 @@ def register(
     self_attention_only: bool = False,
     lrp: bool = False,
     applies: Callable[[Any, str, str], str | None] | None = None,
+    per_token_passes: bool = False,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
@@ -143,6 +146,7 @@ def register(
             lrp=lrp,
             options=_option_defaults(name, compute),
             applies=applies,
+            per_token_passes=per_token_passes,
         )
         return compute
 

@@ -86,7 +86,7 @@ def _zeroing(value_module: nn.Module, keep: torch.Tensor, fused: int) -> Iterato
         handle.remove()
 
 
-def _layer_calls(model: nn.Module, layers: nn.ModuleList, inputs: dict[str, torch.Tensor]) -> list[tuple]:
+def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, torch.Tensor]) -> list[tuple]:
     """One forward pass recording every call of the layers, in order: ``(layer, args, kwargs)`` (a layer shared
     across depths, as ALBERT's, once per call)."""
     calls: list[tuple] = []
@@ -111,7 +111,7 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
 
     The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows."""
     spec = _layers_of(model)
-    layers = _module(model.base_model, spec.path(stream))
+    layers = list({id(m): m for m in spec.modules(model, stream)}.values())  # a shared layer is hooked once
     calls = _layer_calls(model, layers, inputs)
     b, n = token_mask.shape
     device = token_mask.device
@@ -155,6 +155,7 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
     class_specific=False,
     self_attention_only=True,
     applies=_applies,
+    per_token_passes=True,
     summary="Value zeroing: C^l[i,j] = cosine distance of token i's layer-l output when j's value vector is zeroed; "
             "rows normalised, rolled out over layers; s_j = R[c, j].",
     citation="Mohebbi et al. 2023 (EACL), authors' code hmohebbi/ValueZeroing",

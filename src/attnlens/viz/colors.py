@@ -237,7 +237,8 @@ def prediction_line(exp: Explained) -> str:
     if str(exp.meta.get("task", "")).endswith("-lm"):  # a language model's next token (probabilities: p(target))
         target_name = repr(exp.meta["target_token"]) if "target_token" in exp.meta else f"token #{target}"
         line = f"explaining next token {target_name} (p {p(0):.3f})"
-        return line + (", the greedy choice" if predicted == target else f"; greedy choice: token #{predicted}")
+        greedy = repr(exp.meta["predicted_token"]) if "predicted_token" in exp.meta else f"token #{predicted}"
+        return line + (", the greedy choice" if predicted == target else f"; greedy choice: {greedy}")
     line = f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}"
     if exp.meta.get("task") == "token" and "position" in exp.meta:
         unit = "word" if exp.meta.get("granularity") == "word" else "token"
