@@ -439,7 +439,7 @@ def test_one_forward_over_the_sequence_equals_a_row_per_step(lm, monkeypatch, ig
     integrated gradients' nodes shared by every step) equal each step run as its own padded row."""
     import attnlens.generation as generation
 
-    methods = [*FAST, "integratedgradients", "attnlrp"]
+    methods = [*FAST, "integratedgradients", "attnlrp", "transatt", "partiallrp"]
     kwargs = dict(methods=methods, max_new_tokens=5, batch_size=3, options={"integratedgradients": ig})
     shared = lm.explain_generation(PROMPT, **kwargs)
     contrast = dict(kwargs, methods=[m for m in methods if get_method(m).class_specific], target=shared.generated_ids,
@@ -452,5 +452,9 @@ def test_one_forward_over_the_sequence_equals_a_row_per_step(lm, monkeypatch, ig
     for a, b in ((shared, rows), (contrasted, rows_contrasted)):
         np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-6)
         assert a.methods == b.methods
+        gaps = a.meta["integratedgradients"]  # one figure per step, as explain() gives per input
+        assert set(gaps) == {"delta", "relative_gap", "n_steps"} and all(len(v) == len(a.generated_ids)
+                                                                          for v in gaps.values())
+        np.testing.assert_allclose(gaps["delta"], b.meta["integratedgradients"]["delta"], atol=1e-4, rtol=1e-3)
         for m in a.methods:
             np.testing.assert_allclose(a.scores[m], b.scores[m], atol=1e-5, rtol=1e-4, err_msg=m)

@@ -267,6 +267,7 @@ def explain_generation(
 
     scores = {s.name: np.zeros((n_steps, n_prompt + n_steps)) for s in specs}
     probabilities, predicted, contrast_probs = [0.0] * n_steps, [0] * n_steps, [0.0] * n_steps
+    figures: dict[str, dict[str, list[Any]]] = {}  # per-step figures a method reports (IG's completeness gap)
     for first in range(0, n_steps, size):
         rows = list(range(first, min(first + size, n_steps)))
         if seq2seq:
@@ -293,6 +294,9 @@ def explain_generation(
                     n = n_prompt if seq2seq else n_prompt + t
                     scores[m][t, :n] = sc[b, :n].double().cpu().numpy()
             probabilities[t] = float(probs[b, generated[t]])
+            for m, values in ctx.meta.items():
+                for k, v in values.items():
+                    figures.setdefault(m, {}).setdefault(k, [None] * n_steps)[t] = v[b].item()
             predicted[t] = int(probs[b].argmax())
             if contrast_ids is not None:
                 contrast_probs[t] = float(probs[b, contrast_ids[t]])
@@ -302,6 +306,7 @@ def explain_generation(
         **head.meta(), "chat_template": template, "max_new_tokens": None if forced else max_new_tokens,
         "generated_special": special[n_prompt:],
         "options": {k: v for k, v in method_options.items() if v}, "attnlens": __version__,
+        **figures,
     }
     return Generation(
         prompt=prompt, prompt_tokens=tokens[:n_prompt], prompt_ids=prompt_ids,

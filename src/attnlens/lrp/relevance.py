@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, ModelError
-from ..heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
+from ..heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head, last_token_rows
 from .patch import CHEFER, PassState, check_rules, lrp_mode
 
 
@@ -61,6 +61,7 @@ def lrp_pass(
     rules: str = "attnlrp",
     epsilon: float = 0.0,
     track_softmax: bool = False,
+    rows: torch.Tensor | None = None,
 ) -> LRPResult:
     """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
@@ -85,6 +86,10 @@ def lrp_pass(
         epsilon: stabiliser of the epsilon rule on Linear layers and attention matmuls (0: LRP-0); only for
             ``"attnlrp"`` and ``"cp"``.
         track_softmax: also return the relevance absorbed by the attention softmaxes (for conservation checks).
+        rows: ``(B, N)`` masks of prefixes of the one sequence in ``inputs`` (a batch of one), explained at their
+            last token by a language-model head (a generation's steps, :attr:`BatchContext.sequence`): the pass
+            runs once over the sequence and each row's relevances come from its own batched vector-Jacobian
+            product; the result has ``B`` rows.
 
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
@@ -102,16 +107,24 @@ def lrp_pass(
         if not state.probs:
             raise ModelError("LRP: the model computed no attention through the patched attention function")
         tgt = _class_targets(targets, logits) if head.task == "classification" else targets
-        value = head.scalar(logits, tgt, target_kind, token_mask)
+        read, read_mask = (logits, token_mask) if rows is None else last_token_rows(logits, rows)
+        value = head.scalar(read, tgt, target_kind, read_mask)
         emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
         wrt = [state.word_embeddings, emb_sum, *state.probs, *state.softmax_inputs, *state.position_inputs]
         live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
-        if rules in CHEFER:  # the authors start from relevance 1 at the explained logit: gradient 1 / logit
-            value = head.scalar(logits, tgt, "logit", token_mask)
-            start = 1.0 / torch.where(value == 0, torch.ones_like(value), value)
-            found = torch.autograd.grad(value, [wrt[i] for i in live], start.detach(), allow_unused=True)
+        # the gradient each example's relevance starts from (chefer: relevance 1 at the explained logit, so
+        # gradient 1 / logit; otherwise 1 at the explained scalar)
+        if rules in CHEFER:
+            value = head.scalar(read, tgt, "logit", read_mask)
+            start = (1.0 / torch.where(value == 0, torch.ones_like(value), value)).detach()
         else:
-            found = torch.autograd.grad(value.sum(), [wrt[i] for i in live], allow_unused=True)
+            start = torch.ones_like(value).detach()
+        if rows is None:
+            found = torch.autograd.grad(value, [wrt[i] for i in live], start, allow_unused=True)
+        else:  # one product per row through the sequence's pass, batched
+            found = torch.autograd.grad(value, [wrt[i] for i in live], torch.diag(start), is_grads_batched=True,
+                                        allow_unused=True)
+            found = tuple(None if g is None else g[:, 0] for g in found)
         grads: list[torch.Tensor | None] = [None] * len(wrt)
         for i, g in zip(live, found):
             grads[i] = g
@@ -121,8 +134,13 @@ def lrp_pass(
     g_soft = grads[2 + n_layers : 2 + n_layers + n_soft]
     g_pos = grads[2 + n_layers + n_soft :]
 
+    n_rows = len(value)
+
+    def rows_of(x: torch.Tensor) -> torch.Tensor:  # the sequence's tensors seen by each row (a view)
+        return x.detach() if rows is None else x.detach().expand(n_rows, *x.shape[1:])
+
     def rel(x: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-        return torch.zeros_like(x).detach() if g is None else (x * g).detach()
+        return torch.zeros_like(rows_of(x)) if g is None else (x * g).detach()
 
     att_rel = [rel(p, g) for p, g in zip(state.probs, g_probs)]
     absorbed = None
@@ -135,9 +153,9 @@ def lrp_pass(
     for leaf, g in zip(state.position_inputs, g_pos):
         position = position + rel(leaf, g).sum((1, 2))
     return LRPResult(
-        logits=logits.detach(),
+        logits=rows_of(logits),
         target=value.detach(),
-        attentions=[p.detach() for p in state.probs],
+        attentions=[rows_of(p) for p in state.probs],
         attention_relevance=att_rel,
         input_relevance=rel(emb_sum, g_sum).sum(-1),
         word_relevance=rel(state.word_embeddings, g_word).sum(-1),

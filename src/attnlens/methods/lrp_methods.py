@@ -27,8 +27,9 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     cache = ctx.cache.setdefault("lrp", {})
     key = (rules, float(epsilon))
     if key not in cache:
-        cache[key] = lrp_pass(ctx.model, ctx.inputs, ctx.targets, ctx.target_kind, head=ctx.head, rules=rules,
-                              epsilon=epsilon)
+        one = ctx.sequence is not None  # a generation's steps: one pass over the sequence serves them all
+        cache[key] = lrp_pass(ctx.model, ctx.sequence if one else ctx.inputs, ctx.targets, ctx.target_kind,
+                              head=ctx.head, rules=rules, epsilon=epsilon, rows=ctx.token_mask if one else None)
     return cache[key]
 
 
