@@ -105,11 +105,31 @@ def test_choices_explain_the_models_choice_against_the_other(lm, tokenizer):
     assert out["accuracy"] == pytest.approx(np.mean([r["correct"] for r in out["examples"]]))
 
 
-def _hand_metric_contrast(lm, ex, ids, chosen, tracked) -> float:
+def test_choices_with_target_free_methods_score_them_without_the_contrast(lm, tokenizer):
+    """Raw attention and rollout explain no target, so a contrast does not apply to them: with two choices they
+    are explained plainly, their rankings measured by the same contrastive metric as the other methods."""
+    choices = [" bad", " good"]
+    out = run_next_token_benchmark(lm, EXAMPLES, template=TEMPLATE, choices=choices,
+                                   methods=["rawatt", "rollout", "grads"], metrics=["aopc"])
+    assert set(out["methods"]) == {"rawatt", "rollout", "grads"}
+    ids = [tokenizer.convert_tokens_to_ids(c.strip()) for c in choices]
+    for ex, row in zip(EXAMPLES, out["examples"]):
+        prompt = fill(TEMPLATE, ex.text)[0]
+        chosen = int(_next_probs(lm.model, lm.encode([prompt])[0].ids)[ids].argmax())
+        plain = lm.explain([prompt], ["rawatt"], target=[ids[chosen]])[0]
+        for m in ("rawatt", "rollout", "grads"):
+            assert row[m]["aopc"] is not None and np.isfinite(row[m]["aopc"]), m
+        assert row["rawatt"]["aopc"] == pytest.approx(
+            _hand_metric_contrast(lm, ex, ids, chosen, lambda q, c=chosen: float(q[ids[c]] / q[ids].sum()),
+                                  method="rawatt", scores=plain.scores["rawatt"]), rel=1e-4, abs=1e-6)
+
+
+def _hand_metric_contrast(lm, ex, ids, chosen, tracked, method="grads", scores=None) -> float:
     prompt, (lo, hi) = fill(TEMPLATE, ex.text)
     e = lm.explain([prompt], ["grads"], target=[ids[chosen]], contrast=ids[1 - chosen])[0]
+    scores = e.scores[method] if scores is None else scores
     text = [i for i, (s, t) in enumerate(e.offsets) if s < hi and t > lo and not e.special[i]]
-    order = sorted(text, key=lambda i: -float(e.scores["grads"][i]))
+    order = sorted(text, key=lambda i: -float(scores[i]))
     full = list(e.input_ids)
     p0 = tracked(_next_probs(lm.model, full))
     drops = []

@@ -4,10 +4,11 @@ A generation step is one example of the classifier engine (:func:`attnlens.engin
 the prompt plus the tokens generated before it, and its head (:class:`attnlens.heads.LMHead`) reads the logit of
 the step's token at the input's last position, which is the position that predicts it. The steps of one
 generation go through the engine as the rows of padded batches: row ``t`` is the teacher-forced sequence
-prompt + continuation with the tokens after step ``t`` masked as padding. Causal masking makes each row's
-forward and backward exactly those of the prefix alone, so one batched forward/backward serves every step and
-every capture method (attention rows, rollout/flow/GAE propagated from the row, gradients of the step's target),
-and each method works unchanged.
+prompt + continuation with the tokens after step ``t`` masked as padding, so each method works unchanged.
+Causal masking makes each row's forward and backward exactly those of the prefix alone; for decoder-only models
+the batch therefore also carries the sequence itself (:attr:`attnlens.context.BatchContext.sequence`) and the
+model runs once over it: the shared pass, integrated gradients' path points and the LRP pass each take one
+forward for all steps and each step's gradients by batched vector-Jacobian products (docs/generation.md).
 
 Flow: :func:`explain_generation` encodes the prompt (optionally through the chat template), generates the
 continuation greedily (or takes the forced ``target``), explains all steps in batches, and returns a

@@ -139,7 +139,7 @@ def run_next_token_benchmark(
         {metric: value}}], "accuracy", "template", "choices"}``; ``correct``: the model's choice is the gold label
         (choices) or the answer's first token is the model's top next token (answers).
     """
-    from ..methods.registry import resolve_methods
+    from ..methods.registry import get_method, resolve_methods
     from .runner import _applicable_methods
 
     if getattr(getattr(explainer, "head", None), "task", None) != "causal-lm":
@@ -171,8 +171,21 @@ def run_next_token_benchmark(
             if not idx:
                 continue
             contrast = choice_ids[1 - c] if len(choice_ids) == 2 else None
-            for i, e in zip(idx, explainer.explain([texts[i] for i in idx], target=[token] * len(idx),
-                                                   contrast=contrast, **explain)):
+            chosen_texts = [texts[i] for i in idx]
+            # target-free methods (raw attention, rollout, flow, value zeroing) give the same scores whatever
+            # is explained: they run without the contrast, which does not apply to them, and join the others
+            free = [m for m in method_ids if contrast is not None and not get_method(m).class_specific]
+            specific = {**explain, "methods": [m for m in method_ids if m not in free]}
+            parts = explainer.explain(chosen_texts, target=[token] * len(idx), contrast=contrast, **specific) \
+                if specific["methods"] else [None] * len(idx)
+            plain = explainer.explain(chosen_texts, target=[token] * len(idx), **{**explain, "methods": free}) \
+                if free else [None] * len(idx)
+            for i, e, f in zip(idx, parts, plain, strict=True):
+                if e is None:
+                    e = f
+                elif f is not None:
+                    e.scores.update(f.scores)
+                    e.layers.update(f.layers)
                 exps[i] = e
         groups = [(predictor, list(range(len(texts))))]
         targets = [choice_ids[c] for c in chosen]
