@@ -161,6 +161,26 @@ def test_the_shorthand_loads_a_causal_lm_that_continues_with_paris(smollm2_expla
 
 @pytest.mark.slow
 @needs_llm
+def test_one_forward_over_the_generation_equals_a_row_per_step_on_smollm2(smollm2_explainer, monkeypatch):
+    """On the real Llama-family model (30 layers, grouped-query rotary attention, RMSNorm): the steps read from
+    one forward (batched vector-Jacobian products, one LRP pass) equal each step run as its own row."""
+    import numpy as np
+
+    import attnlens.generation as generation
+
+    ex = smollm2_explainer
+    methods = ["rawatt", "gae", "attcat", "inputxgradient", "attnlrp"]
+    one = ex.explain_generation("The capital of France is", methods, max_new_tokens=3)
+    monkeypatch.setattr(generation, "ONE_PASS", False)
+    rows = ex.explain_generation("The capital of France is", methods, target=one.generated_ids)
+    np.testing.assert_allclose(one.probabilities, rows.probabilities, rtol=1e-4)
+    for m in methods:
+        scale = np.abs(rows.scores[m]).max()
+        np.testing.assert_allclose(one.scores[m], rows.scores[m], atol=1e-4 * scale, err_msg=m)
+
+
+@pytest.mark.slow
+@needs_llm
 def test_zero_shot_sst2_accuracy_of_the_first_200_dev_sentences(smollm2_explainer):
     """71.5% (issue 10's figure): " positive" vs " negative" after the review, read by the benchmark's scorer."""
     from conftest import DATA
