@@ -11,7 +11,9 @@ Two tasks (:func:`attnlens.evaluation.nexttoken.run_next_token_benchmark`):
 
 Only the ``{text}`` tokens are ever taken out. AOPC deletes the top 0, 10, ..., 100% (higher is better), LOdds
 replaces them by the pad token (lower is better). Run: ``python bench/generation_faithfulness.py [--sst2 100]
-[--methods all] [--ig-steps 20] [--json out.json]``; prints a Markdown table.
+[--methods all] [--ig-steps 20] [--json out.json]``; prints a Markdown table. A long SST-2 run can go in chunks
+(``--tasks SST-2 --sst2-from 50 --sst2 50 --json part2.json``, also in parallel processes), joined with
+``--merge part1.json part2.json --json all.json`` (per-example rows concatenated, means recomputed).
 """
 
 from __future__ import annotations
@@ -56,21 +58,54 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def merge(runs: list[dict]) -> dict:
+    """One result from chunked runs of the same tasks and methods: examples concatenated in the order given,
+    accuracy and per-method means recomputed over them (a metric missing on an example is left out of its mean),
+    seconds added."""
+    results: dict[str, dict] = {}
+    seconds: dict[str, float] = {}
+    for run in runs:
+        for name, r in run["results"].items():
+            if name in results and list(results[name]["methods"]) != list(r["methods"]):
+                raise SystemExit(f"{name}: the chunks ran different methods; merge runs of the same methods")
+            into = results.setdefault(name, {**r, "examples": []})
+            into["examples"] = into["examples"] + r["examples"]
+            seconds[name] = seconds.get(name, 0.0) + run["seconds"][name]
+    for r in results.values():
+        rows = r["examples"]
+        r["n"] = len(rows)
+        r["accuracy"] = sum(bool(e["correct"]) for e in rows) / len(rows)
+        for m, metrics in r["methods"].items():
+            for k in metrics:
+                values = [e[m][k] for e in rows if e[m].get(k) is not None]
+                metrics[k] = sum(values) / len(values) if values else None
+    return {"results": results, "seconds": seconds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sst2", type=int, default=100, help="first N SST-2 dev sentences")
+    parser.add_argument("--sst2", type=int, default=100, help="N SST-2 dev sentences (from --sst2-from)")
     parser.add_argument("--facts", type=int, default=None, help="first N factual prompts (default: all 32)")
     parser.add_argument("--methods", default="all")
     parser.add_argument("--ig-steps", type=int, default=20, help="integrated gradients' steps")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--json", help="write the full results (per example) here")
+    parser.add_argument("--tasks", default="facts,SST-2", help="which tasks to run (comma-separated)")
+    parser.add_argument("--sst2-from", type=int, default=0, help="skip the first K SST-2 dev sentences")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="join the results of chunked runs (see above)")
     args = parser.parse_args()
+    if args.merge:
+        merged = merge([json.loads(Path(f).read_text(encoding="utf-8")) for f in args.merge])
+        if args.json:
+            Path(args.json).write_text(json.dumps(merged, indent=1) + "\n")
+        print(table(merged["results"]))
+        return
 
     ex = Explainer.from_pretrained("smollm2")
     opts = {"integratedgradients": {"n_steps": args.ig_steps}} if args.methods in ("all",) or (
         "integratedgradients" in args.methods) else None
     sst2 = [PromptExample(str(r.get("idx", i)), r["text"].strip(), label=int(r["label"]))
-            for i, r in enumerate(read_jsonl(SST2_DEV, args.sst2))]
+            for i, r in enumerate(read_jsonl(SST2_DEV, args.sst2_from + args.sst2)) if i >= args.sst2_from]
     facts = [PromptExample(r["id"], r["text"], r["answer"]) for r in read_jsonl(FACTS, args.facts)]
     results, seconds = {}, {}
     with warnings.catch_warnings():
@@ -79,6 +114,8 @@ def main() -> None:
             ("facts", facts, {"template": FACT_TEMPLATE}),
             ("SST-2", sst2, {"template": SST2_TEMPLATE, "choices": [" negative", " positive"]}),
         ):
+            if name not in args.tasks.split(","):
+                continue
             t0 = time.perf_counter()
             results[name] = run_next_token_benchmark(ex, examples, methods=args.methods, batch_size=args.batch_size,
                                                      options=opts, **kwargs)

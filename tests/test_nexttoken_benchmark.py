@@ -153,3 +153,27 @@ def test_mistakes_are_one_line(lm, tokenizer):
     with pytest.raises(InputError, match="causal language model"):
         run_next_token_benchmark(Explainer(build_tiny("gpt2", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS,
                                                       eos_token_id=SEP), tokenizer), EXAMPLES, methods=["grads"])
+
+
+def test_chunked_generation_faithfulness_runs_merge_into_the_whole(monkeypatch):
+    """bench/generation_faithfulness.py --merge: examples concatenated, means over all of them (a missing value
+    left out), accuracy recomputed, seconds added; chunks of different methods refused."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    from generation_faithfulness import merge
+
+    def run(values, correct, seconds, methods=("grads",)):
+        rows = [{"id": str(i), "correct": c, **{m: {"aopc": v} for m in methods}}
+                for i, (v, c) in enumerate(zip(values, correct))]
+        return {"results": {"SST-2": {"n": len(rows), "methods": {m: {"aopc": 0.0} for m in methods},
+                                      "examples": rows, "accuracy": 0.0}}, "seconds": {"SST-2": seconds}}
+
+    merged = merge([run([0.1, 0.3], [True, False], 5.0), run([0.5, None], [True, True], 7.0)])
+    r = merged["results"]["SST-2"]
+    assert r["n"] == 4 and r["accuracy"] == 0.75 and merged["seconds"]["SST-2"] == 12.0
+    assert r["methods"]["grads"]["aopc"] == pytest.approx(0.3)
+    with pytest.raises(SystemExit, match="different methods"):
+        merge([run([0.1], [True], 1.0), run([0.1], [True], 1.0, methods=("rawatt",))])
+    del sys.modules["generation_faithfulness"]
