@@ -11,6 +11,7 @@ it also checks completeness per input and can choose the number of steps from a 
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -80,12 +81,18 @@ def _sequence_forward(ctx: BatchContext, base_ids: torch.Tensor) -> tuple[Callab
     module = ctx.adapter.embedding_module(ctx.model)
     sequence = ctx.sequence
     assert sequence is not None
+    # Only each row's last position is read: where the model can, project only those onto the vocabulary (the
+    # LM head is a fifth of a small LLM's forward, and its backward would otherwise run over every position)
+    last = ctx.token_mask.long().sum(1) - 1
+    keep = {"logits_to_keep": last} if "logits_to_keep" in inspect.signature(ctx.model.forward).parameters else {}
+    ones = torch.ones(len(last), 1, dtype=ctx.token_mask.dtype, device=last.device)
 
     def forward(points: torch.Tensor) -> torch.Tensor:
         inputs = {name: t.expand(len(points), *t.shape[1:]) for name, t in sequence.items()}
         with _embeddings_replaced(module, points):
-            logits = ctx.head.logits(ctx.model(**inputs))
-        rows = [last_token_rows(logits[j: j + 1], ctx.token_mask) for j in range(len(points))]
+            logits = ctx.head.logits(ctx.model(**inputs, **keep))  # (k, B, V) kept, else (k, N, V)
+        rows = [(logits[j][:, None], ones) if keep else last_token_rows(logits[j: j + 1], ctx.token_mask)
+                for j in range(len(points))]
         return torch.stack([ctx.head.scalar(rows_logits, ctx.targets, ctx.target_kind, rows_mask)
                             for rows_logits, rows_mask in rows])
 
