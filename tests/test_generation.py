@@ -439,7 +439,7 @@ def test_one_forward_over_the_sequence_equals_a_row_per_step(lm, monkeypatch, ig
     integrated gradients' nodes shared by every step) equal each step run as its own padded row."""
     import attnlens.generation as generation
 
-    methods = [*FAST, "integratedgradients", "attnlrp", "transatt", "partiallrp"]
+    methods = [*FAST, "integratedgradients", "attnlrp", "transatt", "partiallrp", "valuezeroing"]
     kwargs = dict(methods=methods, max_new_tokens=5, batch_size=3, options={"integratedgradients": ig})
     shared = lm.explain_generation(PROMPT, **kwargs)
     contrast = dict(kwargs, methods=[m for m in methods if get_method(m).class_specific], target=shared.generated_ids,

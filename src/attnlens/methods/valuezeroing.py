@@ -164,7 +164,14 @@ def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
     """``rollout=False``: the last layer's normalised row alone (no propagation through the layers below)."""
     cap = ctx.capture
     with torch.no_grad():
-        matrices = value_zeroing_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream)
+        if ctx.sequence is None:
+            matrices = value_zeroing_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream)
+        else:  # a generation's steps: the sequence's matrices hold every prefix's as their top-left block
+            ids = ctx.sequence["input_ids"]
+            whole = value_zeroing_matrices(ctx.model, ctx.sequence, ctx.sequence.get(
+                "attention_mask", torch.ones_like(ids)), ctx.stream)
+            m = cap.key_mask.to(whole[0].dtype)
+            matrices = [c * m[:, :, None] * m[:, None, :] for c in whole]
     normalised = [c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny) for c in matrices]
     chained = propagate(normalised) if rollout else normalised
     layers = torch.stack([cap.row(m.to(cap.query_weights.dtype)) for m in chained], 1)
