@@ -8,6 +8,9 @@ rollout, grads, attgrads, agrad, gae, cat, attcat, saliency, inputxgradient), ti
   Target (issue 10): attnlens / 16 plain passes <= 1.3.
 - **1 batched pass**: the same 16 forward+backward passes as one right-padded batch (a stricter floor).
 
+and against attnlens itself with ``generation.ONE_PASS = False`` (each step its own padded row, forward and
+backward, instead of one forward over the sequence and batched vector-Jacobian products).
+
 The continuation is generated once (greedy, 16 tokens) and then forced, so no variant times the generation.
 Rounds interleave the variants, so the drifting load of a shared machine biases no ratio; the medians are shown.
 Run: ``python bench/generation_speed.py [--rounds 5] [--new-tokens 16] [--prompt-tokens 40]``.
@@ -27,7 +30,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 from common import embedding_leaf  # noqa: E402
 
-from attnlens import Explainer  # noqa: E402
+from attnlens import Explainer, generation  # noqa: E402
 
 FAST = ["rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "saliency", "inputxgradient"]
 TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening to light the lamp. Ships passing the "
@@ -87,16 +90,21 @@ def main() -> None:
           f"{ex.tokenizer.decode(continuation)!r}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.machine()}")
 
-    def explain() -> float:
-        start = time.perf_counter()
-        g = ex.explain_generation(prompt, FAST, target=continuation)
-        assert g.generated_ids == continuation and g.prompt_ids == ids, "the prompt did not round-trip"
-        return time.perf_counter() - start
+    def explain(one_pass: bool = True) -> float:
+        generation.ONE_PASS = one_pass
+        try:
+            start = time.perf_counter()
+            g = ex.explain_generation(prompt, FAST, target=continuation)
+            assert g.generated_ids == continuation and g.prompt_ids == ids, "the prompt did not round-trip"
+            return time.perf_counter() - start
+        finally:
+            generation.ONE_PASS = True
 
-    runs: dict[str, list[float]] = {"plain": [], "batched": [], "attnlens": []}
+    runs: dict[str, list[float]] = {"plain": [], "batched": [], "attnlens": [], "rows": []}
     for r in range(args.rounds + 1):  # the first round is a warm-up
         times = {"plain": plain_steps(model, ids, continuation, batched=False),
-                 "batched": plain_steps(model, ids, continuation, batched=True), "attnlens": explain()}
+                 "batched": plain_steps(model, ids, continuation, batched=True), "attnlens": explain(),
+                 "rows": explain(one_pass=False)}
         if r:
             for k, v in times.items():
                 runs[k].append(v)
@@ -105,6 +113,7 @@ def main() -> None:
     print(f"  {len(continuation)} plain forward+backward passes: {med['plain']:.3f} s")
     print(f"  the same as one batched pass:        {med['batched']:.3f} s")
     print(f"  attnlens, ten fast methods:          {med['attnlens']:.3f} s")
+    print(f"  the same, a padded row per step:     {med['rows']:.3f} s  (generation.ONE_PASS = False)")
     print(f"  ratio attnlens / {len(continuation)} plain passes: {med['attnlens'] / med['plain']:.2f} (target <= 1.3)")
     print(f"  ratio attnlens / one batched pass:   {med['attnlens'] / med['batched']:.2f}")
 
