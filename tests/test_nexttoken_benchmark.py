@@ -110,8 +110,9 @@ def test_choices_with_target_free_methods_score_them_without_the_contrast(lm, to
     are explained plainly, their rankings measured by the same contrastive metric as the other methods."""
     choices = [" bad", " good"]
     out = run_next_token_benchmark(lm, EXAMPLES, template=TEMPLATE, choices=choices,
-                                   methods=["rawatt", "rollout", "grads"], metrics=["aopc"])
-    assert set(out["methods"]) == {"rawatt", "rollout", "grads"}
+                                   methods=["rawatt", "rollout", "grads", "integratedgradients"], metrics=["aopc"],
+                                   options={"integratedgradients": {"n_steps": 2}})  # options of one group only
+    assert set(out["methods"]) == {"rawatt", "rollout", "grads", "integratedgradients"}
     ids = [tokenizer.convert_tokens_to_ids(c.strip()) for c in choices]
     for ex, row in zip(EXAMPLES, out["examples"]):
         prompt = fill(TEMPLATE, ex.text)[0]

@@ -107,6 +107,12 @@ def frame_only(exp: Explanation, span: tuple[int, int]) -> Explanation:
     return dataclasses.replace(exp, special=[sp or not ins for sp, ins in zip(exp.special, inside)])
 
 
+def _for_methods(explain: dict[str, Any], methods: list[str]) -> dict[str, Any]:
+    """``explain``'s arguments for a call with only ``methods`` (and only their options)."""
+    options = {m: o for m, o in (explain.get("options") or {}).items() if m in methods}
+    return {**explain, "methods": methods, "options": options or None}
+
+
 def run_next_token_benchmark(
     explainer: Any,
     examples: Sequence[PromptExample],
@@ -175,10 +181,10 @@ def run_next_token_benchmark(
             # target-free methods (raw attention, rollout, flow, value zeroing) give the same scores whatever
             # is explained: they run without the contrast, which does not apply to them, and join the others
             free = [m for m in method_ids if contrast is not None and not get_method(m).class_specific]
-            specific = {**explain, "methods": [m for m in method_ids if m not in free]}
-            parts = explainer.explain(chosen_texts, target=[token] * len(idx), contrast=contrast, **specific) \
-                if specific["methods"] else [None] * len(idx)
-            plain = explainer.explain(chosen_texts, target=[token] * len(idx), **{**explain, "methods": free}) \
+            specific = [m for m in method_ids if m not in free]
+            parts = explainer.explain(chosen_texts, target=[token] * len(idx), contrast=contrast,
+                                      **_for_methods(explain, specific)) if specific else [None] * len(idx)
+            plain = explainer.explain(chosen_texts, target=[token] * len(idx), **_for_methods(explain, free)) \
                 if free else [None] * len(idx)
             for i, e, f in zip(idx, parts, plain, strict=True):
                 if e is None:
