@@ -238,7 +238,7 @@ def generation_section(path: Path) -> list[str]:
         "## 4. Generation: faithfulness on a decoder-only LLM (`bench/generation_faithfulness.py`)",
         "",
         "SmolLM2-135M-Instruct (`--model smollm2`, Llama architecture, 30 layers × 9 heads), each example's next "
-        "token explained with every method that applies to a causal LM (the LRP methods do not yet), and the top "
+        "token explained with every method that applies to a causal LM, and the top "
         "0, 10, ..., 100% of the prompt's *text* tokens (never the template's) deleted (AOPC, higher is better) "
         "or replaced by the pad token (LOdds, lower is better), on CPU:",
         "",
