@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .errors import InputError, ModelError
+from .prefixes import last_positions
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Adapter:
     def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
         """``(B,)`` position whose final state feeds the classification head (0 for ``MEAN``, which reads all)."""
         if self.pooling == LAST:
-            return token_mask.long().sum(1) - 1
+            return last_positions(token_mask)
         if self.pooling == EOS:
             eos = config.eos_token_id
             is_eos = (input_ids == eos) & token_mask.bool()

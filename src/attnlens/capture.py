@@ -18,8 +18,9 @@ from torch import nn
 
 from .adapters import Adapter
 from .context import Capture
-from .heads import CLASSIFICATION, Head, last_token_rows
+from .heads import CLASSIFICATION, Head
 from .methods.registry import ATTENTION, CAPTURED, EMBEDDINGS, HIDDEN
+from .prefixes import RowViews, last_token_rows, row_gradients
 
 
 def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -37,30 +38,6 @@ def _without_hidden_states(outputs: Any) -> Any:
             if f.name.endswith("hidden_states") and getattr(outputs, f.name) is None:
                 setattr(outputs, f.name, ())
     return outputs
-
-
-class _RowViews:
-    """Views of a batch-of-one forward's tensors as ``rows`` identical rows (no copy), remembering the tensor
-    each view was made from: the backward differentiates those."""
-
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
-        self.bases: dict[int, torch.Tensor] = {}
-
-    def view(self, t: torch.Tensor) -> torch.Tensor:
-        view = t.expand(self.rows, *t.shape[1:])
-        self.bases[id(view)] = t
-        return view
-
-    def outputs(self, outputs: Any) -> Any:
-        """``outputs`` with every tensor the adapters and heads read (logits, attentions, hidden states) viewed."""
-        for name in ("logits", "attentions", "hidden_states"):
-            value = getattr(outputs, name, None)
-            if isinstance(value, torch.Tensor):
-                setattr(outputs, name, self.view(value))
-            elif isinstance(value, tuple) and value:
-                setattr(outputs, name, tuple(self.view(t) for t in value))
-        return outputs
 
 
 def run_capture(
@@ -115,7 +92,7 @@ def run_capture(
     finally:
         if handle is not None:
             handle.remove()
-    views = _RowViews(token_mask.shape[0])
+    views = RowViews(token_mask.shape[0])
     if sequence is not None:  # the batch's rows are prefixes of the one sequence that ran
         outputs = views.outputs(outputs)
         if "embeddings" in store:
@@ -162,10 +139,7 @@ def run_capture(
         else:  # row b's gradient is of y[b] alone: one vector-Jacobian product per row, batched
             last_logits, last_mask = last_token_rows(views.bases[id(logits)], token_mask)
             y = head.scalar(last_logits, targets, target_kind, last_mask)
-            eye = torch.eye(len(y), dtype=y.dtype, device=y.device)
-            grads = torch.autograd.grad(y, [views.bases[id(t)] for t in wanted], grad_outputs=eye,
-                                        is_grads_batched=True, allow_unused=True)
-            grads = tuple(None if g is None else g[:, 0] for g in grads)
+            grads = row_gradients(y, [views.bases[id(t)] for t in wanted])
         by_id = {id(t): (g if g is not None else torch.zeros_like(t)) for t, g in zip(wanted, grads, strict=True)}
 
         def grads_of(kind: str) -> list[torch.Tensor] | None:

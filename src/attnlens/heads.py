@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .errors import InputError, ModelError
+from .prefixes import last_positions
 
 TARGET_KINDS = ("logit", "probability", "loss")
 PREDICTED = -1  # an internal target entry meaning "the model's prediction" (QA: both positions of the span)
@@ -505,7 +506,7 @@ class LMHead(Head):
     def last(self, logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         """``(B, V)`` logits at each input's last real position (the prediction of the next token)."""
         rows = torch.arange(logits.shape[0], device=logits.device)
-        return logits[rows, token_mask.long().sum(1).to(logits.device) - 1]
+        return logits[rows, last_positions(token_mask).to(logits.device)]
 
     def predicted(self, logits: torch.Tensor, token_mask: torch.Tensor,
                   answer_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -537,14 +538,6 @@ class LMHead(Head):
 
     def check_predict_proba(self) -> None:
         raise ModelError("predict_proba is for sequence classifiers; this is a language model")
-
-
-def last_token_rows(logits: torch.Tensor, token_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``(1, N, V)`` logits of one sequence read as the rows of a batch of its prefixes by a head that reads
-    each row's last real token (language models): ``(B, 1, V)`` logits and their ``(B, 1)`` mask, gathered
-    rather than viewed, so a batched backward per row carries one position's gradient, not ``N × V``."""
-    last = token_mask.long().sum(1).to(logits.device) - 1
-    return logits[0, last][:, None], torch.ones(len(last), 1, dtype=token_mask.dtype, device=token_mask.device)
 
 
 def decode_token(tokenizer: Any, token_id: int) -> str:

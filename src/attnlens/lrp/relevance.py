@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from ..errors import InputError, ModelError
-from ..heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head, last_token_rows
+from ..heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
+from ..prefixes import last_token_rows, row_gradients
 from .patch import CHEFER, PassState, check_rules, lrp_mode
 
 
@@ -122,9 +123,7 @@ def lrp_pass(
         if rows is None:
             found = torch.autograd.grad(value, [wrt[i] for i in live], start, allow_unused=True)
         else:  # one product per row through the sequence's pass, batched
-            found = torch.autograd.grad(value, [wrt[i] for i in live], torch.diag(start), is_grads_batched=True,
-                                        allow_unused=True)
-            found = tuple(None if g is None else g[:, 0] for g in found)
+            found = row_gradients(value, [wrt[i] for i in live], start)
         grads: list[torch.Tensor | None] = [None] * len(wrt)
         for i, g in zip(live, found):
             grads[i] = g

@@ -22,8 +22,8 @@ from captum.attr import InputXGradient, Saliency
 
 from ..context import BatchContext
 from ..errors import InputError
-from ..heads import last_token_rows
 from ..memory import backward_row_bytes, model_dims, rows_that_fit
+from ..prefixes import last_positions, last_token_rows
 from .registry import EMBEDDINGS, GRADIENTS, OWN_PASS, MethodOutput, register
 
 ENGINES = ("shared", "captum")
@@ -83,7 +83,7 @@ def _sequence_forward(ctx: BatchContext, base_ids: torch.Tensor) -> tuple[Callab
     assert sequence is not None
     # Only each row's last position is read: where the model can, project only those onto the vocabulary (the
     # LM head is a fifth of a small LLM's forward, and its backward would otherwise run over every position)
-    last = ctx.token_mask.long().sum(1) - 1
+    last = last_positions(ctx.token_mask)
     keep = {"logits_to_keep": last} if "logits_to_keep" in inspect.signature(ctx.model.forward).parameters else {}
     ones = torch.ones(len(last), 1, dtype=ctx.token_mask.dtype, device=last.device)
 
