@@ -50,6 +50,15 @@ def make_model(family: str, num_labels: int = 2, seed: int = 0, attn: str = "eag
                       num_labels=num_labels, seed=seed, attn=attn)
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    """A tiny BERT classifier and its tokenizer saved to disk (a module may define its own, e.g. with labels)."""
+    path = tmp_path_factory.mktemp("tiny-bert")
+    make_model("bert").save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(params=FAMILIES)
 def family(request: pytest.FixtureRequest) -> str:
     return request.param

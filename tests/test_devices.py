@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import make_model, make_tokenizer
+from conftest import make_model
 
 from attnlens import Explainer
 from attnlens.cli import main
@@ -18,14 +18,6 @@ from attnlens.loading import resolve_device, resolve_dtype
 
 TEXTS = ["the movie was not very good", "i really loved this charming film !", "boring plot , bad actors"]
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-bert")
-    make_model("bert").save_pretrained(path)
-    make_tokenizer().save_pretrained(path)
-    return str(path)
 
 
 def _cli_error(argv: list[str], capsys) -> str:

@@ -56,14 +56,18 @@ def _prefix_scores(ex: Explainer, ids: list[int], token: int, methods: list[str]
     return {m: s[0].double().numpy() for m, (s, _) in out.items()}
 
 
-def test_each_step_equals_its_prefix_explained_alone(lm):
-    g = lm.explain_generation(PROMPT, max_new_tokens=5, methods=FAST)
+def _assert_steps_equal_their_prefixes(ex: Explainer, g: Generation, methods: list[str]) -> None:
+    """Every step of ``g`` equals its prefix explained alone as one classifier-engine example."""
     ids = g.prompt_ids + g.generated_ids
     for t, token in enumerate(g.generated_ids):
         n = len(g.prompt_ids) + t
-        alone = _prefix_scores(lm, ids[:n], token, FAST)
-        for m in FAST:
+        alone = _prefix_scores(ex, ids[:n], token, methods)
+        for m in methods:
             np.testing.assert_allclose(g.scores[m][t, :n], alone[m], atol=1e-5, rtol=1e-4, err_msg=f"{m} step {t}")
+
+
+def test_each_step_equals_its_prefix_explained_alone(lm):
+    _assert_steps_equal_their_prefixes(lm, lm.explain_generation(PROMPT, max_new_tokens=5, methods=FAST), FAST)
 
 
 def test_scores_match_independent_autograd_and_attention(lm):
@@ -136,13 +140,7 @@ LRP = ["attnlrp", "transatt", "partiallrp"]
 def test_lrp_steps_equal_their_prefix_and_contrast_is_linear(lm):
     """The LRP methods take the step's scalar from the head: each step equals its prefix explained alone, and
     AttnLRP (linear in the explained scalar) of a contrast is the difference of the two targets' relevances."""
-    g = lm.explain_generation(PROMPT, max_new_tokens=3, methods=LRP)
-    ids = g.prompt_ids + g.generated_ids
-    for t, token in enumerate(g.generated_ids):
-        n = len(g.prompt_ids) + t
-        alone = _prefix_scores(lm, ids[:n], token, LRP)
-        for m in LRP:
-            np.testing.assert_allclose(g.scores[m][t, :n], alone[m], atol=1e-5, rtol=1e-4, err_msg=f"{m} step {t}")
+    _assert_steps_equal_their_prefixes(lm, lm.explain_generation(PROMPT, max_new_tokens=3, methods=LRP), LRP)
     good, bad = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
     both = lm.explain_generation(PROMPT, target=[good], contrast=[bad], methods=["attnlrp"])
     one = lm.explain_generation(PROMPT, target=[good], methods=["attnlrp"])

@@ -23,14 +23,6 @@ def ex() -> Explainer:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-bert")
-    make_model("bert").save_pretrained(path)
-    make_tokenizer().save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def results_dir(model_dir, tmp_path_factory):
     """A finished tiny benchmark run."""
     root = tmp_path_factory.mktemp("bench")

@@ -288,7 +288,13 @@ def test_chefer_rules_batch_invariance(family, rule_set):
 @pytest.mark.parametrize("family", ENCODERS)
 @pytest.mark.parametrize("rule_set", ["attnlrp", "cp"])
 def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
-    model = make_model(family, num_labels=3)
+    assert_padding_zero_and_batch_invariant(make_model(family, num_labels=3), rule_set, rtol=1e-5, atol=1e-5)
+
+
+def assert_padding_zero_and_batch_invariant(model: nn.Module, rule_set: str, rtol: float, atol: float,
+                                            position: bool = False) -> None:
+    """LRP of a padded batch of three: every relevance at padding is exactly 0 and each example equals its
+    unpadded self alone (input and attention relevance; ``position``: the position relevance too)."""
     inputs = padded_batch(5)
     targets = [1, 2, 0]
     res = lrp_pass(model, inputs, targets, rules=rule_set)
@@ -300,9 +306,11 @@ def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
     for b in range(3):
         n = int(inputs["attention_mask"][b].sum())
         one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, targets[b], rules=rule_set)
-        torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=rtol, atol=atol)
+        if position:
+            torch.testing.assert_close(res.position_relevance[b], one.position_relevance[0], rtol=rtol, atol=atol)
         for r_batch, r_one in zip(res.attention_relevance, one.attention_relevance):
-            torch.testing.assert_close(r_batch[b, :, :n, :n], r_one[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(r_batch[b, :, :n, :n], r_one[0], rtol=rtol, atol=atol)
 
 
 def _snapshot(model: nn.Module) -> dict:

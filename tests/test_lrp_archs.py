@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 from conftest import make_model
-from test_lrp import _assert_unchanged, _snapshot, padded_batch
+from test_lrp import _assert_unchanged, _snapshot, assert_padding_zero_and_batch_invariant, padded_batch
 from torch import nn
 
 from attnlens.errors import InputError
@@ -387,21 +387,7 @@ def test_chefer_rules_conserve_relevance_one_with_biases(family):
 @pytest.mark.parametrize("rule_set", RULE_SETS)
 def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
     model = strong(family).double()  # float64: the chefer rules divide by activations
-    inputs = padded_batch(5)
-    targets = [1, 2, 0]
-    res = lrp_pass(model, inputs, targets, rules=rule_set)
-    pad = inputs["attention_mask"] == 0
-    assert (res.input_relevance[pad] == 0).all() and (res.word_relevance[pad] == 0).all()
-    for r in res.attention_relevance:
-        assert (r.permute(0, 2, 3, 1)[pad] == 0).all()  # padded query rows
-        assert (r.permute(0, 3, 2, 1)[pad] == 0).all()  # padded key columns
-    for b in range(3):
-        n = int(inputs["attention_mask"][b].sum())
-        one = lrp_pass(model, {k: v[b : b + 1, :n] for k, v in inputs.items()}, targets[b], rules=rule_set)
-        torch.testing.assert_close(res.input_relevance[b, :n], one.input_relevance[0], rtol=1e-8, atol=1e-9)
-        torch.testing.assert_close(res.position_relevance[b], one.position_relevance[0], rtol=1e-8, atol=1e-9)
-        for r_batch, r_one in zip(res.attention_relevance, one.attention_relevance):
-            torch.testing.assert_close(r_batch[b, :, :n, :n], r_one[0], rtol=1e-8, atol=1e-9)
+    assert_padding_zero_and_batch_invariant(model, rule_set, rtol=1e-8, atol=1e-9, position=True)
 
 
 @pytest.mark.parametrize("family", ARCHS)
