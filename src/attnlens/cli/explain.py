@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         from ..viz.plots import plot_token_heatmap
 
         plot_token_heatmap(exps[0], path=args.plot)
-        print(f"wrote {terminal_safe(args.plot, one_line=True)}", file=sys.stderr)
+        _wrote(args.plot)
     if args.head_view:
         from ..viz.headview import attention_view_html
 
@@ -282,13 +282,13 @@ def run(args: argparse.Namespace) -> int:
             args.head_view,
             attention_view_html(tokens, attentions, special, title=f"attention of {model} ({explainer.stream})"),
         )
-        print(f"wrote {terminal_safe(args.head_view, one_line=True)}", file=sys.stderr)
+        _wrote(args.head_view)
     html_path = args.out if args.format == "html" else args.html
     if html_path:
         from ..viz.html import explanations_html
 
         _write(html_path, explanations_html(exps, title=f"attnlens: {model}"))
-        print(f"wrote {terminal_safe(html_path, one_line=True)}", file=sys.stderr)
+        _wrote(html_path)
     return 0
 
 
@@ -314,7 +314,7 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str) ->
         from ..viz.generation import plot_generation
 
         plot_generation(gens[0], path=args.plot)
-        print(f"wrote {terminal_safe(args.plot, one_line=True)}", file=sys.stderr)
+        _wrote(args.plot)
     if args.head_view:
         from ..generation import attention_maps
         from ..viz.headview import attention_view_html
@@ -322,13 +322,13 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str) ->
         attentions = attention_maps(explainer, gens[0])
         _write(args.head_view, attention_view_html(gens[0].tokens, attentions, gens[0].special,
                                                    title=f"attention of {model}: prompt + continuation"))
-        print(f"wrote {terminal_safe(args.head_view, one_line=True)}", file=sys.stderr)
+        _wrote(args.head_view)
     html_path = args.out if args.format == "html" else args.html
     if html_path:
         from ..viz.generation import generation_html
 
         _write(html_path, generation_html(gens, title=f"attnlens: {model}"))
-        print(f"wrote {terminal_safe(html_path, one_line=True)}", file=sys.stderr)
+        _wrote(html_path)
     return 0
 
 
@@ -337,6 +337,11 @@ def _parent_made(path: str) -> Path:
     p = Path(path).expanduser()
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def _wrote(path: str) -> None:
+    """Say on stderr that ``path`` was written (stdout may carry the explanations)."""
+    print(f"wrote {terminal_safe(path, one_line=True)}", file=sys.stderr)
 
 
 def _write(path: str | None, text: str) -> None:
