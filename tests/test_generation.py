@@ -456,3 +456,34 @@ def test_one_forward_over_the_sequence_equals_a_row_per_step(lm, monkeypatch, ig
         np.testing.assert_allclose(gaps["delta"], b.meta["integratedgradients"]["delta"], atol=1e-4, rtol=1e-3)
         for m in a.methods:
             np.testing.assert_allclose(a.scores[m], b.scores[m], atol=1e-5, rtol=1e-4, err_msg=m)
+
+
+def test_integrated_gradients_over_the_sequence_without_logits_to_keep(monkeypatch, tokenizer):
+    """A causal LM whose forward does not take ``logits_to_keep`` (older or custom models): integrated gradients
+    over a generation reads the full logits at each step's last token instead, with the same result."""
+    import attnlens.generation as generation
+
+    model = make_lm("gpt2")
+    plain_forward = type(model).forward
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
+        assert "logits_to_keep" not in kwargs
+        return plain_forward(self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                             **kwargs)
+
+    model.__class__ = type("GPT2WithoutKeepLMHeadModel", (type(model),), {"forward": forward})
+    ex = Explainer(model, tokenizer)
+    kwargs = dict(methods=["integratedgradients"], max_new_tokens=4, options={"integratedgradients": {"n_steps": 5}})
+    shared = ex.explain_generation(PROMPT, **kwargs)
+    monkeypatch.setattr(generation, "ONE_PASS", False)
+    rows = ex.explain_generation(PROMPT, **kwargs)
+    np.testing.assert_allclose(shared.scores["integratedgradients"], rows.scores["integratedgradients"], atol=1e-5,
+                               rtol=1e-4)
+
+
+def test_adaptive_integrated_gradients_stops_at_49_points_by_default(lm):
+    """The default max_steps (64) ends the adaptive schedule 4, 7, 13, 25, 49 at 49 points, with the warning."""
+    with pytest.warns(UserWarning, match=r"within max_steps=64 .*rough along the straight path"):
+        (e,) = lm.explain(PROMPT, methods=["integratedgradients"],
+                          options={"integratedgradients": {"tolerance": 1e-12}})
+    assert e.meta["integratedgradients"]["n_steps"] == 49
