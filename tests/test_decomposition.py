@@ -317,14 +317,14 @@ def test_model_untouched_and_no_graph_left(tokenizer):
 
 
 def test_unsupported_models_are_skipped_or_refused(tokenizer):
-    ex = Explainer(make_model("gpt2"), tokenizer)
+    ex = Explainer(make_model("gpt_neox"), tokenizer)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         (e,) = ex.explain("the movie was great", methods="all", options={"integratedgradients": {"n_steps": 2}})
     assert not set(NORM) & set(e.scores)
     assert any("attnnorm" in str(w.message) for w in caught)
     for m in NORM:
-        with pytest.raises(InputError, match="norm-based and decomposition methods need a post-LN encoder"):
+        with pytest.raises(InputError, match="norm-based and decomposition methods need a layer anatomy"):
             ex.explain("the movie was great", methods=[m])
     bert = Explainer(randomised("bert"), tokenizer)
     with pytest.raises(InputError, match="decompx decomposes the logits"):

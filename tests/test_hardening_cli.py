@@ -21,7 +21,7 @@ from attnlens.cli import main
 
 LRP = {"partiallrp", "transatt", "attnlrp"}
 SQUARE = {"rollout", "gae", "flow", "transatt", "valuezeroing"}  # need square self-attention (not BART's cross)
-NORM = {"attnnorm", "globenc", "alti", "decompx"}  # need a post-LN encoder anatomy (decompx: a classifier)
+NORM = {"attnnorm", "globenc", "alti", "decompx"}  # need a layer anatomy (decompx: a classifier or a causal LM)
 LABELS = {0: "negative", 1: "positive"}
 
 
@@ -60,7 +60,7 @@ def _one_line_error(capsys, code: int) -> str:
     "name,attention,skipped",
     [
         ("bert", None, set()),
-        ("gpt2", None, NORM),
+        ("gpt2", None, set()),
         ("bart", None, LRP | NORM),
         ("bart", "encoder", LRP | NORM),
         ("bart", "decoder", LRP | NORM),
@@ -86,7 +86,7 @@ def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped,
         names = ", ".join(m for m in list_methods() if m in skipped)
         assert notices[0].startswith(f"attnlens: warning: skipping {names}: ")
         assert any(why in notices[0] for why in ("support BERT", "sequence classifiers and causal language models only",
-                                                 "need a post-LN encoder"))
+                                                 "need a layer anatomy"))
         if attention == "cross":
             assert "needs self-attention" in notices[0]
     else:
@@ -112,8 +112,9 @@ def test_methods_all_on_reference_models(name, attention, tmp_path, capsys):
     code = main(argv + (["--attention", attention] if attention else []))
     err = capsys.readouterr().err
     assert code == 0, err
-    # decoders and seq2seq: no encoder anatomy; BART: no LRP rules
-    skipped = (LRP if name.startswith("bart") else set()) | NORM | (SQUARE if attention == "cross" else set())
+    # seq2seq: no layer anatomy and no LRP rules (GPT-2, a pre-LN decoder, has both)
+    bart = name.startswith("bart")
+    skipped = (LRP | NORM if bart else set()) | (SQUARE if attention == "cross" else set())
     (exp,) = load_explanations(out)
     assert exp.methods == [m for m in list_methods() if m not in skipped]
     assert exp.predicted == 1  # positive: the reference models get this sentence right

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlens import models
 from attnlens.errors import ModelError
@@ -169,7 +170,7 @@ def test_one_forward_over_the_generation_equals_a_row_per_step_on_smollm2(smollm
     import attnlens.generation as generation
 
     ex = smollm2_explainer
-    methods = ["rawatt", "gae", "attcat", "inputxgradient", "attnlrp"]
+    methods = ["rawatt", "gae", "attcat", "inputxgradient", "attnlrp", "globenc", "alti", "decompx"]
     one = ex.explain_generation("The capital of France is", methods, max_new_tokens=3)
     monkeypatch.setattr(generation, "ONE_PASS", False)
     rows = ex.explain_generation("The capital of France is", methods, target=one.generated_ids)
@@ -177,6 +178,23 @@ def test_one_forward_over_the_generation_equals_a_row_per_step_on_smollm2(smollm
     for m in methods:
         scale = np.abs(rows.scores[m]).max()
         np.testing.assert_allclose(one.scores[m], rows.scores[m], atol=1e-4 * scale, err_msg=m)
+
+
+@pytest.mark.slow
+@needs_llm
+def test_decompx_on_smollm2_sums_to_the_next_token_logit(smollm2_explainer):
+    """The layer anatomy of the real model (RMSNorm, gated SiLU MLP, 3 key/value heads for 9 query heads) is
+    checked layer by layer, and DecompX's token shares + bias term give the next token's logit."""
+    from attnlens.methods import registry
+    from attnlens.methods.decomposition import decompx_token_scores
+
+    ex = smollm2_explainer
+    ctx, _ = ex.compute_batch(ex.encode(["The capital of France is", "Review: a charming journey.\nSentiment:"]),
+                              [-1, -1], [registry.get_method("decompx")], {"decompx": {}})
+    scores, bias = decompx_token_scores(ctx)
+    logits = ex.head.last(ctx.capture.logits, ctx.token_mask)[torch.arange(2), ctx.targets]
+    assert torch.allclose((scores * ctx.token_mask).sum(-1) + bias, logits, rtol=1e-4, atol=1e-3)
+    assert float(scores.abs().sum()) > 1.0
 
 
 @pytest.mark.slow

@@ -11,8 +11,9 @@ An :class:`Architecture` says, for one ``config.model_type``:
 - ``lrp``: what the LRP methods need (:class:`LRPSupport`), or ``None`` where they are not supported;
 - ``layers``: where the layers and their value projections are (:class:`Layers`), for methods that rerun one
   layer (value zeroing), or ``None`` where such methods are skipped;
-- ``anatomy``: where a post-LN encoder layer's pieces and the classification head are (:class:`Anatomy`), for the
-  norm-based and decomposition methods (``attnnorm``, ``globenc``, ``alti``, ``decompx``); ``None``: not supported;
+- ``anatomy``: where a layer's pieces (post-LN encoders, pre-LN decoders) and the classification head are
+  (:class:`Anatomy`), for the norm-based and decomposition methods (``attnnorm``, ``globenc``, ``alti``,
+  ``decompx``); ``None``: not supported;
 - ``tiny``: a recipe for a tiny random model of the type (:class:`Tiny`, :func:`build_tiny`), which the tests
   use to build and explain every type.
 
@@ -83,14 +84,17 @@ class LRPSupport:
 
 @dataclass(frozen=True)
 class Anatomy:
-    """Where the pieces of a post-LN encoder layer ``LN2(h + FFN(h))``, ``h = LN1(x + Attn(x))`` and of the
-    classification head are, as dotted module paths (read by :mod:`attnlens.methods.decomposition`; the layers
-    themselves and their value projections are the entry's :class:`Layers`).
+    """Where the pieces of a transformer layer and of the classification head are, as dotted module paths (read
+    by :mod:`attnlens.methods.decomposition`; the layers themselves and their value projections are the entry's
+    :class:`Layers`). A post-LN encoder layer is ``LN2(h + FFN(h))``, ``h = LN1(x + Attn(x))``; a pre-LN
+    (``pre_ln``) decoder layer is ``h + FFN(LN2(h))``, ``h = x + Attn(LN1(x))``, and ``final_norm`` (a path under
+    the base model) normalises the last layer's output.
 
     ``output`` ... ``ln2`` are relative to one layer (``act`` is the FFN's activation, a module or function
-    attribute). ``head`` lists the head's ``(linear, activation)`` steps from the pooled first-token state to the
-    logits, the activation a path from the model root, a name in ``HEAD_ACTIVATIONS`` (for heads that apply it
-    inline) or ``None``.
+    attribute; ``gate``: a gated FFN ``ffn_out(act(gate(y)) ⊙ ffn_in(y))``, Llama's). ``head`` lists the
+    classification head's ``(linear, activation)`` steps from the pooled state to the logits, the activation a
+    path from the model root, a name in ``HEAD_ACTIVATIONS`` (for heads that apply it inline) or ``None``; a
+    language model's head is its output embeddings.
     """
 
     head: tuple[tuple[str, str | None], ...]
@@ -100,6 +104,9 @@ class Anatomy:
     act: str = "intermediate.intermediate_act_fn"
     ffn_out: str = "output.dense"
     ln2: str = "output.LayerNorm"
+    pre_ln: bool = False
+    gate: str | None = None
+    final_norm: str | None = None
 
 
 HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
@@ -237,6 +244,13 @@ _ALBERT_ANATOMY = Anatomy((("albert.pooler", "albert.pooler_activation"), ("clas
                           ffn_out="ffn_output", ln2="full_layer_layer_norm")
 _ROBERTA_ANATOMY = _bert_like("roberta", (("classifier.dense", "tanh"), ("classifier.out_proj", None)))
 
+# pre-LN decoders: GPT-2 (fused Conv1D projections, GELU MLP) and the Llama family (RMSNorm, gated SiLU MLP)
+_GPT2_ANATOMY = Anatomy((("score", None),), output="attn.c_proj", ln1="ln_1", ffn_in="mlp.c_fc", act="mlp.act",
+                        ffn_out="mlp.c_proj", ln2="ln_2", pre_ln=True, final_norm="ln_f")
+_LLAMA_ANATOMY = Anatomy((("score", None),), output="self_attn.o_proj", ln1="input_layernorm", ffn_in="mlp.up_proj",
+                         gate="mlp.gate_proj", act="mlp.act_fn", ffn_out="mlp.down_proj",
+                         ln2="post_attention_layernorm", pre_ln=True, final_norm="norm")
+
 # --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------
 _ENC = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
 _DEC = dict(_ENC, num_key_value_heads=1, max_position_embeddings=64)
@@ -304,7 +318,7 @@ _ENTRIES: list[Architecture] = [
                                 embedding_input="drop"),  # GPT2Model.drop(wte + wpe)
                  tiny=_tiny("GPT2", n_embd=16, n_layer=2, n_head=2, n_positions=64,
                             initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
-                 layers=Layers("h", "attn.c_attn", fused=3)),
+                 layers=Layers("h", "attn.c_attn", fused=3), anatomy=_GPT2_ANATOMY),
     Architecture("gpt_neo", DECODER, tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
                                                  attention_types=[[["global", "local"], 1]],
                                                  max_position_embeddings=64)),
@@ -313,10 +327,12 @@ _ENTRIES: list[Architecture] = [
     Architecture("llama", DECODER, lrp=_llama_lrp("Llama"),
                  tiny=_tiny("Llama", **_ENC, num_key_value_heads=2, max_position_embeddings=64,
                             initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
-                 layers=_LLAMA_LAYERS),
-    Architecture("mistral", DECODER, lrp=_llama_lrp("Mistral"), tiny=_tiny("Mistral", **_DEC), layers=_LLAMA_LAYERS),
+                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),
+    Architecture("mistral", DECODER, lrp=_llama_lrp("Mistral"), tiny=_tiny("Mistral", **_DEC), layers=_LLAMA_LAYERS,
+                 anatomy=_LLAMA_ANATOMY),
     Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1)),
-    Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS),
+    Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS,
+                 anatomy=_LLAMA_ANATOMY),
     Architecture("qwen3", DECODER, tiny=_tiny("Qwen3", **_DEC, head_dim=8)),
     Architecture("gemma", DECODER, tiny=_tiny("Gemma", **_DEC, head_dim=8)),
     Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8)),
@@ -347,8 +363,10 @@ def register_architecture(arch: Architecture) -> None:
         raise ModelError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
     if isinstance(pooling, str):
         arch.adapter.with_pooling(pooling)  # refuses a pooling the adapter cannot explain
-    if arch.anatomy is not None and (arch.layers is None or arch.layers.fused != 1):
-        raise ModelError(f"{arch.model_type}: an anatomy needs the entry's layers, with an unfused value projection")
+    if arch.anatomy is not None and arch.layers is None:
+        raise ModelError(f"{arch.model_type}: an anatomy needs the entry's layers (where the value projections are)")
+    if arch.anatomy is not None and arch.layers.fused != 1 and not arch.anatomy.pre_ln:
+        raise ModelError(f"{arch.model_type}: a post-LN anatomy needs an unfused value projection")
     ARCHITECTURES[arch.model_type] = arch
     if arch.lrp is None:
         LRP_SUPPORTED.pop(arch.model_type, None)

@@ -1,14 +1,17 @@
 """Norm-based and decomposition methods: attnnorm, globenc, alti, decompx (one shared forward pass, no gradients).
 
-All four read a post-LN encoder layer ``h = LN2(y + FFN(y))``, ``y = LN1(x + Attn(x))`` as a sum of vectors, one
-per source token j. With x the layer's input, A^h the attention of head h and f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h
-the value of token j through the output projection:
+All four read a layer's output as a sum of vectors, one per source token j. With x the layer's input, A^h the
+attention of head h and f^h(a_j) = (a_j W_V^h + b_V^h) W_O^h the value of token j through the output projection:
 
-    z_ij = Σ_h A^h_ij f^h(x_j) + δ_ij x_i         (attention block + residual: Σ_j z_ij + b_O = x_i + Attn(x)_i)
-    LN(v)_i = γ ⊙ (v − mean_d v) / s_i            (a LayerNorm applied to one summand; s_i: std of the real sum)
+    z_ij = Σ_h A^h_ij f^h(a_j) + δ_ij x_i         (attention block + residual: Σ_j z_ij + b_O = x_i + Attn_i)
+
+- post-LN encoders (BERT): ``h = LN2(y + FFN(y))``, ``y = LN1(x + Attn(x))``, a_j = x_j, and a LayerNorm applied
+  to one summand is LN(v)_i = γ ⊙ (v − mean_d v) / s_i (s_i: the std of the real sum);
+- pre-LN decoders (GPT-2, Llama): ``h = y + FFN(LN2(y))``, ``y = x + Attn(LN1(x))``, a_j = LN1(x_j) (a norm of
+  token j alone, so z_ij is token j's share), and the residual stream y_i = Σ_j z_ij + b_O is a plain sum.
 
 Nothing beyond the hidden states and attention of the shared pass is captured: each layer's value and output
-projections, LayerNorm statistics and FFN activations are recomputed from its input h^{l-1} with the model's own
+projections, norm statistics and FFN activations are recomputed from its input h^{l-1} with the model's own
 modules (an architecture's :class:`~attnlens.architectures.Anatomy` says where they are), and the recomputed
 output is checked against the captured h^l, so a wrong anatomy is an error, never a silently wrong score.
 """
@@ -23,10 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters import FIRST
+from ..adapters import FIRST, LAST
 from ..architectures import HEAD_ACTIVATIONS, Anatomy, architecture_for
 from ..context import BatchContext, Capture
 from ..errors import InputError, ModelError
+from ..lrp.rules import linear_weight
+from ..prefixes import last_positions
 from .attention import propagate
 from .registry import ATTENTION, HIDDEN, MethodOutput, register
 
@@ -49,37 +54,58 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str | None]:
-    """Why ``name`` cannot explain a model: it needs an encoder anatomy (and, for ``head``, a sequence classifier
-    whose head reads the first token)."""
+    """Why ``name`` cannot explain a model: it needs a layer anatomy attnlens knows (and, for ``head``, a
+    sequence classifier whose head reads the first token of an encoder or the last of a decoder, or a causal
+    language model)."""
 
     def why(model: Any, stream: str, task: str) -> str | None:
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", "?")
-        if config is None or _anatomy(model) is None:
+        anatomy = None if config is None else _anatomy(model)
+        if anatomy is None:
             # one wording for the whole family, so a skip notice names the reason once
-            return ("the norm-based and decomposition methods need a post-LN encoder whose layer anatomy attnlens "
-                    f"knows (BERT, RoBERTa, DistilBERT, ELECTRA, ...); model type {model_type!r} has none")
-        if head and task != "classification":
-            return f"{name} decomposes a sequence classifier's logits, not a {task} model's"
-        if head and architecture_for(config).pooling_for(config) != FIRST:
-            return f"{name} needs a head that reads the first token; {model_type!r} pools differently"
+            return ("the norm-based and decomposition methods need a layer anatomy attnlens knows (post-LN "
+                    "encoders: BERT, RoBERTa, DistilBERT, ELECTRA, ...; pre-LN decoders: GPT-2, Llama, Mistral, "
+                    f"Qwen2); model type {model_type!r} has none")
+        if head and not (task == "classification" or (task == "causal-lm" and anatomy.pre_ln)):
+            return (f"{name} decomposes a sequence classifier's or a causal language model's logits, not a {task} "
+                    "model's")
+        pooled = _pooled(anatomy)
+        if head and task == "classification" and architecture_for(config).pooling_for(config) != pooled:
+            return f"{name} needs a head that reads the {pooled} token; {model_type!r} pools differently"
         return None
 
     return why
 
 
+def _pooled(anatomy: Anatomy) -> str:
+    """Where a classifier's head reads: the first token of a post-LN encoder, the last of a pre-LN decoder."""
+    return LAST if anatomy.pre_ln else FIRST
+
+
 @dataclass
 class Layer:
-    """One encoder layer recomputed from its input ``x`` ``(B, N, D)`` and attention ``attn`` ``(B, H, N, N)``."""
+    """One layer recomputed from its input ``x`` ``(B, N, D)`` and attention ``attn`` ``(B, H, N, N)``."""
 
     x: torch.Tensor
     attn: torch.Tensor
-    f: torch.Tensor  # (B, H, N, D): f^h(x_j), value bias included
-    std1: torch.Tensor  # (B, N, 1): s_i of LN1's input
-    y1: torch.Tensor  # (B, N, D): LN1's output
-    theta: torch.Tensor  # (B, N, F): act(u)/u of the FFN pre-activation u (the zero-origin linearisation)
-    std2: torch.Tensor  # (B, N, 1): s_i of LN2's input
+    f: torch.Tensor  # (B, H, N, D): f^h(a_j), value bias included
+    std1: torch.Tensor  # (B, N, 1): s_i of LN1's input (post-LN; ones for pre-LN)
+    y1: torch.Tensor  # (B, N, D): LN1's output (post-LN) or the residual stream after attention (pre-LN)
+    theta: torch.Tensor  # (B, N, F): act(u)/u of the FFN (or gate) pre-activation u (the zero-origin linearisation)
+    std2: torch.Tensor  # (B, N, 1): s_i of LN2's input (post-LN; ones for pre-LN)
     modules: dict[str, nn.Module]
+    pre_ln: bool = False
+
+    def cut(self, rows: slice) -> Layer:
+        """The layer of examples ``rows`` only."""
+        return Layer(*(t[rows] for t in (self.x, self.attn, self.f, self.std1, self.y1, self.theta, self.std2)),
+                     self.modules, self.pre_ln)
+
+    def summand(self, v: torch.Tensor) -> torch.Tensor:
+        """A summand of the attention block's output as it enters the layer's output: through LN1 without β and
+        1/s (post-LN), unchanged (pre-LN)."""
+        return v if self.pre_ln else _ln_part(v, self.modules["ln1"])
 
 
 def _std(ln: nn.LayerNorm, v: torch.Tensor) -> torch.Tensor:
@@ -91,13 +117,53 @@ def _ratio(out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return torch.where(pre != 0, out / torch.where(pre != 0, pre, torch.ones_like(pre)), torch.zeros_like(pre))
 
 
-_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2")
+_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate")
 
 
 def _parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[str, nn.Module]:
     """One layer's pieces by their :class:`Anatomy` names (the value projection: the entry's :class:`Layers`)."""
     value = architecture_for(model.config).layers.value
-    return {k: _attr(block, value if k == "value" else getattr(anatomy, k)) for k in _PARTS}
+    paths = {k: value if k == "value" else getattr(anatomy, k) for k in _PARTS}
+    return {k: _attr(block, path) for k, path in paths.items() if path is not None}
+
+
+def _final_norm(model: nn.Module, anatomy: Anatomy) -> nn.Module | None:
+    return None if anatomy.final_norm is None else _attr(model.base_model, anatomy.final_norm)
+
+
+def _values(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, fused: int) -> torch.Tensor:
+    """``(B, N, H, d_h)``: each head's value vectors of the value projection's input ``a`` (the last of
+    ``fused`` equal parts of its output; grouped-query attention's key/value heads repeated for their queries)."""
+    out = mods["value"](a)
+    if fused > 1:
+        out = out[..., -(out.shape[-1] // fused):]
+    b, n, _ = a.shape
+    dh = linear_weight(mods["output"]).shape[1] // heads
+    v = out.view(b, n, out.shape[-1] // dh, dh)
+    return v if v.shape[2] == heads else v.repeat_interleave(heads // v.shape[2], dim=2)
+
+
+def _head_outputs(mods: dict[str, nn.Module], v: torch.Tensor) -> torch.Tensor:
+    """``(B, H, N, D)``: f^h = v^h W_O^h, each head's value vectors ``v`` ``(B, N, H, d_h)`` through its slice of
+    the output projection (no output bias)."""
+    w = linear_weight(mods["output"])
+    return torch.einsum("bjhv,dhv->bhjd", v, w.view(w.shape[0], v.shape[2], v.shape[3]))
+
+
+def _output_bias(mods: dict[str, nn.Module]) -> torch.Tensor | float:
+    bias = mods["output"].bias
+    return 0.0 if bias is None else bias
+
+
+def _ffn(mods: dict[str, nn.Module], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FFN's output on ``y`` and act(u)/u of its activation's pre-activation u (a gated FFN's gate)."""
+    if "gate" in mods:
+        g = mods["gate"](y)
+        ga = mods["act"](g)
+        return mods["ffn_out"](ga * mods["ffn_in"](y)), _ratio(ga, g)
+    u = mods["ffn_in"](y)
+    a = mods["act"](u)
+    return mods["ffn_out"](a), _ratio(a, u)
 
 
 def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> None:
@@ -113,30 +179,39 @@ def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Te
         )
 
 
-def encoder_layers(ctx: BatchContext) -> list[Layer]:
+def model_layers(ctx: BatchContext) -> list[Layer]:
     """Every layer of the batch recomputed from the shared pass (cached in ``ctx.cache`` for the other methods)."""
     if "decomposition.layers" in ctx.cache:
         return ctx.cache["decomposition.layers"]
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
     blocks = _blocks(model)
+    fused = architecture_for(model.config).layers.fused
+    final = _final_norm(model, anatomy)
     real = cap.key_mask.bool()
     out: list[Layer] = []
     with torch.no_grad():
         for i, (block, attn) in enumerate(zip(blocks, cap.attentions, strict=True)):
             mods = _parts(block, model, anatomy)
             x = cap.hidden[i]
-            b, n, d = x.shape
             h = attn.shape[1]
-            v = mods["value"](x).view(b, n, h, d // h)
-            f = torch.einsum("bjhv,dhv->bhjd", v, mods["output"].weight.view(d, h, d // h))
-            pre1 = x + torch.einsum("bhij,bhjd->bid", attn, f) + mods["output"].bias
+            a = mods["ln1"](x) if anatomy.pre_ln else x
+            f = _head_outputs(mods, _values(mods, a, h, fused))
+            pre1 = x + torch.einsum("bhij,bhjd->bid", attn, f) + _output_bias(mods)
+            if anatomy.pre_ln:
+                ffn, theta = _ffn(mods, mods["ln2"](pre1))
+                got = pre1 + ffn
+                if i == len(blocks) - 1 and final is not None:
+                    got = final(got)  # the last hidden state is the final norm's output
+                _check_layer(model, i, got, cap.hidden[i + 1], real)
+                ones = x.new_ones(*x.shape[:2], 1)
+                out.append(Layer(x, attn, f, ones, pre1, theta, ones, mods, pre_ln=True))
+                continue
             y1 = mods["ln1"](pre1)
-            u = mods["ffn_in"](y1)
-            a = mods["act"](u)
-            pre2 = y1 + mods["ffn_out"](a)
+            ffn, theta = _ffn(mods, y1)
+            pre2 = y1 + ffn
             _check_layer(model, i, mods["ln2"](pre2), cap.hidden[i + 1], real)
-            out.append(Layer(x, attn, f, _std(mods["ln1"], pre1), y1, _ratio(a, u), _std(mods["ln2"], pre2), mods))
+            out.append(Layer(x, attn, f, _std(mods["ln1"], pre1), y1, theta, _std(mods["ln2"], pre2), mods))
     ctx.cache["decomposition.layers"] = out
     return out
 
@@ -166,11 +241,10 @@ def _norm_matrix(layer: Layer, transform: Callable[[torch.Tensor], torch.Tensor]
 
 
 def _alti_matrix(layer: Layer) -> torch.Tensor:
-    """``(B, N, N)``: max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij), over chunks of query rows (only a
-    block of the ``(B, N, N, D)`` vectors T in memory)."""
-    ln1 = layer.modules["ln1"]
-    g = _ln_part(layer.f, ln1)  # (B, H, N, D): LN1 is linear per summand, so it commutes with the attention sum
-    m = _ln_part(layer.x, ln1) / layer.std1
+    """``(B, N, N)``: max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij) (post-LN) or z_ij (pre-LN), over
+    chunks of query rows (only a block of the ``(B, N, N, D)`` vectors T in memory)."""
+    g = layer.summand(layer.f)  # (B, H, N, D): LN1 is linear per summand, so it commutes with the attention sum
+    m = layer.summand(layer.x) / layer.std1
     b, n, d = layer.x.shape
     step = max(1, _ELEMENTS // max(1, b * n * d))
     parts = []
@@ -216,12 +290,17 @@ def _rolled_rows(cap: Capture, matrices: list[torch.Tensor]) -> MethodOutput:
 )
 def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
     """``variant``: ``"attn"`` ‖Σ_h αf‖ (2020), ``"attn_res"`` ‖Σ_h αf + δ_ij x_i‖, ``"attn_res_ln"`` ‖LN1(·)‖
-    (2021's ATB+RES and ATB+RES+LN). Per layer; the score is the last layer's."""
+    (2021's ATB+RES and ATB+RES+LN; post-LN encoders only: a pre-LN layer has no LayerNorm after the residual
+    sum). Per layer; the score is the last layer's."""
     if variant not in ATTNNORM_VARIANTS:
         raise InputError(f"variant={variant!r}; choose one of {', '.join(ATTNNORM_VARIANTS)}")
     cap = ctx.capture
+    layers = model_layers(ctx)
+    if variant == "attn_res_ln" and layers[0].pre_ln:
+        raise InputError("attnnorm variant='attn_res_ln' reads the LayerNorm after a post-LN layer's residual sum; "
+                         f"this {ctx.model.config.model_type!r} model is pre-LN (none there): use 'attn' or 'attn_res'")
     mats = []
-    for layer in encoder_layers(ctx):
+    for layer in layers:
         if variant == "attn_res_ln":
             m = _norm_matrix(layer, functools.partial(_ln_part, ln=layer.modules["ln1"]), 1 / layer.std1, True)
         else:
@@ -236,20 +315,30 @@ def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
     class_specific=False,
     self_attention_only=True,
     applies=_applies("globenc"),
-    summary="GlobEnc: N^l_ij = ‖LN2(LN1(z_ij))‖ (attention, residual and both LayerNorms, FFN left out), rolled out "
-    "over layers; s_j = (N^L···N^1)[c, j].",
+    summary="GlobEnc: N^l_ij = ‖LN2(LN1(z_ij))‖ (attention, residual and both LayerNorms, FFN left out; pre-LN "
+    "decoders: ‖z_ij‖ with rows normalised, their residual stream being a plain sum), rolled out over layers; "
+    "s_j = (N^L···N^1)[c, j].",
     citation="Modarressi et al. 2022 (NAACL), as in the authors' code",
 )
-def globenc(ctx: BatchContext, normalize: bool = False) -> MethodOutput:
-    """``normalize``: divide each row of N^l by its sum before the rollout (the authors' code does not)."""
+def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
+    """``normalize``: divide each row of N^l by its sum before the rollout. Default: not for post-LN encoders
+    (the authors' code, where LN2 already puts every row on one scale), and for pre-LN decoders, whose residual
+    stream has no such norm: a row's scale grows with depth and differs between tokens by orders of magnitude
+    (SmolLM2's first token: norms in the thousands), so the unnormalised product over its 30 layers gives that
+    token everything. With ``normalize=False`` on a pre-LN model each N^l is divided by one positive number per
+    example (its largest row sum), which keeps the scores' proportions and the product finite."""
     cap = ctx.capture
     mats = []
-    for layer in encoder_layers(ctx):
-        ln1, ln2 = layer.modules["ln1"], layer.modules["ln2"]
-        m = _norm_matrix(layer, lambda v, ln1=ln1, ln2=ln2: _ln_part(_ln_part(v, ln1), ln2),
-                         1 / (layer.std1 * layer.std2), True)
-        m = _real_pairs(cap, m)
-        mats.append(_row_normalised(m) if normalize else m)
+    for layer in model_layers(ctx):
+        if layer.pre_ln:
+            m = _real_pairs(cap, _norm_matrix(layer, lambda v: v, None, True))
+            if normalize is False:
+                m = m / m.sum(-1).amax(-1)[:, None, None].clamp_min(torch.finfo(m.dtype).tiny)
+        else:
+            ln1, ln2 = layer.modules["ln1"], layer.modules["ln2"]
+            m = _real_pairs(cap, _norm_matrix(layer, lambda v, ln1=ln1, ln2=ln2: _ln_part(_ln_part(v, ln1), ln2),
+                                              1 / (layer.std1 * layer.std2), True))
+        mats.append(_row_normalised(m) if normalize or (normalize is None and layer.pre_ln) else m)
     return _rolled_rows(cap, mats)
 
 
@@ -259,13 +348,14 @@ def globenc(ctx: BatchContext, normalize: bool = False) -> MethodOutput:
     class_specific=False,
     self_attention_only=True,
     applies=_applies("alti"),
-    summary="ALTI: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij), y_i = LN1's output, rows "
-    "normalised to 1, rolled out over layers; s_j = (C^L···C^1)[c, j].",
+    summary="ALTI: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij), y_i = LN1's output (pre-LN "
+    "decoders: T_i(x_j) = z_ij, y_i the residual stream after attention), rows normalised to 1, rolled out over "
+    "layers; s_j = (C^L···C^1)[c, j].",
     citation="Ferrando, Gállego & Costa-jussà 2022 (EMNLP), as in the authors' code",
 )
 def alti(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    mats = [_row_normalised(_real_pairs(cap, _alti_matrix(layer))) for layer in encoder_layers(ctx)]
+    mats = [_row_normalised(_real_pairs(cap, _alti_matrix(layer))) for layer in model_layers(ctx)]
     return _rolled_rows(cap, mats)
 
 
@@ -335,7 +425,7 @@ def decompx_logits(ctx: BatchContext, bias: str = "absdot") -> torch.Tensor:
         return ctx.cache[key]
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
-    layers = encoder_layers(ctx)
+    layers = model_layers(ctx)
     x0 = cap.hidden[0]
     bsz, n, d = x0.shape
     width = max(d, max(layer.theta.shape[-1] for layer in layers))
@@ -349,8 +439,7 @@ def decompx_logits(ctx: BatchContext, bias: str = "absdot") -> torch.Tensor:
             idx = torch.arange(n, device=x0.device)
             e[:, idx, idx] = x0[ex]  # each token starts as its own embedding
             for i, layer in enumerate(layers):
-                part = Layer(*(t[ex] for t in (layer.x, layer.attn, layer.f, layer.std1, layer.y1, layer.theta,
-                                               layer.std2)), layer.modules)
+                part = layer.cut(ex)
                 last = i == len(layers) - 1
                 e = _decompose_layer(e, part, i == 0, slice(0, 1) if last else slice(0, n), bias)
             out.append(_decompose_head(e[:, 0], cap.hidden[-1][ex, 0], model, anatomy, bias))
@@ -359,14 +448,47 @@ def decompx_logits(ctx: BatchContext, bias: str = "absdot") -> torch.Tensor:
     return result
 
 
-def _frozen_ln(v: torch.Tensor, ln: nn.LayerNorm) -> torch.Tensor:
-    """``ln(v)`` with its std held constant (a linear map of ``v``, as DecompX reads a LayerNorm)."""
-    return (v - v.mean(-1, keepdim=True)) / _std(ln, v).detach() * ln.weight + ln.bias
+def _frozen_norm(v: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``norm(v)`` with its scale held constant (a linear map of ``v``, as DecompX reads a LayerNorm): a
+    LayerNorm (v − mean)/s ⊙ γ + β, an RMSNorm (Llama's) v/s ⊙ γ."""
+    if isinstance(norm, nn.LayerNorm):
+        return (v - v.mean(-1, keepdim=True)) / _std(norm, v).detach() * norm.weight + norm.bias
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if not type(norm).__name__.endswith("RMSNorm") or eps is None:
+        raise ModelError(f"decompx knows LayerNorm and RMSNorm, not {type(norm).__name__}")
+    rms = (v.float().pow(2).mean(-1, keepdim=True) + eps).sqrt().to(v.dtype)
+    return v / rms.detach() * norm.weight
 
 
 def _linearised(act: Callable[[torch.Tensor], torch.Tensor], pre: torch.Tensor) -> torch.Tensor:
     """``act(pre)`` as ``pre`` times the constant ratio act(pre)/pre (the zero-origin linearisation)."""
     return pre * _ratio(act(pre), pre).detach()
+
+
+def _linear_ffn(mods: dict[str, nn.Module], y: torch.Tensor) -> torch.Tensor:
+    """The FFN on ``y`` with its activation linearised; a gated FFN's product act(gate(y)) ⊙ up(y) is split half
+    and half between its two factors (each times the other's real value), which keeps its value and makes it
+    linear in ``y``."""
+    if "gate" not in mods:
+        return mods["ffn_out"](_linearised(mods["act"], mods["ffn_in"](y)))
+    g = _linearised(mods["act"], mods["gate"](y))
+    u = mods["ffn_in"](y)
+    return mods["ffn_out"](0.5 * (g * u.detach() + g.detach() * u))
+
+
+def _mix(attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``(B, N, H·d_h)``: every head's attention-weighted values (``v``: ``(B, N, H, d_h)``), heads concatenated."""
+    return torch.einsum("bhij,bjhv->bihv", attn, v).flatten(2)
+
+
+def _head_steps(ctx: BatchContext, anatomy: Anatomy) -> list[tuple[nn.Module, Callable | None]]:
+    """From the pooled state to the logits: a language model's output embeddings, or the classification head's
+    ``(linear, activation)`` steps."""
+    model = ctx.model
+    if ctx.head.task == "causal-lm":
+        return [(model.get_output_embeddings(), None)]
+    return [(_attr(model, lin), None if act is None else HEAD_ACTIVATIONS.get(act) or _attr(model, act))
+            for lin, act in anatomy.head]
 
 
 def _output_weights(logits: torch.Tensor, targets: torch.Tensor, contrast: bool) -> torch.Tensor:
@@ -384,38 +506,47 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     """DecompX with ``bias="token"`` for the explained logits (``contrast``: z_t − Σ_c p_c z_c), in one backward
     pass: ``(scores (B, N), bias (B,))``.
 
-    With attention, LayerNorm stds and activation ratios held at their values in the real pass, the network is
+    With attention, norm scales and activation ratios held at their values in the real pass, the network is
     affine in its input and every bias goes to the bias term, so DecompX's decomposition is linear: a token's share
     of the logit is the gradient of that linearised network times the token's vectors. These are the token's input
-    state through the residual of layer 1 and its layer-1 value vector (which carries the value bias, as in the
-    authors' code). The bias term is the logit minus the token scores.
+    state through the residual of layer 1 and its layer-1 value vector (which carries the value bias, and in a
+    pre-LN model LN1's β, as the value bias goes with the token in the authors' code). The bias term is the logit
+    minus the token scores. The logit is read where the head reads: the first token (encoders), the last real one
+    (decoders).
     """
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
     blocks = _blocks(model)
+    fused = architecture_for(model.config).layers.fused
+    final = _final_norm(model, anatomy)
     real = cap.key_mask.bool()
     with torch.enable_grad():
-        x0 = cap.hidden[0].detach().requires_grad_(True)
+        x0 = cap.hidden[0].detach().clone().requires_grad_(True)
         h, value0 = x0, None
         for i, (block, attn) in enumerate(zip(blocks, cap.attentions, strict=True)):
             mods = _parts(block, model, anatomy)
-            b, n, d = h.shape
-            heads = attn.shape[1]
-            v = mods["value"](h)
+            v = _values(mods, _frozen_norm(h, mods["ln1"]) if anatomy.pre_ln else h, attn.shape[1], fused)
             if value0 is None:
                 value0 = v = v.detach().requires_grad_(True)
-            mixed = torch.einsum("bhij,bjhv->bihv", attn, v.view(b, n, heads, d // heads)).reshape(b, n, d)
-            y1 = _frozen_ln(h + mods["output"](mixed), mods["ln1"])
-            h = _frozen_ln(y1 + mods["ffn_out"](_linearised(mods["act"], mods["ffn_in"](y1))), mods["ln2"])
+            att = mods["output"](_mix(attn, v))
+            if anatomy.pre_ln:
+                y = h + att
+                h = y + _linear_ffn(mods, _frozen_norm(y, mods["ln2"]))
+                if i == len(blocks) - 1 and final is not None:
+                    h = _frozen_norm(h, final)
+            else:
+                y = _frozen_norm(h + att, mods["ln1"])
+                h = _frozen_norm(y + _linear_ffn(mods, y), mods["ln2"])
             _check_layer(model, i, h.detach(), cap.hidden[i + 1], real)
-        state = h[:, 0]
-        for linear_path, act_path in anatomy.head:
-            state = _attr(model, linear_path)(state)
-            if act_path is not None:
-                state = _linearised(HEAD_ACTIVATIONS.get(act_path) or _attr(model, act_path), state)
+        rows = torch.arange(h.shape[0], device=h.device)
+        state = h[rows, last_positions(real).to(h.device)] if anatomy.pre_ln else h[:, 0]
+        for linear, act in _head_steps(ctx, anatomy):
+            state = linear(state)
+            if act is not None:
+                state = _linearised(act, state)
         logit = (state * _output_weights(state.detach(), ctx.targets, contrast)).sum(-1)
         g0, gv = torch.autograd.grad(logit.sum(), [x0, value0])
-    scores = ((g0 * x0).sum(-1) + (gv * value0).sum(-1)).detach()
+    scores = ((g0 * x0).sum(-1) + (gv * value0).flatten(2).sum(-1)).detach()
     return scores, logit.detach() - (scores * real).sum(-1)
 
 
@@ -424,7 +555,8 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     needs={ATTENTION, HIDDEN},
     applies=_applies("decompx", head=True),
     summary="DecompX: each token's share of the target logit, its vector propagated through attention, residuals, "
-    "LayerNorms, the FFN (activation linearised through the origin), pooler and classifier; signed.",
+    "norms, the FFN (activation linearised through the origin; a gated FFN's product split half and half), "
+    "pooler and classifier (or a language model's output embeddings); signed.",
     citation="Modarressi et al. 2023 (ACL); bias='absdot' as in the authors' code",
 )
 def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> MethodOutput:
@@ -440,6 +572,9 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
         raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")
     if bias == "token":
         return MethodOutput(decompx_token_scores(ctx, contrast)[0])
+    if _anatomy(ctx.model).pre_ln:
+        raise InputError("decompx bias='absdot' (sharing each bias among the tokens) is implemented for post-LN "
+                         "encoders; for this pre-LN model use bias='token' (the default)")
     contributions = decompx_logits(ctx, bias)[:, :-1]  # (B, N, C), the bias term (all zero here) dropped
     weights = _output_weights(ctx.capture.logits, ctx.targets, contrast)
     return MethodOutput(torch.einsum("bnc,bc->bn", contributions, weights))

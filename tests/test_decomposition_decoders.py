@@ -1,0 +1,275 @@
+"""attnnorm, globenc, alti and decompx on pre-LN decoders (GPT-2: LayerNorm, fused Conv1D projections, GELU;
+Llama: RMSNorm, grouped-query attention, gated SiLU MLP; Qwen2: a value bias) against a per-example loop over
+tokens and heads from the module weights, DecompX's decomposition identity and contrast, batch and padding
+invariance, generation steps, and the variants that do not apply."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from conftest import CLS, PAD, SEP, V
+from test_generation import _assert_steps_equal_their_prefixes
+
+from attnlens import Explainer, InputError
+from attnlens.architectures import ARCHITECTURES, build_tiny, register_architecture
+from attnlens.errors import ModelError
+
+NORM = ["attnnorm", "globenc", "alti", "decompx"]
+FAMILIES = ["gpt2", "llama", "qwen2"]
+TASKS = ["classification", "causal-lm"]
+TEXTS = ["the movie was really good", "bad", "a charming journey but the plot was boring"]
+
+
+def randomised(family: str, task: str, seed: int = 0) -> torch.nn.Module:
+    """A tiny decoder whose biases and norm scales are random too (HF initialises them to 0 and 1); Qwen2 with
+    4 query heads sharing 2 key/value heads (grouped-query attention, where the head order matters)."""
+    if family == "qwen2":
+        torch.manual_seed(seed)
+        config = transformers.Qwen2Config(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=24, max_position_embeddings=64,
+                                          pad_token_id=PAD, initializer_range=0.3, attn_implementation="eager")
+        cls = transformers.Qwen2ForCausalLM if task == "causal-lm" else transformers.Qwen2ForSequenceClassification
+        model = cls(config)
+    else:
+        model = build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, seed=seed,
+                           task=task)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            elif ("norm" in name.lower() or "ln_" in name) and name.endswith("weight"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+class Reference:
+    """One unpadded example through a tiny decoder, the formulas written out per token and head from the
+    weights (in ``(in, out)`` orientation), read at the last position."""
+
+    def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+        self.model, self.gpt2 = model, model.config.model_type == "gpt2"
+        with torch.no_grad():  # the inputs the explainer passes (GPT-2 embeds token type ids where given)
+            out = model(**inputs, output_attentions=True, output_hidden_states=True)
+        self.hidden = [h[0] for h in out.hidden_states]
+        self.attn = [a[0] for a in out.attentions]
+        self.logits = out.logits[0, -1] if out.logits.dim() == 3 else out.logits[0]
+        self.n, self.heads = self.attn[0].shape[-1], self.attn[0].shape[0]
+        base = model.base_model
+        self.blocks = base.h if self.gpt2 else base.layers
+        self.final = base.ln_f if self.gpt2 else base.norm
+
+    def pieces(self, l: int) -> dict:
+        b = self.blocks[l]
+        if self.gpt2:
+            d = self.hidden[0].shape[1]
+            return dict(ln1=b.ln_1, ln2=b.ln_2, wv=b.attn.c_attn.weight[:, 2 * d:], bv=b.attn.c_attn.bias[2 * d:],
+                        wo=b.attn.c_proj.weight, bo=b.attn.c_proj.bias, w_in=b.mlp.c_fc.weight, b_in=b.mlp.c_fc.bias,
+                        w_out=b.mlp.c_proj.weight, b_out=b.mlp.c_proj.bias, act=b.mlp.act, w_gate=None)
+        a, m = b.self_attn, b.mlp
+        zero = torch.zeros(a.v_proj.weight.shape[0])
+        return dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, wv=a.v_proj.weight.T,
+                    bv=zero if a.v_proj.bias is None else a.v_proj.bias, wo=a.o_proj.weight.T,
+                    bo=torch.zeros(a.o_proj.weight.shape[0]), w_in=m.up_proj.weight.T, b_in=0.0,
+                    w_out=m.down_proj.weight.T, b_out=0.0, act=m.act_fn, w_gate=m.gate_proj.weight.T)
+
+    @staticmethod
+    def norm_linear(norm, v: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """The norm's linear part on a summand ``v`` of the real input ``real`` (one token), scale of ``real``."""
+        if isinstance(norm, torch.nn.LayerNorm):
+            return (v - v.mean()) / torch.sqrt(real.var(unbiased=False) + norm.eps) * norm.weight
+        return v / torch.sqrt(real.pow(2).mean() + norm.variance_epsilon) * norm.weight
+
+    @staticmethod
+    def norm_bias(norm) -> torch.Tensor:
+        return norm.bias if isinstance(norm, torch.nn.LayerNorm) else torch.zeros_like(norm.weight)
+
+    def f(self, l: int, h: int, j: int) -> torch.Tensor:
+        """f^h(LN1(x_j)) = (LN1(x_j) W_V^h + b_V^h) W_O^h, the key/value head of query head h for GQA."""
+        p = self.pieces(l)
+        v = p["ln1"](self.hidden[l][j]) @ p["wv"] + p["bv"]
+        dh = p["wo"].shape[0] // self.heads
+        kv = h // (self.heads // (v.shape[0] // dh))
+        return v[kv * dh:(kv + 1) * dh] @ p["wo"][h * dh:(h + 1) * dh]
+
+    def z(self, l: int, i: int, j: int, residual: bool = True) -> torch.Tensor:
+        out = sum(self.attn[l][h, i, j] * self.f(l, h, j) for h in range(self.heads))
+        return out + self.hidden[l][i] if residual and i == j else out
+
+    def y(self, l: int, i: int) -> torch.Tensor:
+        """The residual stream after layer l's attention block at token i."""
+        return sum(self.z(l, i, j) for j in range(self.n)) + self.pieces(l)["bo"]
+
+    def rollout_last(self, entry) -> np.ndarray:
+        joint = None
+        for l in range(len(self.attn)):
+            m = torch.tensor([[float(entry(l, i, j)) for j in range(self.n)] for i in range(self.n)])
+            joint = m if joint is None else m @ joint
+        return joint[-1].numpy()
+
+    @torch.no_grad()
+    def attnnorm(self, residual: bool) -> np.ndarray:
+        l, c = len(self.attn) - 1, self.n - 1
+        return np.array([float(self.z(l, c, j, residual).norm()) for j in range(self.n)])
+
+    @torch.no_grad()
+    def globenc(self, normalize: bool) -> np.ndarray:
+        def entry(l: int, i: int, j: int) -> float:
+            norms = [float(self.z(l, i, k).norm()) for k in range(self.n)]
+            return norms[j] / sum(norms) if normalize else norms[j]
+        return self.rollout_last(entry)
+
+    @torch.no_grad()
+    def alti(self) -> np.ndarray:
+        def c(l: int, i: int, j: int) -> float:
+            y = self.y(l, i)
+            row = [max(0.0, float(y.abs().sum() - (y - self.z(l, i, k)).abs().sum())) for k in range(self.n)]
+            return row[j] / sum(row)
+        return self.rollout_last(c)
+
+    @torch.no_grad()
+    def decompx_token(self, weights: torch.Tensor) -> tuple[np.ndarray, float]:
+        """Each source's vectors propagated alone through the network with attention, norm scales and activation
+        ratios frozen (a gated product split half and half), the biases propagated alone; ``weights`` over the
+        logits at the last position: (scores, bias)."""
+        n, d = self.hidden[0].shape
+        real = []  # per layer: the real y (after attention), the FFN pre-activations, the layer output
+        for l in range(len(self.attn)):
+            p = self.pieces(l)
+            y = torch.stack([self.y(l, i) for i in range(n)])
+            m = p["ln2"](y)
+            g = None if p["w_gate"] is None else m @ p["w_gate"]
+            u = m @ p["w_in"] + p["b_in"]
+            act = p["act"](u) if g is None else p["act"](g) * u
+            real.append((y, g, u, y + act @ p["w_out"] + p["b_out"]))
+
+        def propagate(e: torch.Tensor, source: int | None) -> float:
+            biases = source is None
+            for l in range(len(self.attn)):
+                p, (y_real, g_real, u_real, _) = self.pieces(l), real[l]
+                x_real = self.hidden[l]
+                a = torch.stack([self.norm_linear(p["ln1"], e[i], x_real[i]) for i in range(n)])
+                v = a @ p["wv"]
+                if l == 0 and source is not None:  # layer 1: the token's whole value vector goes with it
+                    v[source] += self.norm_bias(p["ln1"]) @ p["wv"] + p["bv"]
+                if l > 0 and biases:
+                    v = v + self.norm_bias(p["ln1"]) @ p["wv"] + p["bv"]
+                dh = p["wo"].shape[0] // self.heads
+                rep = self.heads // (v.shape[1] // dh)
+                att = torch.zeros(n, d)
+                for h in range(self.heads):
+                    vh = v[:, (h // rep) * dh:(h // rep + 1) * dh]
+                    att += self.attn[l][h] @ vh @ p["wo"][h * dh:(h + 1) * dh]
+                r = e + att + (p["bo"] if biases else 0)
+                m = torch.stack([self.norm_linear(p["ln2"], r[i], y_real[i]) for i in range(n)])
+                m = m + (self.norm_bias(p["ln2"]) if biases else 0)
+                u = m @ p["w_in"] + (p["b_in"] if biases else 0)
+                if g_real is None:
+                    hidden = u * p["act"](u_real) / u_real
+                else:
+                    g = (m @ p["w_gate"]) * p["act"](g_real) / g_real
+                    hidden = 0.5 * (g * u_real + p["act"](g_real) * u)
+                e = r + hidden @ p["w_out"] + (p["b_out"] if biases else 0)
+            last = real[-1][3][-1]
+            state = self.norm_linear(self.final, e[-1], last) + (self.norm_bias(self.final) if biases else 0)
+            head = self.model.get_output_embeddings() if self.logits.shape[0] == V else self.model.score
+            logits = state @ head.weight.T + (head.bias if biases and head.bias is not None else 0)
+            return float((logits * weights).sum())
+
+        scores = []
+        for k in range(n):
+            e = torch.zeros(n, d)
+            e[k] = self.hidden[0][k]
+            scores.append(propagate(e, k))
+        return np.array(scores), propagate(torch.zeros(n, d), None)
+
+
+@pytest.fixture(scope="module", params=[(f, t) for f in FAMILIES for t in TASKS], ids=lambda p: f"{p[0]}-{p[1]}")
+def case(request, tokenizer):
+    family, task = request.param
+    model = randomised(family, task)
+    ex = Explainer(model, tokenizer)
+    (e,) = ex.explain([TEXTS[0]], methods=["rawatt"])
+    ctx, _ = ex.compute_batch(ex.encode([TEXTS[0]]), [-1], [], {})
+    assert ctx.inputs["input_ids"][0].tolist() == e.input_ids
+    return ex, Reference(model, ctx.inputs), e
+
+
+def test_norm_methods_match_the_loop(case):
+    ex, ref, _ = case
+    (e,) = ex.explain([TEXTS[0]], methods=["attnnorm", "globenc", "alti"])
+    (r,) = ex.explain([TEXTS[0]], methods=["attnnorm"], options={"attnnorm": {"variant": "attn_res"}})
+    np.testing.assert_allclose(e.scores["attnnorm"], ref.attnnorm(False), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(r.scores["attnnorm"], ref.attnnorm(True), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(e.scores["globenc"], ref.globenc(normalize=True), rtol=1e-4, atol=1e-6)
+    (u,) = ex.explain([TEXTS[0]], methods=["globenc"], options={"globenc": {"normalize": False}})
+    product = ref.globenc(normalize=False)  # up to a positive constant per example (kept finite)
+    np.testing.assert_allclose(u.scores["globenc"] / u.scores["globenc"].sum(), product / product.sum(), rtol=1e-4,
+                               atol=1e-6)
+    alti = ref.alti()
+    np.testing.assert_allclose(e.scores["alti"], alti, rtol=1e-4, atol=1e-6)
+    assert abs(alti.sum() - 1) < 1e-5 and np.abs(alti).max() > 0
+
+
+def test_decompx_matches_the_loop_and_sums_to_the_logit(case):
+    ex, ref, e = case
+    targets = [int(e.predicted), (int(e.predicted) + 1) % len(ref.logits)]
+    for target in targets:
+        weights = torch.nn.functional.one_hot(torch.tensor(target), len(ref.logits)).float()
+        scores, bias = ref.decompx_token(weights)
+        # the identity, from the independent loop: token shares + propagated biases = the model's logit
+        assert abs(scores.sum() + bias - float(ref.logits[target])) < 1e-4
+        (d,) = ex.explain([TEXTS[0]], methods=["decompx"], target=target)
+        np.testing.assert_allclose(d.scores["decompx"], scores, rtol=1e-4, atol=1e-5)
+    if ref.gpt2:  # random biases: the test can tell a bias term from none
+        assert abs(bias) > 1e-2
+    # a contrastive target decomposes z_t − z_c (DecompX is linear in the logits)
+    t, c = targets
+    w = (torch.nn.functional.one_hot(torch.tensor(t), len(ref.logits))
+         - torch.nn.functional.one_hot(torch.tensor(c), len(ref.logits))).float()
+    (both,) = ex.explain([TEXTS[0]], methods=["decompx"], target=t, contrast=c)
+    np.testing.assert_allclose(both.scores["decompx"], ref.decompx_token(w)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batch_and_padding_invariance(family, tokenizer):
+    ex = Explainer(randomised(family, "causal-lm"), tokenizer)
+    batch = ex.explain(TEXTS, methods=NORM, batch_size=len(TEXTS))
+    for text, e in zip(TEXTS, batch):
+        (alone,) = ex.explain([text], methods=NORM)
+        for m in NORM:
+            np.testing.assert_allclose(e.scores[m], alone.scores[m], rtol=1e-4, atol=1e-5, err_msg=f"{family} {m}")
+            assert np.isfinite(e.scores[m]).all() and np.abs(e.scores[m]).max() > 0
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_each_generation_step_equals_its_prefix(family, tokenizer):
+    ex = Explainer(randomised(family, "causal-lm"), tokenizer)
+    g = ex.explain_generation("the movie was really", max_new_tokens=4, methods=NORM)
+    assert all(np.abs(g.scores[m]).max() > 0 for m in NORM)
+    _assert_steps_equal_their_prefixes(ex, g, NORM)
+
+
+def test_what_does_not_apply_to_a_pre_ln_model_is_one_clear_error(tokenizer):
+    ex = Explainer(randomised("gpt2", "causal-lm"), tokenizer)
+    with pytest.raises(InputError, match="attn_res_ln.*pre-LN"):
+        ex.explain("good", methods=["attnnorm"], options={"attnnorm": {"variant": "attn_res_ln"}})
+    with pytest.raises(InputError, match="absdot.*post-LN encoders"):
+        ex.explain("good", methods=["decompx"], options={"decompx": {"bias": "absdot"}})
+
+
+def test_a_wrong_decoder_anatomy_is_an_error_not_a_wrong_score(tokenizer):
+    old = ARCHITECTURES["llama"]
+    swapped = dataclasses.replace(old.anatomy, ln1=old.anatomy.ln2, ln2=old.anatomy.ln1)
+    register_architecture(dataclasses.replace(old, anatomy=swapped))
+    try:
+        ex = Explainer(randomised("llama", "causal-lm"), tokenizer)
+        for m in NORM:
+            with pytest.raises(ModelError, match="anatomy does not describe it"):
+                ex.explain("a charming journey", methods=[m])
+    finally:
+        register_architecture(old)
