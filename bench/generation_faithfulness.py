@@ -13,7 +13,8 @@ Only the ``{text}`` tokens are ever taken out. AOPC deletes the top 0, 10, ..., 
 replaces them by the pad token (lower is better). Run: ``python bench/generation_faithfulness.py [--sst2 100]
 [--methods all] [--ig-steps 20] [--json out.json]``; prints a Markdown table. A long SST-2 run can go in chunks
 (``--tasks SST-2 --sst2-from 50 --sst2 50 --json part2.json``, also in parallel processes), joined with
-``--merge part1.json part2.json --json all.json`` (per-example rows concatenated, means recomputed).
+``--merge part1.json part2.json --json all.json`` (per-example rows concatenated, means recomputed); a run of
+other methods over the same examples (``--methods attnnorm,alti``) adds them the same way.
 """
 
 from __future__ import annotations
@@ -59,18 +60,28 @@ def table(results: dict[str, dict]) -> str:
 
 
 def merge(runs: list[dict]) -> dict:
-    """One result from chunked runs of the same tasks and methods: examples concatenated in the order given,
-    accuracy and per-method means recomputed over them (a metric missing on an example is left out of its mean),
-    seconds added."""
+    """One result from runs of the same task: chunks of the same methods over different examples are concatenated
+    (in the order given), and a run of other methods over the same examples (same ids, in the same order) adds
+    its methods to them; accuracy and per-method means are recomputed (a metric missing on an example is left out
+    of its mean), seconds added."""
     results: dict[str, dict] = {}
     seconds: dict[str, float] = {}
     for run in runs:
         for name, r in run["results"].items():
-            if name in results and list(results[name]["methods"]) != list(r["methods"]):
-                raise SystemExit(f"{name}: the chunks ran different methods; merge runs of the same methods")
-            into = results.setdefault(name, {**r, "examples": []})
-            into["examples"] = into["examples"] + r["examples"]
             seconds[name] = seconds.get(name, 0.0) + run["seconds"][name]
+            into = results.get(name)
+            if into is None:
+                results[name] = {**r, "examples": [dict(e) for e in r["examples"]], "methods": dict(r["methods"])}
+            elif set(into["methods"]) == set(r["methods"]):
+                into["examples"] += [dict(e) for e in r["examples"]]
+            elif [e["id"] for e in into["examples"]] == [e["id"] for e in r["examples"]] and \
+                    not set(into["methods"]) & set(r["methods"]):
+                for e, extra in zip(into["examples"], r["examples"]):
+                    e.update({m: extra[m] for m in r["methods"]})
+                into["methods"].update(r["methods"])
+            else:
+                raise SystemExit(f"{name}: merge chunks of the same methods, or runs of different methods over the "
+                                 "same examples")
     for r in results.values():
         rows = r["examples"]
         r["n"] = len(rows)

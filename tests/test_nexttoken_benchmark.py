@@ -165,16 +165,21 @@ def test_chunked_generation_faithfulness_runs_merge_into_the_whole(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     from generation_faithfulness import merge
 
-    def run(values, correct, seconds, methods=("grads",)):
-        rows = [{"id": str(i), "correct": c, **{m: {"aopc": v} for m in methods}}
+    def run(values, correct, seconds, methods=("grads",), first=0):
+        rows = [{"id": str(first + i), "correct": c, **{m: {"aopc": v} for m in methods}}
                 for i, (v, c) in enumerate(zip(values, correct))]
         return {"results": {"SST-2": {"n": len(rows), "methods": {m: {"aopc": 0.0} for m in methods},
                                       "examples": rows, "accuracy": 0.0}}, "seconds": {"SST-2": seconds}}
 
-    merged = merge([run([0.1, 0.3], [True, False], 5.0), run([0.5, None], [True, True], 7.0)])
+    merged = merge([run([0.1, 0.3], [True, False], 5.0), run([0.5, None], [True, True], 7.0, first=2)])
     r = merged["results"]["SST-2"]
     assert r["n"] == 4 and r["accuracy"] == 0.75 and merged["seconds"]["SST-2"] == 12.0
     assert r["methods"]["grads"]["aopc"] == pytest.approx(0.3)
-    with pytest.raises(SystemExit, match="different methods"):
-        merge([run([0.1], [True], 1.0), run([0.1], [True], 1.0, methods=("rawatt",))])
+    # other methods over the same examples join them; then a chunk of all the methods continues them
+    joined = merge([run([0.1, 0.3], [True, False], 5.0), run([0.2, 0.4], [True, False], 1.0, methods=("alti",)),
+                    run([0.6], [True], 2.0, methods=("alti", "grads"), first=2)])["results"]["SST-2"]
+    assert [e["id"] for e in joined["examples"]] == ["0", "1", "2"] and set(joined["methods"]) == {"grads", "alti"}
+    assert joined["methods"]["alti"]["aopc"] == pytest.approx(0.4) and joined["examples"][1]["alti"]["aopc"] == 0.4
+    with pytest.raises(SystemExit, match="same methods, or runs of different methods over the same examples"):
+        merge([run([0.1], [True], 1.0), run([0.1], [True], 1.0, methods=("rawatt",), first=1)])
     del sys.modules["generation_faithfulness"]
