@@ -37,6 +37,18 @@ def randomised(family: str, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+def by_source(propagate, x0: torch.Tensor) -> tuple[np.ndarray, float]:
+    """DecompX written out: each token's input vector propagated alone (``propagate(e, k)`` with only row k of
+    ``e`` set), then the biases alone (``propagate(0, None)``): ``(scores, bias term)``."""
+    n, d = x0.shape
+    scores = []
+    for k in range(n):
+        e = torch.zeros(n, d)
+        e[k] = x0[k]
+        scores.append(propagate(e, k))
+    return np.array(scores), propagate(torch.zeros(n, d), None)
+
+
 # --------------------------------------------------------------------------- an independent per-example pass
 class Reference:
     """One example through a tiny BERT without padding, with each layer's pieces read by hooks, and the formulas
@@ -170,12 +182,7 @@ class Reference:
             p = p * torch.tanh(pre) / pre
             return float((p @ classifier.weight.T + (classifier.bias if biases else 0))[target])
 
-        scores = []
-        for k in range(n):
-            e = torch.zeros(n, d)
-            e[k] = self.hidden[0][k]
-            scores.append(propagate(e, k))
-        return np.array(scores), propagate(torch.zeros(n, d), None)
+        return by_source(propagate, self.hidden[0])
 
 
 @pytest.fixture(scope="module")
@@ -335,12 +342,13 @@ def test_unsupported_models_are_skipped_or_refused(tokenizer):
         bert.explain("good", methods=["attnnorm"], options={"attnnorm": {"variant": "x"}})
 
 
-def test_a_wrong_anatomy_is_an_error_not_a_wrong_score(tokenizer):
-    old = ARCHITECTURES["bert"]
+@pytest.mark.parametrize("family", ["bert", "llama"])  # a post-LN encoder, a pre-LN decoder
+def test_a_wrong_anatomy_is_an_error_not_a_wrong_score(family, tokenizer):
+    old = ARCHITECTURES[family]
     swapped = dataclasses.replace(old.anatomy, ln1=old.anatomy.ln2, ln2=old.anatomy.ln1)
     register_architecture(dataclasses.replace(old, anatomy=swapped))
     try:
-        ex = Explainer(randomised("bert"), tokenizer)
+        ex = Explainer(randomised(family), tokenizer)
         for m in NORM:
             with pytest.raises(ModelError, match="anatomy does not describe it"):
                 ex.explain("a charming journey", methods=[m])

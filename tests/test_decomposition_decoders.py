@@ -1,22 +1,20 @@
 """attnnorm, globenc, alti and decompx on pre-LN decoders (GPT-2: LayerNorm, fused Conv1D projections, GELU;
 Llama: RMSNorm, grouped-query attention, gated SiLU MLP; Qwen2: a value bias) against a per-example loop over
 tokens and heads from the module weights, DecompX's decomposition identity and contrast, batch and padding
-invariance, generation steps, and the variants that do not apply."""
+invariance, generation steps, and the variants that do not apply (a wrong anatomy: test_decomposition.py)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
 import torch
 import transformers
 from conftest import CLS, PAD, SEP, V
+from test_decomposition import by_source
 from test_generation import _assert_steps_equal_their_prefixes
 
 from attnlens import Explainer, InputError
-from attnlens.architectures import ARCHITECTURES, build_tiny, register_architecture
-from attnlens.errors import ModelError
+from attnlens.architectures import build_tiny
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
 FAMILIES = ["gpt2", "llama", "qwen2"]
@@ -180,12 +178,7 @@ class Reference:
             logits = state @ head.weight.T + (head.bias if biases and head.bias is not None else 0)
             return float((logits * weights).sum())
 
-        scores = []
-        for k in range(n):
-            e = torch.zeros(n, d)
-            e[k] = self.hidden[0][k]
-            scores.append(propagate(e, k))
-        return np.array(scores), propagate(torch.zeros(n, d), None)
+        return by_source(propagate, self.hidden[0])
 
 
 @pytest.fixture(scope="module", params=[(f, t) for f in FAMILIES for t in TASKS], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -260,16 +253,3 @@ def test_what_does_not_apply_to_a_pre_ln_model_is_one_clear_error(tokenizer):
         ex.explain("good", methods=["attnnorm"], options={"attnnorm": {"variant": "attn_res_ln"}})
     with pytest.raises(InputError, match="absdot.*post-LN encoders"):
         ex.explain("good", methods=["decompx"], options={"decompx": {"bias": "absdot"}})
-
-
-def test_a_wrong_decoder_anatomy_is_an_error_not_a_wrong_score(tokenizer):
-    old = ARCHITECTURES["llama"]
-    swapped = dataclasses.replace(old.anatomy, ln1=old.anatomy.ln2, ln2=old.anatomy.ln1)
-    register_architecture(dataclasses.replace(old, anatomy=swapped))
-    try:
-        ex = Explainer(randomised("llama", "causal-lm"), tokenizer)
-        for m in NORM:
-            with pytest.raises(ModelError, match="anatomy does not describe it"):
-                ex.explain("a charming journey", methods=[m])
-    finally:
-        register_architecture(old)
