@@ -31,7 +31,7 @@ from ..architectures import HEAD_ACTIVATIONS, Anatomy, architecture_for
 from ..context import BatchContext, Capture
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
-from ..prefixes import last_positions
+from ..prefixes import last_positions, row_gradients
 from .attention import propagate
 from .registry import ATTENTION, HIDDEN, MethodOutput, register
 
@@ -179,21 +179,38 @@ def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Te
         )
 
 
+def _pass(ctx: BatchContext) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """Hidden states, attention maps and real positions to recompute the layers from: the batch's, or, when its
+    rows are prefixes of one sequence (a generation's steps), that sequence's alone (a batch of one), since a
+    prefix's matrices are the top-left block of the sequence's (causal masking)."""
+    cap = ctx.capture
+    if ctx.sequence is None:
+        return list(cap.hidden), list(cap.attentions), cap.key_mask.bool()
+    real = ctx.sequence["attention_mask"].bool().to(cap.key_mask.device)
+    return [h[:1] for h in cap.hidden], [a[:1] for a in cap.attentions], real
+
+
+def _per_row(ctx: BatchContext, m: torch.Tensor) -> torch.Tensor:
+    """A matrix of the recomputed layers as one per row of the batch (the sequence's, viewed for every prefix)."""
+    return m.expand(ctx.token_mask.shape[0], *m.shape[1:]) if ctx.sequence is not None else m
+
+
 def model_layers(ctx: BatchContext) -> list[Layer]:
-    """Every layer of the batch recomputed from the shared pass (cached in ``ctx.cache`` for the other methods)."""
+    """Every layer of the batch (or of the sequence its rows are prefixes of) recomputed from the shared pass
+    (cached in ``ctx.cache`` for the other methods)."""
     if "decomposition.layers" in ctx.cache:
         return ctx.cache["decomposition.layers"]
-    cap, model = ctx.capture, ctx.model
+    model = ctx.model
     anatomy = _anatomy(model)
     blocks = _blocks(model)
     fused = architecture_for(model.config).layers.fused
     final = _final_norm(model, anatomy)
-    real = cap.key_mask.bool()
+    hidden, attentions, real = _pass(ctx)
     out: list[Layer] = []
     with torch.no_grad():
-        for i, (block, attn) in enumerate(zip(blocks, cap.attentions, strict=True)):
+        for i, (block, attn) in enumerate(zip(blocks, attentions, strict=True)):
             mods = _parts(block, model, anatomy)
-            x = cap.hidden[i]
+            x = hidden[i]
             h = attn.shape[1]
             a = mods["ln1"](x) if anatomy.pre_ln else x
             f = _head_outputs(mods, _values(mods, a, h, fused))
@@ -203,14 +220,14 @@ def model_layers(ctx: BatchContext) -> list[Layer]:
                 got = pre1 + ffn
                 if i == len(blocks) - 1 and final is not None:
                     got = final(got)  # the last hidden state is the final norm's output
-                _check_layer(model, i, got, cap.hidden[i + 1], real)
+                _check_layer(model, i, got, hidden[i + 1], real)
                 ones = x.new_ones(*x.shape[:2], 1)
                 out.append(Layer(x, attn, f, ones, pre1, theta, ones, mods, pre_ln=True))
                 continue
             y1 = mods["ln1"](pre1)
             ffn, theta = _ffn(mods, y1)
             pre2 = y1 + ffn
-            _check_layer(model, i, mods["ln2"](pre2), cap.hidden[i + 1], real)
+            _check_layer(model, i, mods["ln2"](pre2), hidden[i + 1], real)
             out.append(Layer(x, attn, f, _std(mods["ln1"], pre1), y1, theta, _std(mods["ln2"], pre2), mods))
     ctx.cache["decomposition.layers"] = out
     return out
@@ -305,7 +322,7 @@ def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
             m = _norm_matrix(layer, functools.partial(_ln_part, ln=layer.modules["ln1"]), 1 / layer.std1, True)
         else:
             m = _norm_matrix(layer, lambda v: v, None, variant == "attn_res")
-        mats.append(_real_pairs(cap, m))
+        mats.append(_real_pairs(cap, _per_row(ctx, m)))
     return _rows(cap, mats)
 
 
@@ -331,7 +348,7 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
     mats = []
     for layer in model_layers(ctx):
         if layer.pre_ln:
-            m = _real_pairs(cap, _norm_matrix(layer, lambda v: v, None, True))
+            m = _real_pairs(cap, _per_row(ctx, _norm_matrix(layer, lambda v: v, None, True)))
             if normalize is False:
                 m = m / m.sum(-1).amax(-1)[:, None, None].clamp_min(torch.finfo(m.dtype).tiny)
         else:
@@ -355,7 +372,7 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
 )
 def alti(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    mats = [_row_normalised(_real_pairs(cap, _alti_matrix(layer))) for layer in model_layers(ctx)]
+    mats = [_row_normalised(_real_pairs(cap, _per_row(ctx, _alti_matrix(layer)))) for layer in model_layers(ctx)]
     return _rolled_rows(cap, mats)
 
 
@@ -519,11 +536,12 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     blocks = _blocks(model)
     fused = architecture_for(model.config).layers.fused
     final = _final_norm(model, anatomy)
-    real = cap.key_mask.bool()
+    hidden, attentions, real = _pass(ctx)
+    rows_real = cap.key_mask.bool()
     with torch.enable_grad():
-        x0 = cap.hidden[0].detach().clone().requires_grad_(True)
+        x0 = hidden[0].detach().clone().requires_grad_(True)
         h, value0 = x0, None
-        for i, (block, attn) in enumerate(zip(blocks, cap.attentions, strict=True)):
+        for i, (block, attn) in enumerate(zip(blocks, attentions, strict=True)):
             mods = _parts(block, model, anatomy)
             v = _values(mods, _frozen_norm(h, mods["ln1"]) if anatomy.pre_ln else h, attn.shape[1], fused)
             if value0 is None:
@@ -537,17 +555,23 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
             else:
                 y = _frozen_norm(h + att, mods["ln1"])
                 h = _frozen_norm(y + _linear_ffn(mods, y), mods["ln2"])
-            _check_layer(model, i, h.detach(), cap.hidden[i + 1], real)
-        rows = torch.arange(h.shape[0], device=h.device)
-        state = h[rows, last_positions(real).to(h.device)] if anatomy.pre_ln else h[:, 0]
+            _check_layer(model, i, h.detach(), hidden[i + 1], real)
+        if anatomy.pre_ln:  # each row's last token (a generation's steps: each its own, in the one sequence)
+            last = last_positions(rows_real).to(h.device)
+            state = h[0, last] if ctx.sequence is not None else h[torch.arange(h.shape[0], device=h.device), last]
+        else:
+            state = h[:, 0]
         for linear, act in _head_steps(ctx, anatomy):
             state = linear(state)
             if act is not None:
                 state = _linearised(act, state)
         logit = (state * _output_weights(state.detach(), ctx.targets, contrast)).sum(-1)
-        g0, gv = torch.autograd.grad(logit.sum(), [x0, value0])
+        if ctx.sequence is None:
+            g0, gv = torch.autograd.grad(logit.sum(), [x0, value0])
+        else:  # each row's scalar through the one sequence: batched vector-Jacobian products
+            g0, gv = row_gradients(logit, [x0, value0])
     scores = ((g0 * x0).sum(-1) + (gv * value0).flatten(2).sum(-1)).detach()
-    return scores, logit.detach() - (scores * real).sum(-1)
+    return scores, logit.detach() - (scores * rows_real).sum(-1)
 
 
 @register(
