@@ -32,12 +32,19 @@ def _next_probs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 
 def test_predictor_reads_each_variants_last_token(lm):
-    variants = [Variant.of([CLS, 7, 8, 9, SEP]), Variant.of([CLS, 10, SEP]), Variant.of([CLS, 11, 12, 13, 14, 15])]
+    """Variants of different lengths in one batch (only their last positions projected onto the vocabulary), and
+    one whose last token is masked out (read at its last attended token)."""
+    masked = Variant((CLS, 16, 17, 18, 19), None, (1, 0, 1, 1, 0))  # "mask" mode: read at position 3
+    variants = [Variant.of([CLS, 7, 8, 9, SEP]), Variant.of([CLS, 10, SEP]), Variant.of([CLS, 11, 12, 13, 14, 15]),
+                masked]
     tokens = [20, 21, 22]
     vocab = NextTokenPredictor(lm.model, PAD, tokens, "vocab", batch_size=8)(variants)
     choices = NextTokenPredictor(lm.model, PAD, tokens, "choices", batch_size=8)(variants)
+    with torch.no_grad():
+        hole = lm.model(input_ids=torch.tensor([masked.input_ids]),
+                        attention_mask=torch.tensor([masked.attention_mask]))
     for v, pv, pc in zip(variants, vocab, choices):
-        p = _next_probs(lm.model, list(v.input_ids))
+        p = hole.logits[0, 3].double().softmax(-1) if v is masked else _next_probs(lm.model, list(v.input_ids))
         np.testing.assert_allclose(pv, p[tokens].numpy(), rtol=1e-4, atol=1e-7)
         np.testing.assert_allclose(pc, (p[tokens] / p[tokens].sum()).numpy(), rtol=1e-4, atol=1e-7)
 

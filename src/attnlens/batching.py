@@ -3,6 +3,7 @@ one batched scorer of token-id sequences (:func:`predict_batches`)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -69,6 +70,7 @@ def predict_batches(
     with_types: bool | None = False,
     probabilities: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = softmax,
     attention: str = "sdpa",
+    last_only: bool = False,
 ) -> np.ndarray:
     """Probabilities ``(len(ids), C)`` of token-id sequences of any lengths, in input order.
 
@@ -76,10 +78,14 @@ def predict_batches(
     model in eval mode and its attention set to ``attention`` (SDPA: no attention probabilities are needed), both
     restored afterwards. ``probabilities(logits, attention_mask)`` turns logits into probabilities (softmax by
     default; a head's own rule, e.g. multi-label sigmoids). ``with_types``: pass token types (zeros where a
-    sequence has none); ``None``: only in batches where every sequence has them. No sequences: ``(0, 0)``.
+    sequence has none); ``None``: only in batches where every sequence has them. ``last_only`` (language
+    models): ``probabilities`` gets each sequence's ``(B, V)`` logits at its last real position, and where the
+    model can (``logits_to_keep``) only the batch's distinct last positions are projected onto the vocabulary.
+    No sequences: ``(0, 0)``.
     """
     device = next(model.parameters()).device
     out: np.ndarray | None = None
+    keeps = last_only and "logits_to_keep" in inspect.signature(model.forward).parameters
     with explaining(model, attention), torch.no_grad():
         for idx in length_sorted_chunks([len(x) for x in ids], batch_size):
             types = None if type_ids is None else [type_ids[i] for i in idx]
@@ -89,7 +95,15 @@ def predict_batches(
                 [ids[i] for i in idx], pad_id, device, type_ids=types,
                 masks=None if masks is None else [masks[i] for i in idx], with_types=batch_types,
             )
-            probs = probabilities(model(**inputs).logits, inputs["attention_mask"]).float().cpu().numpy()
+            if last_only:
+                mask = inputs["attention_mask"]
+                last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # the last attended position (a mask may have holes)
+                kept, where = torch.unique(last, return_inverse=True)
+                logits = model(**inputs, **({"logits_to_keep": kept} if keeps else {})).logits
+                logits = logits[torch.arange(len(last), device=logits.device), where if keeps else last]
+            else:
+                logits = model(**inputs).logits
+            probs = probabilities(logits, inputs["attention_mask"]).float().cpu().numpy()
             if out is None:
                 out = np.zeros((len(ids), probs.shape[1]), dtype=np.float64)
             out[idx] = probs

@@ -52,7 +52,8 @@ class PromptExample:
 class NextTokenPredictor:
     """Probabilities of ``tokens`` as the next token after each variant (a :data:`~.perturb.Predict`).
 
-    The prediction is read at each variant's last attended position (variants are right-padded). ``normalize``:
+    The prediction is read at each variant's last attended position (variants are right-padded; only those
+    positions are projected onto the vocabulary where the model allows). ``normalize``:
     ``"vocab"`` the softmax over the whole vocabulary, ``"choices"`` the softmax over ``tokens`` only (a
     zero-shot classifier's probabilities). No gradients; SDPA attention while scoring.
     """
@@ -66,9 +67,7 @@ class NextTokenPredictor:
         self.normalize = normalize
 
     def _probabilities(self, logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        n = attention_mask.shape[1]
-        last = n - 1 - attention_mask.flip(1).argmax(1)  # the last position with mask 1
-        rows = logits[torch.arange(logits.shape[0], device=logits.device), last.to(logits.device)].float()
+        rows = logits.float()  # (B, V): each variant's last real position (predict_batches' last_only)
         tokens = self.tokens.to(rows.device)
         if self.normalize == "choices":
             return rows[:, tokens].softmax(-1)
@@ -79,7 +78,8 @@ class NextTokenPredictor:
         if any(len(v) == 0 for v in variants):
             raise InputError("a perturbed prompt is empty: the template must keep at least one token")
         return predict_batches(self.model, [v.input_ids for v in variants], self.pad_token_id, self.batch_size,
-                               masks=[v.attention_mask for v in variants], probabilities=self._probabilities)
+                               masks=[v.attention_mask for v in variants], probabilities=self._probabilities,
+                               last_only=True)
 
 
 def first_token(tokenizer: Any, text: str) -> int:
