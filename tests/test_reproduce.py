@@ -72,3 +72,13 @@ def test_section_4_is_replaced_and_the_rest_kept(reproduce, tmp_path):
     assert fresh.read_text().startswith("# Reproduction report\n\n## 1. One\n\n## 5. Issue 11")
     assert json.loads(json.dumps(reproduce.issue11_args("sst2-dev", ROOT / "results" / "issue11")))[-1] == \
         "results/issue11/sst2-dev"
+
+
+def test_a_hand_written_section_is_carried_over(reproduce, tmp_path):
+    doc = tmp_path / "reproduction.md"
+    doc.write_text("# Reproduction report\n\n## 3. Speed\n\nx\n\n## 4. Generation: on an LLM\n\n| a | b |\nby hand\n\n"
+                   "## 5. Issue 11\n\ny\n")
+    assert reproduce.kept_section(doc, "## 4. Generation") == ["## 4. Generation: on an LLM", "", "| a | b |",
+                                                               "by hand", ""]
+    assert reproduce.kept_section(doc, "## 7. None") is None
+    assert reproduce.kept_section(tmp_path / "missing.md", "## 4. Generation") is None
