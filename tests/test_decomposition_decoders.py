@@ -228,9 +228,10 @@ def test_decompx_matches_the_loop_and_sums_to_the_logit(case):
     np.testing.assert_allclose(both.scores["decompx"], ref.decompx_token(w)[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_batch_and_padding_invariance(family, tokenizer):
-    ex = Explainer(randomised(family, "causal-lm"), tokenizer)
+def test_batch_and_padding_invariance(family, task, tokenizer):
+    ex = Explainer(randomised(family, task), tokenizer)
     batch = ex.explain(TEXTS, methods=NORM, batch_size=len(TEXTS))
     for text, e in zip(TEXTS, batch):
         (alone,) = ex.explain([text], methods=NORM)
