@@ -442,6 +442,9 @@ def decompx_logits(ctx: BatchContext, bias: str = "absdot") -> torch.Tensor:
         return ctx.cache[key]
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
+    if anatomy.pre_ln:
+        raise InputError("decompx bias='absdot' (sharing each bias among the tokens) and decompx_logits are "
+                         "implemented for post-LN encoders; for this pre-LN model use bias='token' (the default)")
     layers = model_layers(ctx)
     x0 = cap.hidden[0]
     bsz, n, d = x0.shape
@@ -596,9 +599,6 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
         raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")
     if bias == "token":
         return MethodOutput(decompx_token_scores(ctx, contrast)[0])
-    if _anatomy(ctx.model).pre_ln:
-        raise InputError("decompx bias='absdot' (sharing each bias among the tokens) is implemented for post-LN "
-                         "encoders; for this pre-LN model use bias='token' (the default)")
     contributions = decompx_logits(ctx, bias)[:, :-1]  # (B, N, C), the bias term (all zero here) dropped
     weights = _output_weights(ctx.capture.logits, ctx.targets, contrast)
     return MethodOutput(torch.einsum("bnc,bc->bn", contributions, weights))
