@@ -240,10 +240,13 @@ def test_batch_and_padding_invariance(family, task, tokenizer):
             assert np.isfinite(e.scores[m]).all() and np.abs(e.scores[m]).max() > 0
 
 
+@pytest.mark.parametrize("batch_size", [16, 3])  # one batch of steps; two, each over its own sequence
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_each_generation_step_equals_its_prefix(family, tokenizer):
+def test_each_generation_step_equals_its_prefix(family, batch_size, tokenizer):
     ex = Explainer(randomised(family, "causal-lm"), tokenizer)
-    g = ex.explain_generation("the movie was really", max_new_tokens=4, methods=NORM)
+    g = ex.explain_generation("the movie was really", target=" good but the plot was boring", methods=NORM,
+                              batch_size=batch_size)
+    assert len(g.generated_ids) == 6
     assert all(np.abs(g.scores[m]).max() > 0 for m in NORM)
     _assert_steps_equal_their_prefixes(ex, g, NORM)
 
