@@ -437,28 +437,31 @@ def issue11_findings(res: dict[str, dict[str, Any]], rows: list[dict[str, Any]])
     return out
 
 
-def kept_section(doc: Path, heading: str) -> list[str] | None:
-    """The lines of the section starting with ``heading`` in the current ``doc`` (up to the next ``## ``), or
-    ``None``: a section whose analysis is written by hand is carried over, not rendered again."""
-    text = doc.read_text(encoding="utf-8") if doc.is_file() else ""
+def section_span(text: str, heading: str) -> tuple[int, int] | None:
+    """Where the section starting with ``heading`` is in ``text``: from the heading to the next ``## `` heading
+    (or the end), or ``None``."""
     start = text.find(heading)
     if start < 0:
         return None
     end = text.find("\n## ", start + 1)
-    return text[start: None if end < 0 else end].rstrip("\n").split("\n") + [""]
+    return start, len(text) if end < 0 else end
+
+
+def kept_section(doc: Path, heading: str) -> list[str] | None:
+    """The lines of the section starting with ``heading`` in the current ``doc`` (up to the next ``## ``), or
+    ``None``: a section whose analysis is written by hand is carried over, not rendered again."""
+    text = doc.read_text(encoding="utf-8") if doc.is_file() else ""
+    span = section_span(text, heading)
+    return None if span is None else text[span[0]: span[1]].rstrip("\n").split("\n") + [""]
 
 
 def write_issue11(doc: Path, out: Path) -> None:
     """Replace (or append) section 5 of ``doc``, leaving the other sections as they are."""
     text = doc.read_text(encoding="utf-8") if doc.is_file() else "# Reproduction report\n"
     section = "\n".join(issue11_section(out)).rstrip() + "\n"
-    start = text.find("## 5. Issue 11")
-    if start < 0:
-        text = text.rstrip() + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + ("" if end < 0 else text[end:])
-    doc.write_text(text, encoding="utf-8")
+    span = section_span(text, "## 5. Issue 11")
+    new = text.rstrip() + "\n\n" + section if span is None else text[:span[0]] + section + text[span[1]:]
+    doc.write_text(new, encoding="utf-8")
 
 
 def run_issue11(out: Path, names: list[str]) -> None:

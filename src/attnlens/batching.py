@@ -59,6 +59,11 @@ def softmax(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     return logits.float().softmax(-1)
 
 
+def keeps_logits(model: nn.Module) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (project only some positions onto the vocabulary)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def predict_batches(
     model: nn.Module,
     ids: Sequence[Sequence[int]],
@@ -85,7 +90,7 @@ def predict_batches(
     """
     device = next(model.parameters()).device
     out: np.ndarray | None = None
-    keeps = last_only and "logits_to_keep" in inspect.signature(model.forward).parameters
+    keeps = last_only and keeps_logits(model)
     with explaining(model, attention), torch.no_grad():
         for idx in length_sorted_chunks([len(x) for x in ids], batch_size):
             types = None if type_ids is None else [type_ids[i] for i in idx]

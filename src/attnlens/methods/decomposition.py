@@ -348,13 +348,14 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
     mats = []
     for layer in model_layers(ctx):
         if layer.pre_ln:
-            m = _real_pairs(cap, _per_row(ctx, _norm_matrix(layer, lambda v: v, None, True)))
-            if normalize is False:
-                m = m / m.sum(-1).amax(-1)[:, None, None].clamp_min(torch.finfo(m.dtype).tiny)
+            m = _norm_matrix(layer, lambda v: v, None, True)
         else:
             ln1, ln2 = layer.modules["ln1"], layer.modules["ln2"]
-            m = _real_pairs(cap, _norm_matrix(layer, lambda v, ln1=ln1, ln2=ln2: _ln_part(_ln_part(v, ln1), ln2),
-                                              1 / (layer.std1 * layer.std2), True))
+            m = _norm_matrix(layer, lambda v, ln1=ln1, ln2=ln2: _ln_part(_ln_part(v, ln1), ln2),
+                             1 / (layer.std1 * layer.std2), True)
+        m = _real_pairs(cap, _per_row(ctx, m))
+        if layer.pre_ln and normalize is False:
+            m = m / m.sum(-1).amax(-1)[:, None, None].clamp_min(torch.finfo(m.dtype).tiny)
         mats.append(_row_normalised(m) if normalize or (normalize is None and layer.pre_ln) else m)
     return _rolled_rows(cap, mats)
 

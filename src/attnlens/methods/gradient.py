@@ -11,7 +11,6 @@ it also checks completeness per input and can choose the number of steps from a 
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 from captum.attr import InputXGradient, Saliency
 
+from ..batching import keeps_logits
 from ..context import BatchContext
 from ..errors import InputError
 from ..memory import backward_row_bytes, model_dims, rows_that_fit
@@ -84,7 +84,7 @@ def _sequence_forward(ctx: BatchContext, base_ids: torch.Tensor) -> tuple[Callab
     # Only each row's last position is read: where the model can, project only those onto the vocabulary (the
     # LM head is a fifth of a small LLM's forward, and its backward would otherwise run over every position)
     last = last_positions(ctx.token_mask)
-    keep = {"logits_to_keep": last} if "logits_to_keep" in inspect.signature(ctx.model.forward).parameters else {}
+    keep = {"logits_to_keep": last} if keeps_logits(ctx.model) else {}
     ones = torch.ones(len(last), 1, dtype=ctx.token_mask.dtype, device=last.device)
 
     def forward(points: torch.Tensor) -> torch.Tensor:
