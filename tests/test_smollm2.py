@@ -162,6 +162,18 @@ def test_the_shorthand_loads_a_causal_lm_that_continues_with_paris(smollm2_expla
 
 @pytest.mark.slow
 @needs_llm
+def test_smollm2_tokens_are_shown_as_text(smollm2_explainer):
+    """SmolLM2's tokenizer is byte-level BPE: the explanation keeps its tokens (``ĠcafÃ©``), the views read café."""
+    from attnlens.viz.terminal import render_terminal
+
+    exp = smollm2_explainer.explain("Le café est naïf", methods="rawatt")[0]
+    assert exp.meta["token_encoding"] == "byte-level" and any("Ã" in t for t in exp.tokens)
+    shown = render_terminal(exp, color=False)
+    assert "café" in shown and "Ã" not in shown and "Ġ" not in shown
+
+
+@pytest.mark.slow
+@needs_llm
 def test_one_forward_over_the_generation_equals_a_row_per_step_on_smollm2(smollm2_explainer, monkeypatch):
     """On the real Llama-family model (30 layers, grouped-query rotary attention, RMSNorm): the steps read from
     one forward (batched vector-Jacobian products, one LRP pass) equal each step run as its own row."""

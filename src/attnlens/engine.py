@@ -22,6 +22,7 @@ from .methods import get_method, resolve_methods
 from .methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from .modelstate import explaining
 from .progress import ExplainProgress, ProgressCallback, planned_passes
+from .tokentext import encoding_meta
 
 if TYPE_CHECKING:
     from .explainer import Explainer
@@ -221,6 +222,7 @@ def explain_batch(
         "attention": ex.stream,
         "target_kind": target_kind,
         **head.meta(),
+        **encoding_meta(ex.tokenizer),
         "options": {k: v for k, v in method_options.items() if v},
         "attnlens": __version__,
     }

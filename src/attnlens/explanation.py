@@ -18,6 +18,7 @@ import numpy as np
 
 from .data import iter_jsonl
 from .errors import InputError
+from .tokentext import BYTE_LEVEL, readable
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
 _SUBWORD_MARKS = ("##", "Ġ", "▁")
@@ -165,8 +166,10 @@ class Explanation:
             source = self.text[seq or 0] if isinstance(self.text, list) else self.text
             start = min(self.offsets[i][0] for i in group)
             end = max(self.offsets[i][1] for i in group)
-            if end > start:
-                return source[start:end]
+            if end > start:  # byte-level tokenizers' offsets take in the space before a word
+                return source[start:end].strip() or source[start:end]
+        if self.meta.get("token_encoding") == BYTE_LEVEL:  # the word's bytes, read as text
+            return readable("".join(self.tokens[i] for i in group), BYTE_LEVEL)
         return "".join(_strip_mark(self.tokens[i], first=(j == 0)) for j, i in enumerate(group))
 
     def to_words(self, aggregation: str = "sum") -> Explanation:
@@ -204,6 +207,7 @@ class Explanation:
             target, predicted = ([word_of.get(int(i), int(i)) for i in span]  # type: ignore[union-attr]
                                  for span in (self.target, self.predicted))
         meta = {**self.meta, "granularity": "word", "word_aggregation": aggregation}
+        meta.pop("token_encoding", None)  # words are text
         if "position" in meta:  # token classification: the explained token's word
             meta["position"] = word_of.get(int(meta["position"]), int(meta["position"]))
         return Explanation(

@@ -36,6 +36,7 @@ from .errors import InputError, ModelError
 from .explanation import Explanation, _read_dicts
 from .heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
 from .modelstate import explaining
+from .tokentext import encoding_meta
 
 if TYPE_CHECKING:
     from .explainer import Explainer
@@ -304,7 +305,8 @@ def explain_generation(
 
     meta = {
         "model": ex.name, "family": ex.adapter.family, "attention": ex.stream, "target_kind": target_kind,
-        **head.meta(), "chat_template": template, "max_new_tokens": None if forced else max_new_tokens,
+        **head.meta(), **encoding_meta(ex.tokenizer), "chat_template": template,
+        "max_new_tokens": None if forced else max_new_tokens,
         "generated_special": special[n_prompt:],
         "options": {k: v for k, v in method_options.items() if v}, "attnlens": __version__,
         **figures,

@@ -275,12 +275,14 @@ def run(args: argparse.Namespace) -> int:
         plot_token_heatmap(exps[0], path=args.plot)
         _wrote(args.plot)
     if args.head_view:
+        from ..tokentext import encoding_meta, readable_tokens
         from ..viz.headview import attention_view_html
 
         tokens, special, attentions = explainer.attention_maps(texts[0])
         _write(
             args.head_view,
-            attention_view_html(tokens, attentions, special, title=f"attention of {model} ({explainer.stream})"),
+            attention_view_html(readable_tokens(tokens, encoding_meta(explainer.tokenizer)), attentions, special,
+                                title=f"attention of {model} ({explainer.stream})"),
         )
         _wrote(args.head_view)
     html_path = args.out if args.format == "html" else args.html
@@ -317,10 +319,12 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str) ->
         _wrote(args.plot)
     if args.head_view:
         from ..generation import attention_maps
+        from ..tokentext import readable_tokens
         from ..viz.headview import attention_view_html
 
         attentions = attention_maps(explainer, gens[0])
-        _write(args.head_view, attention_view_html(gens[0].tokens, attentions, gens[0].special,
+        shown = readable_tokens(gens[0].tokens, gens[0].meta)
+        _write(args.head_view, attention_view_html(shown, attentions, gens[0].special,
                                                    title=f"attention of {model}: prompt + continuation"))
         _wrote(args.head_view)
     html_path = args.out if args.format == "html" else args.html

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InputError
+from ..tokentext import readable, readable_tokens
 
 POSITIVE_RGB = (22, 163, 74)  # green
 NEGATIVE_RGB = (220, 38, 38)  # red
@@ -55,6 +56,18 @@ class Explained(Protocol):
     def top_k(self, method: str, k: int = 5) -> list[tuple[str, float]]: ...
 
     def to_words(self, aggregation: str = "sum") -> Explained: ...
+
+
+def shown_tokens(exp: Explained) -> list[str]:
+    """The tokens as a reader sees them (byte-level BPE decoded: ``Ġcapital`` reads ``capital``)."""
+    return readable_tokens(list(exp.tokens), exp.meta)
+
+
+def top_split(exp: Explained, method: str, k: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """The ``k`` highest positive and the ``k`` lowest negative tokens of ``method`` (shown tokens, scores)."""
+    encoding = exp.meta.get("token_encoding")
+    ranked = [(readable(t, encoding), s) for t, s in exp.top_k(method, len(exp.tokens))]
+    return [(t, s) for t, s in ranked if s > 0][:k], [(t, s) for t, s in reversed(ranked) if s < 0][:k]
 
 
 def select_methods(exp: Explained, methods: Sequence[str] | None) -> list[str]:
@@ -243,7 +256,7 @@ def prediction_line(exp: Explained) -> str:
     if exp.meta.get("task") == "token" and "position" in exp.meta:
         unit = "word" if exp.meta.get("granularity") == "word" else "token"
         position = int(exp.meta["position"])
-        return f"{unit} {position} {exp.tokens[position]!r}: {line}"
+        return f"{unit} {position} {shown_tokens(exp)[position]!r}: {line}"
     return line
 
 

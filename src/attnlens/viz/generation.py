@@ -24,7 +24,7 @@ from rich.text import Text
 
 from ..errors import InputError
 from ..safetext import terminal_safe
-from .colors import hex_color, normalized, shade
+from .colors import hex_color, normalized, shade, shown_tokens
 
 
 def _methods(g: Any, methods: Sequence[str] | None) -> list[str]:
@@ -71,10 +71,11 @@ def generation_renderable(g: Any, methods: Sequence[str] | None = None) -> Group
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
         rows = step_rows(g, m)
+        shown = shown_tokens(g)
         for t in range(len(g.generated_ids)):
             line = Text()
             for i in range(g.n_prompt + t):
-                tok = terminal_safe(g.tokens[i], one_line=True)
+                tok = terminal_safe(shown[i], one_line=True)
                 if i:
                     line.append(" ")
                 if g.special[i]:
@@ -83,7 +84,7 @@ def generation_renderable(g: Any, methods: Sequence[str] | None = None) -> Group
                     r, gr, b = shade(rows[t, i])
                     line.append(tok, style=Style(color="black", bgcolor=f"rgb({r},{gr},{b})"))
             line.append(" → ")
-            line.append(terminal_safe(g.generated_tokens[t], one_line=True), style=Style(bold=True, underline=True))
+            line.append(terminal_safe(shown[g.n_prompt + t], one_line=True), style=Style(bold=True, underline=True))
             grid.add_row(Text(terminal_safe(_step_label(g, t), one_line=True)), line)
         parts += [Text(m, style="bold magenta"), grid, Text("")]
     return Group(*parts)
@@ -149,7 +150,8 @@ def _method_section(g: Any, m: str) -> str:
     colors = [[hex_color(shade(rows[t, i])) if i < g.n_prompt + t and not g.special[i] else None
                for i in range(n_tokens)] for t in range(n_steps)]
     spans = []
-    for i, tok in enumerate(g.tokens):
+    shown = shown_tokens(g)
+    for i, tok in enumerate(shown):
         css = "tok special" if g.special[i] else "tok"
         step = i - g.n_prompt
         if step >= 0:
@@ -157,7 +159,7 @@ def _method_section(g: Any, m: str) -> str:
                          f"{_e(tok)}</span>")
         else:
             spans.append(f'<span class="{css}">{_e(tok)}</span>')
-    head = "".join(f'<th class="tokcol">{_e(t)}</th>' for t in g.tokens)
+    head = "".join(f'<th class="tokcol">{_e(t)}</th>' for t in shown)
     body = []
     for t in range(n_steps):
         cells = []
@@ -203,7 +205,7 @@ def plot_generation(g: Any, method: str | None = None, path: str | Path | None =
     fig, ax = plt.subplots(figsize=(_width(n_tokens), 1.4 + 0.35 * n_steps), layout="constrained")
     ax.imshow(np.ma.masked_array(rows, mask=hidden), cmap=SCORE_CMAP.with_extremes(bad="#f3f4f6"), vmin=-1, vmax=1,
               aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(n_tokens), labels=[_tex_safe(t) for t in g.tokens], rotation=60, ha="right", fontsize=8)
+    ax.set_xticks(range(n_tokens), labels=[_tex_safe(t) for t in shown_tokens(g)], rotation=60, ha="right", fontsize=8)
     ax.set_yticks(range(n_steps), labels=[_tex_safe(_step_label(g, t)) for t in range(n_steps)], fontsize=8)
     ax.axvline(g.n_prompt - 0.5, color="#111827", lw=1)
     ax.set_title(_tex_safe(f"{m}: {g.prompt[:60]!r} → {g.text[:40]!r}"), fontsize=9, loc="left")

@@ -22,6 +22,8 @@ from .colors import (
     probabilities_line,
     select_methods,
     shade,
+    shown_tokens,
+    top_split,
     truncation_note,
 )
 
@@ -65,7 +67,7 @@ def _token_spans(exp: Explained, scores: np.ndarray) -> str:
     norm = normalized(scores, exp.special)
     answer = answer_positions(exp)  # QA: the explained span is outlined
     spans = []
-    for i, tok in enumerate(exp.tokens):
+    for i, tok in enumerate(shown_tokens(exp)):
         if exp.special[i]:
             spans.append(f'<span class="tok special" title="special token">{_e(tok)}</span>')
         else:
@@ -89,9 +91,7 @@ def _top_table(exp: Explained, methods: list[str], k: int) -> str:
     head = f"<tr><th>method</th><th>top {k} for</th><th>top {k} against</th></tr>"
     body = []
     for m in methods:
-        ranked = exp.top_k(m, len(exp.tokens))
-        pos = [(t, s) for t, s in ranked if s > 0][:k]
-        neg = [(t, s) for t, s in reversed(ranked) if s < 0][:k]
+        pos, neg = top_split(exp, m, k)
         cell = lambda pairs: _e(" · ".join(f"{t} {s:+.3g}" for t, s in pairs) or "-")  # noqa: E731
         body.append(f"<tr><td>{_e(m)}</td><td>{cell(pos)}</td><td>{cell(neg)}</td></tr>")
     return '<table class="top">' + head + "".join(body) + "</table>"
@@ -108,7 +108,7 @@ def layer_heatmap_html(exp: Explained, method: str) -> str:
     if rows.shape[1] != len(exp.tokens):
         raise ValueError(f"{method}: layer scores have {rows.shape[1]} tokens, the explanation {len(exp.tokens)}")
     norms = normalized_layer_rows(rows, exp.special)
-    head = "<tr><th></th>" + "".join(f'<th class="tokcol">{_e(t)}</th>' for t in exp.tokens)
+    head = "<tr><th></th>" + "".join(f'<th class="tokcol">{_e(t)}</th>' for t in shown_tokens(exp))
     head += "<th>max |s|</th></tr>"
     body = []
     for name, row, norm in zip(names, rows, norms, strict=True):

@@ -33,6 +33,7 @@ from .colors import (  # noqa: E402
     prediction_line,
     prepare,
     select_methods,
+    shown_tokens,
     text_of,
 )
 
@@ -151,8 +152,9 @@ def _blocks(
     axes = list(axes[:, 0])
     show_numbers = annotate if annotate is not None else width <= 40
     answer = answer_positions(exp)
+    shown = shown_tokens(exp)
     for ax, (a, b) in zip(axes, spans, strict=True):
-        _heatmap(ax, norm[:, a:b], exp.special[a:b], exp.tokens[a:b], row_names, show_numbers)
+        _heatmap(ax, norm[:, a:b], exp.special[a:b], shown[a:b], row_names, show_numbers)
         ax.set_xlim(-0.5, width - 0.5)  # equal cell widths in every block
         for label, i in zip(ax.get_xticklabels(), range(a, b), strict=True):
             if i in answer:  # QA: the explained answer span in bold blue

@@ -26,6 +26,8 @@ from .colors import (
     probabilities_line,
     select_methods,
     shade,
+    shown_tokens,
+    top_split,
     truncation_note,
 )
 
@@ -41,7 +43,7 @@ def _token_line(exp: Explained, method: str) -> Text:
     norm = normalized(exp.scores[method], exp.special)
     answer = answer_positions(exp)  # QA: the explained span is underlined
     line = Text()
-    for i, (raw, v) in enumerate(zip(exp.tokens, norm, strict=True)):
+    for i, (raw, v) in enumerate(zip(shown_tokens(exp), norm, strict=True)):
         tok = terminal_safe(raw, one_line=True)
         if i:
             line.append(" ")
@@ -63,9 +65,7 @@ def _top_table(exp: Explained, methods: list[str], k: int) -> Table:
     table.add_column(f"top {k} for", overflow="fold")
     table.add_column(f"top {k} against", overflow="fold")
     for m in methods:
-        ranked = exp.top_k(m, len(exp.tokens))
-        pos = [(t, s) for t, s in ranked if s > 0][:k]
-        neg = [(t, s) for t, s in reversed(ranked) if s < 0][:k]
+        pos, neg = top_split(exp, m, k)
         table.add_row(_safe(m), _top_cell(pos), _top_cell(neg))
     return table
 

@@ -1,0 +1,72 @@
+"""How a token reads: the byte-level BPE alphabet decoded for display.
+
+GPT-2's, RoBERTa's, BART's and most LLMs' tokenizers (SmolLM2, Llama 3, Qwen2) spell every byte as a printable
+character: a space is ``Ġ``, a newline ``Ċ``, and "café" is ``cafÃ©`` (the two UTF-8 bytes of "é"). Explanations
+keep the tokenizer's tokens as they are (the JSON contract, lossless); renderers show :func:`readable` tokens.
+
+Whether a tokenizer is byte-level is asked of the tokenizer itself, once, when an explanation is made
+(:func:`token_encoding`, recorded as ``meta["token_encoding"]``), never guessed from the tokens: "Ġ" is also a
+Maltese letter, and a WordPiece token containing it must stay as it is.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+BYTE_LEVEL = "byte-level"
+
+
+@lru_cache(maxsize=1)
+def _byte_of() -> dict[str, int]:
+    """The inverse of GPT-2's ``bytes_to_unicode``: printable Latin-1 bytes are themselves, the other 68 bytes
+    are U+0100 onwards, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+def token_encoding(tokenizer: Any) -> str | None:
+    """``"byte-level"`` when the tokenizer spells bytes as GPT-2's printable alphabet (its ``Ġa`` reads ``" a"``),
+    else ``None`` (WordPiece, SentencePiece: their tokens are text already)."""
+    try:
+        return BYTE_LEVEL if tokenizer.convert_tokens_to_string(["Ġa"]) == " a" else None
+    except Exception:  # noqa: BLE001 (a tokenizer that cannot say is shown as its tokens are)
+        return None
+
+
+def encoding_meta(tokenizer: Any) -> dict[str, str]:
+    """The explanation metadata entry recording the tokenizer's encoding (``{}`` unless byte-level)."""
+    encoding = token_encoding(tokenizer)
+    return {"token_encoding": encoding} if encoding else {}
+
+
+def decode_byte_level(token: str) -> str:
+    """The text of a byte-level token; a character outside the alphabet is kept, bytes that are not whole UTF-8
+    characters (a character split over two tokens) become their ``\\xNN`` escapes."""
+    byte_of = _byte_of()
+    if any(c not in byte_of for c in token):
+        return token
+    return bytes(byte_of[c] for c in token).decode("utf-8", errors="backslashreplace")
+
+
+def readable(token: str, encoding: str | None) -> str:
+    """``token`` as shown to a reader: byte-level tokens decoded, with the word-start space dropped (renderers
+    separate tokens); a token of whitespace only shows it (``␣``, newline and tab as the terminal escapes them)."""
+    if encoding != BYTE_LEVEL:
+        return token
+    text = decode_byte_level(token)
+    if not text.strip():
+        return text.replace(" ", "␣")
+    return text[1:] if text.startswith(" ") else text
+
+
+def readable_tokens(tokens: list[str], meta: dict[str, Any] | None) -> list[str]:
+    """Each of ``tokens`` as :func:`readable` shows it, by the encoding recorded in ``meta``."""
+    encoding = (meta or {}).get("token_encoding")
+    return [readable(t, encoding) for t in tokens]

@@ -1,0 +1,96 @@
+"""Byte-level BPE tokens are shown as the text they spell (``ĠcafÃ©`` reads ``café``), never guessed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from tokenizers import ByteLevelBPETokenizer
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from attnlens import Explainer, Explanation
+from attnlens.architectures import build_tiny
+from attnlens.tokentext import BYTE_LEVEL, decode_byte_level, readable, token_encoding
+from attnlens.viz.generation import generation_html, render_generation
+from attnlens.viz.terminal import render_terminal
+
+TEXT = "The café's naïve charm 🙂\nends"
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A GPT-2-style byte-level BPE trained here on a few sentences (offline); "é" and "ï" stay two byte tokens."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["The cafe charm ends here", "the naive charm of the cafe"] * 5, vocab_size=300,
+                            min_frequency=1, special_tokens=["<pad>", "<eos>"])
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", eos_token="<eos>")
+
+
+def test_the_alphabet_is_gpt2s():
+    # an independent copy of the table (transformers' own) decodes every byte back
+    for b, c in bytes_to_unicode().items():
+        assert decode_byte_level(c).encode("utf-8", errors="backslashreplace") in (bytes([b]), f"\\x{b:02x}".encode())
+
+
+@pytest.mark.parametrize(("token", "shown"), [
+    ("Ġcapital", "capital"),
+    ("ĠcafÃ©", "café"),
+    ("Ã¯ve", "ïve"),
+    ("Ċ", "\n"),
+    ("Ġ", "␣"),
+    ("ĠĠ", "␣␣"),
+    ("ðŁ", "\\xf0\\x9f"),  # the first two bytes of an emoji split over tokens: escaped, not dropped
+    ("ĠThe", "The"),
+    ("▁the", "▁the"),  # not in the alphabet: left as it is
+])
+def test_readable_byte_level_tokens(token, shown):
+    assert readable(token, BYTE_LEVEL) == shown
+    assert readable(token, None) == token  # other tokenizers' tokens are shown as they are
+
+
+def test_the_tokenizer_says_whether_it_is_byte_level(byte_tokenizer, tokenizer):
+    assert token_encoding(byte_tokenizer) == BYTE_LEVEL
+    assert token_encoding(tokenizer) is None  # WordPiece
+
+
+@pytest.fixture(scope="module")
+def lm_explainer(byte_tokenizer) -> Explainer:
+    model = build_tiny("gpt2", vocab_size=len(byte_tokenizer), pad_token_id=byte_tokenizer.pad_token_id,
+                       bos_token_id=byte_tokenizer.eos_token_id, eos_token_id=byte_tokenizer.eos_token_id,
+                       task="causal-lm")
+    return Explainer(model, byte_tokenizer)
+
+
+def test_an_explanation_keeps_its_tokens_and_shows_their_text(lm_explainer, tmp_path):
+    exp = lm_explainer.explain(TEXT, methods="rawatt,saliency")[0]
+    assert exp.meta["token_encoding"] == BYTE_LEVEL
+    assert "Ã" in "".join(exp.tokens)  # the contract keeps the tokenizer's tokens
+    shown = render_terminal(exp, color=False)
+    assert "café" in shown or ("caf" in shown and "é" in shown)
+    assert "Ã" not in shown and "Ġ" not in shown and "Ċ" not in shown
+    page = exp.to_html()
+    assert "Ã" not in page and "Ġ" not in page
+    words = exp.to_words()
+    assert {"café", "naïve", "🙂"} <= set(words.tokens) and "token_encoding" not in words.meta
+    assert "naïve" in render_terminal(words, color=False)
+    no_offsets = dataclasses.replace(exp, offsets=None).to_words()  # words spelled from their tokens' bytes
+    assert {"café", "naïve", "🙂"} <= set(no_offsets.tokens)
+    exp.save(tmp_path / "e.json")
+    again = Explanation.load(tmp_path / "e.json")
+    assert again.meta["token_encoding"] == BYTE_LEVEL and again.tokens == exp.tokens
+    assert json.loads((tmp_path / "e.json").read_text())["tokens"] == exp.tokens
+
+
+def test_a_generation_shows_the_text_of_its_tokens(lm_explainer):
+    g = lm_explainer.explain_generation(TEXT, max_new_tokens=2, methods="rawatt")
+    assert g.meta["token_encoding"] == BYTE_LEVEL
+    for shown in (render_generation(g, color=False), generation_html(g)):
+        assert "Ã" not in shown and "Ġ" not in shown
+
+
+def test_wordpiece_explanations_are_unchanged(tokenizer):
+    model = build_tiny("bert", vocab_size=tokenizer.vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    exp = Explainer(model, tokenizer).explain("the cat", methods="rawatt")[0]
+    assert "token_encoding" not in exp.meta
