@@ -14,7 +14,8 @@ from attnlens import Explainer, InputError, get_method
 from attnlens.architectures import architecture_for
 from attnlens.methods.valuezeroing import value_zeroing_matrices
 
-TYPES = ["bert", "distilbert", "roberta", "albert", "llama", "gpt2", "bart"]
+TYPES = ["bert", "distilbert", "roberta", "albert", "llama", "gpt2", "bart", "mbart", "t5"]
+SEQ2SEQ = ("bart", "mbart", "t5")
 TEXTS = ["the movie was good", "not very bad , i really didn ' t like this film", "awful !"]
 
 
@@ -74,7 +75,7 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
     for layer in range(1, n_layers):
         joint.append(normalised[layer] @ joint[-1])
     weights = np.zeros(n)
-    if model.config.model_type == "bart":  # the encoder stream is explained by the mean over its rows
+    if model.config.model_type in SEQ2SEQ:  # the encoder stream is explained by the mean over its rows
         weights[:] = 1 / n
     else:
         weights[n - 1 if model.config.model_type in ("llama", "gpt2") else 0] = 1
@@ -88,7 +89,7 @@ def test_matches_naive_whole_model_recomputation(model_type, tokenizer):
     tolerance = {"atol": 5e-5, "rtol": 1e-3}  # float32 cosine distances of nearly parallel vectors
     for text in TEXTS[:2]:
         (e,) = ex.explain(text, "valuezeroing")
-        layers, c, weights = naive_scores(model, tokenizer, text, "encoder" if model_type == "bart" else "self")
+        layers, c, weights = naive_scores(model, tokenizer, text, "encoder" if model_type in SEQ2SEQ else "self")
         np.testing.assert_allclose(e.layers["valuezeroing"], layers, **tolerance)
         np.testing.assert_allclose(e.scores["valuezeroing"], layers[-1], **tolerance)
         (last,) = ex.explain(text, "valuezeroing", options={"valuezeroing": {"rollout": False}})

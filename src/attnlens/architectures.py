@@ -184,7 +184,9 @@ class Architecture:
     lrp: LRPSupport | None = None
     tiny: Tiny | None = None
     layers: Layers | None = None  # None: methods that rerun a layer (value zeroing) are skipped for this type
-    anatomy: Anatomy | None = None  # None: the norm-based and decomposition methods are skipped for this type
+    # None: the norm-based and decomposition methods are skipped for this type; a function of the config for
+    # types whose layers differ by config (T5's gated feed-forward)
+    anatomy: Anatomy | Callable[[Any], Anatomy] | None = None
 
     @property
     def family(self) -> str:
@@ -194,6 +196,10 @@ class Architecture:
         """Where this model's head reads (:data:`attnlens.adapters.POOLINGS`)."""
         pooling = self.pooling(config) if callable(self.pooling) else self.pooling
         return pooling or self.adapter.pooling
+
+    def anatomy_for(self, config: Any) -> Anatomy | None:
+        """The layer anatomy of this model (encoder-decoders: of its encoder), or ``None``."""
+        return self.anatomy(config) if callable(self.anatomy) else self.anatomy
 
     def adapter_for(self, config: Any) -> Adapter:
         """The family adapter, set to this model's pooling."""
@@ -250,6 +256,23 @@ _GPT2_ANATOMY = Anatomy((("score", None),), output="attn.c_proj", ln1="ln_1", ff
 _LLAMA_ANATOMY = Anatomy((("score", None),), output="self_attn.o_proj", ln1="input_layernorm", ffn_in="mlp.up_proj",
                          gate="mlp.gate_proj", act="mlp.act_fn", ffn_out="mlp.down_proj",
                          ln2="post_attention_layernorm", pre_ln=True, final_norm="norm")
+
+# encoder-decoders: the anatomy of the encoder's layers (the stream the norm-based methods read there)
+_BART_ANATOMY = Anatomy((), output="self_attn.out_proj", ln1="self_attn_layer_norm", ffn_in="fc1",
+                        act="activation_fn", ffn_out="fc2", ln2="final_layer_norm")
+_MBART_ANATOMY = replace(_BART_ANATOMY, pre_ln=True, final_norm="encoder.layer_norm")
+_SEQ2SEQ_LAYERS = Layers({"encoder": "encoder.layers", "decoder": "decoder.layers"}, "self_attn.v_proj")
+
+
+def _t5_anatomy(config: Any) -> Anatomy:
+    """T5's pre-LN (RMS) blocks; T5 v1.1 / Flan-T5 gate their feed-forward (``wi_0`` gated by ``wi_1``)."""
+    ffn = "layer.1.DenseReluDense."
+    gated = dict(gate=ffn + "wi_0", ffn_in=ffn + "wi_1") if getattr(config, "is_gated_act", False) else dict(
+        ffn_in=ffn + "wi")
+    return Anatomy((), output="layer.0.SelfAttention.o", ln1="layer.0.layer_norm", act=ffn + "act",
+                   ffn_out=ffn + "wo", ln2="layer.1.layer_norm", pre_ln=True, final_norm="encoder.final_layer_norm",
+                   **gated)
+
 
 # --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------
 _ENC = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
@@ -345,10 +368,13 @@ _ENTRIES: list[Architecture] = [
     # encoder-decoders: the head reads the decoder state at the last EOS
     Architecture("bart", ENCODER_DECODER,
                  tiny=_tiny("Bart", **_SEQ2SEQ, init_std=STD, forced_eos_token_id=None),
-                 layers=Layers({"encoder": "encoder.layers", "decoder": "decoder.layers"}, "self_attn.v_proj")),
-    Architecture("mbart", ENCODER_DECODER, tiny=_tiny("MBart", **_SEQ2SEQ)),
+                 layers=_SEQ2SEQ_LAYERS, anatomy=_BART_ANATOMY),
+    Architecture("mbart", ENCODER_DECODER, tiny=_tiny("MBart", **_SEQ2SEQ, init_std=STD), layers=_SEQ2SEQ_LAYERS,
+                 anatomy=_MBART_ANATOMY),
     Architecture("t5", ENCODER_DECODER, tiny=_tiny("T5", d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
-                                                    eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)),
+                                                    eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID),
+                 layers=Layers({"encoder": "encoder.block", "decoder": "decoder.block"}, "layer.0.SelfAttention.v"),
+                 anatomy=_t5_anatomy),
 ]
 
 ARCHITECTURES: dict[str, Architecture] = {}
@@ -365,7 +391,7 @@ def register_architecture(arch: Architecture) -> None:
         arch.adapter.with_pooling(pooling)  # refuses a pooling the adapter cannot explain
     if arch.anatomy is not None and arch.layers is None:
         raise ModelError(f"{arch.model_type}: an anatomy needs the entry's layers (where the value projections are)")
-    if arch.anatomy is not None and arch.layers.fused != 1 and not arch.anatomy.pre_ln:
+    if isinstance(arch.anatomy, Anatomy) and arch.layers.fused != 1 and not arch.anatomy.pre_ln:
         raise ModelError(f"{arch.model_type}: a post-LN anatomy needs an unfused value projection")
     ARCHITECTURES[arch.model_type] = arch
     if arch.lrp is None:

@@ -45,12 +45,14 @@ def _attr(obj: Any, path: str) -> Any:
 
 
 def _anatomy(model: nn.Module) -> Anatomy | None:
-    return architecture_for(model.config).anatomy
+    return architecture_for(model.config).anatomy_for(model.config)
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's encoder layers, one per depth (its architecture entry's :class:`Layers`)."""
-    return architecture_for(model.config).layers.modules(model)
+    """The layers the anatomy describes, one per depth (its architecture entry's :class:`Layers`): an
+    encoder-decoder's encoder layers, the only layers of the others."""
+    layers = architecture_for(model.config).layers
+    return layers.modules(model, "encoder" if layers.path("encoder") else "self")
 
 
 def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str | None]:
@@ -66,7 +68,15 @@ def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str 
             # one wording for the whole family, so a skip notice names the reason once
             return ("the norm-based and decomposition methods need a layer anatomy attnlens knows (post-LN "
                     "encoders: BERT, RoBERTa, DistilBERT, ELECTRA, ...; pre-LN decoders: GPT-2, Llama, Mistral, "
-                    f"Qwen2); model type {model_type!r} has none")
+                    f"Qwen2; the encoders of BART, mBART, T5); model type {model_type!r} has none")
+        if architecture_for(config).family == "encoder-decoder":
+            if head:
+                return (f"{name} decomposes the logits through the layers that make them; an encoder-decoder's "
+                        "come from its decoder, which attnlens does not decompose (only its encoder)")
+            if stream != "encoder":
+                return (f"{name} reads an encoder-decoder's encoder layers (attention='encoder'); its decoder and "
+                        "cross-attention layers mix two sequences and are not decomposed")
+            return None
         if head and not (task == "classification" or (task == "causal-lm" and anatomy.pre_ln)):
             return (f"{name} decomposes a sequence classifier's or a causal language model's logits, not a {task} "
                     "model's")

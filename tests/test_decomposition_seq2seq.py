@@ -1,0 +1,206 @@
+"""attnnorm, globenc and alti on the encoder stream of encoder-decoders (BART: post-LN; mBART: pre-LN; T5: pre-LN
+RMS norms, plain and gated feed-forward) against a per-token, per-head loop from the weights, for classifiers and
+each generation step; what does not apply is refused with its reason."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from conftest import CLS, PAD, SEP, V
+
+from attnlens import Explainer, InputError
+from attnlens.architectures import ARCHITECTURES, build_tiny, register_architecture
+from attnlens.errors import ModelError
+
+TEXT = "the movie was really good"
+FAMILIES = ["bart", "mbart", "t5", "t5-gated"]
+TASKS = ["classification", "seq2seq-lm"]
+METHODS = ["attnnorm", "globenc", "alti"]
+
+
+def randomised(family: str, task: str, seed: int = 0) -> torch.nn.Module:
+    """A tiny encoder-decoder with random biases and norm scales (HF initialises them to 0 and 1)."""
+    if family == "t5-gated":  # T5 v1.1 / Flan-T5: gelu(wi_0 x) ⊙ wi_1 x
+        torch.manual_seed(seed)
+        config = transformers.T5Config(vocab_size=V, d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
+                                       feed_forward_proj="gated-gelu", pad_token_id=PAD, eos_token_id=SEP,
+                                       decoder_start_token_id=PAD, initializer_factor=8.0,
+                                       attn_implementation="eager")
+        cls = transformers.T5ForConditionalGeneration if task == "seq2seq-lm" else \
+            transformers.T5ForSequenceClassification
+        model = cls(config)
+    else:
+        model = build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, seed=seed,
+                           task=task)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            elif "norm" in name.lower() and name.endswith("weight"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+class EncoderReference:
+    """One unpadded example through the encoder, the papers' formulas written out per token and head from the
+    weights; the encoder stream is read as the mean over its query rows (as for every method there)."""
+
+    def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+        if type(model).__name__.endswith("ForConditionalGeneration"):  # a decoder start (the encoder ignores it)
+            inputs = {"decoder_input_ids": torch.tensor([[model.config.decoder_start_token_id]]), **inputs}
+        with torch.no_grad():
+            out = model(**inputs, output_attentions=True, output_hidden_states=True)
+        self.hidden = [h[0] for h in out.encoder_hidden_states]
+        self.attn = [a[0] for a in out.encoder_attentions]
+        self.n, self.heads = self.attn[0].shape[-1], self.attn[0].shape[0]
+        self.t5 = model.config.model_type == "t5"
+        self.pre_ln = model.config.model_type != "bart"
+        self.blocks = model.get_encoder().block if self.t5 else model.get_encoder().layers
+
+    def pieces(self, l: int) -> dict:
+        b = self.blocks[l]
+        if self.t5:
+            a = b.layer[0].SelfAttention
+            zero = torch.zeros(a.o.weight.shape[0])
+            return dict(ln1=b.layer[0].layer_norm, wv=a.v.weight.T, bv=torch.zeros(a.v.weight.shape[0]),
+                        wo=a.o.weight.T, bo=zero)
+        a = b.self_attn
+        return dict(ln1=b.self_attn_layer_norm, ln2=b.final_layer_norm, wv=a.v_proj.weight.T, bv=a.v_proj.bias,
+                    wo=a.out_proj.weight.T, bo=a.out_proj.bias, fc1=b.fc1, fc2=b.fc2, act=b.activation_fn)
+
+    def f(self, l: int, h: int, j: int) -> torch.Tensor:
+        """f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h, x_j through LN1 first in a pre-LN layer."""
+        p = self.pieces(l)
+        x = p["ln1"](self.hidden[l][j]) if self.pre_ln else self.hidden[l][j]
+        v = x @ p["wv"] + p["bv"]
+        dh = p["wo"].shape[0] // self.heads
+        return v[h * dh:(h + 1) * dh] @ p["wo"][h * dh:(h + 1) * dh]
+
+    def z(self, l: int, i: int, j: int, residual: bool = True) -> torch.Tensor:
+        out = sum(self.attn[l][h, i, j] * self.f(l, h, j) for h in range(self.heads))
+        return out + self.hidden[l][i] if residual and i == j else out
+
+    def pre1(self, l: int, i: int) -> torch.Tensor:
+        """The residual stream after attention (post-LN: LN1's input)."""
+        return sum(self.z(l, i, j) for j in range(self.n)) + self.pieces(l)["bo"]
+
+    @staticmethod
+    def ln(v: torch.Tensor, module: torch.nn.LayerNorm, pre: torch.Tensor) -> torch.Tensor:
+        return (v - v.mean()) * module.weight / torch.sqrt(pre.var(unbiased=False) + module.eps)
+
+    def post_ln_parts(self, l: int, i: int) -> tuple:
+        """Post-LN: LN1's and LN2's linear parts at token i, and y_i = LN1(pre1_i)."""
+        p, pre1 = self.pieces(l), self.pre1(l, i)
+        y1 = p["ln1"](pre1)
+        pre2 = y1 + p["fc2"](p["act"](p["fc1"](y1)))
+        return (lambda v: self.ln(v, p["ln1"], pre1)), (lambda v: self.ln(v, p["ln2"], pre2)), y1
+
+    def matrix(self, entry, l: int) -> torch.Tensor:
+        return torch.tensor([[float(entry(l, i, j)) for j in range(self.n)] for i in range(self.n)])
+
+    def mean_row_of_rollout(self, entry) -> np.ndarray:
+        joint = None
+        for l in range(len(self.attn)):
+            m = self.matrix(entry, l)
+            joint = m if joint is None else m @ joint
+        return joint.mean(0).numpy()
+
+    @torch.no_grad()
+    def attnnorm(self) -> np.ndarray:
+        l = len(self.attn) - 1
+        return self.matrix(lambda l, i, j: self.z(l, i, j, residual=False).norm(), l).mean(0).numpy()
+
+    @torch.no_grad()
+    def globenc(self) -> np.ndarray:
+        def entry(l: int, i: int, j: int) -> float:
+            if self.pre_ln:  # rows normalised (the default on pre-LN models)
+                norms = [float(self.z(l, i, k).norm()) for k in range(self.n)]
+                return norms[j] / sum(norms)
+            ln1, ln2, _ = self.post_ln_parts(l, i)
+            return float(ln2(ln1(self.z(l, i, j))).norm())
+        return self.mean_row_of_rollout(entry)
+
+    @torch.no_grad()
+    def alti(self) -> np.ndarray:
+        def entry(l: int, i: int, j: int) -> float:
+            if self.pre_ln:
+                y, t = self.pre1(l, i), (lambda v: v)
+            else:
+                t, _, y = self.post_ln_parts(l, i)
+            row = [max(0.0, float(y.abs().sum() - (y - t(self.z(l, i, k))).abs().sum())) for k in range(self.n)]
+            return row[j] / sum(row)
+        return self.mean_row_of_rollout(entry)
+
+
+@pytest.fixture(scope="module", params=[(f, t) for f in FAMILIES for t in TASKS], ids=lambda p: f"{p[0]}-{p[1]}")
+def case(request, tokenizer):
+    family, task = request.param
+    ex = Explainer(randomised(family, task), tokenizer)
+    if task == "classification":  # the inputs the explainer passes (BART's decoder reads the shifted input)
+        inputs = ex.compute_batch(ex.encode([TEXT]), [0], [], {})[0].inputs
+    else:
+        inputs = {"input_ids": torch.tensor([ex.encode([TEXT])[0].ids])}
+    return ex, EncoderReference(ex.model, inputs), task
+
+
+def test_norm_methods_on_the_encoder_match_the_loop(case):
+    ex, ref, task = case
+    expected = {"attnnorm": ref.attnnorm(), "globenc": ref.globenc(), "alti": ref.alti()}
+    if task == "classification":
+        (e,) = ex.explain([TEXT], methods=METHODS)
+        got = e.scores
+    else:  # every step reads the same encoder: each row over the prompt is the encoder's
+        g = ex.explain_generation(TEXT, max_new_tokens=2, methods=METHODS)
+        n = len(g.prompt_ids)
+        assert g.prompt_ids == ex.encode([TEXT])[0].ids and n == ref.n
+        for m in METHODS:
+            assert np.abs(g.scores[m][:, n:]).max() == 0
+        got = {m: g.scores[m][-1, :n] for m in METHODS}
+        for m in METHODS:
+            np.testing.assert_allclose(g.scores[m][0, :n], got[m], rtol=1e-5, atol=1e-7)
+    for m in METHODS:
+        np.testing.assert_allclose(got[m], expected[m], rtol=1e-4, atol=1e-6, err_msg=m)
+        assert np.abs(expected[m]).max() > 0
+    assert abs(expected["alti"].sum() - 1) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_batch_and_padding_invariance_on_the_encoder(family, tokenizer):
+    ex = Explainer(randomised(family, "classification"), tokenizer)
+    texts = [TEXT, "bad", "a charming journey but the plot was boring"]
+    batch = ex.explain(texts, methods=METHODS, batch_size=3)
+    for text, e in zip(texts, batch):
+        (alone,) = ex.explain([text], methods=METHODS)
+        for m in METHODS:
+            np.testing.assert_allclose(e.scores[m], alone.scores[m], rtol=1e-4, atol=1e-6, err_msg=f"{family} {m}")
+
+
+def test_other_streams_and_decompx_are_refused_with_their_reason(tokenizer):
+    model = randomised("bart", "seq2seq-lm")
+    for stream in ("decoder", "cross"):
+        with pytest.raises(InputError, match="encoder"):
+            Explainer(model, tokenizer, attention=stream).explain_generation(TEXT, max_new_tokens=1,
+                                                                             methods=["attnnorm"])
+    with pytest.raises(InputError, match="decompx decomposes the logits.*encoder-decoder"):
+        Explainer(model, tokenizer).explain_generation(TEXT, max_new_tokens=1, methods=["decompx"])
+
+
+def test_a_wrong_t5_anatomy_is_an_error(tokenizer):
+    """A gated T5 read as a plain one (its wi_1 taken for wi, no gate) must not give scores: the recomputed layers
+    do not reproduce the hidden states."""
+    old = ARCHITECTURES["t5"]
+    plain = old.anatomy_for(transformers.T5Config())
+    register_architecture(dataclasses.replace(old, anatomy=dataclasses.replace(
+        plain, ffn_in="layer.1.DenseReluDense.wi_1")))
+    try:
+        ex = Explainer(randomised("t5-gated", "classification"), tokenizer)
+        for m in METHODS:
+            with pytest.raises(ModelError, match="anatomy does not describe it"):
+                ex.explain(TEXT, methods=[m])
+    finally:
+        register_architecture(old)
