@@ -98,7 +98,8 @@ def test_matches_naive_whole_model_recomputation(model_type, tokenizer):
 
 
 @pytest.mark.parametrize("model_type,attention", [("bert", None), ("llama", None), ("gpt2", None),
-                                                  ("bart", "decoder")])
+                                                  ("bart", "decoder"), ("t5", "decoder"), ("t5", "encoder"),
+                                                  ("mbart", "decoder")])
 def test_batch_equals_one_by_one_and_padding_scores_zero(model_type, attention, tokenizer):
     ex = Explainer(make_model(model_type), tokenizer, attention=attention)
     batch = ex.explain(TEXTS, "valuezeroing", batch_size=3)
