@@ -561,7 +561,9 @@ def main() -> None:
         "",
         *imdb_section(imdb, imdb_pred, len(full_imdb), occ_png, emb_pngs),
         "",
-        *speed_section(ROOT / "results" / "eval_speed.json"),
+        # section 3 comes from bench/eval_speed.py's JSON when it is here, else the document's is kept
+        *(speed_section(ROOT / "results" / "eval_speed.json") or kept_section(Path(args.doc), "## 3. Speed")
+          or []),
         # section 4's tables and analysis are maintained by hand (chunked runs joined with --merge); kept as is
         *(kept_section(Path(args.doc), "## 4. Generation")
           or generation_section(ROOT / "results" / "generation_faithfulness.json")),
