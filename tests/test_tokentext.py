@@ -6,13 +6,13 @@ import dataclasses
 import json
 
 import pytest
-from tokenizers import ByteLevelBPETokenizer
+from tokenizers import ByteLevelBPETokenizer, SentencePieceBPETokenizer
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from attnlens import Explainer, Explanation
 from attnlens.architectures import build_tiny
-from attnlens.tokentext import BYTE_LEVEL, decode_byte_level, readable, token_encoding
+from attnlens.tokentext import BYTE_LEVEL, SENTENCEPIECE, decode_byte_level, readable, token_encoding
 from attnlens.viz.generation import generation_html, render_generation
 from attnlens.viz.terminal import render_terminal
 
@@ -50,9 +50,43 @@ def test_readable_byte_level_tokens(token, shown):
     assert readable(token, None) == token  # other tokenizers' tokens are shown as they are
 
 
-def test_the_tokenizer_says_whether_it_is_byte_level(byte_tokenizer, tokenizer):
+@pytest.mark.parametrize(("token", "shown"), [
+    ("▁the", "the"),
+    ("ing", "ing"),
+    ("▁", "␣"),
+    ("<0x0A>", "\n"),
+    ("<0xC3><0xA9>", "é"),  # a word's byte tokens joined (to_words without offsets)
+    ("<0xC3>", "\\xc3"),
+    ("Ġthe", "Ġthe"),
+])
+def test_readable_sentencepiece_tokens(token, shown):
+    assert readable(token, SENTENCEPIECE) == shown
+
+
+@pytest.fixture(scope="module")
+def sp_tokenizer() -> PreTrainedTokenizerFast:
+    """A SentencePiece-style BPE (``▁`` marks a word's start) trained here on a few sentences."""
+    sp = SentencePieceBPETokenizer()
+    sp.train_from_iterator(["the cafe charm ends here", "the naive charm of the cafe"] * 5, vocab_size=120,
+                           min_frequency=1, special_tokens=["<pad>", "<eos>", "<unk>"])
+    return PreTrainedTokenizerFast(tokenizer_object=sp._tokenizer, pad_token="<pad>", eos_token="<eos>",
+                                   unk_token="<unk>")
+
+
+def test_the_tokenizer_says_how_it_spells(byte_tokenizer, sp_tokenizer, tokenizer):
     assert token_encoding(byte_tokenizer) == BYTE_LEVEL
+    assert token_encoding(sp_tokenizer) == SENTENCEPIECE
     assert token_encoding(tokenizer) is None  # WordPiece
+
+
+def test_sentencepiece_explanations_show_words_without_marks(sp_tokenizer):
+    model = build_tiny("llama", vocab_size=len(sp_tokenizer), pad_token_id=sp_tokenizer.pad_token_id,
+                       bos_token_id=sp_tokenizer.eos_token_id, eos_token_id=sp_tokenizer.eos_token_id,
+                       task="causal-lm")
+    exp = Explainer(model, sp_tokenizer).explain("the naive charm", methods="rawatt")[0]
+    assert exp.meta["token_encoding"] == SENTENCEPIECE and any(t.startswith("▁") for t in exp.tokens)
+    shown = render_terminal(exp, color=False)
+    assert "▁" not in shown and "naive" in shown
 
 
 @pytest.fixture(scope="module")

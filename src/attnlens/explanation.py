@@ -18,7 +18,7 @@ import numpy as np
 
 from .data import iter_jsonl
 from .errors import InputError
-from .tokentext import BYTE_LEVEL, readable
+from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
 _SUBWORD_MARKS = ("##", "Ġ", "▁")
@@ -168,8 +168,9 @@ class Explanation:
             end = max(self.offsets[i][1] for i in group)
             if end > start:  # byte-level tokenizers' offsets take in the space before a word
                 return source[start:end].strip() or source[start:end]
-        if self.meta.get("token_encoding") == BYTE_LEVEL:  # the word's bytes, read as text
-            return readable("".join(self.tokens[i] for i in group), BYTE_LEVEL)
+        encoding = self.meta.get("token_encoding")
+        if encoding in (BYTE_LEVEL, SENTENCEPIECE):  # the word's pieces (and bytes), read as text
+            return readable("".join(self.tokens[i] for i in group), encoding)
         return "".join(_strip_mark(self.tokens[i], first=(j == 0)) for j, i in enumerate(group))
 
     def to_words(self, aggregation: str = "sum") -> Explanation:

@@ -1,8 +1,10 @@
-"""How a token reads: the byte-level BPE alphabet decoded for display.
+"""How a token reads: the byte-level BPE alphabet and SentencePiece's word marks decoded for display.
 
 GPT-2's, RoBERTa's, BART's and most LLMs' tokenizers (SmolLM2, Llama 3, Qwen2) spell every byte as a printable
 character: a space is ``Ġ``, a newline ``Ċ``, and "café" is ``cafÃ©`` (the two UTF-8 bytes of "é"). Explanations
 keep the tokenizer's tokens as they are (the JSON contract, lossless); renderers show :func:`readable` tokens.
+SentencePiece tokenizers (T5, Llama 2, ALBERT, XLNet) mark a word's start with ``▁`` and spell a character their
+vocabulary lacks as byte tokens (``<0x0A>``); they are shown the same way.
 
 Whether a tokenizer is byte-level is asked of the tokenizer itself, once, when an explanation is made
 (:func:`token_encoding`, recorded as ``meta["token_encoding"]``), never guessed from the tokens: "Ġ" is also a
@@ -11,10 +13,14 @@ Maltese letter, and a WordPiece token containing it must stay as it is.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
 BYTE_LEVEL = "byte-level"
+SENTENCEPIECE = "sentencepiece"
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_BYTE_RUN = re.compile(r"(?:<0x[0-9A-Fa-f]{2}>)+")
 
 
 @lru_cache(maxsize=1)
@@ -33,15 +39,18 @@ def _byte_of() -> dict[str, int]:
 
 def token_encoding(tokenizer: Any) -> str | None:
     """``"byte-level"`` when the tokenizer spells bytes as GPT-2's printable alphabet (its ``Ġa`` reads ``" a"``),
-    else ``None`` (WordPiece, SentencePiece: their tokens are text already)."""
+    ``"sentencepiece"`` when ``▁`` marks a word's start (its ``▁a`` reads ``a``), else ``None`` (WordPiece: its
+    tokens are shown as they are)."""
     try:
-        return BYTE_LEVEL if tokenizer.convert_tokens_to_string(["Ġa"]) == " a" else None
+        if tokenizer.convert_tokens_to_string(["Ġa"]) == " a":
+            return BYTE_LEVEL
+        return SENTENCEPIECE if tokenizer.convert_tokens_to_string(["▁a"]).strip() == "a" else None
     except Exception:  # noqa: BLE001 (a tokenizer that cannot say is shown as its tokens are)
         return None
 
 
 def encoding_meta(tokenizer: Any) -> dict[str, str]:
-    """The explanation metadata entry recording the tokenizer's encoding (``{}`` unless byte-level)."""
+    """The explanation metadata entry recording the tokenizer's encoding (``{}`` for WordPiece and the like)."""
     encoding = token_encoding(tokenizer)
     return {"token_encoding": encoding} if encoding else {}
 
@@ -55,12 +64,25 @@ def decode_byte_level(token: str) -> str:
     return bytes(byte_of[c] for c in token).decode("utf-8", errors="backslashreplace")
 
 
+def decode_sentencepiece(token: str) -> str:
+    """The text of a SentencePiece token (or of tokens joined): ``▁`` a space, byte tokens (``<0x0A>``) their
+    bytes read as UTF-8 (``\\xNN`` escapes for bytes that are not whole characters)."""
+    return _BYTE_RUN.sub(
+        lambda run: bytes(int(h, 16) for h in _BYTE_TOKEN.findall(run.group(0))).decode(
+            "utf-8", errors="backslashreplace"),
+        token.replace("▁", " "))
+
+
 def readable(token: str, encoding: str | None) -> str:
-    """``token`` as shown to a reader: byte-level tokens decoded, with the word-start space dropped (renderers
-    separate tokens); a token of whitespace only shows it (``␣``, newline and tab as the terminal escapes them)."""
-    if encoding != BYTE_LEVEL:
+    """``token`` as shown to a reader: byte-level and SentencePiece tokens decoded, with the word-start space
+    dropped (renderers separate tokens); a token of whitespace only shows it (``␣``, newline and tab as the
+    terminal escapes them)."""
+    if encoding == BYTE_LEVEL:
+        text = decode_byte_level(token)
+    elif encoding == SENTENCEPIECE:
+        text = decode_sentencepiece(token)
+    else:
         return token
-    text = decode_byte_level(token)
     if not text.strip():
         return text.replace(" ", "␣")
     return text[1:] if text.startswith(" ") else text
