@@ -50,6 +50,19 @@ def make_model(family: str, num_labels: int = 2, seed: int = 0, attn: str = "eag
                       num_labels=num_labels, seed=seed, attn=attn)
 
 
+def randomise_biases_and_norms(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """``model`` with random biases and norm scales too (HF initialises them to 0 and 1, which would hide every
+    bias term and norm scale from a test), in eval mode."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            elif ("norm" in name.lower() or "ln_" in name) and name.endswith("weight"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """A tiny BERT classifier and its tokenizer saved to disk (a module may define its own, e.g. with labels)."""

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import make_model
+from conftest import make_model, randomise_biases_and_norms
 
 from attnlens import Explainer, InputError
 from attnlens.architectures import ARCHITECTURES, register_architecture
@@ -27,14 +27,7 @@ def randomised(family: str, seed: int = 0) -> torch.nn.Module:
     """A tiny model whose biases and LayerNorm parameters are random too (HF initialises them to 0 and 1, which
     would hide every bias term and the LayerNorm scales)."""
     model = make_model(family, seed=seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-            elif "norm" in name.lower() and name.endswith("weight"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
-    return model
+    return randomise_biases_and_norms(model, seed)
 
 
 def by_source(propagate, x0: torch.Tensor) -> tuple[np.ndarray, float]:

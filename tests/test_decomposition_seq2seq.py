@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import CLS, PAD, SEP, V
+from conftest import CLS, PAD, SEP, V, randomise_biases_and_norms
 
 from attnlens import Explainer, InputError
 from attnlens.architectures import ARCHITECTURES, build_tiny, register_architecture
@@ -36,14 +36,7 @@ def randomised(family: str, task: str, seed: int = 0) -> torch.nn.Module:
     else:
         model = build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, seed=seed,
                            task=task)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-            elif "norm" in name.lower() and name.endswith("weight"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
-    return model.eval()
+    return randomise_biases_and_norms(model, seed)
 
 
 class EncoderReference:
