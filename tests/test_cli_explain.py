@@ -40,7 +40,7 @@ def test_jsonl_contract(model_dir, tmp_path, capsys):
         assert d["target"] == d["predicted"]
 
 
-def test_json_pairs_target_and_out_file(model_dir, tmp_path):
+def test_json_pairs_target_and_out_file(model_dir, tmp_path, capsys):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"text_a": "the movie", "text_b": "was great"}) + "\n"
                      + json.dumps({"text": "a single text"}) + "\n", encoding="utf-8")
@@ -51,6 +51,7 @@ def test_json_pairs_target_and_out_file(model_dir, tmp_path):
     data = json.loads(out.read_text())
     assert data[0]["text"] == ["the movie", "was great"] and data[1]["text"] == "a single text"
     assert all(d["target"] == 1 for d in data)
+    assert capsys.readouterr().err.strip().endswith(f"wrote {out}")  # the file is named, as html and plots are
 
 
 def test_terminal_html_and_plot(model_dir, tmp_path, capsys):

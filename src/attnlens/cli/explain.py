@@ -269,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             for e in exps:
                 sys.stdout.write(json.dumps(e.to_dict()) + "\n")
+        if args.out:
+            _wrote(args.out)
     if args.plot:
         from ..viz.plots import plot_token_heatmap
 
@@ -312,6 +314,8 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str) ->
         _write(args.out, json.dumps([g.to_dict() for g in gens], indent=1) + "\n")
     elif args.format == "jsonl":
         _write(args.out, "".join(json.dumps(g.to_dict()) + "\n" for g in gens))
+    if args.format in ("json", "jsonl") and args.out:
+        _wrote(args.out)
     if args.plot:
         from ..viz.generation import plot_generation
 
