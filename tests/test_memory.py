@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from conftest import make_model, make_tokenizer
@@ -84,6 +86,20 @@ def test_small_budget_makes_smaller_batches_with_the_same_scores(monkeypatch):
     for a, b in zip(big, small, strict=True):
         for m in a.scores:
             np.testing.assert_allclose(a.scores[m], b.scores[m], atol=1e-6)
+
+
+def test_an_input_over_the_budget_alone_is_said_once(monkeypatch):
+    from attnlens import memory
+
+    ex = Explainer(make_model("bert"), make_tokenizer())
+    n_long = len(ex.encode([LONG])[0].ids)
+    monkeypatch.setattr(memory, "shared_pass_row_bytes", lambda d, n: 2**27 if n >= n_long else 1)  # 128 MiB
+    with pytest.warns(UserWarning, match=f"an input of {n_long} tokens needs about 0.1 GiB.*it runs alone") as got:
+        (e, _) = ex.explain([LONG, SHORT], methods=["attcat"], memory_budget="64MiB")
+    assert len([w for w in got if "runs alone" in str(w.message)]) == 1 and "attcat" in e.scores
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ex.explain([LONG], methods=["rollout"], memory_budget="64MiB")  # no gradients: no backward to hold
 
 
 def test_ig_internal_batch_follows_budget_and_length(monkeypatch):

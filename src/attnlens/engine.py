@@ -17,7 +17,7 @@ from .context import TARGET_KINDS, BatchContext
 from .encoding import Encoded
 from .errors import InputError
 from .explanation import Explanation
-from .memory import DEFAULT_BUDGET, budget_chunks, model_dims, shared_pass_row_bytes
+from .memory import DEFAULT_BUDGET, budget_chunks, model_dims, shared_pass_row_bytes, warn_when_one_row_exceeds
 from .methods import get_method, resolve_methods
 from .methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from .modelstate import explaining
@@ -100,6 +100,8 @@ def explain_all(
     results: list[Explanation | None] = [None] * len(encoded)
     lengths = [len(e.ids) for e in encoded]
     dims = model_dims(ex.model)
+    if gradients and lengths:
+        warn_when_one_row_exceeds(dims, max(lengths), memory_budget)
     own = {s.name: planned_passes(method_options.get(s.name, {})) for s in specs if OWN_PASS in s.needs}
     tracker = ExplainProgress(lengths, dims.hidden, own, bar=progress is True,
                               callback=progress if callable(progress) else None)

@@ -11,6 +11,7 @@ minilm-sst2 (32–512 tokens) and round up, so a budget is an upper bound in pra
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +90,17 @@ def shared_pass_row_bytes(dims: Dims, n: int) -> int:
     hidden states with their gradients (kept until the methods have read them)."""
     kept = 2 * dims.layers * (dims.heads * n * n + n * dims.hidden)
     return backward_row_bytes(dims, n) + kept * dims.itemsize
+
+
+def warn_when_one_row_exceeds(dims: Dims, n: int, budget: int) -> None:
+    """Warn once that an input of ``n`` tokens needs more than ``budget`` for its shared pass on its own (an input
+    cannot be split: it runs alone, over the budget)."""
+    need = shared_pass_row_bytes(dims, n)
+    if need > budget:
+        warnings.warn(
+            f"an input of {n} tokens needs about {need / 2**30:.1f} GiB for its forward+backward pass with the "
+            f"attention maps kept, more than the memory budget of {budget / 2**30:.1f} GiB; it runs alone (a "
+            "shorter max_length, or methods without gradients, need less)", stacklevel=3)
 
 
 def rows_that_fit(budget: int, row_bytes: int, cap: int | None = None) -> int:
