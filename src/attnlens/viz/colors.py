@@ -59,7 +59,7 @@ class Explained(Protocol):
 
 
 def shown_tokens(exp: Explained) -> list[str]:
-    """The tokens as a reader sees them (byte-level BPE decoded: ``Ġcapital`` reads ``capital``)."""
+    """The tokens as a reader sees them (byte-level BPE and SentencePiece decoded: ``Ġcapital`` reads ``capital``)."""
     return readable_tokens(list(exp.tokens), exp.meta)
 
 
