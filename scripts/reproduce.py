@@ -22,6 +22,7 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -570,7 +571,8 @@ def main() -> None:
         "",
         *issue11_section(Path(args.issue11_out)),
     ]
-    Path(args.doc).write_text("\n".join(doc), encoding="utf-8")
+    # sections kept from the document end in a blank line of their own: one blank line between sections
+    Path(args.doc).write_text(re.sub(r"\n{3,}", "\n\n", "\n".join(doc)), encoding="utf-8")
     print(f"wrote {args.doc} in {elapsed:.0f} s")
 
 
