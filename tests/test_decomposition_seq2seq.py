@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 from conftest import CLS, PAD, SEP, V, randomise_biases_and_norms
+from test_decomposition_decoders import Reference
 
 from attnlens import Explainer, InputError
 from attnlens.architectures import ARCHITECTURES, build_tiny, register_architecture
@@ -39,9 +40,10 @@ def randomised(family: str, task: str, seed: int = 0) -> torch.nn.Module:
     return randomise_biases_and_norms(model, seed)
 
 
-class EncoderReference:
+class EncoderReference(Reference):
     """One unpadded example through the encoder, the papers' formulas written out per token and head from the
-    weights; the encoder stream is read as the mean over its query rows (as for every method there)."""
+    weights (z and the residual stream y as for the decoders' loop; BART's post-LN layers take x_j without LN1);
+    the encoder stream is read as the mean over its query rows (as for every method there)."""
 
     def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
         if type(model).__name__.endswith("ForConditionalGeneration"):  # a decoder start (the encoder ignores it)
@@ -67,31 +69,20 @@ class EncoderReference:
                     wo=a.out_proj.weight.T, bo=a.out_proj.bias, fc1=b.fc1, fc2=b.fc2, act=b.activation_fn)
 
     def f(self, l: int, h: int, j: int) -> torch.Tensor:
-        """f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h, x_j through LN1 first in a pre-LN layer."""
+        """f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h; pre-LN layers take LN1(x_j), as the decoders' loop does."""
+        if self.pre_ln:
+            return super().f(l, h, j)
         p = self.pieces(l)
-        x = p["ln1"](self.hidden[l][j]) if self.pre_ln else self.hidden[l][j]
-        v = x @ p["wv"] + p["bv"]
+        v = self.hidden[l][j] @ p["wv"] + p["bv"]
         dh = p["wo"].shape[0] // self.heads
         return v[h * dh:(h + 1) * dh] @ p["wo"][h * dh:(h + 1) * dh]
 
-    def z(self, l: int, i: int, j: int, residual: bool = True) -> torch.Tensor:
-        out = sum(self.attn[l][h, i, j] * self.f(l, h, j) for h in range(self.heads))
-        return out + self.hidden[l][i] if residual and i == j else out
-
-    def pre1(self, l: int, i: int) -> torch.Tensor:
-        """The residual stream after attention (post-LN: LN1's input)."""
-        return sum(self.z(l, i, j) for j in range(self.n)) + self.pieces(l)["bo"]
-
-    @staticmethod
-    def ln(v: torch.Tensor, module: torch.nn.LayerNorm, pre: torch.Tensor) -> torch.Tensor:
-        return (v - v.mean()) * module.weight / torch.sqrt(pre.var(unbiased=False) + module.eps)
-
     def post_ln_parts(self, l: int, i: int) -> tuple:
-        """Post-LN: LN1's and LN2's linear parts at token i, and y_i = LN1(pre1_i)."""
-        p, pre1 = self.pieces(l), self.pre1(l, i)
+        """Post-LN: LN1's and LN2's linear parts at token i, and LN1's output y1_i = LN1(y_i)."""
+        p, pre1 = self.pieces(l), self.y(l, i)
         y1 = p["ln1"](pre1)
         pre2 = y1 + p["fc2"](p["act"](p["fc1"](y1)))
-        return (lambda v: self.ln(v, p["ln1"], pre1)), (lambda v: self.ln(v, p["ln2"], pre2)), y1
+        return (lambda v: self.norm_linear(p["ln1"], v, pre1)), (lambda v: self.norm_linear(p["ln2"], v, pre2)), y1
 
     def matrix(self, entry, l: int) -> torch.Tensor:
         return torch.tensor([[float(entry(l, i, j)) for j in range(self.n)] for i in range(self.n)])
@@ -122,7 +113,7 @@ class EncoderReference:
     def alti(self) -> np.ndarray:
         def entry(l: int, i: int, j: int) -> float:
             if self.pre_ln:
-                y, t = self.pre1(l, i), (lambda v: v)
+                y, t = self.y(l, i), (lambda v: v)
             else:
                 t, _, y = self.post_ln_parts(l, i)
             row = [max(0.0, float(y.abs().sum() - (y - t(self.z(l, i, k))).abs().sum())) for k in range(self.n)]
