@@ -17,7 +17,8 @@ from attnlens import Explainer, InputError
 from attnlens.architectures import build_tiny
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
-FAMILIES = ["gpt2", "llama", "qwen2"]
+# GPT-J, Phi, GPT-NeoX: parallel attention and FFN branches ("gpt_neox-seq": GPT-NeoX made sequential)
+FAMILIES = ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "gpt_neox-seq", "gptj", "phi", "opt"]
 TASKS = ["classification", "causal-lm"]
 TEXTS = ["the movie was really good", "bad", "a charming journey but the plot was boring"]
 
@@ -25,6 +26,14 @@ TEXTS = ["the movie was really good", "bad", "a charming journey but the plot wa
 def randomised(family: str, task: str, seed: int = 0) -> torch.nn.Module:
     """A tiny decoder whose biases and norm scales are random too (HF initialises them to 0 and 1); Qwen2 with
     4 query heads sharing 2 key/value heads (grouped-query attention, where the head order matters)."""
+    if family == "gpt_neox-seq":
+        torch.manual_seed(seed)
+        config = transformers.GPTNeoXConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                            intermediate_size=24, max_position_embeddings=64, pad_token_id=PAD,
+                                            initializer_range=0.3, attn_implementation="eager",
+                                            use_parallel_residual=False)
+        cls = transformers.GPTNeoXForCausalLM if task == "causal-lm" else transformers.GPTNeoXForSequenceClassification
+        return randomise_biases_and_norms(cls(config), seed)
     if family == "qwen2":
         torch.manual_seed(seed)
         config = transformers.Qwen2Config(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
@@ -36,6 +45,70 @@ def randomised(family: str, task: str, seed: int = 0) -> torch.nn.Module:
         model = build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, seed=seed,
                            task=task)
     return randomise_biases_and_norms(model, seed)
+
+
+def _t(linear) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """A linear module's weight in ``(in, out)`` orientation and its bias (0 where it has none)."""
+    return linear.weight.T, 0.0 if linear.bias is None else linear.bias
+
+
+def _pieces(model: torch.nn.Module, l: int) -> dict:
+    """Layer l's weights, written out per family (no architecture entry read): ``parallel`` layers feed their
+    input to the FFN too."""
+    kind, base = model.config.model_type, model.base_model
+    if kind == "gpt2":
+        b = base.h[l]
+        d = b.attn.c_attn.weight.shape[0]
+        return dict(ln1=b.ln_1, ln2=b.ln_2, wv=b.attn.c_attn.weight[:, 2 * d:], bv=b.attn.c_attn.bias[2 * d:],
+                    wo=b.attn.c_proj.weight, bo=b.attn.c_proj.bias, w_in=b.mlp.c_fc.weight, b_in=b.mlp.c_fc.bias,
+                    w_out=b.mlp.c_proj.weight, b_out=b.mlp.c_proj.bias, act=b.mlp.act, w_gate=None, parallel=False)
+    if kind == "gpt_neox":  # fused query/key/value laid out (heads, 3, head_dim): each head's last third
+        b = base.layers[l]
+        qkv = b.attention.query_key_value
+        heads = model.config.num_attention_heads
+        dh = qkv.weight.shape[1] // heads
+        cols = torch.tensor([h * 3 * dh + 2 * dh + k for h in range(heads) for k in range(dh)])
+        wo, bo = _t(b.attention.dense)
+        w_in, b_in = _t(b.mlp.dense_h_to_4h)
+        w_out, b_out = _t(b.mlp.dense_4h_to_h)
+        return dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, wv=qkv.weight.T[:, cols],
+                    bv=qkv.bias[cols], wo=wo, bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out, act=b.mlp.act,
+                    w_gate=None, parallel=model.config.use_parallel_residual)
+    if kind in ("gptj", "phi", "opt"):
+        if kind == "gptj":
+            b = base.h[l]
+            attn, out, ln1, ln2, fc1, fc2, act = b.attn, b.attn.out_proj, b.ln_1, b.ln_1, b.mlp.fc_in, b.mlp.fc_out, \
+                b.mlp.act
+        elif kind == "phi":
+            b = base.layers[l]
+            attn, out, ln1, ln2, fc1, fc2, act = b.self_attn, b.self_attn.dense, b.input_layernorm, \
+                b.input_layernorm, b.mlp.fc1, b.mlp.fc2, b.mlp.activation_fn
+        else:
+            b = base.decoder.layers[l]
+            attn, out, ln1, ln2, fc1, fc2, act = b.self_attn, b.self_attn.out_proj, b.self_attn_layer_norm, \
+                b.final_layer_norm, b.fc1, b.fc2, b.activation_fn
+        (wv, bv), (wo, bo), (w_in, b_in), (w_out, b_out) = _t(attn.v_proj), _t(out), _t(fc1), _t(fc2)
+        return dict(ln1=ln1, ln2=ln2, wv=wv, bv=bv if torch.is_tensor(bv) else torch.zeros(wv.shape[1]), wo=wo,
+                    bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out, act=act, w_gate=None,
+                    parallel=kind != "opt")
+    b = base.layers[l]  # the Llama family
+    a, m = b.self_attn, b.mlp
+    zero = torch.zeros(a.v_proj.weight.shape[0])
+    return dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, wv=a.v_proj.weight.T,
+                bv=zero if a.v_proj.bias is None else a.v_proj.bias, wo=a.o_proj.weight.T,
+                bo=torch.zeros(a.o_proj.weight.shape[0]), w_in=m.up_proj.weight.T, b_in=0.0,
+                w_out=m.down_proj.weight.T, b_out=0.0, act=m.act_fn, w_gate=m.gate_proj.weight.T, parallel=False)
+
+
+def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    base = model.base_model
+    for path in ("ln_f", "final_layer_norm", "final_layernorm", "norm", "decoder.final_layer_norm"):
+        root = base
+        for name in path.split("."):
+            root = getattr(root, name, None)
+        if root is not None:
+            return root
+    raise AssertionError(f"no final norm found in {type(base).__name__}")
 
 
 class Reference:
@@ -50,34 +123,26 @@ class Reference:
         self.attn = [a[0] for a in out.attentions]
         self.logits = out.logits[0, -1] if out.logits.dim() == 3 else out.logits[0]
         self.n, self.heads = self.attn[0].shape[-1], self.attn[0].shape[0]
-        base = model.base_model
-        self.blocks = base.h if self.gpt2 else base.layers
-        self.final = base.ln_f if self.gpt2 else base.norm
+        self.final = _final_norm(model)
 
     def pieces(self, l: int) -> dict:
-        b = self.blocks[l]
-        if self.gpt2:
-            d = self.hidden[0].shape[1]
-            return dict(ln1=b.ln_1, ln2=b.ln_2, wv=b.attn.c_attn.weight[:, 2 * d:], bv=b.attn.c_attn.bias[2 * d:],
-                        wo=b.attn.c_proj.weight, bo=b.attn.c_proj.bias, w_in=b.mlp.c_fc.weight, b_in=b.mlp.c_fc.bias,
-                        w_out=b.mlp.c_proj.weight, b_out=b.mlp.c_proj.bias, act=b.mlp.act, w_gate=None)
-        a, m = b.self_attn, b.mlp
-        zero = torch.zeros(a.v_proj.weight.shape[0])
-        return dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, wv=a.v_proj.weight.T,
-                    bv=zero if a.v_proj.bias is None else a.v_proj.bias, wo=a.o_proj.weight.T,
-                    bo=torch.zeros(a.o_proj.weight.shape[0]), w_in=m.up_proj.weight.T, b_in=0.0,
-                    w_out=m.down_proj.weight.T, b_out=0.0, act=m.act_fn, w_gate=m.gate_proj.weight.T)
+        return _pieces(self.model, l)
 
     @staticmethod
     def norm_linear(norm, v: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """The norm's linear part on a summand ``v`` of the real input ``real`` (one token), scale of ``real``."""
         if isinstance(norm, torch.nn.LayerNorm):
-            return (v - v.mean()) / torch.sqrt(real.var(unbiased=False) + norm.eps) * norm.weight
-        return v / torch.sqrt(real.pow(2).mean() + norm.variance_epsilon) * norm.weight
+            out = (v - v.mean()) / torch.sqrt(real.var(unbiased=False) + norm.eps)
+            return out if norm.weight is None else out * norm.weight
+        gain = 1 + norm.weight if type(norm).__name__.startswith("Gemma") else norm.weight  # Gemma: x̂ (1 + γ)
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        return v / torch.sqrt(real.pow(2).mean() + eps) * gain
 
     @staticmethod
     def norm_bias(norm) -> torch.Tensor:
-        return norm.bias if isinstance(norm, torch.nn.LayerNorm) else torch.zeros_like(norm.weight)
+        if isinstance(norm, torch.nn.LayerNorm):
+            return torch.zeros(norm.normalized_shape) if norm.bias is None else norm.bias
+        return torch.zeros_like(norm.weight)
 
     def f(self, l: int, h: int, j: int) -> torch.Tensor:
         """f^h(LN1(x_j)) = (LN1(x_j) W_V^h + b_V^h) W_O^h, the key/value head of query head h for GQA."""
@@ -132,7 +197,7 @@ class Reference:
         for l in range(len(self.attn)):
             p = self.pieces(l)
             y = torch.stack([self.y(l, i) for i in range(n)])
-            m = p["ln2"](y)
+            m = p["ln2"](self.hidden[l] if p["parallel"] else y)
             g = None if p["w_gate"] is None else m @ p["w_gate"]
             u = m @ p["w_in"] + p["b_in"]
             act = p["act"](u) if g is None else p["act"](g) * u
@@ -156,7 +221,8 @@ class Reference:
                     vh = v[:, (h // rep) * dh:(h // rep + 1) * dh]
                     att += self.attn[l][h] @ vh @ p["wo"][h * dh:(h + 1) * dh]
                 r = e + att + (p["bo"] if biases else 0)
-                m = torch.stack([self.norm_linear(p["ln2"], r[i], y_real[i]) for i in range(n)])
+                into, real_in = (e, x_real) if p["parallel"] else (r, y_real)
+                m = torch.stack([self.norm_linear(p["ln2"], into[i], real_in[i]) for i in range(n)])
                 m = m + (self.norm_bias(p["ln2"]) if biases else 0)
                 u = m @ p["w_in"] + (p["b_in"] if biases else 0)
                 if g_real is None:
@@ -234,7 +300,7 @@ def test_batch_and_padding_invariance(family, task, tokenizer):
 
 
 @pytest.mark.parametrize("batch_size", [16, 3])  # one batch of steps; two, each over its own sequence
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox"])
 def test_each_generation_step_equals_its_prefix(family, batch_size, tokenizer):
     ex = Explainer(randomised(family, "causal-lm"), tokenizer)
     g = ex.explain_generation("the movie was really", target=" good but the plot was boring", methods=NORM,
@@ -250,3 +316,11 @@ def test_what_does_not_apply_to_a_pre_ln_model_is_one_clear_error(tokenizer):
         ex.explain("good", methods=["attnnorm"], options={"attnnorm": {"variant": "attn_res_ln"}})
     with pytest.raises(InputError, match="absdot.*post-LN encoders"):
         ex.explain("good", methods=["decompx"], options={"decompx": {"bias": "absdot"}})
+    # OPT-350m's layout (post-LN layers, states projected in and out of a narrower width) has no anatomy
+    config = transformers.OPTConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                    ffn_dim=24, max_position_embeddings=64, word_embed_proj_dim=8,
+                                    do_layer_norm_before=False, pad_token_id=PAD)
+    opt = Explainer(transformers.OPTForCausalLM(config).eval(), tokenizer)
+    for m in NORM:
+        with pytest.raises(InputError, match="need a layer anatomy attnlens knows"):
+            opt.explain("good", methods=[m])

@@ -14,8 +14,9 @@ from attnlens import Explainer, InputError, get_method
 from attnlens.architectures import architecture_for
 from attnlens.methods.valuezeroing import value_zeroing_matrices
 
-TYPES = ["bert", "distilbert", "roberta", "albert", "llama", "gpt2", "bart", "mbart", "t5"]
+DECODERS = ("llama", "gpt2", "qwen3", "gemma", "gpt_neox", "gptj", "phi", "opt")
 SEQ2SEQ = ("bart", "mbart", "t5")
+TYPES = ["bert", "distilbert", "roberta", "albert", *DECODERS, *SEQ2SEQ]
 TEXTS = ["the movie was good", "not very bad , i really didn ' t like this film", "awful !"]
 
 
@@ -50,7 +51,10 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
                 if state["call"] != zero_call:
                     return o
                 o = o.clone()
-                part = o.shape[-1] // spec.fused
+                if model.config.model_type == "gpt_neox":  # (heads, q/k/v, head_dim) per position
+                    o.view(*o.shape[:2], model.config.num_attention_heads, 3, -1)[:, zero_token, :, 2] = 0
+                    return o
+                part = o.shape[-1] // (3 if model.config.model_type == "gpt2" else 1)
                 o[:, zero_token, -part:] = 0
                 return o
             handles.append(_module(layer, spec.value).register_forward_hook(zero))
@@ -78,7 +82,7 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
     if model.config.model_type in SEQ2SEQ:  # the encoder stream is explained by the mean over its rows
         weights[:] = 1 / n
     else:
-        weights[n - 1 if model.config.model_type in ("llama", "gpt2") else 0] = 1
+        weights[n - 1 if model.config.model_type in DECODERS else 0] = 1
     return np.stack([weights @ j for j in joint]), c, weights
 
 
@@ -139,8 +143,8 @@ def test_model_unchanged_and_no_hooks_left(tokenizer):
 
 
 def test_types_without_layers_and_cross_streams_are_refused_or_skipped(tokenizer):
-    ex = Explainer(make_model("gpt_neox"), tokenizer)
-    with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'gpt_neox'"):
+    ex = Explainer(make_model("gpt_neo"), tokenizer)
+    with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'gpt_neo'"):
         ex.explain("the movie", "valuezeroing")
     with pytest.warns(UserWarning, match="skipping.*valuezeroing"):
         (e,) = ex.explain("the movie", "all", options={"integratedgradients": {"n_steps": 2}})

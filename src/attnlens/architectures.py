@@ -88,7 +88,8 @@ class Anatomy:
     by :mod:`attnlens.methods.decomposition`; the layers themselves and their value projections are the entry's
     :class:`Layers`). A post-LN encoder layer is ``LN2(h + FFN(h))``, ``h = LN1(x + Attn(x))``; a pre-LN
     (``pre_ln``) decoder layer is ``h + FFN(LN2(h))``, ``h = x + Attn(LN1(x))``, and ``final_norm`` (a path under
-    the base model) normalises the last layer's output.
+    the base model) normalises the last layer's output. A ``parallel`` pre-LN layer feeds its input to both
+    branches, ``x + Attn(LN1(x)) + FFN(LN2(x))`` (GPT-J, GPT-NeoX, Phi; ``ln2`` may name ``ln1``'s module).
 
     ``output`` ... ``ln2`` are relative to one layer (``act`` is the FFN's activation, a module or function
     attribute; ``gate``: a gated FFN ``ffn_out(act(gate(y)) ⊙ ffn_in(y))``, Llama's). ``head`` lists the
@@ -107,6 +108,7 @@ class Anatomy:
     pre_ln: bool = False
     gate: str | None = None
     final_norm: str | None = None
+    parallel: bool = False
 
 
 HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
@@ -135,12 +137,26 @@ class Layers:
     one path per attention stream, e.g. ``{"encoder": "encoder.layers", "decoder": "decoder.layers"}``), or a
     function of the model giving one module per layer application (a layer shared across depths, as ALBERT's,
     repeats); ``value`` the path, within one layer, of the module whose output ``(B, N, fused * heads *
-    head_dim)`` holds every head's value vectors: alone (``fused=1``) or as the last of ``fused`` equal parts
-    (GPT-2's query/key/value projection: ``fused=3``)."""
+    head_dim)`` holds every head's value vectors: alone (``fused=1``), as the last of ``fused`` equal parts
+    (GPT-2's query/key/value projection: ``fused=3``), or, with ``per_head``, as the last of ``fused`` parts
+    within each head's slice (GPT-NeoX's and BLOOM's ``(heads, 3, head_dim)`` layout)."""
 
     layers: str | dict[str, str] | Callable[[nn.Module], list[nn.Module]]
     value: str
     fused: int = 1
+    per_head: bool = False
+
+    def value_features(self, width: int, heads: int) -> torch.Tensor:
+        """``(width,)`` bool: which features of the value module's output (``width`` wide, ``heads`` heads) are
+        value vectors, in head order."""
+        mask = torch.zeros(width, dtype=torch.bool)
+        if self.fused == 1:
+            mask[:] = True
+        elif self.per_head:
+            mask.view(heads, self.fused, -1)[:, -1] = True
+        else:
+            mask[-(width // self.fused):] = True
+        return mask
 
     def path(self, stream: str) -> str | None:
         """The layers' path for attention stream ``stream`` (``"self"`` for single-stream models), or ``None``
@@ -257,6 +273,30 @@ _LLAMA_ANATOMY = Anatomy((("score", None),), output="self_attn.o_proj", ln1="inp
                          gate="mlp.gate_proj", act="mlp.act_fn", ffn_out="mlp.down_proj",
                          ln2="post_attention_layernorm", pre_ln=True, final_norm="norm")
 
+# parallel pre-LN decoders: both branches read the layer input (GPT-J and Phi through one LayerNorm)
+_GPTJ_ANATOMY = Anatomy((("score", None),), output="attn.out_proj", ln1="ln_1", ffn_in="mlp.fc_in", act="mlp.act",
+                        ffn_out="mlp.fc_out", ln2="ln_1", pre_ln=True, final_norm="ln_f", parallel=True)
+_PHI_ANATOMY = Anatomy((("score", None),), output="self_attn.dense", ln1="input_layernorm", ffn_in="mlp.fc1",
+                       act="mlp.activation_fn", ffn_out="mlp.fc2", ln2="input_layernorm", pre_ln=True,
+                       final_norm="final_layernorm", parallel=True)
+
+
+def _gpt_neox_anatomy(config: Any) -> Anatomy:
+    """GPT-NeoX (Pythia): two LayerNorms, parallel unless ``use_parallel_residual`` is off."""
+    return Anatomy((("score", None),), output="attention.dense", ln1="input_layernorm", ffn_in="mlp.dense_h_to_4h",
+                   act="mlp.act", ffn_out="mlp.dense_4h_to_h", ln2="post_attention_layernorm", pre_ln=True,
+                   final_norm="final_layer_norm", parallel=getattr(config, "use_parallel_residual", True))
+
+
+def _opt_anatomy(config: Any) -> Anatomy | None:
+    """OPT's pre-LN layers; OPT-350m (post-LN, its states projected in and out of a narrower width) has none."""
+    if not getattr(config, "do_layer_norm_before", True) or config.word_embed_proj_dim != config.hidden_size:
+        return None
+    return Anatomy((("score", None),), output="self_attn.out_proj", ln1="self_attn_layer_norm", ffn_in="fc1",
+                   act="activation_fn", ffn_out="fc2", ln2="final_layer_norm", pre_ln=True,
+                   final_norm="decoder.final_layer_norm")
+
+
 # encoder-decoders: the anatomy of the encoder's layers (the stream the norm-based methods read there)
 _BART_ANATOMY = Anatomy((), output="self_attn.out_proj", ln1="self_attn_layer_norm", ffn_in="fc1",
                         act="activation_fn", ffn_out="fc2", ln2="final_layer_norm")
@@ -345,8 +385,12 @@ _ENTRIES: list[Architecture] = [
     Architecture("gpt_neo", DECODER, tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
                                                  attention_types=[[["global", "local"], 1]],
                                                  max_position_embeddings=64)),
-    Architecture("gpt_neox", DECODER, tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64)),
-    Architecture("gptj", DECODER, tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4)),
+    Architecture("gpt_neox", DECODER, tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64, initializer_range=STD),
+                 layers=Layers("layers", "attention.query_key_value", fused=3, per_head=True),
+                 anatomy=_gpt_neox_anatomy),
+    Architecture("gptj", DECODER, tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4,
+                                             initializer_range=STD),
+                 layers=Layers("h", "attn.v_proj"), anatomy=_GPTJ_ANATOMY),
     Architecture("llama", DECODER, lrp=_llama_lrp("Llama"),
                  tiny=_tiny("Llama", **_ENC, num_key_value_heads=2, max_position_embeddings=64,
                             initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
@@ -356,13 +400,18 @@ _ENTRIES: list[Architecture] = [
     Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1)),
     Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS,
                  anatomy=_LLAMA_ANATOMY),
-    Architecture("qwen3", DECODER, tiny=_tiny("Qwen3", **_DEC, head_dim=8)),
-    Architecture("gemma", DECODER, tiny=_tiny("Gemma", **_DEC, head_dim=8)),
+    Architecture("qwen3", DECODER, tiny=_tiny("Qwen3", **_DEC, head_dim=8, initializer_range=STD),
+                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),
+    Architecture("gemma", DECODER, tiny=_tiny("Gemma", **_DEC, head_dim=8, initializer_range=STD),
+                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),  # its RMSNorm scales by 1 + weight
     Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8)),
-    Architecture("phi", DECODER, tiny=_tiny("Phi", **_ENC, max_position_embeddings=64)),
+    Architecture("phi", DECODER, tiny=_tiny("Phi", **_ENC, max_position_embeddings=64, initializer_range=STD),
+                 layers=_LLAMA_LAYERS, anatomy=_PHI_ANATOMY),
     Architecture("phi3", DECODER, tiny=_tiny("Phi3", **_ENC, max_position_embeddings=64)),
     Architecture("opt", DECODER, tiny=_tiny("OPT", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                            ffn_dim=24, max_position_embeddings=64, word_embed_proj_dim=16)),
+                                            ffn_dim=24, max_position_embeddings=64, word_embed_proj_dim=16,
+                                            init_std=STD),
+                 layers=Layers("decoder.layers", "self_attn.v_proj"), anatomy=_opt_anatomy),
     Architecture("bloom", DECODER, tiny=_tiny("Bloom", hidden_size=16, n_layer=2, n_head=2)),
     Architecture("falcon", DECODER, tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
     # encoder-decoders: the head reads the decoder state at the last EOS
@@ -393,6 +442,8 @@ def register_architecture(arch: Architecture) -> None:
         raise ModelError(f"{arch.model_type}: an anatomy needs the entry's layers (where the value projections are)")
     if isinstance(arch.anatomy, Anatomy) and arch.layers.fused != 1 and not arch.anatomy.pre_ln:
         raise ModelError(f"{arch.model_type}: a post-LN anatomy needs an unfused value projection")
+    if isinstance(arch.anatomy, Anatomy) and arch.anatomy.parallel and not arch.anatomy.pre_ln:
+        raise ModelError(f"{arch.model_type}: a parallel anatomy is a pre-LN one (set pre_ln=True)")
     ARCHITECTURES[arch.model_type] = arch
     if arch.lrp is None:
         LRP_SUPPORTED.pop(arch.model_type, None)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..adapters import FIRST, LAST
-from ..architectures import HEAD_ACTIVATIONS, Anatomy, architecture_for
+from ..architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architecture_for
 from ..context import BatchContext, Capture
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
@@ -141,15 +141,15 @@ def _final_norm(model: nn.Module, anatomy: Anatomy) -> nn.Module | None:
     return None if anatomy.final_norm is None else _attr(model.base_model, anatomy.final_norm)
 
 
-def _values(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, fused: int) -> torch.Tensor:
-    """``(B, N, H, d_h)``: each head's value vectors of the value projection's input ``a`` (the last of
-    ``fused`` equal parts of its output; grouped-query attention's key/value heads repeated for their queries)."""
+def _values(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, spec: Layers) -> torch.Tensor:
+    """``(B, N, H, d_h)``: each head's value vectors of the value projection's input ``a`` (where ``spec`` says
+    they are in its output; grouped-query attention's key/value heads repeated for their queries)."""
     out = mods["value"](a)
-    if fused > 1:
-        out = out[..., -(out.shape[-1] // fused):]
     b, n, _ = a.shape
     dh = linear_weight(mods["output"]).shape[1] // heads
-    v = out.view(b, n, out.shape[-1] // dh, dh)
+    if spec.fused > 1:
+        out = out[..., spec.value_features(out.shape[-1], out.shape[-1] // (spec.fused * dh)).to(out.device)]
+    v = out.reshape(b, n, out.shape[-1] // dh, dh)
     return v if v.shape[2] == heads else v.repeat_interleave(heads // v.shape[2], dim=2)
 
 
@@ -213,7 +213,7 @@ def model_layers(ctx: BatchContext) -> list[Layer]:
     model = ctx.model
     anatomy = _anatomy(model)
     blocks = _blocks(model)
-    fused = architecture_for(model.config).layers.fused
+    spec = architecture_for(model.config).layers
     final = _final_norm(model, anatomy)
     hidden, attentions, real = _pass(ctx)
     out: list[Layer] = []
@@ -223,10 +223,10 @@ def model_layers(ctx: BatchContext) -> list[Layer]:
             x = hidden[i]
             h = attn.shape[1]
             a = mods["ln1"](x) if anatomy.pre_ln else x
-            f = _head_outputs(mods, _values(mods, a, h, fused))
+            f = _head_outputs(mods, _values(mods, a, h, spec))
             pre1 = x + torch.einsum("bhij,bhjd->bid", attn, f) + _output_bias(mods)
             if anatomy.pre_ln:
-                ffn, theta = _ffn(mods, mods["ln2"](pre1))
+                ffn, theta = _ffn(mods, mods["ln2"](x if anatomy.parallel else pre1))
                 got = pre1 + ffn
                 if i == len(blocks) - 1 and final is not None:
                     got = final(got)  # the last hidden state is the final norm's output
@@ -481,14 +481,24 @@ def decompx_logits(ctx: BatchContext, bias: str = "absdot") -> torch.Tensor:
 
 def _frozen_norm(v: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """``norm(v)`` with its scale held constant (a linear map of ``v``, as DecompX reads a LayerNorm): a
-    LayerNorm (v − mean)/s ⊙ γ + β, an RMSNorm (Llama's) v/s ⊙ γ."""
+    LayerNorm (v − mean)/s ⊙ γ + β, an RMSNorm v/s ⊙ g."""
     if isinstance(norm, nn.LayerNorm):
-        return (v - v.mean(-1, keepdim=True)) / _std(norm, v).detach() * norm.weight + norm.bias
+        out = (v - v.mean(-1, keepdim=True)) / _std(norm, v).detach()
+        out = out if norm.weight is None else out * norm.weight
+        return out if norm.bias is None else out + norm.bias
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     if not type(norm).__name__.endswith("RMSNorm") or eps is None:
         raise ModelError(f"decompx knows LayerNorm and RMSNorm, not {type(norm).__name__}")
     rms = (v.float().pow(2).mean(-1, keepdim=True) + eps).sqrt().to(v.dtype)
-    return v / rms.detach() * norm.weight
+    return v / rms.detach() * _rms_gain(norm, eps, v)
+
+
+def _rms_gain(norm: nn.Module, eps: float, like: torch.Tensor) -> torch.Tensor:
+    """The gain g of an RMSNorm, read from the module itself: its output on a vector of ones is g/√(1 + eps)
+    (Llama's and T5's g = γ, Gemma's 1 + γ), so no variant's parametrisation is guessed."""
+    with torch.no_grad():
+        ones = torch.ones(like.shape[-1], dtype=like.dtype, device=like.device)
+        return norm(ones) * (1.0 + eps) ** 0.5
 
 
 def _linearised(act: Callable[[torch.Tensor], torch.Tensor], pre: torch.Tensor) -> torch.Tensor:
@@ -548,7 +558,7 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
     blocks = _blocks(model)
-    fused = architecture_for(model.config).layers.fused
+    spec = architecture_for(model.config).layers
     final = _final_norm(model, anatomy)
     hidden, attentions, real = _pass(ctx)
     rows_real = cap.key_mask.bool()
@@ -557,13 +567,13 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
         h, value0 = x0, None
         for i, (block, attn) in enumerate(zip(blocks, attentions, strict=True)):
             mods = _parts(block, model, anatomy)
-            v = _values(mods, _frozen_norm(h, mods["ln1"]) if anatomy.pre_ln else h, attn.shape[1], fused)
+            v = _values(mods, _frozen_norm(h, mods["ln1"]) if anatomy.pre_ln else h, attn.shape[1], spec)
             if value0 is None:
                 value0 = v = v.detach().requires_grad_(True)
             att = mods["output"](_mix(attn, v))
             if anatomy.pre_ln:
                 y = h + att
-                h = y + _linear_ffn(mods, _frozen_norm(y, mods["ln2"]))
+                h = y + _linear_ffn(mods, _frozen_norm(h if anatomy.parallel else y, mods["ln2"]))
                 if i == len(blocks) - 1 and final is not None:
                     h = _frozen_norm(h, final)
             else:

@@ -69,15 +69,15 @@ def _take(value: Any, batch: int, index: torch.Tensor) -> Any:
 
 
 @contextmanager
-def _zeroing(value_module: nn.Module, keep: torch.Tensor, fused: int) -> Iterator[None]:
-    """Multiply the value vectors in the value projection's output ``(R, N, fused * D)`` (its last ``D``
-    features) by ``keep`` ``(R, N)`` (0 = zeroed value vector)."""
+def _zeroing(value_module: nn.Module, keep: torch.Tensor, spec: Layers, heads: int) -> Iterator[None]:
+    """Multiply the value vectors in the value projection's output ``(R, N, width)`` (the features ``spec``
+    says hold them) by ``keep`` ``(R, N)`` (0 = zeroed value vector)."""
     def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         scale = keep[..., None].to(output.dtype)
-        if fused == 1:
+        if spec.fused == 1:
             return output * scale
-        part = output.shape[-1] // fused
-        return torch.cat([output[..., :-part], output[..., -part:] * scale], -1)
+        values = spec.value_features(output.shape[-1], heads).to(output.device)
+        return torch.where(values, output * scale, output)
 
     handle = value_module.register_forward_hook(hook)
     try:
@@ -111,6 +111,7 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
 
     The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows."""
     spec = _layers_of(model)
+    heads = getattr(model.config, "num_attention_heads", 1)  # read only for a per-head fused layout (GPT-NeoX)
     layers = list({id(m): m for m in spec.modules(model, stream)}.values())  # a shared layer is hooked once
     calls = _layer_calls(model, layers, inputs)
     b, n = token_mask.shape
@@ -133,7 +134,7 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
             keep = torch.ones(len(index), n, device=device)
             if zeroed is not None:
                 keep[torch.arange(len(index), device=device), zeroed] = 0.0
-            with _zeroing(_module(layer, spec.value), keep, spec.fused):
+            with _zeroing(_module(layer, spec.value), keep, spec, heads):
                 y = layer(_take(hidden, b, index), *_take(rest, b, index),
                           **{k: _take(v, b, index) for k, v in kwargs.items()})
             return (y[0] if isinstance(y, tuple) else y).float()
