@@ -295,6 +295,25 @@ def test_cli_generate_json_html_plot_and_head_view(lm_dir, tmp_path, capsys):
     assert "→" in capsys.readouterr().out
 
 
+@pytest.mark.filterwarnings("ignore:bfloat16 on the CPU")
+def test_cli_generate_passes_ig_steps_precision_and_memory_budget(lm_dir, tmp_path):
+    """--ig-steps, --dtype and --memory-budget reach the generation (they were once read and then dropped)."""
+    from attnlens.cli import main
+
+    out = tmp_path / "g.json"
+    assert main(["explain", "--model", lm_dir, "--generate", "--max-new-tokens", "2", "--methods",
+                 "integratedgradients", "--ig-steps", "3", "--dtype", "bfloat16", "--memory-budget", "64MiB",
+                 "--format", "json", "--out", str(out), PROMPT]) == 0
+    (g,) = load_generations(out)
+    assert g.meta["options"]["integratedgradients"]["n_steps"] == 3
+    direct = Explainer.from_pretrained(lm_dir, dtype=torch.bfloat16).explain_generation(
+        PROMPT, "integratedgradients", max_new_tokens=2, options={"integratedgradients": {"n_steps": 3}})
+    np.testing.assert_allclose(g.scores["integratedgradients"], direct.scores["integratedgradients"], atol=1e-6)
+    float32 = Explainer.from_pretrained(lm_dir).explain_generation(
+        PROMPT, "integratedgradients", max_new_tokens=2, options={"integratedgradients": {"n_steps": 3}})
+    assert not np.allclose(g.scores["integratedgradients"], float32.scores["integratedgradients"], atol=1e-6)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--chat"], "are for --generate"),
     (["--generate", "--max-new-tokens", "0"], "at least 1"),

@@ -6,9 +6,10 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import make_model, make_tokenizer
+from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
 
-from attnlens import Explainer, InputError, engine
+from attnlens import Explainer, InputError, engine, generation, memory
+from attnlens.architectures import build_tiny
 from attnlens.cli import main
 from attnlens.memory import (
     backward_row_bytes,
@@ -89,7 +90,6 @@ def test_small_budget_makes_smaller_batches_with_the_same_scores(monkeypatch):
 
 
 def test_an_input_over_the_budget_alone_is_said_once(monkeypatch):
-    from attnlens import memory
 
     ex = Explainer(make_model("bert"), make_tokenizer())
     n_long = len(ex.encode([LONG])[0].ids)
@@ -131,3 +131,55 @@ def test_cli_memory_budget(capsys, tmp_path):
     assert "below 64 MiB" in capsys.readouterr().err
     assert main(["explain", "--ig-steps", "8", "--methods", "rawatt", "good"]) == 2
     assert "integratedgradients, which --methods leaves out" in capsys.readouterr().err
+
+
+def _lm_explainer() -> Explainer:
+    return Explainer(build_tiny("llama", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
+                                task="causal-lm"), make_tokenizer())
+
+
+def _count_batches(monkeypatch) -> list[int]:
+    sizes: list[int] = []
+    real = engine.compute_batch
+
+    def counting(runner, batch, *args, **kwargs):
+        sizes.append(len(batch))
+        return real(runner, batch, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "compute_batch", counting)
+    return sizes
+
+
+def test_generation_steps_per_batch_follow_the_budget(monkeypatch):
+    """Steps sharing one forward: the first costs a whole pass, each further one its gradients; a budget of
+    64 MiB with (estimated) 32 MiB + 8 MiB per step takes 5 steps per batch, scores unchanged."""
+    ex = _lm_explainer()
+    prompt, target = "the movie was", " good but the plot was boring and the actors were bad"
+    methods = ["rollout", "attcat", "inputxgradient"]
+    full = ex.explain_generation(prompt, methods, target=target)
+    n_steps = len(full.generated_ids)
+    assert n_steps >= 8
+    sizes = _count_batches(monkeypatch)
+    monkeypatch.setattr(generation, "shared_pass_row_bytes", lambda d, n: 32 * 2**20)
+    monkeypatch.setattr(generation, "step_gradient_bytes", lambda d, n: 8 * 2**20)
+    small = ex.explain_generation(prompt, methods, target=target, memory_budget="64MiB")
+    assert sizes == [5] * (n_steps // 5) + ([n_steps % 5] if n_steps % 5 else [])
+    for m in methods:
+        np.testing.assert_allclose(small.scores[m], full.scores[m], atol=1e-5, err_msg=m)
+    sizes.clear()  # without gradients a forward keeps little: the batch size as asked
+    ex.explain_generation(prompt, ["rollout"], target=target, memory_budget="64MiB")
+    assert sizes == [n_steps]
+
+
+def test_a_generation_over_the_budget_runs_one_step_at_a_time_and_says_so(monkeypatch):
+    ex = _lm_explainer()
+    full = ex.explain_generation("the movie was", ["attcat"], target=" good but bad")
+    sizes = _count_batches(monkeypatch)
+    for module in (generation, memory):  # the batch sizing and the warning
+        monkeypatch.setattr(module, "shared_pass_row_bytes", lambda d, n: 2**27)  # 128 MiB
+    with pytest.warns(UserWarning, match=r"a generation of \d+ tokens needs about 0.1 GiB.*it runs alone") as got:
+        g = ex.explain_generation("the movie was", ["attcat"], target=" good but bad", memory_budget="64MiB")
+    said = [w for w in got if "runs alone" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__  # pointed at the caller's line
+    assert sizes == [1] * len(g.generated_ids)
+    np.testing.assert_allclose(g.scores["attcat"], full.scores["attcat"], atol=1e-5)

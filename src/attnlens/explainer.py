@@ -261,6 +261,7 @@ class Explainer:
         target_kind: str = "logit",
         batch_size: int = 16,
         options: Mapping[str, Mapping[str, Any]] | None = None,
+        memory_budget: str | int | None = None,
     ) -> Generation:
         """Explain every token a language model generates after ``prompt``, with each method.
 
@@ -274,8 +275,12 @@ class Explainer:
                 (step t compares generated token t with contrast token t, after the same prefix).
             chat: put the prompt through the tokenizer's chat template (a user turn + the assistant's start).
             target_kind: ``"logit"`` (default), ``"probability"`` or ``"loss"`` (log-probability) of each token.
-            batch_size: steps per batched forward/backward pass.
+            batch_size: steps per batched forward/backward pass (at most; fewer where they would not fit
+                ``memory_budget``).
             options: per-method options.
+            memory_budget: memory the passes may plan for, e.g. ``"4GB"`` (default 4 GiB): with gradient methods,
+                how many steps share a backward pass; a generation over the budget on its own runs alone, with a
+                warning.
 
         Returns:
             A :class:`~attnlens.generation.Generation`: ``scores[m]`` is ``(n_generated, n_prompt + n_generated)``,
@@ -283,7 +288,7 @@ class Explainer:
         """
         return explain_generation(self, prompt, methods, max_new_tokens=max_new_tokens, target=target,
                                   contrast=contrast, chat=chat, target_kind=target_kind, batch_size=batch_size,
-                                  options=options)
+                                  options=options, memory_budget=memory_budget)
 
     def _with_head(self, head: Any) -> Explainer:
         """A shallow copy (same model and tokenizer) explaining with ``head`` (e.g. a contrast)."""

@@ -35,6 +35,15 @@ from .encoding import Encoded, encode
 from .errors import InputError, ModelError
 from .explanation import Explanation, _read_dicts
 from .heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
+from .memory import (
+    model_dims,
+    parse_budget,
+    rows_that_fit,
+    shared_pass_row_bytes,
+    step_gradient_bytes,
+    warn_when_one_row_exceeds,
+)
+from .methods.registry import GRADIENTS
 from .modelstate import explaining
 from .tokentext import encoding_meta
 
@@ -224,6 +233,7 @@ def explain_generation(
     target_kind: str = "logit",
     batch_size: int = 16,
     options: Mapping[str, Mapping[str, Any]] | None = None,
+    memory_budget: str | int | None = None,
 ) -> Generation:
     """See :meth:`attnlens.Explainer.explain_generation`."""
     head = ex.head
@@ -236,6 +246,7 @@ def explain_generation(
         raise InputError("the prompt is empty: give the text the model should continue")
     _check_count("max_new_tokens", max_new_tokens)
     size = ex._effective_batch_size(batch_size)
+    budget = parse_budget(memory_budget)
     specs, method_options = engine.select_methods(ex, methods, target or "generated", target_kind, options,
                                                   contrast is not None)
     if decoder_stream:
@@ -254,6 +265,10 @@ def explain_generation(
     if longest > ex.max_length:
         raise InputError(f"prompt ({len(prompt_ids)} tokens) + continuation ({len(generated)}) is longer than the "
                          f"model's maximum of {ex.max_length} tokens")
+
+    gradients = any(GRADIENTS in s.needs for s in specs)
+    size = _steps_per_batch(ex, len(prompt_ids) + len(generated) + (1 if seq2seq else 0), size, budget, gradients,
+                            one_pass=ONE_PASS and not seq2seq)
 
     special_ids = set(getattr(ex.tokenizer, "all_special_ids", []) or [])
     ids = prompt_ids + generated
@@ -284,7 +299,8 @@ def explain_generation(
             ctx = engine.batch_context(runner, batch, target_kind)
             if ONE_PASS:  # every row is a prefix of the longest: one forward over it serves them all
                 ctx.sequence = ex._inputs([steps[rows[-1]].ids])[0]
-        ctx, out = engine.compute_batch(runner, batch, targets, specs, method_options, target_kind, ctx=ctx)
+        ctx, out = engine.compute_batch(runner, batch, targets, specs, method_options, target_kind, gradients,
+                                        ctx=ctx, memory_budget=budget)
         logits = (head.at(ctx.capture.logits, ctx.targets) if seq2seq
                   else head.last(ctx.capture.logits, ctx.token_mask))
         probs = logits.float().softmax(-1)  # (B, V): the distribution each step's token was drawn from
@@ -318,6 +334,20 @@ def explain_generation(
         scores=scores, probabilities=probabilities, predicted_ids=predicted, contrast_ids=contrast_ids,
         contrast_probabilities=None if contrast_ids is None else contrast_probs, forced=forced, meta=meta,
     )
+
+
+def _steps_per_batch(ex: Explainer, n: int, size: int, budget: int, gradients: bool, one_pass: bool) -> int:
+    """How many of ``size`` steps one batch takes so that its pass over ``n`` tokens fits ``budget``: steps sharing
+    one forward (``one_pass``) add their gradients each; otherwise each is a whole forward+backward. Without
+    gradients a forward keeps little: ``size``. A sequence over the budget on its own runs alone, with a warning."""
+    if not gradients:
+        return size
+    dims = model_dims(ex.model)
+    warn_when_one_row_exceeds(dims, n, budget, what="a generation", stacklevel=4)
+    first = shared_pass_row_bytes(dims, n)
+    if one_pass:
+        return max(1, min(size, 1 + (budget - first) // step_gradient_bytes(dims, n)))
+    return rows_that_fit(budget, first, size)
 
 
 class _Seq2SeqSteps(EncoderDecoderAdapter):

@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     if model is None:
         raise ModelError("no --model given and the default ../shared/models/minilm-sst2 was not found")
     if args.generate:
-        return _run_generation(args, texts, model)
+        return _run_generation(args, texts, model, device=device, dtype=dtype, options=options, budget=budget)
     target: Any = args.target
     if target is not None and target.lstrip("-").isdigit():
         target = int(target)
@@ -296,16 +296,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str) -> int:
+def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *, device: Any, dtype: Any,
+                    options: dict[str, dict[str, Any]] | None, budget: int) -> int:
     """``--generate``: explain what the model generates after each prompt."""
     from .. import Explainer
 
     if not all(isinstance(p, str) for p in prompts):
         raise InputError("--generate continues single texts, not sentence pairs")
-    explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length)
+    explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length,
+                                          device=device, dtype=dtype)
     gens = [explainer.explain_generation(p, methods=args.methods, max_new_tokens=args.max_new_tokens,
                                          target=args.target, contrast=args.contrast, chat=args.chat,
-                                         target_kind=args.target_kind, batch_size=min(args.batch_size, 16))
+                                         target_kind=args.target_kind, batch_size=min(args.batch_size, 16),
+                                         options=options, memory_budget=budget)
             for p in prompts]
     if args.format == "terminal":
         for g in gens:
