@@ -90,7 +90,6 @@ def test_small_budget_makes_smaller_batches_with_the_same_scores(monkeypatch):
 
 
 def test_an_input_over_the_budget_alone_is_said_once(monkeypatch):
-
     ex = Explainer(make_model("bert"), make_tokenizer())
     n_long = len(ex.encode([LONG])[0].ids)
     monkeypatch.setattr(memory, "shared_pass_row_bytes", lambda d, n: 2**27 if n >= n_long else 1)  # 128 MiB
