@@ -18,7 +18,8 @@ from attnlens.architectures import build_tiny
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
 # GPT-J, Phi, GPT-NeoX: parallel attention and FFN branches ("gpt_neox-seq": GPT-NeoX made sequential)
-FAMILIES = ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "gpt_neox-seq", "gptj", "phi", "opt"]
+FAMILIES = ["gpt2", "gpt_neo", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "gpt_neox-seq", "gptj", "phi", "opt",
+            "bloom"]
 TASKS = ["classification", "causal-lm"]
 TEXTS = ["the movie was really good", "bad", "a charming journey but the plot was boring"]
 
@@ -62,20 +63,26 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
         return dict(ln1=b.ln_1, ln2=b.ln_2, wv=b.attn.c_attn.weight[:, 2 * d:], bv=b.attn.c_attn.bias[2 * d:],
                     wo=b.attn.c_proj.weight, bo=b.attn.c_proj.bias, w_in=b.mlp.c_fc.weight, b_in=b.mlp.c_fc.bias,
                     w_out=b.mlp.c_proj.weight, b_out=b.mlp.c_proj.bias, act=b.mlp.act, w_gate=None, parallel=False)
-    if kind == "gpt_neox":  # fused query/key/value laid out (heads, 3, head_dim): each head's last third
-        b = base.layers[l]
-        qkv = b.attention.query_key_value
+    if kind in ("gpt_neox", "bloom"):  # fused query/key/value laid out (heads, 3, head_dim): each head's last third
+        b = base.layers[l] if kind == "gpt_neox" else base.h[l]
+        attn = b.attention if kind == "gpt_neox" else b.self_attention
+        qkv = attn.query_key_value
         heads = model.config.num_attention_heads
         dh = qkv.weight.shape[1] // heads
         cols = torch.tensor([h * 3 * dh + 2 * dh + k for h in range(heads) for k in range(dh)])
-        wo, bo = _t(b.attention.dense)
+        wo, bo = _t(attn.dense)
         w_in, b_in = _t(b.mlp.dense_h_to_4h)
         w_out, b_out = _t(b.mlp.dense_4h_to_h)
         return dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, wv=qkv.weight.T[:, cols],
-                    bv=qkv.bias[cols], wo=wo, bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out, act=b.mlp.act,
-                    w_gate=None, parallel=model.config.use_parallel_residual)
-    if kind in ("gptj", "phi", "opt"):
-        if kind == "gptj":
+                    bv=qkv.bias[cols], wo=wo, bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out,
+                    act=b.mlp.act if kind == "gpt_neox" else b.mlp.gelu_impl, w_gate=None,
+                    parallel=kind == "gpt_neox" and model.config.use_parallel_residual)
+    if kind in ("gptj", "phi", "opt", "gpt_neo"):
+        if kind == "gpt_neo":
+            b = base.h[l]
+            attn, out, ln1, ln2, fc1, fc2, act = b.attn.attention, b.attn.attention.out_proj, b.ln_1, b.ln_2, \
+                b.mlp.c_fc, b.mlp.c_proj, b.mlp.act
+        elif kind == "gptj":
             b = base.h[l]
             attn, out, ln1, ln2, fc1, fc2, act = b.attn, b.attn.out_proj, b.ln_1, b.ln_1, b.mlp.fc_in, b.mlp.fc_out, \
                 b.mlp.act
@@ -90,14 +97,15 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
         (wv, bv), (wo, bo), (w_in, b_in), (w_out, b_out) = _t(attn.v_proj), _t(out), _t(fc1), _t(fc2)
         return dict(ln1=ln1, ln2=ln2, wv=wv, bv=bv if torch.is_tensor(bv) else torch.zeros(wv.shape[1]), wo=wo,
                     bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out, act=act, w_gate=None,
-                    parallel=kind != "opt")
-    b = base.layers[l]  # the Llama family
+                    parallel=kind in ("gptj", "phi"))
+    b = base.layers[l]  # the Llama family (Mixtral: its FFN is not read)
     a, m = b.self_attn, b.mlp
     zero = torch.zeros(a.v_proj.weight.shape[0])
+    ffn = {} if kind == "mixtral" else dict(w_in=m.up_proj.weight.T, b_in=0.0, w_out=m.down_proj.weight.T, b_out=0.0,
+                                            act=m.act_fn, w_gate=m.gate_proj.weight.T)
     return dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, wv=a.v_proj.weight.T,
                 bv=zero if a.v_proj.bias is None else a.v_proj.bias, wo=a.o_proj.weight.T,
-                bo=torch.zeros(a.o_proj.weight.shape[0]), w_in=m.up_proj.weight.T, b_in=0.0,
-                w_out=m.down_proj.weight.T, b_out=0.0, act=m.act_fn, w_gate=m.gate_proj.weight.T, parallel=False)
+                bo=torch.zeros(a.o_proj.weight.shape[0]), parallel=False, **ffn)
 
 
 def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
@@ -253,6 +261,10 @@ def case(request, tokenizer):
 
 def test_norm_methods_match_the_loop(case):
     ex, ref, _ = case
+    _assert_norm_methods_match(ex, ref)
+
+
+def _assert_norm_methods_match(ex: Explainer, ref: Reference) -> None:
     (e,) = ex.explain([TEXTS[0]], methods=["attnnorm", "globenc", "alti"])
     (r,) = ex.explain([TEXTS[0]], methods=["attnnorm"], options={"attnnorm": {"variant": "attn_res"}})
     np.testing.assert_allclose(e.scores["attnnorm"], ref.attnnorm(False), rtol=1e-4, atol=1e-6)
@@ -265,6 +277,21 @@ def test_norm_methods_match_the_loop(case):
     alti = ref.alti()
     np.testing.assert_allclose(e.scores["alti"], alti, rtol=1e-4, atol=1e-6)
     assert abs(alti.sum() - 1) < 1e-5 and np.abs(alti).max() > 0
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_mixtral_norm_methods_match_the_loop_and_decompx_is_refused(task, tokenizer):
+    """Mixtral's feed-forward is a routed mixture of experts, read as one module: the token-mixing readings need
+    only its output (the layer check runs it); DecompX, which linearises it, says why not."""
+    model = randomised("mixtral", task)
+    ex = Explainer(model, tokenizer)
+    ctx, _ = ex.compute_batch(ex.encode([TEXTS[0]]), [-1], [], {})
+    _assert_norm_methods_match(ex, Reference(model, ctx.inputs))
+    with pytest.raises(InputError, match="decompx linearises each feed-forward.*'mixtral' has a routed mixture"):
+        ex.explain(TEXTS[0], methods=["decompx"])
+    if task == "causal-lm":
+        g = ex.explain_generation("the movie was", ["alti", "globenc"], target=" good but bad")
+        _assert_steps_equal_their_prefixes(ex, g, ["alti", "globenc"])
 
 
 def test_decompx_matches_the_loop_and_sums_to_the_logit(case):

@@ -14,7 +14,7 @@ from attnlens import Explainer, InputError, get_method
 from attnlens.architectures import architecture_for
 from attnlens.methods.valuezeroing import value_zeroing_matrices
 
-DECODERS = ("llama", "gpt2", "qwen3", "gemma", "gpt_neox", "gptj", "phi", "opt")
+DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "mixtral", "gpt_neox", "gptj", "phi", "opt")
 SEQ2SEQ = ("bart", "mbart", "t5")
 TYPES = ["bert", "distilbert", "roberta", "albert", *DECODERS, *SEQ2SEQ]
 TEXTS = ["the movie was good", "not very bad , i really didn ' t like this film", "awful !"]
@@ -143,12 +143,14 @@ def test_model_unchanged_and_no_hooks_left(tokenizer):
 
 
 def test_types_without_layers_and_cross_streams_are_refused_or_skipped(tokenizer):
-    ex = Explainer(make_model("gpt_neo"), tokenizer)
-    with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'gpt_neo'"):
+    ex = Explainer(make_model("falcon"), tokenizer)
+    with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'falcon'"):
         ex.explain("the movie", "valuezeroing")
     with pytest.warns(UserWarning, match="skipping.*valuezeroing"):
         (e,) = ex.explain("the movie", "all", options={"integratedgradients": {"n_steps": 2}})
     assert "valuezeroing" not in e.scores
+    with pytest.raises(InputError, match="valuezeroing reruns one layer.*BLOOM's layers take their ALiBi"):
+        Explainer(make_model("bloom"), tokenizer).explain("the movie", "valuezeroing")
     bart = Explainer(make_model("bart"), tokenizer, attention="cross")
     with pytest.raises(InputError, match="valuezeroing needs self-attention"):
         bart.explain("the movie", "valuezeroing")

@@ -101,14 +101,17 @@ class Anatomy:
     head: tuple[tuple[str, str | None], ...]
     output: str = "attention.output.dense"
     ln1: str = "attention.output.LayerNorm"
-    ffn_in: str = "intermediate.dense"
-    act: str = "intermediate.intermediate_act_fn"
-    ffn_out: str = "output.dense"
+    ffn_in: str | None = "intermediate.dense"
+    act: str | None = "intermediate.intermediate_act_fn"
+    ffn_out: str | None = "output.dense"
     ln2: str = "output.LayerNorm"
     pre_ln: bool = False
     gate: str | None = None
     final_norm: str | None = None
     parallel: bool = False
+    # the whole FFN as one module, for FFNs without a linear-activation-linear reading (Mixtral's routed experts;
+    # ffn_in, act, ffn_out None): attnnorm, GlobEnc and ALTI need only its output, DecompX is refused
+    ffn: str | None = None
 
 
 HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
@@ -139,12 +142,15 @@ class Layers:
     repeats); ``value`` the path, within one layer, of the module whose output ``(B, N, fused * heads *
     head_dim)`` holds every head's value vectors: alone (``fused=1``), as the last of ``fused`` equal parts
     (GPT-2's query/key/value projection: ``fused=3``), or, with ``per_head``, as the last of ``fused`` parts
-    within each head's slice (GPT-NeoX's and BLOOM's ``(heads, 3, head_dim)`` layout)."""
+    within each head's slice (GPT-NeoX's and BLOOM's ``(heads, 3, head_dim)`` layout). ``no_rerun`` says why a
+    layer cannot be rerun on some of the batch's rows, where it cannot (value zeroing is then refused)."""
 
     layers: str | dict[str, str] | Callable[[nn.Module], list[nn.Module]]
     value: str
     fused: int = 1
     per_head: bool = False
+    # why one layer cannot be rerun on some rows of the batch (value zeroing), or None: it can
+    no_rerun: str | None = None
 
     def value_features(self, width: int, heads: int) -> torch.Tensor:
         """``(width,)`` bool: which features of the value module's output (``width`` wide, ``heads`` heads) are
@@ -273,6 +279,22 @@ _LLAMA_ANATOMY = Anatomy((("score", None),), output="self_attn.o_proj", ln1="inp
                          gate="mlp.gate_proj", act="mlp.act_fn", ffn_out="mlp.down_proj",
                          ln2="post_attention_layernorm", pre_ln=True, final_norm="norm")
 
+_GPT_NEO_ANATOMY = replace(_GPT2_ANATOMY, output="attn.attention.out_proj")
+
+
+def _bloom_anatomy(config: Any) -> Anatomy | None:
+    """BLOOM's pre-LN layers (ALiBi lives in the attention maps); none where the residual is the normalised state
+    (``apply_residual_connection_post_layernorm``)."""
+    if getattr(config, "apply_residual_connection_post_layernorm", False):
+        return None
+    return Anatomy((("score", None),), output="self_attention.dense", ln1="input_layernorm",
+                   ffn_in="mlp.dense_h_to_4h", act="mlp.gelu_impl", ffn_out="mlp.dense_4h_to_h",
+                   ln2="post_attention_layernorm", pre_ln=True, final_norm="ln_f")
+
+
+# Mixtral: Llama's layers with a routed mixture of experts for the FFN
+_MIXTRAL_ANATOMY = replace(_LLAMA_ANATOMY, ffn="mlp", ffn_in=None, gate=None, act=None, ffn_out=None)
+
 # parallel pre-LN decoders: both branches read the layer input (GPT-J and Phi through one LayerNorm)
 _GPTJ_ANATOMY = Anatomy((("score", None),), output="attn.out_proj", ln1="ln_1", ffn_in="mlp.fc_in", act="mlp.act",
                         ffn_out="mlp.fc_out", ln2="ln_1", pre_ln=True, final_norm="ln_f", parallel=True)
@@ -384,7 +406,8 @@ _ENTRIES: list[Architecture] = [
                  layers=Layers("h", "attn.c_attn", fused=3), anatomy=_GPT2_ANATOMY),
     Architecture("gpt_neo", DECODER, tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
                                                  attention_types=[[["global", "local"], 1]],
-                                                 max_position_embeddings=64)),
+                                                 max_position_embeddings=64, initializer_range=STD),
+                 layers=Layers("h", "attn.attention.v_proj"), anatomy=_GPT_NEO_ANATOMY),
     Architecture("gpt_neox", DECODER, tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64, initializer_range=STD),
                  layers=Layers("layers", "attention.query_key_value", fused=3, per_head=True),
                  anatomy=_gpt_neox_anatomy),
@@ -397,7 +420,9 @@ _ENTRIES: list[Architecture] = [
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),
     Architecture("mistral", DECODER, lrp=_llama_lrp("Mistral"), tiny=_tiny("Mistral", **_DEC), layers=_LLAMA_LAYERS,
                  anatomy=_LLAMA_ANATOMY),
-    Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1)),
+    Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1,
+                                                 initializer_range=STD),
+                 layers=_LLAMA_LAYERS, anatomy=_MIXTRAL_ANATOMY),
     Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS,
                  anatomy=_LLAMA_ANATOMY),
     Architecture("qwen3", DECODER, tiny=_tiny("Qwen3", **_DEC, head_dim=8, initializer_range=STD),
@@ -412,7 +437,11 @@ _ENTRIES: list[Architecture] = [
                                             ffn_dim=24, max_position_embeddings=64, word_embed_proj_dim=16,
                                             init_std=STD),
                  layers=Layers("decoder.layers", "self_attn.v_proj"), anatomy=_opt_anatomy),
-    Architecture("bloom", DECODER, tiny=_tiny("Bloom", hidden_size=16, n_layer=2, n_head=2)),
+    Architecture("bloom", DECODER, tiny=_tiny("Bloom", hidden_size=16, n_layer=2, n_head=2, initializer_range=STD),
+                 layers=Layers("h", "self_attention.query_key_value", fused=3, per_head=True,
+                               no_rerun="BLOOM's layers take their ALiBi biases as (batch × heads) rows, which a "
+                                        "rerun on some of the rows cannot cut"),
+                 anatomy=_bloom_anatomy),
     Architecture("falcon", DECODER, tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
     # encoder-decoders: the head reads the decoder state at the last EOS
     Architecture("bart", ENCODER_DECODER,
@@ -442,6 +471,9 @@ def register_architecture(arch: Architecture) -> None:
         raise ModelError(f"{arch.model_type}: an anatomy needs the entry's layers (where the value projections are)")
     if isinstance(arch.anatomy, Anatomy) and arch.layers.fused != 1 and not arch.anatomy.pre_ln:
         raise ModelError(f"{arch.model_type}: a post-LN anatomy needs an unfused value projection")
+    if isinstance(arch.anatomy, Anatomy) and (arch.anatomy.ffn is None) == (arch.anatomy.ffn_in is None):
+        raise ModelError(f"{arch.model_type}: an anatomy names its FFN either as one module (ffn) or by its pieces "
+                         "(ffn_in, act, ffn_out)")
     if isinstance(arch.anatomy, Anatomy) and arch.anatomy.parallel and not arch.anatomy.pre_ln:
         raise ModelError(f"{arch.model_type}: a parallel anatomy is a pre-LN one (set pre_ln=True)")
     ARCHITECTURES[arch.model_type] = arch

@@ -67,8 +67,12 @@ def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str 
         if anatomy is None:
             # one wording for the whole family, so a skip notice names the reason once
             return ("the norm-based and decomposition methods need a layer anatomy attnlens knows (post-LN "
-                    "encoders: BERT, RoBERTa, DistilBERT, ELECTRA, ...; pre-LN decoders: GPT-2, Llama, Mistral, "
-                    f"Qwen2; the encoders of BART, mBART, T5); model type {model_type!r} has none")
+                    "encoders: BERT, RoBERTa, DistilBERT, ELECTRA, ...; pre-LN decoders: GPT-2, GPT-NeoX, Llama, "
+                    f"Qwen, Gemma, Phi, OPT, ...; the encoders of BART, mBART, T5); model type {model_type!r} has "
+                    "none")
+        if head and anatomy.ffn is not None:
+            return (f"{name} linearises each feed-forward network; model type {model_type!r} has a routed "
+                    "mixture of experts (read as one module), which it does not decompose")
         if architecture_for(config).family == "encoder-decoder":
             if head:
                 return (f"{name} decomposes the logits through the layers that make them; an encoder-decoder's "
@@ -127,7 +131,7 @@ def _ratio(out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return torch.where(pre != 0, out / torch.where(pre != 0, pre, torch.ones_like(pre)), torch.zeros_like(pre))
 
 
-_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate")
+_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate", "ffn")
 
 
 def _parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[str, nn.Module]:
@@ -166,7 +170,11 @@ def _output_bias(mods: dict[str, nn.Module]) -> torch.Tensor | float:
 
 
 def _ffn(mods: dict[str, nn.Module], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The FFN's output on ``y`` and act(u)/u of its activation's pre-activation u (a gated FFN's gate)."""
+    """The FFN's output on ``y`` and act(u)/u of its activation's pre-activation u (a gated FFN's gate; none,
+    width 0, for an FFN read as one module)."""
+    if "ffn" in mods:
+        out = mods["ffn"](y)
+        return out[0] if isinstance(out, tuple) else out, y.new_zeros(*y.shape[:-1], 0)
     if "gate" in mods:
         g = mods["gate"](y)
         ga = mods["act"](g)
