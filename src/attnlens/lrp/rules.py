@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..norms import rms_eps, rms_gain
+
 
 class _ScaleGrad(torch.autograd.Function):
     """Identity forward; backward multiplies the incoming gradient by a fixed factor."""
@@ -91,16 +93,17 @@ def layer_norm(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """RMSNorm (Llama-family ``weight * x / rms(x)``) with the root mean square treated as a constant.
+    """RMSNorm (``g * x / rms(x)``: Llama's g = weight, Gemma's 1 + weight, read by :func:`attnlens.norms.rms_gain`)
+    with the root mean square treated as a constant.
 
     The identity rule on the normalisation (AttnLRP Sec. 3.3, LXT's ``rms_norm_forward``): the layer is then the
-    linear map ``x * (weight / rms)``, which passes relevance element-wise unchanged (no bias, nothing absorbed).
-    Same arithmetic as the stock module (float32 statistics, cast back), so the forward value is the model's;
-    a float64 input stays float64 (the stock module would round it to float32: checks in float64 stay exact).
+    linear map ``x * (g / rms)``, which passes relevance element-wise unchanged (no bias, nothing absorbed).
+    Float32 statistics as the stock module, so the forward value is the model's (to rounding); a float64 input
+    stays float64 (the stock module would round it to float32: checks in float64 stay exact).
     """
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
-    inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).detach()
-    return module.weight * (xf * inv_rms).to(x.dtype)
+    inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps(module)).detach()
+    return rms_gain(module, x) * (xf * inv_rms).to(x.dtype)
 
 
 def gated(gate: torch.Tensor, up: torch.Tensor, constant_gate: bool = False) -> torch.Tensor:

@@ -31,6 +31,7 @@ from ..architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architecture_for
 from ..context import BatchContext, Capture
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
+from ..norms import is_rms_norm, rms_eps, rms_gain
 from ..prefixes import last_positions, row_gradients
 from .attention import propagate
 from .registry import ATTENTION, HIDDEN, MethodOutput, register
@@ -489,24 +490,15 @@ def decompx_logits(ctx: BatchContext, bias: str = "absdot") -> torch.Tensor:
 
 def _frozen_norm(v: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """``norm(v)`` with its scale held constant (a linear map of ``v``, as DecompX reads a LayerNorm): a
-    LayerNorm (v − mean)/s ⊙ γ + β, an RMSNorm v/s ⊙ g."""
+    LayerNorm (v − mean)/s ⊙ γ + β, an RMSNorm v/s ⊙ g (:func:`attnlens.norms.rms_gain`)."""
     if isinstance(norm, nn.LayerNorm):
         out = (v - v.mean(-1, keepdim=True)) / _std(norm, v).detach()
         out = out if norm.weight is None else out * norm.weight
         return out if norm.bias is None else out + norm.bias
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    if not type(norm).__name__.endswith("RMSNorm") or eps is None:
+    if not is_rms_norm(norm):
         raise ModelError(f"decompx knows LayerNorm and RMSNorm, not {type(norm).__name__}")
-    rms = (v.float().pow(2).mean(-1, keepdim=True) + eps).sqrt().to(v.dtype)
-    return v / rms.detach() * _rms_gain(norm, eps, v)
-
-
-def _rms_gain(norm: nn.Module, eps: float, like: torch.Tensor) -> torch.Tensor:
-    """The gain g of an RMSNorm, read from the module itself: its output on a vector of ones is g/√(1 + eps)
-    (Llama's and T5's g = γ, Gemma's 1 + γ), so no variant's parametrisation is guessed."""
-    with torch.no_grad():
-        ones = torch.ones(like.shape[-1], dtype=like.dtype, device=like.device)
-        return norm(ones) * (1.0 + eps) ** 0.5
+    rms = (v.float().pow(2).mean(-1, keepdim=True) + rms_eps(norm)).sqrt().to(v.dtype)
+    return v / rms.detach() * rms_gain(norm, v)
 
 
 def _linearised(act: Callable[[torch.Tensor], torch.Tensor], pre: torch.Tensor) -> torch.Tensor:
