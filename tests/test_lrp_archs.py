@@ -1,4 +1,5 @@
-"""LRP beyond BERT-style encoders: DeBERTa-v2, ModernBERT, GPT-2 and the Llama family (Llama, Mistral, Qwen2).
+"""LRP beyond BERT-style encoders: DeBERTa-v2, ModernBERT, GPT-2 and the Llama family (Llama, Mistral, Qwen2,
+Qwen3, Gemma).
 
 Each architecture: the whole pass against an explicit rule-by-rule AttnLRP propagation of a 1-layer model
 (float64, no autograd), conservation, padding exactly 0, batch vs one by one, the model unchanged afterwards,
@@ -20,7 +21,7 @@ from attnlens.errors import InputError
 from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, supports
 
-ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2"]
+ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
@@ -108,19 +109,26 @@ def causal_attention_rel(q, k, v, scale, r_ctx):
 
 
 def _explicit_llama(model, ids, target):
+    """Llama, Mistral, Qwen2; Qwen3 (an RMSNorm on each head's query and key before the rotation); Gemma
+    (embeddings times √d, RMSNorms scaling by 1 + γ computed in float32, a GELU gate)."""
     base, layer = model.model, model.model.layers[0]
     sa, mlp, cfg = layer.self_attn, layer.mlp, model.config
     n, h, kv = ids.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads
+    gemma = cfg.model_type == "gemma"
 
     def rms(x, norm):
+        if gemma:  # (1 + γ) in float32, as GemmaRMSNorm computes it
+            return (1 + norm.weight.float()).double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
         return norm.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
 
-    x0 = base.embed_tokens.weight[ids]
+    x0 = base.embed_tokens.weight[ids] * (cfg.hidden_size ** 0.5 if gemma else 1.0)
     n1 = rms(x0, layer.input_layernorm)
     q, k, v = sa.q_proj(n1), sa.k_proj(n1), sa.v_proj(n1)
     cos, sin = base.rotary_emb(x0, torch.arange(n)[None])
     rot = rotation(cos[0], sin[0])
     qh, kh, vh = split(q, h), split(k, kv), split(v, kv)
+    if hasattr(sa, "q_norm"):  # Qwen3: the norms are element-wise linear maps (identity rule): relevance unchanged
+        qh, kh = rms(qh, sa.q_norm), rms(kh, sa.k_norm)
     qr, kr = torch.einsum("nij,hnj->hni", rot, qh), torch.einsum("nij,hnj->hni", rot, kh)
     rep = h // kv
     kr2, vh2 = kr.repeat_interleave(rep, 0), vh.repeat_interleave(rep, 0)  # grouped-query: heads share K, V
@@ -130,7 +138,7 @@ def _explicit_llama(model, ids, target):
     h1 = x0 + o
     n2 = rms(h1, layer.post_attention_layernorm)
     gate, up = mlp.gate_proj(n2), mlp.up_proj(n2)
-    p = nn.functional.silu(gate) * up
+    p = mlp.act_fn(gate) * up
     m = mlp.down_proj(p)
     h2 = h1 + m
     nf = rms(h2, base.norm)
@@ -301,14 +309,18 @@ def _explicit_deberta(model, ids, target):
     return r_x0.sum(-1), r_a, r_rel.sum()
 
 
+LLAMA_FAMILY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}
+
+
 def _one_layer(family: str) -> nn.Module:
     import transformers
 
     common = dict(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=12,
                   max_position_embeddings=32, num_labels=3, pad_token_id=0, attn_implementation="eager")
-    if family in ("llama", "mistral", "qwen2"):  # grouped-query attention: 2 query heads share 1 key/value head
-        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[family]  # Qwen2: q, k, v biases
-        cfg = getattr(transformers, f"{prefix}Config")(**common, num_key_value_heads=1)
+    if family in LLAMA_FAMILY:  # grouped-query attention: 2 query heads share 1 key/value head
+        prefix = LLAMA_FAMILY[family]  # Qwen2: q, k, v biases
+        head_dim = {"head_dim": 4} if family in ("qwen3", "gemma") else {}
+        cfg = getattr(transformers, f"{prefix}Config")(**common, num_key_value_heads=1, **head_dim)
         cls = getattr(transformers, f"{prefix}ForSequenceClassification")
     elif family == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_positions=32, num_labels=3,
@@ -333,7 +345,7 @@ def _one_layer(family: str) -> nn.Module:
     return model
 
 
-EXPLICIT = {"llama": _explicit_llama, "mistral": _explicit_llama, "qwen2": _explicit_llama, "gpt2": _explicit_gpt2,
+EXPLICIT = {**dict.fromkeys(LLAMA_FAMILY, _explicit_llama), "gpt2": _explicit_gpt2,
             "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta}
 
 
@@ -345,8 +357,9 @@ def test_whole_pass_equals_explicit_rule_by_rule_propagation(family):
     with torch.no_grad():
         expected = EXPLICIT[family](model, ids, 1)
     res = lrp_pass(model, inputs, 1)
-    # ModernBERT's stock rotary map rounds q and k to float32 even in a float64 model (and so does its gradient)
-    tol = dict(rtol=1e-5, atol=1e-7) if family == "modernbert" else dict(rtol=1e-8, atol=1e-10)
+    # ModernBERT's stock rotary map rounds q and k to float32 even in a float64 model (and so does its gradient);
+    # Gemma's RMSNorm computes in float32 too
+    tol = dict(rtol=1e-5, atol=1e-7) if family in ("modernbert", "gemma") else dict(rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(res.input_relevance[0], expected[0], **tol)
     torch.testing.assert_close(res.attention_relevance[0][0], expected[1], **tol)
     if family == "deberta-v2":
@@ -419,7 +432,7 @@ class TokenLogitHead(Head):
         return value
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma"])
 def test_lrp_explains_the_scalar_the_head_gives(family):
     import transformers
 

@@ -425,10 +425,12 @@ _ENTRIES: list[Architecture] = [
                  layers=_LLAMA_LAYERS, anatomy=_MIXTRAL_ANATOMY),
     Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS,
                  anatomy=_LLAMA_ANATOMY),
-    Architecture("qwen3", DECODER, tiny=_tiny("Qwen3", **_DEC, head_dim=8, initializer_range=STD),
-                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),
-    Architecture("gemma", DECODER, tiny=_tiny("Gemma", **_DEC, head_dim=8, initializer_range=STD),
-                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),  # its RMSNorm scales by 1 + weight
+    Architecture("qwen3", DECODER, lrp=_llama_lrp("Qwen3"), tiny=_tiny("Qwen3", **_DEC, head_dim=8,
+                                                                     initializer_range=STD),
+                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),  # its query/key RMSNorms: the same LRP rule
+    Architecture("gemma", DECODER, lrp=_llama_lrp("Gemma"), tiny=_tiny("Gemma", **_DEC, head_dim=8,
+                                                                     initializer_range=STD),
+                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),  # its RMSNorm scales by 1 + weight (norms.py)
     Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8)),
     Architecture("phi", DECODER, tiny=_tiny("Phi", **_ENC, max_position_embeddings=64, initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_PHI_ANATOMY),
