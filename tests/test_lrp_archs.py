@@ -21,7 +21,7 @@ from attnlens.errors import InputError
 from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, supports
 
-ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma"]
+ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
@@ -196,6 +196,62 @@ def _explicit_gpt2(model, ids, target):
     return r_x0.sum(-1), r_a
 
 
+def _explicit_parallel(model, ids, target):
+    """GPT-NeoX and Phi: ``h = x + attn(LN1(x)) + mlp(LN2(x))`` (Phi: one LayerNorm), rotary on the first half of
+    each head's query and key, GELU MLP, final LayerNorm; GPT-NeoX's query/key/value fused per head."""
+    neox = model.config.model_type == "gpt_neox"
+    base = model.base_model
+    layer = base.layers[0]
+    sa = layer.attention if neox else layer.self_attn
+    ln1 = layer.input_layernorm
+    ln2 = layer.post_attention_layernorm if neox else ln1
+    fc_in, fc_out = (layer.mlp.dense_h_to_4h, layer.mlp.dense_4h_to_h) if neox else (layer.mlp.fc1, layer.mlp.fc2)
+    act_fn = layer.mlp.act if neox else layer.mlp.activation_fn
+    out_proj, final = sa.dense, (base.final_layer_norm if neox else base.final_layernorm)
+    n, h = ids.shape[0], model.config.num_attention_heads
+    x0 = (base.embed_in if neox else base.embed_tokens).weight[ids]
+    n1, n2 = ln1(x0), ln2(x0)
+    if neox:  # (N, H, 3 d): each head's query, key, value
+        qkv = sa.query_key_value(n1)
+        q, k, v = qkv.view(n, h, -1).transpose(0, 1).chunk(3, -1)
+    else:
+        q, k, v = split(sa.q_proj(n1), h), split(sa.k_proj(n1), h), split(sa.v_proj(n1), h)
+    d = q.shape[-1]
+    cos, sin = base.rotary_emb(x0, torch.arange(n)[None])
+    rot = torch.eye(d, dtype=x0.dtype).repeat(n, 1, 1)  # the rotation on the first dims, identity on the rest
+    rot[:, : cos.shape[-1], : cos.shape[-1]] = rotation(cos[0], sin[0])
+    qr, kr = torch.einsum("nij,hnj->hni", rot, q), torch.einsum("nij,hnj->hni", rot, k)
+    scale = d ** -0.5
+    ctx = merge((qr @ kr.transpose(-1, -2) * scale).masked_fill(
+        ~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1) @ v)
+    o = out_proj(ctx)
+    fc = fc_in(n2)
+    act = act_fn(fc)
+    m = fc_out(act)
+    hidden = x0 + o + m
+    nf = final(hidden)
+    logits = model.score(nf)
+    r_logits = torch.zeros_like(logits)
+    r_logits[n - 1, target] = logits[n - 1, target]
+    r_h = ln_rel(hidden, final, nf, lin(nf, model.score.weight, logits, r_logits))
+    r_o, r_m, r_x0 = o * r_h / hidden, m * r_h / hidden, x0 * r_h / hidden  # one sum of three
+    r_n2 = lin(n2, fc_in.weight, fc, lin(act, fc_out.weight, m, r_m))  # GELU: identity
+    r_ctx = split(lin(ctx, out_proj.weight, o, r_o), h)
+    r_q, r_k, r_v, r_a, _ = causal_attention_rel(qr, kr, v, scale, r_ctx)
+    r_q, r_k = rope_rel(q, rot, r_q), rope_rel(k, rot, r_k)
+    if neox:
+        r_qkv = torch.cat([r_q, r_k, r_v], -1).transpose(0, 1).reshape(n, -1)
+        r_n1 = lin(n1, sa.query_key_value.weight, qkv, r_qkv)
+    else:
+        r_n1 = (lin(n1, sa.q_proj.weight, sa.q_proj(n1), merge(r_q)) + lin(n1, sa.k_proj.weight, sa.k_proj(n1),
+                merge(r_k)) + lin(n1, sa.v_proj.weight, sa.v_proj(n1), merge(r_v)))
+    if neox:
+        r_x0 = r_x0 + ln_rel(x0, ln1, n1, r_n1) + ln_rel(x0, ln2, n2, r_n2)
+    else:  # one LayerNorm feeds both branches
+        r_x0 = r_x0 + ln_rel(x0, ln1, n1, r_n1 + r_n2)
+    return r_x0.sum(-1), r_a
+
+
 def _explicit_modernbert(model, ids, target):
     base, layer = model.model, model.model.layers[0]
     attn, mlp, cfg = layer.attn, layer.mlp, model.config
@@ -322,6 +378,11 @@ def _one_layer(family: str) -> nn.Module:
         head_dim = {"head_dim": 4} if family in ("qwen3", "gemma") else {}
         cfg = getattr(transformers, f"{prefix}Config")(**common, num_key_value_heads=1, **head_dim)
         cls = getattr(transformers, f"{prefix}ForSequenceClassification")
+    elif family in ("gpt_neox", "phi"):  # rotary on half of each head (GPT-NeoX: rotary_pct)
+        prefix = {"gpt_neox": "GPTNeoX", "phi": "Phi"}[family]
+        cfg = getattr(transformers, f"{prefix}Config")(**common, **({"rotary_pct": 0.5} if family == "gpt_neox"
+                                                                      else {}))
+        cls = getattr(transformers, f"{prefix}ForSequenceClassification")
     elif family == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_positions=32, num_labels=3,
                                       pad_token_id=0, bos_token_id=2, eos_token_id=3, attn_implementation="eager")
@@ -345,7 +406,8 @@ def _one_layer(family: str) -> nn.Module:
     return model
 
 
-EXPLICIT = {**dict.fromkeys(LLAMA_FAMILY, _explicit_llama), "gpt2": _explicit_gpt2,
+EXPLICIT = {**dict.fromkeys(LLAMA_FAMILY, _explicit_llama), "gpt2": _explicit_gpt2, "gpt_neox": _explicit_parallel,
+            "phi": _explicit_parallel,
             "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta}
 
 
@@ -432,7 +494,7 @@ class TokenLogitHead(Head):
         return value
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi"])
 def test_lrp_explains_the_scalar_the_head_gives(family):
     import transformers
 
@@ -625,6 +687,64 @@ def _chefer_gpt2(model, ids, target, rule_set):
     r_qkv = torch.cat([merge(r_q), merge(r_kt.transpose(-1, -2)), merge(r_v)], -1)
     r_x0 = clone_relprop(x0, r_skip, linear_relprop(n1, c_attn, r_qkv, shared))
     return r_x0.sum(-1), r_a
+
+
+def _chefer_gpt_neox(model, ids, target, rule_set):
+    """The chefer rules through a 1-layer GPT-NeoX whose block is parallel, ``x + attn(LN1(x)) + mlp(LN2(x))``:
+    one residual ``Add`` (normalised for ``"chefer"``) of x and the branches' sum, the branches split
+    proportionally (a plain sum); the rotary map of query and key a linear map (gradient × input, as every
+    linear operation the rules leave alone); x a ``Clone`` into the sum and both LayerNorms."""
+    from lrp_reference import add_relprop, clone_relprop, linear_relprop, matmul_relprop
+
+    shared = normalized = rule_set == "chefer"
+    base = model.base_model
+    layer = base.layers[0]
+    sa, mlp = layer.attention, layer.mlp
+    n, h = ids.shape[0], model.config.num_attention_heads
+    x0 = base.embed_in.weight[ids]
+    n1, n2 = layer.input_layernorm(x0), layer.post_attention_layernorm(x0)
+    qkv = sa.query_key_value(n1)
+    q, k, v = qkv.view(n, h, -1).transpose(0, 1).chunk(3, -1)
+    d = q.shape[-1]
+    cos, sin = base.rotary_emb(x0, torch.arange(n)[None])
+    rot = torch.eye(d, dtype=x0.dtype).repeat(n, 1, 1)
+    rot[:, : cos.shape[-1], : cos.shape[-1]] = rotation(cos[0], sin[0])
+    qr, kr = torch.einsum("nij,hnj->hni", rot, q), torch.einsum("nij,hnj->hni", rot, k)
+    a = (qr @ kr.transpose(-1, -2) * d ** -0.5).masked_fill(
+        ~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    ctx = merge(a @ v)
+    o = sa.dense(ctx)
+    act = mlp.act(mlp.dense_h_to_4h(n2))
+    m = mlp.dense_4h_to_h(act)
+    nf = base.final_layer_norm(x0 + o + m)
+    r = torch.zeros_like(model.score(nf))
+    r[n - 1, target] = 1.0
+    r_h = linear_relprop(nf, model.score, r, shared)  # final LayerNorm: unchanged
+    r_both, r_skip = add_relprop(o + m, x0, r_h, normalized)
+    r_o, r_m = add_relprop(o, m, r_both, False)
+    r_n2 = linear_relprop(n2, mlp.dense_h_to_4h, linear_relprop(act, mlp.dense_4h_to_h, r_m, shared), shared)
+    r_a, r_v = matmul_relprop(a, v, split(linear_relprop(ctx, sa.dense, r_o, shared), h))
+    r_qr, r_kt = matmul_relprop(qr, kr.transpose(-1, -2), r_a)
+    r_q, r_k = rope_rel(q, rot, r_qr), rope_rel(k, rot, r_kt.transpose(-1, -2))
+    r_qkv = torch.cat([r_q, r_k, r_v], -1).transpose(0, 1).reshape(n, -1)
+    r_n1 = linear_relprop(n1, sa.query_key_value, r_qkv, shared)
+    r_x0 = clone_relprop(x0, r_skip, r_n1, r_n2)  # both LayerNorms: unchanged
+    return r_x0.sum(-1), r_a
+
+
+@pytest.mark.parametrize("rule_set", ["chefer", "chefer-lrp"])
+def test_chefer_rules_on_a_parallel_block_equal_the_reference_relprop(rule_set):
+    from lrp_reference import exact
+
+    model = _one_layer("gpt_neox")
+    ids = torch.tensor([2, 7, 13, 21, 5, 3])
+    inputs = {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}
+    with torch.no_grad(), exact():
+        expected_input, expected_att = _chefer_gpt_neox(model, ids, 2, rule_set)
+    res = lrp_pass(model, inputs, 2, rules=rule_set)
+    torch.testing.assert_close(res.input_relevance[0], expected_input, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(res.attention_relevance[0][0], expected_att, rtol=1e-9, atol=1e-10)
+    assert expected_input.abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("rule_set", ["chefer", "chefer-lrp"])

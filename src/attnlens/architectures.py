@@ -55,13 +55,20 @@ class Residual:
 @dataclass(frozen=True)
 class PreNorm:
     """A pre-LN block ``h = x + attn(norm1(x)); out = h + mlp(norm2(h))`` of class ``module`` (exact class name);
-    the other fields are attribute names. LRP rules="chefer" runs such blocks with its normalised residual sums."""
+    the other fields are attribute names. LRP rules="chefer" runs such blocks with its normalised residual sums.
+    ``parallel``: the block is ``x + attn(norm1(x)) + mlp(norm2(x))`` (one residual sum, the two branches as one
+    operand), or the name of the block's attribute that says whether it is (GPT-NeoX's ``use_parallel_residual``)."""
 
     module: str
     norm1: str
     attn: str
     norm2: str
     mlp: str
+    parallel: bool | str = False
+
+    def is_parallel(self, block: nn.Module) -> bool:
+        """Whether ``block`` (of this spec's class) adds both branches to its input."""
+        return bool(getattr(block, self.parallel)) if isinstance(self.parallel, str) else self.parallel
 
 
 @dataclass(frozen=True)
@@ -408,7 +415,12 @@ _ENTRIES: list[Architecture] = [
                                                  attention_types=[[["global", "local"], 1]],
                                                  max_position_embeddings=64, initializer_range=STD),
                  layers=Layers("h", "attn.attention.v_proj"), anatomy=_GPT_NEO_ANATOMY),
-    Architecture("gpt_neox", DECODER, tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64, initializer_range=STD),
+    Architecture("gpt_neox", DECODER,
+                 lrp=LRPSupport("GPT-NeoX", blocks=(PreNorm("GPTNeoXLayer", "input_layernorm", "attention",
+                                                            "post_attention_layernorm", "mlp",
+                                                            parallel="use_parallel_residual"),),
+                                embedding_input=None),
+                 tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64, initializer_range=STD),
                  layers=Layers("layers", "attention.query_key_value", fused=3, per_head=True),
                  anatomy=_gpt_neox_anatomy),
     Architecture("gptj", DECODER, tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4,
@@ -432,7 +444,11 @@ _ENTRIES: list[Architecture] = [
                                                                      initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),  # its RMSNorm scales by 1 + weight (norms.py)
     Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8)),
-    Architecture("phi", DECODER, tiny=_tiny("Phi", **_ENC, max_position_embeddings=64, initializer_range=STD),
+    Architecture("phi", DECODER,
+                 lrp=LRPSupport("Phi", blocks=(PreNorm("PhiDecoderLayer", "input_layernorm", "self_attn",
+                                                       "input_layernorm", "mlp", parallel=True),),
+                                embedding_input=None),
+                 tiny=_tiny("Phi", **_ENC, max_position_embeddings=64, initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_PHI_ANATOMY),
     Architecture("phi3", DECODER, tiny=_tiny("Phi3", **_ENC, max_position_embeddings=64)),
     Architecture("opt", DECODER, tiny=_tiny("OPT", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

@@ -61,7 +61,8 @@ def glu_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tensor) -> to
 
 def prenorm_block(spec: PreNorm, block: nn.Module, state: PassState, *args: Any, **kwargs: Any) -> torch.Tensor:
     """A pre-LN block ``h = x + attn(norm1(x)); out = h + mlp(norm2(h))`` with Chefer et al.'s normalised
-    residual rule on both sums (``rules="chefer"`` only). The block's own arguments are passed on to its
+    residual rule on both sums (``rules="chefer"`` only); a parallel block's one sum ``x + attn + mlp`` with the
+    two branches as one operand. The block's own arguments are passed on to its
     attention, as its forward does."""
     bound = inspect.signature(type(block).forward).bind(block, *args, **kwargs)
     named = dict(bound.arguments)
@@ -72,6 +73,10 @@ def prenorm_block(spec: PreNorm, block: nn.Module, state: PassState, *args: Any,
         raise ModelError("LRP rules='chefer' does not support blocks with cross-attention")
     branch = getattr(block, spec.attn)(getattr(block, spec.norm1)(x), **named, **extra)
     branch = branch[0] if isinstance(branch, tuple) else branch
+    if spec.is_parallel(block):  # x + attn(norm1(x)) + mlp(norm2(x)): one sum, the two branches one operand
+        mlp = getattr(block, spec.mlp)(getattr(block, spec.norm2)(x))
+        both = branch + (mlp[0] if isinstance(mlp, tuple) else mlp)
+        return rules.normalized_residual(x + both, both)
     h = rules.normalized_residual(x + branch, branch)
     branch = getattr(block, spec.mlp)(getattr(block, spec.norm2)(h))
     branch = branch[0] if isinstance(branch, tuple) else branch
