@@ -98,8 +98,13 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
         return dict(ln1=ln1, ln2=ln2, wv=wv, bv=bv if torch.is_tensor(bv) else torch.zeros(wv.shape[1]), wo=wo,
                     bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out, act=act, w_gate=None,
                     parallel=kind in ("gptj", "phi"))
-    b = base.layers[l]  # the Llama family (Mixtral: its FFN is not read)
+    b = base.layers[l]  # the Llama family (Mixtral, Phi-3: their FFN is not read)
     a, m = b.self_attn, b.mlp
+    if kind == "phi3":  # query, key, value fused: the values last, num_key_value_heads wide
+        w = a.qkv_proj.weight.T
+        width = model.config.num_key_value_heads * a.head_dim
+        return dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, wv=w[:, -width:], bv=torch.zeros(width),
+                    wo=a.o_proj.weight.T, bo=torch.zeros(a.o_proj.weight.shape[0]), parallel=False)
     zero = torch.zeros(a.v_proj.weight.shape[0])
     ffn = {} if kind == "mixtral" else dict(w_in=m.up_proj.weight.T, b_in=0.0, w_out=m.down_proj.weight.T, b_out=0.0,
                                             act=m.act_fn, w_gate=m.gate_proj.weight.T)
@@ -280,14 +285,16 @@ def _assert_norm_methods_match(ex: Explainer, ref: Reference) -> None:
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_mixtral_norm_methods_match_the_loop_and_decompx_is_refused(task, tokenizer):
-    """Mixtral's feed-forward is a routed mixture of experts, read as one module: the token-mixing readings need
-    only its output (the layer check runs it); DecompX, which linearises it, says why not."""
-    model = randomised("mixtral", task)
+@pytest.mark.parametrize("family", ["mixtral", "phi3"])
+def test_whole_ffn_norm_methods_match_the_loop_and_decompx_is_refused(family, task, tokenizer):
+    """Mixtral's feed-forward (a routed mixture of experts) and Phi-3's (fused gate/up projection; its query, key
+    and value fused too, keys and values narrower) are read as one module: the token-mixing readings need only
+    its output (the layer check runs it); DecompX, which linearises it, says why not."""
+    model = randomised(family, task)
     ex = Explainer(model, tokenizer)
     ctx, _ = ex.compute_batch(ex.encode([TEXTS[0]]), [-1], [], {})
     _assert_norm_methods_match(ex, Reference(model, ctx.inputs))
-    with pytest.raises(InputError, match="decompx linearises each feed-forward.*'mixtral' has a routed mixture"):
+    with pytest.raises(InputError, match=f"decompx linearises each feed-forward.*'{family}' reads it as one module"):
         ex.explain(TEXTS[0], methods=["decompx"])
     if task == "causal-lm":
         g = ex.explain_generation("the movie was", ["alti", "globenc"], target=" good but bad")

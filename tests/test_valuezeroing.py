@@ -14,7 +14,7 @@ from attnlens import Explainer, InputError, get_method
 from attnlens.architectures import architecture_for
 from attnlens.methods.valuezeroing import value_zeroing_matrices
 
-DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "mixtral", "gpt_neox", "gptj", "phi", "opt")
+DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "mixtral", "gpt_neox", "gptj", "phi", "phi3", "opt")
 SEQ2SEQ = ("bart", "mbart", "t5")
 TYPES = ["bert", "distilbert", "roberta", "albert", *DECODERS, *SEQ2SEQ]
 TEXTS = ["the movie was good", "not very bad , i really didn ' t like this film", "awful !"]
@@ -54,7 +54,10 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
                 if model.config.model_type == "gpt_neox":  # (heads, q/k/v, head_dim) per position
                     o.view(*o.shape[:2], model.config.num_attention_heads, 3, -1)[:, zero_token, :, 2] = 0
                     return o
-                part = o.shape[-1] // (3 if model.config.model_type == "gpt2" else 1)
+                cfg = model.config
+                part = o.shape[-1] // 3 if cfg.model_type == "gpt2" else o.shape[-1]
+                if cfg.model_type == "phi3":  # query, key, value fused: the values kv heads wide
+                    part = cfg.num_key_value_heads * cfg.hidden_size // cfg.num_attention_heads
                 o[:, zero_token, -part:] = 0
                 return o
             handles.append(_module(layer, spec.value).register_forward_hook(zero))

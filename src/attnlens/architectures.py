@@ -116,8 +116,8 @@ class Anatomy:
     gate: str | None = None
     final_norm: str | None = None
     parallel: bool = False
-    # the whole FFN as one module, for FFNs without a linear-activation-linear reading (Mixtral's routed experts;
-    # ffn_in, act, ffn_out None): attnnorm, GlobEnc and ALTI need only its output, DecompX is refused
+    # the whole FFN as one module (Mixtral's routed experts, Phi-3's fused gate/up projection; ffn_in, act, ffn_out
+    # None): attnnorm, GlobEnc and ALTI need only its output, DecompX is refused
     ffn: str | None = None
 
 
@@ -149,7 +149,8 @@ class Layers:
     repeats); ``value`` the path, within one layer, of the module whose output ``(B, N, fused * heads *
     head_dim)`` holds every head's value vectors: alone (``fused=1``), as the last of ``fused`` equal parts
     (GPT-2's query/key/value projection: ``fused=3``), or, with ``per_head``, as the last of ``fused`` parts
-    within each head's slice (GPT-NeoX's and BLOOM's ``(heads, 3, head_dim)`` layout). ``no_rerun`` says why a
+    within each head's slice (GPT-NeoX's and BLOOM's ``(heads, 3, head_dim)`` layout); the parts after the
+    queries may be narrower (Phi-3's grouped-query keys and values). ``no_rerun`` says why a
     layer cannot be rerun on some of the batch's rows, where it cannot (value zeroing is then refused)."""
 
     layers: str | dict[str, str] | Callable[[nn.Module], list[nn.Module]]
@@ -159,16 +160,17 @@ class Layers:
     # why one layer cannot be rerun on some rows of the batch (value zeroing), or None: it can
     no_rerun: str | None = None
 
-    def value_features(self, width: int, heads: int) -> torch.Tensor:
-        """``(width,)`` bool: which features of the value module's output (``width`` wide, ``heads`` heads) are
-        value vectors, in head order."""
+    def value_features(self, width: int, heads: int, head_dim: int) -> torch.Tensor:
+        """``(width,)`` bool: which features of the value module's output (``width`` wide; ``heads`` query heads
+        of ``head_dim``) are value vectors, in head order. Fused after the queries, the other parts are equal
+        (GPT-2's keys and values; Phi-3's grouped-query keys and values are narrower than its queries)."""
         mask = torch.zeros(width, dtype=torch.bool)
         if self.fused == 1:
             mask[:] = True
         elif self.per_head:
             mask.view(heads, self.fused, -1)[:, -1] = True
         else:
-            mask[-(width // self.fused):] = True
+            mask[-((width - heads * head_dim) // (self.fused - 1)):] = True
         return mask
 
     def path(self, stream: str) -> str | None:
@@ -299,8 +301,8 @@ def _bloom_anatomy(config: Any) -> Anatomy | None:
                    ln2="post_attention_layernorm", pre_ln=True, final_norm="ln_f")
 
 
-# Mixtral: Llama's layers with a routed mixture of experts for the FFN
-_MIXTRAL_ANATOMY = replace(_LLAMA_ANATOMY, ffn="mlp", ffn_in=None, gate=None, act=None, ffn_out=None)
+# Llama's layers with the FFN read as one module: Mixtral's routed mixture of experts, Phi-3's fused gate/up
+_LLAMA_WHOLE_FFN = replace(_LLAMA_ANATOMY, ffn="mlp", ffn_in=None, gate=None, act=None, ffn_out=None)
 
 # parallel pre-LN decoders: both branches read the layer input (GPT-J and Phi through one LayerNorm)
 _GPTJ_ANATOMY = Anatomy((("score", None),), output="attn.out_proj", ln1="ln_1", ffn_in="mlp.fc_in", act="mlp.act",
@@ -434,7 +436,7 @@ _ENTRIES: list[Architecture] = [
                  anatomy=_LLAMA_ANATOMY),
     Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1,
                                                  initializer_range=STD),
-                 layers=_LLAMA_LAYERS, anatomy=_MIXTRAL_ANATOMY),
+                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_WHOLE_FFN),
     Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS,
                  anatomy=_LLAMA_ANATOMY),
     Architecture("qwen3", DECODER, lrp=_llama_lrp("Qwen3"), tiny=_tiny("Qwen3", **_DEC, head_dim=8,
@@ -450,7 +452,9 @@ _ENTRIES: list[Architecture] = [
                                 embedding_input=None),
                  tiny=_tiny("Phi", **_ENC, max_position_embeddings=64, initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_PHI_ANATOMY),
-    Architecture("phi3", DECODER, tiny=_tiny("Phi3", **_ENC, max_position_embeddings=64)),
+    Architecture("phi3", DECODER, tiny=_tiny("Phi3", **_ENC, max_position_embeddings=64, num_key_value_heads=1,
+                                             initializer_range=STD),
+                 layers=Layers("layers", "self_attn.qkv_proj", fused=3), anatomy=_LLAMA_WHOLE_FFN),
     Architecture("opt", DECODER, tiny=_tiny("OPT", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                             ffn_dim=24, max_position_embeddings=64, word_embed_proj_dim=16,
                                             init_std=STD),

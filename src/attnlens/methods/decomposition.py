@@ -72,8 +72,9 @@ def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str 
                     f"Qwen, Gemma, Phi, OPT, ...; the encoders of BART, mBART, T5); model type {model_type!r} has "
                     "none")
         if head and anatomy.ffn is not None:
-            return (f"{name} linearises each feed-forward network; model type {model_type!r} has a routed "
-                    "mixture of experts (read as one module), which it does not decompose")
+            return (f"{name} linearises each feed-forward network through its pieces; the architecture entry of "
+                    f"model type {model_type!r} reads it as one module (a routed mixture of experts, or fused "
+                    "projections), which it does not decompose")
         if architecture_for(config).family == "encoder-decoder":
             if head:
                 return (f"{name} decomposes the logits through the layers that make them; an encoder-decoder's "
@@ -153,7 +154,7 @@ def _values(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, spec: Layer
     b, n, _ = a.shape
     dh = linear_weight(mods["output"]).shape[1] // heads
     if spec.fused > 1:
-        out = out[..., spec.value_features(out.shape[-1], out.shape[-1] // (spec.fused * dh)).to(out.device)]
+        out = out[..., spec.value_features(out.shape[-1], heads, dh).to(out.device)]
     v = out.reshape(b, n, out.shape[-1] // dh, dh)
     return v if v.shape[2] == heads else v.repeat_interleave(heads // v.shape[2], dim=2)
 

@@ -71,14 +71,14 @@ def _take(value: Any, batch: int, index: torch.Tensor) -> Any:
 
 
 @contextmanager
-def _zeroing(value_module: nn.Module, keep: torch.Tensor, spec: Layers, heads: int) -> Iterator[None]:
+def _zeroing(value_module: nn.Module, keep: torch.Tensor, spec: Layers, heads: int, head_dim: int) -> Iterator[None]:
     """Multiply the value vectors in the value projection's output ``(R, N, width)`` (the features ``spec``
     says hold them) by ``keep`` ``(R, N)`` (0 = zeroed value vector)."""
     def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         scale = keep[..., None].to(output.dtype)
         if spec.fused == 1:
             return output * scale
-        values = spec.value_features(output.shape[-1], heads).to(output.device)
+        values = spec.value_features(output.shape[-1], heads, head_dim).to(output.device)
         return torch.where(values, output * scale, output)
 
     handle = value_module.register_forward_hook(hook)
@@ -113,7 +113,9 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
 
     The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows."""
     spec = _layers_of(model)
-    heads = getattr(model.config, "num_attention_heads", 1)  # read only for a per-head fused layout (GPT-NeoX)
+    # read only for fused projections: where the values are among the queries and keys
+    heads = getattr(model.config, "num_attention_heads", 1)
+    head_dim = getattr(model.config, "head_dim", None) or getattr(model.config, "hidden_size", heads) // heads
     layers = list({id(m): m for m in spec.modules(model, stream)}.values())  # a shared layer is hooked once
     calls = _layer_calls(model, layers, inputs)
     b, n = token_mask.shape
@@ -136,7 +138,7 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
             keep = torch.ones(len(index), n, device=device)
             if zeroed is not None:
                 keep[torch.arange(len(index), device=device), zeroed] = 0.0
-            with _zeroing(_module(layer, spec.value), keep, spec, heads):
+            with _zeroing(_module(layer, spec.value), keep, spec, heads, head_dim):
                 y = layer(_take(hidden, b, index), *_take(rest, b, index),
                           **{k: _take(v, b, index) for k, v in kwargs.items()})
             return (y[0] if isinstance(y, tuple) else y).float()
