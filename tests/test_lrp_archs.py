@@ -732,32 +732,20 @@ def _chefer_gpt_neox(model, ids, target, rule_set):
     return r_x0.sum(-1), r_a
 
 
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox"])  # a sequential pre-LN block, a parallel one
 @pytest.mark.parametrize("rule_set", ["chefer", "chefer-lrp"])
-def test_chefer_rules_on_a_parallel_block_equal_the_reference_relprop(rule_set):
+def test_chefer_rules_on_a_pre_ln_block_equal_the_reference_relprop(rule_set, family):
     from lrp_reference import exact
 
-    model = _one_layer("gpt_neox")
+    model = _one_layer(family)
     ids = torch.tensor([2, 7, 13, 21, 5, 3])
     inputs = {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}
     with torch.no_grad(), exact():
-        expected_input, expected_att = _chefer_gpt_neox(model, ids, 2, rule_set)
+        expected_input, expected_att = {"gpt2": _chefer_gpt2, "gpt_neox": _chefer_gpt_neox}[family](
+            model, ids, 2, rule_set)
     res = lrp_pass(model, inputs, 2, rules=rule_set)
     torch.testing.assert_close(res.input_relevance[0], expected_input, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(res.attention_relevance[0][0], expected_att, rtol=1e-9, atol=1e-10)
     assert expected_input.abs().max() > 1e-3
-
-
-@pytest.mark.parametrize("rule_set", ["chefer", "chefer-lrp"])
-def test_chefer_rules_on_a_pre_ln_block_equal_the_reference_relprop(rule_set):
-    from lrp_reference import exact
-
-    model = _one_layer("gpt2")
-    ids = torch.tensor([2, 7, 13, 21, 5, 3])
-    inputs = {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}
-    with torch.no_grad(), exact():
-        expected_input, expected_att = _chefer_gpt2(model, ids, 2, rule_set)
-    res = lrp_pass(model, inputs, 2, rules=rule_set)
-    torch.testing.assert_close(res.input_relevance[0], expected_input, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(res.attention_relevance[0][0], expected_att, rtol=1e-9, atol=1e-10)
     if rule_set == "chefer":
         assert abs(float(expected_input.sum()) - 1) < 1e-9
