@@ -18,8 +18,8 @@ from attnlens.architectures import build_tiny
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
 # GPT-J, Phi, GPT-NeoX: parallel attention and FFN branches ("gpt_neox-seq": GPT-NeoX made sequential)
-FAMILIES = ["gpt2", "gpt_neo", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "gpt_neox-seq", "gptj", "phi", "opt",
-            "bloom"]
+FAMILIES = ["gpt2", "gpt_neo", "llama", "qwen2", "qwen3", "gemma", "gemma2", "gpt_neox", "gpt_neox-seq", "gptj", "phi",
+            "opt", "bloom"]
 TASKS = ["classification", "causal-lm"]
 TEXTS = ["the movie was really good", "bad", "a charming journey but the plot was boring"]
 
@@ -100,6 +100,12 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
                     parallel=kind in ("gptj", "phi"))
     b = base.layers[l]  # the Llama family (Mixtral, Phi-3: their FFN is not read)
     a, m = b.self_attn, b.mlp
+    if kind == "gemma2":  # a norm before and after each branch ("post_attention_layernorm" is after attention)
+        return dict(ln1=b.input_layernorm, ln2=b.pre_feedforward_layernorm, post_attn=b.post_attention_layernorm,
+                    post_ffn=b.post_feedforward_layernorm, wv=a.v_proj.weight.T,
+                    bv=torch.zeros(a.v_proj.weight.shape[0]), wo=a.o_proj.weight.T,
+                    bo=torch.zeros(a.o_proj.weight.shape[0]), w_in=m.up_proj.weight.T, b_in=0.0,
+                    w_out=m.down_proj.weight.T, b_out=0.0, act=m.act_fn, w_gate=m.gate_proj.weight.T, parallel=False)
     if kind == "phi3":  # query, key, value fused: the values last, num_key_value_heads wide
         w = a.qkv_proj.weight.T
         width = model.config.num_key_value_heads * a.head_dim
@@ -165,12 +171,23 @@ class Reference:
         kv = h // (self.heads // (v.shape[0] // dh))
         return v[kv * dh:(kv + 1) * dh] @ p["wo"][h * dh:(h + 1) * dh]
 
+    def branch(self, l: int, i: int) -> torch.Tensor:
+        """The attention block's output at token i before any norm after it."""
+        return sum(self.attn[l][h, i, j] * self.f(l, h, j) for h in range(self.heads) for j in range(self.n)) + \
+            self.pieces(l)["bo"]
+
     def z(self, l: int, i: int, j: int, residual: bool = True) -> torch.Tensor:
         out = sum(self.attn[l][h, i, j] * self.f(l, h, j) for h in range(self.heads))
+        post = self.pieces(l).get("post_attn")
+        if post is not None:  # Gemma 2: the norm after the branch, at the real branch's scale
+            out = self.norm_linear(post, out, self.branch(l, i))
         return out + self.hidden[l][i] if residual and i == j else out
 
     def y(self, l: int, i: int) -> torch.Tensor:
         """The residual stream after layer l's attention block at token i."""
+        post = self.pieces(l).get("post_attn")
+        if post is not None:
+            return self.hidden[l][i] + post(self.branch(l, i))
         return sum(self.z(l, i, j) for j in range(self.n)) + self.pieces(l)["bo"]
 
     def rollout_last(self, entry) -> np.ndarray:
@@ -214,12 +231,15 @@ class Reference:
             g = None if p["w_gate"] is None else m @ p["w_gate"]
             u = m @ p["w_in"] + p["b_in"]
             act = p["act"](u) if g is None else p["act"](g) * u
-            real.append((y, g, u, y + act @ p["w_out"] + p["b_out"]))
+            ffn = act @ p["w_out"] + p["b_out"]
+            post = p.get("post_ffn")
+            branch = torch.stack([self.branch(l, i) for i in range(n)])
+            real.append((y, g, u, y + (ffn if post is None else post(ffn)), branch, ffn))
 
         def propagate(e: torch.Tensor, source: int | None) -> float:
             biases = source is None
             for l in range(len(self.attn)):
-                p, (y_real, g_real, u_real, _) = self.pieces(l), real[l]
+                p, (y_real, g_real, u_real, _, branch_real, ffn_real) = self.pieces(l), real[l]
                 x_real = self.hidden[l]
                 a = torch.stack([self.norm_linear(p["ln1"], e[i], x_real[i]) for i in range(n)])
                 v = a @ p["wv"]
@@ -233,7 +253,10 @@ class Reference:
                 for h in range(self.heads):
                     vh = v[:, (h // rep) * dh:(h // rep + 1) * dh]
                     att += self.attn[l][h] @ vh @ p["wo"][h * dh:(h + 1) * dh]
-                r = e + att + (p["bo"] if biases else 0)
+                att = att + (p["bo"] if biases else 0)
+                if p.get("post_attn") is not None:
+                    att = torch.stack([self.norm_linear(p["post_attn"], att[i], branch_real[i]) for i in range(n)])
+                r = e + att
                 into, real_in = (e, x_real) if p["parallel"] else (r, y_real)
                 m = torch.stack([self.norm_linear(p["ln2"], into[i], real_in[i]) for i in range(n)])
                 m = m + (self.norm_bias(p["ln2"]) if biases else 0)
@@ -243,11 +266,18 @@ class Reference:
                 else:
                     g = (m @ p["w_gate"]) * p["act"](g_real) / g_real
                     hidden = 0.5 * (g * u_real + p["act"](g_real) * u)
-                e = r + hidden @ p["w_out"] + (p["b_out"] if biases else 0)
+                ffn = hidden @ p["w_out"] + (p["b_out"] if biases else 0)
+                if p.get("post_ffn") is not None:
+                    ffn = torch.stack([self.norm_linear(p["post_ffn"], ffn[i], ffn_real[i]) for i in range(n)])
+                e = r + ffn
             last = real[-1][3][-1]
             state = self.norm_linear(self.final, e[-1], last) + (self.norm_bias(self.final) if biases else 0)
             head = self.model.get_output_embeddings() if self.logits.shape[0] == V else self.model.score
             logits = state @ head.weight.T + (head.bias if biases and head.bias is not None else 0)
+            cap = getattr(self.model.config, "final_logit_softcapping", None)
+            if cap and head is not getattr(self.model, "score", None):  # Gemma 2's LM: c tanh(z / c), linearised
+                z = self.final(last) @ head.weight.T
+                logits = logits * torch.where(z != 0, cap * torch.tanh(z / cap) / z, 0.0)  # the padding row: z = 0
             return float((logits * weights).sum())
 
         return by_source(propagate, self.hidden[0])
@@ -334,7 +364,7 @@ def test_batch_and_padding_invariance(family, task, tokenizer):
 
 
 @pytest.mark.parametrize("batch_size", [16, 3])  # one batch of steps; two, each over its own sequence
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "gemma2"])
 def test_each_generation_step_equals_its_prefix(family, batch_size, tokenizer):
     ex = Explainer(randomised(family, "causal-lm"), tokenizer)
     g = ex.explain_generation("the movie was really", target=" good but the plot was boring", methods=NORM,

@@ -14,7 +14,7 @@ from attnlens import Explainer, InputError, get_method
 from attnlens.architectures import architecture_for
 from attnlens.methods.valuezeroing import value_zeroing_matrices
 
-DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "mixtral", "gpt_neox", "gptj", "phi", "phi3", "opt")
+DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "gemma2", "mixtral", "gpt_neox", "gptj", "phi", "phi3", "opt")
 SEQ2SEQ = ("bart", "mbart", "t5")
 TYPES = ["bert", "distilbert", "roberta", "albert", *DECODERS, *SEQ2SEQ]
 TEXTS = ["the movie was good", "not very bad , i really didn ' t like this film", "awful !"]

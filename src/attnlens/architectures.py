@@ -119,6 +119,9 @@ class Anatomy:
     # the whole FFN as one module (Mixtral's routed experts, Phi-3's fused gate/up projection; ffn_in, act, ffn_out
     # None): attnnorm, GlobEnc and ALTI need only its output, DecompX is refused
     ffn: str | None = None
+    # pre-LN "sandwich" norms on each branch's output before its residual sum (Gemma 2: x + N(Attn(LN1(x))))
+    post_attn_norm: str | None = None
+    post_ffn_norm: str | None = None
 
 
 HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
@@ -304,6 +307,10 @@ def _bloom_anatomy(config: Any) -> Anatomy | None:
 # Llama's layers with the FFN read as one module: Mixtral's routed mixture of experts, Phi-3's fused gate/up
 _LLAMA_WHOLE_FFN = replace(_LLAMA_ANATOMY, ffn="mlp", ffn_in=None, gate=None, act=None, ffn_out=None)
 
+# Gemma 2: Llama's names, a norm before and after each branch (its "post_attention_layernorm" is the latter)
+_GEMMA2_ANATOMY = replace(_LLAMA_ANATOMY, ln2="pre_feedforward_layernorm", post_attn_norm="post_attention_layernorm",
+                          post_ffn_norm="post_feedforward_layernorm")
+
 # parallel pre-LN decoders: both branches read the layer input (GPT-J and Phi through one LayerNorm)
 _GPTJ_ANATOMY = Anatomy((("score", None),), output="attn.out_proj", ln1="ln_1", ffn_in="mlp.fc_in", act="mlp.act",
                         ffn_out="mlp.fc_out", ln2="ln_1", pre_ln=True, final_norm="ln_f", parallel=True)
@@ -445,7 +452,8 @@ _ENTRIES: list[Architecture] = [
     Architecture("gemma", DECODER, lrp=_llama_lrp("Gemma"), tiny=_tiny("Gemma", **_DEC, head_dim=8,
                                                                      initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),  # its RMSNorm scales by 1 + weight (norms.py)
-    Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8)),
+    Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8, initializer_range=STD),
+                 layers=_LLAMA_LAYERS, anatomy=_GEMMA2_ANATOMY),
     Architecture("phi", DECODER,
                  lrp=LRPSupport("Phi", blocks=(PreNorm("PhiDecoderLayer", "input_layernorm", "self_attn",
                                                        "input_layernorm", "mlp", parallel=True),),
@@ -496,6 +504,9 @@ def register_architecture(arch: Architecture) -> None:
     if isinstance(arch.anatomy, Anatomy) and (arch.anatomy.ffn is None) == (arch.anatomy.ffn_in is None):
         raise ModelError(f"{arch.model_type}: an anatomy names its FFN either as one module (ffn) or by its pieces "
                          "(ffn_in, act, ffn_out)")
+    if isinstance(arch.anatomy, Anatomy) and not arch.anatomy.pre_ln and (
+            arch.anatomy.post_attn_norm or arch.anatomy.post_ffn_norm):
+        raise ModelError(f"{arch.model_type}: norms after the branches are read in pre-LN anatomies only")
     if isinstance(arch.anatomy, Anatomy) and arch.anatomy.parallel and not arch.anatomy.pre_ln:
         raise ModelError(f"{arch.model_type}: a parallel anatomy is a pre-LN one (set pre_ln=True)")
     ARCHITECTURES[arch.model_type] = arch

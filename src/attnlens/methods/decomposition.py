@@ -104,8 +104,10 @@ class Layer:
     """One layer recomputed from its input ``x`` ``(B, N, D)`` and attention ``attn`` ``(B, H, N, N)``."""
 
     x: torch.Tensor
+    # (B, H, N, N): the weights the value vectors are mixed with (a branch normalised after the attention, Gemma
+    # 2's: divided by that norm's scale of each query row, s_i)
     attn: torch.Tensor
-    f: torch.Tensor  # (B, H, N, D): f^h(a_j), value bias included
+    f: torch.Tensor  # (B, H, N, D): f^h(a_j), value bias included (times that norm's gain)
     std1: torch.Tensor  # (B, N, 1): s_i of LN1's input (post-LN; ones for pre-LN)
     y1: torch.Tensor  # (B, N, D): LN1's output (post-LN) or the residual stream after attention (pre-LN)
     theta: torch.Tensor  # (B, N, F): act(u)/u of the FFN (or gate) pre-activation u (the zero-origin linearisation)
@@ -133,7 +135,8 @@ def _ratio(out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return torch.where(pre != 0, out / torch.where(pre != 0, pre, torch.ones_like(pre)), torch.zeros_like(pre))
 
 
-_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate", "ffn")
+_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate", "ffn", "post_attn_norm",
+          "post_ffn_norm")
 
 
 def _parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[str, nn.Module]:
@@ -234,10 +237,17 @@ def model_layers(ctx: BatchContext) -> list[Layer]:
             h = attn.shape[1]
             a = mods["ln1"](x) if anatomy.pre_ln else x
             f = _head_outputs(mods, _values(mods, a, h, spec))
-            pre1 = x + torch.einsum("bhij,bhjd->bid", attn, f) + _output_bias(mods)
+            branch = torch.einsum("bhij,bhjd->bid", attn, f) + _output_bias(mods)
+            if "post_attn_norm" in mods:  # z_ij = Σ_h A^h_ij f^h_j ⊙ g / s_i (+ x_i): the scale goes with A's rows
+                norm = mods["post_attn_norm"]
+                scale = (branch.float().pow(2).mean(-1, keepdim=True) + rms_eps(norm)).sqrt().to(x.dtype)
+                pre1 = x + norm(branch)
+                attn, f = attn / scale.unsqueeze(1), f * rms_gain(norm, x)
+            else:
+                pre1 = x + branch
             if anatomy.pre_ln:
                 ffn, theta = _ffn(mods, mods["ln2"](x if anatomy.parallel else pre1))
-                got = pre1 + ffn
+                got = pre1 + (mods["post_ffn_norm"](ffn) if "post_ffn_norm" in mods else ffn)
                 if i == len(blocks) - 1 and final is not None:
                     got = final(got)  # the last hidden state is the final norm's output
                 _check_layer(model, i, got, hidden[i + 1], real)
@@ -527,10 +537,15 @@ def _head_steps(ctx: BatchContext, anatomy: Anatomy) -> list[tuple[nn.Module, Ca
     """From the pooled state to the logits: a language model's output embeddings, or the classification head's
     ``(linear, activation)`` steps."""
     model = ctx.model
-    if ctx.head.task == "causal-lm":
-        return [(model.get_output_embeddings(), None)]
+    if ctx.head.task == "causal-lm":  # Gemma 2 caps its logits, c · tanh(z / c): linearised as a head activation
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        return [(model.get_output_embeddings(), None if not cap else functools.partial(_softcap, cap=float(cap)))]
     return [(_attr(model, lin), None if act is None else HEAD_ACTIVATIONS.get(act) or _attr(model, act))
             for lin, act in anatomy.head]
+
+
+def _softcap(z: torch.Tensor, cap: float) -> torch.Tensor:
+    return cap * torch.tanh(z / cap)
 
 
 def _output_weights(logits: torch.Tensor, targets: torch.Tensor, contrast: bool) -> torch.Tensor:
@@ -573,8 +588,9 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
                 value0 = v = v.detach().requires_grad_(True)
             att = mods["output"](_mix(attn, v))
             if anatomy.pre_ln:
-                y = h + att
-                h = y + _linear_ffn(mods, _frozen_norm(h if anatomy.parallel else y, mods["ln2"]))
+                y = h + (_frozen_norm(att, mods["post_attn_norm"]) if "post_attn_norm" in mods else att)
+                ffn = _linear_ffn(mods, _frozen_norm(h if anatomy.parallel else y, mods["ln2"]))
+                h = y + (_frozen_norm(ffn, mods["post_ffn_norm"]) if "post_ffn_norm" in mods else ffn)
                 if i == len(blocks) - 1 and final is not None:
                     h = _frozen_norm(h, final)
             else:
