@@ -176,9 +176,9 @@ def test_a_generation_over_the_budget_runs_one_step_at_a_time_and_says_so(monkey
     sizes = _count_batches(monkeypatch)
     for module in (generation, memory):  # the batch sizing and the warning
         monkeypatch.setattr(module, "shared_pass_row_bytes", lambda d, n: 2**27)  # 128 MiB
-    with pytest.warns(UserWarning, match=r"a generation of \d+ tokens needs about 0.1 GiB.*it runs alone") as got:
+    with pytest.warns(UserWarning, match=r"a generation of \d+ tokens needs about 0.1 GiB.*steps run one at a") as got:
         g = ex.explain_generation("the movie was", ["attcat"], target=" good but bad", memory_budget="64MiB")
-    said = [w for w in got if "runs alone" in str(w.message)]
+    said = [w for w in got if "one at a time" in str(w.message)]
     assert len(said) == 1 and said[0].filename == __file__  # pointed at the caller's line
     assert sizes == [1] * len(g.generated_ids)
     np.testing.assert_allclose(g.scores["attcat"], full.scores["attcat"], atol=1e-5)

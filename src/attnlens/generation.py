@@ -343,7 +343,8 @@ def _steps_per_batch(ex: Explainer, n: int, size: int, budget: int, gradients: b
     if not gradients:
         return size
     dims = model_dims(ex.model)
-    warn_when_one_row_exceeds(dims, n, budget, what="a generation", stacklevel=4)
+    warn_when_one_row_exceeds(dims, n, budget, what="a generation", alone="its steps run one at a time",
+                              stacklevel=4)
     first = shared_pass_row_bytes(dims, n)
     if one_pass:
         return max(1, min(size, 1 + (budget - first) // step_gradient_bytes(dims, n)))

@@ -100,15 +100,16 @@ def step_gradient_bytes(dims: Dims, n: int) -> int:
     return dims.layers * (dims.heads * n * n + n * dims.hidden) * dims.itemsize
 
 
-def warn_when_one_row_exceeds(dims: Dims, n: int, budget: int, what: str = "an input", stacklevel: int = 3) -> None:
+def warn_when_one_row_exceeds(dims: Dims, n: int, budget: int, what: str = "an input", alone: str = "it runs alone",
+                              stacklevel: int = 3) -> None:
     """Warn once that ``what`` (an input, a generation) of ``n`` tokens needs more than ``budget`` for its
-    shared pass on its own (a sequence cannot be split: it runs alone, over the budget)."""
+    shared pass on its own (a sequence cannot be split: ``alone`` says what happens instead)."""
     need = shared_pass_row_bytes(dims, n)
     if need > budget:
         warnings.warn(
             f"{what} of {n} tokens needs about {need / 2**30:.1f} GiB for its forward+backward pass with the "
-            f"attention maps kept, more than the memory budget of {budget / 2**30:.1f} GiB; it runs alone (a "
-            "shorter input, or methods without gradients, need less)", stacklevel=stacklevel + 1)
+            f"attention maps kept, more than the memory budget of {budget / 2**30:.1f} GiB; {alone} (a shorter "
+            "input, or methods without gradients, need less)", stacklevel=stacklevel + 1)
 
 
 def rows_that_fit(budget: int, row_bytes: int, cap: int | None = None) -> int:
