@@ -131,9 +131,9 @@ def test_position_offset_comes_from_the_entry():
 def test_lrp_support_and_residual_sites_come_from_the_entries():
     from attnlens.lrp.patch import residual_sites
 
-    assert list(SUPPORTED.values()) == ["BERT", "RoBERTa", "DistilBERT", "ALBERT", "ELECTRA", "DeBERTa-v2",
-                                        "ModernBERT", "GPT-2", "GPT-NeoX", "Llama", "Mistral", "Qwen2", "Qwen3",
-                                        "Gemma", "Phi"]
+    assert list(SUPPORTED.values()) == ["BERT", "RoBERTa", "DistilBERT", "ALBERT", "ELECTRA", "XLM-RoBERTa",
+                                        "CamemBERT", "DeBERTa-v2", "ERNIE", "ModernBERT", "GPT-2", "GPT-NeoX",
+                                        "Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Phi"]
     assert SUPPORTED is LRP_SUPPORTED
     sites = {t: residual_sites(make_model(t)) for t in ["bert", "distilbert", "albert"]}
     assert len(sites["bert"]) == 4  # attention and feed-forward output of 2 layers

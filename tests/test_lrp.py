@@ -495,3 +495,26 @@ def test_real_model_minilm_sst2(minilm_sst2):
     words = [t for t, s in zip(pos.tokens, pos.special) if not s]
     top = words[int(np.argmax(pos.scores["attnlrp"][~np.array(pos.special)]))]
     assert top in {"gorgeous", "witty", "seductive"}, top  # positive evidence for the positive class
+
+
+@pytest.mark.parametrize(("copy", "original"), [("xlm-roberta", "roberta"), ("camembert", "roberta"),
+                                                ("ernie", "bert")])
+@pytest.mark.parametrize("rule_set", ["attnlrp", "cp", "chefer", "chefer-lrp"])
+def test_a_copy_of_an_architecture_gets_the_original_relevance(copy, original, rule_set):
+    """XLM-R and CamemBERT are RoBERTa's modules under other class names, ERNIE is BERT's (with no task-type
+    embeddings): with the same weights, every rule set gives the original's relevance."""
+    import transformers
+
+    model = make_model(copy, num_labels=3)
+    config = getattr(transformers, {"roberta": "RobertaConfig", "bert": "BertConfig"}[original])(
+        **{k: v for k, v in model.config.to_dict().items() if k not in ("model_type", "architectures")})
+    config._attn_implementation = model.config._attn_implementation
+    twin = getattr(transformers, {"roberta": "RobertaForSequenceClassification",
+                                  "bert": "BertForSequenceClassification"}[original])(config).eval()
+    state = {k.replace("ernie.", "bert.", 1): v for k, v in model.state_dict().items()}
+    assert not set(twin.load_state_dict(state, strict=False).missing_keys)
+    inputs = padded_batch(3)
+    got, want = (lrp_pass(m, inputs, [0, 1, 2], rules=rule_set) for m in (model, twin))
+    torch.testing.assert_close(got.input_relevance, want.input_relevance, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got.attention_relevance[-1], want.attention_relevance[-1], rtol=1e-6, atol=1e-7)
+    assert got.input_relevance.abs().max() > 1e-3

@@ -252,6 +252,13 @@ _LLAMA_LAYERS = Layers("layers", "self_attn.v_proj")
 _BERT_RESIDUALS = (Residual("Output", "LayerNorm", "dropout"),)  # XSelfOutput, XOutput: LN(dropout(dense(h)) + x)
 
 
+def _roberta_lrp(name: str) -> LRPSupport:
+    """RoBERTa and its copies (XLM-R, CamemBERT: the same modules under their own class names): BERT's residual
+    sums, the identity rule on the classification head's inline tanh."""
+    prefix = {"RoBERTa": "Roberta", "XLM-RoBERTa": "XLMRoberta", "CamemBERT": "Camembert"}[name]
+    return LRPSupport(name, _BERT_RESIDUALS, forwards=((f"{prefix}ClassificationHead", "tanh_head"),))
+
+
 def _llama_lrp(prefix: str) -> LRPSupport:
     """Llama-family decoders (class names ``<prefix>...``): pre-RMSNorm blocks, gated MLP, rotary attention
     through the attention interface, no absolute position embeddings."""
@@ -370,8 +377,7 @@ _ENTRIES: list[Architecture] = [
     # encoders (the first five in the order the LRP error lists them)
     Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS), anatomy=_bert_like("bert"),
                  tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD), layers=_BERT_LAYERS),
-    Architecture("roberta", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
-                 lrp=LRPSupport("RoBERTa", _BERT_RESIDUALS, forwards=(("RobertaClassificationHead", "tanh_head"),)),
+    Architecture("roberta", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY, lrp=_roberta_lrp("RoBERTa"),
                  tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
                  layers=_BERT_LAYERS),
     Architecture("distilbert", ENCODER,
@@ -393,8 +399,8 @@ _ENTRIES: list[Architecture] = [
                  tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
                  layers=_BERT_LAYERS),
     Architecture("xlm-roberta", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
-                 tiny=_tiny("XLMRoberta", **_ROBERTA), layers=_BERT_LAYERS),
-    Architecture("camembert", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
+                 lrp=_roberta_lrp("XLM-RoBERTa"), tiny=_tiny("XLMRoberta", **_ROBERTA), layers=_BERT_LAYERS),
+    Architecture("camembert", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY, lrp=_roberta_lrp("CamemBERT"),
                  tiny=_tiny("Camembert", **_ROBERTA), layers=_BERT_LAYERS),
     Architecture("deberta", ENCODER, tiny=_tiny("Deberta", **_ENC, max_position_embeddings=64)),
     Architecture("deberta-v2", ENCODER,
@@ -404,7 +410,7 @@ _ENTRIES: list[Architecture] = [
                  tiny=_tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
                             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16)),
     Architecture("mpnet", ENCODER, tiny=_tiny("MPNet", **_ENC, max_position_embeddings=70)),
-    Architecture("ernie", ENCODER, anatomy=_bert_like("ernie"),
+    Architecture("ernie", ENCODER, anatomy=_bert_like("ernie"), lrp=LRPSupport("ERNIE", _BERT_RESIDUALS),
                  tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64), layers=_BERT_LAYERS),
     Architecture("modernbert", ENCODER, pooling=_modernbert_pooling,
                  lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
