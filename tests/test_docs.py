@@ -80,3 +80,16 @@ def test_method_option_examples_run(minilm_sst2):
     for options in examples:
         (exp,) = minilm_sst2.explain(["a charming journey"], methods=list(options), options=options)
         assert exp.methods == list(options)
+
+
+def test_methods_by_architecture_page_is_what_the_code_says():
+    """docs/methods-by-architecture.md is regenerated from the applicability checks and compared: a method or an
+    architecture entry that changes what applies must come with the page (``scripts/method_matrix.py --write``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("method_matrix", ROOT / "scripts" / "method_matrix.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (ROOT / "docs" / "methods-by-architecture.md").read_text(encoding="utf-8")
+    assert page == module.matrix_markdown(), "run: python scripts/method_matrix.py --write"
+    assert "| bert | classifier | " + " | ".join(["✓"] * len(list_methods())) + " |" in page
