@@ -65,7 +65,7 @@ def _one_line_error(capsys, code: int) -> str:
         ("bart", "encoder", LRP | {"decompx"}),
         ("bart", "decoder", LRP | NORM),
         ("bart", "cross", LRP | SQUARE | NORM),
-        ("qa", None, LRP | {"decompx"}),
+        ("qa", None, {"partiallrp", "transatt", "decompx"}),  # attnlrp explains the span
     ],
 )
 def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped, tmp_path, capsys):
@@ -85,7 +85,7 @@ def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped,
         assert len(notices) == 1, err
         names = ", ".join(m for m in list_methods() if m in skipped)
         assert notices[0].startswith(f"attnlens: warning: skipping {names}: ")
-        assert any(why in notices[0] for why in ("support BERT", "sequence classifiers and causal language models only",
+        assert any(why in notices[0] for why in ("support BERT", "reads the attention relevance of the one row",
                                                  "need a layer anatomy", "reads an encoder-decoder's encoder layers"))
         if attention == "cross":
             assert "needs self-attention" in notices[0]

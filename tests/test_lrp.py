@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
-from conftest import ENCODERS, make_model
+from conftest import CLS, ENCODERS, PAD, SEP, V, make_model
 from torch import nn
 
 from attnlens import Explainer
+from attnlens.architectures import build_tiny
 from attnlens.errors import AttnLensError, InputError, ModelError
+from attnlens.heads import QAHead, TokenHead
 from attnlens.lrp import lrp_pass, rules, supports
 
 TEXTS = ["the movie was great", "i really didn ' t like this boring plot , but the actors were charming", "awful"]
@@ -94,8 +98,10 @@ def test_layer_norm_rule_is_linear_map_with_frozen_std():
     assert abs(float((x * g).detach().sum() - rel_out.sum())) < 1e-4  # bias-free: conserved
 
 
-def _explicit_attnlrp_bert(model, ids: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """AttnLRP for a 1-layer BERT written out rule by rule (no autograd), batch of one, float64.
+def _explicit_attnlrp_bert(model, ids: torch.Tensor, target: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """AttnLRP for a 1-layer BERT written out rule by rule (no autograd), batch of one, float64; its head a
+    sequence classifier (``target`` a class), a token classifier (``(position, class)``) or extractive QA
+    (``(start, end)``: the start logit at one position plus the end logit at the other).
 
     Returns the relevance of the summed input embeddings (n,) and of the attention probabilities (H, n, n).
     """
@@ -128,15 +134,22 @@ def _explicit_attnlrp_bert(model, ids: torch.Tensor, target: int) -> tuple[torch
     out = layer.output.dense(act)
     r2 = out + h1
     h2 = layer.output.LayerNorm(r2)
-    pre = model.bert.pooler.dense(h2[:1])
-    pooled = torch.tanh(pre)
-    logits = model.classifier(pooled)
-
-    r_logits = torch.zeros_like(logits)
-    r_logits[0, target] = logits[0, target]
-    r_pre = lin_rel(pooled, model.classifier, logits, r_logits)  # tanh: identity rule
-    r_h2 = torch.zeros_like(h2)
-    r_h2[:1] = lin_rel(h2[:1], model.bert.pooler.dense, pre, r_pre)
+    if hasattr(model, "qa_outputs") or type(model).__name__.endswith("TokenClassification"):
+        head = getattr(model, "qa_outputs", None) or model.classifier
+        logits = head(h2)  # (n, 2) start and end logits / (n, C) per token
+        r_logits = torch.zeros_like(logits)
+        for pos, col in ([(target[0], 0), (target[1], 1)] if hasattr(model, "qa_outputs") else [target]):
+            r_logits[pos, col] = logits[pos, col]
+        r_h2 = lin_rel(h2, head, logits, r_logits)
+    else:
+        pre = model.bert.pooler.dense(h2[:1])
+        pooled = torch.tanh(pre)
+        logits = model.classifier(pooled)
+        r_logits = torch.zeros_like(logits)
+        r_logits[0, target] = logits[0, target]
+        r_pre = lin_rel(pooled, model.classifier, logits, r_logits)  # tanh: identity rule
+        r_h2 = torch.zeros_like(h2)
+        r_h2[:1] = lin_rel(h2[:1], model.bert.pooler.dense, pre, r_pre)
     r_r2 = ln_rel(r2, layer.output.LayerNorm, h2, r_h2)
     r_act = lin_rel(act, layer.output.dense, out, out * r_r2 / r2)  # residual sum: proportional split
     r_h1 = h1 * r_r2 / r2 + lin_rel(h1, layer.intermediate.dense, inter, r_act)  # GELU: identity rule
@@ -155,17 +168,23 @@ def _explicit_attnlrp_bert(model, ids: torch.Tensor, target: int) -> tuple[torch
     return r_e.sum(-1), r_a
 
 
-def test_whole_pass_equals_explicit_rule_by_rule_propagation():
-    from transformers import BertConfig, BertForSequenceClassification
+@pytest.mark.parametrize(("task", "target"), [("SequenceClassification", 1), ("TokenClassification", (4, 2)),
+                                              ("QuestionAnswering", (2, 4))])
+def test_whole_pass_equals_explicit_rule_by_rule_propagation(task, target):
+    import transformers
+    from transformers import BertConfig
 
     torch.manual_seed(8)
     cfg = BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=12,
-                     max_position_embeddings=16, initializer_range=0.4, num_labels=3, attn_implementation="eager")
-    model = BertForSequenceClassification(cfg).double().eval()
+                     max_position_embeddings=16, initializer_range=0.4, attn_implementation="eager",
+                     num_labels=2 if task == "QuestionAnswering" else 3)
+    model = getattr(transformers, f"BertFor{task}")(cfg).double().eval()
     ids = torch.tensor([2, 7, 13, 21, 5, 3])
     with torch.no_grad():
-        expected_input, expected_att = _explicit_attnlrp_bert(model, ids, target=1)
-    res = lrp_pass(model, {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}, 1)
+        expected_input, expected_att = _explicit_attnlrp_bert(model, ids, target=target)
+    head = {"TokenClassification": TokenHead(), "QuestionAnswering": QAHead()}.get(task)
+    res = lrp_pass(model, {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)},
+                   torch.tensor([target]) if head else target, head=head)
     torch.testing.assert_close(res.input_relevance[0], expected_input, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(res.attention_relevance[0][0], expected_att, rtol=1e-8, atol=1e-10)
 
@@ -518,3 +537,53 @@ def test_a_copy_of_an_architecture_gets_the_original_relevance(copy, original, r
     torch.testing.assert_close(got.input_relevance, want.input_relevance, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got.attention_relevance[-1], want.attention_relevance[-1], rtol=1e-6, atol=1e-7)
     assert got.input_relevance.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("suffix", ["ForQuestionAnswering", "ForTokenClassification"])
+def test_lrp_methods_on_qa_and_token_heads(suffix, tokenizer):
+    """The LRP methods start from the head's scalar (a QA span's start + end logits, a token's class logit):
+    through the explainer a batch equals its inputs one by one, padding scores 0, the chefer rules give relevance 1
+    in all, and AttnLRP of a QA span is the sum of its start and its end explained alone (it is linear). On QA,
+    PartialLRP and TransAtt, which read one attention row, are refused."""
+    model = build_tiny("bert", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
+                       model_suffix=suffix)
+    ex = Explainer(model, tokenizer)
+    qa = suffix == "ForQuestionAnswering"
+    texts = ([("what was good", "the movie was really good"), ("who", "a charming journey but boring")] if qa
+             else ["the movie was really good", "bad", "a charming journey but the plot was boring"])
+    target = (1, 0) if not qa else None
+    methods = ["attnlrp"] if qa else ["partiallrp", "transatt", "attnlrp"]
+    if qa:  # the two that read the head's one attention row say why not
+        for m in ("partiallrp", "transatt"):
+            with pytest.raises(InputError, match=f"{m} reads the attention relevance of the one row the head reads; "
+                                                 "an extractive QA span"):
+                ex.explain(texts[:1], methods=[m])
+    batch = ex.explain(texts, methods=methods, batch_size=len(texts), target=target)
+    for text, e in zip(texts, batch):
+        (one,) = ex.explain([text], methods=methods, target=target)
+        for m in methods:
+            assert np.isfinite(e.scores[m]).all() and np.abs(e.scores[m]).max() > 0, m
+            np.testing.assert_allclose(e.scores[m], one.scores[m], rtol=1e-5, atol=1e-6, err_msg=m)
+    inputs = padded_batch(3)
+    targets = torch.tensor([[1, 3], [2, 2], [0, 2]]) if qa else torch.tensor([[1, 0], [2, 1], [2, 1]])  # real
+    head = QAHead() if qa else TokenHead()
+    chefer = lrp_pass(model.double(), inputs, targets, head=head, rules="chefer")
+    torch.testing.assert_close(chefer.input_relevance.sum(1), torch.ones(3, dtype=torch.float64), rtol=1e-4,
+                               atol=1e-4)
+    assert (chefer.input_relevance[inputs["attention_mask"] == 0] == 0).all()
+    if qa:  # start + end = start alone + end alone
+        both = lrp_pass(model, inputs, targets, head=head).input_relevance
+        start, end = (lrp_pass(model, inputs, targets, head=_OneEnd(i)).input_relevance for i in (0, 1))
+        torch.testing.assert_close(both, start + end, rtol=1e-9, atol=1e-10)
+        assert start.abs().max() > 1e-3 and end.abs().max() > 1e-3
+
+
+class _OneEnd(QAHead):
+    """A QA head explaining the start (``end=0``) or the end logit alone."""
+
+    def __init__(self, end: int) -> None:
+        super().__init__()
+        self.end = end
+
+    def scalar(self, logits, targets, kind, token_mask):
+        return self.values(logits, kind, token_mask)[..., self.end].gather(1, targets[:, self.end:][:, :1]).squeeze(1)

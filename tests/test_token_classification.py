@@ -159,12 +159,12 @@ def test_not_applicable_parts_are_clear(tokenizer):
     ex = Explainer(token_model("bert"), tokenizer)
     with pytest.raises(ModelError, match="predict_proba is for sequence classifiers; this is a token classifier"):
         ex.predict_proba([[CLS, 5, SEP]])
-    with pytest.raises(InputError, match="attnlrp supports sequence classifiers and causal language models only, "
-                                         "not token models"):
-        ex.explain("the movie", "attnlrp", target=1)
-    with pytest.warns(UserWarning, match="skipping partiallrp, transatt, attnlrp"):
+    with pytest.raises(InputError, match="decompx decomposes a sequence classifier's or a causal language model's "
+                                         "logits, not a token model's"):
+        ex.explain("the movie", "decompx", target=1)
+    with pytest.warns(UserWarning, match="skipping decompx"):
         (e,) = ex.explain("the movie", "all", target=1, options={"integratedgradients": {"n_steps": 2}})
-    assert "valuezeroing" in e.scores and "attnlrp" not in e.scores
+    assert "valuezeroing" in e.scores and "attnlrp" in e.scores and "decompx" not in e.scores
     with pytest.raises(InputError, match="contrast applies to sequence classifiers and language models, not to "
                                          "extractive QA spans or token classifiers"):
         ex.explain("the movie", "grads", target=1, contrast=0)

@@ -9,6 +9,9 @@ of layer l (:func:`attnlens.lrp.lrp_pass`), computed once per batch and rule set
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from ..context import BatchContext
@@ -33,6 +36,16 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     return cache[key]
 
 
+def _reads_one_row(name: str) -> Callable[[Any, str, str], str | None]:
+    """Why ``name``, which reads the relevance of one attention row (the head's), cannot explain a QA span."""
+    def why(model: Any, stream: str, task: str) -> str | None:
+        if task == "qa":  # its start and end logits are read at two positions, neither of them the [CLS] row
+            return (f"{name} reads the attention relevance of the one row the head reads; an extractive QA span's "
+                    "start and end logits are read at two other positions (attnlrp explains the span)")
+        return None
+    return why
+
+
 def _rows(ctx: BatchContext, per_layer: list[torch.Tensor]) -> torch.Tensor:
     """Explained row of each ``(B, Q, K)`` matrix, stacked to ``(B, L, K)``."""
     return torch.stack([ctx.capture.row(m.to(ctx.capture.query_weights.dtype)) for m in per_layer], 1)
@@ -41,6 +54,7 @@ def _rows(ctx: BatchContext, per_layer: list[torch.Tensor]) -> torch.Tensor:
 @register(
     "partiallrp",
     needs={ATTENTION, OWN_PASS},
+    applies=_reads_one_row("partiallrp"),
     summary="Partial LRP: LRP relevance of the last layer's attention, E_h max(R(A^L), 0)[c, j].",
     citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
     lrp=True,
@@ -75,6 +89,7 @@ def _normalised(grad: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
     "transatt",
     needs={ATTENTION, GRADIENTS, OWN_PASS},
     self_attention_only=True,
+    applies=_reads_one_row("transatt"),
     summary="Transformer attribution: rollout of E_h max(∇A ⊙ R(A), 0) + I (row-normalised) from start_layer; "
     "row c.",
     citation="Chefer, Gur & Wolf, Transformer Interpretability Beyond Attention Visualization, CVPR 2021",

@@ -30,8 +30,9 @@ GRADIENTS = "gradients"  # gradients of the target w.r.t. the tensors above that
 OWN_PASS = "own_pass"  # the method runs its own computation from ctx (not the shared capture)
 # Tensors the shared pass can keep (attnlens.capture.run_capture). A new kind, e.g. the value vectors of each
 # layer, is one constant here plus one recorder there (a forward hook on the layer's value projection).
-# Tasks whose explained scalar the LRP pass can take from the head (a class logit; a token's logit at a position).
-LRP_TASKS = frozenset({"classification", "causal-lm"})
+# Tasks whose explained scalar the LRP pass can take from the head: a class logit; a token's logit at a position
+# (a token classifier's, a causal LM's); an answer span's start + end logits (extractive QA).
+LRP_TASKS = frozenset({"classification", "causal-lm", "token", "qa"})
 CAPTURED = frozenset({ATTENTION, HIDDEN, EMBEDDINGS})
 NEEDS = CAPTURED | {GRADIENTS, OWN_PASS}
 
@@ -87,7 +88,8 @@ class Method:
             return f"{self.name} needs self-attention; it is not defined for attention='cross'"
         if self.lrp:
             if task not in LRP_TASKS:
-                return f"{self.name} supports sequence classifiers and causal language models only, not {task} models"
+                return (f"{self.name} supports sequence and token classifiers, extractive QA and causal language "
+                        f"models, not {task} models")
             try:
                 check_supported(model)
             except ModelError as exc:
