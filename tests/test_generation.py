@@ -137,6 +137,14 @@ def test_contrast_is_the_difference_of_the_two_targets(lm):
 LRP = ["attnlrp", "transatt", "partiallrp"]
 
 
+@pytest.mark.parametrize("family", ["gpt_neox", "phi", "qwen3", "gemma"])
+def test_lrp_steps_on_the_other_lrp_decoders_equal_their_prefix(family, tokenizer):
+    """GPT-NeoX and Phi (parallel blocks), Qwen3 and Gemma: each step of the one LRP pass over the sequence equals
+    its prefix explained alone."""
+    ex = Explainer(make_lm(family), tokenizer)
+    _assert_steps_equal_their_prefixes(ex, ex.explain_generation(PROMPT, target=" good but bad", methods=LRP), LRP)
+
+
 def test_lrp_steps_equal_their_prefix_and_contrast_is_linear(lm):
     """The LRP methods take the step's scalar from the head: each step equals its prefix explained alone, and
     AttnLRP (linear in the explained scalar) of a contrast is the difference of the two targets' relevances."""
