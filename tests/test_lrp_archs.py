@@ -1,5 +1,5 @@
-"""LRP beyond BERT-style encoders: DeBERTa-v2, ModernBERT, GPT-2 and the Llama family (Llama, Mistral, Qwen2,
-Qwen3, Gemma).
+"""LRP beyond BERT-style encoders: DeBERTa-v2, ModernBERT, GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi and the Llama
+family (Llama, Mistral, Qwen2, Qwen3, Gemma).
 
 Each architecture: the whole pass against an explicit rule-by-rule AttnLRP propagation of a 1-layer model
 (float64, no autograd), conservation, padding exactly 0, batch vs one by one, the model unchanged afterwards,
@@ -21,7 +21,8 @@ from attnlens.errors import InputError
 from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, supports
 
-ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi"]
+ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
+         "gpt_neo", "gptj"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
@@ -97,10 +98,11 @@ def rope_rel(x, m, r_y):
     return x * torch.einsum("nij,hni->hnj", m, r_y / y)
 
 
-def causal_attention_rel(q, k, v, scale, r_ctx):
-    """Explicit AttnLRP through causal attention; returns ``(R_q, R_k, R_v, R_A, A)``."""
+def causal_attention_rel(q, k, v, scale, r_ctx, allowed=None):
+    """Explicit AttnLRP through causal attention (or the ``(N, N)`` ``allowed`` entries); returns
+    ``(R_q, R_k, R_v, R_A, A)``."""
     n = q.shape[1]
-    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    allowed = torch.ones(n, n, dtype=torch.bool).tril() if allowed is None else allowed
     s = (q @ k.transpose(-1, -2)) * scale
     a = s.masked_fill(~allowed, float("-inf")).softmax(-1)
     r_a, r_v = av_rule(a, v, r_ctx)
@@ -196,20 +198,72 @@ def _explicit_gpt2(model, ids, target):
     return r_x0.sum(-1), r_a
 
 
+def _explicit_gpt_neo(model, ids, target):
+    """GPT-Neo: GPT-2's block with separate query/key/value projections, no ``1 / sqrt(d)`` scaling, and a local
+    layer's window (``window_size`` keys up to the query)."""
+    tr, blk = model.transformer, model.transformer.h[0]
+    sa, mlp = blk.attn.attention, blk.mlp
+    n, h = ids.shape[0], model.config.num_heads
+    i = torch.arange(n)
+    allowed = (i[None] <= i[:, None]) & (i[None] > i[:, None] - model.config.window_size)
+    x0 = tr.wte.weight[ids] + tr.wpe.weight[:n]
+    n1 = blk.ln_1(x0)
+    q, k, v = sa.q_proj(n1), sa.k_proj(n1), sa.v_proj(n1)
+    a = (split(q, h) @ split(k, h).transpose(-1, -2)).masked_fill(~allowed, float("-inf")).softmax(-1)
+    ctx = merge(a @ split(v, h))
+    o = sa.out_proj(ctx)
+    h1 = x0 + o
+    n2 = blk.ln_2(h1)
+    fc = mlp.c_fc(n2)
+    act = mlp.act(fc)
+    m = mlp.c_proj(act)
+    h2 = h1 + m
+    nf = tr.ln_f(h2)
+    logits = model.score(nf)
+    r_logits = torch.zeros_like(logits)
+    r_logits[n - 1, target] = logits[n - 1, target]
+    r_h2 = ln_rel(h2, tr.ln_f, nf, lin(nf, model.score.weight, logits, r_logits))
+    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
+    r_fc = lin(act, mlp.c_proj.weight, m, r_m)  # GELU: identity
+    r_h1 = r_h1 + ln_rel(h1, blk.ln_2, n2, lin(n2, mlp.c_fc.weight, fc, r_fc))
+    r_o, r_x0 = o * r_h1 / h1, x0 * r_h1 / h1
+    r_ctx = split(lin(ctx, sa.out_proj.weight, o, r_o), h)
+    r_q, r_k, r_v, r_a, _ = causal_attention_rel(split(q, h), split(k, h), split(v, h), 1.0, r_ctx, allowed)
+    r_n1 = (lin(n1, sa.q_proj.weight, q, merge(r_q)) + lin(n1, sa.k_proj.weight, k, merge(r_k))
+            + lin(n1, sa.v_proj.weight, v, merge(r_v)))
+    return (r_x0 + ln_rel(x0, blk.ln_1, n1, r_n1)).sum(-1), r_a
+
+
+def _gptj_rotation(n, head_dim, rotary_dim):
+    """GPT-J's rotary map on the first ``rotary_dim`` dims of a head, pairs of *adjacent* dims rotated together
+    (``rotate_every_two``), from its sinusoid definition: ``(N, d, d)``."""
+    rot = torch.eye(head_dim, dtype=torch.float64).repeat(n, 1, 1)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angle = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq
+    for j in range(rotary_dim // 2):
+        c, s = angle[:, j].cos(), angle[:, j].sin()
+        rot[:, 2 * j, 2 * j], rot[:, 2 * j, 2 * j + 1] = c, -s
+        rot[:, 2 * j + 1, 2 * j], rot[:, 2 * j + 1, 2 * j + 1] = s, c
+    return rot
+
+
 def _explicit_parallel(model, ids, target):
-    """GPT-NeoX and Phi: ``h = x + attn(LN1(x)) + mlp(LN2(x))`` (Phi: one LayerNorm), rotary on the first half of
-    each head's query and key, GELU MLP, final LayerNorm; GPT-NeoX's query/key/value fused per head."""
-    neox = model.config.model_type == "gpt_neox"
+    """GPT-NeoX, Phi and GPT-J: ``h = x + attn(LN1(x)) + mlp(LN2(x))`` (Phi, GPT-J: one LayerNorm), rotary on the
+    first dims of each head's query and key (GPT-J: adjacent pairs), GELU MLP, final LayerNorm; GPT-NeoX's
+    query/key/value fused per head."""
+    neox, gptj = model.config.model_type == "gpt_neox", model.config.model_type == "gptj"
     base = model.base_model
-    layer = base.layers[0]
-    sa = layer.attention if neox else layer.self_attn
-    ln1 = layer.input_layernorm
+    layer = base.h[0] if gptj else base.layers[0]
+    sa = layer.attention if neox else layer.attn if gptj else layer.self_attn
+    ln1 = layer.ln_1 if gptj else layer.input_layernorm
     ln2 = layer.post_attention_layernorm if neox else ln1
-    fc_in, fc_out = (layer.mlp.dense_h_to_4h, layer.mlp.dense_4h_to_h) if neox else (layer.mlp.fc1, layer.mlp.fc2)
-    act_fn = layer.mlp.act if neox else layer.mlp.activation_fn
-    out_proj, final = sa.dense, (base.final_layer_norm if neox else base.final_layernorm)
+    fc_in, fc_out = ((layer.mlp.dense_h_to_4h, layer.mlp.dense_4h_to_h) if neox else
+                     (layer.mlp.fc_in, layer.mlp.fc_out) if gptj else (layer.mlp.fc1, layer.mlp.fc2))
+    act_fn = layer.mlp.act if neox or gptj else layer.mlp.activation_fn
+    out_proj = sa.out_proj if gptj else sa.dense
+    final = base.final_layer_norm if neox else base.ln_f if gptj else base.final_layernorm
     n, h = ids.shape[0], model.config.num_attention_heads
-    x0 = (base.embed_in if neox else base.embed_tokens).weight[ids]
+    x0 = (base.embed_in if neox else base.wte if gptj else base.embed_tokens).weight[ids]
     n1, n2 = ln1(x0), ln2(x0)
     if neox:  # (N, H, 3 d): each head's query, key, value
         qkv = sa.query_key_value(n1)
@@ -217,9 +271,12 @@ def _explicit_parallel(model, ids, target):
     else:
         q, k, v = split(sa.q_proj(n1), h), split(sa.k_proj(n1), h), split(sa.v_proj(n1), h)
     d = q.shape[-1]
-    cos, sin = base.rotary_emb(x0, torch.arange(n)[None])
-    rot = torch.eye(d, dtype=x0.dtype).repeat(n, 1, 1)  # the rotation on the first dims, identity on the rest
-    rot[:, : cos.shape[-1], : cos.shape[-1]] = rotation(cos[0], sin[0])
+    if gptj:
+        rot = _gptj_rotation(n, d, model.config.rotary_dim)
+    else:
+        cos, sin = base.rotary_emb(x0, torch.arange(n)[None])
+        rot = torch.eye(d, dtype=x0.dtype).repeat(n, 1, 1)  # the rotation on the first dims, identity on the rest
+        rot[:, : cos.shape[-1], : cos.shape[-1]] = rotation(cos[0], sin[0])
     qr, kr = torch.einsum("nij,hnj->hni", rot, q), torch.einsum("nij,hnj->hni", rot, k)
     scale = d ** -0.5
     ctx = merge((qr @ kr.transpose(-1, -2) * scale).masked_fill(
@@ -383,6 +440,15 @@ def _one_layer(family: str) -> nn.Module:
         cfg = getattr(transformers, f"{prefix}Config")(**common, **({"rotary_pct": 0.5} if family == "gpt_neox"
                                                                       else {}))
         cls = getattr(transformers, f"{prefix}ForSequenceClassification")
+    elif family == "gpt_neo":  # a local layer whose window (3) is shorter than the text
+        cfg = transformers.GPTNeoConfig(vocab_size=40, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=12,
+                                        attention_types=[[["local"], 1]], window_size=3, max_position_embeddings=32,
+                                        num_labels=3, pad_token_id=0, attn_implementation="eager")
+        cls = transformers.GPTNeoForSequenceClassification
+    elif family == "gptj":  # rotary on 2 of each head's 4 dims
+        cfg = transformers.GPTJConfig(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_inner=12, rotary_dim=2,
+                                      n_positions=32, num_labels=3, pad_token_id=0, attn_implementation="eager")
+        cls = transformers.GPTJForSequenceClassification
     elif family == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_positions=32, num_labels=3,
                                       pad_token_id=0, bos_token_id=2, eos_token_id=3, attn_implementation="eager")
@@ -407,7 +473,7 @@ def _one_layer(family: str) -> nn.Module:
 
 
 EXPLICIT = {**dict.fromkeys(LLAMA_FAMILY, _explicit_llama), "gpt2": _explicit_gpt2, "gpt_neox": _explicit_parallel,
-            "phi": _explicit_parallel,
+            "phi": _explicit_parallel, "gptj": _explicit_parallel, "gpt_neo": _explicit_gpt_neo,
             "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta}
 
 
@@ -420,8 +486,9 @@ def test_whole_pass_equals_explicit_rule_by_rule_propagation(family):
         expected = EXPLICIT[family](model, ids, 1)
     res = lrp_pass(model, inputs, 1)
     # ModernBERT's stock rotary map rounds q and k to float32 even in a float64 model (and so does its gradient);
-    # Gemma's RMSNorm computes in float32 too
-    tol = dict(rtol=1e-5, atol=1e-7) if family in ("modernbert", "gemma") else dict(rtol=1e-8, atol=1e-10)
+    # Gemma's RMSNorm computes in float32 too, and GPT-Neo's and GPT-J's attention scores
+    float32 = ("modernbert", "gemma", "gpt_neo", "gptj")
+    tol = dict(rtol=1e-5, atol=1e-7) if family in float32 else dict(rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(res.input_relevance[0], expected[0], **tol)
     torch.testing.assert_close(res.attention_relevance[0][0], expected[1], **tol)
     if family == "deberta-v2":
@@ -462,13 +529,16 @@ def test_chefer_rules_conserve_relevance_one_with_biases(family):
 @pytest.mark.parametrize("rule_set", RULE_SETS)
 def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
     model = strong(family).double()  # float64: the chefer rules divide by activations
-    assert_padding_zero_and_batch_invariant(model, rule_set, rtol=1e-8, atol=1e-9, position=True)
+    # GPT-Neo and GPT-J compute their attention scores in float32 whatever the model's dtype
+    tol = dict(rtol=1e-5, atol=1e-7) if family in ("gpt_neo", "gptj") else dict(rtol=1e-8, atol=1e-9)
+    assert_padding_zero_and_batch_invariant(model, rule_set, position=True, **tol)
 
 
 @pytest.mark.parametrize("family", ARCHS)
 @pytest.mark.parametrize("rule_set", ["attnlrp", "chefer"])
 def test_model_left_unchanged_and_forward_values_kept(family, rule_set):
-    model = make_model(family, attn="eager" if family == "deberta-v2" else "sdpa").train()  # DeBERTa: eager only
+    eager_only = ("deberta-v2", "gpt_neo", "gptj")
+    model = make_model(family, attn="eager" if family in eager_only else "sdpa").train()
     next(model.parameters()).requires_grad_(False)
     before = _snapshot(model)
     res = lrp_pass(model, padded_batch(), 1, rules=rule_set, epsilon=0.0 if rule_set == "chefer" else 1e-3)
@@ -494,7 +564,7 @@ class TokenLogitHead(Head):
         return value
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi", "gpt_neo", "gptj"])
 def test_lrp_explains_the_scalar_the_head_gives(family):
     import transformers
 

@@ -57,7 +57,8 @@ class PreNorm:
     """A pre-LN block ``h = x + attn(norm1(x)); out = h + mlp(norm2(h))`` of class ``module`` (exact class name);
     the other fields are attribute names. LRP rules="chefer" runs such blocks with its normalised residual sums.
     ``parallel``: the block is ``x + attn(norm1(x)) + mlp(norm2(x))`` (one residual sum, the two branches as one
-    operand), or the name of the block's attribute that says whether it is (GPT-NeoX's ``use_parallel_residual``)."""
+    operand), or the name of the block's attribute that says whether it is (GPT-NeoX's ``use_parallel_residual``).
+    ``weights``: the block returns ``(hidden states, attention weights)`` (GPT-Neo, GPT-J), not the states alone."""
 
     module: str
     norm1: str
@@ -65,6 +66,7 @@ class PreNorm:
     norm2: str
     mlp: str
     parallel: bool | str = False
+    weights: bool = False
 
     def is_parallel(self, block: nn.Module) -> bool:
         """Whether ``block`` (of this spec's class) adds both branches to its input."""
@@ -78,7 +80,8 @@ class LRPSupport:
     ``forwards`` maps exact module class names to the LRP forward that replaces theirs during the pass (names of
     :data:`attnlens.lrp.modules.FORWARDS`): for what the generic patches (``nn.Linear``, ``Conv1D``,
     ``nn.LayerNorm``, activation modules, the attention interface) do not reach, such as inline nonlinearities,
-    gated products, RMSNorm, or an attention that does not go through transformers' attention interface."""
+    gated products, RMSNorm, or an attention that does not go through transformers' attention interface.
+    ``"Class.method"`` replaces that method instead of ``forward`` (GPT-Neo's and GPT-J's ``_attn``)."""
 
     name: str  # display name, listed in the "LRP supports ..." error
     residuals: tuple[Residual, ...] = ()  # post-LN residual sums the chefer rules rescale
@@ -426,7 +429,12 @@ _ENTRIES: list[Architecture] = [
                  tiny=_tiny("GPT2", n_embd=16, n_layer=2, n_head=2, n_positions=64,
                             initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
                  layers=Layers("h", "attn.c_attn", fused=3), anatomy=_GPT2_ANATOMY),
-    Architecture("gpt_neo", DECODER, tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
+    Architecture("gpt_neo", DECODER,
+                 lrp=LRPSupport("GPT-Neo", blocks=(PreNorm("GPTNeoBlock", "ln_1", "attn", "ln_2", "mlp",
+                                                           weights=True),),
+                                forwards=(("GPTNeoSelfAttention._attn", "own_attention"),),
+                                embedding_input="drop"),  # GPTNeoModel.drop(wte + wpe)
+                 tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
                                                  attention_types=[[["global", "local"], 1]],
                                                  max_position_embeddings=64, initializer_range=STD),
                  layers=Layers("h", "attn.attention.v_proj"), anatomy=_GPT_NEO_ANATOMY),
@@ -438,7 +446,11 @@ _ENTRIES: list[Architecture] = [
                  tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64, initializer_range=STD),
                  layers=Layers("layers", "attention.query_key_value", fused=3, per_head=True),
                  anatomy=_gpt_neox_anatomy),
-    Architecture("gptj", DECODER, tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4,
+    Architecture("gptj", DECODER,
+                 lrp=LRPSupport("GPT-J", blocks=(PreNorm("GPTJBlock", "ln_1", "attn", "ln_1", "mlp", parallel=True,
+                                                         weights=True),),
+                                forwards=(("GPTJAttention._attn", "own_attention"),), embedding_input=None),
+                 tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4,
                                              initializer_range=STD),
                  layers=Layers("h", "attn.v_proj"), anatomy=_GPTJ_ANATOMY),
     Architecture("llama", DECODER, lrp=_llama_lrp("Llama"),

@@ -71,16 +71,18 @@ def prenorm_block(spec: PreNorm, block: nn.Module, state: PassState, *args: Any,
     x = named.pop("hidden_states")
     if named.get("encoder_hidden_states") is not None:
         raise ModelError("LRP rules='chefer' does not support blocks with cross-attention")
-    branch = getattr(block, spec.attn)(getattr(block, spec.norm1)(x), **named, **extra)
-    branch = branch[0] if isinstance(branch, tuple) else branch
+    attn_out = getattr(block, spec.attn)(getattr(block, spec.norm1)(x), **named, **extra)
+    branch = attn_out[0] if isinstance(attn_out, tuple) else attn_out
     if spec.is_parallel(block):  # x + attn(norm1(x)) + mlp(norm2(x)): one sum, the two branches one operand
         mlp = getattr(block, spec.mlp)(getattr(block, spec.norm2)(x))
         both = branch + (mlp[0] if isinstance(mlp, tuple) else mlp)
-        return rules.normalized_residual(x + both, both)
-    h = rules.normalized_residual(x + branch, branch)
-    branch = getattr(block, spec.mlp)(getattr(block, spec.norm2)(h))
-    branch = branch[0] if isinstance(branch, tuple) else branch
-    return rules.normalized_residual(h + branch, branch)
+        out = rules.normalized_residual(x + both, both)
+    else:
+        h = rules.normalized_residual(x + branch, branch)
+        branch = getattr(block, spec.mlp)(getattr(block, spec.norm2)(h))
+        branch = branch[0] if isinstance(branch, tuple) else branch
+        out = rules.normalized_residual(h + branch, branch)
+    return (out, attn_out[1] if isinstance(attn_out, tuple) else None) if spec.weights else out
 
 
 def deberta_attention(
@@ -107,6 +109,26 @@ def deberta_attention(
     out, probs = attend(state, scores, v.view(batch, heads, v.size(-2), v.size(-1)))
     context = out.permute(0, 2, 1, 3).reshape(batch, out.size(2), -1)
     return context, (probs if output_attentions else None)
+
+
+def own_attention(attn: nn.Module, state: PassState, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPT-Neo's and GPT-J's ``_attn`` (their attention does not call transformers' attention interface) with the
+    LRP rules: the scores in float32 as theirs, GPT-J's ``1 / sqrt(d)`` scaling (GPT-Neo has none), GPT-Neo's
+    causal or local-window mask from its ``bias`` buffer, then the padding/causal mask, softmax and ``A V`` as
+    every attention (:func:`attend`). Returns ``(A V (B, H, Q, d), A)`` as ``_attn`` does."""
+    scores = score_product(state, torch.matmul(query.to(torch.float32), key.to(torch.float32).transpose(-1, -2)))
+    if getattr(attn, "scale_attn", None) is not None:
+        scores = scores / attn.scale_attn
+    window = getattr(attn, "bias", None)
+    if window is not None:
+        q_len, k_len = query.size(-2), key.size(-2)
+        allowed = window[:, :, k_len - q_len : k_len, :k_len]
+        scores = torch.where(allowed, scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype,
+                                                           device=scores.device))
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    return attend(state, scores, value)
 
 
 def deberta_conv(layer: nn.Module, state: PassState, hidden_states: torch.Tensor, residual_states: torch.Tensor,
@@ -168,6 +190,7 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "deberta_pooler": deberta_pooler,
     "deberta_attention": deberta_attention,
     "deberta_conv": deberta_conv,
+    "own_attention": own_attention,
     "rms_norm": rms_norm,
     "gated_mlp": gated_mlp,
     "glu_mlp": glu_mlp,

@@ -101,6 +101,7 @@ def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple
         probs = rules.pass_through(partial(nn.functional.softmax, dim=-1), scores)
     else:
         probs = nn.functional.softmax(scores, dim=-1)
+    probs = probs.to(value.dtype)  # a model that computes its scores in float32 (GPT-Neo, GPT-J) casts back
     if cp:  # a leaf: relevance reaching A is measured there and goes no further
         probs = probs.detach().requires_grad_(True)
     state.probs.append(probs)
@@ -221,20 +222,23 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
                          "entry does not declare; use rules='chefer-lrp', 'attnlrp' or 'cp'")
     from . import modules  # the per-architecture LRP forwards, which build on this module's attention rules
 
-    forwards = dict(support.forwards)
+    forwards: dict[str, list[tuple[str, str]]] = {}  # class name -> [(method, LRP forward name)]
+    for target, fn_name in support.forwards:
+        cls_name, _, method = target.partition(".")
+        forwards.setdefault(cls_name, []).append((method or "forward", fn_name))
     blocks = {b.module: b for b in support.blocks} if state.rules == "chefer" else {}
     emb_input = _embedding_input(model, support)
     word = model.get_input_embeddings()
     training = [(m, m.training) for m in model.modules()]
-    patched: list[tuple[nn.Module, Callable | None]] = []
+    patched: list[tuple[nn.Module, str, Callable | None]] = []
     configs = {id(c): c for c in [model.config] + [getattr(m, "config", None) for m in model.modules()]
                if c is not None and hasattr(c, "_attn_implementation")}
     old_impl = {k: c._attn_implementation for k, c in configs.items()}
     handles = []
 
-    def patch(module: nn.Module, fn: Callable) -> None:
-        patched.append((module, module.__dict__.get("forward")))
-        module.forward = fn
+    def patch(module: nn.Module, fn: Callable, method: str = "forward") -> None:
+        patched.append((module, method, module.__dict__.get(method)))
+        setattr(module, method, fn)
 
     def grab_branch(ln: nn.LayerNorm):
         def hook(_m, _inp, out):
@@ -256,7 +260,8 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
         for module in model.modules():
             name = type(module).__name__
             if name in forwards:
-                patch(module, partial(modules.FORWARDS[forwards[name]], module, state))
+                for method, fn_name in forwards[name]:
+                    patch(module, partial(modules.FORWARDS[fn_name], module, state), method)
             elif name in blocks:
                 patch(module, partial(modules.prenorm_block, blocks[name], module, state))
             elif isinstance(module, nn.LayerNorm):
@@ -287,10 +292,10 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
             c._attn_implementation = old_impl[k]
         for h in handles:
             h.remove()
-        for module, old in reversed(patched):
+        for module, method, old in reversed(patched):
             if old is None:
-                del module.forward
+                delattr(module, method)
             else:
-                module.forward = old
+                setattr(module, method, old)
         for m, flag in training:
             m.training = flag
