@@ -22,7 +22,7 @@ from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, supports
 
 ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
-         "gpt_neo", "gptj"]
+         "gpt_neo", "gptj", "gemma2"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
@@ -110,13 +110,31 @@ def causal_attention_rel(q, k, v, scale, r_ctx, allowed=None):
     return r_q, r_k, r_v, r_a, a
 
 
+def capped_attention_rel(q, k, v, scale, r_ctx, cap):
+    """:func:`causal_attention_rel` with the scores capped, ``c tanh(s / c)`` (``cap`` ``None``: not capped):
+    the softmax rule on the capped scores, the identity rule through the cap."""
+    if not cap:
+        return causal_attention_rel(q, k, v, scale, r_ctx)
+    n = q.shape[1]
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    s = torch.tanh(q @ k.transpose(-1, -2) * scale / cap) * cap
+    a = s.masked_fill(~allowed, float("-inf")).softmax(-1)
+    r_a, r_v = av_rule(a, v, r_ctx)
+    r_q, r_k = qk_rule(q, k, softmax_rule(s, a, r_a, allowed))  # cap and scaling: identity
+    return r_q, r_k, r_v, r_a, a
+
+
 def _explicit_llama(model, ids, target):
     """Llama, Mistral, Qwen2; Qwen3 (an RMSNorm on each head's query and key before the rotation); Gemma
-    (embeddings times √d, RMSNorms scaling by 1 + γ computed in float32, a GELU gate)."""
+    (embeddings times √d, RMSNorms scaling by 1 + γ computed in float32, a GELU gate); Gemma 2 (Gemma's, plus
+    a norm on each branch's output before its residual sum and capped attention scores ``c tanh(s / c)``,
+    identity rule)."""
     base, layer = model.model, model.model.layers[0]
     sa, mlp, cfg = layer.self_attn, layer.mlp, model.config
     n, h, kv = ids.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads
-    gemma = cfg.model_type == "gemma"
+    gemma2 = cfg.model_type == "gemma2"
+    gemma = cfg.model_type == "gemma" or gemma2
+    cap = cfg.attn_logit_softcapping if gemma2 else None
 
     def rms(x, norm):
         if gemma:  # (1 + γ) in float32, as GemmaRMSNorm computes it
@@ -134,27 +152,30 @@ def _explicit_llama(model, ids, target):
     qr, kr = torch.einsum("nij,hnj->hni", rot, qh), torch.einsum("nij,hnj->hni", rot, kh)
     rep = h // kv
     kr2, vh2 = kr.repeat_interleave(rep, 0), vh.repeat_interleave(rep, 0)  # grouped-query: heads share K, V
-    ctx = merge((qr @ kr2.transpose(-1, -2) * sa.scaling).masked_fill(
-        ~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1) @ vh2)
+    s = qr @ kr2.transpose(-1, -2) * sa.scaling
+    s = torch.tanh(s / cap) * cap if cap else s
+    ctx = merge(s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1) @ vh2)
     o = sa.o_proj(ctx)
-    h1 = x0 + o
-    n2 = rms(h1, layer.post_attention_layernorm)
+    o_res = rms(o, layer.post_attention_layernorm) if gemma2 else o  # what the residual sum adds
+    h1 = x0 + o_res
+    n2 = rms(h1, layer.pre_feedforward_layernorm if gemma2 else layer.post_attention_layernorm)
     gate, up = mlp.gate_proj(n2), mlp.up_proj(n2)
     p = mlp.act_fn(gate) * up
     m = mlp.down_proj(p)
-    h2 = h1 + m
+    m_res = rms(m, layer.post_feedforward_layernorm) if gemma2 else m
+    h2 = h1 + m_res
     nf = rms(h2, base.norm)
     logits = model.score(nf)
     r_logits = torch.zeros_like(logits)
     r_logits[n - 1, target] = logits[n - 1, target]
     r_h2 = lin(nf, model.score.weight, logits, r_logits)  # RMSNorm: identity (element-wise linear map)
-    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
+    r_m, r_h1 = m_res * r_h2 / h2, h1 * r_h2 / h2  # Gemma 2's branch norms: identity
     r_p = lin(p, mlp.down_proj.weight, m, r_m)
     r_gate = r_up = r_p / 2  # uniform rule on the gating product; SiLU: identity
     r_h1 = r_h1 + lin(n2, mlp.gate_proj.weight, gate, r_gate) + lin(n2, mlp.up_proj.weight, up, r_up)
-    r_o, r_x0 = o * r_h1 / h1, x0 * r_h1 / h1
+    r_o, r_x0 = o_res * r_h1 / h1, x0 * r_h1 / h1
     r_ctx = split(lin(ctx, sa.o_proj.weight, o, r_o), h)
-    r_q, r_k, r_v, r_a, _ = causal_attention_rel(qr, kr2, vh2, sa.scaling, r_ctx)
+    r_q, r_k, r_v, r_a, _ = capped_attention_rel(qr, kr2, vh2, sa.scaling, r_ctx, cap)
     r_k = r_k.view(kv, rep, n, -1).sum(1)  # the repeated key/value heads collect their groups' relevance
     r_v = r_v.view(kv, rep, n, -1).sum(1)
     r_qh, r_kh = rope_rel(qh, rot, r_q), rope_rel(kh, rot, r_k)
@@ -422,7 +443,8 @@ def _explicit_deberta(model, ids, target):
     return r_x0.sum(-1), r_a, r_rel.sum()
 
 
-LLAMA_FAMILY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}
+LLAMA_FAMILY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
+                "gemma2": "Gemma2"}
 
 
 def _one_layer(family: str) -> nn.Module:
@@ -432,7 +454,9 @@ def _one_layer(family: str) -> nn.Module:
                   max_position_embeddings=32, num_labels=3, pad_token_id=0, attn_implementation="eager")
     if family in LLAMA_FAMILY:  # grouped-query attention: 2 query heads share 1 key/value head
         prefix = LLAMA_FAMILY[family]  # Qwen2: q, k, v biases
-        head_dim = {"head_dim": 4} if family in ("qwen3", "gemma") else {}
+        head_dim = {"head_dim": 4} if family in ("qwen3", "gemma", "gemma2") else {}
+        if family == "gemma2":  # a cap the random scores reach (its nonlinearity must get the identity rule)
+            head_dim.update(attn_logit_softcapping=0.8, query_pre_attn_scalar=2)
         cfg = getattr(transformers, f"{prefix}Config")(**common, num_key_value_heads=1, **head_dim)
         cls = getattr(transformers, f"{prefix}ForSequenceClassification")
     elif family in ("gpt_neox", "phi"):  # rotary on half of each head (GPT-NeoX: rotary_pct)
@@ -487,7 +511,7 @@ def test_whole_pass_equals_explicit_rule_by_rule_propagation(family):
     res = lrp_pass(model, inputs, 1)
     # ModernBERT's stock rotary map rounds q and k to float32 even in a float64 model (and so does its gradient);
     # Gemma's RMSNorm computes in float32 too, and GPT-Neo's and GPT-J's attention scores
-    float32 = ("modernbert", "gemma", "gpt_neo", "gptj")
+    float32 = ("modernbert", "gemma", "gemma2", "gpt_neo", "gptj")
     tol = dict(rtol=1e-5, atol=1e-7) if family in float32 else dict(rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(res.input_relevance[0], expected[0], **tol)
     torch.testing.assert_close(res.attention_relevance[0][0], expected[1], **tol)
@@ -529,15 +553,16 @@ def test_chefer_rules_conserve_relevance_one_with_biases(family):
 @pytest.mark.parametrize("rule_set", RULE_SETS)
 def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
     model = strong(family).double()  # float64: the chefer rules divide by activations
-    # GPT-Neo and GPT-J compute their attention scores in float32 whatever the model's dtype
-    tol = dict(rtol=1e-5, atol=1e-7) if family in ("gpt_neo", "gptj") else dict(rtol=1e-8, atol=1e-9)
+    # GPT-Neo and GPT-J compute their attention scores in float32 whatever the model's dtype, Gemma 2 its four
+    # norms per layer
+    tol = dict(rtol=1e-5, atol=1e-7) if family in ("gpt_neo", "gptj", "gemma2") else dict(rtol=1e-8, atol=1e-9)
     assert_padding_zero_and_batch_invariant(model, rule_set, position=True, **tol)
 
 
 @pytest.mark.parametrize("family", ARCHS)
 @pytest.mark.parametrize("rule_set", ["attnlrp", "chefer"])
 def test_model_left_unchanged_and_forward_values_kept(family, rule_set):
-    eager_only = ("deberta-v2", "gpt_neo", "gptj")
+    eager_only = ("deberta-v2", "gpt_neo", "gptj", "gemma2")
     model = make_model(family, attn="eager" if family in eager_only else "sdpa").train()
     next(model.parameters()).requires_grad_(False)
     before = _snapshot(model)
@@ -564,7 +589,8 @@ class TokenLogitHead(Head):
         return value
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi", "gpt_neo", "gptj"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi", "gpt_neo", "gptj",
+                                    "gemma2"])
 def test_lrp_explains_the_scalar_the_head_gives(family):
     import transformers
 
@@ -819,3 +845,35 @@ def test_chefer_rules_on_a_pre_ln_block_equal_the_reference_relprop(rule_set, fa
     assert expected_input.abs().max() > 1e-3
     if rule_set == "chefer":
         assert abs(float(expected_input.sum()) - 1) < 1e-9
+
+
+def test_gemma2_capped_lm_logits_get_the_identity_rule():
+    # Gemma 2's causal LM caps its logits inline, c tanh(z / c): the pass caps the raw logits itself under the
+    # identity rule, so the relevance of the capped logit (not its gradient through tanh) reaches the input; the
+    # config is restored; its sequence classifier (which applies no cap) is left alone
+    import transformers
+
+    cfg = make_model("gemma2").config
+    cfg.final_logit_softcapping, cfg.attn_logit_softcapping = 0.5, 0.8
+    torch.manual_seed(0)
+    lm = transformers.Gemma2ForCausalLM(cfg).double().eval()
+    with torch.no_grad():
+        for p in lm.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+    ids = torch.randint(5, 60, (2, 7), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    targets = torch.tensor([[6, 11], [6, 9]])
+    res = lrp_pass(lm, inputs, targets, head=TokenLogitHead(), track_softmax=True)
+    assert lm.config.final_logit_softcapping == 0.5
+    with torch.no_grad():
+        logits = lm(**inputs).logits
+    torch.testing.assert_close(res.target, logits[[0, 1], [6, 6], [11, 9]])
+    assert res.target.abs().max() > 0.25  # the cap bends these logits
+    torch.testing.assert_close(res.input_relevance.sum(1) + res.softmax_absorbed, res.target, rtol=1e-6, atol=1e-8)
+    chefer = lrp_pass(lm, inputs, targets, head=TokenLogitHead(), rules="chefer")
+    torch.testing.assert_close(chefer.input_relevance.sum(1), torch.ones(2, dtype=torch.float64))
+    cls = transformers.Gemma2ForSequenceClassification(cfg).eval()
+    res = lrp_pass(cls, padded_batch(), [0, 1, 0])
+    with torch.no_grad():
+        torch.testing.assert_close(res.logits, cls(**padded_batch()).logits)

@@ -58,7 +58,8 @@ class PreNorm:
     the other fields are attribute names. LRP rules="chefer" runs such blocks with its normalised residual sums.
     ``parallel``: the block is ``x + attn(norm1(x)) + mlp(norm2(x))`` (one residual sum, the two branches as one
     operand), or the name of the block's attribute that says whether it is (GPT-NeoX's ``use_parallel_residual``).
-    ``weights``: the block returns ``(hidden states, attention weights)`` (GPT-Neo, GPT-J), not the states alone."""
+    ``weights``: the block returns ``(hidden states, attention weights)`` (GPT-Neo, GPT-J), not the states alone.
+    ``post1``, ``post2``: norms applied to each branch's output before its residual sum (Gemma 2's sandwich)."""
 
     module: str
     norm1: str
@@ -67,6 +68,8 @@ class PreNorm:
     mlp: str
     parallel: bool | str = False
     weights: bool = False
+    post1: str | None = None
+    post2: str | None = None
 
     def is_parallel(self, block: nn.Module) -> bool:
         """Whether ``block`` (of this spec's class) adds both branches to its input."""
@@ -90,6 +93,9 @@ class LRPSupport:
     # the module (path below the base model) whose input is the summed input embeddings (word + position +
     # segment); None: the word embeddings themselves (models without absolute position embeddings)
     embedding_input: str | None = "embeddings.LayerNorm"
+    # (model class, config attribute) of a cap c * tanh(z / c) that class applies inline to its logits (Gemma 2's
+    # causal LM): during the pass the model returns the raw logits and the pass caps them under the identity rule
+    logit_softcap: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -470,7 +476,14 @@ _ENTRIES: list[Architecture] = [
     Architecture("gemma", DECODER, lrp=_llama_lrp("Gemma"), tiny=_tiny("Gemma", **_DEC, head_dim=8,
                                                                      initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),  # its RMSNorm scales by 1 + weight (norms.py)
-    Architecture("gemma2", DECODER, tiny=_tiny("Gemma2", **_DEC, head_dim=8, initializer_range=STD),
+    Architecture("gemma2", DECODER,
+                 lrp=LRPSupport("Gemma 2", blocks=(PreNorm("Gemma2DecoderLayer", "input_layernorm", "self_attn",
+                                                           "pre_feedforward_layernorm", "mlp",
+                                                           post1="post_attention_layernorm",
+                                                           post2="post_feedforward_layernorm"),),
+                                forwards=(("Gemma2RMSNorm", "rms_norm"), ("Gemma2MLP", "gated_mlp")),
+                                embedding_input=None, logit_softcap=("Gemma2ForCausalLM", "final_logit_softcapping")),
+                 tiny=_tiny("Gemma2", **_DEC, head_dim=8, initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_GEMMA2_ANATOMY),
     Architecture("phi", DECODER,
                  lrp=LRPSupport("Phi", blocks=(PreNorm("PhiDecoderLayer", "input_layernorm", "self_attn",

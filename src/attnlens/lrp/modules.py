@@ -73,6 +73,8 @@ def prenorm_block(spec: PreNorm, block: nn.Module, state: PassState, *args: Any,
         raise ModelError("LRP rules='chefer' does not support blocks with cross-attention")
     attn_out = getattr(block, spec.attn)(getattr(block, spec.norm1)(x), **named, **extra)
     branch = attn_out[0] if isinstance(attn_out, tuple) else attn_out
+    if spec.post1:  # a sandwich norm on the branch (Gemma 2)
+        branch = getattr(block, spec.post1)(branch)
     if spec.is_parallel(block):  # x + attn(norm1(x)) + mlp(norm2(x)): one sum, the two branches one operand
         mlp = getattr(block, spec.mlp)(getattr(block, spec.norm2)(x))
         both = branch + (mlp[0] if isinstance(mlp, tuple) else mlp)
@@ -81,6 +83,8 @@ def prenorm_block(spec: PreNorm, block: nn.Module, state: PassState, *args: Any,
         h = rules.normalized_residual(x + branch, branch)
         branch = getattr(block, spec.mlp)(getattr(block, spec.norm2)(h))
         branch = branch[0] if isinstance(branch, tuple) else branch
+        if spec.post2:
+            branch = getattr(block, spec.post2)(branch)
         out = rules.normalized_residual(h + branch, branch)
     return (out, attn_out[1] if isinstance(attn_out, tuple) else None) if spec.weights else out
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,6 +61,14 @@ class PassState:
     branches: dict[int, torch.Tensor] = field(default_factory=dict)  # residual branch per LayerNorm (chefer)
     word_embeddings: torch.Tensor | None = None
     position_inputs: list[torch.Tensor] = field(default_factory=list)  # per-example relative-position leaves
+    logit_cap: float | None = None  # the cap the pass applies to the model's raw logits (LRPSupport.logit_softcap)
+
+    def logits(self, outputs: Any) -> Any:
+        """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
+        if self.logit_cap is not None:
+            cap = self.logit_cap
+            outputs.logits = rules.identity_rule(lambda z: torch.tanh(z / cap) * cap, outputs.logits)
+        return outputs
 
     def position_leaf(self, table: torch.Tensor, batch: int) -> torch.Tensor:
         """A per-example copy ``(B, P, D)`` of a shared relative-position table ``(P, D)``, recorded as a leaf:
@@ -110,11 +119,12 @@ def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple
     return rules.sum_rule(torch.matmul(probs, value), state.epsilon, 1.0 if cp else 0.5), probs
 
 
-def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     """Eager attention with the LRP rules (:func:`score_product`, :func:`attend`), same signature and outputs as
     HF's eager one. Grouped-query attention (Llama-family ``num_key_value_groups``) repeats K and V per group, as
     HF's ``repeat_kv``; rotary embeddings were applied before (a rotation: linear, relevance passes as gradient
-    x input). Dropout is off (eval mode)."""
+    x input); Gemma 2's score cap ``softcap * tanh(s / softcap)`` gets the identity rule, as an element-wise
+    activation. Dropout is off (eval mode)."""
     state = _active_state()
     if scaling is None:
         scaling = query.size(-1) ** -0.5
@@ -122,6 +132,8 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = score_product(state, torch.matmul(query, key.transpose(2, 3))) * scaling
+    if softcap is not None:
+        scores = rules.identity_rule(lambda s: torch.tanh(s / softcap) * softcap, scores)
     if attention_mask is not None:
         scores = scores + attention_mask
     out, probs = attend(state, scores, value)
@@ -235,6 +247,8 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
                if c is not None and hasattr(c, "_attn_implementation")}
     old_impl = {k: c._attn_implementation for k, c in configs.items()}
     handles = []
+    cap_cls, cap_attr = support.logit_softcap or ("", "")
+    cap = getattr(model.config, cap_attr, None) if type(model).__name__ == cap_cls else None
 
     def patch(module: nn.Module, fn: Callable, method: str = "forward") -> None:
         patched.append((module, method, module.__dict__.get(method)))
@@ -284,10 +298,15 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
                 handles.append(branch.register_forward_hook(grab_branch(ln)))
         for c in configs.values():
             c._attn_implementation = ATTN_NAME
+        if cap is not None:  # the model returns its raw logits; the pass caps them (PassState.logits)
+            state.logit_cap = float(cap)
+            setattr(model.config, cap_attr, None)
         _local.state = state
         yield
     finally:
         _local.state = None
+        if cap is not None:
+            setattr(model.config, cap_attr, cap)
         for k, c in configs.items():
             c._attn_implementation = old_impl[k]
         for h in handles:

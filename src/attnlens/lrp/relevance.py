@@ -68,7 +68,7 @@ def lrp_pass(
 
     Args:
         model: a supported model (``attnlens.lrp.SUPPORTED``: BERT-style encoders, DeBERTa-v2, ModernBERT,
-            GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi, the Llama family), left unchanged.
+            GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi, the Llama family, Gemma 2), left unchanged.
         inputs: model inputs (``input_ids``, ``attention_mask``, ...).
         targets: explained target per example, as ``head.scalar`` takes them; for the default classification
             head a class per example (``(B,)``, a list, or one int for all).
@@ -104,7 +104,7 @@ def lrp_pass(
     token_mask = inputs.get("attention_mask")
     state = PassState(rules=rules, epsilon=float(epsilon), track_softmax=track_softmax)
     with torch.enable_grad(), lrp_mode(model, state):
-        logits = head.logits(model(**inputs))
+        logits = head.logits(state.logits(model(**inputs)))
         if not state.probs:
             raise ModelError("LRP: the model computed no attention through the patched attention function")
         tgt = _class_targets(targets, logits) if head.task == "classification" else targets
