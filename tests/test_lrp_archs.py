@@ -22,7 +22,7 @@ from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, supports
 
 ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
-         "gpt_neo", "gptj", "gemma2"]
+         "gpt_neo", "gptj", "gemma2", "opt"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
@@ -255,6 +255,44 @@ def _explicit_gpt_neo(model, ids, target):
     return (r_x0 + ln_rel(x0, blk.ln_1, n1, r_n1)).sum(-1), r_a
 
 
+def _explicit_opt(model, ids, target):
+    """OPT (pre-LN): GPT-2's block with separate biased query/key/value projections (the query scaled by
+    ``1 / sqrt(d)`` after its projection), a ReLU feed-forward inline in the layer, learned positions (offset 2)
+    added to the word embeddings before the first layer."""
+    dec = model.model.decoder
+    layer = dec.layers[0]
+    sa = layer.self_attn
+    n, h = ids.shape[0], model.config.num_attention_heads
+    x0 = dec.embed_tokens.weight[ids] + dec.embed_positions.weight[torch.arange(n) + 2]
+    n1 = layer.self_attn_layer_norm(x0)
+    q, k, v = sa.q_proj(n1), sa.k_proj(n1), sa.v_proj(n1)
+    scale = (q.shape[-1] // h) ** -0.5
+    a = (split(q, h) @ split(k, h).transpose(-1, -2) * scale).masked_fill(
+        ~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    ctx = merge(a @ split(v, h))
+    o = sa.out_proj(ctx)
+    h1 = x0 + o
+    n2 = layer.final_layer_norm(h1)
+    fc = layer.fc1(n2)
+    act = fc.relu()
+    m = layer.fc2(act)
+    h2 = h1 + m
+    nf = dec.final_layer_norm(h2)
+    logits = model.score(nf)
+    r_logits = torch.zeros_like(logits)
+    r_logits[n - 1, target] = logits[n - 1, target]
+    r_h2 = ln_rel(h2, dec.final_layer_norm, nf, lin(nf, model.score.weight, logits, r_logits))
+    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
+    r_fc = lin(act, layer.fc2.weight, m, r_m)  # ReLU: identity
+    r_h1 = r_h1 + ln_rel(h1, layer.final_layer_norm, n2, lin(n2, layer.fc1.weight, fc, r_fc))
+    r_o, r_x0 = o * r_h1 / h1, x0 * r_h1 / h1
+    r_ctx = split(lin(ctx, sa.out_proj.weight, o, r_o), h)
+    r_q, r_k, r_v, r_a, _ = causal_attention_rel(split(q, h), split(k, h), split(v, h), scale, r_ctx)
+    r_n1 = (lin(n1, sa.q_proj.weight, q, merge(r_q)) + lin(n1, sa.k_proj.weight, k, merge(r_k))
+            + lin(n1, sa.v_proj.weight, v, merge(r_v)))
+    return (r_x0 + ln_rel(x0, layer.self_attn_layer_norm, n1, r_n1)).sum(-1), r_a
+
+
 def _gptj_rotation(n, head_dim, rotary_dim):
     """GPT-J's rotary map on the first ``rotary_dim`` dims of a head, pairs of *adjacent* dims rotated together
     (``rotate_every_two``), from its sinusoid definition: ``(N, d, d)``."""
@@ -473,6 +511,11 @@ def _one_layer(family: str) -> nn.Module:
         cfg = transformers.GPTJConfig(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_inner=12, rotary_dim=2,
                                       n_positions=32, num_labels=3, pad_token_id=0, attn_implementation="eager")
         cls = transformers.GPTJForSequenceClassification
+    elif family == "opt":
+        cfg = transformers.OPTConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                     ffn_dim=12, word_embed_proj_dim=8, max_position_embeddings=32, num_labels=3,
+                                     pad_token_id=0, attn_implementation="eager")
+        cls = transformers.OPTForSequenceClassification
     elif family == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_positions=32, num_labels=3,
                                       pad_token_id=0, bos_token_id=2, eos_token_id=3, attn_implementation="eager")
@@ -498,6 +541,7 @@ def _one_layer(family: str) -> nn.Module:
 
 EXPLICIT = {**dict.fromkeys(LLAMA_FAMILY, _explicit_llama), "gpt2": _explicit_gpt2, "gpt_neox": _explicit_parallel,
             "phi": _explicit_parallel, "gptj": _explicit_parallel, "gpt_neo": _explicit_gpt_neo,
+            "opt": _explicit_opt,
             "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta}
 
 
@@ -543,6 +587,9 @@ def test_chefer_rules_conserve_relevance_one_with_biases(family):
     # z+ ignores biases and every chefer rule is conservative: relevance 1 at the logit reaches the input
     # (and DeBERTa's relative positions) whole, biases included.
     model = strong(family)
+    if family == "opt":  # its ReLU's exact zeros: z+ drops the relevance of an output whose positive-weight inputs
+        for layer in model.model.decoder.layers:  # are all 0 (the rule, not a leak: with GELU it conserves)
+            layer.activation_fn = nn.GELU()
     res = lrp_pass(model, padded_batch(), [0, 1, 2], rules="chefer")
     torch.testing.assert_close(res.input_relevance.sum(1) + res.position_relevance, torch.ones(3),
                                rtol=1e-4, atol=1e-4)
@@ -590,7 +637,7 @@ class TokenLogitHead(Head):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi", "gpt_neo", "gptj",
-                                    "gemma2"])
+                                    "gemma2", "opt"])
 def test_lrp_explains_the_scalar_the_head_gives(family):
     import transformers
 
@@ -828,16 +875,56 @@ def _chefer_gpt_neox(model, ids, target, rule_set):
     return r_x0.sum(-1), r_a
 
 
-@pytest.mark.parametrize("family", ["gpt2", "gpt_neox"])  # a sequential pre-LN block, a parallel one
+def _chefer_opt(model, ids, target, rule_set):
+    """The chefer rules through a 1-layer pre-LN OPT: as GPT-2's block (:func:`_chefer_gpt2`) with separate
+    query/key/value Linears (the LayerNorm's output a ``Clone`` into the three), the query's scaling after its
+    projection a constant factor (relevance unchanged), an inline ReLU (unchanged), positions in the input."""
+    from lrp_reference import add_relprop, clone_relprop, linear_relprop, matmul_relprop
+
+    shared = normalized = rule_set == "chefer"
+    dec = model.model.decoder
+    layer = dec.layers[0]
+    sa = layer.self_attn
+    n, h = ids.shape[0], model.config.num_attention_heads
+    x0 = dec.embed_tokens.weight[ids] + dec.embed_positions.weight[torch.arange(n) + 2]
+    n1 = layer.self_attn_layer_norm(x0)
+    q, k, v = split(sa.q_proj(n1) * sa.scaling, h), split(sa.k_proj(n1), h), split(sa.v_proj(n1), h)
+    a = (q @ k.transpose(-1, -2)).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    ctx = merge(a @ v)
+    o = sa.out_proj(ctx)
+    h1 = x0 + o
+    n2 = layer.final_layer_norm(h1)
+    act = layer.fc1(n2).relu()
+    m = layer.fc2(act)
+    nf = dec.final_layer_norm(h1 + m)
+    r = torch.zeros_like(model.score(nf))
+    r[n - 1, target] = 1.0
+    r_h2 = linear_relprop(nf, model.score, r, shared)  # final LayerNorm: unchanged
+    r_m, r_skip = add_relprop(m, h1, r_h2, normalized)
+    r_n2 = linear_relprop(n2, layer.fc1, linear_relprop(act, layer.fc2, r_m, shared), shared)  # ReLU: unchanged
+    r_h1 = clone_relprop(h1, r_skip, r_n2)
+    r_o, r_skip = add_relprop(o, x0, r_h1, normalized)
+    r_a, r_v = matmul_relprop(a, v, split(linear_relprop(ctx, sa.out_proj, r_o, shared), h))
+    r_q, r_kt = matmul_relprop(q, k.transpose(-1, -2), r_a)
+    r_n1 = clone_relprop(n1, linear_relprop(n1, sa.q_proj, merge(r_q), shared),
+                         linear_relprop(n1, sa.k_proj, merge(r_kt.transpose(-1, -2)), shared),
+                         linear_relprop(n1, sa.v_proj, merge(r_v), shared))
+    r_x0 = clone_relprop(x0, r_skip, r_n1)
+    return r_x0.sum(-1), r_a
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt"])  # pre-LN blocks: sequential, parallel, OPT's
 @pytest.mark.parametrize("rule_set", ["chefer", "chefer-lrp"])
 def test_chefer_rules_on_a_pre_ln_block_equal_the_reference_relprop(rule_set, family):
     from lrp_reference import exact
 
     model = _one_layer(family)
-    ids = torch.tensor([2, 7, 13, 21, 5, 3])
+    # ids where the normalised residual rule changes the result (it does only where a sum's parts take
+    # relevance of opposite signs)
+    ids = torch.tensor([30, 16, 15, 4, 26, 31] if family == "opt" else [2, 7, 13, 21, 5, 3])
     inputs = {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}
     with torch.no_grad(), exact():
-        expected_input, expected_att = {"gpt2": _chefer_gpt2, "gpt_neox": _chefer_gpt_neox}[family](
+        expected_input, expected_att = {"gpt2": _chefer_gpt2, "gpt_neox": _chefer_gpt_neox, "opt": _chefer_opt}[family](
             model, ids, 2, rule_set)
     res = lrp_pass(model, inputs, 2, rules=rule_set)
     torch.testing.assert_close(res.input_relevance[0], expected_input, rtol=1e-9, atol=1e-10)
@@ -877,3 +964,32 @@ def test_gemma2_capped_lm_logits_get_the_identity_rule():
     res = lrp_pass(cls, padded_batch(), [0, 1, 0])
     with torch.no_grad():
         torch.testing.assert_close(res.logits, cls(**padded_batch()).logits)
+
+
+@pytest.mark.parametrize("rule_set", RULE_SETS)
+def test_opt_350m_layout_post_ln_with_projections(rule_set):
+    # OPT-350m: post-LN layers (do_layer_norm_before=False), word embeddings narrower than the hidden states
+    # (project_in / project_out), no final LayerNorm: the stock values, conservation, padding and batch
+    import transformers
+
+    cfg = transformers.OPTConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, ffn_dim=24,
+                                 word_embed_proj_dim=8, do_layer_norm_before=False, max_position_embeddings=64,
+                                 num_labels=3, pad_token_id=0, activation_function="gelu", attn_implementation="eager")
+    torch.manual_seed(4)
+    model = transformers.OPTForSequenceClassification(cfg).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+            elif name.endswith("bias"):
+                p.zero_()
+    assert model.model.decoder.project_in is not None and model.model.decoder.final_layer_norm is None
+    inputs, targets = padded_batch(), [0, 1, 2]
+    res = lrp_pass(model, inputs, targets, rules=rule_set, track_softmax=rule_set != "chefer")
+    with torch.no_grad():
+        torch.testing.assert_close(res.logits, model(**inputs).logits)
+    if rule_set == "chefer":
+        torch.testing.assert_close(res.input_relevance.sum(1), torch.ones(3, dtype=torch.float64))
+    elif rule_set != "chefer-lrp":  # bias-free: CP exact, AttnLRP up to its softmaxes
+        torch.testing.assert_close(res.input_relevance.sum(1) + res.softmax_absorbed, res.target)
+    assert_padding_zero_and_batch_invariant(model, rule_set, rtol=1e-8, atol=1e-9, position=True)

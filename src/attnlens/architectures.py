@@ -90,6 +90,7 @@ class LRPSupport:
     residuals: tuple[Residual, ...] = ()  # post-LN residual sums the chefer rules rescale
     blocks: tuple[PreNorm, ...] = ()  # pre-LN blocks whose residual sums the chefer rules rescale
     forwards: tuple[tuple[str, str], ...] = ()  # (module class name, LRP forward name)
+    own_sums: bool = False  # a forward of ``forwards`` rescales the residual sums itself (OPT's layer)
     # the module (path below the base model) whose input is the summed input embeddings (word + position +
     # segment); None: the word embeddings themselves (models without absolute position embeddings)
     embedding_input: str | None = "embeddings.LayerNorm"
@@ -494,7 +495,10 @@ _ENTRIES: list[Architecture] = [
     Architecture("phi3", DECODER, tiny=_tiny("Phi3", **_ENC, max_position_embeddings=64, num_key_value_heads=1,
                                              initializer_range=STD),
                  layers=Layers("layers", "self_attn.qkv_proj", fused=3), anatomy=_LLAMA_WHOLE_FFN),
-    Architecture("opt", DECODER, tiny=_tiny("OPT", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+    Architecture("opt", DECODER,
+                 lrp=LRPSupport("OPT", forwards=(("OPTDecoderLayer", "opt_layer"),), own_sums=True,
+                                embedding_input="decoder.layers.0"),  # positions are added inline before it
+                 tiny=_tiny("OPT", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                             ffn_dim=24, max_position_embeddings=64, word_embed_proj_dim=16,
                                             init_std=STD),
                  layers=Layers("decoder.layers", "self_attn.v_proj"), anatomy=_opt_anatomy),

@@ -135,6 +135,25 @@ def own_attention(attn: nn.Module, state: PassState, query: torch.Tensor, key: t
     return attend(state, scores, value)
 
 
+def opt_layer(layer: nn.Module, state: PassState, hidden_states: torch.Tensor,
+              attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+    """OPT's decoder layer, pre-LN (``do_layer_norm_before``) or post-LN (OPT-350m), its feed-forward inline
+    (``fc2(act(fc1(.)))``, no module of its own): the stock values, with Chefer et al.'s normalised residual rule
+    on both residual sums under ``rules="chefer"`` (plain sums otherwise)."""
+    pre = layer.do_layer_norm_before
+
+    def add(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        return rules.normalized_residual(x + branch, branch) if state.rules == "chefer" else x + branch
+
+    x = hidden_states
+    attn, _ = layer.self_attn(hidden_states=layer.self_attn_layer_norm(x) if pre else x,
+                              attention_mask=attention_mask, **kwargs)
+    h = add(x, attn)
+    h = h if pre else layer.self_attn_layer_norm(h)
+    out = add(h, layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(h) if pre else h))))
+    return out if pre else layer.final_layer_norm(out)
+
+
 def deberta_conv(layer: nn.Module, state: PassState, hidden_states: torch.Tensor, residual_states: torch.Tensor,
                  input_mask: torch.Tensor) -> torch.Tensor:
     """DeBERTa-v2's ``ConvLayer`` (``conv_kernel_size > 0``): ``LN(residual + act(conv(h)))`` with the identity
@@ -195,6 +214,7 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "deberta_attention": deberta_attention,
     "deberta_conv": deberta_conv,
     "own_attention": own_attention,
+    "opt_layer": opt_layer,
     "rms_norm": rms_norm,
     "gated_mlp": gated_mlp,
     "glu_mlp": glu_mlp,

@@ -229,7 +229,7 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     if getattr(_local, "state", None) is not None:
         raise RuntimeError("an LRP pass is already running in this thread")
     support = _support(model)
-    if state.rules == "chefer" and not (support.residuals or support.blocks):
+    if state.rules == "chefer" and not (support.residuals or support.blocks or support.own_sums):
         raise InputError(f"LRP rules='chefer' needs the residual sums of {support.name}, which its architecture "
                          "entry does not declare; use rules='chefer-lrp', 'attnlrp' or 'cp'")
     from . import modules  # the per-architecture LRP forwards, which build on this module's attention rules
