@@ -22,7 +22,7 @@ from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, supports
 
 ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
-         "gpt_neo", "gptj", "gemma2", "opt"]
+         "gpt_neo", "gptj", "gemma2", "opt", "bloom"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
@@ -293,6 +293,50 @@ def _explicit_opt(model, ids, target):
     return (r_x0 + ln_rel(x0, layer.self_attn_layer_norm, n1, r_n1)).sum(-1), r_a
 
 
+def _explicit_bloom(model, ids, target):
+    """BLOOM: a LayerNorm on the word embeddings; pre-LN blocks whose attention and MLP add their residuals;
+    fused per-head query/key/value; scores ``Q K^T / sqrt(d)`` plus ALiBi, ``slope_h * j`` for key j (slopes
+    1/16, 1/256 for two heads), which takes its proportional share of the scores' relevance; tanh-GELU."""
+    tr, blk = model.transformer, model.transformer.h[0]
+    sa, mlp = blk.self_attention, blk.mlp
+    n, h = ids.shape[0], model.config.n_head
+    x0 = tr.word_embeddings.weight[ids]
+    e = tr.word_embeddings_layernorm(x0)
+    n1 = blk.input_layernorm(e)
+    qkv = sa.query_key_value(n1)
+    q, k, v = qkv.view(n, h, 3, -1).permute(2, 1, 0, 3)  # each (H, N, d)
+    alibi = torch.tensor([1 / 16, 1 / 256], dtype=x0.dtype)[:, None, None] * torch.arange(n, dtype=x0.dtype)
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    qk = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    s = qk + alibi
+    a = s.masked_fill(~allowed, float("-inf")).softmax(-1)
+    ctx = merge(a @ v)
+    o = sa.dense(ctx)
+    h1 = e + o
+    n2 = blk.post_attention_layernorm(h1)
+    fc = mlp.dense_h_to_4h(n2)
+    act = mlp.gelu_impl(fc)
+    m = mlp.dense_4h_to_h(act)
+    h2 = h1 + m
+    nf = tr.ln_f(h2)
+    logits = model.score(nf)
+    r_logits = torch.zeros_like(logits)
+    r_logits[n - 1, target] = logits[n - 1, target]
+    r_h2 = ln_rel(h2, tr.ln_f, nf, lin(nf, model.score.weight, logits, r_logits))
+    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
+    r_h1 = r_h1 + ln_rel(h1, blk.post_attention_layernorm, n2,
+                         lin(n2, mlp.dense_h_to_4h.weight, fc, lin(act, mlp.dense_4h_to_h.weight, m, r_m)))
+    r_o, r_e = o * r_h1 / h1, e * r_h1 / h1
+    r_ctx = split(lin(ctx, sa.dense.weight, o, r_o), h)
+    r_a, r_v = av_rule(a, v, r_ctx)
+    r_s = softmax_rule(s, a, r_a, allowed)
+    r_q, r_k = qk_rule(q, k, torch.where(allowed, qk / s * r_s, torch.zeros_like(s)))  # ALiBi keeps the rest
+    r_qkv = torch.stack([r_q, r_k, r_v]).permute(2, 1, 0, 3).reshape(n, -1)
+    r_e = r_e + ln_rel(e, blk.input_layernorm, n1, lin(n1, sa.query_key_value.weight, qkv, r_qkv))
+    r_alibi = torch.where(allowed, alibi / s * r_s, torch.zeros_like(s)).sum()
+    return ln_rel(x0, tr.word_embeddings_layernorm, e, r_e).sum(-1), r_a, r_alibi
+
+
 def _gptj_rotation(n, head_dim, rotary_dim):
     """GPT-J's rotary map on the first ``rotary_dim`` dims of a head, pairs of *adjacent* dims rotated together
     (``rotate_every_two``), from its sinusoid definition: ``(N, d, d)``."""
@@ -511,6 +555,10 @@ def _one_layer(family: str) -> nn.Module:
         cfg = transformers.GPTJConfig(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_inner=12, rotary_dim=2,
                                       n_positions=32, num_labels=3, pad_token_id=0, attn_implementation="eager")
         cls = transformers.GPTJForSequenceClassification
+    elif family == "bloom":
+        cfg = transformers.BloomConfig(vocab_size=40, hidden_size=8, n_layer=1, n_head=2, num_labels=3,
+                                       pad_token_id=0, attn_implementation="eager")
+        cls = transformers.BloomForSequenceClassification
     elif family == "opt":
         cfg = transformers.OPTConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                                      ffn_dim=12, word_embed_proj_dim=8, max_position_embeddings=32, num_labels=3,
@@ -541,7 +589,7 @@ def _one_layer(family: str) -> nn.Module:
 
 EXPLICIT = {**dict.fromkeys(LLAMA_FAMILY, _explicit_llama), "gpt2": _explicit_gpt2, "gpt_neox": _explicit_parallel,
             "phi": _explicit_parallel, "gptj": _explicit_parallel, "gpt_neo": _explicit_gpt_neo,
-            "opt": _explicit_opt,
+            "opt": _explicit_opt, "bloom": _explicit_bloom,
             "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta}
 
 
@@ -559,9 +607,10 @@ def test_whole_pass_equals_explicit_rule_by_rule_propagation(family):
     tol = dict(rtol=1e-5, atol=1e-7) if family in float32 else dict(rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(res.input_relevance[0], expected[0], **tol)
     torch.testing.assert_close(res.attention_relevance[0][0], expected[1], **tol)
-    if family == "deberta-v2":
+    if family in ("deberta-v2", "bloom"):
         torch.testing.assert_close(res.position_relevance[0], expected[2], rtol=1e-8, atol=1e-10)
-        assert abs(float(expected[2])) > 1e-3  # the relative positions do take relevance
+        # the relative positions do take relevance (ALiBi's slopes, 1/16 and 1/256 per position, take little)
+        assert abs(float(expected[2])) > (1e-5 if family == "bloom" else 1e-3)
     assert res.input_relevance.abs().max() > 1e-3
 
 
@@ -579,7 +628,7 @@ def test_conservation(family):
     total = res.input_relevance.sum(1) + res.softmax_absorbed + res.position_relevance
     torch.testing.assert_close(total, res.target, rtol=1e-4, atol=1e-5)
     assert res.softmax_absorbed.abs().max() > 1e-4
-    assert (res.position_relevance.abs().max() > 1e-4) == (family == "deberta-v2")
+    assert (res.position_relevance.abs().max() > 1e-4) == (family in ("deberta-v2", "bloom"))
 
 
 @pytest.mark.parametrize("family", ARCHS)
@@ -609,7 +658,7 @@ def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
 @pytest.mark.parametrize("family", ARCHS)
 @pytest.mark.parametrize("rule_set", ["attnlrp", "chefer"])
 def test_model_left_unchanged_and_forward_values_kept(family, rule_set):
-    eager_only = ("deberta-v2", "gpt_neo", "gptj", "gemma2")
+    eager_only = ("deberta-v2", "gpt_neo", "gptj", "gemma2", "bloom")
     model = make_model(family, attn="eager" if family in eager_only else "sdpa").train()
     next(model.parameters()).requires_grad_(False)
     before = _snapshot(model)
@@ -637,7 +686,7 @@ class TokenLogitHead(Head):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi", "gpt_neo", "gptj",
-                                    "gemma2", "opt"])
+                                    "bloom", "gemma2", "opt"])
 def test_lrp_explains_the_scalar_the_head_gives(family):
     import transformers
 
@@ -656,7 +705,8 @@ def test_lrp_explains_the_scalar_the_head_gives(family):
     res = lrp_pass(lm, inputs, both, head=head, track_softmax=True)
     logits = lm(**inputs).logits
     torch.testing.assert_close(res.target, logits[[0, 1], [3, 5], [11, 9]] - logits[[0, 1], [3, 5], [40, 12]])
-    torch.testing.assert_close(res.input_relevance.sum(1) + res.softmax_absorbed, res.target, rtol=1e-4, atol=1e-5)
+    total = res.input_relevance.sum(1) + res.softmax_absorbed + res.position_relevance  # BLOOM: ALiBi's share
+    torch.testing.assert_close(total, res.target, rtol=1e-4, atol=1e-5)
     assert (res.input_relevance[0, 4:] == 0).all() and (res.input_relevance[1, 6:] == 0).all()  # causal
     # every AttnLRP rule is linear in the relevance it starts from: a contrast is the difference of two passes
     first = lrp_pass(lm, inputs, both[:, :2], head=head)

@@ -90,7 +90,7 @@ class LRPSupport:
     residuals: tuple[Residual, ...] = ()  # post-LN residual sums the chefer rules rescale
     blocks: tuple[PreNorm, ...] = ()  # pre-LN blocks whose residual sums the chefer rules rescale
     forwards: tuple[tuple[str, str], ...] = ()  # (module class name, LRP forward name)
-    own_sums: bool = False  # a forward of ``forwards`` rescales the residual sums itself (OPT's layer)
+    own_sums: bool = False  # forwards of ``forwards`` rescale the residual sums themselves (OPT's layer, BLOOM's)
     # the module (path below the base model) whose input is the summed input embeddings (word + position +
     # segment); None: the word embeddings themselves (models without absolute position embeddings)
     embedding_input: str | None = "embeddings.LayerNorm"
@@ -502,7 +502,11 @@ _ENTRIES: list[Architecture] = [
                                             ffn_dim=24, max_position_embeddings=64, word_embed_proj_dim=16,
                                             init_std=STD),
                  layers=Layers("decoder.layers", "self_attn.v_proj"), anatomy=_opt_anatomy),
-    Architecture("bloom", DECODER, tiny=_tiny("Bloom", hidden_size=16, n_layer=2, n_head=2, initializer_range=STD),
+    Architecture("bloom", DECODER,
+                 lrp=LRPSupport("BLOOM", forwards=(("BloomAttention", "bloom_attention"), ("BloomMLP", "bloom_mlp"),
+                                                   ("BloomGelu", "activation")),
+                                own_sums=True, embedding_input=None),  # word embeddings, then their LayerNorm
+                 tiny=_tiny("Bloom", hidden_size=16, n_layer=2, n_head=2, initializer_range=STD),
                  layers=Layers("h", "self_attention.query_key_value", fused=3, per_head=True,
                                no_rerun="BLOOM's layers take their ALiBi biases as (batch × heads) rows, which a "
                                         "rerun on some of the rows cannot cut"),

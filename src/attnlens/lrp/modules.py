@@ -135,22 +135,57 @@ def own_attention(attn: nn.Module, state: PassState, query: torch.Tensor, key: t
     return attend(state, scores, value)
 
 
+def _residual_add(state: PassState, skip: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """``skip + branch``, under ``rules="chefer"`` with the normalised residual rule (layers that add their own
+    residuals: OPT, BLOOM; ``LRPSupport.own_sums``)."""
+    return rules.normalized_residual(skip + branch, branch) if state.rules == "chefer" else skip + branch
+
+
+def activation(module: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor:
+    """An element-wise activation module of a model's own (BLOOM's ``BloomGelu``): the identity rule."""
+    return rules.identity_rule(partial(type(module).forward, module), x)
+
+
+def bloom_attention(attn: nn.Module, state: PassState, hidden_states: torch.Tensor, residual: torch.Tensor,
+                    alibi: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """BLOOM's attention (its own code, which also adds the residual) with the LRP rules: the fused per-head
+    query/key/value, scores ``Q K^T / sqrt(d) + ALiBi`` (the ALiBi bias a constant: the share of the scores'
+    relevance it takes is measured as ``position_relevance``, :meth:`PassState.position_bias`), softmax and
+    ``A V`` as every attention (:func:`attend`), the output projection, and the residual sum
+    (:func:`_residual_add`). ``pretraining_tp`` slicing of the projection (``slow_but_exact``) changes only the
+    summation order and is not replicated."""
+    batch, n, _ = hidden_states.shape
+    q, k, v = attn._reshape(attn.query_key_value(hidden_states))
+    if kwargs.get("layer_past") is not None:  # the model's (empty) cache: keep it as the stock forward does
+        k, v = kwargs["layer_past"].update(k, v, attn.layer_idx)
+    scores = score_product(state, torch.matmul(q, k.transpose(-1, -2))) * attn.inv_norm_factor
+    scores = scores + attn.beta * state.position_bias(alibi.view(batch, attn.num_heads, -1)).unsqueeze(2)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    out, probs = attend(state, scores, v)
+    context = attn._merge_heads(out.reshape(batch * attn.num_heads, n, attn.head_dim))
+    return _residual_add(state, residual, attn.dense(context)), probs
+
+
+def bloom_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """BLOOM's MLP (which adds the residual itself): ``dense_4h_to_h(gelu(dense_h_to_4h(x)))`` + residual."""
+    return _residual_add(state, residual, mlp.dense_4h_to_h(mlp.gelu_impl(mlp.dense_h_to_4h(hidden_states))))
+
+
 def opt_layer(layer: nn.Module, state: PassState, hidden_states: torch.Tensor,
               attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
     """OPT's decoder layer, pre-LN (``do_layer_norm_before``) or post-LN (OPT-350m), its feed-forward inline
     (``fc2(act(fc1(.)))``, no module of its own): the stock values, with Chefer et al.'s normalised residual rule
     on both residual sums under ``rules="chefer"`` (plain sums otherwise)."""
     pre = layer.do_layer_norm_before
-
-    def add(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-        return rules.normalized_residual(x + branch, branch) if state.rules == "chefer" else x + branch
-
     x = hidden_states
     attn, _ = layer.self_attn(hidden_states=layer.self_attn_layer_norm(x) if pre else x,
                               attention_mask=attention_mask, **kwargs)
-    h = add(x, attn)
+    h = _residual_add(state, x, attn)
     h = h if pre else layer.self_attn_layer_norm(h)
-    out = add(h, layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(h) if pre else h))))
+    branch = layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(h) if pre else h)))
+    out = _residual_add(state, h, branch)
     return out if pre else layer.final_layer_norm(out)
 
 
@@ -215,6 +250,9 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "deberta_conv": deberta_conv,
     "own_attention": own_attention,
     "opt_layer": opt_layer,
+    "activation": activation,
+    "bloom_attention": bloom_attention,
+    "bloom_mlp": bloom_mlp,
     "rms_norm": rms_norm,
     "gated_mlp": gated_mlp,
     "glu_mlp": glu_mlp,

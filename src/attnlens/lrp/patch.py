@@ -77,6 +77,13 @@ class PassState:
         self.position_inputs.append(leaf)
         return leaf
 
+    def position_bias(self, bias: torch.Tensor) -> torch.Tensor:
+        """A per-example relative-position score bias ``(B, H, K)`` (BLOOM's ALiBi) as a leaf: the relevance of
+        the scores it takes (a constant's share, like a bias's) is measured per example."""
+        leaf = bias.detach().clone().requires_grad_(True)
+        self.position_inputs.append(leaf)
+        return leaf
+
 
 _local = threading.local()
 
