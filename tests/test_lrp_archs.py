@@ -22,7 +22,7 @@ from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, supports
 
 ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
-         "gpt_neo", "gptj", "gemma2", "opt", "bloom"]
+         "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
@@ -337,6 +337,46 @@ def _explicit_bloom(model, ids, target):
     return ln_rel(x0, tr.word_embeddings_layernorm, e, r_e).sum(-1), r_a, r_alibi
 
 
+def _explicit_falcon(model, ids, target):
+    """Falcon-7B's layout: one LayerNorm feeding a parallel attention and MLP, multi-query attention (the fused
+    projection gives each head's query, then one key and one value all heads share), rotary on whole heads."""
+    base = model.transformer
+    layer = base.h[0]
+    sa, mlp = layer.self_attention, layer.mlp
+    n, h = ids.shape[0], model.config.num_attention_heads
+    x0 = base.word_embeddings.weight[ids]
+    n1 = layer.input_layernorm(x0)
+    qkv = sa.query_key_value(n1)  # (N, (H + 2) d)
+    d = qkv.shape[-1] // (h + 2)
+    q = qkv[:, : h * d].reshape(n, h, d).transpose(0, 1)
+    k, v = qkv[None, :, h * d : (h + 1) * d], qkv[None, :, (h + 1) * d :]  # (1, N, d): one head
+    cos, sin = base.rotary_emb(x0, torch.arange(n)[None])
+    rot = rotation(cos[0], sin[0])
+    qr, kr = torch.einsum("nij,hnj->hni", rot, q), torch.einsum("nij,hnj->hni", rot, k)
+    scale = d ** -0.5
+    a = (qr @ kr.transpose(-1, -2) * scale).masked_fill(
+        ~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    ctx = merge(a @ v)
+    o = sa.dense(ctx)
+    fc = mlp.dense_h_to_4h(n1)
+    act = mlp.act(fc)
+    m = mlp.dense_4h_to_h(act)
+    hidden = x0 + o + m
+    nf = base.ln_f(hidden)
+    logits = model.score(nf)
+    r_logits = torch.zeros_like(logits)
+    r_logits[n - 1, target] = logits[n - 1, target]
+    r_h = ln_rel(hidden, base.ln_f, nf, lin(nf, model.score.weight, logits, r_logits))
+    r_o, r_m, r_x0 = o * r_h / hidden, m * r_h / hidden, x0 * r_h / hidden
+    r_n1 = lin(n1, mlp.dense_h_to_4h.weight, fc, lin(act, mlp.dense_4h_to_h.weight, m, r_m))  # GELU: identity
+    r_ctx = split(lin(ctx, sa.dense.weight, o, r_o), h)
+    r_q, r_k, r_v, r_a, _ = causal_attention_rel(qr, kr.expand(h, -1, -1), v.expand(h, -1, -1), scale, r_ctx)
+    r_k, r_v = r_k.sum(0, keepdim=True), r_v.sum(0, keepdim=True)  # the shared head collects all heads' relevance
+    r_qkv = torch.cat([merge(rope_rel(q, rot, r_q)), rope_rel(k, rot, r_k)[0], r_v[0]], -1)
+    r_n1 = r_n1 + lin(n1, sa.query_key_value.weight, qkv, r_qkv)
+    return (r_x0 + ln_rel(x0, layer.input_layernorm, n1, r_n1)).sum(-1), r_a
+
+
 def _gptj_rotation(n, head_dim, rotary_dim):
     """GPT-J's rotary map on the first ``rotary_dim`` dims of a head, pairs of *adjacent* dims rotated together
     (``rotate_every_two``), from its sinusoid definition: ``(N, d, d)``."""
@@ -555,6 +595,10 @@ def _one_layer(family: str) -> nn.Module:
         cfg = transformers.GPTJConfig(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_inner=12, rotary_dim=2,
                                       n_positions=32, num_labels=3, pad_token_id=0, attn_implementation="eager")
         cls = transformers.GPTJForSequenceClassification
+    elif family == "falcon":  # Falcon-7B's layout (the config's defaults): parallel, multi-query, rotary
+        cfg = transformers.FalconConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                        num_labels=3, pad_token_id=0, attn_implementation="eager")
+        cls = transformers.FalconForSequenceClassification
     elif family == "bloom":
         cfg = transformers.BloomConfig(vocab_size=40, hidden_size=8, n_layer=1, n_head=2, num_labels=3,
                                        pad_token_id=0, attn_implementation="eager")
@@ -589,7 +633,7 @@ def _one_layer(family: str) -> nn.Module:
 
 EXPLICIT = {**dict.fromkeys(LLAMA_FAMILY, _explicit_llama), "gpt2": _explicit_gpt2, "gpt_neox": _explicit_parallel,
             "phi": _explicit_parallel, "gptj": _explicit_parallel, "gpt_neo": _explicit_gpt_neo,
-            "opt": _explicit_opt, "bloom": _explicit_bloom,
+            "opt": _explicit_opt, "bloom": _explicit_bloom, "falcon": _explicit_falcon,
             "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta}
 
 
@@ -686,7 +730,7 @@ class TokenLogitHead(Head):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi", "gpt_neo", "gptj",
-                                    "bloom", "gemma2", "opt"])
+                                    "bloom", "gemma2", "opt", "falcon"])
 def test_lrp_explains_the_scalar_the_head_gives(family):
     import transformers
 
@@ -1042,4 +1086,44 @@ def test_opt_350m_layout_post_ln_with_projections(rule_set):
         torch.testing.assert_close(res.input_relevance.sum(1), torch.ones(3, dtype=torch.float64))
     elif rule_set != "chefer-lrp":  # bias-free: CP exact, AttnLRP up to its softmaxes
         torch.testing.assert_close(res.input_relevance.sum(1) + res.softmax_absorbed, res.target)
+    assert_padding_zero_and_batch_invariant(model, rule_set, rtol=1e-8, atol=1e-9, position=True)
+
+
+FALCON_LAYOUTS = {  # beside the default Falcon-7B layout (parallel, one LayerNorm, multi-query, rotary)
+    "falcon-40b": dict(new_decoder_architecture=True, num_kv_heads=1),  # two LayerNorms, grouped key/value
+    "new-one-norm": dict(new_decoder_architecture=True, num_ln_in_parallel_attn=1, num_kv_heads=2),
+    "sequential": dict(parallel_attn=False, multi_query=False, bias=True),
+    "alibi": dict(alibi=True, parallel_attn=False, multi_query=False),  # ALiBi instead of rotary
+}
+
+
+@pytest.mark.parametrize("layout", list(FALCON_LAYOUTS))
+@pytest.mark.parametrize("rule_set", RULE_SETS)
+def test_falcon_layouts(layout, rule_set):
+    # Falcon's layer and attention are its own code in three block layouts, three projection layouts and two
+    # position schemes: the stock values, conservation (ALiBi's share -- which FalconModel also folds into the
+    # mask -- measured as position relevance), chefer relevance 1, padding and batch
+    import transformers
+
+    cfg = transformers.FalconConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                    num_labels=3, pad_token_id=0, attn_implementation="eager",
+                                    **FALCON_LAYOUTS[layout])
+    torch.manual_seed(5)
+    model = transformers.FalconForSequenceClassification(cfg).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+            elif name.endswith("bias") and "ln" not in name and "layernorm" not in name:
+                p.zero_()
+    inputs, targets = padded_batch(), [0, 1, 2]
+    res = lrp_pass(model, inputs, targets, rules=rule_set, track_softmax=rule_set != "chefer")
+    with torch.no_grad():
+        torch.testing.assert_close(res.logits, model(**inputs).logits)
+    total = res.input_relevance.sum(1) + res.position_relevance
+    if rule_set == "chefer":
+        torch.testing.assert_close(total, torch.ones(3, dtype=torch.float64))
+    elif rule_set != "chefer-lrp":
+        torch.testing.assert_close(total + res.softmax_absorbed, res.target)
+    assert (res.position_relevance.abs().max() > 1e-6) == (layout == "alibi" and rule_set != "cp")
     assert_padding_zero_and_batch_invariant(model, rule_set, rtol=1e-8, atol=1e-9, position=True)

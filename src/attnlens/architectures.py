@@ -511,7 +511,11 @@ _ENTRIES: list[Architecture] = [
                                no_rerun="BLOOM's layers take their ALiBi biases as (batch × heads) rows, which a "
                                         "rerun on some of the rows cannot cut"),
                  anatomy=_bloom_anatomy),
-    Architecture("falcon", DECODER, tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
+    Architecture("falcon", DECODER,
+                 lrp=LRPSupport("Falcon", forwards=(("FalconAttention", "falcon_attention"),
+                                                    ("FalconDecoderLayer", "falcon_layer")),
+                                own_sums=True, embedding_input=None),
+                 tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
     # encoder-decoders: the head reads the decoder state at the last EOS
     Architecture("bart", ENCODER_DECODER,
                  tiny=_tiny("Bart", **_SEQ2SEQ, init_std=STD, forced_eos_token_id=None),

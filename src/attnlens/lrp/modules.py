@@ -173,6 +173,58 @@ def bloom_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tensor, res
     return _residual_add(state, residual, mlp.dense_4h_to_h(mlp.gelu_impl(mlp.dense_h_to_4h(hidden_states))))
 
 
+def falcon_attention(attn: nn.Module, state: PassState, hidden_states: torch.Tensor, alibi: torch.Tensor | None,
+                     attention_mask: torch.Tensor | None, position_embeddings: tuple | None = None,
+                     layer_past: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Falcon's attention (its own code) with the LRP rules: the fused query/key/value of its three layouts
+    (``_split_heads``: per head, multi-query, grouped), rotary query and key (linear) or ALiBi (a per-example
+    leaf, as BLOOM's: ``(Q K^T + ALiBi) / sqrt(d)``, plus the mask into which ``FalconModel`` folds ALiBi again,
+    also a leaf), one key/value head shared by all query heads under
+    multi-query (broadcast, as Falcon's), softmax and ``A V`` as every attention (:func:`attend`)."""
+    q, k, v = attn._split_heads(attn.query_key_value(hidden_states))  # (B, N, heads, d)
+    batch, n = q.shape[:2]
+    kv_heads = attn.num_heads if attn.new_decoder_architecture else attn.num_kv_heads
+    q = q.transpose(1, 2).reshape(batch, attn.num_heads, n, attn.head_dim)
+    k = k.transpose(1, 2).reshape(batch, kv_heads, n, attn.head_dim)
+    v = v.transpose(1, 2).reshape(batch, kv_heads, n, attn.head_dim)
+    if alibi is None:
+        cos, sin = position_embeddings
+        q, k = sys.modules[type(attn).__module__].apply_rotary_pos_emb(q, k, cos, sin)
+    if layer_past is not None:  # the model's (empty) cache: keep it as the stock forward does
+        k, v = layer_past.update(k, v, attn.layer_idx)
+    if kv_heads != attn.num_heads:
+        k, v = k.expand(-1, attn.num_heads, -1, -1), v.expand(-1, attn.num_heads, -1, -1)
+    scores = score_product(state, torch.matmul(q, k.transpose(-1, -2)))
+    if alibi is None:
+        scores = scores / attn.head_dim ** 0.5
+    else:
+        bias = state.position_bias(alibi.view(batch, attn.num_heads, -1)).unsqueeze(2)
+        scores = (scores + bias) * attn.inv_norm_factor
+        if attention_mask is not None:  # FalconModel folds ALiBi / sqrt(d) into the mask too: its share measured
+            attention_mask = state.position_bias(attention_mask)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    out, probs = attend(state, scores, v)
+    return attn.dense(out.transpose(1, 2).reshape(batch, n, attn.num_heads * attn.head_dim)), probs
+
+
+def falcon_layer(layer: nn.Module, state: PassState, hidden_states: torch.Tensor, alibi: torch.Tensor | None,
+                 attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Falcon's decoder layer in its three layouts: sequential ``h = x + attn(LN1(x)); h + mlp(LN2(h))``;
+    parallel with one LayerNorm (Falcon-7B) or two (``new_decoder_architecture``, Falcon-40B),
+    ``x + attn(LN(x)) + mlp(LN'(x))``; the residual sums under :func:`_residual_add`."""
+    cfg = layer.config
+    x = hidden_states
+    two_norms = cfg.new_decoder_architecture and cfg.num_ln_in_parallel_attn == 2
+    attn_in = layer.ln_attn(x) if two_norms else layer.input_layernorm(x)
+    attn_out, weights = layer.self_attention(attn_in, alibi=alibi, attention_mask=attention_mask, **kwargs)
+    if cfg.new_decoder_architecture or cfg.parallel_attn:  # one sum, the two branches one operand
+        both = layer.mlp(layer.ln_mlp(x) if two_norms else attn_in) + attn_out
+        return _residual_add(state, x, both), weights
+    h = _residual_add(state, x, attn_out)
+    return _residual_add(state, h, layer.mlp(layer.post_attention_layernorm(h))), weights
+
+
 def opt_layer(layer: nn.Module, state: PassState, hidden_states: torch.Tensor,
               attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
     """OPT's decoder layer, pre-LN (``do_layer_norm_before``) or post-LN (OPT-350m), its feed-forward inline
@@ -253,6 +305,8 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "activation": activation,
     "bloom_attention": bloom_attention,
     "bloom_mlp": bloom_mlp,
+    "falcon_attention": falcon_attention,
+    "falcon_layer": falcon_layer,
     "rms_norm": rms_norm,
     "gated_mlp": gated_mlp,
     "glu_mlp": glu_mlp,

@@ -78,8 +78,8 @@ class PassState:
         return leaf
 
     def position_bias(self, bias: torch.Tensor) -> torch.Tensor:
-        """A per-example relative-position score bias ``(B, H, K)`` (BLOOM's ALiBi) as a leaf: the relevance of
-        the scores it takes (a constant's share, like a bias's) is measured per example."""
+        """A per-example relative-position score bias ``(B, ...)`` (BLOOM's and Falcon's ALiBi) as a leaf: the
+        relevance of the scores it takes (a constant's share, like a bias's) is measured per example."""
         leaf = bias.detach().clone().requires_grad_(True)
         self.position_inputs.append(leaf)
         return leaf

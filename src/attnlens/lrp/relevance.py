@@ -28,8 +28,8 @@ class LRPResult:
             embeddings), summed over the hidden dimension.
         word_relevance: ``(B, N)`` relevance of the word embeddings alone (LXT's convention).
         position_relevance: ``(B,)`` relevance taken by relative-position embeddings (DeBERTa-v2's, absorbed by
-            those parameters like a bias) or relative-position score biases (BLOOM's ALiBi); zeros for other
-            models.
+            those parameters like a bias) or relative-position score biases (BLOOM's and Falcon's ALiBi); zeros
+            for other models.
         softmax_absorbed: ``(B,)`` relevance the attention softmaxes did not pass on
             (``sum R(A) - sum R(softmax input)`` over all layers), only with ``track_softmax=True``.
     """
@@ -69,7 +69,7 @@ def lrp_pass(
 
     Args:
         model: a supported model (``attnlens.lrp.SUPPORTED``: BERT-style encoders, DeBERTa-v2, ModernBERT,
-            GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi, the Llama family, Gemma 2, OPT, BLOOM), left unchanged.
+            GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi, the Llama family, Gemma 2, OPT, BLOOM, Falcon), left unchanged.
         inputs: model inputs (``input_ids``, ``attention_mask``, ...).
         targets: explained target per example, as ``head.scalar`` takes them; for the default classification
             head a class per example (``(B,)``, a list, or one int for all).
@@ -151,7 +151,7 @@ def lrp_pass(
         absorbed = sum(a.sum((1, 2, 3)) - s.sum((1, 2, 3)) for a, s in zip(att_rel, soft_rel))
     position = torch.zeros_like(value).detach()
     for leaf, g in zip(state.position_inputs, g_pos):
-        position = position + rel(leaf, g).sum((1, 2))
+        position = position + rel(leaf, g).flatten(1).sum(1)
     return LRPResult(
         logits=rows_of(logits),
         target=value.detach(),
