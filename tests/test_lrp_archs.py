@@ -22,7 +22,7 @@ from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, supports
 
 ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
-         "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon"]
+         "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon", "phi3"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
@@ -128,13 +128,14 @@ def _explicit_llama(model, ids, target):
     """Llama, Mistral, Qwen2; Qwen3 (an RMSNorm on each head's query and key before the rotation); Gemma
     (embeddings times √d, RMSNorms scaling by 1 + γ computed in float32, a GELU gate); Gemma 2 (Gemma's, plus
     a norm on each branch's output before its residual sum and capped attention scores ``c tanh(s / c)``,
-    identity rule)."""
+    identity rule); Phi-3 (query/key/value from one fused projection, gate and up from another)."""
     base, layer = model.model, model.model.layers[0]
     sa, mlp, cfg = layer.self_attn, layer.mlp, model.config
     n, h, kv = ids.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads
     gemma2 = cfg.model_type == "gemma2"
     gemma = cfg.model_type == "gemma" or gemma2
     cap = cfg.attn_logit_softcapping if gemma2 else None
+    phi3 = cfg.model_type == "phi3"
 
     def rms(x, norm):
         if gemma:  # (1 + γ) in float32, as GemmaRMSNorm computes it
@@ -143,7 +144,11 @@ def _explicit_llama(model, ids, target):
 
     x0 = base.embed_tokens.weight[ids] * (cfg.hidden_size ** 0.5 if gemma else 1.0)
     n1 = rms(x0, layer.input_layernorm)
-    q, k, v = sa.q_proj(n1), sa.k_proj(n1), sa.v_proj(n1)
+    if phi3:  # each query head, then the key heads, then the value heads
+        qkv = sa.qkv_proj(n1)
+        q, k, v = qkv.split([h * sa.head_dim, kv * sa.head_dim, kv * sa.head_dim], -1)
+    else:
+        q, k, v = sa.q_proj(n1), sa.k_proj(n1), sa.v_proj(n1)
     cos, sin = base.rotary_emb(x0, torch.arange(n)[None])
     rot = rotation(cos[0], sin[0])
     qh, kh, vh = split(q, h), split(k, kv), split(v, kv)
@@ -159,8 +164,13 @@ def _explicit_llama(model, ids, target):
     o_res = rms(o, layer.post_attention_layernorm) if gemma2 else o  # what the residual sum adds
     h1 = x0 + o_res
     n2 = rms(h1, layer.pre_feedforward_layernorm if gemma2 else layer.post_attention_layernorm)
-    gate, up = mlp.gate_proj(n2), mlp.up_proj(n2)
-    p = mlp.act_fn(gate) * up
+    if phi3:
+        gate_up = mlp.gate_up_proj(n2)
+        gate, up = gate_up.chunk(2, -1)
+        p = mlp.activation_fn(gate) * up
+    else:
+        gate, up = mlp.gate_proj(n2), mlp.up_proj(n2)
+        p = mlp.act_fn(gate) * up
     m = mlp.down_proj(p)
     m_res = rms(m, layer.post_feedforward_layernorm) if gemma2 else m
     h2 = h1 + m_res
@@ -172,13 +182,19 @@ def _explicit_llama(model, ids, target):
     r_m, r_h1 = m_res * r_h2 / h2, h1 * r_h2 / h2  # Gemma 2's branch norms: identity
     r_p = lin(p, mlp.down_proj.weight, m, r_m)
     r_gate = r_up = r_p / 2  # uniform rule on the gating product; SiLU: identity
-    r_h1 = r_h1 + lin(n2, mlp.gate_proj.weight, gate, r_gate) + lin(n2, mlp.up_proj.weight, up, r_up)
+    if phi3:
+        r_h1 = r_h1 + lin(n2, mlp.gate_up_proj.weight, gate_up, torch.cat([r_gate, r_up], -1))
+    else:
+        r_h1 = r_h1 + lin(n2, mlp.gate_proj.weight, gate, r_gate) + lin(n2, mlp.up_proj.weight, up, r_up)
     r_o, r_x0 = o_res * r_h1 / h1, x0 * r_h1 / h1
     r_ctx = split(lin(ctx, sa.o_proj.weight, o, r_o), h)
     r_q, r_k, r_v, r_a, _ = capped_attention_rel(qr, kr2, vh2, sa.scaling, r_ctx, cap)
     r_k = r_k.view(kv, rep, n, -1).sum(1)  # the repeated key/value heads collect their groups' relevance
     r_v = r_v.view(kv, rep, n, -1).sum(1)
     r_qh, r_kh = rope_rel(qh, rot, r_q), rope_rel(kh, rot, r_k)
+    if phi3:  # input RMSNorm: identity
+        return (r_x0 + lin(n1, sa.qkv_proj.weight, qkv, torch.cat([merge(r_qh), merge(r_kh), merge(r_v)], -1))
+                ).sum(-1), r_a
     r_x0 = (r_x0 + lin(n1, sa.q_proj.weight, q, merge(r_qh)) + lin(n1, sa.k_proj.weight, k, merge(r_kh))
             + lin(n1, sa.v_proj.weight, v, merge(r_v)))  # input RMSNorm: identity
     return r_x0.sum(-1), r_a
@@ -566,7 +582,7 @@ def _explicit_deberta(model, ids, target):
 
 
 LLAMA_FAMILY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
-                "gemma2": "Gemma2"}
+                "gemma2": "Gemma2", "phi3": "Phi3"}
 
 
 def _one_layer(family: str) -> nn.Module:
@@ -730,7 +746,7 @@ class TokenLogitHead(Head):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi", "gpt_neo", "gptj",
-                                    "bloom", "gemma2", "opt", "falcon"])
+                                    "bloom", "gemma2", "opt", "falcon", "phi3"])
 def test_lrp_explains_the_scalar_the_head_gives(family):
     import transformers
 

@@ -52,6 +52,12 @@ def gated_mlp(mlp: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor
     return mlp.down_proj(rules.gated(mlp.act_fn(mlp.gate_proj(x)), mlp.up_proj(x), state.rules == "cp"))
 
 
+def fused_gated_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Phi-3's MLP ``down(up * act(gate))`` with gate and up from one fused projection: as :func:`gated_mlp`."""
+    gate, up = mlp.gate_up_proj(hidden_states).chunk(2, dim=-1)
+    return mlp.down_proj(rules.gated(mlp.activation_fn(gate), up, state.rules == "cp"))
+
+
 def glu_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
     """ModernBERT's GeGLU MLP ``Wo(act(input) * gate)`` with ``input, gate = Wi(x)``: as :func:`gated_mlp`, the
     activated half being the gate."""
@@ -310,4 +316,5 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm,
     "gated_mlp": gated_mlp,
     "glu_mlp": glu_mlp,
+    "fused_gated_mlp": fused_gated_mlp,
 }

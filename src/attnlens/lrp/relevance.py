@@ -69,7 +69,8 @@ def lrp_pass(
 
     Args:
         model: a supported model (``attnlens.lrp.SUPPORTED``: BERT-style encoders, DeBERTa-v2, ModernBERT,
-            GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi, the Llama family, Gemma 2, OPT, BLOOM, Falcon), left unchanged.
+            GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi, Phi-3, the Llama family, Gemma 2, OPT, BLOOM, Falcon), left
+            unchanged.
         inputs: model inputs (``input_ids``, ``attention_mask``, ...).
         targets: explained target per example, as ``head.scalar`` takes them; for the default classification
             head a class per example (``(B,)``, a list, or one int for all).
