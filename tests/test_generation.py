@@ -138,7 +138,7 @@ LRP = ["attnlrp", "transatt", "partiallrp"]
 
 
 @pytest.mark.parametrize("family", ["gpt_neox", "phi", "qwen3", "gemma", "gpt_neo", "gptj", "gemma2", "opt", "bloom",
-                                    "phi3", "falcon"])
+                                    "phi3", "falcon", "mixtral"])
 def test_lrp_steps_on_the_other_lrp_decoders_equal_their_prefix(family, tokenizer):
     """GPT-NeoX, Phi and GPT-J (parallel blocks), Qwen3, Gemma, Gemma 2, GPT-Neo, BLOOM and Falcon (their own attention
     code), OPT: each step of the one LRP pass over the sequence equals its prefix explained alone."""

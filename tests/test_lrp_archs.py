@@ -22,7 +22,7 @@ from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, supports
 
 ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
-         "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon", "phi3"]
+         "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon", "phi3", "mixtral"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
@@ -124,11 +124,46 @@ def capped_attention_rel(q, k, v, scale, r_ctx, cap):
     return r_q, r_k, r_v, r_a, a
 
 
+def _moe_forward(moe, x):
+    """Mixtral's mixture of experts, token by token: ``m_t = sum_j w_tj E_e(x_t)`` over the top-k experts ``e``
+    of the router's probabilities, ``w_t`` their renormalised probabilities (= a softmax over the selected
+    logits), ``E_e(x) = down_e(silu(gate_e x) * up_e x)``. Returns ``m`` and its explicit AttnLRP: the sum over
+    experts proportional, the uniform rule on ``w * E`` and on the gating product, the softmax rule on ``w``."""
+    router, experts = moe.gate, moe.experts
+    logits = x @ router.weight.T
+    top = logits.softmax(-1).topk(router.top_k, -1).indices
+    sel = logits.gather(-1, top)
+    w = sel.softmax(-1)
+    m, parts = torch.zeros_like(x), []
+    for t in range(x.shape[0]):
+        for j, e in enumerate(top[t].tolist()):
+            gu = experts.gate_up_proj[e] @ x[t]
+            gate, up = gu.chunk(2)
+            p = experts.act_fn(gate) * up
+            y = experts.down_proj[e] @ p
+            m[t] += w[t, j] * y
+            parts.append((t, j, e, gu, p, y))
+
+    def relevance(r_m):
+        r_x, r_w = torch.zeros_like(x), torch.zeros_like(w)
+        for t, j, e, gu, p, y in parts:
+            r_wy = w[t, j] * y / m[t] * r_m[t]  # the sum over experts: proportional
+            r_y, r_w[t, j] = r_wy / 2, r_wy.sum() / 2  # uniform rule on w * E
+            r_p = p * ((r_y / y) @ experts.down_proj[e])
+            r_x[t] += x[t] * ((torch.cat([r_p / 2, r_p / 2]) / gu) @ experts.gate_up_proj[e])  # SiLU: identity
+        r_sel = sel * (r_w - w * r_w.sum(-1, keepdim=True))  # softmax rule
+        r_logits = torch.zeros_like(logits).scatter(-1, top, r_sel)
+        return r_x + x * ((r_logits / logits) @ router.weight)
+
+    return m, relevance
+
+
 def _explicit_llama(model, ids, target):
     """Llama, Mistral, Qwen2; Qwen3 (an RMSNorm on each head's query and key before the rotation); Gemma
     (embeddings times √d, RMSNorms scaling by 1 + γ computed in float32, a GELU gate); Gemma 2 (Gemma's, plus
     a norm on each branch's output before its residual sum and capped attention scores ``c tanh(s / c)``,
-    identity rule); Phi-3 (query/key/value from one fused projection, gate and up from another)."""
+    identity rule); Phi-3 (query/key/value from one fused projection, gate and up from another); Mixtral (each
+    token's top-k experts, :func:`_moe_forward`)."""
     base, layer = model.model, model.model.layers[0]
     sa, mlp, cfg = layer.self_attn, layer.mlp, model.config
     n, h, kv = ids.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads
@@ -136,6 +171,7 @@ def _explicit_llama(model, ids, target):
     gemma = cfg.model_type == "gemma" or gemma2
     cap = cfg.attn_logit_softcapping if gemma2 else None
     phi3 = cfg.model_type == "phi3"
+    moe = cfg.model_type == "mixtral"
 
     def rms(x, norm):
         if gemma:  # (1 + γ) in float32, as GemmaRMSNorm computes it
@@ -164,14 +200,17 @@ def _explicit_llama(model, ids, target):
     o_res = rms(o, layer.post_attention_layernorm) if gemma2 else o  # what the residual sum adds
     h1 = x0 + o_res
     n2 = rms(h1, layer.pre_feedforward_layernorm if gemma2 else layer.post_attention_layernorm)
-    if phi3:
+    if moe:
+        m, moe_rel = _moe_forward(mlp, n2)
+    elif phi3:
         gate_up = mlp.gate_up_proj(n2)
         gate, up = gate_up.chunk(2, -1)
         p = mlp.activation_fn(gate) * up
     else:
         gate, up = mlp.gate_proj(n2), mlp.up_proj(n2)
         p = mlp.act_fn(gate) * up
-    m = mlp.down_proj(p)
+    if not moe:
+        m = mlp.down_proj(p)
     m_res = rms(m, layer.post_feedforward_layernorm) if gemma2 else m
     h2 = h1 + m_res
     nf = rms(h2, base.norm)
@@ -180,12 +219,15 @@ def _explicit_llama(model, ids, target):
     r_logits[n - 1, target] = logits[n - 1, target]
     r_h2 = lin(nf, model.score.weight, logits, r_logits)  # RMSNorm: identity (element-wise linear map)
     r_m, r_h1 = m_res * r_h2 / h2, h1 * r_h2 / h2  # Gemma 2's branch norms: identity
-    r_p = lin(p, mlp.down_proj.weight, m, r_m)
-    r_gate = r_up = r_p / 2  # uniform rule on the gating product; SiLU: identity
-    if phi3:
-        r_h1 = r_h1 + lin(n2, mlp.gate_up_proj.weight, gate_up, torch.cat([r_gate, r_up], -1))
+    if moe:
+        r_h1 = r_h1 + moe_rel(r_m)
     else:
-        r_h1 = r_h1 + lin(n2, mlp.gate_proj.weight, gate, r_gate) + lin(n2, mlp.up_proj.weight, up, r_up)
+        r_p = lin(p, mlp.down_proj.weight, m, r_m)
+        r_gate = r_up = r_p / 2  # uniform rule on the gating product; SiLU: identity
+        if phi3:
+            r_h1 = r_h1 + lin(n2, mlp.gate_up_proj.weight, gate_up, torch.cat([r_gate, r_up], -1))
+        else:
+            r_h1 = r_h1 + lin(n2, mlp.gate_proj.weight, gate, r_gate) + lin(n2, mlp.up_proj.weight, up, r_up)
     r_o, r_x0 = o_res * r_h1 / h1, x0 * r_h1 / h1
     r_ctx = split(lin(ctx, sa.o_proj.weight, o, r_o), h)
     r_q, r_k, r_v, r_a, _ = capped_attention_rel(qr, kr2, vh2, sa.scaling, r_ctx, cap)
@@ -582,7 +624,7 @@ def _explicit_deberta(model, ids, target):
 
 
 LLAMA_FAMILY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
-                "gemma2": "Gemma2", "phi3": "Phi3"}
+                "gemma2": "Gemma2", "phi3": "Phi3", "mixtral": "Mixtral"}
 
 
 def _one_layer(family: str) -> nn.Module:
@@ -595,6 +637,8 @@ def _one_layer(family: str) -> nn.Module:
         head_dim = {"head_dim": 4} if family in ("qwen3", "gemma", "gemma2") else {}
         if family == "gemma2":  # a cap the random scores reach (its nonlinearity must get the identity rule)
             head_dim.update(attn_logit_softcapping=0.8, query_pre_attn_scalar=2)
+        if family == "mixtral":  # 2 of 3 experts per token; the experts' plain loop, which runs in float64
+            head_dim.update(num_local_experts=3, num_experts_per_tok=2, experts_implementation="eager")
         cfg = getattr(transformers, f"{prefix}Config")(**common, num_key_value_heads=1, **head_dim)
         cls = getattr(transformers, f"{prefix}ForSequenceClassification")
     elif family in ("gpt_neox", "phi"):  # rotary on half of each head (GPT-NeoX: rotary_pct)
@@ -663,7 +707,7 @@ def test_whole_pass_equals_explicit_rule_by_rule_propagation(family):
     res = lrp_pass(model, inputs, 1)
     # ModernBERT's stock rotary map rounds q and k to float32 even in a float64 model (and so does its gradient);
     # Gemma's RMSNorm computes in float32 too, and GPT-Neo's and GPT-J's attention scores
-    float32 = ("modernbert", "gemma", "gemma2", "gpt_neo", "gptj")
+    float32 = ("modernbert", "gemma", "gemma2", "gpt_neo", "gptj", "mixtral")
     tol = dict(rtol=1e-5, atol=1e-7) if family in float32 else dict(rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(res.input_relevance[0], expected[0], **tol)
     torch.testing.assert_close(res.attention_relevance[0][0], expected[1], **tol)
@@ -746,7 +790,7 @@ class TokenLogitHead(Head):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "gemma", "gpt_neox", "phi", "gpt_neo", "gptj",
-                                    "bloom", "gemma2", "opt", "falcon", "phi3"])
+                                    "bloom", "gemma2", "opt", "falcon", "phi3", "mixtral"])
 def test_lrp_explains_the_scalar_the_head_gives(family):
     import transformers
 

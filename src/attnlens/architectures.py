@@ -269,13 +269,14 @@ def _roberta_lrp(name: str) -> LRPSupport:
     return LRPSupport(name, _BERT_RESIDUALS, forwards=((f"{prefix}ClassificationHead", "tanh_head"),))
 
 
-def _llama_lrp(prefix: str) -> LRPSupport:
-    """Llama-family decoders (class names ``<prefix>...``): pre-RMSNorm blocks, gated MLP, rotary attention
-    through the attention interface, no absolute position embeddings."""
+def _llama_lrp(prefix: str, mlp: tuple[str, str] | None = None) -> LRPSupport:
+    """Llama-family decoders (class names ``<prefix>...``): pre-RMSNorm blocks, gated MLP (or ``mlp``: another
+    (class, LRP forward) for the block's ``mlp``), rotary attention through the attention interface, no absolute
+    position embeddings."""
     return LRPSupport(
         prefix, blocks=(PreNorm(f"{prefix}DecoderLayer", "input_layernorm", "self_attn", "post_attention_layernorm",
                               "mlp"),),
-        forwards=((f"{prefix}RMSNorm", "rms_norm"), (f"{prefix}MLP", "gated_mlp")), embedding_input=None)
+        forwards=((f"{prefix}RMSNorm", "rms_norm"), mlp or (f"{prefix}MLP", "gated_mlp")), embedding_input=None)
 
 
 # --- anatomy of the BERT-style encoders (norm-based and decomposition methods) -----------------------------
@@ -466,7 +467,8 @@ _ENTRIES: list[Architecture] = [
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),
     Architecture("mistral", DECODER, lrp=_llama_lrp("Mistral"), tiny=_tiny("Mistral", **_DEC), layers=_LLAMA_LAYERS,
                  anatomy=_LLAMA_ANATOMY),
-    Architecture("mixtral", DECODER, tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1,
+    Architecture("mixtral", DECODER, lrp=_llama_lrp("Mixtral", ("MixtralSparseMoeBlock", "sparse_moe")),
+                 tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1,
                                                  initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_WHOLE_FFN),
     Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS,

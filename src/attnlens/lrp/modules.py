@@ -58,6 +58,40 @@ def fused_gated_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tenso
     return mlp.down_proj(rules.gated(mlp.activation_fn(gate), up, state.rules == "cp"))
 
 
+def sparse_moe(block: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Mixtral's mixture of experts ``sum_e w_e(x) E_e(x)`` over each token's top-k experts, with the LRP rules:
+    the router logits a weighted sum (:func:`rules.weighted_sum`); the routing weights -- transformers'
+    top-k probabilities renormalised, i.e. a softmax over the selected logits -- under the softmax rule as
+    attention's (its true gradient; the chefer sets: identity); each expert a gated MLP (:func:`gated_mlp`'s
+    rule, its weights as weighted sums); each expert's output times its weight a gated product (uniform rule;
+    CP-LRP: the weight a constant); the sum over experts proportional."""
+    batch, n, dim = hidden_states.shape
+    x = hidden_states.reshape(-1, dim)
+    router, experts = block.gate, block.experts
+    logits = rules.weighted_sum(state.rules, x, router.weight, state.epsilon)
+    with torch.no_grad():  # the selection itself (which experts) is discrete
+        top = torch.topk(logits.float().softmax(-1), router.top_k, dim=-1).indices
+    selected = logits.gather(-1, top).float().view(batch, n, -1)
+    if state.rules in CHEFER:
+        weights = rules.pass_through(partial(torch.softmax, dim=-1), selected)
+    else:
+        weights = selected.softmax(-1)
+        if state.track_softmax and state.rules != "cp":  # the relevance this softmax absorbs
+            state.other_softmaxes.append((weights, selected))
+    weights = weights.reshape(batch * n, -1)
+    out = torch.zeros_like(x)
+    for e in range(experts.num_experts):
+        token, slot = torch.where(top == e)
+        if token.numel() == 0:
+            continue
+        gate, up = rules.weighted_sum(state.rules, x[token], experts.gate_up_proj[e], state.epsilon).chunk(2, -1)
+        y = rules.weighted_sum(state.rules, rules.gated(experts.act_fn(gate), up, state.rules == "cp"),
+                               experts.down_proj[e], state.epsilon)
+        y = rules.gated(weights[token, slot, None], y, state.rules == "cp")
+        out = out.index_add(0, token, y.to(out.dtype))
+    return out.reshape(batch, n, dim)
+
+
 def glu_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
     """ModernBERT's GeGLU MLP ``Wo(act(input) * gate)`` with ``input, gate = Wi(x)``: as :func:`gated_mlp`, the
     activated half being the gate."""
@@ -317,4 +351,5 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "gated_mlp": gated_mlp,
     "glu_mlp": glu_mlp,
     "fused_gated_mlp": fused_gated_mlp,
+    "sparse_moe": sparse_moe,
 }

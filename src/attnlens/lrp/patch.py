@@ -57,6 +57,9 @@ class PassState:
     track_softmax: bool = False
     probs: list[torch.Tensor] = field(default_factory=list)
     softmax_inputs: list[torch.Tensor] = field(default_factory=list)
+    # other softmaxes under the softmax rule (Mixtral's routing weights): (output, input) pairs, batch first,
+    # recorded with track_softmax for the relevance they absorb
+    other_softmaxes: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     embedding_sum: torch.Tensor | None = None
     branches: dict[int, torch.Tensor] = field(default_factory=dict)  # residual branch per LayerNorm (chefer)
     word_embeddings: torch.Tensor | None = None

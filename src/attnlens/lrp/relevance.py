@@ -30,8 +30,8 @@ class LRPResult:
         position_relevance: ``(B,)`` relevance taken by relative-position embeddings (DeBERTa-v2's, absorbed by
             those parameters like a bias) or relative-position score biases (BLOOM's and Falcon's ALiBi); zeros
             for other models.
-        softmax_absorbed: ``(B,)`` relevance the attention softmaxes did not pass on
-            (``sum R(A) - sum R(softmax input)`` over all layers), only with ``track_softmax=True``.
+        softmax_absorbed: ``(B,)`` relevance the attention softmaxes (and Mixtral's routing softmaxes) did not
+            pass on (``sum R(A) - sum R(softmax input)`` over all layers), only with ``track_softmax=True``.
     """
 
     logits: torch.Tensor
@@ -69,7 +69,7 @@ def lrp_pass(
 
     Args:
         model: a supported model (``attnlens.lrp.SUPPORTED``: BERT-style encoders, DeBERTa-v2, ModernBERT,
-            GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi, Phi-3, the Llama family, Gemma 2, OPT, BLOOM, Falcon), left
+            GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi, Phi-3, the Llama family, Mixtral, Gemma 2, OPT, BLOOM, Falcon), left
             unchanged.
         inputs: model inputs (``input_ids``, ``attention_mask``, ...).
         targets: explained target per example, as ``head.scalar`` takes them; for the default classification
@@ -113,7 +113,8 @@ def lrp_pass(
         read, read_mask = (logits, token_mask) if rows is None else last_token_rows(logits, rows)
         value = head.scalar(read, tgt, target_kind, read_mask)
         emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
-        wrt = [state.word_embeddings, emb_sum, *state.probs, *state.softmax_inputs, *state.position_inputs]
+        others = [t for pair in state.other_softmaxes for t in pair]
+        wrt = [state.word_embeddings, emb_sum, *state.probs, *state.softmax_inputs, *state.position_inputs, *others]
         live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
         # the gradient each example's relevance starts from (chefer: relevance 1 at the explained logit, so
         # gradient 1 / logit; otherwise 1 at the explained scalar)
@@ -133,7 +134,9 @@ def lrp_pass(
     g_word, g_sum = grads[0], grads[1]
     g_probs = grads[2 : 2 + n_layers]
     g_soft = grads[2 + n_layers : 2 + n_layers + n_soft]
-    g_pos = grads[2 + n_layers + n_soft :]
+    n_pos = len(state.position_inputs)
+    g_pos = grads[2 + n_layers + n_soft : 2 + n_layers + n_soft + n_pos]
+    g_others = grads[2 + n_layers + n_soft + n_pos :]
 
     n_rows = len(value)
 
@@ -150,6 +153,9 @@ def lrp_pass(
     elif track_softmax:
         soft_rel = [rel(torch.nan_to_num(s, neginf=0.0), g) for s, g in zip(state.softmax_inputs, g_soft)]
         absorbed = sum(a.sum((1, 2, 3)) - s.sum((1, 2, 3)) for a, s in zip(att_rel, soft_rel))
+        for k, (out, inp) in enumerate(state.other_softmaxes):
+            absorbed = (absorbed + rel(out, g_others[2 * k]).flatten(1).sum(1)
+                        - rel(inp, g_others[2 * k + 1]).flatten(1).sum(1))
     position = torch.zeros_like(value).detach()
     for leaf, g in zip(state.position_inputs, g_pos):
         position = position + rel(leaf, g).flatten(1).sum(1)

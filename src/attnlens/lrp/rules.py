@@ -127,6 +127,14 @@ def linear(module: nn.Module, x: torch.Tensor, eps: float) -> torch.Tensor:
     return sum_rule(F.linear(x, linear_weight(module), module.bias), eps)
 
 
+def weighted_sum(rules_name: str, x: torch.Tensor, weight: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """``F.linear(x, weight)`` with a weight tensor that is not a Linear module's (Mixtral's expert and router
+    weights) under the rule set's Linear rule: z+ for the chefer sets, else epsilon (0: LRP-0)."""
+    if rules_name in ("chefer", "chefer-lrp"):
+        return _ZPlusLinear.apply(x, weight, None, rules_name == "chefer")
+    return sum_rule(F.linear(x, weight), eps)
+
+
 # ---------------------------------------------------------------- the authors' rules (Chefer et al. 2021)
 def _safe_divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(b == 0, torch.zeros_like(a), a / torch.where(b == 0, torch.ones_like(b), b))
