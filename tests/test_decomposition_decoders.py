@@ -18,8 +18,12 @@ from attnlens.architectures import build_tiny
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
 # GPT-J, Phi, GPT-NeoX: parallel attention and FFN branches ("gpt_neox-seq": GPT-NeoX made sequential)
+# Falcon: Falcon-7B's layout (parallel, one LayerNorm, multi-query), "falcon-40b" (two LayerNorms, 2 key/value groups
+# of 2 queries), "falcon-alibi" (sequential, per-head fused projection, ALiBi, biases)
 FAMILIES = ["gpt2", "gpt_neo", "llama", "qwen2", "qwen3", "gemma", "gemma2", "gpt_neox", "gpt_neox-seq", "gptj", "phi",
-            "opt", "bloom"]
+            "opt", "bloom", "falcon", "falcon-40b", "falcon-alibi"]
+FALCON = {"falcon-40b": dict(num_attention_heads=4, new_decoder_architecture=True, num_kv_heads=2, bias=True),
+          "falcon-alibi": dict(num_attention_heads=2, alibi=True, parallel_attn=False, multi_query=False, bias=True)}
 TASKS = ["classification", "causal-lm"]
 TEXTS = ["the movie was really good", "bad", "a charming journey but the plot was boring"]
 
@@ -34,6 +38,12 @@ def randomised(family: str, task: str, seed: int = 0) -> torch.nn.Module:
                                             initializer_range=0.3, attn_implementation="eager",
                                             use_parallel_residual=False)
         cls = transformers.GPTNeoXForCausalLM if task == "causal-lm" else transformers.GPTNeoXForSequenceClassification
+        return randomise_biases_and_norms(cls(config), seed)
+    if family in FALCON:
+        torch.manual_seed(seed)
+        config = transformers.FalconConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, pad_token_id=PAD,
+                                           initializer_range=0.3, attn_implementation="eager", **FALCON[family])
+        cls = transformers.FalconForCausalLM if task == "causal-lm" else transformers.FalconForSequenceClassification
         return randomise_biases_and_norms(cls(config), seed)
     if family == "qwen2":
         torch.manual_seed(seed)
@@ -77,6 +87,22 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
                     bv=qkv.bias[cols], wo=wo, bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out,
                     act=b.mlp.act if kind == "gpt_neox" else b.mlp.gelu_impl, w_gate=None,
                     parallel=kind == "gpt_neox" and model.config.use_parallel_residual)
+    if kind == "falcon":  # fused per key/value group, (queries of the group, key, value): each group's last part
+        b, cfg = base.h[l], model.config
+        qkv = b.self_attention.query_key_value
+        heads, dh = cfg.num_attention_heads, b.self_attention.head_dim
+        groups = (qkv.weight.shape[0] // dh - heads) // 2
+        block = qkv.weight.shape[0] // groups
+        cols = torch.tensor([g * block + block - dh + k for g in range(groups) for k in range(dh)])
+        parallel = cfg.new_decoder_architecture or cfg.parallel_attn
+        two = cfg.new_decoder_architecture and cfg.num_ln_in_parallel_attn == 2
+        ln1 = b.ln_attn if two else b.input_layernorm
+        (wo, bo), (w_in, b_in), (w_out, b_out) = _t(b.self_attention.dense), _t(b.mlp.dense_h_to_4h), \
+            _t(b.mlp.dense_4h_to_h)
+        return dict(ln1=ln1, ln2=b.ln_mlp if two else ln1 if parallel else b.post_attention_layernorm,
+                    wv=qkv.weight.T[:, cols], bv=torch.zeros(len(cols)) if qkv.bias is None else qkv.bias[cols],
+                    wo=wo, bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out, act=b.mlp.act, w_gate=None,
+                    parallel=parallel)
     if kind in ("gptj", "phi", "opt", "gpt_neo"):
         if kind == "gpt_neo":
             b = base.h[l]
@@ -364,7 +390,7 @@ def test_batch_and_padding_invariance(family, task, tokenizer):
 
 
 @pytest.mark.parametrize("batch_size", [16, 3])  # one batch of steps; two, each over its own sequence
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "gemma2"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "gemma2", "falcon"])
 def test_each_generation_step_equals_its_prefix(family, batch_size, tokenizer):
     ex = Explainer(randomised(family, "causal-lm"), tokenizer)
     g = ex.explain_generation("the movie was really", target=" good but the plot was boring", methods=NORM,

@@ -14,7 +14,8 @@ from attnlens import Explainer, InputError, get_method
 from attnlens.architectures import architecture_for
 from attnlens.methods.valuezeroing import value_zeroing_matrices
 
-DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "gemma2", "mixtral", "gpt_neox", "gptj", "phi", "phi3", "opt")
+DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "gemma2", "mixtral", "gpt_neox", "gptj", "phi", "phi3", "opt",
+            "falcon")
 SEQ2SEQ = ("bart", "mbart", "t5")
 TYPES = ["bert", "distilbert", "roberta", "albert", *DECODERS, *SEQ2SEQ]
 TEXTS = ["the movie was good", "not very bad , i really didn ' t like this film", "awful !"]
@@ -55,6 +56,11 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
                     o.view(*o.shape[:2], model.config.num_attention_heads, 3, -1)[:, zero_token, :, 2] = 0
                     return o
                 cfg = model.config
+                if cfg.model_type == "falcon":  # (groups, queries per group + 2, head_dim): each group's last part
+                    dh = cfg.hidden_size // cfg.num_attention_heads
+                    groups = (o.shape[-1] // dh - cfg.num_attention_heads) // 2
+                    o.view(*o.shape[:2], groups, -1, dh)[:, zero_token, :, -1] = 0
+                    return o
                 part = o.shape[-1] // 3 if cfg.model_type == "gpt2" else o.shape[-1]
                 if cfg.model_type == "phi3":  # query, key, value fused: the values kv heads wide
                     part = cfg.num_key_value_heads * cfg.hidden_size // cfg.num_attention_heads
@@ -104,7 +110,7 @@ def test_matches_naive_whole_model_recomputation(model_type, tokenizer):
                                    **tolerance)
 
 
-@pytest.mark.parametrize("model_type,attention", [("bert", None), ("llama", None), ("gpt2", None),
+@pytest.mark.parametrize("model_type,attention", [("bert", None), ("llama", None), ("gpt2", None), ("falcon", None),
                                                   ("bart", "decoder"), ("t5", "decoder"), ("t5", "encoder"),
                                                   ("mbart", "decoder")])
 def test_batch_equals_one_by_one_and_padding_scores_zero(model_type, attention, tokenizer):
@@ -146,14 +152,18 @@ def test_model_unchanged_and_no_hooks_left(tokenizer):
 
 
 def test_types_without_layers_and_cross_streams_are_refused_or_skipped(tokenizer):
-    ex = Explainer(make_model("falcon"), tokenizer)
-    with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'falcon'"):
+    ex = Explainer(make_model("mpnet"), tokenizer)
+    with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'mpnet'"):
         ex.explain("the movie", "valuezeroing")
     with pytest.warns(UserWarning, match="skipping.*valuezeroing"):
         (e,) = ex.explain("the movie", "all", options={"integratedgradients": {"n_steps": 2}})
     assert "valuezeroing" not in e.scores
     with pytest.raises(InputError, match="valuezeroing reruns one layer.*BLOOM's layers take their ALiBi"):
         Explainer(make_model("bloom"), tokenizer).explain("the movie", "valuezeroing")
+    falcon = make_model("falcon")
+    falcon.config.alibi = True  # the refusal follows the config
+    with pytest.raises(InputError, match="valuezeroing reruns one layer.*Falcon's layers with ALiBi"):
+        Explainer(falcon, tokenizer).explain("the movie", "valuezeroing")
     bart = Explainer(make_model("bart"), tokenizer, attention="cross")
     with pytest.raises(InputError, match="valuezeroing needs self-attention"):
         bart.explain("the movie", "valuezeroing")

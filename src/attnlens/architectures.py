@@ -163,15 +163,22 @@ class Layers:
     head_dim)`` holds every head's value vectors: alone (``fused=1``), as the last of ``fused`` equal parts
     (GPT-2's query/key/value projection: ``fused=3``), or, with ``per_head``, as the last of ``fused`` parts
     within each head's slice (GPT-NeoX's and BLOOM's ``(heads, 3, head_dim)`` layout); the parts after the
-    queries may be narrower (Phi-3's grouped-query keys and values). ``no_rerun`` says why a
-    layer cannot be rerun on some of the batch's rows, where it cannot (value zeroing is then refused)."""
+    queries may be narrower (Phi-3's grouped-query keys and values); ``grouped``: key/value groups laid out
+    ``(groups, queries per group + 2, head_dim)``, each group's value last (Falcon: per head, multi-query and
+    grouped are its cases). ``no_rerun`` says why a layer cannot be rerun on some of the batch's rows, where it
+    cannot (value zeroing is then refused); a function of the config where that depends on it."""
 
     layers: str | dict[str, str] | Callable[[nn.Module], list[nn.Module]]
     value: str
     fused: int = 1
     per_head: bool = False
+    grouped: bool = False
     # why one layer cannot be rerun on some rows of the batch (value zeroing), or None: it can
-    no_rerun: str | None = None
+    no_rerun: str | Callable[[Any], str | None] | None = None
+
+    def why_no_rerun(self, config: Any) -> str | None:
+        """Why this model's layers cannot be rerun on some rows of the batch, or ``None``."""
+        return self.no_rerun(config) if callable(self.no_rerun) else self.no_rerun
 
     def value_features(self, width: int, heads: int, head_dim: int) -> torch.Tensor:
         """``(width,)`` bool: which features of the value module's output (``width`` wide; ``heads`` query heads
@@ -180,6 +187,8 @@ class Layers:
         mask = torch.zeros(width, dtype=torch.bool)
         if self.fused == 1:
             mask[:] = True
+        elif self.grouped:  # width = groups * (queries per group + 2) * head_dim, queries = heads * head_dim
+            mask.view((width // head_dim - heads) // 2, -1, head_dim)[:, -1] = True
         elif self.per_head:
             mask.view(heads, self.fused, -1)[:, -1] = True
         else:
@@ -342,6 +351,26 @@ def _gpt_neox_anatomy(config: Any) -> Anatomy:
     return Anatomy((("score", None),), output="attention.dense", ln1="input_layernorm", ffn_in="mlp.dense_h_to_4h",
                    act="mlp.act", ffn_out="mlp.dense_4h_to_h", ln2="post_attention_layernorm", pre_ln=True,
                    final_norm="final_layer_norm", parallel=getattr(config, "use_parallel_residual", True))
+
+
+def _falcon_anatomy(config: Any) -> Anatomy:
+    """Falcon's three layouts: sequential (two LayerNorms), parallel with one LayerNorm (Falcon-7B), parallel with
+    two (``new_decoder_architecture``, Falcon-40B: ``ln_attn``, ``ln_mlp``)."""
+    parallel = bool(config.new_decoder_architecture or config.parallel_attn)
+    two = config.new_decoder_architecture and config.num_ln_in_parallel_attn in (None, 2)  # None: 2 at init
+    ln1, ln2 = (("ln_attn", "ln_mlp") if two else ("input_layernorm", "input_layernorm") if parallel
+                else ("input_layernorm", "post_attention_layernorm"))
+    return Anatomy((("score", None),), output="self_attention.dense", ln1=ln1, ffn_in="mlp.dense_h_to_4h",
+                   act="mlp.act", ffn_out="mlp.dense_4h_to_h", ln2=ln2, pre_ln=True, final_norm="ln_f",
+                   parallel=parallel)
+
+
+def _falcon_no_rerun(config: Any) -> str | None:
+    """Why value zeroing cannot rerun this Falcon's layers on some rows (with ALiBi), or ``None``."""
+    if getattr(config, "alibi", False):
+        return ("Falcon's layers with ALiBi take its biases as (batch × heads) rows, which a rerun on some of the "
+                "rows cannot cut")
+    return None
 
 
 def _opt_anatomy(config: Any) -> Anatomy | None:
@@ -522,6 +551,9 @@ _ENTRIES: list[Architecture] = [
                  lrp=LRPSupport("Falcon", forwards=(("FalconAttention", "falcon_attention"),
                                                     ("FalconDecoderLayer", "falcon_layer")),
                                 own_sums=True, embedding_input=None),
+                 layers=Layers("h", "self_attention.query_key_value", fused=3, grouped=True,
+                               no_rerun=_falcon_no_rerun),
+                 anatomy=_falcon_anatomy,
                  tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
     # encoder-decoders: the head reads the decoder state at the last EOS
     Architecture("bart", ENCODER_DECODER,

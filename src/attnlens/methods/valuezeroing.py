@@ -45,8 +45,9 @@ def _applies(model: nn.Module, stream: str, task: str) -> str | None:
                 "(no 'layers' in its architecture entry)")
     if spec.path(stream) is None:
         return f"valuezeroing is defined for self-attention streams, not attention={stream!r}"
-    if spec.no_rerun:
-        return f"valuezeroing reruns one layer on some of the rows, and {spec.no_rerun}"
+    why = spec.why_no_rerun(model.config)
+    if why:
+        return f"valuezeroing reruns one layer on some of the rows, and {why}"
     return None
 
 
