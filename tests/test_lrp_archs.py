@@ -277,6 +277,26 @@ def _explicit_gpt2(model, ids, target):
     return r_x0.sum(-1), r_a
 
 
+def _prenorm_tail(x, o, ln2, fc_in, act, fc_out, final, score, target):
+    """The rest of a 1-layer sequential pre-LN model after its attention output ``o`` on input ``x``:
+    ``h1 = x + o``, ``h2 = h1 + fc_out(act(fc_in(LN2(h1))))``, logits ``score(final(h2))``; explicit AttnLRP from
+    the target logit at the last position back to ``(R_o, R_x)`` (activation: identity rule)."""
+    h1 = x + o
+    n2 = ln2(h1)
+    fc = fc_in(n2)
+    a = act(fc)
+    m = fc_out(a)
+    h2 = h1 + m
+    nf = final(h2)
+    logits = score(nf)
+    r_logits = torch.zeros_like(logits)
+    r_logits[-1, target] = logits[-1, target]
+    r_h2 = ln_rel(h2, final, nf, lin(nf, score.weight, logits, r_logits))
+    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
+    r_h1 = r_h1 + ln_rel(h1, ln2, n2, lin(n2, fc_in.weight, fc, lin(a, fc_out.weight, m, r_m)))
+    return o * r_h1 / h1, x * r_h1 / h1
+
+
 def _explicit_gpt_neo(model, ids, target):
     """GPT-Neo: GPT-2's block with separate query/key/value projections, no ``1 / sqrt(d)`` scaling, and a local
     layer's window (``window_size`` keys up to the query)."""
@@ -291,21 +311,7 @@ def _explicit_gpt_neo(model, ids, target):
     a = (split(q, h) @ split(k, h).transpose(-1, -2)).masked_fill(~allowed, float("-inf")).softmax(-1)
     ctx = merge(a @ split(v, h))
     o = sa.out_proj(ctx)
-    h1 = x0 + o
-    n2 = blk.ln_2(h1)
-    fc = mlp.c_fc(n2)
-    act = mlp.act(fc)
-    m = mlp.c_proj(act)
-    h2 = h1 + m
-    nf = tr.ln_f(h2)
-    logits = model.score(nf)
-    r_logits = torch.zeros_like(logits)
-    r_logits[n - 1, target] = logits[n - 1, target]
-    r_h2 = ln_rel(h2, tr.ln_f, nf, lin(nf, model.score.weight, logits, r_logits))
-    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
-    r_fc = lin(act, mlp.c_proj.weight, m, r_m)  # GELU: identity
-    r_h1 = r_h1 + ln_rel(h1, blk.ln_2, n2, lin(n2, mlp.c_fc.weight, fc, r_fc))
-    r_o, r_x0 = o * r_h1 / h1, x0 * r_h1 / h1
+    r_o, r_x0 = _prenorm_tail(x0, o, blk.ln_2, mlp.c_fc, mlp.act, mlp.c_proj, tr.ln_f, model.score, target)
     r_ctx = split(lin(ctx, sa.out_proj.weight, o, r_o), h)
     r_q, r_k, r_v, r_a, _ = causal_attention_rel(split(q, h), split(k, h), split(v, h), 1.0, r_ctx, allowed)
     r_n1 = (lin(n1, sa.q_proj.weight, q, merge(r_q)) + lin(n1, sa.k_proj.weight, k, merge(r_k))
@@ -313,37 +319,29 @@ def _explicit_gpt_neo(model, ids, target):
     return (r_x0 + ln_rel(x0, blk.ln_1, n1, r_n1)).sum(-1), r_a
 
 
+def _opt_input(model, ids):
+    """A 1-layer OPT's decoder, layer, attention, length, heads, input (word + learned positions, offset 2) and
+    first LayerNorm's output."""
+    dec = model.model.decoder
+    layer = dec.layers[0]
+    x0 = dec.embed_tokens.weight[ids] + dec.embed_positions.weight[torch.arange(ids.shape[0]) + 2]
+    return (dec, layer, layer.self_attn, ids.shape[0], model.config.num_attention_heads, x0,
+            layer.self_attn_layer_norm(x0))
+
+
 def _explicit_opt(model, ids, target):
     """OPT (pre-LN): GPT-2's block with separate biased query/key/value projections (the query scaled by
     ``1 / sqrt(d)`` after its projection), a ReLU feed-forward inline in the layer, learned positions (offset 2)
     added to the word embeddings before the first layer."""
-    dec = model.model.decoder
-    layer = dec.layers[0]
-    sa = layer.self_attn
-    n, h = ids.shape[0], model.config.num_attention_heads
-    x0 = dec.embed_tokens.weight[ids] + dec.embed_positions.weight[torch.arange(n) + 2]
-    n1 = layer.self_attn_layer_norm(x0)
+    dec, layer, sa, n, h, x0, n1 = _opt_input(model, ids)
     q, k, v = sa.q_proj(n1), sa.k_proj(n1), sa.v_proj(n1)
     scale = (q.shape[-1] // h) ** -0.5
     a = (split(q, h) @ split(k, h).transpose(-1, -2) * scale).masked_fill(
         ~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
     ctx = merge(a @ split(v, h))
     o = sa.out_proj(ctx)
-    h1 = x0 + o
-    n2 = layer.final_layer_norm(h1)
-    fc = layer.fc1(n2)
-    act = fc.relu()
-    m = layer.fc2(act)
-    h2 = h1 + m
-    nf = dec.final_layer_norm(h2)
-    logits = model.score(nf)
-    r_logits = torch.zeros_like(logits)
-    r_logits[n - 1, target] = logits[n - 1, target]
-    r_h2 = ln_rel(h2, dec.final_layer_norm, nf, lin(nf, model.score.weight, logits, r_logits))
-    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
-    r_fc = lin(act, layer.fc2.weight, m, r_m)  # ReLU: identity
-    r_h1 = r_h1 + ln_rel(h1, layer.final_layer_norm, n2, lin(n2, layer.fc1.weight, fc, r_fc))
-    r_o, r_x0 = o * r_h1 / h1, x0 * r_h1 / h1
+    r_o, r_x0 = _prenorm_tail(x0, o, layer.final_layer_norm, layer.fc1, torch.relu, layer.fc2, dec.final_layer_norm,
+                              model.score, target)
     r_ctx = split(lin(ctx, sa.out_proj.weight, o, r_o), h)
     r_q, r_k, r_v, r_a, _ = causal_attention_rel(split(q, h), split(k, h), split(v, h), scale, r_ctx)
     r_n1 = (lin(n1, sa.q_proj.weight, q, merge(r_q)) + lin(n1, sa.k_proj.weight, k, merge(r_k))
@@ -370,21 +368,8 @@ def _explicit_bloom(model, ids, target):
     a = s.masked_fill(~allowed, float("-inf")).softmax(-1)
     ctx = merge(a @ v)
     o = sa.dense(ctx)
-    h1 = e + o
-    n2 = blk.post_attention_layernorm(h1)
-    fc = mlp.dense_h_to_4h(n2)
-    act = mlp.gelu_impl(fc)
-    m = mlp.dense_4h_to_h(act)
-    h2 = h1 + m
-    nf = tr.ln_f(h2)
-    logits = model.score(nf)
-    r_logits = torch.zeros_like(logits)
-    r_logits[n - 1, target] = logits[n - 1, target]
-    r_h2 = ln_rel(h2, tr.ln_f, nf, lin(nf, model.score.weight, logits, r_logits))
-    r_m, r_h1 = m * r_h2 / h2, h1 * r_h2 / h2
-    r_h1 = r_h1 + ln_rel(h1, blk.post_attention_layernorm, n2,
-                         lin(n2, mlp.dense_h_to_4h.weight, fc, lin(act, mlp.dense_4h_to_h.weight, m, r_m)))
-    r_o, r_e = o * r_h1 / h1, e * r_h1 / h1
+    r_o, r_e = _prenorm_tail(e, o, blk.post_attention_layernorm, mlp.dense_h_to_4h, mlp.gelu_impl, mlp.dense_4h_to_h,
+                             tr.ln_f, model.score, target)
     r_ctx = split(lin(ctx, sa.dense.weight, o, r_o), h)
     r_a, r_v = av_rule(a, v, r_ctx)
     r_s = softmax_rule(s, a, r_a, allowed)
@@ -1036,12 +1021,7 @@ def _chefer_opt(model, ids, target, rule_set):
     from lrp_reference import add_relprop, clone_relprop, linear_relprop, matmul_relprop
 
     shared = normalized = rule_set == "chefer"
-    dec = model.model.decoder
-    layer = dec.layers[0]
-    sa = layer.self_attn
-    n, h = ids.shape[0], model.config.num_attention_heads
-    x0 = dec.embed_tokens.weight[ids] + dec.embed_positions.weight[torch.arange(n) + 2]
-    n1 = layer.self_attn_layer_norm(x0)
+    dec, layer, sa, n, h, x0, n1 = _opt_input(model, ids)
     q, k, v = split(sa.q_proj(n1) * sa.scaling, h), split(sa.k_proj(n1), h), split(sa.v_proj(n1), h)
     a = (q @ k.transpose(-1, -2)).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
     ctx = merge(a @ v)
