@@ -317,7 +317,7 @@ def test_model_untouched_and_no_graph_left(tokenizer):
 
 
 def test_unsupported_models_are_skipped_or_refused(tokenizer):
-    ex = Explainer(make_model("falcon"), tokenizer)
+    ex = Explainer(make_model("mpnet"), tokenizer)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         (e,) = ex.explain("the movie was great", methods="all", options={"integratedgradients": {"n_steps": 2}})
