@@ -25,8 +25,8 @@ class LRPResult:
         attention_relevance: L tensors ``(B, H, N, N)``: ``R(A^l) = A^l * (modified gradient)``.
         input_relevance: ``(B, N)`` relevance of the summed input embeddings (word + position + segment where
             the model adds them: the input of the module ``LRPSupport.embedding_input`` names, else the word
-            embeddings), summed over the hidden dimension.
-        word_relevance: ``(B, N)`` relevance of the word embeddings alone (LXT's convention).
+            embeddings), summed over the hidden dimension; ``None`` from a pass run with ``inputs=False``.
+        word_relevance: ``(B, N)`` relevance of the word embeddings alone (LXT's convention); ``None`` likewise.
         position_relevance: ``(B,)`` relevance taken by relative-position embeddings (DeBERTa-v2's, absorbed by
             those parameters like a bias) or relative-position score biases (BLOOM's and Falcon's ALiBi); zeros
             for other models.
@@ -38,8 +38,8 @@ class LRPResult:
     target: torch.Tensor
     attentions: list[torch.Tensor]
     attention_relevance: list[torch.Tensor]
-    input_relevance: torch.Tensor
-    word_relevance: torch.Tensor
+    input_relevance: torch.Tensor | None
+    word_relevance: torch.Tensor | None
     position_relevance: torch.Tensor
     softmax_absorbed: torch.Tensor | None = None
 
@@ -64,6 +64,7 @@ def lrp_pass(
     epsilon: float = 0.0,
     track_softmax: bool = False,
     rows: torch.Tensor | None = None,
+    inputs_relevance: bool = True,
 ) -> LRPResult:
     """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
@@ -93,6 +94,9 @@ def lrp_pass(
             last token by a language-model head (a generation's steps, :attr:`BatchContext.sequence`): the pass
             runs once over the sequence and each row's relevances come from its own batched vector-Jacobian
             product; the result has ``B`` rows.
+        inputs_relevance: also propagate to the input embeddings (``input_relevance``, ``word_relevance``);
+            without it the backward stops at the first layer's attention probabilities, which is all that
+            PartialLRP and TransAtt read (the first layer's query/key/value projections are not run backward).
 
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
@@ -114,7 +118,8 @@ def lrp_pass(
         value = head.scalar(read, tgt, target_kind, read_mask)
         emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
         others = [t for pair in state.other_softmaxes for t in pair]
-        wrt = [state.word_embeddings, emb_sum, *state.probs, *state.softmax_inputs, *state.position_inputs, *others]
+        leaves = [state.word_embeddings, emb_sum] if inputs_relevance else [None, None]
+        wrt = [*leaves, *state.probs, *state.softmax_inputs, *state.position_inputs, *others]
         live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
         # the gradient each example's relevance starts from (chefer: relevance 1 at the explained logit, so
         # gradient 1 / logit; otherwise 1 at the explained scalar)
@@ -164,8 +169,8 @@ def lrp_pass(
         target=value.detach(),
         attentions=[rows_of(p) for p in state.probs],
         attention_relevance=att_rel,
-        input_relevance=rel(emb_sum, g_sum).sum(-1),
-        word_relevance=rel(state.word_embeddings, g_word).sum(-1),
+        input_relevance=rel(emb_sum, g_sum).sum(-1) if inputs_relevance else None,
+        word_relevance=rel(state.word_embeddings, g_word).sum(-1) if inputs_relevance else None,
         position_relevance=position,
         softmax_absorbed=absorbed,
     )

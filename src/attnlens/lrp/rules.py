@@ -64,15 +64,33 @@ def sum_rule(z: torch.Tensor, eps: float = 0.0, factor: float = 1.0) -> torch.Te
     return z
 
 
+class _Relay(torch.autograd.Function):
+    """``y = fn(x)`` element-wise; backward ``grad * y / x`` (0 where ``x`` is 0 or not finite), so that the
+    relevance ``x * grad_x = y * grad_y`` passes through element-wise unchanged.
+
+    One autograd node instead of the graph of ``x * stop_grad(fn(x) / x)``: the forward runs ``fn`` alone and
+    the ratio is formed only in the backward (the chefer pass has one per LayerNorm, softmax and activation).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn) -> torch.Tensor:  # type: ignore[override]
+        y = fn(x)
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, y = ctx.saved_tensors
+        return grad * (y / x).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0), None
+
+
 def identity_rule(fn, x: torch.Tensor) -> torch.Tensor:
     """``fn(x)`` for an element-wise nonlinearity with ``fn(0) = 0``, passing relevance through unchanged.
 
-    Identity rule (AttnLRP Eq. 9): ``R_x = R_y``. In gradient form ``y = x * stop_grad(fn(x) / x)``, so
-    ``x * grad_x = y * grad_y`` element-wise. Where ``x == 0`` the ratio is 0 (and so is the relevance).
+    Identity rule (AttnLRP Eq. 9): ``R_x = R_y``, i.e. in gradient form the backward multiplies by ``fn(x) / x``
+    (``x * grad_x = y * grad_y`` element-wise). Where ``x == 0`` the ratio is 0 (and so is the relevance).
     """
-    y = fn(x)
-    ratio = (y / x).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # 0/0 at x == 0 -> 0
-    return x * ratio.detach()
+    return _Relay.apply(x, fn)
 
 
 def layer_norm(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -162,12 +180,13 @@ class _ZPlusLinear(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, weight, z, bias = ctx.saved_tensors
         rel = z * grad  # relevance R_z arriving at the output
-        w_abs = weight.abs()
         if ctx.shared:
-            # W+ x+ + W- x- = (|W| |x| + W x) / 2: one matmul instead of two; W+^T S = (W^T S + |W|^T S) / 2
-            z_nobias = z if bias is None else z - bias
-            s = _safe_divide(rel, (F.linear(x.abs(), w_abs) + z_nobias) / 2)
-            grad_x = (s @ w_abs).mul_(torch.sign(x)).add_(s @ weight).mul_(0.5)
+            # 2 (W+ x+ + W- x-) = |W| |x| + W x: one matmul instead of two; with s = R / (|W| |x| + W x) the
+            # input's share is x+ (2 W+^T s) + x- (2 W-^T s) = x (sign(x) |W|^T s + W^T s)
+            w_abs = weight.abs()
+            denom = F.linear(x.abs(), w_abs, None if bias is None else -bias).add_(z)  # z - b + |W| |x|
+            s = rel.div_(denom).masked_fill_(denom == 0, 0.0)
+            grad_x = torch.addcmul(s @ weight, s @ w_abs, torch.sign(x))
         else:
             w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
             s_pos = _safe_divide(rel, F.linear(x.clamp(min=0), w_pos))
@@ -240,10 +259,7 @@ def pass_through(fn, x: torch.Tensor) -> torch.Tensor:
     not finite the output keeps its value ``fn(x)`` (a LayerNorm maps 0 to beta, not 0) but passes no relevance:
     ``x * grad`` is 0 there, and the authors' next ``safe_divide`` by that 0 drops it too.
     """
-    y = fn(x)
-    bad = (x == 0) | ~torch.isfinite(x)
-    ratio = torch.where(bad, torch.zeros_like(y), y / torch.where(bad, torch.ones_like(x), x))
-    return torch.where(bad, y.detach(), x * ratio.detach())
+    return _Relay.apply(x, fn)
 
 
 class _NormalizedAdd(torch.autograd.Function):

@@ -25,14 +25,19 @@ ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP 
 
 
 def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
-    """The batch's LRP pass for these settings, run once and cached in ``ctx.cache["lrp"]``."""
+    """The batch's LRP pass for these settings, run once and cached in ``ctx.cache["lrp"]``.
+
+    Only ``attnlrp`` reads the input relevance, and it takes the AttnLRP and CP rule sets only: a chefer pass
+    (PartialLRP's and TransAtt's) stops at the first layer's attention.
+    """
     check_settings(rules, epsilon)
     cache = ctx.cache.setdefault("lrp", {})
     key = (rules, float(epsilon))
     if key not in cache:
         one = ctx.sequence is not None  # a generation's steps: one pass over the sequence serves them all
         cache[key] = lrp_pass(ctx.model, ctx.sequence if one else ctx.inputs, ctx.targets, ctx.target_kind,
-                              head=ctx.head, rules=rules, epsilon=epsilon, rows=ctx.token_mask if one else None)
+                              head=ctx.head, rules=rules, epsilon=epsilon, rows=ctx.token_mask if one else None,
+                              inputs_relevance=rules in ATTNLRP_RULES)
     return cache[key]
 
 
