@@ -69,8 +69,9 @@ def main() -> None:
 
         lrp = run(MODEL, texts, args.batch_size)
         print(f"LRP methods (partiallrp + transatt + attnlrp): {lrp['lrp_methods_s']:.2f} s, "
-              f"{lrp['lrp_methods_ratio']:.2f}x the plain forward+backward (target <= 4); one LRP pass alone "
-              f"{lrp['lrp_pass_ratio']:.2f}x")
+              f"{lrp['lrp_methods_ratio']:.2f}x the plain forward+backward (target <= 4); an attnlrp pass alone "
+              f"{lrp['lrp_pass_ratio']:.2f}x, a chefer pass {lrp['lrp_pass_chefer_ratio']:.2f}x, both from one "
+              f"forward {lrp['lrp_passes_joint_ratio']:.2f}x")
         print(f"attention flow: {lrp['flow_s_per_sentence']:.4f} s per sentence ({lrp['flow_sentences']} sentences)")
 
 

@@ -1,9 +1,10 @@
 """Speed of the LRP methods and of attention flow on a real model.
 
-Figures: the time of ``partiallrp + transatt + attnlrp`` (one shared capture pass for ∇A plus one LRP pass per
-batch and rule set: ``"chefer"`` for partiallrp and transatt, ``"attnlrp"`` for attnlrp) divided by the time of
-one plain forward + backward over the same batches (gradient of the target logits w.r.t. the embeddings, eager
-attention), one LRP pass alone of each rule set, and attention flow's seconds per sentence.
+Figures: the time of ``partiallrp + transatt + attnlrp`` (one shared capture pass for ∇A plus, per batch, one
+LRP forward in the chefer layout with a backward for each rule set: ``"chefer"`` for partiallrp and transatt,
+``"attnlrp"`` for attnlrp, ``lrp_passes``) divided by the time of one plain forward + backward over the same
+batches (gradient of the target logits w.r.t. the embeddings, eager attention), one LRP pass alone of each rule
+set and the joint one, and attention flow's seconds per sentence.
 
 Run: ``OMP_WAIT_POLICY=PASSIVE python bench/lrp_flow_speed.py [model_dir] [--n N] [--batch-size 32]``
 (default: ``../shared/models/minilm-sst2`` on the SST-2 dev set).
@@ -33,7 +34,7 @@ import torch
 from common import MODEL, SHARED, SST2_DEV, batch_inputs, engine_batches, plain_forward_backward, read_texts, timed
 
 from attnlens import Explainer
-from attnlens.lrp import lrp_pass
+from attnlens.lrp import lrp_pass, lrp_passes
 from attnlens.methods import flow as flow_method
 from attnlens.methods import get_method
 
@@ -52,7 +53,8 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
     specs = [get_method(m) for m in LRP_METHODS]
     opts = {s.name: s.check_options({}) for s in specs}
     flow_spec, raw_spec = get_method("flow"), get_method("rawatt")
-    totals = dict.fromkeys(("plain", "lrp_pass", "lrp_pass_chefer", "lrp_methods", "flow", "forward_only"), 0.0)
+    totals = dict.fromkeys(("plain", "lrp_pass", "lrp_pass_chefer", "lrp_passes", "lrp_methods", "flow",
+                            "forward_only"), 0.0)
     n_flow = 0
     for i, batch in enumerate([batches[0]] + batches):  # the first run is a warm-up
         inputs = batch_inputs(ex, batch)
@@ -61,7 +63,8 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
         t = {
             "plain": plain_forward_backward(model, inputs),
             "lrp_pass": timed(lrp_pass, model, inputs, targets),
-            "lrp_pass_chefer": timed(lrp_pass, model, inputs, targets, rules="chefer"),
+            "lrp_pass_chefer": timed(lrp_pass, model, inputs, targets, rules="chefer", inputs_relevance=False),
+            "lrp_passes": timed(lrp_passes, model, inputs, targets),
             "lrp_methods": timed(ex.compute_batch, batch, [-1] * len(batch), specs, opts),
         }
         if n_flow < flow_texts:
@@ -82,6 +85,7 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
         "lrp_pass_s": totals["lrp_pass"],
         "lrp_pass_ratio": totals["lrp_pass"] / totals["plain"],
         "lrp_pass_chefer_ratio": totals["lrp_pass_chefer"] / totals["plain"],
+        "lrp_passes_joint_ratio": totals["lrp_passes"] / totals["plain"],
         "lrp_methods_s": totals["lrp_methods"],
         "lrp_methods_ratio": totals["lrp_methods"] / totals["plain"],
         # flow's own cost: the engine call with flow minus the same call with an attention-only method

@@ -115,8 +115,11 @@ def test_from_pretrained_without_cuda_fails_before_loading(model_dir, monkeypatc
 # ------------------------------------------------------------------ numerics
 # Tolerance of a half-precision explanation, per method and input: max |s16 - s32| <= TOL * max |s32|. Measured on
 # the tiny models here (bert, gpt2, bart; every method): bfloat16 (8-bit mantissa) differs by at most 0.12 of the
-# scale (partial LRP; 0.07 for the others), float16 (11-bit mantissa) by at most 0.02.
+# scale (ALTI on BERT; 0.07 for most others), float16 (11-bit mantissa) by at most 0.02. Partial LRP in bfloat16
+# (the z+ rule divides by sums of a few 3-digit terms) by 0.16 on BERT: 0.12 while the LRP pass's LayerNorm and
+# softmax returned x * (y / x), which rounds the model's own bfloat16 values; now it returns them exactly.
 TOL = {torch.bfloat16: 0.15, torch.float16: 0.03}
+HALF_LRP_TOL = {torch.bfloat16: 0.2, torch.float16: 0.03}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -133,7 +136,8 @@ def test_half_precision_explanations_are_close_to_float32(family, dtype, tokeniz
         for m in a.scores:
             assert b.scores[m].dtype == np.float64
             scale = np.abs(a.scores[m]).max()
-            assert np.abs(a.scores[m] - b.scores[m]).max() <= TOL[dtype] * scale, (family, m)
+            tol = (HALF_LRP_TOL if m == "partiallrp" else TOL)[dtype]
+            assert np.abs(a.scores[m] - b.scores[m]).max() <= tol * scale, (family, m)
             assert (b.scores[m][~np.asarray(b.special)] != 0).any(), (family, m)  # not a zeroed-out result
 
 

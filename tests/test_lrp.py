@@ -484,23 +484,36 @@ def test_transatt_start_layer_last_is_one_layer_formula():
     assert len(transatt_rollout(g, r, start_layer=0)) == 3
 
 
-def test_shared_pass_runs_once_per_batch(tokenizer, monkeypatch):
-    from attnlens.methods import lrp_methods
+def test_shared_pass_runs_once_per_batch(tokenizer):
+    # forwards of the model per batch: the capture pass, then one LRP forward per rule set, except that the
+    # chefer and attnlrp rule sets (partiallrp/transatt's and attnlrp's defaults) share one
+    model = make_model("bert")
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    ex = Explainer(model, tokenizer)
 
-    calls = []
-    real = lrp_methods.lrp_pass
+    def run(methods, **options):
+        forwards.clear()
+        out = ex.explain(TEXTS, methods=methods, batch_size=2, options=options)
+        return len(forwards), out
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(lrp_methods, "lrp_pass", counting)
-    ex = Explainer(make_model("bert"), tokenizer)
-    ex.explain(TEXTS, methods=["partiallrp", "transatt"], batch_size=2)
-    assert len(calls) == 2  # two batches, one pass each
-    calls.clear()
-    ex.explain(TEXTS, methods=["partiallrp", "transatt", "attnlrp"], batch_size=2)
-    assert len(calls) == 4  # two batches, one pass per rule set ("chefer" and attnlrp's own)
+    n, pair = run(["partiallrp", "transatt"])
+    assert n == 4  # two batches: capture + one chefer pass each
+    n, alone = run(["attnlrp"])
+    assert n == 4
+    n, trio = run(["partiallrp", "transatt", "attnlrp"])
+    assert n == 4  # capture + one forward serving both rule sets
+    for a, b, c in zip(pair, alone, trio):
+        for m in ("partiallrp", "transatt"):
+            np.testing.assert_allclose(c.scores[m], a.scores[m], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(c.scores["attnlrp"], b.scores["attnlrp"], rtol=1e-5, atol=1e-7)
+    n, eps = run(["partiallrp", "transatt", "attnlrp"], attnlrp={"epsilon": 0.1})
+    assert n == 6  # another epsilon: its own pass
+    n, _ = run(["partiallrp", "attnlrp"], partiallrp={"rules": "attnlrp"})
+    assert n == 4  # both read the one attnlrp pass
+    for a, b in zip(trio, eps):
+        np.testing.assert_allclose(b.scores["transatt"], a.scores["transatt"], rtol=1e-5, atol=1e-7)
+        assert not np.allclose(b.scores["attnlrp"], a.scores["attnlrp"])
 
 
 @pytest.mark.slow

@@ -13,13 +13,13 @@ import sys
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import make_model, randomise_biases_and_norms
 from test_lrp import _assert_unchanged, _snapshot, assert_padding_zero_and_batch_invariant, padded_batch
 from torch import nn
 
 from attnlens.errors import InputError
 from attnlens.heads import Head
-from attnlens.lrp import lrp_pass, supports
+from attnlens.lrp import lrp_pass, lrp_passes, supports
 
 ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
          "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon", "phi3", "mixtral"]
@@ -1167,3 +1167,50 @@ def test_falcon_layouts(layout, rule_set):
         torch.testing.assert_close(total + res.softmax_absorbed, res.target)
     assert (res.position_relevance.abs().max() > 1e-6) == (layout == "alibi" and rule_set != "cp")
     assert_padding_zero_and_batch_invariant(model, rule_set, rtol=1e-8, atol=1e-9, position=True)
+
+
+# ---------------------------------------------------------------- one forward, two rule sets
+def _assert_same(joint, alone, inputs: bool):
+    for a, b in zip(joint.attention_relevance, alone.attention_relevance, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(joint.position_relevance, alone.position_relevance, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(joint.target, alone.target)
+    if inputs:
+        torch.testing.assert_close(joint.input_relevance, alone.input_relevance, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(joint.word_relevance, alone.word_relevance, rtol=1e-9, atol=1e-12)
+    else:
+        assert joint.input_relevance is None and joint.word_relevance is None
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "albert", "electra", "ernie", *ARCHS])
+def test_one_forward_serves_the_chefer_and_attnlrp_rule_sets(family):
+    """lrp_passes: the chefer-layout forward whose rules switch to AttnLRP's for the second backward gives
+    both rule sets' own passes (float64, random biases and norm scales, padding)."""
+    model = randomise_biases_and_norms(strong(family).double())
+    ids = torch.tensor([[2, 7, 9, 11, 13, 3], [2, 8, 10, 3, 0, 0]])
+    inputs = {"input_ids": ids, "attention_mask": (ids != 0).long()}
+    chefer, attnlrp = lrp_passes(model, inputs, [0, 2])
+    _assert_same(chefer, lrp_pass(model, inputs, [0, 2], rules="chefer", inputs_relevance=False), False)
+    _assert_same(attnlrp, lrp_pass(model, inputs, [0, 2], rules="attnlrp"), True)
+    assert attnlrp.input_relevance.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "falcon", "mixtral"])
+def test_one_forward_serves_both_rule_sets_for_every_prefix(family):
+    """The same through a generation's one pass over the sequence, each row a prefix (batched products)."""
+    import transformers
+
+    from attnlens.heads import LMHead
+
+    cls = strong(family)
+    lm_class = "GPT2LMHeadModel" if family == "gpt2" else type(cls).__name__.replace("SequenceClassification",
+                                                                                      "CausalLM")
+    lm = randomise_biases_and_norms(getattr(transformers, lm_class)(cls.config).double())
+    ids = torch.randint(5, 60, (1, 7), generator=torch.Generator().manual_seed(2))
+    rows = torch.tril(torch.ones(7, 7, dtype=torch.long))[3:]  # the prefixes of 4 ... 7 tokens
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    targets = torch.tensor([11, 9, 40, 12])
+    chefer, attnlrp = lrp_passes(lm, inputs, targets, head=LMHead(64), rows=rows)
+    _assert_same(chefer, lrp_pass(lm, inputs, targets, head=LMHead(64), rules="chefer", rows=rows,
+                                  inputs_relevance=False), False)
+    _assert_same(attnlrp, lrp_pass(lm, inputs, targets, head=LMHead(64), rules="attnlrp", rows=rows), True)

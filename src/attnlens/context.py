@@ -99,6 +99,8 @@ class BatchContext:
         progress: called by long-running methods with the passes over the whole batch done since the last call
             (fractions allowed), so progress moves inside a batch; ``None``: nobody listens.
         meta: per-method, per-input figures the methods reported (:attr:`MethodOutput.meta`), filled by the engine.
+        plan: the batch's methods and their options (defaults merged), set by the engine before any runs: a
+            method whose pass could serve another's too reads what the others will ask for (the LRP passes).
         sequence: inputs (a batch of one) of the causal sequence that every row is a prefix of, when the rows
             are the steps of one generation of a decoder-only model; ``None`` otherwise. Row ``b`` is then the
             sequence's first ``token_mask[b].sum()`` tokens, and causal masking makes one forward over the
@@ -122,4 +124,5 @@ class BatchContext:
     memory_budget: int = DEFAULT_BUDGET
     progress: Callable[[float], None] | None = None
     meta: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    plan: dict[str, dict[str, Any]] = field(default_factory=dict)
     sequence: dict[str, torch.Tensor] | None = None

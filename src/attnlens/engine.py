@@ -157,6 +157,7 @@ def compute_batch(
     head = ex.head
     ctx = ctx or batch_context(ex, batch, target_kind)
     ctx.memory_budget = memory_budget
+    ctx.plan = {s.name: {**s.options, **method_options.get(s.name, {})} for s in specs}
     capture_only = [s for s in specs if OWN_PASS not in s.needs]
     wanted, unresolved = head.pending(targets, ctx.token_mask.device)
     if gradients and bool(unresolved.any()) and not bool(unresolved.all()):

@@ -51,11 +51,12 @@ def last_token_rows(logits: torch.Tensor, token_mask: torch.Tensor) -> tuple[tor
     return logits[0, last][:, None], torch.ones(len(last), 1, dtype=token_mask.dtype, device=token_mask.device)
 
 
-def row_gradients(values: torch.Tensor, wrt: Sequence[torch.Tensor],
-                  scale: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
+def row_gradients(values: torch.Tensor, wrt: Sequence[torch.Tensor], scale: torch.Tensor | None = None,
+                  retain_graph: bool = False) -> tuple[torch.Tensor | None, ...]:
     """Row ``b``'s gradient of ``scale[b] * values[b]`` alone w.r.t. each of ``wrt`` (tensors of the one
     forward, a batch of one), ``(B, ...)`` each (``None`` where unused): one vector-Jacobian product per row,
-    batched (``is_grads_batched``)."""
+    batched (``is_grads_batched``). ``retain_graph``: another backward through the forward follows."""
     seeds = torch.diag(torch.ones_like(values) if scale is None else scale)
-    grads = torch.autograd.grad(values, list(wrt), grad_outputs=seeds, is_grads_batched=True, allow_unused=True)
+    grads = torch.autograd.grad(values, list(wrt), grad_outputs=seeds, is_grads_batched=True, allow_unused=True,
+                                retain_graph=retain_graph)
     return tuple(None if g is None else g[:, 0] for g in grads)

@@ -40,9 +40,10 @@ def deberta_pooler(pooler: nn.Module, state: PassState, hidden_states: torch.Ten
 
 def rms_norm(norm: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor:
     """Llama-family RMSNorm: constant root mean square (:func:`rules.rms_norm`); under the chefer rule sets the
-    module passes relevance through unchanged, as their LayerNorm does."""
+    module passes relevance through unchanged, as their LayerNorm does (the same values: :func:`rules.rms_norm`
+    computes the stock module's, and keeps a float64 input float64)."""
     if state.rules in CHEFER:
-        return rules.pass_through(partial(type(norm).forward, norm), x)
+        return rules.pass_through(partial(rules.rms_norm, norm), x, rules.rms_norm_backward(norm), state)
     return rules.rms_norm(norm, x)
 
 
@@ -68,12 +69,12 @@ def sparse_moe(block: nn.Module, state: PassState, hidden_states: torch.Tensor) 
     batch, n, dim = hidden_states.shape
     x = hidden_states.reshape(-1, dim)
     router, experts = block.gate, block.experts
-    logits = rules.weighted_sum(state.rules, x, router.weight, state.epsilon)
+    logits = rules.weighted_sum(state.rules, x, router.weight, state.epsilon, state)
     with torch.no_grad():  # the selection itself (which experts) is discrete
         top = torch.topk(logits.float().softmax(-1), router.top_k, dim=-1).indices
     selected = logits.gather(-1, top).float().view(batch, n, -1)
     if state.rules in CHEFER:
-        weights = rules.pass_through(partial(torch.softmax, dim=-1), selected)
+        weights = rules.pass_through(partial(torch.softmax, dim=-1), selected, rules.softmax_backward, state)
     else:
         weights = selected.softmax(-1)
         if state.track_softmax and state.rules != "cp":  # the relevance this softmax absorbs
@@ -84,9 +85,10 @@ def sparse_moe(block: nn.Module, state: PassState, hidden_states: torch.Tensor) 
         token, slot = torch.where(top == e)
         if token.numel() == 0:
             continue
-        gate, up = rules.weighted_sum(state.rules, x[token], experts.gate_up_proj[e], state.epsilon).chunk(2, -1)
+        gate, up = rules.weighted_sum(state.rules, x[token], experts.gate_up_proj[e], state.epsilon,
+                                      state).chunk(2, -1)
         y = rules.weighted_sum(state.rules, rules.gated(experts.act_fn(gate), up, state.rules == "cp"),
-                               experts.down_proj[e], state.epsilon)
+                               experts.down_proj[e], state.epsilon, state)
         y = rules.gated(weights[token, slot, None], y, state.rules == "cp")
         out = out.index_add(0, token, y.to(out.dtype))
     return out.reshape(batch, n, dim)
@@ -118,14 +120,14 @@ def prenorm_block(spec: PreNorm, block: nn.Module, state: PassState, *args: Any,
     if spec.is_parallel(block):  # x + attn(norm1(x)) + mlp(norm2(x)): one sum, the two branches one operand
         mlp = getattr(block, spec.mlp)(getattr(block, spec.norm2)(x))
         both = branch + (mlp[0] if isinstance(mlp, tuple) else mlp)
-        out = rules.normalized_residual(x + both, both)
+        out = rules.normalized_residual(x + both, both, state)
     else:
-        h = rules.normalized_residual(x + branch, branch)
+        h = rules.normalized_residual(x + branch, branch, state)
         branch = getattr(block, spec.mlp)(getattr(block, spec.norm2)(h))
         branch = branch[0] if isinstance(branch, tuple) else branch
         if spec.post2:
             branch = getattr(block, spec.post2)(branch)
-        out = rules.normalized_residual(h + branch, branch)
+        out = rules.normalized_residual(h + branch, branch, state)
     return (out, attn_out[1] if isinstance(attn_out, tuple) else None) if spec.weights else out
 
 
@@ -178,7 +180,7 @@ def own_attention(attn: nn.Module, state: PassState, query: torch.Tensor, key: t
 def _residual_add(state: PassState, skip: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
     """``skip + branch``, under ``rules="chefer"`` with the normalised residual rule (layers that add their own
     residuals: OPT, BLOOM; ``LRPSupport.own_sums``)."""
-    return rules.normalized_residual(skip + branch, branch) if state.rules == "chefer" else skip + branch
+    return rules.normalized_residual(skip + branch, branch, state) if state.rules == "chefer" else skip + branch
 
 
 def activation(module: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor:
@@ -291,7 +293,7 @@ def deberta_conv(layer: nn.Module, state: PassState, hidden_states: torch.Tensor
     out = rules.identity_rule(ACT2FN[layer.conv_act], layer.dropout(out))
     total = residual_states + out
     if state.rules == "chefer":
-        total = rules.normalized_residual(total, out)
+        total = rules.normalized_residual(total, out, state)
     output = layer.LayerNorm(total)
     if input_mask.dim() != total.dim():
         if input_mask.dim() == 4:

@@ -54,6 +54,9 @@ class PassState:
 
     rules: str = "attnlrp"
     epsilon: float = 0.0
+    # the rule set of the backward now running through a chefer-layout forward (``lrp_passes``): the chefer
+    # rules read it (their ``switch``) and run AttnLRP's rule instead while it is "attnlrp"
+    mode: str | None = None
     track_softmax: bool = False
     probs: list[torch.Tensor] = field(default_factory=list)
     softmax_inputs: list[torch.Tensor] = field(default_factory=list)
@@ -117,7 +120,7 @@ def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple
     """
     cp = state.rules == "cp"
     if state.rules in CHEFER:
-        probs = rules.pass_through(partial(nn.functional.softmax, dim=-1), scores)
+        probs = rules.pass_through(partial(nn.functional.softmax, dim=-1), scores, rules.softmax_backward, state)
     else:
         probs = nn.functional.softmax(scores, dim=-1)
     probs = probs.to(value.dtype)  # a model that computes its scores in float32 (GPT-Neo, GPT-J) casts back
@@ -203,8 +206,9 @@ def _ln_forward(module: nn.LayerNorm, state: PassState, x: torch.Tensor) -> torc
     if branch is not None:  # x = skip + branch: the authors' normalised residual rule, per example
         if branch.shape != x.shape:
             raise ModelError(f"LRP rules='chefer': unexpected residual branch shape {tuple(branch.shape)}")
-        x = rules.normalized_residual(x, branch)
-    return rules.pass_through(partial(nn.LayerNorm.forward, module), x)  # the class forward: unpatched
+        x = rules.normalized_residual(x, branch, state)
+    # the class forward (unpatched); AttnLRP's LayerNorm for a backward in its mode
+    return rules.pass_through(partial(nn.LayerNorm.forward, module), x, rules.layer_norm_backward(module), state)
 
 
 def _support(model: nn.Module) -> LRPSupport:
@@ -291,11 +295,11 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
             elif isinstance(module, nn.LayerNorm):
                 patch(module, partial(_ln_forward, module, state))
             elif isinstance(module, _LINEAR) and state.rules in CHEFER:
-                patch(module, partial(rules.zplus_linear, module, shared=state.rules == "chefer"))
+                patch(module, partial(rules.zplus_linear, module, shared=state.rules == "chefer", switch=state))
             elif isinstance(module, _LINEAR) and state.epsilon > 0:
                 patch(module, partial(rules.linear, module, eps=state.epsilon))
             elif isinstance(module, nn.Conv1d) and state.rules in CHEFER:
-                patch(module, partial(rules.zplus_conv, module, shared=state.rules == "chefer"))
+                patch(module, partial(rules.zplus_conv, module, shared=state.rules == "chefer", switch=state))
             elif isinstance(module, nn.Conv1d) and state.epsilon > 0:
                 patch(module, partial(rules.conv, module, eps=state.epsilon))
             elif isinstance(module, _ACTIVATIONS):

@@ -101,40 +101,98 @@ def lrp_pass(
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
     """
+    (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
+                     inputs_relevance)
+    return result
+
+
+JOINT = ("chefer", "attnlrp")  # the rule sets one forward serves (lrp_passes)
+
+
+def lrp_passes(
+    model: nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    targets: torch.Tensor | Sequence[int] | int,
+    target_kind: str = "logit",
+    *,
+    head: Head | None = None,
+    rows: torch.Tensor | None = None,
+) -> tuple[LRPResult, LRPResult]:
+    """The ``"chefer"`` and ``"attnlrp"`` passes (ε = 0) of :func:`lrp_pass` from one forward: (chefer without
+    the input relevance, as PartialLRP and TransAtt read it; attnlrp with it).
+
+    The forward runs in the chefer layout (normalised residual sums); every chefer rule there also knows its
+    AttnLRP counterpart (``rules``' ``switch``) and runs it during the second backward, so both results equal
+    their own passes' (to rounding) at the cost of one forward less.
+    """
+    chefer, attnlrp = _run(model, inputs, targets, target_kind, head, JOINT, 0.0, False, rows, False)
+    return chefer, attnlrp
+
+
+def _run(
+    model: nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    targets: torch.Tensor | Sequence[int] | int,
+    target_kind: str,
+    head: Head | None,
+    rule_sets: tuple[str, ...],
+    epsilon: float,
+    track_softmax: bool,
+    rows: torch.Tensor | None,
+    inputs_relevance: bool,
+) -> list[LRPResult]:
+    """One forward (in the first rule set's layout) and one backward per rule set; see :func:`lrp_pass`. Only
+    the attnlrp backward of a joint pass reads the input relevance whatever ``inputs_relevance``."""
     if target_kind not in TARGET_KINDS:
         raise InputError(f"unknown target kind {target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
-    check_settings(rules, epsilon)
+    for r in rule_sets:
+        check_settings(r, epsilon)
     if head is None:  # multi-label: a sigmoid per label
         multi_label = getattr(model.config, "problem_type", None) == "multi_label_classification"
         head = MULTI_LABEL if multi_label else CLASSIFICATION
     token_mask = inputs.get("attention_mask")
-    state = PassState(rules=rules, epsilon=float(epsilon), track_softmax=track_softmax)
+    joint = len(rule_sets) > 1
+    state = PassState(rules=rule_sets[0], epsilon=float(epsilon), track_softmax=track_softmax)
+    results = []
     with torch.enable_grad(), lrp_mode(model, state):
         logits = head.logits(state.logits(model(**inputs)))
         if not state.probs:
             raise ModelError("LRP: the model computed no attention through the patched attention function")
         tgt = _class_targets(targets, logits) if head.task == "classification" else targets
         read, read_mask = (logits, token_mask) if rows is None else last_token_rows(logits, rows)
+        for k, rules in enumerate(rule_sets):
+            state.mode = rules if joint else None
+            with_inputs = inputs_relevance or (joint and rules not in CHEFER)
+            results.append(_backward(state, head, read, tgt, target_kind, read_mask, logits, rules, rows,
+                                     with_inputs, retain=k + 1 < len(rule_sets)))
+    return results
+
+
+def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind: str,
+              read_mask: torch.Tensor | None, logits: torch.Tensor, rules: str, rows: torch.Tensor | None,
+              inputs_relevance: bool, retain: bool) -> LRPResult:
+    """The relevances of one rule set from the recorded forward (``retain``: another backward follows)."""
+    track_softmax = state.track_softmax
+    # the gradient each example's relevance starts from (chefer: relevance 1 at the explained logit, so
+    # gradient 1 / logit; otherwise 1 at the explained scalar)
+    if rules in CHEFER:
+        value = head.scalar(read, tgt, "logit", read_mask)
+        start = (1.0 / torch.where(value == 0, torch.ones_like(value), value)).detach()
+    else:
         value = head.scalar(read, tgt, target_kind, read_mask)
-        emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
-        others = [t for pair in state.other_softmaxes for t in pair]
-        leaves = [state.word_embeddings, emb_sum] if inputs_relevance else [None, None]
-        wrt = [*leaves, *state.probs, *state.softmax_inputs, *state.position_inputs, *others]
-        live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
-        # the gradient each example's relevance starts from (chefer: relevance 1 at the explained logit, so
-        # gradient 1 / logit; otherwise 1 at the explained scalar)
-        if rules in CHEFER:
-            value = head.scalar(read, tgt, "logit", read_mask)
-            start = (1.0 / torch.where(value == 0, torch.ones_like(value), value)).detach()
-        else:
-            start = torch.ones_like(value).detach()
-        if rows is None:
-            found = torch.autograd.grad(value, [wrt[i] for i in live], start, allow_unused=True)
-        else:  # one product per row through the sequence's pass, batched
-            found = row_gradients(value, [wrt[i] for i in live], start)
-        grads: list[torch.Tensor | None] = [None] * len(wrt)
-        for i, g in zip(live, found):
-            grads[i] = g
+        start = torch.ones_like(value).detach()
+    emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
+    others = [t for pair in state.other_softmaxes for t in pair]
+    leaves = [state.word_embeddings, emb_sum] if inputs_relevance else [None, None]
+    wrt = [*leaves, *state.probs, *state.softmax_inputs, *state.position_inputs, *others]
+    live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
+    if rows is None:
+        found = torch.autograd.grad(value, [wrt[i] for i in live], start, allow_unused=True, retain_graph=retain)
+    else:  # one product per row through the sequence's pass, batched
+        found = row_gradients(value, [wrt[i] for i in live], start, retain_graph=retain)
+    grads: list[torch.Tensor | None] = [None] * len(wrt)
+    for i, g in zip(live, found):
+        grads[i] = g
     n_layers, n_soft = len(state.probs), len(state.softmax_inputs)
     g_word, g_sum = grads[0], grads[1]
     g_probs = grads[2 : 2 + n_layers]

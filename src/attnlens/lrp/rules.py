@@ -4,11 +4,16 @@ Every rule here keeps the forward value of the operation it replaces and changes
 ``relevance(t) = t * t.grad`` holds at every tensor ``t`` of the graph (Achtibat et al., ICML 2024, Sec. 3.5;
 the same trick LXT calls "efficient" mode). An ordinary ``torch.autograd.grad`` from the explained logit then
 runs the whole relevance pass in one backward.
+
+The chefer rules below take an optional ``switch``: an object whose ``mode`` is read when the backward runs.
+While it is ``"attnlrp"``, each of them runs AttnLRP's rule (ε = 0) for the same operation instead, so that one
+forward in the chefer layout serves both rule sets: a backward per rule set, one forward (``lrp_passes``).
 """
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,24 +69,34 @@ def sum_rule(z: torch.Tensor, eps: float = 0.0, factor: float = 1.0) -> torch.Te
     return z
 
 
+def _attnlrp_mode(switch: Any) -> bool:
+    """Whether a backward now running should apply AttnLRP's rule (see the module docstring)."""
+    return switch is not None and switch.mode == "attnlrp"
+
+
 class _Relay(torch.autograd.Function):
     """``y = fn(x)`` element-wise; backward ``grad * y / x`` (0 where ``x`` is 0 or not finite), so that the
     relevance ``x * grad_x = y * grad_y`` passes through element-wise unchanged.
 
     One autograd node instead of the graph of ``x * stop_grad(fn(x) / x)``: the forward runs ``fn`` alone and
     the ratio is formed only in the backward (the chefer pass has one per LayerNorm, softmax and activation).
+    With ``other`` and a ``switch`` in AttnLRP mode the backward is instead ``other(x, y, grad)``: the backward
+    of the operation as AttnLRP's pass writes it (:func:`softmax_backward`, :func:`layer_norm_backward`, ...).
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, fn) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, fn, other=None, switch: Any = None) -> torch.Tensor:  # type: ignore[override]
         y = fn(x)
         ctx.save_for_backward(x, y)
+        ctx.other, ctx.switch = other, switch
         return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, y = ctx.saved_tensors
-        return grad * (y / x).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0), None
+        if ctx.other is not None and _attnlrp_mode(ctx.switch):
+            return ctx.other(x, y, grad), None, None, None
+        return grad * (y / x).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0), None, None, None
 
 
 def identity_rule(fn, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +105,7 @@ def identity_rule(fn, x: torch.Tensor) -> torch.Tensor:
     Identity rule (AttnLRP Eq. 9): ``R_x = R_y``, i.e. in gradient form the backward multiplies by ``fn(x) / x``
     (``x * grad_x = y * grad_y`` element-wise). Where ``x == 0`` the ratio is 0 (and so is the relevance).
     """
-    return _Relay.apply(x, fn)
+    return _Relay.apply(x, fn, None, None)
 
 
 def layer_norm(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -108,6 +123,30 @@ def layer_norm(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     if module.bias is not None:
         y = y + module.bias
     return y
+
+
+def softmax_backward(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``y = softmax(x)`` over the last dimension: AttnLRP's softmax rule in gradient form."""
+    return y * (grad - (grad * y).sum(-1, keepdim=True))
+
+
+def layer_norm_backward(module: nn.LayerNorm):
+    """The backward of :func:`layer_norm` (standard deviation constant): ``(g - mean g) / sigma``, ``g = w grad``."""
+    def backward(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        dims = tuple(range(-len(module.normalized_shape), 0))
+        g = grad if module.weight is None else grad * module.weight
+        sigma = (x.var(dim=dims, unbiased=False, keepdim=True) + module.eps).sqrt()
+        return (g - g.mean(dim=dims, keepdim=True)) / sigma
+    return backward
+
+
+def rms_norm_backward(module: nn.Module):
+    """The backward of :func:`rms_norm` (root mean square constant): ``grad * g / rms``."""
+    def backward(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps(module))
+        return grad * rms_gain(module, x) * inv_rms.to(x.dtype)
+    return backward
 
 
 def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -145,11 +184,12 @@ def linear(module: nn.Module, x: torch.Tensor, eps: float) -> torch.Tensor:
     return sum_rule(F.linear(x, linear_weight(module), module.bias), eps)
 
 
-def weighted_sum(rules_name: str, x: torch.Tensor, weight: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+def weighted_sum(rules_name: str, x: torch.Tensor, weight: torch.Tensor, eps: float = 0.0,
+                 switch: Any = None) -> torch.Tensor:
     """``F.linear(x, weight)`` with a weight tensor that is not a Linear module's (Mixtral's expert and router
     weights) under the rule set's Linear rule: z+ for the chefer sets, else epsilon (0: LRP-0)."""
     if rules_name in ("chefer", "chefer-lrp"):
-        return _ZPlusLinear.apply(x, weight, None, rules_name == "chefer")
+        return _ZPlusLinear.apply(x, weight, None, rules_name == "chefer", switch)
     return sum_rule(F.linear(x, weight), eps)
 
 
@@ -170,15 +210,17 @@ class _ZPlusLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
-                shared: bool = True) -> torch.Tensor:
+                shared: bool = True, switch: Any = None) -> torch.Tensor:
         z = F.linear(x, weight, bias)
         ctx.save_for_backward(x, weight, z, bias)
-        ctx.shared = shared
+        ctx.shared, ctx.switch = shared, switch
         return z
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, weight, z, bias = ctx.saved_tensors
+        if _attnlrp_mode(ctx.switch):  # LRP-0: the gradient
+            return grad @ weight, None, None, None, None
         rel = z * grad  # relevance R_z arriving at the output
         if ctx.shared:
             # 2 (W+ x+ + W- x-) = |W| |x| + W x: one matmul instead of two; with s = R / (|W| |x| + W x) the
@@ -193,13 +235,13 @@ class _ZPlusLinear(torch.autograd.Function):
             s_neg = _safe_divide(rel, F.linear(x.clamp(max=0), w_neg))
             grad_x = torch.where(x > 0, s_pos @ w_pos, s_neg @ w_neg)
         # where x == 0 the rule gives no relevance, and passes none further down (their safe_divide by 0)
-        return grad_x.masked_fill_(x == 0, 0.0), None, None, None
+        return grad_x.masked_fill_(x == 0, 0.0), None, None, None, None
 
 
-def zplus_linear(module: nn.Module, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
+def zplus_linear(module: nn.Module, x: torch.Tensor, shared: bool = True, switch: Any = None) -> torch.Tensor:
     """``nn.Linear`` (or ``Conv1D``) under the authors' z+ rule (``shared=False``: the two denominators of
     ``layers_lrp.py``)."""
-    return _ZPlusLinear.apply(x, linear_weight(module), module.bias, shared)
+    return _ZPlusLinear.apply(x, linear_weight(module), module.bias, shared, switch)
 
 
 class _ZPlusOp(torch.autograd.Function):
@@ -209,17 +251,22 @@ class _ZPlusOp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
-                op, shared: bool = True) -> torch.Tensor:
+                op, shared: bool = True, switch: Any = None) -> torch.Tensor:
         z = op(x, weight)
         if bias is not None:  # channels first: (B, C, ...)
             z = z + bias.view(-1, *([1] * (z.dim() - 2)))
         ctx.save_for_backward(x, weight, z)
-        ctx.op, ctx.shared = op, shared
+        ctx.op, ctx.shared, ctx.switch = op, shared, switch
         return z
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, weight, z = ctx.saved_tensors
+        if _attnlrp_mode(ctx.switch):  # LRP-0: the operation's own vector-Jacobian product
+            with torch.enable_grad():
+                leaf = x.detach().requires_grad_(True)
+                (grad_x,) = torch.autograd.grad(ctx.op(leaf, weight), leaf, grad)
+            return grad_x, None, None, None, None, None
         rel = z * grad  # relevance R_z arriving at the output
         w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
         z_pos, z_neg = ctx.op(x.clamp(min=0), w_pos), ctx.op(x.clamp(max=0), w_neg)
@@ -232,7 +279,7 @@ class _ZPlusOp(torch.autograd.Function):
             (g_pos,) = torch.autograd.grad(ctx.op(leaf, w_pos), leaf, s_pos)
             (g_neg,) = torch.autograd.grad(ctx.op(leaf, w_neg), leaf, s_neg)
         grad_x = torch.where(x > 0, g_pos, g_neg)
-        return grad_x.masked_fill_(x == 0, 0.0), None, None, None, None
+        return grad_x.masked_fill_(x == 0, 0.0), None, None, None, None, None
 
 
 def _conv_op(module: nn.Conv1d):
@@ -242,9 +289,9 @@ def _conv_op(module: nn.Conv1d):
                    groups=module.groups)
 
 
-def zplus_conv(module: nn.Conv1d, x: torch.Tensor, shared: bool = True) -> torch.Tensor:
+def zplus_conv(module: nn.Conv1d, x: torch.Tensor, shared: bool = True, switch: Any = None) -> torch.Tensor:
     """``nn.Conv1d`` under the authors' z+ rule (as :func:`zplus_linear`)."""
-    return _ZPlusOp.apply(x, module.weight, module.bias, _conv_op(module), shared)
+    return _ZPlusOp.apply(x, module.weight, module.bias, _conv_op(module), shared, switch)
 
 
 def conv(module: nn.Conv1d, x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -252,14 +299,16 @@ def conv(module: nn.Conv1d, x: torch.Tensor, eps: float) -> torch.Tensor:
     return sum_rule(nn.Conv1d.forward(module, x), eps)
 
 
-def pass_through(fn, x: torch.Tensor) -> torch.Tensor:
+def pass_through(fn, x: torch.Tensor, other=None, switch: Any = None) -> torch.Tensor:
     """``fn(x)`` for any shape-preserving function, with the identity rule ``R_x = R_y`` element-wise.
 
     The authors' rule for LayerNorm and softmax (``RelProp.relprop`` returns R unchanged). Where ``x == 0`` or is
     not finite the output keeps its value ``fn(x)`` (a LayerNorm maps 0 to beta, not 0) but passes no relevance:
     ``x * grad`` is 0 there, and the authors' next ``safe_divide`` by that 0 drops it too.
+    ``other(x, y, grad)``: the backward of the operation as AttnLRP writes it, run while ``switch`` is in AttnLRP
+    mode.
     """
-    return _Relay.apply(x, fn)
+    return _Relay.apply(x, fn, other, switch)
 
 
 class _NormalizedAdd(torch.autograd.Function):
@@ -271,12 +320,16 @@ class _NormalizedAdd(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor, value: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor, value: torch.Tensor,  # type: ignore[override]
+                switch: Any = None) -> torch.Tensor:
         ctx.save_for_backward(a, b)
+        ctx.switch = switch
         return value.clone()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        if _attnlrp_mode(ctx.switch):  # a plain sum
+            return grad, grad, None, None
         a, b = ctx.saved_tensors
         dims = tuple(range(1, grad.dim()))
         shape = (-1,) + (1,) * (grad.dim() - 1)
@@ -285,9 +338,9 @@ class _NormalizedAdd(torch.autograd.Function):
         norm = ra.abs() + rb.abs()
         fa = _safe_divide(_safe_divide(ra.abs(), norm) * total, ra)
         fb = _safe_divide(_safe_divide(rb.abs(), norm) * total, rb)
-        return grad * fa.view(shape), grad * fb.view(shape), None
+        return grad * fa.view(shape), grad * fb.view(shape), None, None
 
 
-def normalized_residual(total: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+def normalized_residual(total: torch.Tensor, branch: torch.Tensor, switch: Any = None) -> torch.Tensor:
     """Re-express ``total = skip + branch`` (already computed) as a normalised residual sum; same value."""
-    return _NormalizedAdd.apply(total - branch, branch, total.detach())
+    return _NormalizedAdd.apply(total - branch, branch, total.detach(), switch)

@@ -9,6 +9,7 @@ of layer l (:func:`attnlens.lrp.lrp_pass`), computed once per batch and rule set
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -16,10 +17,10 @@ import torch
 
 from ..context import BatchContext
 from ..errors import InputError
-from ..lrp import LRPResult, lrp_pass
-from ..lrp.relevance import check_settings
+from ..lrp import LRPResult, lrp_pass, lrp_passes
+from ..lrp.relevance import JOINT, check_settings
 from .attention import propagate
-from .registry import ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, register
+from .registry import ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, list_methods, register
 
 ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP / CP-LRP
 
@@ -27,18 +28,33 @@ ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP 
 def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     """The batch's LRP pass for these settings, run once and cached in ``ctx.cache["lrp"]``.
 
+    When the batch's methods (``ctx.plan``) ask for both the ``chefer`` and the ``attnlrp`` pass (ε = 0: the
+    defaults of partiallrp/transatt and of attnlrp), one forward serves both (:func:`attnlens.lrp.lrp_passes`).
     Only ``attnlrp`` reads the input relevance, and it takes the AttnLRP and CP rule sets only: a chefer pass
-    (PartialLRP's and TransAtt's) stops at the first layer's attention.
+    stops at the first layer's attention.
     """
     check_settings(rules, epsilon)
     cache = ctx.cache.setdefault("lrp", {})
     key = (rules, float(epsilon))
+    if key in cache:
+        return cache[key]
+    one = ctx.sequence is not None  # a generation's steps: one pass over the sequence serves them all
+    args = (ctx.model, ctx.sequence if one else ctx.inputs, ctx.targets, ctx.target_kind)
+    rows = ctx.token_mask if one else None
+    joint = [(r, 0.0) for r in JOINT]
+    if key in joint and set(joint) <= _planned_passes(ctx):
+        with contextlib.suppress(InputError):  # the chefer rules do not apply: each pass alone says why, or runs
+            cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows)))
     if key not in cache:
-        one = ctx.sequence is not None  # a generation's steps: one pass over the sequence serves them all
-        cache[key] = lrp_pass(ctx.model, ctx.sequence if one else ctx.inputs, ctx.targets, ctx.target_kind,
-                              head=ctx.head, rules=rules, epsilon=epsilon, rows=ctx.token_mask if one else None,
+        cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
                               inputs_relevance=rules in ATTNLRP_RULES)
     return cache[key]
+
+
+def _planned_passes(ctx: BatchContext) -> set[tuple[str, float]]:
+    """The (rule set, epsilon) of every LRP method the batch will run."""
+    lrp = set(list_methods()) - set(list_methods(include_lrp=False))
+    return {(opts.get("rules"), float(opts.get("epsilon", 0.0))) for name, opts in ctx.plan.items() if name in lrp}
 
 
 def _reads_one_row(name: str) -> Callable[[Any, str, str], str | None]:
