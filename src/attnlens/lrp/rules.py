@@ -227,7 +227,7 @@ class _ZPlusLinear(torch.autograd.Function):
             # input's share is x+ (2 W+^T s) + x- (2 W-^T s) = x (sign(x) |W|^T s + W^T s)
             w_abs = weight.abs()
             denom = F.linear(x.abs(), w_abs, None if bias is None else -bias).add_(z)  # z - b + |W| |x|
-            s = rel.div_(denom).masked_fill_(denom == 0, 0.0)
+            s = rel.div_(denom).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # R / 0 (all inputs 0): none
             grad_x = torch.addcmul(s @ weight, s @ w_abs, torch.sign(x))
         else:
             w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
