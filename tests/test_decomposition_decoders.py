@@ -21,7 +21,7 @@ NORM = ["attnnorm", "globenc", "alti", "decompx"]
 # Falcon: Falcon-7B's layout (parallel, one LayerNorm, multi-query), "falcon-40b" (two LayerNorms, 2 key/value groups
 # of 2 queries), "falcon-alibi" (sequential, per-head fused projection, ALiBi, biases)
 FAMILIES = ["gpt2", "gpt_neo", "llama", "qwen2", "qwen3", "gemma", "gemma2", "gpt_neox", "gpt_neox-seq", "gptj", "phi",
-            "opt", "bloom", "falcon", "falcon-40b", "falcon-alibi"]
+            "phi3", "opt", "bloom", "falcon", "falcon-40b", "falcon-alibi"]
 FALCON = {"falcon-40b": dict(num_attention_heads=4, new_decoder_architecture=True, num_kv_heads=2, bias=True),
           "falcon-alibi": dict(num_attention_heads=2, alibi=True, parallel_attn=False, multi_query=False, bias=True)}
 TASKS = ["classification", "causal-lm"]
@@ -124,7 +124,7 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
         return dict(ln1=ln1, ln2=ln2, wv=wv, bv=bv if torch.is_tensor(bv) else torch.zeros(wv.shape[1]), wo=wo,
                     bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out, act=act, w_gate=None,
                     parallel=kind in ("gptj", "phi"))
-    b = base.layers[l]  # the Llama family (Mixtral, Phi-3: their FFN is not read)
+    b = base.layers[l]  # the Llama family (Mixtral: its FFN is not read)
     a, m = b.self_attn, b.mlp
     if kind == "gemma2":  # a norm before and after each branch ("post_attention_layernorm" is after attention)
         return dict(ln1=b.input_layernorm, ln2=b.pre_feedforward_layernorm, post_attn=b.post_attention_layernorm,
@@ -132,11 +132,13 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
                     bv=torch.zeros(a.v_proj.weight.shape[0]), wo=a.o_proj.weight.T,
                     bo=torch.zeros(a.o_proj.weight.shape[0]), w_in=m.up_proj.weight.T, b_in=0.0,
                     w_out=m.down_proj.weight.T, b_out=0.0, act=m.act_fn, w_gate=m.gate_proj.weight.T, parallel=False)
-    if kind == "phi3":  # query, key, value fused: the values last, num_key_value_heads wide
+    if kind == "phi3":  # query, key, value fused: the values last, num_key_value_heads wide; gate/up fused too
         w = a.qkv_proj.weight.T
         width = model.config.num_key_value_heads * a.head_dim
+        gate, up = m.gate_up_proj.weight.T.chunk(2, dim=1)  # the gate's half first
         return dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, wv=w[:, -width:], bv=torch.zeros(width),
-                    wo=a.o_proj.weight.T, bo=torch.zeros(a.o_proj.weight.shape[0]), parallel=False)
+                    wo=a.o_proj.weight.T, bo=torch.zeros(a.o_proj.weight.shape[0]), w_in=up, b_in=0.0,
+                    w_out=m.down_proj.weight.T, b_out=0.0, act=m.activation_fn, w_gate=gate, parallel=False)
     zero = torch.zeros(a.v_proj.weight.shape[0])
     ffn = {} if kind == "mixtral" else dict(w_in=m.up_proj.weight.T, b_in=0.0, w_out=m.down_proj.weight.T, b_out=0.0,
                                             act=m.act_fn, w_gate=m.gate_proj.weight.T)
@@ -341,11 +343,10 @@ def _assert_norm_methods_match(ex: Explainer, ref: Reference) -> None:
 
 
 @pytest.mark.parametrize("task", TASKS)
-@pytest.mark.parametrize("family", ["mixtral", "phi3"])
+@pytest.mark.parametrize("family", ["mixtral"])
 def test_whole_ffn_norm_methods_match_the_loop_and_decompx_is_refused(family, task, tokenizer):
-    """Mixtral's feed-forward (a routed mixture of experts) and Phi-3's (fused gate/up projection; its query, key
-    and value fused too, keys and values narrower) are read as one module: the token-mixing readings need only
-    its output (the layer check runs it); DecompX, which linearises it, says why not."""
+    """Mixtral's feed-forward (a routed mixture of experts) is read as one module: the token-mixing readings need
+    only its output (the layer check runs it); DecompX, which linearises it, says why not."""
     model = randomised(family, task)
     ex = Explainer(model, tokenizer)
     ctx, _ = ex.compute_batch(ex.encode([TEXTS[0]]), [-1], [], {})
@@ -390,7 +391,7 @@ def test_batch_and_padding_invariance(family, task, tokenizer):
 
 
 @pytest.mark.parametrize("batch_size", [16, 3])  # one batch of steps; two, each over its own sequence
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "gemma2", "falcon"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "gemma2", "falcon", "phi3"])
 def test_each_generation_step_equals_its_prefix(family, batch_size, tokenizer):
     ex = Explainer(randomised(family, "causal-lm"), tokenizer)
     g = ex.explain_generation("the movie was really", target=" good but the plot was boring", methods=NORM,

@@ -109,7 +109,8 @@ class Anatomy:
     branches, ``x + Attn(LN1(x)) + FFN(LN2(x))`` (GPT-J, GPT-NeoX, Phi; ``ln2`` may name ``ln1``'s module).
 
     ``output`` ... ``ln2`` are relative to one layer (``act`` is the FFN's activation, a module or function
-    attribute; ``gate``: a gated FFN ``ffn_out(act(gate(y)) ⊙ ffn_in(y))``, Llama's). ``head`` lists the
+    attribute; ``gate``: a gated FFN ``ffn_out(act(gate(y)) ⊙ ffn_in(y))``, Llama's; ``gate_up``: such an FFN
+    whose gate and ``ffn_in`` are one fused projection, the gate's rows first, Phi-3's). ``head`` lists the
     classification head's ``(linear, activation)`` steps from the pooled state to the logits, the activation a
     path from the model root, a name in ``HEAD_ACTIVATIONS`` (for heads that apply it inline) or ``None``; a
     language model's head is its output embeddings.
@@ -126,9 +127,10 @@ class Anatomy:
     gate: str | None = None
     final_norm: str | None = None
     parallel: bool = False
-    # the whole FFN as one module (Mixtral's routed experts, Phi-3's fused gate/up projection; ffn_in, act, ffn_out
-    # None): attnnorm, GlobEnc and ALTI need only its output, DecompX is refused
+    # the whole FFN as one module (Mixtral's routed experts; ffn_in, act, ffn_out None): attnnorm, GlobEnc and ALTI
+    # need only its output, DecompX is refused
     ffn: str | None = None
+    gate_up: str | None = None
     # pre-LN "sandwich" norms on each branch's output before its residual sum (Gemma 2: x + N(Attn(LN1(x))))
     post_attn_norm: str | None = None
     post_ffn_norm: str | None = None
@@ -333,6 +335,7 @@ def _bloom_anatomy(config: Any) -> Anatomy | None:
 
 # Llama's layers with the FFN read as one module: Mixtral's routed mixture of experts, Phi-3's fused gate/up
 _LLAMA_WHOLE_FFN = replace(_LLAMA_ANATOMY, ffn="mlp", ffn_in=None, gate=None, act=None, ffn_out=None)
+_PHI3_ANATOMY = replace(_LLAMA_ANATOMY, ffn_in=None, gate=None, gate_up="mlp.gate_up_proj", act="mlp.activation_fn")
 
 # Gemma 2: Llama's names, a norm before and after each branch (its "post_attention_layernorm" is the latter)
 _GEMMA2_ANATOMY = replace(_LLAMA_ANATOMY, ln2="pre_feedforward_layernorm", post_attn_norm="post_attention_layernorm",
@@ -530,7 +533,7 @@ _ENTRIES: list[Architecture] = [
                                 embedding_input=None),
                  tiny=_tiny("Phi3", **_ENC, max_position_embeddings=64, num_key_value_heads=1,
                                              initializer_range=STD),
-                 layers=Layers("layers", "self_attn.qkv_proj", fused=3), anatomy=_LLAMA_WHOLE_FFN),
+                 layers=Layers("layers", "self_attn.qkv_proj", fused=3), anatomy=_PHI3_ANATOMY),
     Architecture("opt", DECODER,
                  lrp=LRPSupport("OPT", forwards=(("OPTDecoderLayer", "opt_layer"),), own_sums=True,
                                 embedding_input="decoder.layers.0"),  # positions are added inline before it
@@ -583,9 +586,12 @@ def register_architecture(arch: Architecture) -> None:
         raise ModelError(f"{arch.model_type}: an anatomy needs the entry's layers (where the value projections are)")
     if isinstance(arch.anatomy, Anatomy) and arch.layers.fused != 1 and not arch.anatomy.pre_ln:
         raise ModelError(f"{arch.model_type}: a post-LN anatomy needs an unfused value projection")
-    if isinstance(arch.anatomy, Anatomy) and (arch.anatomy.ffn is None) == (arch.anatomy.ffn_in is None):
+    if isinstance(arch.anatomy, Anatomy) and (arch.anatomy.ffn is None) == (
+            arch.anatomy.ffn_in is None and arch.anatomy.gate_up is None):
         raise ModelError(f"{arch.model_type}: an anatomy names its FFN either as one module (ffn) or by its pieces "
                          "(ffn_in, act, ffn_out)")
+    if isinstance(arch.anatomy, Anatomy) and arch.anatomy.gate_up and (arch.anatomy.gate or arch.anatomy.ffn_in):
+        raise ModelError(f"{arch.model_type}: a fused gate/up projection (gate_up) replaces gate and ffn_in")
     if isinstance(arch.anatomy, Anatomy) and not arch.anatomy.pre_ln and (
             arch.anatomy.post_attn_norm or arch.anatomy.post_ffn_norm):
         raise ModelError(f"{arch.model_type}: norms after the branches are read in pre-LN anatomies only")

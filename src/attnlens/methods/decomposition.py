@@ -73,8 +73,8 @@ def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str 
                     "none")
         if head and anatomy.ffn is not None:
             return (f"{name} linearises each feed-forward network through its pieces; the architecture entry of "
-                    f"model type {model_type!r} reads it as one module (a routed mixture of experts, or fused "
-                    "projections), which it does not decompose")
+                    f"model type {model_type!r} reads it as one module (a routed mixture of experts), which it "
+                    "does not decompose")
         if architecture_for(config).family == "encoder-decoder":
             if head:
                 return (f"{name} decomposes the logits through the layers that make them; an encoder-decoder's "
@@ -140,10 +140,27 @@ _PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate", "
 
 
 def _parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[str, nn.Module]:
-    """One layer's pieces by their :class:`Anatomy` names (the value projection: the entry's :class:`Layers`)."""
+    """One layer's pieces by their :class:`Anatomy` names (the value projection: the entry's :class:`Layers`; a
+    fused gate/up projection as its two halves, ``gate`` and ``ffn_in``)."""
     value = architecture_for(model.config).layers.value
     paths = {k: value if k == "value" else getattr(anatomy, k) for k in _PARTS}
-    return {k: _attr(block, path) for k, path in paths.items() if path is not None}
+    mods = {k: _attr(block, path) for k, path in paths.items() if path is not None}
+    if anatomy.gate_up is not None:
+        mods["gate"], mods["ffn_in"] = _halves(_attr(block, anatomy.gate_up))
+    return mods
+
+
+def _halves(fused: nn.Linear) -> tuple[nn.Linear, nn.Linear]:
+    """The first and second half of a fused projection's outputs as two ``nn.Linear`` viewing its weights."""
+    half = fused.out_features // 2
+    out = []
+    for rows in (slice(0, half), slice(half, None)):
+        lin = nn.Linear(fused.in_features, half, bias=fused.bias is not None, device="meta")
+        lin.weight = nn.Parameter(fused.weight.detach()[rows], requires_grad=False)
+        if fused.bias is not None:
+            lin.bias = nn.Parameter(fused.bias.detach()[rows], requires_grad=False)
+        out.append(lin)
+    return out[0], out[1]
 
 
 def _final_norm(model: nn.Module, anatomy: Anatomy) -> nn.Module | None:
