@@ -3,21 +3,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import numpy as np
 import pytest
 import torch
-from conftest import make_model
+import transformers
+from conftest import PAD, V, make_model
 
 from attnlens import Explainer, InputError, get_method
-from attnlens.architectures import architecture_for
+from attnlens.architectures import ARCHITECTURES, architecture_for, register_architecture
 from attnlens.methods.valuezeroing import value_zeroing_matrices
 
 DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "gemma2", "mixtral", "gpt_neox", "gptj", "phi", "phi3", "opt",
-            "falcon")
+            "falcon", "bloom", "falcon-alibi")
 SEQ2SEQ = ("bart", "mbart", "t5")
 TYPES = ["bert", "distilbert", "roberta", "albert", *DECODERS, *SEQ2SEQ]
+
+
+def build(model_type: str):
+    """The tiny model of ``model_type``; "falcon-alibi": Falcon with ALiBi (sequential blocks, a per-head fused
+    projection), whose layers, as BLOOM's, take the ALiBi biases as (batch × heads) rows."""
+    if model_type != "falcon-alibi":
+        return make_model(model_type)
+    torch.manual_seed(0)
+    config = transformers.FalconConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                       alibi=True, parallel_attn=False, multi_query=False, bias=True,
+                                       pad_token_id=PAD, attn_implementation="eager")
+    return transformers.FalconForSequenceClassification(config).eval()
 TEXTS = ["the movie was good", "not very bad , i really didn ' t like this film", "awful !"]
 
 
@@ -52,7 +66,7 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
                 if state["call"] != zero_call:
                     return o
                 o = o.clone()
-                if model.config.model_type == "gpt_neox":  # (heads, q/k/v, head_dim) per position
+                if model.config.model_type in ("gpt_neox", "bloom"):  # (heads, q/k/v, head_dim) per position
                     o.view(*o.shape[:2], model.config.num_attention_heads, 3, -1)[:, zero_token, :, 2] = 0
                     return o
                 cfg = model.config
@@ -91,13 +105,13 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
     if model.config.model_type in SEQ2SEQ:  # the encoder stream is explained by the mean over its rows
         weights[:] = 1 / n
     else:
-        weights[n - 1 if model.config.model_type in DECODERS else 0] = 1
+        weights[0 if architecture_for(model.config).family == "encoder" else n - 1] = 1
     return np.stack([weights @ j for j in joint]), c, weights
 
 
 @pytest.mark.parametrize("model_type", TYPES)
 def test_matches_naive_whole_model_recomputation(model_type, tokenizer):
-    model = make_model(model_type)
+    model = build(model_type)
     ex = Explainer(model, tokenizer)
     tolerance = {"atol": 5e-5, "rtol": 1e-3}  # float32 cosine distances of nearly parallel vectors
     for text in TEXTS[:2]:
@@ -111,10 +125,11 @@ def test_matches_naive_whole_model_recomputation(model_type, tokenizer):
 
 
 @pytest.mark.parametrize("model_type,attention", [("bert", None), ("llama", None), ("gpt2", None), ("falcon", None),
+                                                  ("bloom", None), ("falcon-alibi", None),
                                                   ("bart", "decoder"), ("t5", "decoder"), ("t5", "encoder"),
                                                   ("mbart", "decoder")])
 def test_batch_equals_one_by_one_and_padding_scores_zero(model_type, attention, tokenizer):
-    ex = Explainer(make_model(model_type), tokenizer, attention=attention)
+    ex = Explainer(build(model_type), tokenizer, attention=attention)
     batch = ex.explain(TEXTS, "valuezeroing", batch_size=3)
     for text, b in zip(TEXTS, batch, strict=True):
         (alone,) = ex.explain(text, "valuezeroing")
@@ -158,12 +173,6 @@ def test_types_without_layers_and_cross_streams_are_refused_or_skipped(tokenizer
     with pytest.warns(UserWarning, match="skipping.*valuezeroing"):
         (e,) = ex.explain("the movie", "all", options={"integratedgradients": {"n_steps": 2}})
     assert "valuezeroing" not in e.scores
-    with pytest.raises(InputError, match="valuezeroing reruns one layer.*BLOOM's layers take their ALiBi"):
-        Explainer(make_model("bloom"), tokenizer).explain("the movie", "valuezeroing")
-    falcon = make_model("falcon")
-    falcon.config.alibi = True  # the refusal follows the config
-    with pytest.raises(InputError, match="valuezeroing reruns one layer.*Falcon's layers with ALiBi"):
-        Explainer(falcon, tokenizer).explain("the movie", "valuezeroing")
     bart = Explainer(make_model("bart"), tokenizer, attention="cross")
     with pytest.raises(InputError, match="valuezeroing needs self-attention"):
         bart.explain("the movie", "valuezeroing")
@@ -186,3 +195,21 @@ def test_all_on_long_inputs_says_value_zeroing_dominates(tokenizer, monkeypatch)
         warnings.simplefilter("error")
         ex.explain(long_text, methods=quick)
         ex.explain(TEXTS[0], methods=quick)
+
+
+def test_an_entry_whose_layers_cannot_be_rerun_on_some_rows_is_refused(tokenizer):
+    """``Layers.no_rerun`` (a string, or a function of the config) is quoted in the refusal."""
+    old = ARCHITECTURES["gpt2"]
+
+    def why(config) -> str | None:
+        return "its layers keep state across rows" if config.n_layer == 2 else None
+
+    register_architecture(dataclasses.replace(old, layers=dataclasses.replace(old.layers, no_rerun=why)))
+    try:
+        with pytest.raises(InputError, match="valuezeroing reruns one layer on some of the rows, and its layers keep"):
+            Explainer(make_model("gpt2"), tokenizer).explain("the movie", "valuezeroing")
+        with pytest.warns(UserWarning, match="skipping.*valuezeroing"):
+            Explainer(make_model("gpt2"), tokenizer).explain("the movie", "all",
+                                                             options={"integratedgradients": {"n_steps": 2}})
+    finally:
+        register_architecture(old)

@@ -167,14 +167,17 @@ class Layers:
     within each head's slice (GPT-NeoX's and BLOOM's ``(heads, 3, head_dim)`` layout); the parts after the
     queries may be narrower (Phi-3's grouped-query keys and values); ``grouped``: key/value groups laid out
     ``(groups, queries per group + 2, head_dim)``, each group's value last (Falcon: per head, multi-query and
-    grouped are its cases). ``no_rerun`` says why a layer cannot be rerun on some of the batch's rows, where it
-    cannot (value zeroing is then refused); a function of the config where that depends on it."""
+    grouped are its cases). ``head_rows`` names the layers' keyword arguments laid out as (batch × heads) rows
+    (BLOOM's and Falcon's ALiBi biases): a rerun on some examples takes each one's block of rows. ``no_rerun``
+    says why a layer cannot be rerun on some of the batch's rows, where it cannot (value zeroing is then refused);
+    a function of the config where that depends on it."""
 
     layers: str | dict[str, str] | Callable[[nn.Module], list[nn.Module]]
     value: str
     fused: int = 1
     per_head: bool = False
     grouped: bool = False
+    head_rows: tuple[str, ...] = ()
     # why one layer cannot be rerun on some rows of the batch (value zeroing), or None: it can
     no_rerun: str | Callable[[Any], str | None] | None = None
 
@@ -368,14 +371,6 @@ def _falcon_anatomy(config: Any) -> Anatomy:
                    parallel=parallel)
 
 
-def _falcon_no_rerun(config: Any) -> str | None:
-    """Why value zeroing cannot rerun this Falcon's layers on some rows (with ALiBi), or ``None``."""
-    if getattr(config, "alibi", False):
-        return ("Falcon's layers with ALiBi take its biases as (batch × heads) rows, which a rerun on some of the "
-                "rows cannot cut")
-    return None
-
-
 def _opt_anatomy(config: Any) -> Anatomy | None:
     """OPT's pre-LN layers; OPT-350m (post-LN, its states projected in and out of a narrower width) has none."""
     if not getattr(config, "do_layer_norm_before", True) or config.word_embed_proj_dim != config.hidden_size:
@@ -546,16 +541,13 @@ _ENTRIES: list[Architecture] = [
                                                    ("BloomGelu", "activation")),
                                 own_sums=True, embedding_input=None),  # word embeddings, then their LayerNorm
                  tiny=_tiny("Bloom", hidden_size=16, n_layer=2, n_head=2, initializer_range=STD),
-                 layers=Layers("h", "self_attention.query_key_value", fused=3, per_head=True,
-                               no_rerun="BLOOM's layers take their ALiBi biases as (batch × heads) rows, which a "
-                                        "rerun on some of the rows cannot cut"),
+                 layers=Layers("h", "self_attention.query_key_value", fused=3, per_head=True, head_rows=("alibi",)),
                  anatomy=_bloom_anatomy),
     Architecture("falcon", DECODER,
                  lrp=LRPSupport("Falcon", forwards=(("FalconAttention", "falcon_attention"),
                                                     ("FalconDecoderLayer", "falcon_layer")),
                                 own_sums=True, embedding_input=None),
-                 layers=Layers("h", "self_attention.query_key_value", fused=3, grouped=True,
-                               no_rerun=_falcon_no_rerun),
+                 layers=Layers("h", "self_attention.query_key_value", fused=3, grouped=True, head_rows=("alibi",)),
                  anatomy=_falcon_anatomy,
                  tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
     # encoder-decoders: the head reads the decoder state at the last EOS

@@ -57,11 +57,14 @@ def _module(root: nn.Module, path: str) -> Any:
     return root
 
 
-def _take(value: Any, batch: int, index: torch.Tensor) -> Any:
-    """Rows ``index`` of a layer argument (tensors whose first axis is the batch; tuples and lists element-wise);
-    caches are dropped (the reruns must not extend them). A shared tensor whose first axis merely equals the batch
-    size would be cut wrongly: each type's ``layers`` entry is checked against a naive re-computation on a tiny
-    model before it is added (DeBERTa's relative embeddings are such a tensor; it has no entry)."""
+def _take(value: Any, batch: int, index: torch.Tensor, head_rows: bool = False) -> Any:
+    """Rows ``index`` of a layer argument (tensors whose first axis is the batch; tuples and lists element-wise;
+    ``head_rows``: a tensor of (batch × heads) rows, each example's block of rows); caches are dropped (the reruns
+    must not extend them). A shared tensor whose first axis merely equals the batch size would be cut wrongly:
+    each type's ``layers`` entry is checked against a naive re-computation on a tiny model before it is added
+    (DeBERTa's relative embeddings are such a tensor; it has no entry)."""
+    if head_rows and isinstance(value, torch.Tensor):
+        return value.view(batch, -1, *value.shape[1:]).index_select(0, index).flatten(0, 1)
     if isinstance(value, torch.Tensor):
         return value.index_select(0, index) if value.dim() > 0 and value.shape[0] == batch else value
     if isinstance(value, (tuple, list)):
@@ -141,7 +144,7 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
                 keep[torch.arange(len(index), device=device), zeroed] = 0.0
             with _zeroing(_module(layer, spec.value), keep, spec, heads, head_dim):
                 y = layer(_take(hidden, b, index), *_take(rest, b, index),
-                          **{k: _take(v, b, index) for k, v in kwargs.items()})
+                          **{k: _take(v, b, index, k in spec.head_rows) for k, v in kwargs.items()})
             return (y[0] if isinstance(y, tuple) else y).float()
 
         original = torch.cat([run(i, None) for i in torch.arange(b, device=device).split(per_chunk)])
