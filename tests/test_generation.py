@@ -516,3 +516,11 @@ def test_adaptive_integrated_gradients_stops_at_49_points_by_default(lm):
         (e,) = lm.explain(PROMPT, methods=["integratedgradients"],
                           options={"integratedgradients": {"tolerance": 1e-12}})
     assert e.meta["integratedgradients"]["n_steps"] == 49
+
+
+def test_value_zeroing_steps_on_bloom_equal_their_prefix(tokenizer):
+    """BLOOM's ALiBi rows (batch × heads) cut per example in value zeroing's reruns, over a generation's steps."""
+    ex = Explainer(make_lm("bloom"), tokenizer)
+    g = ex.explain_generation(PROMPT, target=" good but bad", methods=["valuezeroing"])
+    assert np.abs(g.scores["valuezeroing"]).max() > 0
+    _assert_steps_equal_their_prefixes(ex, g, ["valuezeroing"])
