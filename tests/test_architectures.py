@@ -190,8 +190,11 @@ def test_unknown_types_fall_back_by_config_flags_and_bad_entries_are_refused(res
     with pytest.raises(ModelError, match="cannot explain a head with pooling 'mean'"):
         register_architecture(Architecture("x", adapter_for(make_model("bart")), pooling=MEAN))
     layers = Layers("layers", "self_attn.v_proj")
-    with pytest.raises(ModelError, match="either as one module .ffn. or by its pieces"):
+    with pytest.raises(ModelError, match="either as one module .ffn., as a mixture of experts .moe. or by its pieces"):
         register_architecture(Architecture("x", DECODER, layers=layers, anatomy=Anatomy((), pre_ln=True, ffn="mlp")))
+    with pytest.raises(ModelError, match="a fused gate/up projection .gate_up. replaces gate and ffn_in"):
+        register_architecture(Architecture("x", DECODER, layers=layers,
+                                           anatomy=Anatomy((), pre_ln=True, gate_up="mlp.gate_up_proj")))
     with pytest.raises(ModelError, match="a parallel anatomy is a pre-LN one"):
         register_architecture(Architecture("x", DECODER, layers=layers, anatomy=Anatomy((), parallel=True)))
     assert "x" not in ARCHITECTURES

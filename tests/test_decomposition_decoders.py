@@ -5,6 +5,8 @@ invariance, generation steps, and the variants that do not apply (a wrong anatom
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -14,14 +16,14 @@ from test_decomposition import by_source
 from test_generation import _assert_steps_equal_their_prefixes
 
 from attnlens import Explainer, InputError
-from attnlens.architectures import build_tiny
+from attnlens.architectures import ARCHITECTURES, build_tiny, register_architecture
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
 # GPT-J, Phi, GPT-NeoX: parallel attention and FFN branches ("gpt_neox-seq": GPT-NeoX made sequential)
 # Falcon: Falcon-7B's layout (parallel, one LayerNorm, multi-query), "falcon-40b" (two LayerNorms, 2 key/value groups
 # of 2 queries), "falcon-alibi" (sequential, per-head fused projection, ALiBi, biases)
 FAMILIES = ["gpt2", "gpt_neo", "llama", "qwen2", "qwen3", "gemma", "gemma2", "gpt_neox", "gpt_neox-seq", "gptj", "phi",
-            "phi3", "opt", "bloom", "falcon", "falcon-40b", "falcon-alibi"]
+            "phi3", "mixtral", "opt", "bloom", "falcon", "falcon-40b", "falcon-alibi"]
 FALCON = {"falcon-40b": dict(num_attention_heads=4, new_decoder_architecture=True, num_kv_heads=2, bias=True),
           "falcon-alibi": dict(num_attention_heads=2, alibi=True, parallel_attn=False, multi_query=False, bias=True)}
 TASKS = ["classification", "causal-lm"]
@@ -45,7 +47,15 @@ def randomised(family: str, task: str, seed: int = 0) -> torch.nn.Module:
                                            initializer_range=0.3, attn_implementation="eager", **FALCON[family])
         cls = transformers.FalconForCausalLM if task == "causal-lm" else transformers.FalconForSequenceClassification
         return randomise_biases_and_norms(cls(config), seed)
-    if family == "qwen2":
+    if family == "mixtral":  # 3 experts, 2 per token: the routing weights are not all 1
+        torch.manual_seed(seed)
+        config = transformers.MixtralConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                            num_key_value_heads=2, intermediate_size=24, max_position_embeddings=64,
+                                            num_local_experts=3, num_experts_per_tok=2, pad_token_id=PAD,
+                                            initializer_range=0.3, attn_implementation="eager")
+        cls = transformers.MixtralForCausalLM if task == "causal-lm" else transformers.MixtralForSequenceClassification
+        model = cls(config)
+    elif family == "qwen2":
         torch.manual_seed(seed)
         config = transformers.Qwen2Config(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                                           num_key_value_heads=2, intermediate_size=24, max_position_embeddings=64,
@@ -124,7 +134,7 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
         return dict(ln1=ln1, ln2=ln2, wv=wv, bv=bv if torch.is_tensor(bv) else torch.zeros(wv.shape[1]), wo=wo,
                     bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out, act=act, w_gate=None,
                     parallel=kind in ("gptj", "phi"))
-    b = base.layers[l]  # the Llama family (Mixtral: its FFN is not read)
+    b = base.layers[l]  # the Llama family (Mixtral: its experts, each a gated FFN, and router)
     a, m = b.self_attn, b.mlp
     if kind == "gemma2":  # a norm before and after each branch ("post_attention_layernorm" is after attention)
         return dict(ln1=b.input_layernorm, ln2=b.pre_feedforward_layernorm, post_attn=b.post_attention_layernorm,
@@ -140,8 +150,13 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
                     wo=a.o_proj.weight.T, bo=torch.zeros(a.o_proj.weight.shape[0]), w_in=up, b_in=0.0,
                     w_out=m.down_proj.weight.T, b_out=0.0, act=m.activation_fn, w_gate=gate, parallel=False)
     zero = torch.zeros(a.v_proj.weight.shape[0])
-    ffn = {} if kind == "mixtral" else dict(w_in=m.up_proj.weight.T, b_in=0.0, w_out=m.down_proj.weight.T, b_out=0.0,
-                                            act=m.act_fn, w_gate=m.gate_proj.weight.T)
+    if kind == "mixtral":  # expert e: gate and up the halves of gate_up_proj[e] (gate first), down_proj[e]
+        ex = m.experts
+        ffn = dict(moe=[(ex.gate_up_proj[e].T.chunk(2, dim=1), ex.down_proj[e].T) for e in range(ex.num_experts)],
+                   router=m.gate.weight.T, top_k=m.gate.top_k, act=ex.act_fn, w_gate=None)
+    else:
+        ffn = dict(w_in=m.up_proj.weight.T, b_in=0.0, w_out=m.down_proj.weight.T, b_out=0.0, act=m.act_fn,
+                   w_gate=m.gate_proj.weight.T)
     return dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, wv=a.v_proj.weight.T,
                 bv=zero if a.v_proj.bias is None else a.v_proj.bias, wo=a.o_proj.weight.T,
                 bo=torch.zeros(a.o_proj.weight.shape[0]), parallel=False, **ffn)
@@ -256,10 +271,21 @@ class Reference:
             p = self.pieces(l)
             y = torch.stack([self.y(l, i) for i in range(n)])
             m = p["ln2"](self.hidden[l] if p["parallel"] else y)
-            g = None if p["w_gate"] is None else m @ p["w_gate"]
-            u = m @ p["w_in"] + p["b_in"]
-            act = p["act"](u) if g is None else p["act"](g) * u
-            ffn = act @ p["w_out"] + p["b_out"]
+            if "moe" in p:  # per token: its top-k experts by router probability, their probabilities renormalised
+                probs = (m @ p["router"]).softmax(-1)
+                top = probs.topk(p["top_k"], dim=-1)
+                routing = [[(int(e), float(w / top.values[i].sum())) for e, w in zip(top.indices[i], top.values[i])]
+                           for i in range(n)]
+                g = [[m[i] @ p["moe"][e][0][0] for e, _ in routing[i]] for i in range(n)]  # gate per token, slot
+                u = [[m[i] @ p["moe"][e][0][1] for e, _ in routing[i]] for i in range(n)]
+                ffn = torch.stack([sum(w * (p["act"](g[i][s]) * u[i][s]) @ p["moe"][e][1]
+                                       for s, (e, w) in enumerate(routing[i])) for i in range(n)])
+                g, u = (routing, g), u
+            else:
+                g = None if p["w_gate"] is None else m @ p["w_gate"]
+                u = m @ p["w_in"] + p["b_in"]
+                act = p["act"](u) if g is None else p["act"](g) * u
+                ffn = act @ p["w_out"] + p["b_out"]
             post = p.get("post_ffn")
             branch = torch.stack([self.branch(l, i) for i in range(n)])
             real.append((y, g, u, y + (ffn if post is None else post(ffn)), branch, ffn))
@@ -288,13 +314,23 @@ class Reference:
                 into, real_in = (e, x_real) if p["parallel"] else (r, y_real)
                 m = torch.stack([self.norm_linear(p["ln2"], into[i], real_in[i]) for i in range(n)])
                 m = m + (self.norm_bias(p["ln2"]) if biases else 0)
-                u = m @ p["w_in"] + (p["b_in"] if biases else 0)
-                if g_real is None:
-                    hidden = u * p["act"](u_real) / u_real
+                if "moe" in p:  # each expert a gated FFN (split half and half), the routing weights constant
+                    routing, gates = g_real
+                    ffn = torch.zeros(n, d)
+                    for i in range(n):
+                        for s, (e, w) in enumerate(routing[i]):
+                            (w_g, w_u), w_d = p["moe"][e]
+                            g0, u0 = gates[i][s], u_real[i][s]
+                            g = (m[i] @ w_g) * p["act"](g0) / g0
+                            ffn[i] += w * (0.5 * (g * u0 + p["act"](g0) * (m[i] @ w_u))) @ w_d
                 else:
-                    g = (m @ p["w_gate"]) * p["act"](g_real) / g_real
-                    hidden = 0.5 * (g * u_real + p["act"](g_real) * u)
-                ffn = hidden @ p["w_out"] + (p["b_out"] if biases else 0)
+                    u = m @ p["w_in"] + (p["b_in"] if biases else 0)
+                    if g_real is None:
+                        hidden = u * p["act"](u_real) / u_real
+                    else:
+                        g = (m @ p["w_gate"]) * p["act"](g_real) / g_real
+                        hidden = 0.5 * (g * u_real + p["act"](g_real) * u)
+                    ffn = hidden @ p["w_out"] + (p["b_out"] if biases else 0)
                 if p.get("post_ffn") is not None:
                     ffn = torch.stack([self.norm_linear(p["post_ffn"], ffn[i], ffn_real[i]) for i in range(n)])
                 e = r + ffn
@@ -343,19 +379,25 @@ def _assert_norm_methods_match(ex: Explainer, ref: Reference) -> None:
 
 
 @pytest.mark.parametrize("task", TASKS)
-@pytest.mark.parametrize("family", ["mixtral"])
-def test_whole_ffn_norm_methods_match_the_loop_and_decompx_is_refused(family, task, tokenizer):
-    """Mixtral's feed-forward (a routed mixture of experts) is read as one module: the token-mixing readings need
-    only its output (the layer check runs it); DecompX, which linearises it, says why not."""
-    model = randomised(family, task)
-    ex = Explainer(model, tokenizer)
-    ctx, _ = ex.compute_batch(ex.encode([TEXTS[0]]), [-1], [], {})
-    _assert_norm_methods_match(ex, Reference(model, ctx.inputs))
-    with pytest.raises(InputError, match=f"decompx linearises each feed-forward.*'{family}' reads it as one module"):
-        ex.explain(TEXTS[0], methods=["decompx"])
-    if task == "causal-lm":
-        g = ex.explain_generation("the movie was", ["alti", "globenc"], target=" good but bad")
-        _assert_steps_equal_their_prefixes(ex, g, ["alti", "globenc"])
+def test_an_ffn_read_as_one_module_serves_the_token_mixing_methods_and_decompx_is_refused(task, tokenizer):
+    """An entry may name the feed-forward network as one module (``Anatomy.ffn``: here Llama's, registered so):
+    the token-mixing readings need only its output (the layer check runs it); DecompX, which linearises it
+    through its pieces, says why not."""
+    old = ARCHITECTURES["llama"]
+    whole = dataclasses.replace(old.anatomy, ffn="mlp", ffn_in=None, gate=None, act=None, ffn_out=None)
+    register_architecture(dataclasses.replace(old, anatomy=whole))
+    try:
+        model = randomised("llama", task)
+        ex = Explainer(model, tokenizer)
+        ctx, _ = ex.compute_batch(ex.encode([TEXTS[0]]), [-1], [], {})
+        _assert_norm_methods_match(ex, Reference(model, ctx.inputs))
+        with pytest.raises(InputError, match="decompx linearises each feed-forward.*'llama' reads it as one module"):
+            ex.explain(TEXTS[0], methods=["decompx"])
+        if task == "causal-lm":
+            g = ex.explain_generation("the movie was", ["alti", "globenc"], target=" good but bad")
+            _assert_steps_equal_their_prefixes(ex, g, ["alti", "globenc"])
+    finally:
+        register_architecture(old)
 
 
 def test_decompx_matches_the_loop_and_sums_to_the_logit(case):

@@ -127,10 +127,13 @@ class Anatomy:
     gate: str | None = None
     final_norm: str | None = None
     parallel: bool = False
-    # the whole FFN as one module (Mixtral's routed experts; ffn_in, act, ffn_out None): attnnorm, GlobEnc and ALTI
-    # need only its output, DecompX is refused
+    # the whole FFN as one module (ffn_in, act, ffn_out None): attnnorm, GlobEnc and ALTI need only its output,
+    # DecompX (which linearises the FFN through its pieces) is refused
     ffn: str | None = None
     gate_up: str | None = None
+    # a routed mixture of gated experts in Mixtral's layout (router ``gate``, expert tensors ``experts.gate_up_proj``
+    # and ``experts.down_proj``, activation ``experts.act_fn``), in place of the FFN's pieces
+    moe: str | None = None
     # pre-LN "sandwich" norms on each branch's output before its residual sum (Gemma 2: x + N(Attn(LN1(x))))
     post_attn_norm: str | None = None
     post_ffn_norm: str | None = None
@@ -337,7 +340,7 @@ def _bloom_anatomy(config: Any) -> Anatomy | None:
 
 
 # Llama's layers with the FFN read as one module: Mixtral's routed mixture of experts, Phi-3's fused gate/up
-_LLAMA_WHOLE_FFN = replace(_LLAMA_ANATOMY, ffn="mlp", ffn_in=None, gate=None, act=None, ffn_out=None)
+_LLAMA_MOE = replace(_LLAMA_ANATOMY, moe="mlp", ffn_in=None, gate=None, act=None, ffn_out=None)
 _PHI3_ANATOMY = replace(_LLAMA_ANATOMY, ffn_in=None, gate=None, gate_up="mlp.gate_up_proj", act="mlp.activation_fn")
 
 # Gemma 2: Llama's names, a norm before and after each branch (its "post_attention_layernorm" is the latter)
@@ -497,7 +500,7 @@ _ENTRIES: list[Architecture] = [
     Architecture("mixtral", DECODER, lrp=_llama_lrp("Mixtral", ("MixtralSparseMoeBlock", "sparse_moe")),
                  tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1,
                                                  initializer_range=STD),
-                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_WHOLE_FFN),
+                 layers=_LLAMA_LAYERS, anatomy=_LLAMA_MOE),
     Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS,
                  anatomy=_LLAMA_ANATOMY),
     Architecture("qwen3", DECODER, lrp=_llama_lrp("Qwen3"), tiny=_tiny("Qwen3", **_DEC, head_dim=8,
@@ -578,10 +581,11 @@ def register_architecture(arch: Architecture) -> None:
         raise ModelError(f"{arch.model_type}: an anatomy needs the entry's layers (where the value projections are)")
     if isinstance(arch.anatomy, Anatomy) and arch.layers.fused != 1 and not arch.anatomy.pre_ln:
         raise ModelError(f"{arch.model_type}: a post-LN anatomy needs an unfused value projection")
-    if isinstance(arch.anatomy, Anatomy) and (arch.anatomy.ffn is None) == (
-            arch.anatomy.ffn_in is None and arch.anatomy.gate_up is None):
-        raise ModelError(f"{arch.model_type}: an anatomy names its FFN either as one module (ffn) or by its pieces "
-                         "(ffn_in, act, ffn_out)")
+    ffn_readings = None if not isinstance(arch.anatomy, Anatomy) else (
+        arch.anatomy.ffn, arch.anatomy.moe, arch.anatomy.ffn_in or arch.anatomy.gate_up)
+    if ffn_readings is not None and sum(r is not None for r in ffn_readings) != 1:
+        raise ModelError(f"{arch.model_type}: an anatomy names its FFN either as one module (ffn), as a mixture of "
+                         "experts (moe) or by its pieces (ffn_in, act, ffn_out)")
     if isinstance(arch.anatomy, Anatomy) and arch.anatomy.gate_up and (arch.anatomy.gate or arch.anatomy.ffn_in):
         raise ModelError(f"{arch.model_type}: a fused gate/up projection (gate_up) replaces gate and ffn_in")
     if isinstance(arch.anatomy, Anatomy) and not arch.anatomy.pre_ln and (

@@ -73,8 +73,7 @@ def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str 
                     "none")
         if head and anatomy.ffn is not None:
             return (f"{name} linearises each feed-forward network through its pieces; the architecture entry of "
-                    f"model type {model_type!r} reads it as one module (a routed mixture of experts), which it "
-                    "does not decompose")
+                    f"model type {model_type!r} reads it as one module, which it does not decompose")
         if architecture_for(config).family == "encoder-decoder":
             if head:
                 return (f"{name} decomposes the logits through the layers that make them; an encoder-decoder's "
@@ -135,7 +134,7 @@ def _ratio(out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return torch.where(pre != 0, out / torch.where(pre != 0, pre, torch.ones_like(pre)), torch.zeros_like(pre))
 
 
-_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate", "ffn", "post_attn_norm",
+_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate", "ffn", "moe", "post_attn_norm",
           "post_ffn_norm")
 
 
@@ -194,8 +193,8 @@ def _output_bias(mods: dict[str, nn.Module]) -> torch.Tensor | float:
 def _ffn(mods: dict[str, nn.Module], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The FFN's output on ``y`` and act(u)/u of its activation's pre-activation u (a gated FFN's gate; none,
     width 0, for an FFN read as one module)."""
-    if "ffn" in mods:
-        out = mods["ffn"](y)
+    if "ffn" in mods or "moe" in mods:
+        out = mods["ffn" if "ffn" in mods else "moe"](y)
         return out[0] if isinstance(out, tuple) else out, y.new_zeros(*y.shape[:-1], 0)
     if "gate" in mods:
         g = mods["gate"](y)
@@ -538,11 +537,33 @@ def _linear_ffn(mods: dict[str, nn.Module], y: torch.Tensor) -> torch.Tensor:
     """The FFN on ``y`` with its activation linearised; a gated FFN's product act(gate(y)) ⊙ up(y) is split half
     and half between its two factors (each times the other's real value), which keeps its value and makes it
     linear in ``y``."""
+    if "moe" in mods:
+        return _linear_moe(mods["moe"], y)
     if "gate" not in mods:
         return mods["ffn_out"](_linearised(mods["act"], mods["ffn_in"](y)))
     g = _linearised(mods["act"], mods["gate"](y))
     u = mods["ffn_in"](y)
     return mods["ffn_out"](0.5 * (g * u.detach() + g.detach() * u))
+
+
+def _linear_moe(moe: nn.Module, y: torch.Tensor) -> torch.Tensor:
+    """A routed mixture of gated experts (Mixtral's) on ``y`` ``(B, N, D)``, linear in ``y``: the routing held at its
+    real value (which experts serve each token, and their weights: constants, as the norms' scales are), each
+    expert's gated FFN linearised as :func:`_linear_ffn`'s."""
+    flat = y.reshape(-1, y.shape[-1])
+    with torch.no_grad():
+        _, weights, index = moe.gate(flat)  # (T, k) renormalised top-k probabilities and their experts
+    experts = moe.experts
+    out = torch.zeros_like(flat)
+    for e in range(experts.num_experts):
+        token, slot = torch.where(index == e)
+        if token.numel() == 0:
+            continue
+        gate, up = torch.nn.functional.linear(flat[token], experts.gate_up_proj[e]).chunk(2, dim=-1)
+        g = _linearised(experts.act_fn, gate)
+        hidden = torch.nn.functional.linear(0.5 * (g * up.detach() + g.detach() * up), experts.down_proj[e])
+        out = out.index_add(0, token, hidden * weights[token, slot, None].to(hidden.dtype))
+    return out.reshape(y.shape)
 
 
 def _mix(attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
