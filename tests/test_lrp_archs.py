@@ -13,10 +13,11 @@ import sys
 
 import pytest
 import torch
-from conftest import make_model, randomise_biases_and_norms
+from conftest import make_model, make_tokenizer, randomise_biases_and_norms
 from test_lrp import _assert_unchanged, _snapshot, assert_padding_zero_and_batch_invariant, padded_batch
 from torch import nn
 
+from attnlens import Explainer
 from attnlens.errors import InputError
 from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, lrp_passes, supports
@@ -814,6 +815,16 @@ def test_chefer_refused_where_no_residual_sums_are_declared(restore_lrp_entry):
     register_architecture(replace(arch, lrp=replace(arch.lrp, blocks=())))
     with pytest.raises(InputError, match="rules='chefer' needs the residual sums of GPT-2"):
         lrp_pass(make_model("gpt2"), padded_batch(), 0, rules="chefer")
+    # through the engine, with the one forward for both rule sets planned: attnlrp still runs, the chefer
+    # methods say why not
+    model = make_model("gpt2")
+    ex = Explainer(model, make_tokenizer())
+    (alone,) = ex.explain("the movie was great", methods=["attnlrp"])
+    with pytest.raises(InputError, match="rules='chefer' needs the residual sums of GPT-2"):
+        ex.explain("the movie was great", methods=["partiallrp", "attnlrp"])
+    (other,) = ex.explain("the movie was great", methods=["attnlrp", "partiallrp"],
+                          options={"partiallrp": {"rules": "attnlrp"}})
+    torch.testing.assert_close(torch.tensor(other.scores["attnlrp"]), torch.tensor(alone.scores["attnlrp"]))
 
 
 @pytest.fixture
