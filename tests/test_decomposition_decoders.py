@@ -433,7 +433,7 @@ def test_batch_and_padding_invariance(family, task, tokenizer):
 
 
 @pytest.mark.parametrize("batch_size", [16, 3])  # one batch of steps; two, each over its own sequence
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "gemma2", "falcon", "phi3"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "gemma2", "falcon", "phi3", "mixtral"])
 def test_each_generation_step_equals_its_prefix(family, batch_size, tokenizer):
     ex = Explainer(randomised(family, "causal-lm"), tokenizer)
     g = ex.explain_generation("the movie was really", target=" good but the plot was boring", methods=NORM,
