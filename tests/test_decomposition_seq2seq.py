@@ -167,11 +167,86 @@ def test_batch_and_padding_invariance_on_the_encoder(family, tokenizer):
 def test_other_streams_and_decompx_are_refused_with_their_reason(tokenizer):
     model = randomised("bart", "seq2seq-lm")
     for stream in ("decoder", "cross"):
-        with pytest.raises(InputError, match="encoder"):
-            Explainer(model, tokenizer, attention=stream).explain_generation(TEXT, max_new_tokens=1,
-                                                                             methods=["attnnorm"])
+        for m in ("globenc", "alti"):
+            with pytest.raises(InputError, match="encoder layers|needs self-attention"):
+                Explainer(model, tokenizer, attention=stream).explain_generation(TEXT, max_new_tokens=1, methods=[m])
     with pytest.raises(InputError, match="decompx decomposes the logits.*encoder-decoder"):
         Explainer(model, tokenizer).explain_generation(TEXT, max_new_tokens=1, methods=["decompx"])
+    cross = Explainer(model, tokenizer, attention="cross")
+    with pytest.raises(InputError, match="variant='attn_res' is not defined on attention='cross'"):
+        cross.explain_generation(TEXT, max_new_tokens=1, methods=["attnnorm"],
+                                 options={"attnnorm": {"variant": "attn_res"}})
+    with pytest.raises(InputError, match="variant='attn_res_ln' is not defined on attention='decoder'"):
+        Explainer(model, tokenizer, attention="decoder").explain_generation(
+            TEXT, max_new_tokens=1, methods=["attnnorm"], options={"attnnorm": {"variant": "attn_res_ln"}})
+
+
+def _stream_reference(model, inputs, stream: str, residual: bool) -> list[torch.Tensor]:
+    """attnnorm's matrix per decoder layer, per (query, key) pair and head from the weights: ‖Σ_h α^h_ij f^h(k_j)‖
+    (+ x_i on the diagonal), k_j the layer input x_j (through LN1 when pre-LN) for the decoder's self-attention,
+    the encoder's output for the cross-attention."""
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=True, output_hidden_states=True)
+    t5, pre_ln = model.config.model_type == "t5", model.config.model_type != "bart"
+    blocks = model.get_decoder().block if t5 else model.get_decoder().layers
+    mats = []
+    for l, block in enumerate(blocks):
+        x = out.decoder_hidden_states[l][0]
+        if stream == "decoder":
+            attn = out.decoder_attentions[l][0]
+            a = (block.layer[0].SelfAttention if t5 else block.self_attn)
+            ln = block.layer[0].layer_norm if t5 else block.self_attn_layer_norm
+            keys = torch.stack([ln(v) for v in x]) if pre_ln else x
+            wv, wo = (a.v, a.o) if t5 else (a.v_proj, a.out_proj)
+        else:
+            attn = out.cross_attentions[l][0]
+            a = block.layer[1].EncDecAttention if t5 else block.encoder_attn
+            keys = out.encoder_last_hidden_state[0]
+            wv, wo = (a.v, a.o) if t5 else (a.v_proj, a.out_proj)
+        heads, (nq, nk) = attn.shape[0], attn.shape[1:]
+        dh = wo.weight.shape[1] // heads
+        m = torch.zeros(nq, nk)
+        for i in range(nq):
+            for j in range(nk):
+                v = keys[j] @ wv.weight.T + (0 if wv.bias is None else wv.bias)
+                z = sum(attn[h, i, j] * v[h * dh:(h + 1) * dh] @ wo.weight.T[h * dh:(h + 1) * dh]
+                        for h in range(heads))
+                m[i, j] = (z + (x[i] if residual and i == j else 0)).norm()
+        mats.append(m)
+    return mats
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("stream,variant", [("decoder", "attn"), ("decoder", "attn_res"), ("cross", "attn")])
+def test_attnnorm_on_the_decoder_and_cross_streams_matches_the_loop(family, stream, variant, tokenizer):
+    """Kobayashi et al.'s norms on the other two streams (their 2020 paper read cross-attention norms as word
+    alignments), every decoder layer's whole matrix against the loop from the weights."""
+    from attnlens import get_method
+    from attnlens.methods.decomposition import _stream_norms
+
+    ex = Explainer(randomised(family, "classification"), tokenizer, attention=stream)
+    ctx, out = ex.compute_batch(ex.encode([TEXT]), [0], [get_method("attnnorm")], {"attnnorm": {"variant": variant}})
+    got = _stream_norms(ctx, variant)
+    with torch.no_grad():
+        want = _stream_reference(ex.model, ctx.inputs, stream, variant == "attn_res")
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g[0].numpy(), w.numpy(), rtol=1e-4, atol=1e-6)
+    assert np.abs(out["attnnorm"][0].numpy()).max() > 0
+
+
+@pytest.mark.parametrize("stream", ["decoder", "cross"])
+def test_attnnorm_on_the_other_streams_batch_padding_and_generation(stream, tokenizer):
+    ex = Explainer(randomised("bart", "classification"), tokenizer, attention=stream)
+    texts = [TEXT, "bad", "a charming journey but the plot was boring"]
+    batch = ex.explain(texts, methods=["attnnorm"], batch_size=3)
+    for text, e in zip(texts, batch):
+        (alone,) = ex.explain([text], methods=["attnnorm"])
+        np.testing.assert_allclose(e.scores["attnnorm"], alone.scores["attnnorm"], rtol=1e-4, atol=1e-6)
+        assert np.abs(e.scores["attnnorm"]).max() > 0
+    lm = Explainer(randomised("t5", "seq2seq-lm"), tokenizer, attention=stream)
+    g = lm.explain_generation(TEXT, max_new_tokens=3, methods=["attnnorm"])
+    assert np.isfinite(g.scores["attnnorm"]).all() and np.abs(g.scores["attnnorm"]).max() > 0
 
 
 def test_a_wrong_t5_anatomy_is_an_error(tokenizer):

@@ -137,6 +137,10 @@ class Anatomy:
     # pre-LN "sandwich" norms on each branch's output before its residual sum (Gemma 2: x + N(Attn(LN1(x))))
     post_attn_norm: str | None = None
     post_ffn_norm: str | None = None
+    # an encoder-decoder's cross-attention value and output projections, within a decoder layer (attnnorm on the
+    # cross stream); the decoder's self-attention is read with ``output``, ``ln1`` and the entry's value path
+    cross_value: str | None = None
+    cross_output: str | None = None
 
 
 HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
@@ -385,7 +389,8 @@ def _opt_anatomy(config: Any) -> Anatomy | None:
 
 # encoder-decoders: the anatomy of the encoder's layers (the stream the norm-based methods read there)
 _BART_ANATOMY = Anatomy((), output="self_attn.out_proj", ln1="self_attn_layer_norm", ffn_in="fc1",
-                        act="activation_fn", ffn_out="fc2", ln2="final_layer_norm")
+                        act="activation_fn", ffn_out="fc2", ln2="final_layer_norm", cross_value="encoder_attn.v_proj",
+                        cross_output="encoder_attn.out_proj")
 _MBART_ANATOMY = replace(_BART_ANATOMY, pre_ln=True, final_norm="encoder.layer_norm")
 _SEQ2SEQ_LAYERS = Layers({"encoder": "encoder.layers", "decoder": "decoder.layers"}, "self_attn.v_proj")
 
@@ -397,7 +402,7 @@ def _t5_anatomy(config: Any) -> Anatomy:
         ffn_in=ffn + "wi")
     return Anatomy((), output="layer.0.SelfAttention.o", ln1="layer.0.layer_norm", act=ffn + "act",
                    ffn_out=ffn + "wo", ln2="layer.1.layer_norm", pre_ln=True, final_norm="encoder.final_layer_norm",
-                   **gated)
+                   cross_value="layer.1.EncDecAttention.v", cross_output="layer.1.EncDecAttention.o", **gated)
 
 
 # --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------

@@ -56,10 +56,11 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return layers.modules(model, "encoder" if layers.path("encoder") else "self")
 
 
-def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str | None]:
+def _applies(name: str, *, head: bool = False, streams: tuple[str, ...] = ("encoder",)
+             ) -> Callable[[Any, str, str], str | None]:
     """Why ``name`` cannot explain a model: it needs a layer anatomy attnlens knows (and, for ``head``, a
     sequence classifier whose head reads the first token of an encoder or the last of a decoder, or a causal
-    language model)."""
+    language model); of an encoder-decoder it reads the attention ``streams``."""
 
     def why(model: Any, stream: str, task: str) -> str | None:
         config = getattr(model, "config", None)
@@ -78,7 +79,9 @@ def _applies(name: str, *, head: bool = False) -> Callable[[Any, str, str], str 
             if head:
                 return (f"{name} decomposes the logits through the layers that make them; an encoder-decoder's "
                         "come from its decoder, which attnlens does not decompose (only its encoder)")
-            if stream != "encoder":
+            if stream == "cross" and "cross" in streams and anatomy.cross_value is None:
+                return f"{name} needs the cross-attention's projections, which model type {model_type!r}'s entry omits"
+            if stream not in streams:
                 return (f"{name} reads an encoder-decoder's encoder layers (attention='encoder'); its decoder and "
                         "cross-attention layers mix two sequences and are not decomposed")
             return None
@@ -342,11 +345,41 @@ def _rolled_rows(cap: Capture, matrices: list[torch.Tensor]) -> MethodOutput:
     return _rows(cap, propagate(matrices))
 
 
+def _stream_norms(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
+    """attnnorm's matrices on an encoder-decoder's decoder self-attention or cross-attention stream: per decoder
+    layer ‖Σ_h A^h_ij f^h(x_j)‖ (+ x_i with ``"attn_res"``, decoder stream only), f^h the stream's value and output
+    projections of the layer's self-attention input (decoder: the layer input, through LN1 when pre-LN) or of the
+    encoder's output (cross). No residual LayerNorm variant: in a decoder layer the cross-attention comes between."""
+    cap, model, stream = ctx.capture, ctx.model, ctx.stream
+    if variant == "attn_res_ln" or (variant == "attn_res" and stream == "cross"):
+        raise InputError(f"attnnorm variant={variant!r} is not defined on attention={stream!r}: "
+                         + ("the residual is the decoder's state, not one of the keys" if stream == "cross" else
+                            "a decoder layer's cross-attention comes between its residual sum and that LayerNorm")
+                         + "; use 'attn'" + (" or 'attn_res'" if stream == "decoder" else ""))
+    anatomy = _anatomy(model)
+    spec = architecture_for(model.config).layers
+    mats = []
+    with torch.no_grad():
+        for block, attn, x in zip(spec.modules(model, "decoder"), cap.attentions, cap.hidden, strict=False):
+            if stream == "decoder":  # the self-attention's pieces only (a decoder layer's FFN sits elsewhere)
+                mods = {k: _attr(block, path) for k, path in
+                        (("value", spec.value), ("output", anatomy.output), ("ln1", anatomy.ln1))}
+                a = mods["ln1"](x) if anatomy.pre_ln else x
+            else:  # the keys are the encoder's output, x (the same for every layer)
+                mods = {"value": _attr(block, anatomy.cross_value), "output": _attr(block, anatomy.cross_output)}
+                a = x
+            f = _head_outputs(mods, _values(mods, a, attn.shape[1], spec))
+            layer = Layer(x, attn, f, *([None] * 4), mods, anatomy.pre_ln)  # type: ignore[arg-type]
+            m = _norm_matrix(layer, lambda v: v, None, variant == "attn_res")
+            mats.append(m * (cap.query_mask.bool()[:, :, None] & cap.key_mask.bool()[:, None, :]).to(m.dtype))
+    return mats
+
+
 @register(
     "attnnorm",
     needs={ATTENTION, HIDDEN},
     class_specific=False,
-    applies=_applies("attnnorm"),
+    applies=_applies("attnnorm", streams=("encoder", "decoder", "cross")),
     summary="Norm of the attention-weighted value vectors, last layer, row c: ‖Σ_h A^h_cj f^h(x_j)‖ (variants add "
     "the residual and LN1).",
     citation="Kobayashi et al. 2020 (EMNLP); variants Kobayashi et al. 2021 (EMNLP)",
@@ -358,6 +391,8 @@ def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
     if variant not in ATTNNORM_VARIANTS:
         raise InputError(f"variant={variant!r}; choose one of {', '.join(ATTNNORM_VARIANTS)}")
     cap = ctx.capture
+    if ctx.stream in ("decoder", "cross"):
+        return _rows(cap, _stream_norms(ctx, variant))
     layers = model_layers(ctx)
     if variant == "attn_res_ln" and layers[0].pre_ln:
         raise InputError("attnnorm variant='attn_res_ln' reads the LayerNorm after a post-LN layer's residual sum; "
