@@ -194,6 +194,25 @@ def test_one_forward_over_the_generation_equals_a_row_per_step_on_smollm2(smollm
 
 @pytest.mark.slow
 @needs_llm
+def test_lrp_methods_from_one_forward_equal_their_own_passes_on_smollm2(smollm2_explainer):
+    """The chefer and AttnLRP rule sets from one forward (the engine's plan for the three LRP methods) on the real
+    model, float32: each method's scores as when its rule set runs its own forward."""
+    import numpy as np
+
+    ex = smollm2_explainer
+    texts = ["The capital of France is", "Review: a charming journey.\nSentiment:"]
+    together = ex.explain(texts, methods=["partiallrp", "transatt", "attnlrp"])
+    chefer = ex.explain(texts, methods=["partiallrp", "transatt"])
+    attnlrp = ex.explain(texts, methods=["attnlrp"])
+    for t, c, a in zip(together, chefer, attnlrp):
+        for m, alone in (("partiallrp", c), ("transatt", c), ("attnlrp", a)):
+            scale = np.abs(alone.scores[m]).max()
+            assert scale > 0, m
+            np.testing.assert_allclose(t.scores[m], alone.scores[m], atol=1e-4 * scale, err_msg=m)
+
+
+@pytest.mark.slow
+@needs_llm
 def test_decompx_on_smollm2_sums_to_the_next_token_logit(smollm2_explainer):
     """The layer anatomy of the real model (RMSNorm, gated SiLU MLP, 3 key/value heads for 9 query heads) is
     checked layer by layer, and DecompX's token shares + bias term give the next token's logit."""
