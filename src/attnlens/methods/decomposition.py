@@ -282,6 +282,16 @@ def model_layers(ctx: BatchContext) -> list[Layer]:
     return out
 
 
+@dataclass
+class _Mixing:
+    """One attention's mixing alone: its layer input ``x`` (the residual), weights ``attn`` ``(B, H, Nq, Nk)``
+    and the keys' transformed value vectors ``f`` ``(B, H, Nk, D)`` (what :func:`_norm_matrix` reads)."""
+
+    x: torch.Tensor
+    attn: torch.Tensor
+    f: torch.Tensor
+
+
 def _ln_part(v: torch.Tensor, ln: nn.LayerNorm, std: torch.Tensor | None = None) -> torch.Tensor:
     """LN applied to summands ``v`` ``(..., D)`` without β: (v − mean_d v) ⊙ γ, divided by ``std`` (broadcast to
     ``v[..., :1]``) when given."""
@@ -289,8 +299,8 @@ def _ln_part(v: torch.Tensor, ln: nn.LayerNorm, std: torch.Tensor | None = None)
     return out if std is None else out / std
 
 
-def _norm_matrix(layer: Layer, transform: Callable[[torch.Tensor], torch.Tensor], scale: torch.Tensor | None,
-                 residual: bool) -> torch.Tensor:
+def _norm_matrix(layer: Layer | _Mixing, transform: Callable[[torch.Tensor], torch.Tensor],
+                 scale: torch.Tensor | None, residual: bool) -> torch.Tensor:
     """``(B, N, N)``: ‖M z_ij‖ · scale_i for a linear map M (``transform``), without forming the ``(B, N, N, D)``
     vectors: with g^h_j = M f^h(x_j) and G_j = [⟨g^h_j, g^k_j⟩]_hk, ‖Σ_h α^h_ij g^h_j‖² = α_ij^T G_j α_ij, plus, on
     the diagonal with the residual, 2 Σ_h α^h_ii ⟨g^h_i, M x_i⟩ + ‖M x_i‖²."""
@@ -369,8 +379,7 @@ def _stream_norms(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
                 mods = {"value": _attr(block, anatomy.cross_value), "output": _attr(block, anatomy.cross_output)}
                 a = x
             f = _head_outputs(mods, _values(mods, a, attn.shape[1], spec))
-            layer = Layer(x, attn, f, *([None] * 4), mods, anatomy.pre_ln)  # type: ignore[arg-type]
-            m = _norm_matrix(layer, lambda v: v, None, variant == "attn_res")
+            m = _norm_matrix(_Mixing(x, attn, f), lambda v: v, None, variant == "attn_res")
             mats.append(m * (cap.query_mask.bool()[:, :, None] & cap.key_mask.bool()[:, None, :]).to(m.dtype))
     return mats
 
