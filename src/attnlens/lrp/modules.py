@@ -291,9 +291,7 @@ def deberta_conv(layer: nn.Module, state: PassState, hidden_states: torch.Tensor
     out = layer.conv(hidden_states.permute(0, 2, 1).contiguous()).permute(0, 2, 1).contiguous()
     out = out.masked_fill((1 - input_mask).bool().unsqueeze(-1).expand(out.size()), 0)
     out = rules.identity_rule(ACT2FN[layer.conv_act], layer.dropout(out))
-    total = residual_states + out
-    if state.rules == "chefer":
-        total = rules.normalized_residual(total, out, state)
+    total = _residual_add(state, residual_states, out)
     output = layer.LayerNorm(total)
     if input_mask.dim() != total.dim():
         if input_mask.dim() == 4:

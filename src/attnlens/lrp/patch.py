@@ -72,8 +72,7 @@ class PassState:
     def logits(self, outputs: Any) -> Any:
         """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
         if self.logit_cap is not None:
-            cap = self.logit_cap
-            outputs.logits = rules.identity_rule(lambda z: torch.tanh(z / cap) * cap, outputs.logits)
+            outputs.logits = rules.capped(outputs.logits, self.logit_cap)
         return outputs
 
     def position_leaf(self, table: torch.Tensor, batch: int) -> torch.Tensor:
@@ -146,7 +145,7 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = score_product(state, torch.matmul(query, key.transpose(2, 3))) * scaling
     if softcap is not None:
-        scores = rules.identity_rule(lambda s: torch.tanh(s / softcap) * softcap, scores)
+        scores = rules.capped(scores, softcap)
     if attention_mask is not None:
         scores = scores + attention_mask
     out, probs = attend(state, scores, value)

@@ -108,16 +108,29 @@ def identity_rule(fn, x: torch.Tensor) -> torch.Tensor:
     return _Relay.apply(x, fn, None, None)
 
 
+def _ln_dims(module: nn.LayerNorm) -> tuple[int, ...]:
+    return tuple(range(-len(module.normalized_shape), 0))
+
+
+def _ln_sigma(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """The LayerNorm's standard deviation of ``x`` over its normalised dimensions (``eps`` included)."""
+    return (x.var(dim=_ln_dims(module), unbiased=False, keepdim=True) + module.eps).sqrt()
+
+
+def _inv_rms(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """1 / rms(x) of an RMSNorm, in float32 at least (as the stock module), ``eps`` included."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps(module))
+
+
 def layer_norm(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     """LayerNorm with the standard deviation treated as a constant (Ali et al. 2022; AttnLRP Sec. 3.3).
 
     The layer then is linear in ``x`` (centring, a fixed scale, the affine weight), so gradient x input applies
     the epsilon/LRP-0 rule to it and relevance is conserved up to what the bias ``beta`` absorbs.
     """
-    dims = tuple(range(-len(module.normalized_shape), 0))
-    mean = x.mean(dim=dims, keepdim=True)
-    var = (x - mean).pow(2).mean(dim=dims, keepdim=True)
-    y = (x - mean) / (var + module.eps).sqrt().detach()
+    dims = _ln_dims(module)
+    y = (x - x.mean(dim=dims, keepdim=True)) / _ln_sigma(module, x).detach()
     if module.weight is not None:
         y = y * module.weight
     if module.bias is not None:
@@ -133,19 +146,15 @@ def softmax_backward(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> to
 def layer_norm_backward(module: nn.LayerNorm):
     """The backward of :func:`layer_norm` (standard deviation constant): ``(g - mean g) / sigma``, ``g = w grad``."""
     def backward(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        dims = tuple(range(-len(module.normalized_shape), 0))
         g = grad if module.weight is None else grad * module.weight
-        sigma = (x.var(dim=dims, unbiased=False, keepdim=True) + module.eps).sqrt()
-        return (g - g.mean(dim=dims, keepdim=True)) / sigma
+        return (g - g.mean(dim=_ln_dims(module), keepdim=True)) / _ln_sigma(module, x)
     return backward
 
 
 def rms_norm_backward(module: nn.Module):
     """The backward of :func:`rms_norm` (root mean square constant): ``grad * g / rms``."""
     def backward(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps(module))
-        return grad * rms_gain(module, x) * inv_rms.to(x.dtype)
+        return grad * rms_gain(module, x) * _inv_rms(module, x).to(x.dtype)
     return backward
 
 
@@ -159,8 +168,7 @@ def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     stays float64 (the stock module would round it to float32: checks in float64 stay exact).
     """
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
-    inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps(module)).detach()
-    return rms_gain(module, x) * (xf * inv_rms).to(x.dtype)
+    return rms_gain(module, x) * (xf * _inv_rms(module, x).detach()).to(x.dtype)
 
 
 def gated(gate: torch.Tensor, up: torch.Tensor, constant_gate: bool = False) -> torch.Tensor:
@@ -297,6 +305,11 @@ def zplus_conv(module: nn.Conv1d, x: torch.Tensor, shared: bool = True, switch: 
 def conv(module: nn.Conv1d, x: torch.Tensor, eps: float) -> torch.Tensor:
     """``nn.Conv1d`` under the epsilon rule (a weighted sum, as :func:`linear`)."""
     return sum_rule(nn.Conv1d.forward(module, x), eps)
+
+
+def capped(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """``cap * tanh(x / cap)`` (Gemma 2's score and logit caps) under the identity rule."""
+    return identity_rule(lambda z: torch.tanh(z / cap) * cap, x)
 
 
 def pass_through(fn, x: torch.Tensor, other=None, switch: Any = None) -> torch.Tensor:

@@ -336,9 +336,9 @@ def _alti_matrix(layer: Layer) -> torch.Tensor:
 
 
 def _real_pairs(cap: Capture, m: torch.Tensor) -> torch.Tensor:
-    """``m`` with rows and columns of padding set to 0."""
-    real = cap.key_mask.bool()
-    return m * (real[:, :, None] & real[:, None, :]).to(m.dtype)
+    """``m`` ``(B, Q, K)`` with rows of padded queries and columns of padded keys set to 0."""
+    real = cap.query_mask.bool()[:, :, None] & cap.key_mask.bool()[:, None, :]
+    return m * real.to(m.dtype)
 
 
 def _row_normalised(m: torch.Tensor) -> torch.Tensor:
@@ -380,7 +380,7 @@ def _stream_norms(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
                 a = x
             f = _head_outputs(mods, _values(mods, a, attn.shape[1], spec))
             m = _norm_matrix(_Mixing(x, attn, f), lambda v: v, None, variant == "attn_res")
-            mats.append(m * (cap.query_mask.bool()[:, :, None] & cap.key_mask.bool()[:, None, :]).to(m.dtype))
+            mats.append(_real_pairs(cap, m))
     return mats
 
 
@@ -587,7 +587,13 @@ def _linear_ffn(mods: dict[str, nn.Module], y: torch.Tensor) -> torch.Tensor:
         return mods["ffn_out"](_linearised(mods["act"], mods["ffn_in"](y)))
     g = _linearised(mods["act"], mods["gate"](y))
     u = mods["ffn_in"](y)
-    return mods["ffn_out"](0.5 * (g * u.detach() + g.detach() * u))
+    return mods["ffn_out"](_split_product(g, u))
+
+
+def _split_product(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``g ⊙ u`` split half and half between its factors, each times the other's real value: the same value,
+    linear in both."""
+    return 0.5 * (g * u.detach() + g.detach() * u)
 
 
 def _linear_moe(moe: nn.Module, y: torch.Tensor) -> torch.Tensor:
@@ -605,7 +611,7 @@ def _linear_moe(moe: nn.Module, y: torch.Tensor) -> torch.Tensor:
             continue
         gate, up = torch.nn.functional.linear(flat[token], experts.gate_up_proj[e]).chunk(2, dim=-1)
         g = _linearised(experts.act_fn, gate)
-        hidden = torch.nn.functional.linear(0.5 * (g * up.detach() + g.detach() * up), experts.down_proj[e])
+        hidden = torch.nn.functional.linear(_split_product(g, up), experts.down_proj[e])
         out = out.index_add(0, token, hidden * weights[token, slot, None].to(hidden.dtype))
     return out.reshape(y.shape)
 
