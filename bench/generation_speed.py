@@ -30,7 +30,8 @@ import time  # noqa: E402
 import torch  # noqa: E402
 from common import embedding_leaf  # noqa: E402
 
-from attnlens import Explainer, generation  # noqa: E402
+from attnlens import Explainer  # noqa: E402
+from attnlens.core import generation_engine as generation  # noqa: E402
 
 FAST = ["rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "saliency", "inputxgradient"]
 TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening to light the lamp. Ships passing the "

@@ -17,8 +17,8 @@ import warnings
 from pathlib import Path
 
 from attnlens import list_methods
-from attnlens.architectures import ARCHITECTURES, build_tiny
 from attnlens.methods import get_method
+from attnlens.models.architectures import ARCHITECTURES, build_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "methods-by-architecture.md"

@@ -1,4 +1,4 @@
-"""One entry per model type (attnlens.architectures): every type the README claims is built tiny from its entry
+"""One entry per model type (attnlens.models.architectures): every type the README claims is built tiny from its entry
 and explained; the entries' facts (pooling, position offset, LRP support) reach the engine and the LRP patch."""
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ import torch
 from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
 
 from attnlens import Explainer, register_adapter
-from attnlens.adapters import DECODER, ENCODER, FIRST, LAST, MEAN
-from attnlens.architectures import (
+from attnlens.errors import ModelError
+from attnlens.lrp import SUPPORTED, supports
+from attnlens.methods import registry
+from attnlens.models.adapters import DECODER, ENCODER, FIRST, LAST, MEAN
+from attnlens.models.architectures import (
     ARCHITECTURES,
     LRP_SUPPORTED,
     Anatomy,
@@ -24,9 +27,6 @@ from attnlens.architectures import (
     finds_last_token_by_padding,
     register_architecture,
 )
-from attnlens.errors import ModelError
-from attnlens.lrp import SUPPORTED, supports
-from attnlens.methods import registry
 
 # The model types README.md claims, plus the ones added since (T5, XLM-RoBERTa-XL).
 README_TYPES = [

@@ -15,7 +15,7 @@ from attnlens.data import Dataset, Example
 from attnlens.errors import InputError
 from attnlens.evaluation import EvalConfig, Variant
 from attnlens.evaluation.runner import run_benchmark
-from attnlens.explanation import Explanation
+from attnlens.results.explanation import Explanation
 
 CLS, SEP = 101, 102
 WORDS = "good great fine bad awful dull plot film actors story the a".split()
@@ -202,7 +202,7 @@ def test_real_model_command_and_scoring(tmp_path, capsys):
 
     from attnlens.evaluation import ModelPredictor
     from attnlens.explainer import Explainer
-    from attnlens.explanation import load_explanations
+    from attnlens.results.explanation import load_explanations
 
     torch.set_num_threads(1)
     out = tmp_path / "res"
@@ -266,7 +266,7 @@ def test_qa_precision_at_k_with_a_tiny_qa_model(tmp_path):
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
 
     from attnlens.explainer import Explainer
-    from attnlens.explanation import load_explanations
+    from attnlens.results.explanation import load_explanations
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))

@@ -13,10 +13,10 @@ import torch
 from conftest import make_model, randomise_biases_and_norms
 
 from attnlens import Explainer, InputError
-from attnlens.architectures import ARCHITECTURES, register_architecture
 from attnlens.errors import ModelError
 from attnlens.methods import registry
 from attnlens.methods.decomposition import decompx_logits
+from attnlens.models.architectures import ARCHITECTURES, register_architecture
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
 TEXTS = ["i really didn't like this movie .", "a charming journey", "the plot was boring but the actors were great !"]

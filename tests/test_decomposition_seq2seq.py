@@ -14,8 +14,8 @@ from conftest import CLS, PAD, SEP, V, randomise_biases_and_norms
 from test_decomposition_decoders import Reference
 
 from attnlens import Explainer, InputError
-from attnlens.architectures import ARCHITECTURES, build_tiny, register_architecture
 from attnlens.errors import ModelError
+from attnlens.models.architectures import ARCHITECTURES, build_tiny, register_architecture
 
 TEXT = "the movie was really good"
 FAMILIES = ["bart", "mbart", "t5", "t5-gated"]

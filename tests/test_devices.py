@@ -14,7 +14,7 @@ from conftest import make_model
 from attnlens import Explainer
 from attnlens.cli import main
 from attnlens.errors import InputError
-from attnlens.loading import resolve_device, resolve_dtype
+from attnlens.models.loading import resolve_device, resolve_dtype
 
 TEXTS = ["the movie was not very good", "i really loved this charming film !", "boring plot , bad actors"]
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -105,7 +105,7 @@ def test_from_pretrained_refuses_dtype_twice(model_dir):
 
 @NO_CUDA
 def test_from_pretrained_without_cuda_fails_before_loading(model_dir, monkeypatch):
-    import attnlens.loading as loading
+    import attnlens.models.loading as loading
 
     monkeypatch.setattr(loading, "load_weights", lambda *a, **k: pytest.fail("loaded a model it cannot place"))
     with pytest.raises(InputError, match="no such CUDA device"):

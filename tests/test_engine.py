@@ -10,7 +10,7 @@ import torch
 from conftest import ENCODERS, FAMILIES, make_model
 
 from attnlens import Explainer, list_methods
-from attnlens.capture import run_capture
+from attnlens.core.capture import run_capture
 from attnlens.methods import registry
 
 TEXTS = [
@@ -242,7 +242,7 @@ def test_decoder_only_reads_last_real_token(tokenizer):
 # --------------------------------------------------------------------------- analytic cases
 def test_analytic_one_layer_one_head(tokenizer):
     """A hand-set capture: rollout, agrad and attcat worked out by hand."""
-    from attnlens.context import BatchContext, Capture
+    from attnlens.core.batch_state import BatchContext, Capture
 
     A = torch.tensor([[[[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]]])  # (1, 1, 3, 3)
     G = torch.tensor([[[[1.0, -2.0, 4.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]]])
@@ -361,8 +361,8 @@ def test_list_methods_has_every_core_method():
 
 
 @pytest.mark.parametrize("first", ["attnlens.methods.registry", "attnlens.methods.attention", "attnlens.methods.cat",
-                                   "attnlens.methods.lrp_methods", "attnlens.capture", "attnlens.engine",
-                                   "attnlens.context"])
+                                   "attnlens.methods.lrp_methods", "attnlens.core.capture", "attnlens.core.engine",
+                                   "attnlens.core.batch_state"])
 def test_registry_complete_whichever_module_is_imported_first(first):
     # The registry imports no method module (no lazy import to dodge a cycle): importing any module first gives
     # the full registry in its documented order.

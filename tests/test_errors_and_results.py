@@ -10,7 +10,7 @@ from conftest import make_model, make_tokenizer
 from transformers import BertConfig, BertModel
 
 from attnlens import Explainer, Explanation, InputError, ModelError, UnknownMethodError, list_methods
-from attnlens.explanation import load_explanations, save_explanations
+from attnlens.results.explanation import load_explanations, save_explanations
 
 
 @pytest.fixture(scope="module")

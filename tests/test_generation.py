@@ -11,9 +11,9 @@ import torch
 from conftest import CLS, PAD, SEP, V, make_model
 
 from attnlens import Explainer, Generation, InputError, ModelError, load_generations
-from attnlens.architectures import build_tiny
-from attnlens.encoding import Encoded
+from attnlens.core.encoding import Encoded
 from attnlens.methods.registry import get_method
+from attnlens.models.architectures import build_tiny
 from attnlens.viz.colors import prediction_line
 
 PROMPT = "the movie was really"
@@ -465,7 +465,7 @@ def test_chat_prompt_goes_through_the_template(lm):
 def test_one_forward_over_the_sequence_equals_a_row_per_step(lm, monkeypatch, ig):
     """Steps read from one forward over prompt + continuation (gradients by batched vector-Jacobian products,
     integrated gradients' nodes shared by every step) equal each step run as its own padded row."""
-    import attnlens.generation as generation
+    import attnlens.core.generation_engine as generation
 
     methods = [*FAST, "integratedgradients", "attnlrp", "transatt", "partiallrp", "valuezeroing"]
     kwargs = dict(methods=methods, max_new_tokens=5, batch_size=3, options={"integratedgradients": ig})
@@ -491,7 +491,7 @@ def test_one_forward_over_the_sequence_equals_a_row_per_step(lm, monkeypatch, ig
 def test_integrated_gradients_over_the_sequence_without_logits_to_keep(monkeypatch, tokenizer):
     """A causal LM whose forward does not take ``logits_to_keep`` (older or custom models): integrated gradients
     over a generation reads the full logits at each step's last token instead, with the same result."""
-    import attnlens.generation as generation
+    import attnlens.core.generation_engine as generation
 
     model = make_lm("gpt2")
     plain_forward = type(model).forward

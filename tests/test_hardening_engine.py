@@ -1,5 +1,5 @@
 """Issue 9, engine slice: each task's head owns its targets (resolving, checking, the probabilities and metadata
-shown), and the engine (attnlens.engine) only calls head methods."""
+shown), and the engine (attnlens.core.engine) only calls head methods."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from transformers import BertConfig, BertForQuestionAnswering
 
 import attnlens
 from attnlens import Explainer, InputError, ModelError
-from attnlens.heads import CLASSIFICATION, MULTI_LABEL, PREDICTED, QA, Head, QAHead
+from attnlens.models.heads import CLASSIFICATION, MULTI_LABEL, PREDICTED, QA, Head, QAHead
 
 SRC = Path(attnlens.__file__).parent
 LABELS = ["negative", "positive"]
@@ -57,7 +57,7 @@ def test_qa_head_resolves_and_checks_spans_on_its_own():
 
 
 def test_engine_and_explainer_have_no_task_branches():
-    for module in ("explainer.py", "engine.py", "encoding.py"):
+    for module in ("explainer.py", "core/engine.py", "core/encoding.py"):
         source = (SRC / module).read_text()
         assert not re.search(r"task\s*[!=]=|[!=]=\s*\"qa\"|\.multi_label\b|\(-1, -1\)", source), module
 
@@ -103,7 +103,7 @@ def test_qa_explanations_still_carry_answers_and_the_explained_span_probabilitie
 
 
 def test_tasks_are_named_in_one_table_that_loading_reads():
-    from attnlens.heads import TASKS, task_of
+    from attnlens.models.heads import TASKS, task_of
 
     assert task_of(["BertForQuestionAnswering"]) == "qa"
     assert task_of(["RobertaForSequenceClassification"]) == task_of([]) == "classification"
@@ -120,5 +120,5 @@ def test_tasks_are_named_in_one_table_that_loading_reads():
     with pytest.raises(InputError, match=r"^task='ner'; choose 'classification' or 'qa' or 'token' or 'causal-lm' "
                                          r"or 'seq2seq-lm'$"):
         Explainer.from_pretrained("/nonexistent", task="ner")
-    loading = (SRC / "loading.py").read_text()
+    loading = (SRC / "models" / "loading.py").read_text()
     assert 'if task == "qa"' not in loading

@@ -16,7 +16,7 @@ from attnlens.errors import InputError
 from attnlens.evaluation import EvalConfig, best_methods, write_tables
 from attnlens.evaluation.metrics import CURVES, METRICS
 from attnlens.evaluation.results import read_rows
-from attnlens.explanation import Explanation
+from attnlens.results.explanation import Explanation
 
 VIZ = Path(__file__).resolve().parents[1] / "src" / "attnlens" / "viz"
 
@@ -106,7 +106,7 @@ def test_renderers_do_not_import_the_result_type():
 
 def test_explanation_files_read_json_lines_through_the_one_reader(tmp_path):
     """JSON Lines are split on newlines only (str.splitlines also split on U+2028 inside a JSON string)."""
-    from attnlens.explanation import load_explanations
+    from attnlens.results.explanation import load_explanations
 
     exp = Explanation("a\u2028b", ["a", "b"], [False, False], 0, 0, [1.0], {"m": np.array([1.0, 2.0])})
     f = tmp_path / "e.jsonl"

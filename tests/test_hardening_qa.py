@@ -16,8 +16,8 @@ from conftest import PAD, V, make_model, make_tokenizer
 from transformers import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 
 from attnlens import Explainer, InputError
-from attnlens.explanation import Explanation
-from attnlens.heads import MULTI_LABEL, best_spans, head_for
+from attnlens.models.heads import MULTI_LABEL, best_spans, head_for
+from attnlens.results.explanation import Explanation
 from attnlens.viz.html import explanations_html
 from attnlens.viz.terminal import render_terminal
 

@@ -12,10 +12,10 @@ from conftest import make_model, make_tokenizer
 import attnlens.cli.explain as cli_explain
 from attnlens import Explainer
 from attnlens.cli import main
-from attnlens.explanation import Explanation
-from attnlens.safetext import terminal_safe
+from attnlens.results.explanation import Explanation
 from attnlens.viz import colors, plots
 from attnlens.viz.html import explanations_html, layer_heatmap_html
+from attnlens.viz.safetext import terminal_safe
 from attnlens.viz.terminal import render_terminal
 
 ATTACK = "\x1b[2J\x1b]0;pwned\x07"  # clear the screen, set the window title

@@ -11,10 +11,10 @@ from conftest import CLS, ENCODERS, PAD, SEP, V, make_model
 from torch import nn
 
 from attnlens import Explainer
-from attnlens.architectures import build_tiny
 from attnlens.errors import AttnLensError, InputError, ModelError
-from attnlens.heads import QAHead, TokenHead
 from attnlens.lrp import lrp_pass, rules, supports
+from attnlens.models.architectures import build_tiny
+from attnlens.models.heads import QAHead, TokenHead
 
 TEXTS = ["the movie was great", "i really didn ' t like this boring plot , but the actors were charming", "awful"]
 

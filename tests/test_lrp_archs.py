@@ -19,8 +19,8 @@ from torch import nn
 
 from attnlens import Explainer
 from attnlens.errors import InputError
-from attnlens.heads import Head
 from attnlens.lrp import lrp_pass, lrp_passes, supports
+from attnlens.models.heads import Head
 
 ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
          "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon", "phi3", "mixtral"]
@@ -809,7 +809,7 @@ def test_lrp_explains_the_scalar_the_head_gives(family):
 def test_chefer_refused_where_no_residual_sums_are_declared(restore_lrp_entry):
     from dataclasses import replace
 
-    from attnlens.architectures import ARCHITECTURES, register_architecture
+    from attnlens.models.architectures import ARCHITECTURES, register_architecture
 
     arch = ARCHITECTURES["gpt2"]
     register_architecture(replace(arch, lrp=replace(arch.lrp, blocks=())))
@@ -829,7 +829,7 @@ def test_chefer_refused_where_no_residual_sums_are_declared(restore_lrp_entry):
 
 @pytest.fixture
 def restore_lrp_entry():
-    from attnlens.architectures import ARCHITECTURES, register_architecture
+    from attnlens.models.architectures import ARCHITECTURES, register_architecture
 
     saved = ARCHITECTURES["gpt2"]
     yield
@@ -1211,7 +1211,7 @@ def test_one_forward_serves_both_rule_sets_for_every_prefix(family):
     """The same through a generation's one pass over the sequence, each row a prefix (batched products)."""
     import transformers
 
-    from attnlens.heads import LMHead
+    from attnlens.models.heads import LMHead
 
     cls = strong(family)
     lm_class = "GPT2LMHeadModel" if family == "gpt2" else type(cls).__name__.replace("SequenceClassification",

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
 
-from attnlens import Explainer, InputError, engine, generation, memory
-from attnlens.architectures import build_tiny
+from attnlens import Explainer, InputError
 from attnlens.cli import main
-from attnlens.memory import (
+from attnlens.core import engine, memory
+from attnlens.core import generation_engine as generation
+from attnlens.core.memory import (
     backward_row_bytes,
     budget_chunks,
     model_dims,
@@ -20,6 +21,7 @@ from attnlens.memory import (
     shared_pass_row_bytes,
 )
 from attnlens.methods import gradient
+from attnlens.models.architectures import build_tiny
 
 SHORT, LONG = "good", "the plot was boring but the actors were charming and the film is great i loved it"
 

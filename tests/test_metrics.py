@@ -22,7 +22,7 @@ from attnlens.evaluation import (
     score_examples,
 )
 from attnlens.evaluation.metrics import answer_token_positions, attcat_code_counts, paper_counts
-from attnlens.explanation import Explanation
+from attnlens.results.explanation import Explanation
 
 CLS, SEP, PAD = 101, 102, 0
 

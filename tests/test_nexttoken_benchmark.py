@@ -9,9 +9,9 @@ import torch
 from conftest import CLS, PAD, SEP, V
 
 from attnlens import Explainer, InputError
-from attnlens.architectures import build_tiny
 from attnlens.evaluation.nexttoken import NextTokenPredictor, PromptExample, fill, run_next_token_benchmark
 from attnlens.evaluation.perturb import Variant
+from attnlens.models.architectures import build_tiny
 
 TEMPLATE = "i really {text} ! it was"
 EXAMPLES = [PromptExample("a", "loved the charming movie", " good", 1),

@@ -6,7 +6,7 @@ import pytest
 from conftest import make_model, make_tokenizer
 
 from attnlens import Explainer
-from attnlens.progress import ExplainProgress, input_cost, planned_passes
+from attnlens.core.progress import ExplainProgress, input_cost, planned_passes
 
 SHORT = ["good", "bad", "fine", "dull"]
 LONG = ["the plot was boring but the actors were charming and the film is great i loved it",

@@ -15,7 +15,7 @@ import pytest
 
 from attnlens.cli import main
 from attnlens.errors import InputError
-from attnlens.explanation import Explanation, save_explanations
+from attnlens.results.explanation import Explanation, save_explanations
 from attnlens.viz.report import read_examples, report_html
 
 SUMMARY = Path(__file__).parent / "data" / "benchmark_summary.json"

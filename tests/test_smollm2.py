@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlens import models
 from attnlens.errors import ModelError
+from attnlens.models import shorthands as models
 
 
 def _fake_convert(calls: list[Path]):
@@ -179,7 +179,7 @@ def test_one_forward_over_the_generation_equals_a_row_per_step_on_smollm2(smollm
     one forward (batched vector-Jacobian products, one LRP pass) equal each step run as its own row."""
     import numpy as np
 
-    import attnlens.generation as generation
+    import attnlens.core.generation_engine as generation
 
     ex = smollm2_explainer
     methods = ["rawatt", "gae", "attcat", "inputxgradient", "attnlrp", "globenc", "alti", "decompx"]

@@ -13,9 +13,9 @@ import torch
 from conftest import CLS, PAD, SEP, V
 
 from attnlens import Explainer, InputError, ModelError, get_method
-from attnlens.architectures import build_tiny
 from attnlens.cli import main as cli_main
-from attnlens.explanation import Explanation
+from attnlens.models.architectures import build_tiny
+from attnlens.results.explanation import Explanation
 from attnlens.viz.colors import prediction_line
 from attnlens.viz.html import explanations_html
 

@@ -11,8 +11,8 @@ from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from attnlens import Explainer, Explanation
-from attnlens.architectures import build_tiny
-from attnlens.tokentext import BYTE_LEVEL, SENTENCEPIECE, decode_byte_level, readable, token_encoding
+from attnlens.models.architectures import build_tiny
+from attnlens.results.tokentext import BYTE_LEVEL, SENTENCEPIECE, decode_byte_level, readable, token_encoding
 from attnlens.viz.generation import generation_html, render_generation
 from attnlens.viz.terminal import render_terminal
 

@@ -13,8 +13,8 @@ import transformers
 from conftest import PAD, V, make_model
 
 from attnlens import Explainer, InputError, get_method
-from attnlens.architectures import ARCHITECTURES, architecture_for, register_architecture
 from attnlens.methods.valuezeroing import value_zeroing_matrices
+from attnlens.models.architectures import ARCHITECTURES, architecture_for, register_architecture
 
 DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "gemma2", "mixtral", "gpt_neox", "gptj", "phi", "phi3", "opt",
             "falcon", "bloom", "falcon-alibi")
@@ -183,7 +183,7 @@ def test_all_on_long_inputs_says_value_zeroing_dominates(tokenizer, monkeypatch)
     inputs, it runs quietly. (The tiny model takes 48 tokens: "long" is lowered to 12.)"""
     import warnings
 
-    from attnlens import engine
+    from attnlens.core import engine
 
     monkeypatch.setattr(engine, "LONG_INPUT", 12)
     ex = Explainer(make_model("bert"), tokenizer)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from attnlens.errors import InputError
-from attnlens.explanation import Explanation
+from attnlens.results.explanation import Explanation
 from attnlens.viz import colors, plots
 from attnlens.viz.html import explanations_html
 from attnlens.viz.terminal import render_terminal

@@ -8,12 +8,12 @@
 
 __version__ = "0.1.0"
 
-from .architectures import Architecture, register_adapter, register_architecture  # noqa: E402
 from .errors import AttnLensError, InputError, ModelError, UnknownMethodError  # noqa: E402
 from .explainer import Explainer  # noqa: E402
-from .explanation import Explanation, load_explanations, save_explanations  # noqa: E402
-from .generation import Generation, load_generations  # noqa: E402
 from .methods import get_method, list_methods, register  # noqa: E402
+from .models.architectures import Architecture, register_adapter, register_architecture  # noqa: E402
+from .results.explanation import Explanation, load_explanations, save_explanations  # noqa: E402
+from .results.generation import Generation, load_generations  # noqa: E402
 
 __all__ = [
     "Architecture",

@@ -1,5 +1,5 @@
 """The :class:`Explainer`: tokenizes, batches, runs the shared pass and every requested method, returns
-:class:`~attnlens.explanation.Explanation` objects in input order."""
+:class:`~attnlens.results.explanation.Explanation` objects in input order."""
 
 from __future__ import annotations
 
@@ -16,22 +16,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import engine
-from .adapters import Adapter
-from .architectures import adapter_for, finds_last_token_by_padding
-from .batching import pad_batch, predict_batches
-from .capture import run_capture
-from .context import BatchContext
-from .encoding import Encoded, TextInput, encode, model_max_length
+from .core import engine
+from .core.batch_state import BatchContext
+from .core.batching import pad_batch, predict_batches
+from .core.capture import run_capture
+from .core.encoding import Encoded, TextInput, encode, model_max_length
+from .core.generation_engine import explain_generation
+from .core.memory import parse_budget
+from .core.modelstate import explaining, last_token_head
+from .core.progress import ProgressCallback
 from .errors import InputError, ModelError
-from .explanation import Explanation
-from .generation import Generation, explain_generation
-from .heads import LMHead, decode_token, head_for, with_contrast
-from .loading import check_vocabulary, load_pretrained
-from .memory import parse_budget
 from .methods.registry import ATTENTION
-from .modelstate import explaining, last_token_head
-from .progress import ProgressCallback
+from .models.adapters import Adapter
+from .models.architectures import adapter_for, finds_last_token_by_padding
+from .models.heads import LMHead, decode_token, head_for, with_contrast
+from .models.loading import check_vocabulary, load_pretrained
+from .results.explanation import Explanation
+from .results.generation import Generation
 
 __all__ = ["Encoded", "Explainer", "TextInput"]
 
@@ -283,7 +284,8 @@ class Explainer:
                 warning.
 
         Returns:
-            A :class:`~attnlens.generation.Generation`: ``scores[m]`` is ``(n_generated, n_prompt + n_generated)``,
+            A :class:`~attnlens.results.generation.Generation`: ``scores[m]`` is
+            ``(n_generated, n_prompt + n_generated)``,
             row t explaining generated token t over the tokens before it (zeros after).
         """
         return explain_generation(self, prompt, methods, max_new_tokens=max_new_tokens, target=target,
@@ -306,7 +308,7 @@ class Explainer:
         """Scores of one padded batch in token space: ``{method: (scores (B, N), layers (B, L, N) | None)}``.
 
         Padding positions are exactly zero; a negative target is the predicted one. Used by :meth:`explain`
-        (see :mod:`attnlens.engine`); public for tests and evaluation code.
+        (see :mod:`attnlens.core.engine`); public for tests and evaluation code.
         """
         return engine.compute_batch(self, batch, targets, specs, method_options, target_kind, gradients,
                                     memory_budget=parse_budget(memory_budget))

@@ -20,17 +20,17 @@ import torch
 
 from .data import Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
-from .loading import (
+from .models.loading import (
     check_model_dir,
     check_tokenizer_files,
     load_weights,
-    quiet_transformers,
     resolve_device,
     resolve_dtype,
 )
-from .models import MINILM_ALIASES, minilm_dir
+from .models.quiet import quiet_transformers
+from .models.shorthands import MINILM_ALIASES, minilm_dir
 from .paths import check_output_path
-from .safetext import terminal_safe
+from .viz.safetext import terminal_safe
 
 EVAL_SPLITS = {
     "sst2": "dev",

@@ -15,7 +15,7 @@ from typing import IO, Any, NoReturn
 
 from .. import __version__
 from ..errors import AttnLensError
-from ..safetext import terminal_safe
+from ..viz.safetext import terminal_safe
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
 SUBCOMMANDS = ["explain", "benchmark", "train", "report"]
@@ -85,7 +85,7 @@ def add_placement_options(p: argparse.ArgumentParser, *, dtype: bool = True) -> 
 
 def placement(args: argparse.Namespace) -> tuple[Any, Any]:
     """``(device, dtype)`` of ``--device``/``--dtype``, checked before anything loads (``None``: not given)."""
-    from ..loading import resolve_device, resolve_dtype
+    from ..models.loading import resolve_device, resolve_dtype
 
     return resolve_device(args.device, "--device"), resolve_dtype(getattr(args, "dtype", None), "--dtype")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..safetext import terminal_safe
+from ..viz.safetext import terminal_safe
 from . import add_placement_options, placement
 from .explain import add_memory_options
 
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.occlusion_step < 1 or args.occlusion_max < 0:
         raise InputError("--occlusion-step must be >= 1 and --occlusion-max >= 0")
     check_output_path(args.out, "--out", directory=True)
-    from ..memory import parse_budget
+    from ..core.memory import parse_budget
 
     budget = None if args.memory_budget is None else parse_budget(args.memory_budget)
     device, dtype = placement(args)

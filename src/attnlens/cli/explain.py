@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import InputError, ModelError
 from ..paths import check_output_path
-from ..safetext import terminal_safe
+from ..viz.safetext import terminal_safe
 from . import add_placement_options, placement
 
 FORMATS = ("terminal", "html", "json", "jsonl")
@@ -204,9 +204,9 @@ def check_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import Explainer
-    from ..explanation import save_explanations
-    from ..memory import parse_budget
+    from ..core.memory import parse_budget
     from ..methods import resolve_methods
+    from ..results.explanation import save_explanations
 
     options = ig_options(args, resolve_methods(args.methods))  # fail on a typo before loading anything
     budget = parse_budget(args.memory_budget)
@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         plot_token_heatmap(exps[0], path=args.plot)
         _wrote(args.plot)
     if args.head_view:
-        from ..tokentext import encoding_meta, readable_tokens
+        from ..results.tokentext import encoding_meta, readable_tokens
         from ..viz.headview import attention_view_html
 
         tokens, special, attentions = explainer.attention_maps(texts[0])
@@ -325,8 +325,8 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
         plot_generation(gens[0], path=args.plot)
         _wrote(args.plot)
     if args.head_view:
-        from ..generation import attention_maps
-        from ..tokentext import readable_tokens
+        from ..core.generation_engine import attention_maps
+        from ..results.tokentext import readable_tokens
         from ..viz.headview import attention_view_html
 
         attentions = attention_maps(explainer, gens[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..safetext import terminal_safe
+from ..viz.safetext import terminal_safe
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

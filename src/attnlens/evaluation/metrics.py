@@ -38,7 +38,7 @@ import numpy as np
 from scipy import stats
 
 from ..errors import InputError
-from ..explanation import Explanation
+from ..results.explanation import Explanation
 from .perturb import MODES, Predict, Variant, perturb, predict_cached
 
 PROTOCOLS = ("paper", "attcat-code")

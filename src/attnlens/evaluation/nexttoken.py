@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..batching import predict_batches
+from ..core.batching import predict_batches
 from ..errors import InputError, ModelError
-from ..explanation import Explanation
+from ..results.explanation import Explanation
 from .metrics import EvalConfig, Item, mean_or_none, resolve_metrics, score_examples
 from .perturb import Variant
 

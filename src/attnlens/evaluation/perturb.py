@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..architectures import finds_last_token_by_padding
-from ..batching import length_sorted_chunks, pad_batch, predict_batches
+from ..core.batching import length_sorted_chunks, pad_batch, predict_batches
+from ..core.modelstate import EAGER, explaining
 from ..errors import InputError
-from ..modelstate import EAGER, explaining
+from ..models.architectures import finds_last_token_by_padding
 
 MODES = ("delete", "pad", "mask")
 

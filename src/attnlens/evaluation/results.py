@@ -24,7 +24,7 @@ import numpy as np
 
 from ..data import Dataset, iter_jsonl
 from ..errors import InputError
-from ..explanation import Explanation
+from ..results.explanation import Explanation
 
 try:  # POSIX advisory locks; elsewhere the results directory is not locked
     import fcntl

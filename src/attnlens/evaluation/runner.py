@@ -27,11 +27,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..architectures import adapter_for
 from ..data import Dataset
 from ..errors import InputError
-from ..explanation import Explanation
+from ..models.architectures import adapter_for
 from ..paths import check_output_path
+from ..results.explanation import Explanation
 from .metrics import (
     EvalConfig,
     Item,

@@ -1,6 +1,6 @@
 """LRP forwards of the modules the generic patches do not reach, named by architecture entries.
 
-An :class:`attnlens.architectures.LRPSupport` maps a module class to one of :data:`FORWARDS`; during an LRP
+An :class:`attnlens.models.architectures.LRPSupport` maps a module class to one of :data:`FORWARDS`; during an LRP
 pass that forward replaces the instance's own (``fn(module, state, *args, **kwargs)``). Each computes the
 stock module's values, with the LRP rules on its inline operations: nonlinearities that are not modules, gated
 products, RMSNorm, an attention that does not call transformers' attention interface (DeBERTa-v2), and the
@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from ..architectures import PreNorm
 from ..errors import ModelError
+from ..models.architectures import PreNorm
 from . import rules
 from .patch import CHEFER, PassState, attend, score_product
 

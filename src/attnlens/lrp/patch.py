@@ -22,8 +22,8 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 
-from ..architectures import LRP_SUPPORTED, LRPSupport, architecture_for
 from ..errors import InputError, ModelError
+from ..models.architectures import LRP_SUPPORTED, LRPSupport, architecture_for
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"
@@ -33,7 +33,7 @@ RULE_SETS = ("chefer", "chefer-lrp", "attnlrp", "cp")
 CHEFER = ("chefer", "chefer-lrp")
 _RENAMED = {"chefer-orig": "chefer-lrp"}
 
-# model_type -> display name of the architectures whose entry (attnlens.architectures) declares LRP support: the
+# model_type -> display name of the architectures whose entry (attnlens.models.architectures) declares LRP support: the
 # families whose stock modules the rules below cover. A live view: register_architecture updates it.
 SUPPORTED = LRP_SUPPORTED
 
@@ -219,7 +219,7 @@ def _support(model: nn.Module) -> LRPSupport:
 
 def residual_sites(model: nn.Module) -> list[tuple[nn.LayerNorm, nn.Module]]:
     """(LayerNorm, module whose output is the residual branch) for every post-LN residual sum ``LN(x + f(x))``,
-    as the architecture's entry declares them (:class:`attnlens.architectures.Residual`)."""
+    as the architecture's entry declares them (:class:`attnlens.models.architectures.Residual`)."""
     support = _support(model)
     sites = []
     for m in model.modules():

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from ..errors import InputError, ModelError
-from ..heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
-from ..prefixes import last_token_rows, row_gradients
+from ..models.heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
+from ..models.prefixes import last_token_rows, row_gradients
 from .patch import CHEFER, PassState, check_rules, lrp_mode
 
 
@@ -78,7 +78,7 @@ def lrp_pass(
         target_kind: ``"logit"`` (relevance starts as the target logit), ``"probability"`` or ``"loss"``
             (log-probability); for the last two the output softmax gets the same gradient x input rule as the
             attention softmax.
-        head: the task head (:mod:`attnlens.heads`) that reads the model output (``head.logits``) and forms the
+        head: the task head (:mod:`attnlens.models.heads`) that reads the model output (``head.logits``) and forms the
             explained scalar per example (``head.scalar``); default: the (multi-label) sequence classification
             head. Any head works whose scalar is a differentiable function of the logits and keeps the examples
             independent (e.g. one token's logit, or a difference of two logits, in a causal LM).

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..norms import rms_eps, rms_gain
+from ..models.norms import rms_eps, rms_gain
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -159,7 +159,8 @@ def rms_norm_backward(module: nn.Module):
 
 
 def rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """RMSNorm (``g * x / rms(x)``: Llama's g = weight, Gemma's 1 + weight, read by :func:`attnlens.norms.rms_gain`)
+    """RMSNorm (``g * x / rms(x)``: Llama's g = weight, Gemma's 1 + weight, read by
+    :func:`attnlens.models.norms.rms_gain`)
     with the root mean square treated as a constant.
 
     The identity rule on the normalisation (AttnLRP Sec. 3.3, LXT's ``rms_norm_forward``): the layer is then the

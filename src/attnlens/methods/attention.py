@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..context import BatchContext, Capture
+from ..core.batch_state import BatchContext, Capture
 from .registry import ATTENTION, GRADIENTS, MethodOutput, register
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..context import BatchContext, Capture
+from ..core.batch_state import BatchContext, Capture
 from ..errors import InputError
 from .registry import ATTENTION, GRADIENTS, HIDDEN, MethodOutput, register
 

@@ -12,7 +12,7 @@ attention of head h and f^h(a_j) = (a_j W_V^h + b_V^h) W_O^h the value of token 
 
 Nothing beyond the hidden states and attention of the shared pass is captured: each layer's value and output
 projections, norm statistics and FFN activations are recomputed from its input h^{l-1} with the model's own
-modules (an architecture's :class:`~attnlens.architectures.Anatomy` says where they are), and the recomputed
+modules (an architecture's :class:`~attnlens.models.architectures.Anatomy` says where they are), and the recomputed
 output is checked against the captured h^l, so a wrong anatomy is an error, never a silently wrong score.
 """
 
@@ -26,13 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters import FIRST, LAST
-from ..architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architecture_for
-from ..context import BatchContext, Capture
+from ..core.batch_state import BatchContext, Capture
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
-from ..norms import is_rms_norm, rms_eps, rms_gain
-from ..prefixes import last_positions, row_gradients
+from ..models.adapters import FIRST, LAST
+from ..models.architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architecture_for
+from ..models.norms import is_rms_norm, rms_eps, rms_gain
+from ..models.prefixes import last_positions, row_gradients
 from .attention import propagate
 from .registry import ATTENTION, HIDDEN, MethodOutput, register
 
@@ -561,7 +561,7 @@ def decompx_logits(ctx: BatchContext, bias: str = "absdot") -> torch.Tensor:
 
 def _frozen_norm(v: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """``norm(v)`` with its scale held constant (a linear map of ``v``, as DecompX reads a LayerNorm): a
-    LayerNorm (v − mean)/s ⊙ γ + β, an RMSNorm v/s ⊙ g (:func:`attnlens.norms.rms_gain`)."""
+    LayerNorm (v − mean)/s ⊙ γ + β, an RMSNorm v/s ⊙ g (:func:`attnlens.models.norms.rms_gain`)."""
     if isinstance(norm, nn.LayerNorm):
         out = (v - v.mean(-1, keepdim=True)) / _std(norm, v).detach()
         out = out if norm.weight is None else out * norm.weight

@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from captum.attr import InputXGradient, Saliency
 
-from ..batching import keeps_logits
-from ..context import BatchContext
+from ..core.batch_state import BatchContext
+from ..core.batching import keeps_logits
+from ..core.memory import backward_row_bytes, model_dims, rows_that_fit
 from ..errors import InputError
-from ..memory import backward_row_bytes, model_dims, rows_that_fit
-from ..prefixes import last_positions, last_token_rows
+from ..models.prefixes import last_positions, last_token_rows
 from .registry import EMBEDDINGS, GRADIENTS, OWN_PASS, MethodOutput, register
 
 ENGINES = ("shared", "captum")

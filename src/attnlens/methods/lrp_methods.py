@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..context import BatchContext
+from ..core.batch_state import BatchContext
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes
 from ..lrp.relevance import JOINT, check_settings

@@ -1,6 +1,7 @@
 """The method registry: one entry per explanation method, declaring what the shared pass must capture.
 
-A method is a small function ``compute(ctx, **options) -> MethodOutput`` of a :class:`~attnlens.context.BatchContext`.
+A method is a small function ``compute(ctx, **options) -> MethodOutput`` of a
+:class:`~attnlens.core.batch_state.BatchContext`.
 Most methods only read ``ctx.capture`` (the tensors of the one shared forward/backward pass); methods that need
 a pass of their own (Captum's integrated gradients, LRP) run it from ``ctx`` and may share it through
 ``ctx.cache``.
@@ -28,7 +29,7 @@ HIDDEN = "hidden"  # hidden states aligned with the attention keys
 EMBEDDINGS = "embeddings"  # output of the input-embedding module (token space)
 GRADIENTS = "gradients"  # gradients of the target w.r.t. the tensors above that the method declares (a backward)
 OWN_PASS = "own_pass"  # the method runs its own computation from ctx (not the shared capture)
-# Tensors the shared pass can keep (attnlens.capture.run_capture). A new kind, e.g. the value vectors of each
+# Tensors the shared pass can keep (attnlens.core.capture.run_capture). A new kind, e.g. the value vectors of each
 # layer, is one constant here plus one recorder there (a forward hook on the layer's value projection).
 # Tasks whose explained scalar the LRP pass can take from the head: a class logit; a token's logit at a position
 # (a token classifier's, a causal LM's); an answer span's start + end logits (extractive QA).

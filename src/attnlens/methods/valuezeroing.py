@@ -10,7 +10,7 @@ added identity (the residual is already inside the layer): R = C^L ··· C^1, s
 Cost: L·N reruns of one layer per example (about N forward passes), batched: the copies of one layer (one per
 example and zeroed real token) run in batches of at most ``MAX_ROWS`` token rows on the layer's captured input
 and arguments, never the whole model. The architecture entry says where the layers and their value projections are
-(:class:`attnlens.architectures.Layers`); types without one are skipped. Defined for self-attention streams:
+(:class:`attnlens.models.architectures.Layers`); types without one are skipped. Defined for self-attention streams:
 encoders, decoders (causally masked, so C^l[i, j] = 0 for j > i), and the encoder and decoder self-attention of
 encoder-decoders (BART: the decoder layers are rerun with their cross-attention inputs unchanged); not for
 cross-attention, whose queries and keys are different positions (no square matrices to roll out).
@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..architectures import Layers, architecture_for
-from ..context import BatchContext
+from ..core.batch_state import BatchContext
 from ..errors import ModelError
+from ..models.architectures import Layers, architecture_for
 from .attention import propagate
 from .registry import OWN_PASS, MethodOutput, register
 

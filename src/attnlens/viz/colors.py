@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InputError
-from ..tokentext import readable, readable_tokens
+from ..results.tokentext import readable, readable_tokens
 
 POSITIVE_RGB = (22, 163, 74)  # green
 NEGATIVE_RGB = (220, 38, 38)  # red

@@ -1,4 +1,4 @@
-"""Step × token views of an explained generation (:class:`attnlens.generation.Generation`): terminal, HTML
+"""Step × token views of an explained generation (:class:`attnlens.results.generation.Generation`): terminal, HTML
 (hover a generated token to see its step's scores on the text before it) and PNG/SVG.
 
 Each step's row is normalised on its own (by its largest |score| over the non-special tokens before the step),
@@ -23,8 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import InputError
-from ..safetext import terminal_safe
 from .colors import hex_color, normalized, shade, shown_tokens
+from .safetext import terminal_safe
 
 
 def _methods(g: Any, methods: Sequence[str] | None) -> list[str]:

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..data import iter_jsonl
 from ..errors import InputError
-from ..explanation import Explanation
 from ..paths import check_output_path
+from ..results.explanation import Explanation
 from .html import _e, _example, page
 
 SUMMARY = "summary.json"

@@ -15,7 +15,6 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from ..safetext import terminal_safe
 from .colors import (
     Explained,
     answer_positions,
@@ -30,6 +29,7 @@ from .colors import (
     top_split,
     truncation_note,
 )
+from .safetext import terminal_safe
 
 TOP_K = 5
 

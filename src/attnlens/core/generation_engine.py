@@ -1,12 +1,12 @@
 """Explaining what a language model generates: every registered method, for every generated token.
 
-A generation step is one example of the classifier engine (:func:`attnlens.engine.compute_batch`): its input is
-the prompt plus the tokens generated before it, and its head (:class:`attnlens.heads.LMHead`) reads the logit of
+A generation step is one example of the classifier engine (:func:`attnlens.core.engine.compute_batch`): its input is
+the prompt plus the tokens generated before it, and its head (:class:`attnlens.models.heads.LMHead`) reads the logit of
 the step's token at the input's last position, which is the position that predicts it. The steps of one
 generation go through the engine as the rows of padded batches: row ``t`` is the teacher-forced sequence
 prompt + continuation with the tokens after step ``t`` masked as padding, so each method works unchanged.
 Causal masking makes each row's forward and backward exactly those of the prefix alone; for decoder-only models
-the batch therefore also carries the sequence itself (:attr:`attnlens.context.BatchContext.sequence`) and the
+the batch therefore also carries the sequence itself (:attr:`attnlens.core.batch_state.BatchContext.sequence`) and the
 model runs once over it: the shared pass, integrated gradients' path points and the LRP pass each take one
 forward for all steps and each step's gradients by batched vector-Jacobian products (docs/generation.md).
 
@@ -18,23 +18,23 @@ continuation greedily (or takes the forced ``target``), explains all steps in ba
 from __future__ import annotations
 
 import copy
-import json
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from . import __version__, engine
-from .adapters import EncoderDecoderAdapter, StreamTensors
-from .context import BatchContext
+from .. import __version__
+from ..errors import InputError, ModelError
+from ..methods.registry import GRADIENTS
+from ..models.adapters import EncoderDecoderAdapter, StreamTensors
+from ..models.heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
+from ..results.generation import Generation
+from ..results.tokentext import encoding_meta
+from . import engine
+from .batch_state import BatchContext
 from .encoding import Encoded, encode
-from .errors import InputError, ModelError
-from .explanation import Explanation, _read_dicts
-from .heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
 from .memory import (
     model_dims,
     parse_budget,
@@ -43,184 +43,18 @@ from .memory import (
     step_gradient_bytes,
     warn_when_one_row_exceeds,
 )
-from .methods.registry import GRADIENTS
 from .modelstate import explaining
-from .tokentext import encoding_meta
 
 if TYPE_CHECKING:
-    from .explainer import Explainer
+    from ..explainer import Explainer
 
-__all__ = ["Generation", "explain_generation", "load_generations"]
+__all__ = ["explain_generation", "greedy", "attention_maps"]
 
 # Decoder-only steps share one forward over the sequence (BatchContext.sequence). False: each step's row runs
 # its own forward over its prefix (the same numbers, up to rounding; the tests compare the two).
 ONE_PASS = True
 
 
-@dataclass
-class Generation:
-    """Token scores of every generated token, for every method that was asked for.
-
-    Step ``t`` explains generated token ``t`` (its logit, probability or log-probability; minus the contrast
-    token's where a contrast was given) over the ``n_prompt + t`` tokens before it; its row of a score matrix is
-    zero from column ``n_prompt + t`` on (a token cannot explain itself or what follows it).
-
-    Attributes:
-        prompt: the prompt as given (before any chat template).
-        prompt_tokens, prompt_ids, prompt_special: the encoded prompt (chat template and special tokens
-            included), special tokens flagged.
-        generated_tokens, generated_ids: the explained continuation, one entry per step (greedy or forced).
-        generated: each generated token decoded as text (``" Paris"``).
-        scores: method id -> ``(n_generated, n_prompt + n_generated)`` matrix; row ``t`` explains step ``t``.
-        probabilities: the probability of each generated token at its step (given the tokens before it).
-        predicted_ids: the model's greedy choice at each step (equal to ``generated_ids`` unless forced).
-        contrast_ids, contrast_probabilities: the contrast token of each step and its probability, or ``None``.
-        forced: whether the continuation was given (teacher forcing) rather than generated greedily.
-        meta: how it was made (model, target kind, chat template, method options, ...).
-    """
-
-    prompt: str
-    prompt_tokens: list[str]
-    prompt_ids: list[int]
-    prompt_special: list[bool]
-    generated_tokens: list[str]
-    generated_ids: list[int]
-    generated: list[str]
-    scores: dict[str, np.ndarray] = field(default_factory=dict)
-    probabilities: list[float] = field(default_factory=list)
-    predicted_ids: list[int] = field(default_factory=list)
-    contrast_ids: list[int] | None = None
-    contrast_probabilities: list[float] | None = None
-    forced: bool = False
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    # ------------------------------------------------------------------ queries
-    @property
-    def methods(self) -> list[str]:
-        return list(self.scores)
-
-    @property
-    def tokens(self) -> list[str]:
-        """Prompt tokens followed by the generated ones: the columns of every score matrix."""
-        return self.prompt_tokens + self.generated_tokens
-
-    @property
-    def special(self) -> list[bool]:
-        """Special-token flags of :attr:`tokens` (never ranked, shown greyed)."""
-        return self.prompt_special + list(self.meta.get("generated_special", [False] * len(self.generated_ids)))
-
-    @property
-    def n_prompt(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
-    def text(self) -> str:
-        """The generated continuation as text."""
-        return "".join(self.generated)
-
-    def step(self, t: int) -> Explanation:
-        """Step ``t`` as an :class:`Explanation` of its ``n_prompt + t`` input tokens (any renderer takes it)."""
-        if not -len(self.generated_ids) <= t < len(self.generated_ids):
-            raise InputError(f"step {t} is out of range: {len(self.generated_ids)} tokens were generated")
-        t %= len(self.generated_ids)
-        n = self.n_prompt + t
-        meta = {**self.meta, "step": t, "target_token": self.generated[t]}
-        if self.contrast_ids is not None:
-            meta["contrast"] = self.contrast_ids[t]
-        return Explanation(
-            text=self.prompt, tokens=self.tokens[:n], special=self.special[:n],
-            target=self.generated_ids[t], predicted=self.predicted_ids[t],
-            probabilities=[self.probabilities[t]],
-            scores={m: s[t, :n].copy() for m, s in self.scores.items()},
-            input_ids=(self.prompt_ids + self.generated_ids)[:n], meta=meta,
-        )
-
-    # ------------------------------------------------------------------ JSON
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON contract (docs/generation-format.md)."""
-        return {
-            "prompt": self.prompt,
-            "prompt_tokens": self.prompt_tokens,
-            "prompt_ids": self.prompt_ids,
-            "prompt_special": self.prompt_special,
-            "generated_tokens": self.generated_tokens,
-            "generated_ids": self.generated_ids,
-            "generated": self.generated,
-            "target_ids": self.generated_ids,
-            "contrast_ids": self.contrast_ids,
-            "probabilities": self.probabilities,
-            "contrast_probabilities": self.contrast_probabilities,
-            "predicted_ids": self.predicted_ids,
-            "forced": self.forced,
-            "scores": {m: s.tolist() for m, s in self.scores.items()},
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Generation:
-        try:
-            return cls(
-                prompt=d["prompt"], prompt_tokens=list(d["prompt_tokens"]), prompt_ids=list(d["prompt_ids"]),
-                prompt_special=[bool(x) for x in d["prompt_special"]],
-                generated_tokens=list(d["generated_tokens"]), generated_ids=list(d["generated_ids"]),
-                generated=list(d["generated"]),
-                scores={m: np.asarray(s, dtype=float).reshape(len(d["generated_ids"]), -1)
-                        for m, s in d["scores"].items()},
-                probabilities=list(d["probabilities"]), predicted_ids=list(d.get("predicted_ids") or []),
-                contrast_ids=d.get("contrast_ids"), contrast_probabilities=d.get("contrast_probabilities"),
-                forced=bool(d.get("forced", False)), meta=dict(d.get("meta") or {}),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"not an attnlens generation explanation: {type(exc).__name__}: {exc}") from None
-
-    def save(self, path: str | Path) -> None:
-        """Write the JSON form (:meth:`to_dict`) to ``path``."""
-        Path(path).write_text(json.dumps(self.to_dict()), encoding="utf-8")
-
-    @classmethod
-    def load(cls, path: str | Path) -> Generation:
-        """Read a :meth:`save` document (several: :func:`load_generations`)."""
-        (g, *more) = load_generations(path)
-        if more:
-            raise InputError(f"{path} holds {1 + len(more)} generations: read them with load_generations")
-        return g
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Generation):
-            return NotImplemented
-        mine, theirs = self.to_dict(), other.to_dict()
-        return mine == theirs
-
-    # ------------------------------------------------------------------ display
-    def show(self, methods: Sequence[str] | None = None, **kwargs: Any) -> None:
-        """Step × token heatmaps in the terminal (one per method)."""
-        from .viz.generation import show_generation
-
-        show_generation(self, methods, **kwargs)
-
-    def to_html(self, methods: Sequence[str] | None = None, **kwargs: Any) -> str:
-        """A standalone HTML page: the continuation, and hovering a generated token shows its step's scores."""
-        from .viz.generation import generation_html
-
-        return generation_html(self, methods, **kwargs)
-
-
-    def plot(self, method: str | None = None, path: str | Path | None = None) -> Any:
-        """Step × token heatmap of ``method`` (default: the first) as a matplotlib figure; PNG/SVG to ``path``."""
-        from .viz.generation import plot_generation
-
-        return plot_generation(self, method, path)
-
-
-def load_generations(path: str | Path) -> list[Generation]:
-    """Every generation of a file: one :meth:`Generation.save` document, a JSON array (``attnlens explain
-    --generate --format json``) or JSON Lines (``--format jsonl``)."""
-    if not Path(path).is_file():
-        raise InputError(f"cannot read {path}: no such file")
-    return [Generation.from_dict(d) for d in _read_dicts(path)]
-
-
-# ---------------------------------------------------------------------------------------------------- engine
 def explain_generation(
     ex: Explainer,
     prompt: str,
@@ -406,7 +240,7 @@ def _decoder_stream_methods(specs: list[Any], methods: Any) -> list[Any]:
     encoder's, nor those running passes of their own (integrated gradients, value zeroing), which perturb the
     encoder's input or have not been checked on the decoder stream (skipped with a warning under ``"all"``,
     refused when named)."""
-    from .methods.registry import EMBEDDINGS, OWN_PASS
+    from ..methods.registry import EMBEDDINGS, OWN_PASS
 
     bad = [s.name for s in specs if EMBEDDINGS in s.needs or OWN_PASS in s.needs]
     if bad and methods not in (None, "all"):
@@ -509,8 +343,8 @@ def _check_count(name: str, value: Any) -> None:
 def attention_maps(ex: Explainer, g: Generation) -> np.ndarray:
     """Attention probabilities ``(L, H, N, N)`` of the explained stream over the whole prompt + continuation of
     ``g`` (one forward pass), for the head view."""
-    from .capture import run_capture
-    from .methods.registry import ATTENTION
+    from ..core.capture import run_capture
+    from ..methods.registry import ATTENTION
 
     if isinstance(ex.head, Seq2SeqLMHead):
         raise InputError("the head view of a generation shows one self-attention over prompt + continuation: "

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from .errors import ModelError
+from ..errors import ModelError
 
 EAGER = "eager"
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")

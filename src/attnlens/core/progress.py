@@ -28,7 +28,7 @@ def planned_passes(options: dict[str, Any]) -> float:
     adaptive run may take more or fewer; the bar is topped up or capped per batch), else one."""
     steps = options.get("n_steps")
     if steps is None and "n_steps" in options:  # an adaptive schedule: plan what it typically takes
-        from .methods.gradient import TYPICAL_STEPS
+        from ..methods.gradient import TYPICAL_STEPS
 
         steps = TYPICAL_STEPS
     # unchecked here (the method checks its options and raises): a bad value plans one pass

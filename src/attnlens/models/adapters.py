@@ -11,7 +11,7 @@ Families:
   shifted right by one (position 0 is the decoder start token), so decoder key ``i + 1`` is input token ``i``;
   the final EOS itself is never a decoder key and scores 0 in that stream.
 
-Which model type uses which adapter (and how its head pools) is declared in :mod:`attnlens.architectures`.
+Which model type uses which adapter (and how its head pools) is declared in :mod:`attnlens.models.architectures`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import InputError, ModelError
+from ..errors import InputError, ModelError
 from .prefixes import last_positions
 
 

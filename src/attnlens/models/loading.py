@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import pickle
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, ModelError
+from ..errors import InputError, ModelError
 from .heads import TASKS, task_of
-from .models import is_shorthand, resolve_shorthand
+from .quiet import quiet_transformers
+from .shorthands import is_shorthand, resolve_shorthand
 
 DEVICES = "cpu, cuda, cuda:N, mps or auto"
 # dtype names a user may give (the --dtype choices first), and the torch dtype each stands for
@@ -59,24 +58,6 @@ def check_model_dir(name: str) -> Path | None:
         raise ModelError(f"could not load model {name}: the directory has no config.json, so it is not a saved "
                          "HuggingFace model")
     return path
-
-
-@contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' progress bars and load reports while loading: attnlens checks what they report
-    (newly initialised weights) itself and turns it into an error or one line of its own."""
-    from transformers.utils import logging as hf_logging
-
-    bar = hf_logging.is_progress_bar_enabled()
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bar:
-            hf_logging.enable_progress_bar()
 
 
 def _weights_file(path: Path | None) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import InputError, ModelError
+from ..errors import InputError, ModelError
 from .prefixes import last_positions
 
 TARGET_KINDS = ("logit", "probability", "loss")
@@ -132,7 +132,7 @@ class Head:
         return None
 
     def locate(self, encoded: list[Any], targets: list[Any]) -> list[Any]:
-        """Resolved targets checked against the encoded inputs (:class:`~attnlens.encoding.Encoded`), with
+        """Resolved targets checked against the encoded inputs (:class:`~attnlens.core.encoding.Encoded`), with
         anything that needs the tokens filled in (token classification: words as token positions)."""
         return targets
 
@@ -328,7 +328,7 @@ def _span(t: Any) -> tuple[int, int]:
 def context_positions(e: Any) -> list[bool]:
     """Token positions an extractive QA answer may use: the non-special tokens of the context, which is the
     second sequence of a (question, context) pair (sequence id 1, else token type 1); all non-special tokens of
-    a single text. ``e`` is an :class:`~attnlens.encoding.Encoded` input."""
+    a single text. ``e`` is an :class:`~attnlens.core.encoding.Encoded` input."""
     if isinstance(e.text, list):
         if e.sequence_ids is not None:
             return [s == 1 and not sp for s, sp in zip(e.sequence_ids, e.special, strict=True)]
@@ -341,7 +341,7 @@ class TokenHead(Head):
     """Token classification (NER, POS tagging): one label per token; an explanation is of one token's label.
 
     Internal targets are ``(position, label)`` pairs, ``label`` :data:`PREDICTED` for the label the model
-    predicts at ``position``. :class:`~attnlens.explanation.Explanation` shows the label as ``target`` and
+    predicts at ``position``. :class:`~attnlens.results.explanation.Explanation` shows the label as ``target`` and
     ``predicted`` (as for sequence classifiers), the token in ``meta["position"]`` / ``meta["token"]``, and every
     token's predicted label in ``meta["predicted_labels"]``.
     """
@@ -480,7 +480,7 @@ class LMHead(Head):
     Logits are ``(B, N, V)``; the prediction read is the one at each input's last real token (inputs are
     right-padded), a target is a token id, and the explained scalar is that token's logit (probability,
     log-probability) there. A generation step is such an input: the prompt plus the tokens generated before it
-    (:mod:`attnlens.generation`). ``vocab_size`` bounds the token ids a user may give.
+    (:mod:`attnlens.results.generation`). ``vocab_size`` bounds the token ids a user may give.
     """
 
     task = "causal-lm"
@@ -547,7 +547,7 @@ def decode_token(tokenizer: Any, token_id: int) -> str:
 
 class Seq2SeqLMHead(LMHead):
     """Next-token prediction of an encoder-decoder language model (BART, T5 ``…ForConditionalGeneration``):
-    logits ``(B, N_decoder, V)``. Only generation (:mod:`attnlens.generation`) feeds these models: every row of
+    logits ``(B, N_decoder, V)``. Only generation (:mod:`attnlens.results.generation`) feeds these models: every row of
     a batch holds the whole teacher-forced decoder input, so a target says where it is read, as a
     ``(token, decoder position, contrast token or -1)`` triple; the explained scalar is the token's value at
     that position, minus the contrast token's when there is one."""

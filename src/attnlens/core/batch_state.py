@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .heads import CLASSIFICATION, TARGET_KINDS, Head
+from ..models.heads import CLASSIFICATION, TARGET_KINDS, Head
 from .memory import DEFAULT_BUDGET
 
 if TYPE_CHECKING:
-    from .adapters import Adapter
+    from ..models.adapters import Adapter
 
 __all__ = ["TARGET_KINDS", "BatchContext", "Capture"]
 

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .adapters import Adapter
-from .context import Capture
-from .heads import CLASSIFICATION, Head
-from .methods.registry import ATTENTION, CAPTURED, EMBEDDINGS, HIDDEN
-from .prefixes import RowViews, last_token_rows, row_gradients
+from ..methods.registry import ATTENTION, CAPTURED, EMBEDDINGS, HIDDEN
+from ..models.adapters import Adapter
+from ..models.heads import CLASSIFICATION, Head
+from ..models.prefixes import RowViews, last_token_rows, row_gradients
+from .batch_state import Capture
 
 
 def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,7 +1,7 @@
 """The batch engine: which methods run, and per padded batch one shared pass (:func:`compute_batch`) whose
-captured tensors every method reads, turned into :class:`~attnlens.explanation.Explanation` objects
+captured tensors every method reads, turned into :class:`~attnlens.results.explanation.Explanation` objects
 (:func:`explain_batch`). Task-specific parts (targets, probabilities, metadata) are the head's
-(:mod:`attnlens.heads`); architecture facts are the adapter's."""
+(:mod:`attnlens.models.heads`); architecture facts are the adapter's."""
 
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import __version__
+from .. import __version__
+from ..errors import InputError
+from ..methods import get_method, resolve_methods
+from ..methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
+from ..results.explanation import Explanation
+from ..results.tokentext import encoding_meta
+from .batch_state import TARGET_KINDS, BatchContext
 from .capture import run_capture
-from .context import TARGET_KINDS, BatchContext
 from .encoding import Encoded
-from .errors import InputError
-from .explanation import Explanation
 from .memory import DEFAULT_BUDGET, budget_chunks, model_dims, shared_pass_row_bytes, warn_when_one_row_exceeds
-from .methods import get_method, resolve_methods
-from .methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from .modelstate import explaining
 from .progress import ExplainProgress, ProgressCallback, planned_passes
-from .tokentext import encoding_meta
 
 if TYPE_CHECKING:
-    from .explainer import Explainer
+    from ..explainer import Explainer
 
 
 def _asks_all(methods: str | Sequence[str] | None) -> bool:

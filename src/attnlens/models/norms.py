@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .errors import ModelError
+from ..errors import ModelError
 
 
 def is_rms_norm(norm: nn.Module) -> bool:

@@ -11,8 +11,8 @@ from typing import Any, Union
 import numpy as np
 from torch import nn
 
-from .architectures import architecture_for
-from .errors import InputError, ModelError
+from ..errors import InputError, ModelError
+from ..models.architectures import architecture_for
 
 TextInput = Union[str, tuple[str, str], list[str]]  # noqa: UP007 (a runtime alias on Python 3.10)
 UNKNOWN_WARNING_FRACTION = 0.5  # warn when more of the inputs' (non-special) tokens are the unknown token

@@ -2,7 +2,7 @@
 
 An :class:`Architecture` says, for one ``config.model_type``:
 
-- ``adapter``: the family's adapter (:mod:`attnlens.adapters`: which attention streams, hidden states and query
+- ``adapter``: the family's adapter (:mod:`attnlens.models.adapters`: which attention streams, hidden states and query
   rows are explained); its ``family`` is ``encoder``, ``decoder`` or ``encoder-decoder``;
 - ``pooling``: where the classification head reads the final states (``first`` token, ``last`` real token, the
   decoder's ``eos``, or the ``mean`` over real tokens), or a function of the config choosing one;
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import InputError, ModelError
 from .adapters import (
     DECODER,
     ENCODER,
@@ -39,7 +40,6 @@ from .adapters import (
     POOLINGS,
     Adapter,
 )
-from .errors import InputError, ModelError
 
 
 @dataclass(frozen=True)
@@ -258,7 +258,7 @@ class Architecture:
         return self.adapter.family
 
     def pooling_for(self, config: Any) -> str:
-        """Where this model's head reads (:data:`attnlens.adapters.POOLINGS`)."""
+        """Where this model's head reads (:data:`attnlens.models.adapters.POOLINGS`)."""
         pooling = self.pooling(config) if callable(self.pooling) else self.pooling
         return pooling or self.adapter.pooling
 
@@ -626,7 +626,7 @@ def architecture_for(config: Any) -> Architecture:
         raise ModelError(
             f"encoder-decoder model type {model_type!r} has no adapter; supported: "
             f"{', '.join(k for k, a in ARCHITECTURES.items() if a.family == 'encoder-decoder')} "
-            "(see attnlens.architectures.register_architecture)"
+            "(see attnlens.models.architectures.register_architecture)"
         )
     return Architecture(model_type, DECODER if getattr(config, "is_decoder", False) else ENCODER)
 
