@@ -17,11 +17,12 @@ import torch
 from torch import nn
 
 from .core import engine
+from .core.answer_engine import explain_answer
 from .core.batch_state import BatchContext
 from .core.batching import pad_batch, predict_batches
 from .core.capture import run_capture
 from .core.encoding import Encoded, TextInput, encode, model_max_length
-from .core.generation_engine import explain_generation
+from .core.generation_engine import _prompt_ids, _token_ids, explain_generation
 from .core.memory import parse_budget
 from .core.modelstate import explaining, last_token_head
 from .core.progress import ProgressCallback
@@ -31,8 +32,10 @@ from .models.adapters import Adapter
 from .models.architectures import adapter_for, finds_last_token_by_padding
 from .models.heads import LMHead, decode_token, head_for, with_contrast
 from .models.loading import check_vocabulary, load_pretrained
+from .results.context_attribution import ContextAttribution
 from .results.explanation import Explanation
 from .results.generation import Generation
+from .sources.attribute import attribute_context
 
 __all__ = ["Encoded", "Explainer", "TextInput"]
 
@@ -291,6 +294,92 @@ class Explainer:
         return explain_generation(self, prompt, methods, max_new_tokens=max_new_tokens, target=target,
                                   contrast=contrast, chat=chat, target_kind=target_kind, batch_size=batch_size,
                                   options=options, memory_budget=memory_budget)
+
+    def explain_answer(
+        self,
+        prompt: str | Sequence[int],
+        answer: str | Sequence[int],
+        methods: str | Sequence[str] | None = "all",
+        *,
+        chat: bool = False,
+        target_kind: str = "loss",
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+        memory_budget: str | int | None = None,
+        progress: bool | ProgressCallback = False,
+    ) -> Explanation:
+        """Explain a language model's answer as a whole: the sum of the answer tokens' log-probabilities after
+        ``prompt`` (``target_kind="logit"``: of their logits), one pass per method for the whole answer.
+
+        Args:
+            prompt: text (with the tokenizer's special tokens; ``chat``: through its chat template) or token ids.
+            answer: the continuation, as text (tokenized without special tokens; a leading space is part of it)
+                or token ids.
+            methods, options, memory_budget, progress: as for :meth:`explain`.
+
+        Returns:
+            An :class:`Explanation` over prompt + answer tokens: ``target`` is the answer's token span
+            ``[start, end)``, ``probabilities`` each answer token's probability, ``meta["answer_logprob"]`` their
+            summed log-probability. For methods linear in the explained value, the scores equal the sum over
+            the answer's tokens of :meth:`explain_generation`'s rows.
+        """
+        if isinstance(prompt, str):
+            prompt_ids, _ = _prompt_ids(self, prompt, chat)
+        else:
+            prompt_ids = _token_ids(self, list(prompt), "prompt")
+        answer_ids = _token_ids(self, answer, "answer")
+        return explain_answer(self, prompt_ids, answer_ids, methods, target_kind=target_kind, options=options,
+                              memory_budget=memory_budget, progress=progress,
+                              text=prompt if isinstance(prompt, str) else "")
+
+    def attribute_context(
+        self,
+        context: str,
+        query: str,
+        *,
+        answer: str | None = None,
+        sources: str | Sequence[Any] = "sentence",
+        methods: str | Sequence[str] | None = None,
+        template: str | None = None,
+        chat: bool | None = None,
+        answer_span: tuple[int, int] | None = None,
+        max_new_tokens: int = 64,
+        ablation: str = "remove",
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+        memory_budget: str | int | None = None,
+        progress: bool = False,
+    ) -> ContextAttribution:
+        """Which sources of ``context`` the answer to ``query`` came from, by each method.
+
+        Args:
+            context: the text given to the model (retrieved passages, a report, a chat history).
+            query: the question.
+            answer: the answer to attribute (the continuation after the prompt; default: generated greedily,
+                at most ``max_new_tokens`` tokens, without the end-of-turn token).
+            sources: ``"sentence"`` (default), ``"passage"`` (blank-line-separated blocks), ``"line"``, or a list
+                of ``(start, end)`` character spans of the context, or of strings found in it in order.
+            methods: token-level methods (any of :func:`attnlens.list_methods`, their token scores summed per
+                source) and source-level ones: ``"loo"`` (leave one out), ``"contextcite"`` (random ablations
+                + Lasso surrogate), ``"at2"`` (learned attention weights); ``"all"``; default
+                ``decompx, attnlrp, loo``.
+            template: the user message around context and query (default ``"Context: {context}\n\nQuery:
+                {query}"``).
+            chat: put the message through the tokenizer's chat template (default: when it has one).
+            answer_span: explain only this ``(start, end)`` character span of the answer (the tokens it
+                overlaps; the answer's earlier tokens stay in the input).
+            ablation: how the ablation methods take a source out: ``"remove"`` its characters and tokenize again
+                (default), or ``"mask"`` its tokens from attention.
+            options: per-method options, e.g. ``{"contextcite": {"n_ablations": 256}}``.
+            memory_budget, progress: as for :meth:`explain`.
+
+        Returns:
+            A :class:`~attnlens.results.context_attribution.ContextAttribution`: the sources with one score per
+            method (higher: the answer depends more on that source), token-level scores, character offsets of
+            sources (in ``context``) and answer tokens (in ``answer``), and ``meta`` (the share of each method's
+            token scores outside every source, seconds per method, the answer's log-probability).
+        """
+        return attribute_context(self, context, query, answer=answer, sources=sources, methods=methods,
+                                 template=template, chat=chat, answer_span=answer_span, max_new_tokens=max_new_tokens,
+                                 ablation=ablation, options=options, memory_budget=memory_budget, progress=progress)
 
     def _with_head(self, head: Any) -> Explainer:
         """A shallow copy (same model and tokenizer) explaining with ``head`` (e.g. a contrast)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from .errors import InputError
@@ -28,4 +29,20 @@ def check_output_path(path: str | os.PathLike[str], option: str, *, directory: b
         raise InputError(f"{option} {path} cannot be created: {existing} is a file, not a directory")
     if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK | os.X_OK):
         raise InputError(f"{option} {path} cannot be written: no write permission in {existing}")
+    return p
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` (UTF-8) through a temporary file in the same folder, renamed into place, so
+    an interrupted run never leaves a half-written file; missing parent folders are created."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".attnlens-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return p

@@ -18,7 +18,7 @@ from ..errors import AttnLensError
 from ..viz.safetext import terminal_safe
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
-SUBCOMMANDS = ["explain", "benchmark", "train", "report"]
+SUBCOMMANDS = ["explain", "cite", "benchmark", "train", "report"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -106,8 +106,9 @@ def run_capture(
     else:
         cls = positions
     stream_tensors = adapter.select(outputs, stream, token_mask, cls)
-    if positions is not None:
-        stream_tensors.query_weights = torch.nn.functional.one_hot(positions, stream_tensors.query_mask.shape[1])
+    weights = head.query_weights(targets, stream_tensors.query_mask.shape[1])
+    if weights is not None:
+        stream_tensors.query_weights = weights
     logits = head.logits(outputs)
     if targets is None:
         targets = head.predicted(logits, token_mask, answer_mask)

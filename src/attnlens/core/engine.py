@@ -214,7 +214,7 @@ def explain_batch(
     ctx, out = compute_batch(ex, batch, targets, specs, method_options, target_kind, gradients,
                              memory_budget=memory_budget, tracker=tracker)
     head = ex.head
-    probs = head.probabilities(ctx.capture.logits, ctx.token_mask).cpu().numpy()
+    shown = head.shown(ctx.capture.logits, ctx.token_mask, ctx.targets)
     predicted = head.prediction(ctx.capture.logits, ctx.token_mask, ctx.answer_mask)
     chosen = ctx.targets.cpu().tolist()
     labels = ex.labels or None
@@ -241,7 +241,7 @@ def explain_batch(
             special=list(e.special),
             target=chosen[b],
             predicted=predicted[b],
-            probabilities=head.shown_probabilities(probs[b], chosen[b]),
+            probabilities=shown[b],
             scores={m: s[b, :n].copy() for m, (s, _) in host.items()},
             layers={m: lay[b, :, :n].copy() for m, (_, lay) in host.items() if lay is not None},
             labels=labels,

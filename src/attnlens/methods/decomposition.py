@@ -685,7 +685,11 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
                 y = _frozen_norm(h + att, mods["ln1"])
                 h = _frozen_norm(y + _linear_ffn(mods, y), mods["ln2"])
             _check_layer(model, i, h.detach(), hidden[i + 1], real)
-        if anatomy.pre_ln:  # each row's last token (a generation's steps: each its own, in the one sequence)
+        read = ctx.head.read_rows(ctx.targets)
+        if read is not None:  # a head summing values read at several positions (an answer's tokens)
+            example, position, label = read
+            state = h[example, position]
+        elif anatomy.pre_ln:  # each row's last token (a generation's steps: each its own, in the one sequence)
             last = last_positions(rows_real).to(h.device)
             state = h[0, last] if ctx.sequence is not None else h[torch.arange(h.shape[0], device=h.device), last]
         else:
@@ -694,7 +698,11 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
             state = linear(state)
             if act is not None:
                 state = _linearised(act, state)
-        logit = (state * _output_weights(state.detach(), ctx.targets, contrast)).sum(-1)
+        if read is None:
+            logit = (state * _output_weights(state.detach(), ctx.targets, contrast)).sum(-1)
+        else:  # each read value decomposed at its own position, summed per example
+            values = (state * _output_weights(state.detach(), label, contrast)).sum(-1)
+            logit = torch.zeros(h.shape[0], dtype=values.dtype, device=values.device).index_add(0, example, values)
         if ctx.sequence is None:
             g0, gv = torch.autograd.grad(logit.sum(), [x0, value0])
         else:  # each row's scalar through the one sequence: batched vector-Jacobian products
@@ -721,7 +729,9 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
     (1 − p_t)(z_t − z_other)) instead of z_t, what moves the target's probability."""
     if bias not in BIAS_MODES:
         raise InputError(f"bias={bias!r}; choose one of {', '.join(BIAS_MODES)}")
-    if ctx.target_kind != "logit":
+    if ctx.head.read_rows(ctx.targets) is not None and ctx.target_kind == "loss":
+        contrast = True  # an answer's log-probabilities: each token's z_t − Σ_c p_c z_c, their first-order change
+    elif ctx.target_kind != "logit":
         raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")
     if bias == "token":
         return MethodOutput(decompx_token_scores(ctx, contrast)[0])

