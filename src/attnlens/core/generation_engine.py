@@ -264,7 +264,7 @@ def _decoder_start(ex: Explainer) -> int:
 def greedy(ex: Explainer, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """The greedy continuation (argmax at every step, no sampling or logits processors) of at most
     ``max_new_tokens`` tokens, stopping after an end-of-sequence token; key/value cache reused between steps."""
-    eos = _eos_ids(ex)
+    eos = eos_ids(ex)
     room = ex.max_length - len(prompt_ids)
     if room < 1 and not isinstance(ex.head, Seq2SeqLMHead):
         raise InputError(f"the prompt has {len(prompt_ids)} tokens: no room to generate within the model's "
@@ -294,7 +294,8 @@ def greedy(ex: Explainer, prompt_ids: list[int], max_new_tokens: int) -> list[in
     return out
 
 
-def _eos_ids(ex: Explainer) -> set[int]:
+def eos_ids(ex: Explainer) -> set[int]:
+    """The token ids that end a generation (the model's generation config, config and tokenizer)."""
     found: set[int] = set()
     for source in (getattr(ex.model, "generation_config", None), ex.model.config, ex.tokenizer):
         value = getattr(source, "eos_token_id", None)

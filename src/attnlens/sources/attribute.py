@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import __version__
 from ..core.answer_engine import explain_answer
-from ..core.generation_engine import greedy
+from ..core.generation_engine import eos_ids, greedy
 from ..core.memory import parse_budget
 from ..errors import InputError
 from ..methods import resolve_methods
@@ -125,7 +125,7 @@ def attribute_context(
     budget = parse_budget(memory_budget)
     if answer is None:
         ids = greedy(ex, prompt.ids, max_new_tokens)
-        eos = {i for i in (getattr(ex.tokenizer, "eos_token_id", None),) if i is not None}
+        eos = eos_ids(ex)
         while ids and ids[-1] in eos:  # the end-of-turn token is not part of the answer
             ids = ids[:-1]
         if not ids:
@@ -136,11 +136,12 @@ def attribute_context(
     if len(prompt.ids) + len(ids) > ex.max_length:
         raise InputError(f"prompt ({len(prompt.ids)} tokens) + answer ({len(ids)}) is longer than the model's "
                          f"maximum of {ex.max_length} tokens")
-    answer_text, answer_offsets = _answer_offsets(ex, ids)
-    if answer is not None and answer_text != answer:  # keep the caller's text: offsets must index it
-        answer_offsets = [(a, b) for a, b in ex.tokenizer(answer, add_special_tokens=False,
-                                                          return_offsets_mapping=True)["offset_mapping"]]
+    if answer is None:
+        answer_text, answer_offsets = _answer_offsets(ex, ids)
+    else:  # the caller's text, with the tokenizer's character spans in it
         answer_text = answer
+        answer_offsets = [(int(a), int(b)) for a, b in ex.tokenizer(answer, add_special_tokens=False,
+                                                                    return_offsets_mapping=True)["offset_mapping"]]
     first, last = _explained_tokens(answer_offsets, answer_span, len(answer_text))
     prefix_ids, explained_ids = ids[:first], ids[first:last]
     tok_source = token_sources(prompt, found)
@@ -181,6 +182,8 @@ def attribute_context(
     if logprob is None and "full" in job.cache:
         logprob = job.cache["full"]
     explained = (answer_offsets[first][0], answer_offsets[last - 1][1])
+    while explained[0] < explained[1] and answer_text[explained[0]].isspace():  # a BPE token's leading space
+        explained = (explained[0] + 1, explained[1])
     meta = {
         "model": ex.name,
         "context_start": prompt.context_start,

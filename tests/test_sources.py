@@ -1,0 +1,357 @@
+"""Context attribution: sources, the answer explained in one pass, ablations against hand computations, the
+result's JSON contract and the ``attnlens cite`` command, on tiny random language models (and SmolLM2)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLS, PAD, SEP, V, make_tokenizer
+from test_smollm2 import needs_llm
+
+from attnlens import Explainer, InputError
+from attnlens.cli import main
+from attnlens.core.answer_engine import answer_logprobs
+from attnlens.models.architectures import build_tiny
+from attnlens.results.context_attribution import load_attributions
+from attnlens.sources import methods as source_methods
+from attnlens.sources.ablation import ablated_context
+from attnlens.sources.prompt import build_prompt, token_sources
+from attnlens.sources.segment import split_sources
+
+CONTEXT = "the movie was great . the plot is dull .\n\nthe actors were charming . i loved this film ."
+QUERY = "was it good ?"
+ANSWER = "it was great"
+CHAT = ("{% for m in messages %}[CLS] {{ m['role'] }} : {{ m['content'] }} [SEP] {% endfor %}"
+        "{% if add_generation_prompt %}[CLS] assistant : {% endif %}")
+
+
+def make_lm(family: str, seed: int = 0) -> torch.nn.Module:
+    return build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, seed=seed,
+                      task="causal-lm")
+
+
+def lm_tokenizer(chat: bool = False):
+    tok = make_tokenizer()
+    tok.model_max_length = 256
+    if chat:
+        tok.chat_template = CHAT
+    return tok
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def lm(request) -> Explainer:
+    return Explainer(make_lm(request.param), lm_tokenizer(), max_length=64)
+
+
+# ----------------------------------------------------------------------------------------------- sources
+def test_sentence_passage_and_line_sources_are_exact_spans():
+    sentences = split_sources(CONTEXT, "sentence")
+    assert [s.text for s in sentences] == ["the movie was great .", "the plot is dull .",
+                                           "the actors were charming .", "i loved this film ."]
+    assert all(CONTEXT[s.start:s.end] == s.text for s in sentences)
+    passages = split_sources(CONTEXT, "passage")
+    assert [(s.start, s.end) for s in passages] == [(0, 40), (42, 88)]
+    lines = split_sources("a\n\n  b c \nd", "line")
+    assert [(s.text, s.start, s.end) for s in lines] == [("a", 0, 1), ("b c", 5, 8), ("d", 10, 11)]
+
+
+def test_sentences_never_cross_a_blank_line():
+    text = "First part without a stop\n\nsecond part. Third one."
+    assert [s.text for s in split_sources(text)] == ["First part without a stop", "second part.", "Third one."]
+
+
+def test_sources_given_as_spans_or_strings():
+    assert [s.text for s in split_sources(CONTEXT, [(4, 9), (0, 3)])] == ["movie", "the"]
+    found = split_sources(CONTEXT, ["the plot", "the actors"])
+    assert [(s.start, s.end) for s in found] == [(22, 30), (42, 52)]
+
+
+@pytest.mark.parametrize("context, sources, message", [
+    ("", "sentence", "the context is empty"),
+    ("  \n ", "sentence", "the context is empty"),
+    (CONTEXT, "word", "sources='word'; choose one of sentence, passage, line"),
+    (CONTEXT, [(0, 10), (5, 12)], "sources 0 and 1 overlap"),
+    (CONTEXT, [(0, 500)], r"source 0 \(0, 500\) is outside the context"),
+    (CONTEXT, [(4, 4)], "outside the context .* or empty"),
+    (CONTEXT, [(0, 3, 4)], "source 0 must be a \\(start, end\\) pair"),
+    (CONTEXT, ["the plot", "the movie"], "source 1 .* is not in the context"),
+    (CONTEXT, [], "non-empty list"),
+])
+def test_bad_sources_are_one_clear_error(context, sources, message):
+    with pytest.raises(InputError, match=message):
+        split_sources(context, sources)
+
+
+def test_tokens_map_to_the_source_holding_their_first_character():
+    tok = lm_tokenizer()
+    prompt = build_prompt(tok, CONTEXT, QUERY, chat=False)
+    found = split_sources(CONTEXT)
+    owner = token_sources(prompt, found)
+    assert prompt.text[prompt.context_start:prompt.context_start + len(CONTEXT)] == CONTEXT
+    for (a, b), k in zip(prompt.offsets, owner, strict=True):
+        if k >= 0:
+            start, end = found[k].start + prompt.context_start, found[k].end + prompt.context_start
+            assert start <= a and b <= end, (prompt.text[a:b], found[k].text)
+    words = [prompt.text[a:b] for (a, b), k in zip(prompt.offsets, owner, strict=True) if k == 1]
+    assert words == ["the", "plot", "is", "dull", "."]
+    assert owner[0] == -1 and prompt.ids[0] == CLS  # [CLS] and the template's words belong to no source
+
+
+def test_chat_template_keeps_the_context_verbatim():
+    tok = lm_tokenizer(chat=True)
+    prompt = build_prompt(tok, CONTEXT, QUERY, chat=True)
+    assert prompt.text.startswith("[CLS] user : Context: ") and prompt.text.endswith("[CLS] assistant : ")
+    assert prompt.text[prompt.context_start:].startswith(CONTEXT)
+    assert prompt.ids == tok.apply_chat_template([{"role": "user", "content": f"Context: {CONTEXT}\n\nQuery: {QUERY}"}],
+                                                 add_generation_prompt=True, tokenize=True, return_dict=False)
+    with pytest.raises(InputError, match="template must contain"):
+        build_prompt(tok, CONTEXT, QUERY, template="{context} only", chat=True)
+    with pytest.raises(InputError, match="no chat template"):
+        build_prompt(lm_tokenizer(), CONTEXT, QUERY, chat=True)
+
+
+# ---------------------------------------------------------------------------------------- one pass
+def test_answer_in_one_pass_equals_the_sum_of_its_tokens_rows(lm):
+    """The answer's summed log-probability explained in one pass equals, for methods linear in the explained
+    value, the sum of the generation's per-token rows (and the mean for attention-row methods)."""
+    prompt = "the movie was really"
+    one = lm.explain_answer(prompt, " great , i loved it", ["inputxgradient", "attnlrp", "decompx", "rawatt", "alti"])
+    rows = lm.explain_generation(prompt, ["inputxgradient", "attnlrp", "rawatt", "alti"], target=" great , i loved it",
+                                 target_kind="loss")
+    decompx = lm.explain_generation(prompt, ["decompx"], target=" great , i loved it",
+                                    options={"decompx": {"contrast": True}})  # z_t − Σ p z: log p linearised
+    n = len(one.tokens)
+    assert one.target == [len(rows.prompt_ids), n] and len(rows.generated_ids) == n - len(rows.prompt_ids)
+    np.testing.assert_allclose(one.probabilities, rows.probabilities, rtol=1e-5)
+    assert one.meta["answer_logprob"] == pytest.approx(float(np.log(rows.probabilities).sum()), rel=1e-5)
+    for m, ref in (("inputxgradient", rows.scores["inputxgradient"]), ("attnlrp", rows.scores["attnlrp"]),
+                   ("decompx", decompx.scores["decompx"])):
+        total = ref.sum(0)
+        np.testing.assert_allclose(one.scores[m], total, atol=1e-5 * np.abs(total).max(), err_msg=m)
+    for m in ("rawatt", "alti"):  # the explained rows' mean
+        np.testing.assert_allclose(one.scores[m], rows.scores[m].mean(0), atol=1e-6, err_msg=m)
+
+
+def test_answer_logprobs_equal_each_prompt_alone_in_float64(lm):
+    """Batched, left-padded, only the answer's positions projected: the same as each prompt run alone in float64
+    (also with tokens hidden from attention)."""
+    tok = lm.tokenizer
+    prompts = [tok(t)["input_ids"] for t in ("the movie was", "a film , the plot is dull and the actors",
+                                             "i really didn ' t like this")]
+    answer = tok(" great film", add_special_tokens=False)["input_ids"]
+    masks = [None, [0 if j in (2, 3) else 1 for j in range(len(prompts[1]))], [1] * len(prompts[2])]
+    ref_model = copy.deepcopy(lm.model).double().eval()
+
+    def alone(ids, mask=None):
+        seq = torch.tensor([ids + answer])
+        att = torch.ones_like(seq) if mask is None else torch.tensor([mask + [1] * len(answer)])
+        with torch.no_grad():
+            logp = ref_model(input_ids=seq, attention_mask=att,
+                             position_ids=torch.arange(seq.shape[1])[None]).logits[0].log_softmax(-1)
+        return sum(float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(answer))
+
+    got = answer_logprobs(lm, prompts, answer)
+    np.testing.assert_allclose(got, [alone(p) for p in prompts], rtol=1e-5)
+    got = answer_logprobs(lm, prompts, answer, masks=masks, batch_size=1)
+    np.testing.assert_allclose(got, [alone(p, m) for p, m in zip(prompts, masks, strict=True)], rtol=1e-5)
+
+
+# -------------------------------------------------------------------------------------------- ablations
+def _logprob_by_hand(ex: Explainer, context: str, answer: str) -> float:
+    ids = ex.tokenizer(f"Context: {context}\n\nQuery: {QUERY}")["input_ids"]
+    ans = ex.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logp = ex.model(input_ids=torch.tensor([ids + ans])).logits[0].double().log_softmax(-1)
+    return sum(float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(ans))
+
+
+def test_loo_is_the_drop_when_each_source_is_removed_by_hand(lm):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False)
+    full = _logprob_by_hand(lm, CONTEXT, ANSWER)
+    expected = [full - _logprob_by_hand(lm, ablated_context(CONTEXT, r.sources, [j != i for j in range(4)]), ANSWER)
+                for i in range(4)]
+    np.testing.assert_allclose(r.scores["loo"], expected, rtol=1e-4, atol=1e-5)
+    assert r.meta["answer_logprob"] == pytest.approx(full, rel=1e-5)
+    assert ablated_context(CONTEXT, r.sources, [True, False, True, True]) == (
+        "the movie was great . \n\nthe actors were charming . i loved this film .")
+
+
+def test_masked_ablation_hides_the_source_tokens(lm):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False, ablation="mask")
+    prompt = build_prompt(lm.tokenizer, CONTEXT, QUERY, chat=False)
+    owner = token_sources(prompt, r.sources)
+    answer = lm.tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
+    full = answer_logprobs(lm, [prompt.ids], answer)[0]
+    for i in range(4):
+        hidden = [[0 if k == i else 1 for k in owner]]
+        assert r.scores["loo"][i] == pytest.approx(full - answer_logprobs(lm, [prompt.ids], answer, masks=hidden)[0],
+                                                   rel=1e-6, abs=1e-7)
+
+
+def test_contextcite_recovers_a_linear_response(lm, monkeypatch):
+    """With a log-probability that is linear in the kept sources, the Lasso surrogate finds the weights."""
+    weights = np.array([2.0, -1.0, 0.0, 4.0])
+    seen = {}
+
+    def linear(job, keep):
+        seen["shape"] = keep.shape
+        return -10.0 + keep.astype(float) @ weights
+
+    monkeypatch.setattr(source_methods, "ablation_logprobs", linear)
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["contextcite"], chat=False,
+                             options={"contextcite": {"n_ablations": 40, "alpha": 1e-4}})
+    assert seen["shape"] == (40, 4)
+    np.testing.assert_allclose(r.scores["contextcite"], weights, atol=1e-2)
+    assert r.meta["methods"]["contextcite"]["intercept"] == pytest.approx(-10.0, abs=1e-2)
+
+
+# ------------------------------------------------------------------------------------------ the result
+def test_source_scores_are_the_token_scores_summed_per_source(lm):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["inputxgradient", "decompx"], chat=False)
+    owner = np.array(r.token_source)
+    for m in ("inputxgradient", "decompx"):
+        tok = r.token_scores[m]
+        assert len(tok) == len(r.prompt_tokens) == len(owner)
+        for i in range(len(r.sources)):
+            assert r.scores[m][i] == pytest.approx(tok[owner == i].sum(), abs=1e-12)
+        share = np.abs(tok[owner < 0]).sum() / np.abs(tok).sum()
+        assert r.meta["outside_share"][m] == pytest.approx(share)
+    direct = lm.explain_answer(r.prompt, r.answer, ["inputxgradient"])  # plain prompt: the same tokens
+    np.testing.assert_allclose(r.token_scores["inputxgradient"], direct.scores["inputxgradient"][:len(owner)])
+
+
+def test_an_answer_stretch_is_explained_after_the_answer_before_it(lm):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["inputxgradient"], chat=False,
+                             answer_span=(3, 6))  # "was"
+    assert r.meta["explained"] == [3, 6] and r.meta["explained_text"] == "was"
+    prompt = build_prompt(lm.tokenizer, CONTEXT, QUERY, chat=False)
+    it = lm.tokenizer("it", add_special_tokens=False)["input_ids"]
+    was = lm.tokenizer("was", add_special_tokens=False)["input_ids"]
+    direct = lm.explain_answer(prompt.ids + it, was, ["inputxgradient"])
+    np.testing.assert_allclose(r.token_scores["inputxgradient"], direct.scores["inputxgradient"][:len(prompt.ids)])
+    assert r.answer_tokens == ["it", "was", "great"] and r.answer_offsets == [(0, 2), (3, 6), (7, 12)]
+    with pytest.raises(InputError, match=r"answer_span \(5, 40\) is empty or outside the answer"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False, answer_span=(5, 40))
+
+
+def test_json_contract_and_round_trip(lm, tmp_path):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["rawatt", "loo"], chat=False)
+    d = json.loads(r.to_json())
+    assert set(d) == {"context", "query", "prompt", "answer", "sources", "meta"}
+    assert d["prompt"][d["meta"]["context_start"]:].startswith(CONTEXT)
+    for s in d["sources"]:
+        assert CONTEXT[s["start"]:s["end"]] == s["text"] and set(s["scores"]) == {"rawatt", "loo"}
+    r.save(tmp_path / "a.jsonl")
+    (back,) = load_attributions(tmp_path / "a.jsonl")
+    assert back.sources == r.sources and back.prompt_tokens == r.prompt_tokens
+    for m in r.scores:
+        np.testing.assert_array_equal(back.scores[m], r.scores[m])
+        np.testing.assert_array_equal(back.token_scores.get(m, np.zeros(0)), r.token_scores.get(m, np.zeros(0)))
+    assert r.ranked("loo")[0][2] == max(r.scores["loo"])
+
+
+def test_a_generated_answer_is_the_greedy_continuation_without_the_end_token():
+    ex = Explainer(make_lm("llama", seed=2), lm_tokenizer(), max_length=64)
+    r = ex.attribute_context(CONTEXT, QUERY, methods=["rawatt"], chat=False, max_new_tokens=4)
+    prompt = build_prompt(ex.tokenizer, CONTEXT, QUERY, chat=False)
+    g = ex.explain_generation(prompt.text, ["rawatt"], max_new_tokens=4)
+    assert g.generated_ids[-1] != SEP and r.meta["generated"]
+    assert r.answer == ex.tokenizer.decode(g.generated_ids, clean_up_tokenization_spaces=False)
+    assert "".join(r.answer_tokens).replace(" ", "") == r.answer.replace(" ", "")
+    silent = Explainer(make_lm("gpt2", seed=0), lm_tokenizer(), max_length=64)  # answers [SEP] at once
+    with pytest.raises(InputError, match="the model answered nothing"):
+        silent.attribute_context(CONTEXT, QUERY, methods=["rawatt"], chat=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(query=""), "the query is empty"),
+    (dict(answer=""), "the answer is empty"),
+    (dict(methods=["nosuch"]), "nosuch"),
+    (dict(ablation="zero"), "ablation='zero'"),
+    (dict(options={"loo": {"n": 3}}), "loo has no option n"),
+    (dict(options={"attcat": {}}), "options given for 'attcat'"),
+    (dict(context="the movie " * 200), "longer than the model's maximum|no room for an answer"),
+])
+def test_bad_input_is_one_clear_error(lm, kwargs, message):
+    args = {"context": CONTEXT, "query": QUERY, "answer": ANSWER, "methods": ["loo"], "chat": False, **kwargs}
+    with pytest.raises(InputError, match=message):
+        lm.attribute_context(args.pop("context"), args.pop("query"), **args)
+
+
+def test_html_shades_sources_and_escapes_text(lm):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["rawatt", "loo"], chat=False)
+    r.query = "<script>alert(1)</script>"
+    page = r.to_html()
+    assert "<script>alert" not in page and "&lt;script&gt;" in page
+    assert page.count('class="src"') == 2 * len(r.sources)  # one shaded context per method
+    assert "loo: " in page and "rawatt: " in page
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny-lm")
+    make_lm("llama").save_pretrained(path)
+    lm_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys):
+    ctx = tmp_path / "ctx.txt"
+    ctx.write_text(CONTEXT, encoding="utf-8")
+    base = ["cite", "--model", lm_dir, "--context-file", str(ctx), "--query", QUERY, "--answer", ANSWER,
+            "--no-chat", "--methods", "inputxgradient,loo"]
+    assert main([*base, "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["answer"] == ANSWER and len(d["sources"]) == 4 and d["prompt"].endswith(f"Query: {QUERY}")
+    assert main([*base, "--sources", "passage"]) == 0
+    out = capsys.readouterr().out
+    assert "inputxgradient" in out and "loo" in out and "[0] the movie was great" in out
+    assert main([*base, "--format", "html", "--out", str(tmp_path / "c.html")]) == 0
+    assert 'class="src"' in (tmp_path / "c.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--query", " "], "the query is empty"),
+    (["--context", " "], "the context is empty"),
+    (["--answer", " "], "--answer is empty"),
+    (["--methods", "loo", "--n-ablations", "8"], "--n-ablations is an option of contextcite"),
+    (["--answer-span", "x"], "--answer-span 'x'"),
+    (["--context", "the movie " * 200], "longer than the model's maximum|no room for an answer"),
+])
+def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(lm_dir, tmp_path, capsys, extra, message):
+    out = tmp_path / "c.json"
+    args = ["cite", "--model", lm_dir, "--context", CONTEXT, "--query", QUERY, "--answer", ANSWER, "--no-chat",
+            "--format", "json", "--out", str(out)]
+    for i in range(0, len(extra), 2):  # the extra option replaces the base one
+        if extra[i] in args:
+            args[args.index(extra[i]) + 1] = extra[i + 1]
+        else:
+            args += extra[i:i + 2]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attnlens: error:")
+    import re
+
+    assert re.search(message, err[0]), err[0]
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------------- SmolLM2
+@pytest.mark.slow
+@needs_llm
+def test_smollm2_finds_the_passage_the_answer_came_from():
+    ex = Explainer.from_pretrained("smollm2")
+    context = ("The Eiffel Tower is a wrought-iron lattice tower in Paris. It is named after the engineer "
+               "Gustave Eiffel, whose company designed and built it.\n\nThe Great Wall of China is a series of "
+               "fortifications built across the northern borders of ancient Chinese states.\n\nMount Everest is "
+               "the highest mountain above sea level, in the Himalayas.")
+    r = ex.attribute_context(context, "Who designed the Eiffel Tower?", answer="Gustave Eiffel designed it.",
+                             sources="passage", methods=["decompx", "attnlrp", "loo"])
+    for m in ("decompx", "attnlrp", "loo"):
+        assert r.ranked(m)[0][0] == 0, (m, r.scores[m])
+    assert r.prompt.startswith("<|im_start|>") and r.meta["chat_template"]
