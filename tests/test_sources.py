@@ -355,3 +355,104 @@ def test_smollm2_finds_the_passage_the_answer_came_from():
     for m in ("decompx", "attnlrp", "loo"):
         assert r.ranked(m)[0][0] == 0, (m, r.scores[m])
     assert r.prompt.startswith("<|im_start|>") and r.meta["chat_template"]
+
+
+# ------------------------------------------------------------------------------------------------- AT2
+def test_at2_features_are_the_answer_rows_attention_to_each_source(lm):
+    from attnlens.core.modelstate import explaining
+    from attnlens.sources.at2 import at2_features
+    from attnlens.sources.attribute import prepare_job
+
+    job = prepare_job(lm, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    ids = job.prompt.ids + job.answer_ids
+    with torch.no_grad(), explaining(lm.model):
+        maps = lm.model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    rows = list(range(len(job.prompt.ids) - 1, len(ids) - 1))
+    owner = np.array(job.token_source + [-1] * len(job.answer_ids))
+    expected = np.concatenate([
+        [[a[0, h][rows][:, owner == s].sum(1).mean().item() for s in range(4)] for h in range(a.shape[1])]
+        for a in maps])
+    np.testing.assert_allclose(at2_features(job), expected, atol=1e-6)
+
+
+def test_at2_fit_recovers_weights_that_explain_the_ablations(lm, monkeypatch, tmp_path):
+    """When ablation effects are exactly linear in the attention features, the fitted per-head weights predict
+    them; saved, they are loaded back for the same model and refused for another."""
+    from attnlens.sources import at2 as at2_module
+    from attnlens.sources.attribute import prepare_job
+
+    truth = np.array([1.5, -0.5, 0.0, 2.0])
+    contexts = [CONTEXT, "the plot was dull . i hated it .\n\nthe film was bad . the actors were awful .",
+                "a charming journey . the story is funny .\n\nthe best film ever . really good .", CONTEXT]
+
+    def linear(job, keep):
+        return -3.0 + keep.astype(float) @ (truth @ at2_module.at2_features(job))
+
+    monkeypatch.setattr(at2_module, "ablation_logprobs", linear)
+    jobs = [prepare_job(lm, c, QUERY, answer=ANSWER, chat=False) for c in contexts]
+    record = at2_module.fit_at2(lm, jobs, n_ablations=16)
+    fitted = np.asarray(record["weights"]).reshape(-1)
+    for job in jobs:
+        feats = at2_module.at2_features(job)
+        np.testing.assert_allclose(fitted @ feats, truth @ feats, rtol=0.05, atol=0.02)
+    assert record["fit"]["r2"] > 0.99 and record["fit"]["prompts"] == 4
+    path = at2_module.save_weights(record, tmp_path / "w.json")
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False,
+                             options={"at2": {"weights": str(path)}})
+    np.testing.assert_allclose(r.scores["at2"], fitted @ at2_module.at2_features(jobs[0]), rtol=1e-9)
+    other = Explainer(make_lm("llama" if lm.model.config.model_type == "gpt2" else "gpt2"), lm_tokenizer(),
+                      max_length=64)
+    with pytest.raises(InputError, match="fitted on another model"):
+        other.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False,
+                                options={"at2": {"weights": str(path)}})
+    with pytest.raises(InputError, match="no AT2 weights ship for"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False)
+
+
+# ------------------------------------------------------------------------------------------- benchmark
+def test_context_benchmark_metrics_against_direct_ablations(lm, tmp_path):
+    from attnlens.evaluation.context_benchmark import ContextBenchmarkConfig, evaluate_example, run_context_benchmark
+    from attnlens.sources.squad import ContextExample
+
+    sources = split_sources(CONTEXT, "sentence")
+    example = ContextExample("x1", CONTEXT, QUERY, ANSWER, sources, gold=0)
+    config = ContextBenchmarkConfig(methods=["inputxgradient", "loo"], n_lds=12)
+    external = {"peer": {"scores": [3.0, 2.0, 1.0, 0.0], "seconds": 0.5}}
+    record = evaluate_example(lm, example, config, external)
+    full = _logprob_by_hand(lm, CONTEXT, ANSWER)
+    assert record["answer_logprob"] == pytest.approx(full, rel=1e-5)
+    peer = record["methods"]["peer"]
+    top3 = _logprob_by_hand(lm, ablated_context(CONTEXT, sources, [False, False, False, True]), ANSWER)
+    assert peer["top3_drop"] == pytest.approx(full - top3, rel=1e-4, abs=1e-5)
+    top1 = _logprob_by_hand(lm, ablated_context(CONTEXT, sources, [False, True, True, True]), ANSWER)
+    assert peer["top1_drop"] == pytest.approx(full - top1, rel=1e-4, abs=1e-5) and peer["gold_hit"] == 1.0
+    loo = record["methods"]["loo"]
+    assert loo["top1_drop"] == pytest.approx(max(loo["scores"]), rel=1e-5)  # LOO's top source is its own drop
+    assert -1.0 <= loo["lds"] <= 1.0 and peer["seconds"] == 0.5
+    summary = run_context_benchmark(lm, [example], config, tmp_path / "run", external={"x1": external})
+    assert summary["metrics"]["peer"]["top1_drop"]["mean"] == pytest.approx(peer["top1_drop"], rel=1e-6)
+    again = run_context_benchmark(lm, [example], config, tmp_path / "run")  # resumed: nothing recomputed
+    assert again["metrics"]["peer"]["lds"]["mean"] == summary["metrics"]["peer"]["lds"]["mean"]
+
+
+def test_squad_context_splits_articles_by_parity_and_is_deterministic():
+    from conftest import DATA
+
+    from attnlens.sources.squad import squad_context
+
+    if not (DATA / "squad_v1.1").is_dir():
+        pytest.skip("SQuAD v1.1 dev not found")
+    fit = squad_context("fit", 6, root=DATA)
+    ev = squad_context("eval", 6, root=DATA, sources="sentence")
+    assert [e.id for e in squad_context("eval", 6, root=DATA, sources="sentence")] == [e.id for e in ev]
+    import gzip
+
+    with gzip.open(DATA / "squad_v1.1" / "dev-v1.1.reconstructed.json.gz", "rt") as f:
+        titles = [a["title"] for a in json.load(f)["data"]]
+    assert {e.meta["title"] for e in fit} <= set(titles[0::2]) and {e.meta["title"] for e in ev} <= set(titles[1::2])
+    for e in fit + ev:
+        assert e.answer in e.sources[e.gold].text or e.answer in e.context[e.sources[e.gold].start:]
+        assert all(e.context[s.start:s.end] == s.text for s in e.sources)
+        assert len(e.meta["passages"]) == 4
+    hard = squad_context("fit", 4, root=DATA, hard=True)
+    assert all(set(e.meta["passages"]) == {e.meta["title"]} for e in hard)

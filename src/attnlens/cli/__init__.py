@@ -18,7 +18,7 @@ from ..errors import AttnLensError
 from ..viz.safetext import terminal_safe
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
-SUBCOMMANDS = ["explain", "cite", "benchmark", "train", "report"]
+SUBCOMMANDS = ["explain", "cite", "benchmark", "fit-at2", "train", "report"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:
-        module = importlib.import_module(f"{__name__}.{name}")
+        module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
     return parser

@@ -30,9 +30,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--model", required=True, help="model directory (or hub id when online)")
+    p.add_argument("--task", choices=["classification", "context"], default="classification",
+                   help="'context': attribute a language model's answers to the sources of their context "
+                   "(--dataset squad-context; see docs/context-attribution.md)")
     p.add_argument("--dataset", required=True,
                    help="sst2, imdb, yelp_polarity, amazon_polarity, mnli, qqp, squad, squad_v2, or a file of the "
-                   "same shape")
+                   "same shape; with --task context: squad-context or an examples file (JSON Lines)")
     p.add_argument("--split", default=None, help="split (default: the data set's evaluation split)")
     p.add_argument("--data-root", default=None, help="local data folder (default: $ATTNLENS_DATA or ../shared/data)")
     p.add_argument("--methods", default="all", help="'all' or comma-separated method ids")
@@ -72,6 +75,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=1,
                    help="run in N processes on this machine, each on its share of the examples (one per GPU with "
                    "--device cuda); the merged results equal a one-process run's")
+    ctx = p.add_argument_group("context attribution (--task context)")
+    ctx.add_argument("--sources", choices=["passage", "sentence"], default="passage", help="what a source is")
+    ctx.add_argument("--distractors", type=int, default=3, help="distractor paragraphs beside the gold one")
+    ctx.add_argument("--hard", action="store_true", help="distractors from the question's own article")
+    ctx.add_argument("--lds-ablations", type=int, default=32, help="random ablations per example for LDS")
+    ctx.add_argument("--ablation", choices=["remove", "mask"], default="remove",
+                     help="how a source is taken out: its characters removed, or its tokens masked")
+    ctx.add_argument("--external", action="append", default=[],
+                     help="JSON Lines of scores computed elsewhere ({id, method, scores, seconds}), scored beside "
+                     "attnlens's methods (repeatable)")
+    ctx.add_argument("--write-examples", default=None,
+                     help="also write the examples as JSON Lines (the input of the peers' runner)")
     p.add_argument("--shard", metavar="RANK/COUNT", default=None,
                    help="run one share of a data-parallel run whose processes a scheduler starts (e.g. a Slurm "
                    "array: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); the last one to end merges the results")
@@ -80,6 +95,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.task == "context":
+        from .benchmark_context import run_context
+
+        return run_context(args)
     import torch
 
     from ..data import load_dataset

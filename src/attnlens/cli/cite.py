@@ -56,6 +56,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="how ablations take a source out: remove its characters and re-tokenize (default), or mask "
                         "its tokens from attention")
     p.add_argument("--n-ablations", type=int, default=None, help="contextcite: random ablations (default: 64)")
+    p.add_argument("--at2-weights", default=None,
+                   help="at2: a weights file from `attnlens fit-at2` (default: the weights shipped for the model)")
     p.add_argument("--format", default="terminal", choices=FORMATS, help="output format (default: terminal)")
     p.add_argument("--out", help="output file (html default: cite.html; json default: standard output)")
     p.add_argument("--top", type=int, default=5, help="terminal: sources shown per method (default: 5)")
@@ -90,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         if "contextcite" not in source_methods:
             raise InputError("--n-ablations is an option of contextcite: add it to --methods")
         options["contextcite"] = {"n_ablations": args.n_ablations}
+    if args.at2_weights is not None:
+        if "at2" not in source_methods:
+            raise InputError("--at2-weights is an option of at2: add it to --methods")
+        options["at2"] = {"weights": args.at2_weights}
     if args.format == "html" and args.out is None:
         args.out = "cite.html"
     out = None if args.out is None else check_output_path(args.out, "--out", directory=False)

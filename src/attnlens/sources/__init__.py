@@ -1,5 +1,6 @@
 """Which part of the context did an answer come from: sources, their attribution, ablations and AT2."""
 
+from . import at2  # noqa: F401  (registers the at2 source method)
 from .attribute import DEFAULT_METHODS, attribute_context
 from .methods import SOURCE_METHODS
 from .segment import split_sources

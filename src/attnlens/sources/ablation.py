@@ -46,6 +46,9 @@ class CiteJob:
         answer_ids: the explained answer tokens.
         ablation: ``"remove"`` or ``"mask"``.
         memory_budget: bytes the forwards may plan for.
+        query: the query; ``answer`` the whole answer text, ``answer_offsets`` its tokens' character spans,
+            ``answer_token_ids`` its token ids, ``explained`` the explained character span of it, ``generated``
+            whether the model generated it.
         progress: called with the number of forwards done, or ``None``.
         cache: shared between methods (the full prompt's log-probability, ablation results).
     """
@@ -59,6 +62,12 @@ class CiteJob:
     answer_ids: list[int]
     ablation: str = "remove"
     memory_budget: int | None = None
+    query: str = ""
+    answer: str = ""
+    answer_offsets: list[tuple[int, int]] = field(default_factory=list)
+    answer_token_ids: list[int] = field(default_factory=list)
+    explained: tuple[int, int] = (0, 0)
+    generated: bool = False
     progress: Callable[[int], None] | None = None
     cache: dict[str, Any] = field(default_factory=dict)
 

@@ -29,7 +29,7 @@ from .segment import split_sources
 if TYPE_CHECKING:
     from ..explainer import Explainer
 
-__all__ = ["DEFAULT_METHODS", "attribute_context", "split_methods"]
+__all__ = ["DEFAULT_METHODS", "attribute_context", "prepare_job", "score_job", "split_methods"]
 
 DEFAULT_METHODS = ("decompx", "attnlrp", "loo")
 
@@ -40,8 +40,8 @@ def split_methods(methods: str | Sequence[str] | None) -> tuple[list[str], list[
     if methods is None:
         methods = list(DEFAULT_METHODS)
     if isinstance(methods, str):
-        if methods.strip() == "all":
-            return ["all"], list(SOURCE_METHODS)
+        if methods.strip() == "all":  # at2 needs weights fitted for the model: it is named, not implied
+            return ["all"], [m for m in SOURCE_METHODS if m != "at2"]
         methods = [m.strip() for m in methods.split(",") if m.strip()]
     methods = list(methods)
     if not methods:
@@ -87,6 +87,117 @@ def _explained_tokens(offsets: list[tuple[int, int]], span: tuple[int, int] | No
     return hit[0], hit[-1] + 1
 
 
+def prepare_job(
+    ex: Explainer,
+    context: str,
+    query: str,
+    *,
+    answer: str | None = None,
+    sources: str | Sequence[Any] = "sentence",
+    template: str | None = None,
+    chat: bool | None = None,
+    answer_span: tuple[int, int] | None = None,
+    max_new_tokens: int = 64,
+    ablation: str = "remove",
+    memory_budget: str | int | None = None,
+) -> CiteJob:
+    """Everything the methods of one attribution read: sources, tokenized prompt, the answer (generated when
+    not given) and the explained stretch of it. :class:`InputError` for bad input, before any model pass but the
+    answer's generation."""
+    if ablation not in ABLATIONS:
+        raise InputError(f"ablation={ablation!r}; choose one of {', '.join(ABLATIONS)}")
+    found = split_sources(context, sources)
+    if not found:
+        raise InputError("the context has no sources to attribute to (only whitespace between separators?)")
+    use_chat = bool(getattr(ex.tokenizer, "chat_template", None)) if chat is None else bool(chat)
+    prompt: Prompt = build_prompt(ex.tokenizer, context, query, template, use_chat)
+    if len(prompt.ids) >= ex.max_length:
+        raise InputError(f"the prompt has {len(prompt.ids)} tokens: no room for an answer within the model's "
+                         f"maximum of {ex.max_length}")
+    if answer is None:
+        ids = greedy(ex, prompt.ids, max_new_tokens)
+        eos = eos_ids(ex)
+        while ids and ids[-1] in eos:  # the end-of-turn token is not part of the answer
+            ids = ids[:-1]
+        if not ids:
+            raise InputError("the model answered nothing (its first token ends the turn): give an answer")
+        answer_text, answer_offsets = _answer_offsets(ex, ids)
+    else:  # the caller's text, with the tokenizer's character spans in it
+        ids = _answer_ids(ex, answer)
+        answer_text = answer
+        answer_offsets = [(int(a), int(b)) for a, b in ex.tokenizer(answer, add_special_tokens=False,
+                                                                    return_offsets_mapping=True)["offset_mapping"]]
+    if len(prompt.ids) + len(ids) > ex.max_length:
+        raise InputError(f"prompt ({len(prompt.ids)} tokens) + answer ({len(ids)}) is longer than the model's "
+                         f"maximum of {ex.max_length} tokens")
+    first, last = _explained_tokens(answer_offsets, answer_span, len(answer_text))
+    explained = (answer_offsets[first][0], answer_offsets[last - 1][1])
+    while explained[0] < explained[1] and answer_text[explained[0]].isspace():  # a BPE token's leading space
+        explained = (explained[0] + 1, explained[1])
+    return CiteJob(ex, context, found, prompt, token_sources(prompt, found), ids[:first], ids[first:last],
+                   ablation, parse_budget(memory_budget), query=query, answer=answer_text,
+                   answer_offsets=answer_offsets, answer_token_ids=ids, explained=explained,
+                   generated=answer is None)
+
+
+def score_job(
+    job: CiteJob,
+    methods: str | Sequence[str] | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    progress: bool = False,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
+    """Every requested method's scores of the job's sources: ``(scores, token_scores, figures)``; ``figures``
+    holds the answer's log-probability, per method the seconds it took, the share of its token scores outside
+    every source, and what the methods report."""
+    token_methods, source_methods = split_methods(methods)
+    options = {k: dict(v) for k, v in (options or {}).items()}
+    asked = set(token_methods) | set(source_methods)
+    for name in options:
+        if name not in asked and "all" not in token_methods:
+            raise InputError(f"options given for {name!r}, which is not among the requested methods")
+    source_options = {m: check_source_options(m, options.pop(m, {})) for m in source_methods}
+    n_prompt = len(job.prompt.ids)
+    scores: dict[str, np.ndarray] = {}
+    token_scores: dict[str, np.ndarray] = {}
+    seconds: dict[str, float] = {}
+    outside: dict[str, float] = {}
+    method_meta: dict[str, Any] = {}
+    logprob = None
+    src_index = np.asarray(job.token_source)
+    inside = src_index >= 0
+    if token_methods:
+        start = time.perf_counter()
+        exp = explain_answer(job.ex, job.prompt.ids + job.prefix_ids, job.answer_ids, token_methods,
+                             text=job.prompt.text, target_kind="loss", options=options,
+                             memory_budget=job.memory_budget, progress=progress)
+        elapsed = time.perf_counter() - start
+        logprob = exp.meta.get("answer_logprob")
+        for m, s in exp.scores.items():
+            tok = np.asarray(s[:n_prompt], dtype=np.float64)
+            token_scores[m] = tok
+            per_source = np.zeros(len(job.sources))
+            np.add.at(per_source, src_index[inside], tok[inside])
+            scores[m] = per_source
+            mass = np.abs(tok).sum()
+            outside[m] = float(np.abs(tok[~inside]).sum() / mass) if mass > 0 else 0.0
+            seconds[m] = elapsed / len(exp.scores)  # one shared pass: its time split evenly
+            if m in exp.meta:
+                method_meta[m] = exp.meta[m]
+    for m in source_methods:
+        start = time.perf_counter()
+        scores[m], figures = SOURCE_METHODS[m].compute(job, **source_options[m])
+        seconds[m] = time.perf_counter() - start
+        if figures:
+            method_meta[m] = figures
+    if logprob is None and "full" in job.cache:
+        logprob = job.cache["full"]
+    figures = {"answer_logprob": logprob, "seconds": seconds, "outside_share": outside,
+               "options": {**{k: v for k, v in options.items() if v}, **source_options}}
+    if method_meta:
+        figures["methods"] = method_meta
+    return scores, token_scores, figures
+
+
 def attribute_context(
     ex: Explainer,
     context: str,
@@ -105,104 +216,28 @@ def attribute_context(
     progress: bool = False,
 ) -> ContextAttribution:
     """See :meth:`attnlens.Explainer.attribute_context`."""
-    if ablation not in ABLATIONS:
-        raise InputError(f"ablation={ablation!r}; choose one of {', '.join(ABLATIONS)}")
-    token_methods, source_methods = split_methods(methods)
-    options = {k: dict(v) for k, v in (options or {}).items()}
-    asked = set(token_methods) | set(source_methods)
-    for name in options:
-        if name not in asked and "all" not in token_methods:
-            raise InputError(f"options given for {name!r}, which is not among the requested methods")
-    source_options = {m: check_source_options(m, options.pop(m, {})) for m in source_methods}
-    found = split_sources(context, sources)
-    if not found:
-        raise InputError("the context has no sources to attribute to (only whitespace between separators?)")
-    use_chat = bool(getattr(ex.tokenizer, "chat_template", None)) if chat is None else bool(chat)
-    prompt: Prompt = build_prompt(ex.tokenizer, context, query, template, use_chat)
-    if len(prompt.ids) >= ex.max_length:
-        raise InputError(f"the prompt has {len(prompt.ids)} tokens: no room for an answer within the model's "
-                         f"maximum of {ex.max_length}")
-    budget = parse_budget(memory_budget)
-    if answer is None:
-        ids = greedy(ex, prompt.ids, max_new_tokens)
-        eos = eos_ids(ex)
-        while ids and ids[-1] in eos:  # the end-of-turn token is not part of the answer
-            ids = ids[:-1]
-        if not ids:
-            raise InputError("the model answered nothing (its first token ends the turn): give an answer")
-        generated = True
-    else:
-        ids, generated = _answer_ids(ex, answer), False
-    if len(prompt.ids) + len(ids) > ex.max_length:
-        raise InputError(f"prompt ({len(prompt.ids)} tokens) + answer ({len(ids)}) is longer than the model's "
-                         f"maximum of {ex.max_length} tokens")
-    if answer is None:
-        answer_text, answer_offsets = _answer_offsets(ex, ids)
-    else:  # the caller's text, with the tokenizer's character spans in it
-        answer_text = answer
-        answer_offsets = [(int(a), int(b)) for a, b in ex.tokenizer(answer, add_special_tokens=False,
-                                                                    return_offsets_mapping=True)["offset_mapping"]]
-    first, last = _explained_tokens(answer_offsets, answer_span, len(answer_text))
-    prefix_ids, explained_ids = ids[:first], ids[first:last]
-    tok_source = token_sources(prompt, found)
-    n_prompt = len(prompt.ids)
-
-    scores: dict[str, np.ndarray] = {}
-    token_scores: dict[str, np.ndarray] = {}
-    seconds: dict[str, float] = {}
-    outside: dict[str, float] = {}
-    method_meta: dict[str, Any] = {}
-    logprob = None
-    src_index = np.asarray(tok_source)
-    if token_methods:
-        start = time.perf_counter()
-        exp = explain_answer(ex, prompt.ids + prefix_ids, explained_ids, token_methods, text=prompt.text,
-                             target_kind="loss", options=options, memory_budget=budget, progress=progress)
-        elapsed = time.perf_counter() - start
-        logprob = exp.meta.get("answer_logprob")
-        for m, s in exp.scores.items():
-            tok = np.asarray(s[:n_prompt], dtype=np.float64)
-            token_scores[m] = tok
-            per_source = np.zeros(len(found))
-            inside = src_index >= 0
-            np.add.at(per_source, src_index[inside], tok[inside])
-            scores[m] = per_source
-            mass = np.abs(tok).sum()
-            outside[m] = float(np.abs(tok[~inside]).sum() / mass) if mass > 0 else 0.0
-            seconds[m] = elapsed / len(exp.scores)  # one shared pass: its time split evenly
-            if m in exp.meta:
-                method_meta[m] = exp.meta[m]
-    job = CiteJob(ex, context, found, prompt, tok_source, prefix_ids, explained_ids, ablation, budget)
-    for m in source_methods:
-        start = time.perf_counter()
-        scores[m], figures = SOURCE_METHODS[m].compute(job, **source_options[m])
-        seconds[m] = time.perf_counter() - start
-        if figures:
-            method_meta[m] = figures
-    if logprob is None and "full" in job.cache:
-        logprob = job.cache["full"]
-    explained = (answer_offsets[first][0], answer_offsets[last - 1][1])
-    while explained[0] < explained[1] and answer_text[explained[0]].isspace():  # a BPE token's leading space
-        explained = (explained[0] + 1, explained[1])
+    split_methods(methods)  # a typo fails before the answer is generated
+    job = prepare_job(ex, context, query, answer=answer, sources=sources, template=template, chat=chat,
+                      answer_span=answer_span, max_new_tokens=max_new_tokens, ablation=ablation,
+                      memory_budget=memory_budget)
+    scores, token_scores, figures = score_job(job, methods, options, progress)
+    prompt = job.prompt
     meta = {
         "model": ex.name,
         "context_start": prompt.context_start,
         "chat_template": prompt.chat,
-        "generated": generated,
-        "explained": list(explained),
-        "explained_text": answer_text[explained[0]:explained[1]],
-        "answer_logprob": logprob,
+        "generated": job.generated,
+        "explained": list(job.explained),
+        "explained_text": job.answer[job.explained[0]:job.explained[1]],
         "target": "sum of the explained answer tokens' log-probabilities",
-        "ablation": ablation,
-        "outside_share": outside,
-        "seconds": seconds,
-        "options": {**{k: v for k, v in options.items() if v}, **source_options},
-        **({"methods": method_meta} if method_meta else {}),
+        "ablation": job.ablation,
+        **figures,
         "attnlens": __version__,
     }
     return ContextAttribution(
-        context=context, query=query, prompt=prompt.text, answer=answer_text, sources=found, scores=scores,
+        context=context, query=query, prompt=prompt.text, answer=job.answer, sources=job.sources, scores=scores,
         token_scores=token_scores, prompt_tokens=[prompt.text[a:b] for a, b in prompt.offsets],
-        token_offsets=list(prompt.offsets), token_source=tok_source,
-        answer_tokens=[answer_text[a:b] for a, b in answer_offsets], answer_offsets=answer_offsets, meta=meta,
+        token_offsets=list(prompt.offsets), token_source=job.token_source,
+        answer_tokens=[job.answer[a:b] for a, b in job.answer_offsets], answer_offsets=job.answer_offsets,
+        meta=meta,
     )

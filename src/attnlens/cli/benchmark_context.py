@@ -1,0 +1,71 @@
+"""``attnlens benchmark --task context``: the context-attribution benchmark (its options are in
+:mod:`attnlens.cli.benchmark`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import InputError
+from ..viz.safetext import terminal_safe
+from . import placement
+
+
+def load_examples(args: argparse.Namespace) -> list:
+    """The examples of ``--dataset``: ``squad-context`` built from SQuAD v1.1 dev, or a JSON Lines file."""
+    from ..sources.squad import ContextExample, squad_context
+
+    if args.dataset in ("squad-context", "squad_context"):
+        split = args.split or "eval"
+        return squad_context(split, args.limit or 100, distractors=args.distractors, hard=args.hard,
+                             sources=args.sources, seed=args.seed, root=args.data_root)
+    path = Path(args.dataset)
+    if not path.is_file():
+        raise InputError(f"--dataset {args.dataset}: with --task context give squad-context or an examples file")
+    examples = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                examples.append(ContextExample.from_dict(json.loads(line)))
+            except (ValueError, KeyError, TypeError) as err:
+                raise InputError(f"{path} line {n}: not a context example ({err})") from None
+    return examples[: args.limit] if args.limit else examples
+
+
+def run_context(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from ..core.memory import parse_budget
+    from ..evaluation.context_benchmark import (
+        ContextBenchmarkConfig,
+        markdown_table,
+        read_external,
+        run_context_benchmark,
+    )
+    from ..explainer import Explainer
+    from ..paths import atomic_write_text, check_output_path
+    from ..sources.attribute import split_methods
+
+    token, source = split_methods(args.methods)
+    if args.lds_ablations < 4:
+        raise InputError(f"--lds-ablations must be >= 4, got {args.lds_ablations}")
+    options = json.loads(args.options) if args.options else {}
+    out = check_output_path(args.out, "--out", directory=True)
+    external = read_external(args.external)
+    examples = load_examples(args)
+    if args.write_examples:
+        atomic_write_text(args.write_examples, "".join(json.dumps(e.to_dict()) + "\n" for e in examples))
+    if args.overwrite and (out / "records.jsonl").exists():
+        (out / "records.jsonl").unlink()
+    device, dtype = placement(args)
+    ex = Explainer.from_pretrained(args.model, device=device, dtype=dtype)
+    config = ContextBenchmarkConfig(methods=[*token, *source], options=options, n_lds=args.lds_ablations,
+                                    ablation=args.ablation, seed=args.seed,
+                                    memory_budget=None if args.memory_budget is None else
+                                    parse_budget(args.memory_budget))
+    with tqdm(total=len(examples), desc="examples", disable=args.quiet, unit="ex") as bar:
+        summary = run_context_benchmark(ex, examples, config, out, external=external, progress=bar.update)
+    print(markdown_table(summary["metrics"]))
+    print(f"wrote {terminal_safe(out / 'summary.json', one_line=True)}")
+    return 0

@@ -1,0 +1,197 @@
+"""The context-attribution benchmark: how well each method's source scores predict what ablating sources does to
+the answer's log-probability (the metrics of ContextCite and AT2).
+
+Per example (a prompt with its sources and a forced answer) and method:
+
+- ``top1_drop`` / ``top3_drop``: the drop of the answer's log-probability when the method's k highest-scored
+  sources are removed (higher is better);
+- ``lds``: the linear datamodeling score, the Spearman correlation over ``n_lds`` random ablations (each source
+  kept with probability 1/2, the same ablations for every method) between the method's prediction
+  ``Σ_kept scores`` and the actual log-probability;
+- ``gold_hit``: whether the top-scored source is the one holding the answer;
+- ``seconds``: the method's time on this example.
+
+Scores computed outside attnlens (peers run in their own environment) join through ``external`` files of
+``{"id", "method", "scores", "seconds"}`` records and are scored against the same ablations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from ..errors import InputError
+from ..paths import atomic_write_text
+from ..sources.ablation import ablation_logprobs, full_logprob, random_masks
+from ..sources.attribute import prepare_job, score_job
+from ..sources.squad import ContextExample
+
+if TYPE_CHECKING:
+    from ..explainer import Explainer
+
+__all__ = ["METRICS", "ContextBenchmarkConfig", "read_external", "run_context_benchmark", "summarize"]
+
+METRICS = ("top1_drop", "top3_drop", "lds", "gold_hit", "seconds")
+
+
+@dataclass
+class ContextBenchmarkConfig:
+    """What a context-attribution benchmark run does (the command's options)."""
+
+    methods: Sequence[str]
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    n_lds: int = 32
+    keep_probability: float = 0.5
+    ablation: str = "remove"
+    seed: int = 0
+    memory_budget: int | None = None
+
+
+def read_external(paths: Sequence[str | Path]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{example id: {method: {"scores", "seconds"}}}`` from peers' JSON Lines files."""
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in paths:
+        for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                found.setdefault(str(d["id"]), {})[str(d["method"])] = {
+                    "scores": [float(v) for v in d["scores"]], "seconds": float(d.get("seconds", math.nan))}
+            except (ValueError, KeyError, TypeError) as err:
+                raise InputError(f"{path} line {n}: not an {{id, method, scores, seconds}} record ({err})") from None
+    return found
+
+
+def _lds(masks: np.ndarray, actual: np.ndarray, scores: np.ndarray) -> float:
+    predicted = masks.astype(np.float64) @ scores
+    if np.ptp(predicted) == 0 or np.ptp(actual) == 0:
+        return 0.0  # a constant prediction ranks nothing
+    return float(spearmanr(predicted, actual).statistic)
+
+
+def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenchmarkConfig,
+                     external: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """One example's record: per method its scores and metrics, and the ablations' ground truth."""
+    job = prepare_job(ex, example.context, example.query, answer=example.answer,
+                      sources=[(s.start, s.end) for s in example.sources], ablation=config.ablation,
+                      memory_budget=config.memory_budget)
+    scores, _, figures = score_job(job, list(config.methods), config.options)
+    seconds = dict(figures["seconds"])
+    for method, record in (external or {}).items():
+        if len(record["scores"]) != len(example.sources):
+            raise InputError(f"external {method} scores for {example.id} have {len(record['scores'])} values; the "
+                             f"example has {len(example.sources)} sources")
+        scores[method] = np.asarray(record["scores"], dtype=np.float64)
+        seconds[method] = record["seconds"]
+    n = len(example.sources)
+    full = full_logprob(job)
+    seed = config.seed + zlib.crc32(example.id.encode())  # the same ablations for an example in every run
+    masks = random_masks(config.n_lds, n, config.keep_probability, seed)
+    # every method's top-1 and top-3 removals, deduplicated, in the same batched call as the random ablations
+    removals: dict[tuple[int, ...], int] = {}
+    tops = {}
+    for m, s in scores.items():
+        order = np.argsort(-s, kind="stable")
+        tops[m] = [tuple(sorted(order[:k].tolist())) for k in (1, min(3, n))]
+        for t in tops[m]:
+            removals.setdefault(t, len(removals))
+    keep = np.ones((len(removals), n), dtype=bool)
+    for t, row in removals.items():
+        keep[row, list(t)] = False
+    values = ablation_logprobs(job, np.vstack([masks, keep]))
+    actual, removed = values[: len(masks)], values[len(masks):]
+    record: dict[str, Any] = {"id": example.id, "gold": example.gold, "n_sources": n, "answer_logprob": full,
+                              "methods": {}}
+    for m, s in scores.items():
+        record["methods"][m] = {
+            "scores": s.tolist(),
+            "top1_drop": float(full - removed[removals[tops[m][0]]]),
+            "top3_drop": float(full - removed[removals[tops[m][1]]]),
+            "lds": _lds(masks, actual, s),
+            "gold_hit": float(int(np.argmax(s)) == example.gold),
+            "seconds": float(seconds.get(m, math.nan)),
+        }
+    return record
+
+
+def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per method and metric: mean, 95% confidence half-width (normal approximation) and count."""
+    table: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        for m, values in r["methods"].items():
+            for metric in METRICS:
+                v = values.get(metric)
+                if v is not None and not math.isnan(v):
+                    table.setdefault(m, {}).setdefault(metric, []).append(float(v))
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for m, metrics in table.items():
+        out[m] = {}
+        for metric, vs in metrics.items():
+            a = np.asarray(vs)
+            half = 1.96 * a.std(ddof=1) / math.sqrt(len(a)) if len(a) > 1 else math.nan
+            out[m][metric] = {"mean": float(a.mean()), "ci95": float(half), "n": len(a)}
+    return out
+
+
+def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """The summary as a Markdown table, methods by descending LDS."""
+    head = "| method | " + " | ".join(METRICS) + " |\n|---|" + "---|" * len(METRICS)
+    rows = []
+    for m in sorted(summary, key=lambda k: -summary[k].get("lds", {}).get("mean", -9)):
+        cells = []
+        for metric in METRICS:
+            v = summary[m].get(metric)
+            cells.append("—" if v is None else (f"{v['mean']:.3f}" if metric == "seconds" or math.isnan(v["ci95"])
+                                                 else f"{v['mean']:.3f} ± {v['ci95']:.3f}"))
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join([head, *rows])
+
+
+def run_context_benchmark(
+    ex: Explainer,
+    examples: Sequence[ContextExample],
+    config: ContextBenchmarkConfig,
+    out: str | Path,
+    *,
+    external: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Evaluate every example (resuming the records already in ``out/records.jsonl``) and write
+    ``summary.json`` and ``summary.md``; returns the summary."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "records.jsonl"
+    done: dict[str, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+                done[r["id"]] = r
+            except (ValueError, KeyError):
+                continue  # a line torn by an interruption is recomputed
+    start = time.perf_counter()
+    with path.open("a", encoding="utf-8") as f:
+        for e in examples:
+            if e.id not in done:
+                done[e.id] = evaluate_example(ex, e, config, (external or {}).get(e.id))
+                f.write(json.dumps(done[e.id]) + "\n")
+                f.flush()
+            if progress is not None:
+                progress(1)
+    records = [done[e.id] for e in examples]
+    summary = {"model": ex.name, "examples": len(records), "methods": list(config.methods),
+               "n_lds": config.n_lds, "ablation": config.ablation, "seconds": round(time.perf_counter() - start, 1),
+               "metrics": summarize(records)}
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(out / "summary.md", markdown_table(summary["metrics"]) + "\n")
+    return summary

@@ -1,0 +1,166 @@
+"""AT2: learned attention attribution (after Cohen-Wang, Chuang & Madry 2025).
+
+Features: for every layer ``l`` and head ``h``, the attention from the explained answer tokens' rows (the
+positions that predict them) to each source's tokens, averaged over those rows: ``F[lh, s]``. A source's score is
+``Σ_lh w_lh F[lh, s]`` with per-head weights ``w`` fitted once per model to ablation effects: on training
+prompts, random keep-masks ``M`` (each source kept with probability 1/2) and the answer's log-probability ``y``
+under each, the surrogate ``y ≈ b + Σ_s M_s · score_s`` is linear in ``w`` (``X = M Fᵀ``), fitted by ridge
+regression on per-prompt centred data (:func:`fit_at2`). Explaining then costs one forward (eager attention,
+maps reduced layer by layer as they are computed, never all kept).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..core.modelstate import explaining
+from ..errors import InputError, ModelError
+from ..paths import atomic_write_text
+from .ablation import CiteJob, ablation_logprobs, random_masks
+from .methods import source_method
+
+if TYPE_CHECKING:
+    from ..explainer import Explainer
+
+__all__ = ["WEIGHTS_DIR", "at2_features", "fit_at2", "load_weights"]
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The self-attention module of every decoder layer, in order (the modules returning attention weights)."""
+    found = [m for name, m in model.named_modules()
+             if name.split(".")[-1] in ("self_attn", "attn", "attention", "self_attention")
+             and sum(p.numel() for p in m.parameters()) > 0]
+    if not found:
+        raise ModelError("at2 reads each layer's attention weights; no self-attention modules were found in "
+                         f"{type(model).__name__}")
+    return found
+
+
+@torch.no_grad()
+def at2_features(job: CiteJob) -> np.ndarray:
+    """``(layers × heads, n_sources)``: per head, the mean over the explained answer rows of the attention to each
+    source's tokens (one eager forward; each layer's map is reduced as soon as it is computed)."""
+    ex = job.ex
+    ids = job.prompt.ids + job.prefix_ids + job.answer_ids
+    first = len(job.prompt.ids) + len(job.prefix_ids) - 1  # the row that predicts the first explained token
+    rows = torch.arange(first, first + len(job.answer_ids))
+    owner = torch.as_tensor(job.token_source + [-1] * (len(ids) - len(job.token_source)))
+    inside = owner >= 0
+    per_layer: list[torch.Tensor] = []
+
+    def reduce(module: torch.nn.Module, args: Any, output: Any) -> None:
+        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if not isinstance(weights, torch.Tensor) or weights.dim() != 4:
+            raise ModelError("at2 needs the attention weights, but a self-attention module returned none")
+        mean = weights[0, :, rows.to(weights.device), :].float().mean(1).cpu()  # (H, N)
+        feats = torch.zeros(mean.shape[0], len(job.sources))
+        feats.index_add_(1, owner[inside], mean[:, inside])
+        per_layer.append(feats)
+
+    modules = _attention_modules(ex.model)
+    with explaining(ex.model):  # eager attention: the weights exist
+        handles = [m.register_forward_hook(reduce) for m in modules]
+        try:
+            ex.model(input_ids=torch.tensor([ids], device=ex.device))
+        finally:
+            for h in handles:
+                h.remove()
+    return torch.cat(per_layer, 0).double().numpy()
+
+
+def _fingerprint(model: torch.nn.Module) -> dict[str, Any]:
+    c = model.config
+    return {k: getattr(c, k, None) for k in ("model_type", "num_hidden_layers", "num_attention_heads",
+                                             "hidden_size", "vocab_size")}
+
+
+def load_weights(ex: Explainer, path: str | Path | None = None) -> dict[str, Any]:
+    """AT2 weights for ``ex``'s model: from ``path``, or the weights shipped with attnlens for this model
+    (SmolLM2-135M-Instruct). :class:`InputError` when there are none or they were fitted on another model."""
+    if path is None:
+        for candidate in sorted(WEIGHTS_DIR.glob("*.json")):
+            data = json.loads(candidate.read_text(encoding="utf-8"))
+            if data["fingerprint"] == _fingerprint(ex.model) and ex.name in data.get("names", []):
+                return data
+        raise InputError(f"no AT2 weights ship for {ex.name}: fit them with `attnlens fit-at2 --model "
+                         f"{ex.name} --out W.json` and pass options {{'at2': {{'weights': 'W.json'}}}} "
+                         "(--at2-weights W.json)")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        fingerprint = data["fingerprint"]
+    except (OSError, ValueError, KeyError) as err:
+        raise InputError(f"at2 weights {path}: not an attnlens AT2 weights file ({err})") from None
+    if fingerprint != _fingerprint(ex.model):
+        raise InputError(f"at2 weights {path} were fitted on another model ({fingerprint}), not on "
+                         f"{_fingerprint(ex.model)}")
+    return data
+
+
+@source_method("at2", "AT2: per-head attention from the answer to each source, weighted by per-head weights fitted "
+               "once per model to ablation effects; one forward.", "Cohen-Wang, Chuang & Madry 2025",
+               forwards=lambda n, **_: 1, weights=None)
+def at2(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    data = load_weights(job.ex, weights)
+    w = np.asarray(data["weights"], dtype=np.float64).reshape(-1)
+    feats = at2_features(job)
+    if feats.shape[0] != w.size:
+        raise InputError(f"at2 weights hold {w.size} heads; the model has {feats.shape[0]}")
+    return w @ feats, {"weights": data.get("source", "shipped")}
+
+
+def fit_at2(
+    ex: Explainer,
+    jobs: Sequence[CiteJob],
+    *,
+    n_ablations: int = 32,
+    keep_probability: float = 0.5,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Fit AT2's per-head weights on ``jobs`` (training prompts with their answers): features and ``n_ablations``
+    random ablations per prompt, ridge regression on per-prompt centred data (regularisation chosen by
+    leave-one-out cross-validation). Returns the weights record that :func:`save_weights` writes."""
+    from sklearn.linear_model import RidgeCV
+
+    if not jobs:
+        raise InputError("fit_at2 needs at least one training prompt")
+    xs, ys, start = [], [], time.perf_counter()
+    for k, job in enumerate(jobs):
+        feats = at2_features(job)  # (LH, S)
+        masks = random_masks(n_ablations, len(job.sources), keep_probability, seed + k)
+        y = ablation_logprobs(job, masks)
+        x = masks.astype(np.float64) @ feats.T  # (n, LH)
+        xs.append(x - x.mean(0))
+        ys.append(y - y.mean())
+        if progress is not None:
+            progress(1)
+    x, y = np.vstack(xs), np.concatenate(ys)
+    scale = x.std(0) + 1e-12
+    fit = RidgeCV(alphas=np.logspace(-3, 4, 15), fit_intercept=False).fit(x / scale, y)
+    weights = fit.coef_ / scale
+    config = ex.model.config
+    layers, heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    return {
+        "fingerprint": _fingerprint(ex.model),
+        "names": [ex.name],
+        "weights": weights.reshape(layers, heads).tolist(),
+        "fit": {"prompts": len(jobs), "n_ablations": n_ablations, "keep_probability": keep_probability,
+                "seed": seed, "alpha": float(fit.alpha_), "r2": float(fit.score(x / scale, y)),
+                "seconds": round(time.perf_counter() - start, 1)},
+        "attnlens": __version__,
+    }
+
+
+def save_weights(record: dict[str, Any], path: str | Path) -> Path:
+    """Write an AT2 weights record as JSON (atomically)."""
+    return atomic_write_text(path, json.dumps(record, indent=1) + "\n")
