@@ -1,0 +1,182 @@
+"""The result of attributing an answer to the sources of its context: :class:`ContextAttribution`.
+
+Its JSON form (``to_dict``) is the contract of ``attnlens cite --format json``::
+
+    {"context", "query", "prompt", "answer",
+     "sources": [{"text", "start", "end", "scores": {method: float}}],
+     "meta": {...}}
+
+``start``/``end`` are character offsets in ``context``, which appears verbatim in ``prompt`` (at
+``meta["context_start"]``); ``answer`` is exactly the continuation after ``prompt`` whose log-probability is
+explained (``meta["explained"]`` gives the explained part of it when only a stretch of the answer is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+
+__all__ = ["ContextAttribution", "Source", "load_attributions"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A source of the context: its text and character span ``[start, end)`` in the context."""
+
+    text: str
+    start: int
+    end: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "start": self.start, "end": self.end}
+
+
+@dataclass
+class ContextAttribution:
+    """Which sources of a context an answer came from, by each method.
+
+    Attributes:
+        context: the context, as given.
+        query: the query, as given.
+        prompt: the prompt the model read (template and chat markup around context and query).
+        answer: the continuation after ``prompt`` whose log-probability is explained.
+        sources: the sources, in context order.
+        scores: per method, one score per source (higher: the answer depends more on that source).
+        token_scores: per token-level method, one score per prompt token (``prompt_tokens``).
+        prompt_tokens: the prompt's tokens as text.
+        token_offsets: each prompt token's character span in ``prompt``.
+        token_source: each prompt token's source index, or -1 outside every source.
+        answer_tokens: the answer's tokens as text; ``answer_offsets``: their character spans in ``answer``.
+        meta: the model, the explained part of the answer (``explained``: a character span of ``answer``), its
+            log-probability (``answer_logprob``), per method the share of the token scores outside every source
+            (``outside_share``) and the seconds it took (``seconds``), and the options used.
+    """
+
+    context: str
+    query: str
+    prompt: str
+    answer: str
+    sources: list[Source]
+    scores: dict[str, np.ndarray]
+    token_scores: dict[str, np.ndarray] = field(default_factory=dict)
+    prompt_tokens: list[str] = field(default_factory=list)
+    token_offsets: list[tuple[int, int]] = field(default_factory=list)
+    token_source: list[int] = field(default_factory=list)
+    answer_tokens: list[str] = field(default_factory=list)
+    answer_offsets: list[tuple[int, int]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.scores)
+
+    def ranked(self, method: str | None = None) -> list[tuple[int, Source, float]]:
+        """``(index, source, score)`` from the highest score down (``method``: default the first)."""
+        method = self._method(method)
+        s = self.scores[method]
+        return [(int(i), self.sources[i], float(s[i])) for i in np.argsort(-s, kind="stable")]
+
+    def top(self, k: int = 3, method: str | None = None) -> list[tuple[int, Source, float]]:
+        """The ``k`` highest-scored sources."""
+        return self.ranked(method)[:k]
+
+    def _method(self, method: str | None) -> str:
+        if not self.scores:
+            raise InputError("this attribution holds no method's scores")
+        if method is None:
+            return next(iter(self.scores))
+        if method not in self.scores:
+            raise InputError(f"method {method!r} is not in this attribution ({', '.join(self.scores)})")
+        return method
+
+    # ------------------------------------------------------------------ output
+    def to_dict(self, tokens: bool = False) -> dict[str, Any]:
+        """The JSON contract (module docstring); ``tokens``: add the token-level scores and token spans."""
+        out: dict[str, Any] = {
+            "context": self.context,
+            "query": self.query,
+            "prompt": self.prompt,
+            "answer": self.answer,
+            "sources": [{"text": s.text, "start": s.start, "end": s.end,
+                         "scores": {m: float(v[i]) for m, v in self.scores.items()}}
+                        for i, s in enumerate(self.sources)],
+            "meta": self.meta,
+        }
+        if tokens:
+            out["tokens"] = {
+                "prompt_token_text": self.prompt_tokens,
+                "offsets": [list(o) for o in self.token_offsets],
+                "source": self.token_source,
+                "scores": {m: v.tolist() for m, v in self.token_scores.items()},
+                "answer_token_text": self.answer_tokens,
+                "answer_offsets": [list(o) for o in self.answer_offsets],
+            }
+        return out
+
+    def to_json(self, tokens: bool = False) -> str:
+        return json.dumps(self.to_dict(tokens), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ContextAttribution:
+        try:
+            sources = [Source(s["text"], int(s["start"]), int(s["end"])) for s in d["sources"]]
+            methods = list(d["sources"][0]["scores"]) if d["sources"] else []
+            scores = {m: np.array([float(s["scores"][m]) for s in d["sources"]]) for m in methods}
+            t = d.get("tokens") or {}
+            return cls(
+                context=d["context"], query=d["query"], prompt=d["prompt"], answer=d["answer"], sources=sources,
+                scores=scores, token_scores={m: np.asarray(v, dtype=float) for m, v in t.get("scores", {}).items()},
+                prompt_tokens=list(t.get("prompt_token_text", [])),
+                token_offsets=[tuple(o) for o in t.get("offsets", [])], token_source=list(t.get("source", [])),
+                answer_tokens=list(t.get("answer_token_text", [])),
+                answer_offsets=[tuple(o) for o in t.get("answer_offsets", [])], meta=dict(d.get("meta", {})),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise InputError(f"not an attnlens context attribution: {err}") from None
+
+    def save(self, path: str | os.PathLike[str], tokens: bool = True) -> None:
+        """Write the JSON form (with the token-level scores unless ``tokens=False``), atomically."""
+        save_attributions([self], path, tokens)
+
+    def show(self, k: int | None = None, console: Any = None) -> None:
+        """Print the answer and the sources ranked by each method (the terminal view)."""
+        from ..viz.sources import print_attribution
+
+        print_attribution(self, k=k, console=console)
+
+    def to_html(self) -> str:
+        """A standalone page: the context with its sources shaded by score, every method's score on hover."""
+        from ..viz.sources import attribution_html
+
+        return attribution_html([self])
+
+
+def save_attributions(items: list[ContextAttribution], path: str | os.PathLike[str], tokens: bool = True) -> None:
+    """Write attributions as JSON Lines (one per line), atomically (nothing half-written on interruption)."""
+    from ..paths import atomic_write_text
+
+    atomic_write_text(path, "".join(a.to_json(tokens) + "\n" for a in items))
+
+
+def load_attributions(path: str | os.PathLike[str]) -> list[ContextAttribution]:
+    """Read attributions written by :meth:`ContextAttribution.save` or ``attnlens cite --format json``
+    (a JSON object or a list of them, or JSON Lines)."""
+    text = Path(path).read_text(encoding="utf-8").strip()
+    if not text:
+        raise InputError(f"{path} holds no attributions")
+    try:
+        data = json.loads(text)
+        items = data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        try:
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}: not JSON or JSON Lines ({err})") from None
+    return [ContextAttribution.from_dict(d) for d in items]
