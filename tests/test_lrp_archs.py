@@ -760,6 +760,18 @@ def test_model_left_unchanged_and_forward_values_kept(family, rule_set):
         torch.testing.assert_close(res.logits, model(**padded_batch()).logits, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["gpt_neo", "gptj"])
+def test_attention_scores_in_float32_as_the_models_own(family):
+    # GPT-Neo and GPT-J compute their attention scores in float32 whatever the model's dtype (against overflow in
+    # half precision), in their own attention code or, GPT-J since transformers 5.24, through the attention
+    # interface: the LRP forward does the same, so a float64 model's LRP logits are its own to float64 precision
+    # (float64 scores would move them by ~1e-7)
+    model = make_model(family).double()
+    res = lrp_pass(model, padded_batch(), 1)
+    with torch.no_grad():
+        torch.testing.assert_close(res.logits, model(**padded_batch()).logits, rtol=1e-12, atol=1e-13)
+
+
 # ---------------------------------------------------------------- a head other than the classifier's
 class TokenLogitHead(Head):
     """A causal LM's logit of token ``t`` at position ``p`` (targets ``(B, 2)`` rows ``(p, t)``), minus that

@@ -128,7 +128,7 @@ def prenorm_block(spec: PreNorm, block: nn.Module, state: PassState, *args: Any,
         if spec.post2:
             branch = getattr(block, spec.post2)(branch)
         out = rules.normalized_residual(h + branch, branch, state)
-    return (out, attn_out[1] if isinstance(attn_out, tuple) else None) if spec.weights else out
+    return (out, attn_out[1] if isinstance(attn_out, tuple) else None) if spec.returns_weights(block) else out
 
 
 def deberta_attention(
@@ -159,10 +159,11 @@ def deberta_attention(
 
 def own_attention(attn: nn.Module, state: PassState, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPT-Neo's and GPT-J's ``_attn`` (their attention does not call transformers' attention interface) with the
-    LRP rules: the scores in float32 as theirs, GPT-J's ``1 / sqrt(d)`` scaling (GPT-Neo has none), GPT-Neo's
-    causal or local-window mask from its ``bias`` buffer, then the padding/causal mask, softmax and ``A V`` as
-    every attention (:func:`attend`). Returns ``(A V (B, H, Q, d), A)`` as ``_attn`` does."""
+    """GPT-Neo's and GPT-J's ``_attn`` (their attention does not call transformers' attention interface; GPT-J's
+    does since transformers 5.24, and has no ``_attn``) with the LRP rules: the scores in float32 as theirs,
+    GPT-J's ``1 / sqrt(d)`` scaling (GPT-Neo has none), GPT-Neo's causal or local-window mask from its ``bias``
+    buffer, then the padding/causal mask, softmax and ``A V`` as every attention (:func:`attend`). Returns
+    ``(A V (B, H, Q, d), A)`` as ``_attn`` does."""
     scores = score_product(state, torch.matmul(query.to(torch.float32), key.to(torch.float32).transpose(-1, -2)))
     if getattr(attn, "scale_attn", None) is not None:
         scores = scores / attn.scale_attn

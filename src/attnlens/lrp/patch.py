@@ -68,6 +68,7 @@ class PassState:
     word_embeddings: torch.Tensor | None = None
     position_inputs: list[torch.Tensor] = field(default_factory=list)  # per-example relative-position leaves
     logit_cap: float | None = None  # the cap the pass applies to the model's raw logits (LRPSupport.logit_softcap)
+    float32_scores: bool = False  # the attention interface computes the scores in float32 (LRPSupport.float32_scores)
 
     def logits(self, outputs: Any) -> Any:
         """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
@@ -136,10 +137,13 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     HF's eager one. Grouped-query attention (Llama-family ``num_key_value_groups``) repeats K and V per group, as
     HF's ``repeat_kv``; rotary embeddings were applied before (a rotation: linear, relevance passes as gradient
     x input); Gemma 2's score cap ``softcap * tanh(s / softcap)`` gets the identity rule, as an element-wise
-    activation. Dropout is off (eval mode)."""
+    activation; a model whose attention computes its scores in float32 (GPT-J's, ``LRPSupport.float32_scores``)
+    gets them in float32 here too. Dropout is off (eval mode)."""
     state = _active_state()
     if scaling is None:
         scaling = query.size(-1) ** -0.5
+    if state.float32_scores:  # attend casts the probabilities back to the values' dtype
+        query, key = query.to(torch.float32), key.to(torch.float32)
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -288,7 +292,8 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
             name = type(module).__name__
             if name in forwards:
                 for method, fn_name in forwards[name]:
-                    patch(module, partial(modules.FORWARDS[fn_name], module, state), method)
+                    if hasattr(type(module), method):  # not GPT-J's _attn since transformers 5.24 (LRPSupport)
+                        patch(module, partial(modules.FORWARDS[fn_name], module, state), method)
             elif name in blocks:
                 patch(module, partial(modules.prenorm_block, blocks[name], module, state))
             elif isinstance(module, nn.LayerNorm):
@@ -311,6 +316,7 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
                 handles.append(branch.register_forward_hook(grab_branch(ln)))
         for c in configs.values():
             c._attn_implementation = ATTN_NAME
+        state.float32_scores = support.float32_scores
         if cap is not None:  # the model returns its raw logits; the pass caps them (PassState.logits)
             state.logit_cap = float(cap)
             setattr(model.config, cap_attr, None)

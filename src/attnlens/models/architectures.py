@@ -58,7 +58,8 @@ class PreNorm:
     the other fields are attribute names. LRP rules="chefer" runs such blocks with its normalised residual sums.
     ``parallel``: the block is ``x + attn(norm1(x)) + mlp(norm2(x))`` (one residual sum, the two branches as one
     operand), or the name of the block's attribute that says whether it is (GPT-NeoX's ``use_parallel_residual``).
-    ``weights``: the block returns ``(hidden states, attention weights)`` (GPT-Neo, GPT-J), not the states alone.
+    ``weights``: the block returns ``(hidden states, attention weights)`` (GPT-Neo), not the states alone; or a
+    function of the block saying whether it does (GPT-J's, by the installed transformers).
     ``post1``, ``post2``: norms applied to each branch's output before its residual sum (Gemma 2's sandwich)."""
 
     module: str
@@ -67,13 +68,17 @@ class PreNorm:
     norm2: str
     mlp: str
     parallel: bool | str = False
-    weights: bool = False
+    weights: bool | Callable[[nn.Module], bool] = False
     post1: str | None = None
     post2: str | None = None
 
     def is_parallel(self, block: nn.Module) -> bool:
         """Whether ``block`` (of this spec's class) adds both branches to its input."""
         return bool(getattr(block, self.parallel)) if isinstance(self.parallel, str) else self.parallel
+
+    def returns_weights(self, block: nn.Module) -> bool:
+        """Whether ``block`` (of this spec's class) returns ``(hidden states, attention weights)``."""
+        return self.weights(block) if callable(self.weights) else self.weights
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,8 @@ class LRPSupport:
     :data:`attnlens.lrp.modules.FORWARDS`): for what the generic patches (``nn.Linear``, ``Conv1D``,
     ``nn.LayerNorm``, activation modules, the attention interface) do not reach, such as inline nonlinearities,
     gated products, RMSNorm, or an attention that does not go through transformers' attention interface.
-    ``"Class.method"`` replaces that method instead of ``forward`` (GPT-Neo's and GPT-J's ``_attn``)."""
+    ``"Class.method"`` replaces that method instead of ``forward`` (GPT-Neo's and GPT-J's ``_attn``) where the
+    installed class has it (GPT-J's attention has none since transformers 5.24: it calls the attention interface)."""
 
     name: str  # display name, listed in the "LRP supports ..." error
     residuals: tuple[Residual, ...] = ()  # post-LN residual sums the chefer rules rescale
@@ -97,6 +103,9 @@ class LRPSupport:
     # (model class, config attribute) of a cap c * tanh(z / c) that class applies inline to its logits (Gemma 2's
     # causal LM): during the pass the model returns the raw logits and the pass caps them under the identity rule
     logit_softcap: tuple[str, str] | None = None
+    # the model's attention computes its scores in float32 whatever its dtype (GPT-J: against overflow in half
+    # precision); the LRP attention of the attention interface does the same
+    float32_scores: bool = False
 
 
 @dataclass(frozen=True)
@@ -333,6 +342,13 @@ _LLAMA_ANATOMY = Anatomy((("score", None),), output="self_attn.o_proj", ln1="inp
 _GPT_NEO_ANATOMY = replace(_GPT2_ANATOMY, output="attn.attention.out_proj")
 
 
+def _gptj_block_returns_weights(block: nn.Module) -> bool:
+    """Whether a GPT-J block returns ``(hidden states, attention weights)``: it does while its attention has its
+    own ``_attn`` (transformers before 5.24); since, its attention calls the attention interface and the block
+    returns the states alone."""
+    return hasattr(type(block.attn), "_attn")
+
+
 def _bloom_anatomy(config: Any) -> Anatomy | None:
     """BLOOM's pre-LN layers (ALiBi lives in the attention maps); none where the residual is the normalised state
     (``apply_residual_connection_post_layernorm``)."""
@@ -491,8 +507,9 @@ _ENTRIES: list[Architecture] = [
                  anatomy=_gpt_neox_anatomy),
     Architecture("gptj", DECODER,
                  lrp=LRPSupport("GPT-J", blocks=(PreNorm("GPTJBlock", "ln_1", "attn", "ln_1", "mlp", parallel=True,
-                                                         weights=True),),
-                                forwards=(("GPTJAttention._attn", "own_attention"),), embedding_input=None),
+                                                         weights=_gptj_block_returns_weights),),
+                                forwards=(("GPTJAttention._attn", "own_attention"),), embedding_input=None,
+                                float32_scores=True),
                  tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4,
                                              initializer_range=STD),
                  layers=Layers("h", "attn.v_proj"), anatomy=_GPTJ_ANATOMY),
