@@ -372,3 +372,44 @@ def test_decompx_of_a_contrast_is_the_difference_of_the_two_classes(bias, tokeni
     for b, o, t in zip(both, one, other):
         np.testing.assert_allclose(b.scores["decompx"], o.scores["decompx"] - t.scores["decompx"], atol=1e-5)
         assert np.abs(b.scores["decompx"]).max() > 1e-3
+
+
+@pytest.mark.parametrize("contrast", [False, True])
+def test_decompx_reports_its_bias_term_so_scores_plus_bias_is_the_logit(bert_case, contrast):
+    """meta["decompx"]["bias"] is the independent loop's propagated biases (bias="token"), 0 for "absdot"; with
+    the token scores it adds up to the explained logit (contrast: z_t − Σ_c p_c z_c), read from the model."""
+    _, ex, ref, _ = bert_case
+    texts = [TEXTS[0], TEXTS[1]]  # a padded batch: the shorter input's bias term ignores its padding
+    logits = [ex.model(**ex.tokenizer(t, return_tensors="pt")).logits[0].detach().double() for t in texts]
+    opts = {"decompx": {"contrast": contrast}}
+    for bias in ("token", "absdot"):
+        exps = ex.explain(texts, methods=["decompx"], target=1, options={"decompx": {**opts["decompx"], "bias": bias}})
+        for e, z in zip(exps, logits, strict=True):
+            explained = float(z[1] - (z.softmax(-1) * z).sum()) if contrast else float(z[1])
+            term = e.meta["decompx"]["bias"]
+            assert abs(e.scores["decompx"].sum() + term - explained) < 1e-4
+            if bias == "absdot":
+                assert abs(term) < 1e-6
+    if not contrast:
+        (e,) = ex.explain([TEXTS[0]], methods=["decompx"], target=1)
+        assert abs(e.meta["decompx"]["bias"] - ref.decompx_token(1)[1]) < 1e-4
+
+
+@pytest.mark.slow
+def test_reference_model_decompx_bias_term_closes_the_logit(minilm_sst2):
+    """On real SST-2 sentences the default bias term is far from 0 (so leaving it out of the output would hide
+    part of the logit); scores + meta bias = the model's logit of the explained class."""
+    import json
+
+    from conftest import DATA
+
+    with (DATA / "sst2" / "dev.jsonl").open(encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line, _ in zip(f, range(6))]
+    exps = minilm_sst2.explain(texts, methods=["decompx"])
+    terms = []
+    for text, e in zip(texts, exps, strict=True):
+        with torch.no_grad():
+            z = minilm_sst2.model(**minilm_sst2.tokenizer(text, return_tensors="pt")).logits[0]
+        terms.append(e.meta["decompx"]["bias"])
+        assert abs(e.scores["decompx"].sum() + terms[-1] - float(z[e.target])) < 1e-3
+    assert max(abs(t) for t in terms) > 0.1

@@ -213,3 +213,22 @@ def test_an_entry_whose_layers_cannot_be_rerun_on_some_rows_is_refused(tokenizer
                                                              options={"integratedgradients": {"n_steps": 2}})
     finally:
         register_architecture(old)
+
+
+@pytest.mark.slow
+def test_float32_scores_match_the_model_in_float64_on_real_sentences(minilm_sst2):
+    """On the real classifier, lower layers barely change a token's output when one value vector is zeroed; the
+    cosine distance of such near-parallel vectors must survive float32 (and the rollout that carries it up)."""
+    import copy
+    import json
+
+    from conftest import DATA
+
+    with (DATA / "sst2" / "dev.jsonl").open(encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line, _ in zip(f, range(4))]
+    ex64 = Explainer(copy.deepcopy(minilm_sst2.model).double(), minilm_sst2.tokenizer)
+    single = minilm_sst2.explain(texts, methods=["valuezeroing"])
+    double = ex64.explain(texts, methods=["valuezeroing"])
+    for a, b in zip(single, double, strict=True):
+        np.testing.assert_allclose(a.layers["valuezeroing"], b.layers["valuezeroing"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a.scores["valuezeroing"], b.scores["valuezeroing"], rtol=0, atol=1e-5)

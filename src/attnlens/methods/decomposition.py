@@ -721,12 +721,13 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     citation="Modarressi et al. 2023 (ACL); bias='absdot' as in the authors' code",
 )
 def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> MethodOutput:
-    """``bias``: ``"token"`` keeps every bias in a separate term (the authors' ``include_bias_token`` option), so
-    the scores sum to the logit minus that term, computed in one backward pass of the linearised network;
-    ``"absdot"`` shares each bias among the tokens by |vector · bias| (the authors' default), by propagating all
-    N×N decomposed vectors (about N/3 times the cost of a forward+backward pass). ``contrast``: decompose
-    z_t − Σ_c p_c z_c (the target logit against the probability-weighted mean logit; for two classes
-    (1 − p_t)(z_t − z_other)) instead of z_t, what moves the target's probability."""
+    """``bias``: ``"token"`` keeps every bias in a separate term (the authors' ``include_bias_token=True,
+    bias_decomp_type=None``), so the scores sum to the logit minus that term, computed in one backward pass of the
+    linearised network; ``"absdot"`` shares each bias among the tokens by |vector · bias| (the authors' default),
+    by propagating all N×N decomposed vectors (about N/3 times the cost of a forward+backward pass), so the bias
+    term is 0. The bias term is reported per input as ``meta["decompx"]["bias"]``: scores + bias = the explained
+    logit. ``contrast``: decompose z_t − Σ_c p_c z_c (the target logit against the probability-weighted mean
+    logit; for two classes (1 − p_t)(z_t − z_other)) instead of z_t, what moves the target's probability."""
     if bias not in BIAS_MODES:
         raise InputError(f"bias={bias!r}; choose one of {', '.join(BIAS_MODES)}")
     if ctx.head.read_rows(ctx.targets) is not None and ctx.target_kind == "loss":
@@ -734,7 +735,9 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
     elif ctx.target_kind != "logit":
         raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")
     if bias == "token":
-        return MethodOutput(decompx_token_scores(ctx, contrast)[0])
-    contributions = decompx_logits(ctx, bias)[:, :-1]  # (B, N, C), the bias term (all zero here) dropped
+        scores, term = decompx_token_scores(ctx, contrast)
+        return MethodOutput(scores, meta={"bias": term})
+    contributions = decompx_logits(ctx, bias)  # (B, N + 1, C): the last row, the bias term, all zero here
     weights = _output_weights(ctx.capture.logits, ctx.targets, contrast)
-    return MethodOutput(torch.einsum("bnc,bc->bn", contributions, weights))
+    shares = torch.einsum("bnc,bc->bn", contributions, weights)
+    return MethodOutput(shares[:, :-1], meta={"bias": shares[:, -1]})
