@@ -12,7 +12,14 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from attnlens import Explainer, Explanation
 from attnlens.models.architectures import build_tiny
-from attnlens.results.tokentext import BYTE_LEVEL, SENTENCEPIECE, decode_byte_level, readable, token_encoding
+from attnlens.results.tokentext import (
+    BYTE_LEVEL,
+    SENTENCEPIECE,
+    decode_byte_level,
+    readable,
+    token_encoding,
+    token_text,
+)
 from attnlens.viz.generation import generation_html, render_generation
 from attnlens.viz.terminal import render_terminal
 
@@ -128,3 +135,34 @@ def test_wordpiece_explanations_are_unchanged(tokenizer):
     model = build_tiny("bert", vocab_size=tokenizer.vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     exp = Explainer(model, tokenizer).explain("the cat", methods="rawatt")[0]
     assert "token_encoding" not in exp.meta
+
+
+def test_the_json_gives_each_token_its_text_and_top_k_speaks_text(lm_explainer, byte_tokenizer):
+    exp = lm_explainer.explain(TEXT, methods="rawatt,saliency")[0]
+    d = json.loads(json.dumps(exp.to_dict()))
+    assert d["tokens"] == exp.tokens and len(d["token_text"]) == len(d["tokens"])
+    # the tokens' texts put together are the input (the tokenizer's decoder, independently: the same)
+    assert "".join(d["token_text"]) == TEXT == byte_tokenizer.decode(exp.input_ids)
+    assert "" in d["token_text"]  # the emoji's bytes span tokens: the token that completes it holds it whole
+    assert " charm" in d["token_text"] and "\n" in d["token_text"]
+    for tok, _ in exp.top_k("saliency", len(exp.tokens)):
+        assert not {"Ġ", "Ã", "Ċ"} & set(tok)
+    assert {t for t, _ in exp.top_k("saliency", len(exp.tokens))} >= {"charm", "\n"}
+    assert Explanation.from_dict(d) == exp  # the text is derived, not a second source of truth
+
+
+def test_a_generations_json_gives_its_tokens_text(lm_explainer, byte_tokenizer):
+    g = lm_explainer.explain_generation(TEXT, target=" the naïve café", methods="rawatt")
+    d = json.loads(json.dumps(g.to_dict()))
+    assert "".join(d["prompt_token_text"]) == TEXT
+    assert "".join(d["generated_token_text"]) == " the naïve café" == byte_tokenizer.decode(g.generated_ids)
+    assert len(d["prompt_token_text"]) == len(d["prompt_tokens"])
+    assert len(d["generated_token_text"]) == len(d["generated_tokens"])
+
+
+@pytest.mark.parametrize(("encoding", "token", "text"), [
+    (BYTE_LEVEL, "ĠParis", " Paris"), (BYTE_LEVEL, "ĊĊ", "\n\n"), (BYTE_LEVEL, "ĠcafÃ©", " café"),
+    (SENTENCEPIECE, "▁Paris", " Paris"), (SENTENCEPIECE, "<0x0A>", "\n"), (None, "##ing", "##ing"),
+])
+def test_token_text_keeps_the_spaces_that_display_drops(encoding, token, text):
+    assert token_text(token, encoding) == text

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..data import iter_jsonl
 from ..errors import InputError
-from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable
+from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable, token_texts
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
 _SUBWORD_MARKS = ("##", "Ġ", "▁")
@@ -126,15 +126,24 @@ class Explanation:
         sign = 1.0 if reverse else -1.0
         return sorted(candidates, key=lambda i: sign * float(s[i]))
 
+    @property
+    def token_text(self) -> list[str]:
+        """The text of each token (byte-level BPE and SentencePiece decoded, word-start spaces kept: ``" Paris"``,
+        ``"\\n"``, ``"café"``; WordPiece tokens as they are), the JSON output's twin of ``tokens``."""
+        return token_texts(self.tokens, self.meta)
+
     def top_k(self, method: str, k: int = 5) -> list[tuple[str, float]]:
-        """The ``k`` highest-scoring non-special tokens as ``(token, score)`` pairs, highest first.
+        """The ``k`` highest-scoring non-special tokens as ``(token, score)`` pairs, highest first; each token as a
+        reader sees it (byte-level BPE and SentencePiece decoded, without the word-start space: ``"Paris"``;
+        ``ranking`` gives the positions).
 
         Special and padding tokens are never ranked. Use ``exp.to_words().top_k(...)`` for words.
         """
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
             raise InputError(f"k must be an integer >= 0, got {k!r}")
         s = self._method_scores(method)
-        return [(self.tokens[i], float(s[i])) for i in self.ranking(method)[:k]]
+        encoding = self.meta.get("token_encoding")
+        return [(readable(self.tokens[i], encoding), float(s[i])) for i in self.ranking(method)[:k]]
 
     # ------------------------------------------------------------- aggregation
     def word_groups(self) -> list[list[int]]:
@@ -229,10 +238,13 @@ class Explanation:
 
     # ----------------------------------------------------------- serialization
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; the first eight keys are the stable contract of ``attnlens explain --format json``."""
+        """JSON-ready dict; the keys ``text, tokens, special, target, predicted, probabilities, scores, layers`` are
+        the stable contract of ``attnlens explain --format json``; ``token_text`` is each token's text (read-only:
+        :meth:`from_dict` derives it again)."""
         return {
             "text": self.text,
             "tokens": list(self.tokens),
+            "token_text": self.token_text,
             "special": [bool(x) for x in self.special],
             "target": _ints(self.target),
             "predicted": _ints(self.predicted),

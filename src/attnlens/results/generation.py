@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from .explanation import Explanation, _read_dicts
+from .tokentext import token_texts
 
 __all__ = ["Generation", "load_generations"]
 
@@ -32,7 +33,10 @@ class Generation:
         prompt_tokens, prompt_ids, prompt_special: the encoded prompt (chat template and special tokens
             included), special tokens flagged.
         generated_tokens, generated_ids: the explained continuation, one entry per step (greedy or forced).
-        generated: each generated token decoded as text (``" Paris"``).
+        generated: each generated token decoded as text (``" Paris"``), as the tokenizer decodes it alone.
+
+    The JSON form (:meth:`to_dict`) also gives ``prompt_token_text`` and ``generated_token_text``: the text of each
+    token of ``prompt_tokens`` and ``generated_tokens`` (:func:`attnlens.results.tokentext.token_text`).
         scores: method id -> ``(n_generated, n_prompt + n_generated)`` matrix; row ``t`` explains step ``t``.
         probabilities: the probability of each generated token at its step (given the tokens before it).
         predicted_ids: the model's greedy choice at each step (equal to ``generated_ids`` unless forced).
@@ -103,9 +107,11 @@ class Generation:
         return {
             "prompt": self.prompt,
             "prompt_tokens": self.prompt_tokens,
+            "prompt_token_text": token_texts(self.prompt_tokens, self.meta),
             "prompt_ids": self.prompt_ids,
             "prompt_special": self.prompt_special,
             "generated_tokens": self.generated_tokens,
+            "generated_token_text": token_texts(self.generated_tokens, self.meta),
             "generated_ids": self.generated_ids,
             "generated": self.generated,
             "target_ids": self.generated_ids,

@@ -2,7 +2,8 @@
 
 GPT-2's, RoBERTa's, BART's and most LLMs' tokenizers (SmolLM2, Llama 3, Qwen2) spell every byte as a printable
 character: a space is ``Ġ``, a newline ``Ċ``, and "café" is ``cafÃ©`` (the two UTF-8 bytes of "é"). Explanations
-keep the tokenizer's tokens as they are (the JSON contract, lossless); renderers show :func:`readable` tokens.
+keep the tokenizer's tokens as they are (the JSON contract, lossless) and give their :func:`token_text` beside
+them; renderers and ``top_k`` show :func:`readable` tokens.
 SentencePiece tokenizers (T5, Llama 2, ALBERT, XLNet) mark a word's start with ``▁`` and spell a character their
 vocabulary lacks as byte tokens (``<0x0A>``); they are shown the same way.
 
@@ -13,6 +14,7 @@ Maltese letter, and a WordPiece token containing it must stay as it is.
 
 from __future__ import annotations
 
+import codecs
 import re
 from functools import lru_cache
 from typing import Any
@@ -73,16 +75,58 @@ def decode_sentencepiece(token: str) -> str:
         token.replace("▁", " "))
 
 
+def token_text(token: str, encoding: str | None) -> str:
+    """The text ``token`` stands for, as the tokenizer's decoder would give it: byte-level and SentencePiece tokens
+    decoded with their word-start space kept (``ĠParis`` → ``" Paris"``, ``Ċ`` → ``"\\n"``, ``cafÃ©`` → ``"café"``);
+    other tokens (WordPiece) as they are. The JSON output's ``token_text`` (concatenated, a byte-level input's
+    tokens give back its text)."""
+    if encoding == BYTE_LEVEL:
+        return decode_byte_level(token)
+    if encoding == SENTENCEPIECE:
+        return decode_sentencepiece(token)
+    return token
+
+
+def token_texts(tokens: list[str], meta: dict[str, Any] | None) -> list[str]:
+    """The text of each of ``tokens`` (a sequence, in order), by the encoding recorded in ``meta``: as
+    :func:`token_text`, except that a character whose bytes are split over several tokens (an emoji, an accented
+    letter of a byte-level vocabulary that lacks it) is given whole to the token that completes it, and ``""`` to
+    the tokens before, so that the texts put together are the text the tokens spell. Bytes that never complete a
+    character are ``\\xNN`` escapes."""
+    encoding = (meta or {}).get("token_encoding")
+    if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
+        return list(tokens)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+    texts = [decoder.decode(_token_bytes(t, encoding)) for t in tokens]
+    if texts:
+        texts[-1] += decoder.decode(b"", final=True)
+    return texts
+
+
+def _token_bytes(token: str, encoding: str) -> bytes:
+    """The bytes a byte-level or SentencePiece token spells (a character outside the byte alphabet: its UTF-8)."""
+    if encoding == BYTE_LEVEL:
+        byte_of = _byte_of()
+        if all(c in byte_of for c in token):
+            return bytes(byte_of[c] for c in token)
+        return token.encode("utf-8")
+    parts = []
+    end = 0
+    for match in _BYTE_TOKEN.finditer(token):
+        parts.append(token[end:match.start()].replace("▁", " ").encode("utf-8"))
+        parts.append(bytes([int(match.group(1), 16)]))
+        end = match.end()
+    parts.append(token[end:].replace("▁", " ").encode("utf-8"))
+    return b"".join(parts)
+
+
 def readable(token: str, encoding: str | None) -> str:
     """``token`` as shown to a reader: byte-level and SentencePiece tokens decoded, with the word-start space
     dropped (renderers separate tokens); a token of whitespace only shows it (``␣``, newline and tab as the
     terminal escapes them)."""
-    if encoding == BYTE_LEVEL:
-        text = decode_byte_level(token)
-    elif encoding == SENTENCEPIECE:
-        text = decode_sentencepiece(token)
-    else:
+    if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
         return token
+    text = token_text(token, encoding)
     if not text.strip():
         return text.replace(" ", "␣")
     return text[1:] if text.startswith(" ") else text

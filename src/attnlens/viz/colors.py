@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InputError
-from ..results.tokentext import readable, readable_tokens
+from ..results.tokentext import readable_tokens
 
 POSITIVE_RGB = (22, 163, 74)  # green
 NEGATIVE_RGB = (220, 38, 38)  # red
@@ -65,8 +65,7 @@ def shown_tokens(exp: Explained) -> list[str]:
 
 def top_split(exp: Explained, method: str, k: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """The ``k`` highest positive and the ``k`` lowest negative tokens of ``method`` (shown tokens, scores)."""
-    encoding = exp.meta.get("token_encoding")
-    ranked = [(readable(t, encoding), s) for t, s in exp.top_k(method, len(exp.tokens))]
+    ranked = exp.top_k(method, len(exp.tokens))  # tokens as a reader sees them
     return [(t, s) for t, s in ranked if s > 0][:k], [(t, s) for t, s in reversed(ranked) if s < 0][:k]
 
 
