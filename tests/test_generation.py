@@ -4,6 +4,7 @@ batching, teacher forcing, contrast linearity, the model left unchanged, clear e
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -525,3 +526,92 @@ def test_value_zeroing_steps_on_bloom_equal_their_prefix(tokenizer):
     g = ex.explain_generation(PROMPT, target=" good but bad", methods=["valuezeroing"])
     assert np.abs(g.scores["valuezeroing"]).max() > 0
     _assert_steps_equal_their_prefixes(ex, g, ["valuezeroing"])
+
+
+# ------------------------------------------------------------------------------ long generations: cap, progress
+def test_cli_caps_max_new_tokens_at_the_window_with_one_warning_and_shows_progress(lm_dir, tmp_path, capsys):
+    from attnlens.cli import main
+
+    out = tmp_path / "g.json"
+    capsys.readouterr()
+    assert main(["explain", "--model", lm_dir, "--generate", "--max-new-tokens", "100000", "--max-length", "24",
+                 "--methods", "rawatt", "--format", "json", "--out", str(out), PROMPT]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if line.startswith("attnlens: warning:")]
+    assert len(warned) == 1 and "max_new_tokens=100000" in warned[0] and "at most" in warned[0]
+    assert "generating" in err and "explaining steps" in err  # the two bars, each with elapsed<remaining
+    assert re.search(r"\d+:\d+<\d+:\d+", err)
+    (g,) = load_generations(out)
+    n_prompt, n = len(g.prompt_ids), len(g.generated_ids)
+    assert f"at most {24 - n_prompt}" in warned[0]
+    eos = Explainer.from_pretrained(lm_dir).model.config.eos_token_id
+    assert n_prompt + n == 24 or (n_prompt + n < 24 and g.generated_ids[-1] == eos)
+    assert g.meta["max_new_tokens"] == 24 - n_prompt
+
+
+def test_cli_quiet_prints_no_bar_warning_or_notice(lm_dir, tmp_path, capsys):
+    from attnlens.cli import main
+
+    out = tmp_path / "g.json"
+    capsys.readouterr()
+    assert main(["explain", "--model", lm_dir, "--generate", "--max-new-tokens", "100000", "--max-length", "24",
+                 "--methods", "rawatt", "--format", "json", "--out", str(out), "--quiet", PROMPT]) == 0
+    assert capsys.readouterr().err == "" and out.is_file()
+
+
+def test_generation_progress_callback_counts_every_step(tokenizer):
+    ex = Explainer(make_lm("gpt2"), tokenizer)
+    calls: list[tuple[float, int]] = []
+    g = ex.explain_generation(PROMPT, target=" good film , really", methods="rawatt,grads", batch_size=2,
+                              progress=lambda done, steps: calls.append((done, steps)))
+    n = len(g.generated_ids)
+    assert n > 2 and calls[-1] == (pytest.approx(1.0), n)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)  # never backwards
+    assert {s for _, s in calls} >= {2, n}  # steps finished per batch of two
+
+
+def test_a_cut_off_write_leaves_the_old_file_and_no_partial_one(lm_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the output is written: the command stops (status 130), the file there before is unchanged and
+    no temporary file stays behind."""
+    from pathlib import Path
+
+    from attnlens.cli import main
+
+    out = tmp_path / "g.json"
+    out.write_text("earlier run\n", encoding="utf-8")
+    real = Path.write_text
+
+    def interrupted(self, data, *args, **kwargs):  # half of the document, then Ctrl-C
+        real(self, data[: len(data) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    assert main(["explain", "--model", lm_dir, "--generate", "--max-new-tokens", "2", "--methods", "rawatt",
+                 "--format", "json", "--out", str(out), PROMPT]) == 130
+    monkeypatch.undo()
+    assert "interrupted" in capsys.readouterr().err
+    assert out.read_text(encoding="utf-8") == "earlier run\n" and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_deprecation_notices_of_transformers_stay_out_of_the_output(tokenizer):
+    """The cached greedy loop passes ``past_key_values``, which recent transformers deprecate with a FutureWarning
+    on every call: that is attnlens's business, not the user's. The user's own warnings still show."""
+    import warnings
+
+    model = make_lm("llama")
+    ids = torch.tensor([tokenizer(PROMPT)["input_ids"]])
+    with warnings.catch_warnings(record=True) as bare:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=model(input_ids=ids, use_cache=True).past_key_values,
+                  use_cache=True)
+    ex = Explainer(model, tokenizer)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ex.explain_generation(PROMPT, max_new_tokens=3, methods="rawatt")
+        warnings.warn("the user's own", UserWarning, stacklevel=1)
+    deprecations = [w for w in seen if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    assert not deprecations, [str(w.message) for w in deprecations]
+    assert [str(w.message) for w in seen] == ["the user's own"]
+    if not any(issubclass(w.category, FutureWarning) for w in bare):
+        pytest.skip("this transformers version deprecates nothing attnlens passes (nothing to filter)")

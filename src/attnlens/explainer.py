@@ -266,13 +266,15 @@ class Explainer:
         batch_size: int = 16,
         options: Mapping[str, Mapping[str, Any]] | None = None,
         memory_budget: str | int | None = None,
+        progress: bool | ProgressCallback = False,
     ) -> Generation:
         """Explain every token a language model generates after ``prompt``, with each method.
 
         Args:
             prompt: the text to continue.
             methods: as for :meth:`explain`.
-            max_new_tokens: how many tokens to generate greedily (fewer if an end-of-sequence token comes first).
+            max_new_tokens: how many tokens to generate greedily (fewer if an end-of-sequence token comes first;
+                at most what the model's window leaves after the prompt: more is capped, with a warning).
             target: force the continuation (teacher forcing): text (tokenized without special tokens) or token
                 ids; ``max_new_tokens`` is then ignored.
             contrast: explain target − contrast at every step: text or ids with one token per explained step
@@ -285,6 +287,9 @@ class Explainer:
             memory_budget: memory the passes may plan for, e.g. ``"4GB"`` (default 4 GiB): with gradient methods,
                 how many steps share a backward pass; a generation over the budget on its own runs alone, with a
                 warning.
+            progress: show a progress bar per generated token and then one per explained step, each with an ETA
+                (the steps' by their lengths), or a callable called with (fraction of the explaining done, steps
+                explained).
 
         Returns:
             A :class:`~attnlens.results.generation.Generation`: ``scores[m]`` is
@@ -293,7 +298,7 @@ class Explainer:
         """
         return explain_generation(self, prompt, methods, max_new_tokens=max_new_tokens, target=target,
                                   contrast=contrast, chat=chat, target_kind=target_kind, batch_size=batch_size,
-                                  options=options, memory_budget=memory_budget)
+                                  options=options, memory_budget=memory_budget, progress=progress)
 
     def explain_answer(
         self,

@@ -1,9 +1,12 @@
-"""The one check of output paths, done before any work so that a run never fails at its very end."""
+"""Output paths: the one check, done before any work so that a run never fails at its very end, and the one way
+of writing a file (atomically, so that an interrupted run leaves nothing half-written)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import InputError
@@ -32,17 +35,33 @@ def check_output_path(path: str | os.PathLike[str], option: str, *, directory: b
     return p
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` (UTF-8) through a temporary file in the same folder, renamed into place, so
-    an interrupted run never leaves a half-written file; missing parent folders are created."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".attnlens-", suffix=".tmp")
+@contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary file beside ``path`` (its missing parent folders created) for the block to write; when the block
+    ends it replaces ``path`` in one step (:func:`os.replace`), and when it raises (Ctrl-C included) it is removed:
+    ``path`` is never half-written, and a file already there stays as it was."""
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, p)
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a written file gets the usual mode
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return p
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_output`, so an interrupted run never leaves a
+    half-written file; missing parent folders are created."""
+    with atomic_output(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path).expanduser()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -29,7 +29,7 @@ from .models.loading import (
 )
 from .models.quiet import quiet_transformers
 from .models.shorthands import MINILM_ALIASES, minilm_dir
-from .paths import check_output_path
+from .paths import atomic_write_text, check_output_path
 from .viz.safetext import terminal_safe
 
 EVAL_SPLITS = {
@@ -446,7 +446,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         "loss": {"first_10": _mean(losses[:10]), "last_10": _mean(losses[-10:]), "curve": _curve(losses)},
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     log(f"saved model, tokenizer and metrics.json to {out}")
     return metrics
 

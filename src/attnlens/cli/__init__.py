@@ -1,7 +1,9 @@
 """The ``attnlens`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
 
 User mistakes (:class:`~attnlens.errors.AttnLensError`, missing files, bad options) print one line and exit with
-status 2; warnings print one line each; ``--debug`` shows tracebacks and full warnings instead.
+status 2; warnings print one line each (a subcommand's ``--quiet``: none); ``--debug`` shows tracebacks and full
+warnings instead. Ctrl-C stops with status 130; the files a command writes appear whole or not at all
+(:func:`attnlens.paths.atomic_output`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             if not args.debug:
                 warnings.showwarning = _show_warning
+            if getattr(args, "quiet", False):
+                warnings.simplefilter("ignore")
             return int(args._run(args) or 0)
     except (AttnLensError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
         if args.debug:

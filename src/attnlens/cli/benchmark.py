@@ -68,7 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", required=True, help="results directory")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming a run in --out")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, warnings or notices on stderr (errors "
+                   "still print, one line)")
     add_memory_options(p)
     add_placement_options(p)
     # data-parallel runs (docs/scaling.md); `accelerate launch -m attnlens.cli benchmark ...` needs neither option

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelError
-from ..paths import check_output_path
+from ..paths import atomic_write_text, check_output_path
 from ..viz.safetext import terminal_safe
 from . import add_placement_options, placement
 
@@ -132,6 +132,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      "each text (greedy); --target TEXT forces the continuation instead")
     gen.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate (default 8)")
     gen.add_argument("--chat", action="store_true", help="put each prompt through the tokenizer's chat template")
+    p.add_argument("--quiet", action="store_true", help="no progress bars, warnings or notices on stderr (errors "
+                   "still print, one line)")
     add_memory_options(p)
     # integrated gradients' options (the others' are in the API's options=)
     p.add_argument("--ig-steps", type=int, help="integratedgradients: a fixed count of points of the path "
@@ -248,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         target_kind=args.target_kind,
         batch_size=args.batch_size,
         truncation=not args.no_truncation,
-        progress=len(texts) > args.batch_size or options is not None,
+        progress=not args.quiet and (len(texts) > args.batch_size or options is not None or sys.stderr.isatty()),
         contrast=int(args.contrast) if args.contrast and args.contrast.lstrip("-").isdigit() else args.contrast,
         options=options,
         memory_budget=budget,
@@ -265,17 +267,17 @@ def run(args: argparse.Namespace) -> int:
             payload = json.dumps([e.to_dict() for e in exps], indent=1)
             _write(args.out, payload + "\n")
         elif args.out:
-            save_explanations(exps, _parent_made(args.out))
+            save_explanations(exps, args.out)
         else:
             for e in exps:
                 sys.stdout.write(json.dumps(e.to_dict()) + "\n")
         if args.out:
-            _wrote(args.out)
+            _wrote(args, args.out)
     if args.plot:
         from ..viz.plots import plot_token_heatmap
 
         plot_token_heatmap(exps[0], path=args.plot)
-        _wrote(args.plot)
+        _wrote(args, args.plot)
     if args.head_view:
         from ..results.tokentext import encoding_meta, readable_tokens
         from ..viz.headview import attention_view_html
@@ -286,13 +288,13 @@ def run(args: argparse.Namespace) -> int:
             attention_view_html(readable_tokens(tokens, encoding_meta(explainer.tokenizer)), attentions, special,
                                 title=f"attention of {model} ({explainer.stream})"),
         )
-        _wrote(args.head_view)
+        _wrote(args, args.head_view)
     html_path = args.out if args.format == "html" else args.html
     if html_path:
         from ..viz.html import explanations_html
 
         _write(html_path, explanations_html(exps, title=f"attnlens: {model}"))
-        _wrote(html_path)
+        _wrote(args, html_path)
     return 0
 
 
@@ -308,7 +310,7 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
     gens = [explainer.explain_generation(p, methods=args.methods, max_new_tokens=args.max_new_tokens,
                                          target=args.target, contrast=args.contrast, chat=args.chat,
                                          target_kind=args.target_kind, batch_size=min(args.batch_size, 16),
-                                         options=options, memory_budget=budget)
+                                         options=options, memory_budget=budget, progress=not args.quiet)
             for p in prompts]
     if args.format == "terminal":
         for g in gens:
@@ -318,12 +320,12 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
     elif args.format == "jsonl":
         _write(args.out, "".join(json.dumps(g.to_dict()) + "\n" for g in gens))
     if args.format in ("json", "jsonl") and args.out:
-        _wrote(args.out)
+        _wrote(args, args.out)
     if args.plot:
         from ..viz.generation import plot_generation
 
         plot_generation(gens[0], path=args.plot)
-        _wrote(args.plot)
+        _wrote(args, args.plot)
     if args.head_view:
         from ..core.generation_engine import attention_maps
         from ..results.tokentext import readable_tokens
@@ -333,30 +335,25 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
         shown = readable_tokens(gens[0].tokens, gens[0].meta)
         _write(args.head_view, attention_view_html(shown, attentions, gens[0].special,
                                                    title=f"attention of {model}: prompt + continuation"))
-        _wrote(args.head_view)
+        _wrote(args, args.head_view)
     html_path = args.out if args.format == "html" else args.html
     if html_path:
         from ..viz.generation import generation_html
 
         _write(html_path, generation_html(gens, title=f"attnlens: {model}"))
-        _wrote(html_path)
+        _wrote(args, html_path)
     return 0
 
 
-def _parent_made(path: str) -> Path:
-    """``path`` (checked by :func:`check_output`), its missing parent directories created."""
-    p = Path(path).expanduser()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    return p
-
-
-def _wrote(path: str) -> None:
-    """Say on stderr that ``path`` was written (stdout may carry the explanations)."""
-    print(f"wrote {terminal_safe(path, one_line=True)}", file=sys.stderr)
+def _wrote(args: argparse.Namespace, path: str) -> None:
+    """Say on stderr that ``path`` was written (stdout may carry the explanations), unless ``--quiet``."""
+    if not args.quiet:
+        print(f"wrote {terminal_safe(path, one_line=True)}", file=sys.stderr)
 
 
 def _write(path: str | None, text: str) -> None:
+    """``text`` to the file ``path`` (atomically: Ctrl-C leaves no half-written file), else to stdout."""
     if path:
-        _parent_made(path).write_text(text, encoding="utf-8")
+        atomic_write_text(path, text)
     else:
         sys.stdout.write(text)

@@ -54,6 +54,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="mixed precision: run forward and backward in this dtype (autocast); weights stay float32")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, warnings or notices on stderr (errors "
+                   "still print, one line)")
     p.add_argument("--out", required=True, help="output directory")
     return p
 
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         reinit_head=args.reinit_head,
         device=args.device,
         dtype=args.dtype,
-        progress=not args.no_progress,
+        progress=not (args.no_progress or args.quiet),
     )
     train(cfg)
     return 0

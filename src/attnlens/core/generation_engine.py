@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from .. import __version__
 from ..errors import InputError, ModelError
-from ..methods.registry import GRADIENTS
+from ..methods.registry import GRADIENTS, OWN_PASS
 from ..models.adapters import EncoderDecoderAdapter, StreamTensors
 from ..models.heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
 from ..results.generation import Generation
@@ -44,6 +45,7 @@ from .memory import (
     warn_when_one_row_exceeds,
 )
 from .modelstate import explaining
+from .progress import ExplainProgress, ProgressCallback, planned_passes
 
 if TYPE_CHECKING:
     from ..explainer import Explainer
@@ -68,6 +70,7 @@ def explain_generation(
     batch_size: int = 16,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     memory_budget: str | int | None = None,
+    progress: bool | ProgressCallback = False,
 ) -> Generation:
     """See :meth:`attnlens.Explainer.explain_generation`."""
     head = ex.head
@@ -88,7 +91,10 @@ def explain_generation(
 
     prompt_ids, template = _prompt_ids(ex, prompt, chat)
     forced = target is not None
-    generated = _token_ids(ex, target, "target") if forced else greedy(ex, prompt_ids, max_new_tokens)
+    if not forced:
+        max_new_tokens = capped_new_tokens(ex, len(prompt_ids), max_new_tokens)
+    generated = (_token_ids(ex, target, "target") if forced
+                 else greedy(ex, prompt_ids, max_new_tokens, bar=progress is True))
     contrast_ids = None if contrast is None else _token_ids(ex, contrast, "contrast")
     if contrast_ids is not None and len(contrast_ids) != len(generated):
         raise InputError(f"contrast has {len(contrast_ids)} token(s) but the explained continuation has "
@@ -119,8 +125,15 @@ def explain_generation(
     scores = {s.name: np.zeros((n_steps, n_prompt + n_steps)) for s in specs}
     probabilities, predicted, contrast_probs = [0.0] * n_steps, [0] * n_steps, [0.0] * n_steps
     figures: dict[str, dict[str, list[Any]]] = {}  # per-step figures a method reports (IG's completeness gap)
+    tracker = ExplainProgress([n_prompt + t for t in range(n_steps)], model_dims(ex.model).hidden,
+                              {s.name: planned_passes(method_options.get(s.name, {})) for s in specs
+                               if OWN_PASS in s.needs},
+                              bar=progress is True, callback=progress if callable(progress) else None,
+                              desc="explaining steps", unit="steps")
+    tracker.start()
     for first in range(0, n_steps, size):
         rows = list(range(first, min(first + size, n_steps)))
+        tracker.begin_batch(rows)
         if seq2seq:
             runner, ctx, targets = _seq2seq_batch(ex, prompt_only, generated, rows, contrast_ids, target_kind)
             batch = [prompt_only] * len(rows)
@@ -134,7 +147,7 @@ def explain_generation(
             if ONE_PASS:  # every row is a prefix of the longest: one forward over it serves them all
                 ctx.sequence = ex._inputs([steps[rows[-1]].ids])[0]
         ctx, out = engine.compute_batch(runner, batch, targets, specs, method_options, target_kind, gradients,
-                                        ctx=ctx, memory_budget=budget)
+                                        ctx=ctx, memory_budget=budget, tracker=tracker)
         logits = (head.at(ctx.capture.logits, ctx.targets) if seq2seq
                   else head.last(ctx.capture.logits, ctx.token_mask))
         probs = logits.float().softmax(-1)  # (B, V): the distribution each step's token was drawn from
@@ -152,6 +165,8 @@ def explain_generation(
             predicted[t] = int(probs[b].argmax())
             if contrast_ids is not None:
                 contrast_probs[t] = float(probs[b, contrast_ids[t]])
+        tracker.end_batch()
+    tracker.close()
 
     meta = {
         "model": ex.name, "family": ex.adapter.family, "attention": ex.stream, "target_kind": target_kind,
@@ -260,37 +275,65 @@ def _decoder_start(ex: Explainer) -> int:
     return int(start)
 
 
+def room_to_generate(ex: Explainer, n_prompt: int) -> int:
+    """How many tokens the model's window leaves for a continuation of a prompt of ``n_prompt`` tokens (an
+    encoder-decoder's decoder: its window less the start token)."""
+    if isinstance(ex.head, Seq2SeqLMHead):
+        return ex.max_length - 1
+    return ex.max_length - n_prompt
+
+
+def capped_new_tokens(ex: Explainer, n_prompt: int, max_new_tokens: int) -> int:
+    """``max_new_tokens``, or what the model's window allows after the prompt when that is fewer, with one warning
+    line (a continuation past the window would have positions the model never learnt)."""
+    room = room_to_generate(ex, n_prompt)
+    if 1 <= room < max_new_tokens:
+        warnings.warn(f"max_new_tokens={max_new_tokens} is more than the model's window of {ex.max_length} tokens "
+                      f"leaves after the {n_prompt}-token prompt: generating at most {room}", stacklevel=4)
+        return room
+    return max_new_tokens
+
+
 @torch.no_grad()
-def greedy(ex: Explainer, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+def greedy(ex: Explainer, prompt_ids: list[int], max_new_tokens: int, *, bar: bool = False) -> list[int]:
     """The greedy continuation (argmax at every step, no sampling or logits processors) of at most
-    ``max_new_tokens`` tokens, stopping after an end-of-sequence token; key/value cache reused between steps."""
+    ``max_new_tokens`` tokens (and at most what the model's window leaves), stopping after an end-of-sequence
+    token; key/value cache reused between steps. ``bar``: a progress bar per generated token, with an ETA."""
     eos = eos_ids(ex)
-    room = ex.max_length - len(prompt_ids)
-    if room < 1 and not isinstance(ex.head, Seq2SeqLMHead):
+    room = room_to_generate(ex, len(prompt_ids))
+    if room < 1:
         raise InputError(f"the prompt has {len(prompt_ids)} tokens: no room to generate within the model's "
                          f"maximum of {ex.max_length}")
-    out: list[int] = []
-    with explaining(ex.model):
-        ids = torch.tensor([prompt_ids], device=ex.device)
-        if isinstance(ex.head, Seq2SeqLMHead):  # encode once; the short decoder input is re-run every step
-            encoded = ex.model.get_encoder()(input_ids=ids, attention_mask=torch.ones_like(ids))
-            decoder = [_decoder_start(ex)]
-            for _ in range(min(max_new_tokens, ex.max_length - 1)):
-                logits = ex.model(encoder_outputs=encoded, attention_mask=torch.ones_like(ids),
-                                  decoder_input_ids=torch.tensor([decoder], device=ex.device)).logits
-                decoder.append(int(logits[0, -1].argmax()))
-                if decoder[-1] in eos:
-                    break
-            return decoder[1:]
-        past = None
-        for _ in range(min(max_new_tokens, room)):
-            result = ex.model(input_ids=ids, past_key_values=past, use_cache=True)
-            past = result.past_key_values
-            token = int(result.logits[0, -1].argmax())
-            out.append(token)
-            if token in eos:
+    with explaining(ex.model), tqdm(total=min(max_new_tokens, room), desc="generating", unit="token",
+                                    disable=not bar, leave=False) as shown:
+        return _greedy_steps(ex, prompt_ids, min(max_new_tokens, room), eos, shown.update)
+
+
+def _greedy_steps(ex: Explainer, prompt_ids: list[int], n: int, eos: set[int], step: Any) -> list[int]:
+    """The greedy loop of :func:`greedy` (``n`` tokens at most); ``step(1)`` after every token."""
+    ids = torch.tensor([prompt_ids], device=ex.device)
+    if isinstance(ex.head, Seq2SeqLMHead):  # encode once; the short decoder input is re-run every step
+        encoded = ex.model.get_encoder()(input_ids=ids, attention_mask=torch.ones_like(ids))
+        decoder = [_decoder_start(ex)]
+        for _ in range(n):
+            logits = ex.model(encoder_outputs=encoded, attention_mask=torch.ones_like(ids),
+                              decoder_input_ids=torch.tensor([decoder], device=ex.device)).logits
+            decoder.append(int(logits[0, -1].argmax()))
+            step(1)
+            if decoder[-1] in eos:
                 break
-            ids = torch.tensor([[token]], device=ex.device)
+        return decoder[1:]
+    out: list[int] = []
+    past = None
+    for _ in range(n):
+        result = ex.model(input_ids=ids, past_key_values=past, use_cache=True)
+        past = result.past_key_values
+        token = int(result.logits[0, -1].argmax())
+        out.append(token)
+        step(1)
+        if token in eos:
+            break
+        ids = torch.tensor([[token]], device=ex.device)
     return out
 
 

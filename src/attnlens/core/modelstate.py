@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from torch import nn
 
 from ..errors import ModelError
+from ..models.quiet import quiet_third_party
 
 EAGER = "eager"
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -36,7 +37,8 @@ def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Mod
     models without an SDPA kernel stay eager), and restore every module's ``training`` flag and the attention
     implementation afterwards, also when the block raises. Hooks added meanwhile are removed. Parameters are
     never modified: attnlens differentiates with :func:`torch.autograd.grad` w.r.t. activations, so no ``.grad``
-    is written and ``requires_grad`` is untouched.
+    is written and ``requires_grad`` is untouched. Third-party deprecation notices about the arguments attnlens
+    passes are kept out of the user's output meanwhile (:func:`attnlens.models.quiet.quiet_third_party`).
     """
     modules = dict(model.named_modules())
     training = {name: m.training for name, m in modules.items()}
@@ -55,7 +57,8 @@ def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Mod
             # padded batches, would be silently wrong.
             raise ModelError(f"{type(model).__name__} cannot switch to eager attention after loading (it uses "
                              f"{now!r}); load it with attn_implementation='eager'")
-        yield model
+        with quiet_third_party():
+            yield model
     finally:
         _set_attention_implementation(model, original)
         for name, m in model.named_modules():

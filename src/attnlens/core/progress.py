@@ -44,11 +44,12 @@ class ExplainProgress:
         own_passes: planned passes of each method that runs its own, by method id.
         bar: show a tqdm bar (on stderr unless ``file`` is given).
         callback: called with (fraction of the estimated work done, inputs finished) after every update.
+        desc, unit: the bar's label and what it counts (a generation's steps are its inputs).
     """
 
     def __init__(
         self, lengths: Sequence[int], hidden: int, own_passes: dict[str, float], *, bar: bool = False,
-        callback: ProgressCallback | None = None, file: Any = None,
+        callback: ProgressCallback | None = None, file: Any = None, desc: str = "explaining", unit: str = "inputs",
     ) -> None:
         costs = [input_cost(n, hidden) for n in lengths]
         total = sum(costs) or 1.0
@@ -59,8 +60,9 @@ class ExplainProgress:
         self.done = 0.0
         self.finished = 0
         self.callback = callback
+        self.unit = unit
         # the bar counts integer units (no float drift past its total): UNITS per input of average cost
-        self.bar = tqdm(total=self.n_inputs * UNITS, disable=not bar, desc="explaining", file=file,
+        self.bar = tqdm(total=self.n_inputs * UNITS, disable=not bar, desc=desc, file=file,
                         bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
         self._postfix()
         self._batch_weight = 0.0
@@ -70,7 +72,7 @@ class ExplainProgress:
         """A line stating the planned passes of methods that run their own, and their share of the work."""
         if not self.own_passes or not self.n_inputs:
             return None
-        parts = [f"{m}: {p:g} passes x {self.n_inputs} inputs = {p * self.n_inputs:g} forward+backward passes, "
+        parts = [f"{m}: {p:g} passes x {self.n_inputs} {self.unit} = {p * self.n_inputs:g} forward+backward passes, "
                  f"~{p / self.passes:.0%} of the work" for m, p in self.own_passes.items() if p > 1]
         return "; ".join(parts) or None
 
@@ -108,7 +110,7 @@ class ExplainProgress:
 
     def _postfix(self) -> None:
         if not self.bar.disable:
-            self.bar.set_postfix_str(f"{self.finished}/{self.n_inputs} inputs", refresh=False)
+            self.bar.set_postfix_str(f"{self.finished}/{self.n_inputs} {self.unit}", refresh=False)
 
     def close(self) -> None:
         self.bar.close()

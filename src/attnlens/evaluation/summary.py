@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..paths import atomic_output, atomic_write_text
 from .metrics import CURVES, METRICS, EvalConfig, mean_or_none, metric_info
 from .results import FORMAT_VERSION, BenchmarkSettings, complete_examples, finite, jsonable, read_rows
 
@@ -72,7 +73,7 @@ def summarize(
         "timing": timing or {},
     }
     json_ready = json.loads(json.dumps(summary, default=jsonable))
-    (out / "summary.json").write_text(json.dumps(json_ready, indent=1, allow_nan=False), encoding="utf-8")
+    atomic_write_text(out / "summary.json", json.dumps(json_ready, indent=1, allow_nan=False))
     write_tables(out, summary)
     return json_ready
 
@@ -123,8 +124,8 @@ def write_tables(out_dir: str | Path, summary: dict[str, Any]) -> None:
         lines += ["", f"precision_at_k is a count, not a fraction: gold-answer tokens among the top K = {pk.get('k')} "
                   "tokens, averaged over the answerable questions" + (
                       "" if perfect is None else f" (best reachable: {perfect:.3f})") + "."]
-    (out / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with (out / "table.csv").open("w", newline="", encoding="utf-8") as f:
+    atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
+    with atomic_output(out / "table.csv") as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["method", *metrics, "best_in"])
         for m, res in summary["results"].items():

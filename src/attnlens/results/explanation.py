@@ -18,6 +18,7 @@ import numpy as np
 
 from ..data import iter_jsonl
 from ..errors import InputError
+from ..paths import atomic_output, atomic_write_text
 from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable, token_texts
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
@@ -288,8 +289,8 @@ class Explanation:
         )
 
     def save(self, path: str | Path) -> None:
-        """Write this explanation as one JSON document."""
-        Path(path).write_text(json.dumps(self.to_dict()), encoding="utf-8")
+        """Write this explanation as one JSON document (atomically: an interrupted write leaves no partial file)."""
+        atomic_write_text(path, json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Explanation:
@@ -338,8 +339,9 @@ def _strip_mark(token: str, first: bool) -> str:
 
 
 def save_explanations(explanations: Iterable[Explanation], path: str | Path) -> None:
-    """Write explanations as JSON Lines, one explanation per line."""
-    with Path(path).open("w", encoding="utf-8") as f:
+    """Write explanations as JSON Lines, one explanation per line (atomically: the file appears when all are
+    written)."""
+    with atomic_output(path) as tmp, tmp.open("w", encoding="utf-8") as f:
         for e in explanations:
             f.write(json.dumps(e.to_dict()) + "\n")
 

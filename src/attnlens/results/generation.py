@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..paths import atomic_write_text
 from .explanation import Explanation, _read_dicts
 from .tokentext import token_texts
 
@@ -142,8 +143,9 @@ class Generation:
             raise InputError(f"not an attnlens generation explanation: {type(exc).__name__}: {exc}") from None
 
     def save(self, path: str | Path) -> None:
-        """Write the JSON form (:meth:`to_dict`) to ``path``."""
-        Path(path).write_text(json.dumps(self.to_dict()), encoding="utf-8")
+        """Write the JSON form (:meth:`to_dict`) to ``path`` (atomically: an interrupted write leaves no partial
+        file)."""
+        atomic_write_text(path, json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Generation:

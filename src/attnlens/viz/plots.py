@@ -22,6 +22,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ..errors import InputError  # noqa: E402
 from ..evaluation.summary import best_methods  # noqa: E402  (the one tie rule, shared with the tables)
+from ..paths import atomic_output  # noqa: E402
 from .colors import (  # noqa: E402
     NEGATIVE_RGB,
     POSITIVE_RGB,
@@ -51,7 +52,8 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> Path:
     if path.suffix.lower() not in FORMATS:
         raise InputError(f"cannot save a figure as {path.suffix or 'a file without extension'!r}; use .png or .svg")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight", format=path.suffix.lower()[1:])
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=path.suffix.lower()[1:])
     return path
 
 

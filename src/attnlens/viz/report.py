@@ -15,7 +15,7 @@ from typing import Any
 
 from ..data import iter_jsonl
 from ..errors import InputError
-from ..paths import check_output_path
+from ..paths import atomic_write_text, check_output_path
 from ..results.explanation import Explanation
 from .html import _e, _example, page
 
@@ -229,5 +229,5 @@ def write_report(results_dir: str | Path, out: str | Path | None = None, example
     path = check_output_path(out, "--out", directory=False) if out is not None else Path(results_dir) / "report.html"
     html_text = report_html(results_dir, examples=examples)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html_text, encoding="utf-8")
+    atomic_write_text(path, html_text)
     return path
