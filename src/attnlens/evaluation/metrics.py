@@ -39,6 +39,7 @@ from scipy import stats
 
 from ..errors import InputError
 from ..results.explanation import Explanation
+from ..results.tokentext import readable
 from .perturb import MODES, Predict, Variant, perturb, predict_cached
 
 PROTOCOLS = ("paper", "attcat-code")
@@ -598,7 +599,8 @@ def consistency_of(
             pos = positions[i][m]
             vecs.append(by_example[i][[col[p] for p in pos]] if pos else np.zeros((0, 1)))
             labs.append(int(labels[i]))
-            tokens.extend(explanations[i].tokens[p] for p in pos)
+            shown = explanations[i].meta.get("token_encoding")  # byte-level BPE as text: "great", not "Ġgreat"
+            tokens.extend(readable(explanations[i].tokens[p], shown) for p in pos)
         res = consistency(vecs, labs, seed=config.seed)
         res["tokens"] = tokens
         res["n_examples"] = len(correct)
