@@ -4,6 +4,7 @@ of writing a file (atomically, so that an interrupted run leaves nothing half-wr
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +52,28 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike[str], last: str | None = None) -> Iterator[Path]:
+    """A temporary folder beside ``path`` for the block to fill; when the block ends its entries are moved into
+    ``path`` (created if missing), each in one step, the file named ``last`` at the end (and removed from ``path``
+    before the others move, so that a folder holding it is a finished save); when the block raises (Ctrl-C
+    included) the temporary folder is removed and ``path`` is left as it was."""
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
+    try:
+        yield staging
+        target.mkdir(exist_ok=True)
+        if last is not None:
+            (target / last).unlink(missing_ok=True)
+        for item in sorted(staging.iterdir(), key=lambda f: f.name == last):
+            if item.is_dir() and (target / item.name).is_dir():
+                shutil.rmtree(target / item.name)
+            os.replace(item, target / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

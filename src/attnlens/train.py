@@ -29,7 +29,7 @@ from .models.loading import (
 )
 from .models.quiet import quiet_transformers
 from .models.shorthands import MINILM_ALIASES, minilm_dir
-from .paths import atomic_write_text, check_output_path
+from .paths import atomic_directory, check_output_path
 from .viz.safetext import terminal_safe
 
 EVAL_SPLITS = {
@@ -423,9 +423,6 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     )
 
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     metrics = {
         eval_split.name: scores,
         "eval_split": eval_split.name,
@@ -446,7 +443,10 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         "loss": {"first_10": _mean(losses[:10]), "last_10": _mean(losses[-10:]), "curve": _curve(losses)},
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
     }
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    with atomic_directory(out, last="metrics.json") as staging:  # metrics.json marks a finished save
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     log(f"saved model, tokenizer and metrics.json to {out}")
     return metrics
 
