@@ -260,3 +260,9 @@ def test_cli_explains_what_smollm2_generates(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     (generation,) = json.loads(out.read_text())  # one prompt
     assert "Paris" in json.dumps(generation["generated_tokens"])
+    # the tokens' text beside them: " Paris", not "ĠParis"; nothing but the file's name on stderr (no
+    # transformers deprecation notices; the bars end on a carriage return)
+    assert generation["generated_token_text"][0] == " Paris" and generation["generated_tokens"][0] == "ĠParis"
+    assert "".join(generation["prompt_token_text"]) == "The capital of France is"
+    lines = [line for line in run.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    assert not [line for line in lines if "deprecated" in line or "warning" in line], lines
