@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 from tokenizers import ByteLevelBPETokenizer, SentencePieceBPETokenizer
 from transformers import PreTrainedTokenizerFast
@@ -166,3 +167,16 @@ def test_a_generations_json_gives_its_tokens_text(lm_explainer, byte_tokenizer):
 ])
 def test_token_text_keeps_the_spaces_that_display_drops(encoding, token, text):
     assert token_text(token, encoding) == text
+
+
+def test_a_generation_steps_words_are_what_whitespace_separates(lm_explainer):
+    """A generation's tokens have no tokenizer alignment: its steps' words are read from the text the tokens spell,
+    so the words are the prompt's whitespace-separated words, and their scores sum their tokens'."""
+    g = lm_explainer.explain_generation(TEXT, target=" the end", methods="rawatt")
+    step = g.step(len(g.generated_ids) - 1)
+    words = step.to_words()
+    spelled = "".join(step.token_text)
+    assert spelled.startswith(TEXT + " the") and len(step.tokens) == len(g.prompt_ids) + len(g.generated_ids) - 1
+    assert words.tokens == spelled.split()
+    assert len(words.tokens) < len(step.tokens)  # "café's" and the emoji's byte tokens are one word each
+    np.testing.assert_allclose(words.scores["rawatt"].sum(), step.scores["rawatt"].sum())

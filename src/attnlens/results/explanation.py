@@ -151,6 +151,8 @@ class Explanation:
         """Token positions grouped into words; every special token forms a group of its own."""
         groups: list[list[int]] = []
         last_key: tuple[Any, Any] | None = None
+        encoding = self.meta.get("token_encoding")
+        text = self.token_text
         for i, tok in enumerate(self.tokens):
             if self.special[i]:
                 groups.append([i])
@@ -160,6 +162,13 @@ class Explanation:
                 seq = self.sequence_ids[i] if self.sequence_ids is not None else 0
                 key = (seq, self.word_ids[i])
                 joins = last_key is not None and key == last_key and self.word_ids[i] is not None
+            elif encoding in (BYTE_LEVEL, SENTENCEPIECE):  # no alignment (a generation's tokens): words are what
+                # whitespace separates, read from the text each token spells; a token of whitespace alone (a space
+                # or newline before a word the vocabulary spells without its space) goes with the word after it
+                key = (None, None)
+                before = text[i - 1] if i else ""
+                joins = (bool(groups) and last_key is not None and not text[i][:1].isspace()
+                         and (not before[-1:].isspace() or not before.strip()))
             else:  # slow tokenizer: fall back on subword markers
                 key = (None, None)
                 joins = bool(groups) and last_key is not None and _is_continuation(tok)
@@ -180,7 +189,8 @@ class Explanation:
                 return source[start:end].strip() or source[start:end]
         encoding = self.meta.get("token_encoding")
         if encoding in (BYTE_LEVEL, SENTENCEPIECE):  # the word's pieces (and bytes), read as text
-            return readable("".join(self.tokens[i] for i in group), encoding)
+            word = readable("".join(self.tokens[i] for i in group), encoding)
+            return word.strip() or word  # without the whitespace token it may start with
         return "".join(_strip_mark(self.tokens[i], first=(j == 0)) for j, i in enumerate(group))
 
     def to_words(self, aggregation: str = "sum") -> Explanation:
