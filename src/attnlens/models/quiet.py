@@ -15,11 +15,12 @@ _DEPRECATIONS = (FutureWarning, DeprecationWarning, PendingDeprecationWarning)
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' progress bars and load reports while loading: attnlens checks what they report
-    (newly initialised weights) itself and turns it into an error or one line of its own."""
+    (newly initialised weights) itself and turns it into an error or one line of its own. Third-party deprecation
+    notices are filtered as in :func:`quiet_third_party`."""
     from transformers.utils import logging as hf_logging
 
     bar = hf_logging.is_progress_bar_enabled()
-    with transformers_log_errors_only():
+    with quiet_third_party():
         hf_logging.disable_progress_bar()
         try:
             yield
