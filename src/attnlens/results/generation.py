@@ -4,7 +4,6 @@ its JSONL reader. The engine that computes it is :mod:`attnlens.core.generation_
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
