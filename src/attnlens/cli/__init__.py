@@ -20,7 +20,7 @@ from ..errors import AttnLensError
 from ..viz.safetext import terminal_safe
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
-SUBCOMMANDS = ["explain", "cite", "benchmark", "fit-at2", "train", "report"]
+SUBCOMMANDS = ["explain", "cite", "benchmark", "fit-at2", "train", "report", "serve"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import Explainer
     from ..core.memory import parse_budget
     from ..methods import resolve_methods
-    from ..results.explanation import save_explanations
+    from ..results.explanation import explanations_json, save_explanations
 
     options = ig_options(args, resolve_methods(args.methods))  # fail on a typo before loading anything
     budget = parse_budget(args.memory_budget)
@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         print_explanations(exps, k=args.top_k)
     elif args.format in ("json", "jsonl"):
         if args.format == "json":
-            payload = json.dumps([e.to_dict() for e in exps], indent=1)
+            payload = json.dumps(explanations_json(exps), indent=1)
             _write(args.out, payload + "\n")
         elif args.out:
             save_explanations(exps, args.out)

@@ -348,6 +348,12 @@ def _strip_mark(token: str, first: bool) -> str:
     return token
 
 
+def explanations_json(explanations: Iterable[Explanation]) -> list[dict[str, Any]]:
+    """The JSON document of ``attnlens explain --format json``: one :meth:`Explanation.to_dict` per input (the
+    ``attnlens serve`` API answers with the same list)."""
+    return [e.to_dict() for e in explanations]
+
+
 def save_explanations(explanations: Iterable[Explanation], path: str | Path) -> None:
     """Write explanations as JSON Lines, one explanation per line (atomically: the file appears when all are
     written)."""

@@ -1,0 +1,179 @@
+"""Computations of the server as jobs: one queue per model (one computation at a time, the others wait in the
+order they came), progress, cancellation, and a cache of finished results keyed by what was asked.
+
+A job runs in its model's worker thread. It reports progress through :meth:`Job.report`, which is also where a
+cancelled job stops: the computation's progress callback raises :class:`Cancelled` and the library unwinds as
+for any error (the model is left as it was). A job cancelled while it waits never starts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import AttnLensError
+
+QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "error", "cancelled"
+
+
+class Cancelled(Exception):
+    """Raised inside a running computation whose job was cancelled."""
+
+
+@dataclass
+class Job:
+    """One computation: what it is, where it stands, and its result or error once it ended."""
+
+    id: str
+    model: str
+    kind: str
+    key: str
+    state: str = QUEUED
+    progress: float = 0.0
+    result: Any = None
+    error: str | None = None
+    status: int = 200  # the HTTP status of its answer: 400 for a user mistake, 500 for a fault
+    warnings: list[str] = field(default_factory=list)
+    cached: bool = False
+    started: float | None = None
+    seconds: float | None = None
+    future: Future | None = None
+    _cancel: threading.Event = field(default_factory=threading.Event)
+
+    def report(self, fraction: float, *_: Any) -> None:
+        """Progress callback: records the fraction done; raises :class:`Cancelled` once the job is cancelled."""
+        if self._cancel.is_set():
+            raise Cancelled()
+        self.progress = max(self.progress, min(1.0, float(fraction)))
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (DONE, FAILED, CANCELLED)
+
+    def to_dict(self, position: int | None = None, with_result: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "model": self.model, "kind": self.kind, "state": self.state,
+                               "progress": self.progress, "cached": self.cached, "warnings": self.warnings,
+                               "seconds": self.seconds}
+        if position is not None:
+            out["position"] = position  # jobs of the same model ahead of this one
+        if self.error is not None:
+            out["error"] = self.error
+        if with_result and self.state == DONE:
+            out["result"] = self.result
+        return out
+
+
+class JobQueue:
+    """Per-model FIFO workers, the jobs they ran (the latest ``keep``) and a cache of ``cache_size`` results."""
+
+    def __init__(self, models: list[str], *, cache_size: int = 256, keep: int = 512) -> None:
+        self._workers = {m: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"attnlens-{m}") for m in models}
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[Any, list[str]]] = OrderedDict()
+        self._waiting: dict[str, list[str]] = {m: [] for m in models}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.cache_size, self.keep = cache_size, keep
+
+    def submit(self, model: str, kind: str, key: str, compute: Callable[[Job], Any]) -> Job:
+        """A job computing ``compute(job)`` on ``model``'s worker; a result cached under ``key`` (or a job with
+        that key still under way) is answered without computing again."""
+        with self._lock:
+            if key in self._cache:
+                result, notes = self._cache[key]
+                self._cache.move_to_end(key)
+                job = self._new(model, kind, key)
+                job.state, job.progress, job.result, job.warnings, job.cached = DONE, 1.0, result, notes, True
+                job.seconds = 0.0
+                return job
+            for job in reversed(self._jobs.values()):
+                if job.key == key and not job.finished:
+                    return job
+            job = self._new(model, kind, key)
+            self._waiting[model].append(job.id)
+            job.future = self._workers[model].submit(self._run, job, compute)
+            return job
+
+    def _new(self, model: str, kind: str, key: str) -> Job:
+        job = Job(id=str(next(self._ids)), model=model, kind=kind, key=key)
+        self._jobs[job.id] = job
+        while len(self._jobs) > self.keep:
+            old = next(iter(self._jobs.values()))
+            if not old.finished:
+                break
+            self._jobs.popitem(last=False)
+        return job
+
+    def _run(self, job: Job, compute: Callable[[Job], Any]) -> Job:
+        with self._lock:
+            self._waiting[job.model].remove(job.id)
+            if job._cancel.is_set():
+                job.state = CANCELLED
+                return job
+            job.state, job.started = RUNNING, time.perf_counter()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = compute(job)
+            job.warnings = list(dict.fromkeys(str(w.message) for w in caught))
+            with self._lock:
+                job.result, job.progress, job.state = result, 1.0, DONE
+                self._cache[job.key] = (result, job.warnings)
+                self._trim()
+        except Cancelled:
+            job.state = CANCELLED
+        except AttnLensError as exc:
+            job.state, job.error, job.status = FAILED, " ".join(str(exc).split()), 400
+        except Exception as exc:  # a fault of ours: the server goes on, the page shows one line
+            job.state, job.error, job.status = FAILED, f"internal error: {type(exc).__name__}: {exc}", 500
+        finally:
+            job.seconds = time.perf_counter() - (job.started or time.perf_counter())
+        return job
+
+    def cached(self, key: str) -> Any:
+        """The cached result under ``key``, or None."""
+        with self._lock:
+            hit = self._cache.get(key)
+            return None if hit is None else hit[0]
+
+    def remember(self, key: str, result: Any) -> None:
+        """Cache ``result`` under ``key`` (a by-product of another job, e.g. the explanations faithfulness needs)."""
+        with self._lock:
+            self._cache[key] = (result, [])
+            self._trim()
+
+    def _trim(self) -> None:
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def position(self, job: Job) -> int | None:
+        """How many jobs of the same model wait ahead of ``job`` (0: it is next), or None when it is not waiting."""
+        with self._lock:
+            waiting = self._waiting.get(job.model, [])
+            return waiting.index(job.id) if job.id in waiting else None
+
+    def cancel(self, job: Job) -> None:
+        """Stop ``job``: a waiting job never starts; a running one stops at its next progress report."""
+        job._cancel.set()
+        if job.future is not None and job.future.cancel():  # still waiting in the executor
+            with self._lock:
+                if job.id in self._waiting[job.model]:
+                    self._waiting[job.model].remove(job.id)
+                job.state = CANCELLED
+
+    def shutdown(self) -> None:
+        for job in list(self._jobs.values()):
+            if not job.finished:
+                job._cancel.set()
+        for worker in self._workers.values():
+            worker.shutdown(wait=False, cancel_futures=True)

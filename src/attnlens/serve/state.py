@@ -1,0 +1,90 @@
+"""The server's state: the models given on the command line (each loaded once), the limits, the job queue and
+the benchmark folders; turns checked requests into jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..results.explanation import Explanation
+from . import compute
+from .benchmarks import find_results, read_results
+from .jobs import Job, JobQueue
+from .requests import (
+    ExplainRequest,
+    Limits,
+    attention_request,
+    explain_request,
+    faithfulness_metrics,
+    generate_request,
+)
+
+KINDS = ("explain", "faithfulness", "attention", "generate")
+
+
+@dataclass
+class ServeState:
+    """Everything the routes share.
+
+    Attributes:
+        explainers: model name (as the page and the API name it) -> loaded :class:`~attnlens.Explainer`.
+        results: the ``--results`` folders.
+        limits: what one request may ask for.
+    """
+
+    explainers: Mapping[str, Any]
+    results: list[Path] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if not self.explainers:
+            raise InputError("serve at least one model")
+        self.models = list(self.explainers)
+        self.jobs = JobQueue(self.models)
+        self.facts = {name: compute.model_facts(name, ex) for name, ex in self.explainers.items()}
+
+    def submit(self, kind: str, body: Any) -> Job:
+        """Check ``body`` for a computation of ``kind`` and queue it (or answer it from the cache)."""
+        if kind == "explain":
+            req = explain_request(body, self.models, self.limits)
+            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.explain(
+                self._explanations(req, job), req))
+        if kind == "faithfulness":
+            req = replace(explain_request(body, self.models, self.limits), words=False)
+            metrics = faithfulness_metrics(body)
+            ex = self.explainers[req.model]
+            return self.jobs.submit(req.model, kind, req.key("faithfulness") + repr(metrics),
+                                    lambda job: compute.faithfulness(ex, self._explanations(req, job), metrics,
+                                                                     job.report))
+        if kind == "attention":
+            model, text = attention_request(body, self.models, self.limits)
+            ex = self.explainers[model]
+            return self.jobs.submit(model, kind, f"attention:{model}:{text!r}", lambda job: compute.attention(ex, text))
+        if kind == "generate":
+            req = generate_request(body, self.models, self.limits)
+            ex = self.explainers[req.model]
+            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.generate(ex, req, job.report))
+        raise InputError(f"unknown kind {str(kind)[:40]!r}; choose one of {', '.join(KINDS)}")
+
+    def _explanations(self, req: ExplainRequest, job: Job) -> list[Explanation]:
+        """The token-level explanations of ``req``: rebuilt from a cached answer when there is one, so that
+        measuring faithfulness after explaining does not explain again."""
+        plain = replace(req, words=False)
+        cached = self.jobs.cached(plain.key())
+        if cached is not None:
+            return [Explanation.from_dict(d) for d in cached]
+        exps = compute.explanations(self.explainers[req.model], req, job.report)
+        self.jobs.remember(plain.key(), compute.explain(exps, plain))
+        return exps
+
+    def benchmarks(self) -> dict[str, Path]:
+        return find_results(self.results)
+
+    def benchmark(self, name: str) -> dict[str, Any]:
+        folders = self.benchmarks()
+        if name not in folders:  # only names this server lists: never a path from the page
+            raise LookupError(name)
+        return read_results(name, folders[name])
