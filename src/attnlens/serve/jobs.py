@@ -16,10 +16,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import AttnLensError
 
+_PACKAGE = str(Path(__file__).resolve().parents[1])
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "error", "cancelled"
 
 
@@ -122,7 +124,8 @@ class JobQueue:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 result = compute(job)
-            job.warnings = list(dict.fromkeys(str(w.message) for w in caught))
+            # attnlens's own notices (methods skipped, inputs truncated); not third-party deprecations
+            job.warnings = list(dict.fromkeys(str(w.message) for w in caught if _PACKAGE in str(w.filename)))
             with self._lock:
                 job.result, job.progress, job.state = result, 1.0, DONE
                 self._cache[job.key] = (result, job.warnings)
