@@ -1,0 +1,381 @@
+"""``attnlens serve``'s JSON API through Starlette's ASGI test client: every route; answers equal to what the CLI
+writes and to independent computations; bad input is a 4xx with one line and the server goes on; the job queue's
+order, cancellation and cache; the security headers; the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import make_model, make_tokenizer
+from scipy import stats
+from serve_support import FAST, MINILM, make_results
+from starlette.testclient import TestClient
+
+from attnlens import Explainer
+from attnlens.cli import main
+from attnlens.evaluation.results import read_rows
+from attnlens.models.architectures import build_tiny
+from attnlens.serve import Limits, create_app
+from attnlens.serve.jobs import CANCELLED, DONE, QUEUED, JobQueue
+from attnlens.viz.headview import decode_attentions
+
+pytestmark = pytest.mark.slow  # the real MiniLM SST-2 classifier
+
+XSS = "<script>alert(1)</script>"
+TEXTS = ["the plot is thin, but the actors are wonderful .", "a dull , lifeless film"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Three models (the real classifier, a tiny LM, a tiny classifier whose labels hold markup) and a results
+    folder; the app is built once."""
+    if not MINILM.is_dir():
+        pytest.skip(f"reference model not found at {MINILM}")
+    tmp = tmp_path_factory.mktemp("serve")
+    minilm = Explainer.from_pretrained(MINILM)
+    tokenizer = make_tokenizer()
+    lm_dir = tmp / "lm"
+    build_tiny("gpt2", vocab_size=len(tokenizer), pad_token_id=0, bos_token_id=2, eos_token_id=3,
+               task="causal-lm").save_pretrained(lm_dir)
+    tokenizer.save_pretrained(lm_dir)
+    labelled = make_model("bert")
+    labelled.config.id2label = {0: XSS, 1: "fine"}
+    labelled.config.label2id = {XSS: 0, "fine": 1}
+    results = make_results(minilm, tmp / "results" / "sst2-run", n=5)
+    app = create_app({"minilm": minilm, "lm": Explainer.from_pretrained(lm_dir), "xss": Explainer(labelled, tokenizer)},
+                     results=[tmp / "results"], limits=Limits(max_chars=500, max_texts=4, max_body=20_000))
+    with TestClient(app) as client:
+        yield {"client": client, "minilm": minilm, "lm_dir": lm_dir, "results": results, "tmp": tmp}
+
+
+def _cli_json(argv: list[str], out: Path) -> list:
+    assert main(["explain", *argv, "--format", "json", "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def _one_line_error(response, status: int) -> str:
+    assert response.status_code == status, response.text
+    message = response.json()["error"]
+    assert message and "\n" not in message and "Traceback" not in message
+    return message
+
+
+# ------------------------------------------------------------------------------ explain = the CLI's JSON
+@pytest.mark.parametrize("cli, body", [
+    ([], {}),
+    (["--target", "0", "--words"], {"target": 0, "words": True}),
+    (["--target", "positive", "--contrast", "negative", "--target-kind", "probability"],
+     {"target": "positive", "contrast": "negative", "target_kind": "probability"}),
+])
+def test_explain_answers_exactly_what_explain_format_json_writes(served, tmp_path, cli, body):
+    agnostic = ("rawatt", "rollout")  # no target, so no contrast
+    methods = [m for m in FAST if m not in agnostic or "contrast" not in body]
+    expected = _cli_json(["--model", str(MINILM), "--methods", ",".join(methods), *cli, *TEXTS], tmp_path / "o.json")
+    r = served["client"].post("/api/explain", json={"model": "minilm", "texts": TEXTS, "methods": methods, **body})
+    assert r.status_code == 200, r.text
+    assert r.json() == expected
+    assert isinstance(r.json(), list) and len(r.json()) == len(TEXTS)
+
+
+def test_sentence_pairs_and_method_options_match_the_python_api(served):
+    pair = ["a premise about films", "a hypothesis"]
+    options = {"attcat": {"hidden": "output", "alpha": "cls"}}
+    r = served["client"].post("/api/explain", json={"model": "minilm", "texts": [pair], "methods": ["attcat"],
+                                                    "options": options})
+    (direct,) = served["minilm"].explain([tuple(pair)], methods=["attcat"], options=options)
+    assert r.status_code == 200 and r.json() == [direct.to_dict()]
+    assert 1 in r.json()[0]["token_type_ids"]
+
+
+def test_a_model_name_is_needed_only_when_several_are_served(served):
+    client = served["client"]
+    message = _one_line_error(client.post("/api/explain", json={"texts": ["good"]}), 400)
+    assert "several models" in message and "minilm" in message
+    for name in (str(MINILM), "../minilm", "nope"):  # never a path: only the names given on the command line
+        assert "not served" in _one_line_error(client.post("/api/explain", json={"model": name, "texts": ["x"]}), 400)
+    one = create_app({"only": served["minilm"]})
+    with TestClient(one) as c:
+        r = c.post("/api/explain", json={"texts": ["good"], "methods": ["rawatt"]})
+        assert r.status_code == 200 and r.json()[0]["scores"].keys() == {"rawatt"}
+
+
+# ------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("body, status, pattern", [
+    ("{not json", 400, "not valid JSON"),
+    ([1, 2], 400, "JSON object"),
+    ({"model": "minilm"}, 400, '"texts" must be'),
+    ({"model": "minilm", "texts": []}, 400, '"texts" must be'),
+    ({"model": "minilm", "texts": ["a"] * 5}, 400, "at most 4"),
+    ({"model": "minilm", "texts": ["x" * 501]}, 400, "at most 500"),
+    ({"model": "minilm", "texts": ["  "]}, 400, "empty"),
+    ({"model": "minilm", "texts": [["a", "b", "c"]]}, 400, "pair"),
+    ({"model": "minilm", "texts": ["a"], "methods": ["nope"]}, 400, "unknown method 'nope'"),
+    ({"model": "minilm", "texts": ["a"], "methods": []}, 400, "non-empty list"),
+    ({"model": "minilm", "texts": ["a"], "target": 7}, 400, "target"),
+    ({"model": "minilm", "texts": ["a"], "target": {"x": 1}}, 400, "target"),
+    ({"model": "minilm", "texts": ["a"], "target_kind": "odds"}, 400, "target_kind"),
+    ({"model": "minilm", "texts": ["a"], "words": "yes"}, 400, "words"),
+    ({"model": "minilm", "texts": ["a"], "options": {"attcat": 3}}, 400, "options"),
+    ({"model": "minilm", "texts": ["a"], "methods": ["rawatt"], "options": {"attcat": {}}}, 400, "not among"),
+    ({"model": "minilm", "texts": ["a"], "methods": ["attcat"], "options": {"attcat": {"bad": 1}}}, 400, "no option"),
+    ({"model": "minilm", "texts": ["a"], "token": 1}, 400, "token classifiers"),
+    ({"model": "minilm", "texts": ["a"], "shell": "rm"}, 400, "unknown field"),
+])
+def test_bad_explain_requests_are_a_4xx_with_one_line(served, body, status, pattern):
+    client = served["client"]
+    content = body if isinstance(body, str) else json.dumps(body)
+    message = _one_line_error(client.post("/api/explain", content=content), status)
+    assert re.search(pattern, message), message
+    assert client.post("/api/explain", json={"model": "minilm", "texts": ["fine"], "methods": ["rawatt"]}).status_code \
+        == 200  # the server goes on
+
+
+def test_size_limits_unknown_routes_and_jobs(served):
+    client = served["client"]
+    assert "larger than" in _one_line_error(client.post("/api/explain", content=b"x" * 30_000), 413)
+    assert "larger than" in _one_line_error(
+        client.post("/api/explain", content=iter([b"{" + b" " * 15_000, b" " * 15_000 + b"}"])), 413)  # no length
+    _one_line_error(client.get("/api/nothing"), 404)
+    _one_line_error(client.get("/api/jobs/999999"), 404)
+    _one_line_error(client.delete("/api/jobs/999999"), 404)
+    _one_line_error(client.get("/api/explain"), 405)
+    assert "kind" in _one_line_error(client.post("/api/jobs", json={"kind": "rm", "request": {}}), 400)
+    assert "kind" in _one_line_error(client.post("/api/jobs", json={"kind": "explain"}), 400)
+    lm = {"model": "lm", "prompt": "the movie"}
+    assert "language model" in _one_line_error(client.post("/api/generate", json={**lm, "model": "minilm"}), 400)
+    assert "max_new_tokens" in _one_line_error(client.post("/api/generate", json={**lm, "max_new_tokens": 0}), 400)
+    assert "max_new_tokens" in _one_line_error(client.post("/api/generate", json={**lm, "max_new_tokens": 65}), 400)
+    assert "sequence classifiers" in _one_line_error(
+        client.post("/api/faithfulness", json={"model": "lm", "texts": ["the movie"], "methods": ["rawatt"]}), 400)
+    assert "metrics" in _one_line_error(client.post("/api/faithfulness", json={
+        "model": "minilm", "texts": ["good"], "methods": ["rawatt"], "metrics": ["lodds"]}), 400)
+    assert "contrast" in _one_line_error(client.post("/api/faithfulness", json={
+        "model": "minilm", "texts": ["good"], "methods": ["agrad"], "contrast": 0, "target": 1}), 400)
+    assert client.get("/api/models").status_code == 200
+
+
+# ------------------------------------------------------------------------------ faithfulness, attention, generation
+def _hand_aopc_and_sufficiency(ex: Explainer, exp) -> tuple[float, float]:
+    """AOPC and sufficiency from the model's probabilities of hand-made deletions (no evaluation code)."""
+    ids, real = exp.input_ids, [i for i, s in enumerate(exp.special) if not s]
+    scores = np.asarray(exp.scores["attcat"], dtype=np.float64)
+    order = sorted(real, key=lambda i: (-scores[i], i))
+    n = len(real)
+    p = ex.predict_proba([ids])[0]
+    c = int(np.argmax(p))
+
+    def without(drop):
+        return float(ex.predict_proba([[t for i, t in enumerate(ids) if i not in set(drop)]])[0][c])
+
+    aopc = np.mean([p[c] - without(order[:int(np.round(k / 10 * n))]) for k in range(11)])
+    suff = np.mean([p[c] - without(order[int(np.round(k / 10 * n)):]) for k in range(1, 11)])
+    return float(aopc), float(suff)
+
+
+def test_faithfulness_equals_deletions_computed_by_hand(served):
+    body = {"model": "minilm", "texts": [TEXTS[0]], "methods": ["rawatt", "attcat"]}
+    r = served["client"].post("/api/faithfulness", json=body)
+    assert r.status_code == 200, r.text
+    (result,) = r.json()
+    (exp,) = served["minilm"].explain([TEXTS[0]], methods=["attcat"])
+    aopc, suff = _hand_aopc_and_sufficiency(served["minilm"], exp)
+    got = result["methods"]["attcat"]
+    assert got["aopc"]["value"] == pytest.approx(aopc, abs=1e-5)
+    assert got["sufficiency"]["value"] == pytest.approx(suff, abs=1e-5)
+    assert len(got["aopc"]["levels"]) == len(result["fractions"]["aopc"]) == 11
+    assert np.mean(got["aopc"]["levels"]) == pytest.approx(got["aopc"]["value"])
+    assert set(result["methods"]) == {"rawatt", "attcat"}
+
+
+def test_attention_route_decodes_to_the_models_attention_and_thumbnails_are_block_maxima(served):
+    text = " ".join(["the plot is thin but the actors are wonderful"] * 7)  # > 48 tokens: blocks of 2 or 1
+    r = served["client"].post("/api/attention", json={"model": "minilm", "text": text})
+    assert r.status_code == 200
+    data = r.json()
+    tokens, special, att = served["minilm"].attention_maps(text)
+    assert data["tokens"] == tokens and data["special"] == special
+    np.testing.assert_allclose(decode_attentions(data["attention"]), att, atol=2e-3)
+    n, t = att.shape[-1], data["thumbnails"]["size"]
+    assert n > 48 and t == 48
+    thumbs = np.array(data["thumbnails"]["values"]).reshape(*att.shape[:2], t, t)
+    edges = np.linspace(0, n, t + 1).astype(int)
+    layer, head = 3, 5
+    blocks = np.array([[att[layer, head, edges[a]:edges[a + 1], edges[b]:edges[b + 1]].max() for b in range(t)]
+                       for a in range(t)])
+    np.testing.assert_array_equal(thumbs[layer, head], np.rint(blocks / blocks.max() * 255))
+
+
+def test_generate_answers_what_explain_generate_writes(served, tmp_path):
+    expected = _cli_json(["--model", str(served["lm_dir"]), "--generate", "--max-new-tokens", "3", "--methods",
+                          "rawatt,agrad", "the movie was"], tmp_path / "g.json")
+    r = served["client"].post("/api/generate", json={"model": "lm", "prompt": "the movie was", "max_new_tokens": 3,
+                                                     "methods": ["rawatt", "agrad"]})
+    assert r.status_code == 200, r.text
+    assert r.json() == expected
+    forced = served["client"].post("/api/generate", json={
+        "model": "lm", "prompt": "the movie was", "methods": ["agrad"], "target": "good fun", "contrast": "bad fun"})
+    assert forced.status_code == 200 and forced.json()[0]["forced"] is True
+    assert len(forced.json()[0]["generated_ids"]) == 2 and forced.json()[0]["contrast_ids"] is not None
+
+
+def test_labels_with_markup_travel_as_data(served):
+    r = served["client"].post("/api/explain", json={"model": "xss", "texts": ["the movie"], "methods": ["rawatt"]})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    assert r.json()[0]["labels"][0] == XSS
+    models = served["client"].get("/api/models").json()["models"]
+    assert [m["name"] for m in models] == ["minilm", "lm", "xss"]
+    assert models[2]["labels"] == [XSS, "fine"] and models[1]["language_model"] is True
+
+
+# ------------------------------------------------------------------------------ jobs
+def test_jobs_follow_progress_and_a_repeated_request_is_answered_from_the_cache(served):
+    client = served["client"]
+    request = {"model": "minilm", "texts": ["an utterly charming film"], "methods": ["rawatt", "gae"]}
+    job = client.post("/api/jobs", json={"kind": "explain", "request": request}).json()
+    for _ in range(200):
+        if job["state"] in (DONE, "error", CANCELLED):
+            break
+        time.sleep(0.05)
+        job = client.get(f"/api/jobs/{job['id']}").json()
+    assert job["state"] == DONE and job["progress"] == 1.0 and not job["cached"]
+    again = client.post("/api/jobs", json={"kind": "explain", "request": dict(reversed(list(request.items())))})
+    assert again.status_code == 200 and again.json()["cached"] is True
+    assert again.json()["result"] == job["result"] == client.post("/api/explain", json=request).json()
+
+
+def test_queue_runs_one_job_per_model_in_order_and_cancels():
+    queue = JobQueue(["a", "b"])
+    gate, ran = threading.Event(), []
+
+    def blocking(name):
+        def compute(job):
+            ran.append(name)
+            while not gate.is_set():
+                job.report(0.5)  # a cancelled job stops here
+                time.sleep(0.01)
+            return name
+        return compute
+
+    first = queue.submit("a", "explain", "k1", blocking("first"))
+    second = queue.submit("a", "explain", "k2", blocking("second"))
+    third = queue.submit("a", "explain", "k3", blocking("third"))
+    other = queue.submit("b", "explain", "k4", lambda job: "other")  # another model does not wait
+    assert other.future.result(timeout=10).state == DONE
+    time.sleep(0.1)
+    assert ran == ["first"] and second.state == QUEUED
+    assert queue.position(second) == 0 and queue.position(third) == 1
+    queue.cancel(second)  # waiting: never starts
+    assert second.state == CANCELLED and queue.position(third) == 0
+    queue.cancel(first)  # running: stops at its next report
+    assert first.future.result(timeout=10).state == CANCELLED
+    gate.set()
+    assert third.future.result(timeout=10).result == "third"
+    assert ran == ["first", "third"]
+    assert queue.submit("a", "explain", "k3", blocking("again")).cached  # same key: not computed again
+    assert ran == ["first", "third"]
+
+
+def test_cancelling_a_running_explanation_through_the_api(served):
+    client = served["client"]
+    text = " ".join(["a long and winding review of a film"] * 12)  # within the 500 characters
+    request = {"model": "minilm", "texts": [text, text + " !", text + " ?"], "methods": ["integratedgradients"],
+               "options": {"integratedgradients": {"n_steps": 200}}}
+    job = client.post("/api/jobs", json={"kind": "explain", "request": request}).json()
+    while job["state"] == QUEUED:
+        job = client.get(f"/api/jobs/{job['id']}").json()
+    client.delete(f"/api/jobs/{job['id']}")
+    for _ in range(600):
+        job = client.get(f"/api/jobs/{job['id']}").json()
+        if job["state"] != "running":
+            break
+        time.sleep(0.05)
+    assert job["state"] == CANCELLED, job
+    assert client.post("/api/explain", json={"model": "minilm", "texts": ["ok"], "methods": ["rawatt"]}).status_code \
+        == 200
+
+
+# ------------------------------------------------------------------------------ benchmarks
+def test_benchmark_table_intervals_and_examples_from_the_files(served):
+    client = served["client"]
+    listed = client.get("/api/benchmarks").json()["results"]
+    assert [r["name"] for r in listed] == ["results/sst2-run"] and listed[0]["n_examples"] == 5
+    data = client.get("/api/benchmarks/results/sst2-run").json()
+    rows = [r for r in read_rows(served["results"] / "examples.jsonl") if r.get("method") == "attcat"]
+    values = [r["metrics"]["aopc"] for r in rows]
+    cell = data["table"]["attcat"]["aopc"]
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+    assert cell["mean"] == pytest.approx(np.mean(values)) and cell["n"] == 5
+    assert (cell["low"], cell["high"]) == pytest.approx((low, high))
+    assert [e["value"] for e in cell["best"]] == sorted(values, reverse=True)[:3]
+    assert [e["value"] for e in cell["worst"]] == sorted(values)[:3]
+    texts = {r["index"]: r for r in rows}
+    assert all(isinstance(e["text"], str) and e["index"] in texts for e in cell["best"])
+    assert data["curves"]["aopc"]["attcat"]["fractions"][-1] == 1.0
+    for name in ("nope", "../results/sst2-run", str(served["results"]), "%2e%2e/etc"):
+        assert client.get(f"/api/benchmarks/{name}").status_code == 404
+
+
+# ------------------------------------------------------------------------------ page and headers
+def test_page_static_files_and_security_headers(served):
+    client = served["client"]
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp and "unsafe-inline" not in csp
+    assert re.findall(r"<script[^>]*>", page.text) == ['<script src="/static/app.js" defer>']  # no inline script
+    assert "http" not in re.sub(r'(href|src)="/[^"]*"', "", page.text)  # nothing from elsewhere (no CDN)
+    for path in ("/static/app.js", "/static/app.css"):
+        r = client.get(path)
+        assert r.status_code == 200 and r.headers["x-content-type-options"] == "nosniff"
+    assert "innerHTML" not in client.get("/static/app.js").text  # texts reach the page as text only
+    assert client.get("/api/models").headers["content-security-policy"] == csp
+
+
+def test_only_local_host_names_are_answered_when_bound_locally(served):
+    app = create_app({"m": served["minilm"]}, allowed_hosts=["127.0.0.1", "localhost"])
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        assert c.get("/api/models").status_code == 200
+        assert c.get("/api/models", headers={"host": "evil.example"}).status_code == 400  # DNS rebinding
+
+
+# ------------------------------------------------------------------------------ command line
+@pytest.mark.parametrize("argv, pattern", [
+    (["--host", "0.0.0.0"], "--allow-remote"),
+    (["--results", "/nonexistent/folder"], "no such folder"),
+    (["--port", "70000"], "--port"),
+    (["--max-chars", "0"], "--max-chars"),
+    (["--model", "a=x", "--model", "a=y"], "two models are named 'a'"),
+])
+def test_serve_refuses_mistakes_in_one_line(argv, pattern, capsys):
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert re.search(pattern, err) and err.count("\n") == 1
+
+
+def test_serve_command_serves_and_warns_when_remote(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.Popen([sys.executable, "-m", "attnlens.cli", "serve", "--model", f"sst={MINILM}", "--port", "0",
+                             "--host", "0.0.0.0", "--allow-remote"], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = []
+        while not any("attnlens serve: http" in line for line in lines):
+            line = proc.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        assert any("warning: serving on 0.0.0.0" in line for line in lines)
+        port = int(re.search(r":(\d+)/", lines[-1]).group(1))
+        models = httpx.get(f"http://127.0.0.1:{port}/api/models", timeout=30).json()["models"]
+        assert [m["name"] for m in models] == ["sst"] and models[0]["labels"] == ["negative", "positive"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
