@@ -103,9 +103,21 @@ function labelName(exp, index) {
   return exp.labels && exp.labels[index] !== undefined ? exp.labels[index] : String(index);
 }
 
-// One row per method, one column per token; `extra(row)` adds cells after the tokens.
+// One row per method, one column per token; `extra(row)` adds cells after the tokens. Up to DENSE tokens each cell
+// is a table cell showing its token; longer inputs draw each row as one canvas strip of CELL-pixel columns under a
+// strip of vertical token labels (512 tokens x 20 methods stay one short task), and pointing at a column tells its
+// token and value.
+const DENSE = 100, CELL = 10, STRIP = 16, LABELS = 64;
 function renderHeatmap(table, texts, special, rows, extra) {
-  const frag = document.createDocumentFragment();
+  const frag = document.createDocumentFragment(), dense = texts.length > DENSE;
+  table.classList.toggle("dense", dense);
+  if (dense) {
+    const tr = document.createElement("tr"), td = el("td", null, "strip");
+    tr.appendChild(document.createElement("th"));
+    td.appendChild(labelStrip(texts, special));
+    tr.appendChild(td);
+    frag.appendChild(tr);
+  }
   for (const row of rows) {
     const tr = document.createElement("tr");
     tr.dataset.method = row.name;
@@ -114,17 +126,52 @@ function renderHeatmap(table, texts, special, rows, extra) {
     tr.appendChild(th);
     let max = 0;
     for (let j = 0; j < row.values.length; j++) if (!special[j]) max = Math.max(max, Math.abs(row.values[j]));
-    for (let j = 0; j < texts.length; j++) {
-      const td = el("td", texts[j], special[j] ? "cell special" : "cell");
-      const v = j < row.values.length ? row.values[j] : 0;
-      if (!special[j] && j < row.values.length) td.style.backgroundColor = shade(v, max);
-      td.title = `${texts[j]}: ${v.toPrecision(4)}`;
+    if (dense) {
+      const td = el("td", null, "strip");
+      td.appendChild(rowStrip(texts, special, row.values, max));
       tr.appendChild(td);
+    } else {
+      for (let j = 0; j < texts.length; j++) {
+        const td = el("td", texts[j], special[j] ? "cell special" : "cell");
+        td.title = `${texts[j]}: ${(row.values[j] || 0).toPrecision(4)}`;
+        if (!special[j] && j < row.values.length) td.style.backgroundColor = shade(row.values[j], max);
+        tr.appendChild(td);
+      }
     }
     if (extra) extra(tr, row);
     frag.appendChild(tr);
   }
   table.replaceChildren(frag);
+}
+
+function rowStrip(texts, special, values, max) {
+  const canvas = document.createElement("canvas"), ctx = canvas.getContext("2d");
+  canvas.width = texts.length * CELL;
+  canvas.height = STRIP;
+  for (let j = 0; j < texts.length; j++) {
+    ctx.fillStyle = special[j] || j >= values.length ? "#f3f4f6" : shade(values[j], max);
+    ctx.fillRect(j * CELL, 0, CELL - 1, STRIP);
+  }
+  canvas.onmousemove = (ev) => {
+    const j = Math.min(texts.length - 1, Math.floor(ev.offsetX / CELL));
+    canvas.title = `${texts[j]}: ${(values[j] || 0).toPrecision(4)}`;
+  };
+  return canvas;
+}
+
+function labelStrip(texts, special) {
+  const canvas = document.createElement("canvas"), ctx = canvas.getContext("2d");
+  canvas.width = texts.length * CELL;
+  canvas.height = LABELS;
+  ctx.font = "10px system-ui, sans-serif";
+  ctx.textBaseline = "middle";
+  ctx.rotate(-Math.PI / 2);
+  for (let j = 0; j < texts.length; j++) {
+    ctx.fillStyle = special[j] ? "#9ca3af" : "#374151";
+    ctx.fillText(texts[j].length > 10 ? texts[j].slice(0, 9) + "…" : texts[j], -LABELS + 2, j * CELL + CELL / 2, LABELS - 4);
+  }
+  canvas.onmousemove = (ev) => { canvas.title = texts[Math.min(texts.length - 1, Math.floor(ev.offsetX / CELL))]; };
+  return canvas;
 }
 
 // ------------------------------------------------------------------ models and methods
@@ -240,6 +287,7 @@ function renderExplanation(exp) {
   $("faithfulness").disabled = !(state.facts.task === "classification" && !(exp.meta && exp.meta.contrast !== undefined && exp.meta.contrast !== null));
   document.body.dataset.explained = methods.join(",");
   state.attentionText = null;
+  $("heatmap").getBoundingClientRect();  // the layout belongs to the task measured
   return performance.now() - t0;
 }
 
@@ -438,7 +486,8 @@ function chooseSteps(t0, t1) {
     return { name: m, values, title: t1 > t0 && !LINEAR.has(m) ? "sum of the steps' rows (not the stretch's own explanation for this method)" : "" };
   });
   renderHeatmap($("gen-heatmap"), tokens, special, rows);
-  const chosen = g.generated.slice(t0, t1 + 1).join("");
+  const bpe = enc === "byte-level" || enc === "sentencepiece";  // their decoded tokens carry their own spaces
+  const chosen = g.generated.slice(t0, t1 + 1).join(bpe ? "" : " ");
   const cap = $("step-caption");
   cap.replaceChildren(t0 === t1 ? `step ${t0}: ` : `steps ${t0}–${t1}: `, el("b", chosen));
   if (t0 === t1) cap.append(` (p = ${fmt(g.probabilities[t0])}${g.forced ? ", forced" : ""}${g.contrast_ids ? ", minus the contrast token" : ""})`);

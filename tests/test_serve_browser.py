@@ -1,0 +1,256 @@
+"""``attnlens serve`` end to end in headless Chromium (Playwright driving the system's /usr/bin/chromium): type a
+sentence and read the heatmaps, switch methods, target and words, measure faithfulness, open the layer, model and
+head views, generate with a small LM and click or select answer tokens, open a benchmark folder and one of its
+examples; texts with markup stay text; 512 tokens x 20 methods render in one short task. The screenshots of
+docs/images/serve-*.png are taken here, so they show the page as it is.
+
+Skipped when Chromium is missing, except under ``CI=true`` (where .ci/run installs it): there they fail.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import make_model, make_tokenizer
+from serve_support import FAST, MINILM, ServerThread, make_results, save_tiny_lm
+
+from attnlens import Explainer
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+if CHROMIUM is None and not IN_CI:
+    pytest.skip("headless chromium not installed", allow_module_level=True)
+IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+XSS = "<script>window.pwned = 1</script>"
+FOLDER = "<img src=x onerror=window.pwned=2>"
+SENTENCE = "the plot is thin, but the actors are wonderful ."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not MINILM.is_dir():
+        pytest.skip(f"reference model not found at {MINILM}")
+    if CHROMIUM is None:
+        pytest.fail("CI=true but chromium is not installed (.ci/run installs it): the browser tests must run in CI")
+    tmp = tmp_path_factory.mktemp("serve-browser")
+    minilm = Explainer.from_pretrained(MINILM)
+    labelled = make_model("bert")
+    labelled.config.id2label, labelled.config.label2id = {0: XSS, 1: "fine"}, {XSS: 0, "fine": 1}
+    make_results(minilm, tmp / "results" / FOLDER, n=4)
+    from attnlens.serve import create_app
+
+    app = create_app({"minilm-sst2": minilm, "tiny-lm": Explainer.from_pretrained(save_tiny_lm(tmp / "lm")),
+                      "markup": Explainer(labelled, make_tokenizer())}, results=[tmp / "results"])
+    with ServerThread(app) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("dialog", lambda d: errors.append("dialog: " + d.message))
+    page.goto(server.url)
+    page.wait_for_selector("body[data-ready]")
+    yield page
+    assert not errors, errors
+    assert page.evaluate("window.pwned") is None  # no text ever ran as markup
+    context.close()
+
+
+def expect(locator):
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(locator)
+
+
+def _api(server, path, body):
+    import httpx
+
+    r = httpx.post(server.url + path.lstrip("/"), json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _rows(page, table="#heatmap"):
+    return page.eval_on_selector_all(f"{table} tr", "rows => rows.map(r => r.dataset.method)")
+
+
+def _titles(page, method, table="#heatmap"):
+    """The value of every cell of a method's row, as the page shows it on hover."""
+    return page.eval_on_selector_all(f"{table} tr[data-method='{method}'] td.cell",
+                                     "cells => cells.map(c => c.title)")
+
+
+def _explain(page, text=SENTENCE):
+    page.fill("#text-a", text)
+    page.evaluate("document.body.removeAttribute('data-explained')")
+    page.click("#explain")
+    page.wait_for_selector("body[data-explained]")
+
+
+def test_explain_switch_methods_target_words_and_measure_faithfulness(page, server):
+    _explain(page)
+    assert _rows(page) == FAST
+    api = _api(server, "/api/explain", {"model": "minilm-sst2", "texts": [SENTENCE], "methods": FAST})[0]
+    titles = _titles(page, "attcat")
+    assert [t.rsplit(": ", 1)[0] for t in titles] == api["tokens"]
+    assert float(titles[3].rsplit(": ", 1)[1]) == pytest.approx(api["scores"]["attcat"][3], rel=1e-3)
+    assert "predicted positive" in page.inner_text("#prediction")
+
+    page.uncheck("#methods input[value=rollout]")
+    page.check("#methods input[value=saliency]")
+    _explain(page)
+    assert _rows(page) == ["rawatt", "agrad", "gae", "attcat", "saliency", "inputxgradient"]
+
+    page.evaluate("document.body.removeAttribute('data-explained')")
+    page.select_option("#target", "0")  # the other class: explained again at once
+    page.wait_for_selector("body[data-explained]")
+    assert "explained negative" in page.inner_text("#prediction")
+    methods = ["rawatt", "agrad", "gae", "attcat", "saliency", "inputxgradient"]
+    negative = _api(server, "/api/explain", {"model": "minilm-sst2", "texts": [SENTENCE], "methods": methods,
+                                             "target": 0})[0]
+    assert float(_titles(page, "agrad")[3].rsplit(": ", 1)[1]) == pytest.approx(negative["scores"]["agrad"][3],
+                                                                                 rel=1e-3)
+    page.select_option("#target", "")
+    expect(page.locator("#prediction")).to_contain_text("explained positive")
+
+    page.evaluate("document.body.removeAttribute('data-explained')")
+    page.check("#words")
+    page.wait_for_selector("body[data-explained]")
+    words = _api(server, "/api/explain", {"model": "minilm-sst2", "texts": [SENTENCE], "methods": methods,
+                                          "words": True})[0]
+    assert [t.rsplit(": ", 1)[0] for t in _titles(page, "attcat")] == words["tokens"]
+    page.uncheck("#words")
+
+    page.click("#faithfulness")
+    page.wait_for_selector("#heatmap td.faith svg")
+    faith = _api(server, "/api/faithfulness", {"model": "minilm-sst2", "texts": [SENTENCE], "methods": methods})[0]
+    shown = page.inner_text("#heatmap tr[data-method=attcat] td.faith")
+    assert f"AOPC {faith['methods']['attcat']['aopc']['value']:.3f}" in shown
+    assert page.locator("#heatmap td.faith svg").count() == len(methods)
+    page.screenshot(path=str(IMAGES / "serve-explain.png"), full_page=True)
+
+
+def test_layer_model_and_head_views(page):
+    _explain(page)
+    page.click("nav button[data-tab=inside]")
+    page.wait_for_selector("body[data-head-view='5:-1']")  # the last layer, mean over heads
+    assert page.locator("#model-view canvas").count() == 6 * 12
+    page.select_option("#layer-method", "attcat")
+    assert _rows(page, "#layer-heatmap") == [f"layer {layer}" for layer in range(6)]
+    page.click("#model-view canvas[data-layer='2'][data-head='3']")
+    page.wait_for_selector("body[data-head-view='2:3']")
+    n = page.locator("#head-view .col.left span").count()
+    lines = page.locator("#head-view svg line").count()
+    assert n == 13 and 0 < lines <= min(300, n * n)
+    page.hover("#head-view .col.left span:nth-child(5)")
+    visible = page.eval_on_selector_all("#head-view svg line", "ls => ls.filter(l => l.style.display !== 'none')"
+                                        ".map(l => +l.dataset.q)")
+    assert visible and set(visible) == {4}  # pointing at a token shows its own links
+    page.mouse.move(1200, 10)
+    page.screenshot(path=str(IMAGES / "serve-inside.png"), full_page=True)
+
+
+def test_generate_click_and_select_answer_tokens(page, server):
+    page.click("nav button[data-tab=generate]")  # switches to the served language model
+    assert page.input_value("#model") == "tiny-lm"
+    page.fill("#prompt", "the capital of france is")
+    page.click("#generate")
+    page.wait_for_selector("body[data-step='0-0']")
+    g = _api(server, "/api/generate", {"model": "tiny-lm", "prompt": "the capital of france is",
+                                       "methods": FAST, "max_new_tokens": 8, "chat": False})[0]
+    chips = page.locator("#answer span.gen")
+    assert chips.all_inner_texts() == g["generated"]
+    chips.nth(2).click()
+    page.wait_for_selector("body[data-step='2-2']")
+    n_prompt = len(g["prompt_tokens"])
+    titles = _titles(page, "agrad", "#gen-heatmap")
+    assert len(titles) == n_prompt + 2
+    shown = [float(t.rsplit(": ", 1)[1]) for t in titles]
+    assert shown == pytest.approx(g["scores"]["agrad"][2][:n_prompt + 2], rel=1e-3, abs=1e-9)
+    chips.nth(1).hover()  # drag across answer tokens 1..3
+    page.mouse.down()
+    chips.nth(3).hover()
+    page.mouse.up()
+    page.wait_for_selector("body[data-step='1-3']")
+    summed = [float(t.rsplit(": ", 1)[1]) for t in _titles(page, "agrad", "#gen-heatmap")]
+    expected = [sum(g["scores"]["agrad"][t][j] for t in (1, 2, 3)) for j in range(n_prompt + 3)]
+    assert summed == pytest.approx(expected, rel=1e-3, abs=1e-9)
+    assert "steps 1–3" in page.inner_text("#step-caption")
+    page.screenshot(path=str(IMAGES / "serve-generate.png"), full_page=True)
+
+    page.fill("#force", "paris .")
+    page.click("#generate")
+    expect(page.locator("#answer span.gen")).to_have_count(2)
+    assert "forced" in page.inner_text("#step-caption")
+
+
+def test_benchmark_folder_sort_and_open_an_example(page):
+    page.click("nav button[data-tab=bench]")
+    page.wait_for_selector("#bench-table tr td")
+    assert page.inner_text("#bench-select").startswith("results/" + FOLDER)  # the folder's name, as text
+    assert page.eval_on_selector_all("#bench-table tr td:first-child", "c => c.map(x => x.textContent)") == \
+        ["rawatt", "attcat"]
+    aopc = "#bench-table tr td:nth-child(2)"
+    for reverse in (True, False):  # best (highest) first, then the other way round
+        page.click("#bench-table th:nth-child(2)")
+        shown = page.eval_on_selector_all(aopc, "c => c.map(x => parseFloat(x.textContent))")
+        assert shown == sorted(shown, reverse=reverse)
+    assert page.locator("#bench-curves svg").count() >= 1
+    page.screenshot(path=str(IMAGES / "serve-benchmark.png"), full_page=True)
+    first = page.locator("#bench-examples button").first
+    text = first.inner_text().split(" ", 4)[-1]
+    first.click()
+    page.wait_for_selector("body[data-explained]")
+    assert page.get_attribute("body", "data-tab") == "explain"
+    assert page.input_value("#text-a").strip() == text.strip()
+
+
+def test_labels_with_markup_are_shown_as_text(page):
+    page.select_option("#model", "markup")
+    assert XSS in page.inner_text("#target")
+    page.fill("#text-a", "the movie was good")
+    page.click("#explain")
+    page.wait_for_selector("body[data-explained]")
+    assert XSS in page.inner_text("#prediction")
+    assert page.evaluate("document.querySelectorAll('script').length") == 1
+
+
+def test_512_tokens_and_20_methods_render_in_one_short_task(page, record_property):
+    """The page's own renderer on a synthetic explanation; the time is reported (docs/serve.md), not asserted."""
+    times = page.evaluate("""() => {
+        const n = 512, methods = Array.from({length: 20}, (_, k) => "method" + k), scores = {};
+        methods.forEach((m, k) => { scores[m] = Array.from({length: n}, (_, j) => Math.sin(j * (k + 1))); });
+        const exp = {text: "x", tokens: Array.from({length: n}, (_, j) => "tok" + j),
+                     special: Array.from({length: n}, (_, j) => j === 0 || j === n - 1), target: 1, predicted: 1,
+                     probabilities: [0.2, 0.8], labels: ["negative", "positive"], scores, layers: {}, meta: {}};
+        return [0, 1, 2].map(() => window.attnlens.renderExplanation(exp));  // the first one includes warm-up
+    }""")
+    assert page.locator("#heatmap tr[data-method]").count() == 20
+    widths = page.eval_on_selector_all("#heatmap td.strip canvas", "cs => cs.map(c => c.width)")
+    assert widths == [512 * 10] * 21  # a strip of token labels, then one strip per method, a column per token
+    strip = page.locator("#heatmap tr[data-method=method3] canvas")
+    strip.hover(position={"x": 7 * 10 + 5, "y": 8})
+    assert strip.get_attribute("title") == f"tok7: {math.sin(7 * 4):.4g}".replace("e-0", "e-")
+    record_property("render_512x20_ms", times)
+    print(f"\nrendering 512 tokens x 20 methods (DOM + layout): first {times[0]:.0f} ms, then "
+          f"{times[1]:.0f} and {times[2]:.0f} ms")
