@@ -42,7 +42,7 @@ def server(tmp_path_factory):
     minilm = Explainer.from_pretrained(MINILM)
     labelled = make_model("bert")
     labelled.config.id2label, labelled.config.label2id = {0: XSS, 1: "fine"}, {XSS: 0, "fine": 1}
-    make_results(minilm, tmp / "results" / FOLDER, n=4)
+    shutil.copytree(make_results(minilm, tmp / "results" / "sst2-dev", n=4), tmp / "results" / FOLDER)
     from attnlens.serve import create_app
 
     app = create_app({"minilm-sst2": minilm, "tiny-lm": Explainer.from_pretrained(save_tiny_lm(tmp / "lm")),
@@ -100,6 +100,13 @@ def _titles(page, method, table="#heatmap"):
                                      "cells => cells.map(c => c.title)")
 
 
+def _shoot(page, name):
+    """A full-page screenshot for the docs, from the top (the sticky header stays where it belongs)."""
+    page.mouse.move(1200, 790)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(IMAGES / f"{name}.png"), full_page=True)
+
+
 def _explain(page, text=SENTENCE):
     page.fill("#text-a", text)
     page.evaluate("document.body.removeAttribute('data-explained')")
@@ -147,7 +154,7 @@ def test_explain_switch_methods_target_words_and_measure_faithfulness(page, serv
     shown = page.inner_text("#heatmap tr[data-method=attcat] td.faith")
     assert f"AOPC {faith['methods']['attcat']['aopc']['value']:.3f}" in shown
     assert page.locator("#heatmap td.faith svg").count() == len(methods)
-    page.screenshot(path=str(IMAGES / "serve-explain.png"), full_page=True)
+    _shoot(page, "serve-explain")
 
 
 def test_layer_model_and_head_views(page):
@@ -166,8 +173,7 @@ def test_layer_model_and_head_views(page):
     visible = page.eval_on_selector_all("#head-view svg line", "ls => ls.filter(l => l.style.display !== 'none')"
                                         ".map(l => +l.dataset.q)")
     assert visible and set(visible) == {4}  # pointing at a token shows its own links
-    page.mouse.move(1200, 10)
-    page.screenshot(path=str(IMAGES / "serve-inside.png"), full_page=True)
+    _shoot(page, "serve-inside")
 
 
 def test_generate_click_and_select_answer_tokens(page, server):
@@ -196,7 +202,7 @@ def test_generate_click_and_select_answer_tokens(page, server):
     expected = [sum(g["scores"]["agrad"][t][j] for t in (1, 2, 3)) for j in range(n_prompt + 3)]
     assert summed == pytest.approx(expected, rel=1e-3, abs=1e-9)
     assert "steps 1–3" in page.inner_text("#step-caption")
-    page.screenshot(path=str(IMAGES / "serve-generate.png"), full_page=True)
+    _shoot(page, "serve-generate")
 
     page.fill("#force", "paris .")
     page.click("#generate")
@@ -207,7 +213,10 @@ def test_generate_click_and_select_answer_tokens(page, server):
 def test_benchmark_folder_sort_and_open_an_example(page):
     page.click("nav button[data-tab=bench]")
     page.wait_for_selector("#bench-table tr td")
-    assert page.inner_text("#bench-select").startswith("results/" + FOLDER)  # the folder's name, as text
+    options = page.eval_on_selector_all("#bench-select option", "os => os.map(o => o.textContent)")
+    assert options[0].startswith("results/" + FOLDER) and options[1].startswith("results/sst2-dev")  # as text
+    page.select_option("#bench-select", "results/sst2-dev")
+    expect(page.locator("#bench-facts")).to_contain_text("4 examples")
     assert page.eval_on_selector_all("#bench-table tr td:first-child", "c => c.map(x => x.textContent)") == \
         ["rawatt", "attcat"]
     aopc = "#bench-table tr td:nth-child(2)"
@@ -216,7 +225,7 @@ def test_benchmark_folder_sort_and_open_an_example(page):
         shown = page.eval_on_selector_all(aopc, "c => c.map(x => parseFloat(x.textContent))")
         assert shown == sorted(shown, reverse=reverse)
     assert page.locator("#bench-curves svg").count() >= 1
-    page.screenshot(path=str(IMAGES / "serve-benchmark.png"), full_page=True)
+    _shoot(page, "serve-benchmark")
     first = page.locator("#bench-examples button").first
     text = first.inner_text().split(" ", 4)[-1]
     first.click()
