@@ -379,3 +379,38 @@ def test_serve_command_serves_and_warns_when_remote(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------------ other tasks
+def test_token_classifier_and_qa_targets_are_the_python_apis():
+    import torch
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    tokenizer = make_tokenizer()
+    ner = build_tiny("bert", vocab_size=len(tokenizer), pad_token_id=0, bos_token_id=2, eos_token_id=3, num_labels=3,
+                     model_suffix="ForTokenClassification")
+    ner.config.id2label, ner.config.label2id = {0: "O", 1: "B-LOC", 2: "I-LOC"}, {"O": 0, "B-LOC": 1, "I-LOC": 2}
+    torch.manual_seed(0)
+    qa = BertForQuestionAnswering(BertConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2,
+                                             num_attention_heads=2, intermediate_size=24, max_position_embeddings=64,
+                                             initializer_range=0.3, pad_token_id=0)).eval()
+    qa.set_attn_implementation("eager")
+    ners, qas = Explainer(ner, tokenizer), Explainer(qa, tokenizer)
+    methods = ["rawatt", "agrad", "attcat"]
+    with TestClient(create_app({"ner": ners, "qa": qas})) as client:
+        body = {"model": "ner", "texts": ["the movie was great"], "methods": methods}
+        r = client.post("/api/explain", json={**body, "token": "movie", "target": "B-LOC"})
+        assert r.json() == [e.to_dict() for e in ners.explain(["the movie was great"], methods,
+                                                              target=("movie", "B-LOC"))]
+        assert (r.json()[0]["target"], r.json()[0]["meta"]["position"], r.json()[0]["meta"]["token"]) == (1, 2, "movie")
+        assert "token classifier" in _one_line_error(client.post("/api/explain", json=body), 400)
+        assert "sequence classifiers" in _one_line_error(client.post("/api/faithfulness", json={**body, "token": 1}),
+                                                         400)
+        pair = ["what movie", "the movie was great"]
+        for target in (None, [5, 6]):
+            r = client.post("/api/explain", json={"model": "qa", "texts": [pair], "methods": methods, "target": target})
+            expected = qas.explain([tuple(pair)], methods, target=None if target is None else tuple(target))
+            assert r.status_code == 200 and r.json() == [e.to_dict() for e in expected]
+        assert r.json()[0]["target"] == [5, 6]
+        assert "end" in _one_line_error(client.post("/api/explain", json={
+            "model": "qa", "texts": [pair], "methods": methods, "target": [6, 5]}), 400)
