@@ -263,3 +263,19 @@ def test_512_tokens_and_20_methods_render_in_one_short_task(page, record_propert
     record_property("render_512x20_ms", times)
     print(f"\nrendering 512 tokens x 20 methods (DOM + layout): first {times[0]:.0f} ms, then "
           f"{times[1]:.0f} and {times[2]:.0f} ms")
+
+
+def test_views_of_a_512_token_input_stay_usable(page):
+    _explain_long = " ".join(["the plot is thin, but the actors are wonderful ."] * 50)  # cut to 512 tokens
+    page.uncheck("#methods input[value=rollout]")
+    for m in ("agrad", "gae", "attcat", "inputxgradient"):
+        page.uncheck(f"#methods input[value={m}]")
+    _explain(page, _explain_long)
+    assert page.locator("#heatmap canvas").count() == 2  # the token labels and rawatt's strip
+    assert page.eval_on_selector("#heatmap tr[data-method=rawatt] canvas", "c => c.width") == 512 * 10
+    page.click("nav button[data-tab=inside]")
+    page.wait_for_selector("body[data-head-view='5:-1']", timeout=120_000)
+    sizes = page.eval_on_selector_all("#model-view canvas", "cs => cs.map(c => c.width)")
+    assert sizes == [48] * 72  # thumbnails of block maxima, not 512 x 512 images
+    assert page.locator("#head-view .col.left span").count() == 512
+    assert page.locator("#head-view svg line").count() == 300  # the strongest links, not 262,144 lines
