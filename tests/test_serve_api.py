@@ -414,3 +414,26 @@ def test_token_classifier_and_qa_targets_are_the_python_apis():
         assert r.json()[0]["target"] == [5, 6]
         assert "end" in _one_line_error(client.post("/api/explain", json={
             "model": "qa", "texts": [pair], "methods": methods, "target": [6, 5]}), 400)
+
+
+# ------------------------------------------------------------------------------ sources of an answer
+def test_attribute_answers_what_cite_writes(served, tmp_path):
+    context, query = "the movie was great . the actors were bad .", "was the movie good"
+    out = tmp_path / "cite.json"
+    assert main(["cite", "--model", str(served["lm_dir"]), "--context", context, "--query", query, "--methods",
+                 "agrad,loo", "--max-new-tokens", "3", "--format", "json", "--out", str(out)]) == 0
+    body = {"model": "lm", "context": context, "query": query, "methods": ["agrad", "loo"], "max_new_tokens": 3}
+    r = served["client"].post("/api/attribute", json=body)
+    assert r.status_code == 200, r.text
+    expected, answered = json.loads(out.read_text()), r.json()
+    for answer in (answered, expected):
+        assert set(answer["meta"].pop("seconds")) == {"agrad", "loo"}  # wall-clock times differ between two runs
+    assert answered == expected
+    assert [s["text"] for s in answered["sources"]] == ["the movie was great .", "the actors were bad ."]
+    with_tokens = served["client"].post("/api/attribute", json={**body, "tokens": True}).json()
+    assert set(with_tokens["tokens"]["scores"]) == {"agrad"}
+    client = served["client"]
+    assert "causal language model" in _one_line_error(client.post("/api/attribute", json={**body, "model": "minilm"}),
+                                                      400)
+    assert "sources" in _one_line_error(client.post("/api/attribute", json={**body, "sources": "word"}), 400)
+    assert '"query"' in _one_line_error(client.post("/api/attribute", json={**body, "query": " "}), 400)

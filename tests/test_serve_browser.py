@@ -279,3 +279,26 @@ def test_views_of_a_512_token_input_stay_usable(page):
     assert sizes == [48] * 72  # thumbnails of block maxima, not 512 x 512 images
     assert page.locator("#head-view .col.left span").count() == 512
     assert page.locator("#head-view svg line").count() == 300  # the strongest links, not 262,144 lines
+
+
+def test_sources_of_an_answer(page, server):
+    page.click("nav button[data-tab=sources]")  # switches to the served language model
+    assert page.input_value("#model") == "tiny-lm"
+    context, query = "the movie was great . the actors were bad . the plot was thin .", "was the movie good"
+    page.fill("#src-context", context)
+    page.fill("#src-query", query)
+    page.fill("#src-max-new", "4")
+    page.click("#attribute")
+    page.wait_for_selector("body[data-attributed='3']")
+    result = _api(server, "/api/attribute", {"model": "tiny-lm", "context": context, "query": query,
+                                             "methods": ["decompx", "attnlrp", "loo"], "max_new_tokens": 4,
+                                             "sources": "sentence"})
+    cells = page.eval_on_selector_all("#src-table tr", "rows => rows.map(r => Array.from(r.children, c => "
+                                      "c.textContent))")
+    methods = list(result["sources"][0]["scores"])
+    assert cells[0][:2] == ["#", "source"] and sorted(cells[0][2:]) == sorted(methods) == ["attnlrp", "decompx", "loo"]
+    assert [row[1] for row in cells[1:]] == [s["text"] for s in result["sources"]]
+    loo = [s["scores"]["loo"] for s in result["sources"]]
+    assert [float(row[2 + methods.index("loo")]) for row in cells[1:]] == pytest.approx(loo, abs=1e-3)
+    assert result["answer"] in page.inner_text("#src-answer-line")
+    _shoot(page, "serve-sources")

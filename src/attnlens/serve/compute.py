@@ -16,8 +16,10 @@ from ..evaluation.perturb import ModelPredictor
 from ..methods.registry import get_method, list_methods
 from ..results.explanation import Explanation, explanations_json
 from ..results.tokentext import encoding_meta
+from ..sources.attribute import DEFAULT_METHODS as SOURCE_DEFAULTS
+from ..sources.methods import SOURCE_METHODS
 from ..viz.headview import encode_attentions
-from .requests import ExplainRequest, GenerateRequest
+from .requests import AttributeRequest, ExplainRequest, GenerateRequest
 
 Report = Callable[[float], None]
 THUMBNAIL = 48  # cells per side of a model-view thumbnail (block maxima of the attention matrix)
@@ -33,7 +35,8 @@ def model_facts(name: str, ex: Any) -> dict[str, Any]:
                         "unsupported": spec.unsupported(ex.model, ex.stream, ex.head.task)})
     return {"name": name, "task": ex.head.task, "kind": ex.head.kind, "labels": ex.labels,
             "language_model": ex.head.task in LANGUAGE_MODELS, "max_length": ex.max_length,
-            "token_encoding": encoding_meta(ex.tokenizer).get("token_encoding"), "methods": methods}
+            "token_encoding": encoding_meta(ex.tokenizer).get("token_encoding"), "methods": methods,
+            "source_methods": list(SOURCE_METHODS), "source_defaults": list(SOURCE_DEFAULTS)}
 
 
 def _options(req: Any) -> dict[str, Any] | None:
@@ -121,3 +124,13 @@ def generate(ex: Any, req: GenerateRequest, report: Report) -> list[dict[str, An
                               max_new_tokens=req.max_new_tokens, target=req.target, contrast=req.contrast,
                               chat=req.chat, target_kind=req.target_kind, options=_options(req))
     return [g.to_dict()]
+
+
+def attribute(ex: Any, req: AttributeRequest) -> dict[str, Any]:
+    """What ``attnlens cite --format json`` writes (with ``tokens``: also the token-level scores and spans)."""
+    if ex.head.task != "causal-lm":
+        raise InputError(f"context attribution needs a causal language model; this model is {ex.head.kind}")
+    methods = req.methods if req.methods is None or isinstance(req.methods, str) else list(req.methods)
+    result = ex.attribute_context(req.context, req.query, answer=req.answer, sources=req.sources, methods=methods,
+                                  max_new_tokens=req.max_new_tokens, options=_options(req))
+    return result.to_dict(tokens=req.tokens)

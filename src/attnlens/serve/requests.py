@@ -60,6 +60,27 @@ class GenerateRequest:
         return "generate:" + json.dumps(asdict(self), sort_keys=True, default=list)
 
 
+@dataclass(frozen=True)
+class AttributeRequest:
+    """``POST /api/attribute``: the options of ``attnlens cite`` (which sources of a context an answer came from)."""
+
+    model: str
+    context: str
+    query: str
+    answer: str | None = None
+    sources: str = "sentence"
+    methods: Any = None
+    max_new_tokens: int = 64
+    tokens: bool = False
+    options: Any = None
+
+    def key(self) -> str:
+        return "attribute:" + json.dumps(asdict(self), sort_keys=True, default=list)
+
+
+SOURCE_KINDS = ("sentence", "passage", "line")
+
+
 def _object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InputError("the request body must be a JSON object")
@@ -198,3 +219,30 @@ def attention_request(body: Any, served: list[str], limits: Limits) -> tuple[str
     body = _object(body)
     _known(body, {"model", "text"})
     return model_name(body, served), _text(body.get("text"), '"text"', limits)
+
+
+def attribute_request(body: Any, served: list[str], limits: Limits) -> AttributeRequest:
+    """Check a context-attribution body."""
+    body = _object(body)
+    _known(body, {"model", "context", "query", "answer", "sources", "methods", "max_new_tokens", "tokens",
+                  "options"})
+    context = _text(body.get("context"), '"context"', limits)
+    query = _text(body.get("query"), '"query"', limits)
+    answer = body.get("answer")
+    if answer is not None:
+        answer = _text(answer, '"answer"', limits)
+    if not all(isinstance(t, str) for t in (context, query, answer or "")):
+        raise InputError('"context", "query" and "answer" must each be one text')
+    sources = body.get("sources", "sentence")
+    if sources not in SOURCE_KINDS:
+        raise InputError(f'"sources" must be one of {", ".join(SOURCE_KINDS)}')
+    n = body.get("max_new_tokens", 64)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limits.max_new_tokens:
+        raise InputError(f'"max_new_tokens" must be a whole number from 1 to {limits.max_new_tokens}')
+    tokens = body.get("tokens", False)
+    if not isinstance(tokens, bool):
+        raise InputError('"tokens" must be true or false')
+    methods = body.get("methods")
+    return AttributeRequest(model=model_name(body, served), context=context, query=query, answer=answer,
+                            sources=sources, methods=None if methods is None else _methods(methods),
+                            max_new_tokens=n, tokens=tokens, options=_options(body.get("options")))

@@ -17,12 +17,13 @@ from .requests import (
     ExplainRequest,
     Limits,
     attention_request,
+    attribute_request,
     explain_request,
     faithfulness_metrics,
     generate_request,
 )
 
-KINDS = ("explain", "faithfulness", "attention", "generate")
+KINDS = ("explain", "faithfulness", "attention", "generate", "attribute")
 
 
 @dataclass
@@ -67,6 +68,10 @@ class ServeState:
             req = generate_request(body, self.models, self.limits)
             ex = self.explainers[req.model]
             return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.generate(ex, req, job.report))
+        if kind == "attribute":
+            req = attribute_request(body, self.models, self.limits)
+            ex = self.explainers[req.model]
+            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.attribute(ex, req))
         raise InputError(f"unknown kind {str(kind)[:40]!r}; choose one of {', '.join(KINDS)}")
 
     def _explanations(self, req: ExplainRequest, job: Job) -> list[Explanation]:

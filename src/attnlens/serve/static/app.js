@@ -204,6 +204,7 @@ function onModel() {
   const chosen = FAST.filter((id) => facts.methods.some((m) => m.id === id && !m.unsupported));
   fillMethods($("methods"), facts, chosen);
   fillMethods($("gen-methods"), facts, chosen);
+  fillSourceMethods(facts);
   const kinds = facts.task === "qa" ? ["qa"] : facts.language_model ? ["prompt"] : facts.task === "token" ? ["text"] : ["text", "pair"];
   for (const o of $("input-kind").options) o.hidden = !kinds.includes(o.value);
   $("input-kind").value = kinds[0];
@@ -495,6 +496,54 @@ function chooseSteps(t0, t1) {
   document.body.dataset.step = `${t0}-${t1}`;
 }
 
+// ------------------------------------------------------------------ sources of an answer
+function fillSourceMethods(facts) {
+  const box = $("src-methods"), tokenLevel = { methods: facts.methods };
+  fillMethods(box, tokenLevel, facts.source_defaults);
+  for (const id of facts.source_methods) {
+    const label = el("label"), input = el("input");
+    input.type = "checkbox";
+    input.value = id;
+    input.checked = facts.source_defaults.includes(id);
+    label.title = id === "at2" ? "needs attention weights fitted for this model (attnlens fit-at2)" : "ablation of each source";
+    label.append(input, document.createTextNode(id));
+    box.appendChild(label);
+  }
+}
+
+async function attribute() {
+  const req = { model: state.facts.name, context: $("src-context").value, query: $("src-query").value,
+    sources: $("src-kind").value, methods: chosenMethods($("src-methods")), max_new_tokens: Number($("src-max-new").value) };
+  if (!req.methods.length) throw new Error("choose at least one method");
+  if ($("src-answer").value.trim()) req.answer = $("src-answer").value;
+  const result = await runJob("attribute", req, "attributing the answer");
+  $("sources-out").hidden = false;
+  const line = $("src-answer-line");
+  line.replaceChildren("answer ", el("b", result.answer));
+  const methods = Object.keys(result.sources.length ? result.sources[0].scores : {});
+  const head = el("tr");
+  head.append(el("th", "#"), el("th", "source"), ...methods.map((m) => el("th", m)));
+  const rows = [head];
+  const max = {}, top = {};
+  for (const m of methods) {
+    const values = result.sources.map((s) => s.scores[m]);
+    max[m] = Math.max(1e-12, ...values.map(Math.abs));
+    top[m] = values.indexOf(Math.max(...values));
+  }
+  result.sources.forEach((s, i) => {
+    const tr = el("tr");
+    tr.append(el("td", i, "num"), el("td", s.text, "text"));
+    for (const m of methods) {
+      const td = el("td", fmt(s.scores[m]), top[m] === i ? "num top" : "num");
+      td.style.backgroundColor = shade(s.scores[m], max[m]);
+      tr.appendChild(td);
+    }
+    rows.push(tr);
+  });
+  $("src-table").replaceChildren(...rows);
+  document.body.dataset.attributed = String(result.sources.length);
+}
+
 // ------------------------------------------------------------------ benchmarks
 async function loadBenchmarks() {
   const list = await api("/api/benchmarks");
@@ -664,6 +713,7 @@ async function start() {
   $("contrast").onchange = () => { if (state.exp) guarded(explain); };
   $("faithfulness").onclick = () => guarded(faithfulness);
   $("generate-form").onsubmit = (ev) => { ev.preventDefault(); guarded(generate); };
+  $("sources-form").onsubmit = (ev) => { ev.preventDefault(); guarded(attribute); };
   $("layer-method").onchange = renderLayers;
   for (const id of ["hv-layer", "hv-head", "hv-links"]) $(id).onchange = () => guarded(drawHeadView);
   $("bench-select").onchange = () => guarded(openBenchmark);
@@ -675,7 +725,7 @@ async function start() {
       showError(null);
       if (b.dataset.tab === "inside") guarded(showInside);
       if (b.dataset.tab === "bench" && !state.bench) guarded(loadBenchmarks);
-      if (b.dataset.tab === "generate" && !state.facts.language_model) {
+      if ((b.dataset.tab === "generate" || b.dataset.tab === "sources") && !state.facts.language_model) {
         const lm = state.models.find((m) => m.language_model);
         if (lm) { $("model").value = lm.name; onModel(); } else showError("no language model is served: start the server with --model of one");
       }
