@@ -363,9 +363,13 @@ def test_serve_refuses_mistakes_in_one_line(argv, pattern, capsys):
 
 
 def test_serve_command_serves_and_warns_when_remote(tmp_path):
+    labelled = make_model("bert")
+    labelled.config.id2label, labelled.config.label2id = {0: "negative", 1: "positive"}, {"negative": 0, "positive": 1}
+    labelled.save_pretrained(tmp_path / "tiny")
+    make_tokenizer().save_pretrained(tmp_path / "tiny")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.Popen([sys.executable, "-m", "attnlens.cli", "serve", "--model", f"sst={MINILM}", "--port", "0",
-                             "--host", "0.0.0.0", "--allow-remote"], stderr=subprocess.PIPE, text=True, env=env)
+    argv = ["serve", "--model", f"sst={tmp_path / 'tiny'}", "--port", "0", "--host", "0.0.0.0", "--allow-remote"]
+    proc = subprocess.Popen([sys.executable, "-m", "attnlens.cli", *argv], stderr=subprocess.PIPE, text=True, env=env)
     try:
         lines = []
         while not any("attnlens serve: http" in line for line in lines):
