@@ -441,3 +441,14 @@ def test_attribute_answers_what_cite_writes(served, tmp_path):
                                                       400)
     assert "sources" in _one_line_error(client.post("/api/attribute", json={**body, "sources": "word"}), 400)
     assert '"query"' in _one_line_error(client.post("/api/attribute", json={**body, "query": " "}), 400)
+
+
+@pytest.mark.parametrize("route", ["/api/explain", "/api/faithfulness", "/api/attention", "/api/generate",
+                                   "/api/attribute", "/api/jobs"])
+@pytest.mark.parametrize("body", [None, 3, "x", [], {}, {"model": 1}, {"model": "minilm", "texts": "abc"},
+                                  {"model": "lm", "prompt": ["a"]}, {"kind": None, "request": None},
+                                  {"\u0000": "\ud800"}])
+def test_no_body_crashes_a_route(served, route, body):
+    r = served["client"].post(route, content=json.dumps(body).encode())
+    assert 400 <= r.status_code < 500, (route, body, r.text)
+    assert r.json()["error"]
