@@ -241,7 +241,12 @@ def test_labels_with_markup_are_shown_as_text(page):
     page.click("#explain")
     page.wait_for_selector("body[data-explained]")
     assert XSS in page.inner_text("#prediction")
+    page.select_option("#model", "minilm-sst2")
+    _explain(page, "<img src=x onerror=window.pwned=3> <script>window.pwned=4</script> a fine film")
+    tokens = [t.rsplit(": ", 1)[0] for t in _titles(page, "rawatt")]
+    assert "<" in tokens and "script" in tokens and ">" in tokens  # shown as the tokens they are
     assert page.evaluate("document.querySelectorAll('script').length") == 1
+    assert page.evaluate("document.querySelectorAll('img').length") == 0
 
 
 def test_512_tokens_and_20_methods_render_in_one_short_task(page, record_property):
