@@ -22,7 +22,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "serve",
         help="explore explanations in the browser (a local web app)",
         description="Serve an interactive explorer: explanations of several methods side by side with their "
-                    "faithfulness, the layer and head views, generation step by step, and benchmark results.",
+                    "faithfulness, the layer and head views, generation step by step, the sources of an answer, "
+                    "and benchmark results.",
     )
     p.add_argument("--model", action="append", metavar="[NAME=]MODEL",
                    help="a model directory or hub id to serve, loaded once (repeat for several; the page names it "
