@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import AttnLensError
 from .requests import Limits
-from .routes import ROUTES, _TooLarge, error
+from .routes import ROUTES, BodyTooLarge, error
 from .state import ServeState
 
 # Everything the page loads comes from this server; no inline script, no framing, no third party.
@@ -101,7 +101,7 @@ def create_app(
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
     app = Starlette(
         routes=ROUTES, middleware=middleware,
-        exception_handlers={AttnLensError: _user_error, _TooLarge: _too_large, LookupError: _not_found,
+        exception_handlers={AttnLensError: _user_error, BodyTooLarge: _too_large, LookupError: _not_found,
                             HTTPException: _http, Exception: _fault},
         lifespan=_lifespan,
     )

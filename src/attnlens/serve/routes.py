@@ -36,19 +36,21 @@ async def read_json(request: Request) -> Any:
     limit = _state(request).limits.max_body
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge(limit)
+        raise BodyTooLarge(limit)
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > limit:
-            raise _TooLarge(limit)
+            raise BodyTooLarge(limit)
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise InputError("the request body is not valid JSON") from None
 
 
-class _TooLarge(Exception):
+class BodyTooLarge(Exception):
+    """A request body over the server's limit (answered with 413)."""
+
     def __init__(self, limit: int) -> None:
         super().__init__(f"the request body is larger than this server takes ({limit} bytes)")
 
