@@ -452,11 +452,20 @@ async function generate() {
   renderGeneration();
 }
 
+// the text each prompt and generated token spells: the JSON's own when it gives it, else read from the token
+function generationTexts(g) {
+  const enc = g.meta && g.meta.token_encoding;
+  const prompt = Array.isArray(g.prompt_token_text) ? g.prompt_token_text : g.prompt_tokens.map((t) => readable(t, enc));
+  const gen = Array.isArray(g.generated_token_text) ? g.generated_token_text : g.generated_tokens.map((t) => readable(t, enc));
+  return prompt.concat(gen);
+}
+
 function renderGeneration() {
-  const g = state.gen, enc = g.meta && g.meta.token_encoding, answer = $("answer");
+  const g = state.gen, answer = $("answer");
   $("generate-out").hidden = false;
   answer.replaceChildren();
-  g.prompt_tokens.forEach((t, i) => { if (!g.prompt_special[i]) answer.appendChild(el("span", readable(t, enc), "tok prompt")); });
+  const shown = generationTexts(g);
+  g.prompt_tokens.forEach((t, i) => { if (!g.prompt_special[i]) answer.appendChild(el("span", shown[i], "tok prompt")); });
   let anchor = null;
   g.generated.forEach((text, t) => {
     const chip = el("span", text, "tok gen");
@@ -479,7 +488,7 @@ function chooseSteps(t0, t1) {
   state.genRange = [t0, t1];
   for (const chip of $("answer").querySelectorAll("span.gen")) chip.classList.toggle("chosen", +chip.dataset.step >= t0 && +chip.dataset.step <= t1);
   const n = g.prompt_tokens.length + t1;  // the tokens before the last chosen step
-  const tokens = g.prompt_tokens.concat(g.generated_tokens).slice(0, n).map((t) => readable(t, enc));
+  const tokens = generationTexts(g).slice(0, n);
   const special = g.prompt_special.concat(g.generated_tokens.map(() => false)).slice(0, n);
   const rows = Object.keys(g.scores).map((m) => {
     const values = new Array(n).fill(0);
