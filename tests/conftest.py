@@ -18,6 +18,13 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MODELS = SHARED / "models"
 DATA = SHARED / "data"
 
+# The library has no default model or data folder: the tests use the offline ones beside this checkout, as
+# `make test` does, unless the environment names others.
+if DATA.is_dir():
+    os.environ.setdefault("ATTNLENS_DATA", str(DATA))
+if (MODELS / "minilm-sst2").is_dir():
+    os.environ.setdefault("ATTNLENS_MODEL", str(MODELS / "minilm-sst2"))
+
 WORDS = (
     "the a movie film was is not very good bad great awful i really didn ' t like this it and but "
     "charming journey boring plot actors story , . ! funny dull loved hated never ever best worst"

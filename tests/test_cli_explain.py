@@ -89,6 +89,16 @@ def test_errors_are_one_line(model_dir, argv, message, capsys):
     assert len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+def test_model_from_the_environment_or_one_line_naming_both(model_dir, monkeypatch, capsys):
+    monkeypatch.delenv("ATTNLENS_MODEL", raising=False)
+    assert main(["explain", "good", "--methods", "rawatt"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("no model: pass --model M or set $ATTNLENS_MODEL") and len(err.splitlines()) == 1
+    monkeypatch.setenv("ATTNLENS_MODEL", model_dir)
+    assert main(["explain", "good", "--methods", "rawatt", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["tokens"] == ["[CLS]", "good", "[SEP]"]
+
+
 def test_bad_files(model_dir, tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n \n", encoding="utf-8")

@@ -66,6 +66,18 @@ def test_files_of_the_same_shape(tmp_path, monkeypatch):
     assert qa.task == "qa" and qa[0].text == ["Where?", "Paris is in France."]
 
 
+def test_data_folder_from_argument_or_environment(tmp_path, monkeypatch):
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "dev.jsonl").write_text(json.dumps({"text": "fine", "label": 1}) + "\n")
+    monkeypatch.delenv("ATTNLENS_DATA", raising=False)
+    assert data_root() is None
+    with pytest.raises(InputError, match=r"^no data folder for sst2: pass --data-root DIR .* set \$ATTNLENS_DATA$"):
+        load_dataset("sst2", hub=False)
+    assert [e.text for e in load_dataset("sst2", root=tmp_path, hub=False)] == ["fine"]
+    monkeypatch.setenv("ATTNLENS_DATA", str(tmp_path))
+    assert data_root() == tmp_path and [e.label for e in load_dataset("sst2", hub=False)] == [1]
+
+
 def test_errors(tmp_path):
     with pytest.raises(InputError, match="known datasets: " + ", ".join(known_datasets())):
         load_dataset("nonesuch")

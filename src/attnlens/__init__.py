@@ -1,7 +1,7 @@
 """attnlens: explain Transformer predictions through their attention, and measure how faithful that is.
 
 >>> from attnlens import Explainer
->>> ex = Explainer.from_pretrained("../shared/models/minilm-sst2")
+>>> ex = Explainer.from_pretrained("distilbert/distilbert-base-uncased-finetuned-sst-2-english")
 >>> exps = ex.explain(["a charming journey"], methods=["attcat", "rollout"])
 >>> exps[0].top_k("attcat", 3)
 """

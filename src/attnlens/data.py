@@ -1,7 +1,7 @@
 """Data sets for evaluation: SST-2, IMDB, Yelp/Amazon polarity, MNLI, QQP and SQuAD v1.1/v2.0.
 
-Every data set loads from plain local files first: by default ``$ATTNLENS_DATA`` or ``../shared/data`` (relative to
-the working directory or to the repository), in the formats described in that folder's README:
+Every data set loads from plain local files first: from the folder given as ``root`` (CLI ``--data-root``), else
+from ``$ATTNLENS_DATA``, laid out as ``<folder>/<data set>/<split file>`` in these formats:
 
 - classification JSON Lines (optionally gzipped): ``{"text", "label"}`` per line (``sentence``/``content``/
   ``review`` are accepted for ``text``);
@@ -16,6 +16,7 @@ Any file of the same shape can be passed as a path instead of a name. When the l
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import random
@@ -161,22 +162,11 @@ def known_datasets() -> list[str]:
 
 
 def data_root(root: str | os.PathLike[str] | None = None) -> Path | None:
-    """The local data folder: ``root``, else ``$ATTNLENS_DATA``, else the first ``../shared/data`` found
-    relative to the working directory or to this package's repository; ``None`` if none exists."""
+    """The local data folder: ``root``, else ``$ATTNLENS_DATA``; ``None`` when neither is given."""
     if root is not None:
         return Path(root)
     env = os.environ.get(DATA_ENV)
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve()
-    for base in (Path.cwd(), *Path.cwd().parents[:2], *here.parents[:4]):
-        cand = base / ".." / "shared" / "data"
-        if cand.is_dir():
-            return cand.resolve()
-        cand = base / "shared" / "data"
-        if cand.is_dir():
-            return cand.resolve()
-    return None
+    return Path(env).expanduser() if env else None
 
 
 def load_dataset(
@@ -221,6 +211,8 @@ def load_dataset(
     if split not in spec.files:
         raise InputError(f"dataset {spec.name!r} has no split {split!r}; its splits: {', '.join(spec.files)}")
     base = data_root(root)
+    if base is None and not (hub and importlib.util.find_spec("datasets")):
+        raise InputError(f"no data folder for {spec.name}: pass --data-root DIR (root= in Python) or set ${DATA_ENV}")
     tried: list[str] = []
     if base is not None:
         for fname in spec.files[split]:
@@ -363,7 +355,7 @@ def squad_examples(doc: dict[str, Any], source: str = "") -> list[Example]:
 
 
 def _load_hub(spec: DatasetSpec, split: str, tried: Sequence[str]) -> Dataset:
-    where = f"looked for {', '.join(tried)}" if tried else f"no local data folder (set ${DATA_ENV})"
+    where = f"looked for {', '.join(tried)}" if tried else f"no data folder (--data-root or ${DATA_ENV})"
     try:
         import datasets  # type: ignore[import-not-found]
     except ImportError:

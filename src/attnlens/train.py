@@ -1,6 +1,6 @@
 """Fine-tune a HuggingFace model for sequence classification: a plain PyTorch loop (AdamW, linear warmup and
 decay), seeded, with a progress bar; evaluates accuracy / precision / recall / F1 and saves an HF directory
-(model + tokenizer) plus ``metrics.json`` in the shape of ``../shared/models/*/metrics.json``.
+(model + tokenizer) plus ``metrics.json`` (training settings and evaluation metrics).
 """
 
 from __future__ import annotations

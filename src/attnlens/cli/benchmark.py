@@ -2,7 +2,7 @@
 
 Example::
 
-    attnlens benchmark --model ../shared/models/minilm-sst2 --dataset sst2 --split dev \\
+    attnlens benchmark --model path/to/sst2-classifier --dataset sst2 --split dev \\
         --methods all --metrics aopc,lodds,kendall --limit 200 --out results/sst2
 """
 
@@ -37,7 +37,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="sst2, imdb, yelp_polarity, amazon_polarity, mnli, qqp, squad, squad_v2, or a file of the "
                    "same shape; with --task context: squad-context or an examples file (JSON Lines)")
     p.add_argument("--split", default=None, help="split (default: the data set's evaluation split)")
-    p.add_argument("--data-root", default=None, help="local data folder (default: $ATTNLENS_DATA or ../shared/data)")
+    p.add_argument("--data-root", default=None, help="local data folder (default: $ATTNLENS_DATA)")
     p.add_argument("--methods", default="all", help="'all' or comma-separated method ids")
     p.add_argument("--no-lrp", action="store_true", help="leave out LRP-based methods when --methods all")
     p.add_argument("--metrics", default=None,

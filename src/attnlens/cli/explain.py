@@ -16,21 +16,12 @@ from ..viz.safetext import terminal_safe
 from . import add_placement_options, placement
 
 FORMATS = ("terminal", "html", "json", "jsonl")
-DEFAULT_MODEL_NAME = "minilm-sst2"
+MODEL_ENV = "ATTNLENS_MODEL"
 
 
 def default_model() -> str | None:
-    """``$ATTNLENS_MODEL``, else the offline reference model ``../shared/models/minilm-sst2`` found next to the
-    working directory or next to this checkout."""
-    env = os.environ.get("ATTNLENS_MODEL")
-    if env:
-        return env
-    repo = Path(__file__).resolve().parents[3]
-    for base in (Path.cwd(), repo):
-        candidate = base.parent / "shared" / "models" / DEFAULT_MODEL_NAME
-        if candidate.is_dir():
-            return str(candidate)
-    return None
+    """The model of ``$ATTNLENS_MODEL`` (a directory, hub id or shorthand), ``None`` when it is not set."""
+    return os.environ.get(MODEL_ENV) or None
 
 
 def read_texts(path: str) -> list[Any]:
@@ -104,7 +95,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("texts", nargs="*", help="texts to explain (or use --file)")
     p.add_argument("--file", help="JSON Lines with text (or text_a + text_b) per line when the first non-blank line "
                    "is a JSON object, else one text per line; a file mixing both is refused")
-    p.add_argument("--model", help="HF model directory or hub id (default: ../shared/models/minilm-sst2)")
+    p.add_argument("--model", help="HF model directory, hub id or shorthand (default: $ATTNLENS_MODEL)")
     p.add_argument("--methods", default="all", help="comma-separated method ids, or 'all' (default: every method "
                    "that applies to the model; the others are skipped with a notice)")
     p.add_argument("--target", help="class index or label name to explain (default: the predicted class); QA models: "
@@ -226,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         raise ModelError("--model is empty: give a model directory or hub id")
     model = args.model or default_model()
     if model is None:
-        raise ModelError("no --model given and the default ../shared/models/minilm-sst2 was not found")
+        raise ModelError(f"no model: pass --model M or set ${MODEL_ENV}")
     if args.generate:
         return _run_generation(args, texts, model, device=device, dtype=dtype, options=options, budget=budget)
     target: Any = args.target
