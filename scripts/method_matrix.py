@@ -64,8 +64,27 @@ def _general(why: str, method: str, model_type: str) -> str:
     return "the method" + why[len(method):] if why.startswith(method + " ") else why
 
 
+FAMILIES = {"encoder": "encoders", "decoder": "decoders (causal attention)",
+            "encoder-decoder": "encoder-decoders (`attention=` picks the stream)"}
+
+
+def supported_markdown() -> str:
+    """The supported model types by family, from the architecture entries: the one list of them in the docs."""
+    by_family: dict[str, list[str]] = {}
+    for model_type, arch in ARCHITECTURES.items():
+        by_family.setdefault(arch.adapter.family, []).append(f"`{model_type}`")
+    lines = ["## Supported model types", "",
+             "Every `config.model_type` with an entry in `attnlens/models/architectures.py` (adding one is one entry:",
+             "see [Architecture](architecture.md)); the streams an encoder-decoder explains are listed with it.", "",
+             "| family | model types | streams |", "|---|---|---|"]
+    for family, types in by_family.items():
+        streams = {s for t in types for s in ARCHITECTURES[t.strip("`")].adapter.streams}
+        lines.append(f"| {FAMILIES.get(family, family)} | {', '.join(types)} | {', '.join(sorted(streams))} |")
+    return "\n".join(lines) + "\n"
+
+
 def matrix_markdown() -> str:
-    """The page: the table of methods by model type and task, and its footnotes."""
+    """The page: the supported model types, then the table of methods by model type and task, and its footnotes."""
     methods = list_methods()
     reasons: dict[str, int] = {}
     lines = ["| model type | task | " + " | ".join(f"`{m}`" for m in methods) + " |",
@@ -80,7 +99,8 @@ def matrix_markdown() -> str:
                                                                               len(reasons) + 1)))
             lines.append(f"| {model_type} | {label} | " + " | ".join(cells) + " |")
     notes = [f"{n}. {why}" for why, n in reasons.items()]
-    return HEADER + "\n" + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+    return (HEADER + "\n" + supported_markdown() + "\n## Methods by model type and task\n\n" + "\n".join(lines)
+            + "\n\n" + "\n".join(notes) + "\n")
 
 
 def main() -> None:
