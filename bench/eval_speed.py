@@ -27,6 +27,7 @@ from attnlens.explainer import Explainer
 from attnlens.methods.registry import get_method, list_methods
 
 MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "minilm-sst2"
+DATA = MODEL.parents[1] / "data"
 SLOW = "integratedgradients"
 
 
@@ -68,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    ds = load_dataset("sst2", "dev", limit=args.limit)
+    ds = load_dataset("sst2", "dev", limit=args.limit, root=DATA)
     ex = Explainer.from_pretrained(args.model)
     methods = list_methods(include_lrp=False)
     fast = [m for m in methods if args.with_ig or m != SLOW]

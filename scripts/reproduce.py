@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import re
 import subprocess
@@ -41,6 +42,7 @@ from attnlens.methods.registry import get_method, list_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT.parent / "shared" / "models"
+DATA = ROOT.parent / "shared" / "data"
 SLOW = ("integratedgradients",)  # 50 forward+backward passes per example and class: hours on 2 CPU cores
 
 # AttCAT (seed 001) Table 1, SST2 column (AOPC ↑, LOdds ↓) and Table 2 (Kendall-τ ↓), BERT-base.
@@ -472,6 +474,7 @@ def run_issue11(out: Path, names: list[str]) -> None:
 
 
 def main() -> None:
+    os.environ.setdefault("ATTNLENS_DATA", str(DATA))  # the benchmark commands it runs name no --data-root
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sst2-limit", type=int, default=None, help="SST-2 dev subset under `paper` (default all)")
     parser.add_argument("--attcat-limit", type=int, default=None, help="SST-2 subset under `attcat-code`")
@@ -507,18 +510,18 @@ def main() -> None:
         if not group:
             continue
         runs["paper"].append(run_benchmark(
-            ex, load_dataset("sst2", "dev", limit=args.sst2_limit), out / f"sst2-paper{suffix}",
+            ex, load_dataset("sst2", "dev", limit=args.sst2_limit, root=DATA), out / f"sst2-paper{suffix}",
             methods=group, metrics=metrics, model_name=name))
         runs["attcat-code"].append(run_benchmark(
-            ex, load_dataset("sst2", "dev", limit=args.attcat_limit), out / f"sst2-attcat-code{suffix}",
+            ex, load_dataset("sst2", "dev", limit=args.attcat_limit, root=DATA), out / f"sst2-attcat-code{suffix}",
             methods=group, metrics=metrics, model_name=name,
             config=EvalConfig(protocol="attcat-code", pad_token_id=ex.pad_id)))
     paper, code = merge(runs["paper"]), merge(runs["attcat-code"])
 
     imdb_model = MODELS / "minilm-imdb"
     ex_imdb = Explainer.from_pretrained(str(imdb_model), max_length=256)
-    full_imdb = load_dataset("imdb", "sample2000")
-    imdb_subset = load_dataset("imdb", "sample2000", limit=args.imdb_limit)
+    full_imdb = load_dataset("imdb", "sample2000", root=DATA)
+    imdb_subset = load_dataset("imdb", "sample2000", limit=args.imdb_limit, root=DATA)
     common = dict(methods=["rawatt", "agrad"], metrics="occlusion,consistency", model_name=str(imdb_model.resolve()),
                   batch_size=8, eval_batch_size=16, config=EvalConfig(pad_token_id=ex_imdb.pad_id), chunk_size=16)
     # seed 000 explains the cross-entropy loss of the gold label; the predicted-class logit run is for contrast
