@@ -24,6 +24,7 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 NOT_EXECUTED = {
     "docs/architecture.md": "the contributor's guide: its blocks are fragments of the library's own entries",
     "docs/context-attribution.md": "it reads report.txt, a file of the reader's (tests/test_sources.py runs the API)",
+    "docs/serve.md": "it talks to a running attnlens serve (the serve tests drive the same API through its client)",
 }
 # A block right after this comment is shown, not run (its reason follows the colon).
 SKIP_MARK = "<!-- not executed"
