@@ -44,6 +44,10 @@ def leave_one_out(model, tokenizer, ex: Example) -> np.ndarray:
     return np.array(drops)
 
 
+def _short(values: np.ndarray) -> str:
+    return "[" + " ".join(f"{v:.3g}" for v in values) + "]"
+
+
 def main() -> None:
     from scipy.stats import pearsonr, spearmanr
 
@@ -72,7 +76,7 @@ def main() -> None:
             r, rho = pearsonr(scores, drops).statistic, spearmanr(scores, drops).statistic
             rs.append(r)
             rhos.append(rho)
-            print(f"{ex.id:>26} {method:>16} {r:8.3f} {rho:8.3f}  {np.round(drops, 2)} | {np.round(scores, 2)}")
+            print(f"{ex.id:>26} {method:>16} {r:8.3f} {rho:8.3f}  {_short(drops)} | {_short(scores)}")
         if rs:
             print(f"{'mean':>26} {method:>16} {np.nanmean(rs):8.3f} {np.nanmean(rhos):8.3f}  ({len(rs)} examples)")
 
