@@ -431,6 +431,8 @@ def test_context_benchmark_metrics_against_direct_ablations(lm, tmp_path):
     assert -1.0 <= loo["lds"] <= 1.0 and peer["seconds"] == 0.5
     summary = run_context_benchmark(lm, [example], config, tmp_path / "run", external={"x1": external})
     assert summary["metrics"]["peer"]["top1_drop"]["mean"] == pytest.approx(peer["top1_drop"], rel=1e-6)
+    with pytest.raises(InputError, match="external method 'loo' has the name of a method of this run"):
+        evaluate_example(lm, example, config, {"loo": external["peer"]})
     again = run_context_benchmark(lm, [example], config, tmp_path / "run")  # resumed: nothing recomputed
     assert again["metrics"]["peer"]["lds"]["mean"] == summary["metrics"]["peer"]["lds"]["mean"]
 

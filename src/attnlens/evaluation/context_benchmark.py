@@ -88,6 +88,9 @@ def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenc
     scores, _, figures = score_job(job, list(config.methods), config.options)
     seconds = dict(figures["seconds"])
     for method, record in (external or {}).items():
+        if method in scores:
+            raise InputError(f"external method {method!r} has the name of a method of this run: rename it in its "
+                             f"file (e.g. {method}-peer)")
         if len(record["scores"]) != len(example.sources):
             raise InputError(f"external {method} scores for {example.id} have {len(record['scores'])} values; the "
                              f"example has {len(example.sources)} sources")
