@@ -42,7 +42,7 @@ def engine_batches(ex: Explainer, texts: list[str], batch_size: int) -> list[lis
 
 def batch_inputs(ex: Explainer, batch: list[Encoded]) -> dict[str, torch.Tensor]:
     """Padded model inputs of one engine batch."""
-    inputs, _ = ex._inputs([e.ids for e in batch], [e.type_ids for e in batch])
+    inputs, _ = ex.runner.inputs([e.ids for e in batch], [e.type_ids for e in batch])
     return inputs
 
 

@@ -11,6 +11,7 @@ from conftest import ENCODERS, FAMILIES, make_model
 
 from attnlens import Explainer, list_methods
 from attnlens.core.capture import run_capture
+from attnlens.core.engine import batch_context
 from attnlens.methods import registry
 
 TEXTS = [
@@ -138,7 +139,7 @@ def test_formulas_match_loop_recomputation(family, attention, tokenizer):
     # recompute the capture independently of the explainer's batching: one example at a time
     for text, e in zip(TEXTS, exps):
         (enc,) = ex.encode([text])
-        ctx = ex._context([enc], "logit")
+        ctx = batch_context(ex.runner, [enc], "logit")
         with torch.no_grad():
             pass
         capture, _ = run_capture(ex.model, ex.adapter, ctx.inputs, ctx.token_mask, ex.stream,

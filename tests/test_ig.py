@@ -11,6 +11,7 @@ from captum.attr import IntegratedGradients
 from conftest import make_model, make_tokenizer
 
 from attnlens import Explainer, InputError
+from attnlens.core.engine import batch_context
 from attnlens.methods.gradient import QUADRATURES, _embedding_forward, baseline_ids, next_count, quadrature
 
 TEXTS = ["the movie was great", "the plot was boring but the actors were charming", "awful"]
@@ -47,7 +48,7 @@ def test_nested_rules_contain_their_previous_nodes_at_half_weight(rule):
 def _captum_ig(ex: Explainer, text: str, target: int, rule: str, n: int) -> np.ndarray:
     """Captum's own IntegratedGradients on the same embeddings, forward and baseline (an independent loop)."""
     (enc,) = ex.encode([text])
-    ctx = ex._context([enc], "logit")
+    ctx = batch_context(ex.runner, [enc], "logit")
     ctx.targets = torch.tensor([target])
     forward, x, extra = _embedding_forward(ctx)
     with torch.no_grad():
@@ -69,7 +70,7 @@ def test_delta_in_meta_is_the_completeness_gap(ex):
     exps = ex.explain(TEXTS, methods=[IG], target=0, options={IG: {"n_steps": 5}})
     for text, e in zip(TEXTS, exps, strict=True):
         (enc,) = ex.encode([text])
-        ctx = ex._context([enc], "logit")
+        ctx = batch_context(ex.runner, [enc], "logit")
         with torch.no_grad():
             f_x = ex.model(**ctx.inputs).logits[0, 0]
             f_b = ex.model(**{**ctx.inputs, "input_ids": baseline_ids(ctx, "auto")}).logits[0, 0]

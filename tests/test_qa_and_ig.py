@@ -9,6 +9,7 @@ from conftest import PAD, make_model, make_tokenizer
 from transformers import BertConfig, BertForQuestionAnswering
 
 from attnlens import Explainer, InputError, ModelError
+from attnlens.core.engine import batch_context
 from attnlens.methods.gradient import baseline_ids
 
 QUESTION, CONTEXT = "what was the movie ?", "the movie was great but the plot was boring ."
@@ -73,7 +74,7 @@ def test_integrated_gradients_completeness(family):
     (e,) = ex.explain(text, methods=["integratedgradients"], target=1,
                       options={"integratedgradients": {"n_steps": 300}})
     (enc,) = ex.encode([text])
-    ctx = ex._context([enc], "logit")
+    ctx = batch_context(ex.runner, [enc], "logit")
     ctx.targets = torch.tensor([1])
     base = baseline_ids(ctx, "auto")
     assert int((base != ctx.inputs["input_ids"]).sum()) == len(enc.ids) - 2  # specials kept

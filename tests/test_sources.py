@@ -363,7 +363,7 @@ def test_at2_features_are_the_answer_rows_attention_to_each_source(lm):
     from attnlens.sources.at2 import at2_features
     from attnlens.sources.attribute import prepare_job
 
-    job = prepare_job(lm, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
     ids = job.prompt.ids + job.answer_ids
     with torch.no_grad(), explaining(lm.model):
         maps = lm.model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
@@ -389,8 +389,8 @@ def test_at2_fit_recovers_weights_that_explain_the_ablations(lm, monkeypatch, tm
         return -3.0 + keep.astype(float) @ (truth @ at2_module.at2_features(job))
 
     monkeypatch.setattr(at2_module, "ablation_logprobs", linear)
-    jobs = [prepare_job(lm, c, QUERY, answer=ANSWER, chat=False) for c in contexts]
-    record = at2_module.fit_at2(lm, jobs, n_ablations=16)
+    jobs = [prepare_job(lm.runner, c, QUERY, answer=ANSWER, chat=False) for c in contexts]
+    record = at2_module.fit_at2(lm.runner, jobs, n_ablations=16)
     fitted = np.asarray(record["weights"]).reshape(-1)
     for job in jobs:
         feats = at2_module.at2_features(job)

@@ -6,14 +6,13 @@
 >>> exps[0].top_k("attcat", 3)
 """
 
-__version__ = "0.1.0"
-
-from .errors import AttnLensError, InputError, ModelError, UnknownMethodError  # noqa: E402
-from .explainer import Explainer  # noqa: E402
-from .methods import get_method, list_methods, register  # noqa: E402
-from .models.architectures import Architecture, register_adapter, register_architecture  # noqa: E402
-from .results.explanation import Explanation, load_explanations, save_explanations  # noqa: E402
-from .results.generation import Generation, load_generations  # noqa: E402
+from .errors import AttnLensError, InputError, ModelError, UnknownMethodError
+from .explainer import Explainer
+from .methods import get_method, list_methods, register
+from .models.architectures import Architecture, register_adapter, register_architecture
+from .results.explanation import Explanation, load_explanations, save_explanations
+from .results.generation import Generation, load_generations
+from .version import __version__ as __version__
 
 __all__ = [
     "Architecture",

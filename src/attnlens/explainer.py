@@ -3,12 +3,8 @@
 
 from __future__ import annotations
 
-import copy
 import functools
-import inspect
-import warnings
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +15,18 @@ from torch import nn
 from .core import engine
 from .core.answer_engine import explain_answer
 from .core.batch_state import BatchContext
-from .core.batching import pad_batch, predict_batches
+from .core.batching import predict_batches
 from .core.capture import run_capture
 from .core.encoding import Encoded, TextInput, encode, model_max_length
-from .core.generation_engine import _prompt_ids, _token_ids, explain_generation
+from .core.generation_engine import encode_prompt, explain_generation, token_ids_of
 from .core.memory import parse_budget
-from .core.modelstate import explaining, last_token_head
+from .core.model_runner import ModelRunner, takes_token_types
+from .core.modelstate import explaining
 from .core.progress import ProgressCallback
 from .errors import InputError, ModelError
 from .methods.registry import ATTENTION
 from .models.adapters import Adapter
-from .models.architectures import adapter_for, finds_last_token_by_padding
+from .models.architectures import adapter_for
 from .models.heads import LMHead, decode_token, head_for, with_contrast
 from .models.loading import check_vocabulary, load_pretrained
 from .results.context_attribution import ContextAttribution
@@ -96,11 +93,7 @@ class Explainer:
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self._check_vocabulary()
         self.max_length = model_max_length(model, tokenizer, max_length)
-        # Token types go in only where the model takes them and the tokenizer makes them (GPT-2 takes them but
-        # adds them as extra token embeddings, so they must match what the model was trained with).
-        params = inspect.signature(model.forward).parameters
-        made = "token_type_ids" in (getattr(tokenizer, "model_input_names", None) or ["token_type_ids"])
-        self._takes_token_types = "token_type_ids" in params and made and not self.head.task.endswith("-lm")
+        self._takes_token_types = takes_token_types(model, tokenizer, self.head)
         self.pad_id = self.adapter.pad_token_id(tokenizer, model.config)
 
     # ------------------------------------------------------------------ loading
@@ -137,7 +130,7 @@ class Explainer:
     @property
     def labels(self) -> list[str]:
         """Class names in index order (``id2label``); empty for QA models."""
-        return self.head.labels(self.model.config)
+        return self.runner.labels
 
     @property
     def max_answer_length(self) -> int | None:
@@ -150,10 +143,16 @@ class Explainer:
 
     @property
     def device(self) -> torch.device:
-        try:
-            return next(self.model.parameters()).device
-        except StopIteration:
-            return torch.device("cpu")
+        """Where the model's parameters are."""
+        return self.runner.device
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The model and its facts as the engines take them (:mod:`attnlens.core.model_runner`), built afresh at each
+        access, so that it follows a changed ``head`` or ``stream``."""
+        return ModelRunner(model=self.model, tokenizer=self.tokenizer, head=self.head, adapter=self.adapter,
+                           stream=self.stream, max_length=self.max_length, pad_id=self.pad_id, name=self.name,
+                           token_types=self._takes_token_types)
 
     def _check_vocabulary(self) -> None:
         check_vocabulary(self.tokenizer, self.model)
@@ -162,41 +161,6 @@ class Explainer:
     def encode(self, texts: TextInput | Sequence[TextInput], truncation: bool = True) -> list[Encoded]:
         """Tokenize inputs (no padding); over-long inputs are truncated with a warning or rejected."""
         return encode(self.tokenizer, self.model, texts, self.max_length, truncation)
-
-    def _inputs(
-        self,
-        ids: Sequence[Sequence[int]],
-        type_ids: Sequence[Sequence[int] | None] | None = None,
-        masks: Sequence[Sequence[int]] | None = None,
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Right-padded model inputs and the ``(B, N)`` mask of real tokens."""
-        return pad_batch(ids, self.pad_id, self.device, type_ids=type_ids, masks=masks,
-                         with_types=self._takes_token_types)
-
-    def _effective_batch_size(self, batch_size: int) -> int:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
-            raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if batch_size < 1:
-            raise InputError(f"batch_size must be >= 1, got {batch_size}")
-        if finds_last_token_by_padding(self.model):
-            if batch_size > 1:
-                warnings.warn(
-                    "the model's config has no pad_token_id, so its head cannot find the last token of a padded "
-                    "batch; explaining one input at a time (set model.config.pad_token_id to batch)",
-                    stacklevel=3,
-                )
-            return 1
-        return batch_size
-
-    def _head_without_padding(self, token_mask: torch.Tensor) -> AbstractContextManager[Any]:
-        """Decoder-only models without a pad id get a temporary one, so that integrated gradients (Captum expands
-        each input to a batch of ``n_steps`` copies) runs; inputs then go one at a time (_effective_batch_size)."""
-        if not finds_last_token_by_padding(self.model):
-            return nullcontext()
-        if not bool(token_mask.bool().all()):
-            raise ModelError("the model's config has no pad_token_id, so its head cannot find the last token of a "
-                             "padded batch: pass one input per batch, or set model.config.pad_token_id")
-        return last_token_head(self.model)
 
     # ---------------------------------------------------------------- explain
     def explain(
@@ -242,15 +206,18 @@ class Explainer:
         Returns:
             One :class:`Explanation` per input, in input order.
         """
-        ex = self if contrast is None else self._with_head(with_contrast(self.head, contrast, self.labels))
-        specs, method_options = engine.select_methods(ex, methods, target, target_kind, options, contrast is not None)
+        runner = self.runner
+        if contrast is not None:
+            runner = runner.with_head(with_contrast(self.head, contrast, self.labels))
+        specs, method_options = engine.select_methods(runner, methods, target, target_kind, options,
+                                                      contrast is not None)
         budget = parse_budget(memory_budget)
         encoded = self.encode(texts, truncation=truncation)
         engine.warn_per_token_methods(specs, methods, [len(e.ids) for e in encoded])
-        targets = ex.head.locate(encoded, ex.head.resolve_targets(target, len(encoded), self.labels))
-        ex.head.check_targets([len(e.ids) for e in encoded], targets)
-        size = self._effective_batch_size(batch_size)
-        return engine.explain_all(ex, encoded, targets, specs, method_options, target_kind, size, progress,
+        targets = runner.head.locate(encoded, runner.head.resolve_targets(target, len(encoded), self.labels))
+        runner.head.check_targets([len(e.ids) for e in encoded], targets)
+        size = runner.effective_batch_size(batch_size)
+        return engine.explain_all(runner, encoded, targets, specs, method_options, target_kind, size, progress,
                                   budget)
 
     def explain_generation(
@@ -296,7 +263,7 @@ class Explainer:
             ``(n_generated, n_prompt + n_generated)``,
             row t explaining generated token t over the tokens before it (zeros after).
         """
-        return explain_generation(self, prompt, methods, max_new_tokens=max_new_tokens, target=target,
+        return explain_generation(self.runner, prompt, methods, max_new_tokens=max_new_tokens, target=target,
                                   contrast=contrast, chat=chat, target_kind=target_kind, batch_size=batch_size,
                                   options=options, memory_budget=memory_budget, progress=progress)
 
@@ -327,12 +294,13 @@ class Explainer:
             summed log-probability. For methods linear in the explained value, the scores equal the sum over
             the answer's tokens of :meth:`explain_generation`'s rows.
         """
+        runner = self.runner
         if isinstance(prompt, str):
-            prompt_ids, _ = _prompt_ids(self, prompt, chat)
+            prompt_ids, _ = encode_prompt(runner, prompt, chat)
         else:
-            prompt_ids = _token_ids(self, list(prompt), "prompt")
-        answer_ids = _token_ids(self, answer, "answer")
-        return explain_answer(self, prompt_ids, answer_ids, methods, target_kind=target_kind, options=options,
+            prompt_ids = token_ids_of(runner, list(prompt), "prompt")
+        answer_ids = token_ids_of(runner, answer, "answer")
+        return explain_answer(runner, prompt_ids, answer_ids, methods, target_kind=target_kind, options=options,
                               memory_budget=memory_budget, progress=progress,
                               text=prompt if isinstance(prompt, str) else "")
 
@@ -382,18 +350,9 @@ class Explainer:
             sources (in ``context``) and answer tokens (in ``answer``), and ``meta`` (the share of each method's
             token scores outside every source, seconds per method, the answer's log-probability).
         """
-        return attribute_context(self, context, query, answer=answer, sources=sources, methods=methods,
+        return attribute_context(self.runner, context, query, answer=answer, sources=sources, methods=methods,
                                  template=template, chat=chat, answer_span=answer_span, max_new_tokens=max_new_tokens,
                                  ablation=ablation, options=options, memory_budget=memory_budget, progress=progress)
-
-    def _with_head(self, head: Any) -> Explainer:
-        """A shallow copy (same model and tokenizer) explaining with ``head`` (e.g. a contrast)."""
-        clone = copy.copy(self)
-        clone.head = head
-        return clone
-
-    def _context(self, batch: list[Encoded], target_kind: str) -> BatchContext:
-        return engine.batch_context(self, batch, target_kind)
 
     def compute_batch(
         self, batch: list[Encoded], targets: list[Any], specs: list[Any], method_options: dict[str, dict[str, Any]],
@@ -404,7 +363,7 @@ class Explainer:
         Padding positions are exactly zero; a negative target is the predicted one. Used by :meth:`explain`
         (see :mod:`attnlens.core.engine`); public for tests and evaluation code.
         """
-        return engine.compute_batch(self, batch, targets, specs, method_options, target_kind, gradients,
+        return engine.compute_batch(self.runner, batch, targets, specs, method_options, target_kind, gradients,
                                     memory_budget=parse_budget(memory_budget))
 
     # ------------------------------------------------------------ prediction
@@ -426,9 +385,10 @@ class Explainer:
         for i, ids in enumerate(input_ids):
             if len(ids) == 0 or min(ids) < 0 or max(ids) >= rows:
                 raise InputError(f"input_ids[{i}] must be a non-empty list of token ids in 0..{rows - 1}")
-        return predict_batches(self.model, input_ids, self.pad_id, self._effective_batch_size(batch_size),
-                               type_ids=token_type_ids, masks=attention_masks, with_types=self._takes_token_types,
-                               probabilities=self.head.probabilities)
+        runner = self.runner
+        return predict_batches(runner.model, input_ids, runner.pad_id, runner.effective_batch_size(batch_size),
+                               type_ids=token_type_ids, masks=attention_masks, with_types=runner.token_types,
+                               probabilities=runner.head.probabilities)
 
     @torch.no_grad()
     def attention_maps(self, text: TextInput) -> tuple[list[str], list[bool], np.ndarray]:
@@ -437,7 +397,7 @@ class Explainer:
         Rows and columns are the stream's query and key positions: the input tokens, except in BART's decoder
         stream, whose position i holds input token i - 1 (position 0 is the decoder start token)."""
         (e,) = self.encode([text] if not isinstance(text, list) else [tuple(text)])
-        ctx = self._context([e], "logit")
+        ctx = engine.batch_context(self.runner, [e], "logit")
         with explaining(self.model):
             capture, _ = run_capture(self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream, None,
                                      "logit", gradients=False, head=self.head, keep={ATTENTION})

@@ -322,7 +322,7 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
         from ..results.tokentext import readable_tokens
         from ..viz.headview import attention_view_html
 
-        attentions = attention_maps(explainer, gens[0])
+        attentions = attention_maps(explainer.runner, gens[0])
         shown = readable_tokens(gens[0].tokens, gens[0].meta)
         _write(args.head_view, attention_view_html(shown, attentions, gens[0].special,
                                                    title=f"attention of {model}: prompt + continuation"))

@@ -60,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
                                   root=args.data_root)
     device, dtype = placement(args)
     ex = Explainer.from_pretrained(args.model, device=device, dtype=dtype)
-    jobs = [prepare_job(ex, e.context, e.query, answer=e.answer, sources=[(s.start, s.end) for s in e.sources],
+    jobs = [prepare_job(ex.runner, e.context, e.query, answer=e.answer, sources=[(s.start, s.end) for s in e.sources],
                         memory_budget=budget) for e in examples]
     with tqdm(total=len(jobs), desc="fitting prompts", unit="prompt") as bar:
-        record = fit_at2(ex, jobs, n_ablations=args.n_ablations, seed=args.seed, progress=bar.update)
+        record = fit_at2(ex.runner, jobs, n_ablations=args.n_ablations, seed=args.seed, progress=bar.update)
     record["fit"].update({"data": "SQuAD v1.1 dev, articles at even positions", "sources": args.sources,
                           "distractors": args.distractors})
     save_weights(record, out)

@@ -8,7 +8,7 @@ scalar the result equals the sum of the per-token explanations (the tests compar
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,22 +20,20 @@ from . import engine
 from .batching import keeps_logits
 from .encoding import Encoded
 from .memory import model_dims, parse_budget, shared_pass_row_bytes
+from .model_runner import ModelRunner
 from .modelstate import explaining
-
-if TYPE_CHECKING:
-    from ..explainer import Explainer
 
 __all__ = ["answer_logprobs", "explain_answer"]
 
 
-def _check_lm(ex: Explainer) -> None:
-    if not isinstance(ex.head, LMHead) or isinstance(ex.head, Seq2SeqLMHead):
-        raise ModelError(f"explaining an answer needs a decoder-only language model (…ForCausalLM); {ex.name} is "
-                         f"{ex.head.kind}")
+def _check_lm(runner: ModelRunner) -> None:
+    if not isinstance(runner.head, LMHead) or isinstance(runner.head, Seq2SeqLMHead):
+        raise ModelError(f"explaining an answer needs a decoder-only language model (…ForCausalLM); {runner.name} "
+                         f"is {runner.head.kind}")
 
 
 def explain_answer(
-    ex: Explainer,
+    runner: ModelRunner,
     prompt_ids: Sequence[int],
     answer_ids: Sequence[int],
     methods: str | Sequence[str] | None = "all",
@@ -51,32 +49,32 @@ def explain_answer(
     the tokens prompt + answer (``target`` = the answer's token span ``[start, end)``; ``probabilities`` = each
     answer token's probability; ``meta["answer_logprob"]`` their summed log-probability). ``text``/``offsets``:
     the input's text and each token's character span in it, kept in the explanation."""
-    _check_lm(ex)
+    _check_lm(runner)
     prompt_ids, answer_ids = [int(i) for i in prompt_ids], [int(i) for i in answer_ids]
     if not prompt_ids:
         raise InputError("the prompt is empty")
     if not answer_ids:
         raise InputError("the answer is empty: give at least one token to explain")
     n = len(prompt_ids) + len(answer_ids)
-    if n > ex.max_length:
+    if n > runner.max_length:
         raise InputError(f"prompt ({len(prompt_ids)} tokens) + answer ({len(answer_ids)}) is longer than the "
-                         f"model's maximum of {ex.max_length} tokens")
-    head = AnswerHead(ex.head.vocab_size, ex.head.decode or (lambda i: decode_token(ex.tokenizer, i)))
-    runner = ex._with_head(head)
-    specs, method_options = engine.select_methods(runner, methods, "answer", target_kind, options)
+                         f"model's maximum of {runner.max_length} tokens")
+    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)))
+    answer_runner = runner.with_head(head)
+    specs, method_options = engine.select_methods(answer_runner, methods, "answer", target_kind, options)
     ids = prompt_ids + answer_ids
-    special_ids = set(getattr(ex.tokenizer, "all_special_ids", []) or [])
+    special_ids = set(getattr(runner.tokenizer, "all_special_ids", []) or [])
     encoded = Encoded(text=text, ids=ids, type_ids=None, special=[i in special_ids for i in ids],
-                      tokens=ex.tokenizer.convert_ids_to_tokens(ids), word_ids=None, sequence_ids=None,
+                      tokens=runner.tokenizer.convert_ids_to_tokens(ids), word_ids=None, sequence_ids=None,
                       offsets=None if offsets is None else [tuple(o) for o in offsets])
-    (exp,) = engine.explain_all(runner, [encoded], [answer_labels(len(prompt_ids), answer_ids)], specs,
+    (exp,) = engine.explain_all(answer_runner, [encoded], [answer_labels(len(prompt_ids), answer_ids)], specs,
                                 method_options, target_kind, 1, progress, parse_budget(memory_budget))
     return exp
 
 
 @torch.no_grad()
 def answer_logprobs(
-    ex: Explainer,
+    runner: ModelRunner,
     prompts: Sequence[Sequence[int]],
     answer_ids: Sequence[int],
     *,
@@ -92,24 +90,24 @@ def answer_logprobs(
 
     Batches are left-padded with explicit positions, so every row's answer ends the batch and only the answer's
     positions are projected onto the vocabulary (``logits_to_keep``) where the model allows it."""
-    _check_lm(ex)
-    head = AnswerHead(ex.head.vocab_size)
+    _check_lm(runner)
+    head = AnswerHead(runner.head.vocab_size)
     answer = [int(i) for i in answer_ids]
     k = len(answer)
     budget = parse_budget(memory_budget)
-    dims = model_dims(ex.model)
-    keeps = keeps_logits(ex.model)
+    dims = model_dims(runner.model)
+    keeps = keeps_logits(runner.model)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out = np.zeros(len(prompts), dtype=np.float64)
     first = 0
-    with explaining(ex.model, "sdpa"):
+    with explaining(runner.model, "sdpa"):
         while first < len(order):
             n = len(prompts[order[min(first + batch_size, len(order)) - 1]]) + k
             # a forward without attention maps or gradients holds about a third of what a shared pass does
             fit = max(1, int(budget // max(1, shared_pass_row_bytes(dims, n) // 3)))
             idx = order[first: first + min(batch_size, fit)]
             width = max(len(prompts[i]) for i in idx) + k
-            ids = torch.full((len(idx), width), int(ex.pad_id), dtype=torch.long)
+            ids = torch.full((len(idx), width), int(runner.pad_id), dtype=torch.long)
             attention = torch.zeros((len(idx), width), dtype=torch.long)
             for b, i in enumerate(idx):
                 seq = list(prompts[i]) + answer
@@ -120,9 +118,9 @@ def answer_logprobs(
             for b, i in enumerate(idx):
                 real[b, width - len(prompts[i]) - k:] = 1
             positions = (torch.cumsum(real, 1) - 1).clamp_min(0)  # a hidden token keeps its position
-            logits = ex.model(input_ids=ids.to(ex.device), attention_mask=attention.to(ex.device),
-                              position_ids=positions.to(ex.device), **({"logits_to_keep": k + 1} if keeps else {})
-                              ).logits[:, -(k + 1):]
+            logits = runner.model(input_ids=ids.to(runner.device), attention_mask=attention.to(runner.device),
+                                  position_ids=positions.to(runner.device),
+                                  **({"logits_to_keep": k + 1} if keeps else {})).logits[:, -(k + 1):]
             labels = torch.tensor([[*answer, -1]] * len(idx), device=logits.device)  # last position reads nothing
             out[idx] = head.scalar(logits, labels, "loss", real).double().cpu().numpy()
             first += len(idx)

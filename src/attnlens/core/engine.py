@@ -7,25 +7,23 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .. import __version__
 from ..errors import InputError
 from ..methods import get_method, resolve_methods
 from ..methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
+from ..version import __version__
 from .batch_state import TARGET_KINDS, BatchContext
 from .capture import run_capture
 from .encoding import Encoded
 from .memory import DEFAULT_BUDGET, budget_chunks, model_dims, shared_pass_row_bytes, warn_when_one_row_exceeds
+from .model_runner import ModelRunner
 from .modelstate import explaining
 from .progress import ExplainProgress, ProgressCallback, planned_passes
-
-if TYPE_CHECKING:
-    from ..explainer import Explainer
 
 
 def _asks_all(methods: str | Sequence[str] | None) -> bool:
@@ -35,7 +33,7 @@ def _asks_all(methods: str | Sequence[str] | None) -> bool:
 
 
 def select_methods(
-    ex: Explainer, methods: str | Sequence[str] | None, target: Any, target_kind: str,
+    runner: ModelRunner, methods: str | Sequence[str] | None, target: Any, target_kind: str,
     options: Mapping[str, Mapping[str, Any]] | None, contrast: bool = False,
 ) -> tuple[list[Method], dict[str, dict[str, Any]]]:
     """The methods to run and their checked options. ``"all"`` skips (with a warning) the methods that do not
@@ -47,7 +45,7 @@ def select_methods(
     requested = list(method_ids)
     specs = [get_method(m) for m in method_ids]
     asked_all = _asks_all(methods)
-    reasons = {s.name: s.unsupported(ex.model, ex.stream, ex.head.task) for s in specs}
+    reasons = {s.name: s.unsupported(runner.model, runner.stream, runner.head.task) for s in specs}
     if contrast:
         reasons.update({s.name: f"{s.name} does not depend on the explained target, so a contrast does not "
                                 "apply to it" for s in specs if not s.class_specific and not reasons[s.name]})
@@ -86,7 +84,7 @@ def warn_per_token_methods(specs: list[Method], methods: str | Sequence[str] | N
 
 
 def explain_all(
-    ex: Explainer, encoded: list[Encoded], targets: list[Any], specs: list[Method],
+    runner: ModelRunner, encoded: list[Encoded], targets: list[Any], specs: list[Method],
     method_options: dict[str, dict[str, Any]], target_kind: str, batch_size: int, progress: bool | ProgressCallback,
     memory_budget: int = DEFAULT_BUDGET,
 ) -> list[Explanation]:
@@ -99,19 +97,19 @@ def explain_all(
     gradients = any(GRADIENTS in s.needs for s in specs)
     results: list[Explanation | None] = [None] * len(encoded)
     lengths = [len(e.ids) for e in encoded]
-    dims = model_dims(ex.model)
+    dims = model_dims(runner.model)
     if gradients and lengths:
         warn_when_one_row_exceeds(dims, max(lengths), memory_budget)
     own = {s.name: planned_passes(method_options.get(s.name, {})) for s in specs if OWN_PASS in s.needs}
     tracker = ExplainProgress(lengths, dims.hidden, own, bar=progress is True,
                               callback=progress if callable(progress) else None)
-    with explaining(ex.model):
+    with explaining(runner.model):
         tracker.start()
         try:
             for idx in budget_chunks(lengths, batch_size, memory_budget, lambda n: shared_pass_row_bytes(dims, n)):
                 batch = [encoded[i] for i in idx]
                 tracker.begin_batch(idx)
-                for i, exp in zip(idx, explain_batch(ex, batch, [targets[i] for i in idx], specs, method_options,
+                for i, exp in zip(idx, explain_batch(runner, batch, [targets[i] for i in idx], specs, method_options,
                                                      target_kind, gradients, memory_budget, tracker), strict=True):
                     results[i] = exp
                 tracker.end_batch()
@@ -120,29 +118,29 @@ def explain_all(
     return results  # type: ignore[return-value]
 
 
-def batch_context(ex: Explainer, batch: list[Encoded], target_kind: str) -> BatchContext:
+def batch_context(runner: ModelRunner, batch: list[Encoded], target_kind: str) -> BatchContext:
     """The padded inputs and masks of one batch (targets are filled in by :func:`compute_batch`)."""
-    inputs, token_mask = ex._inputs([e.ids for e in batch], [e.type_ids for e in batch])
+    inputs, token_mask = runner.inputs([e.ids for e in batch], [e.type_ids for e in batch])
     special = torch.zeros_like(token_mask, dtype=torch.bool)
     for b, e in enumerate(batch):
         special[b, : len(e.special)] = torch.tensor(e.special)
     return BatchContext(
-        model=ex.model,
-        adapter=ex.adapter,
+        model=runner.model,
+        adapter=runner.adapter,
         inputs=inputs,
         token_mask=token_mask,
         special_mask=special,
         targets=torch.zeros(len(batch), dtype=torch.long),
         target_kind=target_kind,
-        stream=ex.stream,
-        tokenizer=ex.tokenizer,
-        head=ex.head,
-        answer_mask=ex.head.answer_mask(batch, token_mask),
+        stream=runner.stream,
+        tokenizer=runner.tokenizer,
+        head=runner.head,
+        answer_mask=runner.head.answer_mask(batch, token_mask),
     )
 
 
 def compute_batch(
-    ex: Explainer, batch: list[Encoded], targets: list[Any], specs: list[Any],
+    runner: ModelRunner, batch: list[Encoded], targets: list[Any], specs: list[Any],
     method_options: dict[str, dict[str, Any]], target_kind: str = "logit", gradients: bool | None = None,
     ctx: BatchContext | None = None, memory_budget: int = DEFAULT_BUDGET, tracker: ExplainProgress | None = None,
 ) -> tuple[BatchContext, dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
@@ -150,26 +148,26 @@ def compute_batch(
     padding positions are exactly zero. ``targets`` are the head's resolved targets (negative: predicted).
     ``ctx``: the batch's inputs when they are not :func:`batch_context`'s (a seq2seq generation step adds the
     decoder's, a decoder-only generation the one sequence its rows are prefixes of, ``ctx.sequence``); its adapter
-    and head must be ``ex``'s. Per-input figures the methods report are in ``ctx.meta``.
+    and head must be ``runner``'s. Per-input figures the methods report are in ``ctx.meta``.
     ``tracker`` hears of each finished step."""
     if gradients is None:
         gradients = any(GRADIENTS in s.needs for s in specs)
-    head = ex.head
-    ctx = ctx or batch_context(ex, batch, target_kind)
+    head = runner.head
+    ctx = ctx or batch_context(runner, batch, target_kind)
     ctx.memory_budget = memory_budget
     ctx.plan = {s.name: {**s.options, **method_options.get(s.name, {})} for s in specs}
     capture_only = [s for s in specs if OWN_PASS not in s.needs]
     wanted, unresolved = head.pending(targets, ctx.token_mask.device)
     if gradients and bool(unresolved.any()) and not bool(unresolved.all()):
         # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
-        with torch.no_grad(), explaining(ex.model):
-            logits = head.logits(ex.model(**ctx.inputs))
+        with torch.no_grad(), explaining(runner.model):
+            logits = head.logits(runner.model(**ctx.inputs))
         wanted = head.resolve(wanted, unresolved, logits, ctx.token_mask, ctx.answer_mask)
         unresolved = torch.zeros_like(unresolved)
-    with explaining(ex.model), ex._head_without_padding(ctx.token_mask):
+    with explaining(runner.model), runner.head_without_padding(ctx.token_mask):
         keep, differentiate = capture_request(specs)
         capture, _ = run_capture(
-            ex.model, ex.adapter, ctx.inputs, ctx.token_mask, ex.stream,
+            runner.model, runner.adapter, ctx.inputs, ctx.token_mask, runner.stream,
             None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=head,
             answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate, sequence=ctx.sequence,
         )
@@ -196,9 +194,9 @@ def compute_batch(
             scores, layers = result.scores.detach(), None if result.layers is None else result.layers.detach()
             if result.space == "keys":  # zero keys the explained row cannot see, then map keys to tokens
                 key_mask = capture.key_mask.to(scores.dtype)
-                scores = ex.adapter.keys_to_tokens(scores * key_mask, ex.stream)
-                layers = None if layers is None else ex.adapter.keys_to_tokens(
-                    layers * key_mask[:, None, :], ex.stream)
+                scores = runner.adapter.keys_to_tokens(scores * key_mask, runner.stream)
+                layers = None if layers is None else runner.adapter.keys_to_tokens(
+                    layers * key_mask[:, None, :], runner.stream)
             scores = scores * mask
             layers = None if layers is None else layers * mask[:, None, :]
             out[spec.name] = (scores, layers)
@@ -206,26 +204,26 @@ def compute_batch(
 
 
 def explain_batch(
-    ex: Explainer, batch: list[Encoded], targets: list[Any], specs: list[Any],
+    runner: ModelRunner, batch: list[Encoded], targets: list[Any], specs: list[Any],
     method_options: dict[str, dict[str, Any]], target_kind: str, gradients: bool,
     memory_budget: int = DEFAULT_BUDGET, tracker: ExplainProgress | None = None,
 ) -> list[Explanation]:
     """One :class:`Explanation` per input of one batch."""
-    ctx, out = compute_batch(ex, batch, targets, specs, method_options, target_kind, gradients,
+    ctx, out = compute_batch(runner, batch, targets, specs, method_options, target_kind, gradients,
                              memory_budget=memory_budget, tracker=tracker)
-    head = ex.head
+    head = runner.head
     shown = head.shown(ctx.capture.logits, ctx.token_mask, ctx.targets)
     predicted = head.prediction(ctx.capture.logits, ctx.token_mask, ctx.answer_mask)
     chosen = ctx.targets.cpu().tolist()
-    labels = ex.labels or None
+    labels = runner.labels or None
     explanations = []
     meta = {
-        "model": ex.name,
-        "family": ex.adapter.family,
-        "attention": ex.stream,
+        "model": runner.name,
+        "family": runner.adapter.family,
+        "attention": runner.stream,
         "target_kind": target_kind,
         **head.meta(),
-        **encoding_meta(ex.tokenizer),
+        **encoding_meta(runner.tokenizer),
         "options": {k: v for k, v in method_options.items() if v},
         "attnlens": __version__,
     }

@@ -17,22 +17,21 @@ continuation greedily (or takes the forced ``target``), explains all steps in ba
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .. import __version__
 from ..errors import InputError, ModelError
 from ..methods.registry import GRADIENTS, OWN_PASS
 from ..models.adapters import EncoderDecoderAdapter, StreamTensors
 from ..models.heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
 from ..results.generation import Generation
 from ..results.tokentext import encoding_meta
+from ..version import __version__
 from . import engine
 from .batch_state import BatchContext
 from .encoding import Encoded, encode
@@ -44,13 +43,11 @@ from .memory import (
     step_gradient_bytes,
     warn_when_one_row_exceeds,
 )
+from .model_runner import ModelRunner
 from .modelstate import explaining
 from .progress import ExplainProgress, ProgressCallback, planned_passes
 
-if TYPE_CHECKING:
-    from ..explainer import Explainer
-
-__all__ = ["explain_generation", "greedy", "attention_maps"]
+__all__ = ["explain_generation", "greedy", "attention_maps", "encode_prompt", "token_ids_of"]
 
 # Decoder-only steps share one forward over the sequence (BatchContext.sequence). False: each step's row runs
 # its own forward over its prefix (the same numbers, up to rounding; the tests compare the two).
@@ -58,7 +55,7 @@ ONE_PASS = True
 
 
 def explain_generation(
-    ex: Explainer,
+    runner: ModelRunner,
     prompt: str,
     methods: str | Sequence[str] | None = "all",
     *,
@@ -73,46 +70,46 @@ def explain_generation(
     progress: bool | ProgressCallback = False,
 ) -> Generation:
     """See :meth:`attnlens.Explainer.explain_generation`."""
-    head = ex.head
+    head = runner.head
     if not isinstance(head, LMHead):
         raise ModelError(f"explain_generation needs a language model (…ForCausalLM, …ForConditionalGeneration); "
-                         f"{ex.name} is {head.kind}: use explain() for it")
+                         f"{runner.name} is {head.kind}: use explain() for it")
     seq2seq = isinstance(head, Seq2SeqLMHead)
-    decoder_stream = seq2seq and ex.stream == "decoder"  # scores over the continuation instead of the prompt
+    decoder_stream = seq2seq and runner.stream == "decoder"  # scores over the continuation instead of the prompt
     if not isinstance(prompt, str) or not prompt.strip():
         raise InputError("the prompt is empty: give the text the model should continue")
     _check_count("max_new_tokens", max_new_tokens)
-    size = ex._effective_batch_size(batch_size)
+    size = runner.effective_batch_size(batch_size)
     budget = parse_budget(memory_budget)
-    specs, method_options = engine.select_methods(ex, methods, target or "generated", target_kind, options,
+    specs, method_options = engine.select_methods(runner, methods, target or "generated", target_kind, options,
                                                   contrast is not None)
     if decoder_stream:
         specs = _decoder_stream_methods(specs, methods)
 
-    prompt_ids, template = _prompt_ids(ex, prompt, chat)
+    prompt_ids, template = encode_prompt(runner, prompt, chat)
     forced = target is not None
     if not forced:
-        max_new_tokens = capped_new_tokens(ex, len(prompt_ids), max_new_tokens)
-    generated = (_token_ids(ex, target, "target") if forced
-                 else greedy(ex, prompt_ids, max_new_tokens, bar=progress is True))
-    contrast_ids = None if contrast is None else _token_ids(ex, contrast, "contrast")
+        max_new_tokens = capped_new_tokens(runner, len(prompt_ids), max_new_tokens)
+    generated = (token_ids_of(runner, target, "target") if forced
+                 else greedy(runner, prompt_ids, max_new_tokens, bar=progress is True))
+    contrast_ids = None if contrast is None else token_ids_of(runner, contrast, "contrast")
     if contrast_ids is not None and len(contrast_ids) != len(generated):
         raise InputError(f"contrast has {len(contrast_ids)} token(s) but the explained continuation has "
                          f"{len(generated)}: give one contrast token per generated token (step t contrasts "
                          "token t)")
     # a decoder-only model reads prompt + continuation; an encoder-decoder's decoder reads start + continuation
     longest = len(generated) + 1 if seq2seq else len(prompt_ids) + len(generated)
-    if longest > ex.max_length:
+    if longest > runner.max_length:
         raise InputError(f"prompt ({len(prompt_ids)} tokens) + continuation ({len(generated)}) is longer than the "
-                         f"model's maximum of {ex.max_length} tokens")
+                         f"model's maximum of {runner.max_length} tokens")
 
     gradients = any(GRADIENTS in s.needs for s in specs)
-    size = _steps_per_batch(ex, len(prompt_ids) + len(generated) + (1 if seq2seq else 0), size, budget, gradients,
+    size = _steps_per_batch(runner, len(prompt_ids) + len(generated) + (1 if seq2seq else 0), size, budget, gradients,
                             one_pass=ONE_PASS and not seq2seq)
 
-    special_ids = set(getattr(ex.tokenizer, "all_special_ids", []) or [])
+    special_ids = set(getattr(runner.tokenizer, "all_special_ids", []) or [])
     ids = prompt_ids + generated
-    tokens = ex.tokenizer.convert_ids_to_tokens(ids)
+    tokens = runner.tokenizer.convert_ids_to_tokens(ids)
     special = [i in special_ids for i in ids]
     n_prompt, n_steps = len(prompt_ids), len(generated)
     # decoder-only: step t is the prefix prompt + generated[:t]; seq2seq: the prompt (the decoder is added below)
@@ -125,7 +122,7 @@ def explain_generation(
     scores = {s.name: np.zeros((n_steps, n_prompt + n_steps)) for s in specs}
     probabilities, predicted, contrast_probs = [0.0] * n_steps, [0] * n_steps, [0.0] * n_steps
     figures: dict[str, dict[str, list[Any]]] = {}  # per-step figures a method reports (IG's completeness gap)
-    tracker = ExplainProgress([n_prompt + t for t in range(n_steps)], model_dims(ex.model).hidden,
+    tracker = ExplainProgress([n_prompt + t for t in range(n_steps)], model_dims(runner.model).hidden,
                               {s.name: planned_passes(method_options.get(s.name, {})) for s in specs
                                if OWN_PASS in s.needs},
                               bar=progress is True, callback=progress if callable(progress) else None,
@@ -135,18 +132,18 @@ def explain_generation(
         rows = list(range(first, min(first + size, n_steps)))
         tracker.begin_batch(rows)
         if seq2seq:
-            runner, ctx, targets = _seq2seq_batch(ex, prompt_only, generated, rows, contrast_ids, target_kind)
+            rows_runner, ctx, targets = _seq2seq_batch(runner, prompt_only, generated, rows, contrast_ids, target_kind)
             batch = [prompt_only] * len(rows)
         else:
-            runner, batch = ex, [steps[t] for t in rows]
+            rows_runner, batch = runner, [steps[t] for t in rows]
             targets = [generated[t] for t in rows]
             if contrast_ids is not None:  # (token, contrast) pairs: each step has its own contrast
-                runner = ex._with_head(ContrastHead(head))
+                rows_runner = runner.with_head(ContrastHead(head))
                 targets = [(generated[t], contrast_ids[t]) for t in rows]
-            ctx = engine.batch_context(runner, batch, target_kind)
+            ctx = engine.batch_context(rows_runner, batch, target_kind)
             if ONE_PASS:  # every row is a prefix of the longest: one forward over it serves them all
-                ctx.sequence = ex._inputs([steps[rows[-1]].ids])[0]
-        ctx, out = engine.compute_batch(runner, batch, targets, specs, method_options, target_kind, gradients,
+                ctx.sequence = runner.inputs([steps[rows[-1]].ids])[0]
+        ctx, out = engine.compute_batch(rows_runner, batch, targets, specs, method_options, target_kind, gradients,
                                         ctx=ctx, memory_budget=budget, tracker=tracker)
         logits = (head.at(ctx.capture.logits, ctx.targets) if seq2seq
                   else head.last(ctx.capture.logits, ctx.token_mask))
@@ -169,8 +166,8 @@ def explain_generation(
     tracker.close()
 
     meta = {
-        "model": ex.name, "family": ex.adapter.family, "attention": ex.stream, "target_kind": target_kind,
-        **head.meta(), **encoding_meta(ex.tokenizer), "chat_template": template,
+        "model": runner.name, "family": runner.adapter.family, "attention": runner.stream, "target_kind": target_kind,
+        **head.meta(), **encoding_meta(runner.tokenizer), "chat_template": template,
         "max_new_tokens": None if forced else max_new_tokens,
         "generated_special": special[n_prompt:],
         "options": {k: v for k, v in method_options.items() if v}, "attnlens": __version__,
@@ -179,19 +176,19 @@ def explain_generation(
     return Generation(
         prompt=prompt, prompt_tokens=tokens[:n_prompt], prompt_ids=prompt_ids,
         prompt_special=special[:n_prompt], generated_tokens=tokens[n_prompt:],
-        generated_ids=generated, generated=[decode_token(ex.tokenizer, i) for i in generated],
+        generated_ids=generated, generated=[decode_token(runner.tokenizer, i) for i in generated],
         scores=scores, probabilities=probabilities, predicted_ids=predicted, contrast_ids=contrast_ids,
         contrast_probabilities=None if contrast_ids is None else contrast_probs, forced=forced, meta=meta,
     )
 
 
-def _steps_per_batch(ex: Explainer, n: int, size: int, budget: int, gradients: bool, one_pass: bool) -> int:
+def _steps_per_batch(runner: ModelRunner, n: int, size: int, budget: int, gradients: bool, one_pass: bool) -> int:
     """How many of ``size`` steps one batch takes so that its pass over ``n`` tokens fits ``budget``: steps sharing
     one forward (``one_pass``) add their gradients each; otherwise each is a whole forward+backward. Without
     gradients a forward keeps little: ``size``. A sequence over the budget on its own runs alone, with a warning."""
     if not gradients:
         return size
-    dims = model_dims(ex.model)
+    dims = model_dims(runner.model)
     warn_when_one_row_exceeds(dims, n, budget, what="a generation", alone="its steps run one at a time",
                               stacklevel=4)
     first = shared_pass_row_bytes(dims, n)
@@ -232,22 +229,20 @@ class _Seq2SeqSteps(EncoderDecoderAdapter):
         return values  # decoder stream: the token space is the decoder input itself (see _seq2seq_batch)
 
 
-def _seq2seq_batch(ex: Explainer, prompt: Encoded, generated: list[int], rows: list[int],
-                   contrast_ids: list[int] | None, target_kind: str) -> tuple[Explainer, BatchContext, list[Any]]:
-    """The explainer, inputs and targets of seq2seq generation steps ``rows``: the prompt in the encoder,
+def _seq2seq_batch(runner: ModelRunner, prompt: Encoded, generated: list[int], rows: list[int],
+                   contrast_ids: list[int] | None, target_kind: str) -> tuple[ModelRunner, BatchContext, list[Any]]:
+    """The runner, inputs and targets of seq2seq generation steps ``rows``: the prompt in the encoder,
     start token + the continuation up to the last row's step in the decoder, target triples (token, decoder
     position, contrast or -1)."""
-    positions = torch.tensor(rows)
-    runner = copy.copy(ex)
-    runner.adapter = _Seq2SeqSteps(positions)
-    ctx = engine.batch_context(runner, [prompt] * len(rows), target_kind)
-    decoder = [_decoder_start(ex)] + generated[: rows[-1]]
-    ctx.inputs["decoder_input_ids"] = torch.tensor([decoder] * len(rows), device=ex.device)
-    if ex.stream == "decoder":  # scores over the decoder input: start token + continuation (placed by the caller)
-        ctx.token_mask = torch.ones(len(rows), len(decoder), dtype=ctx.token_mask.dtype, device=ex.device)
+    rows_runner = runner.with_adapter(_Seq2SeqSteps(torch.tensor(rows)))
+    ctx = engine.batch_context(rows_runner, [prompt] * len(rows), target_kind)
+    decoder = [_decoder_start(runner)] + generated[: rows[-1]]
+    ctx.inputs["decoder_input_ids"] = torch.tensor([decoder] * len(rows), device=runner.device)
+    if runner.stream == "decoder":  # scores over the decoder input: start token + continuation (placed by the caller)
+        ctx.token_mask = torch.ones(len(rows), len(decoder), dtype=ctx.token_mask.dtype, device=runner.device)
         ctx.special_mask = torch.zeros_like(ctx.token_mask, dtype=torch.bool)
     targets = [(generated[t], t, -1 if contrast_ids is None else contrast_ids[t]) for t in rows]
-    return runner, ctx, targets
+    return rows_runner, ctx, targets
 
 
 def _decoder_stream_methods(specs: list[Any], methods: Any) -> list[Any]:
@@ -267,57 +262,57 @@ def _decoder_stream_methods(specs: list[Any], methods: Any) -> list[Any]:
     return [s for s in specs if s.name not in bad]
 
 
-def _decoder_start(ex: Explainer) -> int:
-    start = getattr(ex.model.config, "decoder_start_token_id", None)
+def _decoder_start(runner: ModelRunner) -> int:
+    start = getattr(runner.model.config, "decoder_start_token_id", None)
     if start is None:
-        raise ModelError(f"{type(ex.model).__name__} has no decoder_start_token_id in its config: set it to "
+        raise ModelError(f"{type(runner.model).__name__} has no decoder_start_token_id in its config: set it to "
                          "generate")
     return int(start)
 
 
-def room_to_generate(ex: Explainer, n_prompt: int) -> int:
+def room_to_generate(runner: ModelRunner, n_prompt: int) -> int:
     """How many tokens the model's window leaves for a continuation of a prompt of ``n_prompt`` tokens (an
     encoder-decoder's decoder: its window less the start token)."""
-    if isinstance(ex.head, Seq2SeqLMHead):
-        return ex.max_length - 1
-    return ex.max_length - n_prompt
+    if isinstance(runner.head, Seq2SeqLMHead):
+        return runner.max_length - 1
+    return runner.max_length - n_prompt
 
 
-def capped_new_tokens(ex: Explainer, n_prompt: int, max_new_tokens: int) -> int:
+def capped_new_tokens(runner: ModelRunner, n_prompt: int, max_new_tokens: int) -> int:
     """``max_new_tokens``, or what the model's window allows after the prompt when that is fewer, with one warning
     line (a continuation past the window would have positions the model never learnt)."""
-    room = room_to_generate(ex, n_prompt)
+    room = room_to_generate(runner, n_prompt)
     if 1 <= room < max_new_tokens:
-        warnings.warn(f"max_new_tokens={max_new_tokens} is more than the model's window of {ex.max_length} tokens "
+        warnings.warn(f"max_new_tokens={max_new_tokens} is more than the model's window of {runner.max_length} tokens "
                       f"leaves after the {n_prompt}-token prompt: generating at most {room}", stacklevel=4)
         return room
     return max_new_tokens
 
 
 @torch.no_grad()
-def greedy(ex: Explainer, prompt_ids: list[int], max_new_tokens: int, *, bar: bool = False) -> list[int]:
+def greedy(runner: ModelRunner, prompt_ids: list[int], max_new_tokens: int, *, bar: bool = False) -> list[int]:
     """The greedy continuation (argmax at every step, no sampling or logits processors) of at most
     ``max_new_tokens`` tokens (and at most what the model's window leaves), stopping after an end-of-sequence
     token; key/value cache reused between steps. ``bar``: a progress bar per generated token, with an ETA."""
-    eos = eos_ids(ex)
-    room = room_to_generate(ex, len(prompt_ids))
+    eos = eos_ids(runner)
+    room = room_to_generate(runner, len(prompt_ids))
     if room < 1:
         raise InputError(f"the prompt has {len(prompt_ids)} tokens: no room to generate within the model's "
-                         f"maximum of {ex.max_length}")
-    with explaining(ex.model), tqdm(total=min(max_new_tokens, room), desc="generating", unit="token",
+                         f"maximum of {runner.max_length}")
+    with explaining(runner.model), tqdm(total=min(max_new_tokens, room), desc="generating", unit="token",
                                     disable=not bar, leave=False) as shown:
-        return _greedy_steps(ex, prompt_ids, min(max_new_tokens, room), eos, shown.update)
+        return _greedy_steps(runner, prompt_ids, min(max_new_tokens, room), eos, shown.update)
 
 
-def _greedy_steps(ex: Explainer, prompt_ids: list[int], n: int, eos: set[int], step: Any) -> list[int]:
+def _greedy_steps(runner: ModelRunner, prompt_ids: list[int], n: int, eos: set[int], step: Any) -> list[int]:
     """The greedy loop of :func:`greedy` (``n`` tokens at most); ``step(1)`` after every token."""
-    ids = torch.tensor([prompt_ids], device=ex.device)
-    if isinstance(ex.head, Seq2SeqLMHead):  # encode once; the short decoder input is re-run every step
-        encoded = ex.model.get_encoder()(input_ids=ids, attention_mask=torch.ones_like(ids))
-        decoder = [_decoder_start(ex)]
+    ids = torch.tensor([prompt_ids], device=runner.device)
+    if isinstance(runner.head, Seq2SeqLMHead):  # encode once; the short decoder input is re-run every step
+        encoded = runner.model.get_encoder()(input_ids=ids, attention_mask=torch.ones_like(ids))
+        decoder = [_decoder_start(runner)]
         for _ in range(n):
-            logits = ex.model(encoder_outputs=encoded, attention_mask=torch.ones_like(ids),
-                              decoder_input_ids=torch.tensor([decoder], device=ex.device)).logits
+            logits = runner.model(encoder_outputs=encoded, attention_mask=torch.ones_like(ids),
+                                  decoder_input_ids=torch.tensor([decoder], device=runner.device)).logits
             decoder.append(int(logits[0, -1].argmax()))
             step(1)
             if decoder[-1] in eos:
@@ -326,49 +321,49 @@ def _greedy_steps(ex: Explainer, prompt_ids: list[int], n: int, eos: set[int], s
     out: list[int] = []
     past = None
     for _ in range(n):
-        result = ex.model(input_ids=ids, past_key_values=past, use_cache=True)
+        result = runner.model(input_ids=ids, past_key_values=past, use_cache=True)
         past = result.past_key_values
         token = int(result.logits[0, -1].argmax())
         out.append(token)
         step(1)
         if token in eos:
             break
-        ids = torch.tensor([[token]], device=ex.device)
+        ids = torch.tensor([[token]], device=runner.device)
     return out
 
 
-def eos_ids(ex: Explainer) -> set[int]:
+def eos_ids(runner: ModelRunner) -> set[int]:
     """The token ids that end a generation (the model's generation config, config and tokenizer)."""
     found: set[int] = set()
-    for source in (getattr(ex.model, "generation_config", None), ex.model.config, ex.tokenizer):
+    for source in (getattr(runner.model, "generation_config", None), runner.model.config, runner.tokenizer):
         value = getattr(source, "eos_token_id", None)
         if value is not None:
             found.update([value] if isinstance(value, int) else value)
     return found
 
 
-def _prompt_ids(ex: Explainer, prompt: str, chat: bool) -> tuple[list[int], bool]:
+def encode_prompt(runner: ModelRunner, prompt: str, chat: bool) -> tuple[list[int], bool]:
     """The prompt's token ids (with the tokenizer's special tokens, or through its chat template)."""
     if not chat:
-        n = len(ex.tokenizer(prompt)["input_ids"])
-        if n > ex.max_length:
-            raise InputError(f"the prompt has {n} tokens, more than the model's maximum of {ex.max_length}")
-        (e,) = encode(ex.tokenizer, ex.model, prompt, ex.max_length, truncation=False)
+        n = len(runner.tokenizer(prompt)["input_ids"])
+        if n > runner.max_length:
+            raise InputError(f"the prompt has {n} tokens, more than the model's maximum of {runner.max_length}")
+        (e,) = encode(runner.tokenizer, runner.model, prompt, runner.max_length, truncation=False)
         return e.ids, False
-    if not getattr(ex.tokenizer, "chat_template", None):
+    if not getattr(runner.tokenizer, "chat_template", None):
         raise InputError("the tokenizer has no chat template: drop chat=True (--chat) for this model")
-    ids = ex.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+    ids = runner.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                            tokenize=True)
     if isinstance(ids, Mapping) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(i) for i in ids], True
 
 
-def _token_ids(ex: Explainer, value: str | Sequence[int], what: str) -> list[int]:
+def token_ids_of(runner: ModelRunner, value: str | Sequence[int], what: str) -> list[int]:
     """A forced continuation or contrast as token ids: text (tokenized without special tokens) or ids."""
-    rows = ex.model.get_input_embeddings().num_embeddings
+    rows = runner.model.get_input_embeddings().num_embeddings
     if isinstance(value, str):
-        ids = list(ex.tokenizer(value, add_special_tokens=False)["input_ids"])
+        ids = list(runner.tokenizer(value, add_special_tokens=False)["input_ids"])
         if not ids:
             raise InputError(f"{what}={value!r} tokenizes to nothing: give the text of at least one token")
         return [int(i) for i in ids]
@@ -384,17 +379,17 @@ def _check_count(name: str, value: Any) -> None:
 
 
 @torch.no_grad()
-def attention_maps(ex: Explainer, g: Generation) -> np.ndarray:
+def attention_maps(runner: ModelRunner, g: Generation) -> np.ndarray:
     """Attention probabilities ``(L, H, N, N)`` of the explained stream over the whole prompt + continuation of
     ``g`` (one forward pass), for the head view."""
     from ..core.capture import run_capture
     from ..methods.registry import ATTENTION
 
-    if isinstance(ex.head, Seq2SeqLMHead):
+    if isinstance(runner.head, Seq2SeqLMHead):
         raise InputError("the head view of a generation shows one self-attention over prompt + continuation: "
                          "decoder-only models only (an encoder-decoder's streams split them)")
-    inputs, mask = ex._inputs([g.prompt_ids + g.generated_ids])
-    with explaining(ex.model):
-        capture, _ = run_capture(ex.model, ex.adapter, inputs, mask, ex.stream, None, "logit", gradients=False,
-                                 head=ex.head, keep={ATTENTION})
+    inputs, mask = runner.inputs([g.prompt_ids + g.generated_ids])
+    with explaining(runner.model):
+        capture, _ = run_capture(runner.model, runner.adapter, inputs, mask, runner.stream, None, "logit",
+                                 gradients=False, head=runner.head, keep={ATTENTION})
     return torch.stack(capture.attentions, 0)[:, 0].float().cpu().numpy()

@@ -82,7 +82,7 @@ def _lds(masks: np.ndarray, actual: np.ndarray, scores: np.ndarray) -> float:
 def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenchmarkConfig,
                      external: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """One example's record: per method its scores and metrics, and the ablations' ground truth."""
-    job = prepare_job(ex, example.context, example.query, answer=example.answer,
+    job = prepare_job(ex.runner, example.context, example.query, answer=example.answer,
                       sources=[(s.start, s.end) for s in example.sources], ablation=config.ablation,
                       memory_budget=config.memory_budget)
     scores, _, figures = score_job(job, list(config.methods), config.options)

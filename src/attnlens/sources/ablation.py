@@ -16,17 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..core.answer_engine import answer_logprobs
+from ..core.model_runner import ModelRunner
 from ..errors import InputError
 from ..results.context_attribution import Source
 from .prompt import Prompt, with_context
-
-if TYPE_CHECKING:
-    from ..explainer import Explainer
 
 __all__ = ["ABLATIONS", "CiteJob", "ablated_context", "ablation_logprobs", "random_masks"]
 
@@ -38,7 +36,7 @@ class CiteJob:
     """One answer to attribute: what every source-level method reads.
 
     Attributes:
-        ex: the explainer (a causal language model).
+        runner: the model and its facts (a causal language model): :class:`~attnlens.core.model_runner.ModelRunner`.
         context: the context; ``sources`` its sources.
         prompt: the tokenized prompt; ``token_source`` each prompt token's source (-1: none).
         prefix_ids: token ids between the prompt and the explained answer tokens (the answer's own earlier
@@ -53,7 +51,7 @@ class CiteJob:
         cache: shared between methods (the full prompt's log-probability, ablation results).
     """
 
-    ex: Explainer
+    runner: ModelRunner
     context: str
     sources: list[Source]
     prompt: Prompt
@@ -104,7 +102,7 @@ def ablation_logprobs(job: CiteJob, keep: np.ndarray) -> np.ndarray:
                 ids = job.prompt.ids
             else:
                 p = job.prompt
-                ids = with_context(job.ex.tokenizer, p.prefix, ablated_context(job.context, job.sources, row),
+                ids = with_context(job.runner.tokenizer, p.prefix, ablated_context(job.context, job.sources, row),
                                    p.suffix, p.chat).ids
             prompts.append(ids + job.prefix_ids)
     elif job.ablation == "mask":
@@ -116,7 +114,7 @@ def ablation_logprobs(job: CiteJob, keep: np.ndarray) -> np.ndarray:
             masks.append([0 if h else 1 for h in hidden] + [1] * len(job.prefix_ids))
     else:
         raise InputError(f"ablation={job.ablation!r}; choose one of {', '.join(ABLATIONS)}")
-    return answer_logprobs(job.ex, prompts, job.answer_ids, masks=masks, memory_budget=job.memory_budget,
+    return answer_logprobs(job.runner, prompts, job.answer_ids, masks=masks, memory_budget=job.memory_budget,
                            progress=job.progress)
 
 

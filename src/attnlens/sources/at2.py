@@ -15,20 +15,18 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from .. import __version__
+from ..core.model_runner import ModelRunner
 from ..core.modelstate import explaining
 from ..errors import InputError, ModelError
 from ..paths import atomic_write_text
+from ..version import __version__
 from .ablation import CiteJob, ablation_logprobs, random_masks
 from .methods import source_method
-
-if TYPE_CHECKING:
-    from ..explainer import Explainer
 
 __all__ = ["WEIGHTS_DIR", "at2_features", "fit_at2", "load_weights"]
 
@@ -50,7 +48,7 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 def at2_features(job: CiteJob) -> np.ndarray:
     """``(layers × heads, n_sources)``: per head, the mean over the explained answer rows of the attention to each
     source's tokens (one eager forward; each layer's map is reduced as soon as it is computed)."""
-    ex = job.ex
+    runner = job.runner
     ids = job.prompt.ids + job.prefix_ids + job.answer_ids
     first = len(job.prompt.ids) + len(job.prefix_ids) - 1  # the row that predicts the first explained token
     rows = torch.arange(first, first + len(job.answer_ids))
@@ -67,11 +65,11 @@ def at2_features(job: CiteJob) -> np.ndarray:
         feats.index_add_(1, owner[inside], mean[:, inside])
         per_layer.append(feats)
 
-    modules = _attention_modules(ex.model)
-    with explaining(ex.model):  # eager attention: the weights exist
+    modules = _attention_modules(runner.model)
+    with explaining(runner.model):  # eager attention: the weights exist
         handles = [m.register_forward_hook(reduce) for m in modules]
         try:
-            ex.model(input_ids=torch.tensor([ids], device=ex.device))
+            runner.model(input_ids=torch.tensor([ids], device=runner.device))
         finally:
             for h in handles:
                 h.remove()
@@ -84,25 +82,25 @@ def _fingerprint(model: torch.nn.Module) -> dict[str, Any]:
                                              "hidden_size", "vocab_size")}
 
 
-def load_weights(ex: Explainer, path: str | Path | None = None) -> dict[str, Any]:
-    """AT2 weights for ``ex``'s model: from ``path``, or the weights shipped with attnlens for this model
+def load_weights(runner: ModelRunner, path: str | Path | None = None) -> dict[str, Any]:
+    """AT2 weights for ``runner``'s model: from ``path``, or the weights shipped with attnlens for this model
     (SmolLM2-135M-Instruct). :class:`InputError` when there are none or they were fitted on another model."""
     if path is None:
         for candidate in sorted(WEIGHTS_DIR.glob("*.json")):
             data = json.loads(candidate.read_text(encoding="utf-8"))
-            if data["fingerprint"] == _fingerprint(ex.model) and ex.name in data.get("names", []):
+            if data["fingerprint"] == _fingerprint(runner.model) and runner.name in data.get("names", []):
                 return data
-        raise InputError(f"no AT2 weights ship for {ex.name}: fit them with `attnlens fit-at2 --model "
-                         f"{ex.name} --out W.json` and pass options {{'at2': {{'weights': 'W.json'}}}} "
+        raise InputError(f"no AT2 weights ship for {runner.name}: fit them with `attnlens fit-at2 --model "
+                         f"{runner.name} --out W.json` and pass options {{'at2': {{'weights': 'W.json'}}}} "
                          "(--at2-weights W.json)")
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         fingerprint = data["fingerprint"]
     except (OSError, ValueError, KeyError) as err:
         raise InputError(f"at2 weights {path}: not an attnlens AT2 weights file ({err})") from None
-    if fingerprint != _fingerprint(ex.model):
+    if fingerprint != _fingerprint(runner.model):
         raise InputError(f"at2 weights {path} were fitted on another model ({fingerprint}), not on "
-                         f"{_fingerprint(ex.model)}")
+                         f"{_fingerprint(runner.model)}")
     return data
 
 
@@ -110,7 +108,7 @@ def load_weights(ex: Explainer, path: str | Path | None = None) -> dict[str, Any
                "once per model to ablation effects; one forward.", "Cohen-Wang, Chuang & Madry 2025",
                forwards=lambda n, **_: 1, weights=None)
 def at2(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-    data = load_weights(job.ex, weights)
+    data = load_weights(job.runner, weights)
     w = np.asarray(data["weights"], dtype=np.float64).reshape(-1)
     feats = at2_features(job)
     if feats.shape[0] != w.size:
@@ -119,7 +117,7 @@ def at2(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str,
 
 
 def fit_at2(
-    ex: Explainer,
+    runner: ModelRunner,
     jobs: Sequence[CiteJob],
     *,
     n_ablations: int = 32,
@@ -148,11 +146,11 @@ def fit_at2(
     scale = x.std(0) + 1e-12
     fit = RidgeCV(alphas=np.logspace(-3, 4, 15), fit_intercept=False).fit(x / scale, y)
     weights = fit.coef_ / scale
-    config = ex.model.config
+    config = runner.model.config
     layers, heads = int(config.num_hidden_layers), int(config.num_attention_heads)
     return {
-        "fingerprint": _fingerprint(ex.model),
-        "names": [ex.name],
+        "fingerprint": _fingerprint(runner.model),
+        "names": [runner.name],
         "weights": weights.reshape(layers, heads).tolist(),
         "fit": {"prompts": len(jobs), "n_ablations": n_ablations, "keep_probability": keep_probability,
                 "seed": seed, "alpha": float(fit.alpha_), "r2": float(fit.score(x / scale, y)),

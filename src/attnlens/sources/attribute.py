@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from ..core.answer_engine import explain_answer
 from ..core.generation_engine import eos_ids, greedy
 from ..core.memory import parse_budget
+from ..core.model_runner import ModelRunner
 from ..errors import InputError
 from ..methods import resolve_methods
 from ..results.context_attribution import ContextAttribution
+from ..version import __version__
 from .ablation import ABLATIONS, CiteJob
 from .methods import SOURCE_METHODS, check_source_options
 from .prompt import Prompt, build_prompt, token_sources
 from .segment import split_sources
-
-if TYPE_CHECKING:
-    from ..explainer import Explainer
 
 __all__ = ["DEFAULT_METHODS", "attribute_context", "prepare_job", "score_job", "split_methods"]
 
@@ -53,21 +51,21 @@ def split_methods(methods: str | Sequence[str] | None) -> tuple[list[str], list[
     return token, source
 
 
-def _answer_offsets(ex: Explainer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+def _answer_offsets(runner: ModelRunner, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
     """The text of ``ids`` and each token's character span in it (by decoding growing prefixes)."""
     spans, prev = [], 0
     text = ""
     for k in range(1, len(ids) + 1):
-        text = ex.tokenizer.decode(ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = runner.tokenizer.decode(ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         spans.append((prev, len(text)))
         prev = len(text)
     return text, spans
 
 
-def _answer_ids(ex: Explainer, answer: str) -> list[int]:
+def _answer_ids(runner: ModelRunner, answer: str) -> list[int]:
     if not isinstance(answer, str) or not answer:
         raise InputError("the answer is empty: give the text the model answered, or none to generate it")
-    ids = [int(i) for i in ex.tokenizer(answer, add_special_tokens=False)["input_ids"]]
+    ids = [int(i) for i in runner.tokenizer(answer, add_special_tokens=False)["input_ids"]]
     if not ids:
         raise InputError(f"the answer {answer!r} tokenizes to nothing")
     return ids
@@ -88,7 +86,7 @@ def _explained_tokens(offsets: list[tuple[int, int]], span: tuple[int, int] | No
 
 
 def prepare_job(
-    ex: Explainer,
+    runner: ModelRunner,
     context: str,
     query: str,
     *,
@@ -109,32 +107,32 @@ def prepare_job(
     found = split_sources(context, sources)
     if not found:
         raise InputError("the context has no sources to attribute to (only whitespace between separators?)")
-    use_chat = bool(getattr(ex.tokenizer, "chat_template", None)) if chat is None else bool(chat)
-    prompt: Prompt = build_prompt(ex.tokenizer, context, query, template, use_chat)
-    if len(prompt.ids) >= ex.max_length:
+    use_chat = bool(getattr(runner.tokenizer, "chat_template", None)) if chat is None else bool(chat)
+    prompt: Prompt = build_prompt(runner.tokenizer, context, query, template, use_chat)
+    if len(prompt.ids) >= runner.max_length:
         raise InputError(f"the prompt has {len(prompt.ids)} tokens: no room for an answer within the model's "
-                         f"maximum of {ex.max_length}")
+                         f"maximum of {runner.max_length}")
     if answer is None:
-        ids = greedy(ex, prompt.ids, max_new_tokens)
-        eos = eos_ids(ex)
+        ids = greedy(runner, prompt.ids, max_new_tokens)
+        eos = eos_ids(runner)
         while ids and ids[-1] in eos:  # the end-of-turn token is not part of the answer
             ids = ids[:-1]
         if not ids:
             raise InputError("the model answered nothing (its first token ends the turn): give an answer")
-        answer_text, answer_offsets = _answer_offsets(ex, ids)
+        answer_text, answer_offsets = _answer_offsets(runner, ids)
     else:  # the caller's text, with the tokenizer's character spans in it
-        ids = _answer_ids(ex, answer)
+        ids = _answer_ids(runner, answer)
         answer_text = answer
-        answer_offsets = [(int(a), int(b)) for a, b in ex.tokenizer(answer, add_special_tokens=False,
+        answer_offsets = [(int(a), int(b)) for a, b in runner.tokenizer(answer, add_special_tokens=False,
                                                                     return_offsets_mapping=True)["offset_mapping"]]
-    if len(prompt.ids) + len(ids) > ex.max_length:
+    if len(prompt.ids) + len(ids) > runner.max_length:
         raise InputError(f"prompt ({len(prompt.ids)} tokens) + answer ({len(ids)}) is longer than the model's "
-                         f"maximum of {ex.max_length} tokens")
+                         f"maximum of {runner.max_length} tokens")
     first, last = _explained_tokens(answer_offsets, answer_span, len(answer_text))
     explained = (answer_offsets[first][0], answer_offsets[last - 1][1])
     while explained[0] < explained[1] and answer_text[explained[0]].isspace():  # a BPE token's leading space
         explained = (explained[0] + 1, explained[1])
-    return CiteJob(ex, context, found, prompt, token_sources(prompt, found), ids[:first], ids[first:last],
+    return CiteJob(runner, context, found, prompt, token_sources(prompt, found), ids[:first], ids[first:last],
                    ablation, parse_budget(memory_budget), query=query, answer=answer_text,
                    answer_offsets=answer_offsets, answer_token_ids=ids, explained=explained,
                    generated=answer is None)
@@ -167,7 +165,7 @@ def score_job(
     inside = src_index >= 0
     if token_methods:
         start = time.perf_counter()
-        exp = explain_answer(job.ex, job.prompt.ids + job.prefix_ids, job.answer_ids, token_methods,
+        exp = explain_answer(job.runner, job.prompt.ids + job.prefix_ids, job.answer_ids, token_methods,
                              text=job.prompt.text, target_kind="loss", options=options,
                              memory_budget=job.memory_budget, progress=progress)
         elapsed = time.perf_counter() - start
@@ -199,7 +197,7 @@ def score_job(
 
 
 def attribute_context(
-    ex: Explainer,
+    runner: ModelRunner,
     context: str,
     query: str,
     *,
@@ -217,13 +215,13 @@ def attribute_context(
 ) -> ContextAttribution:
     """See :meth:`attnlens.Explainer.attribute_context`."""
     split_methods(methods)  # a typo fails before the answer is generated
-    job = prepare_job(ex, context, query, answer=answer, sources=sources, template=template, chat=chat,
+    job = prepare_job(runner, context, query, answer=answer, sources=sources, template=template, chat=chat,
                       answer_span=answer_span, max_new_tokens=max_new_tokens, ablation=ablation,
                       memory_budget=memory_budget)
     scores, token_scores, figures = score_job(job, methods, options, progress)
     prompt = job.prompt
     meta = {
-        "model": ex.name,
+        "model": runner.name,
         "context_start": prompt.context_start,
         "chat_template": prompt.chat,
         "generated": job.generated,
