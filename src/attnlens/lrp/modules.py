@@ -22,7 +22,7 @@ from transformers.activations import ACT2FN
 from ..errors import ModelError
 from ..models.architectures import PreNorm
 from . import rules
-from .patch import CHEFER, PassState, attend, score_product
+from .state import CHEFER, PassState, attend, score_product
 
 
 def tanh_head(head: nn.Module, state: PassState, features: torch.Tensor, **kwargs: Any) -> torch.Tensor:

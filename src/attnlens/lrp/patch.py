@@ -8,12 +8,9 @@ attention implementation, the training flags of every module and any hook this m
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 import torch
 from torch import nn
@@ -24,13 +21,10 @@ from transformers.pytorch_utils import Conv1D
 
 from ..errors import InputError, ModelError
 from ..models.architectures import LRP_SUPPORTED, LRPSupport, architecture_for
-from . import rules
+from . import modules, rules
+from .state import ATTN_NAME, CHEFER, PassState, active_state, attend, running_state, score_product, set_running_state
 
-ATTN_NAME = "attnlens_lrp"
 RULE_SETS = ("chefer", "chefer-lrp", "attnlrp", "cp")
-# Chefer et al.'s two rule sets: their modified rules (layers_ours.py, what TransAtt and AttCAT's PartialLRP run)
-# and the plain LRP rules of their baselines (layers_lrp.py, what their ERASER PartialLRP ran).
-CHEFER = ("chefer", "chefer-lrp")
 _RENAMED = {"chefer-orig": "chefer-lrp"}
 
 # model_type -> display name of the architectures whose entry (attnlens.models.architectures) declares LRP support: the
@@ -48,90 +42,6 @@ _ACTIVATIONS: tuple[type, ...] = _TORCH_ACTIVATIONS + tuple(
 _LINEAR = (nn.Linear, Conv1D)  # weighted sums: z+ (chefer) or epsilon rule
 
 
-@dataclass
-class PassState:
-    """What the patched modules record during one LRP forward."""
-
-    rules: str = "attnlrp"
-    epsilon: float = 0.0
-    # the rule set of the backward now running through a chefer-layout forward (``lrp_passes``): the chefer
-    # rules read it (their ``switch``) and run AttnLRP's rule instead while it is "attnlrp"
-    mode: str | None = None
-    track_softmax: bool = False
-    probs: list[torch.Tensor] = field(default_factory=list)
-    softmax_inputs: list[torch.Tensor] = field(default_factory=list)
-    # other softmaxes under the softmax rule (Mixtral's routing weights): (output, input) pairs, batch first,
-    # recorded with track_softmax for the relevance they absorb
-    other_softmaxes: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    embedding_sum: torch.Tensor | None = None
-    branches: dict[int, torch.Tensor] = field(default_factory=dict)  # residual branch per LayerNorm (chefer)
-    word_embeddings: torch.Tensor | None = None
-    position_inputs: list[torch.Tensor] = field(default_factory=list)  # per-example relative-position leaves
-    logit_cap: float | None = None  # the cap the pass applies to the model's raw logits (LRPSupport.logit_softcap)
-    float32_scores: bool = False  # the attention interface computes the scores in float32 (LRPSupport.float32_scores)
-
-    def logits(self, outputs: Any) -> Any:
-        """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
-        if self.logit_cap is not None:
-            outputs.logits = rules.capped(outputs.logits, self.logit_cap)
-        return outputs
-
-    def position_leaf(self, table: torch.Tensor, batch: int) -> torch.Tensor:
-        """A per-example copy ``(B, P, D)`` of a shared relative-position table ``(P, D)``, recorded as a leaf:
-        the relevance that reaches it (absorbed by these parameters) is then measured per example."""
-        leaf = table.detach().unsqueeze(0).expand(batch, -1, -1).clone().requires_grad_(True)
-        self.position_inputs.append(leaf)
-        return leaf
-
-    def position_bias(self, bias: torch.Tensor) -> torch.Tensor:
-        """A per-example relative-position score bias ``(B, ...)`` (BLOOM's and Falcon's ALiBi) as a leaf: the
-        relevance of the scores it takes (a constant's share, like a bias's) is measured per example."""
-        leaf = bias.detach().clone().requires_grad_(True)
-        self.position_inputs.append(leaf)
-        return leaf
-
-
-_local = threading.local()
-
-
-def _active_state() -> PassState:
-    state = getattr(_local, "state", None)
-    if state is None:
-        raise RuntimeError(f"attention implementation {ATTN_NAME!r} is only usable inside attnlens.lrp.lrp_pass")
-    return state
-
-
-def score_product(state: PassState, scores: torch.Tensor) -> torch.Tensor:
-    """A bilinear attention-score term (``Q K^T``, or DeBERTa's content-position products) under the rule set:
-    uniform rule (half the relevance to each factor, AttnLRP Eq. 7; Chefer et al.'s halved ``MatMul``) with the
-    epsilon rule on the sum; cut from the graph under CP-LRP."""
-    return scores.detach() if state.rules == "cp" else rules.sum_rule(scores, state.epsilon, 0.5)
-
-
-def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax of masked ``scores`` ``(B, H, Q, K)`` and ``A V`` under the rule set; records ``A``.
-
-    AttnLRP: the softmax keeps its true gradient, which in gradient x input form *is* AttnLRP's softmax rule
-    ``R_x = x (R_s - s sum R_s)``; uniform rule on ``A V``. CP-LRP (Ali et al. 2022): ``A`` is a leaf, so all
-    relevance goes through ``V``; the relevance reaching ``A`` is measured but not propagated further.
-    chefer, chefer-lrp: as AttnLRP but the softmax passes relevance through unchanged (identity), as in Chefer
-    et al.'s code (their ``MatMul.relprop`` is the same proportional split, halved per factor).
-    Returns ``(A V (B, H, Q, d), A)``.
-    """
-    cp = state.rules == "cp"
-    if state.rules in CHEFER:
-        probs = rules.pass_through(partial(nn.functional.softmax, dim=-1), scores, rules.softmax_backward, state)
-    else:
-        probs = nn.functional.softmax(scores, dim=-1)
-    probs = probs.to(value.dtype)  # a model that computes its scores in float32 (GPT-Neo, GPT-J) casts back
-    if cp:  # a leaf: relevance reaching A is measured there and goes no further
-        probs = probs.detach().requires_grad_(True)
-    state.probs.append(probs)
-    if state.track_softmax:
-        state.softmax_inputs.append(scores)
-    return rules.sum_rule(torch.matmul(probs, value), state.epsilon, 1.0 if cp else 0.5), probs
-
-
 def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     """Eager attention with the LRP rules (:func:`score_product`, :func:`attend`), same signature and outputs as
     HF's eager one. Grouped-query attention (Llama-family ``num_key_value_groups``) repeats K and V per group, as
@@ -139,7 +49,7 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     x input); Gemma 2's score cap ``softcap * tanh(s / softcap)`` gets the identity rule, as an element-wise
     activation; a model whose attention computes its scores in float32 (GPT-J's, ``LRPSupport.float32_scores``)
     gets them in float32 here too. Dropout is off (eval mode)."""
-    state = _active_state()
+    state = active_state()
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     if state.float32_scores:  # attend casts the probabilities back to the values' dtype
@@ -243,14 +153,12 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     exactly as before (also when the block raises)."""
     check_supported(model)
     check_rules(state.rules)
-    if getattr(_local, "state", None) is not None:
+    if running_state() is not None:
         raise RuntimeError("an LRP pass is already running in this thread")
     support = _support(model)
     if state.rules == "chefer" and not (support.residuals or support.blocks or support.own_sums):
         raise InputError(f"LRP rules='chefer' needs the residual sums of {support.name}, which its architecture "
                          "entry does not declare; use rules='chefer-lrp', 'attnlrp' or 'cp'")
-    from . import modules  # the per-architecture LRP forwards, which build on this module's attention rules
-
     forwards: dict[str, list[tuple[str, str]]] = {}  # class name -> [(method, LRP forward name)]
     for target, fn_name in support.forwards:
         cls_name, _, method = target.partition(".")
@@ -320,10 +228,10 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
         if cap is not None:  # the model returns its raw logits; the pass caps them (PassState.logits)
             state.logit_cap = float(cap)
             setattr(model.config, cap_attr, None)
-        _local.state = state
+        set_running_state(state)
         yield
     finally:
-        _local.state = None
+        set_running_state(None)
         if cap is not None:
             setattr(model.config, cap_attr, cap)
         for k, c in configs.items():

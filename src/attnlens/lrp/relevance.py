@@ -11,7 +11,8 @@ from torch import nn
 from ..errors import InputError, ModelError
 from ..models.heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
 from ..models.prefixes import last_token_rows, row_gradients
-from .patch import CHEFER, PassState, check_rules, lrp_mode
+from .patch import check_rules, lrp_mode
+from .state import CHEFER, PassState
 
 
 @dataclass

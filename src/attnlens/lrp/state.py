@@ -1,0 +1,115 @@
+"""The state of one LRP forward (:class:`PassState`), the thread's running pass, and the attention rules every
+LRP forward shares (:func:`score_product`, :func:`attend`): what the patch (:mod:`attnlens.lrp.patch`) and the
+per-architecture forwards (:mod:`attnlens.lrp.modules`) both build on."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import rules
+
+ATTN_NAME = "attnlens_lrp"  # the attention implementation an LRP forward runs (registered by attnlens.lrp.patch)
+# Chefer et al.'s two rule sets: their modified rules (layers_ours.py, what TransAtt and AttCAT's PartialLRP run)
+# and the plain LRP rules of their baselines (layers_lrp.py, what their ERASER PartialLRP ran).
+CHEFER = ("chefer", "chefer-lrp")
+
+
+@dataclass
+class PassState:
+    """What the patched modules record during one LRP forward."""
+
+    rules: str = "attnlrp"
+    epsilon: float = 0.0
+    # the rule set of the backward now running through a chefer-layout forward (``lrp_passes``): the chefer
+    # rules read it (their ``switch``) and run AttnLRP's rule instead while it is "attnlrp"
+    mode: str | None = None
+    track_softmax: bool = False
+    probs: list[torch.Tensor] = field(default_factory=list)
+    softmax_inputs: list[torch.Tensor] = field(default_factory=list)
+    # other softmaxes under the softmax rule (Mixtral's routing weights): (output, input) pairs, batch first,
+    # recorded with track_softmax for the relevance they absorb
+    other_softmaxes: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    embedding_sum: torch.Tensor | None = None
+    branches: dict[int, torch.Tensor] = field(default_factory=dict)  # residual branch per LayerNorm (chefer)
+    word_embeddings: torch.Tensor | None = None
+    position_inputs: list[torch.Tensor] = field(default_factory=list)  # per-example relative-position leaves
+    logit_cap: float | None = None  # the cap the pass applies to the model's raw logits (LRPSupport.logit_softcap)
+    float32_scores: bool = False  # the attention interface computes the scores in float32 (LRPSupport.float32_scores)
+
+    def logits(self, outputs: Any) -> Any:
+        """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
+        if self.logit_cap is not None:
+            outputs.logits = rules.capped(outputs.logits, self.logit_cap)
+        return outputs
+
+    def position_leaf(self, table: torch.Tensor, batch: int) -> torch.Tensor:
+        """A per-example copy ``(B, P, D)`` of a shared relative-position table ``(P, D)``, recorded as a leaf:
+        the relevance that reaches it (absorbed by these parameters) is then measured per example."""
+        leaf = table.detach().unsqueeze(0).expand(batch, -1, -1).clone().requires_grad_(True)
+        self.position_inputs.append(leaf)
+        return leaf
+
+    def position_bias(self, bias: torch.Tensor) -> torch.Tensor:
+        """A per-example relative-position score bias ``(B, ...)`` (BLOOM's and Falcon's ALiBi) as a leaf: the
+        relevance of the scores it takes (a constant's share, like a bias's) is measured per example."""
+        leaf = bias.detach().clone().requires_grad_(True)
+        self.position_inputs.append(leaf)
+        return leaf
+
+
+_local = threading.local()  # the state of the LRP pass running in this thread (lrp_mode sets it)
+
+
+def running_state() -> PassState | None:
+    """The state of the LRP pass running in this thread, or ``None``."""
+    return getattr(_local, "state", None)
+
+
+def set_running_state(state: PassState | None) -> None:
+    """Make ``state`` the running pass's state (``None``: no pass is running)."""
+    _local.state = state
+
+
+def active_state() -> PassState:
+    """The running pass's state; a :class:`RuntimeError` outside an LRP pass."""
+    state = running_state()
+    if state is None:
+        raise RuntimeError(f"attention implementation {ATTN_NAME!r} is only usable inside attnlens.lrp.lrp_pass")
+    return state
+
+
+def score_product(state: PassState, scores: torch.Tensor) -> torch.Tensor:
+    """A bilinear attention-score term (``Q K^T``, or DeBERTa's content-position products) under the rule set:
+    uniform rule (half the relevance to each factor, AttnLRP Eq. 7; Chefer et al.'s halved ``MatMul``) with the
+    epsilon rule on the sum; cut from the graph under CP-LRP."""
+    return scores.detach() if state.rules == "cp" else rules.sum_rule(scores, state.epsilon, 0.5)
+
+
+def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax of masked ``scores`` ``(B, H, Q, K)`` and ``A V`` under the rule set; records ``A``.
+
+    AttnLRP: the softmax keeps its true gradient, which in gradient x input form *is* AttnLRP's softmax rule
+    ``R_x = x (R_s - s sum R_s)``; uniform rule on ``A V``. CP-LRP (Ali et al. 2022): ``A`` is a leaf, so all
+    relevance goes through ``V``; the relevance reaching ``A`` is measured but not propagated further.
+    chefer, chefer-lrp: as AttnLRP but the softmax passes relevance through unchanged (identity), as in Chefer
+    et al.'s code (their ``MatMul.relprop`` is the same proportional split, halved per factor).
+    Returns ``(A V (B, H, Q, d), A)``.
+    """
+    cp = state.rules == "cp"
+    if state.rules in CHEFER:
+        probs = rules.pass_through(partial(nn.functional.softmax, dim=-1), scores, rules.softmax_backward, state)
+    else:
+        probs = nn.functional.softmax(scores, dim=-1)
+    probs = probs.to(value.dtype)  # a model that computes its scores in float32 (GPT-Neo, GPT-J) casts back
+    if cp:  # a leaf: relevance reaching A is measured there and goes no further
+        probs = probs.detach().requires_grad_(True)
+    state.probs.append(probs)
+    if state.track_softmax:
+        state.softmax_inputs.append(scores)
+    return rules.sum_rule(torch.matmul(probs, value), state.epsilon, 1.0 if cp else 0.5), probs
