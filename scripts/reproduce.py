@@ -35,7 +35,7 @@ import torch
 from attnlens.data import load_dataset
 from attnlens.evaluation.metrics import EvalConfig
 from attnlens.evaluation.results import BenchmarkSettings, read_run
-from attnlens.evaluation.runner import run_benchmark
+from attnlens.evaluation.runner import BenchmarkRun, run_benchmark
 from attnlens.evaluation.summary import best_methods, summarize
 from attnlens.explainer import Explainer
 from attnlens.methods.registry import get_method, list_methods
@@ -522,12 +522,12 @@ def main() -> None:
     ex_imdb = Explainer.from_pretrained(str(imdb_model), max_length=256)
     full_imdb = load_dataset("imdb", "sample2000", root=DATA)
     imdb_subset = load_dataset("imdb", "sample2000", limit=args.imdb_limit, root=DATA)
-    common = dict(methods=["rawatt", "agrad"], metrics="occlusion,consistency", model_name=str(imdb_model.resolve()),
-                  batch_size=8, eval_batch_size=16, config=EvalConfig(pad_token_id=ex_imdb.pad_id), chunk_size=16)
+    common = BenchmarkRun(methods=["rawatt", "agrad"], metrics="occlusion,consistency",
+                          model_name=str(imdb_model.resolve()), batch_size=8, eval_batch_size=16,
+                          config=EvalConfig(pad_token_id=ex_imdb.pad_id), chunk_size=16)
     # seed 000 explains the cross-entropy loss of the gold label; the predicted-class logit run is for contrast
-    imdb = run_benchmark(ex_imdb, imdb_subset, out / "imdb-occlusion-gold", target="gold", target_kind="loss",
-                         **common)
-    imdb_pred = run_benchmark(ex_imdb, imdb_subset, out / "imdb-occlusion", **common)
+    imdb = run_benchmark(ex_imdb, imdb_subset, out / "imdb-occlusion-gold", common, target="gold", target_kind="loss")
+    imdb_pred = run_benchmark(ex_imdb, imdb_subset, out / "imdb-occlusion", common)
     images = Path(args.doc).resolve().parent / "images"
     images.mkdir(parents=True, exist_ok=True)
     occ_png, emb_pngs = None, []

@@ -14,7 +14,7 @@ import pytest
 from attnlens.data import Dataset, Example
 from attnlens.errors import InputError
 from attnlens.evaluation import EvalConfig, Variant
-from attnlens.evaluation.runner import run_benchmark
+from attnlens.evaluation.runner import BenchmarkRun, run_benchmark
 from attnlens.results.explanation import Explanation
 
 CLS, SEP = 101, 102
@@ -181,6 +181,23 @@ def test_bad_requests(tmp_path):
     qa = Dataset("squad", "dev", "qa", [Example("q", ["q?", "ctx"], None, [])])  # with a classifier
     with pytest.raises(InputError, match="QA data set but the model is a sequence classifier"):
         run_benchmark(FakeExplainer(), qa, tmp_path, methods="grads")
+
+
+def test_a_run_given_as_a_record_equals_the_same_run_given_as_keywords(tmp_path):
+    """A :class:`BenchmarkRun` and keyword arguments are two spellings of one run: the same summary; a keyword
+    replaces the record's field; a keyword that is no field is refused as Python refuses one."""
+    keywords, _ = bench(tmp_path / "kw")
+    run = BenchmarkRun(methods="rawatt,grads,attcat", metrics=METRICS, predict=linear_predict, progress=False,
+                       chunk_size=3, config=CONFIG)
+    record = run_benchmark(FakeExplainer(), dataset(), tmp_path / "run", run)
+    assert json.dumps(record["results"], sort_keys=True) == json.dumps(keywords["results"], sort_keys=True)
+    assert record["n_examples"] == keywords["n_examples"] == 11
+    grads_only = run_benchmark(FakeExplainer(), dataset(), tmp_path / "grads", run, methods="grads")
+    assert grads_only["methods"] == ["grads"] and run.methods == "rawatt,grads,attcat"
+    assert grads_only["results"]["grads"] == keywords["results"]["grads"]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'metric'"):
+        run_benchmark(FakeExplainer(), dataset(), tmp_path / "typo", run, metric="aopc")
+    assert not (tmp_path / "typo").exists()
 
 
 # ----------------------------------------------------------- real model (slow)

@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluation import parallel
     from ..evaluation.metrics import EvalConfig
     from ..evaluation.results import clear_results
-    from ..evaluation.runner import run_benchmark
+    from ..evaluation.runner import BenchmarkRun, run_benchmark
     from ..explainer import Explainer
     from ..methods import list_methods
     from ..paths import check_output_path
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         occlusion_drop=args.occlusion_drop,
         seed=args.seed,
     )
-    kwargs = dict(
+    run = BenchmarkRun(
         methods=methods, metrics=args.metrics, config=config,
         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, chunk_size=args.chunk_size,
         resume=not args.overwrite, progress=not args.quiet and (shard is None or shard.index == 0),
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         memory_budget=budget,
     )
     if args.processes > 1:  # check everything here, once, then start the processes (they each load the model)
-        run_benchmark(explainer, dataset, out, check_only=True, **kwargs)
+        run_benchmark(explainer, dataset, out, dataclasses.replace(run, check_only=True))
         del explainer
         # the workers run the same command (the last value of an option wins), on the CPU unless --device says
         argv = [*args.argv, "--processes", "1", "--threads", str(threads), "--device", args.device or "cpu"]
@@ -202,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
                             one_line=True))
         return 0
     try:
-        summary = run_benchmark(explainer, dataset, out, shard=shard, **kwargs)
+        summary = run_benchmark(explainer, dataset, out, dataclasses.replace(run, shard=shard))
     finally:
         if launched:
             parallel.leave_group()

@@ -23,12 +23,13 @@ from .metrics import (
 )
 from .perturb import ModelPredictor, Variant, perturb
 from .results import BenchmarkSettings, results_lock
-from .runner import run_benchmark
+from .runner import BenchmarkRun, run_benchmark
 from .summary import best_methods, summarize, write_tables
 
 __all__ = [
-    "ALL_METRICS", "DEFAULT_METRICS", "PROTOCOLS", "BenchmarkSettings", "EvalConfig", "Item", "MetricInfo",
-    "ModelPredictor", "Result", "Variant", "answer_token_positions", "best_methods", "consistency", "kendall_tau",
+    "ALL_METRICS", "DEFAULT_METRICS", "PROTOCOLS", "BenchmarkRun", "BenchmarkSettings", "EvalConfig", "Item",
+    "MetricInfo", "ModelPredictor", "Result", "Variant", "answer_token_positions", "best_methods", "consistency",
+    "kendall_tau",
     "metric_info", "perturb", "precision_at_k", "resolve_metrics", "results_lock", "run_benchmark",
     "score_examples", "summarize", "write_tables",
 ]

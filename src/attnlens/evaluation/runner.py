@@ -24,6 +24,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,29 +99,61 @@ class _ExplainWith:
 
 
 # --------------------------------------------------------------------- runner
+@dataclass(frozen=True)
+class BenchmarkRun:
+    """How :func:`run_benchmark` runs: what it measures, in which batches, and how it writes and reports.
+
+    Attributes:
+        methods: method ids, ``"all"`` or a comma-separated string.
+        metrics: metric names (default ``aopc, lodds, kendall``; ``"all"`` for every classification metric).
+        config: protocol and metric settings (:class:`EvalConfig`); its ``pad_token_id`` defaults to the model's.
+        batch_size: inputs per explanation batch.
+        eval_batch_size: perturbed inputs per forward pass.
+        chunk_size: examples per unit of work: explained, scored, written to disk and shown as progress together
+            (an interruption loses at most one chunk).
+        resume: continue a previous run in ``out_dir`` (it must have the same settings); ``False`` starts over.
+        progress: show a progress bar with an ETA.
+        explain_options: per-method options passed to ``explainer.explain``.
+        target_kind: what the explanations are of: ``"logit"``, ``"probability"`` or ``"loss"`` (log-probability
+            of the explained class; seed 000's AGrad uses the loss of the gold label).
+        target: explain the ``"predicted"`` class (default) or the ``"gold"`` label (seed 000, and always under
+            ``protocol="attcat-code"``). Metrics that track a class still track ŷ under ``protocol="paper"``.
+        model_name: how the model is named in the results (default: the explainer's name).
+        predict: scorer of perturbed inputs (default: :class:`ModelPredictor` on ``explainer.model``, SDPA
+            attention, no gradients).
+        stop_after: stop after this many newly processed examples (simulates an interruption; for tests).
+        log: called with a line when the summary is written.
+        memory_budget: passed to ``explainer.explain`` (e.g. ``"4GB"``; default: the explainer's).
+        shard: this process's :class:`~attnlens.evaluation.parallel.Shard` of a data-parallel run: it does chunks
+            ``index, index + count, ...`` in ``out_dir/shards/INDEX-of-COUNT/`` (``resume=False`` starts that
+            directory over; clear ``out_dir`` first to start a whole run over), then merges everything complete
+            into ``out_dir``, waiting for the lock of ``out_dir`` while another process merges.
+        check_only: check everything (explaining one example when ``explain_options`` are given) and return
+            ``None`` without writing: what a launcher does before it starts the processes.
+    """
+
+    methods: str | Sequence[str] = "all"
+    metrics: str | Sequence[str] | None = None
+    config: EvalConfig | None = None
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    chunk_size: int = 16
+    resume: bool = True
+    progress: bool = True
+    explain_options: dict[str, dict[str, Any]] | None = None
+    target_kind: str = "logit"
+    target: str = "predicted"
+    model_name: str | None = None
+    predict: Predict | None = None
+    stop_after: int | None = None
+    log: Callable[[str], None] | None = None
+    memory_budget: str | int | None = None
+    shard: Shard | None = None
+    check_only: bool = False
+
+
 def run_benchmark(
-    explainer: Any,
-    dataset: Dataset,
-    out_dir: str | Path,
-    *,
-    methods: str | Sequence[str] = "all",
-    metrics: str | Sequence[str] | None = None,
-    config: EvalConfig | None = None,
-    batch_size: int = 32,
-    eval_batch_size: int = 64,
-    chunk_size: int = 16,
-    resume: bool = True,
-    progress: bool = True,
-    explain_options: dict[str, dict[str, Any]] | None = None,
-    target_kind: str = "logit",
-    target: str = "predicted",
-    model_name: str | None = None,
-    predict: Predict | None = None,
-    stop_after: int | None = None,
-    log: Callable[[str], None] | None = None,
-    memory_budget: str | int | None = None,
-    shard: Shard | None = None,
-    check_only: bool = False,
+    explainer: Any, dataset: Dataset, out_dir: str | Path, run: BenchmarkRun | None = None, **overrides: Any,
 ) -> dict[str, Any] | None:
     """Benchmark ``methods`` × ``metrics`` on ``dataset`` and write the results directory ``out_dir``.
 
@@ -129,34 +162,20 @@ def run_benchmark(
         dataset: from :func:`attnlens.data.load_dataset`.
         out_dir: results directory (created; see ``docs/benchmark-format.md``). Locked while the run writes it:
             a second run on the same directory raises :class:`InputError`.
-        methods: method ids, ``"all"`` or a comma-separated string.
-        metrics: metric names (default ``aopc, lodds, kendall``; ``"all"`` for every classification metric).
-        config: protocol and metric settings (:class:`EvalConfig`); its ``pad_token_id`` defaults to the model's.
-        batch_size: inputs per explanation batch. eval_batch_size: perturbed inputs per forward pass.
-        chunk_size: examples per unit of work: explained, scored, written to disk and shown as progress together
-            (an interruption loses at most one chunk).
-        resume: continue a previous run in ``out_dir`` (it must have the same settings); ``False`` starts over.
-        progress: show a progress bar with an ETA.
-        target_kind: what the explanations are of: ``"logit"``, ``"probability"`` or ``"loss"`` (log-probability
-            of the explained class; seed 000's AGrad uses the loss of the gold label).
-        target: explain the ``"predicted"`` class (default) or the ``"gold"`` label (seed 000, and always under
-            ``protocol="attcat-code"``). Metrics that track a class still track ŷ under ``protocol="paper"``.
-        stop_after: stop after this many newly processed examples (simulates an interruption; for tests).
-        predict: scorer of perturbed inputs (default: :class:`ModelPredictor` on ``explainer.model``, SDPA
-            attention, no gradients).
-        memory_budget: passed to ``explainer.explain`` (e.g. ``"4GB"``; default: the explainer's).
-        shard: this process's :class:`~attnlens.evaluation.parallel.Shard` of a data-parallel run: it does chunks
-            ``index, index + count, ...`` in ``out_dir/shards/INDEX-of-COUNT/`` (``resume=False`` starts that
-            directory over; clear ``out_dir`` first to start a whole run over), then merges everything complete
-            into ``out_dir``, waiting for the lock of ``out_dir`` while another process merges.
-        check_only: check everything (explaining one example when ``explain_options`` are given) and return
-            ``None`` without writing: what a launcher does before it starts the processes.
+        run: how to run (:class:`BenchmarkRun`; default: its defaults).
+        **overrides: fields of :class:`BenchmarkRun` that replace ``run``'s, e.g. ``methods="attcat,grads"``.
 
     Returns:
         The summary (also written to ``summary.json``): of every example that is complete so far, in all shards.
     """
     from ..methods import resolve_methods
 
+    unknown = [name for name in overrides if name not in _RUN_FIELDS]
+    if unknown:
+        raise TypeError(f"run_benchmark() got an unexpected keyword argument {unknown[0]!r}")
+    run = dataclasses.replace(run or BenchmarkRun(), **overrides)
+    methods, metrics, config, target, target_kind = run.methods, run.metrics, run.config, run.target, run.target_kind
+    batch_size, eval_batch_size, chunk_size = run.batch_size, run.eval_batch_size, run.chunk_size
     model_task = getattr(getattr(explainer, "head", None), "task", "classification")
     qa = dataset.task == "qa"
     if qa != (model_task == "qa"):
@@ -193,46 +212,50 @@ def run_benchmark(
         _check_labels(dataset, n_classes, need=target == "gold" or config.protocol == "attcat-code")
     if target_kind == "loss" and target != "gold" and config.protocol != "attcat-code":
         raise InputError("target kind 'loss' is the loss of the gold label: use it with target 'gold' (--target gold)")
-    explainer = _ExplainWith(explainer, {} if memory_budget is None else {"memory_budget": memory_budget})
-    explain_options = _checked_options(explainer, dataset, methods, method_ids, explain_options, target,
+    explainer = _ExplainWith(explainer, {} if run.memory_budget is None else {"memory_budget": run.memory_budget})
+    explain_options = _checked_options(explainer, dataset, methods, method_ids, run.explain_options, target,
                                        target_kind, config)
     out = check_output_path(out_dir, "results directory", directory=True)
     settings = BenchmarkSettings(
-        model=model_name or str(getattr(explainer, "name", type(explainer.model).__name__)),
+        model=run.model_name or str(getattr(explainer, "name", type(explainer.model).__name__)),
         dataset=dataset.name, split=dataset.split, example_ids=[e.id for e in dataset],
         methods=method_ids, metrics=metric_ids, config=dataclasses.asdict(config),
         explain_options=dict(explain_options or {}), target_kind=target_kind, target=target,
     )
-    if resume:  # the run to resume, and every process's part of it, must have been made with these settings
+    if run.resume:  # the run to resume, and every process's part of it, must have been made with these settings
         for d in [out, *shard_dirs(out)]:
             _check_settings(d / "run.json", settings, d)
-    if check_only:
+    if run.check_only:
         return None
     # Everything is checked: from here on we write, holding the directory's lock until the last file is written.
     out.mkdir(parents=True, exist_ok=True)
-    predict = predict or ModelPredictor(explainer.model, config.pad_token_id, eval_batch_size)
+    predict = run.predict or ModelPredictor(explainer.model, config.pad_token_id, eval_batch_size)
     work = dict(settings=settings, config=config, method_ids=method_ids, metric_ids=metric_ids, n_classes=n_classes,
                 batch_size=batch_size, explain_options=explain_options, target_kind=target_kind, target=target,
-                predict=predict, stop_after=stop_after)
+                predict=predict, stop_after=run.stop_after)
     finish = dict(settings=settings, config=config, method_ids=method_ids, metric_ids=metric_ids,
-                  batch_size=batch_size, chunk_size=chunk_size, log=log)
+                  batch_size=batch_size, chunk_size=chunk_size, log=run.log)
+    shard = run.shard
     if shard is None or shard.count == 1:
         with results_lock(out):
-            if not resume:
+            if not run.resume:
                 clear_results(out)
             timing, cached = _work(explainer, dataset, out, shard_dirs(out), chunks(len(dataset), chunk_size),
-                                   progress=progress, **work)
+                                   progress=run.progress, **work)
             return _finish(explainer, dataset, out, timing, cached, **finish)
     _check_settings(out / "run.json", settings, out)  # a merge into out must not mix runs
     mine = shard.directory(out)
     with shard_lock(mine):
-        if not resume:
+        if not run.resume:
             clear_results(mine)
         others = [out, *(d for d in shard_dirs(out) if d != mine)]
         timing, _ = _work(explainer, dataset, mine, others, chunks(len(dataset), chunk_size, shard),
-                          progress=progress, **work)
+                          progress=run.progress, **work)
     with results_lock(out, wait=True):  # one merge at a time; each one takes in everything complete so far
         return _finish(explainer, dataset, out, timing, None, **finish)
+
+
+_RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(BenchmarkRun))
 
 
 def _check_labels(dataset: Dataset, n_classes: int, need: bool) -> None:
@@ -525,4 +548,4 @@ def _consistency(
                           ModelPredictor(explainer.model, config.pad_token_id, batch_size), config)
 
 
-__all__ = ["Shard", "run_benchmark"]
+__all__ = ["BenchmarkRun", "Shard", "run_benchmark"]
