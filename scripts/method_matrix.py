@@ -18,7 +18,8 @@ from pathlib import Path
 
 from attnlens import list_methods
 from attnlens.methods import get_method
-from attnlens.models.architectures import ARCHITECTURES, build_tiny
+from attnlens.models.architectures import ARCHITECTURES
+from attnlens.testing.tiny_models import TINY, build_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "methods-by-architecture.md"
@@ -43,7 +44,7 @@ def _rows() -> list[tuple[str, str, object, str, str]]:
     rows = []
     ids = dict(vocab_size=64, pad_token_id=0, bos_token_id=2, eos_token_id=3)
     for model_type, arch in ARCHITECTURES.items():
-        if arch.tiny is None:
+        if model_type not in TINY:
             continue
         tasks = ["classification"] + {"decoder": ["causal-lm"], "encoder-decoder": ["seq2seq-lm"]}.get(
             arch.family, ["qa", "token"] if model_type == "bert" else [])

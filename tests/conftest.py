@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import BertTokenizerFast
 
-from attnlens.models.architectures import build_tiny
+from attnlens.testing.tiny_models import build_tiny
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 torch.set_num_threads(1)
@@ -52,7 +52,7 @@ def tokenizer() -> BertTokenizerFast:
 
 def make_model(family: str, num_labels: int = 2, seed: int = 0, attn: str = "eager") -> torch.nn.Module:
     """A tiny random classifier of model type ``family`` (2 layers, 2 heads, hidden 16) over the tiny vocabulary,
-    built from its entry's recipe in :mod:`attnlens.models.architectures`."""
+    built from its recipe in :mod:`attnlens.testing.tiny_models`."""
     return build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
                       num_labels=num_labels, seed=seed, attn=attn)
 

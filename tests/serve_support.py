@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlens import Explainer
-from attnlens.models.architectures import build_tiny
+from attnlens.testing.tiny_models import build_tiny
 
 MINILM = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "minilm-sst2"
 FAST = ["rawatt", "rollout", "agrad", "gae", "attcat", "inputxgradient"]

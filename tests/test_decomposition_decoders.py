@@ -16,7 +16,8 @@ from test_decomposition import by_source
 from test_generation import _assert_steps_equal_their_prefixes
 
 from attnlens import Explainer, InputError
-from attnlens.models.architectures import ARCHITECTURES, build_tiny, register_architecture
+from attnlens.models.architectures import ARCHITECTURES, register_architecture
+from attnlens.testing.tiny_models import build_tiny
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
 # GPT-J, Phi, GPT-NeoX: parallel attention and FFN branches ("gpt_neox-seq": GPT-NeoX made sequential)

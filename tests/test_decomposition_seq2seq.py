@@ -15,7 +15,8 @@ from test_decomposition_decoders import Reference
 
 from attnlens import Explainer, InputError
 from attnlens.errors import ModelError
-from attnlens.models.architectures import ARCHITECTURES, build_tiny, register_architecture
+from attnlens.models.architectures import ARCHITECTURES, register_architecture
+from attnlens.testing.tiny_models import build_tiny
 
 TEXT = "the movie was really good"
 FAMILIES = ["bart", "mbart", "t5", "t5-gated"]

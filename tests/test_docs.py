@@ -185,7 +185,7 @@ def test_snippet_extraction_honours_the_skip_mark():
 @pytest.fixture(scope="module")
 def stand_ins(tmp_path_factory) -> dict[str, str]:
     """Hub id -> an offline directory of a model of the same task."""
-    from attnlens.models.architectures import build_tiny
+    from attnlens.testing.tiny_models import build_tiny
 
     if not (MODELS / "minilm-sst2").is_dir():
         pytest.skip("reference model not found")

@@ -14,7 +14,7 @@ from conftest import CLS, PAD, SEP, V, make_model
 from attnlens import Explainer, Generation, InputError, ModelError, load_generations
 from attnlens.core.encoding import Encoded
 from attnlens.methods.registry import get_method
-from attnlens.models.architectures import build_tiny
+from attnlens.testing.tiny_models import build_tiny
 from attnlens.viz.colors import prediction_line
 
 PROMPT = "the movie was really"

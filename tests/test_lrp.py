@@ -13,8 +13,8 @@ from torch import nn
 from attnlens import Explainer
 from attnlens.errors import AttnLensError, InputError, ModelError
 from attnlens.lrp import lrp_pass, rules, supports
-from attnlens.models.architectures import build_tiny
 from attnlens.models.heads import QAHead, TokenHead
+from attnlens.testing.tiny_models import build_tiny
 
 TEXTS = ["the movie was great", "i really didn ' t like this boring plot , but the actors were charming", "awful"]
 

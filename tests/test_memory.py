@@ -21,7 +21,7 @@ from attnlens.core.memory import (
     shared_pass_row_bytes,
 )
 from attnlens.methods import gradient
-from attnlens.models.architectures import build_tiny
+from attnlens.testing.tiny_models import build_tiny
 
 SHORT, LONG = "good", "the plot was boring but the actors were charming and the film is great i loved it"
 

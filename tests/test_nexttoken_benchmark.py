@@ -11,7 +11,7 @@ from conftest import CLS, PAD, SEP, V
 from attnlens import Explainer, InputError
 from attnlens.evaluation.nexttoken import NextTokenPredictor, PromptExample, fill, run_next_token_benchmark
 from attnlens.evaluation.perturb import Variant
-from attnlens.models.architectures import build_tiny
+from attnlens.testing.tiny_models import build_tiny
 
 TEMPLATE = "i really {text} ! it was"
 EXAMPLES = [PromptExample("a", "loved the charming movie", " good", 1),

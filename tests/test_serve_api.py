@@ -24,9 +24,9 @@ from starlette.testclient import TestClient
 from attnlens import Explainer
 from attnlens.cli import main
 from attnlens.evaluation.results import read_rows
-from attnlens.models.architectures import build_tiny
 from attnlens.serve import Limits, create_app
 from attnlens.serve.jobs import CANCELLED, DONE, QUEUED, JobQueue
+from attnlens.testing.tiny_models import build_tiny
 from attnlens.viz.headview import decode_attentions
 
 pytestmark = pytest.mark.slow  # the real MiniLM SST-2 classifier

@@ -15,12 +15,12 @@ from test_smollm2 import needs_llm
 from attnlens import Explainer, InputError
 from attnlens.cli import main
 from attnlens.core.answer_engine import answer_logprobs
-from attnlens.models.architectures import build_tiny
 from attnlens.results.context_attribution import load_attributions
 from attnlens.sources import methods as source_methods
 from attnlens.sources.ablation import ablated_context
 from attnlens.sources.prompt import build_prompt, token_sources
 from attnlens.sources.segment import split_sources
+from attnlens.testing.tiny_models import build_tiny
 
 CONTEXT = "the movie was great . the plot is dull .\n\nthe actors were charming . i loved this film ."
 QUERY = "was it good ?"

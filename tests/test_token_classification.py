@@ -14,8 +14,8 @@ from conftest import CLS, PAD, SEP, V
 
 from attnlens import Explainer, InputError, ModelError, get_method
 from attnlens.cli import main as cli_main
-from attnlens.models.architectures import build_tiny
 from attnlens.results.explanation import Explanation
+from attnlens.testing.tiny_models import build_tiny
 from attnlens.viz.colors import prediction_line
 from attnlens.viz.html import explanations_html
 

@@ -12,7 +12,6 @@ from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from attnlens import Explainer, Explanation
-from attnlens.models.architectures import build_tiny
 from attnlens.results.tokentext import (
     BYTE_LEVEL,
     SENTENCEPIECE,
@@ -21,6 +20,7 @@ from attnlens.results.tokentext import (
     token_encoding,
     token_text,
 )
+from attnlens.testing.tiny_models import build_tiny
 from attnlens.viz.generation import generation_html, render_generation
 from attnlens.viz.terminal import render_terminal
 

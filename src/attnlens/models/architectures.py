@@ -13,24 +13,23 @@ An :class:`Architecture` says, for one ``config.model_type``:
   layer (value zeroing), or ``None`` where such methods are skipped;
 - ``anatomy``: where a layer's pieces (post-LN encoders, pre-LN decoders) and the classification head are
   (:class:`Anatomy`), for the norm-based and decomposition methods (``attnnorm``, ``globenc``, ``alti``,
-  ``decompx``); ``None``: not supported;
-- ``tiny``: a recipe for a tiny random model of the type (:class:`Tiny`, :func:`build_tiny`), which the tests
-  use to build and explain every type.
+  ``decompx``); ``None``: not supported.
 
-Adding a model type is one :func:`register_architecture` call (or one entry in ``_ENTRIES``) plus a tiny-model
-test: see docs/architecture.md.
+Adding a model type is one :func:`register_architecture` call (or one entry in ``_ENTRIES``), plus a recipe for a
+tiny random model of the type in :mod:`attnlens.testing.tiny_models`, which the tests use to build and explain
+every type: see docs/architecture.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import InputError, ModelError
+from ..errors import ModelError
 from .adapters import (
     DECODER,
     ENCODER,
@@ -155,19 +154,6 @@ class Anatomy:
 HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
 
 
-class _Slot:
-    """A placeholder in a :class:`Tiny` recipe, filled by :func:`build_tiny` (token ids, init scale)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name.upper()
-
-
-PAD_ID, BOS, EOS_ID, STD = _Slot("pad"), _Slot("bos"), _Slot("eos"), _Slot("std")
-
-
 @dataclass(frozen=True)
 class Layers:
     """Where the transformer layers and their value projections are: for the methods that rerun one layer with
@@ -238,16 +224,6 @@ class Layers:
 
 
 @dataclass(frozen=True)
-class Tiny:
-    """How to build a tiny random classifier of a model type: transformers config and model class names and the
-    config's size arguments (``vocab_size``, ``pad_token_id`` and ``num_labels`` are always passed)."""
-
-    config: str
-    model: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Architecture:
     """Everything attnlens knows about one ``config.model_type`` (see the module docstring)."""
 
@@ -256,7 +232,6 @@ class Architecture:
     pooling: str | Callable[[Any], str] | None = None  # None: the adapter's default
     position_offset: bool = False
     lrp: LRPSupport | None = None
-    tiny: Tiny | None = None
     layers: Layers | None = None  # None: methods that rerun a layer (value zeroing) are skipped for this type
     # None: the norm-based and decomposition methods are skipped for this type; a function of the config for
     # types whose layers differ by config (T5's gated feed-forward)
@@ -421,26 +396,11 @@ def _t5_anatomy(config: Any) -> Anatomy:
                    cross_value="layer.1.EncDecAttention.v", cross_output="layer.1.EncDecAttention.o", **gated)
 
 
-# --- tiny recipes: 2 layers, 2 heads, hidden 16 ---------------------------------------------------------------
-_ENC = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
-_DEC = dict(_ENC, num_key_value_heads=1, max_position_embeddings=64)
-_SEQ2SEQ = dict(d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-                decoder_attention_heads=2, encoder_ffn_dim=24, decoder_ffn_dim=24, max_position_embeddings=64,
-                bos_token_id=BOS, eos_token_id=EOS_ID, decoder_start_token_id=EOS_ID)
-_ROBERTA = dict(_ENC, max_position_embeddings=70)  # positions start after the padding index
-
-
-def _tiny(name: str, **kwargs: Any) -> Tiny:
-    """``Tiny("<name>Config", "<name>ForSequenceClassification", kwargs)``."""
-    return Tiny(f"{name}Config", f"{name}ForSequenceClassification", kwargs)
-
-
 _ENTRIES: list[Architecture] = [
     # encoders (the first five in the order the LRP error lists them)
     Architecture("bert", ENCODER, lrp=LRPSupport("BERT", _BERT_RESIDUALS), anatomy=_bert_like("bert"),
-                 tiny=_tiny("Bert", **_ENC, max_position_embeddings=64, initializer_range=STD), layers=_BERT_LAYERS),
+                 layers=_BERT_LAYERS),
     Architecture("roberta", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY, lrp=_roberta_lrp("RoBERTa"),
-                 tiny=_tiny("Roberta", **_ROBERTA, initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
                  layers=_BERT_LAYERS),
     Architecture("distilbert", ENCODER,
                  anatomy=Anatomy((("pre_classifier", "relu"), ("classifier", None)), output="attention.out_lin",
@@ -448,61 +408,48 @@ _ENTRIES: list[Architecture] = [
                                  ln2="output_layer_norm"),
                  lrp=LRPSupport("DistilBERT", (Residual("TransformerBlock", "sa_layer_norm", "attention"),
                                                Residual("TransformerBlock", "output_layer_norm", "ffn"))),
-                 tiny=_tiny("DistilBert", dim=16, n_layers=2, n_heads=2, hidden_dim=24, max_position_embeddings=64,
-                            initializer_range=STD), layers=Layers("transformer.layer", "attention.v_lin")),
+                 layers=Layers("transformer.layer", "attention.v_lin")),
     Architecture("albert", ENCODER, anatomy=_ALBERT_ANATOMY,
                  lrp=LRPSupport("ALBERT", (Residual("AlbertAttention", "LayerNorm", "output_dropout"),
                                            Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
-                 tiny=_tiny("Albert", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
                  layers=Layers(_albert_layers, "attention.value")),
     Architecture("electra", ENCODER, lrp=LRPSupport("ELECTRA", _BERT_RESIDUALS),
                  anatomy=_bert_like("electra", (("classifier.dense", "classifier.activation"),
                                                 ("classifier.out_proj", None))),
-                 tiny=_tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
                  layers=_BERT_LAYERS),
     Architecture("xlm-roberta", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY,
-                 lrp=_roberta_lrp("XLM-RoBERTa"), tiny=_tiny("XLMRoberta", **_ROBERTA), layers=_BERT_LAYERS),
+                 lrp=_roberta_lrp("XLM-RoBERTa"), layers=_BERT_LAYERS),
     Architecture("camembert", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY, lrp=_roberta_lrp("CamemBERT"),
-                 tiny=_tiny("Camembert", **_ROBERTA), layers=_BERT_LAYERS),
-    Architecture("deberta", ENCODER, tiny=_tiny("Deberta", **_ENC, max_position_embeddings=64)),
+                 layers=_BERT_LAYERS),
+    Architecture("deberta", ENCODER),
     Architecture("deberta-v2", ENCODER,
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
                      ("DisentangledSelfAttention", "deberta_attention"), ("ContextPooler", "deberta_pooler"),
-                     ("ConvLayer", "deberta_conv"))),
-                 tiny=_tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
-                            pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16)),
-    Architecture("mpnet", ENCODER, tiny=_tiny("MPNet", **_ENC, max_position_embeddings=70)),
+                     ("ConvLayer", "deberta_conv")))),
+    Architecture("mpnet", ENCODER),
     Architecture("ernie", ENCODER, anatomy=_bert_like("ernie"), lrp=LRPSupport("ERNIE", _BERT_RESIDUALS),
-                 tiny=_tiny("Ernie", **_ENC, max_position_embeddings=64), layers=_BERT_LAYERS),
+                 layers=_BERT_LAYERS),
     Architecture("modernbert", ENCODER, pooling=_modernbert_pooling,
                  lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
                                                               "mlp"),),
-                                forwards=(("ModernBertMLP", "glu_mlp"),), embedding_input="embeddings.norm"),
-                 tiny=_tiny("ModernBert", **_ENC, max_position_embeddings=64, cls_token_id=BOS, sep_token_id=EOS_ID,
-                            bos_token_id=BOS, eos_token_id=EOS_ID, global_attn_every_n_layers=1, local_attention=16)),
-    Architecture("xlm-roberta-xl", ENCODER, position_offset=True, tiny=_tiny("XLMRobertaXL", **_ROBERTA)),
+                                forwards=(("ModernBertMLP", "glu_mlp"),), embedding_input="embeddings.norm")),
+    Architecture("xlm-roberta-xl", ENCODER, position_offset=True),
     # decoders
     Architecture("gpt2", DECODER,
                  lrp=LRPSupport("GPT-2", blocks=(PreNorm("GPT2Block", "ln_1", "attn", "ln_2", "mlp"),),
                                 embedding_input="drop"),  # GPT2Model.drop(wte + wpe)
-                 tiny=_tiny("GPT2", n_embd=16, n_layer=2, n_head=2, n_positions=64,
-                            initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
                  layers=Layers("h", "attn.c_attn", fused=3), anatomy=_GPT2_ANATOMY),
     Architecture("gpt_neo", DECODER,
                  lrp=LRPSupport("GPT-Neo", blocks=(PreNorm("GPTNeoBlock", "ln_1", "attn", "ln_2", "mlp",
                                                            weights=True),),
                                 forwards=(("GPTNeoSelfAttention._attn", "own_attention"),),
                                 embedding_input="drop"),  # GPTNeoModel.drop(wte + wpe)
-                 tiny=_tiny("GPTNeo", hidden_size=16, num_layers=2, num_heads=2,
-                                                 attention_types=[[["global", "local"], 1]],
-                                                 max_position_embeddings=64, initializer_range=STD),
                  layers=Layers("h", "attn.attention.v_proj"), anatomy=_GPT_NEO_ANATOMY),
     Architecture("gpt_neox", DECODER,
                  lrp=LRPSupport("GPT-NeoX", blocks=(PreNorm("GPTNeoXLayer", "input_layernorm", "attention",
                                                             "post_attention_layernorm", "mlp",
                                                             parallel="use_parallel_residual"),),
                                 embedding_input=None),
-                 tiny=_tiny("GPTNeoX", **_ENC, max_position_embeddings=64, initializer_range=STD),
                  layers=Layers("layers", "attention.query_key_value", fused=3, per_head=True),
                  anatomy=_gpt_neox_anatomy),
     Architecture("gptj", DECODER,
@@ -510,26 +457,17 @@ _ENTRIES: list[Architecture] = [
                                                          weights=_gptj_block_returns_weights),),
                                 forwards=(("GPTJAttention._attn", "own_attention"),), embedding_input=None,
                                 float32_scores=True),
-                 tiny=_tiny("GPTJ", n_embd=16, n_layer=2, n_head=2, n_positions=64, rotary_dim=4,
-                                             initializer_range=STD),
                  layers=Layers("h", "attn.v_proj"), anatomy=_GPTJ_ANATOMY),
     Architecture("llama", DECODER, lrp=_llama_lrp("Llama"),
-                 tiny=_tiny("Llama", **_ENC, num_key_value_heads=2, max_position_embeddings=64,
-                            initializer_range=STD, bos_token_id=BOS, eos_token_id=EOS_ID),
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),
-    Architecture("mistral", DECODER, lrp=_llama_lrp("Mistral"), tiny=_tiny("Mistral", **_DEC), layers=_LLAMA_LAYERS,
+    Architecture("mistral", DECODER, lrp=_llama_lrp("Mistral"), layers=_LLAMA_LAYERS,
                  anatomy=_LLAMA_ANATOMY),
     Architecture("mixtral", DECODER, lrp=_llama_lrp("Mixtral", ("MixtralSparseMoeBlock", "sparse_moe")),
-                 tiny=_tiny("Mixtral", **_DEC, num_local_experts=2, num_experts_per_tok=1,
-                                                 initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_MOE),
-    Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), tiny=_tiny("Qwen2", **_DEC), layers=_LLAMA_LAYERS,
-                 anatomy=_LLAMA_ANATOMY),
-    Architecture("qwen3", DECODER, lrp=_llama_lrp("Qwen3"), tiny=_tiny("Qwen3", **_DEC, head_dim=8,
-                                                                     initializer_range=STD),
+    Architecture("qwen2", DECODER, lrp=_llama_lrp("Qwen2"), layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),
+    Architecture("qwen3", DECODER, lrp=_llama_lrp("Qwen3"),
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),  # its query/key RMSNorms: the same LRP rule
-    Architecture("gemma", DECODER, lrp=_llama_lrp("Gemma"), tiny=_tiny("Gemma", **_DEC, head_dim=8,
-                                                                     initializer_range=STD),
+    Architecture("gemma", DECODER, lrp=_llama_lrp("Gemma"),
                  layers=_LLAMA_LAYERS, anatomy=_LLAMA_ANATOMY),  # its RMSNorm scales by 1 + weight (norms.py)
     Architecture("gemma2", DECODER,
                  lrp=LRPSupport("Gemma 2", blocks=(PreNorm("Gemma2DecoderLayer", "input_layernorm", "self_attn",
@@ -538,34 +476,26 @@ _ENTRIES: list[Architecture] = [
                                                            post2="post_feedforward_layernorm"),),
                                 forwards=(("Gemma2RMSNorm", "rms_norm"), ("Gemma2MLP", "gated_mlp")),
                                 embedding_input=None, logit_softcap=("Gemma2ForCausalLM", "final_logit_softcapping")),
-                 tiny=_tiny("Gemma2", **_DEC, head_dim=8, initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_GEMMA2_ANATOMY),
     Architecture("phi", DECODER,
                  lrp=LRPSupport("Phi", blocks=(PreNorm("PhiDecoderLayer", "input_layernorm", "self_attn",
                                                        "input_layernorm", "mlp", parallel=True),),
                                 embedding_input=None),
-                 tiny=_tiny("Phi", **_ENC, max_position_embeddings=64, initializer_range=STD),
                  layers=_LLAMA_LAYERS, anatomy=_PHI_ANATOMY),
     Architecture("phi3", DECODER,
                  lrp=LRPSupport("Phi-3", blocks=(PreNorm("Phi3DecoderLayer", "input_layernorm", "self_attn",
                                                          "post_attention_layernorm", "mlp"),),
                                 forwards=(("Phi3RMSNorm", "rms_norm"), ("Phi3MLP", "fused_gated_mlp")),
                                 embedding_input=None),
-                 tiny=_tiny("Phi3", **_ENC, max_position_embeddings=64, num_key_value_heads=1,
-                                             initializer_range=STD),
                  layers=Layers("layers", "self_attn.qkv_proj", fused=3), anatomy=_PHI3_ANATOMY),
     Architecture("opt", DECODER,
                  lrp=LRPSupport("OPT", forwards=(("OPTDecoderLayer", "opt_layer"),), own_sums=True,
                                 embedding_input="decoder.layers.0"),  # positions are added inline before it
-                 tiny=_tiny("OPT", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                            ffn_dim=24, max_position_embeddings=64, word_embed_proj_dim=16,
-                                            init_std=STD),
                  layers=Layers("decoder.layers", "self_attn.v_proj"), anatomy=_opt_anatomy),
     Architecture("bloom", DECODER,
                  lrp=LRPSupport("BLOOM", forwards=(("BloomAttention", "bloom_attention"), ("BloomMLP", "bloom_mlp"),
                                                    ("BloomGelu", "activation")),
                                 own_sums=True, embedding_input=None),  # word embeddings, then their LayerNorm
-                 tiny=_tiny("Bloom", hidden_size=16, n_layer=2, n_head=2, initializer_range=STD),
                  layers=Layers("h", "self_attention.query_key_value", fused=3, per_head=True, head_rows=("alibi",)),
                  anatomy=_bloom_anatomy),
     Architecture("falcon", DECODER,
@@ -573,16 +503,11 @@ _ENTRIES: list[Architecture] = [
                                                     ("FalconDecoderLayer", "falcon_layer")),
                                 own_sums=True, embedding_input=None),
                  layers=Layers("h", "self_attention.query_key_value", fused=3, grouped=True, head_rows=("alibi",)),
-                 anatomy=_falcon_anatomy,
-                 tiny=_tiny("Falcon", hidden_size=16, num_hidden_layers=2, num_attention_heads=2)),
+                 anatomy=_falcon_anatomy),
     # encoder-decoders: the head reads the decoder state at the last EOS
-    Architecture("bart", ENCODER_DECODER,
-                 tiny=_tiny("Bart", **_SEQ2SEQ, init_std=STD, forced_eos_token_id=None),
-                 layers=_SEQ2SEQ_LAYERS, anatomy=_BART_ANATOMY),
-    Architecture("mbart", ENCODER_DECODER, tiny=_tiny("MBart", **_SEQ2SEQ, init_std=STD), layers=_SEQ2SEQ_LAYERS,
-                 anatomy=_MBART_ANATOMY),
-    Architecture("t5", ENCODER_DECODER, tiny=_tiny("T5", d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
-                                                    eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID),
+    Architecture("bart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_BART_ANATOMY),
+    Architecture("mbart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_MBART_ANATOMY),
+    Architecture("t5", ENCODER_DECODER,
                  layers=Layers({"encoder": "encoder.block", "decoder": "decoder.block"}, "layer.0.SelfAttention.v"),
                  anatomy=_t5_anatomy),
 ]
@@ -667,46 +592,3 @@ def finds_last_token_by_padding(model: nn.Module) -> bool:
     Such models get one input per forward pass."""
     classifier = type(model).__name__.endswith("ForSequenceClassification")  # a language model's head reads all
     return classifier and adapter_for(model).head_reads_pad_id and getattr(model.config, "pad_token_id", None) is None
-
-
-def build_tiny(
-    model_type: str,
-    *,
-    vocab_size: int,
-    pad_token_id: int,
-    bos_token_id: int,
-    eos_token_id: int,
-    num_labels: int = 2,
-    init_std: float = 0.3,
-    seed: int = 0,
-    attn: str = "eager",
-    task: str = "classification",
-    model_suffix: str = "ForSequenceClassification",
-) -> nn.Module:
-    """A tiny random classifier of ``model_type`` from its entry's :class:`Tiny` recipe (for tests), in eval mode;
-    ``task="causal-lm"`` / ``"seq2seq-lm"`` builds the type's language model from the same config instead.
-
-    ``init_std`` replaces the config's ``initializer_range`` where the recipe asks for it (larger than HF's 0.02,
-    so attention is far from uniform and every method has signal). ``model_suffix`` picks another task's model
-    class of the type (e.g. ``"ForTokenClassification"``)."""
-    import transformers
-
-    arch = ARCHITECTURES.get(model_type)
-    if arch is None or arch.tiny is None:
-        raise InputError(f"no tiny-model recipe for model type {model_type!r}")
-    slots = {PAD_ID: pad_token_id, BOS: bos_token_id, EOS_ID: eos_token_id, STD: init_std}
-    kwargs = {k: slots[v] if isinstance(v, _Slot) else v for k, v in arch.tiny.kwargs.items()}
-    torch.manual_seed(seed)
-    config = getattr(transformers, arch.tiny.config)(  # attn at construction: Falcon cannot switch afterwards
-        vocab_size=vocab_size, num_labels=num_labels, pad_token_id=pad_token_id, attn_implementation=attn, **kwargs
-    )
-    if task != "classification":
-        from .heads import TASKS
-
-        if task not in TASKS:
-            raise InputError(f"task={task!r}; choose one of {', '.join(TASKS)}")
-        return getattr(transformers, TASKS[task].auto_class).from_config(config).eval()
-    model_class = arch.tiny.model.removesuffix("ForSequenceClassification") + model_suffix
-    if not hasattr(transformers, model_class):
-        raise InputError(f"transformers has no {model_class}")
-    return getattr(transformers, model_class)(config).eval()
