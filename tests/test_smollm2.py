@@ -231,7 +231,7 @@ def test_decompx_on_smollm2_sums_to_the_next_token_logit(smollm2_explainer):
 @pytest.mark.slow
 @needs_llm
 def test_zero_shot_sst2_accuracy_of_the_first_200_dev_sentences(smollm2_explainer):
-    """71.5% (issue 10's figure): " positive" vs " negative" after the review, read by the benchmark's scorer."""
+    """71.5% (the figure docs report): " positive" vs " negative" after the review, read by the benchmark's scorer."""
     from conftest import DATA
 
     from attnlens.evaluation.nexttoken import NextTokenPredictor, fill, first_token

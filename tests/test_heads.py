@@ -1,4 +1,4 @@
-"""Issue 9, engine slice: each task's head owns its targets (resolving, checking, the probabilities and metadata
+"""Each task's head owns its targets (resolving, checking, the probabilities and metadata
 shown), and the engine (attnlens.core.engine) only calls head methods."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 8, benchmark slice: ``attnlens benchmark`` never loses or mixes results and answers a mistake in one line.
+"""``attnlens benchmark`` never loses or mixes results and answers a mistake in one line.
 
 Covers the results-folder lock (two processes), validation before anything is written, cumulative
 ``timing.seconds`` across a SIGKILL, per-chunk writing, and the bad inputs of ``benchmark`` and ``report``.

@@ -1,4 +1,4 @@
-"""Loading (issue 8): the model the user gave, correctly, or one line saying why not.
+"""Loading: the model the user gave, correctly, or one line saying why not.
 
 Checkpoints without the task head, directories without tokenizer files or config.json, corrupt or empty weights,
 ``train --out`` on a file, and GPT-2 without ``pad_token_id`` through integrated gradients."""
@@ -57,7 +57,7 @@ def test_checkpoint_without_the_head_is_refused(tmp_path, capsys, kind):
         model = {"BertModel": BertModel, "BertForMaskedLM": BertForMaskedLM}[kind](BertConfig(**BERT))
         head = "classifier.weight"
     path = save(model, tmp_path / kind)
-    if kind == "GPT2LMHeadModel":  # a language model loads as one (issue 10); as a classifier it has no head
+    if kind == "GPT2LMHeadModel":  # a language model loads as one; as a classifier it has no head
         assert Explainer.from_pretrained(path).head.task == "causal-lm"
         with pytest.raises(ModelError, match=rf"task head \(.*{head}.*\).*this is a {kind} checkpoint.*"
                                              r"load it without task="):

@@ -1,4 +1,4 @@
-"""Issue 8, found by scripts/fuzz_inputs.py: wrong types and odd values through the API and the CLI give one clear
+"""Cases found by scripts/fuzz_inputs.py: wrong types and odd values through the API and the CLI give one clear
 error (exit 2), never a traceback or a silently wrong result."""
 
 from __future__ import annotations

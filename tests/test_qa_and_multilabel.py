@@ -1,4 +1,4 @@
-"""Issue 8, QA and multi-label slice: SQuAD span decoding, QA and multi-label explanations rendered everywhere
+"""QA and multi-label models: SQuAD span decoding, QA and multi-label explanations rendered everywhere
 (terminal, HTML, plots, benchmark report), Precision@K as a documented count."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from conftest import PAD, V, make_model, make_tokenizer
 from transformers import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 
 from attnlens import Explainer, InputError
+from attnlens.core.engine import batch_context
 from attnlens.models.heads import MULTI_LABEL, best_spans, head_for
 from attnlens.results.explanation import Explanation
 from attnlens.viz.html import explanations_html
@@ -272,7 +273,7 @@ def test_multi_label_integrated_gradients_complete_to_the_sigmoid(multi):
     (e,) = multi.explain(TEXT, methods=["integratedgradients"], target=j, target_kind="probability",
                          options={"integratedgradients": {"n_steps": 300}})
     (enc,) = multi.encode([TEXT])
-    ctx = multi._context([enc], "probability")
+    ctx = batch_context(multi.runner, [enc], "probability")
     ctx.targets = torch.tensor([j])
     base = baseline_ids(ctx, "auto")
     with torch.no_grad():

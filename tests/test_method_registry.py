@@ -1,4 +1,4 @@
-"""Issue 9, methods and the shared pass: options written once, one rollout, the capture keeps what is asked."""
+"""Methods and the shared pass: options written once, one rollout, the capture keeps what is asked."""
 
 from __future__ import annotations
 

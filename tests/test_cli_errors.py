@@ -1,4 +1,4 @@
-"""Issue 8, the ``attnlens explain`` command line: every user mistake is one line + exit 2 (found before the model
+"""The ``attnlens explain`` command line: every user mistake is one line + exit 2 (found before the model
 loads or anything is written), ``--methods all`` skips what does not apply as the API does, ``--format json``
 loads back, ``--version``."""
 

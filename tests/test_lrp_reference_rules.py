@@ -1,4 +1,4 @@
-"""Issue 8, "a method's name must mean what its authors computed": the LRP methods against the reference rules.
+"""A method's name means what its authors computed: the LRP methods against the reference rules.
 
 ``partiallrp`` and ``transatt`` default to Chefer et al.'s modified rules (``layers_ours.py``, what TransAtt's and
 AttCAT's code run); they are pinned here against :mod:`lrp_reference`, a plain per-module re-computation of the

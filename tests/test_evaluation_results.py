@@ -1,4 +1,4 @@
-"""Issue 9, evaluation side: one best-method rule, self-describing metric curves, one results reader, one ranking,
+"""Evaluation results: one best-method rule, self-describing metric curves, one results reader, one ranking,
 and renderers that do not import the result type."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 8, viz slice: nothing a user supplies can drive the terminal; truncation is said; noise stays blank."""
+"""Rendering: nothing a user supplies can drive the terminal; truncation is said; noise stays blank."""
 
 from __future__ import annotations
 
