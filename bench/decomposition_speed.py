@@ -2,7 +2,7 @@
 
 Each of attnnorm, globenc, alti and decompx (and decompx with the authors' ``bias="absdot"``) through
 ``Explainer.explain`` (text to Explanation), as a ratio to one plain forward+backward pass over the same
-batches (issue 11's target: <= 2). Timings are interleaved batch by batch, so a drifting load on a shared
+batches (target: <= 2). Timings are interleaved batch by batch, so a drifting load on a shared
 machine biases no ratio.
 
 Run: ``python bench/decomposition_speed.py [--limit 256] [--batch-size 32]``.

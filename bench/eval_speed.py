@@ -2,7 +2,7 @@
 batch-1, one-method-at-a-time loop (the reference implementations' way) over a few examples, scaled up.
 
 Run: ``python bench/eval_speed.py [--limit N] [--threads 2] [--loop-examples 50] [--out DIR]``
-on ``../shared/models/minilm-sst2`` and SST-2 dev (872 sentences). Target (issue 3): the full run in <= 10 minutes
+on ``../shared/models/minilm-sst2`` and SST-2 dev (872 sentences). Target: the full run in <= 10 minutes
 on 2 CPU cores. Integrated gradients (50 steps × 2 classes per example) is timed on its own and added as an
 estimate unless ``--with-ig`` runs it in full.
 """

@@ -2,7 +2,7 @@
 
 1. The ten fast methods (rawatt, rollout, grads, attgrads, agrad, gae, cat, attcat, saliency, inputxgradient)
    through ``Explainer.explain`` (one shared forward/backward pass per batch), divided by one plain
-   forward+backward pass over the same batches. Target (issue 2): <= 1.3.
+   forward+backward pass over the same batches. Target: <= 1.3.
 2. Examples/s against a loop over single examples with one pass per method, as the reference code works
    (timed on ``--loop-examples`` sentences, scaled). Target: >= 20x.
 3. The LRP methods (partiallrp + transatt + attnlrp) as a ratio to the plain pass (target <= 4) and attention

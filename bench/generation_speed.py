@@ -5,7 +5,7 @@ rollout, grads, attgrads, agrad, gae, cat, attcat, saliency, inputxgradient), ti
 
 - **16 plain passes**: for each generated token, one forward over the prompt + the tokens before it and one
   backward of that token's logit to the input embeddings (what a per-step gradient explanation needs at least).
-  Target (issue 10): attnlens / 16 plain passes <= 1.3.
+  Target: attnlens / 16 plain passes <= 1.3.
 - **1 batched pass**: the same 16 forward+backward passes as one right-padded batch (a stricter floor).
 
 and against attnlens itself with ``generation.ONE_PASS = False`` (each step its own padded row, forward and

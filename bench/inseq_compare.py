@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct, the 40-token prompt of ``generation_speed.py`` and its 16
 (forced in both tools, so neither times the generation). Methods (inseq name = attnlens id): attention = rawatt,
 saliency = saliency, input_x_gradient = inputxgradient, integrated_gradients = integratedgradients (same
 ``--ig-steps``). Each is timed alone in each tool; then attnlens explains all four in one call (one shared pass
-serves the first three) against the sum of inseq's four. Target (issue 10): attnlens >= 5x faster.
+serves the first three) against the sum of inseq's four. Target: attnlens >= 5x faster.
 
 inseq is not a dependency: install it beside attnlens without its CUDA wheels, e.g.
 ``pip install --no-deps --target DIR inseq jaxtyping wadler_lindig "typeguard<=2.13.3" treescope`` and put DIR

@@ -1,1 +1,2 @@
-"""models"""
+"""Per-architecture and per-task facts, and loading: one entry per model type (architectures), one adapter per
+family, one head per task, checked loading, model shorthands."""
