@@ -11,7 +11,7 @@ from captum.attr import IntegratedGradients
 from conftest import make_model, make_tokenizer
 
 from attnlens import Explainer, InputError
-from attnlens.methods.gradient import QUADRATURES, _embedding_forward, baseline_ids, next_count, quadrature
+from attnlens.methods.gradient import QUADRATURES, embedding_forward, baseline_ids, next_count, quadrature
 
 TEXTS = ["the movie was great", "the plot was boring but the actors were charming", "awful"]
 IG = "integratedgradients"
@@ -49,7 +49,7 @@ def _captum_ig(ex: Explainer, text: str, target: int, rule: str, n: int) -> np.n
     (enc,) = ex.encode([text])
     ctx = ex._context([enc], "logit")
     ctx.targets = torch.tensor([target])
-    forward, x, extra = _embedding_forward(ctx)
+    forward, x, extra = embedding_forward(ctx)
     with torch.no_grad():
         base = ex.model.get_input_embeddings()(baseline_ids(ctx, "auto"))
     attr = IntegratedGradients(forward).attribute(x, baselines=base, additional_forward_args=extra, n_steps=n,
