@@ -170,9 +170,9 @@ def test_perturbation_methods_beat_random_orderings_on_the_reference_model(minil
     from attnlens.data import load_dataset
 
     data = load_dataset("sst2", split="dev")
-    texts = [data[i].text for i in range(0, 240, 10)]  # 24 sentences
-    exps = minilm_sst2.explain(texts, methods=PERTURBATION, options={"lime": {"n_samples": 100},
-                                                                     "kernelshap": {"n_samples": 100}})
+    texts = [data[i].text for i in range(0, 160, 10)]  # 16 sentences
+    exps = minilm_sst2.explain(texts, methods=PERTURBATION, options={"lime": {"n_samples": 60},
+                                                                     "kernelshap": {"n_samples": 60}})
     model, tok = minilm_sst2.model, minilm_sst2.tokenizer
     rng = np.random.default_rng(0)
     random_aopc = np.mean([

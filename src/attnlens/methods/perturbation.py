@@ -18,7 +18,7 @@ the features; the decoder reads the input unreplaced, as for integrated gradient
   kernel, fitted by linear regression: approximate Shapley values.
 
 Evaluations are batched: at most ``perturbations_per_eval`` perturbed copies of one input per forward (default:
-as many as the memory budget allows at the input's length, at most ``MAX_PER_EVAL``), so an input costs
+as many as the memory budget allows at the batch's length, at most ``MAX_PER_EVAL``), so an input costs
 ``ceil(n_samples / per_eval)`` forwards (occlusion: ``ceil((M + 1) / per_eval)``) under ``torch.no_grad()``.
 LIME and KernelSHAP sample with a generator seeded per input (``seed``), so an input gets the same samples alone
 and in a batch.
@@ -39,7 +39,10 @@ from .gradient import baseline_ids, embedding_forward
 from .registry import OWN_PASS, MethodOutput, register
 
 MAX_PER_EVAL = 256  # perturbed copies per forward at most, whatever the budget (larger batches gain nothing on CPU)
-DEFAULT_SAMPLES = 200  # LIME's and KernelSHAP's samples per input (Captum's defaults, 50 and 25, are noisy on text)
+DEFAULT_SAMPLES = 100  # LIME's and KernelSHAP's samples per input (Captum's defaults, 50 and 25, are noisy on text)
+# inputs laid out (batch, token) as the input ids, cut to each input's length (decoder inputs of a seq2seq model
+# are not among them: they are not the explained tokens)
+TOKEN_ALIGNED = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids"})
 
 
 def _per_eval(ctx: BatchContext, per_eval: int | None, name: str) -> int:
@@ -66,6 +69,9 @@ def _per_input(
     the other positions (special tokens, padding) as they are. ``attribute`` returns ``(1, M, D)`` attributions,
     one value per token repeated over D (Captum's ``return_input_shape``)."""
     forward, embeddings, extra = embedding_forward(ctx)
+    # the additional arguments are the token ids, the other inputs in their order, then the targets: an input's
+    # token-aligned ones are cut to its length (no padding: an input scores the same alone and in a batch)
+    names = ["input_ids", *(k for k in ctx.inputs if k != "input_ids"), "targets"]
     module = ctx.adapter.embedding_module(ctx.model)
     with torch.no_grad():
         base_embeddings = module(baseline_ids(ctx, baseline))
@@ -75,7 +81,10 @@ def _per_input(
         positions = features[b].nonzero().squeeze(1)
         if len(positions) == 0:
             continue
-        row, row_extra = embeddings[b: b + 1], tuple(t[b: b + 1] for t in extra)
+        n = int(ctx.token_mask[b].sum())
+        row = embeddings[b: b + 1, :n]
+        row_extra = tuple(t[b: b + 1, :n] if name in TOKEN_ALIGNED else t[b: b + 1]
+                          for name, t in zip(names, extra, strict=True))
 
         def points_forward(points: torch.Tensor, row: torch.Tensor = row, row_extra: tuple = row_extra,
                            positions: torch.Tensor = positions) -> torch.Tensor:
