@@ -11,7 +11,7 @@ from captum.attr import IntegratedGradients
 from conftest import make_model, make_tokenizer
 
 from attnlens import Explainer, InputError
-from attnlens.methods.gradient import QUADRATURES, embedding_forward, baseline_ids, next_count, quadrature
+from attnlens.methods.gradient import QUADRATURES, baseline_ids, embedding_forward, next_count, quadrature
 
 TEXTS = ["the movie was great", "the plot was boring but the actors were charming", "awful"]
 IG = "integratedgradients"

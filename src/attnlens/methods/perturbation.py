@@ -5,9 +5,10 @@ is "removed" by replacing its input embedding with the embedding of a baseline t
 padding token by default, the unknown token for decoder-only models, as for integrated gradients — see
 :func:`attnlens.methods.gradient.baseline_ids`); that is the model's output on the token ids with the token
 replaced, since the embedding module is the token lookup (positions stay those of the input: RoBERTa, which
-numbers positions by skipping padding ids, sees the replaced token at its own position). In an encoder-decoder (BART, T5) the encoder's input tokens are
-the features; the decoder reads the input unreplaced, as for integrated gradients. The explained scalar is the one every method explains
-(``head.scalar``: the target's logit by default).
+numbers positions by skipping padding ids, sees the replaced token at its own position). In an encoder-decoder
+(BART, T5) the encoder's input tokens are the features; the decoder reads the input unreplaced, as for
+integrated gradients. The explained scalar is the one every method explains (``head.scalar``: the target's
+logit by default).
 
 - ``occlusion``: Captum's ``Occlusion`` with a one-token window: ``s_j = F(x) - F(x with token j replaced)``;
   M + 1 evaluations for M tokens.
