@@ -350,11 +350,14 @@ def s2s(request, tokenizer) -> Explainer:
     return Explainer(model, tokenizer, attention=stream)
 
 
+PERTURBATION = ["occlusion", "lime", "kernelshap"]
+
+
 def _s2s_methods(s2s: Explainer, methods: list[str]) -> list[str]:
     """``methods`` that apply to the stream: no propagation through cross attention, no input-embedding methods
     on the decoder stream (its tokens are not the encoder's input)."""
     skip = {"cross": {"rollout", "gae", "flow", "valuezeroing"},
-            "decoder": {"saliency", "inputxgradient", "integratedgradients", "valuezeroing"}}
+            "decoder": {"saliency", "inputxgradient", "integratedgradients", "valuezeroing", *PERTURBATION}}
     return [m for m in methods if m not in skip.get(s2s.stream, set())]
 
 
@@ -367,7 +370,7 @@ def test_seq2seq_every_method_runs(s2s):
     vz = [] if get_method("valuezeroing").unsupported(s2s.model, s2s.stream, "seq2seq-lm") else ["valuezeroing"]
     # the encoder's layers only; attnnorm reads one attention at a time, so every stream
     norm = ["attnnorm", "globenc", "alti"] if s2s.stream == "encoder" else ["attnnorm"]
-    assert set(g.methods) == set(_s2s_methods(s2s, FAST + ["integratedgradients"] + vz + norm))
+    assert set(g.methods) == set(_s2s_methods(s2s, FAST + ["integratedgradients"] + vz + norm + PERTURBATION))
     for m, s in g.scores.items():
         assert s.shape == (t, p + t) and np.isfinite(s).all(), m
         if s2s.stream == "decoder":  # over the continuation before each step (step 0 has only the start token)

@@ -12,7 +12,7 @@ from conftest import make_model, make_tokenizer
 
 from attnlens import Explainer, InputError
 from attnlens.core.engine import batch_context
-from attnlens.methods.gradient import QUADRATURES, _embedding_forward, baseline_ids, next_count, quadrature
+from attnlens.methods.gradient import QUADRATURES, baseline_ids, embedding_forward, next_count, quadrature
 
 TEXTS = ["the movie was great", "the plot was boring but the actors were charming", "awful"]
 IG = "integratedgradients"
@@ -50,7 +50,7 @@ def _captum_ig(ex: Explainer, text: str, target: int, rule: str, n: int) -> np.n
     (enc,) = ex.encode([text])
     ctx = batch_context(ex.runner, [enc], "logit")
     ctx.targets = torch.tensor([target])
-    forward, x, extra = _embedding_forward(ctx)
+    forward, x, extra = embedding_forward(ctx)
     with torch.no_grad():
         base = ex.model.get_input_embeddings()(baseline_ids(ctx, "auto"))
     attr = IntegratedGradients(forward).attribute(x, baselines=base, additional_forward_args=extra, n_steps=n,

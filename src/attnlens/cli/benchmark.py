@@ -43,7 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-lrp", action="store_true", help="leave out LRP-based methods when --methods all")
     p.add_argument("--metrics", default=None,
                    help="comma-separated: aopc, lodds, comprehensiveness, sufficiency, occlusion, kendall, "
-                   "consistency; or 'all' (default aopc,lodds,kendall; on squad/squad_v2: precision_at_k)")
+                   "consistency, sanity (model randomisation, layer by layer); or 'all' (all but sanity; default "
+                   "aopc,lodds,kendall; on squad/squad_v2: precision_at_k)")
     p.add_argument("--protocol", choices=["paper", "attcat-code"], default="paper",
                    help="'paper' follows the published equations; 'attcat-code' reproduces the AttCAT code")
     p.add_argument("--limit", type=int, default=None, help="evaluate a seeded random subset of N examples")

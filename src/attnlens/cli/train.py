@@ -15,7 +15,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "save the model, its tokenizer and metrics.json to --out."
         ),
     )
-    p.add_argument("--model", required=True, help="model directory, hub id, or 'minilm'")
+    p.add_argument("--model", required=True, help="model directory, hub id, 'minilm' or 'smollm2'")
     data = p.add_mutually_exclusive_group(required=True)
     data.add_argument("--dataset", help="data set name (sst2, imdb, yelp_polarity, amazon_polarity, mnli, qqp)")
     data.add_argument("--data-file", help="JSONL file (optionally .gz) of training rows")
@@ -53,6 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "this machine has)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="mixed precision: run forward and backward in this dtype (autocast); weights stay float32")
+    p.add_argument("--freeze-layers", type=int, default=0,
+                   help="keep the embeddings and the lowest N layers fixed (cheaper on a CPU; default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quiet", action="store_true", help="no progress bar, warnings or notices on stderr (errors "
                    "still print, one line)")
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         seed=args.seed,
         reinit_head=args.reinit_head,
+        freeze_layers=args.freeze_layers,
         device=args.device,
         dtype=args.dtype,
         progress=not (args.no_progress or args.quiet),

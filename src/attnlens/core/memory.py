@@ -85,6 +85,12 @@ def backward_row_bytes(dims: Dims, n: int) -> int:
     return dims.layers * per_layer * dims.itemsize
 
 
+def forward_row_bytes(dims: Dims, n: int) -> int:
+    """Bytes a forward without gradients holds for one row of ``n`` tokens (perturbation methods' unit of
+    work): each layer's activations are freed once the next layer has read them, so about two layers' worth."""
+    return 2 * backward_row_bytes(dims, n) // max(1, dims.layers)
+
+
 def shared_pass_row_bytes(dims: Dims, n: int) -> int:
     """Bytes the shared pass holds for one row: a forward + backward, plus the captured attention maps and
     hidden states with their gradients (kept until the methods have read them)."""

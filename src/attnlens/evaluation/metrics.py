@@ -473,6 +473,15 @@ CONSISTENCY = MetricInfo(
     level="dataset",
 )
 
+SANITY = MetricInfo(
+    "sanity", (-1.0, 1.0), 0.0, True,
+    "Model-parameter randomisation (Adebayo et al. 2018): Spearman ρ between the scores on the trained model and "
+    "on models randomised from the head down, layer by layer, averaged over the depths; lower is better "
+    "(curves per depth in the summary)",
+    level="dataset",
+)
+DATASET_METRICS = {"consistency": CONSISTENCY, "sanity": SANITY}  # one value per method, from the whole data set
+
 METRICS: dict[str, type[Metric]] = {
     "aopc": AOPC,
     "lodds": LOdds,
@@ -482,7 +491,9 @@ METRICS: dict[str, type[Metric]] = {
     "kendall": Kendall,
     "precision_at_k": PrecisionAtK,
 }
-ALL_METRICS = [*METRICS, "consistency"]
+ALL_METRICS = [*METRICS, *DATASET_METRICS]
+# left out of "all": precision_at_k (QA only) and sanity (it explains the data set once more per randomised layer)
+NOT_IN_ALL = ("precision_at_k", "sanity")
 CURVES = ("occlusion", "aopc", "precision_at_k")  # the metrics with a summary curve, in summary.json's order
 DEFAULT_METRICS = ("aopc", "lodds", "kendall")
 
@@ -495,8 +506,8 @@ def mean_or_none(values: Sequence[float | None]) -> float | None:
 
 def metric_info(name: str, config: EvalConfig | None = None) -> MetricInfo:
     """The description of metric ``name`` (with ``config``'s K for precision@K)."""
-    if name == "consistency":
-        return CONSISTENCY
+    if name in DATASET_METRICS:
+        return DATASET_METRICS[name]
     if name not in METRICS:
         raise InputError(f"unknown metric {name!r}; available metrics: {', '.join(ALL_METRICS)}")
     if name == "precision_at_k" and config is not None:
@@ -512,7 +523,7 @@ def resolve_metrics(metrics: str | Sequence[str] | None) -> list[str]:
         metrics = [m.strip() for m in metrics.split(",") if m.strip()]
     out: list[str] = []
     for m in metrics:
-        names = [x for x in ALL_METRICS if x != "precision_at_k"] if m == "all" else [m]
+        names = [x for x in ALL_METRICS if x not in NOT_IN_ALL] if m == "all" else [m]
         for n in names:
             metric_info(n)
             if n not in out:

@@ -61,6 +61,7 @@ from .results import (
     target_key,
     write_json,
 )
+from .sanity import cascading_randomisation, randomisation_blocks
 from .summary import summarize
 
 
@@ -194,6 +195,8 @@ def run_benchmark(
         raise InputError("on QA data sets the benchmark measures precision_at_k only (--metrics precision_at_k)")
     if not qa and "precision_at_k" in metric_ids:
         raise InputError("precision_at_k needs a QA data set and an extractive QA model")
+    if "sanity" in metric_ids:  # a type whose layers attnlens cannot find is refused before anything is written
+        randomisation_blocks(explainer.model, getattr(explainer, "stream", "self"))
     n_classes = int(explainer.model.config.num_labels)
     if not qa and dataset.labels and len(dataset.labels) != n_classes:
         raise InputError(
@@ -234,7 +237,8 @@ def run_benchmark(
                 batch_size=batch_size, explain_options=explain_options, target_kind=target_kind, target=target,
                 predict=predict, stop_after=run.stop_after)
     finish = dict(settings=settings, config=config, method_ids=method_ids, metric_ids=metric_ids,
-                  batch_size=batch_size, chunk_size=chunk_size, log=run.log)
+                  batch_size=batch_size, chunk_size=chunk_size, log=run.log, explain_options=explain_options,
+                  target_kind=target_kind)
     shard = run.shard
     if shard is None or shard.count == 1:
         with results_lock(out):
@@ -390,7 +394,8 @@ def _finish(
     explainer: Any, dataset: Dataset, out: Path, timing: dict[str, float],
     cached: dict[tuple[int, str, Any], Explanation] | None, *, settings: BenchmarkSettings, config: EvalConfig,
     method_ids: list[str], metric_ids: list[str], batch_size: int, chunk_size: int,
-    log: Callable[[str], None] | None,
+    log: Callable[[str], None] | None, explain_options: dict[str, dict[str, Any]] | None = None,
+    target_kind: str = "logit",
 ) -> dict[str, Any]:
     """Merge the shards of ``out`` (whose lock we hold) into its files, then the data-set metrics and the summary.
 
@@ -426,8 +431,17 @@ def _finish(
             cached = explanation_cache(read_rows(out / "explanations.jsonl"))
         consist = _consistency(explainer, dataset, method_ids, cached, config, batch_size)
     timing = {**timing, "consistency_seconds": time.perf_counter() - t2}
-    seconds = _save_run(run_file, settings, _check_settings(run_file, settings, out) + timing["consistency_seconds"])
-    summary = summarize(out, settings, consist, {"seconds": seconds + remaining, **timing, "complete": complete})
+    t3 = time.perf_counter()
+    sanity = None
+    if "sanity" in metric_ids and complete:
+        if cached is None:
+            cached = explanation_cache(read_rows(out / "explanations.jsonl"))
+        sanity = _sanity(explainer, dataset, method_ids, cached, config, batch_size, explain_options, target_kind)
+    timing["sanity_seconds"] = time.perf_counter() - t3
+    seconds = _save_run(run_file, settings, _check_settings(run_file, settings, out) + timing["consistency_seconds"]
+                        + timing["sanity_seconds"])
+    summary = summarize(out, settings, consist, {"seconds": seconds + remaining, **timing, "complete": complete},
+                        sanity=sanity)
     if log is not None:
         log(f"wrote {out}/summary.json ({'complete' if complete else 'partial'})")
     return summary
@@ -546,6 +560,23 @@ def _consistency(
     main = {i: e for (i, role, _t), e in cached.items() if role == "explained"}
     return consistency_of(main, {i: dataset[i].label for i in main}, methods,
                           ModelPredictor(explainer.model, config.pad_token_id, batch_size), config)
+
+
+def _sanity(
+    explainer: Any, dataset: Dataset, methods: Sequence[str], cached: dict[tuple[int, str, int], Explanation],
+    config: EvalConfig, batch_size: int, options: dict[str, dict[str, Any]] | None, target_kind: str,
+) -> dict[str, Any]:
+    """The data-set metric sanity (cascading randomisation), from the cached explanations of the explained
+    classes: the same examples and targets explained again on ever more randomised copies of the weights."""
+    main = {i: e for (i, role, _t), e in cached.items() if role == "explained"}
+
+    def explain(texts: list[str], targets: list[Any]) -> list[Explanation]:
+        return explainer.explain(texts, list(methods), batch_size=batch_size, target=targets,
+                                 target_kind=target_kind,
+                                 options={k: v for k, v in (options or {}).items() if k in methods} or None)
+
+    return cascading_randomisation(explain, explainer.model, main, {i: dataset[i].text for i in main}, methods,
+                                   stream=getattr(explainer, "stream", "self"), seed=config.seed)
 
 
 __all__ = ["BenchmarkRun", "Shard", "run_benchmark"]

@@ -23,8 +23,11 @@ def summarize(
     settings: BenchmarkSettings,
     consist: dict[str, Any] | None = None,
     timing: dict[str, Any] | None = None,
+    sanity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Aggregate ``examples.jsonl`` into ``summary.json``, ``table.md`` and ``table.csv``."""
+    """Aggregate ``examples.jsonl`` into ``summary.json``, ``table.md`` and ``table.csv``.
+
+    ``consist`` and ``sanity``: the data-set metrics' results (:mod:`.metrics` consistency, :mod:`.sanity`)."""
     out = Path(out_dir)
     rows = read_rows(out / "examples.jsonl")
     done = complete_examples(rows, settings.methods)
@@ -39,12 +42,16 @@ def summarize(
             by_method[r["method"]].append(r)
     metric_names = list(settings.metrics)
     infos = {name: metric_info(name, config) for name in metric_names}
+    dataset_values = {  # data-set metric -> method -> its one value
+        "consistency": {m: c.get("silhouette") for m, c in (consist or {}).items()},
+        "sanity": {m: c.get("value") for m, c in ((sanity or {}).get("methods") or {}).items()},
+    }
     results: dict[str, dict[str, float | None]] = {}
     for m in settings.methods:
         results[m] = {}
         for name in metric_names:
             if infos[name].level == "dataset":  # one value per method, computed on the whole data set
-                results[m][name] = None if consist is None else finite(consist.get(m, {}).get("silhouette"))
+                results[m][name] = finite(dataset_values[name].get(m))
             else:
                 results[m][name] = mean_or_none([r["metrics"].get(name) for r in by_method[m]])
     curves: dict[str, Any] = {}
@@ -70,6 +77,7 @@ def summarize(
         "results": results,
         "curves": curves,
         "consistency": {} if consist is None else consist,
+        "sanity": {} if sanity is None else sanity,
         "timing": timing or {},
     }
     json_ready = json.loads(json.dumps(summary, default=jsonable))

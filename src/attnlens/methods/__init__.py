@@ -9,7 +9,8 @@ from importlib import import_module
 from .registry import Method, MethodOutput, get_method, list_methods, register, resolve_methods
 
 # The built-in method modules, in their documented order (each registers its methods on import).
-BUILTIN_MODULES = ("attention", "cat", "flow", "gradient", "lrp_methods", "decomposition", "valuezeroing")
+BUILTIN_MODULES = ("attention", "cat", "flow", "gradient", "lrp_methods", "decomposition", "valuezeroing",
+                   "perturbation")
 for _module in BUILTIN_MODULES:
     import_module(f"{__name__}.{_module}")
 

@@ -49,7 +49,7 @@ def _embeddings_replaced(module: torch.nn.Module, embeddings: torch.Tensor) -> I
         handle.remove()
 
 
-def _embedding_forward(ctx: BatchContext) -> tuple[Callable[..., torch.Tensor], torch.Tensor, tuple[torch.Tensor, ...]]:
+def embedding_forward(ctx: BatchContext) -> tuple[Callable[..., torch.Tensor], torch.Tensor, tuple[torch.Tensor, ...]]:
     """A Captum forward function over the input-token embeddings, returning each example's explained scalar.
 
     Token ids, the other inputs and the targets travel as additional arguments, so Captum expands them together
@@ -105,7 +105,7 @@ def _sequence_forward(ctx: BatchContext, base_ids: torch.Tensor) -> tuple[Callab
 
 def _captum_gradients(ctx: BatchContext, multiply: bool) -> torch.Tensor:
     """Captum's Saliency (signed) or InputXGradient on the token embeddings: ``(B, N, D)``."""
-    forward, embeddings, extra = _embedding_forward(ctx)
+    forward, embeddings, extra = embedding_forward(ctx)
     embeddings.requires_grad_(True)
     with torch.enable_grad():
         if multiply:
@@ -327,7 +327,7 @@ def integratedgradients(
             ctx.progress(rows / n_ex)
 
     if ctx.sequence is None:
-        forward, x, extra = _embedding_forward(ctx)
+        forward, x, extra = embedding_forward(ctx)
         with torch.no_grad():
             base = ctx.adapter.embedding_module(ctx.model)(base_ids)
         ends = _values(forward, torch.cat([x, base]), tuple(torch.cat([t, t]) for t in extra), chunk)

@@ -345,6 +345,31 @@ def plot_aopc_curves(summary: Mapping[str, Any], path: str | Path | None = None,
     return _finish(fig, path)
 
 
+def plot_sanity(summary: Mapping[str, Any], path: str | Path | None = None, title: str | None = None,
+                absolute: bool = False) -> Figure:
+    """Spearman ρ between each method's scores on the trained model and on the model randomised from the head
+    down to each depth (Adebayo et al. 2018, Fig. 2), from ``summary["sanity"]``; ``absolute``: ρ of |scores|."""
+    sanity = summary.get("sanity") or {}
+    if not sanity.get("methods"):
+        raise InputError("the summary has no sanity results (run the benchmark with --metrics sanity)")
+    key = "spearman_abs" if absolute else "spearman"
+    depths = ["none", *sanity["depths"]]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    colors = _method_colors(list(sanity["methods"]))
+    for method, c in sanity["methods"].items():
+        ys = [1.0, *(np.nan if v is None else v for v in c[key])]
+        ax.plot(range(len(depths)), ys, marker="o", markersize=3, label=method, color=colors[method])
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(depths)), depths, rotation=30, ha="right", fontsize=8)
+    ax.set_xlabel("randomised down to (cascading, from the head)")
+    ax.set_ylabel("Spearman ρ with the trained model's scores" + (" (|scores|)" if absolute else ""))
+    ax.set_ylim(-1.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2 if len(colors) > 6 else 1)
+    ax.set_title(title or f"model randomisation  |  {_summary_title(summary)}", fontsize=10)
+    return _finish(fig, path)
+
+
 def _method_colors(methods: Sequence[str]) -> dict[str, Any]:
     unique = list(dict.fromkeys(methods))
     cmap = plt.get_cmap("tab10" if len(unique) <= 10 else "tab20")

@@ -147,6 +147,12 @@ def _figures(summary: Mapping[str, Any], label_names: list[str] | None) -> list[
         parts.append("<h2>AOPC curves</h2>")
         trimmed = {**summary, "curves": {**curves, "aopc": aopc}}
         parts.append(_figure(plots.plot_aopc_curves(trimmed), "AOPC curves"))
+    if (summary.get("sanity") or {}).get("methods"):
+        parts.append("<h2>Sanity: explanations of ever more randomised models</h2>")
+        parts.append('<div class="pair">')
+        parts.append(_figure(plots.plot_sanity(summary), "rank correlation vs randomised depth"))
+        parts.append(_figure(plots.plot_sanity(summary, absolute=True), "rank correlation of |scores|"))
+        parts.append("</div>")
     consistency = {m: c for m, c in (summary.get("consistency") or {}).items() if c and c.get("points")}
     if consistency:
         parts.append("<h2>Consistency: embeddings of the top tokens</h2>")
