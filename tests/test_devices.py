@@ -118,8 +118,11 @@ def test_from_pretrained_without_cuda_fails_before_loading(model_dir, monkeypatc
 # scale (ALTI on BERT; 0.07 for most others), float16 (11-bit mantissa) by at most 0.02. Partial LRP in bfloat16
 # (the z+ rule divides by sums of a few 3-digit terms) by 0.16 on BERT: 0.12 while the LRP pass's LayerNorm and
 # softmax returned x * (y / x), which rounds the model's own bfloat16 values; now it returns them exactly.
+# Occlusion, LIME and KernelSHAP score differences of two model outputs (the input and its perturbation), each
+# rounded to bfloat16: about one unit in the last place of the logit (2^-7 of it), 0.154 of the scale on GPT-2.
 TOL = {torch.bfloat16: 0.15, torch.float16: 0.03}
 HALF_LRP_TOL = {torch.bfloat16: 0.2, torch.float16: 0.03}
+HALF_PERTURBATION_TOL = {torch.bfloat16: 0.25, torch.float16: 0.03}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -136,7 +139,8 @@ def test_half_precision_explanations_are_close_to_float32(family, dtype, tokeniz
         for m in a.scores:
             assert b.scores[m].dtype == np.float64
             scale = np.abs(a.scores[m]).max()
-            tol = (HALF_LRP_TOL if m == "partiallrp" else TOL)[dtype]
+            tol = (HALF_LRP_TOL if m == "partiallrp" else HALF_PERTURBATION_TOL if m in ("occlusion", "lime", "kernelshap")
+                   else TOL)[dtype]
             assert np.abs(a.scores[m] - b.scores[m]).max() <= tol * scale, (family, m)
             assert (b.scores[m][~np.asarray(b.special)] != 0).any(), (family, m)  # not a zeroed-out result
 
