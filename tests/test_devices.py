@@ -139,8 +139,8 @@ def test_half_precision_explanations_are_close_to_float32(family, dtype, tokeniz
         for m in a.scores:
             assert b.scores[m].dtype == np.float64
             scale = np.abs(a.scores[m]).max()
-            tol = (HALF_LRP_TOL if m == "partiallrp" else HALF_PERTURBATION_TOL if m in ("occlusion", "lime", "kernelshap")
-                   else TOL)[dtype]
+            perturbation = m in ("occlusion", "lime", "kernelshap")
+            tol = (HALF_LRP_TOL if m == "partiallrp" else HALF_PERTURBATION_TOL if perturbation else TOL)[dtype]
             assert np.abs(a.scores[m] - b.scores[m]).max() <= tol * scale, (family, m)
             assert (b.scores[m][~np.asarray(b.special)] != 0).any(), (family, m)  # not a zeroed-out result
 
