@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
@@ -20,7 +18,7 @@ from attnlens.core.memory import (
     rows_that_fit,
     shared_pass_row_bytes,
 )
-from attnlens.methods import gradient
+from attnlens.methods import gradient, registry
 from attnlens.testing.tiny_models import build_tiny
 
 SHORT, LONG = "good", "the plot was boring but the actors were charming and the film is great i loved it"
@@ -83,7 +81,7 @@ def test_small_budget_makes_smaller_batches_with_the_same_scores(monkeypatch):
     n_long = len(ex.encode([LONG])[0].ids)
     # the smallest budget attnlens takes is 64 MiB and a row of the tiny model is far less: make the engine's
     # estimate of the two long rows half of it, so that they go in a batch of their own
-    monkeypatch.setattr(engine, "shared_pass_row_bytes", lambda d, n: (64 * 2**20) // 2 if n >= n_long else 1)
+    monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: (64 * 2**20) // 2 if n >= n_long else 1)
     small = ex.explain(texts, methods=["rollout", "attcat"], batch_size=4, memory_budget="64MiB")
     assert sizes == [2, 2]
     for a, b in zip(big, small, strict=True):
@@ -91,16 +89,51 @@ def test_small_budget_makes_smaller_batches_with_the_same_scores(monkeypatch):
             np.testing.assert_allclose(a.scores[m], b.scores[m], atol=1e-6)
 
 
-def test_an_input_over_the_budget_alone_is_said_once(monkeypatch):
+def test_an_input_over_the_budget_is_refused_before_anything_runs(monkeypatch):
     ex = Explainer(make_model("bert"), make_tokenizer())
     n_long = len(ex.encode([LONG])[0].ids)
-    monkeypatch.setattr(memory, "shared_pass_row_bytes", lambda d, n: 2**27 if n >= n_long else 1)  # 128 MiB
-    with pytest.warns(UserWarning, match=f"an input of {n_long} tokens needs about 0.1 GiB.*it runs alone") as got:
-        (e, _) = ex.explain([LONG, SHORT], methods=["attcat"], memory_budget="64MiB")
-    assert len([w for w in got if "runs alone" in str(w.message)]) == 1 and "attcat" in e.scores
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ex.explain([LONG], methods=["rollout"], memory_budget="64MiB")  # no gradients: no backward to hold
+    ran = _count_batches(monkeypatch)
+    # 128 MiB per pass from the long input's length on, 1 byte below it
+    monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: 2**27 if n >= n_long else 1)
+    with pytest.raises(InputError, match=rf"an input of {n_long} tokens with attcat, rollout needs about 128 MiB, "
+                                         rf"more than the memory budget of 64 MiB; within it: attcat up to "
+                                         rf"{n_long - 1} tokens; rollout up to {n_long - 1} tokens") as got:
+        ex.explain([LONG, SHORT], methods=["attcat", "rollout"], memory_budget="64MiB")
+    assert "\n" not in str(got.value) and ran == []  # one line, and nothing ran
+    (e,) = ex.explain([SHORT], methods=["attcat"], memory_budget="64MiB")  # what fits runs
+    assert "attcat" in e.scores
+
+
+def test_cli_refuses_over_the_budget_with_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: 2**27 if n >= 4 else 1)
+    out = tmp_path / "e.json"
+    assert main(["explain", "--methods", "rawatt", "--memory-budget", "64MiB", "--format", "json",
+                 "--out", str(out), LONG]) == 2
+    err = capsys.readouterr().err
+    assert "needs about 128 MiB, more than the memory budget of 64 MiB; within it: rawatt up to 3 tokens" in err
+    assert err.count("\n") == 1 and not out.exists()
+
+
+def _storage_of(ex: Explainer, methods: list[str]) -> memory.Storage:
+    return engine.pass_cost(ex, [registry.get_method(m) for m in methods]).shared_storage
+
+
+def test_the_estimate_follows_what_the_capture_keeps():
+    llama = _lm_explainer()
+    rows = _storage_of(llama, ["rawatt", "agrad"])  # fused attention, the explained rows and their gradients
+    assert rows == memory.Storage(eager=False, backward=True, rows=1, row_grads=True)
+    assert _storage_of(llama, ["attcat"]) == memory.Storage(eager=False, backward=True, rows=1, received=True,
+                                                           hidden=True, hidden_grads=True)
+    assert _storage_of(llama, ["saliency"]) == memory.Storage(eager=False, backward=True, embeddings=True,
+                                                             embedding_grads=True)
+    full = _storage_of(llama, ["rollout", "rawatt"])  # rollout reads every map: eager, the maps kept
+    assert full.eager and full.maps and not full.backward
+    dims = model_dims(llama.model)
+    n = 4096
+    assert memory.pass_row_bytes(dims, n, rows) * 20 < memory.pass_row_bytes(dims, n, full)
+    # an encoder-decoder's streams are read from the whole maps
+    bart = Explainer(make_model("bart"), make_tokenizer())
+    assert _storage_of(bart, ["rawatt"]).maps
 
 
 def test_ig_internal_batch_follows_budget_and_length(monkeypatch):
@@ -161,8 +194,8 @@ def test_generation_steps_per_batch_follow_the_budget(monkeypatch):
     n_steps = len(full.generated_ids)
     assert n_steps >= 8
     sizes = _count_batches(monkeypatch)
-    monkeypatch.setattr(generation, "shared_pass_row_bytes", lambda d, n: 32 * 2**20)
-    monkeypatch.setattr(generation, "step_gradient_bytes", lambda d, n: 8 * 2**20)
+    monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: 32 * 2**20)
+    monkeypatch.setattr(generation, "step_gradient_bytes", lambda d, n, s: 8 * 2**20)
     small = ex.explain_generation(prompt, methods, target=target, memory_budget="64MiB")
     assert sizes == [5] * (n_steps // 5) + ([n_steps % 5] if n_steps % 5 else [])
     for m in methods:
@@ -172,15 +205,11 @@ def test_generation_steps_per_batch_follow_the_budget(monkeypatch):
     assert sizes == [n_steps]
 
 
-def test_a_generation_over_the_budget_runs_one_step_at_a_time_and_says_so(monkeypatch):
+def test_a_generation_over_the_budget_is_refused_before_it_runs(monkeypatch):
     ex = _lm_explainer()
-    full = ex.explain_generation("the movie was", ["attcat"], target=" good but bad")
     sizes = _count_batches(monkeypatch)
-    for module in (generation, memory):  # the batch sizing and the warning
-        monkeypatch.setattr(module, "shared_pass_row_bytes", lambda d, n: 2**27)  # 128 MiB
-    with pytest.warns(UserWarning, match=r"a generation of \d+ tokens needs about 0.1 GiB.*steps run one at a") as got:
-        g = ex.explain_generation("the movie was", ["attcat"], target=" good but bad", memory_budget="64MiB")
-    said = [w for w in got if "one at a time" in str(w.message)]
-    assert len(said) == 1 and said[0].filename == __file__  # pointed at the caller's line
-    assert sizes == [1] * len(g.generated_ids)
-    np.testing.assert_allclose(g.scores["attcat"], full.scores["attcat"], atol=1e-5)
+    monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: 2**27)  # 128 MiB at any length
+    with pytest.raises(InputError, match=r"a generation of \d+ tokens with attcat needs about 128 MiB, more than the "
+                                         r"memory budget of 64 MiB; within it: attcat not even 1 token"):
+        ex.explain_generation("the movie was", ["attcat"], target=" good but bad", memory_budget="64MiB")
+    assert sizes == []

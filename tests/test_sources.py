@@ -221,7 +221,10 @@ def test_source_scores_are_the_token_scores_summed_per_source(lm):
         share = np.abs(tok[owner < 0]).sum() / np.abs(tok).sum()
         assert r.meta["outside_share"][m] == pytest.approx(share)
     direct = lm.explain_answer(r.prompt, r.answer, ["inputxgradient"])  # plain prompt: the same tokens
-    np.testing.assert_allclose(r.token_scores["inputxgradient"], direct.scores["inputxgradient"][:len(owner)])
+    # alone, inputxgradient's pass runs fused attention; beside decompx, eager attention with the whole maps: the
+    # two round differently (docs/long-context.md: within 1e-5 of the largest score)
+    want = direct.scores["inputxgradient"][:len(owner)]
+    np.testing.assert_allclose(r.token_scores["inputxgradient"], want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 def test_an_answer_stretch_is_explained_after_the_answer_before_it(lm):

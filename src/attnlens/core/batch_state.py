@@ -39,6 +39,13 @@ class Capture:
         query_weights: ``(B, Q)`` weights of the explained query row(s): one-hot at the classification position,
             or uniform over the real queries (BART's encoder stream). ``score = query_weights @ matrix``.
         self_attention: whether queries and keys are the same positions (square matrices; rollout needs it).
+        attention_rows: L tensors ``(B, H, R, K)``: each layer's attention at the R query rows the explanation
+            reads (``attentions`` themselves when the whole maps were kept: then R = Q).
+        attention_row_grads: their gradients, or ``None``.
+        row_weights: ``(B, R)`` weights of the explained row(s) among ``attention_rows``' rows
+            (``query_weights`` when R = Q). ``score = row_weights @ rows`` (:meth:`explained_row`).
+        attention_received: L tensors ``(B, K)``: the attention each key receives, mean over heads and real
+            query rows (what :meth:`query_mean` of the head-mean map gives), or ``None``.
     """
 
     logits: torch.Tensor
@@ -52,12 +59,30 @@ class Capture:
     hidden_grads: list[torch.Tensor] | None = None
     embeddings: torch.Tensor | None = None
     embedding_grads: torch.Tensor | None = None
+    attention_rows: list[torch.Tensor] | None = None
+    attention_row_grads: list[torch.Tensor] | None = None
+    row_weights: torch.Tensor | None = None
+    attention_received: list[torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        # whole maps hold their own rows: the explained ones are read from them (R = Q)
+        if self.attention_rows is None and self.attentions is not None:
+            self.attention_rows, self.attention_row_grads = self.attentions, self.attention_grads
+        if self.row_weights is None:
+            self.row_weights = self.query_weights
+
+    def received_attention(self) -> list[torch.Tensor]:
+        """L tensors ``(B, K)``: the attention each key receives, mean over heads and real query rows — as the
+        pass reduced it, or from the whole maps."""
+        if self.attention_received is None:
+            self.attention_received = [self.query_mean(a.mean(1)) for a in self.attentions]
+        return self.attention_received
 
     @property
     def n_layers(self) -> int:
         """L, from whichever per-layer tensors were kept (0 if none was)."""
-        for tensors, extra in ((self.attentions, 0), (self.attention_grads, 0), (self.hidden, 1),
-                               (self.hidden_grads, 1)):
+        for tensors, extra in ((self.attentions, 0), (self.attention_grads, 0), (self.attention_rows, 0),
+                               (self.attention_received, 0), (self.hidden, 1), (self.hidden_grads, 1)):
             if tensors is not None:
                 return len(tensors) - extra
         return 0
@@ -72,6 +97,12 @@ class Capture:
         if matrix.dim() == 4:
             return torch.einsum("bq,bhqk->bhk", self.query_weights.to(matrix.dtype), matrix)
         return torch.einsum("bq,bqk->bk", self.query_weights.to(matrix.dtype), matrix)
+
+    def explained_row(self, rows: torch.Tensor) -> torch.Tensor:
+        """The explained row of ``rows`` ``(B, R, K)`` (or ``(B, H, R, K)``), a matrix over
+        :attr:`attention_rows`' rows: ``row_weights @ rows``."""
+        w = self.row_weights.to(rows.dtype)
+        return torch.einsum("br,bhrk->bhk" if rows.dim() == 4 else "br,brk->bk", w, rows)
 
 
 @dataclass

@@ -2,25 +2,43 @@
 
 The pass keeps only what the requested methods declare (:func:`attnlens.methods.registry.capture_request`):
 attention-only requests run without a graph and keep no hidden states, and gradients are taken only of the
-tensors whose gradients some method reads. A new kind of tensor (e.g. value vectors, for a method that needs
-them) is one constant in the registry's ``CAPTURED`` and one recorder below (a forward hook, as for the
-embeddings).
+tensors whose gradients some method reads. Unless a method reads every layer's whole attention maps
+(``ATTENTION``), models that dispatch their attention through transformers' interface run fused attention
+(:mod:`attnlens.core.row_attention`) keeping only the explained rows (``ATTENTION_ROWS``) and the attention each
+key receives (``ATTENTION_RECEIVED``); elsewhere (encoder-decoders, mean pooling, attention features the fused
+path does not reproduce) the pass runs eager attention and those are read from the whole maps.
+A new kind of tensor (e.g. value vectors, for a method that needs them) is one constant in the registry's
+``CAPTURED`` and one recorder below (a forward hook, as for the embeddings).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..methods.registry import ATTENTION, CAPTURED, EMBEDDINGS, HIDDEN
-from ..models.adapters import Adapter
+from ..methods.registry import ATTENTION, ATTENTION_RECEIVED, ATTENTION_ROWS, CAPTURED, EMBEDDINGS, HIDDEN
+from ..models.adapters import MEAN, Adapter
 from ..models.heads import CLASSIFICATION, Head
 from ..models.prefixes import RowViews, last_token_rows, row_gradients
 from .batch_state import Capture
+from .memory import Storage
+from .modelstate import attention_switched
+from .row_attention import (
+    RowAttentionUnsupported,
+    RowRecorder,
+    dispatches_attention,
+    recomputed_layers,
+    recording,
+    registered,
+)
+
+FULL_MAPS = "full"  # eager attention, every layer's whole maps returned (read by ATTENTION methods)
+ROWS = "rows"  # fused attention keeping the explained rows and received attention (core/row_attention.py)
 
 
 def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -40,6 +58,40 @@ def _without_hidden_states(outputs: Any) -> Any:
     return outputs
 
 
+def capture_mode(model: nn.Module, adapter: Adapter, stream: str, keep: Collection[str],
+                 positions_known: bool = False) -> str:
+    """How a pass keeping ``keep`` runs on ``model``: :data:`ROWS` (fused attention, nothing ``N × N`` kept) when
+    no method reads the whole maps and the model can (a single-stream family whose explained rows are single
+    positions, attention through transformers' interface), else :data:`FULL_MAPS`. ``positions_known``: the head
+    names the explained positions (token classification)."""
+    if ATTENTION in keep or adapter.streams != ("self",) or not dispatches_attention(model):
+        return FULL_MAPS
+    return ROWS if positions_known or adapter.pooling != MEAN else FULL_MAPS
+
+
+def planned_storage(model: nn.Module, adapter: Adapter, stream: str, keep: Collection[str],
+                    differentiate: Collection[str], gradients: bool, positions_known: bool = False) -> Storage:
+    """What :func:`run_capture` keeps per row for this request (the memory estimates read it)."""
+    keep = frozenset(keep)
+    grads = frozenset(differentiate) & keep if gradients else frozenset()
+    attention = keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED}
+    if capture_mode(model, adapter, stream, keep, positions_known) == ROWS:
+        return Storage(eager=False, backward=bool(grads), rows=int(ATTENTION_ROWS in keep),
+                       row_grads=ATTENTION_ROWS in grads, received=ATTENTION_RECEIVED in keep,
+                       hidden=HIDDEN in keep, hidden_grads=HIDDEN in grads, embeddings=EMBEDDINGS in keep,
+                       embedding_grads=EMBEDDINGS in grads)
+    # eager attention: the model returns every layer's whole maps (the adapters read the layout from them)
+    return Storage(eager=True, backward=bool(grads), maps=True, map_grads=bool(grads & {ATTENTION, ATTENTION_ROWS}),
+                   received=bool(attention) and ATTENTION_RECEIVED in keep, hidden=HIDDEN in keep,
+                   hidden_grads=HIDDEN in grads, embeddings=EMBEDDINGS in keep, embedding_grads=EMBEDDINGS in grads)
+
+
+def _layer_count(model: nn.Module) -> int | None:
+    cfg = getattr(model, "config", None)
+    value = getattr(cfg, "num_hidden_layers", None)
+    return value if isinstance(value, int) else None
+
+
 def run_capture(
     model: nn.Module,
     adapter: Adapter,
@@ -55,23 +107,77 @@ def run_capture(
     keep: Collection[str] = CAPTURED,
     differentiate: Collection[str] | None = None,
     sequence: dict[str, torch.Tensor] | None = None,
+    recompute: bool = False,
 ) -> tuple[Capture, torch.Tensor]:
-    """Run ``model`` once on a padded batch, keeping the tensors named in ``keep`` (attention probabilities,
-    hidden states, input embeddings: the registry's ``ATTENTION``, ``HIDDEN``, ``EMBEDDINGS``), and, if
-    ``gradients``, take the gradients of the summed per-example target scalars w.r.t. those in ``differentiate``
-    (default: all of ``keep``) in one backward pass (:func:`torch.autograd.grad`: nothing is written to ``.grad``
-    and weight gradients are never computed). What is not kept stays ``None`` in the capture.
+    """Run ``model`` once on a padded batch, keeping the tensors named in ``keep`` (the registry's ``ATTENTION``,
+    ``ATTENTION_ROWS``, ``ATTENTION_RECEIVED``, ``HIDDEN``, ``EMBEDDINGS``), and, if ``gradients``, take the
+    gradients of the summed per-example target scalars w.r.t. those in ``differentiate`` (default: every
+    differentiable one of ``keep``) in one backward pass (:func:`torch.autograd.grad`: nothing is written to
+    ``.grad`` and weight gradients are never computed). What is not kept stays ``None`` in the capture.
     ``targets=None`` explains each example's predicted class (QA: the best span within ``answer_mask``).
     ``sequence``: inputs (a batch of one) of a causal sequence whose prefixes the batch's rows are (the steps of a
     generation, :attr:`BatchContext.sequence`): the model runs once, on it, and the capture holds its tensors
     viewed as the batch's rows; each row's gradients are of its own target, by batched vector-Jacobian
     products through that one forward (``is_grads_batched``).
+    ``recompute``: with fused attention, the backward recomputes each layer instead of keeping its activations
+    (:func:`~attnlens.core.row_attention.recomputed_layers`; for inputs whose activations would not fit).
     Returns the capture and the targets.
     """
     keep = frozenset(keep)
-    differentiate = keep if differentiate is None else frozenset(differentiate) & keep
-    gradients = gradients and bool(differentiate)
+    differentiate = keep - {ATTENTION_RECEIVED} if differentiate is None else frozenset(differentiate) & keep
+    positions = head.explained_positions(targets)  # token classification: the explained token's row
+    if positions is None:
+        cls = adapter.classification_index(inputs["input_ids"], token_mask, model.config)
+    else:
+        cls = positions
+    mode = capture_mode(model, adapter, stream, keep, positions is not None)
+    if mode == ROWS:
+        try:
+            return _run(model, adapter, inputs, token_mask, stream, targets, target_kind, gradients, head,
+                        answer_mask, keep, differentiate, sequence, cls, positions, ROWS, recompute)
+        except RowAttentionUnsupported:
+            pass  # a feature the fused path does not reproduce: the whole maps, as eager attention gives them
+    return _run(model, adapter, inputs, token_mask, stream, targets, target_kind, gradients, head, answer_mask,
+                keep, differentiate, sequence, cls, positions, FULL_MAPS)
+
+
+def _run(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
+         stream: str, targets: torch.Tensor | None, target_kind: str, gradients: bool, head: Head,
+         answer_mask: torch.Tensor | None, keep: frozenset[str], differentiate: frozenset[str],
+         sequence: dict[str, torch.Tensor] | None, cls: torch.Tensor, positions: torch.Tensor | None, mode: str,
+         recompute: bool = False) -> tuple[Capture, torch.Tensor]:
+    """:func:`run_capture` in one ``mode``: with fused attention, the forward and the backward (which may
+    recompute layers) run under the recording attention implementation."""
+    with ExitStack() as stack:
+        recorder = RowRecorder()
+        if mode == ROWS:
+            stack.enter_context(attention_switched(model, registered()))
+            stack.enter_context(recording(recorder))
+            if recompute and gradients:
+                stack.enter_context(recomputed_layers(model))
+        return _pass(model, adapter, inputs, token_mask, stream, targets, target_kind, gradients, head, answer_mask,
+                     keep, differentiate, sequence, cls, positions, mode, recorder)
+
+
+def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
+          stream: str, targets: torch.Tensor | None, target_kind: str, gradients: bool, head: Head,
+          answer_mask: torch.Tensor | None, keep: frozenset[str], differentiate: frozenset[str],
+          sequence: dict[str, torch.Tensor] | None, cls: torch.Tensor, positions: torch.Tensor | None, mode: str,
+          recorder: RowRecorder) -> tuple[Capture, torch.Tensor]:
+    if mode == FULL_MAPS:  # rows and received attention are read from the whole maps
+        wants_maps = bool(keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED})
+        grad_kinds = {ATTENTION if k == ATTENTION_ROWS else k for k in differentiate}
+    else:
+        wants_maps = False
+        grad_kinds = set(differentiate)
+    gradients = gradients and bool(grad_kinds)
     store: dict[str, torch.Tensor] = {}
+    if mode == ROWS:
+        if ATTENTION_ROWS in keep:
+            recorder.rows = torch.unique(cls)
+        if ATTENTION_RECEIVED in keep:
+            m = token_mask.to(torch.float32)
+            recorder.received_weights = m / m.sum(1, keepdim=True).clamp_min(1.0)
 
     def keep_embeddings(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         # The embedding output is the graph's leaf when the parameters are frozen; make it require grad so
@@ -86,9 +192,19 @@ def run_capture(
     handle = adapter.embedding_module(model).register_forward_hook(keep_embeddings) if hooked else None
     try:
         with torch.set_grad_enabled(gradients):
-            # Attention probabilities are always asked for: the adapters read the stream's layout from them.
-            outputs = model(**(inputs if sequence is None else sequence), output_attentions=True,
-                            output_hidden_states=HIDDEN in keep, return_dict=True)
+            kwargs = dict(inputs if sequence is None else sequence)
+            if mode == ROWS:
+                if getattr(model.config, "use_cache", None) is not None:
+                    kwargs["use_cache"] = False  # a recomputed layer must not append to a key/value cache again
+                outputs = model(**kwargs, output_hidden_states=HIDDEN in keep, return_dict=True)
+                recorder.done = True
+                if recorder.calls != _layer_count(model):  # some layer did not come through the interface
+                    raise RowAttentionUnsupported(f"{recorder.calls} attention layers recorded")
+                outputs.attentions = tuple(recorder.kept_rows)
+            else:
+                # Attention probabilities are always asked for: the adapters read the stream's layout from them.
+                outputs = model(**kwargs, output_attentions=True, output_hidden_states=HIDDEN in keep,
+                                return_dict=True)
     finally:
         if handle is not None:
             handle.remove()
@@ -100,11 +216,6 @@ def run_capture(
     if HIDDEN not in keep:
         outputs = _without_hidden_states(outputs)
 
-    positions = head.explained_positions(targets)  # token classification: the explained token's row
-    if positions is None:
-        cls = adapter.classification_index(inputs["input_ids"], token_mask, model.config)
-    else:
-        cls = positions
     stream_tensors = adapter.select(outputs, stream, token_mask, cls)
     weights = head.query_weights(targets, stream_tensors.query_mask.shape[1])
     if weights is not None:
@@ -112,8 +223,11 @@ def run_capture(
     logits = head.logits(outputs)
     if targets is None:
         targets = head.predicted(logits, token_mask, answer_mask)
+    query_weights = stream_tensors.query_weights.to(logits.dtype)
+    maps = list(stream_tensors.attentions)
     recorded = {
-        ATTENTION: list(stream_tensors.attentions),
+        ATTENTION: maps if wants_maps else [],
+        ATTENTION_ROWS: maps,
         HIDDEN: list(stream_tensors.hidden),
         EMBEDDINGS: [store["embeddings"]] if "embeddings" in store else [],
     }
@@ -127,13 +241,25 @@ def run_capture(
         attentions=kept(ATTENTION, recorded[ATTENTION]),
         query_mask=stream_tensors.query_mask,
         key_mask=stream_tensors.key_mask,
-        query_weights=stream_tensors.query_weights.to(logits.dtype),
+        query_weights=query_weights,
         self_attention=stream_tensors.self_attention,
         hidden=kept(HIDDEN, recorded[HIDDEN]),
         embeddings=embeddings[0] if embeddings else None,
+        attention_rows=kept(ATTENTION_ROWS, recorded[ATTENTION_ROWS]),
     )
+    if mode == ROWS:
+        rows = recorder.rows if recorder.rows is not None else cls.new_zeros(0)
+        capture.row_weights = (cls[:, None] == rows[None, :].to(cls.device)).to(logits.dtype)
+        if ATTENTION_RECEIVED in keep:
+            capture.attention_received = [r.to(logits.dtype) for r in recorder.received]
+    else:
+        capture.row_weights = query_weights
+        if ATTENTION_RECEIVED in keep:
+            capture.attention_received = Capture(logits=logits, attentions=[a.detach() for a in maps],
+                                                 query_mask=stream_tensors.query_mask, key_mask=stream_tensors.key_mask,
+                                                 query_weights=query_weights).received_attention()
     if gradients:
-        wanted = _unique([t for kind in sorted(differentiate) for t in recorded[kind]])
+        wanted = _unique([t for kind in sorted(grad_kinds) for t in recorded[kind]])
         if sequence is None:
             y = head.scalar(logits, targets, target_kind, token_mask)
             grads = torch.autograd.grad(y.sum(), wanted, allow_unused=True)
@@ -143,10 +269,12 @@ def run_capture(
             grads = row_gradients(y, [views.bases[id(t)] for t in wanted])
         by_id = {id(t): (g if g is not None else torch.zeros_like(t)) for t, g in zip(wanted, grads, strict=True)}
 
-        def grads_of(kind: str) -> list[torch.Tensor] | None:
-            return [by_id[id(t)].detach() for t in recorded[kind]] if kind in differentiate else None
+        def grads_of(kind: str, source: str | None = None) -> list[torch.Tensor] | None:
+            source = source or kind
+            return [by_id[id(t)].detach() for t in recorded[source]] if kind in differentiate else None
 
         capture.attention_grads = grads_of(ATTENTION)
+        capture.attention_row_grads = grads_of(ATTENTION_ROWS)
         capture.hidden_grads = grads_of(HIDDEN)
         embedding_grads = grads_of(EMBEDDINGS)
         capture.embedding_grads = embedding_grads[0] if embedding_grads else None

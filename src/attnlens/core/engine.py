@@ -6,7 +6,8 @@ captured tensors every method reads, turned into :class:`~attnlens.results.expla
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,9 +19,18 @@ from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
 from ..version import __version__
 from .batch_state import TARGET_KINDS, BatchContext
-from .capture import run_capture
+from .capture import planned_storage, run_capture
 from .encoding import Encoded
-from .memory import DEFAULT_BUDGET, budget_chunks, model_dims, shared_pass_row_bytes, warn_when_one_row_exceeds
+from .memory import (
+    DEFAULT_BUDGET,
+    Dims,
+    Storage,
+    budget_chunks,
+    fitting,
+    model_dims,
+    pass_row_bytes,
+    refuse_over_budget,
+)
 from .model_runner import ModelRunner
 from .modelstate import explaining
 from .progress import ExplainProgress, ProgressCallback, planned_passes
@@ -83,6 +93,71 @@ def warn_per_token_methods(specs: list[Method], methods: str | Sequence[str] | N
                       "name the methods without it when speed matters", stacklevel=3)
 
 
+@dataclass
+class PassCost:
+    """Bytes the batch's passes hold per row of ``n`` tokens: the shared pass (``shared``, what batches are sized
+    by) and the largest own pass a method runs beside it (``own``); ``alone``: each method's total on its own."""
+
+    dims: Dims
+    shared_storage: Storage | None
+    own_storages: dict[str, Storage]
+    alone: dict[str, Callable[[int], int]]
+    budget: int = DEFAULT_BUDGET
+
+    def storage(self, n: int) -> Storage | None:
+        """The shared pass's storage at ``n`` tokens (recomputing layers where keeping them would not fit)."""
+        if self.shared_storage is None:
+            return None
+        return fitting(self.dims, n, self.shared_storage, self.budget)
+
+    def shared(self, n: int) -> int:
+        storage = self.storage(n)
+        return 0 if storage is None else pass_row_bytes(self.dims, n, storage)
+
+    def own(self, n: int) -> int:
+        return max((pass_row_bytes(self.dims, n, s) for s in self.own_storages.values()), default=0)
+
+    def total(self, n: int) -> int:
+        return self.shared(n) + self.own(n)
+
+    def refuse_over(self, n: int, budget: int, what: str = "an input") -> None:
+        """An :class:`InputError` (one line) before anything runs when ``n`` tokens need more than ``budget``."""
+        refuse_over_budget(n, budget, self.total(n), self.alone, what)
+
+
+def _own_pass_storage(spec: Method) -> Storage:
+    """What a method running its own passes holds: LRP a forward+backward with every map and its gradient kept;
+    value zeroing eager forwards with the maps; integrated gradients a forward+backward."""
+    if spec.lrp:
+        return Storage(eager=True, backward=True, maps=True, map_grads=True, hidden=True, hidden_grads=True)
+    if spec.per_token_passes:
+        return Storage(eager=True, maps=True)
+    return Storage(eager=True, backward=True)
+
+
+def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BUDGET) -> PassCost:
+    """The memory the passes serving ``specs`` hold within ``budget``, as a function of the length
+    (:class:`PassCost`)."""
+    dims = model_dims(runner.model)
+    positions_known = runner.head.explained_positions(torch.zeros(1, 2, dtype=torch.long)) is not None
+
+    def shared(group: list[Method]) -> Storage | None:
+        keep, differentiate = capture_request(group)
+        gradients = any(GRADIENTS in s.needs for s in group)
+        if not keep and not gradients:
+            return None
+        return planned_storage(runner.model, runner.adapter, runner.stream, keep, differentiate, gradients,
+                               positions_known)
+
+    own = {s.name: _own_pass_storage(s) for s in specs if OWN_PASS in s.needs}
+
+    def alone(spec: Method) -> Callable[[int], int]:
+        return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},
+                        budget).total
+
+    return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget)
+
+
 def explain_all(
     runner: ModelRunner, encoded: list[Encoded], targets: list[Any], specs: list[Method],
     method_options: dict[str, dict[str, Any]], target_kind: str, batch_size: int, progress: bool | ProgressCallback,
@@ -98,15 +173,16 @@ def explain_all(
     results: list[Explanation | None] = [None] * len(encoded)
     lengths = [len(e.ids) for e in encoded]
     dims = model_dims(runner.model)
-    if gradients and lengths:
-        warn_when_one_row_exceeds(dims, max(lengths), memory_budget)
+    cost = pass_cost(runner, specs, memory_budget)
+    if lengths:  # the longest input runs alone at worst: refuse before anything runs if even that does not fit
+        cost.refuse_over(max(lengths), memory_budget)
     own = {s.name: planned_passes(method_options.get(s.name, {})) for s in specs if OWN_PASS in s.needs}
     tracker = ExplainProgress(lengths, dims.hidden, own, bar=progress is True,
                               callback=progress if callable(progress) else None)
     with explaining(runner.model):
         tracker.start()
         try:
-            for idx in budget_chunks(lengths, batch_size, memory_budget, lambda n: shared_pass_row_bytes(dims, n)):
+            for idx in budget_chunks(lengths, batch_size, memory_budget, cost.total):
                 batch = [encoded[i] for i in idx]
                 tracker.begin_batch(idx)
                 for i, exp in zip(idx, explain_batch(runner, batch, [targets[i] for i in idx], specs, method_options,
@@ -166,10 +242,13 @@ def compute_batch(
         unresolved = torch.zeros_like(unresolved)
     with explaining(runner.model), runner.head_without_padding(ctx.token_mask):
         keep, differentiate = capture_request(specs)
+        rows, n = ctx.token_mask.shape  # a generation's prefixes share the forward of one sequence
+        storage = pass_cost(runner, specs, memory_budget // (1 if ctx.sequence is not None else rows)).storage(n)
         capture, _ = run_capture(
             runner.model, runner.adapter, ctx.inputs, ctx.token_mask, runner.stream,
             None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=head,
             answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate, sequence=ctx.sequence,
+            recompute=storage is not None and storage.recompute,
         )
         ctx.targets = head.resolve(wanted, unresolved, capture.logits, ctx.token_mask, ctx.answer_mask)
         ctx.capture = capture

@@ -39,9 +39,7 @@ from .memory import (
     model_dims,
     parse_budget,
     rows_that_fit,
-    shared_pass_row_bytes,
     step_gradient_bytes,
-    warn_when_one_row_exceeds,
 )
 from .model_runner import ModelRunner
 from .modelstate import explaining
@@ -104,8 +102,8 @@ def explain_generation(
                          f"model's maximum of {runner.max_length} tokens")
 
     gradients = any(GRADIENTS in s.needs for s in specs)
-    size = _steps_per_batch(runner, len(prompt_ids) + len(generated) + (1 if seq2seq else 0), size, budget, gradients,
-                            one_pass=ONE_PASS and not seq2seq)
+    size = _steps_per_batch(runner, specs, len(prompt_ids) + len(generated) + (1 if seq2seq else 0), size,
+                            budget, gradients, one_pass=ONE_PASS and not seq2seq)
 
     special_ids = set(getattr(runner.tokenizer, "all_special_ids", []) or [])
     ids = prompt_ids + generated
@@ -182,18 +180,18 @@ def explain_generation(
     )
 
 
-def _steps_per_batch(runner: ModelRunner, n: int, size: int, budget: int, gradients: bool, one_pass: bool) -> int:
+def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, budget: int, gradients: bool,
+                     one_pass: bool) -> int:
     """How many of ``size`` steps one batch takes so that its pass over ``n`` tokens fits ``budget``: steps sharing
     one forward (``one_pass``) add their gradients each; otherwise each is a whole forward+backward. Without
-    gradients a forward keeps little: ``size``. A sequence over the budget on its own runs alone, with a warning."""
+    gradients a forward keeps little: ``size``. A sequence whose single step does not fit is refused up front."""
+    cost = engine.pass_cost(runner, specs, budget)
+    cost.refuse_over(n, budget, what="a generation")
     if not gradients:
         return size
-    dims = model_dims(runner.model)
-    warn_when_one_row_exceeds(dims, n, budget, what="a generation", alone="its steps run one at a time",
-                              stacklevel=4)
-    first = shared_pass_row_bytes(dims, n)
-    if one_pass:
-        return max(1, min(size, 1 + (budget - first) // step_gradient_bytes(dims, n)))
+    first = cost.total(n)
+    if one_pass and cost.shared_storage is not None:
+        return max(1, min(size, 1 + (budget - first) // step_gradient_bytes(cost.dims, n, cost.storage(n))))
     return rows_that_fit(budget, first, size)
 
 

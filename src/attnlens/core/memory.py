@@ -1,26 +1,34 @@
 """Memory budgets: parse ``"4GB"``, estimate what a pass over a padded batch holds, and size batches to fit.
 
-The estimates are per *row* (one padded sequence of ``n`` tokens) of an eager-attention Transformer: a
-forward + backward keeps, per layer, about ``ACTIVATION_VECTORS`` vectors of the hidden size per token (inputs
-of the linear layers, layer norms, the feed-forward's wide activations) and ``ATTENTION_MAPS`` ``n × n`` maps per
-head (scores, probabilities, dropout/softmax backward); the shared pass also keeps the captured attention maps,
-hidden states and their gradients. The constants were fitted to peak RSS measured with ``bench/memory.py`` on
-minilm-sst2 (32–512 tokens) and round up, so a budget is an upper bound in practice rather than an exact one.
+The estimates are per *row* (one padded sequence of ``n`` tokens) of a Transformer: a forward + backward keeps,
+per layer, about ``ACTIVATION_VECTORS`` vectors of the hidden size per token (inputs of the linear layers, layer
+norms, the feed-forward's wide activations) and, with eager attention, ``ATTENTION_MAPS`` ``n × n`` maps per head
+(scores, probabilities, dropout/softmax backward); fused attention (SDPA) keeps none. A language model's head
+adds its logits over the vocabulary (and their gradient). What the shared pass keeps for the methods
+(:class:`Storage`: whole maps, explained rows, received attention, hidden states, embeddings, their gradients)
+comes on top. The constants were fitted to peak RSS measured with ``bench/memory.py`` on minilm-sst2 (32–512
+tokens) and ``bench/long_context.py`` on SmolLM2 (1k–8k tokens) and round up, so a budget is an upper bound in
+practice rather than an exact one. A run whose estimate exceeds the budget is refused before it starts
+(:func:`refuse_over_budget`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
 
 DEFAULT_BUDGET = 4 * 2**30  # bytes: what explain() plans for when no memory_budget is given
-ACTIVATION_VECTORS = 24  # hidden-size vectors per token and layer held for a backward pass
-ATTENTION_MAPS = 4  # n x n maps per head and layer held for a backward pass
+ACTIVATION_VECTORS = 30  # hidden-size vectors per token and layer held for a backward pass (24 fitted on MiniLM;
+# SmolLM2's wider gated FFN holds more: 2.5 MB per token measured at 1k-2k tokens, weights aside)
+LOGIT_COPIES = 3  # a language model's (n, vocabulary) logits, their gradient and one temporary
+ATTENTION_MAPS = 4  # n x n maps per head and layer held for a backward pass (eager attention)
+FORWARD_VECTORS = 8  # hidden-size vectors per token alive at once in a forward without a graph
+MAX_TOKENS = 2**20  # the longest input the "what fits" search considers
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
 
@@ -57,6 +65,7 @@ class Dims:
     heads: int
     hidden: int
     itemsize: int = 4
+    logits: int = 0  # values per token of the head's output (a language model's vocabulary; 0: one per input)
 
 
 def model_dims(model: Any) -> Dims:
@@ -76,7 +85,66 @@ def model_dims(model: Any) -> Dims:
         itemsize = next(model.parameters()).element_size()
     except (AttributeError, StopIteration, TypeError):
         itemsize = 4
-    return Dims(layers, heads, hidden, itemsize)
+    try:  # a language model projects every position onto the vocabulary
+        out = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        out = None
+    logits = get("vocab_size") if out is not None else 0
+    return Dims(layers, heads, hidden, itemsize, logits)
+
+
+@dataclass(frozen=True)
+class Storage:
+    """What one pass keeps per row, as :mod:`attnlens.core.capture` plans it; the estimates follow it.
+
+    ``eager``: the layers compute ``n × n`` probabilities (eager attention) rather than fused attention;
+    ``backward``: a backward pass runs (the forward keeps its activations); ``maps``: every layer's whole maps
+    are kept; ``rows``: attention rows kept per layer (fused attention: the explained ones); ``received``: the
+    attention each key receives, per layer; ``hidden``/``embeddings``: hidden states / input embeddings kept;
+    ``*_grads``: their gradients kept; ``recompute``: the backward recomputes each layer from its input rather
+    than keeping its activations (fused attention only).
+    """
+
+    eager: bool = True
+    backward: bool = False
+    maps: bool = False
+    map_grads: bool = False
+    rows: int = 0
+    row_grads: bool = False
+    received: bool = False
+    hidden: bool = False
+    hidden_grads: bool = False
+    embeddings: bool = False
+    embedding_grads: bool = False
+    recompute: bool = False
+
+    def __or__(self, other: Storage) -> Storage:
+        """What one pass serving both keeps (eager if either needs it)."""
+        return Storage(**{f: (max if f == "rows" else (lambda a, b: a or b))(getattr(self, f), getattr(other, f))
+                          for f in self.__dataclass_fields__})
+
+
+FULL_STORAGE = Storage(eager=True, backward=True, maps=True, map_grads=True, hidden=True, hidden_grads=True)
+
+
+def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
+    """Bytes one pass holds at its peak for one row of ``n`` tokens keeping ``storage``."""
+    d, heads, layers = dims.hidden, dims.heads, dims.layers
+    maps = heads * n * n  # one layer's n x n probabilities, every head
+    if storage.backward:
+        if storage.recompute:  # each layer's input, and one layer's activations at a time
+            work = layers * n * d + ACTIVATION_VECTORS * n * d
+        else:
+            work = layers * (ACTIVATION_VECTORS * n * d + (ATTENTION_MAPS * maps if storage.eager else 0))
+        work += LOGIT_COPIES * n * dims.logits
+    else:  # one layer at a time
+        work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + n * dims.logits
+    kept = layers * (maps * (storage.maps + storage.map_grads)
+                     + heads * storage.rows * n * (1 + storage.row_grads)
+                     + n * storage.received)
+    kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
+    kept += n * d * (storage.embeddings + storage.embedding_grads)
+    return (work + kept) * dims.itemsize
 
 
 def backward_row_bytes(dims: Dims, n: int) -> int:
@@ -91,31 +159,61 @@ def forward_row_bytes(dims: Dims, n: int) -> int:
     return 2 * backward_row_bytes(dims, n) // max(1, dims.layers)
 
 
-def shared_pass_row_bytes(dims: Dims, n: int) -> int:
-    """Bytes the shared pass holds for one row: a forward + backward, plus the captured attention maps and
-    hidden states with their gradients (kept until the methods have read them)."""
-    kept = 2 * dims.layers * (dims.heads * n * n + n * dims.hidden)
-    return backward_row_bytes(dims, n) + kept * dims.itemsize
+def fitting(dims: Dims, n: int, storage: Storage, budget: int) -> Storage:
+    """``storage``, recomputing layers in the backward when that is possible (fused attention) and keeping their
+    activations would not fit ``budget`` for one row of ``n`` tokens (recomputation costs about one more
+    forward)."""
+    if storage.backward and not storage.eager and pass_row_bytes(dims, n, storage) > budget:
+        return dataclasses.replace(storage, recompute=True)
+    return storage
 
 
-def step_gradient_bytes(dims: Dims, n: int) -> int:
+def shared_pass_row_bytes(dims: Dims, n: int, storage: Storage = FULL_STORAGE) -> int:
+    """Bytes the shared pass holds for one row keeping ``storage`` (default: eager attention with every layer's
+    maps and hidden states and their gradients, the most it keeps), until the methods have read it."""
+    return pass_row_bytes(dims, n, storage)
+
+
+def step_gradient_bytes(dims: Dims, n: int, storage: Storage = FULL_STORAGE) -> int:
     """Bytes each further step adds to a batch of generation steps that share one forward over their ``n``-token
-    sequence: its own gradients of every layer's attention maps and hidden states (the forward and its
-    activations are shared). With :func:`shared_pass_row_bytes` for the first step this matched peak RSS on
-    SmolLM2 (408 tokens, 1, 4 and 8 steps per batch: estimates 1.8, 2.4, 3.3 GB; measured 1.7, 2.7, 3.3 GB)."""
-    return dims.layers * (dims.heads * n * n + n * dims.hidden) * dims.itemsize
+    sequence: its own gradients of what ``storage`` differentiates, and its share of the batched backward (the
+    vector-Jacobian products of all steps run at once: each holds its logits' gradient and a layer's activation
+    gradients). With :func:`shared_pass_row_bytes` for the first step this matched peak RSS on SmolLM2 (408
+    tokens, 1, 4 and 8 steps per batch, whole maps: estimates 1.8, 2.4, 3.3 GB; measured 1.7, 2.7, 3.3 GB); at
+    1,040 tokens 16 steps of AGrad in one batch peaked at 12.7 GB, which the batched backward's share bounds."""
+    kept = dims.layers * (dims.heads * n * (n * storage.map_grads + storage.rows * storage.row_grads)
+                          + n * dims.hidden * storage.hidden_grads) + n * dims.hidden * storage.embedding_grads
+    backward = n * dims.logits + ACTIVATION_VECTORS * n * dims.hidden
+    return (kept + backward) * dims.itemsize
 
 
-def warn_when_one_row_exceeds(dims: Dims, n: int, budget: int, what: str = "an input", alone: str = "it runs alone",
-                              stacklevel: int = 3) -> None:
-    """Warn once that ``what`` (an input, a generation) of ``n`` tokens needs more than ``budget`` for its
-    shared pass on its own (a sequence cannot be split: ``alone`` says what happens instead)."""
-    need = shared_pass_row_bytes(dims, n)
-    if need > budget:
-        warnings.warn(
-            f"{what} of {n} tokens needs about {need / 2**30:.1f} GiB for its forward+backward pass with the "
-            f"attention maps kept, more than the memory budget of {budget / 2**30:.1f} GiB; {alone} (a shorter "
-            "input, or methods without gradients, need less)", stacklevel=stacklevel + 1)
+def longest_that_fits(budget: int, row_bytes: Callable[[int], int]) -> int:
+    """The most tokens ``n`` (up to :data:`MAX_TOKENS`) with ``row_bytes(n) <= budget``; 0 if not even one."""
+    lo, hi = 0, MAX_TOKENS
+    while lo < hi:  # row_bytes grows with n
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if row_bytes(mid) <= budget else (lo, mid - 1)
+    return lo
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+
+
+def refuse_over_budget(n: int, budget: int, need: int, per_method: Mapping[str, Callable[[int], int]],
+                       what: str = "an input") -> None:
+    """Raise an :class:`InputError` (one line, before anything runs) when ``what`` of ``n`` tokens needs ``need``
+    bytes, more than ``budget``: what it needs, and how long an input each method (``per_method``: its bytes as
+    a function of the length, run alone) could explain within the budget."""
+    if need <= budget:
+        return
+    fits = []
+    for name, row_bytes in per_method.items():
+        longest = longest_that_fits(budget, row_bytes)
+        fits.append(f"{name} up to {longest:,} tokens" if longest else f"{name} not even 1 token")
+    raise InputError(f"{what} of {n:,} tokens with {', '.join(per_method)} needs about {_gib(need)}, more than the "
+                     f"memory budget of {_gib(budget)}; within it: {'; '.join(fits)} (name fewer methods, shorten "
+                     "the input or raise --memory-budget / memory_budget=)")
 
 
 def rows_that_fit(budget: int, row_bytes: int, cap: int | None = None) -> int:

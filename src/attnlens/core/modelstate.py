@@ -31,6 +31,18 @@ def _set_attention_implementation(model: nn.Module, value: str | None) -> None:
 
 
 @contextmanager
+def attention_switched(model: nn.Module, implementation: str) -> Iterator[nn.Module]:
+    """Within an :func:`explaining` block, run ``model``'s attention as ``implementation`` (a name registered in
+    transformers' attention interface) and switch back afterwards; nothing else is touched."""
+    original = attention_implementation(model)
+    _set_attention_implementation(model, implementation)
+    try:
+        yield model
+    finally:
+        _set_attention_implementation(model, original)
+
+
+@contextmanager
 def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Module]:
     """Put ``model`` in eval mode with eager attention (SDPA/flash return no attention probabilities) for the
     duration of the block (``implementation="sdpa"`` for forward passes that need no attention probabilities;

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import torch
 
 from ..core.batch_state import BatchContext, Capture
-from .registry import ATTENTION, GRADIENTS, MethodOutput, register
+from .registry import ATTENTION, ATTENTION_ROWS, GRADIENTS, MethodOutput, register
 
 
 def rollout_matrices(attentions: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
@@ -48,16 +48,21 @@ def _stack_rows(capture: Capture, matrices: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([capture.row(m) for m in matrices], 1)  # (B, L, K)
 
 
+def _stack_explained(capture: Capture, rows: list[torch.Tensor]) -> torch.Tensor:
+    """``(B, L, K)``: the explained row of each layer's ``(B, R, K)`` matrix over the captured attention rows."""
+    return torch.stack([capture.explained_row(r) for r in rows], 1)
+
+
 @register(
     "rawatt",
-    needs={ATTENTION},
+    needs={ATTENTION_ROWS},
     class_specific=False,
     summary="Last layer's attention from the classification position, mean over heads: E_h A^L[c, j].",
     citation="Jain & Wallace 2019; seed 000 Eq. 1",
 )
 def rawatt(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    layers = _stack_rows(cap, [a.mean(1) for a in cap.attentions])
+    layers = _stack_explained(cap, [a.mean(1) for a in cap.attention_rows])
     return MethodOutput(layers[:, -1], layers)
 
 
@@ -77,13 +82,13 @@ def rollout(ctx: BatchContext) -> MethodOutput:
 
 @register(
     "grads",
-    needs={ATTENTION, GRADIENTS},
+    needs={ATTENTION_ROWS, GRADIENTS},
     summary="Gradient of the target w.r.t. the last layer's attention, row c, mean over heads: E_h ∇A^L[c, j].",
     citation="AttCAT paper (Qiang et al. 2022), baseline 'Grads'",
 )
 def grads(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    layers = _stack_rows(cap, [g.mean(1) for g in cap.attention_grads])
+    layers = _stack_explained(cap, [g.mean(1) for g in cap.attention_row_grads])
     return MethodOutput(layers[:, -1], layers)
 
 
@@ -102,13 +107,13 @@ def attgrads(ctx: BatchContext) -> MethodOutput:
 
 @register(
     "agrad",
-    needs={ATTENTION, GRADIENTS},
+    needs={ATTENTION_ROWS, GRADIENTS},
     summary="Attention × its gradient in the last layer, row c, mean over heads: E_h (A^L ⊙ ∇A^L)[c, j].",
     citation="Liu et al. 2021; seed 000 Eq. 2",
 )
 def agrad(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    layers = _stack_rows(cap, [(a * g).mean(1) for a, g in zip(cap.attentions, cap.attention_grads)])
+    layers = _stack_explained(cap, [(a * g).mean(1) for a, g in zip(cap.attention_rows, cap.attention_row_grads)])
     return MethodOutput(layers[:, -1], layers)
 
 

@@ -6,7 +6,7 @@ import torch
 
 from ..core.batch_state import BatchContext, Capture
 from ..errors import InputError
-from .registry import ATTENTION, GRADIENTS, HIDDEN, MethodOutput, register
+from .registry import ATTENTION_RECEIVED, ATTENTION_ROWS, GRADIENTS, HIDDEN, MethodOutput, register
 
 HIDDEN_CHOICES = ("input", "output")
 ALPHA_CHOICES = ("mean", "cls")
@@ -38,7 +38,8 @@ def cat(ctx: BatchContext, hidden: str = "input") -> MethodOutput:
 
 @register(
     "attcat",
-    needs={ATTENTION, HIDDEN, GRADIENTS},
+    needs={ATTENTION_ROWS, ATTENTION_RECEIVED, HIDDEN, GRADIENTS},
+    differentiate={HIDDEN},
     summary="Σ over layers of ᾱ^l_j · Σ_d (∇h^{l-1} ⊙ h^{l-1})[j, d]; ᾱ = attention token j receives, mean over "
     "heads and real query rows.",
     citation="Qiang et al. 2022 (AttCAT), Eq. 11 as in the authors' code",
@@ -48,8 +49,8 @@ def attcat(ctx: BatchContext, hidden: str = "input", alpha: str = "mean") -> Met
     if alpha not in ALPHA_CHOICES:
         raise InputError(f"alpha={alpha!r}; choose one of {', '.join(ALPHA_CHOICES)}")
     if alpha == "mean":  # attention each token receives, averaged over all real queries (the authors' code)
-        weights = torch.stack([cap.query_mean(a.mean(1)) for a in cap.attentions], 1)
+        weights = torch.stack(cap.received_attention(), 1)
     else:  # the classification position's attention row (one reading of the paper)
-        weights = torch.stack([cap.row(a.mean(1)) for a in cap.attentions], 1)
+        weights = torch.stack([cap.explained_row(a.mean(1)) for a in cap.attention_rows], 1)
     layers = weights * cat_per_layer(cap, hidden)
     return MethodOutput(layers.sum(1), layers)

@@ -384,11 +384,12 @@ def integratedgradients(
 
 def _rows_in_budget(ctx: BatchContext, n_tokens: int) -> int:
     """Rows per forward+backward that fit in what the batch's budget leaves beside the shared pass's tensors."""
-    held = 0
+    held: dict[int, int] = {}  # by memory: the rows and their gradients may be the maps' own
     if ctx.capture is not None:
-        for name in ("attentions", "attention_grads", "hidden", "hidden_grads", "embeddings", "embedding_grads"):
+        for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
+                     "hidden", "hidden_grads", "embeddings", "embedding_grads"):
             value = getattr(ctx.capture, name)
             for t in [] if value is None else (value if isinstance(value, list) else [value]):
-                held += t.numel() * t.element_size()
-    budget = max(ctx.memory_budget - held, ctx.memory_budget // 4)
+                held[t.data_ptr()] = t.numel() * t.element_size()
+    budget = max(ctx.memory_budget - sum(held.values()), ctx.memory_budget // 4)
     return rows_that_fit(budget, backward_row_bytes(model_dims(ctx.model), n_tokens))

@@ -24,7 +24,10 @@ from ..errors import InputError, ModelError, UnknownMethodError
 from ..lrp.patch import check_supported
 
 # What a method can ask the shared pass for. The pass keeps only what the requested methods declare.
-ATTENTION = "attention"  # attention probabilities of the chosen stream
+ATTENTION = "attention"  # every layer's whole attention maps of the chosen stream (B, H, Q, K)
+ATTENTION_ROWS = "attention_rows"  # every layer's attention rows at the explained queries only (B, H, R, K)
+ATTENTION_RECEIVED = "attention_received"  # per layer, the attention each key receives: mean over heads and real
+# queries (B, K), reduced during the forward (no gradient)
 HIDDEN = "hidden"  # hidden states aligned with the attention keys
 EMBEDDINGS = "embeddings"  # output of the input-embedding module (token space)
 GRADIENTS = "gradients"  # gradients of the target w.r.t. the tensors above that the method declares (a backward)
@@ -34,7 +37,8 @@ OWN_PASS = "own_pass"  # the method runs its own computation from ctx (not the s
 # Tasks whose explained scalar the LRP pass can take from the head: a class logit; a token's logit at a position
 # (a token classifier's, a causal LM's); an answer span's start + end logits (extractive QA).
 LRP_TASKS = frozenset({"classification", "causal-lm", "token", "qa"})
-CAPTURED = frozenset({ATTENTION, HIDDEN, EMBEDDINGS})
+CAPTURED = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, HIDDEN, EMBEDDINGS})
+DIFFERENTIABLE = frozenset({ATTENTION, ATTENTION_ROWS, HIDDEN, EMBEDDINGS})  # what the backward can reach
 NEEDS = CAPTURED | {GRADIENTS, OWN_PASS}
 
 
@@ -72,6 +76,8 @@ class Method:
     per_token_passes: bool = False
     # why the method cannot explain a model (model, stream, task) -> reason or None, beyond the checks below
     applies: Callable[[Any, str, str], str | None] | None = None
+    # the captured tensors whose gradients it reads, when not all differentiable ones (AttCAT: hidden states only)
+    differentiate: frozenset[str] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -81,7 +87,9 @@ class Method:
     @property
     def differentiated(self) -> frozenset[str]:
         """The captured tensors whose gradients this method reads."""
-        return self.captured if GRADIENTS in self.needs else frozenset()
+        if GRADIENTS not in self.needs:
+            return frozenset()
+        return self.differentiate if self.differentiate is not None else self.captured & DIFFERENTIABLE
 
     def unsupported(self, model: Any, stream: str, task: str) -> str | None:
         """Why this method cannot explain ``model`` (with this attention stream and task), or ``None``."""
@@ -120,6 +128,7 @@ def register(
     lrp: bool = False,
     applies: Callable[[Any, str, str], str | None] | None = None,
     per_token_passes: bool = False,
+    differentiate: set[str] | frozenset[str] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
@@ -127,13 +136,17 @@ def register(
     request for ``"all"`` skips the method there, a named request raises the reason as an :class:`InputError`.
 
     The method's options and their defaults are the keyword arguments of ``compute`` after ``ctx`` (written once,
-    in its signature).
+    in its signature). ``differentiate``: the captured tensors whose gradients it reads, when that is not every
+    differentiable one it declares.
     """
     bad = set(needs) - NEEDS
     if bad:
         raise ValueError(f"unknown needs {bad}; known: {sorted(NEEDS)}")
-    if GRADIENTS in needs and not set(needs) & CAPTURED:
-        raise ValueError(f"method {name!r}: GRADIENTS of what? declare some of {sorted(CAPTURED)}")
+    if GRADIENTS in needs and not set(needs) & DIFFERENTIABLE:
+        raise ValueError(f"method {name!r}: GRADIENTS of what? declare some of {sorted(DIFFERENTIABLE)}")
+    if differentiate is not None and not set(differentiate) <= set(needs) & DIFFERENTIABLE:
+        raise ValueError(f"method {name!r}: differentiate={sorted(differentiate)} must be among its "
+                         "differentiable needs")
 
     def deco(compute: Callable[..., MethodOutput]) -> Callable[..., MethodOutput]:
         if name in _REGISTRY:
@@ -150,6 +163,7 @@ def register(
             options=_option_defaults(name, compute),
             applies=applies,
             per_token_passes=per_token_passes,
+            differentiate=None if differentiate is None else frozenset(differentiate),
         )
         return compute
 

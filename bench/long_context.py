@@ -1,0 +1,174 @@
+"""Long prompts on SmolLM2: peak memory and time per method and prompt length, against a plain pass.
+
+Each case (method × prompt length) runs in a fresh process under ``/usr/bin/time -f %M`` (peak resident memory,
+the model's weights included), which explains a forced answer of ``--answer`` tokens after a prompt of the given
+length (IMDB reviews, ``Explainer.explain_generation`` with the default 4 GiB budget). The ``plain`` case is the
+yardstick of the targets: one forward + backward of the same sequence with fused attention (SDPA), the loss on the
+answer's tokens. A run the budget refuses is recorded with the one line it printed.
+
+Writes ``bench/data/long_context.json``, the markdown table ``bench/data/long_context.md`` and the log–log plot
+``docs/images/long_context.png`` (memory and time vs prompt length, one line per method).
+
+Run: ``python bench/long_context.py [--lengths 1024 2048 4096] [--methods rawatt agrad ...] [--answer 16]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
+
+import argparse  # noqa: E402
+import gzip  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+IMDB = ROOT.parent / "shared" / "data" / "imdb" / "test.jsonl.gz"
+METHODS = ["plain", "rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient"]
+LENGTHS = [1024, 2048, 4096]
+OUT_JSON, OUT_MD = ROOT / "bench" / "data" / "long_context.json", ROOT / "bench" / "data" / "long_context.md"
+OUT_PNG = ROOT / "docs" / "images" / "long_context.png"
+
+
+def _ids(ex: object, n: int, answer: int) -> tuple[list[int], list[int]]:
+    """``n`` prompt ids and the ``answer`` ids that follow them, from IMDB test reviews."""
+    with gzip.open(IMDB, "rt", encoding="utf-8") as f:
+        text = ""
+        for line in f:
+            text += json.loads(line)["text"] + "\n"
+            if len(text) > 6 * (n + answer):
+                break
+    ids = ex.tokenizer(text, add_special_tokens=False)["input_ids"]  # type: ignore[attr-defined]
+    return ids[:n], ids[n: n + answer]
+
+
+def run_case(method: str, n: int, answer: int) -> dict:
+    """One case in this process: the seconds it took (the model loaded before), or the refusal's line."""
+    import torch
+
+    from attnlens import Explainer, InputError
+    from attnlens.core.modelstate import explaining
+
+    torch.manual_seed(0)
+    ex = Explainer.from_pretrained("smollm2")
+    prompt_ids, answer_ids = _ids(ex, n, answer)
+    start = time.perf_counter()
+    if method == "plain":  # forward + backward to the input embeddings with fused attention, loss on the answer
+        ids = torch.tensor([prompt_ids + answer_ids])
+        with explaining(ex.model, "sdpa"):
+            embeddings = ex.model.get_input_embeddings()(ids).detach().requires_grad_(True)
+            logits = ex.model(inputs_embeds=embeddings, use_cache=False).logits[0, n - 1: -1]
+            loss = torch.nn.functional.cross_entropy(logits, ids[0, n:])
+            torch.autograd.grad(loss, embeddings)
+        return {"seconds": time.perf_counter() - start}
+    prompt = ex.tokenizer.decode(prompt_ids)
+    target = ex.tokenizer.decode(answer_ids)
+    try:
+        gen = ex.explain_generation(prompt, [method], target=target)
+    except InputError as exc:
+        return {"refused": str(exc)}
+    return {"seconds": time.perf_counter() - start, "prompt_tokens": len(gen.prompt_ids),
+            "answer_tokens": len(gen.generated_ids)}
+
+
+def measure(method: str, n: int, answer: int, timeout: float) -> dict:
+    """A case in a fresh process under ``/usr/bin/time``: its result with ``peak_gib`` (peak RSS)."""
+    cmd = ["/usr/bin/time", "-f", "%M", sys.executable, __file__, "--one", method, str(n), str(answer)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"method": method, "tokens": n, "error": f"over {timeout:.0f} s"}
+    lines = proc.stderr.strip().splitlines()
+    out = {"method": method, "tokens": n}
+    try:
+        out["peak_gib"] = int(lines[-1]) / 2**20  # KiB
+        out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        out["error"] = (lines[-2] if len(lines) > 1 else proc.stderr)[-300:]
+    return out
+
+
+def table(results: list[dict]) -> str:
+    """Markdown: peak GiB and seconds per method (rows) and length (columns), and the time ratio to ``plain``."""
+    lengths = sorted({r["tokens"] for r in results})
+    plain = {r["tokens"]: r.get("seconds") for r in results if r["method"] == "plain"}
+    lines = ["| method | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
+             "|---|" + "---|" * len(lengths)]
+    for method in dict.fromkeys(r["method"] for r in results):
+        cells = []
+        for n in lengths:
+            r = next((r for r in results if r["method"] == method and r["tokens"] == n), None)
+            if r is None:
+                cells.append("—")
+            elif "refused" in r:
+                cells.append(f"refused ({r['peak_gib']:.1f} GiB)")
+            elif "error" in r:
+                cells.append(f"failed: {r['error'][:60]}")
+            else:
+                ratio = f", {r['seconds'] / plain[n]:.1f}×" if plain.get(n) and method != "plain" else ""
+                cells.append(f"{r['peak_gib']:.2f} GiB, {r['seconds']:.1f} s{ratio}")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Peak memory and time vs prompt length, log–log, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (mem, sec) = plt.subplots(1, 2, figsize=(10, 4))
+    for method in dict.fromkeys(r["method"] for r in results):
+        done = [r for r in results if r["method"] == method and "seconds" in r]
+        if not done:
+            continue
+        x = [r["tokens"] for r in done]
+        mem.plot(x, [r["peak_gib"] for r in done], marker="o", label=method)
+        sec.plot(x, [r["seconds"] for r in done], marker="o", label=method)
+    for ax, label in ((mem, "peak RSS (GiB, weights included)"), (sec, "seconds")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    sec.legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M, long prompts (2 shared CPU cores)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=LENGTHS)
+    p.add_argument("--methods", nargs="+", default=METHODS)
+    p.add_argument("--answer", type=int, default=16, help="tokens of the forced answer (default 16)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per case before it is given up")
+    p.add_argument("--from-log", metavar="FILE", help="write the table and plot from the JSON lines a run printed")
+    p.add_argument("--one", nargs=3, metavar=("METHOD", "TOKENS", "ANSWER"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(run_case(args.one[0], int(args.one[1]), int(args.one[2]))))
+        return
+    results = []
+    if args.from_log:  # an interrupted run: its cases as printed
+        lines = Path(args.from_log).read_text(encoding="utf-8").splitlines()
+        results = [json.loads(line) for line in lines if line.startswith("{")]
+    for n in [] if args.from_log else args.lengths:
+        for method in args.methods:
+            results.append(measure(method, n, args.answer, args.timeout))
+            print(json.dumps(results[-1]), flush=True)
+    OUT_JSON.write_text(json.dumps({"answer_tokens": args.answer, "results": results}, indent=1) + "\n")
+    OUT_MD.write_text(table(results))
+    plot(results, OUT_PNG)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

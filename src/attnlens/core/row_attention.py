@@ -1,0 +1,191 @@
+"""Attention that keeps only what an explanation reads: fused attention (SDPA) for every layer's output, plus the
+attention rows of the explained queries and the attention each key receives.
+
+An eager forward materialises every layer's ``(B, H, N, N)`` probabilities and, with ``output_attentions``, keeps
+them all (and autograd keeps them again for the backward): at 8k tokens that is gigabytes per layer. Most
+methods read far less (their ``needs`` in :mod:`attnlens.methods.registry`): rows of the explained queries
+(raw attention, Grads, AGrad, AttCAT's ``alpha="cls"``) or the attention each key receives (AttCAT). Under
+:func:`recording`, every attention layer of a model that dispatches through transformers' attention interface
+runs :func:`row_attention`: SDPA computes the layer's output without materialising the maps, the kept rows are
+recomputed from the queries and keys (``softmax(q_r Kᵀ · scale + mask_r)``, as eager attention computes them) and
+their values replace the rows' outputs, so the rows sit in the graph and the backward reaches them; the
+received attention is summed over query chunks without a graph. Nothing of size ``N × N`` outlives one chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+IMPLEMENTATION = "attnlens_rows"  # the name it is registered under in transformers' attention interfaces
+CHUNK_ELEMENTS = 2**22  # elements of one chunk of probabilities while reducing the received attention
+_UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")  # not reproduced here
+
+
+class RowAttentionUnsupported(RuntimeError):
+    """A layer's attention has a feature :func:`row_attention` does not reproduce (softcapping, a position bias,
+    attention sinks, a head mask): the caller falls back to eager attention with the whole maps."""
+
+
+@dataclass
+class RowRecorder:
+    """What one forward keeps.
+
+    ``rows``: ``(R,)`` query positions whose attention rows are kept (``None``: none); ``received_weights``:
+    ``(B', Q)`` weights over the query rows (each output row's real queries, summing to 1) of the received
+    attention (``None``: not reduced); with a forward batch of one and ``B' > 1`` rows every output row reads the
+    one sequence (a generation's prefixes). Filled per layer: ``kept_rows`` ``(B, H, R, K)`` (in the graph) and
+    ``received`` ``(B', K)``.
+    """
+
+    rows: torch.Tensor | None = None
+    received_weights: torch.Tensor | None = None
+    kept_rows: list[torch.Tensor] = field(default_factory=list)
+    received: list[torch.Tensor] = field(default_factory=list)
+    calls: int = 0
+    done: bool = False  # the forward is over: a layer run again (recomputed for the backward) records nothing
+
+
+_ACTIVE: ContextVar[RowRecorder | None] = ContextVar("attnlens_row_recorder", default=None)
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """``(B, KV, N, d)`` key/value heads repeated to the query heads ``(B, KV * groups, N, d)`` (grouped-query
+    attention), as eager attention does."""
+    if groups == 1:
+        return x
+    b, kv, n, d = x.shape
+    return x[:, :, None].expand(b, kv, groups, n, d).reshape(b, kv * groups, n, d)
+
+
+def _masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor, causal: bool
+                   ) -> torch.Tensor:
+    """``scores`` ``(B, H, q, K)`` of the query positions ``queries`` with the layer's mask applied as eager
+    attention applies it (an additive float mask, or the dtype's minimum where a boolean mask is False)."""
+    if mask is not None:
+        m = mask[:, :, queries] if mask.shape[2] > 1 else mask
+        if m.dtype == torch.bool:
+            return scores.masked_fill(~m, torch.finfo(scores.dtype).min)
+        return scores + m
+    if causal:
+        keys = torch.arange(scores.shape[-1], device=scores.device)
+        return scores.masked_fill(keys[None, :] > queries[:, None], torch.finfo(scores.dtype).min)
+    return scores
+
+
+def _probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor,
+                   causal: bool, scale: float) -> torch.Tensor:
+    """Softmax attention ``(B, H, q, K)`` of the query positions ``queries`` (float32 softmax, as eager)."""
+    scores = torch.matmul(query[:, :, queries], key.transpose(2, 3)) * scale
+    scores = _masked_scores(scores, mask, queries, causal)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+
+
+def _received(recorder: RowRecorder, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None,
+              causal: bool, scale: float) -> torch.Tensor:
+    """``(B', K)``: Σ_q w[q] · mean_h A[h, q, k], over chunks of query rows (no graph, no ``N × N`` map)."""
+    weights = recorder.received_weights
+    b, h, n, _ = query.shape
+    step = max(1, CHUNK_ELEMENTS // max(1, b * h * key.shape[2]))
+    total = None
+    with torch.no_grad():
+        for start in range(0, n, step):
+            queries = torch.arange(start, min(n, start + step), device=query.device)
+            mean = _probabilities(query, key, mask, queries, causal, scale).mean(1)  # (B, q, K)
+            part = torch.einsum("bq,bqk->bk", weights[:, queries].to(mean.dtype), mean.expand(len(weights), -1, -1))
+            total = part if total is None else total + part
+    return total
+
+
+def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                  is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """One attention layer (transformers' attention-interface signature) by SDPA, keeping what the active
+    :class:`RowRecorder` asks for. Returns ``(B, Q, H, d)`` outputs and no probabilities."""
+    recorder = _ACTIVE.get()
+    bad = [k for k in _UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
+    if recorder is None or bad:
+        raise RowAttentionUnsupported(f"attention with {', '.join(bad) or 'no recorder'}")
+    record = not recorder.done
+    recorder.calls += record
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    n = query.shape[2]
+    causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and n > 1 \
+        and attention_mask is None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                                     scale=scale, is_causal=causal)
+    if recorder.rows is not None:
+        rows = recorder.rows.to(query.device)
+        probs = _probabilities(query, key, attention_mask, rows, causal, scale)
+        # the kept rows produce their positions' outputs, so the target's gradient reaches them
+        out = out.index_copy(2, rows, torch.matmul(probs, value))
+        if record:
+            recorder.kept_rows.append(probs)
+    if recorder.received_weights is not None and record:
+        recorder.received.append(_received(recorder, query, key, attention_mask, causal, scale))
+    return out.transpose(1, 2).contiguous(), None
+
+
+def registered() -> str:
+    """:data:`IMPLEMENTATION`, registered in transformers' attention and attention-mask interfaces (SDPA's masks:
+    boolean, or none where causality alone masks)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, row_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+    return IMPLEMENTATION
+
+
+def dispatches_attention(model: nn.Module) -> bool:
+    """Whether ``model``'s attention layers run whatever function its config's attention implementation names
+    (transformers' attention interface), so :func:`row_attention` can stand in for them."""
+    return bool(getattr(type(model), "_supports_attention_backend", False))
+
+
+@contextmanager
+def recomputed_layers(model: nn.Module) -> Iterator[int]:
+    """Within the block, a backward recomputes each Transformer layer of ``model`` from its input instead of
+    keeping its activations (transformers' gradient checkpointing, non-reentrant, so gradients of tensors inside
+    a layer, as the kept rows, are still taken). Yields how many layers were switched; the flags are restored."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    saved = [(m.__dict__.get("gradient_checkpointing"), m.__dict__.get("_gradient_checkpointing_func"), m.training)
+             for m in layers]
+    try:
+        for m in layers:  # the layer itself in training mode (its submodules, dropout included, stay in eval)
+            m.gradient_checkpointing = True
+            m._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
+            m.training = True
+        yield len(layers)
+    finally:
+        for m, (flag, func, training) in zip(layers, saved, strict=True):
+            for name, value in (("gradient_checkpointing", flag), ("_gradient_checkpointing_func", func)):
+                if value is None:
+                    m.__dict__.pop(name, None)
+                else:
+                    setattr(m, name, value)
+            m.training = training
+
+
+@contextmanager
+def recording(recorder: RowRecorder) -> Iterator[RowRecorder]:
+    """Within the block, :func:`row_attention` records into ``recorder`` (the model must be switched to
+    :func:`registered`'s implementation, e.g. by ``explaining(model, registered())``)."""
+    token = _ACTIVE.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _ACTIVE.reset(token)

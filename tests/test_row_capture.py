@@ -1,0 +1,208 @@
+"""The capture that keeps only what the methods read (explained rows, received attention, fused attention):
+every method's scores equal those of the whole-maps capture, on tiny models of every type; the memory it
+holds is what the estimate says; recomputed layers give the same gradients."""
+
+from __future__ import annotations
+
+import resource
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
+from test_architectures import ZOO
+
+from attnlens import Explainer
+from attnlens.core import capture, memory, row_attention
+from attnlens.core import engine as engine_module
+from attnlens.methods import registry
+from attnlens.testing.tiny_models import build_tiny
+
+TEXTS = ["i didn ' t like this boring film", "good", "the plot was boring but the actors were great !"]
+# every method that reads the shared pass without whole maps, with the options that change what it reads
+LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient"]
+OPTIONS = {"attcat": {"alpha": "mean"}}
+# of the largest per-layer term: fused and eager attention round differently (a few float32 ulps in a layer's
+# output; eager attention takes its softmax in float32 whatever the model's dtype, so float64 does not help)
+TOLERANCE = 1e-5
+# rounding differences in the seventh digit partly cancel in signed sums (AttCAT over layers, input × gradient
+# over dimensions), up to 1.5e-5 of the largest term on these types
+LOOSER = {"gptj": 2e-5, "qwen2": 2e-5}
+
+
+def _explain_both(ex: Explainer, texts, methods, options=None, **kw):
+    """(explanations with the planned capture, with the whole maps forced), and the modes the first used."""
+    modes = []
+    run = capture._run
+
+    def spy(*args, **kwargs):
+        out = run(*args, **kwargs)
+        modes.append(args[15])
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(capture, "_run", spy)
+        lean = ex.explain(texts, methods=methods, options=options, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
+        full = ex.explain(texts, methods=methods, options=options, **kw)
+    return lean, full, set(modes)
+
+
+def _assert_same(lean, full, methods, tolerance=TOLERANCE):
+    for a, b in zip(lean, full, strict=True):
+        for m in methods:
+            scale = max(np.abs(b.layers[m]).max() if m in b.layers else 0, np.abs(b.scores[m]).max(), 1e-12)
+            np.testing.assert_allclose(a.scores[m], b.scores[m], rtol=0, atol=tolerance * scale, err_msg=m)
+            if m in b.layers:
+                np.testing.assert_allclose(a.layers[m], b.layers[m], rtol=0, atol=tolerance * scale, err_msg=m)
+
+
+# types whose attention the fused path cannot stand in for: their own attention code (DeBERTa, MPNet, GPT-Neo,
+# BLOOM, Falcon), softcapping (Gemma 2) and encoder-decoders (three streams)
+WHOLE_MAPS = {"deberta", "deberta-v2", "mpnet", "gpt_neo", "bloom", "falcon", "gemma2", "bart", "mbart", "t5"}
+
+
+@pytest.mark.parametrize("model_type", ZOO)
+def test_every_method_scores_as_with_the_whole_maps(model_type, tokenizer):
+    ex = Explainer(make_model(model_type), tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lean, full, modes = _explain_both(ex, TEXTS, LEAN, OPTIONS, batch_size=3)
+        cls_lean, cls_full, _ = _explain_both(ex, TEXTS[:2], ["attcat"], {"attcat": {"alpha": "cls"}})
+    assert modes == {capture.FULL_MAPS if model_type in WHOLE_MAPS else capture.ROWS}
+    tolerance = LOOSER.get(model_type, TOLERANCE)
+    _assert_same(lean, full, LEAN, tolerance)
+    _assert_same(cls_lean, cls_full, ["attcat"], tolerance)
+
+
+def _lm() -> Explainer:
+    model = build_tiny("llama", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
+                       task="causal-lm")
+    return Explainer(model, make_tokenizer())
+
+
+def test_generation_steps_score_as_with_the_whole_maps():
+    """A generation's steps share one forward: the kept rows are each step's last position."""
+    ex = _lm()
+    methods = LEAN + ["rollout"]  # rollout in the same request brings the whole maps back
+    outs = {}
+    for mode in (None, capture.FULL_MAPS):
+        with pytest.MonkeyPatch.context() as mp:
+            if mode:
+                mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
+            outs[mode] = ex.explain_generation("the movie was", LEAN, target=" good but boring")
+    for m in LEAN:
+        ref = outs[capture.FULL_MAPS].scores[m]
+        np.testing.assert_allclose(outs[None].scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
+    mixed = ex.explain_generation("the movie was", methods, target=" good but boring")
+    for m in LEAN:
+        np.testing.assert_allclose(mixed.scores[m], outs[capture.FULL_MAPS].scores[m], atol=1e-6, err_msg=m)
+
+
+def test_the_rows_are_the_maps_rows_and_received_their_column_means():
+    """Against the eager maps directly: each kept row is the explained row of every layer's map, and the received
+    attention the head-mean map averaged over the real query rows (float64 reference)."""
+    ex = Explainer(make_model("llama"), make_tokenizer())
+    specs = [registry.get_method(m) for m in ("agrad", "attcat")]
+    batch = ex.encode(TEXTS)
+    ctx, _ = ex.compute_batch(batch, [-1] * len(TEXTS), specs, {})
+    cap = ctx.capture
+    assert cap.attentions is None and cap.attention_rows[0].shape[2] == len({len(e.ids) for e in batch})
+    full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("rollout")], {})
+    mask = full.token_mask.double()
+    for rows, received, maps in zip(cap.attention_rows, cap.attention_received, full.capture.attentions,
+                                    strict=True):
+        explained = torch.einsum("br,bhrk->bhk", cap.row_weights.double(), rows.double())
+        np.testing.assert_allclose(explained, full.capture.row(maps.double()), atol=1e-6)
+        mean = torch.einsum("bq,bqk->bk", mask, maps.double().mean(1)) / mask.sum(1, keepdim=True)
+        np.testing.assert_allclose(received.double(), mean, atol=1e-6)
+
+
+def test_recomputed_layers_give_the_same_gradients(monkeypatch):
+    """Under a budget the activations would not fit, the backward recomputes each layer (one more call of each
+    layer's attention) and the scores are unchanged."""
+    ex = _lm()
+    texts = TEXTS[:2]
+    methods = ["agrad", "attcat", "saliency"]
+    calls = []
+    attention = row_attention.row_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(row_attention, "row_attention", counted)
+    kept = ex.explain(texts, methods=methods)
+    kept_calls = len(calls)
+    calls.clear()
+    # the activations of one row "need" 1 GiB, recomputation a byte: only recomputation fits the budget
+    real = memory.pass_row_bytes
+    monkeypatch.setattr(engine_module, "pass_row_bytes",
+                        lambda d, n, s: 1 if s.recompute else (2**30 if s.backward else real(d, n, s)))
+    monkeypatch.setattr(memory, "pass_row_bytes",
+                        lambda d, n, s: 1 if s.recompute else (2**30 if s.backward else real(d, n, s)))
+    recomputed = ex.explain(texts, methods=methods, memory_budget="256MiB")
+    layers = ex.model.config.num_hidden_layers
+    assert kept_calls == layers and len(calls) == 2 * layers  # one batch: each layer once, then once again
+    assert all(not m.training for m in ex.model.modules())  # the layers' flags are back
+    _assert_same(recomputed, kept, methods)
+
+
+def _peak_rss_growth(fn) -> int:
+    """Bytes the process's peak resident size grew by while ``fn`` ran (0 if it stayed under the old peak)."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+
+
+def test_the_estimate_bounds_what_the_kept_tensors_take():
+    """What the capture holds (its tensors' bytes) stays within the estimate of the storage it planned, for the
+    rows capture and the whole-maps one, on a sequence long enough for the maps to dominate."""
+    ex = _lm()
+    text = " ".join(["the plot was boring but the actors were great"] * 20)
+    (e,) = ex.encode([text])
+    n = len(e.ids)
+    dims = memory.model_dims(ex.model)
+    for methods in (["rawatt", "agrad", "attcat"], ["rollout", "agrad"]):
+        specs = [registry.get_method(m) for m in methods]
+        storage = engine_module.pass_cost(ex, specs).storage(n)
+        ctx, _ = ex.compute_batch([e], [-1], specs, {})
+        held = {}
+        for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
+                     "hidden", "hidden_grads", "embeddings", "embedding_grads"):
+            value = getattr(ctx.capture, name)
+            for t in [] if value is None else (value if isinstance(value, list) else [value]):
+                held[t.data_ptr()] = t.numel() * t.element_size()
+        kept_estimate = memory.pass_row_bytes(dims, n, storage) - memory.pass_row_bytes(
+            dims, n, memory.Storage(eager=storage.eager, backward=storage.backward))
+        assert sum(held.values()) <= kept_estimate, methods
+        assert sum(held.values()) >= kept_estimate / 4, methods  # and not a gross overestimate
+
+
+def test_rows_capture_holds_far_less_than_the_maps():
+    """Measured: on a 1,200-token input the whole-maps capture of a small LM with 8 heads grows the peak RSS by far
+    more than the rows capture, and each stays within its estimate (the rows capture runs first: the peak only
+    grows)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=4096,
+                         pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, attn_implementation="eager")
+    tokenizer = make_tokenizer()
+    tokenizer.model_max_length = 4096
+    ex = Explainer(LlamaForCausalLM(config).eval(), tokenizer, max_length=2048)
+    (e,) = ex.encode([" ".join([TEXTS[2]] * 100)], truncation=True)
+    n = len(e.ids)
+    assert n > 1000
+    dims = memory.model_dims(ex.model)
+    ex.compute_batch([ex.encode(["good"])[0]], [-1], [registry.get_method("agrad")], {})  # warm-up
+    grown = {}
+    for name, method in (("rows", "agrad"), ("maps", "gae")):  # the same reading of A and its gradient
+        specs = [registry.get_method(method)]
+        grown[name] = _peak_rss_growth(lambda s=specs: ex.compute_batch([e], [-1], s, {}))
+        estimate = memory.pass_row_bytes(dims, n, engine_module.pass_cost(ex, specs).storage(n))
+        assert grown[name] <= estimate * 1.1 + 32 * 2**20, (name, grown[name], estimate)
+    assert grown["maps"] > 4 * grown["rows"], grown
