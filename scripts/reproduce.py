@@ -5,14 +5,14 @@
    (``attcat-code``), next to the paper's BERT-base numbers.
 2. Seed 000 Charts 2 and 5-6: occlusion curves (random / rawatt top / agrad top / agrad bottom) and the
    consistency (silhouette) of rawatt and agrad on the IMDB 2,000-review sample with ``minilm-imdb``.
-3. Issue 11: AOPC and LOdds of the attention, norm/decomposition and gradient methods on SST-2 dev
+3. Method study: AOPC and LOdds of the attention, norm/decomposition and gradient methods on SST-2 dev
    (``minilm-sst2``) and 200 reviews of the IMDB sample at 256 tokens (``minilm-imdb``), run with
    ``attnlens benchmark`` itself (the command lines in the document are the ones run).
 
 Results directories go to ``results/reproduction/`` and are resumed when present, so the script can be stopped
 and started again. Run: ``python scripts/reproduce.py [--sst2-limit N] [--attcat-limit N] [--imdb-limit N]``.
-Issue 11's runs go to ``results/issue11/``; ``python scripts/reproduce.py --issue11 [--no-run]`` runs (or, with
-``--no-run``, only summarises, partial runs included) them and rewrites that section of the document alone.
+The method study's runs go to ``results/method-study/``; ``python scripts/reproduce.py --study [--no-run]`` runs
+(or, with ``--no-run``, only summarises, partial runs included) them and rewrites that section of the document alone.
 Run it from the repository root (the runs record the model path as given).
 """
 
@@ -323,13 +323,13 @@ def pcons_sil(pred: dict[str, Any], method: str) -> float | None:
 def series_names() -> tuple[str, str, str, str]:
     return ("random", "rawatt:top", "agrad:top", "agrad:bottom")
 
-# --- Issue 11: attention, norm/decomposition and gradient methods on SST-2 and IMDB ----------------------------------
+# --- Method study: attention, norm/decomposition and gradient methods on SST-2 and IMDB ---------------------------
 ISSUE11_METHODS = ["attnlrp", "integratedgradients", "grads", "agrad", "attcat", "decompx", "alti", "globenc",
                    "attnnorm", "valuezeroing", "rawatt"]
 REFERENCES = ("integratedgradients", "attnlrp")  # the methods the issue asks an attention-based method to beat
 NOT_ATTENTION = ("integratedgradients", "attnlrp", "grads")  # the rest read attention (weights, norms, gradients)
 IMDB_METHODS = [m for m in ISSUE11_METHODS if m != "valuezeroing"]
-ISSUE11_RUNS: dict[str, tuple[str, list[str]]] = {
+STUDY_RUNS: dict[str, tuple[str, list[str]]] = {
     "sst2-dev": ("`minilm-sst2` × SST-2 dev (872 sentences)", [
         "--model", "../shared/models/minilm-sst2", "--dataset", "sst2", "--split", "dev",
         "--methods", ",".join(ISSUE11_METHODS), "--chunk-size", "16"]),
@@ -344,13 +344,14 @@ ISSUE11_NOTES = {
 }
 
 
-def issue11_args(name: str, out: Path) -> list[str]:
-    """The ``attnlens benchmark`` arguments of issue 11's run ``name`` (paths relative to the repository root)."""
+def study_args(name: str, out: Path) -> list[str]:
+    """The ``attnlens benchmark`` arguments of the method study's run ``name`` (paths relative to the repository
+    root)."""
     where = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
-    return ["benchmark", *ISSUE11_RUNS[name][1], *ISSUE11_COMMON, "--out", f"{where}/{name}"]
+    return ["benchmark", *STUDY_RUNS[name][1], *ISSUE11_COMMON, "--out", f"{where}/{name}"]
 
 
-def issue11_summary(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+def study_summary(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """The summary of a (possibly partial) results directory and its per-example rows; ``None`` if never run."""
     if not (run_dir / "run.json").is_file():
         return None
@@ -379,21 +380,21 @@ def paired(rows: list[dict[str, Any]], a: str, b: str, metric: str) -> tuple[flo
     return float(t.mean()), float(t.std() / len(d) ** 0.5)
 
 
-def issue11_section(out: Path) -> list[str]:
+def study_section(out: Path) -> list[str]:
     lines = [
-        "## 5. Issue 11: attention, norm/decomposition and gradient methods (AOPC, LOdds)",
+        "## 5. Method study: attention, norm/decomposition and gradient methods (AOPC, LOdds)",
         "",
         "Protocol `paper` (predicted class, its logit explained; 0-100 % of the real tokens deleted (AOPC) or "
         "replaced by [PAD] (LOdds) in 10 % steps), seed 0, one CPU thread, run with `attnlens benchmark` itself "
-        "(`python scripts/reproduce.py --issue11` runs the commands below and rewrites this section; a run that "
+        "(`python scripts/reproduce.py --study` runs the commands below and rewrites this section; a run that "
         "was stopped is resumed, and a partial one is summarised over the examples it finished, the first chunks "
         "in data-set order). Best value per column in bold. Δ = paired mean difference over the same examples "
         "± its standard error.",
         "",
     ]
-    for name, (title, _) in ISSUE11_RUNS.items():
-        got = issue11_summary(out / name)
-        lines += [f"### {title}", "", "```bash", "attnlens " + " ".join(issue11_args(name, out)), "```", ""]
+    for name, (title, _) in STUDY_RUNS.items():
+        got = study_summary(out / name)
+        lines += [f"### {title}", "", "```bash", "attnlens " + " ".join(study_args(name, out)), "```", ""]
         if got is None:
             lines += ["Not run yet.", ""]
             continue
@@ -410,11 +411,11 @@ def issue11_section(out: Path) -> list[str]:
         for m in order:
             cells = [f"**{fmt(res[m].get(k))}**" if m in best[k] else fmt(res[m].get(k)) for k in ("aopc", "lodds")]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-        lines += ["", *issue11_findings(res, rows), ""]
+        lines += ["", *study_findings(res, rows), ""]
     return lines
 
 
-def issue11_findings(res: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
+def study_findings(res: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
     """What the table says about the issue's goal, computed from it."""
     out = []
     attention = [m for m in res if m not in NOT_ATTENTION and res[m].get("aopc") is not None]
@@ -458,19 +459,19 @@ def kept_section(doc: Path, heading: str) -> list[str] | None:
     return None if span is None else text[span[0]: span[1]].rstrip("\n").split("\n") + [""]
 
 
-def write_issue11(doc: Path, out: Path) -> None:
+def write_study(doc: Path, out: Path) -> None:
     """Replace (or append) section 5 of ``doc``, leaving the other sections as they are."""
     text = doc.read_text(encoding="utf-8") if doc.is_file() else "# Reproduction report\n"
-    section = "\n".join(issue11_section(out)).rstrip() + "\n"
-    span = section_span(text, "## 5. Issue 11")
+    section = "\n".join(study_section(out)).rstrip() + "\n"
+    span = section_span(text, "## 5. Method study")
     new = text.rstrip() + "\n\n" + section if span is None else text[:span[0]] + section + text[span[1]:]
     doc.write_text(new, encoding="utf-8")
 
 
-def run_issue11(out: Path, names: list[str]) -> None:
-    """Run (or resume) issue 11's benchmarks with the CLI, one after the other."""
+def run_study(out: Path, names: list[str]) -> None:
+    """Run (or resume) the method study's benchmarks with the CLI, one after the other."""
     for name in names:
-        subprocess.run([sys.executable, "-m", "attnlens.cli", *issue11_args(name, out)], cwd=ROOT, check=True)
+        subprocess.run([sys.executable, "-m", "attnlens.cli", *study_args(name, out)], cwd=ROOT, check=True)
 
 
 def main() -> None:
@@ -483,15 +484,16 @@ def main() -> None:
     parser.add_argument("--with-slow", action="store_true", help=f"also run {', '.join(SLOW)}")
     parser.add_argument("--out", default=str(ROOT / "results" / "reproduction"))
     parser.add_argument("--doc", default=str(ROOT / "docs" / "reproduction.md"))
-    parser.add_argument("--issue11", action="store_true", help="only issue 11's runs and section 5 of the document")
-    parser.add_argument("--issue11-runs", default=",".join(ISSUE11_RUNS), help="which of issue 11's runs to do")
-    parser.add_argument("--no-run", action="store_true", help="with --issue11: summarise what is there, run nothing")
-    parser.add_argument("--issue11-out", default=str(ROOT / "results" / "issue11"))
+    parser.add_argument("--study", action="store_true",
+                        help="only the method study's runs and section 5 of the document")
+    parser.add_argument("--study-runs", default=",".join(STUDY_RUNS), help="which of the method study's runs to do")
+    parser.add_argument("--no-run", action="store_true", help="with --study: summarise what is there, run nothing")
+    parser.add_argument("--study-out", default=str(ROOT / "results" / "method-study"))
     args = parser.parse_args()
-    if args.issue11:
+    if args.study:
         if not args.no_run:
-            run_issue11(Path(args.issue11_out), [n for n in args.issue11_runs.split(",") if n])
-        write_issue11(Path(args.doc), Path(args.issue11_out))
+            run_study(Path(args.study_out), [n for n in args.study_runs.split(",") if n])
+        write_study(Path(args.doc), Path(args.study_out))
         print(f"wrote section 5 of {args.doc}")
         return
     torch.set_num_threads(args.threads)
@@ -572,7 +574,7 @@ def main() -> None:
         *(kept_section(Path(args.doc), "## 4. Generation")
           or generation_section(ROOT / "results" / "generation_faithfulness.json")),
         "",
-        *issue11_section(Path(args.issue11_out)),
+        *study_section(Path(args.study_out)),
     ]
     # sections kept from the document end in a blank line of their own: one blank line between sections
     Path(args.doc).write_text(re.sub(r"\n{3,}", "\n\n", "\n".join(doc)), encoding="utf-8")
