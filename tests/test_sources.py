@@ -461,3 +461,31 @@ def test_squad_context_splits_articles_by_parity_and_is_deterministic():
         assert len(e.meta["passages"]) == 4
     hard = squad_context("fit", 4, root=DATA, hard=True)
     assert all(set(e.meta["passages"]) == {e.meta["title"]} for e in hard)
+
+
+def test_context_benchmark_adds_a_method_to_finished_records_against_their_stored_ablations(lm, tmp_path,
+                                                                                             monkeypatch):
+    from attnlens.evaluation import context_benchmark as cb
+    from attnlens.sources.squad import ContextExample
+
+    example = ContextExample("x1", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=0)
+    fresh = cb.evaluate_example(lm, example, cb.ContextBenchmarkConfig(methods=["loo", "inputxgradient"], n_lds=8))
+    cb.run_context_benchmark(lm, [example], cb.ContextBenchmarkConfig(methods=["loo"], n_lds=8), tmp_path)
+    asked: list[list[str]] = []
+    real = cb.score_job
+    monkeypatch.setattr(cb, "score_job", lambda job, methods, options: asked.append(methods) or real(job, methods,
+                                                                                                     options))
+    summary = cb.run_context_benchmark(lm, [example], cb.ContextBenchmarkConfig(methods=["loo", "inputxgradient"],
+                                                                                n_lds=8), tmp_path)
+    assert asked == [["inputxgradient"]]  # loo and the 8 random ablations were reused
+    for metric in ("top1_drop", "top3_drop", "lds", "gold_hit"):
+        assert summary["metrics"]["inputxgradient"][metric]["mean"] == pytest.approx(
+            fresh["methods"]["inputxgradient"][metric], rel=1e-4, abs=1e-5)
+        assert summary["metrics"]["loo"][metric]["mean"] == pytest.approx(fresh["methods"]["loo"][metric],
+                                                                          rel=1e-4, abs=1e-5)
+    only = cb.run_context_benchmark(lm, [example], cb.ContextBenchmarkConfig(methods=["loo"], n_lds=8), tmp_path)
+    assert set(only["metrics"]) == {"loo", "inputxgradient"} and asked == [["inputxgradient"]]  # nothing to do
+    cb.run_context_benchmark(lm, [example], cb.ContextBenchmarkConfig(methods=["loo"], n_lds=6), tmp_path)
+    assert asked[-1] == ["loo"]  # other ground-truth settings: the record is recomputed whole
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert len(records[-1]["truth"]["actual"]) == 6

@@ -68,5 +68,6 @@ def run(args: argparse.Namespace) -> int:
                           "distractors": args.distractors})
     save_weights(record, out)
     print(f"wrote {terminal_safe(out, one_line=True)} (ridge alpha {record['fit']['alpha']:.3g}, "
-          f"R² {record['fit']['r2']:.3f} on {len(jobs)} prompts)")
+          f"R² {record['fit']['r2']:.3f} in sample, {record['fit']['cv_r2']:.3f} on held-out prompts, "
+          f"{len(jobs)} prompts)")
     return 0

@@ -79,16 +79,35 @@ def _lds(masks: np.ndarray, actual: np.ndarray, scores: np.ndarray) -> float:
     return float(spearmanr(predicted, actual).statistic)
 
 
+def _truth_settings(config: ContextBenchmarkConfig) -> dict[str, Any]:
+    return {"n_lds": config.n_lds, "keep_probability": config.keep_probability, "ablation": config.ablation,
+            "seed": config.seed}
+
+
 def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenchmarkConfig,
-                     external: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """One example's record: per method its scores and metrics, and the ablations' ground truth."""
+                     external: Mapping[str, Mapping[str, Any]] | None = None,
+                     previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One example's record: per method its scores and metrics, and the ablations' ground truth (the
+    log-probability under each random ablation and under each removal a method asked for).
+
+    With ``previous`` (this example's record from an earlier run with the same ground-truth settings), only the
+    methods it lacks, or ran with other options, are computed, and the stored ablations are reused: a method can
+    join a finished run at the cost of its own scores and its top-k removals."""
+    previous = previous if previous and previous.get("truth", {}).get("settings") == _truth_settings(config) else {}
+    kept = {m: r for m, r in previous.get("methods", {}).items()  # other methods of earlier runs stay
+            if m not in config.methods or r.get("options") == dict(config.options.get(m, {}))}
     job = prepare_job(ex.runner, example.context, example.query, answer=example.answer,
                       sources=[(s.start, s.end) for s in example.sources], ablation=config.ablation,
                       memory_budget=config.memory_budget)
-    scores, _, figures = score_job(job, list(config.methods), config.options)
-    seconds = dict(figures["seconds"])
+    todo = [m for m in config.methods if m not in kept]
+    scores: dict[str, np.ndarray] = {}
+    seconds: dict[str, float] = {}
+    if todo:
+        scores, _, figures = score_job(job, todo, config.options)
+        seconds = dict(figures["seconds"])
     for method, record in (external or {}).items():
-        if method in scores:
+        kept.pop(method, None)
+        if method in config.methods:
             raise InputError(f"external method {method!r} has the name of a method of this run: rename it in its "
                              f"file (e.g. {method}-peer)")
         if len(record["scores"]) != len(example.sources):
@@ -97,34 +116,44 @@ def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenc
         scores[method] = np.asarray(record["scores"], dtype=np.float64)
         seconds[method] = record["seconds"]
     n = len(example.sources)
-    full = full_logprob(job)
+    truth = previous.get("truth")
     seed = config.seed + zlib.crc32(example.id.encode())  # the same ablations for an example in every run
     masks = random_masks(config.n_lds, n, config.keep_probability, seed)
-    # every method's top-1 and top-3 removals, deduplicated, in the same batched call as the random ablations
-    removals: dict[tuple[int, ...], int] = {}
+    removed: dict[str, float] = dict(truth["removed"]) if truth else {}
+    # every method's top-1 and top-3 removals not measured yet, deduplicated, batched with the random ablations
     tops = {}
+    wanted: list[str] = []
     for m, s in scores.items():
         order = np.argsort(-s, kind="stable")
-        tops[m] = [tuple(sorted(order[:k].tolist())) for k in (1, min(3, n))]
-        for t in tops[m]:
-            removals.setdefault(t, len(removals))
-    keep = np.ones((len(removals), n), dtype=bool)
-    for t, row in removals.items():
-        keep[row, list(t)] = False
-    values = ablation_logprobs(job, np.vstack([masks, keep]))
-    actual, removed = values[: len(masks)], values[len(masks):]
-    record: dict[str, Any] = {"id": example.id, "gold": example.gold, "n_sources": n, "answer_logprob": full,
-                              "methods": {}}
+        tops[m] = [",".join(map(str, sorted(order[:k].tolist()))) for k in (1, min(3, n))]
+        wanted += [t for t in tops[m] if t not in removed and t not in wanted]
+    keep = np.ones((len(wanted), n), dtype=bool)
+    for row, t in enumerate(wanted):
+        keep[row, [int(i) for i in t.split(",")]] = False
+    if truth:
+        full, actual = float(previous["answer_logprob"]), np.asarray(truth["actual"], dtype=np.float64)
+        values = ablation_logprobs(job, keep) if wanted else np.zeros(0)
+    else:
+        full = full_logprob(job)
+        values = ablation_logprobs(job, np.vstack([masks, keep]))
+        actual, values = values[: len(masks)], values[len(masks):]
+    removed.update(zip(wanted, map(float, values)))
+    methods = dict(kept)
     for m, s in scores.items():
-        record["methods"][m] = {
+        methods[m] = {
             "scores": s.tolist(),
-            "top1_drop": float(full - removed[removals[tops[m][0]]]),
-            "top3_drop": float(full - removed[removals[tops[m][1]]]),
+            "top1_drop": float(full - removed[tops[m][0]]),
+            "top3_drop": float(full - removed[tops[m][1]]),
             "lds": _lds(masks, actual, s),
             "gold_hit": float(int(np.argmax(s)) == example.gold),
             "seconds": float(seconds.get(m, math.nan)),
+            "options": dict(config.options.get(m, {})),
         }
-    return record
+    order = [*config.methods, *(external or {}), *(m for m in methods if m not in config.methods
+                                                     and m not in (external or {}))]
+    return {"id": example.id, "gold": example.gold, "n_sources": n, "answer_logprob": full,
+            "methods": {m: methods[m] for m in order if m in methods},
+            "truth": {"settings": _truth_settings(config), "actual": actual.tolist(), "removed": removed}}
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -160,6 +189,15 @@ def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
     return "\n".join([head, *rows])
 
 
+def _complete(record: Mapping[str, Any], config: ContextBenchmarkConfig, methods: Sequence[str]) -> bool:
+    """Whether ``record`` already holds every method, with this run's options and ground-truth settings."""
+    if record.get("truth", {}).get("settings") != _truth_settings(config):
+        return False
+    have = record.get("methods", {})
+    return all(m in have and (m not in config.methods or have[m].get("options") == dict(config.options.get(m, {})))
+               for m in methods)
+
+
 def run_context_benchmark(
     ex: Explainer,
     examples: Sequence[ContextExample],
@@ -169,8 +207,12 @@ def run_context_benchmark(
     external: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate every example (resuming the records already in ``out/records.jsonl``) and write
-    ``summary.json`` and ``summary.md``; returns the summary."""
+    """Evaluate every example and write ``summary.json`` and ``summary.md``; returns the summary.
+
+    Records already in ``out/records.jsonl`` are reused: an example is recomputed only for the methods it lacks
+    (or ran with other options), against its stored ablations; records made with other ground-truth settings
+    (``n_lds``, keep probability, ablation, seed) are recomputed whole. The summary covers every method the records
+    hold."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "records.jsonl"
@@ -183,11 +225,14 @@ def run_context_benchmark(
             except (ValueError, KeyError):
                 continue  # a line torn by an interruption is recomputed
     start = time.perf_counter()
+    wanted = [*config.methods]
     with path.open("a", encoding="utf-8") as f:
         for e in examples:
-            if e.id not in done:
-                done[e.id] = evaluate_example(ex, e, config, (external or {}).get(e.id))
-                f.write(json.dumps(done[e.id]) + "\n")
+            ext = (external or {}).get(e.id, {})
+            old = done.get(e.id)
+            if old is None or not _complete(old, config, [*wanted, *ext]):
+                done[e.id] = evaluate_example(ex, e, config, ext, previous=old)
+                f.write(json.dumps(done[e.id]) + "\n")  # a later line for the same id supersedes an earlier one
                 f.flush()
             if progress is not None:
                 progress(1)
