@@ -618,3 +618,24 @@ def test_deprecation_notices_of_transformers_stay_out_of_the_output(tokenizer):
     assert [str(w.message) for w in seen] == ["the user's own"]
     if not any(issubclass(w.category, FutureWarning) for w in bare):
         pytest.skip("this transformers version deprecates nothing attnlens passes (nothing to filter)")
+
+
+def test_prompt_and_continuation_offsets_point_at_their_characters(lm):
+    g = lm.explain_generation(PROMPT, methods=["rawatt"], max_new_tokens=3)
+    assert g.prompt_offsets is not None and len(g.prompt_offsets) == len(g.prompt_ids)
+    for token, special, span in zip(g.prompt_tokens, g.prompt_special, g.prompt_offsets):
+        if special:
+            assert span is None
+        else:
+            a, b = span
+            assert g.prompt[a:b].lower() == token.removeprefix("##").lower()
+    starts = [s[0] for s in g.prompt_offsets if s is not None]
+    assert starts == sorted(starts)
+    assert [g.text[a:b] for a, b in g.generated_offsets] == g.generated
+    assert g.tokens_in(0, len(g.text)) == list(range(len(g.generated_ids)))
+    assert g.tokens_in(*g.generated_offsets[-1]) == [len(g.generated_ids) - 1]
+    with pytest.raises(InputError, match="not a non-empty range"):
+        g.tokens_in(2, 2)
+    again = Generation.from_dict(json.loads(json.dumps(g.to_dict())))
+    assert again.prompt_offsets == g.prompt_offsets and again.to_dict()["generated_offsets"] == [
+        list(o) for o in g.generated_offsets]

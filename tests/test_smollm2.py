@@ -266,3 +266,15 @@ def test_cli_explains_what_smollm2_generates(tmp_path):
     assert "".join(generation["prompt_token_text"]) == "The capital of France is"
     lines = [line for line in run.stderr.replace("\r", "\n").splitlines() if line.strip()]
     assert not [line for line in lines if "deprecated" in line or "warning" in line], lines
+
+
+@pytest.mark.slow
+@needs_llm
+def test_chat_prompt_offsets_cover_the_message_and_skip_the_template(smollm2_explainer):
+    prompt = "Where is the café? Answer in one word."
+    g = smollm2_explainer.explain_generation(prompt, ["rawatt"], max_new_tokens=2, chat=True)
+    spans = g.prompt_offsets
+    assert spans is not None and len(spans) == len(g.prompt_ids)
+    inside = [s for s in spans if s is not None]
+    assert "".join(prompt[a:b] for a, b in inside) == prompt  # every character once, in order
+    assert spans[0] is None and spans[-1] is None  # the template's opening and its assistant turn

@@ -166,3 +166,27 @@ def warn_unknown(tokenizer: Any, encoded: list[Encoded]) -> None:
             "is this the tokenizer the model was trained with?",
             stacklevel=5,
         )
+
+
+def spans_in(tokenizer: Any, rendered: str, ids: Sequence[int], start: int, end: int,
+             add_special_tokens: bool) -> list[tuple[int, int] | None] | None:
+    """Each token's character span in ``rendered[start:end]`` (offsets relative to ``start``; ``None`` for a token
+    without text there, such as a special or chat-template token), for ``ids``, the encoding of ``rendered``.
+
+    ``None`` when the tokenizer gives no offsets (a slow tokenizer) or tokenizing ``rendered`` again does not give
+    ``ids`` as one contiguous run, so offsets are never guessed."""
+    try:
+        enc = tokenizer(rendered, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+    except (NotImplementedError, ValueError, TypeError):
+        return None
+    again, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+    ids = list(ids)
+    shift = next((k for k in range(len(ids) - len(again) + 1) if ids[k: k + len(again)] == again), None)
+    if shift is None:
+        return None
+    spans: list[tuple[int, int] | None] = [None] * len(ids)
+    for k, (a, b) in enumerate(offsets):
+        a, b = max(int(a), start), min(int(b), end)
+        if b > a:
+            spans[shift + k] = (a - start, b - start)
+    return spans

@@ -34,7 +34,7 @@ from ..results.tokentext import encoding_meta
 from ..version import __version__
 from . import engine
 from .batch_state import BatchContext
-from .encoding import Encoded, encode
+from .encoding import Encoded, encode, spans_in
 from .memory import (
     model_dims,
     parse_budget,
@@ -173,6 +173,7 @@ def explain_generation(
     }
     return Generation(
         prompt=prompt, prompt_tokens=tokens[:n_prompt], prompt_ids=prompt_ids,
+        prompt_offsets=prompt_offsets(runner, prompt, template, prompt_ids),
         prompt_special=special[:n_prompt], generated_tokens=tokens[n_prompt:],
         generated_ids=generated, generated=[decode_token(runner.tokenizer, i) for i in generated],
         scores=scores, probabilities=probabilities, predicted_ids=predicted, contrast_ids=contrast_ids,
@@ -355,6 +356,21 @@ def encode_prompt(runner: ModelRunner, prompt: str, chat: bool) -> tuple[list[in
     if isinstance(ids, Mapping) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(i) for i in ids], True
+
+
+def prompt_offsets(runner: ModelRunner, prompt: str, chat: bool,
+                   prompt_ids: Sequence[int]) -> list[tuple[int, int] | None] | None:
+    """Each prompt token's character span in ``prompt`` (``None`` for special and chat-template tokens), or
+    ``None`` where the tokenizer cannot give offsets."""
+    tokenizer = runner.tokenizer
+    if not chat:
+        return spans_in(tokenizer, prompt, prompt_ids, 0, len(prompt), add_special_tokens=True)
+    rendered = str(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                 tokenize=False))
+    start = rendered.find(prompt)
+    if start < 0:  # the template rewrote the message: no verbatim span to point into
+        return None
+    return spans_in(tokenizer, rendered, prompt_ids, start, start + len(prompt), add_special_tokens=False)
 
 
 def token_ids_of(runner: ModelRunner, value: str | Sequence[int], what: str) -> list[int]:

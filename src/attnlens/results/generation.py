@@ -34,6 +34,9 @@ class Generation:
             included), special tokens flagged.
         generated_tokens, generated_ids: the explained continuation, one entry per step (greedy or forced).
         generated: each generated token decoded as text (``" Paris"``), as the tokenizer decodes it alone.
+        prompt_offsets: each prompt token's character span ``(start, end)`` in ``prompt`` (``None`` for special and
+            chat-template tokens), or ``None`` where the tokenizer gives no offsets; ``generated_offsets`` gives
+            the spans of the generated tokens in :attr:`text`.
 
     The JSON form (:meth:`to_dict`) also gives ``prompt_token_text`` and ``generated_token_text``: the text of each
     token of ``prompt_tokens`` and ``generated_tokens`` (:func:`attnlens.results.tokentext.token_text`).
@@ -59,6 +62,7 @@ class Generation:
     contrast_probabilities: list[float] | None = None
     forced: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    prompt_offsets: list[tuple[int, int] | None] | None = None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -83,6 +87,23 @@ class Generation:
     def text(self) -> str:
         """The generated continuation as text."""
         return "".join(self.generated)
+
+    @property
+    def generated_offsets(self) -> list[tuple[int, int]]:
+        """Each generated token's character span ``(start, end)`` in :attr:`text`: select a stretch of the answer
+        by characters, and :meth:`tokens_in` gives its steps."""
+        spans, at = [], 0
+        for piece in self.generated:
+            spans.append((at, at + len(piece)))
+            at += len(piece)
+        return spans
+
+    def tokens_in(self, start: int, end: int) -> list[int]:
+        """The steps whose generated token overlaps characters ``[start, end)`` of :attr:`text`."""
+        if not 0 <= start < end <= len(self.text):
+            raise InputError(f"characters [{start}, {end}) are not a non-empty range of the {len(self.text)}-character "
+                             "continuation")
+        return [t for t, (a, b) in enumerate(self.generated_offsets) if a < end and b > start]
 
     def step(self, t: int) -> Explanation:
         """Step ``t`` as an :class:`Explanation` of its ``n_prompt + t`` input tokens (any renderer takes it)."""
@@ -114,6 +135,9 @@ class Generation:
             "generated_token_text": token_texts(self.generated_tokens, self.meta),
             "generated_ids": self.generated_ids,
             "generated": self.generated,
+            "prompt_offsets": None if self.prompt_offsets is None else [None if o is None else list(o)
+                                                                        for o in self.prompt_offsets],
+            "generated_offsets": [list(o) for o in self.generated_offsets],
             "target_ids": self.generated_ids,
             "contrast_ids": self.contrast_ids,
             "probabilities": self.probabilities,
@@ -137,6 +161,8 @@ class Generation:
                 probabilities=list(d["probabilities"]), predicted_ids=list(d.get("predicted_ids") or []),
                 contrast_ids=d.get("contrast_ids"), contrast_probabilities=d.get("contrast_probabilities"),
                 forced=bool(d.get("forced", False)), meta=dict(d.get("meta") or {}),
+                prompt_offsets=None if d.get("prompt_offsets") is None else [
+                    None if o is None else (int(o[0]), int(o[1])) for o in d["prompt_offsets"]],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"not an attnlens generation explanation: {type(exc).__name__}: {exc}") from None
