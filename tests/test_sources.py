@@ -15,7 +15,7 @@ from test_smollm2 import needs_llm
 from attnlens import Explainer, InputError
 from attnlens.cli import main
 from attnlens.core.answer_engine import answer_logprobs
-from attnlens.results.context_attribution import load_attributions
+from attnlens.results.context_attribution import ContextAttribution, load_attributions
 from attnlens.sources import methods as source_methods
 from attnlens.sources.ablation import ablated_context
 from attnlens.sources.prompt import build_prompt, token_sources
@@ -239,6 +239,25 @@ def test_an_answer_stretch_is_explained_after_the_answer_before_it(lm):
     assert r.answer_tokens == ["it", "was", "great"] and r.answer_offsets == [(0, 2), (3, 6), (7, 12)]
     with pytest.raises(InputError, match=r"answer_span \(5, 40\) is empty or outside the answer"):
         lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False, answer_span=(5, 40))
+
+
+def test_per_token_rows_add_up_to_the_answer_and_equal_each_tokens_own_attribution(lm):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["inputxgradient", "loo"], chat=False,
+                             per_token=True)
+    assert r.token_row_steps == [0, 1, 2]
+    for m in ("inputxgradient", "loo"):  # both are linear in the summed log-probability
+        assert r.token_rows[m].shape == (3, len(r.sources))
+        np.testing.assert_allclose(r.token_rows[m].sum(0), r.scores[m], rtol=1e-5, atol=1e-6)
+    was = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["inputxgradient", "loo"], chat=False,
+                               answer_span=(3, 6))
+    for m in ("inputxgradient", "loo"):
+        np.testing.assert_allclose(r.token_rows[m][1], was.scores[m], rtol=1e-6, atol=1e-9)
+    again = ContextAttribution.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert again.token_row_steps == [0, 1, 2]
+    np.testing.assert_array_equal(again.token_rows["loo"], r.token_rows["loo"])
+    span = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False, answer_span=(3, 12),
+                                per_token=True)
+    assert span.token_row_steps == [1, 2] and "token_rows" not in was.to_dict()
 
 
 def test_json_contract_and_round_trip(lm, tmp_path):

@@ -320,6 +320,7 @@ class Explainer:
         options: Mapping[str, Mapping[str, Any]] | None = None,
         memory_budget: str | int | None = None,
         progress: bool = False,
+        per_token: bool = False,
     ) -> ContextAttribution:
         """Which sources of ``context`` the answer to ``query`` came from, by each method.
 
@@ -343,6 +344,8 @@ class Explainer:
                 (default), or ``"mask"`` its tokens from attention.
             options: per-method options, e.g. ``{"contextcite": {"n_ablations": 256}}``.
             memory_budget, progress: as for :meth:`explain`.
+            per_token: also attribute each explained answer token on its own (``token_rows``: one row of source
+                scores per token and method; costs one more attribution per token).
 
         Returns:
             A :class:`~attnlens.results.context_attribution.ContextAttribution`: the sources with one score per
@@ -352,7 +355,8 @@ class Explainer:
         """
         return attribute_context(self.runner, context, query, answer=answer, sources=sources, methods=methods,
                                  template=template, chat=chat, answer_span=answer_span, max_new_tokens=max_new_tokens,
-                                 ablation=ablation, options=options, memory_budget=memory_budget, progress=progress)
+                                 ablation=ablation, options=options, memory_budget=memory_budget, progress=progress,
+                                 per_token=per_token)
 
     def compute_batch(
         self, batch: list[Encoded], targets: list[Any], specs: list[Any], method_options: dict[str, dict[str, Any]],

@@ -62,6 +62,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", help="output file (html default: cite.html; json default: standard output)")
     p.add_argument("--top", type=int, default=5, help="terminal: sources shown per method (default: 5)")
     p.add_argument("--memory-budget", default=None, help="memory the passes may plan for, e.g. 4GB (default 4GiB)")
+    p.add_argument("--per-token", action="store_true",
+                   help="also attribute each answer token on its own (JSON token_rows; terminal: each token's top "
+                        "source per method); one more attribution per token")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     add_placement_options(p)
     return p
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     result = explainer.attribute_context(
         context, args.query, answer=args.answer, sources=args.sources, methods=args.methods, template=args.template,
         chat=args.chat, answer_span=span, max_new_tokens=args.max_new_tokens, ablation=args.ablation,
-        options=options, memory_budget=budget, progress=args.progress,
+        options=options, memory_budget=budget, progress=args.progress, per_token=args.per_token,
     )
     if args.format == "json":
         text = json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n"

@@ -54,6 +54,9 @@ class ContextAttribution:
         token_offsets: each prompt token's character span in ``prompt``.
         token_source: each prompt token's source index, or -1 outside every source.
         answer_tokens: the answer's tokens as text; ``answer_offsets``: their character spans in ``answer``.
+        token_rows: with ``per_token=True``, per method one row of source scores per explained answer token
+            (``(len(token_row_steps), n_sources)``), each explaining that token's log-probability alone;
+            ``token_row_steps``: the index in ``answer_tokens`` of each row's token.
         meta: the model, the explained part of the answer (``explained``: a character span of ``answer``), its
             log-probability (``answer_logprob``), per method the share of the token scores outside every source
             (``outside_share``) and the seconds it took (``seconds``), and the options used.
@@ -72,6 +75,8 @@ class ContextAttribution:
     answer_tokens: list[str] = field(default_factory=list)
     answer_offsets: list[tuple[int, int]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    token_rows: dict[str, np.ndarray] = field(default_factory=dict)
+    token_row_steps: list[int] = field(default_factory=list)
 
     @property
     def methods(self) -> list[str]:
@@ -109,6 +114,9 @@ class ContextAttribution:
                         for i, s in enumerate(self.sources)],
             "meta": self.meta,
         }
+        if self.token_rows:
+            out["token_rows"] = {"steps": list(self.token_row_steps),
+                                 "scores": {m: v.tolist() for m, v in self.token_rows.items()}}
         if tokens:
             out["tokens"] = {
                 "prompt_token_text": self.prompt_tokens,
@@ -137,6 +145,9 @@ class ContextAttribution:
                 token_offsets=[tuple(o) for o in t.get("offsets", [])], token_source=list(t.get("source", [])),
                 answer_tokens=list(t.get("answer_token_text", [])),
                 answer_offsets=[tuple(o) for o in t.get("answer_offsets", [])], meta=dict(d.get("meta", {})),
+                token_rows={m: np.asarray(v, dtype=float) for m, v in (d.get("token_rows") or {}).get(
+                    "scores", {}).items()},
+                token_row_steps=[int(k) for k in (d.get("token_rows") or {}).get("steps", [])],
             )
         except (KeyError, TypeError, ValueError) as err:
             raise InputError(f"not an attnlens context attribution: {err}") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -212,6 +213,7 @@ def attribute_context(
     options: Mapping[str, Mapping[str, Any]] | None = None,
     memory_budget: str | int | None = None,
     progress: bool = False,
+    per_token: bool = False,
 ) -> ContextAttribution:
     """See :meth:`attnlens.Explainer.attribute_context`."""
     split_methods(methods)  # a typo fails before the answer is generated
@@ -219,6 +221,14 @@ def attribute_context(
                       answer_span=answer_span, max_new_tokens=max_new_tokens, ablation=ablation,
                       memory_budget=memory_budget)
     scores, token_scores, figures = score_job(job, methods, options, progress)
+    rows: dict[str, np.ndarray] = {}
+    steps: list[int] = []
+    if per_token:  # each explained answer token on its own: one more attribution per token
+        first = len(job.prefix_ids)
+        steps = list(range(first, first + len(job.answer_ids)))
+        per_step = [score_job(replace(job, prefix_ids=job.answer_token_ids[:k], answer_ids=[job.answer_token_ids[k]],
+                                      cache={}), methods, options)[0] for k in steps]
+        rows = {m: np.vstack([r[m] for r in per_step]) for m in scores}
     prompt = job.prompt
     meta = {
         "model": runner.name,
@@ -237,5 +247,5 @@ def attribute_context(
         token_scores=token_scores, prompt_tokens=[prompt.text[a:b] for a, b in prompt.offsets],
         token_offsets=list(prompt.offsets), token_source=job.token_source,
         answer_tokens=[job.answer[a:b] for a, b in job.answer_offsets], answer_offsets=job.answer_offsets,
-        meta=meta,
+        token_rows=rows, token_row_steps=steps, meta=meta,
     )

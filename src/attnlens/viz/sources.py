@@ -8,6 +8,8 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .colors import hex_color, normalized, shade
 from .html import page
 from .safetext import terminal_safe
@@ -51,6 +53,15 @@ def print_attribution(a: Any, k: int | None = None, console: Any = None) -> None
         if share is not None:
             console.print(f"  share of {m}'s token scores outside every source (template, query, special "
                           f"tokens): {share:.0%}", highlight=False)
+    if a.token_rows:
+        table = Table(title="top source of each answer token", title_justify="left")
+        table.add_column("token")
+        for m in a.token_rows:
+            table.add_column(m, justify="right")
+        for row, step in enumerate(a.token_row_steps):
+            cells = [f"[{int(np.argmax(v[row]))}] {float(np.max(v[row])):+.3f}" for v in a.token_rows.values()]
+            table.add_row(terminal_safe(repr(a.answer_tokens[step]), one_line=True), *cells)
+        console.print(table)
 
 
 def _context_html(a: Any, method: str) -> str:
