@@ -9,7 +9,9 @@ answer's tokens. A run the budget refuses is recorded with the one line it print
 Writes ``bench/data/long_context.json``, the markdown table ``bench/data/long_context.md`` and the log–log plot
 ``docs/images/long_context.png`` (memory and time vs prompt length, one line per method).
 
-Run: ``python bench/long_context.py [--lengths 1024 2048 4096] [--methods rawatt agrad ...] [--answer 16]``.
+Run: ``python bench/long_context.py [--lengths 1024 2048 4096] [--methods rawatt agrad ...] [--answer 16]
+[--mode generation|answer]``; ``--mode answer`` explains the answer's summed log-probability once, as
+``attnlens cite`` does, and writes ``*_answer`` files.
 """
 
 from __future__ import annotations
@@ -46,8 +48,12 @@ def _ids(ex: object, n: int, answer: int) -> tuple[list[int], list[int]]:
     return ids[:n], ids[n: n + answer]
 
 
-def run_case(method: str, n: int, answer: int) -> dict:
-    """One case in this process: the seconds it took (the model loaded before), or the refusal's line."""
+def run_case(method: str, n: int, answer: int, mode: str = "generation") -> dict:
+    """One case in this process: the seconds it took (the model loaded before), or the refusal's line.
+
+    ``mode="generation"``: ``explain_generation`` (one explanation per answer token); ``"answer"``:
+    ``explain_answer`` (the answer's summed log-probability, one explanation for the whole answer)."""
+    import numpy as np
     import torch
 
     from attnlens import Explainer, InputError
@@ -65,6 +71,13 @@ def run_case(method: str, n: int, answer: int) -> dict:
             loss = torch.nn.functional.cross_entropy(logits, ids[0, n:])
             torch.autograd.grad(loss, embeddings)
         return {"seconds": time.perf_counter() - start}
+    if mode == "answer":
+        try:
+            exp = ex.explain_answer(prompt_ids, answer_ids, [method])
+        except InputError as exc:
+            return {"refused": str(exc)}
+        return {"seconds": time.perf_counter() - start, "prompt_tokens": n, "answer_tokens": len(answer_ids),
+                "finite": bool(all(np.isfinite(v).all() for v in exp.scores.values()))}
     prompt = ex.tokenizer.decode(prompt_ids)
     target = ex.tokenizer.decode(answer_ids)
     try:
@@ -75,9 +88,10 @@ def run_case(method: str, n: int, answer: int) -> dict:
             "answer_tokens": len(gen.generated_ids)}
 
 
-def measure(method: str, n: int, answer: int, timeout: float) -> dict:
+def measure(method: str, n: int, answer: int, timeout: float, mode: str = "generation") -> dict:
     """A case in a fresh process under ``/usr/bin/time``: its result with ``peak_gib`` (peak RSS)."""
-    cmd = ["/usr/bin/time", "-f", "%M", sys.executable, __file__, "--one", method, str(n), str(answer)]
+    cmd = ["/usr/bin/time", "-f", "%M", sys.executable, __file__, "--one", method, str(n), str(answer),
+           "--mode", mode]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -150,23 +164,30 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=METHODS)
     p.add_argument("--answer", type=int, default=16, help="tokens of the forced answer (default 16)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per case before it is given up")
+    p.add_argument("--mode", choices=["generation", "answer"], default="generation",
+                   help="explain every answer token (explain_generation) or the answer's summed log-probability "
+                        "once (explain_answer, as attnlens cite does); answer mode writes *_answer files")
     p.add_argument("--from-log", metavar="FILE", help="write the table and plot from the JSON lines a run printed")
     p.add_argument("--one", nargs=3, metavar=("METHOD", "TOKENS", "ANSWER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_case(args.one[0], int(args.one[1]), int(args.one[2]))))
+        print(json.dumps(run_case(args.one[0], int(args.one[1]), int(args.one[2]), args.mode)))
         return
+    out_json, out_md, out_png = OUT_JSON, OUT_MD, OUT_PNG
+    if args.mode == "answer":
+        out_json, out_md, out_png = (p.with_name(p.stem + "_answer" + p.suffix) for p in (OUT_JSON, OUT_MD, OUT_PNG))
     results = []
     if args.from_log:  # an interrupted run: its cases as printed
         lines = Path(args.from_log).read_text(encoding="utf-8").splitlines()
         results = [json.loads(line) for line in lines if line.startswith("{")]
     for n in [] if args.from_log else args.lengths:
         for method in args.methods:
-            results.append(measure(method, n, args.answer, args.timeout))
+            results.append(measure(method, n, args.answer, args.timeout, args.mode))
             print(json.dumps(results[-1]), flush=True)
-    OUT_JSON.write_text(json.dumps({"answer_tokens": args.answer, "results": results}, indent=1) + "\n")
-    OUT_MD.write_text(table(results))
-    plot(results, OUT_PNG)
+    out_json.write_text(json.dumps({"answer_tokens": args.answer, "mode": args.mode, "results": results}, indent=1)
+                        + "\n")
+    out_md.write_text(table(results))
+    plot(results, out_png)
     print(table(results))
 
 
