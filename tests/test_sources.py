@@ -241,6 +241,25 @@ def test_an_answer_stretch_is_explained_after_the_answer_before_it(lm):
         lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False, answer_span=(5, 40))
 
 
+def test_default_methods_leave_out_what_the_budget_cannot_hold_and_say_so(lm, monkeypatch):
+    from attnlens.core.answer_engine import methods_within_budget
+    from attnlens.sources import attribute
+
+    n = 20_000  # long enough for the tiny model's passes to need more than the smallest budget
+    need = {m: methods_within_budget(lm.runner, [m], n, 64 * 2**20)[1][m] for m in ("decompx", "attnlrp")}
+    cheap, dear = sorted(need, key=need.get)
+    assert need[cheap] < need[dear]
+    budget = (need[cheap] + need[dear]) // 2  # holds the cheaper one alone, not the other
+    assert methods_within_budget(lm.runner, ["decompx", "attnlrp"], n, budget) == ([cheap], {dear: need[dear]})
+    assert methods_within_budget(lm.runner, ["decompx", "attnlrp"], n, 2**45)[1] == {}
+    # attribute_context asks it at the prompt's length and warns about what it left out
+    monkeypatch.setattr(attribute, "methods_within_budget", lambda runner, methods, n, budget: (
+        [m for m in methods if m != dear], {dear: 5 * 2**30}))
+    with pytest.warns(UserWarning, match=f"left out of the default methods at .* tokens.*{dear} about 5.0 GiB"):
+        r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, chat=False)
+    assert r.methods == [cheap, "loo"]
+
+
 def test_per_token_rows_add_up_to_the_answer_and_equal_each_tokens_own_attribution(lm):
     r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["inputxgradient", "loo"], chat=False,
                              per_token=True)

@@ -334,7 +334,8 @@ class Explainer:
             methods: token-level methods (any of :func:`attnlens.list_methods`, their token scores summed per
                 source) and source-level ones: ``"loo"`` (leave one out), ``"contextcite"`` (random ablations
                 + Lasso surrogate), ``"at2"`` (learned attention weights); ``"all"``; default
-                ``decompx, attnlrp, loo``.
+                ``decompx, attnlrp, loo``, leaving out (with a warning) the token-level ones the memory budget
+                cannot hold at the prompt's length; named methods over the budget are refused instead.
             template: the user message around context and query (default ``"Context: {context}\n\nQuery:
                 {query}"``).
             chat: put the message through the tokenizer's chat template (default: when it has one).

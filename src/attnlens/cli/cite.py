@@ -44,7 +44,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="what a source is (default: sentence; passage = blank-line-separated blocks)")
     p.add_argument("--methods", default=None,
                    help="comma-separated methods: token-level ones (see `attnlens explain --help`) and loo, "
-                        "contextcite, at2; 'all' (default: decompx,attnlrp,loo)")
+                        "contextcite, at2; 'all' (default: decompx,attnlrp,loo, leaving out with a "
+                        "warning those over --memory-budget at the prompt's length)")
     p.add_argument("--template", help="the user message around {context} and {query} "
                                       "(default: 'Context: {context}\\n\\nQuery: {query}')")
     chat = p.add_mutually_exclusive_group()

@@ -72,6 +72,25 @@ def explain_answer(
     return exp
 
 
+def methods_within_budget(runner: ModelRunner, methods: Sequence[str], n_tokens: int,
+                          memory_budget: str | int | None = None) -> tuple[list[str], dict[str, int]]:
+    """Of ``methods`` (token-level, in order), those that explain an answer over ``n_tokens`` tokens together
+    within ``memory_budget``, adding them one by one; and for each one left out the bytes it needs alone."""
+    _check_lm(runner)
+    budget = parse_budget(memory_budget)
+    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)))
+    answer_runner = runner.with_head(head)
+    specs, _ = engine.select_methods(answer_runner, list(methods), "answer", "loss", None)
+    kept: list[Any] = []
+    left: dict[str, int] = {}
+    for spec in specs:
+        if engine.pass_cost(answer_runner, [*kept, spec], budget).total(n_tokens) <= budget:
+            kept.append(spec)
+        else:
+            left[spec.name] = engine.pass_cost(answer_runner, [spec], budget).total(n_tokens)
+    return [s.name for s in kept], left
+
+
 @torch.no_grad()
 def answer_logprobs(
     runner: ModelRunner,

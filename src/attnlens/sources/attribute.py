@@ -9,13 +9,14 @@ each method's token scores per source; run the source-level methods (:mod:`.meth
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from ..core.answer_engine import explain_answer
+from ..core.answer_engine import explain_answer, methods_within_budget
 from ..core.generation_engine import eos_ids, greedy
 from ..core.memory import parse_budget
 from ..core.model_runner import ModelRunner
@@ -50,6 +51,20 @@ def split_methods(methods: str | Sequence[str] | None) -> tuple[list[str], list[
     if token:
         resolve_methods(token)  # unknown names fail here, with the list of known ones
     return token, source
+
+
+def default_methods(job: CiteJob) -> list[str]:
+    """The default methods for ``job``: :data:`DEFAULT_METHODS`, without the token-level ones the memory budget
+    cannot hold at this prompt's length (a warning names them and what they would need)."""
+    token, source = split_methods(list(DEFAULT_METHODS))
+    n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
+    kept, left = methods_within_budget(job.runner, token, n, job.memory_budget)
+    if left:
+        need = ", ".join(f"{m} about {v / 2**30:.1f} GiB" for m, v in left.items())
+        warnings.warn(f"left out of the default methods at {n:,} tokens, over the memory budget of "
+                      f"{parse_budget(job.memory_budget) / 2**30:.1f} GiB: {need} (name them with a larger "
+                      "memory_budget / --memory-budget)", stacklevel=3)
+    return [*kept, *source]
 
 
 def _answer_offsets(runner: ModelRunner, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
@@ -220,6 +235,8 @@ def attribute_context(
     job = prepare_job(runner, context, query, answer=answer, sources=sources, template=template, chat=chat,
                       answer_span=answer_span, max_new_tokens=max_new_tokens, ablation=ablation,
                       memory_budget=memory_budget)
+    if methods is None:
+        methods = default_methods(job)
     scores, token_scores, figures = score_job(job, methods, options, progress)
     rows: dict[str, np.ndarray] = {}
     steps: list[int] = []
