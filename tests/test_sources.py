@@ -430,6 +430,35 @@ def test_at2_fit_on_noise_finds_nothing_on_held_out_prompts():
     assert 1 - small @ small / (y @ y) > 0.3  # what the in-sample R² would have claimed
 
 
+def test_an_interrupted_at2_fit_resumes_from_its_cache(lm, monkeypatch, tmp_path):
+    from attnlens.sources import at2 as at2_module
+    from attnlens.sources.attribute import prepare_job
+
+    calls = []
+
+    def linear(job, keep):
+        calls.append(len(keep))
+        return keep.astype(float) @ np.linspace(2.0, -1.0, keep.shape[1])
+
+    monkeypatch.setattr(at2_module, "ablation_logprobs", linear)
+    jobs = [prepare_job(lm.runner, c, QUERY, answer=ANSWER, chat=False) for c in (CONTEXT, CONTEXT + " more .")]
+    first = at2_module.fit_at2(lm.runner, jobs[:1], n_ablations=8, cache=tmp_path / "parts")
+    assert len(calls) == 1 and len(list((tmp_path / "parts").glob("*.npz"))) == 1
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a cached prompt was computed again")
+
+    monkeypatch.setattr(at2_module, "at2_features", boom)
+    again = at2_module.fit_at2(lm.runner, jobs[:1], n_ablations=8, cache=tmp_path / "parts")
+    assert again["weights"] == first["weights"] and len(calls) == 1
+    monkeypatch.undo()
+    monkeypatch.setattr(at2_module, "ablation_logprobs", linear)
+    at2_module.fit_at2(lm.runner, jobs, n_ablations=8, cache=tmp_path / "parts")  # only the new prompt runs
+    assert len(calls) == 2 and len(list((tmp_path / "parts").glob("*.npz"))) == 2
+    at2_module.fit_at2(lm.runner, jobs[:1], n_ablations=6, cache=tmp_path / "parts")  # other ablations: recomputed
+    assert len(calls) == 3
+
+
 def test_at2_fit_recovers_weights_that_explain_the_ablations(lm, monkeypatch, tmp_path):
     """When ablation effects are exactly linear in the attention features, the fitted per-head weights predict
     them; saved, they are loaded back for the same model and refused for another."""

@@ -8,6 +8,8 @@ Example::
 from __future__ import annotations
 
 import argparse
+import shutil
+from pathlib import Path
 
 from ..errors import InputError
 from ..viz.safetext import terminal_safe
@@ -34,6 +36,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and ablations")
     p.add_argument("--data-root", default=None, help="local data folder holding squad_v1.1/ (default: $ATTNLENS_DATA)")
     p.add_argument("--memory-budget", default=None, help="memory the forwards may plan for (default 4GiB)")
+    p.add_argument("--cache", default=None,
+                   help="folder keeping each finished prompt (default: OUT.parts beside --out, removed once the "
+                        "weights are written): run the same command again to resume an interrupted fit")
     add_placement_options(p)
     return p
 
@@ -51,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts < 1 or args.n_ablations < 4:
         raise InputError("--prompts must be >= 1 and --n-ablations >= 4")
     out = check_output_path(args.out, "--out", directory=False)
+    cache = Path(args.cache) if args.cache else out.with_name(out.name + ".parts")
     budget = parse_budget(args.memory_budget)
     modes = ["passage", "sentence"] if args.sources == "both" else [args.sources]
     examples = []
@@ -63,10 +69,13 @@ def run(args: argparse.Namespace) -> int:
     jobs = [prepare_job(ex.runner, e.context, e.query, answer=e.answer, sources=[(s.start, s.end) for s in e.sources],
                         memory_budget=budget) for e in examples]
     with tqdm(total=len(jobs), desc="fitting prompts", unit="prompt") as bar:
-        record = fit_at2(ex.runner, jobs, n_ablations=args.n_ablations, seed=args.seed, progress=bar.update)
+        record = fit_at2(ex.runner, jobs, n_ablations=args.n_ablations, seed=args.seed, progress=bar.update,
+                         cache=cache)
     record["fit"].update({"data": "SQuAD v1.1 dev, articles at even positions", "sources": args.sources,
                           "distractors": args.distractors})
     save_weights(record, out)
+    if args.cache is None:  # the default folder served this run only
+        shutil.rmtree(cache, ignore_errors=True)
     print(f"wrote {terminal_safe(out, one_line=True)} (ridge alpha {record['fit']['alpha']:.3g}, "
           f"R² {record['fit']['r2']:.3f} in sample, {record['fit']['cv_r2']:.3f} on held-out prompts, "
           f"{len(jobs)} prompts)")

@@ -11,6 +11,7 @@ maps reduced layer by layer as they are computed, never all kept).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -125,19 +126,38 @@ def fit_at2(
     keep_probability: float = 0.5,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    cache: str | Path | None = None,
 ) -> dict[str, Any]:
     """Fit AT2's per-head weights on ``jobs`` (training prompts with their answers): features and ``n_ablations``
     random ablations per prompt, ridge regression on per-prompt centred data. The regularisation is chosen by
     cross-validation over whole prompts (ablations of one prompt are never split between fit and check), and the
     record reports that held-out R² (``cv_r2``) beside the in-sample one (``r2``). Returns the weights record that
-    :func:`save_weights` writes."""
+    :func:`save_weights` writes.
+
+    ``cache``: a folder keeping each prompt's features and ablation results as it is done, so an interrupted fit
+    started again with the same prompts and settings redoes only the prompts it had not finished."""
     if not jobs:
         raise InputError("fit_at2 needs at least one training prompt")
     xs, ys, start = [], [], time.perf_counter()
+    folder = None if cache is None else Path(cache)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
     for k, job in enumerate(jobs):
-        feats = at2_features(job)  # (LH, S)
         masks = random_masks(n_ablations, len(job.sources), keep_probability, seed + k)
-        y = ablation_logprobs(job, masks)
+        key = hashlib.sha256(json.dumps([job.runner.name, _fingerprint(job.runner.model), job.prompt.ids,
+                                         job.prefix_ids, job.answer_ids, job.token_source, job.ablation,
+                                         masks.tolist()]).encode()).hexdigest()[:24]
+        path = None if folder is None else folder / f"{key}.npz"
+        if path is not None and path.is_file():
+            done = np.load(path)
+            feats, y = done["feats"], done["y"]
+        else:
+            feats = at2_features(job)  # (LH, S)
+            y = ablation_logprobs(job, masks)
+            if path is not None:
+                part = path.with_suffix(".part.npz")
+                np.savez(part, feats=feats, y=y)
+                part.replace(path)  # whole or absent: an interruption never leaves a torn prompt
         x = masks.astype(np.float64) @ feats.T  # (n, LH)
         xs.append(x - x.mean(0))
         ys.append(y - y.mean())
