@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
 from test_architectures import ZOO
+from transformers.models.gptj.modeling_gptj import GPTJAttention
 
 from attnlens import Explainer
 from attnlens.core import capture, memory, row_attention
@@ -61,6 +62,9 @@ def _assert_same(lean, full, methods, tolerance=TOLERANCE):
 # types whose attention the fused path cannot stand in for: their own attention code (DeBERTa, MPNet, GPT-Neo,
 # BLOOM, Falcon), softcapping (Gemma 2) and encoder-decoders (three streams)
 WHOLE_MAPS = {"deberta", "deberta-v2", "mpnet", "gpt_neo", "bloom", "falcon", "gemma2", "bart", "mbart", "t5"}
+# GPT-J's attention has its own code (``_attn``) before transformers 5.24 and calls the attention interface since
+if hasattr(GPTJAttention, "_attn"):
+    WHOLE_MAPS.add("gptj")
 
 
 @pytest.mark.parametrize("model_type", ZOO)
