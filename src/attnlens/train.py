@@ -173,12 +173,12 @@ def _label_ids(raw: Sequence[Any], names: list[str] | None) -> tuple[list[int], 
 
 
 def _from_dataset(ds: Dataset) -> Split:
-    missing = sum(e.label is None for e in ds.examples)
-    if missing:
-        raise InputError(f"{ds.name}/{ds.split}: {missing} examples have no label; cannot train on them")
     if ds.task == "qa":
         raise InputError(f"{ds.name} is a question-answering data set; attnlens train fine-tunes QA models on "
                          "--dataset squad (SQuAD v1.1) only")
+    missing = sum(e.label is None for e in ds.examples)
+    if missing:
+        raise InputError(f"{ds.name}/{ds.split}: {missing} examples have no label; cannot train on them")
     return Split(ds.split, [e.text for e in ds.examples], [int(e.label) for e in ds.examples], ds.source)
 
 
