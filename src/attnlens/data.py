@@ -7,7 +7,9 @@ from ``$ATTNLENS_DATA``, laid out as ``<folder>/<data set>/<split file>`` in the
   ``review`` are accepted for ``text``);
 - sentence pairs: ``{"text_a", "text_b", "label"}`` (``premise``/``hypothesis`` and ``question1``/``question2``
   are accepted too);
-- SQuAD JSON (optionally gzipped): ``{"data": [{"paragraphs": [{"context", "qas": [...]}]}]}``.
+- SQuAD JSON (optionally gzipped): ``{"data": [{"paragraphs": [{"context", "qas": [...]}]}]}``. Besides ``dev``,
+  SQuAD has the splits ``fit`` (the articles at even positions of the dev file's ``data`` list: 0, 2, 4, ...)
+  and ``eval`` (odd positions): fit on one, evaluate on the other, never on the same articles.
 
 Any file of the same shape can be passed as a path instead of a name. When the local files are missing and the
 ``datasets`` package is installed, the HuggingFace hub is tried as a last resort (it needs network access).
@@ -46,6 +48,24 @@ class DatasetSpec:
 
 def _cands(stem: str) -> tuple[str, ...]:
     return (f"{stem}.jsonl", f"{stem}.jsonl.gz")
+
+
+# SQuAD articles by their position in the dev file's ``data`` list: "fit" the even ones (0, 2, 4, ...), "eval" the
+# odd ones. Everything that fits on some articles and evaluates on others (attnlens train, AT2's weights) splits
+# them here, so that nothing is ever evaluated on articles it was fitted on.
+SQUAD_PARTS = {"fit": 0, "eval": 1}
+
+
+def squad_part(articles: Sequence[Any], part: str) -> list[tuple[int, Any]]:
+    """``(position, article)`` of the SQuAD ``articles`` (a dev file's ``data`` list) in ``part``: ``"fit"``
+    holds those at even positions (0, 2, 4, ...), ``"eval"`` those at odd positions (1, 3, 5, ...)."""
+    if part not in SQUAD_PARTS:
+        raise InputError(f"SQuAD part {part!r}; choose fit (articles at even positions) or eval (odd positions)")
+    return [(i, articles[i]) for i in range(SQUAD_PARTS[part], len(articles), 2)]
+
+
+def _squad_files(*names: str) -> dict[str, tuple[str, ...]]:
+    return {"dev": names, **{part: names for part in SQUAD_PARTS}}
 
 
 SPECS: dict[str, DatasetSpec] = {
@@ -89,12 +109,12 @@ SPECS: dict[str, DatasetSpec] = {
     ),
     "squad": DatasetSpec(
         "squad", "qa", "squad_v1.1",
-        {"dev": ("dev-v1.1.json", "dev-v1.1.json.gz", "dev-v1.1.reconstructed.json.gz")},
+        _squad_files("dev-v1.1.json", "dev-v1.1.json.gz", "dev-v1.1.reconstructed.json.gz"),
         "dev", (), ("squad", None), {"dev": "validation"},
     ),
     "squad_v2": DatasetSpec(
         "squad_v2", "qa", "squad_v2.0",
-        {"dev": ("dev-v2.0.json", "dev-v2.0.json.gz", "dev-v2.0.reconstructed.json.gz")},
+        _squad_files("dev-v2.0.json", "dev-v2.0.json.gz", "dev-v2.0.reconstructed.json.gz"),
         "dev", (), ("squad_v2", None), {"dev": "validation"},
     ),
 }
@@ -219,7 +239,8 @@ def load_dataset(
             f = base / spec.folder / fname
             tried.append(str(f))
             if f.is_file():
-                ds = _load_file(f, task=spec.task, name=spec.name, split=split, labels=list(spec.labels))
+                part = split if spec.task == "qa" and split in SQUAD_PARTS else None
+                ds = _load_file(f, task=spec.task, name=spec.name, split=split, labels=list(spec.labels), part=part)
                 return _subset(ds, limit, seed)
     if hub:
         ds = _load_hub(spec, split, tried)
@@ -285,7 +306,7 @@ _PAIR_KEYS = (("text_a", "text_b"), ("premise", "hypothesis"), ("question1", "qu
 
 
 def _load_file(
-    path: Path, *, task: str | None, name: str, split: str, labels: list[str] | None = None
+    path: Path, *, task: str | None, name: str, split: str, labels: list[str] | None = None, part: str | None = None
 ) -> Dataset:
     stem = path.name[:-3] if path.name.endswith(".gz") else path.name
     if stem.endswith(".json") or task == "qa":
@@ -294,7 +315,7 @@ def _load_file(
                 doc = json.load(f)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path} is not a SQuAD-style JSON file: {exc}") from None
-        return Dataset(name, split, "qa", squad_examples(doc, source=str(path)), [], str(path))
+        return Dataset(name, split, "qa", squad_examples(doc, source=str(path), part=part), [], str(path))
     examples: list[Example] = []
     kind = task
     for lineno, row in iter_jsonl(path):
@@ -340,18 +361,47 @@ def _row_example(row: dict[str, Any], lineno: int, path: Path) -> tuple[Example,
     )
 
 
-def squad_examples(doc: dict[str, Any], source: str = "") -> list[Example]:
-    """Examples ``[question, context]`` with their gold answers from a SQuAD v1.1/v2.0 document."""
+def squad_examples(doc: dict[str, Any], source: str = "", part: str | None = None) -> list[Example]:
+    """Examples ``[question, context]`` with their gold answers from a SQuAD v1.1/v2.0 document; ``part``
+    (``"fit"`` or ``"eval"``, see :func:`squad_part`) keeps the questions of those articles only."""
     if "data" not in doc:
         raise InputError(f"{source or 'document'} is not SQuAD JSON: no 'data' key")
+    articles = doc["data"] if part is None else [a for _, a in squad_part(doc["data"], part)]
     out: list[Example] = []
-    for article in doc["data"]:
+    for article in articles:
         for para in article.get("paragraphs", []):
             context = para["context"]
             for qa in para.get("qas", []):
                 answers = [] if qa.get("is_impossible") else list(qa.get("answers", []))
                 out.append(Example(str(qa["id"]), [qa["question"], context], None, answers))
     return out
+
+
+def squad_file(root: str | os.PathLike[str] | None = None, name: str = "squad") -> Path:
+    """The local SQuAD dev file (``name`` ``squad`` for v1.1, ``squad_v2``) under ``root`` or ``$ATTNLENS_DATA``."""
+    spec = SPECS[name]
+    base = data_root(root)
+    if base is not None:
+        for fname in spec.files["dev"]:
+            path = base / spec.folder / fname
+            if path.is_file():
+                return path
+    title = {"squad": "SQuAD v1.1", "squad_v2": "SQuAD v2.0"}[name]
+    raise InputError(f"{title} dev not found: put {spec.files['dev'][0]}(.gz) under DATA/{spec.folder}/ and pass "
+                     f"--data-root DATA (or set ${DATA_ENV})")
+
+
+def squad_articles(root: str | os.PathLike[str] | None = None, name: str = "squad") -> list[dict[str, Any]]:
+    """The ``data`` list (articles, in file order) of the local SQuAD dev file (see :func:`squad_file`)."""
+    path = squad_file(root, name)
+    with _open_text(path) as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path} is not a SQuAD-style JSON file: {exc}") from None
+    if "data" not in doc:
+        raise InputError(f"{path} is not SQuAD JSON: no 'data' key")
+    return doc["data"]
 
 
 def _load_hub(spec: DatasetSpec, split: str, tried: Sequence[str]) -> Dataset:

