@@ -442,9 +442,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     """Fine-tune ``cfg.model`` on ``cfg``'s data, evaluate, save to ``cfg.out`` and return the metrics."""
     cfg.validate()
     if is_qa(cfg):
-        from .train_qa import train_qa
-
-        return train_qa(cfg, log)
+        raise InputError(f"{cfg.dataset} is a question-answering data set: train it with "
+                         "attnlens.train_qa.train_qa (attnlens train picks it)")
     resolve_model(cfg.model)  # a missing model directory fails before the data is read
     cfg = replace(cfg, max_length=cfg.max_length or 64)
     started = time.time()

@@ -70,7 +70,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train import TrainConfig, train
+    from ..train import TrainConfig, is_qa, train
+    from ..train_qa import train_qa
 
     cfg = TrainConfig(
         model=args.model,
@@ -100,5 +101,5 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         progress=not (args.no_progress or args.quiet),
     )
-    train(cfg)
+    (train_qa if is_qa(cfg) else train)(cfg)
     return 0
