@@ -504,7 +504,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         "steps": total_steps,
         "seconds": round(time.time() - started),
         "train_seconds": round(train_seconds, 1),
-        "loss": {"first_10": _mean(losses[:10]), "last_10": _mean(losses[-10:]), "curve": _curve(losses)},
+        "loss": loss_summary(losses),
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
     }
     with atomic_directory(out, last="metrics.json") as staging:  # metrics.json marks a finished save
@@ -513,6 +513,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     log(f"saved model, tokenizer and metrics.json to {out}")
     return metrics
+
+
+def loss_summary(losses: Sequence[float]) -> dict[str, Any]:
+    """The training loss as ``metrics.json`` records it: the mean of the first and last 10 steps and the curve."""
+    return {"first_10": _mean(losses[:10]), "last_10": _mean(losses[-10:]), "curve": _curve(losses)}
 
 
 def _mean(values: Sequence[float]) -> float | None:

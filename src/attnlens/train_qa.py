@@ -28,7 +28,7 @@ from .evaluation.squad import squad_scores
 from .models.loading import check_tokenizer_files, load_weights, resolve_device
 from .models.quiet import quiet_transformers
 from .paths import atomic_directory
-from .train import TrainConfig, _curve, _mean, freeze_lower_layers, optimise, resolve_model, seed_everything
+from .train import TrainConfig, freeze_lower_layers, loss_summary, optimise, resolve_model, seed_everything
 from .viz.safetext import terminal_safe
 
 __all__ = [
@@ -333,7 +333,7 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
         "steps": total_steps,
         "seconds": round(time.time() - started),
         "train_seconds": round(train_seconds, 1),
-        "loss": {"first_10": _mean(losses[:10]), "last_10": _mean(losses[-10:]), "curve": _curve(losses)},
+        "loss": loss_summary(losses),
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
     }
     with atomic_directory(out, last="metrics.json") as staging:  # metrics.json marks a finished save
