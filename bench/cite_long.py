@@ -18,10 +18,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its O
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from peak import measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["at2", "rawatt", "inputxgradient", "decompx", "attnlrp", "loo"]
@@ -56,20 +56,7 @@ def run_case(method: str, tokens: int) -> dict:
 
 
 def measure(method: str, tokens: int, timeout: float) -> dict:
-    cmd = ["/usr/bin/time", "-f", "%M", sys.executable, __file__, "--one", method, str(tokens)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    out: dict = {"method": method, "target_tokens": tokens}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {**out, "error": f"over {timeout:.0f} s"}
-    lines = proc.stderr.strip().splitlines()
-    try:
-        out["peak_gib"] = int(lines[-1]) / 2**20  # KiB
-        out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError):
-        out["error"] = (lines[-2] if len(lines) > 1 else proc.stderr)[-300:]
-    return out
+    return measured(__file__, ["--one", method, str(tokens)], timeout, {"method": method, "target_tokens": tokens})
 
 
 def table(results: list[dict]) -> str:

@@ -23,10 +23,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its O
 import argparse  # noqa: E402
 import gzip  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from peak import measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMDB = ROOT.parent / "shared" / "data" / "imdb" / "test.jsonl.gz"
@@ -90,21 +90,8 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation") -> dict
 
 def measure(method: str, n: int, answer: int, timeout: float, mode: str = "generation") -> dict:
     """A case in a fresh process under ``/usr/bin/time``: its result with ``peak_gib`` (peak RSS)."""
-    cmd = ["/usr/bin/time", "-f", "%M", sys.executable, __file__, "--one", method, str(n), str(answer),
-           "--mode", mode]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"method": method, "tokens": n, "error": f"over {timeout:.0f} s"}
-    lines = proc.stderr.strip().splitlines()
-    out = {"method": method, "tokens": n}
-    try:
-        out["peak_gib"] = int(lines[-1]) / 2**20  # KiB
-        out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError):
-        out["error"] = (lines[-2] if len(lines) > 1 else proc.stderr)[-300:]
-    return out
+    return measured(__file__, ["--one", method, str(n), str(answer), "--mode", mode], timeout,
+                    {"method": method, "tokens": n})
 
 
 def table(results: list[dict]) -> str:

@@ -255,10 +255,9 @@ def resolve_model(name: str) -> str:
     return name
 
 
-def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit_head: bool = False):
-    """Tokenizer and classifier with ``num_labels`` outputs. A pretrained encoder gets a new (random) head, as
-    fine-tuning needs; a checkpoint whose head has another number of labels is refused unless ``reinit_head``."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+def load_config_and_tokenizer(name: str) -> tuple[str, Any, Any]:
+    """``(source, config, tokenizer)`` of the model to fine-tune (:class:`ModelError` in one line)."""
+    from transformers import AutoConfig, AutoTokenizer
 
     source = resolve_model(name)
     try:
@@ -268,6 +267,15 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None
     check_tokenizer_files(tokenizer, source)
+    return source, config, tokenizer
+
+
+def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit_head: bool = False):
+    """Tokenizer and classifier with ``num_labels`` outputs. A pretrained encoder gets a new (random) head, as
+    fine-tuning needs; a checkpoint whose head has another number of labels is refused unless ``reinit_head``."""
+    from transformers import AutoModelForSequenceClassification
+
+    source, config, tokenizer = load_config_and_tokenizer(name)
     has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
     if has_head and config.num_labels != num_labels:
         if not reinit_head:
@@ -493,6 +501,15 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         "base": cfg.model,
         "dataset": cfg.dataset or str(cfg.data_file),
         "train_examples": len(train_features),
+        **run_record(cfg, total_steps, started, train_seconds, losses),
+    }
+    return save_trained(model, tokenizer, metrics, out, log)
+
+
+def run_record(cfg: TrainConfig, steps: int, started: float, train_seconds: float,
+               losses: Sequence[float]) -> dict[str, Any]:
+    """The settings and the course of a training run as ``metrics.json`` records them (both trainers)."""
+    return {
         "epochs": cfg.epochs,
         "max_len": cfg.max_length,
         "lr": cfg.lr,
@@ -501,23 +518,24 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         "weight_decay": cfg.weight_decay,
         "warmup": cfg.warmup,
         "schedule": "linear",
-        "steps": total_steps,
+        "steps": steps,
         "seconds": round(time.time() - started),
         "train_seconds": round(train_seconds, 1),
-        "loss": loss_summary(losses),
+        "loss": {"first_10": _mean(losses[:10]), "last_10": _mean(losses[-10:]), "curve": _curve(losses)},
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
     }
-    with atomic_directory(out, last="metrics.json") as staging:  # metrics.json marks a finished save
+
+
+def save_trained(model: Any, tokenizer: Any, metrics: dict[str, Any], out: Path,
+                 log: Callable[[str], None]) -> dict[str, Any]:
+    """Save model, tokenizer and ``metrics.json`` to ``out`` atomically (``metrics.json`` written last marks a
+    finished save); returns ``metrics``."""
+    with atomic_directory(out, last="metrics.json") as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     log(f"saved model, tokenizer and metrics.json to {out}")
     return metrics
-
-
-def loss_summary(losses: Sequence[float]) -> dict[str, Any]:
-    """The training loss as ``metrics.json`` records it: the mean of the first and last 10 steps and the curve."""
-    return {"first_10": _mean(losses[:10]), "last_10": _mean(losses[-10:]), "curve": _curve(losses)}
 
 
 def _mean(values: Sequence[float]) -> float | None:

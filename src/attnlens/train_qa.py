@@ -11,11 +11,10 @@ exact match / F1 of the best span (at most 30 tokens) over each question's windo
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,17 @@ import torch
 from .data import ALIASES, Example, squad_articles, squad_examples, squad_file, squad_part
 from .errors import InputError, ModelError
 from .evaluation.squad import squad_scores
-from .models.loading import check_tokenizer_files, load_weights, resolve_device
-from .models.quiet import quiet_transformers
-from .paths import atomic_directory
-from .train import TrainConfig, freeze_lower_layers, loss_summary, optimise, resolve_model, seed_everything
+from .models.loading import load_weights, resolve_device
+from .train import (
+    TrainConfig,
+    freeze_lower_layers,
+    load_config_and_tokenizer,
+    optimise,
+    resolve_model,
+    run_record,
+    save_trained,
+    seed_everything,
+)
 from .viz.safetext import terminal_safe
 
 __all__ = [
@@ -207,16 +213,9 @@ def predict_answers(
 def load_qa_model(name: str, reinit_head: bool = False) -> tuple[Any, Any]:
     """Tokenizer and ``AutoModelForQuestionAnswering`` of ``name``. A model without a task head gets a new
     (random) QA head; a checkpoint with another task's head is refused unless ``reinit_head``."""
-    from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
+    from transformers import AutoModelForQuestionAnswering
 
-    source = resolve_model(name)
-    try:
-        with quiet_transformers():
-            config = AutoConfig.from_pretrained(source)
-            tokenizer = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None
-    check_tokenizer_files(tokenizer, source)
+    source, config, tokenizer = load_config_and_tokenizer(name)
     architectures = list(config.architectures or [])
     qa = any(a.endswith("ForQuestionAnswering") for a in architectures)
     other = next((a for a in architectures if a.endswith(OTHER_HEADS)), None)
@@ -320,25 +319,8 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
         "train_examples": len(train_split.examples),
         "train_windows": len(train_windows.features),
         "eval_windows": len(eval_windows.features),
-        "epochs": cfg.epochs,
-        "max_len": cfg.max_length,
         "doc_stride": cfg.doc_stride,
         "max_answer_tokens": MAX_ANSWER_TOKENS,
-        "lr": cfg.lr,
-        "batch_size": cfg.batch_size,
-        "seed": cfg.seed,
-        "weight_decay": cfg.weight_decay,
-        "warmup": cfg.warmup,
-        "schedule": "linear",
-        "steps": total_steps,
-        "seconds": round(time.time() - started),
-        "train_seconds": round(train_seconds, 1),
-        "loss": loss_summary(losses),
-        "config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
+        **run_record(cfg, total_steps, started, train_seconds, losses),
     }
-    with atomic_directory(out, last="metrics.json") as staging:  # metrics.json marks a finished save
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    log(f"saved model, tokenizer and metrics.json to {out}")
-    return metrics
+    return save_trained(model, tokenizer, metrics, out, log)

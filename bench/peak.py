@@ -1,0 +1,30 @@
+"""Run one benchmark case in a fresh process under ``/usr/bin/time -f %M``: its peak resident memory and the JSON
+line it printed last (the scripts' ``--one`` mode)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def measured(script: str, args: list[str], timeout: float, record: dict) -> dict:
+    """``record`` updated with ``peak_gib`` and the case's JSON result, or with ``error`` (a timeout, a crash)."""
+    cmd = ["/usr/bin/time", "-f", "%M", sys.executable, script, *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = dict(record)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {**out, "error": f"over {timeout:.0f} s"}
+    lines = proc.stderr.strip().splitlines()
+    try:
+        out["peak_gib"] = int(lines[-1]) / 2**20  # KiB
+        out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        out["error"] = (lines[-2] if len(lines) > 1 else proc.stderr)[-300:]
+    return out
