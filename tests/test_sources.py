@@ -416,6 +416,22 @@ def test_at2_features_are_the_answer_rows_attention_to_each_source(lm):
     np.testing.assert_allclose(at2_features(job), expected, atol=1e-6)
 
 
+def test_at2_rows_from_the_fused_pass_equal_the_eager_maps_rows(lm):
+    from attnlens.core.row_attention import dispatches_attention
+    from attnlens.sources.at2 import _answer_rows
+    from attnlens.sources.attribute import prepare_job
+
+    assert dispatches_attention(lm.model)  # the fused path is the one exercised
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    ids = job.prompt.ids + job.answer_ids
+    rows = torch.arange(len(job.prompt.ids) - 1, len(ids) - 1)
+    fused, eager = _answer_rows(lm.runner, ids, rows), _answer_rows(lm.runner, ids, rows, rows_path=False)
+    assert len(fused) == len(eager) == lm.model.config.num_hidden_layers
+    for f, e in zip(fused, eager):
+        assert f.shape == e.shape == (lm.model.config.num_attention_heads, len(rows), len(ids))
+        torch.testing.assert_close(f, e, rtol=1e-5, atol=1e-6)
+
+
 def test_at2_fit_on_noise_finds_nothing_on_held_out_prompts():
     """Targets unrelated to the features: the penalty chosen over whole held-out prompts is a strong one and
     the held-out R² is about zero or below, although the in-sample fit of the weakest penalty looks good."""

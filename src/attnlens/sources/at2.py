@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.batching import keeps_logits
 from ..core.model_runner import ModelRunner
 from ..core.modelstate import explaining
+from ..core.row_attention import RowAttentionUnsupported, RowRecorder, dispatches_attention, recording, registered
 from ..errors import InputError, ModelError
 from ..paths import atomic_write_text
 from ..version import __version__
@@ -49,33 +51,53 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 @torch.no_grad()
 def at2_features(job: CiteJob) -> np.ndarray:
     """``(layers × heads, n_sources)``: per head, the mean over the explained answer rows of the attention to each
-    source's tokens (one eager forward; each layer's map is reduced as soon as it is computed)."""
+    source's tokens. One forward: fused attention with only the answer rows' probabilities recomputed where the
+    model dispatches its attention through transformers' interface, else eager attention with each layer's map
+    reduced as soon as it is computed; no vocabulary projection beyond one position where the model allows."""
     runner = job.runner
     ids = job.prompt.ids + job.prefix_ids + job.answer_ids
     first = len(job.prompt.ids) + len(job.prefix_ids) - 1  # the row that predicts the first explained token
     rows = torch.arange(first, first + len(job.answer_ids))
     owner = torch.as_tensor(job.token_source + [-1] * (len(ids) - len(job.token_source)))
     inside = owner >= 0
-    per_layer: list[torch.Tensor] = []
+    per_layer = [layer.float().mean(1).cpu() for layer in _answer_rows(runner, ids, rows)]  # (H, N) each
+    feats = torch.zeros(len(per_layer), per_layer[0].shape[0], len(job.sources))
+    for layer, mean in enumerate(per_layer):
+        feats[layer].index_add_(1, owner[inside], mean[:, inside])
+    return feats.reshape(-1, len(job.sources)).double().numpy()
 
-    def reduce(module: torch.nn.Module, args: Any, output: Any) -> None:
+
+def _answer_rows(runner: ModelRunner, ids: list[int], rows: torch.Tensor,
+                 rows_path: bool = True) -> list[torch.Tensor]:
+    """Per attention layer, the attention rows ``rows`` of every head over all keys: ``(H, R, N)``."""
+    model = runner.model
+    inputs = torch.tensor([ids], device=runner.device)
+    keep = {"logits_to_keep": 1} if keeps_logits(model) else {}
+    if rows_path and dispatches_attention(model):
+        recorder = RowRecorder(rows=rows.to(runner.device))
+        try:
+            with explaining(model, registered()), recording(recorder):
+                model(input_ids=inputs, use_cache=False, **keep)
+            return [r[0] for r in recorder.kept_rows]
+        except RowAttentionUnsupported:
+            pass  # a feature the fused path does not reproduce: the eager maps below
+    found: list[torch.Tensor] = []
+
+    def read(module: torch.nn.Module, args: Any, output: Any) -> None:
         weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
         if not isinstance(weights, torch.Tensor) or weights.dim() != 4:
             raise ModelError("at2 needs the attention weights, but a self-attention module returned none")
-        mean = weights[0, :, rows.to(weights.device), :].float().mean(1).cpu()  # (H, N)
-        feats = torch.zeros(mean.shape[0], len(job.sources))
-        feats.index_add_(1, owner[inside], mean[:, inside])
-        per_layer.append(feats)
+        found.append(weights[0][:, rows.to(weights.device), :])  # the map itself is freed with the layer
 
-    modules = _attention_modules(runner.model)
-    with explaining(runner.model):  # eager attention: the weights exist
-        handles = [m.register_forward_hook(reduce) for m in modules]
+    modules = _attention_modules(model)
+    with explaining(model):  # eager attention: the weights exist
+        handles = [m.register_forward_hook(read) for m in modules]
         try:
-            runner.model(input_ids=torch.tensor([ids], device=runner.device))
+            model(input_ids=inputs, use_cache=False, **keep)
         finally:
             for h in handles:
                 h.remove()
-    return torch.cat(per_layer, 0).double().numpy()
+    return found
 
 
 def _fingerprint(model: torch.nn.Module) -> dict[str, Any]:
