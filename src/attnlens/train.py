@@ -292,16 +292,23 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
     names = label_names if label_names and len(label_names) == num_labels else None
     config.id2label = {i: (names[i] if names else f"LABEL_{i}") for i in range(num_labels)}
     config.label2id = {v: k for k, v in config.id2label.items()}
-    if tokenizer.pad_token is None:  # decoder-only models (GPT-2, Llama) ship without a pad token
+    return load_with_head(AutoModelForSequenceClassification, "sequence classification", name, source, config,
+                          tokenizer, reinit_head)
+
+
+def load_with_head(auto_class: Any, task: str, name: str, source: str, config: Any, tokenizer: Any,
+                   reinit_head: bool) -> tuple[Any, Any]:
+    """``(tokenizer, model)``: ``auto_class`` loaded from ``source`` with ``config`` (its head possibly new), the
+    tokenizer given a pad token where it has none (decoder-only models ship without one)."""
+    if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(f"the tokenizer of {name} has neither a pad nor an eos token to pad batches with")
         tokenizer.pad_token = tokenizer.eos_token
     config.pad_token_id = tokenizer.pad_token_id
-    try:  # the head may be new (see above): unlike Explainer.from_pretrained, no check_complete here
-        model, _ = load_weights(AutoModelForSequenceClassification, source, config=config,
-                                ignore_mismatched_sizes=reinit_head)
+    try:  # the head may be new: unlike Explainer.from_pretrained, no check_complete here
+        model, _ = load_weights(auto_class, source, config=config, ignore_mismatched_sizes=reinit_head)
     except ValueError as exc:
-        raise ModelError(f"cannot load {name!r} for sequence classification: {str(exc).splitlines()[0]}") from None
+        raise ModelError(f"cannot load {name!r} for {task}: {str(exc).splitlines()[0]}") from None
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         raise ModelError(f"{name}: the tokenizer has {len(tokenizer)} tokens, the embeddings fewer")
     return tokenizer, model

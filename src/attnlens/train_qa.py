@@ -24,11 +24,12 @@ import torch
 from .data import ALIASES, Example, squad_articles, squad_examples, squad_file, squad_part
 from .errors import InputError, ModelError
 from .evaluation.squad import squad_scores
-from .models.loading import load_weights, resolve_device
+from .models.loading import resolve_device
 from .train import (
     TrainConfig,
     freeze_lower_layers,
     load_config_and_tokenizer,
+    load_with_head,
     optimise,
     resolve_model,
     run_record,
@@ -228,19 +229,8 @@ def load_qa_model(name: str, reinit_head: bool = False) -> tuple[Any, Any]:
     elif not qa:
         print(terminal_safe(f"attnlens: {name} has no QA head; a new one is trained from scratch"))
     config.num_labels = 2
-    if tokenizer.pad_token is None:  # decoder-only models ship without a pad token
-        if tokenizer.eos_token is None:
-            raise ModelError(f"the tokenizer of {name} has neither a pad nor an eos token to pad batches with")
-        tokenizer.pad_token = tokenizer.eos_token
-    config.pad_token_id = tokenizer.pad_token_id
-    try:  # the head may be new: no check_complete here
-        model, _ = load_weights(AutoModelForQuestionAnswering, source, config=config,
-                                ignore_mismatched_sizes=reinit_head)
-    except ValueError as exc:
-        raise ModelError(f"cannot load {name!r} for question answering: {str(exc).splitlines()[0]}") from None
-    if model.get_input_embeddings().num_embeddings < len(tokenizer):
-        raise ModelError(f"{name}: the tokenizer has {len(tokenizer)} tokens, the embeddings fewer")
-    return tokenizer, model
+    return load_with_head(AutoModelForQuestionAnswering, "question answering", name, source, config, tokenizer,
+                          reinit_head)
 
 
 def _check_options(cfg: TrainConfig) -> None:
