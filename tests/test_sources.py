@@ -433,17 +433,49 @@ def test_at2_rows_from_the_fused_pass_equal_the_eager_maps_rows(lm):
 
 
 def test_at2_fit_on_noise_finds_nothing_on_held_out_prompts():
-    """Targets unrelated to the features: the penalty chosen over whole held-out prompts is a strong one and
-    the held-out R² is about zero or below, although the in-sample fit of the weakest penalty looks good."""
+    """Targets unrelated to the features: on whole held-out prompts the chosen penalty ranks no better than chance
+    and its R² is about zero or below, although the in-sample fit of the weakest penalty looks good."""
     from attnlens.sources.at2 import ALPHAS, _grouped_alpha, _ridge
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(96, 40)), rng.normal(size=96)
     groups = np.repeat(np.arange(6), 16)
-    alpha, cv_r2 = _grouped_alpha(x, y, groups)
-    assert cv_r2 < 0.05 and alpha >= 100
+    alpha, cv_r2, cv_lds = _grouped_alpha(x, y, groups)
+    assert cv_r2 < 0.05 and abs(cv_lds) < 0.3 and alpha in ALPHAS
     small = y - x @ _ridge(x, y, ALPHAS[0])
     assert 1 - small @ small / (y @ y) > 0.3  # what the in-sample R² would have claimed
+
+
+def test_at2_fit_weighs_every_prompt_the_same_and_skips_prompts_without_effects(lm, monkeypatch):
+    """One prompt whose ablations swing the log-probability 1,000 times more than the others' and follow other
+    head weights does not set the fit: held-out ranking on the ordinary prompts stays right. A prompt whose
+    ablations change nothing is left out; when all are like that the fit says so."""
+    from attnlens.sources import at2 as at2_module
+    from attnlens.sources.attribute import prepare_job
+
+    truth, other = np.array([1.5, -0.5, 0.0, 2.0]), np.array([-2.0, 0.0, 3.0, -1.0])
+    contexts = [CONTEXT, "the plot was dull . i hated it .\n\nthe film was bad . the actors were awful .",
+                "a charming journey . the story is funny .\n\nthe best film ever . really good .",
+                "what a mess . nothing works .\n\nsome scenes are fine . the music is good .", CONTEXT + " end ."]
+    loud, flat = contexts[3], contexts[4]
+
+    def effects(job, keep):
+        feats = at2_module.at2_features(job)
+        text = job.context
+        if text == flat:
+            return np.full(len(keep), -2.0)
+        w = other * 1000.0 if text == loud else truth
+        return keep.astype(float) @ (w @ feats)
+
+    monkeypatch.setattr(at2_module, "ablation_logprobs", effects)
+    jobs = [prepare_job(lm.runner, c, QUERY, answer=ANSWER, chat=False) for c in contexts]
+    record = at2_module.fit_at2(lm.runner, jobs, n_ablations=24)
+    fitted = np.asarray(record["weights"]).reshape(-1)
+    for job in jobs[:3]:
+        feats = at2_module.at2_features(job)
+        assert np.corrcoef(fitted @ feats, truth @ feats)[0, 1] > 0.9
+    with pytest.raises(InputError, match="changed the answer"):
+        at2_module.fit_at2(lm.runner, jobs[4:], n_ablations=8)
 
 
 def test_an_interrupted_at2_fit_resumes_from_its_cache(lm, monkeypatch, tmp_path):

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     save_weights(record, out)
     if args.cache is None:  # the default folder served this run only
         shutil.rmtree(cache, ignore_errors=True)
-    print(f"wrote {terminal_safe(out, one_line=True)} (ridge alpha {record['fit']['alpha']:.3g}, "
-          f"R² {record['fit']['r2']:.3f} in sample, {record['fit']['cv_r2']:.3f} on held-out prompts, "
-          f"{len(jobs)} prompts)")
+    fit = record["fit"]
+    print(f"wrote {terminal_safe(out, one_line=True)} ({len(jobs)} prompts, ridge alpha {fit['alpha']:.3g}; on "
+          f"held-out prompts: LDS {fit['cv_lds']:.3f}, R² {fit['cv_r2']:.3f}; R² in sample {fit['r2']:.3f})")
     return 0

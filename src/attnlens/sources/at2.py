@@ -151,10 +151,13 @@ def fit_at2(
     cache: str | Path | None = None,
 ) -> dict[str, Any]:
     """Fit AT2's per-head weights on ``jobs`` (training prompts with their answers): features and ``n_ablations``
-    random ablations per prompt, ridge regression on per-prompt centred data. The regularisation is chosen by
-    cross-validation over whole prompts (ablations of one prompt are never split between fit and check), and the
-    record reports that held-out R² (``cv_r2``) beside the in-sample one (``r2``). Returns the weights record that
-    :func:`save_weights` writes.
+    random ablations per prompt, ridge regression on per-prompt centred data. Each prompt's ablations are
+    weighted by the inverse variance of its log-probabilities, so every prompt counts the same whatever the size of
+    its effects (a few prompts with large swings would otherwise set the weights), while the scores stay in
+    log-probability units. The penalty is chosen by cross-validation over whole prompts (ablations of one prompt
+    are never split between fit and check) for the best held-out rank correlation per prompt — the LDS the
+    benchmark scores — and the record reports it (``cv_lds``) with the held-out R² (``cv_r2``) beside the
+    in-sample one (``r2``). Returns the weights record that :func:`save_weights` writes.
 
     ``cache``: a folder keeping each prompt's features and ablation results as it is done, so an interrupted fit
     started again with the same prompts and settings redoes only the prompts it had not finished."""
@@ -181,14 +184,19 @@ def fit_at2(
                 np.savez(part, feats=feats, y=y)
                 part.replace(path)  # whole or absent: an interruption never leaves a torn prompt
         x = masks.astype(np.float64) @ feats.T  # (n, LH)
-        xs.append(x - x.mean(0))
-        ys.append(y - y.mean())
+        y = y - y.mean()
+        spread = float(y.std())
+        if spread > 0:  # a prompt whose ablations change nothing carries no ranking to learn
+            xs.append((x - x.mean(0)) / spread)
+            ys.append(y / spread)
         if progress is not None:
             progress(1)
+    if not ys:
+        raise InputError("fit_at2: no training prompt's ablations changed the answer's log-probability")
     groups = np.concatenate([np.full(len(y), k) for k, y in enumerate(ys)])
     x, y = np.vstack(xs), np.concatenate(ys)
     scale = x.std(0) + 1e-12
-    alpha, cv_r2 = _grouped_alpha(x / scale, y, groups)
+    alpha, cv_r2, cv_lds = _grouped_alpha(x / scale, y, groups)
     weights = _ridge(x / scale, y, alpha) / scale
     residual = y - x @ weights
     config = runner.model.config
@@ -199,6 +207,7 @@ def fit_at2(
         "weights": weights.reshape(layers, heads).tolist(),
         "fit": {"prompts": len(jobs), "n_ablations": n_ablations, "keep_probability": keep_probability,
                 "seed": seed, "alpha": alpha, "r2": float(1 - residual @ residual / (y @ y)), "cv_r2": cv_r2,
+                "cv_lds": cv_lds, "weighting": "inverse variance per prompt",
                 "seconds": round(time.perf_counter() - start, 1)},
         "attnlens": __version__,
     }
@@ -212,23 +221,29 @@ def _ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
     return np.linalg.solve(x.T @ x + alpha * np.eye(x.shape[1]), x.T @ y)
 
 
-def _grouped_alpha(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[float, float]:
-    """The ridge penalty with the best R² on held-out prompts (up to 5 folds of whole prompts), and that R²
-    (NaN with a single prompt, where the middle penalty is used)."""
+def _grouped_alpha(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[float, float, float]:
+    """The ridge penalty whose predictions on held-out prompts (up to 5 folds of whole prompts) rank each prompt's
+    ablations best (mean Spearman per prompt, ties broken by R²), with that mean and the held-out R² (NaN for both
+    with a single prompt, where the middle penalty is used)."""
+    from scipy.stats import spearmanr
     from sklearn.model_selection import GroupKFold
 
     n_groups = len(np.unique(groups))
     if n_groups < 2:
-        return ALPHAS[len(ALPHAS) // 2], math.nan
+        return ALPHAS[len(ALPHAS) // 2], math.nan, math.nan
     folds = list(GroupKFold(n_splits=min(5, n_groups)).split(x, y, groups))
-    best = (-math.inf, ALPHAS[0])
+    best = (-math.inf, -math.inf, ALPHAS[0])
     for alpha in ALPHAS:
-        sse = 0.0
+        sse, ranks = 0.0, []
         for train, test in folds:
-            r = y[test] - x[test] @ _ridge(x[train], y[train], alpha)
-            sse += float(r @ r)
-        best = max(best, (1 - sse / float(y @ y), alpha))
-    return best[1], best[0]
+            predicted = x[test] @ _ridge(x[train], y[train], alpha)
+            sse += float((y[test] - predicted) @ (y[test] - predicted))
+            for g in np.unique(groups[test]):
+                at = groups[test] == g
+                flat = np.ptp(predicted[at]) == 0 or np.ptp(y[test][at]) == 0
+                ranks.append(0.0 if flat else float(spearmanr(predicted[at], y[test][at]).statistic))
+        best = max(best, (float(np.mean(ranks)), 1 - sse / float(y @ y), alpha))
+    return best[2], best[1], best[0]
 
 
 def save_weights(record: dict[str, Any], path: str | Path) -> Path:
