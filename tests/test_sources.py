@@ -618,3 +618,31 @@ def test_context_benchmark_adds_a_method_to_finished_records_against_their_store
     assert asked[-1] == ["loo"]  # other ground-truth settings: the record is recomputed whole
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert len(records[-1]["truth"]["actual"]) == 6
+
+
+def test_context_benchmark_recomputes_at2_when_its_weights_change(lm, tmp_path, monkeypatch):
+    """A record's AT2 scores name the weights they came from: the same options resolving to other weights (a
+    refitted file, or newer shipped weights) are computed again, the same weights are not."""
+    from attnlens.evaluation import context_benchmark as cb
+    from attnlens.sources import at2 as at2_module
+    from attnlens.sources.squad import ContextExample
+
+    config = lm.model.config
+    shape = (config.num_hidden_layers, config.num_attention_heads)
+    record = {"fingerprint": at2_module._fingerprint(lm.model), "names": [lm.name], "weights": np.ones(shape).tolist()}
+    monkeypatch.setattr(at2_module, "WEIGHTS_DIR", tmp_path / "shipped")
+    at2_module.save_weights(record, tmp_path / "shipped" / "w.json")
+    example = ContextExample("x1", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=0)
+    asked: list[list[str]] = []
+    real = cb.score_job
+    monkeypatch.setattr(cb, "score_job", lambda job, methods, options: asked.append(methods) or real(job, methods,
+                                                                                                     options))
+    run = cb.ContextBenchmarkConfig(methods=["at2"], n_lds=6)
+    first = cb.run_context_benchmark(lm, [example], run, tmp_path / "out")
+    cb.run_context_benchmark(lm, [example], run, tmp_path / "out")
+    assert asked == [["at2"]]
+    record["weights"] = (-np.ones(shape)).tolist()
+    at2_module.save_weights(record, tmp_path / "shipped" / "w.json")
+    again = cb.run_context_benchmark(lm, [example], run, tmp_path / "out")
+    assert asked == [["at2"], ["at2"]]
+    assert again["metrics"]["at2"]["lds"]["mean"] == pytest.approx(-first["metrics"]["at2"]["lds"]["mean"])

@@ -33,6 +33,7 @@ from ..errors import InputError
 from ..paths import atomic_write_text
 from ..sources.ablation import ablation_logprobs, full_logprob, random_masks
 from ..sources.attribute import prepare_job, score_job
+from ..sources.methods import method_identity
 from ..sources.squad import ContextExample
 
 if TYPE_CHECKING:
@@ -94,8 +95,9 @@ def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenc
     methods it lacks, or ran with other options, are computed, and the stored ablations are reused: a method can
     join a finished run at the cost of its own scores and its top-k removals."""
     previous = previous if previous and previous.get("truth", {}).get("settings") == _truth_settings(config) else {}
+    identities = _identities(ex, config)
     kept = {m: r for m, r in previous.get("methods", {}).items()  # other methods of earlier runs stay
-            if m not in config.methods or r.get("options") == dict(config.options.get(m, {}))}
+            if m not in config.methods or r.get("options") == identities[m]}
     job = prepare_job(ex.runner, example.context, example.query, answer=example.answer,
                       sources=[(s.start, s.end) for s in example.sources], ablation=config.ablation,
                       memory_budget=config.memory_budget)
@@ -147,7 +149,7 @@ def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenc
             "lds": _lds(masks, actual, s),
             "gold_hit": float(int(np.argmax(s)) == example.gold),
             "seconds": float(seconds.get(m, math.nan)),
-            "options": dict(config.options.get(m, {})),
+            "options": identities.get(m, {}),
         }
     order = [*config.methods, *(external or {}), *(m for m in methods if m not in config.methods
                                                      and m not in (external or {}))]
@@ -189,13 +191,19 @@ def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
     return "\n".join([head, *rows])
 
 
-def _complete(record: Mapping[str, Any], config: ContextBenchmarkConfig, methods: Sequence[str]) -> bool:
+def _identities(ex: Explainer, config: ContextBenchmarkConfig) -> dict[str, dict[str, Any]]:
+    """Per method of the run, its options and what else decides its scores on this model (e.g. which AT2 weights
+    the default resolves to): a record made with other identities is recomputed for that method."""
+    return {m: method_identity(ex.runner, m, config.options.get(m, {})) for m in config.methods}
+
+
+def _complete(record: Mapping[str, Any], config: ContextBenchmarkConfig, methods: Sequence[str],
+              identities: Mapping[str, Mapping[str, Any]]) -> bool:
     """Whether ``record`` already holds every method, with this run's options and ground-truth settings."""
     if record.get("truth", {}).get("settings") != _truth_settings(config):
         return False
     have = record.get("methods", {})
-    return all(m in have and (m not in config.methods or have[m].get("options") == dict(config.options.get(m, {})))
-               for m in methods)
+    return all(m in have and (m not in config.methods or have[m].get("options") == identities[m]) for m in methods)
 
 
 def run_context_benchmark(
@@ -226,11 +234,12 @@ def run_context_benchmark(
                 continue  # a line torn by an interruption is recomputed
     start = time.perf_counter()
     wanted = [*config.methods]
+    identities = _identities(ex, config)
     with path.open("a", encoding="utf-8") as f:
         for e in examples:
             ext = (external or {}).get(e.id, {})
             old = done.get(e.id)
-            if old is None or not _complete(old, config, [*wanted, *ext]):
+            if old is None or not _complete(old, config, [*wanted, *ext], identities):
                 done[e.id] = evaluate_example(ex, e, config, ext, previous=old)
                 f.write(json.dumps(done[e.id]) + "\n")  # a later line for the same id supersedes an earlier one
                 f.flush()

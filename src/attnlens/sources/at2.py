@@ -128,9 +128,15 @@ def load_weights(runner: ModelRunner, path: str | Path | None = None) -> dict[st
     return data
 
 
+def _weights_identity(runner: ModelRunner, weights: str | None = None) -> dict[str, Any]:
+    """The digest of the weights ``weights`` resolves to on ``runner``'s model (the shipped ones by default)."""
+    data = load_weights(runner, weights)
+    return {"weights_sha256": hashlib.sha256(json.dumps(data["weights"]).encode()).hexdigest()[:16]}
+
+
 @source_method("at2", "AT2: per-head attention from the answer to each source, weighted by per-head weights fitted "
                "once per model to ablation effects; one forward.", "Cohen-Wang, Chuang & Madry 2025",
-               forwards=lambda n, **_: 1, weights=None)
+               forwards=lambda n, **_: 1, identity=_weights_identity, weights=None)
 def at2(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     data = load_weights(job.runner, weights)
     w = np.asarray(data["weights"], dtype=np.float64).reshape(-1)

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,13 +21,15 @@ import numpy as np
 from ..errors import InputError
 from .ablation import CiteJob, ablation_logprobs, full_logprob, random_masks
 
-__all__ = ["SOURCE_METHODS", "SourceMethod", "source_method"]
+__all__ = ["SOURCE_METHODS", "SourceMethod", "method_identity", "source_method"]
 
 
 @dataclass(frozen=True)
 class SourceMethod:
     """A source-level method: ``compute(job, **options) -> (scores (n_sources,), meta)``; ``forwards(n_sources,
-    **options)``: how many forwards it runs (for progress)."""
+    **options)``: how many forwards it runs (for progress); ``identity(runner, **options)``: what else decides its
+    scores on a model beside the option values (e.g. the weights a default resolves to), for records that must
+    notice a change."""
 
     name: str
     compute: Callable[..., tuple[np.ndarray, dict[str, Any]]]
@@ -35,20 +37,32 @@ class SourceMethod:
     citation: str
     forwards: Callable[..., int]
     options: dict[str, Any] = field(default_factory=dict)
+    identity: Callable[..., dict[str, Any]] | None = None
 
 
 SOURCE_METHODS: dict[str, SourceMethod] = {}
 
 
 def source_method(name: str, summary: str, citation: str, forwards: Callable[..., int],
+                  identity: Callable[..., dict[str, Any]] | None = None,
                   **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a source-level method under ``name`` (its keyword defaults are ``options``)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        SOURCE_METHODS[name] = SourceMethod(name, fn, summary, citation, forwards, options)
+        SOURCE_METHODS[name] = SourceMethod(name, fn, summary, citation, forwards, options, identity)
         return fn
 
     return wrap
+
+
+def method_identity(runner: Any, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a method ``name`` runs with on ``runner``'s model, plus what else decides its scores there (a
+    source method's ``identity``): two runs whose identities are equal give the same scores."""
+    spec = SOURCE_METHODS.get(name)
+    found = dict(options)
+    if spec is not None and spec.identity is not None:
+        found.update(spec.identity(runner, **check_source_options(name, dict(options))))
+    return found
 
 
 def check_source_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
