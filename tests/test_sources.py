@@ -392,8 +392,8 @@ def test_smollm2_finds_the_passage_the_answer_came_from():
                "fortifications built across the northern borders of ancient Chinese states.\n\nMount Everest is "
                "the highest mountain above sea level, in the Himalayas.")
     r = ex.attribute_context(context, "Who designed the Eiffel Tower?", answer="Gustave Eiffel designed it.",
-                             sources="passage", methods=["decompx", "attnlrp", "loo"])
-    for m in ("decompx", "attnlrp", "loo"):
+                             sources="passage", methods=["decompx", "attnlrp", "loo", "at2"])
+    for m in ("decompx", "attnlrp", "loo", "at2"):
         assert r.ranked(m)[0][0] == 0, (m, r.scores[m])
     assert r.prompt.startswith("<|im_start|>") and r.meta["chat_template"]
 
@@ -499,6 +499,7 @@ def test_an_interrupted_at2_fit_resumes_from_its_cache(lm, monkeypatch, tmp_path
     monkeypatch.setattr(at2_module, "at2_features", boom)
     again = at2_module.fit_at2(lm.runner, jobs[:1], n_ablations=8, cache=tmp_path / "parts")
     assert again["weights"] == first["weights"] and len(calls) == 1
+    assert first["fit"]["prompts_from_cache"] == 0 and again["fit"]["prompts_from_cache"] == 1
     monkeypatch.undo()
     monkeypatch.setattr(at2_module, "ablation_logprobs", linear)
     at2_module.fit_at2(lm.runner, jobs, n_ablations=8, cache=tmp_path / "parts")  # only the new prompt runs

@@ -163,13 +163,14 @@ def fit_at2(
     log-probability units. The penalty is chosen by cross-validation over whole prompts (ablations of one prompt
     are never split between fit and check) for the best held-out rank correlation per prompt — the LDS the
     benchmark scores — and the record reports it (``cv_lds``) with the held-out R² (``cv_r2``) beside the
-    in-sample one (``r2``). Returns the weights record that :func:`save_weights` writes.
+    in-sample one (``r2``); ``seconds`` is this call's time and ``prompts_from_cache`` the prompts it read from
+    ``cache`` instead of computing. Returns the weights record that :func:`save_weights` writes.
 
     ``cache``: a folder keeping each prompt's features and ablation results as it is done, so an interrupted fit
     started again with the same prompts and settings redoes only the prompts it had not finished."""
     if not jobs:
         raise InputError("fit_at2 needs at least one training prompt")
-    xs, ys, start = [], [], time.perf_counter()
+    xs, ys, start, cached = [], [], time.perf_counter(), 0
     folder = None if cache is None else Path(cache)
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -182,6 +183,7 @@ def fit_at2(
         if path is not None and path.is_file():
             done = np.load(path)
             feats, y = done["feats"], done["y"]
+            cached += 1
         else:
             feats = at2_features(job)  # (LH, S)
             y = ablation_logprobs(job, masks)
@@ -214,7 +216,7 @@ def fit_at2(
         "fit": {"prompts": len(jobs), "n_ablations": n_ablations, "keep_probability": keep_probability,
                 "seed": seed, "alpha": alpha, "r2": float(1 - residual @ residual / (y @ y)), "cv_r2": cv_r2,
                 "cv_lds": cv_lds, "weighting": "inverse variance per prompt",
-                "seconds": round(time.perf_counter() - start, 1)},
+                "seconds": round(time.perf_counter() - start, 1), "prompts_from_cache": cached},
         "attnlens": __version__,
     }
 
