@@ -647,3 +647,43 @@ def test_context_benchmark_recomputes_at2_when_its_weights_change(lm, tmp_path, 
     again = cb.run_context_benchmark(lm, [example], run, tmp_path / "out")
     assert asked == [["at2"], ["at2"]]
     assert again["metrics"]["at2"]["lds"]["mean"] == pytest.approx(-first["metrics"]["at2"]["lds"]["mean"])
+
+
+def test_at2_fit_with_a_token_method_learns_its_weight_beside_the_heads(lm, monkeypatch, tmp_path):
+    """Ablation effects linear in the attention features plus 2 × AttnLRP's source scores: the joint fit
+    predicts them, at2lrp loads those weights and scores a prompt with them, at2 refuses them, and a cached fit
+    adding the method reuses the attention features and ablations."""
+    from attnlens.sources import at2 as at2_module
+    from attnlens.sources.attribute import prepare_job
+    from attnlens.sources.token_scores import token_source_scores
+
+    truth = np.array([1.5, -0.5, 0.0, 2.0])
+    contexts = [CONTEXT, "the plot was dull . i hated it .\n\nthe film was bad . the actors were awful .",
+                "a charming journey . the story is funny .\n\nthe best film ever . really good .",
+                "what a mess . nothing works .\n\nsome scenes are fine . the music is good ."]
+
+    def lrp(job):
+        return token_source_scores(job, ["attnlrp"]).scores["attnlrp"]
+
+    def linear(job, keep):
+        return keep.astype(float) @ (truth @ at2_module.at2_features(job) + 2.0 * lrp(job))
+
+    monkeypatch.setattr(at2_module, "ablation_logprobs", linear)
+    jobs = [prepare_job(lm.runner, c, QUERY, answer=ANSWER, chat=False) for c in contexts]
+    at2_module.fit_at2(lm.runner, jobs, n_ablations=16, cache=tmp_path / "parts")
+    calls = []
+    monkeypatch.setattr(at2_module, "ablation_logprobs", lambda job, keep: calls.append(1) or linear(job, keep))
+    record = at2_module.fit_at2(lm.runner, jobs, n_ablations=16, methods=("attnlrp",), cache=tmp_path / "parts")
+    assert calls == [] and record["methods"] == ["attnlrp"] and len(record["method_weights"]) == 1
+    assert record["fit"]["prompts_from_cache"] == 4
+    path = at2_module.save_weights(record, tmp_path / "lrp.json")
+    for job in jobs:
+        expected = truth @ at2_module.at2_features(job) + 2.0 * lrp(job)
+        r = lm.attribute_context(job.context, QUERY, answer=ANSWER, methods=["at2lrp"], chat=False,
+                                 options={"at2lrp": {"weights": str(path)}})
+        np.testing.assert_allclose(r.scores["at2lrp"], expected, rtol=0.05, atol=0.05 * np.abs(expected).max())
+    with pytest.raises(InputError, match="fitted with features attnlrp; at2 reads attention"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False,
+                             options={"at2": {"weights": str(path)}})
+    with pytest.raises(InputError, match="no AT2 with attnlrp weights ship"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2lrp"], chat=False)

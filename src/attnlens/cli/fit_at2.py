@@ -33,6 +33,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sources", choices=["passage", "sentence", "both"], default="both",
                    help="what a source is in the training prompts (default: both, half each)")
     p.add_argument("--distractors", type=int, default=3, help="distractor paragraphs per prompt (default: 3)")
+    p.add_argument("--with-methods", default="",
+                   help="token-level methods whose per-source scores join the attention features, comma-separated "
+                        "(attnlrp: the weights of the at2lrp method; default: none, the weights of at2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and ablations")
     p.add_argument("--data-root", default=None, help="local data folder holding squad_v1.1/ (default: $ATTNLENS_DATA)")
     p.add_argument("--memory-budget", default=None, help="memory the forwards may plan for (default 4GiB)")
@@ -55,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prompts < 1 or args.n_ablations < 4:
         raise InputError("--prompts must be >= 1 and --n-ablations >= 4")
+    extra = [m.strip() for m in args.with_methods.split(",") if m.strip()]
+    if extra:
+        from ..methods import resolve_methods
+
+        extra = list(resolve_methods(extra))
     out = check_output_path(args.out, "--out", directory=False)
     cache = Path(args.cache) if args.cache else out.with_name(out.name + ".parts")
     budget = parse_budget(args.memory_budget)
@@ -70,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                         memory_budget=budget) for e in examples]
     with tqdm(total=len(jobs), desc="fitting prompts", unit="prompt") as bar:
         record = fit_at2(ex.runner, jobs, n_ablations=args.n_ablations, seed=args.seed, progress=bar.update,
-                         cache=cache)
+                         cache=cache, methods=extra)
     record["fit"].update({"data": "SQuAD v1.1 dev, articles at even positions", "sources": args.sources,
                           "distractors": args.distractors})
     save_weights(record, out)

@@ -7,6 +7,10 @@ prompts, random keep-masks ``M`` (each source kept with probability 1/2) and the
 under each, the surrogate ``y ≈ b + Σ_s M_s · score_s`` is linear in ``w`` (``X = M Fᵀ``), fitted by ridge
 regression on per-prompt centred data (:func:`fit_at2`). Explaining then costs one forward (eager attention,
 maps reduced layer by layer as they are computed, never all kept).
+
+``at2lrp`` adds one feature: AttnLRP's score of each source (its token relevances summed per source, from one
+LRP pass for the whole answer), with a weight fitted jointly with the heads' (``fit_at2(..., methods=
+("attnlrp",))``). It costs that pass beside the forward, and AttnLRP's memory on long prompts.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,7 @@ from ..version import __version__
 from .ablation import CiteJob, ablation_logprobs, random_masks
 from .methods import source_method
 
-__all__ = ["WEIGHTS_DIR", "at2_features", "fit_at2", "load_weights"]
+__all__ = ["WEIGHTS_DIR", "at2_features", "fit_at2", "load_weights", "save_weights"]
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
@@ -106,17 +110,24 @@ def _fingerprint(model: torch.nn.Module) -> dict[str, Any]:
                                              "hidden_size", "vocab_size")}
 
 
-def load_weights(runner: ModelRunner, path: str | Path | None = None) -> dict[str, Any]:
-    """AT2 weights for ``runner``'s model: from ``path``, or the weights shipped with attnlens for this model
-    (SmolLM2-135M-Instruct). :class:`InputError` when there are none or they were fitted on another model."""
+def load_weights(runner: ModelRunner, path: str | Path | None = None,
+                 methods: Sequence[str] = ()) -> dict[str, Any]:
+    """AT2 weights for ``runner``'s model whose extra features are the source scores of ``methods`` (none for
+    ``at2``, ``("attnlrp",)`` for ``at2lrp``): from ``path``, or the weights shipped with attnlens for this model
+    (SmolLM2-135M-Instruct). :class:`InputError` when there are none, or they were fitted on another model or
+    with other features."""
+    name = "AT2" if not methods else f"AT2 with {', '.join(methods)}"
+    method = "at2" if not methods else "at2lrp"
     if path is None:
         for candidate in sorted(WEIGHTS_DIR.glob("*.json")):
             data = json.loads(candidate.read_text(encoding="utf-8"))
-            if data["fingerprint"] == _fingerprint(runner.model) and runner.name in data.get("names", []):
+            if (data["fingerprint"] == _fingerprint(runner.model) and runner.name in data.get("names", [])
+                    and list(data.get("methods", [])) == list(methods)):
                 return data
-        raise InputError(f"no AT2 weights ship for {runner.name}: fit them with `attnlens fit-at2 --model "
-                         f"{runner.name} --out W.json` and pass options {{'at2': {{'weights': 'W.json'}}}} "
-                         "(--at2-weights W.json)")
+        with_methods = f" --with-methods {','.join(methods)}" if methods else ""
+        raise InputError(f"no {name} weights ship for {runner.name}: fit them with `attnlens fit-at2 --model "
+                         f"{runner.name}{with_methods} --out W.json` and pass options {{'{method}': {{'weights': "
+                         "'W.json'}}" + ("" if methods else " (cite --at2-weights W.json)"))
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         fingerprint = data["fingerprint"]
@@ -125,25 +136,61 @@ def load_weights(runner: ModelRunner, path: str | Path | None = None) -> dict[st
     if fingerprint != _fingerprint(runner.model):
         raise InputError(f"at2 weights {path} were fitted on another model ({fingerprint}), not on "
                          f"{_fingerprint(runner.model)}")
+    if list(data.get("methods", [])) != list(methods):
+        fitted = ", ".join(data.get("methods", [])) or "attention alone"
+        raise InputError(f"at2 weights {path} were fitted with features {fitted}; {method} reads "
+                         f"{', '.join(['attention', *methods])}")
     return data
 
 
-def _weights_identity(runner: ModelRunner, weights: str | None = None) -> dict[str, Any]:
-    """The digest of the weights ``weights`` resolves to on ``runner``'s model (the shipped ones by default)."""
-    data = load_weights(runner, weights)
-    return {"weights_sha256": hashlib.sha256(json.dumps(data["weights"]).encode()).hexdigest()[:16]}
+def _features(job: CiteJob, methods: Sequence[str]) -> np.ndarray:
+    """``(layers × heads + len(methods), n_sources)``: the attention features, then each method's source scores."""
+    feats = at2_features(job)
+    if not methods:
+        return feats
+    from .token_scores import token_source_scores
+
+    extra = token_source_scores(job, methods).scores
+    return np.vstack([feats, *(extra[m][None, :] for m in methods)])
+
+
+def _flat_weights(data: Mapping[str, Any]) -> np.ndarray:
+    """The head weights, then the extra methods' weights, as one vector matching :func:`_features`'s rows."""
+    return np.concatenate([np.asarray(data["weights"], dtype=np.float64).reshape(-1),
+                           np.asarray(data.get("method_weights", []), dtype=np.float64)])
+
+
+def _identity(methods: Sequence[str]) -> Callable[..., dict[str, Any]]:
+    def identity(runner: ModelRunner, weights: str | None = None) -> dict[str, Any]:
+        """The digest of the weights ``weights`` resolves to on ``runner``'s model (the shipped ones by default)."""
+        data = load_weights(runner, weights, methods)
+        return {"weights_sha256": hashlib.sha256(json.dumps(_flat_weights(data).tolist()).encode()).hexdigest()[:16]}
+
+    return identity
+
+
+def _scores(job: CiteJob, weights: str | None, methods: Sequence[str]) -> tuple[np.ndarray, dict[str, Any]]:
+    data = load_weights(job.runner, weights, methods)
+    w = _flat_weights(data)
+    feats = _features(job, methods)
+    if feats.shape[0] != w.size:
+        raise InputError(f"at2 weights hold {w.size} features; the model gives {feats.shape[0]}")
+    return w @ feats, {"weights": data.get("source", "shipped" if weights is None else str(weights))}
 
 
 @source_method("at2", "AT2: per-head attention from the answer to each source, weighted by per-head weights fitted "
                "once per model to ablation effects; one forward.", "Cohen-Wang, Chuang & Madry 2025",
-               forwards=lambda n, **_: 1, identity=_weights_identity, weights=None)
+               forwards=lambda n, **_: 1, identity=_identity(()), weights=None)
 def at2(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-    data = load_weights(job.runner, weights)
-    w = np.asarray(data["weights"], dtype=np.float64).reshape(-1)
-    feats = at2_features(job)
-    if feats.shape[0] != w.size:
-        raise InputError(f"at2 weights hold {w.size} heads; the model has {feats.shape[0]}")
-    return w @ feats, {"weights": data.get("source", "shipped")}
+    return _scores(job, weights, ())
+
+
+@source_method("at2lrp", "AT2 with AttnLRP: AT2's per-head attention features plus AttnLRP's score of each source, "
+               "weights fitted jointly to ablation effects; one forward and one AttnLRP pass.",
+               "Cohen-Wang, Chuang & Madry 2025; Achtibat et al. 2024", forwards=lambda n, **_: 3,
+               identity=_identity(("attnlrp",)), weights=None)
+def at2lrp(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    return _scores(job, weights, ("attnlrp",))
 
 
 def fit_at2(
@@ -155,6 +202,7 @@ def fit_at2(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     cache: str | Path | None = None,
+    methods: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Fit AT2's per-head weights on ``jobs`` (training prompts with their answers): features and ``n_ablations``
     random ablations per prompt, ridge regression on per-prompt centred data. Each prompt's ablations are
@@ -166,8 +214,12 @@ def fit_at2(
     in-sample one (``r2``); ``seconds`` is this call's time and ``prompts_from_cache`` the prompts it read from
     ``cache`` instead of computing. Returns the weights record that :func:`save_weights` writes.
 
+    ``methods``: token-level methods whose source scores join the attention features, each with a weight of
+    its own (``("attnlrp",)`` gives ``at2lrp``'s weights).
+
     ``cache``: a folder keeping each prompt's features and ablation results as it is done, so an interrupted fit
-    started again with the same prompts and settings redoes only the prompts it had not finished."""
+    started again with the same prompts and settings redoes only the prompts it had not finished (the extra
+    methods' scores are kept apart, so adding a method reuses the attention features and ablations)."""
     if not jobs:
         raise InputError("fit_at2 needs at least one training prompt")
     xs, ys, start, cached = [], [], time.perf_counter(), 0
@@ -191,7 +243,9 @@ def fit_at2(
                 part = path.with_suffix(".part.npz")
                 np.savez(part, feats=feats, y=y)
                 part.replace(path)  # whole or absent: an interruption never leaves a torn prompt
-        x = masks.astype(np.float64) @ feats.T  # (n, LH)
+        if methods:
+            feats = np.vstack([feats, _method_features(job, methods, path)])
+        x = masks.astype(np.float64) @ feats.T  # (n, LH + len(methods))
         y = y - y.mean()
         spread = float(y.std())
         if spread > 0:  # a prompt whose ablations change nothing carries no ranking to learn
@@ -209,16 +263,34 @@ def fit_at2(
     residual = y - x @ weights
     config = runner.model.config
     layers, heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    extra = {"methods": list(methods), "method_weights": weights[layers * heads:].tolist()} if methods else {}
     return {
         "fingerprint": _fingerprint(runner.model),
         "names": [runner.name],
-        "weights": weights.reshape(layers, heads).tolist(),
+        "weights": weights[: layers * heads].reshape(layers, heads).tolist(),
+        **extra,
         "fit": {"prompts": len(jobs), "n_ablations": n_ablations, "keep_probability": keep_probability,
                 "seed": seed, "alpha": alpha, "r2": float(1 - residual @ residual / (y @ y)), "cv_r2": cv_r2,
                 "cv_lds": cv_lds, "weighting": "inverse variance per prompt",
                 "seconds": round(time.perf_counter() - start, 1), "prompts_from_cache": cached},
         "attnlens": __version__,
     }
+
+
+def _method_features(job: CiteJob, methods: Sequence[str], cached: Path | None) -> np.ndarray:
+    """``(len(methods), n_sources)``: the methods' source scores, read from or written beside a prompt's cache."""
+    path = None if cached is None else cached.with_name(f"{cached.stem}.{'+'.join(methods)}.npz")
+    if path is not None and path.is_file():
+        return np.load(path)["scores"]
+    from .token_scores import token_source_scores
+
+    found = token_source_scores(job, methods).scores
+    scores = np.vstack([found[m] for m in methods])
+    if path is not None:
+        part = path.with_suffix(".part.npz")
+        np.savez(part, scores=scores)
+        part.replace(path)
+    return scores
 
 
 ALPHAS = tuple(float(a) for a in np.logspace(-3, 5, 17))

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.answer_engine import explain_answer, methods_within_budget
+from ..core.answer_engine import methods_within_budget
 from ..core.generation_engine import eos_ids, greedy
 from ..core.memory import parse_budget
 from ..core.model_runner import ModelRunner
@@ -28,6 +28,7 @@ from .ablation import ABLATIONS, CiteJob
 from .methods import SOURCE_METHODS, check_source_options
 from .prompt import Prompt, build_prompt, token_sources
 from .segment import split_sources
+from .token_scores import token_source_scores
 
 __all__ = ["DEFAULT_METHODS", "attribute_context", "prepare_job", "score_job", "split_methods"]
 
@@ -170,33 +171,16 @@ def score_job(
         if name not in asked and "all" not in token_methods:
             raise InputError(f"options given for {name!r}, which is not among the requested methods")
     source_options = {m: check_source_options(m, options.pop(m, {})) for m in source_methods}
-    n_prompt = len(job.prompt.ids)
     scores: dict[str, np.ndarray] = {}
     token_scores: dict[str, np.ndarray] = {}
     seconds: dict[str, float] = {}
     outside: dict[str, float] = {}
     method_meta: dict[str, Any] = {}
     logprob = None
-    src_index = np.asarray(job.token_source)
-    inside = src_index >= 0
     if token_methods:
-        start = time.perf_counter()
-        exp = explain_answer(job.runner, job.prompt.ids + job.prefix_ids, job.answer_ids, token_methods,
-                             text=job.prompt.text, target_kind="loss", options=options,
-                             memory_budget=job.memory_budget, progress=progress)
-        elapsed = time.perf_counter() - start
-        logprob = exp.meta.get("answer_logprob")
-        for m, s in exp.scores.items():
-            tok = np.asarray(s[:n_prompt], dtype=np.float64)
-            token_scores[m] = tok
-            per_source = np.zeros(len(job.sources))
-            np.add.at(per_source, src_index[inside], tok[inside])
-            scores[m] = per_source
-            mass = np.abs(tok).sum()
-            outside[m] = float(np.abs(tok[~inside]).sum() / mass) if mass > 0 else 0.0
-            seconds[m] = elapsed / len(exp.scores)  # one shared pass: its time split evenly
-            if m in exp.meta:
-                method_meta[m] = exp.meta[m]
+        shared = token_source_scores(job, token_methods, options, progress)
+        scores, token_scores, outside = dict(shared.scores), shared.token_scores, shared.outside
+        seconds, method_meta, logprob = dict(shared.seconds), dict(shared.meta), shared.answer_logprob
     for m in source_methods:
         start = time.perf_counter()
         scores[m], figures = SOURCE_METHODS[m].compute(job, **source_options[m])
