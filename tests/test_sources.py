@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -613,8 +614,13 @@ def test_context_benchmark_adds_a_method_to_finished_records_against_their_store
             fresh["methods"]["inputxgradient"][metric], rel=1e-4, abs=1e-5)
         assert summary["metrics"]["loo"][metric]["mean"] == pytest.approx(fresh["methods"]["loo"][metric],
                                                                           rel=1e-4, abs=1e-5)
+    with_options = cb.ContextBenchmarkConfig(methods=["loo", "inputxgradient", "contextcite"], n_lds=8,
+                                             options={"contextcite": {"n_ablations": 8}})
+    cb.run_context_benchmark(lm, [example], with_options, tmp_path)
+    cb.run_context_benchmark(lm, [example], replace(with_options, methods=["loo", "contextcite", "rawatt"]), tmp_path)
+    assert asked[-2:] == [["contextcite"], ["rawatt"]]  # options of a kept method are not passed to the others
     only = cb.run_context_benchmark(lm, [example], cb.ContextBenchmarkConfig(methods=["loo"], n_lds=8), tmp_path)
-    assert set(only["metrics"]) == {"loo", "inputxgradient"} and asked == [["inputxgradient"]]  # nothing to do
+    assert set(only["metrics"]) == {"loo", "inputxgradient", "contextcite", "rawatt"} and len(asked) == 3
     cb.run_context_benchmark(lm, [example], cb.ContextBenchmarkConfig(methods=["loo"], n_lds=6), tmp_path)
     assert asked[-1] == ["loo"]  # other ground-truth settings: the record is recomputed whole
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]

@@ -105,7 +105,7 @@ def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenc
     scores: dict[str, np.ndarray] = {}
     seconds: dict[str, float] = {}
     if todo:
-        scores, _, figures = score_job(job, todo, config.options)
+        scores, _, figures = score_job(job, todo, {m: o for m, o in config.options.items() if m in todo})
         seconds = dict(figures["seconds"])
     for method, record in (external or {}).items():
         kept.pop(method, None)
