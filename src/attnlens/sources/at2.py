@@ -35,6 +35,7 @@ from ..paths import atomic_write_text
 from ..version import __version__
 from .ablation import CiteJob, ablation_logprobs, random_masks
 from .methods import source_method
+from .token_scores import token_source_scores
 
 __all__ = ["WEIGHTS_DIR", "at2_features", "fit_at2", "load_weights", "save_weights"]
 
@@ -117,7 +118,7 @@ def load_weights(runner: ModelRunner, path: str | Path | None = None,
     (SmolLM2-135M-Instruct). :class:`InputError` when there are none, or they were fitted on another model or
     with other features."""
     name = "AT2" if not methods else f"AT2 with {', '.join(methods)}"
-    method = "at2" if not methods else "at2lrp"
+    method = "at2" if not methods else "at2lrp" if list(methods) == ["attnlrp"] else "at2"
     if path is None:
         for candidate in sorted(WEIGHTS_DIR.glob("*.json")):
             data = json.loads(candidate.read_text(encoding="utf-8"))
@@ -148,8 +149,6 @@ def _features(job: CiteJob, methods: Sequence[str]) -> np.ndarray:
     feats = at2_features(job)
     if not methods:
         return feats
-    from .token_scores import token_source_scores
-
     extra = token_source_scores(job, methods).scores
     return np.vstack([feats, *(extra[m][None, :] for m in methods)])
 
@@ -282,8 +281,6 @@ def _method_features(job: CiteJob, methods: Sequence[str], cached: Path | None) 
     path = None if cached is None else cached.with_name(f"{cached.stem}.{'+'.join(methods)}.npz")
     if path is not None and path.is_file():
         return np.load(path)["scores"]
-    from .token_scores import token_source_scores
-
     found = token_source_scores(job, methods).scores
     scores = np.vstack([found[m] for m in methods])
     if path is not None:
