@@ -393,8 +393,8 @@ def test_smollm2_finds_the_passage_the_answer_came_from():
                "fortifications built across the northern borders of ancient Chinese states.\n\nMount Everest is "
                "the highest mountain above sea level, in the Himalayas.")
     r = ex.attribute_context(context, "Who designed the Eiffel Tower?", answer="Gustave Eiffel designed it.",
-                             sources="passage", methods=["decompx", "attnlrp", "loo", "at2"])
-    for m in ("decompx", "attnlrp", "loo", "at2"):
+                             sources="passage", methods=["decompx", "attnlrp", "loo", "at2", "at2lrp"])
+    for m in ("decompx", "attnlrp", "loo", "at2", "at2lrp"):
         assert r.ranked(m)[0][0] == 0, (m, r.scores[m])
     assert r.prompt.startswith("<|im_start|>") and r.meta["chat_template"]
 
