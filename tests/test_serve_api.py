@@ -228,6 +228,58 @@ def test_generate_answers_what_explain_generate_writes(served, tmp_path):
     assert len(forced.json()[0]["generated_ids"]) == 2 and forced.json()[0]["contrast_ids"] is not None
 
 
+def test_answer_explains_a_stretch_of_a_generation_as_one_answer(served):
+    methods = ["inputxgradient", "cat", "agrad", "rawatt"]
+    client = served["client"]
+    g = client.post("/api/generate", json={"model": "lm", "prompt": "the movie was", "max_new_tokens": 4,
+                                           "methods": methods}).json()[0]
+    t0, t1 = 1, 3
+    prompt_ids, answer_ids = g["prompt_ids"] + g["generated_ids"][:t0], g["generated_ids"][t0:t1 + 1]
+    body = {"model": "lm", "prompt_ids": prompt_ids, "answer_ids": answer_ids, "methods": methods,
+            "target_kind": "logit"}
+    r = client.post("/api/answer", json=body)
+    assert r.status_code == 200, r.text
+    direct = Explainer.from_pretrained(served["lm_dir"]).explain_answer(prompt_ids, answer_ids, methods,
+                                                                       target_kind="logit")
+    assert r.json() == [direct.to_dict()]
+    (exp,) = r.json()
+    n_prompt = len(g["prompt_ids"])
+    n = n_prompt + t1  # the tokens before the stretch's last token
+    assert exp["input_ids"] == g["prompt_ids"] + g["generated_ids"][:t1 + 1]
+    assert exp["target"] == [n_prompt + t0, n_prompt + t1 + 1]
+    for m in ("inputxgradient", "cat"):  # linear in the explained logit: the sum of the steps' rows
+        summed = np.sum([g["scores"][m][t][:n] for t in range(t0, t1 + 1)], axis=0)
+        scale = np.abs(summed).max()
+        assert scale > 0
+        np.testing.assert_allclose(exp["scores"][m][:n], summed, rtol=1e-4, atol=1e-5 * scale)
+        assert abs(exp["scores"][m][n]) <= 1e-6 * scale  # the last answer token explains nothing after it
+    for m in ("agrad", "rawatt"):  # read the attention rows of the steps: the stretch's own explanation differs
+        summed = np.sum([g["scores"][m][t][:n] for t in range(t0, t1 + 1)], axis=0)
+        assert not np.allclose(exp["scores"][m][:n], summed, rtol=1e-2), m
+    job = client.post("/api/jobs", json={"kind": "answer", "request": body}).json()
+    assert job["cached"] is True and job["result"] == r.json()
+
+
+@pytest.mark.parametrize("change, pattern", [
+    ({"prompt_ids": []}, '"prompt_ids" must be a non-empty list'),
+    ({"answer_ids": None}, '"answer_ids" must be a non-empty list'),
+    ({"prompt_ids": [5, 1.5]}, '"prompt_ids" must be'),
+    ({"answer_ids": [True]}, '"answer_ids" must be'),
+    ({"answer_ids": [-1]}, '"answer_ids" must be'),
+    ({"answer_ids": [10 ** 9]}, r'"answer_ids" holds 1000000000, which is not a token id of this model \(0 to \d+\)'),
+    ({"answer_ids": [5] * 65}, "at most 64"),
+    ({"prompt_ids": [5] * 501}, "at most 500"),
+    ({"model": "minilm"}, "causal language model"),
+    ({"target_kind": "odds"}, "target_kind"),
+    ({"methods": ["nope"]}, "unknown method 'nope'"),
+    ({"text": "the movie"}, "unknown field"),
+])
+def test_bad_answer_requests_are_a_400_with_one_line(served, change, pattern):
+    body = {"model": "lm", "prompt_ids": [5, 6, 7], "answer_ids": [8, 9], "methods": ["agrad"], **change}
+    message = _one_line_error(served["client"].post("/api/answer", json=body), 400)
+    assert re.search(pattern, message), message
+
+
 def test_labels_with_markup_travel_as_data(served):
     r = served["client"].post("/api/explain", json={"model": "xss", "texts": ["the movie"], "methods": ["rawatt"]})
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
@@ -444,7 +496,7 @@ def test_attribute_answers_what_cite_writes(served, tmp_path):
 
 
 @pytest.mark.parametrize("route", ["/api/explain", "/api/faithfulness", "/api/attention", "/api/generate",
-                                   "/api/attribute", "/api/jobs"])
+                                   "/api/answer", "/api/attribute", "/api/jobs"])
 @pytest.mark.parametrize("body", [None, 3, "x", [], {}, {"model": 1}, {"model": "minilm", "texts": "abc"},
                                   {"model": "lm", "prompt": ["a"]}, {"kind": None, "request": None},
                                   {"\u0000": "\ud800"}])

@@ -19,7 +19,7 @@ from ..results.tokentext import encoding_meta
 from ..sources.attribute import DEFAULT_METHODS as SOURCE_DEFAULTS
 from ..sources.methods import SOURCE_METHODS
 from ..viz.headview import encode_attentions
-from .requests import AttributeRequest, ExplainRequest, GenerateRequest
+from .requests import AnswerRequest, AttributeRequest, ExplainRequest, GenerateRequest
 
 Report = Callable[[float], None]
 THUMBNAIL = 48  # cells per side of a model-view thumbnail (block maxima of the attention matrix)
@@ -124,6 +124,23 @@ def generate(ex: Any, req: GenerateRequest, report: Report) -> list[dict[str, An
                               max_new_tokens=req.max_new_tokens, target=req.target, contrast=req.contrast,
                               chat=req.chat, target_kind=req.target_kind, options=_options(req))
     return [g.to_dict()]
+
+
+def answer(ex: Any, req: AnswerRequest, report: Report) -> list[dict[str, Any]]:
+    """``Explainer.explain_answer`` on the request's token ids: what ``attnlens explain --format json`` writes for
+    one explanation (a list of one) over prompt + answer tokens, ``target`` the answer's span ``[start, end)``."""
+    if ex.head.task != "causal-lm":
+        raise InputError(f"explaining an answer needs a causal language model; this model is {ex.head.kind}")
+    rows = ex.model.get_input_embeddings().num_embeddings
+    for name, ids in (("prompt_ids", req.prompt_ids), ("answer_ids", req.answer_ids)):
+        outside = next((i for i in ids if i >= rows), None)
+        if outside is not None:
+            raise InputError(f'"{name}" holds {outside}, which is not a token id of this model (0 to {rows - 1})')
+    exp = ex.explain_answer(list(req.prompt_ids), list(req.answer_ids),
+                            methods=req.methods if isinstance(req.methods, str) else list(req.methods),
+                            target_kind=req.target_kind, options=_options(req),
+                            progress=lambda fraction, _done: report(fraction))
+    return explanations_json([exp])
 
 
 def attribute(ex: Any, req: AttributeRequest) -> dict[str, Any]:

@@ -78,6 +78,22 @@ class AttributeRequest:
         return "attribute:" + json.dumps(asdict(self), sort_keys=True, default=list)
 
 
+@dataclass(frozen=True)
+class AnswerRequest:
+    """``POST /api/answer``: :meth:`Explainer.explain_answer` on token ids (a stretch of a generation as one
+    answer)."""
+
+    model: str
+    prompt_ids: tuple[int, ...]
+    answer_ids: tuple[int, ...]
+    methods: Any = "all"
+    target_kind: str = "logit"
+    options: Any = None
+
+    def key(self) -> str:
+        return "answer:" + json.dumps(asdict(self), sort_keys=True, default=list)
+
+
 SOURCE_KINDS = ("sentence", "passage", "line")
 
 
@@ -211,6 +227,28 @@ def generate_request(body: Any, served: list[str], limits: Limits) -> GenerateRe
         model=model_name(body, served), prompt=prompt, methods=_methods(body.get("methods")), max_new_tokens=n,
         target=body.get("target"), contrast=body.get("contrast"), chat=chat,
         target_kind=_kind(body.get("target_kind", "logit")), options=_options(body.get("options")),
+    )
+
+
+def _ids(value: Any, name: str, most: int) -> tuple[int, ...]:
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)):
+        raise InputError(f'"{name}" must be a non-empty list of token ids (whole numbers from 0)')
+    if len(value) > most:
+        raise InputError(f'"{name}" has {len(value)} token ids; this server takes at most {most}')
+    return tuple(value)
+
+
+def answer_request(body: Any, served: list[str], limits: Limits) -> AnswerRequest:
+    """Check an answer body: the prompt's token ids at most ``max_chars`` (a token spells at least one
+    character), the answer's at most ``max_new_tokens`` (what a generation here can hold)."""
+    body = _object(body)
+    _known(body, {"model", "prompt_ids", "answer_ids", "methods", "target_kind", "options"})
+    return AnswerRequest(
+        model=model_name(body, served), prompt_ids=_ids(body.get("prompt_ids"), "prompt_ids", limits.max_chars),
+        answer_ids=_ids(body.get("answer_ids"), "answer_ids", limits.max_new_tokens),
+        methods=_methods(body.get("methods")), target_kind=_kind(body.get("target_kind", "logit")),
+        options=_options(body.get("options")),
     )
 
 

@@ -92,8 +92,8 @@ async def models(request: Request) -> Response:
 async def submit_job(request: Request) -> Response:
     body = await read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
-        raise InputError('a job is {"kind": "explain" | "faithfulness" | "attention" | "generate" | "attribute", '
-                         '"request": {...}}')
+        raise InputError('a job is {"kind": "explain" | "faithfulness" | "attention" | "generate" | "answer" | '
+                         '"attribute", "request": {...}}')
     state = _state(request)
     job = state.submit(str(body.get("kind")), body["request"])
     return JSONResponse(job.to_dict(state.jobs.position(job)), status_code=200 if job.finished else 202)
@@ -141,6 +141,7 @@ ROUTES = [
     Route("/api/faithfulness", _sync("faithfulness"), methods=["POST"]),
     Route("/api/attention", _sync("attention"), methods=["POST"]),
     Route("/api/generate", _sync("generate"), methods=["POST"]),
+    Route("/api/answer", _sync("answer"), methods=["POST"]),
     Route("/api/attribute", _sync("attribute"), methods=["POST"]),
     Route("/api/jobs", submit_job, methods=["POST"]),
     Route("/api/jobs/{job_id}", job_status, methods=["GET"]),

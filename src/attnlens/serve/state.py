@@ -16,6 +16,7 @@ from .jobs import Job, JobQueue
 from .requests import (
     ExplainRequest,
     Limits,
+    answer_request,
     attention_request,
     attribute_request,
     explain_request,
@@ -23,7 +24,7 @@ from .requests import (
     generate_request,
 )
 
-KINDS = ("explain", "faithfulness", "attention", "generate", "attribute")
+KINDS = ("explain", "faithfulness", "attention", "generate", "answer", "attribute")
 
 
 @dataclass
@@ -68,6 +69,10 @@ class ServeState:
             req = generate_request(body, self.models, self.limits)
             ex = self.explainers[req.model]
             return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.generate(ex, req, job.report))
+        if kind == "answer":
+            req = answer_request(body, self.models, self.limits)
+            ex = self.explainers[req.model]
+            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.answer(ex, req, job.report))
         if kind == "attribute":
             req = attribute_request(body, self.models, self.limits)
             ex = self.explainers[req.model]
