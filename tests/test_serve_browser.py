@@ -204,10 +204,32 @@ def test_generate_click_and_select_answer_tokens(page, server):
     assert "steps 1–3" in page.inner_text("#step-caption")
     _shoot(page, "serve-generate")
 
+    summed_att = [float(t.rsplit(": ", 1)[1]) for t in _titles(page, "rawatt", "#gen-heatmap")]
+    page.click("#stretch-answer")  # the stretch's own explanation replaces the summed rows
+    page.wait_for_selector("body[data-stretch='1-3']")
+    assert "the stretch explained as one answer" in page.inner_text("#step-caption")
+    expect(page.locator("#stretch-answer")).to_be_hidden()
+    (one,) = _api(server, "/api/answer", {"model": "tiny-lm", "prompt_ids": g["prompt_ids"] + g["generated_ids"][:1],
+                                          "answer_ids": g["generated_ids"][1:4], "methods": FAST})
+    own_att = [float(t.rsplit(": ", 1)[1]) for t in _titles(page, "rawatt", "#gen-heatmap")]
+    assert own_att == pytest.approx(one["scores"]["rawatt"][:n_prompt + 3], rel=1e-3, abs=1e-9)
+    assert own_att != pytest.approx(summed_att, rel=1e-2)  # rawatt is not linear in the explained value
+    chips.nth(2).click()
+    page.wait_for_selector("body[data-step='2-2']")
+    expect(page.locator("#stretch-answer")).to_be_hidden()  # one step: nothing to explain as a stretch
+
     page.fill("#force", "paris .")
     page.click("#generate")
     expect(page.locator("#answer span.gen")).to_have_count(2)
     assert "forced" in page.inner_text("#step-caption")
+    for agnostic in ("rawatt", "rollout"):  # a contrast needs methods that depend on the explained token
+        page.uncheck(f"#gen-methods input[value={agnostic}]")
+    page.fill("#gen-contrast", "london .")
+    page.click("#generate")
+    expect(page.locator("#step-caption")).to_contain_text("minus the contrast token")
+    chips.nth(1).click(modifiers=["Shift"])
+    page.wait_for_selector("body[data-step='0-1']")
+    expect(page.locator("#stretch-answer")).to_be_hidden()  # a contrast: no single answer to explain
 
 
 def test_benchmark_folder_sort_and_open_an_example(page):

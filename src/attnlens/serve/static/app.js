@@ -4,12 +4,12 @@
 
 const $ = (id) => document.getElementById(id);
 const FAST = ["rawatt", "rollout", "agrad", "gae", "attcat", "inputxgradient"];
-const LINEAR = new Set(["grads", "agrad", "cat", "inputxgradient"]);
+const LINEAR = new Set(["cat", "inputxgradient"]);  // their summed step rows are the stretch's own explanation
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04",
   "#db2777", "#65a30d", "#7c3aed", "#0d9488", "#b91c1c", "#1d4ed8", "#a16207", "#be185d", "#15803d", "#6d28d9",
   "#c2410c", "#0e7490"];
 const state = { models: [], facts: null, exp: null, expRequest: null, faith: null, attention: null,
-  attentionText: null, gen: null, genRange: null, bench: null, benchSort: null, job: null };
+  attentionText: null, gen: null, genModel: null, genRange: null, bench: null, benchSort: null, job: null };
 const results = new Map();  // (kind, request) -> result: switching views never asks twice
 
 class Cancelled extends Error {}
@@ -448,6 +448,7 @@ async function generate() {
   if ($("gen-contrast").value) req.contrast = $("gen-contrast").value;
   const [g] = await runJob("generate", req, "generating and explaining");
   state.gen = g;
+  state.genModel = req.model;
   state.genRange = null;
   renderGeneration();
 }
@@ -484,7 +485,7 @@ function renderGeneration() {
 }
 
 function chooseSteps(t0, t1) {
-  const g = state.gen, enc = g.meta && g.meta.token_encoding;
+  const g = state.gen;
   state.genRange = [t0, t1];
   for (const chip of $("answer").querySelectorAll("span.gen")) chip.classList.toggle("chosen", +chip.dataset.step >= t0 && +chip.dataset.step <= t1);
   const n = g.prompt_tokens.length + t1;  // the tokens before the last chosen step
@@ -496,13 +497,39 @@ function chooseSteps(t0, t1) {
     return { name: m, values, title: t1 > t0 && !LINEAR.has(m) ? "sum of the steps' rows (not the stretch's own explanation for this method)" : "" };
   });
   renderHeatmap($("gen-heatmap"), tokens, special, rows);
+  const cap = stepCaption(g, t0, t1);
+  if (t0 === t1) cap.append(` (p = ${fmt(g.probabilities[t0])}${g.forced ? ", forced" : ""}${g.contrast_ids ? ", minus the contrast token" : ""})`);
+  else cap.append(" — the rows of its steps summed");
+  $("stretch-answer").hidden = t0 === t1 || Boolean(g.contrast_ids);
+  document.body.dataset.step = `${t0}-${t1}`;
+  delete document.body.dataset.stretch;
+}
+
+function stepCaption(g, t0, t1) {
+  const enc = g.meta && g.meta.token_encoding;
   const bpe = enc === "byte-level" || enc === "sentencepiece";  // their decoded tokens carry their own spaces
   const chosen = g.generated.slice(t0, t1 + 1).join(bpe ? "" : " ");
   const cap = $("step-caption");
   cap.replaceChildren(t0 === t1 ? `step ${t0}: ` : `steps ${t0}–${t1}: `, el("b", chosen));
-  if (t0 === t1) cap.append(` (p = ${fmt(g.probabilities[t0])}${g.forced ? ", forced" : ""}${g.contrast_ids ? ", minus the contrast token" : ""})`);
-  else cap.append(" — the rows of its steps summed");
-  document.body.dataset.step = `${t0}-${t1}`;
+  return cap;
+}
+
+// The chosen steps explained as one answer (its summed logit / log-probability, one pass per method): the prompt
+// and the tokens generated before the stretch are the input, the stretch's tokens the answer.
+async function explainStretch() {
+  const g = state.gen, [t0, t1] = state.genRange;
+  const req = { model: state.genModel, prompt_ids: g.prompt_ids.concat(g.generated_ids.slice(0, t0)),
+    answer_ids: g.generated_ids.slice(t0, t1 + 1), methods: Object.keys(g.scores),
+    target_kind: (g.meta && g.meta.target_kind) || "logit" };
+  const [exp] = await runJob("answer", req, "explaining the stretch as one answer");
+  if (state.gen !== g || state.genRange[0] !== t0 || state.genRange[1] !== t1) return;  // another stretch since
+  const n = g.prompt_tokens.length + t1;  // the last answer token explains nothing: the same columns as the sum
+  const special = g.prompt_special.concat(g.generated_tokens.map(() => false)).slice(0, n);
+  const rows = Object.keys(exp.scores).map((m) => ({ name: m, values: exp.scores[m].slice(0, n), title: "" }));
+  renderHeatmap($("gen-heatmap"), generationTexts(g).slice(0, n), special, rows);
+  stepCaption(g, t0, t1).append(" — the stretch explained as one answer");
+  $("stretch-answer").hidden = true;
+  document.body.dataset.stretch = `${t0}-${t1}`;
 }
 
 // ------------------------------------------------------------------ sources of an answer
@@ -722,6 +749,7 @@ async function start() {
   $("contrast").onchange = () => { if (state.exp) guarded(explain); };
   $("faithfulness").onclick = () => guarded(faithfulness);
   $("generate-form").onsubmit = (ev) => { ev.preventDefault(); guarded(generate); };
+  $("stretch-answer").onclick = () => guarded(explainStretch);
   $("sources-form").onsubmit = (ev) => { ev.preventDefault(); guarded(attribute); };
   $("layer-method").onchange = renderLayers;
   for (const id of ["hv-layer", "hv-head", "hv-links"]) $(id).onchange = () => guarded(drawHeadView);
