@@ -693,3 +693,11 @@ def test_at2_fit_with_a_token_method_learns_its_weight_beside_the_heads(lm, monk
                              options={"at2": {"weights": str(path)}})
     with pytest.raises(InputError, match="no AT2 with attnlrp weights ship"):
         lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2lrp"], chat=False)
+
+    def over_budget(job, methods, *args, **kwargs):
+        raise InputError("an input of 9,000 tokens with attnlrp needs about 40.0 GiB, more than the memory budget")
+
+    monkeypatch.setattr(at2_module, "token_source_scores", over_budget)
+    with pytest.raises(InputError, match="at2 with attnlrp reads their scores: an input of 9,000 tokens"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2lrp"], chat=False,
+                             options={"at2lrp": {"weights": str(path)}})

@@ -149,7 +149,10 @@ def _features(job: CiteJob, methods: Sequence[str]) -> np.ndarray:
     feats = at2_features(job)
     if not methods:
         return feats
-    extra = token_source_scores(job, methods).scores
+    try:
+        extra = token_source_scores(job, methods).scores
+    except InputError as err:  # e.g. over the memory budget: say which source method needed it
+        raise InputError(f"at2 with {', '.join(methods)} reads their scores: {err}") from None
     return np.vstack([feats, *(extra[m][None, :] for m in methods)])
 
 
