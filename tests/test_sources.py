@@ -363,6 +363,8 @@ def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys):
     (["--answer", " "], "--answer is empty"),
     (["--methods", "loo", "--n-ablations", "8"], "--n-ablations is an option of contextcite"),
     (["--answer-span", "x"], "--answer-span 'x'"),
+    (["--methods", "at2,at2lrp", "--at2-weights", "w.json"], "name exactly one of them"),
+    (["--methods", "loo", "--at2-weights", "w.json"], "--at2-weights is the weights file of at2 or at2lrp"),
     (["--context", "the movie " * 200], "longer than the model's maximum|no room for an answer"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(lm_dir, tmp_path, capsys, extra, message):

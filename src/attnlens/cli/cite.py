@@ -27,7 +27,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="which part of the context an LLM's answer came from",
         description=(
             "Attribute a language model's answer to the sources of its context (sentences, passages, lines): "
-            "token-level methods summed per source, ablations (loo, contextcite) and learned attention (at2). "
+            "token-level methods summed per source, ablations (loo, contextcite) and learned attention (at2, at2lrp). "
             "The answer is generated greedily unless --answer gives it."
         ),
     )
@@ -44,7 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="what a source is (default: sentence; passage = blank-line-separated blocks)")
     p.add_argument("--methods", default=None,
                    help="comma-separated methods: token-level ones (see `attnlens explain --help`) and loo, "
-                        "contextcite, at2; 'all' (default: decompx,attnlrp,loo, leaving out with a "
+                        "contextcite, at2, at2lrp; 'all' (default: decompx,attnlrp,loo, leaving out with a "
                         "warning those over --memory-budget at the prompt's length)")
     p.add_argument("--template", help="the user message around {context} and {query} "
                                       "(default: 'Context: {context}\\n\\nQuery: {query}')")
@@ -58,7 +58,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "its tokens from attention")
     p.add_argument("--n-ablations", type=int, default=None, help="contextcite: random ablations (default: 64)")
     p.add_argument("--at2-weights", default=None,
-                   help="at2: a weights file from `attnlens fit-at2` (default: the weights shipped for the model)")
+                   help="at2 or at2lrp: a weights file from `attnlens fit-at2` (default: the weights shipped for "
+                        "the model)")
     p.add_argument("--format", default="terminal", choices=FORMATS, help="output format (default: terminal)")
     p.add_argument("--out", help="output file (html default: cite.html; json default: standard output)")
     p.add_argument("--top", type=int, default=5, help="terminal: sources shown per method (default: 5)")
@@ -97,9 +98,11 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--n-ablations is an option of contextcite: add it to --methods")
         options["contextcite"] = {"n_ablations": args.n_ablations}
     if args.at2_weights is not None:
-        if "at2" not in source_methods:
-            raise InputError("--at2-weights is an option of at2: add it to --methods")
-        options["at2"] = {"weights": args.at2_weights}
+        learned = [m for m in ("at2", "at2lrp") if m in source_methods]
+        if len(learned) != 1:
+            raise InputError("--at2-weights is the weights file of at2 or at2lrp: name exactly one of them in "
+                             "--methods")
+        options[learned[0]] = {"weights": args.at2_weights}
     if args.format == "html" and args.out is None:
         args.out = "cite.html"
     out = None if args.out is None else check_output_path(args.out, "--out", directory=False)
