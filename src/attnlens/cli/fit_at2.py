@@ -58,11 +58,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prompts < 1 or args.n_ablations < 4:
         raise InputError("--prompts must be >= 1 and --n-ablations >= 4")
-    extra = [m.strip() for m in args.with_methods.split(",") if m.strip()]
-    if extra:
-        from ..methods import resolve_methods
+    from ..methods import resolve_methods
 
-        extra = list(resolve_methods(extra))
+    extra = resolve_methods(args.with_methods) if args.with_methods.strip(" ,") else []
     out = check_output_path(args.out, "--out", directory=False)
     cache = Path(args.cache) if args.cache else out.with_name(out.name + ".parts")
     budget = parse_budget(args.memory_budget)

@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.stats import spearmanr
 
 from ..errors import InputError
 from ..paths import atomic_write_text
-from ..sources.ablation import ablation_logprobs, full_logprob, random_masks
+from ..sources.ablation import ablation_logprobs, full_logprob, random_masks, rank_agreement
 from ..sources.attribute import prepare_job, score_job
 from ..sources.methods import method_identity
 from ..sources.squad import ContextExample
@@ -74,10 +73,7 @@ def read_external(paths: Sequence[str | Path]) -> dict[str, dict[str, dict[str, 
 
 
 def _lds(masks: np.ndarray, actual: np.ndarray, scores: np.ndarray) -> float:
-    predicted = masks.astype(np.float64) @ scores
-    if np.ptp(predicted) == 0 or np.ptp(actual) == 0:
-        return 0.0  # a constant prediction ranks nothing
-    return float(spearmanr(predicted, actual).statistic)
+    return rank_agreement(masks.astype(np.float64) @ scores, actual)
 
 
 def _truth_settings(config: ContextBenchmarkConfig) -> dict[str, Any]:
@@ -87,15 +83,17 @@ def _truth_settings(config: ContextBenchmarkConfig) -> dict[str, Any]:
 
 def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenchmarkConfig,
                      external: Mapping[str, Mapping[str, Any]] | None = None,
-                     previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                     previous: Mapping[str, Any] | None = None,
+                     identities: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """One example's record: per method its scores and metrics, and the ablations' ground truth (the
     log-probability under each random ablation and under each removal a method asked for).
 
     With ``previous`` (this example's record from an earlier run with the same ground-truth settings), only the
     methods it lacks, or ran with other options, are computed, and the stored ablations are reused: a method can
-    join a finished run at the cost of its own scores and its top-k removals."""
+    join a finished run at the cost of its own scores and its top-k removals. ``identities``: the run's method
+    identities when the caller has them (default: resolved here)."""
     previous = previous if previous and previous.get("truth", {}).get("settings") == _truth_settings(config) else {}
-    identities = _identities(ex, config)
+    identities = identities if identities is not None else _identities(ex, config)
     kept = {m: r for m, r in previous.get("methods", {}).items()  # other methods of earlier runs stay
             if m not in config.methods or r.get("options") == identities[m]}
     job = prepare_job(ex.runner, example.context, example.query, answer=example.answer,
@@ -240,7 +238,7 @@ def run_context_benchmark(
             ext = (external or {}).get(e.id, {})
             old = done.get(e.id)
             if old is None or not _complete(old, config, [*wanted, *ext], identities):
-                done[e.id] = evaluate_example(ex, e, config, ext, previous=old)
+                done[e.id] = evaluate_example(ex, e, config, ext, previous=old, identities=identities)
                 f.write(json.dumps(done[e.id]) + "\n")  # a later line for the same id supersedes an earlier one
                 f.flush()
             if progress is not None:

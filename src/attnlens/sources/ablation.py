@@ -89,6 +89,16 @@ def random_masks(n: int, n_sources: int, keep_probability: float, seed: int) -> 
     return np.random.default_rng(seed).random((n, n_sources)) < keep_probability
 
 
+def rank_agreement(predicted: np.ndarray, actual: np.ndarray) -> float:
+    """Spearman correlation of predicted and actual ablation outcomes (the LDS of one prompt); 0 when either is
+    constant (a constant prediction ranks nothing)."""
+    from scipy.stats import spearmanr
+
+    if np.ptp(predicted) == 0 or np.ptp(actual) == 0:
+        return 0.0
+    return float(spearmanr(predicted, actual).statistic)
+
+
 def ablation_logprobs(job: CiteJob, keep: np.ndarray) -> np.ndarray:
     """The explained answer's log-probability with each row of ``keep`` ``(V, n_sources)`` (True: kept) applied
     to the context, ``(V,)``: all variants batched within the memory budget."""

@@ -31,15 +31,17 @@ from ..core.model_runner import ModelRunner
 from ..core.modelstate import explaining
 from ..core.row_attention import RowAttentionUnsupported, RowRecorder, dispatches_attention, recording, registered
 from ..errors import InputError, ModelError
-from ..paths import atomic_write_text
+from ..paths import atomic_output, atomic_write_text
 from ..version import __version__
-from .ablation import CiteJob, ablation_logprobs, random_masks
+from .ablation import CiteJob, ablation_logprobs, random_masks, rank_agreement
 from .methods import source_method
 from .token_scores import token_source_scores
 
 __all__ = ["WEIGHTS_DIR", "at2_features", "fit_at2", "load_weights", "save_weights"]
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
+# each registered AT2 method and the token-level methods whose source scores join its attention features
+VARIANTS: dict[str, tuple[str, ...]] = {"at2": (), "at2lrp": ("attnlrp",)}
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -118,7 +120,7 @@ def load_weights(runner: ModelRunner, path: str | Path | None = None,
     (SmolLM2-135M-Instruct). :class:`InputError` when there are none, or they were fitted on another model or
     with other features."""
     name = "AT2" if not methods else f"AT2 with {', '.join(methods)}"
-    method = "at2" if not methods else "at2lrp" if list(methods) == ["attnlrp"] else "at2"
+    method = next((m for m, extra in VARIANTS.items() if list(extra) == list(methods)), "at2")
     if path is None:
         for candidate in sorted(WEIGHTS_DIR.glob("*.json")):
             data = json.loads(candidate.read_text(encoding="utf-8"))
@@ -182,17 +184,17 @@ def _scores(job: CiteJob, weights: str | None, methods: Sequence[str]) -> tuple[
 
 @source_method("at2", "AT2: per-head attention from the answer to each source, weighted by per-head weights fitted "
                "once per model to ablation effects; one forward.", "Cohen-Wang, Chuang & Madry 2025",
-               forwards=lambda n, **_: 1, identity=_identity(()), weights=None)
+               forwards=lambda n, **_: 1, identity=_identity(VARIANTS["at2"]), weights=None)
 def at2(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-    return _scores(job, weights, ())
+    return _scores(job, weights, VARIANTS["at2"])
 
 
 @source_method("at2lrp", "AT2 with AttnLRP: AT2's per-head attention features plus AttnLRP's score of each source, "
                "weights fitted jointly to ablation effects; one forward and one AttnLRP pass.",
                "Cohen-Wang, Chuang & Madry 2025; Achtibat et al. 2024", forwards=lambda n, **_: 3,
-               identity=_identity(("attnlrp",)), weights=None)
+               identity=_identity(VARIANTS["at2lrp"]), weights=None)
 def at2lrp(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-    return _scores(job, weights, ("attnlrp",))
+    return _scores(job, weights, VARIANTS["at2lrp"])
 
 
 def fit_at2(
@@ -242,9 +244,7 @@ def fit_at2(
             feats = at2_features(job)  # (LH, S)
             y = ablation_logprobs(job, masks)
             if path is not None:
-                part = path.with_suffix(".part.npz")
-                np.savez(part, feats=feats, y=y)
-                part.replace(path)  # whole or absent: an interruption never leaves a torn prompt
+                _save_npz(path, feats=feats, y=y)
         if methods:
             feats = np.vstack([feats, _method_features(job, methods, path)])
         x = masks.astype(np.float64) @ feats.T  # (n, LH + len(methods))
@@ -287,10 +287,14 @@ def _method_features(job: CiteJob, methods: Sequence[str], cached: Path | None) 
     found = token_source_scores(job, methods).scores
     scores = np.vstack([found[m] for m in methods])
     if path is not None:
-        part = path.with_suffix(".part.npz")
-        np.savez(part, scores=scores)
-        part.replace(path)
+        _save_npz(path, scores=scores)
     return scores
+
+
+def _save_npz(path: Path, **arrays: np.ndarray) -> None:
+    """Write ``arrays`` to ``path`` whole or not at all: an interruption never leaves a torn prompt in the cache."""
+    with atomic_output(path) as tmp, tmp.open("wb") as f:
+        np.savez(f, **arrays)
 
 
 ALPHAS = tuple(float(a) for a in np.logspace(-3, 5, 17))
@@ -305,7 +309,6 @@ def _grouped_alpha(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[fl
     """The ridge penalty whose predictions on held-out prompts (up to 5 folds of whole prompts) rank each prompt's
     ablations best (mean Spearman per prompt, ties broken by R²), with that mean and the held-out R² (NaN for both
     with a single prompt, where the middle penalty is used)."""
-    from scipy.stats import spearmanr
     from sklearn.model_selection import GroupKFold
 
     n_groups = len(np.unique(groups))
@@ -320,8 +323,7 @@ def _grouped_alpha(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[fl
             sse += float((y[test] - predicted) @ (y[test] - predicted))
             for g in np.unique(groups[test]):
                 at = groups[test] == g
-                flat = np.ptp(predicted[at]) == 0 or np.ptp(y[test][at]) == 0
-                ranks.append(0.0 if flat else float(spearmanr(predicted[at], y[test][at]).statistic))
+                ranks.append(rank_agreement(predicted[at], y[test][at]))
         best = max(best, (float(np.mean(ranks)), 1 - sse / float(y @ y), alpha))
     return best[2], best[1], best[0]
 
