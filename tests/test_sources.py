@@ -696,6 +696,24 @@ def test_at2_fit_with_a_token_method_learns_its_weight_beside_the_heads(lm, monk
     with pytest.raises(InputError, match="no AT2 with attnlrp weights ship"):
         lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2lrp"], chat=False)
 
+    from attnlens.sources import attribute as attribute_module
+
+    def nothing_runs(*args, **kwargs):
+        raise AssertionError("a method ran although at2lrp was over the budget")
+
+    def attnlrp_over(runner, methods, n, budget):
+        return [], {"attnlrp": 40 * 2**30}
+
+    with monkeypatch.context() as m:  # over the budget: refused before at2, loo or the token pass run
+        m.setattr(attribute_module, "methods_within_budget", attnlrp_over)
+        m.setattr(at2_module, "at2_features", nothing_runs)
+        m.setattr(source_methods, "ablation_logprobs", nothing_runs)
+        m.setattr(attribute_module, "token_source_scores", nothing_runs)
+        with pytest.raises(InputError, match=r"at2lrp runs attnlrp over the prompt: at \d+ tokens attnlrp about "
+                                             r"40.0 GiB, more than the memory budget of 4.0 GiB"):
+            lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["inputxgradient", "at2", "loo", "at2lrp"],
+                                 chat=False, options={"at2lrp": {"weights": str(path)}})
+
     def over_budget(job, methods, *args, **kwargs):
         raise InputError("an input of 9,000 tokens with attnlrp needs about 40.0 GiB, more than the memory budget")
 

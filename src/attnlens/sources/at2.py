@@ -192,7 +192,7 @@ def at2(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str,
 @source_method("at2lrp", "AT2 with AttnLRP: AT2's per-head attention features plus AttnLRP's score of each source, "
                "weights fitted jointly to ablation effects; one forward and one AttnLRP pass.",
                "Cohen-Wang, Chuang & Madry 2025; Achtibat et al. 2024", forwards=lambda n, **_: 3,
-               identity=_identity(VARIANTS["at2lrp"]), weights=None)
+               identity=_identity(VARIANTS["at2lrp"]), token_methods=VARIANTS["at2lrp"], weights=None)
 def at2lrp(job: CiteJob, weights: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     return _scores(job, weights, VARIANTS["at2lrp"])
 

@@ -29,7 +29,8 @@ class SourceMethod:
     """A source-level method: ``compute(job, **options) -> (scores (n_sources,), meta)``; ``forwards(n_sources,
     **options)``: how many forwards it runs (for progress); ``identity(runner, **options)``: what else decides its
     scores on a model beside the option values (e.g. the weights a default resolves to), for records that must
-    notice a change."""
+    notice a change; ``token_methods``: the token-level methods whose pass it runs on the whole prompt (their memory
+    is checked against the budget before anything runs)."""
 
     name: str
     compute: Callable[..., tuple[np.ndarray, dict[str, Any]]]
@@ -38,18 +39,19 @@ class SourceMethod:
     forwards: Callable[..., int]
     options: dict[str, Any] = field(default_factory=dict)
     identity: Callable[..., dict[str, Any]] | None = None
+    token_methods: tuple[str, ...] = ()
 
 
 SOURCE_METHODS: dict[str, SourceMethod] = {}
 
 
 def source_method(name: str, summary: str, citation: str, forwards: Callable[..., int],
-                  identity: Callable[..., dict[str, Any]] | None = None,
+                  identity: Callable[..., dict[str, Any]] | None = None, token_methods: tuple[str, ...] = (),
                   **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a source-level method under ``name`` (its keyword defaults are ``options``)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        SOURCE_METHODS[name] = SourceMethod(name, fn, summary, citation, forwards, options, identity)
+        SOURCE_METHODS[name] = SourceMethod(name, fn, summary, citation, forwards, options, identity, token_methods)
         return fn
 
     return wrap
