@@ -4,7 +4,7 @@ Each case (method × prompt length) runs in a fresh process under ``/usr/bin/tim
 the model's weights included), which explains a forced answer of ``--answer`` tokens after a prompt of the given
 length (IMDB reviews, ``Explainer.explain_generation`` with the default 4 GiB budget). The ``plain`` case is the
 yardstick of the targets: one forward + backward of the same sequence with fused attention (SDPA), the loss on the
-answer's tokens. A run the budget refuses is recorded with the one line it printed.
+answer's tokens (their logits only). A run the budget refuses is recorded with the one line it printed.
 
 Writes ``bench/data/long_context.json``, the markdown table ``bench/data/long_context.md`` and the log–log plot
 ``docs/images/long_context.png`` (memory and time vs prompt length, one line per method).
@@ -64,10 +64,12 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation") -> dict
     prompt_ids, answer_ids = _ids(ex, n, answer)
     start = time.perf_counter()
     if method == "plain":  # forward + backward to the input embeddings with fused attention, loss on the answer
+        # (logits only at the positions that predict the answer, as the methods compute them)
         ids = torch.tensor([prompt_ids + answer_ids])
         with explaining(ex.model, "sdpa"):
             embeddings = ex.model.get_input_embeddings()(ids).detach().requires_grad_(True)
-            logits = ex.model(inputs_embeds=embeddings, use_cache=False).logits[0, n - 1: -1]
+            logits = ex.model(inputs_embeds=embeddings, use_cache=False,
+                              logits_to_keep=len(answer_ids) + 1).logits[0, :-1]
             loss = torch.nn.functional.cross_entropy(logits, ids[0, n:])
             torch.autograd.grad(loss, embeddings)
         return {"seconds": time.perf_counter() - start}

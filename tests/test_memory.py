@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
@@ -19,6 +21,7 @@ from attnlens.core.memory import (
     shared_pass_row_bytes,
 )
 from attnlens.methods import gradient, registry
+from attnlens.models.heads import AnswerHead
 from attnlens.testing.tiny_models import build_tiny
 
 SHORT, LONG = "good", "the plot was boring but the actors were charming and the film is great i loved it"
@@ -121,16 +124,25 @@ def _storage_of(ex: Explainer, methods: list[str]) -> memory.Storage:
 def test_the_estimate_follows_what_the_capture_keeps():
     llama = _lm_explainer()
     rows = _storage_of(llama, ["rawatt", "agrad"])  # fused attention, the explained rows and their gradients
-    assert rows == memory.Storage(eager=False, backward=True, rows=1, row_grads=True)
+    # a next token's logits are computed at the last position only
+    assert rows == memory.Storage(eager=False, backward=True, rows=1, row_grads=True, logit_rows=1)
     assert _storage_of(llama, ["attcat"]) == memory.Storage(eager=False, backward=True, rows=1, received=True,
-                                                           hidden=True, hidden_grads=True)
+                                                           hidden=True, hidden_grads=True, logit_rows=1)
     assert _storage_of(llama, ["saliency"]) == memory.Storage(eager=False, backward=True, embeddings=True,
-                                                             embedding_grads=True)
+                                                             embedding_grads=True, logit_rows=1)
     full = _storage_of(llama, ["rollout", "rawatt"])  # rollout reads every map: eager, the maps kept
     assert full.eager and full.maps and not full.backward
     dims = model_dims(llama.model)
     n = 4096
     assert memory.pass_row_bytes(dims, n, rows) * 20 < memory.pass_row_bytes(dims, n, full)
+    every = dataclasses.replace(rows, logit_rows=0)
+    assert (memory.pass_row_bytes(dims, n, every) - memory.pass_row_bytes(dims, n, rows)
+            == memory.LOGIT_COPIES * (n - 1) * dims.logits * dims.itemsize)
+    # an answer's: at its positions
+    answer = engine.pass_cost(llama.runner.with_head(AnswerHead(V, answer_tokens=16)),
+                              [registry.get_method("grads")]).shared_storage
+    assert answer.logit_rows == 17 and answer.logit_positions(n) == 17 and answer.logit_positions(8) == 8
+    assert (answer | rows).logit_rows == 17 and (answer | every).logit_rows == 0
     # an encoder-decoder's streams are read from the whole maps
     bart = Explainer(make_model("bart"), make_tokenizer())
     assert _storage_of(bart, ["rawatt"]).maps

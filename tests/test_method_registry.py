@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import make_model
 
-from attnlens import Explainer
+from attnlens import Explainer, InputError
 from attnlens.methods import get_method, list_methods, registry
 from attnlens.methods.registry import ATTENTION, MethodOutput, register
 
@@ -106,3 +106,15 @@ def test_each_method_alone_equals_it_among_all(family, attention, tokenizer):
             if want is not None:
                 atol = 1e-5 * float(want.abs().max()) if fused else 0
                 torch.testing.assert_close(got, want, rtol=0, atol=atol, msg=m)
+
+
+def test_a_logit_only_method_under_all_is_skipped_for_other_target_kinds(tokenizer):
+    ex = Explainer(make_model("bert"), tokenizer)
+    with pytest.warns(UserWarning, match="skipping decompx: decompx decomposes the logits; target_kind='loss'"):
+        (exp,) = ex.explain(["a good movie"], methods="all", target=1, target_kind="loss",
+                            options={"integratedgradients": {"n_steps": 2}})
+    assert "decompx" not in exp.scores and "attcat" in exp.scores
+    with pytest.raises(InputError, match="target_kind='probability' is not supported"):
+        ex.explain(["a good movie"], methods=["decompx"], target=1, target_kind="probability")
+    (exp,) = ex.explain(["a good movie"], methods=["decompx"], target=1)
+    assert exp.scores["decompx"].any()

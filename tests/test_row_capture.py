@@ -187,7 +187,7 @@ def test_the_estimate_bounds_what_the_kept_tensors_take():
             for t in [] if value is None else (value if isinstance(value, list) else [value]):
                 held[t.data_ptr()] = t.numel() * t.element_size()
         kept_estimate = memory.pass_row_bytes(dims, n, storage) - memory.pass_row_bytes(
-            dims, n, memory.Storage(eager=storage.eager, backward=storage.backward))
+            dims, n, memory.Storage(eager=storage.eager, backward=storage.backward, logit_rows=storage.logit_rows))
         assert sum(held.values()) <= kept_estimate, methods
         assert sum(held.values()) >= kept_estimate / 4, methods  # and not a gross overestimate
 

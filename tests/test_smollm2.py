@@ -223,7 +223,7 @@ def test_decompx_on_smollm2_sums_to_the_next_token_logit(smollm2_explainer):
     ctx, _ = ex.compute_batch(ex.encode(["The capital of France is", "Review: a charming journey.\nSentiment:"]),
                               [-1, -1], [registry.get_method("decompx")], {"decompx": {}})
     scores, bias = decompx_token_scores(ctx)
-    logits = ex.head.last(ctx.capture.logits, ctx.token_mask)[torch.arange(2), ctx.targets]
+    logits = ex.head.last(ctx.capture.logits, ctx.capture.logit_rows.mask(ctx.token_mask))[torch.arange(2), ctx.targets]
     assert torch.allclose((scores * ctx.token_mask).sum(-1) + bias, logits, rtol=1e-4, atol=1e-3)
     assert float(scores.abs().sum()) > 1.0
 

@@ -59,9 +59,10 @@ def explain_answer(
     if n > runner.max_length:
         raise InputError(f"prompt ({len(prompt_ids)} tokens) + answer ({len(answer_ids)}) is longer than the "
                          f"model's maximum of {runner.max_length} tokens")
-    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)))
+    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)),
+                      len(answer_ids))
     answer_runner = runner.with_head(head)
-    specs, method_options = engine.select_methods(answer_runner, methods, "answer", target_kind, options)
+    specs, method_options = engine.select_methods(answer_runner, methods, engine.ANSWER, target_kind, options)
     ids = prompt_ids + answer_ids
     special_ids = set(getattr(runner.tokenizer, "all_special_ids", []) or [])
     encoded = Encoded(text=text, ids=ids, type_ids=None, special=[i in special_ids for i in ids],
@@ -73,14 +74,17 @@ def explain_answer(
 
 
 def methods_within_budget(runner: ModelRunner, methods: Sequence[str], n_tokens: int,
-                          memory_budget: str | int | None = None) -> tuple[list[str], dict[str, int]]:
-    """Of ``methods`` (token-level, in order), those that explain an answer over ``n_tokens`` tokens together
-    within ``memory_budget``, adding them one by one; and for each one left out the bytes it needs alone."""
+                          memory_budget: str | int | None = None,
+                          answer_tokens: int = 0) -> tuple[list[str], dict[str, int]]:
+    """Of ``methods`` (token-level, in order), those that explain an answer (of ``answer_tokens`` tokens; 0:
+    unknown) over ``n_tokens`` tokens together within ``memory_budget``, adding them one by one; and for each one
+    left out the bytes it needs alone."""
     _check_lm(runner)
     budget = parse_budget(memory_budget)
-    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)))
+    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)),
+                      answer_tokens)
     answer_runner = runner.with_head(head)
-    specs, _ = engine.select_methods(answer_runner, list(methods), "answer", "loss", None)
+    specs, _ = engine.select_methods(answer_runner, list(methods), engine.ANSWER, "loss", None)
     kept: list[Any] = []
     left: dict[str, int] = {}
     for spec in specs:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..models.heads import CLASSIFICATION, TARGET_KINDS, Head
+from .logit_rows import LogitRows
 from .memory import DEFAULT_BUDGET
 
 if TYPE_CHECKING:
@@ -26,7 +27,9 @@ class Capture:
     The pass keeps only what the requested methods declare: anything else is ``None``.
 
     Attributes:
-        logits: ``(B, C)`` classifier logits (``(B, N, 2)`` start/end logits for extractive QA).
+        logits: ``(B, C)`` classifier logits (``(B, N, 2)`` start/end logits for extractive QA; a language
+            model's ``(B, K, V)`` at the K positions ``logit_rows`` kept: read them with its ``mask`` and
+            ``targets``).
         attentions: L tensors ``(B, H, Q, K)``: softmax attention, rows are queries.
         attention_grads: gradients of the target w.r.t. ``attentions`` (``None`` without a backward pass).
         hidden: L+1 tensors ``(B, K, D)`` aligned with the keys; ``hidden[l]`` is the input of layer ``l+1``
@@ -46,6 +49,8 @@ class Capture:
             (``query_weights`` when R = Q). ``score = row_weights @ rows`` (:meth:`explained_row`).
         attention_received: L tensors ``(B, K)``: the attention each key receives, mean over heads and real
             query rows (what :meth:`query_mean` of the head-mean map gives), or ``None``.
+        logit_rows: the positions whose logits the pass computed (:class:`~attnlens.core.logit_rows.LogitRows`;
+            every position by default).
     """
 
     logits: torch.Tensor
@@ -63,6 +68,12 @@ class Capture:
     attention_row_grads: list[torch.Tensor] | None = None
     row_weights: torch.Tensor | None = None
     attention_received: list[torch.Tensor] | None = None
+    logit_rows: LogitRows = field(default_factory=LogitRows)
+
+    def logit_reading(self, head: Any, token_mask: torch.Tensor,
+                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``token_mask`` and ``targets`` as ``head`` reads them against :attr:`logits`."""
+        return self.logit_rows.mask(token_mask), self.logit_rows.targets(head, targets)
 
     def __post_init__(self) -> None:
         # whole maps hold their own rows: the explained ones are read from them (R = Q)

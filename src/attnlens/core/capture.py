@@ -26,6 +26,7 @@ from ..models.adapters import MEAN, Adapter
 from ..models.heads import CLASSIFICATION, Head
 from ..models.prefixes import RowViews, last_token_rows, row_gradients
 from .batch_state import Capture
+from .logit_rows import LogitRows
 from .memory import Storage
 from .modelstate import attention_switched
 from .row_attention import (
@@ -188,11 +189,13 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
             store["embeddings"] = output
         return output
 
+    # a language model's logits only at the positions the head reads (where the model can)
+    logit_rows = LogitRows.of(model, head, token_mask, targets)
     hooked = gradients or EMBEDDINGS in keep
     handle = adapter.embedding_module(model).register_forward_hook(keep_embeddings) if hooked else None
     try:
         with torch.set_grad_enabled(gradients):
-            kwargs = dict(inputs if sequence is None else sequence)
+            kwargs = dict(inputs if sequence is None else sequence, **logit_rows.model_kwargs())
             if mode == ROWS:
                 if getattr(model.config, "use_cache", None) is not None:
                     kwargs["use_cache"] = False  # a recomputed layer must not append to a key/value cache again
@@ -221,8 +224,9 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     if weights is not None:
         stream_tensors.query_weights = weights
     logits = head.logits(outputs)
+    logit_mask = logit_rows.mask(token_mask)
     if targets is None:
-        targets = head.predicted(logits, token_mask, answer_mask)
+        targets = head.predicted(logits, logit_mask, answer_mask)
     query_weights = stream_tensors.query_weights.to(logits.dtype)
     maps = list(stream_tensors.attentions)
     recorded = {
@@ -246,6 +250,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         hidden=kept(HIDDEN, recorded[HIDDEN]),
         embeddings=embeddings[0] if embeddings else None,
         attention_rows=kept(ATTENTION_ROWS, recorded[ATTENTION_ROWS]),
+        logit_rows=logit_rows,
     )
     if mode == ROWS:
         rows = recorder.rows if recorder.rows is not None else cls.new_zeros(0)
@@ -261,10 +266,10 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     if gradients:
         wanted = _unique([t for kind in sorted(grad_kinds) for t in recorded[kind]])
         if sequence is None:
-            y = head.scalar(logits, targets, target_kind, token_mask)
+            y = head.scalar(logits, logit_rows.targets(head, targets), target_kind, logit_mask)
             grads = torch.autograd.grad(y.sum(), wanted, allow_unused=True)
         else:  # row b's gradient is of y[b] alone: one vector-Jacobian product per row, batched
-            last_logits, last_mask = last_token_rows(views.bases[id(logits)], token_mask)
+            last_logits, last_mask = last_token_rows(views.bases[id(logits)], logit_mask)
             y = head.scalar(last_logits, targets, target_kind, last_mask)
             grads = row_gradients(y, [views.bases[id(t)] for t in wanted])
         by_id = {id(t): (g if g is not None else torch.zeros_like(t)) for t, g in zip(wanted, grads, strict=True)}

@@ -5,6 +5,7 @@ captured tensors every method reads, turned into :class:`~attnlens.results.expla
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
 from ..version import __version__
 from .batch_state import TARGET_KINDS, BatchContext
+from .batching import keeps_logits
 from .capture import planned_storage, run_capture
 from .encoding import Encoded
+from .logit_rows import LogitRows
 from .memory import (
     DEFAULT_BUDGET,
     Dims,
@@ -35,6 +38,8 @@ from .model_runner import ModelRunner
 from .modelstate import explaining
 from .progress import ExplainProgress, ProgressCallback, planned_passes
 
+ANSWER = "answer"  # select_methods' target for a whole answer (core/answer_engine.py)
+
 
 def _asks_all(methods: str | Sequence[str] | None) -> bool:
     """Whether a methods request includes ``"all"`` (every method that applies)."""
@@ -48,14 +53,16 @@ def select_methods(
 ) -> tuple[list[Method], dict[str, dict[str, Any]]]:
     """The methods to run and their checked options. ``"all"`` skips (with a warning) the methods that do not
     apply to this model (with ``contrast``: nor those that do not depend on the target); a named method that
-    does not apply, or an option for a method not requested, is an :class:`InputError`."""
+    does not apply, or an option for a method not requested, is an :class:`InputError`. ``target`` is
+    :data:`ANSWER` for a whole answer (whose log-probabilities the logit-only methods explain too)."""
     if target_kind not in TARGET_KINDS:
         raise InputError(f"target_kind={target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
     method_ids = resolve_methods(methods)
     requested = list(method_ids)
     specs = [get_method(m) for m in method_ids]
     asked_all = _asks_all(methods)
-    reasons = {s.name: s.unsupported(runner.model, runner.stream, runner.head.task) for s in specs}
+    reasons = {s.name: s.unsupported(runner.model, runner.stream, runner.head.task)
+               or s.unsupported_kind(target_kind, answer=target == ANSWER) for s in specs}
     if contrast:
         reasons.update({s.name: f"{s.name} does not depend on the explained target, so a contrast does not "
                                 "apply to it" for s in specs if not s.class_specific and not reasons[s.name]})
@@ -125,14 +132,15 @@ class PassCost:
         refuse_over_budget(n, budget, self.total(n), self.alone, what)
 
 
-def _own_pass_storage(spec: Method) -> Storage:
+def _own_pass_storage(spec: Method, logit_rows: int = 0) -> Storage:
     """What a method running its own passes holds: LRP a forward+backward with every map and its gradient kept;
-    value zeroing eager forwards with the maps; integrated gradients a forward+backward."""
+    value zeroing eager forwards with the maps; integrated gradients a forward+backward (a language model's logits
+    at ``logit_rows`` positions per row, as the shared pass)."""
     if spec.lrp:
         return Storage(eager=True, backward=True, maps=True, map_grads=True, hidden=True, hidden_grads=True)
     if spec.per_token_passes:
         return Storage(eager=True, maps=True)
-    return Storage(eager=True, backward=True)
+    return Storage(eager=True, backward=True, logit_rows=logit_rows)
 
 
 def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BUDGET) -> PassCost:
@@ -140,16 +148,19 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
     (:class:`PassCost`)."""
     dims = model_dims(runner.model)
     positions_known = runner.head.explained_positions(torch.zeros(1, 2, dtype=torch.long)) is not None
+    # a language model's logits where its head reads them (LogitRows), where the model can
+    logit_rows = runner.head.logit_positions_per_input if keeps_logits(runner.model) else 0
 
     def shared(group: list[Method]) -> Storage | None:
         keep, differentiate = capture_request(group)
         gradients = any(GRADIENTS in s.needs for s in group)
         if not keep and not gradients:
             return None
-        return planned_storage(runner.model, runner.adapter, runner.stream, keep, differentiate, gradients,
-                               positions_known)
+        storage = planned_storage(runner.model, runner.adapter, runner.stream, keep, differentiate, gradients,
+                                  positions_known)
+        return dataclasses.replace(storage, logit_rows=logit_rows)
 
-    own = {s.name: _own_pass_storage(s) for s in specs if OWN_PASS in s.needs}
+    own = {s.name: _own_pass_storage(s, logit_rows) for s in specs if OWN_PASS in s.needs}
 
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},
@@ -236,9 +247,10 @@ def compute_batch(
     wanted, unresolved = head.pending(targets, ctx.token_mask.device)
     if gradients and bool(unresolved.any()) and not bool(unresolved.all()):
         # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
+        read = LogitRows.of(runner.model, head, ctx.token_mask, None)
         with torch.no_grad(), explaining(runner.model):
-            logits = head.logits(runner.model(**ctx.inputs))
-        wanted = head.resolve(wanted, unresolved, logits, ctx.token_mask, ctx.answer_mask)
+            logits = head.logits(runner.model(**ctx.inputs, **read.model_kwargs()))
+        wanted = head.resolve(wanted, unresolved, logits, read.mask(ctx.token_mask), ctx.answer_mask)
         unresolved = torch.zeros_like(unresolved)
     with explaining(runner.model), runner.head_without_padding(ctx.token_mask):
         keep, differentiate = capture_request(specs)
@@ -250,7 +262,8 @@ def compute_batch(
             answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate, sequence=ctx.sequence,
             recompute=storage is not None and storage.recompute,
         )
-        ctx.targets = head.resolve(wanted, unresolved, capture.logits, ctx.token_mask, ctx.answer_mask)
+        ctx.targets = head.resolve(wanted, unresolved, capture.logits, capture.logit_rows.mask(ctx.token_mask),
+                                   ctx.answer_mask)
         ctx.capture = capture
         out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         mask = ctx.token_mask.to(capture.logits.dtype)
@@ -291,8 +304,9 @@ def explain_batch(
     ctx, out = compute_batch(runner, batch, targets, specs, method_options, target_kind, gradients,
                              memory_budget=memory_budget, tracker=tracker)
     head = runner.head
-    shown = head.shown(ctx.capture.logits, ctx.token_mask, ctx.targets)
-    predicted = head.prediction(ctx.capture.logits, ctx.token_mask, ctx.answer_mask)
+    logit_mask, logit_targets = ctx.capture.logit_reading(head, ctx.token_mask, ctx.targets)
+    shown = head.shown(ctx.capture.logits, logit_mask, logit_targets)
+    predicted = head.prediction(ctx.capture.logits, logit_mask, ctx.answer_mask)
     chosen = ctx.targets.cpu().tolist()
     labels = runner.labels or None
     explanations = []

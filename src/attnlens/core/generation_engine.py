@@ -144,7 +144,7 @@ def explain_generation(
         ctx, out = engine.compute_batch(rows_runner, batch, targets, specs, method_options, target_kind, gradients,
                                         ctx=ctx, memory_budget=budget, tracker=tracker)
         logits = (head.at(ctx.capture.logits, ctx.targets) if seq2seq
-                  else head.last(ctx.capture.logits, ctx.token_mask))
+                  else head.last(ctx.capture.logits, ctx.capture.logit_rows.mask(ctx.token_mask)))
         probs = logits.float().softmax(-1)  # (B, V): the distribution each step's token was drawn from
         for b, t in enumerate(rows):
             for m, (sc, _) in out.items():

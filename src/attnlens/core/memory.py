@@ -102,7 +102,8 @@ class Storage:
     are kept; ``rows``: attention rows kept per layer (fused attention: the explained ones); ``received``: the
     attention each key receives, per layer; ``hidden``/``embeddings``: hidden states / input embeddings kept;
     ``*_grads``: their gradients kept; ``recompute``: the backward recomputes each layer from its input rather
-    than keeping its activations (fused attention only).
+    than keeping its activations (fused attention only); ``logit_rows``: positions of each row a language model
+    projects onto the vocabulary (0: all of them; :class:`~attnlens.core.logit_rows.LogitRows`).
     """
 
     eager: bool = True
@@ -117,11 +118,21 @@ class Storage:
     embeddings: bool = False
     embedding_grads: bool = False
     recompute: bool = False
+    logit_rows: int = 0
 
     def __or__(self, other: Storage) -> Storage:
         """What one pass serving both keeps (eager if either needs it)."""
-        return Storage(**{f: (max if f == "rows" else (lambda a, b: a or b))(getattr(self, f), getattr(other, f))
-                          for f in self.__dataclass_fields__})
+        def union(f: str, a: Any, b: Any) -> Any:
+            if f == "rows":
+                return max(a, b)
+            if f == "logit_rows":  # 0 is every position
+                return 0 if 0 in (a, b) else max(a, b)
+            return a or b
+        return Storage(**{f: union(f, getattr(self, f), getattr(other, f)) for f in self.__dataclass_fields__})
+
+    def logit_positions(self, n: int) -> int:
+        """Positions of a row of ``n`` tokens whose logits the pass computes."""
+        return min(n, self.logit_rows) if self.logit_rows else n
 
 
 FULL_STORAGE = Storage(eager=True, backward=True, maps=True, map_grads=True, hidden=True, hidden_grads=True)
@@ -136,9 +147,9 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
             work = layers * n * d + ACTIVATION_VECTORS * n * d
         else:
             work = layers * (ACTIVATION_VECTORS * n * d + (ATTENTION_MAPS * maps if storage.eager else 0))
-        work += LOGIT_COPIES * n * dims.logits
+        work += LOGIT_COPIES * storage.logit_positions(n) * dims.logits
     else:  # one layer at a time
-        work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + n * dims.logits
+        work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
     kept = layers * (maps * (storage.maps + storage.map_grads)
                      + heads * storage.rows * n * (1 + storage.row_grads)
                      + n * storage.received)
@@ -183,7 +194,7 @@ def step_gradient_bytes(dims: Dims, n: int, storage: Storage = FULL_STORAGE) -> 
     1,040 tokens 16 steps of AGrad in one batch peaked at 12.7 GB, which the batched backward's share bounds."""
     kept = dims.layers * (dims.heads * n * (n * storage.map_grads + storage.rows * storage.row_grads)
                           + n * dims.hidden * storage.hidden_grads) + n * dims.hidden * storage.embedding_grads
-    backward = n * dims.logits + ACTIVATION_VECTORS * n * dims.hidden
+    backward = storage.logit_positions(n) * dims.logits + ACTIVATION_VECTORS * n * dims.hidden
     return (kept + backward) * dims.itemsize
 
 

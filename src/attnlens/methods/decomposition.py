@@ -714,6 +714,7 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
 @register(
     "decompx",
     needs={ATTENTION, HIDDEN},
+    logits_only=True,
     applies=_applies("decompx", head=True),
     summary="DecompX: each token's share of the target logit, its vector propagated through attention, residuals, "
     "norms, the FFN (activation linearised through the origin; a gated FFN's product split half and half), "

@@ -21,6 +21,7 @@ from captum.attr import InputXGradient, Saliency
 
 from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
+from ..core.logit_rows import LogitRows
 from ..core.memory import backward_row_bytes, model_dims, rows_that_fit
 from ..errors import InputError
 from ..models.prefixes import last_positions, last_token_rows
@@ -61,10 +62,11 @@ def embedding_forward(ctx: BatchContext) -> tuple[Callable[..., torch.Tensor], t
 
     def forward(embeddings: torch.Tensor, input_ids: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         kwargs = dict(zip(keys, rest[:-1], strict=True))
-        with _embeddings_replaced(module, embeddings):
-            logits = ctx.head.logits(ctx.model(input_ids=input_ids, **kwargs))
         mask = kwargs.get("attention_mask", torch.ones_like(input_ids))
-        return ctx.head.scalar(logits, rest[-1], ctx.target_kind, mask)
+        read = LogitRows.of(ctx.model, ctx.head, mask, rest[-1])  # a language model's logits where they are read
+        with _embeddings_replaced(module, embeddings):
+            logits = ctx.head.logits(ctx.model(input_ids=input_ids, **kwargs, **read.model_kwargs()))
+        return ctx.head.scalar(logits, read.targets(ctx.head, rest[-1]), ctx.target_kind, read.mask(mask))
 
     with torch.no_grad():
         embeddings = module(ctx.inputs["input_ids"])

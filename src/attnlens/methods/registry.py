@@ -78,6 +78,8 @@ class Method:
     applies: Callable[[Any, str, str], str | None] | None = None
     # the captured tensors whose gradients it reads, when not all differentiable ones (AttCAT: hidden states only)
     differentiate: frozenset[str] | None = None
+    # explains logits only (target_kind="logit"; a whole answer's log-probabilities too, token by token)
+    logits_only: bool = False
 
     @property
     def captured(self) -> frozenset[str]:
@@ -90,6 +92,12 @@ class Method:
         if GRADIENTS not in self.needs:
             return frozenset()
         return self.differentiate if self.differentiate is not None else self.captured & DIFFERENTIABLE
+
+    def unsupported_kind(self, target_kind: str, answer: bool = False) -> str | None:
+        """Why this method cannot explain ``target_kind`` (of a whole answer with ``answer``), or ``None``."""
+        if self.logits_only and target_kind != "logit" and not (answer and target_kind == "loss"):
+            return f"{self.name} decomposes the logits; target_kind={target_kind!r} is not supported"
+        return None
 
     def unsupported(self, model: Any, stream: str, task: str) -> str | None:
         """Why this method cannot explain ``model`` (with this attention stream and task), or ``None``."""
@@ -129,6 +137,7 @@ def register(
     applies: Callable[[Any, str, str], str | None] | None = None,
     per_token_passes: bool = False,
     differentiate: set[str] | frozenset[str] | None = None,
+    logits_only: bool = False,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
@@ -137,7 +146,8 @@ def register(
 
     The method's options and their defaults are the keyword arguments of ``compute`` after ``ctx`` (written once,
     in its signature). ``differentiate``: the captured tensors whose gradients it reads, when that is not every
-    differentiable one it declares.
+    differentiable one it declares. ``logits_only``: it explains logits (``target_kind="logit"``), and a whole
+    answer's log-probabilities.
     """
     bad = set(needs) - NEEDS
     if bad:
@@ -164,6 +174,7 @@ def register(
             applies=applies,
             per_token_passes=per_token_passes,
             differentiate=None if differentiate is None else frozenset(differentiate),
+            logits_only=logits_only,
         )
         return compute
 

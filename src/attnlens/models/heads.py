@@ -138,6 +138,20 @@ class Head:
         positions = self.explained_positions(targets)
         return None if positions is None else torch.nn.functional.one_hot(positions, n_queries)
 
+    # how many positions of each input's logits :meth:`logit_positions` reads (0: all; the memory estimates)
+    logit_positions_per_input = 0
+
+    def logit_positions(self, token_mask: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """``(K,)`` the positions, ascending, of a language model's ``(B, N, V)`` logits this head reads, when it
+        reads only some (the pass then projects only those onto the vocabulary,
+        :class:`~attnlens.core.logit_rows.LogitRows`); ``None``: it reads the model's whole output."""
+        return None
+
+    def targets_at(self, targets: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``targets`` read against logits kept at ``positions`` only: targets indexed by position are re-indexed;
+        class and token ids stay as they are."""
+        return targets
+
     def read_rows(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """For a head whose scalar sums values read at several positions of each example: ``(example, position,
         class)`` index vectors of every value read; ``None`` for heads reading one row (methods that
@@ -527,6 +541,12 @@ class LMHead(Head):
         rows = torch.arange(logits.shape[0], device=logits.device)
         return logits[rows, last_positions(token_mask).to(logits.device)]
 
+    logit_positions_per_input = 1
+
+    def logit_positions(self, token_mask: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """Each input's last real position (distinct ones, ascending): the only logits a next token is read from."""
+        return torch.unique(last_positions(token_mask))
+
     def predicted(self, logits: torch.Tensor, token_mask: torch.Tensor,
                   answer_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The greedy next token of each input."""
@@ -568,10 +588,16 @@ class AnswerHead(LMHead):
     the id of the answer token at ``p + 1`` that the logits at ``p`` predict, or ``-1`` where nothing is read,
     as a causal LM's training labels (shifted). Gradient, LRP and decomposition methods then cost one pass for
     the whole answer; attention-row methods read the mean of the rows that predict the answer's tokens.
-    Targets always come from the caller (:func:`answer_labels`): nothing is predicted.
+    Targets always come from the caller (:func:`answer_labels`): nothing is predicted. ``answer_tokens``: the
+    answer's length where known (the memory estimates count the logits of its positions only).
     """
 
     task = "causal-lm"
+
+    def __init__(self, vocab_size: int = 0, decode: Callable[[int], str] | None = None,
+                 answer_tokens: int = 0) -> None:
+        super().__init__(vocab_size, decode)
+        self.logit_positions_per_input = answer_tokens + 1 if answer_tokens else 0
 
     def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         n = max(len(t) for t in targets)
@@ -600,6 +626,18 @@ class AnswerHead(LMHead):
             return None
         read = (targets[:, :n_queries] >= 0).to(torch.float64)
         return read / read.sum(1, keepdim=True).clamp_min(1.0)
+
+    def logit_positions(self, token_mask: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """The positions that predict an answer token, and each input's last position (its greedy next token is
+        shown)."""
+        last = last_positions(token_mask)
+        if targets is None:
+            return torch.unique(last)
+        return torch.unique(torch.cat([last, torch.nonzero(targets >= 0, as_tuple=True)[1].to(last.device)]))
+
+    def targets_at(self, targets: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The labels at the kept positions (a label is indexed by the position that predicts it)."""
+        return targets[:, positions.to(targets.device)]
 
     def token_values(self, logits: torch.Tensor, targets: torch.Tensor, kind: str) -> torch.Tensor:
         """``(B, N)`` each answer token's value (its logit or log-probability) at the position predicting it;
@@ -686,6 +724,12 @@ class Seq2SeqLMHead(LMHead):
     def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         wanted = torch.tensor(targets, dtype=torch.long, device=device)
         return wanted, torch.zeros(len(targets), 1, dtype=torch.bool, device=device)
+
+    logit_positions_per_input = 0
+
+    def logit_positions(self, token_mask: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """``None``: the decoder's logits are read where each target says, and decoder inputs are short."""
+        return None
 
     def predicted(self, logits: torch.Tensor, token_mask: torch.Tensor,
                   answer_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -59,7 +59,7 @@ def default_methods(job: CiteJob) -> list[str]:
     cannot hold at this prompt's length (a warning names them and what they would need)."""
     token, source = split_methods(list(DEFAULT_METHODS))
     n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
-    kept, left = methods_within_budget(job.runner, token, n, job.memory_budget)
+    kept, left = methods_within_budget(job.runner, token, n, job.memory_budget, len(job.answer_ids))
     if left:
         need = ", ".join(f"{m} about {v / 2**30:.1f} GiB" for m, v in left.items())
         warnings.warn(f"left out of the default methods at {n:,} tokens, over the memory budget of "
@@ -76,7 +76,7 @@ def _check_source_passes(job: CiteJob, source_methods: Sequence[str]) -> None:
         needs = SOURCE_METHODS[m].token_methods
         if not needs:
             continue
-        _, left = methods_within_budget(job.runner, list(needs), n, job.memory_budget)
+        _, left = methods_within_budget(job.runner, list(needs), n, job.memory_budget, len(job.answer_ids))
         if left:
             need = ", ".join(f"{t} about {v / 2**30:.1f} GiB" for t, v in left.items())
             raise InputError(f"{m} runs {', '.join(needs)} over the prompt: at {n:,} tokens {need}, more than the "
