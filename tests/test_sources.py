@@ -254,7 +254,7 @@ def test_default_methods_leave_out_what_the_budget_cannot_hold_and_say_so(lm, mo
     assert methods_within_budget(lm.runner, ["decompx", "attnlrp"], n, budget) == ([cheap], {dear: need[dear]})
     assert methods_within_budget(lm.runner, ["decompx", "attnlrp"], n, 2**45)[1] == {}
     # attribute_context asks it at the prompt's length and warns about what it left out
-    monkeypatch.setattr(attribute, "methods_within_budget", lambda runner, methods, n, budget: (
+    monkeypatch.setattr(attribute, "methods_within_budget", lambda runner, methods, n, budget, answer_tokens: (
         [m for m in methods if m != dear], {dear: 5 * 2**30}))
     with pytest.warns(UserWarning, match=f"left out of the default methods at .* tokens.*{dear} about 5.0 GiB"):
         r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, chat=False)
@@ -701,7 +701,7 @@ def test_at2_fit_with_a_token_method_learns_its_weight_beside_the_heads(lm, monk
     def nothing_runs(*args, **kwargs):
         raise AssertionError("a method ran although at2lrp was over the budget")
 
-    def attnlrp_over(runner, methods, n, budget):
+    def attnlrp_over(runner, methods, n, budget, answer_tokens):
         return [], {"attnlrp": 40 * 2**30}
 
     with monkeypatch.context() as m:  # over the budget: refused before at2, loo or the token pass run
