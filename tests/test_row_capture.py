@@ -21,7 +21,7 @@ from attnlens.testing.tiny_models import build_tiny
 
 TEXTS = ["i didn ' t like this boring film", "good", "the plot was boring but the actors were great !"]
 # every method that reads the shared pass without whole maps, with the options that change what it reads
-LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient"]
+LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "rollout", "flow"]
 OPTIONS = {"attcat": {"alpha": "mean"}}
 # of the largest per-layer term: fused and eager attention round differently (a few float32 ulps in a layer's
 # output; eager attention takes its softmax in float32 whatever the model's dtype, so float64 does not help)
@@ -89,13 +89,13 @@ def _lm() -> Explainer:
 def test_generation_steps_score_as_with_the_whole_maps():
     """A generation's steps share one forward: the kept rows are each step's last position."""
     ex = _lm()
-    methods = LEAN + ["rollout"]  # rollout in the same request brings the whole maps back
     outs = {}
     for mode in (None, capture.FULL_MAPS):
         with pytest.MonkeyPatch.context() as mp:
             if mode:
                 mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
             outs[mode] = ex.explain_generation("the movie was", LEAN, target=" good but boring")
+    methods = LEAN + ["gae"]  # gae in the same request brings the whole maps back
     for m in LEAN:
         ref = outs[capture.FULL_MAPS].scores[m]
         np.testing.assert_allclose(outs[None].scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
@@ -105,18 +105,20 @@ def test_generation_steps_score_as_with_the_whole_maps():
 
 
 def test_the_rows_are_the_maps_rows_and_received_their_column_means():
-    """Against the eager maps directly: each kept row is the explained row of every layer's map, and the received
-    attention the head-mean map averaged over the real query rows (float64 reference)."""
+    """Against the eager maps directly: each kept row is the explained row of every layer's map, the received
+    attention the head-mean map averaged over the real query rows (float64 reference), and the head means the
+    maps' mean over heads."""
     ex = Explainer(make_model("llama"), make_tokenizer())
-    specs = [registry.get_method(m) for m in ("agrad", "attcat")]
+    specs = [registry.get_method(m) for m in ("agrad", "attcat", "rollout")]
     batch = ex.encode(TEXTS)
     ctx, _ = ex.compute_batch(batch, [-1] * len(TEXTS), specs, {})
     cap = ctx.capture
     assert cap.attentions is None and cap.attention_rows[0].shape[2] == len({len(e.ids) for e in batch})
-    full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("rollout")], {})
+    full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("attgrads")], {})
     mask = full.token_mask.double()
-    for rows, received, maps in zip(cap.attention_rows, cap.attention_received, full.capture.attentions,
-                                    strict=True):
+    for rows, received, means, maps in zip(cap.attention_rows, cap.attention_received, cap.attention_means,
+                                           full.capture.attentions, strict=True):
+        np.testing.assert_allclose(means.double(), maps.double().mean(1), atol=1e-6)
         explained = torch.einsum("br,bhrk->bhk", cap.row_weights.double(), rows.double())
         np.testing.assert_allclose(explained, full.capture.row(maps.double()), atol=1e-6)
         mean = torch.einsum("bq,bqk->bk", mask, maps.double().mean(1)) / mask.sum(1, keepdim=True)
@@ -176,13 +178,13 @@ def test_the_estimate_bounds_what_the_kept_tensors_take():
     (e,) = ex.encode([text])
     n = len(e.ids)
     dims = memory.model_dims(ex.model)
-    for methods in (["rawatt", "agrad", "attcat"], ["rollout", "agrad"]):
+    for methods in (["rawatt", "agrad", "attcat"], ["rollout", "agrad"], ["rollout", "flow"], ["gae", "rollout"]):
         specs = [registry.get_method(m) for m in methods]
         storage = engine_module.pass_cost(ex, specs).storage(n)
         ctx, _ = ex.compute_batch([e], [-1], specs, {})
         held = {}
         for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
-                     "hidden", "hidden_grads", "embeddings", "embedding_grads"):
+                     "attention_means", "hidden", "hidden_grads", "embeddings", "embedding_grads"):
             value = getattr(ctx.capture, name)
             for t in [] if value is None else (value if isinstance(value, list) else [value]):
                 held[t.data_ptr()] = t.numel() * t.element_size()
@@ -228,3 +230,18 @@ def test_rows_capture_holds_far_less_than_the_maps():
     for name in grown:
         assert grown[name] <= estimates[name] * 1.1 + 32 * 2**20, (name, grown[name], estimates[name])
     assert grown["maps"] > 4 * grown["rows"], grown
+
+
+def test_rollout_rows_carried_down_equal_the_matrix_products():
+    """Row c of every layer's rollout, carried down layer by layer, equals the row of the products of the
+    residual-augmented maps (float64, random attention)."""
+    from attnlens.methods.attention import propagate, rollout_matrices, rollout_rows
+
+    gen = torch.Generator().manual_seed(0)
+    maps = [torch.rand(2, 3, 7, 7, generator=gen, dtype=torch.float64).softmax(-1) for _ in range(4)]
+    weights = torch.zeros(2, 7, dtype=torch.float64)
+    weights[0, 6], weights[1, 2:5] = 1.0, 1 / 3
+    products = propagate(rollout_matrices(maps))
+    expected = torch.stack([torch.einsum("bq,bqk->bk", weights, p) for p in products], 1)
+    got = rollout_rows(weights, [a.mean(1) for a in maps])
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

@@ -49,6 +49,8 @@ class Capture:
             (``query_weights`` when R = Q). ``score = row_weights @ rows`` (:meth:`explained_row`).
         attention_received: L tensors ``(B, K)``: the attention each key receives, mean over heads and real
             query rows (what :meth:`query_mean` of the head-mean map gives), or ``None``.
+        attention_means: L tensors ``(B, Q, K)``: every layer's whole map, mean over heads (reduced during the
+            forward), or ``None``; :meth:`head_means` also gives them from the whole maps.
         logit_rows: the positions whose logits the pass computed (:class:`~attnlens.core.logit_rows.LogitRows`;
             every position by default).
     """
@@ -68,6 +70,7 @@ class Capture:
     attention_row_grads: list[torch.Tensor] | None = None
     row_weights: torch.Tensor | None = None
     attention_received: list[torch.Tensor] | None = None
+    attention_means: list[torch.Tensor] | None = None
     logit_rows: LogitRows = field(default_factory=LogitRows)
 
     def logit_reading(self, head: Any, token_mask: torch.Tensor,
@@ -89,11 +92,19 @@ class Capture:
             self.attention_received = [self.query_mean(a.mean(1)) for a in self.attentions]
         return self.attention_received
 
+    def head_means(self) -> list[torch.Tensor]:
+        """L tensors ``(B, Q, K)``: every layer's map, mean over heads — as the pass reduced it, or from the whole
+        maps."""
+        if self.attention_means is None:
+            self.attention_means = [a.mean(1) for a in self.attentions]
+        return self.attention_means
+
     @property
     def n_layers(self) -> int:
         """L, from whichever per-layer tensors were kept (0 if none was)."""
         for tensors, extra in ((self.attentions, 0), (self.attention_grads, 0), (self.attention_rows, 0),
-                               (self.attention_received, 0), (self.hidden, 1), (self.hidden_grads, 1)):
+                               (self.attention_received, 0), (self.attention_means, 0), (self.hidden, 1),
+                               (self.hidden_grads, 1)):
             if tensors is not None:
                 return len(tensors) - extra
         return 0

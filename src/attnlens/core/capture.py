@@ -21,7 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..methods.registry import ATTENTION, ATTENTION_RECEIVED, ATTENTION_ROWS, CAPTURED, EMBEDDINGS, HIDDEN
+from ..methods.registry import (
+    ATTENTION,
+    ATTENTION_MEANS,
+    ATTENTION_RECEIVED,
+    ATTENTION_ROWS,
+    CAPTURED,
+    EMBEDDINGS,
+    HIDDEN,
+)
 from ..models.adapters import MEAN, Adapter
 from ..models.heads import CLASSIFICATION, Head
 from ..models.prefixes import RowViews, last_token_rows, row_gradients
@@ -75,15 +83,17 @@ def planned_storage(model: nn.Module, adapter: Adapter, stream: str, keep: Colle
     """What :func:`run_capture` keeps per row for this request (the memory estimates read it)."""
     keep = frozenset(keep)
     grads = frozenset(differentiate) & keep if gradients else frozenset()
-    attention = keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED}
+    attention = keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS}
     if capture_mode(model, adapter, stream, keep, positions_known) == ROWS:
         return Storage(eager=False, backward=bool(grads), rows=int(ATTENTION_ROWS in keep),
                        row_grads=ATTENTION_ROWS in grads, received=ATTENTION_RECEIVED in keep,
+                       means=ATTENTION_MEANS in keep,
                        hidden=HIDDEN in keep, hidden_grads=HIDDEN in grads, embeddings=EMBEDDINGS in keep,
                        embedding_grads=EMBEDDINGS in grads)
     # eager attention: the model returns every layer's whole maps (the adapters read the layout from them)
     return Storage(eager=True, backward=bool(grads), maps=True, map_grads=bool(grads & {ATTENTION, ATTENTION_ROWS}),
-                   received=bool(attention) and ATTENTION_RECEIVED in keep, hidden=HIDDEN in keep,
+                   received=bool(attention) and ATTENTION_RECEIVED in keep, means=ATTENTION_MEANS in keep,
+                   hidden=HIDDEN in keep,
                    hidden_grads=HIDDEN in grads, embeddings=EMBEDDINGS in keep, embedding_grads=EMBEDDINGS in grads)
 
 
@@ -125,7 +135,8 @@ def run_capture(
     Returns the capture and the targets.
     """
     keep = frozenset(keep)
-    differentiate = keep - {ATTENTION_RECEIVED} if differentiate is None else frozenset(differentiate) & keep
+    differentiate = (keep - {ATTENTION_RECEIVED, ATTENTION_MEANS} if differentiate is None
+                     else frozenset(differentiate) & keep)
     positions = head.explained_positions(targets)  # token classification: the explained token's row
     if positions is None:
         cls = adapter.classification_index(inputs["input_ids"], token_mask, model.config)
@@ -166,7 +177,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
           sequence: dict[str, torch.Tensor] | None, cls: torch.Tensor, positions: torch.Tensor | None, mode: str,
           recorder: RowRecorder) -> tuple[Capture, torch.Tensor]:
     if mode == FULL_MAPS:  # rows and received attention are read from the whole maps
-        wants_maps = bool(keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED})
+        wants_maps = bool(keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS})
         grad_kinds = {ATTENTION if k == ATTENTION_ROWS else k for k in differentiate}
     else:
         wants_maps = False
@@ -179,6 +190,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         if ATTENTION_RECEIVED in keep:
             m = token_mask.to(torch.float32)
             recorder.received_weights = m / m.sum(1, keepdim=True).clamp_min(1.0)
+        recorder.means = ATTENTION_MEANS in keep
 
     def keep_embeddings(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         # The embedding output is the graph's leaf when the parameters are frozen; make it require grad so
@@ -263,6 +275,12 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
             capture.attention_received = Capture(logits=logits, attentions=[a.detach() for a in maps],
                                                  query_mask=stream_tensors.query_mask, key_mask=stream_tensors.key_mask,
                                                  query_weights=query_weights).received_attention()
+    if ATTENTION_MEANS in keep:
+        if mode == ROWS:
+            capture.attention_means = [m if sequence is None else views.view(m) for m in recorder.mean_maps]
+        else:  # a generation's rows view one sequence's maps: average the sequence's, then view
+            capture.attention_means = [views.view(views.bases[id(a)].detach().mean(1)) if id(a) in views.bases
+                                       else a.detach().mean(1) for a in maps]
     if gradients:
         wanted = _unique([t for kind in sorted(grad_kinds) for t in recorded[kind]])
         if sequence is None:

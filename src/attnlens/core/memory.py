@@ -100,7 +100,8 @@ class Storage:
     ``eager``: the layers compute ``n × n`` probabilities (eager attention) rather than fused attention;
     ``backward``: a backward pass runs (the forward keeps its activations); ``maps``: every layer's whole maps
     are kept; ``rows``: attention rows kept per layer (fused attention: the explained ones); ``received``: the
-    attention each key receives, per layer; ``hidden``/``embeddings``: hidden states / input embeddings kept;
+    attention each key receives, per layer; ``means``: every layer's whole map, mean over heads;
+    ``hidden``/``embeddings``: hidden states / input embeddings kept;
     ``*_grads``: their gradients kept; ``recompute``: the backward recomputes each layer from its input rather
     than keeping its activations (fused attention only); ``logit_rows``: positions of each row a language model
     projects onto the vocabulary (0: all of them; :class:`~attnlens.core.logit_rows.LogitRows`).
@@ -113,6 +114,7 @@ class Storage:
     rows: int = 0
     row_grads: bool = False
     received: bool = False
+    means: bool = False
     hidden: bool = False
     hidden_grads: bool = False
     embeddings: bool = False
@@ -152,7 +154,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
     kept = layers * (maps * (storage.maps + storage.map_grads)
                      + heads * storage.rows * n * (1 + storage.row_grads)
-                     + n * storage.received)
+                     + n * storage.received + n * n * storage.means)
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
     kept += n * d * (storage.embeddings + storage.embedding_grads)
     return (work + kept) * dims.itemsize

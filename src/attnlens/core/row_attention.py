@@ -9,7 +9,9 @@ methods read far less (their ``needs`` in :mod:`attnlens.methods.registry`): row
 runs :func:`row_attention`: SDPA computes the layer's output without materialising the maps, the kept rows are
 recomputed from the queries and keys (``softmax(q_r Kᵀ · scale + mask_r)``, as eager attention computes them) and
 their values replace the rows' outputs, so the rows sit in the graph and the backward reaches them; the
-received attention is summed over query chunks without a graph. Nothing of size ``N × N`` outlives one chunk.
+received attention is summed over query chunks without a graph. Nothing of size ``H × N × N`` outlives one
+chunk; methods that read every layer's head-mean map (rollout, flow) get it assembled from the chunks, ``N × N``
+per layer rather than ``H × N × N``.
 """
 
 from __future__ import annotations
@@ -41,13 +43,16 @@ class RowRecorder:
     ``(B', Q)`` weights over the query rows (each output row's real queries, summing to 1) of the received
     attention (``None``: not reduced); with a forward batch of one and ``B' > 1`` rows every output row reads the
     one sequence (a generation's prefixes). Filled per layer: ``kept_rows`` ``(B, H, R, K)`` (in the graph) and
-    ``received`` ``(B', K)``.
+    ``received`` ``(B', K)``. ``means``: keep every layer's whole map, mean over heads, in ``mean_maps``
+    ``(B, Q, K)`` (no graph).
     """
 
     rows: torch.Tensor | None = None
     received_weights: torch.Tensor | None = None
+    means: bool = False
     kept_rows: list[torch.Tensor] = field(default_factory=list)
     received: list[torch.Tensor] = field(default_factory=list)
+    mean_maps: list[torch.Tensor] = field(default_factory=list)
     calls: int = 0
     done: bool = False  # the forward is over: a layer run again (recomputed for the backward) records nothing
 
@@ -103,6 +108,20 @@ def _received(recorder: RowRecorder, query: torch.Tensor, key: torch.Tensor, mas
     return total
 
 
+def _head_means(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                scale: float) -> torch.Tensor:
+    """``(B, Q, K)``: the layer's attention, mean over heads, built from chunks of query rows (no graph; nothing
+    ``H × N × N`` at once)."""
+    b, h, n, _ = query.shape
+    step = max(1, CHUNK_ELEMENTS // max(1, b * h * key.shape[2]))
+    out = torch.empty(b, n, key.shape[2], dtype=query.dtype, device=query.device)
+    with torch.no_grad():
+        for start in range(0, n, step):
+            queries = torch.arange(start, min(n, start + step), device=query.device)
+            out[:, start: start + len(queries)] = _probabilities(query, key, mask, queries, causal, scale).mean(1)
+    return out
+
+
 def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                   is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -131,6 +150,8 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
             recorder.kept_rows.append(probs)
     if recorder.received_weights is not None and record:
         recorder.received.append(_received(recorder, query, key, attention_mask, causal, scale))
+    if recorder.means and record:
+        recorder.mean_maps.append(_head_means(query, key, attention_mask, causal, scale))
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import torch
 
 from ..core.batch_state import BatchContext, Capture
-from .registry import ATTENTION, ATTENTION_ROWS, GRADIENTS, MethodOutput, register
+from .registry import ATTENTION, ATTENTION_MEANS, ATTENTION_ROWS, GRADIENTS, MethodOutput, register
 
 
 def rollout_matrices(attentions: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
@@ -44,6 +44,21 @@ def propagate(steps: Iterable[torch.Tensor], *, residual: bool = False) -> list[
     return out
 
 
+def rollout_rows(weights: torch.Tensor, means: list[torch.Tensor]) -> torch.Tensor:
+    """``(B, L, N)``: row ``weights`` ``(B, N)`` of the rollout up to each layer, ``P^l = Â^l···Â^1`` with
+    ``Â = 0.5·M + 0.5·I`` for the head-mean maps ``means`` (L tensors ``(B, N, N)``, bottom layer first).
+
+    Each row is carried down from its layer, ``v ← 0.5·v M^j + 0.5·v``: L(L+1)/2 products of a row with an
+    ``N × N`` map, instead of the L ``N × N`` matrix products of :func:`propagate` (and no ``Â`` is formed)."""
+    rows = []
+    for top in range(len(means)):
+        v = weights.to(means[top].dtype)
+        for m in reversed(means[: top + 1]):
+            v = 0.5 * torch.einsum("bq,bqk->bk", v, m) + 0.5 * v
+        rows.append(v)
+    return torch.stack(rows, 1)
+
+
 def _stack_rows(capture: Capture, matrices: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([capture.row(m) for m in matrices], 1)  # (B, L, K)
 
@@ -68,7 +83,7 @@ def rawatt(ctx: BatchContext) -> MethodOutput:
 
 @register(
     "rollout",
-    needs={ATTENTION},
+    needs={ATTENTION_MEANS},
     class_specific=False,
     self_attention_only=True,
     summary="Attention rollout: R = Â^L···Â^1 with Â = 0.5·E_h A + 0.5·I; s_j = R[c, j].",
@@ -76,7 +91,7 @@ def rawatt(ctx: BatchContext) -> MethodOutput:
 )
 def rollout(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    layers = _stack_rows(cap, propagate(rollout_matrices(cap.attentions)))  # row c of the rollout up to each layer
+    layers = rollout_rows(cap.query_weights, cap.head_means())  # row c of the rollout up to each layer
     return MethodOutput(layers[:, -1], layers)
 
 

@@ -32,7 +32,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
 from .attention import rollout_matrices
-from .registry import ATTENTION, MethodOutput, register
+from .registry import ATTENTION_MEANS, MethodOutput, register
 
 FLOW_SCALE = 2**30  # integer capacity of a weight of 1; total flow <= FLOW_SCALE < 2**31 (scipy uses int32)
 # Work per example = sources x sinks x nodes below the source (one sparse max-flow per sink); measured about
@@ -229,7 +229,7 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 @register(
     "flow",
-    needs={ATTENTION},
+    needs={ATTENTION_MEANS},
     summary="attention flow: max-flow from the explained token through the residual-augmented attention graph",
     citation="Abnar & Zuidema, Quantifying Attention Flow in Transformers, ACL 2020",
     class_specific=False,
@@ -242,7 +242,7 @@ def compute(ctx) -> MethodOutput:
     scores = torch.zeros(cap.key_mask.shape, dtype=torch.float32)
     for b in range(len(key_mask)):
         keep = key_mask[b]
-        mats = flow_matrices([a[b] for a in cap.attentions], keep)
+        mats = flow_matrices([m[b][None] for m in cap.head_means()], keep)  # one "head": the mean
         w = weights[b][keep]
         scores[b, torch.from_numpy(np.flatnonzero(keep))] = torch.from_numpy(attention_flow(mats, w)).float()
     return MethodOutput(scores.to(cap.key_mask.device), None, space="keys")

@@ -28,6 +28,8 @@ ATTENTION = "attention"  # every layer's whole attention maps of the chosen stre
 ATTENTION_ROWS = "attention_rows"  # every layer's attention rows at the explained queries only (B, H, R, K)
 ATTENTION_RECEIVED = "attention_received"  # per layer, the attention each key receives: mean over heads and real
 # queries (B, K), reduced during the forward (no gradient)
+ATTENTION_MEANS = "attention_means"  # every layer's whole map, mean over heads (B, Q, K), reduced during the forward
+# (no gradient): a head count fewer N x N maps than ATTENTION, and fused attention elsewhere
 HIDDEN = "hidden"  # hidden states aligned with the attention keys
 EMBEDDINGS = "embeddings"  # output of the input-embedding module (token space)
 GRADIENTS = "gradients"  # gradients of the target w.r.t. the tensors above that the method declares (a backward)
@@ -37,7 +39,7 @@ OWN_PASS = "own_pass"  # the method runs its own computation from ctx (not the s
 # Tasks whose explained scalar the LRP pass can take from the head: a class logit; a token's logit at a position
 # (a token classifier's, a causal LM's); an answer span's start + end logits (extractive QA).
 LRP_TASKS = frozenset({"classification", "causal-lm", "token", "qa"})
-CAPTURED = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, HIDDEN, EMBEDDINGS})
+CAPTURED = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS, HIDDEN, EMBEDDINGS})
 DIFFERENTIABLE = frozenset({ATTENTION, ATTENTION_ROWS, HIDDEN, EMBEDDINGS})  # what the backward can reach
 NEEDS = CAPTURED | {GRADIENTS, OWN_PASS}
 
