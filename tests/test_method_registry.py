@@ -54,7 +54,8 @@ def _capture(ex: Explainer, methods: list[str]):
     "methods,kept",
     [
         (["rawatt"], {"attention_rows"}),  # the explained rows only (fused attention)
-        (["rollout", "flow"], {"attentions", "attention_rows"}),  # whole maps, which hold the rows
+        (["rollout", "flow"], {"attention_means"}),  # the head-mean maps only
+        (["gae"], {"attentions", "attention_grads", "attention_rows"}),  # whole maps and their gradients
         (["grads"], {"attention_rows", "attention_row_grads"}),
         (["cat"], {"hidden", "hidden_grads"}),
         (["attcat"], {"attention_rows", "attention_received", "hidden", "hidden_grads"}),  # no attention gradient
@@ -62,14 +63,15 @@ def _capture(ex: Explainer, methods: list[str]):
         (["rawatt", "saliency"], {"attention_rows", "embeddings", "embedding_grads"}),
         (["integratedgradients"], set()),
         (CAPTURE_METHODS, {"attentions", "attention_grads", "attention_rows", "attention_row_grads",
-                           "attention_received", "hidden", "hidden_grads", "embeddings", "embedding_grads"}),
+                           "attention_received", "attention_means", "hidden", "hidden_grads", "embeddings",
+                           "embedding_grads"}),
     ],
 )
 def test_capture_keeps_what_the_methods_declare(methods, kept, tokenizer):
     ex = Explainer(make_model("bert"), tokenizer)
     capture, _ = _capture(ex, methods)
     fields = {"attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
-              "hidden", "hidden_grads", "embeddings", "embedding_grads"}
+              "attention_means", "hidden", "hidden_grads", "embeddings", "embedding_grads"}
     assert {f for f in fields if getattr(capture, f) is not None} == kept
     assert capture.logits.shape == (len(TEXTS), 2)
     assert capture.n_layers == (2 if kept - {"embeddings", "embedding_grads"} else 0)
