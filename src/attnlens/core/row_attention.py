@@ -148,10 +148,14 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
         out = out.index_copy(2, rows, torch.matmul(probs, value))
         if record:
             recorder.kept_rows.append(probs)
-    if recorder.received_weights is not None and record:
-        recorder.received.append(_received(recorder, query, key, attention_mask, causal, scale))
     if recorder.means and record:
         recorder.mean_maps.append(_head_means(query, key, attention_mask, causal, scale))
+    if recorder.received_weights is not None and record:
+        weights = recorder.received_weights
+        # with the head-mean map at hand, the received attention is its weighted column sum (no second softmax)
+        recorder.received.append(_received(recorder, query, key, attention_mask, causal, scale) if not recorder.means
+                                 else torch.einsum("bq,bqk->bk", weights.to(query.dtype),
+                                                   recorder.mean_maps[-1].expand(len(weights), -1, -1)))
     return out.transpose(1, 2).contiguous(), None
 
 

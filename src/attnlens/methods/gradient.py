@@ -20,11 +20,10 @@ import torch
 from captum.attr import InputXGradient, Saliency
 
 from ..core.batch_state import BatchContext
-from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
 from ..core.memory import backward_row_bytes, model_dims, rows_that_fit
 from ..errors import InputError
-from ..models.prefixes import last_positions, last_token_rows
+from ..models.prefixes import last_token_rows
 from .registry import EMBEDDINGS, GRADIENTS, OWN_PASS, MethodOutput, register
 
 ENGINES = ("shared", "captum")
@@ -85,16 +84,14 @@ def _sequence_forward(ctx: BatchContext, base_ids: torch.Tensor) -> tuple[Callab
     assert sequence is not None
     # Only each row's last position is read: where the model can, project only those onto the vocabulary (the
     # LM head is a fifth of a small LLM's forward, and its backward would otherwise run over every position)
-    last = last_positions(ctx.token_mask)
-    keep = {"logits_to_keep": last} if keeps_logits(ctx.model) else {}
-    ones = torch.ones(len(last), 1, dtype=ctx.token_mask.dtype, device=last.device)
+    read = LogitRows.of(ctx.model, ctx.head, ctx.token_mask, ctx.targets)
+    mask = read.mask(ctx.token_mask)
 
     def forward(points: torch.Tensor) -> torch.Tensor:
         inputs = {name: t.expand(len(points), *t.shape[1:]) for name, t in sequence.items()}
         with _embeddings_replaced(module, points):
-            logits = ctx.head.logits(ctx.model(**inputs, **keep))  # (k, B, V) kept, else (k, N, V)
-        rows = [(logits[j][:, None], ones) if keep else last_token_rows(logits[j: j + 1], ctx.token_mask)
-                for j in range(len(points))]
+            logits = ctx.head.logits(ctx.model(**inputs, **read.model_kwargs()))  # (k, kept positions, V)
+        rows = [last_token_rows(logits[j: j + 1], mask) for j in range(len(points))]
         return torch.stack([ctx.head.scalar(rows_logits, ctx.targets, ctx.target_kind, rows_mask)
                             for rows_logits, rows_mask in rows])
 
