@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -124,3 +126,31 @@ def test_plot_and_report_show_the_curves(tmp_path):
     assert (tmp_path / "sanity.png").stat().st_size > 0
     page = write_report(tmp_path / "out").read_text(encoding="utf-8")
     assert "Sanity: explanations of ever more randomised models" in page
+
+
+def test_an_interrupted_sanity_run_explains_only_the_depths_it_lacks(tmp_path):
+    """Each randomised depth is kept as it is finished; a resumed run re-explains only the missing ones and finds
+    the same correlations as the uninterrupted run (the later depths still see the earlier depths' weights)."""
+    _, _, ex, full = _run(tmp_path)
+    depths_file = tmp_path / "out" / "sanity.jsonl"
+    rows = depths_file.read_text().splitlines()
+    assert [json.loads(r)["depth"] for r in rows] == ["head", "layer 2", "layer 1"]
+    depths_file.write_text(rows[0] + "\n" + rows[1][: len(rows[1]) // 2])  # the second depth's line torn
+    (tmp_path / "out" / "summary.json").unlink()
+    calls = []
+    explain = ex.explain
+
+    def counting(texts, *args, **kwargs):
+        calls.append(len(texts))
+        return explain(texts, *args, **kwargs)
+
+    ex.explain = counting
+    again = run_benchmark(ex, _dataset(), tmp_path / "out", methods=METHODS, metrics="sanity,aopc", progress=False)
+    assert calls == [len(TEXTS), len(TEXTS)]  # layer 2 and layer 1; the head's depth was kept
+    for m in METHODS:
+        for key in ("spearman", "spearman_abs"):
+            assert again["sanity"]["methods"][m][key] == pytest.approx(full["sanity"]["methods"][m][key]), (m, key)
+    assert len(depths_file.read_text().splitlines()) == 3
+    restarted = run_benchmark(ex, _dataset(), tmp_path / "out", methods=METHODS, metrics="sanity,aopc",
+                              progress=False, resume=False)
+    assert restarted["sanity"] == full["sanity"]

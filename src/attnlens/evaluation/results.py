@@ -2,7 +2,8 @@
 
 ``run.json`` holds the settings (a resumed run must match them) and the cumulative seconds; ``explanations.jsonl``
 the explanations (cached: never recomputed); ``examples.jsonl`` one row per example and method plus one baseline
-row per example; ``summary.json``, ``table.md`` and ``table.csv`` the summary (:mod:`.summary`). A data-parallel run
+row per example; ``sanity.jsonl`` one row per randomised depth of the sanity metric, as each is finished;
+``summary.json``, ``table.md`` and ``table.csv`` the summary (:mod:`.summary`). A data-parallel run
 (:mod:`.parallel`) writes the same three work files per process under ``shards/RANK-of-COUNT/`` and merges them into
 the top-level ones. See ``docs/benchmark-format.md`` and ``docs/scaling.md``.
 """
@@ -32,7 +33,7 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 FORMAT_VERSION = 1
-FILES = ("examples.jsonl", "explanations.jsonl", "summary.json", "table.md", "table.csv", "run.json")
+FILES = ("examples.jsonl", "explanations.jsonl", "sanity.jsonl", "summary.json", "table.md", "table.csv", "run.json")
 LOCK_FILE = ".lock"
 SHARDS_DIR = "shards"  # one results directory per process of a data-parallel run
 

@@ -238,7 +238,7 @@ def run_benchmark(
                 predict=predict, stop_after=run.stop_after)
     finish = dict(settings=settings, config=config, method_ids=method_ids, metric_ids=metric_ids,
                   batch_size=batch_size, chunk_size=chunk_size, log=run.log, explain_options=explain_options,
-                  target_kind=target_kind)
+                  target_kind=target_kind, progress=run.progress)
     shard = run.shard
     if shard is None or shard.count == 1:
         with results_lock(out):
@@ -395,7 +395,7 @@ def _finish(
     cached: dict[tuple[int, str, Any], Explanation] | None, *, settings: BenchmarkSettings, config: EvalConfig,
     method_ids: list[str], metric_ids: list[str], batch_size: int, chunk_size: int,
     log: Callable[[str], None] | None, explain_options: dict[str, dict[str, Any]] | None = None,
-    target_kind: str = "logit",
+    target_kind: str = "logit", progress: bool = False,
 ) -> dict[str, Any]:
     """Merge the shards of ``out`` (whose lock we hold) into its files, then the data-set metrics and the summary.
 
@@ -436,7 +436,8 @@ def _finish(
     if "sanity" in metric_ids and complete:
         if cached is None:
             cached = explanation_cache(read_rows(out / "explanations.jsonl"))
-        sanity = _sanity(explainer, dataset, method_ids, cached, config, batch_size, explain_options, target_kind)
+        sanity = _sanity(explainer, dataset, method_ids, cached, config, batch_size, explain_options, target_kind,
+                         out / "sanity.jsonl", progress)
     timing["sanity_seconds"] = time.perf_counter() - t3
     seconds = _save_run(run_file, settings, _check_settings(run_file, settings, out) + timing["consistency_seconds"]
                         + timing["sanity_seconds"])
@@ -565,18 +566,31 @@ def _consistency(
 def _sanity(
     explainer: Any, dataset: Dataset, methods: Sequence[str], cached: dict[tuple[int, str, int], Explanation],
     config: EvalConfig, batch_size: int, options: dict[str, dict[str, Any]] | None, target_kind: str,
+    depths_file: Path, progress: bool,
 ) -> dict[str, Any]:
     """The data-set metric sanity (cascading randomisation), from the cached explanations of the explained
-    classes: the same examples and targets explained again on ever more randomised copies of the weights."""
+    classes: the same examples and targets explained again on ever more randomised copies of the weights. Each
+    finished depth is appended to ``depths_file``; a resumed run (same settings: ``run.json`` was checked) explains
+    only the depths that file lacks."""
     main = {i: e for (i, role, _t), e in cached.items() if role == "explained"}
+    from tqdm.auto import tqdm
+
+    done = {row["depth"]: row for row in read_rows(depths_file) if isinstance(row.get("depth"), str)}
+    blocks = randomisation_blocks(explainer.model, getattr(explainer, "stream", "self"))
+    bar = tqdm(total=len(blocks), disable=not progress, desc="sanity", unit="depth", dynamic_ncols=True)
 
     def explain(texts: list[str], targets: list[Any]) -> list[Explanation]:
         return explainer.explain(texts, list(methods), batch_size=batch_size, target=targets,
                                  target_kind=target_kind,
                                  options={k: v for k, v in (options or {}).items() if k in methods} or None)
 
-    return cascading_randomisation(explain, explainer.model, main, {i: dataset[i].text for i in main}, methods,
-                                   stream=getattr(explainer, "stream", "self"), seed=config.seed)
+    try:
+        return cascading_randomisation(explain, explainer.model, main, {i: dataset[i].text for i in main}, methods,
+                                       stream=getattr(explainer, "stream", "self"), seed=config.seed, done=done,
+                                       record=lambda row: append_rows(depths_file, [row]),
+                                       step=lambda _name: bar.update())
+    finally:
+        bar.close()
 
 
 __all__ = ["BenchmarkRun", "Shard", "run_benchmark"]

@@ -86,12 +86,22 @@ def cascading_randomisation(
     *,
     stream: str = "self",
     seed: int = 0,
+    done: Mapping[str, Mapping[str, Any]] | None = None,
+    record: Callable[[dict[str, Any]], None] | None = None,
+    step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The sanity metric of ``methods`` on the examples ``originals`` (explanations on the trained model).
 
     ``explain(texts, targets)`` explains with every method on the model as it is at that moment. Returns
     ``{"depths": [step names], "methods": {method: {"value", "spearman", "spearman_abs"}}}``: per depth the mean ρ
     over the examples (``None`` where no example has one), and ``value`` the mean over depths of ``spearman``.
+
+    Each depth costs one explanation of every example, so a long run keeps its finished depths: ``record`` is
+    called with each depth's row (``{"depth", "examples", "methods": {method: {"spearman", "spearman_abs"}}}``) as
+    soon as it is measured, and ``done`` (depth name → such a row, from an earlier run with the same settings)
+    gives the depths not to explain again. The weights are re-drawn for every depth either way, so the depths
+    after a skipped one see the same randomised model as in an uninterrupted run. ``step`` is called with each
+    depth's name when it is finished (a progress bar).
     """
     blocks = randomisation_blocks(model, stream)
     std = float(getattr(model.config, "initializer_range", None) or 0.02)
@@ -99,27 +109,48 @@ def cascading_randomisation(
     order = sorted(originals)
     curves: dict[str, dict[str, list[float | None]]] = {m: {"spearman": [], "spearman_abs": []} for m in methods}
     with restored(model):
-        for _name, modules in blocks:
-            randomise(modules, std, generator)
-            targets = [tuple(t) if isinstance(t, list) else t for t in (originals[i].target for i in order)]
-            redone = explain([texts[i] for i in order], targets)
+        for name, modules in blocks:
+            randomise(modules, std, generator)  # also for a finished depth: the next ones build on it
+            row = (done or {}).get(name)
+            if row is None or not _covers(row, methods, len(order)):
+                targets = [tuple(t) if isinstance(t, list) else t for t in (originals[i].target for i in order)]
+                row = _depth_row(name, originals, order, explain([texts[i] for i in order], targets), methods)
+                if record is not None:
+                    record(row)
             for m in methods:
-                signed, absolute = [], []
-                for i, e in zip(order, redone, strict=True):
-                    keep = _tokens(originals[i])
-                    before, after = originals[i].scores[m][keep], e.scores[m][keep]
-                    signed.append(rank_correlation(before, after))
-                    absolute.append(rank_correlation(np.abs(before), np.abs(after)))
-                curves[m]["spearman"].append(_mean(signed))
-                curves[m]["spearman_abs"].append(_mean(absolute))
+                curves[m]["spearman"].append(row["methods"][m]["spearman"])
+                curves[m]["spearman_abs"].append(row["methods"][m]["spearman_abs"])
+            if step is not None:
+                step(name)
     return {
         "depths": [name for name, _ in blocks],
         "methods": {m: {"value": _mean(c["spearman"]), **c} for m, c in curves.items()},
     }
 
 
+def _depth_row(name: str, originals: Mapping[int, Explanation], order: Sequence[int], redone: Sequence[Explanation],
+               methods: Sequence[str]) -> dict[str, Any]:
+    """One depth's mean ρ per method, signed and of absolute scores, over the examples ``order``."""
+    found: dict[str, dict[str, float | None]] = {}
+    for m in methods:
+        signed, absolute = [], []
+        for i, e in zip(order, redone, strict=True):
+            keep = _tokens(originals[i])
+            before, after = originals[i].scores[m][keep], e.scores[m][keep]
+            signed.append(rank_correlation(before, after))
+            absolute.append(rank_correlation(np.abs(before), np.abs(after)))
+        found[m] = {"spearman": _mean(signed), "spearman_abs": _mean(absolute)}
+    return {"depth": name, "examples": len(order), "methods": found}
+
+
+def _covers(row: Mapping[str, Any], methods: Sequence[str], examples: int) -> bool:
+    """Whether an earlier depth row holds every method's correlations over the same number of examples."""
+    return (row.get("examples") == examples and isinstance(row.get("methods"), Mapping)
+            and all(isinstance(row["methods"].get(m), Mapping) for m in methods))
+
+
 def _mean(values: Sequence[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
+    vals = [v for v in values if v is not None and np.isfinite(v)]
     return float(np.mean(vals)) if vals else None
 
 
