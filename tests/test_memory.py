@@ -132,7 +132,10 @@ def test_the_estimate_follows_what_the_capture_keeps():
                                                              embedding_grads=True, logit_rows=1)
     means = _storage_of(llama, ["rollout", "rawatt"])  # rollout reads head means: fused attention, N x N per layer
     assert means == memory.Storage(eager=False, rows=1, means=True, logit_rows=1)
-    full = _storage_of(llama, ["attnnorm", "rawatt"])  # attnnorm reads every head's map: eager, the maps kept
+    # attnnorm reads the explained rows and the hidden states: fused attention
+    assert _storage_of(llama, ["attnnorm", "rawatt"]) == memory.Storage(eager=False, rows=1, hidden=True,
+                                                                        logit_rows=1)
+    full = _storage_of(llama, ["globenc", "rawatt"])  # globenc reads every head's map: eager, the maps kept
     assert full.eager and full.maps and not full.backward
     dims = model_dims(llama.model)
     n = 4096

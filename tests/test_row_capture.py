@@ -21,7 +21,7 @@ from attnlens.testing.tiny_models import build_tiny
 
 TEXTS = ["i didn ' t like this boring film", "good", "the plot was boring but the actors were great !"]
 # every method that reads the shared pass without whole maps, with the options that change what it reads
-LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "rollout", "flow"]
+LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "rollout", "flow", "attnnorm"]
 OPTIONS = {"attcat": {"alpha": "mean"}}
 # of the largest per-layer term: fused and eager attention round differently (a few float32 ulps in a layer's
 # output; eager attention takes its softmax in float32 whatever the model's dtype, so float64 does not help)
@@ -67,16 +67,27 @@ if hasattr(GPTJAttention, "_attn"):
     WHOLE_MAPS.add("gptj")
 
 
+# types without a layer anatomy (the norm-based methods do not apply)
+NO_ANATOMY = {"deberta", "deberta-v2", "mpnet", "modernbert", "xlm-roberta-xl"}
+
+
+def _applies(method: str, ex: Explainer) -> bool:
+    why = registry.get_method(method).applies
+    return why is None or why(ex.model, ex.stream, "classification") is None
+
+
 @pytest.mark.parametrize("model_type", ZOO)
 def test_every_method_scores_as_with_the_whole_maps(model_type, tokenizer):
     ex = Explainer(make_model(model_type), tokenizer)
+    methods = [m for m in LEAN if _applies(m, ex)]
+    assert "attnnorm" in methods or model_type in NO_ANATOMY
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        lean, full, modes = _explain_both(ex, TEXTS, LEAN, OPTIONS, batch_size=3)
+        lean, full, modes = _explain_both(ex, TEXTS, methods, OPTIONS, batch_size=3)
         cls_lean, cls_full, _ = _explain_both(ex, TEXTS[:2], ["attcat"], {"attcat": {"alpha": "cls"}})
     assert modes == {capture.FULL_MAPS if model_type in WHOLE_MAPS else capture.ROWS}
     tolerance = LOOSER.get(model_type, TOLERANCE)
-    _assert_same(lean, full, LEAN, tolerance)
+    _assert_same(lean, full, methods, tolerance)
     _assert_same(cls_lean, cls_full, ["attcat"], tolerance)
 
 

@@ -47,6 +47,8 @@ class Capture:
         attention_row_grads: their gradients, or ``None``.
         row_weights: ``(B, R)`` weights of the explained row(s) among ``attention_rows``' rows
             (``query_weights`` when R = Q). ``score = row_weights @ rows`` (:meth:`explained_row`).
+        row_positions: ``(R,)`` the query positions of ``attention_rows``' rows, or ``None`` when they are every
+            query (R = Q); :meth:`rows_at` gives them either way.
         attention_received: L tensors ``(B, K)``: the attention each key receives, mean over heads and real
             query rows (what :meth:`query_mean` of the head-mean map gives), or ``None``.
         attention_means: L tensors ``(B, Q, K)``: every layer's whole map, mean over heads (reduced during the
@@ -69,6 +71,7 @@ class Capture:
     attention_rows: list[torch.Tensor] | None = None
     attention_row_grads: list[torch.Tensor] | None = None
     row_weights: torch.Tensor | None = None
+    row_positions: torch.Tensor | None = None
     attention_received: list[torch.Tensor] | None = None
     attention_means: list[torch.Tensor] | None = None
     logit_rows: LogitRows = field(default_factory=LogitRows)
@@ -119,6 +122,12 @@ class Capture:
         if matrix.dim() == 4:
             return torch.einsum("bq,bhqk->bhk", self.query_weights.to(matrix.dtype), matrix)
         return torch.einsum("bq,bqk->bk", self.query_weights.to(matrix.dtype), matrix)
+
+    def rows_at(self) -> torch.Tensor:
+        """``(R,)``: the query position of each of :attr:`attention_rows`' rows."""
+        if self.row_positions is not None:
+            return self.row_positions
+        return torch.arange(self.query_mask.shape[1], device=self.query_mask.device)
 
     def explained_row(self, rows: torch.Tensor) -> torch.Tensor:
         """The explained row of ``rows`` ``(B, R, K)`` (or ``(B, H, R, K)``), a matrix over

@@ -267,6 +267,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     if mode == ROWS:
         rows = recorder.rows if recorder.rows is not None else cls.new_zeros(0)
         capture.row_weights = (cls[:, None] == rows[None, :].to(cls.device)).to(logits.dtype)
+        capture.row_positions = rows.to(cls.device)
         if ATTENTION_RECEIVED in keep:
             capture.attention_received = [r.to(logits.dtype) for r in recorder.received]
     else:

@@ -34,7 +34,7 @@ from ..models.architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architectu
 from ..models.norms import is_rms_norm, rms_eps, rms_gain
 from ..models.prefixes import last_positions, row_gradients
 from .attention import propagate
-from .registry import ATTENTION, HIDDEN, MethodOutput, register
+from .registry import ATTENTION, ATTENTION_ROWS, HIDDEN, MethodOutput, register
 
 ATTNNORM_VARIANTS = ("attn", "attn_res", "attn_res_ln")
 BIAS_MODES = ("absdot", "token")
@@ -284,12 +284,15 @@ def model_layers(ctx: BatchContext) -> list[Layer]:
 
 @dataclass
 class _Mixing:
-    """One attention's mixing alone: its layer input ``x`` (the residual), weights ``attn`` ``(B, H, Nq, Nk)``
-    and the keys' transformed value vectors ``f`` ``(B, H, Nk, D)`` (what :func:`_norm_matrix` reads)."""
+    """One attention's mixing alone, at some of its query rows: the residual ``x`` at those rows ``(B, R, D)``,
+    their weights ``attn`` ``(B, H, R, Nk)``, the keys' transformed value vectors ``f`` ``(B, H, Nk, D)`` and the
+    rows' query positions ``positions`` ``(R,)`` (``None``: every query, R = Nq; what :func:`_norm_matrix`
+    reads)."""
 
     x: torch.Tensor
     attn: torch.Tensor
     f: torch.Tensor
+    positions: torch.Tensor | None = None
 
 
 def _ln_part(v: torch.Tensor, ln: nn.LayerNorm, std: torch.Tensor | None = None) -> torch.Tensor:
@@ -301,17 +304,21 @@ def _ln_part(v: torch.Tensor, ln: nn.LayerNorm, std: torch.Tensor | None = None)
 
 def _norm_matrix(layer: Layer | _Mixing, transform: Callable[[torch.Tensor], torch.Tensor],
                  scale: torch.Tensor | None, residual: bool) -> torch.Tensor:
-    """``(B, N, N)``: ‖M z_ij‖ · scale_i for a linear map M (``transform``), without forming the ``(B, N, N, D)``
-    vectors: with g^h_j = M f^h(x_j) and G_j = [⟨g^h_j, g^k_j⟩]_hk, ‖Σ_h α^h_ij g^h_j‖² = α_ij^T G_j α_ij, plus, on
-    the diagonal with the residual, 2 Σ_h α^h_ii ⟨g^h_i, M x_i⟩ + ‖M x_i‖²."""
-    a = layer.attn.double()
+    """``(B, R, N)``: ‖M z_ij‖ · scale_i for a linear map M (``transform``) at the query rows i the mixing holds
+    (every row of a :class:`Layer`: R = N), without forming the ``(B, R, N, D)`` vectors: with g^h_j = M f^h(x_j)
+    and G_j = [⟨g^h_j, g^k_j⟩]_hk, ‖Σ_h α^h_ij g^h_j‖² = α_ij^T G_j α_ij, plus, where j = i with the residual,
+    2 Σ_h α^h_ii ⟨g^h_i, M x_i⟩ + ‖M x_i‖²."""
+    a = layer.attn.double()  # (B, H, R, N)
     g = transform(layer.f).double()  # (B, H, N, D)
     gram = torch.einsum("bhjd,bkjd->bjhk", g, g)
     sq = (torch.einsum("bhij,bjhk->bkij", a, gram) * a).sum(1)
     if residual:
-        m = transform(layer.x).double()  # (B, N, D)
-        diag = 2 * torch.einsum("bhii,bhid,bid->bi", a, g, m) + (m * m).sum(-1)
-        sq = sq + torch.diag_embed(diag)
+        at = getattr(layer, "positions", None)
+        at = torch.arange(a.shape[2], device=a.device) if at is None else at.to(a.device)
+        rows = torch.arange(a.shape[2], device=a.device)
+        m = transform(layer.x).double()  # (B, R, D): the residual at the rows
+        diag = 2 * torch.einsum("bhr,bhrd,brd->br", a[:, :, rows, at], g[:, :, at], m) + (m * m).sum(-1)
+        sq[:, rows, at] += diag
     out = sq.clamp_min(0).sqrt().to(layer.x.dtype)
     return out if scale is None else out * scale
 
@@ -356,7 +363,7 @@ def _rolled_rows(cap: Capture, matrices: list[torch.Tensor]) -> MethodOutput:
 
 
 def _stream_norms(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
-    """attnnorm's matrices on an encoder-decoder's decoder self-attention or cross-attention stream: per decoder
+    """attnnorm's rows on an encoder-decoder's decoder self-attention or cross-attention stream: per decoder
     layer ‖Σ_h A^h_ij f^h(x_j)‖ (+ x_i with ``"attn_res"``, decoder stream only), f^h the stream's value and output
     projections of the layer's self-attention input (decoder: the layer input, through LN1 when pre-LN) or of the
     encoder's output (cross). No residual LayerNorm variant: in a decoder layer the cross-attention comes between."""
@@ -368,9 +375,10 @@ def _stream_norms(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
                          + "; use 'attn'" + (" or 'attn_res'" if stream == "decoder" else ""))
     anatomy = _anatomy(model)
     spec = architecture_for(model.config).layers
+    at = cap.rows_at()
     mats = []
     with torch.no_grad():
-        for block, attn, x in zip(spec.modules(model, "decoder"), cap.attentions, cap.hidden, strict=False):
+        for block, attn, x in zip(spec.modules(model, "decoder"), cap.attention_rows, cap.hidden, strict=False):
             if stream == "decoder":  # the self-attention's pieces only (a decoder layer's FFN sits elsewhere)
                 mods = {k: _attr(block, path) for k, path in
                         (("value", spec.value), ("output", anatomy.output), ("ln1", anatomy.ln1))}
@@ -379,14 +387,68 @@ def _stream_norms(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
                 mods = {"value": _attr(block, anatomy.cross_value), "output": _attr(block, anatomy.cross_output)}
                 a = x
             f = _head_outputs(mods, _values(mods, a, attn.shape[1], spec))
-            m = _norm_matrix(_Mixing(x, attn, f), lambda v: v, None, variant == "attn_res")
-            mats.append(_real_pairs(cap, m))
+            # the residual (decoder stream) is the decoder state at the rows; cross attention has none
+            residual = x[:, at.to(x.device)] if stream == "decoder" else x[:, :0]
+            m = _norm_matrix(_Mixing(residual, attn, f, at), lambda v: v, None, variant == "attn_res")
+            mats.append(m * cap.key_mask.to(m.dtype)[:, None, :])
+    return mats
+
+
+def _attnnorm_rows(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
+    """attnnorm's matrices ``(B, R, N)`` at the captured attention rows of every layer (the explained rows under
+    fused attention, every row with whole maps): each layer's value and output projections recomputed from its
+    input h^{l-1}, and the layer's output at those rows recomputed and checked against the captured h^l (a wrong
+    anatomy is an error, never a silently wrong score)."""
+    cap, model = ctx.capture, ctx.model
+    anatomy = _anatomy(model)
+    spec = architecture_for(model.config).layers
+    blocks = _blocks(model)
+    final = _final_norm(model, anatomy)
+    hidden, rows_attn, real = list(cap.hidden), list(cap.attention_rows), cap.key_mask.bool()
+    if ctx.sequence is not None:  # the rows are prefixes of one sequence: its tensors alone (a batch of one)
+        hidden, rows_attn = [h[:1] for h in hidden], [a[:1] for a in rows_attn]
+        real = ctx.sequence["attention_mask"].bool().to(real.device)
+    at = cap.rows_at().to(hidden[0].device)
+    mats = []
+    with torch.no_grad():
+        for i, (block, attn) in enumerate(zip(blocks, rows_attn, strict=True)):
+            mods = _parts(block, model, anatomy)
+            x = hidden[i]
+            xr = x[:, at]
+            f = _head_outputs(mods, _values(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], spec))
+            branch = torch.einsum("bhrj,bhjd->brd", attn, f) + _output_bias(mods)
+            if "post_attn_norm" in mods:  # z_ij = Σ_h A^h_ij f^h_j ⊙ g / s_i (+ x_i): the scale goes with A's rows
+                norm = mods["post_attn_norm"]
+                scale = (branch.float().pow(2).mean(-1, keepdim=True) + rms_eps(norm)).sqrt().to(x.dtype)
+                pre1 = xr + norm(branch)
+                attn, f = attn / scale.unsqueeze(1), f * rms_gain(norm, x)
+            else:
+                pre1 = xr + branch
+            std1 = None
+            if anatomy.pre_ln:
+                ffn, _ = _ffn(mods, mods["ln2"](xr if anatomy.parallel else pre1))
+                got = pre1 + (mods["post_ffn_norm"](ffn) if "post_ffn_norm" in mods else ffn)
+                if i == len(blocks) - 1 and final is not None:
+                    got = final(got)
+            else:
+                y1 = mods["ln1"](pre1)
+                got = mods["ln2"](y1 + _ffn(mods, y1)[0])
+                std1 = _std(mods["ln1"], pre1)
+            _check_layer(model, i, got, hidden[i + 1][:, at], real[:, at])
+            mixing = _Mixing(xr, attn, f, at)
+            if variant == "attn_res_ln":
+                m = _norm_matrix(mixing, functools.partial(_ln_part, ln=mods["ln1"]), 1 / std1, True)
+            else:
+                m = _norm_matrix(mixing, lambda v: v, None, variant == "attn_res")
+            if ctx.sequence is not None:
+                m = m.expand(ctx.token_mask.shape[0], *m.shape[1:])
+            mats.append(m * cap.key_mask.to(m.dtype)[:, None, :])
     return mats
 
 
 @register(
     "attnnorm",
-    needs={ATTENTION, HIDDEN},
+    needs={ATTENTION_ROWS, HIDDEN},
     class_specific=False,
     applies=_applies("attnnorm", streams=("encoder", "decoder", "cross")),
     summary="Norm of the attention-weighted value vectors, last layer, row c: ‖Σ_h A^h_cj f^h(x_j)‖ (variants add "
@@ -396,24 +458,21 @@ def _stream_norms(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
 def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
     """``variant``: ``"attn"`` ‖Σ_h αf‖ (2020), ``"attn_res"`` ‖Σ_h αf + δ_ij x_i‖, ``"attn_res_ln"`` ‖LN1(·)‖
     (2021's ATB+RES and ATB+RES+LN; post-LN encoders only: a pre-LN layer has no LayerNorm after the residual
-    sum). Per layer; the score is the last layer's."""
+    sum). Per layer; the score is the last layer's. Reads only the explained rows of each layer's attention, so it
+    runs under fused attention on long inputs."""
     if variant not in ATTNNORM_VARIANTS:
         raise InputError(f"variant={variant!r}; choose one of {', '.join(ATTNNORM_VARIANTS)}")
     cap = ctx.capture
     if ctx.stream in ("decoder", "cross"):
-        return _rows(cap, _stream_norms(ctx, variant))
-    layers = model_layers(ctx)
-    if variant == "attn_res_ln" and layers[0].pre_ln:
-        raise InputError("attnnorm variant='attn_res_ln' reads the LayerNorm after a post-LN layer's residual sum; "
-                         f"this {ctx.model.config.model_type!r} model is pre-LN (none there): use 'attn' or 'attn_res'")
-    mats = []
-    for layer in layers:
-        if variant == "attn_res_ln":
-            m = _norm_matrix(layer, functools.partial(_ln_part, ln=layer.modules["ln1"]), 1 / layer.std1, True)
-        else:
-            m = _norm_matrix(layer, lambda v: v, None, variant == "attn_res")
-        mats.append(_real_pairs(cap, _per_row(ctx, m)))
-    return _rows(cap, mats)
+        mats = _stream_norms(ctx, variant)
+    else:
+        if variant == "attn_res_ln" and _anatomy(ctx.model).pre_ln:
+            raise InputError("attnnorm variant='attn_res_ln' reads the LayerNorm after a post-LN layer's residual "
+                             f"sum; this {ctx.model.config.model_type!r} model is pre-LN (none there): use 'attn' or "
+                             "'attn_res'")
+        mats = _attnnorm_rows(ctx, variant)
+    layers = torch.stack([cap.explained_row(m) for m in mats], 1)
+    return MethodOutput(layers[:, -1], layers)
 
 
 @register(
