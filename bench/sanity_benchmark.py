@@ -1,11 +1,12 @@
 """The sanity metric (cascading model-parameter randomisation) of every method on SST-2 dev with
 ``../shared/models/minilm-sst2``: what each method's mean Spearman ρ is, and what the metric costs.
 
-Runs ``run_benchmark(..., metrics="sanity")`` (the code behind ``attnlens benchmark --metrics sanity``) into a
-temporary directory and prints each method's ρ per randomised depth and the seconds the metric took (it explains
-the sentences once on the trained model and once per depth: head + 6 layers).
+Runs ``run_benchmark(..., metrics="sanity")`` (the code behind ``attnlens benchmark --metrics sanity``) into
+``--out`` (a temporary directory by default) and prints each method's ρ per randomised depth and the seconds the
+metric took (it explains the sentences once on the trained model and once per depth: head + 6 layers). With
+``--out``, an interrupted run started again resumes: the explanations and every finished depth are kept.
 
-Run: ``python bench/sanity_benchmark.py [--limit 200] [--methods all] [--samples 100]``.
+Run: ``python bench/sanity_benchmark.py [--limit 200] [--methods all] [--samples 100] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=200, help="SST-2 dev sentences (drawn with seed 0)")
     parser.add_argument("--methods", default="all")
     parser.add_argument("--samples", type=int, default=100, help="n_samples of LIME and KernelSHAP")
+    parser.add_argument("--out", default=None, help="results directory to keep and resume (default: a temporary one)")
+    parser.add_argument("--progress", action="store_true", help="show progress bars")
     args = parser.parse_args()
     ex = Explainer.from_pretrained(str(MODEL))
     data = load_dataset("sst2", "dev", limit=args.limit, seed=0)
     methods = args.methods if args.methods == "all" else args.methods.split(",")
     options = {m: {"n_samples": args.samples} for m in ("lime", "kernelshap") if methods == "all" or m in methods}
-    with tempfile.TemporaryDirectory() as out:
-        s = run_benchmark(ex, data, out, methods=methods, metrics="sanity", explain_options=options or None,
-                          progress=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        s = run_benchmark(ex, data, args.out or tmp, methods=methods, metrics="sanity",
+                          explain_options=options or None, progress=args.progress)
     depths = s["sanity"]["depths"]
     print(f"{s['n_examples']} sentences; explain {s['timing'].get('explain_seconds', 0):.0f} s, sanity "
           f"{s['timing']['sanity_seconds']:.0f} s ({len(depths)} depths)")
