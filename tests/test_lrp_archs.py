@@ -1237,3 +1237,33 @@ def test_one_forward_serves_both_rule_sets_for_every_prefix(family):
     _assert_same(chefer, lrp_pass(lm, inputs, targets, head=LMHead(64), rules="chefer", rows=rows,
                                   inputs_relevance=False), False)
     _assert_same(attnlrp, lrp_pass(lm, inputs, targets, head=LMHead(64), rules="attnlrp", rows=rows), True)
+
+
+# ---------------------------------------------------------------- fused attention (long inputs)
+ALL_LRP = ["bert", "distilbert", "roberta", "electra", "modernbert", *ARCHS]
+
+
+@pytest.mark.parametrize("family", ALL_LRP)
+def test_fused_attnlrp_equals_the_eager_pass(family):
+    """AttnLRP (ε = 0) through fused attention, each layer recomputed in the backward, gives the eager pass's input
+    relevances, padded batch included; the probabilities are kept only where the model's attention cannot be
+    fused (its own attention code, float32 scores, a score cap)."""
+    from attnlens.lrp import runs_fused
+
+    model = strong(family, biases=True)
+    inputs, targets = padded_batch(), [0, 1, 2]
+    eager = lrp_pass(model, inputs, targets)
+    fused = lrp_pass(model, inputs, targets, fused=True)
+    scale = eager.input_relevance.abs().max()
+    torch.testing.assert_close(fused.input_relevance, eager.input_relevance, rtol=0, atol=1e-5 * scale)
+    torch.testing.assert_close(fused.word_relevance, eager.word_relevance, rtol=0, atol=1e-5 * scale)
+    torch.testing.assert_close(fused.target, eager.target, rtol=1e-5, atol=1e-6)
+    assert (len(fused.attentions) == 0) == runs_fused(model)
+    assert runs_fused(model) == (family not in ("deberta-v2", "gpt_neo", "gptj", "gemma2", "bloom", "falcon"))
+
+
+def test_fused_pass_is_attnlrp_with_epsilon_zero_only():
+    model = make_model("llama", num_labels=3)
+    for kwargs in ({"rules": "cp"}, {"epsilon": 1e-3}, {"track_softmax": True}):
+        with pytest.raises(InputError, match="fused LRP pass"):
+            lrp_pass(model, padded_batch(), 0, fused=True, **kwargs)

@@ -230,3 +230,57 @@ def test_a_generation_over_the_budget_is_refused_before_it_runs(monkeypatch):
                                          r"memory budget of 64 MiB; within it: attcat not even 1 token"):
         ex.explain_generation("the movie was", ["attcat"], target=" good but bad", memory_budget="64MiB")
     assert sizes == []
+
+
+def _spy_lrp(monkeypatch) -> list[bool]:
+    from attnlens.methods import lrp_methods
+
+    seen: list[bool] = []
+    real = lrp_methods.lrp_pass
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("fused", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lrp_methods, "lrp_pass", spy)
+    return seen
+
+
+def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
+    """The estimate and the method take the same decision: the eager LRP pass while it fits, the fused one
+    (no maps kept, layers recomputed) beyond, with the same scores."""
+    from attnlens.methods import lrp_methods
+
+    ex = _lm_explainer()
+    texts = ["the movie was good but boring and far too long " * 3, "fun"]
+    eager = ex.explain(texts, ["attnlrp", "rawatt"])
+    seen = _spy_lrp(monkeypatch)
+    always = lambda dims, n, budget, fusable: memory.FUSED_LRP_STORAGE if fusable else memory.LRP_STORAGE  # noqa: E731
+    monkeypatch.setattr(lrp_methods, "lrp_storage", always)
+    fused = ex.explain(texts, ["attnlrp", "rawatt"])
+    assert seen == [True]
+    for a, b in zip(fused, eager, strict=True):
+        np.testing.assert_allclose(a.scores["attnlrp"], b.scores["attnlrp"], rtol=0,
+                                   atol=1e-5 * np.abs(b.scores["attnlrp"]).max())
+    seen.clear()
+    ex.explain(texts, ["attnlrp", "partiallrp"])  # a method reading attention relevance: the eager pass
+    ex.explain(texts, ["attnlrp"], options={"attnlrp": {"rules": "cp"}})
+    ex.explain_generation("the movie was", ["attnlrp"], target=" good")  # a generation's prefixes: eager
+    assert not any(seen)
+
+
+def test_the_estimate_of_attnlrp_follows_the_fused_pass():
+    ex = _lm_explainer()
+    budget = memory.parse_budget("64MiB")
+    dims = model_dims(ex.model)
+    n = next(n for n in range(64, 1 << 16, 64)
+             if memory.pass_row_bytes(dims, n, memory.LRP_STORAGE) > budget)  # the eager pass stops fitting
+    spec = [registry.get_method("attnlrp")]
+    cost = engine.pass_cost(ex.runner, spec, budget)
+    assert cost.own_storage("attnlrp", n - 64) == memory.LRP_STORAGE
+    assert cost.own_storage("attnlrp", n) == memory.FUSED_LRP_STORAGE
+    assert cost.own(n) < memory.pass_row_bytes(dims, n, memory.LRP_STORAGE) // 4
+    for other in (engine.pass_cost(ex.runner, spec, budget, {"attnlrp": {"epsilon": 1e-3}}),
+                  engine.pass_cost(ex.runner, spec, budget, prefixes=True),
+                  engine.pass_cost(ex.runner, [*spec, registry.get_method("transatt")], budget)):
+        assert other.own_storage("attnlrp", n) == memory.LRP_STORAGE

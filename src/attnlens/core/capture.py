@@ -33,6 +33,7 @@ from ..methods.registry import (
 from ..models.adapters import MEAN, Adapter
 from ..models.heads import CLASSIFICATION, Head
 from ..models.prefixes import RowViews, last_token_rows, row_gradients
+from ..models.recompute import recomputed_layers
 from .batch_state import Capture
 from .logit_rows import LogitRows
 from .memory import Storage
@@ -41,7 +42,6 @@ from .row_attention import (
     RowAttentionUnsupported,
     RowRecorder,
     dispatches_attention,
-    recomputed_layers,
     recording,
     registered,
 )
@@ -131,7 +131,7 @@ def run_capture(
     viewed as the batch's rows; each row's gradients are of its own target, by batched vector-Jacobian
     products through that one forward (``is_grads_batched``).
     ``recompute``: with fused attention, the backward recomputes each layer instead of keeping its activations
-    (:func:`~attnlens.core.row_attention.recomputed_layers`; for inputs whose activations would not fit).
+    (:func:`~attnlens.models.recompute.recomputed_layers`; for inputs whose activations would not fit).
     Returns the capture and the targets.
     """
     keep = frozenset(keep)

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import InputError
 from ..methods import get_method, resolve_methods
+from ..methods.lrp_methods import fused_lrp
 from ..methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
@@ -30,6 +31,7 @@ from .memory import (
     Storage,
     budget_chunks,
     fitting,
+    lrp_storage,
     model_dims,
     pass_row_bytes,
     refuse_over_budget,
@@ -110,6 +112,7 @@ class PassCost:
     own_storages: dict[str, Storage]
     alone: dict[str, Callable[[int], int]]
     budget: int = DEFAULT_BUDGET
+    fusable: frozenset[str] = frozenset()  # methods whose LRP pass runs fused where the eager one would not fit
 
     def storage(self, n: int) -> Storage | None:
         """The shared pass's storage at ``n`` tokens (recomputing layers where keeping them would not fit)."""
@@ -122,7 +125,13 @@ class PassCost:
         return 0 if storage is None else pass_row_bytes(self.dims, n, storage)
 
     def own(self, n: int) -> int:
-        return max((pass_row_bytes(self.dims, n, s) for s in self.own_storages.values()), default=0)
+        return max((pass_row_bytes(self.dims, n, self.own_storage(name, n)) for name in self.own_storages), default=0)
+
+    def own_storage(self, name: str, n: int) -> Storage:
+        """What method ``name``'s own pass holds at ``n`` tokens."""
+        if name in self.fusable:
+            return lrp_storage(self.dims, n, self.budget, True)
+        return self.own_storages[name]
 
     def total(self, n: int) -> int:
         return self.shared(n) + self.own(n)
@@ -143,9 +152,11 @@ def _own_pass_storage(spec: Method, logit_rows: int = 0) -> Storage:
     return Storage(eager=True, backward=True, logit_rows=logit_rows)
 
 
-def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BUDGET) -> PassCost:
-    """The memory the passes serving ``specs`` hold within ``budget``, as a function of the length
-    (:class:`PassCost`)."""
+def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BUDGET,
+              options: Mapping[str, Mapping[str, Any]] | None = None, prefixes: bool = False) -> PassCost:
+    """The memory the passes serving ``specs`` (with ``options`` per method; default: their defaults) hold within
+    ``budget``, as a function of the length (:class:`PassCost`). ``prefixes``: the rows are prefixes of one
+    sequence (a generation's steps)."""
     dims = model_dims(runner.model)
     positions_known = runner.head.explained_positions(torch.zeros(1, 2, dtype=torch.long)) is not None
     # a language model's logits where its head reads them (LogitRows), where the model can
@@ -161,12 +172,17 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
         return dataclasses.replace(storage, logit_rows=logit_rows)
 
     own = {s.name: _own_pass_storage(s, logit_rows) for s in specs if OWN_PASS in s.needs}
+    settings = {s.name: {**s.options, **(options or {}).get(s.name, {})} for s in specs}
+
+    def fusable(group: list[Method]) -> frozenset[str]:
+        return frozenset(s.name for s in group if not prefixes
+                         and fused_lrp(runner.model, s.name, settings, [g.name for g in group]))
 
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},
-                        budget).total
+                        budget, fusable([spec])).total
 
-    return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget)
+    return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget, fusable(specs))
 
 
 def explain_all(
@@ -184,7 +200,7 @@ def explain_all(
     results: list[Explanation | None] = [None] * len(encoded)
     lengths = [len(e.ids) for e in encoded]
     dims = model_dims(runner.model)
-    cost = pass_cost(runner, specs, memory_budget)
+    cost = pass_cost(runner, specs, memory_budget, method_options)
     if lengths:  # the longest input runs alone at worst: refuse before anything runs if even that does not fit
         cost.refuse_over(max(lengths), memory_budget)
     own = {s.name: planned_passes(method_options.get(s.name, {})) for s in specs if OWN_PASS in s.needs}

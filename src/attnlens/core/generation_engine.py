@@ -186,7 +186,7 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
     """How many of ``size`` steps one batch takes so that its pass over ``n`` tokens fits ``budget``: steps sharing
     one forward (``one_pass``) add their gradients each; otherwise each is a whole forward+backward. Without
     gradients a forward keeps little: ``size``. A sequence whose single step does not fit is refused up front."""
-    cost = engine.pass_cost(runner, specs, budget)
+    cost = engine.pass_cost(runner, specs, budget, prefixes=one_pass)
     cost.refuse_over(n, budget, what="a generation")
     if not gradients:
         return size

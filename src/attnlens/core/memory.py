@@ -138,6 +138,19 @@ class Storage:
 
 
 FULL_STORAGE = Storage(eager=True, backward=True, maps=True, map_grads=True, hidden=True, hidden_grads=True)
+# an LRP pass: eager, every layer's maps and their gradients (the attention relevance) kept; fused (AttnLRP with
+# epsilon 0, :func:`attnlens.lrp.lrp_pass` ``fused=True``): each layer recomputed in the backward, no maps,
+# the input embeddings and their gradient
+LRP_STORAGE = FULL_STORAGE
+FUSED_LRP_STORAGE = Storage(eager=False, backward=True, recompute=True, embeddings=True, embedding_grads=True)
+
+
+def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool) -> Storage:
+    """What an LRP pass over one row of ``n`` tokens holds: the eager pass where it fits ``budget``, else the
+    fused one when the pass can run fused (``fusable``; it costs about one more forward)."""
+    if fusable and pass_row_bytes(dims, n, LRP_STORAGE) > budget:
+        return FUSED_LRP_STORAGE
+    return LRP_STORAGE
 
 
 def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:

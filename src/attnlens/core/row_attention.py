@@ -177,35 +177,6 @@ def dispatches_attention(model: nn.Module) -> bool:
 
 
 @contextmanager
-def recomputed_layers(model: nn.Module) -> Iterator[int]:
-    """Within the block, a backward recomputes each Transformer layer of ``model`` from its input instead of
-    keeping its activations (transformers' gradient checkpointing, non-reentrant, so gradients of tensors inside
-    a layer, as the kept rows, are still taken). Yields how many layers were switched; the flags are restored."""
-    from functools import partial
-
-    from torch.utils.checkpoint import checkpoint
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    saved = [(m.__dict__.get("gradient_checkpointing"), m.__dict__.get("_gradient_checkpointing_func"), m.training)
-             for m in layers]
-    try:
-        for m in layers:  # the layer itself in training mode (its submodules, dropout included, stay in eval)
-            m.gradient_checkpointing = True
-            m._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
-            m.training = True
-        yield len(layers)
-    finally:
-        for m, (flag, func, training) in zip(layers, saved, strict=True):
-            for name, value in (("gradient_checkpointing", flag), ("_gradient_checkpointing_func", func)):
-                if value is None:
-                    m.__dict__.pop(name, None)
-                else:
-                    setattr(m, name, value)
-            m.training = training
-
-
-@contextmanager
 def recording(recorder: RowRecorder) -> Iterator[RowRecorder]:
     """Within the block, :func:`row_attention` records into ``recorder`` (the model must be switched to
     :func:`registered`'s implementation, e.g. by ``explaining(model, registered())``)."""

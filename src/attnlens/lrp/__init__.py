@@ -5,7 +5,7 @@ model is restored afterwards; :func:`lrp_passes` runs the chefer and the attnlrp
 The methods ``partiallrp``, ``transatt`` and ``attnlrp`` read its result.
 """
 
-from .patch import RULE_SETS, SUPPORTED, check_supported, supports
+from .patch import RULE_SETS, SUPPORTED, check_supported, runs_fused, supports
 from .relevance import LRPResult, lrp_pass, lrp_passes
 
-__all__ = ["RULE_SETS", "SUPPORTED", "LRPResult", "check_supported", "lrp_pass", "lrp_passes", "supports"]
+__all__ = ["RULE_SETS", "SUPPORTED", "LRPResult", "check_supported", "lrp_pass", "lrp_passes", "runs_fused", "supports"]

@@ -21,8 +21,19 @@ from transformers.pytorch_utils import Conv1D
 
 from ..errors import InputError, ModelError
 from ..models.architectures import LRP_SUPPORTED, LRPSupport, architecture_for
+from ..models.recompute import recomputable
 from . import modules, rules
-from .state import ATTN_NAME, CHEFER, PassState, active_state, attend, running_state, score_product, set_running_state
+from .state import (
+    ATTN_NAME,
+    CHEFER,
+    PassState,
+    active_state,
+    attend,
+    attend_fused,
+    running_state,
+    score_product,
+    set_running_state,
+)
 
 RULE_SETS = ("chefer", "chefer-lrp", "attnlrp", "cp")
 _RENAMED = {"chefer-orig": "chefer-lrp"}
@@ -52,6 +63,13 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     state = active_state()
     if scaling is None:
         scaling = query.size(-1) ** -0.5
+    if state.fused and softcap is None and not state.float32_scores:
+        state.attention_calls += 1
+        groups = getattr(module, "num_key_value_groups", 1)
+        if groups > 1:
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        mask = None if attention_mask is None else attention_mask.to(query.dtype)
+        return attend_fused(query, key, value, mask, scaling).transpose(1, 2).contiguous(), None
     if state.float32_scores:  # attend casts the probabilities back to the values' dtype
         query, key = query.to(torch.float32), key.to(torch.float32)
     groups = getattr(module, "num_key_value_groups", 1)
@@ -68,6 +86,27 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
 
 ALL_ATTENTION_FUNCTIONS.register(ATTN_NAME, lrp_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, eager_mask)
+
+
+# LRP forwards of an architecture that compute the attention themselves (not through lrp_attention)
+_OWN_ATTENTION = frozenset({"deberta_attention", "own_attention", "bloom_attention", "falcon_attention",
+                            "falcon_layer"})
+
+
+def runs_fused(model: nn.Module) -> bool:
+    """Whether an LRP pass with ``PassState.fused`` computes every attention of ``model`` fused (no probabilities
+    kept) and can recompute its layers in the backward: the attention goes through transformers' interface to
+    :func:`lrp_attention` (no LRP forward of its own, scores in the model's dtype, no score cap) and the layers
+    support gradient checkpointing."""
+    support = architecture_for(model.config).lrp
+    if support is None or support.float32_scores or not getattr(type(model), "_supports_attention_backend", False):
+        return False
+    if any(fn in _OWN_ATTENTION for _target, fn in support.forwards):
+        return False
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return False
+    return recomputable(model)
 
 
 def check_rules(rules: object) -> str:

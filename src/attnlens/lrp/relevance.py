@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -11,7 +12,8 @@ from torch import nn
 from ..errors import InputError, ModelError
 from ..models.heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
 from ..models.prefixes import last_token_rows, row_gradients
-from .patch import check_rules, lrp_mode
+from ..models.recompute import recomputed_layers
+from .patch import check_rules, lrp_mode, runs_fused
 from .state import CHEFER, PassState
 
 
@@ -66,6 +68,7 @@ def lrp_pass(
     track_softmax: bool = False,
     rows: torch.Tensor | None = None,
     inputs_relevance: bool = True,
+    fused: bool = False,
 ) -> LRPResult:
     """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
@@ -98,12 +101,21 @@ def lrp_pass(
         inputs_relevance: also propagate to the input embeddings (``input_relevance``, ``word_relevance``);
             without it the backward stops at the first layer's attention probabilities, which is all that
             PartialLRP and TransAtt read (the first layer's query/key/value projections are not run backward).
+        fused: compute the attention with PyTorch's fused attention and recompute each layer in the backward
+            instead of keeping its activations (:func:`~attnlens.lrp.state.attend_fused`): no ``N × N``
+            probabilities are kept, so the memory grows linearly with the length; the input relevances are those
+            of the eager pass (to rounding), ``attentions`` and ``attention_relevance`` are empty. AttnLRP with
+            ``epsilon=0`` only, without ``track_softmax`` or ``rows``; a model :func:`runs_fused` does not cover
+            gets the eager pass.
 
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
     """
+    if fused and (rules != "attnlrp" or epsilon or track_softmax or rows is not None):
+        raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 over a batch of inputs, without "
+                         "track_softmax or rows")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
-                     inputs_relevance)
+                     inputs_relevance, fused and runs_fused(model))
     return result
 
 
@@ -141,6 +153,7 @@ def _run(
     track_softmax: bool,
     rows: torch.Tensor | None,
     inputs_relevance: bool,
+    fused: bool = False,
 ) -> list[LRPResult]:
     """One forward (in the first rule set's layout) and one backward per rule set; see :func:`lrp_pass`. Only
     the attnlrp backward of a joint pass reads the input relevance whatever ``inputs_relevance``."""
@@ -153,11 +166,18 @@ def _run(
         head = MULTI_LABEL if multi_label else CLASSIFICATION
     token_mask = inputs.get("attention_mask")
     joint = len(rule_sets) > 1
-    state = PassState(rules=rule_sets[0], epsilon=float(epsilon), track_softmax=track_softmax)
+    state = PassState(rules=rule_sets[0], epsilon=float(epsilon), track_softmax=track_softmax, fused=fused)
     results = []
-    with torch.enable_grad(), lrp_mode(model, state):
-        logits = head.logits(state.logits(model(**inputs)))
-        if not state.probs:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.enable_grad())
+        stack.enter_context(lrp_mode(model, state))
+        extra = {}
+        if fused:  # after lrp_mode, which puts every module in eval mode
+            stack.enter_context(recomputed_layers(model))
+            if getattr(model.config, "use_cache", None) is not None:
+                extra["use_cache"] = False  # a recomputed layer must not append to a key/value cache again
+        logits = head.logits(state.logits(model(**inputs, **extra)))
+        if not state.attention_calls:
             raise ModelError("LRP: the model computed no attention through the patched attention function")
         tgt = _class_targets(targets, logits) if head.task == "classification" else targets
         read, read_mask = (logits, token_mask) if rows is None else last_token_rows(logits, rows)

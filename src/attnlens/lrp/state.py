@@ -41,6 +41,10 @@ class PassState:
     position_inputs: list[torch.Tensor] = field(default_factory=list)  # per-example relative-position leaves
     logit_cap: float | None = None  # the cap the pass applies to the model's raw logits (LRPSupport.logit_softcap)
     float32_scores: bool = False  # the attention interface computes the scores in float32 (LRPSupport.float32_scores)
+    # attention through the interface runs fused (:func:`attend_fused`): no probabilities are kept, so no
+    # attention relevance is read; AttnLRP with epsilon 0 only
+    fused: bool = False
+    attention_calls: int = 0  # attention computations seen (fused ones keep no probabilities)
 
     def logits(self, outputs: Any) -> Any:
         """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
@@ -91,6 +95,38 @@ def score_product(state: PassState, scores: torch.Tensor) -> torch.Tensor:
     return scores.detach() if state.rules == "cp" else rules.sum_rule(scores, state.epsilon, 0.5)
 
 
+class _FusedAttention(torch.autograd.Function):
+    """``softmax(Q Kᵀ · scale + mask) V`` by PyTorch's fused attention, with AttnLRP's backward (ε = 0).
+
+    Under AttnLRP with ε = 0 every rule of the attention is the true gradient scaled: the uniform rule gives each
+    factor of ``A V`` half (V: ½ ∂, A: ½ ∂), the softmax keeps its true gradient, and the uniform rule on
+    ``Q Kᵀ`` halves again (Q, K: ¼ ∂). So the backward recomputes the fused attention with a graph (nothing
+    ``N × N`` is kept between forward and backward) and scales its true gradients: the same relevances as
+    :func:`attend`'s eager rules, without the probabilities."""
+
+    @staticmethod
+    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,  # type: ignore[override]
+                mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(query, key, value)
+        ctx.mask, ctx.scale = mask, scale
+        return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        query, key, value = (t.detach().requires_grad_(True) for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=ctx.mask, scale=ctx.scale)
+            dq, dk, dv = torch.autograd.grad(out, (query, key, value), grad)
+        return dq * 0.25, dk * 0.25, dv * 0.5, None, None
+
+
+def attend_fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                 scale: float) -> torch.Tensor:
+    """AttnLRP's attention (ε = 0) through fused attention: ``(B, H, Q, d)``, no probabilities kept
+    (:class:`_FusedAttention`). ``mask``: the additive mask eager attention adds to the scores."""
+    return _FusedAttention.apply(query, key, value, mask, scale)
+
+
 def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax of masked ``scores`` ``(B, H, Q, K)`` and ``A V`` under the rule set; records ``A``.
 
@@ -102,6 +138,7 @@ def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple
     Returns ``(A V (B, H, Q, d), A)``.
     """
     cp = state.rules == "cp"
+    state.attention_calls += 1
     if state.rules in CHEFER:
         probs = rules.pass_through(partial(nn.functional.softmax, dim=-1), scores, rules.softmax_backward, state)
     else:

@@ -10,19 +10,34 @@ of layer l (:func:`attnlens.lrp.lrp_pass`), computed once per batch and rule set
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..core.batch_state import BatchContext
+from ..core.memory import FUSED_LRP_STORAGE, lrp_storage, model_dims, parse_budget
 from ..errors import InputError
-from ..lrp import LRPResult, lrp_pass, lrp_passes
+from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
 from .attention import propagate
 from .registry import ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, list_methods, register
 
 ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP / CP-LRP
+ATTENTION_READERS = ("partiallrp", "transatt")  # they read the attention relevance of their pass
+
+
+def fused_lrp(model: Any, name: str, settings: Mapping[str, Mapping[str, Any]], group: Sequence[str]) -> bool:
+    """Whether method ``name``'s LRP pass may run fused (:func:`attnlens.lrp.lrp_pass` ``fused=True``: no maps
+    kept, layers recomputed) beside the methods ``group`` with their ``settings``: AttnLRP with its own rules and
+    epsilon 0, no method of the group reading attention relevance, on a model whose attention the pass can
+    fuse."""
+    if name != "attnlrp" or any(m in ATTENTION_READERS for m in group):
+        return False
+    opts = settings.get(name, {})
+    if opts.get("rules", "attnlrp") != "attnlrp" or float(opts.get("epsilon", 0.0)) != 0.0:
+        return False
+    return runs_fused(model)
 
 
 def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
@@ -47,8 +62,20 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
             cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows)))
     if key not in cache:
         cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
-                              inputs_relevance=rules in ATTNLRP_RULES)
+                              inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, key))
     return cache[key]
+
+
+def _runs_fused(ctx: BatchContext, key: tuple[str, float]) -> bool:
+    """Whether this batch's pass for ``key`` runs fused: it may (:func:`fused_lrp`), and the eager pass would not
+    fit the memory budget (the decision the engine's estimate makes, :func:`attnlens.core.memory.lrp_storage`)."""
+    if ctx.sequence is not None or key != ("attnlrp", 0.0):
+        return False
+    if not fused_lrp(ctx.model, "attnlrp", {"attnlrp": {"rules": key[0], "epsilon": key[1]}}, list(ctx.plan)):
+        return False
+    rows, n = ctx.token_mask.shape
+    budget = parse_budget(ctx.memory_budget) // max(1, rows)
+    return lrp_storage(model_dims(ctx.model), n, budget, True) == FUSED_LRP_STORAGE
 
 
 def _planned_passes(ctx: BatchContext) -> set[tuple[str, float]]:
