@@ -10,7 +10,7 @@ Writes ``bench/data/long_context.json``, the markdown table ``bench/data/long_co
 ``docs/images/long_context.png`` (memory and time vs prompt length, one line per method).
 
 Run: ``python bench/long_context.py [--lengths 1024 2048 4096] [--methods rawatt agrad ...] [--answer 16]
-[--mode generation|answer]``; ``--mode answer`` explains the answer's summed log-probability once, as
+[--mode generation|answer] [--tag NAME]``; ``--mode answer`` explains the answer's summed log-probability once, as
 ``attnlens cite`` does, and writes ``*_answer`` files.
 """
 
@@ -30,7 +30,7 @@ from peak import measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMDB = ROOT.parent / "shared" / "data" / "imdb" / "test.jsonl.gz"
-METHODS = ["plain", "rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient"]
+METHODS = ["plain", "rawatt", "attnnorm", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "attnlrp"]
 LENGTHS = [1024, 2048, 4096]
 OUT_JSON, OUT_MD = ROOT / "bench" / "data" / "long_context.json", ROOT / "bench" / "data" / "long_context.md"
 OUT_PNG = ROOT / "docs" / "images" / "long_context.png"
@@ -157,6 +157,7 @@ def main() -> None:
                    help="explain every answer token (explain_generation) or the answer's summed log-probability "
                         "once (explain_answer, as attnlens cite does); answer mode writes *_answer files")
     p.add_argument("--from-log", metavar="FILE", help="write the table and plot from the JSON lines a run printed")
+    p.add_argument("--tag", default="", help="suffix of the output files (a run of some methods beside the main one)")
     p.add_argument("--one", nargs=3, metavar=("METHOD", "TOKENS", "ANSWER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -165,6 +166,8 @@ def main() -> None:
     out_json, out_md, out_png = OUT_JSON, OUT_MD, OUT_PNG
     if args.mode == "answer":
         out_json, out_md, out_png = (p.with_name(p.stem + "_answer" + p.suffix) for p in (OUT_JSON, OUT_MD, OUT_PNG))
+    if args.tag:
+        out_json, out_md, out_png = (p.with_name(f"{p.stem}_{args.tag}{p.suffix}") for p in (out_json, out_md, out_png))
     results = []
     if args.from_log:  # an interrupted run: its cases as printed
         lines = Path(args.from_log).read_text(encoding="utf-8").splitlines()
