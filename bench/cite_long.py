@@ -7,7 +7,7 @@ default memory budget (4 GiB). A method the budget refuses is recorded with the 
 
 Writes ``bench/data/cite_long.json`` and ``bench/data/cite_long.md``.
 
-Run: ``python bench/cite_long.py [--tokens 2000] [--methods at2 rawatt inputxgradient decompx loo]``.
+Run: ``python bench/cite_long.py [--tokens 2000] [--methods at2 rawatt inputxgradient decompx attnlrp at2lrp loo]``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path  # noqa: E402
 from peak import measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ["at2", "rawatt", "inputxgradient", "decompx", "attnlrp", "loo"]
+METHODS = ["at2", "rawatt", "inputxgradient", "decompx", "attnlrp", "at2lrp", "loo"]
 OUT_JSON, OUT_MD = ROOT / "bench" / "data" / "cite_long.json", ROOT / "bench" / "data" / "cite_long.md"
 
 
