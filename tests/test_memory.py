@@ -255,7 +255,8 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
     texts = ["the movie was good but boring and far too long " * 3, "fun"]
     eager = ex.explain(texts, ["attnlrp", "rawatt"])
     seen = _spy_lrp(monkeypatch)
-    always = lambda dims, n, budget, fusable: memory.FUSED_LRP_STORAGE if fusable else memory.LRP_STORAGE  # noqa: E731
+    always = lambda dims, n, budget, fusable, rows=0: (memory.FUSED_LRP_STORAGE if fusable  # noqa: E731
+                                                        else memory.LRP_STORAGE)
     monkeypatch.setattr(lrp_methods, "lrp_storage", always)
     fused = ex.explain(texts, ["attnlrp", "rawatt"])
     assert seen == [True]
@@ -277,10 +278,13 @@ def test_the_estimate_of_attnlrp_follows_the_fused_pass():
              if memory.pass_row_bytes(dims, n, memory.LRP_STORAGE) > budget)  # the eager pass stops fitting
     spec = [registry.get_method("attnlrp")]
     cost = engine.pass_cost(ex.runner, spec, budget)
-    assert cost.own_storage("attnlrp", n - 64) == memory.LRP_STORAGE
-    assert cost.own_storage("attnlrp", n) == memory.FUSED_LRP_STORAGE
+    logits = ex.runner.head.logit_positions_per_input  # the next token's position only
+    assert logits == 1
+    assert cost.own_storage("attnlrp", n - 64) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
+    assert cost.own_storage("attnlrp", n) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=logits)
     assert cost.own(n) < memory.pass_row_bytes(dims, n, memory.LRP_STORAGE) // 4
     for other in (engine.pass_cost(ex.runner, spec, budget, {"attnlrp": {"epsilon": 1e-3}}),
-                  engine.pass_cost(ex.runner, spec, budget, prefixes=True),
                   engine.pass_cost(ex.runner, [*spec, registry.get_method("transatt")], budget)):
-        assert other.own_storage("attnlrp", n) == memory.LRP_STORAGE
+        assert other.own_storage("attnlrp", n) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
+    # a generation's prefixes: the eager pass, every position's logits
+    assert engine.pass_cost(ex.runner, spec, budget, prefixes=True).own_storage("attnlrp", n) == memory.LRP_STORAGE

@@ -27,6 +27,7 @@ from .encoding import Encoded
 from .logit_rows import LogitRows
 from .memory import (
     DEFAULT_BUDGET,
+    LRP_STORAGE,
     Dims,
     Storage,
     budget_chunks,
@@ -130,7 +131,7 @@ class PassCost:
     def own_storage(self, name: str, n: int) -> Storage:
         """What method ``name``'s own pass holds at ``n`` tokens."""
         if name in self.fusable:
-            return lrp_storage(self.dims, n, self.budget, True)
+            return lrp_storage(self.dims, n, self.budget, True, self.own_storages[name].logit_rows)
         return self.own_storages[name]
 
     def total(self, n: int) -> int:
@@ -146,7 +147,7 @@ def _own_pass_storage(spec: Method, logit_rows: int = 0) -> Storage:
     value zeroing eager forwards with the maps; integrated gradients a forward+backward (a language model's logits
     at ``logit_rows`` positions per row, as the shared pass)."""
     if spec.lrp:
-        return Storage(eager=True, backward=True, maps=True, map_grads=True, hidden=True, hidden_grads=True)
+        return dataclasses.replace(LRP_STORAGE, logit_rows=logit_rows)
     if spec.per_token_passes:
         return Storage(eager=True, maps=True)
     return Storage(eager=True, backward=True, logit_rows=logit_rows)
@@ -171,7 +172,9 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
                                   positions_known)
         return dataclasses.replace(storage, logit_rows=logit_rows)
 
-    own = {s.name: _own_pass_storage(s, logit_rows) for s in specs if OWN_PASS in s.needs}
+    # an LRP pass over a generation's prefixes reads every position's logits
+    own = {s.name: _own_pass_storage(s, 0 if prefixes and s.lrp else logit_rows) for s in specs
+           if OWN_PASS in s.needs}
     settings = {s.name: {**s.options, **(options or {}).get(s.name, {})} for s in specs}
 
     def fusable(group: list[Method]) -> frozenset[str]:

@@ -145,12 +145,14 @@ LRP_STORAGE = FULL_STORAGE
 FUSED_LRP_STORAGE = Storage(eager=False, backward=True, recompute=True, embeddings=True, embedding_grads=True)
 
 
-def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool) -> Storage:
-    """What an LRP pass over one row of ``n`` tokens holds: the eager pass where it fits ``budget``, else the
-    fused one when the pass can run fused (``fusable``; it costs about one more forward)."""
-    if fusable and pass_row_bytes(dims, n, LRP_STORAGE) > budget:
-        return FUSED_LRP_STORAGE
-    return LRP_STORAGE
+def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool, logit_rows: int = 0) -> Storage:
+    """What an LRP pass over one row of ``n`` tokens holds, a language model's logits at ``logit_rows``
+    positions (0: all): the eager pass where it fits ``budget``, else the fused one when the pass can run fused
+    (``fusable``; it costs about one more forward)."""
+    eager = dataclasses.replace(LRP_STORAGE, logit_rows=logit_rows)
+    if fusable and pass_row_bytes(dims, n, eager) > budget:
+        return dataclasses.replace(FUSED_LRP_STORAGE, logit_rows=logit_rows)
+    return eager
 
 
 def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:

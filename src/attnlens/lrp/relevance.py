@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -69,6 +70,8 @@ def lrp_pass(
     rows: torch.Tensor | None = None,
     inputs_relevance: bool = True,
     fused: bool = False,
+    forward_kwargs: Mapping[str, Any] | None = None,
+    logit_mask: torch.Tensor | None = None,
 ) -> LRPResult:
     """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
@@ -107,6 +110,11 @@ def lrp_pass(
             of the eager pass (to rounding), ``attentions`` and ``attention_relevance`` are empty. AttnLRP with
             ``epsilon=0`` only, without ``track_softmax`` or ``rows``; a model :func:`runs_fused` does not cover
             gets the eager pass.
+        forward_kwargs: more arguments of the model's forward, e.g. ``logits_to_keep`` (a language model
+            projecting only the positions its head reads); ``targets`` and ``logit_mask`` are then in the kept
+            positions' coordinates, and so are the result's ``logits``.
+        logit_mask: ``(B, K)`` the real positions among the logits, as the head reads them (default: the inputs'
+            attention mask).
 
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
@@ -115,7 +123,7 @@ def lrp_pass(
         raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 over a batch of inputs, without "
                          "track_softmax or rows")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
-                     inputs_relevance, fused and runs_fused(model))
+                     inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask)
     return result
 
 
@@ -130,6 +138,8 @@ def lrp_passes(
     *,
     head: Head | None = None,
     rows: torch.Tensor | None = None,
+    forward_kwargs: Mapping[str, Any] | None = None,
+    logit_mask: torch.Tensor | None = None,
 ) -> tuple[LRPResult, LRPResult]:
     """The ``"chefer"`` and ``"attnlrp"`` passes (ε = 0) of :func:`lrp_pass` from one forward: (chefer without
     the input relevance, as PartialLRP and TransAtt read it; attnlrp with it).
@@ -138,7 +148,8 @@ def lrp_passes(
     AttnLRP counterpart (``rules``' ``switch``) and runs it during the second backward, so both results equal
     their own passes' (to rounding) at the cost of one forward less.
     """
-    chefer, attnlrp = _run(model, inputs, targets, target_kind, head, JOINT, 0.0, False, rows, False)
+    chefer, attnlrp = _run(model, inputs, targets, target_kind, head, JOINT, 0.0, False, rows, False, False,
+                           forward_kwargs, logit_mask)
     return chefer, attnlrp
 
 
@@ -154,6 +165,8 @@ def _run(
     rows: torch.Tensor | None,
     inputs_relevance: bool,
     fused: bool = False,
+    forward_kwargs: Mapping[str, Any] | None = None,
+    logit_mask: torch.Tensor | None = None,
 ) -> list[LRPResult]:
     """One forward (in the first rule set's layout) and one backward per rule set; see :func:`lrp_pass`. Only
     the attnlrp backward of a joint pass reads the input relevance whatever ``inputs_relevance``."""
@@ -171,7 +184,7 @@ def _run(
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
         stack.enter_context(lrp_mode(model, state))
-        extra = {}
+        extra = dict(forward_kwargs or {})
         if fused:  # after lrp_mode, which puts every module in eval mode
             stack.enter_context(recomputed_layers(model))
             if getattr(model.config, "use_cache", None) is not None:
@@ -180,7 +193,8 @@ def _run(
         if not state.attention_calls:
             raise ModelError("LRP: the model computed no attention through the patched attention function")
         tgt = _class_targets(targets, logits) if head.task == "classification" else targets
-        read, read_mask = (logits, token_mask) if rows is None else last_token_rows(logits, rows)
+        read, read_mask = ((logits, token_mask if logit_mask is None else logit_mask) if rows is None
+                           else last_token_rows(logits, rows))
         for k, rules in enumerate(rule_sets):
             state.mode = rules if joint else None
             with_inputs = inputs_relevance or (joint and rules not in CHEFER)

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from ..core.batch_state import BatchContext
-from ..core.memory import FUSED_LRP_STORAGE, lrp_storage, model_dims, parse_budget
+from ..core.batching import keeps_logits
+from ..core.memory import lrp_storage, model_dims, parse_budget
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
@@ -54,15 +55,20 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     if key in cache:
         return cache[key]
     one = ctx.sequence is not None  # a generation's steps: one pass over the sequence serves them all
-    args = (ctx.model, ctx.sequence if one else ctx.inputs, ctx.targets, ctx.target_kind)
     rows = ctx.token_mask if one else None
+    reading: dict[str, Any] = {}
+    targets = ctx.targets
+    if not one:  # a language model's logits only where its head reads them, as the shared pass kept them
+        logit_mask, targets = ctx.capture.logit_reading(ctx.head, ctx.token_mask, ctx.targets)
+        reading = {"forward_kwargs": ctx.capture.logit_rows.model_kwargs(), "logit_mask": logit_mask}
+    args = (ctx.model, ctx.sequence if one else ctx.inputs, targets, ctx.target_kind)
     joint = [(r, 0.0) for r in JOINT]
     if key in joint and set(joint) <= _planned_passes(ctx):
         with contextlib.suppress(InputError):  # the chefer rules do not apply: each pass alone says why, or runs
-            cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows)))
+            cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, **reading)))
     if key not in cache:
         cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
-                              inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, key))
+                              inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, key), **reading)
     return cache[key]
 
 
@@ -75,7 +81,8 @@ def _runs_fused(ctx: BatchContext, key: tuple[str, float]) -> bool:
         return False
     rows, n = ctx.token_mask.shape
     budget = parse_budget(ctx.memory_budget) // max(1, rows)
-    return lrp_storage(model_dims(ctx.model), n, budget, True) == FUSED_LRP_STORAGE
+    logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) else 0  # as the engine estimates
+    return lrp_storage(model_dims(ctx.model), n, budget, True, logit_rows).recompute
 
 
 def _planned_passes(ctx: BatchContext) -> set[tuple[str, float]]:
