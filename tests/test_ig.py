@@ -146,3 +146,35 @@ def test_default_is_the_adaptive_trapezoid_and_n_steps_alone_is_fixed(ex):
         assert e.meta[IG]["relative_gap"] <= 0.01 and e.meta[IG]["n_steps"] in schedule
     (e,) = ex.explain(TEXTS[0], methods=[IG], options={IG: {"n_steps": 3}})
     assert e.meta[IG]["n_steps"] == 3
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_fused_attention_and_recomputed_layers_give_the_eager_scores(family, monkeypatch):
+    """Integrated gradients reads no attention probabilities: its passes run fused attention (and recompute each
+    layer where the budget asks for it) with the eager passes' scores, padded batches included."""
+    from attnlens.core import memory
+    from attnlens.methods import gradient
+
+    ex = Explainer(make_model(family), make_tokenizer())
+    opts = {"integratedgradients": {"n_steps": 6}}
+    seen = []
+    real = gradient._integrated
+
+    def spy(ctx, *args):
+        seen.append(ctx.model.config._attn_implementation)
+        return real(ctx, *args)
+
+    monkeypatch.setattr(gradient, "_integrated", spy)
+    fused = ex.explain(TEXTS, ["integratedgradients"], options=opts)
+    monkeypatch.setattr(gradient, "gradient_pass_storage",
+                        lambda *a, **k: memory.Storage(eager=False, backward=True, recompute=True))
+    recomputed = ex.explain(TEXTS, ["integratedgradients"], options=opts)
+    monkeypatch.setattr(gradient, "gradient_pass_storage", lambda *a, **k: memory.Storage(eager=True, backward=True))
+    monkeypatch.setattr(gradient, "runs_sdpa", lambda model: False)
+    eager = ex.explain(TEXTS, ["integratedgradients"], options=opts)
+    assert seen == ["sdpa", "sdpa", "eager"]
+    for runs in (fused, recomputed):
+        for a, b in zip(runs, eager, strict=True):
+            scale = np.abs(b.scores["integratedgradients"]).max()
+            np.testing.assert_allclose(a.scores["integratedgradients"], b.scores["integratedgradients"], rtol=0,
+                                       atol=1e-5 * scale)

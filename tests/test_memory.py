@@ -170,7 +170,11 @@ def test_ig_internal_batch_follows_budget_and_length(monkeypatch):
     short_small, short_big, long_small, long_big = chunks
     dims = model_dims(ex.model)
     n_long = len(ex.encode([LONG])[0].ids)
-    assert long_small == rows_that_fit(64 * 2**20, backward_row_bytes(dims, n_long))  # nothing captured besides
+    # nothing captured besides; BERT has fused attention, which integrated gradients' passes run
+    storage = memory.gradient_pass_storage(dims, n_long, 64 * 2**20, fused=True)
+    assert not storage.eager
+    assert long_small == rows_that_fit(64 * 2**20, memory.pass_row_bytes(dims, n_long, storage))
+    assert long_small > rows_that_fit(64 * 2**20, backward_row_bytes(dims, n_long))  # eager attention's rows
     assert short_small > long_small and short_big > long_big and long_big > long_small
 
 
@@ -288,3 +292,17 @@ def test_the_estimate_of_attnlrp_follows_the_fused_pass():
         assert other.own_storage("attnlrp", n) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
     # a generation's prefixes: the eager pass, every position's logits
     assert engine.pass_cost(ex.runner, spec, budget, prefixes=True).own_storage("attnlrp", n) == memory.LRP_STORAGE
+
+
+def test_the_estimate_of_integrated_gradients_follows_its_fused_passes():
+    ex = Explainer(make_model("bert"), make_tokenizer())
+    budget = memory.parse_budget("64MiB")
+    cost = engine.pass_cost(ex.runner, [registry.get_method("integratedgradients")], budget)
+    assert cost.own_storage("integratedgradients", 16) == memory.Storage(eager=False, backward=True)
+    dims = model_dims(ex.model)
+    n = next(n for n in range(64, 1 << 20, 64)
+             if memory.pass_row_bytes(dims, n, memory.Storage(eager=False, backward=True)) > budget)
+    assert cost.own_storage("integratedgradients", n).recompute  # the runtime's choice too
+    assert memory.gradient_pass_storage(dims, n, budget, fused=True).recompute
+    prefixes = engine.pass_cost(ex.runner, [registry.get_method("integratedgradients")], budget, prefixes=True)
+    assert prefixes.own_storage("integratedgradients", 16).eager

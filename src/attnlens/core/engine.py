@@ -38,7 +38,7 @@ from .memory import (
     refuse_over_budget,
 )
 from .model_runner import ModelRunner
-from .modelstate import explaining
+from .modelstate import explaining, runs_sdpa
 from .progress import ExplainProgress, ProgressCallback, planned_passes
 
 ANSWER = "answer"  # select_methods' target for a whole answer (core/answer_engine.py)
@@ -130,9 +130,10 @@ class PassCost:
 
     def own_storage(self, name: str, n: int) -> Storage:
         """What method ``name``'s own pass holds at ``n`` tokens."""
+        storage = self.own_storages[name]
         if name in self.fusable:
-            return lrp_storage(self.dims, n, self.budget, True, self.own_storages[name].logit_rows)
-        return self.own_storages[name]
+            return lrp_storage(self.dims, n, self.budget, True, storage.logit_rows)
+        return fitting(self.dims, n, storage, self.budget)  # fused passes recompute layers where needed
 
     def total(self, n: int) -> int:
         return self.shared(n) + self.own(n)
@@ -142,15 +143,16 @@ class PassCost:
         refuse_over_budget(n, budget, self.total(n), self.alone, what)
 
 
-def _own_pass_storage(spec: Method, logit_rows: int = 0) -> Storage:
+def _own_pass_storage(spec: Method, logit_rows: int = 0, fused: bool = False) -> Storage:
     """What a method running its own passes holds: LRP a forward+backward with every map and its gradient kept;
-    value zeroing eager forwards with the maps; integrated gradients a forward+backward (a language model's logits
-    at ``logit_rows`` positions per row, as the shared pass)."""
+    value zeroing eager forwards with the maps; integrated gradients a forward+backward, with fused attention
+    where the model has it (``fused``) (a language model's logits at ``logit_rows`` positions per row, as the
+    shared pass)."""
     if spec.lrp:
         return dataclasses.replace(LRP_STORAGE, logit_rows=logit_rows)
     if spec.per_token_passes:
         return Storage(eager=True, maps=True)
-    return Storage(eager=True, backward=True, logit_rows=logit_rows)
+    return Storage(eager=not fused, backward=True, logit_rows=logit_rows)
 
 
 def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BUDGET,
@@ -173,7 +175,8 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
         return dataclasses.replace(storage, logit_rows=logit_rows)
 
     # an LRP pass over a generation's prefixes reads every position's logits
-    own = {s.name: _own_pass_storage(s, 0 if prefixes and s.lrp else logit_rows) for s in specs
+    fused = not prefixes and runs_sdpa(runner.model)  # integrated gradients' passes (methods/gradient.py)
+    own = {s.name: _own_pass_storage(s, 0 if prefixes and s.lrp else logit_rows, fused) for s in specs
            if OWN_PASS in s.needs}
     settings = {s.name: {**s.options, **(options or {}).get(s.name, {})} for s in specs}
 

@@ -196,6 +196,13 @@ def fitting(dims: Dims, n: int, storage: Storage, budget: int) -> Storage:
     return storage
 
 
+def gradient_pass_storage(dims: Dims, n: int, budget: int, fused: bool, logit_rows: int = 0) -> Storage:
+    """What a forward + backward to the input embeddings holds for one row of ``n`` tokens (integrated
+    gradients' unit of work): fused attention where the model has it (``fused``), each layer recomputed in the
+    backward where keeping the activations would not fit ``budget``; eager attention otherwise."""
+    return fitting(dims, n, Storage(eager=not fused, backward=True, logit_rows=logit_rows), budget)
+
+
 def shared_pass_row_bytes(dims: Dims, n: int, storage: Storage = FULL_STORAGE) -> int:
     """Bytes the shared pass holds for one row keeping ``storage`` (default: eager attention with every layer's
     maps and hidden states and their gradients, the most it keeps), until the methods have read it."""

@@ -30,6 +30,11 @@ def _set_attention_implementation(model: nn.Module, value: str | None) -> None:
         model.config._attn_implementation = value
 
 
+def runs_sdpa(model: nn.Module) -> bool:
+    """Whether ``model`` can run its attention as PyTorch's fused attention (transformers' ``"sdpa"``)."""
+    return bool(getattr(type(model), "_supports_sdpa", False))
+
+
 @contextmanager
 def attention_switched(model: nn.Module, implementation: str) -> Iterator[nn.Module]:
     """Within an :func:`explaining` block, run ``model``'s attention as ``implementation`` (a name registered in

@@ -11,6 +11,7 @@ it also checks completeness per input and can choose the number of steps from a 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,10 +21,13 @@ import torch
 from captum.attr import InputXGradient, Saliency
 
 from ..core.batch_state import BatchContext
+from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
-from ..core.memory import backward_row_bytes, model_dims, rows_that_fit
+from ..core.memory import Storage, gradient_pass_storage, model_dims, pass_row_bytes, rows_that_fit
+from ..core.modelstate import attention_switched, runs_sdpa
 from ..errors import InputError
 from ..models.prefixes import last_token_rows
+from ..models.recompute import recomputed_layers
 from .registry import EMBEDDINGS, GRADIENTS, OWN_PASS, MethodOutput, register
 
 ENGINES = ("shared", "captum")
@@ -63,6 +67,8 @@ def embedding_forward(ctx: BatchContext) -> tuple[Callable[..., torch.Tensor], t
         kwargs = dict(zip(keys, rest[:-1], strict=True))
         mask = kwargs.get("attention_mask", torch.ones_like(input_ids))
         read = LogitRows.of(ctx.model, ctx.head, mask, rest[-1])  # a language model's logits where they are read
+        if getattr(ctx.model.config, "use_cache", None) is not None:
+            kwargs["use_cache"] = False  # nothing to reuse; and a recomputed layer must not append to a cache
         with _embeddings_replaced(module, embeddings):
             logits = ctx.head.logits(ctx.model(input_ids=input_ids, **kwargs, **read.model_kwargs()))
         return ctx.head.scalar(logits, read.targets(ctx.head, rest[-1]), ctx.target_kind, read.mask(mask))
@@ -317,8 +323,29 @@ def integratedgradients(
     allows at this batch's length.
     """
     _check_ig_options(n_steps, internal_batch_size, tolerance, max_steps, method)
+    with contextlib.ExitStack() as stack:
+        storage = _ig_storage(ctx)
+        if not storage.eager:  # fused attention: IG reads no attention probabilities
+            stack.enter_context(attention_switched(ctx.model, "sdpa"))
+        if storage.recompute:
+            stack.enter_context(recomputed_layers(ctx.model))
+        chunk = internal_batch_size or _rows_in_budget(ctx, ctx.token_mask.shape[1], storage)
+        return _integrated(ctx, n_steps, method, tolerance, max_steps, chunk, baseline)
+
+
+def _ig_storage(ctx: BatchContext) -> Storage:
+    """What one row of integrated gradients' passes holds in this batch: fused attention where the model has it
+    (not over a generation's prefixes, whose rows take batched vector-Jacobian products), each layer recomputed
+    where keeping its activations would not fit what the budget leaves; the engine's estimate decides alike."""
+    fused = ctx.sequence is None and runs_sdpa(ctx.model)
+    logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) and ctx.sequence is None else 0
+    return gradient_pass_storage(model_dims(ctx.model), ctx.token_mask.shape[1], _left_in_budget(ctx), fused,
+                                 logit_rows)
+
+
+def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: float | None, max_steps: int,
+                chunk: int, baseline: str) -> MethodOutput:
     base_ids = baseline_ids(ctx, baseline)
-    chunk = internal_batch_size or _rows_in_budget(ctx, ctx.token_mask.shape[1])
     n_ex = ctx.token_mask.shape[0]
 
     def progress(rows: int) -> None:
@@ -376,13 +403,19 @@ def integratedgradients(
                       f"tolerance {tolerance} within max_steps={max_steps} (largest relative gap "
                       f"{float(gaps.max()):.3g}); their gaps are in the explanations' meta. A gap that stays large "
                       "as steps grow means the model's output is rough along the straight path from the baseline "
-                      "(common in LLMs): read those attributions with care", stacklevel=2)
+                      "(common in LLMs): read those attributions with care", stacklevel=3)
     meta = {"delta": delta.detach(), "relative_gap": gaps.detach(), "n_steps": used}
     return MethodOutput(attr, space="tokens", meta=meta)
 
 
-def _rows_in_budget(ctx: BatchContext, n_tokens: int) -> int:
-    """Rows per forward+backward that fit in what the batch's budget leaves beside the shared pass's tensors."""
+def _rows_in_budget(ctx: BatchContext, n_tokens: int, storage: Storage) -> int:
+    """Rows per forward+backward keeping ``storage`` that fit in what the batch's budget leaves beside the shared
+    pass's tensors."""
+    return rows_that_fit(_left_in_budget(ctx), pass_row_bytes(model_dims(ctx.model), n_tokens, storage))
+
+
+def _left_in_budget(ctx: BatchContext) -> int:
+    """What the batch's budget leaves beside the shared pass's tensors (at least a quarter of it)."""
     held: dict[int, int] = {}  # by memory: the rows and their gradients may be the maps' own
     if ctx.capture is not None:
         for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
@@ -390,5 +423,4 @@ def _rows_in_budget(ctx: BatchContext, n_tokens: int) -> int:
             value = getattr(ctx.capture, name)
             for t in [] if value is None else (value if isinstance(value, list) else [value]):
                 held[t.data_ptr()] = t.numel() * t.element_size()
-    budget = max(ctx.memory_budget - sum(held.values()), ctx.memory_budget // 4)
-    return rows_that_fit(budget, backward_row_bytes(model_dims(ctx.model), n_tokens))
+    return max(ctx.memory_budget - sum(held.values()), ctx.memory_budget // 4)
