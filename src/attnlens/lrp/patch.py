@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from torch import nn
 from transformers import activations as hf_activations
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 
@@ -26,6 +26,7 @@ from . import modules, rules
 from .state import (
     ATTN_NAME,
     CHEFER,
+    FUSED_ATTN_NAME,
     PassState,
     active_state,
     attend,
@@ -63,13 +64,13 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     state = active_state()
     if scaling is None:
         scaling = query.size(-1) ** -0.5
-    if state.fused and softcap is None and not state.float32_scores:
+    if state.fused:  # runs_fused(model) held: no score cap, scores in the model's dtype; SDPA's masks
         state.attention_calls += 1
         groups = getattr(module, "num_key_value_groups", 1)
         if groups > 1:
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        mask = None if attention_mask is None else attention_mask.to(query.dtype)
-        return attend_fused(query, key, value, mask, scaling).transpose(1, 2).contiguous(), None
+        causal = attention_mask is None and getattr(module, "is_causal", False) and query.shape[2] > 1
+        return attend_fused(query, key, value, attention_mask, scaling, causal).transpose(1, 2).contiguous(), None
     if state.float32_scores:  # attend casts the probabilities back to the values' dtype
         query, key = query.to(torch.float32), key.to(torch.float32)
     groups = getattr(module, "num_key_value_groups", 1)
@@ -86,6 +87,8 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
 
 ALL_ATTENTION_FUNCTIONS.register(ATTN_NAME, lrp_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, eager_mask)
+ALL_ATTENTION_FUNCTIONS.register(FUSED_ATTN_NAME, lrp_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(FUSED_ATTN_NAME, sdpa_mask)
 
 
 # LRP forwards of an architecture that compute the attention themselves (not through lrp_attention)
@@ -262,7 +265,7 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
             for ln, branch in residual_sites(model):
                 handles.append(branch.register_forward_hook(grab_branch(ln)))
         for c in configs.values():
-            c._attn_implementation = ATTN_NAME
+            c._attn_implementation = FUSED_ATTN_NAME if state.fused else ATTN_NAME
         state.float32_scores = support.float32_scores
         if cap is not None:  # the model returns its raw logits; the pass caps them (PassState.logits)
             state.logit_cap = float(cap)

@@ -15,6 +15,8 @@ from torch import nn
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"  # the attention implementation an LRP forward runs (registered by attnlens.lrp.patch)
+# the same under PassState.fused, with SDPA's masks (boolean, or none where causality alone masks)
+FUSED_ATTN_NAME = "attnlens_lrp_fused"
 # Chefer et al.'s two rule sets: their modified rules (layers_ours.py, what TransAtt and AttCAT's PartialLRP run)
 # and the plain LRP rules of their baselines (layers_lrp.py, what their ERASER PartialLRP ran).
 CHEFER = ("chefer", "chefer-lrp")
@@ -106,25 +108,27 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,  # type: ignore[override]
-                mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+                mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
         ctx.save_for_backward(query, key, value)
-        ctx.mask, ctx.scale = mask, scale
-        return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+        ctx.mask, ctx.scale, ctx.causal = mask, scale, causal
+        return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                                           is_causal=causal)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         query, key, value = (t.detach().requires_grad_(True) for t in ctx.saved_tensors)
         with torch.enable_grad():
-            out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=ctx.mask, scale=ctx.scale)
+            out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=ctx.mask, scale=ctx.scale,
+                                                             is_causal=ctx.causal)
             dq, dk, dv = torch.autograd.grad(out, (query, key, value), grad)
-        return dq * 0.25, dk * 0.25, dv * 0.5, None, None
+        return dq * 0.25, dk * 0.25, dv * 0.5, None, None, None
 
 
 def attend_fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                 scale: float) -> torch.Tensor:
+                 scale: float, causal: bool = False) -> torch.Tensor:
     """AttnLRP's attention (ε = 0) through fused attention: ``(B, H, Q, d)``, no probabilities kept
-    (:class:`_FusedAttention`). ``mask``: the additive mask eager attention adds to the scores."""
-    return _FusedAttention.apply(query, key, value, mask, scale)
+    (:class:`_FusedAttention`). ``mask``: SDPA's mask (boolean, or additive), ``causal``: no mask but causality."""
+    return _FusedAttention.apply(query, key, value, mask, scale, causal)
 
 
 def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
