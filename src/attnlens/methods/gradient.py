@@ -326,7 +326,10 @@ def integratedgradients(
     with contextlib.ExitStack() as stack:
         storage = _ig_storage(ctx)
         if not storage.eager:  # fused attention: IG reads no attention probabilities
-            stack.enter_context(attention_switched(ctx.model, "sdpa"))
+            try:
+                stack.enter_context(attention_switched(ctx.model, "sdpa"))
+            except (ValueError, NotImplementedError, ImportError):  # the model refuses the switch after all
+                storage = Storage(eager=True, backward=True, logit_rows=storage.logit_rows)
         if storage.recompute:
             stack.enter_context(recomputed_layers(ctx.model))
         chunk = internal_batch_size or _rows_in_budget(ctx, ctx.token_mask.shape[1], storage)
