@@ -246,7 +246,7 @@ def test_default_methods_leave_out_what_the_budget_cannot_hold_and_say_so(lm, mo
     from attnlens.core.answer_engine import methods_within_budget
     from attnlens.sources import attribute
 
-    n = 20_000  # long enough for the tiny model's passes to need more than the smallest budget
+    n = 200_000  # long enough for the tiny model's passes (AttnLRP's fused one too) to need more than 64 MiB
     need = {m: methods_within_budget(lm.runner, [m], n, 64 * 2**20)[1][m] for m in ("decompx", "attnlrp")}
     cheap, dear = sorted(need, key=need.get)
     assert need[cheap] < need[dear]
