@@ -77,6 +77,10 @@ def section(summary: dict[str, Any], trained: dict[str, Any], limit: int) -> lis
              "| method | Precision@20 ↑ |", "|---|---:|"]
     for m in sorted(results, key=lambda m: -(results[m].get("precision_at_k") or -1)):
         lines.append(f"| {m} | {fmt(results[m].get('precision_at_k'))} |")
+    ranked = sorted((m for m in results if results[m].get("precision_at_k") is not None),
+                    key=lambda m: -results[m]["precision_at_k"])
+    if ranked:
+        lines += ["", f"Best here: {ranked[0]}; last: {ranked[-1]}."]
     lines += ["", f"Best reachable mean here: {fmt(perfect)} (every gold-answer token, at most K, in the top {K}). "
               "AttCAT's paper reports Precision@20 for BERT-base models on SQuAD v1 and v2 in a figure (best "
               "reachable 3.72 and 3.84 there), with AttCAT ahead of the other methods; its values are not given "
