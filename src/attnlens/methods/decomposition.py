@@ -208,6 +208,20 @@ def _ffn(mods: dict[str, nn.Module], y: torch.Tensor) -> tuple[torch.Tensor, tor
     return mods["ffn_out"](a), _ratio(a, u)
 
 
+def _attention_sum(mods: dict[str, nn.Module], x: torch.Tensor, attn: torch.Tensor, f: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attention block's residual sum at the query rows ``attn`` ``(B, H, R, N)`` holds (``x``: the residual
+    there, ``(B, R, D)``), with the weights and values as its summands take them: under a norm after the
+    attention branch (Gemma 2's) z_ij = Σ_h A^h_ij f^h_j ⊙ g / s_i (+ x_i), so A's rows are divided by that
+    norm's scale s_i and f multiplied by its gain g."""
+    branch = torch.einsum("bhrj,bhjd->brd", attn, f) + _output_bias(mods)
+    if "post_attn_norm" not in mods:
+        return x + branch, attn, f
+    norm = mods["post_attn_norm"]
+    scale = (branch.float().pow(2).mean(-1, keepdim=True) + rms_eps(norm)).sqrt().to(x.dtype)
+    return x + norm(branch), attn / scale.unsqueeze(1), f * rms_gain(norm, x)
+
+
 def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> None:
     """Refuse a recomputed layer output that is not the model's (a wrong anatomy would give wrong scores)."""
     err = (got - want)[real].abs().max().item() if real.any() else 0.0
@@ -256,14 +270,7 @@ def model_layers(ctx: BatchContext) -> list[Layer]:
             h = attn.shape[1]
             a = mods["ln1"](x) if anatomy.pre_ln else x
             f = _head_outputs(mods, _values(mods, a, h, spec))
-            branch = torch.einsum("bhij,bhjd->bid", attn, f) + _output_bias(mods)
-            if "post_attn_norm" in mods:  # z_ij = Σ_h A^h_ij f^h_j ⊙ g / s_i (+ x_i): the scale goes with A's rows
-                norm = mods["post_attn_norm"]
-                scale = (branch.float().pow(2).mean(-1, keepdim=True) + rms_eps(norm)).sqrt().to(x.dtype)
-                pre1 = x + norm(branch)
-                attn, f = attn / scale.unsqueeze(1), f * rms_gain(norm, x)
-            else:
-                pre1 = x + branch
+            pre1, attn, f = _attention_sum(mods, x, attn, f)
             if anatomy.pre_ln:
                 ffn, theta = _ffn(mods, mods["ln2"](x if anatomy.parallel else pre1))
                 got = pre1 + (mods["post_ffn_norm"](ffn) if "post_ffn_norm" in mods else ffn)
@@ -416,14 +423,7 @@ def _attnnorm_rows(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
             x = hidden[i]
             xr = x[:, at]
             f = _head_outputs(mods, _values(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], spec))
-            branch = torch.einsum("bhrj,bhjd->brd", attn, f) + _output_bias(mods)
-            if "post_attn_norm" in mods:  # z_ij = Σ_h A^h_ij f^h_j ⊙ g / s_i (+ x_i): the scale goes with A's rows
-                norm = mods["post_attn_norm"]
-                scale = (branch.float().pow(2).mean(-1, keepdim=True) + rms_eps(norm)).sqrt().to(x.dtype)
-                pre1 = xr + norm(branch)
-                attn, f = attn / scale.unsqueeze(1), f * rms_gain(norm, x)
-            else:
-                pre1 = xr + branch
+            pre1, attn, f = _attention_sum(mods, xr, attn, f)
             std1 = None
             if anatomy.pre_ln:
                 ffn, _ = _ffn(mods, mods["ln2"](xr if anatomy.parallel else pre1))
