@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from doc_sections import replace_section  # scripts/, beside this file
 
 from attnlens.data import load_dataset
 from attnlens.evaluation.runner import run_benchmark
@@ -91,17 +92,6 @@ def section(summary: dict[str, Any], trained: dict[str, Any], limit: int) -> lis
     return lines
 
 
-def write_section(doc: Path, lines: list[str]) -> None:
-    text = doc.read_text(encoding="utf-8")
-    start = text.find(HEADING)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(lines)
-    else:
-        nxt = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + "\n".join(lines) + ("" if nxt < 0 else text[nxt:])
-    doc.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=100, help="held-out SQuAD questions (default 100)")
@@ -123,7 +113,7 @@ def main() -> None:
     lines = section(summary, trained, args.limit)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text("\n".join(lines), encoding="utf-8")
-    write_section(Path(args.doc), lines)
+    replace_section(Path(args.doc), HEADING, lines)
     print("\n".join(lines))
 
 

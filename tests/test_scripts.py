@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # as when a script runs: its folder first on the path
+
+from doc_sections import replace_section  # noqa: E402
 
 
 def _load(name: str):
@@ -29,7 +33,7 @@ def test_qa_precision_section_ranks_methods_and_states_the_model(tmp_path):
     assert "exact match 0.400 and F1 0.500" in text and "3.50" in text and "10 min" in text
     doc = tmp_path / "reproduction.md"
     doc.write_text("# Report\n\n## 1. First\n\nold\n", encoding="utf-8")
-    qa.write_section(doc, lines)
-    qa.write_section(doc, lines)  # replaced, not appended twice
+    replace_section(doc, qa.HEADING, lines)
+    replace_section(doc, qa.HEADING, lines)  # replaced, not appended twice
     assert doc.read_text(encoding="utf-8").count(qa.HEADING) == 1
     assert "## 1. First" in doc.read_text(encoding="utf-8")
