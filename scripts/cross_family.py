@@ -3,7 +3,7 @@ decoder and an encoder-decoder? One command fine-tunes what is missing, runs the
 
 1. Fine-tunes SmolLM2-135M-Instruct (the real pretrained decoder, ``smollm2``) as an SST-2 classifier with
    ``attnlens train`` unless ``--smollm2`` already holds one: a new last-token head, 1,200 train sentences,
-   1 epoch, 40 tokens, the embeddings and lowest 24 of 30 layers frozen (about 20 minutes on 2 shared CPU cores).
+   1 epoch, 40 tokens, the embeddings and lowest 24 of 30 layers frozen (2 minutes on 2 idle CPU cores).
 2. Runs seed 000's protocol with ``run_benchmark`` (the code behind ``attnlens benchmark``) on the same SST-2 dev
    sentences for ``minilm-sst2`` (encoder), the SmolLM2 classifier (decoder) and ``bart-scratch-sst2`` (the only
    offline encoder-decoder: trained from scratch, not pretrained): raw attention vs AGrad, explaining the loss of
