@@ -130,8 +130,12 @@ def test_the_estimate_follows_what_the_capture_keeps():
                                                            hidden=True, hidden_grads=True, logit_rows=1)
     assert _storage_of(llama, ["saliency"]) == memory.Storage(eager=False, backward=True, embeddings=True,
                                                              embedding_grads=True, logit_rows=1)
-    means = _storage_of(llama, ["rollout", "rawatt"])  # rollout reads head means: fused attention, N x N per layer
+    means = _storage_of(llama, ["flow", "rawatt"])  # flow reads head means: fused attention, N x N per layer
     assert means == memory.Storage(eager=False, rows=1, means=True, logit_rows=1)
+    # rollout recomputes the maps from each layer's queries and keys; GAE also keeps values and output gradients
+    assert _storage_of(llama, ["rollout"]) == memory.Storage(eager=False, factors=True, logit_rows=1)
+    assert _storage_of(llama, ["gae"]) == memory.Storage(eager=False, backward=True, factors=True,
+                                                        factor_grads=True, logit_rows=1)
     # attnnorm reads the explained rows and the hidden states: fused attention
     assert _storage_of(llama, ["attnnorm", "rawatt"]) == memory.Storage(eager=False, rows=1, hidden=True,
                                                                         logit_rows=1)
@@ -140,6 +144,9 @@ def test_the_estimate_follows_what_the_capture_keeps():
     dims = model_dims(llama.model)
     n = 4096
     assert memory.pass_row_bytes(dims, n, rows) * 20 < memory.pass_row_bytes(dims, n, full)
+    gae_maps = memory.Storage(eager=True, backward=True, maps=True, map_grads=True, logit_rows=1)
+    chunks = memory.pass_row_bytes(dims, n, _storage_of(llama, ["gae"]))  # mostly one chunk's temporaries here
+    assert chunks * 8 < memory.pass_row_bytes(dims, n, gae_maps)
     every = dataclasses.replace(rows, logit_rows=0)
     assert (memory.pass_row_bytes(dims, n, every) - memory.pass_row_bytes(dims, n, rows)
             == memory.LOGIT_COPIES * (n - 1) * dims.logits * dims.itemsize)

@@ -54,24 +54,28 @@ def _capture(ex: Explainer, methods: list[str]):
     "methods,kept",
     [
         (["rawatt"], {"attention_rows"}),  # the explained rows only (fused attention)
-        (["rollout", "flow"], {"attention_means"}),  # the head-mean maps only
-        (["gae"], {"attentions", "attention_grads", "attention_rows"}),  # whole maps and their gradients
+        (["flow"], {"attention_means"}),  # the head-mean maps only
+        (["rollout"], {"attention_chunks"}),  # the maps recomputed from queries and keys
+        (["gae"], {"attention_chunks"}),  # ... and their gradients from the values and the outputs' gradients
+        (["globenc"], {"attentions", "attention_rows", "hidden"}),  # every layer's whole maps
         (["grads"], {"attention_rows", "attention_row_grads"}),
         (["cat"], {"hidden", "hidden_grads"}),
         (["attcat"], {"attention_rows", "attention_received", "hidden", "hidden_grads"}),  # no attention gradient
         (["saliency"], {"embeddings", "embedding_grads"}),
         (["rawatt", "saliency"], {"attention_rows", "embeddings", "embedding_grads"}),
         (["integratedgradients"], set()),
-        (CAPTURE_METHODS, {"attentions", "attention_grads", "attention_rows", "attention_row_grads",
-                           "attention_received", "attention_means", "hidden", "hidden_grads", "embeddings",
-                           "embedding_grads"}),
+        (CAPTURE_METHODS, {"attention_rows", "attention_row_grads", "attention_received", "attention_chunks",
+                           "hidden", "hidden_grads", "embeddings", "embedding_grads"}),  # still fused attention
+        (CAPTURE_METHODS + ["flow", "globenc"], {"attentions", "attention_rows", "attention_row_grads",
+                                                 "attention_received", "attention_means", "attention_chunks",
+                                                 "hidden", "hidden_grads", "embeddings", "embedding_grads"}),
     ],
 )
 def test_capture_keeps_what_the_methods_declare(methods, kept, tokenizer):
     ex = Explainer(make_model("bert"), tokenizer)
     capture, _ = _capture(ex, methods)
     fields = {"attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
-              "attention_means", "hidden", "hidden_grads", "embeddings", "embedding_grads"}
+              "attention_means", "attention_chunks", "hidden", "hidden_grads", "embeddings", "embedding_grads"}
     assert {f for f in fields if getattr(capture, f) is not None} == kept
     assert capture.logits.shape == (len(TEXTS), 2)
     assert capture.n_layers == (2 if kept - {"embeddings", "embedding_grads"} else 0)

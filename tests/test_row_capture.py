@@ -21,7 +21,8 @@ from attnlens.testing.tiny_models import build_tiny
 
 TEXTS = ["i didn ' t like this boring film", "good", "the plot was boring but the actors were great !"]
 # every method that reads the shared pass without whole maps, with the options that change what it reads
-LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "rollout", "flow", "attnnorm"]
+LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "rollout", "flow", "attnnorm",
+        "gae", "attgrads"]
 OPTIONS = {"attcat": {"alpha": "mean"}}
 # of the largest per-layer term: fused and eager attention round differently (a few float32 ulps in a layer's
 # output; eager attention takes its softmax in float32 whatever the model's dtype, so float64 does not help)
@@ -106,7 +107,7 @@ def test_generation_steps_score_as_with_the_whole_maps():
             if mode:
                 mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
             outs[mode] = ex.explain_generation("the movie was", LEAN, target=" good but boring")
-    methods = LEAN + ["gae"]  # gae in the same request brings the whole maps back
+    methods = LEAN + ["globenc"]  # globenc in the same request brings the whole maps back
     for m in LEAN:
         ref = outs[capture.FULL_MAPS].scores[m]
         np.testing.assert_allclose(outs[None].scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
@@ -120,12 +121,12 @@ def test_the_rows_are_the_maps_rows_and_received_their_column_means():
     attention the head-mean map averaged over the real query rows (float64 reference), and the head means the
     maps' mean over heads."""
     ex = Explainer(make_model("llama"), make_tokenizer())
-    specs = [registry.get_method(m) for m in ("agrad", "attcat", "rollout")]
+    specs = [registry.get_method(m) for m in ("agrad", "attcat", "flow")]
     batch = ex.encode(TEXTS)
     ctx, _ = ex.compute_batch(batch, [-1] * len(TEXTS), specs, {})
     cap = ctx.capture
     assert cap.attentions is None and cap.attention_rows[0].shape[2] == len({len(e.ids) for e in batch})
-    full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("attgrads")], {})
+    full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("globenc")], {})
     mask = full.token_mask.double()
     for rows, received, means, maps in zip(cap.attention_rows, cap.attention_received, cap.attention_means,
                                            full.capture.attentions, strict=True):
@@ -189,7 +190,8 @@ def test_the_estimate_bounds_what_the_kept_tensors_take():
     (e,) = ex.encode([text])
     n = len(e.ids)
     dims = memory.model_dims(ex.model)
-    for methods in (["rawatt", "agrad", "attcat"], ["rollout", "agrad"], ["rollout", "flow"], ["gae", "rollout"]):
+    for methods in (["rawatt", "agrad", "attcat"], ["rollout", "agrad"], ["rollout", "flow"], ["gae", "rollout"],
+                    ["attgrads"], ["partiallrp"]):
         specs = [registry.get_method(m) for m in methods]
         storage = engine_module.pass_cost(ex, specs).storage(n)
         ctx, _ = ex.compute_batch([e], [-1], specs, {})
@@ -199,8 +201,14 @@ def test_the_estimate_bounds_what_the_kept_tensors_take():
             value = getattr(ctx.capture, name)
             for t in [] if value is None else (value if isinstance(value, list) else [value]):
                 held[t.data_ptr()] = t.numel() * t.element_size()
+        if ctx.capture.attention_chunks is not None:
+            for t in ctx.capture.attention_chunks.tensors():
+                held[t.data_ptr()] = t.numel() * t.element_size()
         kept_estimate = memory.pass_row_bytes(dims, n, storage) - memory.pass_row_bytes(
             dims, n, memory.Storage(eager=storage.eager, backward=storage.backward, logit_rows=storage.logit_rows))
+        # the chunks of maps recomputed while the methods read them are working memory, not kept tensors
+        kept_estimate -= (memory.CHUNK_COPIES * min(memory.CHUNK_ELEMENTS, dims.heads * n * n) * storage.factors
+                          * dims.itemsize)
         assert sum(held.values()) <= kept_estimate, methods
         assert sum(held.values()) >= kept_estimate / 4, methods  # and not a gross overestimate
 
@@ -224,35 +232,80 @@ def _rows_and_maps_growth() -> tuple[dict[str, int], dict[str, int]]:
     dims = memory.model_dims(ex.model)
     ex.compute_batch([ex.encode(["good"])[0]], [-1], [registry.get_method("agrad")], {})  # warm-up
     grown, estimates = {}, {}
-    for name, method in (("rows", "agrad"), ("maps", "gae")):  # the same reading of A and its gradient
+    planned = capture.capture_mode
+    # chunks of 2^18 probabilities (1 MiB): what a chunk's temporaries take is the same at any length, and at
+    # this one the default chunks' would be as large as the maps themselves
+    row_attention.CHUNK_ELEMENTS = 2**18
+    # the maps and their gradients: rows (agrad), recomputed chunks (gae), every layer's whole maps (gae, eager)
+    for name, method in (("rows", "agrad"), ("chunks", "gae"), ("maps", "gae")):
         specs = [registry.get_method(method)]
+        if name == "maps":
+            capture.capture_mode = lambda *a, **k: capture.FULL_MAPS
         grown[name] = _peak_rss_growth(lambda s=specs: ex.compute_batch([e], [-1], s, {}))
         estimates[name] = memory.pass_row_bytes(dims, n, engine_module.pass_cost(ex, specs).storage(n))
+        capture.capture_mode = planned
     return grown, estimates
 
 
 def test_rows_capture_holds_far_less_than_the_maps():
     """Measured in a fresh process: on a 1,200-token input the whole-maps capture of a small LM with 8 heads grows
-    the peak RSS by far more than the rows capture, and each stays within its estimate."""
+    the peak RSS by far more than the rows capture and the recomputed chunks, and each stays within its
+    estimate."""
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         grown, estimates = pool.apply(_rows_and_maps_growth)
     for name in grown:
         assert grown[name] <= estimates[name] * 1.1 + 32 * 2**20, (name, grown[name], estimates[name])
-    assert grown["maps"] > 4 * grown["rows"], grown
+    assert grown["maps"] > 4 * max(grown["rows"], grown["chunks"]), grown
 
 
-def test_rollout_rows_carried_down_equal_the_matrix_products():
-    """Row c of every layer's rollout, carried down layer by layer, equals the row of the products of the
-    residual-augmented maps (float64, random attention)."""
-    from attnlens.methods.attention import propagate, rollout_matrices, rollout_rows
+def test_rows_carried_down_equal_the_matrix_products():
+    """Row c of every layer's rollout and GAE relevance, carried down layer by layer in chunks of query rows,
+    equals the row of the matrix products (float64, random attention and gradients)."""
+    from attnlens.core.attention_chunks import WholeMaps
+    from attnlens.methods.attention import carried_rows, propagate, rollout_matrices
 
     gen = torch.Generator().manual_seed(0)
     maps = [torch.rand(2, 3, 7, 7, generator=gen, dtype=torch.float64).softmax(-1) for _ in range(4)]
+    grads = [torch.randn(2, 3, 7, 7, generator=gen, dtype=torch.float64) for _ in range(4)]
     weights = torch.zeros(2, 7, dtype=torch.float64)
     weights[0, 6], weights[1, 2:5] = 1.0, 1 / 3
-    products = propagate(rollout_matrices(maps))
-    expected = torch.stack([torch.einsum("bq,bqk->bk", weights, p) for p in products], 1)
-    got = rollout_rows(weights, [a.mean(1) for a in maps])
-    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+    class Chunked(WholeMaps):  # three query rows at a time
+        def chunks(self, layer, gradients=False):
+            for start in range(0, 7, 3):
+                yield start, self.maps[layer][:, :, start: start + 3], self.grads[layer][:, :, start: start + 3]
+
+    def rows_of(products):
+        return torch.stack([torch.einsum("bq,bqk->bk", weights, p) for p in products], 1)
+
+    got = carried_rows(weights, Chunked(maps, grads), lambda a, g: a.mean(1), mix=0.5, keep=0.5)
+    torch.testing.assert_close(got, rows_of(propagate(rollout_matrices(maps))), rtol=1e-12, atol=1e-12)
+    bars = [(g * a).clamp_min(0).mean(1) for a, g in zip(maps, grads, strict=True)]
+    got = carried_rows(weights, Chunked(maps, grads), lambda a, g: (g * a).clamp_min(0).mean(1), mix=1.0, keep=1.0,
+                       gradients=True)
+    torch.testing.assert_close(got, rows_of(propagate(bars, residual=True)), rtol=1e-12, atol=1e-12)
+
+
+def test_recomputed_chunks_are_the_maps_and_their_gradients():
+    """The maps recomputed chunk by chunk from the kept queries and keys equal the eager maps, and their gradients
+    (from the attention outputs' gradients and the values) equal the eager maps' gradients (float64 model)."""
+    ex = Explainer(make_model("llama").double(), make_tokenizer())
+    batch = ex.encode(TEXTS)
+    lean, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("gae")], {})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
+        full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("gae")], {})
+    chunks, whole = lean.capture.attention_chunks, full.capture.attention_chunks
+    assert chunks.__class__.__name__ == "RecomputedChunks" and lean.capture.attentions is None
+    chunks.chunk_elements = 40  # a few query rows per chunk
+    for layer, (maps, grads) in enumerate(zip(whole.maps, whole.grads, strict=True)):
+        parts = list(chunks.chunks(layer, gradients=True))
+        assert len(parts) > 1
+        a = torch.cat([p[1] for p in parts], 2)
+        g = torch.cat([p[2] for p in parts], 2)
+        # eager attention rounds its softmax to float32 even here, so every layer's output differs from fused
+        # attention's (float64) in the 7th digit, and the maps above the first and the gradients with it
+        torch.testing.assert_close(a, maps, rtol=0, atol=1e-12 if layer == 0 else 1e-6)
+        torch.testing.assert_close(g, grads, rtol=0, atol=1e-5 * grads.abs().max().item())

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..models.heads import CLASSIFICATION, TARGET_KINDS, Head
+from .attention_chunks import AttentionChunks, WholeMaps
 from .logit_rows import LogitRows
 from .memory import DEFAULT_BUDGET
 
@@ -53,6 +54,9 @@ class Capture:
             query rows (what :meth:`query_mean` of the head-mean map gives), or ``None``.
         attention_means: L tensors ``(B, Q, K)``: every layer's whole map, mean over heads (reduced during the
             forward), or ``None``; :meth:`head_means` also gives them from the whole maps.
+        attention_chunks: every layer's maps (and, where the method reads them, their gradients) read in chunks of
+            query rows (:class:`~attnlens.core.attention_chunks.AttentionChunks`; recomputed under fused
+            attention), or ``None``; :meth:`map_chunks` also gives them from the whole maps.
         logit_rows: the positions whose logits the pass computed (:class:`~attnlens.core.logit_rows.LogitRows`;
             every position by default).
     """
@@ -74,6 +78,7 @@ class Capture:
     row_positions: torch.Tensor | None = None
     attention_received: list[torch.Tensor] | None = None
     attention_means: list[torch.Tensor] | None = None
+    attention_chunks: AttentionChunks | None = None
     logit_rows: LogitRows = field(default_factory=LogitRows)
 
     def logit_reading(self, head: Any, token_mask: torch.Tensor,
@@ -102,6 +107,13 @@ class Capture:
             self.attention_means = [a.mean(1) for a in self.attentions]
         return self.attention_means
 
+    def map_chunks(self) -> AttentionChunks:
+        """Every layer's maps (and their gradients, when kept) in chunks of query rows — as the pass kept them, or
+        from the whole maps."""
+        if self.attention_chunks is None:
+            self.attention_chunks = WholeMaps(self.attentions, self.attention_grads)
+        return self.attention_chunks
+
     @property
     def n_layers(self) -> int:
         """L, from whichever per-layer tensors were kept (0 if none was)."""
@@ -110,7 +122,7 @@ class Capture:
                                (self.hidden_grads, 1)):
             if tensors is not None:
                 return len(tensors) - extra
-        return 0
+        return self.attention_chunks.n_layers if self.attention_chunks is not None else 0
 
     def query_mean(self, matrix: torch.Tensor) -> torch.Tensor:
         """Mean of ``matrix`` ``(B, Q, K)`` over the real query rows: ``(B, K)``."""

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..methods.registry import (
     ATTENTION,
+    ATTENTION_CHUNKS,
     ATTENTION_MEANS,
     ATTENTION_RECEIVED,
     ATTENTION_ROWS,
@@ -34,6 +35,7 @@ from ..models.adapters import MEAN, Adapter
 from ..models.heads import CLASSIFICATION, Head
 from ..models.prefixes import RowViews, last_token_rows, row_gradients
 from ..models.recompute import recomputed_layers
+from .attention_chunks import RecomputedChunks, WholeMaps
 from .batch_state import Capture
 from .logit_rows import LogitRows
 from .memory import Storage
@@ -83,15 +85,17 @@ def planned_storage(model: nn.Module, adapter: Adapter, stream: str, keep: Colle
     """What :func:`run_capture` keeps per row for this request (the memory estimates read it)."""
     keep = frozenset(keep)
     grads = frozenset(differentiate) & keep if gradients else frozenset()
-    attention = keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS}
+    attention = keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS, ATTENTION_CHUNKS}
     if capture_mode(model, adapter, stream, keep, positions_known) == ROWS:
         return Storage(eager=False, backward=bool(grads), rows=int(ATTENTION_ROWS in keep),
                        row_grads=ATTENTION_ROWS in grads, received=ATTENTION_RECEIVED in keep,
-                       means=ATTENTION_MEANS in keep,
+                       means=ATTENTION_MEANS in keep, factors=ATTENTION_CHUNKS in keep,
+                       factor_grads=ATTENTION_CHUNKS in grads,
                        hidden=HIDDEN in keep, hidden_grads=HIDDEN in grads, embeddings=EMBEDDINGS in keep,
                        embedding_grads=EMBEDDINGS in grads)
     # eager attention: the model returns every layer's whole maps (the adapters read the layout from them)
-    return Storage(eager=True, backward=bool(grads), maps=True, map_grads=bool(grads & {ATTENTION, ATTENTION_ROWS}),
+    return Storage(eager=True, backward=bool(grads), maps=True,
+                   map_grads=bool(grads & {ATTENTION, ATTENTION_ROWS, ATTENTION_CHUNKS}),
                    received=bool(attention) and ATTENTION_RECEIVED in keep, means=ATTENTION_MEANS in keep,
                    hidden=HIDDEN in keep,
                    hidden_grads=HIDDEN in grads, embeddings=EMBEDDINGS in keep, embedding_grads=EMBEDDINGS in grads)
@@ -176,9 +180,9 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
           answer_mask: torch.Tensor | None, keep: frozenset[str], differentiate: frozenset[str],
           sequence: dict[str, torch.Tensor] | None, cls: torch.Tensor, positions: torch.Tensor | None, mode: str,
           recorder: RowRecorder) -> tuple[Capture, torch.Tensor]:
-    if mode == FULL_MAPS:  # rows and received attention are read from the whole maps
-        wants_maps = bool(keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS})
-        grad_kinds = {ATTENTION if k == ATTENTION_ROWS else k for k in differentiate}
+    if mode == FULL_MAPS:  # rows, received attention and map chunks are read from the whole maps
+        wants_maps = bool(keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS, ATTENTION_CHUNKS})
+        grad_kinds = {ATTENTION if k in (ATTENTION_ROWS, ATTENTION_CHUNKS) else k for k in differentiate}
     else:
         wants_maps = False
         grad_kinds = set(differentiate)
@@ -191,6 +195,8 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
             m = token_mask.to(torch.float32)
             recorder.received_weights = m / m.sum(1, keepdim=True).clamp_min(1.0)
         recorder.means = ATTENTION_MEANS in keep
+        recorder.factors = ATTENTION_CHUNKS in keep
+        recorder.factor_grads = gradients and ATTENTION_CHUNKS in differentiate
 
     def keep_embeddings(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         # The embedding output is the graph's leaf when the parameters are frozen; make it require grad so
@@ -241,9 +247,12 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         targets = head.predicted(logits, logit_mask, answer_mask)
     query_weights = stream_tensors.query_weights.to(logits.dtype)
     maps = list(stream_tensors.attentions)
+    # with fused attention, the maps' gradients come from the attention outputs' (attention_chunks.py)
+    outputs_kept = [f.output for f in recorder.layer_factors if f.output is not None]
     recorded = {
         ATTENTION: maps if wants_maps else [],
         ATTENTION_ROWS: maps,
+        ATTENTION_CHUNKS: [views.view(o) if sequence is not None else o for o in outputs_kept],
         HIDDEN: list(stream_tensors.hidden),
         EMBEDDINGS: [store["embeddings"]] if "embeddings" in store else [],
     }
@@ -302,4 +311,14 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         capture.hidden_grads = grads_of(HIDDEN)
         embedding_grads = grads_of(EMBEDDINGS)
         capture.embedding_grads = embedding_grads[0] if embedding_grads else None
+    if ATTENTION_CHUNKS in keep:
+        grads = None
+        if gradients and ATTENTION_CHUNKS in differentiate:
+            grads = grads_of(ATTENTION_CHUNKS, ATTENTION if mode == FULL_MAPS else None)
+        if mode == ROWS:
+            for f in recorder.layer_factors:
+                f.output = None  # its gradient is taken: the graph can go
+            capture.attention_chunks = RecomputedChunks(recorder.layer_factors, token_mask.shape[0], grads)
+        else:
+            capture.attention_chunks = WholeMaps([a.detach() for a in maps], grads)
     return capture, targets

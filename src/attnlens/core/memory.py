@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
+from .row_attention import CHUNK_ELEMENTS
 
 DEFAULT_BUDGET = 4 * 2**30  # bytes: what explain() plans for when no memory_budget is given
 ACTIVATION_VECTORS = 30  # hidden-size vectors per token and layer held for a backward pass (24 fitted on MiniLM;
@@ -28,6 +29,9 @@ ACTIVATION_VECTORS = 30  # hidden-size vectors per token and layer held for a ba
 LOGIT_COPIES = 3  # a language model's (n, vocabulary) logits, their gradient and one temporary
 ATTENTION_MAPS = 4  # n x n maps per head and layer held for a backward pass (eager attention)
 FORWARD_VECTORS = 8  # hidden-size vectors per token alive at once in a forward without a graph
+# chunks of recomputed probabilities alive at once while a method reads every layer's maps chunk by chunk
+# (scores, probabilities, their gradient and the reduction's temporaries; attention_chunks.py)
+CHUNK_COPIES = 8
 MAX_TOKENS = 2**20  # the longest input the "what fits" search considers
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
@@ -100,7 +104,9 @@ class Storage:
     ``eager``: the layers compute ``n × n`` probabilities (eager attention) rather than fused attention;
     ``backward``: a backward pass runs (the forward keeps its activations); ``maps``: every layer's whole maps
     are kept; ``rows``: attention rows kept per layer (fused attention: the explained ones); ``received``: the
-    attention each key receives, per layer; ``means``: every layer's whole map, mean over heads;
+    attention each key receives, per layer; ``means``: every layer's whole map, mean over heads; ``factors``:
+    every layer's queries and keys, to recompute its maps from (``factor_grads``: and its values, attention output
+    and that output's gradient);
     ``hidden``/``embeddings``: hidden states / input embeddings kept;
     ``*_grads``: their gradients kept; ``recompute``: the backward recomputes each layer from its input rather
     than keeping its activations (fused attention only); ``logit_rows``: positions of each row a language model
@@ -115,6 +121,8 @@ class Storage:
     row_grads: bool = False
     received: bool = False
     means: bool = False
+    factors: bool = False
+    factor_grads: bool = False
     hidden: bool = False
     hidden_grads: bool = False
     embeddings: bool = False
@@ -169,7 +177,9 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
     kept = layers * (maps * (storage.maps + storage.map_grads)
                      + heads * storage.rows * n * (1 + storage.row_grads)
-                     + n * storage.received + n * n * storage.means)
+                     + n * storage.received + n * n * storage.means
+                     + n * d * (2 * storage.factors + 3 * storage.factor_grads))
+    kept += CHUNK_COPIES * min(CHUNK_ELEMENTS, heads * n * n) * storage.factors
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
     kept += n * d * (storage.embeddings + storage.embedding_grads)
     return (work + kept) * dims.itemsize
@@ -217,7 +227,8 @@ def step_gradient_bytes(dims: Dims, n: int, storage: Storage = FULL_STORAGE) -> 
     tokens, 1, 4 and 8 steps per batch, whole maps: estimates 1.8, 2.4, 3.3 GB; measured 1.7, 2.7, 3.3 GB); at
     1,040 tokens 16 steps of AGrad in one batch peaked at 12.7 GB, which the batched backward's share bounds."""
     kept = dims.layers * (dims.heads * n * (n * storage.map_grads + storage.rows * storage.row_grads)
-                          + n * dims.hidden * storage.hidden_grads) + n * dims.hidden * storage.embedding_grads
+                          + n * dims.hidden * (storage.hidden_grads + storage.factor_grads))
+    kept += n * dims.hidden * storage.embedding_grads
     backward = storage.logit_positions(n) * dims.logits + ACTIVATION_VECTORS * n * dims.hidden
     return (kept + backward) * dims.itemsize
 

@@ -36,6 +36,26 @@ class RowAttentionUnsupported(RuntimeError):
 
 
 @dataclass
+class LayerFactors:
+    """What one attention layer's maps are recomputed from.
+
+    ``query`` ``(B0, H, N, d)``, ``key`` ``(B0, KV, N, d)`` (``KV`` key heads, each serving ``groups`` query heads),
+    the layer's ``mask`` (as the attention function received it), ``causal`` and ``scale``; with gradients,
+    ``value`` ``(B0, KV, N, d)`` and ``output`` ``(B0, H, N, d)``: the attention output in the pass's graph, whose
+    gradient the backward takes. ``B0`` is the forward's batch (1 for a generation's prefixes).
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    mask: torch.Tensor | None
+    causal: bool
+    scale: float
+    groups: int = 1
+    value: torch.Tensor | None = None
+    output: torch.Tensor | None = None
+
+
+@dataclass
 class RowRecorder:
     """What one forward keeps.
 
@@ -44,15 +64,20 @@ class RowRecorder:
     attention (``None``: not reduced); with a forward batch of one and ``B' > 1`` rows every output row reads the
     one sequence (a generation's prefixes). Filled per layer: ``kept_rows`` ``(B, H, R, K)`` (in the graph) and
     ``received`` ``(B', K)``. ``means``: keep every layer's whole map, mean over heads, in ``mean_maps``
-    ``(B, Q, K)`` (no graph).
+    ``(B, Q, K)`` (no graph). ``factors``: keep what each layer's maps are recomputed from in ``layer_factors``
+    (:class:`LayerFactors`; ``factor_grads``: with the values and the attention
+    output in the graph, for the maps' gradients).
     """
 
     rows: torch.Tensor | None = None
     received_weights: torch.Tensor | None = None
     means: bool = False
+    factors: bool = False
+    factor_grads: bool = False
     kept_rows: list[torch.Tensor] = field(default_factory=list)
     received: list[torch.Tensor] = field(default_factory=list)
     mean_maps: list[torch.Tensor] = field(default_factory=list)
+    layer_factors: list[LayerFactors] = field(default_factory=list)
     calls: int = 0
     done: bool = False  # the forward is over: a layer run again (recomputed for the backward) records nothing
 
@@ -60,7 +85,7 @@ class RowRecorder:
 _ACTIVE: ContextVar[RowRecorder | None] = ContextVar("attnlens_row_recorder", default=None)
 
 
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     """``(B, KV, N, d)`` key/value heads repeated to the query heads ``(B, KV * groups, N, d)`` (grouped-query
     attention), as eager attention does."""
     if groups == 1:
@@ -84,7 +109,7 @@ def _masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, queries: tor
     return scores
 
 
-def _probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor,
+def probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor,
                    causal: bool, scale: float) -> torch.Tensor:
     """Softmax attention ``(B, H, q, K)`` of the query positions ``queries`` (float32 softmax, as eager)."""
     scores = torch.matmul(query[:, :, queries], key.transpose(2, 3)) * scale
@@ -102,7 +127,7 @@ def _received(recorder: RowRecorder, query: torch.Tensor, key: torch.Tensor, mas
     with torch.no_grad():
         for start in range(0, n, step):
             queries = torch.arange(start, min(n, start + step), device=query.device)
-            mean = _probabilities(query, key, mask, queries, causal, scale).mean(1)  # (B, q, K)
+            mean = probabilities(query, key, mask, queries, causal, scale).mean(1)  # (B, q, K)
             part = torch.einsum("bq,bqk->bk", weights[:, queries].to(mean.dtype), mean.expand(len(weights), -1, -1))
             total = part if total is None else total + part
     return total
@@ -118,7 +143,7 @@ def _head_means(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | Non
     with torch.no_grad():
         for start in range(0, n, step):
             queries = torch.arange(start, min(n, start + step), device=query.device)
-            out[:, start: start + len(queries)] = _probabilities(query, key, mask, queries, causal, scale).mean(1)
+            out[:, start: start + len(queries)] = probabilities(query, key, mask, queries, causal, scale).mean(1)
     return out
 
 
@@ -134,7 +159,8 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     record = not recorder.done
     recorder.calls += record
     groups = getattr(module, "num_key_value_groups", 1)
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    own_key, own_value = key, value  # one per key head (grouped-query attention)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     n = query.shape[2]
     causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and n > 1 \
         and attention_mask is None
@@ -143,11 +169,17 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
                                                      scale=scale, is_causal=causal)
     if recorder.rows is not None:
         rows = recorder.rows.to(query.device)
-        probs = _probabilities(query, key, attention_mask, rows, causal, scale)
+        probs = probabilities(query, key, attention_mask, rows, causal, scale)
         # the kept rows produce their positions' outputs, so the target's gradient reaches them
         out = out.index_copy(2, rows, torch.matmul(probs, value))
         if record:
             recorder.kept_rows.append(probs)
+    if recorder.factors and record:
+        grads = recorder.factor_grads
+        # copies of views (a fused projection's slices) so that the projection's output is not kept whole
+        recorder.layer_factors.append(LayerFactors(
+            query.detach().contiguous(), own_key.detach().contiguous(), attention_mask, causal, scale, groups,
+            value=own_value.detach().contiguous() if grads else None, output=out if grads else None))
     if recorder.means and record:
         recorder.mean_maps.append(_head_means(query, key, attention_mask, causal, scale))
     if recorder.received_weights is not None and record:

@@ -6,12 +6,13 @@ E_h the mean over heads, "row c" the explained query row(s) (``Capture.row``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
+from ..core.attention_chunks import AttentionChunks
 from ..core.batch_state import BatchContext, Capture
-from .registry import ATTENTION, ATTENTION_MEANS, ATTENTION_ROWS, GRADIENTS, MethodOutput, register
+from .registry import ATTENTION_CHUNKS, ATTENTION_ROWS, GRADIENTS, MethodOutput, register
 
 
 def rollout_matrices(attentions: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
@@ -44,23 +45,41 @@ def propagate(steps: Iterable[torch.Tensor], *, residual: bool = False) -> list[
     return out
 
 
-def rollout_rows(weights: torch.Tensor, means: list[torch.Tensor]) -> torch.Tensor:
-    """``(B, L, N)``: row ``weights`` ``(B, N)`` of the rollout up to each layer, ``P^l = Â^l···Â^1`` with
-    ``Â = 0.5·M + 0.5·I`` for the head-mean maps ``means`` (L tensors ``(B, N, N)``, bottom layer first).
-
-    Each row is carried down from its layer, ``v ← 0.5·v M^j + 0.5·v``: L(L+1)/2 products of a row with an
-    ``N × N`` map, instead of the L ``N × N`` matrix products of :func:`propagate` (and no ``Â`` is formed)."""
-    rows = []
-    for top in range(len(means)):
-        v = weights.to(means[top].dtype)
-        for m in reversed(means[: top + 1]):
-            v = 0.5 * torch.einsum("bq,bqk->bk", v, m) + 0.5 * v
-        rows.append(v)
-    return torch.stack(rows, 1)
+Reduce = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-def _stack_rows(capture: Capture, matrices: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack([capture.row(m) for m in matrices], 1)  # (B, L, K)
+def carried_rows(weights: torch.Tensor, maps: AttentionChunks, reduce: Reduce, *, mix: float, keep: float,
+                 gradients: bool = False) -> torch.Tensor:
+    """``(B, L, N)``: row ``weights`` ``(B, N)`` of ``P^l = M̂^l···M̂^1`` for every layer l, where
+    ``M̂^j = mix·M^j + keep·I`` and ``M^j = reduce(A^j, ∇A^j)`` ``(B, Q, K)`` (e.g. the head mean), computed from
+    ``maps``' chunks of query rows (``gradients``: with ``∇A``).
+
+    Rollout (``mix = keep = 0.5``) and GAE's rule (``mix = keep = 1``: ``P^l = P^{l-1} + M^l P^{l-1}``). Only
+    rows of the products are read, so each layer's row is carried down instead: from the top layer to the
+    bottom, every row started at or above layer j becomes ``mix·v M^j + keep·v``. Each map is read once, a chunk
+    of query rows at a time, and no ``N × N`` product is formed: ``L(L+1)/2`` products of a row with a map."""
+    b, n = weights.shape
+    rows = None
+    for j in reversed(range(maps.n_layers)):
+        product = None
+        for start, a, g in maps.chunks(j, gradients):
+            m = reduce(a, g)  # (B, q, K)
+            if rows is None:
+                rows = weights.new_zeros(b, maps.n_layers, m.shape[-1], dtype=m.dtype)
+            if product is None:
+                rows[:, j] = weights.to(m.dtype)
+                product = torch.zeros_like(rows[:, j:])
+            product += torch.einsum("bsq,bqk->bsk", rows[:, j:, start: start + m.shape[1]], m)
+        rows[:, j:] = mix * product + keep * rows[:, j:]
+    return rows
+
+
+def _head_mean(a: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    return a.mean(1)
+
+
+def _positive_gradient_weighted(a: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    return (g * a).clamp_min(0).mean(1)  # GAE's Ā = E_h (∇A ⊙ A)⁺
 
 
 def _stack_explained(capture: Capture, rows: list[torch.Tensor]) -> torch.Tensor:
@@ -83,7 +102,7 @@ def rawatt(ctx: BatchContext) -> MethodOutput:
 
 @register(
     "rollout",
-    needs={ATTENTION_MEANS},
+    needs={ATTENTION_CHUNKS},
     class_specific=False,
     self_attention_only=True,
     summary="Attention rollout: R = Â^L···Â^1 with Â = 0.5·E_h A + 0.5·I; s_j = R[c, j].",
@@ -91,7 +110,8 @@ def rawatt(ctx: BatchContext) -> MethodOutput:
 )
 def rollout(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    layers = rollout_rows(cap.query_weights, cap.head_means())  # row c of the rollout up to each layer
+    # row c of the rollout up to each layer
+    layers = carried_rows(cap.query_weights, cap.map_chunks(), _head_mean, mix=0.5, keep=0.5)
     return MethodOutput(layers[:, -1], layers)
 
 
@@ -109,13 +129,23 @@ def grads(ctx: BatchContext) -> MethodOutput:
 
 @register(
     "attgrads",
-    needs={ATTENTION, GRADIENTS},
+    needs={ATTENTION_CHUNKS, GRADIENTS},
     summary="Grad-SAM: mean over layers, heads and real query rows of A ⊙ ReLU(∇A).",
     citation="Barkan et al. 2021 (Grad-SAM)",
 )
 def attgrads(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    per_layer = [cap.query_mean((a * g.clamp_min(0)).mean(1)) for a, g in zip(cap.attentions, cap.attention_grads)]
+    maps = cap.map_chunks()
+    mask = cap.query_mask
+    count = mask.sum(1, keepdim=True).clamp_min(1)
+    per_layer = []
+    for layer in range(maps.n_layers):
+        total = None
+        for start, a, g in maps.chunks(layer, gradients=True):
+            m = mask[:, start: start + a.shape[2]].to(a.dtype)
+            part = torch.einsum("bq,bqk->bk", m, (a * g.clamp_min(0)).mean(1))
+            total = part if total is None else total + part
+        per_layer.append(total / count.to(total.dtype))
     layers = torch.stack(per_layer, 1)
     return MethodOutput(layers.mean(1), layers)
 
@@ -134,13 +164,14 @@ def agrad(ctx: BatchContext) -> MethodOutput:
 
 @register(
     "gae",
-    needs={ATTENTION, GRADIENTS},
+    needs={ATTENTION_CHUNKS, GRADIENTS},
     self_attention_only=True,
     summary="Generic attention explainability: R = I; R ← R + E_h ReLU(∇A ⊙ A)·R per layer; s_j = R[c, j].",
     citation="Chefer, Gur & Wolf 2021 (ICCV), self-attention rule",
 )
 def gae(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    a_bars = ((g * a).clamp_min(0).mean(1) for a, g in zip(cap.attentions, cap.attention_grads))
-    layers = _stack_rows(cap, propagate(a_bars, residual=True))
+    # row c of R after each layer, carried down (no N x N product)
+    layers = carried_rows(cap.query_weights, cap.map_chunks(), _positive_gradient_weighted, mix=1.0, keep=1.0,
+                          gradients=True)
     return MethodOutput(layers[:, -1], layers)

@@ -30,6 +30,9 @@ ATTENTION_RECEIVED = "attention_received"  # per layer, the attention each key r
 # queries (B, K), reduced during the forward (no gradient)
 ATTENTION_MEANS = "attention_means"  # every layer's whole map, mean over heads (B, Q, K), reduced during the forward
 # (no gradient): a head count fewer N x N maps than ATTENTION, and fused attention elsewhere
+ATTENTION_CHUNKS = "attention_chunks"  # every layer's whole maps (and, with GRADIENTS, their gradients) read in chunks
+# of query rows (Capture.map_chunks): recomputed from each layer's queries and keys under fused attention, nothing
+# N x N kept; the whole maps where the pass runs eager attention
 HIDDEN = "hidden"  # hidden states aligned with the attention keys
 EMBEDDINGS = "embeddings"  # output of the input-embedding module (token space)
 GRADIENTS = "gradients"  # gradients of the target w.r.t. the tensors above that the method declares (a backward)
@@ -39,8 +42,10 @@ OWN_PASS = "own_pass"  # the method runs its own computation from ctx (not the s
 # Tasks whose explained scalar the LRP pass can take from the head: a class logit; a token's logit at a position
 # (a token classifier's, a causal LM's); an answer span's start + end logits (extractive QA).
 LRP_TASKS = frozenset({"classification", "causal-lm", "token", "qa"})
-CAPTURED = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS, HIDDEN, EMBEDDINGS})
-DIFFERENTIABLE = frozenset({ATTENTION, ATTENTION_ROWS, HIDDEN, EMBEDDINGS})  # what the backward can reach
+CAPTURED = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS, ATTENTION_CHUNKS, HIDDEN,
+                      EMBEDDINGS})
+# what the backward can reach
+DIFFERENTIABLE = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_CHUNKS, HIDDEN, EMBEDDINGS})
 NEEDS = CAPTURED | {GRADIENTS, OWN_PASS}
 
 
