@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
 from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
 
 from attnlens import Explainer, InputError
@@ -313,3 +314,33 @@ def test_the_estimate_of_integrated_gradients_follows_its_fused_passes():
     assert memory.gradient_pass_storage(dims, n, budget, fused=True).recompute
     prefixes = engine.pass_cost(ex.runner, [registry.get_method("integratedgradients")], budget, prefixes=True)
     assert prefixes.own_storage("integratedgradients", 16).eager
+
+
+def test_long_inputs_set_the_allocator_once(monkeypatch):
+    """From LONG_INPUT_TOKENS padded tokens on, the mmap threshold is fixed, once per process; short inputs and
+    ATTNLENS_KEEP_MALLOC leave the allocator alone."""
+    from attnlens.core import allocator, batching
+
+    calls = []
+    monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=allocator.MMAP_THRESHOLD: calls.append(
+        threshold) or True)
+    monkeypatch.setattr(allocator, "_done", None)
+    batching.pad_batch([[1] * 10], 0, torch.device("cpu"))
+    assert calls == []
+    monkeypatch.setenv("ATTNLENS_KEEP_MALLOC", "1")
+    batching.pad_batch([[1] * allocator.LONG_INPUT_TOKENS], 0, torch.device("cpu"))
+    assert calls == []
+    monkeypatch.delenv("ATTNLENS_KEEP_MALLOC")
+    for _ in range(2):
+        batching.pad_batch([[1] * 3, [1] * allocator.LONG_INPUT_TOKENS], 0, torch.device("cpu"))
+    assert calls == [allocator.MMAP_THRESHOLD]
+
+
+def test_the_mmap_threshold_is_set_on_glibc():
+    import platform
+
+    from attnlens.core import allocator
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc's mallopt only")
+    assert allocator.set_mmap_threshold(allocator.MMAP_THRESHOLD)

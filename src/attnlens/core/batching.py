@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .allocator import for_long_inputs
 from .modelstate import explaining
 
 
@@ -32,9 +33,12 @@ def pad_batch(
     """Right-padded model inputs and the ``(B, N)`` mask of real (non-padding) tokens.
 
     ``masks`` (0/1 per token) hide tokens from attention without deleting them; ``with_types`` adds
-    ``token_type_ids`` (zeros where a sequence has none, as tokenizers make for single texts).
+    ``token_type_ids`` (zeros where a sequence has none, as tokenizers make for single texts). From
+    :data:`~attnlens.core.allocator.LONG_INPUT_TOKENS` tokens on, the C allocator's policy is set for long inputs
+    (:func:`~attnlens.core.allocator.for_long_inputs`).
     """
     n = max(len(x) for x in ids)
+    for_long_inputs(n)  # long inputs: large blocks back to the system when freed (allocator.py)
     input_ids = torch.full((len(ids), n), int(pad_id), dtype=torch.long)
     token_mask = torch.zeros((len(ids), n), dtype=torch.long)
     for b, seq in enumerate(ids):

@@ -26,7 +26,9 @@ import torch
 from torch import nn
 
 IMPLEMENTATION = "attnlens_rows"  # the name it is registered under in transformers' attention interfaces
-CHUNK_ELEMENTS = 2**22  # elements of one chunk of probabilities while reducing the received attention
+# elements of one chunk of probabilities recomputed and reduced at once (4 MiB in float32: below the allocator's
+# threshold for long inputs, so the chunks' temporaries reuse the heap's blocks; allocator.py)
+CHUNK_ELEMENTS = 2**20
 _UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")  # not reproduced here
 
 
