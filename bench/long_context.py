@@ -30,7 +30,8 @@ from peak import measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMDB = ROOT.parent / "shared" / "data" / "imdb" / "test.jsonl.gz"
-METHODS = ["plain", "rawatt", "attnnorm", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "attnlrp"]
+METHODS = ["plain", "rawatt", "attnnorm", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "rollout",
+           "gae", "attgrads", "attnlrp"]
 LENGTHS = [1024, 2048, 4096]
 OUT_JSON, OUT_MD = ROOT / "bench" / "data" / "long_context.json", ROOT / "bench" / "data" / "long_context.md"
 OUT_PNG = ROOT / "docs" / "images" / "long_context.png"
