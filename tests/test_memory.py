@@ -140,7 +140,7 @@ def test_the_estimate_follows_what_the_capture_keeps():
     # attnnorm reads the explained rows and the hidden states: fused attention
     assert _storage_of(llama, ["attnnorm", "rawatt"]) == memory.Storage(eager=False, rows=1, hidden=True,
                                                                         logit_rows=1)
-    full = _storage_of(llama, ["globenc", "rawatt"])  # globenc reads every head's map: eager, the maps kept
+    full = _storage_of(llama, ["decompx", "rawatt"])  # decompx reads every head's map: eager, the maps kept
     assert full.eager and full.maps and not full.backward
     dims = model_dims(llama.model)
     n = 4096

@@ -57,7 +57,9 @@ def _capture(ex: Explainer, methods: list[str]):
         (["flow"], {"attention_means"}),  # the head-mean maps only
         (["rollout"], {"attention_chunks"}),  # the maps recomputed from queries and keys
         (["gae"], {"attention_chunks"}),  # ... and their gradients from the values and the outputs' gradients
-        (["globenc"], {"attentions", "attention_rows", "hidden"}),  # every layer's whole maps
+        (["globenc"], {"attention_chunks", "hidden"}),  # the maps recomputed, and the hidden states
+        (["alti"], {"attention_chunks", "hidden"}),
+        (["decompx"], {"attentions", "attention_rows", "hidden"}),  # every layer's whole maps
         (["grads"], {"attention_rows", "attention_row_grads"}),
         (["cat"], {"hidden", "hidden_grads"}),
         (["attcat"], {"attention_rows", "attention_received", "hidden", "hidden_grads"}),  # no attention gradient
@@ -66,7 +68,7 @@ def _capture(ex: Explainer, methods: list[str]):
         (["integratedgradients"], set()),
         (CAPTURE_METHODS, {"attention_rows", "attention_row_grads", "attention_received", "attention_chunks",
                            "hidden", "hidden_grads", "embeddings", "embedding_grads"}),  # still fused attention
-        (CAPTURE_METHODS + ["flow", "globenc"], {"attentions", "attention_rows", "attention_row_grads",
+        (CAPTURE_METHODS + ["flow", "decompx"], {"attentions", "attention_rows", "attention_row_grads",
                                                  "attention_received", "attention_means", "attention_chunks",
                                                  "hidden", "hidden_grads", "embeddings", "embedding_grads"}),
     ],

@@ -22,7 +22,7 @@ from attnlens.testing.tiny_models import build_tiny
 TEXTS = ["i didn ' t like this boring film", "good", "the plot was boring but the actors were great !"]
 # every method that reads the shared pass without whole maps, with the options that change what it reads
 LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "rollout", "flow", "attnnorm",
-        "gae", "attgrads"]
+        "gae", "attgrads", "globenc", "alti"]
 OPTIONS = {"attcat": {"alpha": "mean"}}
 # of the largest per-layer term: fused and eager attention round differently (a few float32 ulps in a layer's
 # output; eager attention takes its softmax in float32 whatever the model's dtype, so float64 does not help)
@@ -107,7 +107,7 @@ def test_generation_steps_score_as_with_the_whole_maps():
             if mode:
                 mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
             outs[mode] = ex.explain_generation("the movie was", LEAN, target=" good but boring")
-    methods = LEAN + ["globenc"]  # globenc in the same request brings the whole maps back
+    methods = LEAN + ["decompx"]  # decompx in the same request brings the whole maps back
     for m in LEAN:
         ref = outs[capture.FULL_MAPS].scores[m]
         np.testing.assert_allclose(outs[None].scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
@@ -126,7 +126,7 @@ def test_the_rows_are_the_maps_rows_and_received_their_column_means():
     ctx, _ = ex.compute_batch(batch, [-1] * len(TEXTS), specs, {})
     cap = ctx.capture
     assert cap.attentions is None and cap.attention_rows[0].shape[2] == len({len(e.ids) for e in batch})
-    full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("globenc")], {})
+    full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("decompx")], {})
     mask = full.token_mask.double()
     for rows, received, means, maps in zip(cap.attention_rows, cap.attention_received, cap.attention_means,
                                            full.capture.attentions, strict=True):
@@ -280,11 +280,11 @@ def test_rows_carried_down_equal_the_matrix_products():
     def rows_of(products):
         return torch.stack([torch.einsum("bq,bqk->bk", weights, p) for p in products], 1)
 
-    got = carried_rows(weights, Chunked(maps, grads), lambda a, g: a.mean(1), mix=0.5, keep=0.5)
+    got = carried_rows(weights, Chunked(maps, grads), lambda j, s, a, g: a.mean(1), mix=0.5, keep=0.5)
     torch.testing.assert_close(got, rows_of(propagate(rollout_matrices(maps))), rtol=1e-12, atol=1e-12)
     bars = [(g * a).clamp_min(0).mean(1) for a, g in zip(maps, grads, strict=True)]
-    got = carried_rows(weights, Chunked(maps, grads), lambda a, g: (g * a).clamp_min(0).mean(1), mix=1.0, keep=1.0,
-                       gradients=True)
+    got = carried_rows(weights, Chunked(maps, grads), lambda j, s, a, g: (g * a).clamp_min(0).mean(1), mix=1.0,
+                       keep=1.0, gradients=True)
     torch.testing.assert_close(got, rows_of(propagate(bars, residual=True)), rtol=1e-12, atol=1e-12)
 
 

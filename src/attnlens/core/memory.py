@@ -180,6 +180,9 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
                      + n * storage.received + n * n * storage.means
                      + n * d * (2 * storage.factors + 3 * storage.factor_grads))
     kept += CHUNK_COPIES * min(CHUNK_ELEMENTS, heads * n * n) * storage.factors
+    # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time,
+    # in float32 and float64
+    kept += 3 * heads * n * d * (storage.factors and storage.hidden)
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
     kept += n * d * (storage.embeddings + storage.embedding_grads)
     return (work + kept) * dims.itemsize

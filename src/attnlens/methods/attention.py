@@ -45,40 +45,47 @@ def propagate(steps: Iterable[torch.Tensor], *, residual: bool = False) -> list[
     return out
 
 
-Reduce = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+# (layer, first query row of the chunk, A chunk (B, H, q, K), its gradient or None) -> M^layer at those rows (B, q, K)
+Reduce = Callable[[int, int, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def carried_rows(weights: torch.Tensor, maps: AttentionChunks, reduce: Reduce, *, mix: float, keep: float,
-                 gradients: bool = False) -> torch.Tensor:
+                 gradients: bool = False, divisor: Callable[[int], torch.Tensor | None] | None = None
+                 ) -> torch.Tensor:
     """``(B, L, N)``: row ``weights`` ``(B, N)`` of ``P^l = M̂^l···M̂^1`` for every layer l, where
-    ``M̂^j = mix·M^j + keep·I`` and ``M^j = reduce(A^j, ∇A^j)`` ``(B, Q, K)`` (e.g. the head mean), computed from
-    ``maps``' chunks of query rows (``gradients``: with ``∇A``).
+    ``M̂^j = mix·M^j + keep·I`` and ``M^j`` is built chunk by chunk of query rows by ``reduce`` from ``maps``
+    (``gradients``: with ``∇A``). ``divisor(j)``: after layer j's chunks, ``(B,)`` numbers ``M^j`` is divided by
+    (known only once every row was seen, e.g. its largest row sum), or ``None``.
 
-    Rollout (``mix = keep = 0.5``) and GAE's rule (``mix = keep = 1``: ``P^l = P^{l-1} + M^l P^{l-1}``). Only
-    rows of the products are read, so each layer's row is carried down instead: from the top layer to the
-    bottom, every row started at or above layer j becomes ``mix·v M^j + keep·v``. Each map is read once, a chunk
-    of query rows at a time, and no ``N × N`` product is formed: ``L(L+1)/2`` products of a row with a map."""
+    Rollout (``mix = keep = 0.5``, the head mean), GAE's rule (``mix = keep = 1``: ``P^l = P^{l-1} + M^l P^{l-1}``)
+    and plain products (``keep = 0``: GlobEnc, ALTI). Only rows of the products are read, so each layer's row is
+    carried down instead: from the top layer to the bottom, every row started at or above layer j becomes
+    ``mix·v M^j + keep·v``. Each map is read once, a chunk of query rows at a time, and no ``N × N`` product is
+    formed: ``L(L+1)/2`` products of a row with a map."""
     b, n = weights.shape
     rows = None
     for j in reversed(range(maps.n_layers)):
         product = None
         for start, a, g in maps.chunks(j, gradients):
-            m = reduce(a, g)  # (B, q, K)
+            m = reduce(j, start, a, g)  # (B, q, K)
             if rows is None:
                 rows = weights.new_zeros(b, maps.n_layers, m.shape[-1], dtype=m.dtype)
             if product is None:
                 rows[:, j] = weights.to(m.dtype)
                 product = torch.zeros_like(rows[:, j:])
             product += torch.einsum("bsq,bqk->bsk", rows[:, j:, start: start + m.shape[1]], m)
-        rows[:, j:] = mix * product + keep * rows[:, j:]
+        scale = divisor(j) if divisor is not None else None
+        if scale is not None:
+            product = product / scale.to(product.dtype)[:, None, None]
+        rows[:, j:] = mix * product + keep * rows[:, j:] if keep else mix * product
     return rows
 
 
-def _head_mean(a: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+def _head_mean(layer: int, start: int, a: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     return a.mean(1)
 
 
-def _positive_gradient_weighted(a: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+def _positive_gradient_weighted(layer: int, start: int, a: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     return (g * a).clamp_min(0).mean(1)  # GAE's Ā = E_h (∇A ⊙ A)⁺
 
 

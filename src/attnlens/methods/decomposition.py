@@ -26,15 +26,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.batch_state import BatchContext, Capture
+from ..core.batch_state import BatchContext
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
 from ..models.adapters import FIRST, LAST
 from ..models.architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architecture_for
 from ..models.norms import is_rms_norm, rms_eps, rms_gain
 from ..models.prefixes import last_positions, row_gradients
-from .attention import propagate
-from .registry import ATTENTION, ATTENTION_ROWS, HIDDEN, MethodOutput, register
+from .attention import carried_rows
+from .registry import ATTENTION, ATTENTION_CHUNKS, ATTENTION_ROWS, HIDDEN, MethodOutput, register
 
 ATTNNORM_VARIANTS = ("attn", "attn_res", "attn_res_ln")
 BIAS_MODES = ("absdot", "token")
@@ -246,11 +246,6 @@ def _pass(ctx: BatchContext) -> tuple[list[torch.Tensor], list[torch.Tensor], to
     return [h[:1] for h in cap.hidden], [a[:1] for a in cap.attentions], real
 
 
-def _per_row(ctx: BatchContext, m: torch.Tensor) -> torch.Tensor:
-    """A matrix of the recomputed layers as one per row of the batch (the sequence's, viewed for every prefix)."""
-    return m.expand(ctx.token_mask.shape[0], *m.shape[1:]) if ctx.sequence is not None else m
-
-
 def model_layers(ctx: BatchContext) -> list[Layer]:
     """Every layer of the batch (or of the sequence its rows are prefixes of) recomputed from the shared pass
     (cached in ``ctx.cache`` for the other methods)."""
@@ -309,64 +304,62 @@ def _ln_part(v: torch.Tensor, ln: nn.LayerNorm, std: torch.Tensor | None = None)
     return out if std is None else out / std
 
 
+def _gram(g: torch.Tensor) -> torch.Tensor:
+    """``(B, N, H, H)``: G_j = [⟨g^h_j, g^k_j⟩]_hk of per-head vectors ``g`` ``(B, H, N, D)``."""
+    return torch.einsum("bhjd,bkjd->bjhk", g, g)
+
+
+def _norm_rows(a: torch.Tensor, g: torch.Tensor, gram: torch.Tensor, m: torch.Tensor | None,
+               at: torch.Tensor) -> torch.Tensor:
+    """``(B, R, N)`` in float64: ‖Σ_h α^h_ij g^h_j (+ δ_ij m_i)‖² at the query rows of ``a`` ``(B, H, R, N)``,
+    whose positions are ``at`` ``(R,)``, with ``g`` ``(B, H, N, D)``, its :func:`_gram` and the residual ``m``
+    ``(B, R, D)`` at those rows (``None``: no residual)."""
+    a = a.double()
+    sq = (torch.einsum("bhij,bjhk->bkij", a, gram) * a).sum(1)
+    if m is not None:
+        rows = torch.arange(a.shape[2], device=a.device)
+        diag = 2 * torch.einsum("bhr,bhrd,brd->br", a[:, :, rows, at], g[:, :, at], m) + (m * m).sum(-1)
+        sq[:, rows, at] += diag
+    return sq
+
+
 def _norm_matrix(layer: Layer | _Mixing, transform: Callable[[torch.Tensor], torch.Tensor],
                  scale: torch.Tensor | None, residual: bool) -> torch.Tensor:
     """``(B, R, N)``: ‖M z_ij‖ · scale_i for a linear map M (``transform``) at the query rows i the mixing holds
     (every row of a :class:`Layer`: R = N), without forming the ``(B, R, N, D)`` vectors: with g^h_j = M f^h(x_j)
     and G_j = [⟨g^h_j, g^k_j⟩]_hk, ‖Σ_h α^h_ij g^h_j‖² = α_ij^T G_j α_ij, plus, where j = i with the residual,
     2 Σ_h α^h_ii ⟨g^h_i, M x_i⟩ + ‖M x_i‖²."""
-    a = layer.attn.double()  # (B, H, R, N)
     g = transform(layer.f).double()  # (B, H, N, D)
-    gram = torch.einsum("bhjd,bkjd->bjhk", g, g)
-    sq = (torch.einsum("bhij,bjhk->bkij", a, gram) * a).sum(1)
-    if residual:
-        at = getattr(layer, "positions", None)
-        at = torch.arange(a.shape[2], device=a.device) if at is None else at.to(a.device)
-        rows = torch.arange(a.shape[2], device=a.device)
-        m = transform(layer.x).double()  # (B, R, D): the residual at the rows
-        diag = 2 * torch.einsum("bhr,bhrd,brd->br", a[:, :, rows, at], g[:, :, at], m) + (m * m).sum(-1)
-        sq[:, rows, at] += diag
+    at = getattr(layer, "positions", None)
+    at = torch.arange(layer.attn.shape[2], device=g.device) if at is None else at.to(g.device)
+    m = transform(layer.x).double() if residual else None  # (B, R, D): the residual at the rows
+    sq = _norm_rows(layer.attn, g, _gram(g), m, at)
     out = sq.clamp_min(0).sqrt().to(layer.x.dtype)
     return out if scale is None else out * scale
 
 
-def _alti_matrix(layer: Layer) -> torch.Tensor:
-    """``(B, N, N)``: max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij) (post-LN) or z_ij (pre-LN), over
-    chunks of query rows (only a block of the ``(B, N, N, D)`` vectors T in memory)."""
-    g = layer.summand(layer.f)  # (B, H, N, D): LN1 is linear per summand, so it commutes with the attention sum
-    m = layer.summand(layer.x) / layer.std1
-    b, n, d = layer.x.shape
+def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tensor, at: torch.Tensor
+               ) -> torch.Tensor:
+    """``(B, R, N)``: max(0, ‖y_i‖₁ − ‖y_i − t_ij‖₁) with t_ij = Σ_h a^h_ij g^h_j + δ_ij m_i, at the query rows of
+    ``a`` ``(B, H, R, N)`` (positions ``at``), ``g`` ``(B, H, N, D)``, the residual ``m`` and ``y`` ``(B, R, D)``
+    there; over sub-chunks of rows (only a block of the ``(B, R, N, D)`` vectors t in memory)."""
+    b, r = y.shape[:2]
+    n, d = g.shape[2], g.shape[3]
     step = max(1, _ELEMENTS // max(1, b * n * d))
     parts = []
-    for start in range(0, n, step):
-        rows = slice(start, min(n, start + step))
-        t = torch.einsum("bhij,bhjd->bijd", layer.attn[:, :, rows] / layer.std1[:, None, rows], g)
-        idx = torch.arange(rows.start, rows.stop, device=t.device)
-        t[:, idx - rows.start, idx] += m[:, rows]
-        y = layer.y1[:, rows]
-        dist = torch.linalg.vector_norm(t.sub_(y.unsqueeze(2)), ord=1, dim=-1)
-        parts.append((torch.linalg.vector_norm(y, ord=1, dim=-1).unsqueeze(-1) - dist).clamp_min(0))
+    for start in range(0, r, step):
+        rows = slice(start, min(r, start + step))
+        t = torch.einsum("bhij,bhjd->bijd", a[:, :, rows], g)
+        idx = torch.arange(rows.stop - rows.start, device=t.device)
+        t[:, idx, at[rows]] += m[:, rows]
+        yr = y[:, rows]
+        dist = torch.linalg.vector_norm(t.sub_(yr.unsqueeze(2)), ord=1, dim=-1)
+        parts.append((torch.linalg.vector_norm(yr, ord=1, dim=-1).unsqueeze(-1) - dist).clamp_min(0))
     return torch.cat(parts, 1)
-
-
-def _real_pairs(cap: Capture, m: torch.Tensor) -> torch.Tensor:
-    """``m`` ``(B, Q, K)`` with rows of padded queries and columns of padded keys set to 0."""
-    real = cap.query_mask.bool()[:, :, None] & cap.key_mask.bool()[:, None, :]
-    return m * real.to(m.dtype)
 
 
 def _row_normalised(m: torch.Tensor) -> torch.Tensor:
     return m / m.sum(-1, keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
-
-
-def _rows(cap: Capture, matrices: list[torch.Tensor]) -> MethodOutput:
-    """The explained row of each layer's matrix; the score is the last layer's."""
-    layers = torch.stack([cap.row(m) for m in matrices], 1)
-    return MethodOutput(layers[:, -1], layers)
-
-
-def _rolled_rows(cap: Capture, matrices: list[torch.Tensor]) -> MethodOutput:
-    return _rows(cap, propagate(matrices))
 
 
 def _stream_norms(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
@@ -475,9 +468,155 @@ def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
     return MethodOutput(layers[:, -1], layers)
 
 
+def _through_both(v: torch.Tensor, ln1: nn.LayerNorm, ln2: nn.LayerNorm) -> torch.Tensor:
+    """A summand through LN1 and LN2 without β and 1/s (post-LN; the scales are applied to the norms)."""
+    return _ln_part(_ln_part(v, ln1), ln2)
+
+
+@dataclass
+class _LayerRows:
+    """One layer recomputed at a chunk of query rows ``at`` ``(R,)``: the residual there ``x`` ``(B, R, D)``, the
+    weights ``attn`` ``(B, H, R, N)`` and values ``f`` ``(B, H, N, D)`` as the summands take them
+    (:func:`_attention_sum`), the attention block's residual sum ``pre1`` ``(B, R, D)`` and, post-LN, LN1's
+    output ``y1`` and the scales ``std1``, ``std2`` of LN1's and LN2's inputs ``(B, R, 1)``."""
+
+    at: torch.Tensor
+    x: torch.Tensor
+    attn: torch.Tensor
+    f: torch.Tensor
+    pre1: torch.Tensor
+    y1: torch.Tensor
+    std1: torch.Tensor | None = None
+    std2: torch.Tensor | None = None
+
+
+class _ChunkedLayers:
+    """A layer matrix (GlobEnc's, ALTI's) at chunks of query rows, for
+    :func:`~attnlens.methods.attention.carried_rows`: each layer recomputed from its input h^{l-1} and the
+    chunk's attention, its output checked against h^l at those rows, then :meth:`matrix` of the chunk; padding
+    rows and columns zeroed, rows normalised where the method says. Layers are read top-down, chunk by chunk; a
+    layer's value vectors ``(B, H, N, D)`` are computed once, on its first chunk. On a generation's rows (prefixes
+    of one sequence) the sequence alone is recomputed and its matrix viewed for every row."""
+
+    def __init__(self, ctx: BatchContext) -> None:
+        cap, model = ctx.capture, ctx.model
+        self.ctx = ctx
+        self.anatomy = _anatomy(model)
+        self.blocks = _blocks(model)
+        self.spec = architecture_for(model.config).layers
+        self.final = _final_norm(model, self.anatomy)
+        self.hidden, self.real = list(cap.hidden), cap.key_mask.bool()
+        if ctx.sequence is not None:  # the rows are prefixes of one sequence: its tensors alone (a batch of one)
+            self.hidden = [h[:1] for h in self.hidden]
+            self.real = ctx.sequence["attention_mask"].bool().to(self.real.device)
+        self.layer: int | None = None
+
+    def begin(self, j: int, heads: int) -> None:
+        """Layer j's first chunk is next: its modules and value vectors."""
+        mods = _parts(self.blocks[j], self.ctx.model, self.anatomy)
+        x = self.hidden[j]
+        self.layer, self.mods, self.x = j, mods, x
+        self.f = _head_outputs(mods, _values(mods, mods["ln1"](x) if self.anatomy.pre_ln else x, heads, self.spec))
+
+    def matrix(self, rows: _LayerRows) -> torch.Tensor:
+        """``(B, R, N)``: the method's layer matrix at the chunk's rows."""
+        raise NotImplementedError
+
+    def normalised(self, m: torch.Tensor) -> torch.Tensor:
+        """The chunk's rows after the padding was zeroed (default: each row divided by its sum)."""
+        return _row_normalised(m)
+
+    def __call__(self, j: int, start: int, a: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
+        if j != self.layer:
+            self.begin(j, a.shape[1])
+        mods, pre_ln = self.mods, self.anatomy.pre_ln
+        if self.ctx.sequence is not None:
+            a = a[:1]
+        rows = slice(start, start + a.shape[2])
+        xr = self.x[:, rows]
+        with torch.no_grad():
+            pre1, a, f = _attention_sum(mods, xr, a, self.f)
+            if pre_ln:
+                ffn, _ = _ffn(mods, mods["ln2"](xr if self.anatomy.parallel else pre1))
+                got = pre1 + (mods["post_ffn_norm"](ffn) if "post_ffn_norm" in mods else ffn)
+                if j == len(self.blocks) - 1 and self.final is not None:
+                    got = self.final(got)
+                layer = _LayerRows(torch.arange(rows.start, rows.stop, device=a.device), xr, a, f, pre1, pre1)
+            else:
+                y1 = mods["ln1"](pre1)
+                pre2 = y1 + _ffn(mods, y1)[0]
+                got = mods["ln2"](pre2)
+                layer = _LayerRows(torch.arange(rows.start, rows.stop, device=a.device), xr, a, f, pre1, y1,
+                                   _std(mods["ln1"], pre1), _std(mods["ln2"], pre2))
+            _check_layer(self.ctx.model, j, got, self.hidden[j + 1][:, rows], self.real[:, rows])
+            m = self.matrix(layer)
+            cap = self.ctx.capture
+            b = cap.query_mask.shape[0]
+            m = m.expand(b, *m.shape[1:]) if m.shape[0] != b else m
+            real = cap.query_mask.bool()[:, rows, None] & cap.key_mask.bool()[:, None, :]
+            return self.normalised(m * real.to(m.dtype))
+
+
+class _GlobEncRows(_ChunkedLayers):
+    """GlobEnc's N^l_ij = ‖LN2(LN1(z_ij))‖ (post-LN) or ‖z_ij‖ (pre-LN) at a chunk of rows."""
+
+    def __init__(self, ctx: BatchContext, normalize: bool | None) -> None:
+        super().__init__(ctx)
+        self.normalize = normalize
+        self.largest: torch.Tensor | None = None
+
+    def begin(self, j: int, heads: int) -> None:
+        super().begin(j, heads)
+        self.g = None
+        self.largest = None
+
+    def matrix(self, rows: _LayerRows) -> torch.Tensor:
+        if self.anatomy.pre_ln:
+            transform, scale = (lambda v: v), None
+        else:
+            ln1, ln2 = self.mods["ln1"], self.mods["ln2"]
+            transform = functools.partial(_through_both, ln1=ln1, ln2=ln2)
+            scale = 1 / (rows.std1 * rows.std2)
+        if self.g is None:  # f as the summands take it is the same for every chunk of the layer
+            self.g = transform(rows.f).double()
+            self.gram = _gram(self.g)
+        m = _norm_rows(rows.attn, self.g, self.gram, transform(rows.x).double(), rows.at)
+        m = m.clamp_min(0).sqrt().to(rows.x.dtype)
+        return m if scale is None else m * scale
+
+    def normalised(self, m: torch.Tensor) -> torch.Tensor:
+        pre_ln = self.anatomy.pre_ln
+        if pre_ln and self.normalize is False:  # divided by the largest row sum once the layer is read
+            top = m.sum(-1).amax(-1)
+            self.largest = top if self.largest is None else torch.maximum(self.largest, top)
+            return m
+        return _row_normalised(m) if self.normalize or (self.normalize is None and pre_ln) else m
+
+    def divisor(self, j: int) -> torch.Tensor | None:
+        """``(B,)``: what layer j's matrix is divided by (its largest row sum), or ``None``."""
+        if self.largest is None:
+            return None
+        return self.largest.clamp_min(torch.finfo(self.largest.dtype).tiny)
+
+
+class _AltiRows(_ChunkedLayers):
+    """ALTI's c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁) at a chunk of rows (:func:`_alti_rows`)."""
+
+    def begin(self, j: int, heads: int) -> None:
+        super().begin(j, heads)
+        self.g = None
+
+    def matrix(self, rows: _LayerRows) -> torch.Tensor:
+        summand = (lambda v: v) if self.anatomy.pre_ln else functools.partial(_ln_part, ln=self.mods["ln1"])
+        if self.g is None:
+            self.g = summand(rows.f)  # LN1 is linear per summand, so it commutes with the attention sum
+        std1 = rows.std1 if rows.std1 is not None else rows.x.new_ones(*rows.x.shape[:2], 1)
+        return _alti_rows(rows.attn / std1[:, None], self.g, summand(rows.x) / std1, rows.y1, rows.at)
+
+
 @register(
     "globenc",
-    needs={ATTENTION, HIDDEN},
+    needs={ATTENTION_CHUNKS, HIDDEN},
     class_specific=False,
     self_attention_only=True,
     applies=_applies("globenc"),
@@ -494,24 +633,16 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
     token everything. With ``normalize=False`` on a pre-LN model each N^l is divided by one positive number per
     example (its largest row sum), which keeps the scores' proportions and the product finite."""
     cap = ctx.capture
-    mats = []
-    for layer in model_layers(ctx):
-        if layer.pre_ln:
-            m = _norm_matrix(layer, lambda v: v, None, True)
-        else:
-            ln1, ln2 = layer.modules["ln1"], layer.modules["ln2"]
-            m = _norm_matrix(layer, lambda v, ln1=ln1, ln2=ln2: _ln_part(_ln_part(v, ln1), ln2),
-                             1 / (layer.std1 * layer.std2), True)
-        m = _real_pairs(cap, _per_row(ctx, m))
-        if layer.pre_ln and normalize is False:
-            m = m / m.sum(-1).amax(-1)[:, None, None].clamp_min(torch.finfo(m.dtype).tiny)
-        mats.append(_row_normalised(m) if normalize or (normalize is None and layer.pre_ln) else m)
-    return _rolled_rows(cap, mats)
+    # every layer's maps read a chunk of query rows at a time (recomputed under fused attention), the explained
+    # row carried down through the layers: nothing N x N per head is kept
+    reader = _GlobEncRows(ctx, normalize)
+    layers = carried_rows(cap.query_weights, cap.map_chunks(), reader, mix=1.0, keep=0.0, divisor=reader.divisor)
+    return MethodOutput(layers[:, -1], layers)
 
 
 @register(
     "alti",
-    needs={ATTENTION, HIDDEN},
+    needs={ATTENTION_CHUNKS, HIDDEN},
     class_specific=False,
     self_attention_only=True,
     applies=_applies("alti"),
@@ -522,8 +653,8 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
 )
 def alti(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    mats = [_row_normalised(_real_pairs(cap, _per_row(ctx, _alti_matrix(layer)))) for layer in model_layers(ctx)]
-    return _rolled_rows(cap, mats)
+    layers = carried_rows(cap.query_weights, cap.map_chunks(), _AltiRows(ctx), mix=1.0, keep=0.0)
+    return MethodOutput(layers[:, -1], layers)
 
 
 # --- DecompX ------------------------------------------------------------------------------------------------------
