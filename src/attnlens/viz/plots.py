@@ -356,9 +356,11 @@ def plot_sanity(summary: Mapping[str, Any], path: str | Path | None = None, titl
     depths = ["none", *sanity["depths"]]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     colors = _method_colors(list(sanity["methods"]))
-    for method, c in sanity["methods"].items():
+    for i, (method, c) in enumerate(sanity["methods"].items()):
         ys = [1.0, *(np.nan if v is None else v for v in c[key])]
-        ax.plot(range(len(depths)), ys, marker="o", markersize=3, label=method, color=colors[method])
+        # beyond the palette's 20 colours, a line style tells methods of one colour apart
+        ax.plot(range(len(depths)), ys, marker="o", markersize=3, label=method, color=colors[method],
+                linestyle=("-", "--", ":")[(i // 20) % 3])
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(range(len(depths)), depths, rotation=30, ha="right", fontsize=8)
     ax.set_xlabel("randomised down to (cascading, from the head)")
