@@ -222,6 +222,33 @@ def _attention_sum(mods: dict[str, nn.Module], x: torch.Tensor, attn: torch.Tens
     return x + norm(branch), attn / scale.unsqueeze(1), f * rms_gain(norm, x)
 
 
+@dataclass
+class _Output:
+    """A layer's output recomputed at some rows from its attention block's residual sum: ``got`` (what the pass's
+    hidden state there must be), LN1's output ``y1`` (pre-LN: the residual stream after attention), the FFN's
+    act(u)/u ``theta`` and, post-LN, the scales ``std1``, ``std2`` of LN1's and LN2's inputs ``(B, R, 1)``."""
+
+    got: torch.Tensor
+    y1: torch.Tensor
+    theta: torch.Tensor
+    std1: torch.Tensor | None = None
+    std2: torch.Tensor | None = None
+
+
+def _layer_output(mods: dict[str, nn.Module], anatomy: Anatomy, x: torch.Tensor, pre1: torch.Tensor,
+                  final: nn.Module | None = None) -> _Output:
+    """The layer's output at the rows of ``x`` (its input there) and ``pre1`` (:func:`_attention_sum`);
+    ``final``: the model's final norm, for a pre-LN model's last layer (its hidden state is that norm's output)."""
+    if anatomy.pre_ln:
+        ffn, theta = _ffn(mods, mods["ln2"](x if anatomy.parallel else pre1))
+        got = pre1 + (mods["post_ffn_norm"](ffn) if "post_ffn_norm" in mods else ffn)
+        return _Output(final(got) if final is not None else got, pre1, theta)
+    y1 = mods["ln1"](pre1)
+    ffn, theta = _ffn(mods, y1)
+    pre2 = y1 + ffn
+    return _Output(mods["ln2"](pre2), y1, theta, _std(mods["ln1"], pre1), _std(mods["ln2"], pre2))
+
+
 def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> None:
     """Refuse a recomputed layer output that is not the model's (a wrong anatomy would give wrong scores)."""
     err = (got - want)[real].abs().max().item() if real.any() else 0.0
@@ -266,20 +293,13 @@ def model_layers(ctx: BatchContext) -> list[Layer]:
             a = mods["ln1"](x) if anatomy.pre_ln else x
             f = _head_outputs(mods, _values(mods, a, h, spec))
             pre1, attn, f = _attention_sum(mods, x, attn, f)
+            o = _layer_output(mods, anatomy, x, pre1, final if i == len(blocks) - 1 else None)
+            _check_layer(model, i, o.got, hidden[i + 1], real)
             if anatomy.pre_ln:
-                ffn, theta = _ffn(mods, mods["ln2"](x if anatomy.parallel else pre1))
-                got = pre1 + (mods["post_ffn_norm"](ffn) if "post_ffn_norm" in mods else ffn)
-                if i == len(blocks) - 1 and final is not None:
-                    got = final(got)  # the last hidden state is the final norm's output
-                _check_layer(model, i, got, hidden[i + 1], real)
                 ones = x.new_ones(*x.shape[:2], 1)
-                out.append(Layer(x, attn, f, ones, pre1, theta, ones, mods, pre_ln=True))
-                continue
-            y1 = mods["ln1"](pre1)
-            ffn, theta = _ffn(mods, y1)
-            pre2 = y1 + ffn
-            _check_layer(model, i, mods["ln2"](pre2), hidden[i + 1], real)
-            out.append(Layer(x, attn, f, _std(mods["ln1"], pre1), y1, theta, _std(mods["ln2"], pre2), mods))
+                out.append(Layer(x, attn, f, ones, pre1, o.theta, ones, mods, pre_ln=True))
+            else:
+                out.append(Layer(x, attn, f, o.std1, o.y1, o.theta, o.std2, mods))
     ctx.cache["decomposition.layers"] = out
     return out
 
@@ -417,17 +437,9 @@ def _attnnorm_rows(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
             xr = x[:, at]
             f = _head_outputs(mods, _values(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], spec))
             pre1, attn, f = _attention_sum(mods, xr, attn, f)
-            std1 = None
-            if anatomy.pre_ln:
-                ffn, _ = _ffn(mods, mods["ln2"](xr if anatomy.parallel else pre1))
-                got = pre1 + (mods["post_ffn_norm"](ffn) if "post_ffn_norm" in mods else ffn)
-                if i == len(blocks) - 1 and final is not None:
-                    got = final(got)
-            else:
-                y1 = mods["ln1"](pre1)
-                got = mods["ln2"](y1 + _ffn(mods, y1)[0])
-                std1 = _std(mods["ln1"], pre1)
-            _check_layer(model, i, got, hidden[i + 1][:, at], real[:, at])
+            o = _layer_output(mods, anatomy, xr, pre1, final if i == len(blocks) - 1 else None)
+            std1 = o.std1
+            _check_layer(model, i, o.got, hidden[i + 1][:, at], real[:, at])
             mixing = _Mixing(xr, attn, f, at)
             if variant == "attn_res_ln":
                 m = _norm_matrix(mixing, functools.partial(_ln_part, ln=mods["ln1"]), 1 / std1, True)
@@ -477,17 +489,13 @@ def _through_both(v: torch.Tensor, ln1: nn.LayerNorm, ln2: nn.LayerNorm) -> torc
 class _LayerRows:
     """One layer recomputed at a chunk of query rows ``at`` ``(R,)``: the residual there ``x`` ``(B, R, D)``, the
     weights ``attn`` ``(B, H, R, N)`` and values ``f`` ``(B, H, N, D)`` as the summands take them
-    (:func:`_attention_sum`), the attention block's residual sum ``pre1`` ``(B, R, D)`` and, post-LN, LN1's
-    output ``y1`` and the scales ``std1``, ``std2`` of LN1's and LN2's inputs ``(B, R, 1)``."""
+    (:func:`_attention_sum`), and its :class:`_Output` there."""
 
     at: torch.Tensor
     x: torch.Tensor
     attn: torch.Tensor
     f: torch.Tensor
-    pre1: torch.Tensor
-    y1: torch.Tensor
-    std1: torch.Tensor | None = None
-    std2: torch.Tensor | None = None
+    out: _Output
 
 
 class _ChunkedLayers:
@@ -529,27 +537,16 @@ class _ChunkedLayers:
     def __call__(self, j: int, start: int, a: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
         if j != self.layer:
             self.begin(j, a.shape[1])
-        mods, pre_ln = self.mods, self.anatomy.pre_ln
+        mods = self.mods
         if self.ctx.sequence is not None:
             a = a[:1]
         rows = slice(start, start + a.shape[2])
         xr = self.x[:, rows]
         with torch.no_grad():
             pre1, a, f = _attention_sum(mods, xr, a, self.f)
-            if pre_ln:
-                ffn, _ = _ffn(mods, mods["ln2"](xr if self.anatomy.parallel else pre1))
-                got = pre1 + (mods["post_ffn_norm"](ffn) if "post_ffn_norm" in mods else ffn)
-                if j == len(self.blocks) - 1 and self.final is not None:
-                    got = self.final(got)
-                layer = _LayerRows(torch.arange(rows.start, rows.stop, device=a.device), xr, a, f, pre1, pre1)
-            else:
-                y1 = mods["ln1"](pre1)
-                pre2 = y1 + _ffn(mods, y1)[0]
-                got = mods["ln2"](pre2)
-                layer = _LayerRows(torch.arange(rows.start, rows.stop, device=a.device), xr, a, f, pre1, y1,
-                                   _std(mods["ln1"], pre1), _std(mods["ln2"], pre2))
-            _check_layer(self.ctx.model, j, got, self.hidden[j + 1][:, rows], self.real[:, rows])
-            m = self.matrix(layer)
+            o = _layer_output(mods, self.anatomy, xr, pre1, self.final if j == len(self.blocks) - 1 else None)
+            _check_layer(self.ctx.model, j, o.got, self.hidden[j + 1][:, rows], self.real[:, rows])
+            m = self.matrix(_LayerRows(torch.arange(rows.start, rows.stop, device=a.device), xr, a, f, o))
             cap = self.ctx.capture
             b = cap.query_mask.shape[0]
             m = m.expand(b, *m.shape[1:]) if m.shape[0] != b else m
@@ -576,7 +573,7 @@ class _GlobEncRows(_ChunkedLayers):
         else:
             ln1, ln2 = self.mods["ln1"], self.mods["ln2"]
             transform = functools.partial(_through_both, ln1=ln1, ln2=ln2)
-            scale = 1 / (rows.std1 * rows.std2)
+            scale = 1 / (rows.out.std1 * rows.out.std2)
         if self.g is None:  # f as the summands take it is the same for every chunk of the layer
             self.g = transform(rows.f).double()
             self.gram = _gram(self.g)
@@ -610,8 +607,8 @@ class _AltiRows(_ChunkedLayers):
         summand = (lambda v: v) if self.anatomy.pre_ln else functools.partial(_ln_part, ln=self.mods["ln1"])
         if self.g is None:
             self.g = summand(rows.f)  # LN1 is linear per summand, so it commutes with the attention sum
-        std1 = rows.std1 if rows.std1 is not None else rows.x.new_ones(*rows.x.shape[:2], 1)
-        return _alti_rows(rows.attn / std1[:, None], self.g, summand(rows.x) / std1, rows.y1, rows.at)
+        std1 = rows.out.std1 if rows.out.std1 is not None else rows.x.new_ones(*rows.x.shape[:2], 1)
+        return _alti_rows(rows.attn / std1[:, None], self.g, summand(rows.x) / std1, rows.out.y1, rows.at)
 
 
 @register(
