@@ -10,8 +10,8 @@ Writes ``bench/data/long_context.json``, the markdown table ``bench/data/long_co
 ``docs/images/long_context.png`` (memory and time vs prompt length, one line per method).
 
 Run: ``python bench/long_context.py [--lengths 1024 2048 4096] [--methods rawatt agrad ...] [--answer 16]
-[--mode generation|answer] [--tag NAME]``; ``--mode answer`` explains the answer's summed log-probability once, as
-``attnlens cite`` does, and writes ``*_answer`` files.
+[--mode generation|answer] [--options JSON] [--tag NAME]``; ``--mode answer`` explains the answer's summed
+log-probability once, as ``attnlens cite`` does, and writes ``*_answer`` files.
 """
 
 from __future__ import annotations
@@ -49,11 +49,12 @@ def _ids(ex: object, n: int, answer: int) -> tuple[list[int], list[int]]:
     return ids[:n], ids[n: n + answer]
 
 
-def run_case(method: str, n: int, answer: int, mode: str = "generation") -> dict:
+def run_case(method: str, n: int, answer: int, mode: str = "generation", options: dict | None = None) -> dict:
     """One case in this process: the seconds it took (the model loaded before), or the refusal's line.
 
     ``mode="generation"``: ``explain_generation`` (one explanation per answer token); ``"answer"``:
-    ``explain_answer`` (the answer's summed log-probability, one explanation for the whole answer)."""
+    ``explain_answer`` (the answer's summed log-probability, one explanation for the whole answer). ``options``:
+    per method, as ``Explainer.explain`` takes them; integrated gradients' step count is recorded (``steps``)."""
     import numpy as np
     import torch
 
@@ -76,24 +77,29 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation") -> dict
         return {"seconds": time.perf_counter() - start}
     if mode == "answer":
         try:
-            exp = ex.explain_answer(prompt_ids, answer_ids, [method])
+            exp = ex.explain_answer(prompt_ids, answer_ids, [method], options=options)
         except InputError as exc:
             return {"refused": str(exc)}
-        return {"seconds": time.perf_counter() - start, "prompt_tokens": n, "answer_tokens": len(answer_ids),
-                "finite": bool(all(np.isfinite(v).all() for v in exp.scores.values()))}
+        found = {"seconds": time.perf_counter() - start, "prompt_tokens": n, "answer_tokens": len(answer_ids),
+                 "finite": bool(all(np.isfinite(v).all() for v in exp.scores.values()))}
+        if "n_steps" in exp.meta.get(method, {}):
+            found["steps"] = int(np.max(exp.meta[method]["n_steps"]))
+        return found
     prompt = ex.tokenizer.decode(prompt_ids)
     target = ex.tokenizer.decode(answer_ids)
     try:
-        gen = ex.explain_generation(prompt, [method], target=target)
+        gen = ex.explain_generation(prompt, [method], target=target, options=options)
     except InputError as exc:
         return {"refused": str(exc)}
     return {"seconds": time.perf_counter() - start, "prompt_tokens": len(gen.prompt_ids),
             "answer_tokens": len(gen.generated_ids)}
 
 
-def measure(method: str, n: int, answer: int, timeout: float, mode: str = "generation") -> dict:
+def measure(method: str, n: int, answer: int, timeout: float, mode: str = "generation",
+            options: dict | None = None) -> dict:
     """A case in a fresh process under ``/usr/bin/time``: its result with ``peak_gib`` (peak RSS)."""
-    return measured(__file__, ["--one", method, str(n), str(answer), "--mode", mode], timeout,
+    extra = ["--options", json.dumps(options)] if options else []
+    return measured(__file__, ["--one", method, str(n), str(answer), "--mode", mode, *extra], timeout,
                     {"method": method, "tokens": n})
 
 
@@ -115,6 +121,7 @@ def table(results: list[dict]) -> str:
                 cells.append(f"failed: {r['error'][:60]}")
             else:
                 ratio = f", {r['seconds'] / plain[n]:.1f}×" if plain.get(n) and method != "plain" else ""
+                ratio += f" ({r['steps']} steps)" if "steps" in r else ""
                 cells.append(f"{r['peak_gib']:.2f} GiB, {r['seconds']:.1f} s{ratio}")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -158,11 +165,13 @@ def main() -> None:
                    help="explain every answer token (explain_generation) or the answer's summed log-probability "
                         "once (explain_answer, as attnlens cite does); answer mode writes *_answer files")
     p.add_argument("--from-log", metavar="FILE", help="write the table and plot from the JSON lines a run printed")
+    p.add_argument("--options", type=json.loads, default=None,
+                   help='per-method options as JSON, e.g. \'{"integratedgradients": {"n_steps": 8}}\'')
     p.add_argument("--tag", default="", help="suffix of the output files (a run of some methods beside the main one)")
     p.add_argument("--one", nargs=3, metavar=("METHOD", "TOKENS", "ANSWER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_case(args.one[0], int(args.one[1]), int(args.one[2]), args.mode)))
+        print(json.dumps(run_case(args.one[0], int(args.one[1]), int(args.one[2]), args.mode, args.options)))
         return
     out_json, out_md, out_png = OUT_JSON, OUT_MD, OUT_PNG
     if args.mode == "answer":
@@ -175,7 +184,8 @@ def main() -> None:
         results = [json.loads(line) for line in lines if line.startswith("{")]
     for n in [] if args.from_log else args.lengths:
         for method in args.methods:
-            results.append(measure(method, n, args.answer, args.timeout, args.mode))
+            results.append(measure(method, n, args.answer, args.timeout, args.mode,
+                                   {k: v for k, v in (args.options or {}).items() if k == method} or None))
             print(json.dumps(results[-1]), flush=True)
     out_json.write_text(json.dumps({"answer_tokens": args.answer, "mode": args.mode, "results": results}, indent=1)
                         + "\n")

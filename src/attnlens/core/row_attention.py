@@ -135,6 +135,50 @@ def _received(recorder: RowRecorder, query: torch.Tensor, key: torch.Tensor, mas
     return total
 
 
+def _fused_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+               dropout: float) -> Any:
+    """PyTorch's fused CPU attention kernel, which also returns each query row's log-normaliser, where it can run
+    this layer (CPU, no mask beyond causality, no dropout, one head size, float32 or float64: the normaliser
+    rides on the queries in their dtype); ``None`` otherwise."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    fits = (query.device.type == "cpu" and mask is None and dropout == 0.0 and query.shape == key.shape
+            and value.shape == query.shape and query.dtype in (torch.float32, torch.float64))
+    return op if fits else None
+
+
+def _received_fused(op: Any, weights: torch.Tensor, query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
+                    causal: bool, scale: float) -> torch.Tensor:
+    """``(B', K)``: as :func:`_received`, from one more fused attention instead of every probability.
+
+    ``A[q, k] = exp(scale · q·k − lse[q])``, so the weighted column sum ``Σ_q w[q] A[q, k]`` is an attention from
+    each key over the queries: logits ``scale · k·q − lse[q]`` (``−lse`` rides on an extra dimension), whose
+    log-normaliser is ``log Σ_q A[q, k]`` and whose output with values ``w[q]`` is that sum's ``w``-weighted share.
+    Under causal masking key ``k`` sees the queries ``q ≥ k``: reversing the positions makes that causal again.
+    """
+    b, h, n, d = query.shape
+    rows = weights.shape[0]
+    ones = query.new_ones(b, h, n, 1)
+    keys = torch.cat([key * scale, ones], -1)
+    queries = torch.cat([query, -lse.to(query.dtype)[..., None]], -1)
+    # values: every output row's weights over the one sequence, or each sequence's own row
+    columns = weights.T[None, None].expand(b, h, n, rows) if b == 1 else weights[:, None, :, None].expand(b, h, n, 1)
+    if causal:
+        keys, queries, columns = keys.flip(2), queries.flip(2), columns.flip(2)
+    keys, queries = keys.contiguous(), queries.contiguous()
+    parts, exact = [], torch.promote_types(query.dtype, torch.float32)
+    with torch.no_grad():
+        for start in range(0, columns.shape[-1], d + 1):
+            block = columns[..., start: start + d + 1]
+            values = torch.nn.functional.pad(block.to(query.dtype), (0, d + 1 - block.shape[-1])).contiguous()
+            out, norm = op(keys, queries, values, 0.0, causal, scale=1.0)
+            parts.append(out[..., : block.shape[-1]].to(exact) * norm.to(exact).exp()[..., None])
+    total = torch.cat(parts, -1)  # (B, H, K, columns)
+    if causal:
+        total = total.flip(2)
+    total = total.mean(1).to(query.dtype)
+    return total.transpose(1, 2)[0] if b == 1 else total[..., 0]
+
+
 def _head_means(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, causal: bool,
                 scale: float) -> torch.Tensor:
     """``(B, Q, K)``: the layer's attention, mean over heads, built from chunks of query rows (no graph; nothing
@@ -167,8 +211,15 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and n > 1 \
         and attention_mask is None
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                                     scale=scale, is_causal=causal)
+    fused = None
+    if recorder.received_weights is not None and record and not recorder.means:
+        fused = _fused_cpu(query, key, value, attention_mask, dropout)
+    lse = None
+    if fused is not None:  # the same kernel SDPA runs on CPU, with the rows' log-normalisers for the received sums
+        out, lse = fused(query, key, value, 0.0, causal, scale=scale)
+    else:
+        out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                         dropout_p=dropout, scale=scale, is_causal=causal)
     if recorder.rows is not None:
         rows = recorder.rows.to(query.device)
         probs = probabilities(query, key, attention_mask, rows, causal, scale)
@@ -187,9 +238,14 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     if recorder.received_weights is not None and record:
         weights = recorder.received_weights
         # with the head-mean map at hand, the received attention is its weighted column sum (no second softmax)
-        recorder.received.append(_received(recorder, query, key, attention_mask, causal, scale) if not recorder.means
-                                 else torch.einsum("bq,bqk->bk", weights.to(query.dtype),
-                                                   recorder.mean_maps[-1].expand(len(weights), -1, -1)))
+        if recorder.means:
+            received = torch.einsum("bq,bqk->bk", weights.to(query.dtype),
+                                    recorder.mean_maps[-1].expand(len(weights), -1, -1))
+        elif lse is not None:
+            received = _received_fused(fused, weights, query.detach(), key.detach(), lse.detach(), causal, scale)
+        else:
+            received = _received(recorder, query, key, attention_mask, causal, scale)
+        recorder.received.append(received)
     return out.transpose(1, 2).contiguous(), None
 
 
