@@ -721,3 +721,60 @@ def test_at2_fit_with_a_token_method_learns_its_weight_beside_the_heads(lm, monk
     with pytest.raises(InputError, match="at2 with attnlrp reads their scores: an input of 9,000 tokens"):
         lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2lrp"], chat=False,
                              options={"at2lrp": {"weights": str(path)}})
+
+
+# ------------------------------------------------------------------------------------------- attngate
+def _gated_logprob_by_hand(ex: Explainer, ids: list[int], owner: np.ndarray, answer: list[int],
+                           gates: np.ndarray) -> float:
+    """The answer's log-probability with each source's keys weighted by its gate, by eager attention with an
+    additive float mask (log g on the source's keys) in float64."""
+    from attnlens.core.modelstate import explaining
+
+    model = copy.deepcopy(ex.model).double()
+    n = len(ids) + len(answer)
+    bias = torch.zeros(n, dtype=torch.float64)
+    for s, g in enumerate(gates):
+        bias[np.nonzero(owner == s)[0]] = float(np.log(g))
+    mask = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1) + bias
+    with torch.no_grad(), explaining(model):
+        logits = model(input_ids=torch.tensor([ids + answer]), attention_mask=mask[None, None]).logits[0]
+    logp = logits.log_softmax(-1)
+    return sum(float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(answer))
+
+
+def test_attngate_is_the_derivative_of_the_gated_logprob(lm):
+    """Against central differences of the answer's log-probability with one source's gate moved, computed by
+    eager attention with an additive mask in float64 (a step of 1e-3: Llama's norms compute in float32 whatever
+    the model's dtype, which smaller steps would amplify)."""
+    from attnlens.sources.attribute import prepare_job
+    from attnlens.sources.gates import source_gate_gradients
+
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    owner = np.array(job.token_source)
+    for gate in (0.5, 1.0):
+        scores, logprob = source_gate_gradients(job, gate)
+        gates = np.full(4, gate)
+        assert logprob == pytest.approx(_gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, gates),
+                                        rel=1e-5)
+        eps = 1e-3
+        for s in range(4):
+            up, down = gates.copy(), gates.copy()
+            up[s] += eps  # above 1 the gate weighs the source's keys up: the derivative is two-sided there too
+            down[s] -= eps
+            diff = (_gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, up)
+                    - _gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, down)) / (2 * eps)
+            assert scores[s] == pytest.approx(diff, rel=2e-3, abs=1e-4), (gate, s)
+
+
+def test_attngate_at_open_gates_leaves_the_answer_logprob_unchanged(lm):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate", "loo"], chat=False,
+                             options={"attngate": {"gate": 1.0}})
+    assert r.meta["methods"]["attngate"]["gated_logprob"] == pytest.approx(r.meta["answer_logprob"], rel=1e-5)
+    assert r.scores["attngate"].shape == (4,) and np.isfinite(r.scores["attngate"]).all()
+
+
+@pytest.mark.parametrize("gate", [0, -0.5, 1.5, "half", True])
+def test_attngate_refuses_a_gate_outside_zero_to_one(lm, gate):
+    with pytest.raises(InputError, match="gate must be a number in"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False,
+                             options={"attngate": {"gate": gate}})

@@ -27,8 +27,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="which part of the context an LLM's answer came from",
         description=(
             "Attribute a language model's answer to the sources of its context (sentences, passages, lines): "
-            "token-level methods summed per source, ablations (loo, contextcite) and learned attention (at2, at2lrp). "
-            "The answer is generated greedily unless --answer gives it."
+            "token-level methods summed per source, ablations (loo, contextcite), learned attention (at2, at2lrp) "
+            "and attention gates (attngate). The answer is generated greedily unless --answer gives it."
         ),
     )
     p.add_argument("--model", default="smollm2",
@@ -44,7 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="what a source is (default: sentence; passage = blank-line-separated blocks)")
     p.add_argument("--methods", default=None,
                    help="comma-separated methods: token-level ones (see `attnlens explain --help`) and loo, "
-                        "contextcite, at2, at2lrp; 'all' (default: decompx,attnlrp,loo, leaving out with a "
+                        "contextcite, at2, at2lrp, attngate; 'all' (default: decompx,attnlrp,loo, leaving out with a "
                         "warning those over --memory-budget at the prompt's length)")
     p.add_argument("--template", help="the user message around {context} and {query} "
                                       "(default: 'Context: {context}\\n\\nQuery: {query}')")

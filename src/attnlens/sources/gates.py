@@ -1,0 +1,129 @@
+"""``attngate``: how much the answer's log-probability depends on the attention paid to each source.
+
+Every source gets a gate ``g_s`` on the attention every query pays to its tokens, in every layer and head: the
+key's softmax weight is multiplied by ``g_s`` and the row renormalised (``log g_s`` added to its logits). ``g = 1``
+is the model as it is; ``g = 0`` hides the source from attention (the ``"mask"`` ablation). The score is the
+derivative ``∂ log p(answer) / ∂ g_s`` at half-open gates (``gate``, default ½) — for random ablations that keep
+each source with probability ½ (ContextCite's design), the first-order estimate of the log-probability a source
+adds when kept. One forward and one backward with fused attention; the gates' logarithm rides on one extra
+dimension of the queries and keys (``q' = [q, 1]``, ``k' = [k, log g / scale]``), so no ``N × N`` mask is built.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..core.batching import keeps_logits
+from ..core.modelstate import explaining
+from ..core.row_attention import RowAttentionUnsupported, dispatches_attention, repeat_kv
+from ..errors import InputError
+from .ablation import CiteJob
+from .methods import source_method
+
+__all__ = ["IMPLEMENTATION", "gated_attention", "gating", "source_gate_gradients"]
+
+IMPLEMENTATION = "attnlens_gates"  # the name it is registered under in transformers' attention interfaces
+_UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")
+_LOG_GATES: ContextVar[torch.Tensor | None] = ContextVar("attnlens_log_gates", default=None)
+
+
+def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                    is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """One attention layer (transformers' attention-interface signature) by SDPA with the active per-key log-gates
+    (:func:`gating`) added to every query's logits. Returns ``(B, Q, H, d)`` outputs and no probabilities."""
+    log_gates = _LOG_GATES.get()
+    bad = [k for k in _UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
+    if log_gates is None or bad:
+        raise RowAttentionUnsupported(f"gated attention with {', '.join(bad) or 'no gates'}")
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    b, h, n, _ = query.shape
+    keys = key.shape[2]
+    if log_gates.shape[-1] != keys:
+        raise RowAttentionUnsupported(f"{log_gates.shape[-1]} gates for {keys} keys")
+    causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and n > 1 \
+        and attention_mask is None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    gates = (log_gates / scale).to(key.dtype).reshape(-1, 1, keys, 1).expand(b, h, keys, 1)
+    query = torch.cat([query, query.new_ones(b, h, n, 1)], -1)
+    key = torch.cat([key, gates], -1)
+    value = torch.cat([value, value.new_zeros(b, h, keys, 1)], -1)  # fused kernels take one head size
+    out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                                     scale=scale, is_causal=causal)[..., :-1]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def registered() -> str:
+    """:data:`IMPLEMENTATION`, registered in transformers' attention and attention-mask interfaces."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, gated_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+    return IMPLEMENTATION
+
+
+@contextmanager
+def gating(log_gates: torch.Tensor) -> Iterator[None]:
+    """Within the block, :func:`gated_attention` adds ``log_gates`` ``(K,)`` (or ``(B, K)``) to every query's
+    logits of each key."""
+    token = _LOG_GATES.set(log_gates)
+    try:
+        yield
+    finally:
+        _LOG_GATES.reset(token)
+
+
+def source_gate_gradients(job: CiteJob, gate: float) -> tuple[np.ndarray, float]:
+    """``(∂ log p / ∂ g_s for every source, log p)`` with every source's gate at ``gate``."""
+    model = job.runner.model
+    if not dispatches_attention(model):
+        raise InputError(f"attngate gates attention through transformers' attention interface, which "
+                         f"{type(model).__name__} does not run; use at2, loo or contextcite")
+    ids = job.prompt.ids + job.prefix_ids + job.answer_ids
+    owner = torch.as_tensor(job.token_source + [-1] * (len(ids) - len(job.token_source)))
+    inside = owner >= 0
+    device = job.runner.device
+    log_gate = torch.full((len(job.sources),), math.log(gate), dtype=torch.float32, device=device,
+                          requires_grad=True)
+    per_token = torch.zeros(len(ids), dtype=torch.float32, device=device)
+    per_token = per_token.index_put((inside.nonzero()[:, 0].to(device),), log_gate[owner[inside].to(device)])
+    k = len(job.answer_ids)
+    keep = {"logits_to_keep": k + 1} if keeps_logits(model) else {}
+    with torch.enable_grad(), explaining(model, registered()), gating(per_token):
+        try:
+            logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False, **keep).logits[0]
+        except RowAttentionUnsupported as err:
+            raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo or "
+                             "contextcite") from None
+        rows = logits[-(k + 1):-1].float()
+        targets = torch.as_tensor(job.answer_ids, device=rows.device)
+        logprob = torch.log_softmax(rows, -1)[torch.arange(k, device=rows.device), targets].sum()
+        (grad,) = torch.autograd.grad(logprob, log_gate)
+    # d/dg = d/d(log g) / g
+    return (grad / gate).double().cpu().numpy(), float(logprob.detach())
+
+
+def _check_gate(gate: Any) -> float:
+    if isinstance(gate, bool) or not isinstance(gate, (int, float)) or not 0.0 < float(gate) <= 1.0:
+        raise InputError(f"attngate: gate must be a number in (0, 1], got {gate!r}")
+    return float(gate)
+
+
+@source_method("attngate", "Attention gates: the derivative of the answer's log-probability with respect to a gate "
+               "on the attention every query pays to the source (every layer and head), at half-open gates.",
+               "attention-gate gradient (first-order attention masking, after attribution patching: Nanda 2023, "
+               "Kramár et al. 2024)",
+               forwards=lambda n, **_: 3, token_methods=("saliency",), gate=0.5)
+def attngate(job: CiteJob, gate: float = 0.5) -> tuple[np.ndarray, dict[str, Any]]:
+    scores, logprob = source_gate_gradients(job, _check_gate(gate))
+    return scores, {"gated_logprob": logprob}
