@@ -778,3 +778,28 @@ def test_attngate_refuses_a_gate_outside_zero_to_one(lm, gate):
     with pytest.raises(InputError, match="gate must be a number in"):
         lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False,
                              options={"attngate": {"gate": gate}})
+
+
+def test_attngate_with_layers_recomputed_scores_the_same(lm, monkeypatch):
+    from attnlens.sources import gates
+    from attnlens.sources.attribute import prepare_job
+
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    kept, logprob = gates.source_gate_gradients(job, 0.5)
+    switched = []
+    real = gates.recomputed_layers
+    monkeypatch.setattr(gates, "_recomputes", lambda *a: True)
+    monkeypatch.setattr(gates, "recomputed_layers", lambda m: switched.append(1) or real(m))
+    again, logprob_again = gates.source_gate_gradients(job, 0.5)
+    assert switched
+    np.testing.assert_allclose(again, kept, rtol=1e-5, atol=1e-7)
+    assert logprob_again == pytest.approx(logprob, rel=1e-6)
+
+
+def test_attngate_over_the_memory_budget_is_refused_before_its_pass(lm, monkeypatch):
+    from attnlens.sources import gates
+
+    monkeypatch.setattr(gates, "pass_row_bytes", lambda *a: 2**40)
+    monkeypatch.setattr(gates, "gating", lambda *a: pytest.fail("the pass ran"))
+    with pytest.raises(InputError, match=r"attngate's forward \+ backward over \d+ tokens needs about 1024.0 GiB"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False)

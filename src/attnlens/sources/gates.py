@@ -7,13 +7,14 @@ derivative ``∂ log p(answer) / ∂ g_s`` at half-open gates (``gate``, default
 each source with probability ½ (ContextCite's design), the first-order estimate of the log-probability a source
 adds when kept. One forward and one backward with fused attention; the gates' logarithm rides on one extra
 dimension of the queries and keys (``q' = [q, 1]``, ``k' = [k, log g / scale]``), so no ``N × N`` mask is built.
+Where the layers' activations would not fit the memory budget, the backward recomputes each layer.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -22,9 +23,11 @@ import torch
 from torch import nn
 
 from ..core.batching import keeps_logits
+from ..core.memory import Storage, fitting, model_dims, parse_budget, pass_row_bytes
 from ..core.modelstate import explaining
 from ..core.row_attention import RowAttentionUnsupported, dispatches_attention, repeat_kv
 from ..errors import InputError
+from ..models.recompute import recomputable, recomputed_layers
 from .ablation import CiteJob
 from .methods import source_method
 
@@ -99,7 +102,9 @@ def source_gate_gradients(job: CiteJob, gate: float) -> tuple[np.ndarray, float]
     per_token = per_token.index_put((inside.nonzero()[:, 0].to(device),), log_gate[owner[inside].to(device)])
     k = len(job.answer_ids)
     keep = {"logits_to_keep": k + 1} if keeps_logits(model) else {}
-    with torch.enable_grad(), explaining(model, registered()), gating(per_token):
+    recompute = _recomputes(job, len(ids), k + 1 if keep else 0)
+    with torch.enable_grad(), explaining(model, registered()), gating(per_token), \
+            (recomputed_layers(model) if recompute else nullcontext()):
         try:
             logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False, **keep).logits[0]
         except RowAttentionUnsupported as err:
@@ -111,6 +116,23 @@ def source_gate_gradients(job: CiteJob, gate: float) -> tuple[np.ndarray, float]
         (grad,) = torch.autograd.grad(logprob, log_gate)
     # d/dg = d/d(log g) / g
     return (grad / gate).double().cpu().numpy(), float(logprob.detach())
+
+
+def _recomputes(job: CiteJob, n: int, logit_rows: int) -> bool:
+    """Whether the gated pass recomputes each layer in the backward (its activations would not fit the memory
+    budget); :class:`InputError` when even that would not fit. The pass is saliency's (a fused forward +
+    backward), whose estimate also refuses it before any method of the job runs."""
+    model = job.runner.model
+    dims, budget = model_dims(model), parse_budget(job.memory_budget)
+    storage = fitting(dims, n, Storage(eager=False, backward=True, logit_rows=logit_rows), budget)
+    if storage.recompute and not recomputable(model):
+        storage = Storage(eager=False, backward=True, logit_rows=logit_rows)
+    need = pass_row_bytes(dims, n, storage)
+    if need > budget:
+        raise InputError(f"attngate's forward + backward over {n:,} tokens needs about {need / 2**30:.1f} GiB, more "
+                         f"than the memory budget of {budget / 2**30:.1f} GiB (shorten the context or raise "
+                         "--memory-budget / memory_budget=)")
+    return storage.recompute
 
 
 def _check_gate(gate: Any) -> float:
