@@ -803,3 +803,15 @@ def test_attngate_over_the_memory_budget_is_refused_before_its_pass(lm, monkeypa
     monkeypatch.setattr(gates, "gating", lambda *a: pytest.fail("the pass ran"))
     with pytest.raises(InputError, match=r"attngate's forward \+ backward over \d+ tokens needs about 1024.0 GiB"):
         lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False)
+
+
+def test_attngate_per_layer_gates_add_up_to_the_shared_gate(lm):
+    from attnlens.sources.attribute import prepare_job
+    from attnlens.sources.gates import source_gate_gradients
+
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    shared, logprob = source_gate_gradients(job, 0.5)
+    layers, logprob_layers = source_gate_gradients(job, 0.5, per_layer=True)
+    assert layers.shape == (lm.model.config.num_hidden_layers, 4)
+    np.testing.assert_allclose(layers.sum(0), shared, rtol=1e-5, atol=1e-7)
+    assert logprob_layers == pytest.approx(logprob, rel=1e-6)

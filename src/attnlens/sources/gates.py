@@ -47,6 +47,11 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     bad = [k for k in _UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
     if log_gates is None or bad:
         raise RowAttentionUnsupported(f"gated attention with {', '.join(bad) or 'no gates'}")
+    if log_gates.dim() == 2:  # one row of gates per layer
+        layer = getattr(module, "layer_idx", None)
+        if layer is None or layer >= len(log_gates):
+            raise RowAttentionUnsupported("per-layer gates on attention modules that do not know their layer")
+        log_gates = log_gates[layer]
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     b, h, n, _ = query.shape
@@ -56,7 +61,7 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and n > 1 \
         and attention_mask is None
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    gates = (log_gates / scale).to(key.dtype).reshape(-1, 1, keys, 1).expand(b, h, keys, 1)
+    gates = (log_gates / scale).to(key.dtype).reshape(1, 1, keys, 1).expand(b, h, keys, 1)
     query = torch.cat([query, query.new_ones(b, h, n, 1)], -1)
     key = torch.cat([key, gates], -1)
     value = torch.cat([value, value.new_zeros(b, h, keys, 1)], -1)  # fused kernels take one head size
@@ -77,8 +82,8 @@ def registered() -> str:
 
 @contextmanager
 def gating(log_gates: torch.Tensor) -> Iterator[None]:
-    """Within the block, :func:`gated_attention` adds ``log_gates`` ``(K,)`` (or ``(B, K)``) to every query's
-    logits of each key."""
+    """Within the block, :func:`gated_attention` adds ``log_gates`` ``(K,)`` to every query's logits of each key,
+    in every layer (``(L, K)``: row ``l`` in layer ``l``)."""
     token = _LOG_GATES.set(log_gates)
     try:
         yield
@@ -86,8 +91,9 @@ def gating(log_gates: torch.Tensor) -> Iterator[None]:
         _LOG_GATES.reset(token)
 
 
-def source_gate_gradients(job: CiteJob, gate: float) -> tuple[np.ndarray, float]:
-    """``(∂ log p / ∂ g_s for every source, log p)`` with every source's gate at ``gate``."""
+def source_gate_gradients(job: CiteJob, gate: float, per_layer: bool = False) -> tuple[np.ndarray, float]:
+    """``(∂ log p / ∂ g_s for every source, log p)`` with every source's gate at ``gate``; ``per_layer``: one gate
+    per layer and source, ``(L, n_sources)`` derivatives (their sum over layers is the shared gate's)."""
     model = job.runner.model
     if not dispatches_attention(model):
         raise InputError(f"attngate gates attention through transformers' attention interface, which "
@@ -96,10 +102,11 @@ def source_gate_gradients(job: CiteJob, gate: float) -> tuple[np.ndarray, float]
     owner = torch.as_tensor(job.token_source + [-1] * (len(ids) - len(job.token_source)))
     inside = owner >= 0
     device = job.runner.device
-    log_gate = torch.full((len(job.sources),), math.log(gate), dtype=torch.float32, device=device,
+    rows = (int(model.config.num_hidden_layers),) if per_layer else ()
+    log_gate = torch.full((*rows, len(job.sources)), math.log(gate), dtype=torch.float32, device=device,
                           requires_grad=True)
-    per_token = torch.zeros(len(ids), dtype=torch.float32, device=device)
-    per_token = per_token.index_put((inside.nonzero()[:, 0].to(device),), log_gate[owner[inside].to(device)])
+    per_token = torch.zeros(*rows, len(ids), dtype=torch.float32, device=device)
+    per_token[..., inside.to(device)] = log_gate[..., owner[inside].to(device)]
     k = len(job.answer_ids)
     keep = {"logits_to_keep": k + 1} if keeps_logits(model) else {}
     recompute = _recomputes(job, len(ids), k + 1 if keep else 0)
@@ -110,9 +117,9 @@ def source_gate_gradients(job: CiteJob, gate: float) -> tuple[np.ndarray, float]
         except RowAttentionUnsupported as err:
             raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo or "
                              "contextcite") from None
-        rows = logits[-(k + 1):-1].float()
-        targets = torch.as_tensor(job.answer_ids, device=rows.device)
-        logprob = torch.log_softmax(rows, -1)[torch.arange(k, device=rows.device), targets].sum()
+        answer = logits[-(k + 1):-1].float()
+        targets = torch.as_tensor(job.answer_ids, device=answer.device)
+        logprob = torch.log_softmax(answer, -1)[torch.arange(k, device=answer.device), targets].sum()
         (grad,) = torch.autograd.grad(logprob, log_gate)
     # d/dg = d/d(log g) / g
     return (grad / gate).double().cpu().numpy(), float(logprob.detach())
