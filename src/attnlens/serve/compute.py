@@ -36,7 +36,8 @@ def model_facts(name: str, ex: Any) -> dict[str, Any]:
     return {"name": name, "task": ex.head.task, "kind": ex.head.kind, "labels": ex.labels,
             "language_model": ex.head.task in LANGUAGE_MODELS, "max_length": ex.max_length,
             "token_encoding": encoding_meta(ex.tokenizer).get("token_encoding"), "methods": methods,
-            "source_methods": list(SOURCE_METHODS), "source_defaults": list(SOURCE_DEFAULTS)}
+            "source_methods": list(SOURCE_METHODS), "source_defaults": list(SOURCE_DEFAULTS),
+            "source_summaries": {m: spec.summary for m, spec in SOURCE_METHODS.items()}}
 
 
 def _options(req: Any) -> dict[str, Any] | None:

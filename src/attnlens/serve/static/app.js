@@ -541,7 +541,7 @@ function fillSourceMethods(facts) {
     input.type = "checkbox";
     input.value = id;
     input.checked = facts.source_defaults.includes(id);
-    label.title = id === "at2" ? "needs attention weights fitted for this model (attnlens fit-at2)" : "ablation of each source";
+    label.title = (facts.source_summaries || {})[id] || id;
     label.append(input, document.createTextNode(id));
     box.appendChild(label);
   }
