@@ -29,7 +29,7 @@ IMPLEMENTATION = "attnlens_rows"  # the name it is registered under in transform
 # elements of one chunk of probabilities recomputed and reduced at once (4 MiB in float32: below the allocator's
 # threshold for long inputs, so the chunks' temporaries reuse the heap's blocks; allocator.py)
 CHUNK_ELEMENTS = 2**20
-_UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")  # not reproduced here
+UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")  # not reproduced here
 
 
 class RowAttentionUnsupported(RuntimeError):
@@ -199,7 +199,7 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     """One attention layer (transformers' attention-interface signature) by SDPA, keeping what the active
     :class:`RowRecorder` asks for. Returns ``(B, Q, H, d)`` outputs and no probabilities."""
     recorder = _ACTIVE.get()
-    bad = [k for k in _UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
+    bad = unsupported(kwargs)
     if recorder is None or bad:
         raise RowAttentionUnsupported(f"attention with {', '.join(bad) or 'no recorder'}")
     record = not recorder.done
@@ -207,10 +207,7 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     groups = getattr(module, "num_key_value_groups", 1)
     own_key, own_value = key, value  # one per key head (grouped-query attention)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    n = query.shape[2]
-    causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and n > 1 \
-        and attention_mask is None
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    causal, scale = causal_and_scale(module, query, attention_mask, is_causal, scaling)
     fused = None
     if recorder.received_weights is not None and record and not recorder.means:
         fused = _fused_cpu(query, key, value, attention_mask, dropout)
@@ -249,15 +246,34 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     return out.transpose(1, 2).contiguous(), None
 
 
-def registered() -> str:
-    """:data:`IMPLEMENTATION`, registered in transformers' attention and attention-mask interfaces (SDPA's masks:
-    boolean, or none where causality alone masks)."""
+def unsupported(kwargs: dict[str, Any]) -> list[str]:
+    """The attention features among a layer's keyword arguments that SDPA stand-ins do not reproduce."""
+    return [k for k in UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
+
+
+def causal_and_scale(module: nn.Module, query: torch.Tensor, attention_mask: torch.Tensor | None,
+                     is_causal: bool | None, scaling: float | None) -> tuple[bool, float]:
+    """Whether SDPA masks the layer causally by itself (no mask given, more than one query), and its scale, as
+    the attention interface's arguments and the module say."""
+    causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) \
+        and query.shape[2] > 1 and attention_mask is None
+    return causal, scaling if scaling is not None else query.shape[-1] ** -0.5
+
+
+def register_implementation(name: str, function: Any) -> str:
+    """Register ``function`` as attention implementation ``name`` in transformers' attention interface, with
+    SDPA's masks (boolean, or none where causality alone masks); returns ``name``."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    AttentionInterface.register(IMPLEMENTATION, row_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
-    return IMPLEMENTATION
+    AttentionInterface.register(name, function)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+    return name
+
+
+def registered() -> str:
+    """:data:`IMPLEMENTATION`, registered in transformers' attention and attention-mask interfaces."""
+    return register_implementation(IMPLEMENTATION, row_attention)
 
 
 def dispatches_attention(model: nn.Module) -> bool:

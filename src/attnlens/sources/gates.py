@@ -25,7 +25,14 @@ from torch import nn
 from ..core.batching import keeps_logits
 from ..core.memory import Storage, fitting, model_dims, parse_budget, pass_row_bytes
 from ..core.modelstate import explaining
-from ..core.row_attention import RowAttentionUnsupported, dispatches_attention, repeat_kv
+from ..core.row_attention import (
+    RowAttentionUnsupported,
+    causal_and_scale,
+    dispatches_attention,
+    register_implementation,
+    repeat_kv,
+    unsupported,
+)
 from ..errors import InputError
 from ..models.recompute import recomputable, recomputed_layers
 from .ablation import CiteJob
@@ -34,7 +41,6 @@ from .methods import source_method
 __all__ = ["IMPLEMENTATION", "gated_attention", "gating", "source_gate_gradients"]
 
 IMPLEMENTATION = "attnlens_gates"  # the name it is registered under in transformers' attention interfaces
-_UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")
 _LOG_GATES: ContextVar[torch.Tensor | None] = ContextVar("attnlens_log_gates", default=None)
 
 
@@ -44,7 +50,7 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """One attention layer (transformers' attention-interface signature) by SDPA with the active per-key log-gates
     (:func:`gating`) added to every query's logits. Returns ``(B, Q, H, d)`` outputs and no probabilities."""
     log_gates = _LOG_GATES.get()
-    bad = [k for k in _UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
+    bad = unsupported(kwargs)
     if log_gates is None or bad:
         raise RowAttentionUnsupported(f"gated attention with {', '.join(bad) or 'no gates'}")
     if log_gates.dim() == 2:  # one row of gates per layer
@@ -58,9 +64,7 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     keys = key.shape[2]
     if log_gates.shape[-1] != keys:
         raise RowAttentionUnsupported(f"{log_gates.shape[-1]} gates for {keys} keys")
-    causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and n > 1 \
-        and attention_mask is None
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    causal, scale = causal_and_scale(module, query, attention_mask, is_causal, scaling)
     gates = (log_gates / scale).to(key.dtype).reshape(1, 1, keys, 1).expand(b, h, keys, 1)
     query = torch.cat([query, query.new_ones(b, h, n, 1)], -1)
     key = torch.cat([key, gates], -1)
@@ -72,12 +76,7 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
 
 def registered() -> str:
     """:data:`IMPLEMENTATION`, registered in transformers' attention and attention-mask interfaces."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(IMPLEMENTATION, gated_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
-    return IMPLEMENTATION
+    return register_implementation(IMPLEMENTATION, gated_attention)
 
 
 @contextmanager
