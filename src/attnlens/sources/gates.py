@@ -12,6 +12,7 @@ Where the layers' activations would not fit the memory budget, the backward reco
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from ..core.batching import keeps_logits
-from ..core.memory import Storage, fitting, model_dims, parse_budget, pass_row_bytes
+from ..core.memory import gradient_pass_storage, model_dims, parse_budget, pass_row_bytes
 from ..core.modelstate import explaining
 from ..core.row_attention import (
     RowAttentionUnsupported,
@@ -34,6 +35,7 @@ from ..core.row_attention import (
     unsupported,
 )
 from ..errors import InputError
+from ..models.heads import AnswerHead
 from ..models.recompute import recomputable, recomputed_layers
 from .ablation import CiteJob
 from .methods import source_method
@@ -116,9 +118,10 @@ def source_gate_gradients(job: CiteJob, gate: float, per_layer: bool = False) ->
         except RowAttentionUnsupported as err:
             raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo or "
                              "contextcite") from None
-        answer = logits[-(k + 1):-1].float()
-        targets = torch.as_tensor(job.answer_ids, device=answer.device)
-        logprob = torch.log_softmax(answer, -1)[torch.arange(k, device=answer.device), targets].sum()
+        # the answer's log-probability as the ablation forwards read it (the last position predicts nothing)
+        answer = logits[None, -(k + 1):].float()
+        labels = torch.tensor([[*job.answer_ids, -1]], device=answer.device)
+        logprob = AnswerHead(job.runner.head.vocab_size).scalar(answer, labels, "loss", labels >= 0)[0]
         (grad,) = torch.autograd.grad(logprob, log_gate)
     # d/dg = d/d(log g) / g
     return (grad / gate).double().cpu().numpy(), float(logprob.detach())
@@ -130,9 +133,9 @@ def _recomputes(job: CiteJob, n: int, logit_rows: int) -> bool:
     backward), whose estimate also refuses it before any method of the job runs."""
     model = job.runner.model
     dims, budget = model_dims(model), parse_budget(job.memory_budget)
-    storage = fitting(dims, n, Storage(eager=False, backward=True, logit_rows=logit_rows), budget)
-    if storage.recompute and not recomputable(model):
-        storage = Storage(eager=False, backward=True, logit_rows=logit_rows)
+    storage = gradient_pass_storage(dims, n, budget, True, logit_rows)
+    if storage.recompute and not recomputable(model):  # no layer to switch: the pass keeps every activation
+        storage = dataclasses.replace(storage, recompute=False)
     need = pass_row_bytes(dims, n, storage)
     if need > budget:
         raise InputError(f"attngate's forward + backward over {n:,} tokens needs about {need / 2**30:.1f} GiB, more "
