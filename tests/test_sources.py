@@ -657,6 +657,30 @@ def test_context_benchmark_recomputes_at2_when_its_weights_change(lm, tmp_path, 
     assert again["metrics"]["at2"]["lds"]["mean"] == pytest.approx(-first["metrics"]["at2"]["lds"]["mean"])
 
 
+def test_context_benchmark_recomputes_a_method_whose_default_options_changed(lm, tmp_path, monkeypatch):
+    """A record names every option a source method ran with, its defaults too: the same command after a default
+    changed computes the method again, and the record shows the new value."""
+    from attnlens.evaluation import context_benchmark as cb
+    from attnlens.sources.methods import SOURCE_METHODS
+    from attnlens.sources.squad import ContextExample
+
+    example = ContextExample("x1", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=0)
+    asked: list[list[str]] = []
+    real = cb.score_job
+    monkeypatch.setattr(cb, "score_job", lambda job, methods, options: asked.append(methods) or real(job, methods,
+                                                                                                     options))
+    run = cb.ContextBenchmarkConfig(methods=["attngate"], n_lds=6)
+    cb.run_context_benchmark(lm, [example], run, tmp_path)
+    cb.run_context_benchmark(lm, [example], run, tmp_path)
+    assert asked == [["attngate"]]
+    spec = SOURCE_METHODS["attngate"]
+    monkeypatch.setitem(SOURCE_METHODS, "attngate", replace(spec, options={**spec.options, "gate": 0.25}))
+    cb.run_context_benchmark(lm, [example], run, tmp_path)
+    assert asked == [["attngate"], ["attngate"]]
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert records[-1]["methods"]["attngate"]["options"] == {"gate": 0.25, "queries": "after"}
+
+
 def test_at2_fit_with_a_token_method_learns_its_weight_beside_the_heads(lm, monkeypatch, tmp_path):
     """Ablation effects linear in the attention features plus 2 × AttnLRP's source scores: the joint fit
     predicts them, at2lrp loads those weights and scores a prompt with them, at2 refuses them, and a cached fit
@@ -725,45 +749,87 @@ def test_at2_fit_with_a_token_method_learns_its_weight_beside_the_heads(lm, monk
 
 # ------------------------------------------------------------------------------------------- attngate
 def _gated_logprob_by_hand(ex: Explainer, ids: list[int], owner: np.ndarray, answer: list[int],
-                           gates: np.ndarray) -> float:
-    """The answer's log-probability with each source's keys weighted by its gate, by eager attention with an
-    additive float mask (log g on the source's keys) in float64."""
+                           gates: np.ndarray, first_row: int = 0) -> float:
+    """The answer's log-probability with each source's keys weighted by its gate (``gates``: one per source, or
+    ``(heads, sources)``: one per head and source), by eager attention with an additive float mask (log g on the
+    source's keys) in float64; only the queries from ``first_row`` on are gated."""
     from attnlens.core.modelstate import explaining
 
     model = copy.deepcopy(ex.model).double()
     n = len(ids) + len(answer)
-    bias = torch.zeros(n, dtype=torch.float64)
-    for s, g in enumerate(gates):
-        bias[np.nonzero(owner == s)[0]] = float(np.log(g))
+    per_head = np.broadcast_to(gates, (model.config.num_attention_heads, len(gates.T)))
+    bias = torch.zeros(len(per_head), n, n, dtype=torch.float64)
+    for h, row in enumerate(per_head):
+        for s, g in enumerate(row):
+            bias[h, first_row:, np.nonzero(owner == s)[0]] = float(np.log(g))
     mask = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1) + bias
     with torch.no_grad(), explaining(model):
-        logits = model(input_ids=torch.tensor([ids + answer]), attention_mask=mask[None, None]).logits[0]
+        logits = model(input_ids=torch.tensor([ids + answer]), attention_mask=mask[None]).logits[0]
     logp = logits.log_softmax(-1)
     return sum(float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(answer))
 
 
-def test_attngate_is_the_derivative_of_the_gated_logprob(lm):
+def _after_context(owner: np.ndarray) -> int:
+    """The first query that ``queries="after"`` gates: the one after the last source token."""
+    return int(np.nonzero(owner >= 0)[0][-1]) + 1
+
+
+@pytest.mark.parametrize("queries", ["all", "after"])
+def test_attngate_is_the_derivative_of_the_gated_logprob(lm, queries):
     """Against central differences of the answer's log-probability with one source's gate moved, computed by
     eager attention with an additive mask in float64 (a step of 1e-3: Llama's norms compute in float32 whatever
-    the model's dtype, which smaller steps would amplify)."""
+    the model's dtype, which smaller steps would amplify); with ``queries="after"`` only the queries after the
+    context are gated."""
     from attnlens.sources.attribute import prepare_job
     from attnlens.sources.gates import source_gate_gradients
 
     job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
     owner = np.array(job.token_source)
+    first_row = 0 if queries == "all" else _after_context(owner)
+    assert queries == "all" or 0 < first_row < len(job.prompt.ids)
+
+    def by_hand(gates: np.ndarray) -> float:
+        return _gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, gates, first_row)
+
     for gate in (0.5, 1.0):
-        scores, logprob = source_gate_gradients(job, gate)
+        scores, logprob = source_gate_gradients(job, gate, queries=queries)
         gates = np.full(4, gate)
-        assert logprob == pytest.approx(_gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, gates),
-                                        rel=1e-5)
+        assert logprob == pytest.approx(by_hand(gates), rel=1e-5)
         eps = 1e-3
         for s in range(4):
             up, down = gates.copy(), gates.copy()
             up[s] += eps  # above 1 the gate weighs the source's keys up: the derivative is two-sided there too
             down[s] -= eps
-            diff = (_gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, up)
-                    - _gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, down)) / (2 * eps)
+            diff = (by_hand(up) - by_hand(down)) / (2 * eps)
             assert scores[s] == pytest.approx(diff, rel=2e-3, abs=1e-4), (gate, s)
+
+
+@pytest.mark.parametrize("queries", ["all", "after"])
+def test_attngate_per_head_gates_are_the_derivatives_of_each_heads_gate(lm, queries):
+    """Per-head derivatives summed over layers against central differences with one head's gate moved in every
+    layer (float64 eager reference), and their sums against the per-layer and shared gates."""
+    from attnlens.sources.attribute import prepare_job
+    from attnlens.sources.gates import source_gate_gradients
+
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    owner = np.array(job.token_source)
+    first_row = 0 if queries == "all" else _after_context(owner)
+    shared, logprob = source_gate_gradients(job, 0.5, queries=queries)
+    layers, logprob_layers = source_gate_gradients(job, 0.5, per="layer", queries=queries)
+    heads, logprob_heads = source_gate_gradients(job, 0.5, per="head", queries=queries)
+    config = lm.model.config
+    assert layers.shape == (config.num_hidden_layers, 4)
+    assert heads.shape == (config.num_hidden_layers, config.num_attention_heads, 4)
+    np.testing.assert_allclose(layers.sum(0), shared, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(heads.sum(1), layers, rtol=1e-5, atol=1e-7)
+    assert logprob_layers == pytest.approx(logprob, rel=1e-6) and logprob_heads == pytest.approx(logprob, rel=1e-6)
+    eps, head, s = 1e-3, config.num_attention_heads - 1, 2
+    up, down = np.full((config.num_attention_heads, 4), 0.5), np.full((config.num_attention_heads, 4), 0.5)
+    up[head, s] += eps
+    down[head, s] -= eps
+    diff = (_gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, up, first_row)
+            - _gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, down, first_row)) / (2 * eps)
+    assert heads[:, head, s].sum() == pytest.approx(diff, rel=2e-3, abs=1e-4)
 
 
 def test_attngate_at_open_gates_leaves_the_answer_logprob_unchanged(lm):
@@ -796,22 +862,20 @@ def test_attngate_with_layers_recomputed_scores_the_same(lm, monkeypatch):
     assert logprob_again == pytest.approx(logprob, rel=1e-6)
 
 
-def test_attngate_over_the_memory_budget_is_refused_before_its_pass(lm, monkeypatch):
+@pytest.mark.parametrize(("queries", "message"), [("all", r"attngate's forward \+ backward over \d+ tokens"),
+                                                   ("after", r"attngate over \d+ tokens")])
+def test_attngate_over_the_memory_budget_is_refused_before_any_pass(lm, monkeypatch, queries, message):
     from attnlens.sources import gates
 
     monkeypatch.setattr(gates, "pass_row_bytes", lambda *a: 2**40)
     monkeypatch.setattr(gates, "gating", lambda *a: pytest.fail("the pass ran"))
-    with pytest.raises(InputError, match=r"attngate's forward \+ backward over \d+ tokens needs about 1024.0 GiB"):
-        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False)
+    monkeypatch.setattr(gates, "explaining", lambda *a: pytest.fail("a pass ran"))
+    with pytest.raises(InputError, match=message + " needs about 1024.0 GiB"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo", "attngate"], chat=False,
+                             options={"attngate": {"queries": queries}})
 
 
-def test_attngate_per_layer_gates_add_up_to_the_shared_gate(lm):
-    from attnlens.sources.attribute import prepare_job
-    from attnlens.sources.gates import source_gate_gradients
-
-    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
-    shared, logprob = source_gate_gradients(job, 0.5)
-    layers, logprob_layers = source_gate_gradients(job, 0.5, per_layer=True)
-    assert layers.shape == (lm.model.config.num_hidden_layers, 4)
-    np.testing.assert_allclose(layers.sum(0), shared, rtol=1e-5, atol=1e-7)
-    assert logprob_layers == pytest.approx(logprob, rel=1e-6)
+def test_attngate_refuses_unknown_queries(lm):
+    with pytest.raises(InputError, match="queries must be one of all, after, got 'answer'"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False,
+                             options={"attngate": {"queries": "answer"}})

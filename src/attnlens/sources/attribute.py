@@ -68,15 +68,18 @@ def default_methods(job: CiteJob) -> list[str]:
     return [*kept, *source]
 
 
-def _check_source_passes(job: CiteJob, source_methods: Sequence[str]) -> None:
-    """Refuse, before anything runs, a source method whose own token-level pass (e.g. at2lrp's AttnLRP) the memory
-    budget cannot hold at this prompt's length."""
+def _check_source_passes(job: CiteJob, source_options: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse, before anything runs, a source method whose options or own passes (e.g. at2lrp's AttnLRP) the
+    memory budget cannot hold at this prompt's length."""
     n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
-    for m in source_methods:
-        needs = SOURCE_METHODS[m].token_methods
-        if not needs:
+    for m, options in source_options.items():
+        spec = SOURCE_METHODS[m]
+        if spec.check is not None:
+            spec.check(job, **options)
+        if not spec.token_methods:
             continue
-        _, left = methods_within_budget(job.runner, list(needs), n, job.memory_budget, len(job.answer_ids))
+        needs = list(spec.token_methods)
+        _, left = methods_within_budget(job.runner, needs, n, job.memory_budget, len(job.answer_ids))
         if left:
             need = ", ".join(f"{t} about {v / 2**30:.1f} GiB" for t, v in left.items())
             raise InputError(f"{m} runs {', '.join(needs)} over the prompt: at {n:,} tokens {need}, more than the "
@@ -187,7 +190,7 @@ def score_job(
         if name not in asked and "all" not in token_methods:
             raise InputError(f"options given for {name!r}, which is not among the requested methods")
     source_options = {m: check_source_options(m, options.pop(m, {})) for m in source_methods}
-    _check_source_passes(job, source_methods)
+    _check_source_passes(job, source_options)
     scores: dict[str, np.ndarray] = {}
     token_scores: dict[str, np.ndarray] = {}
     seconds: dict[str, float] = {}

@@ -1,13 +1,23 @@
 """``attngate``: how much the answer's log-probability depends on the attention paid to each source.
 
-Every source gets a gate ``g_s`` on the attention every query pays to its tokens, in every layer and head: the
-key's softmax weight is multiplied by ``g_s`` and the row renormalised (``log g_s`` added to its logits). ``g = 1``
-is the model as it is; ``g = 0`` hides the source from attention (the ``"mask"`` ablation). The score is the
-derivative ``∂ log p(answer) / ∂ g_s`` at half-open gates (``gate``, default ½) — for random ablations that keep
-each source with probability ½ (ContextCite's design), the first-order estimate of the log-probability a source
-adds when kept. One forward and one backward with fused attention; the gates' logarithm rides on one extra
-dimension of the queries and keys (``q' = [q, 1]``, ``k' = [k, log g / scale]``), so no ``N × N`` mask is built.
-Where the layers' activations would not fit the memory budget, the backward recomputes each layer.
+Every source gets a gate ``g_s`` on the attention paid to its tokens, in every layer and head: the key's softmax
+weight is multiplied by ``g_s`` and the row renormalised (``log g_s`` added to its logits). ``g = 1`` is the model
+as it is; ``g = 0`` hides the source from attention (the ``"mask"`` ablation). The score is the derivative
+``∂ log p(answer) / ∂ g_s`` at half-open gates (``gate``, default ½) — for random ablations that keep each source
+with probability ½ (ContextCite's design), the first-order estimate of the log-probability a source adds when kept.
+
+Which queries are gated (``queries``):
+
+- ``"after"`` (default): those after the last source token — the query, the template and the answer. The context
+  runs once without a graph (fused attention, its keys and values cached); the positions after it run again with
+  the gates and are differentiated, so the backward covers a few dozen positions however long the context. The
+  context's own representations are left as they are: the score is what the answer reads from each source
+  through the question and answer positions.
+- ``"all"``: every query, the context's too (one forward and one backward over the whole prompt; where the
+  layers' activations would not fit the memory budget, the backward recomputes each layer).
+
+The gates' logarithm rides on one extra dimension of the queries and keys (``q' = [q, 1]``,
+``k' = [k, log g / scale]``), so attention stays fused and no ``N × N`` mask is built.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import torch
 from torch import nn
 
 from ..core.batching import keeps_logits
-from ..core.memory import gradient_pass_storage, model_dims, parse_budget, pass_row_bytes
+from ..core.memory import Storage, gradient_pass_storage, model_dims, parse_budget, pass_row_bytes
 from ..core.modelstate import explaining
 from ..core.row_attention import (
     RowAttentionUnsupported,
@@ -55,7 +65,7 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     bad = unsupported(kwargs)
     if log_gates is None or bad:
         raise RowAttentionUnsupported(f"gated attention with {', '.join(bad) or 'no gates'}")
-    if log_gates.dim() == 2:  # one row of gates per layer
+    if log_gates.dim() >= 2:  # one row of gates per layer (and head)
         layer = getattr(module, "layer_idx", None)
         if layer is None or layer >= len(log_gates):
             raise RowAttentionUnsupported("per-layer gates on attention modules that do not know their layer")
@@ -64,10 +74,10 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     b, h, n, _ = query.shape
     keys = key.shape[2]
-    if log_gates.shape[-1] != keys:
-        raise RowAttentionUnsupported(f"{log_gates.shape[-1]} gates for {keys} keys")
+    if log_gates.shape[-1] != keys or (log_gates.dim() == 2 and log_gates.shape[0] != h):
+        raise RowAttentionUnsupported(f"gates of shape {tuple(log_gates.shape)} for {h} heads and {keys} keys")
     causal, scale = causal_and_scale(module, query, attention_mask, is_causal, scaling)
-    gates = (log_gates / scale).to(key.dtype).reshape(1, 1, keys, 1).expand(b, h, keys, 1)
+    gates = (log_gates / scale).to(key.dtype).reshape(1, -1, keys, 1).expand(b, h, keys, 1)
     query = torch.cat([query, query.new_ones(b, h, n, 1)], -1)
     key = torch.cat([key, gates], -1)
     value = torch.cat([value, value.new_zeros(b, h, keys, 1)], -1)  # fused kernels take one head size
@@ -92,10 +102,23 @@ def gating(log_gates: torch.Tensor) -> Iterator[None]:
         _LOG_GATES.reset(token)
 
 
-def source_gate_gradients(job: CiteJob, gate: float, per_layer: bool = False) -> tuple[np.ndarray, float]:
-    """``(∂ log p / ∂ g_s for every source, log p)`` with every source's gate at ``gate``; ``per_layer``: one gate
-    per layer and source, ``(L, n_sources)`` derivatives (their sum over layers is the shared gate's)."""
+GRANULARITIES = ("source", "layer", "head")
+QUERIES = ("all", "after")
+
+
+def source_gate_gradients(job: CiteJob, gate: float, queries: str = "all",
+                          per: str = "source") -> tuple[np.ndarray, float]:
+    """``(∂ log p / ∂ g_s for every source, log p)`` with every source's gate at ``gate``.
+
+    ``per``: ``"source"`` one gate per source, ``(n_sources,)`` derivatives; ``"layer"`` one per layer and source,
+    ``(L, n_sources)``; ``"head"`` one per layer, head and source, ``(L, H, n_sources)`` (sums over the extra axes
+    give the coarser gates' derivatives). ``queries``: ``"all"`` gates the attention of every query; ``"after"``
+    only that of the queries after the last source token (the query, the template and the answer): the context
+    runs once without a graph and the backward covers only those few positions."""
     model = job.runner.model
+    if per not in GRANULARITIES or queries not in QUERIES:
+        raise InputError(f"per must be one of {', '.join(GRANULARITIES)} and queries one of {', '.join(QUERIES)}; "
+                         f"got per={per!r}, queries={queries!r}")
     if not dispatches_attention(model):
         raise InputError(f"attngate gates attention through transformers' attention interface, which "
                          f"{type(model).__name__} does not run; use at2, loo or contextcite")
@@ -103,18 +126,31 @@ def source_gate_gradients(job: CiteJob, gate: float, per_layer: bool = False) ->
     owner = torch.as_tensor(job.token_source + [-1] * (len(ids) - len(job.token_source)))
     inside = owner >= 0
     device = job.runner.device
-    rows = (int(model.config.num_hidden_layers),) if per_layer else ()
+    config = model.config
+    rows = {"source": (), "layer": (int(config.num_hidden_layers),),
+            "head": (int(config.num_hidden_layers), int(config.num_attention_heads))}[per]
     log_gate = torch.full((*rows, len(job.sources)), math.log(gate), dtype=torch.float32, device=device,
                           requires_grad=True)
     per_token = torch.zeros(*rows, len(ids), dtype=torch.float32, device=device)
     per_token[..., inside.to(device)] = log_gate[..., owner[inside].to(device)]
     k = len(job.answer_ids)
     keep = {"logits_to_keep": k + 1} if keeps_logits(model) else {}
-    recompute = _recomputes(job, len(ids), k + 1 if keep else 0)
+    inputs = torch.tensor([ids], device=device)
+    if queries == "after":  # the context's keys and values, once, without a graph
+        cut = after_context(job)
+        _check_after_budget(job, cut, len(ids) - cut, k + 1 if keep else 0)
+        with torch.no_grad(), explaining(model, "sdpa"):
+            past = model(input_ids=inputs[:, :cut], use_cache=True,
+                         **({"logits_to_keep": 1} if keep else {})).past_key_values
+        extra: dict[str, Any] = {"past_key_values": past, "use_cache": True}
+        recompute = False
+    else:
+        cut, extra = 0, {"use_cache": False}
+        recompute = _recomputes(job, len(ids), k + 1 if keep else 0)
     with torch.enable_grad(), explaining(model, registered()), gating(per_token), \
             (recomputed_layers(model) if recompute else nullcontext()):
         try:
-            logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False, **keep).logits[0]
+            logits = model(input_ids=inputs[:, cut:], **extra, **keep).logits[0]
         except RowAttentionUnsupported as err:
             raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo or "
                              "contextcite") from None
@@ -125,6 +161,30 @@ def source_gate_gradients(job: CiteJob, gate: float, per_layer: bool = False) ->
         (grad,) = torch.autograd.grad(logprob, log_gate)
     # d/dg = d/d(log g) / g
     return (grad / gate).double().cpu().numpy(), float(logprob.detach())
+
+
+def after_context(job: CiteJob) -> int:
+    """The first position ``queries="after"`` gates: the one after the last source token (never past the row that
+    predicts the first explained token)."""
+    last = max((i for i, s in enumerate(job.token_source) if s >= 0), default=-1)
+    return min(last + 1, len(job.prompt.ids) + len(job.prefix_ids) - 1)
+
+
+def _check_after_budget(job: CiteJob, cut: int, tail: int, logit_rows: int) -> None:
+    """:class:`InputError` when the ``queries="after"`` passes would not fit the memory budget: a fused forward
+    over the ``cut`` context tokens that keeps every layer's keys and values, then a forward + backward over the
+    ``tail`` positions after it, whose queries attend to all keys."""
+    dims, budget = model_dims(job.runner.model), parse_budget(job.memory_budget)
+    n = cut + tail
+    cache = 2 * dims.layers * n * dims.hidden * dims.itemsize  # keys and values (fewer with grouped queries)
+    context = pass_row_bytes(dims, cut, Storage(eager=False, logit_rows=1))
+    after = pass_row_bytes(dims, tail, Storage(eager=False, backward=True, logit_rows=logit_rows))
+    scores = 2 * dims.layers * dims.heads * tail * n * dims.itemsize  # the tail's attention and its gradient
+    need = cache + max(context, after + scores)
+    if need > budget:
+        raise InputError(f"attngate over {n:,} tokens needs about {need / 2**30:.1f} GiB, more than the memory "
+                         f"budget of {budget / 2**30:.1f} GiB (shorten the context or raise --memory-budget / "
+                         "memory_budget=)")
 
 
 def _recomputes(job: CiteJob, n: int, logit_rows: int) -> bool:
@@ -144,17 +204,32 @@ def _recomputes(job: CiteJob, n: int, logit_rows: int) -> bool:
     return storage.recompute
 
 
-def _check_gate(gate: Any) -> float:
+def _checked(gate: Any, queries: Any) -> tuple[float, str]:
     if isinstance(gate, bool) or not isinstance(gate, (int, float)) or not 0.0 < float(gate) <= 1.0:
         raise InputError(f"attngate: gate must be a number in (0, 1], got {gate!r}")
-    return float(gate)
+    if queries not in QUERIES:
+        raise InputError(f"attngate: queries must be one of {', '.join(QUERIES)}, got {queries!r}")
+    return float(gate), str(queries)
+
+
+def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after") -> None:
+    """attngate's options and memory, before any method of the job runs."""
+    _, queries = _checked(gate, queries)
+    n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
+    logit_rows = len(job.answer_ids) + 1 if keeps_logits(job.runner.model) else 0
+    if queries == "after":
+        cut = after_context(job)
+        _check_after_budget(job, cut, n - cut, logit_rows)
+    else:
+        _recomputes(job, n, logit_rows)
 
 
 @source_method("attngate", "Attention gates: the derivative of the answer's log-probability with respect to a gate "
-               "on the attention every query pays to the source (every layer and head), at half-open gates.",
+               "on the attention the question and answer pay to the source (every layer and head), at half-open "
+               "gates; one forward of the context, one backward over the positions after it.",
                "attention-gate gradient (first-order attention masking, after attribution patching: Nanda 2023, "
                "Kramár et al. 2024)",
-               forwards=lambda n, **_: 3, token_methods=("saliency",), gate=0.5)
-def attngate(job: CiteJob, gate: float = 0.5) -> tuple[np.ndarray, dict[str, Any]]:
-    scores, logprob = source_gate_gradients(job, _check_gate(gate))
+               forwards=lambda n, **_: 2, check=_check, gate=0.5, queries="after")
+def attngate(job: CiteJob, gate: float = 0.5, queries: str = "after") -> tuple[np.ndarray, dict[str, Any]]:
+    scores, logprob = source_gate_gradients(job, *_checked(gate, queries))
     return scores, {"gated_logprob": logprob}

@@ -30,7 +30,9 @@ class SourceMethod:
     **options)``: how many forwards it runs (for progress); ``identity(runner, **options)``: what else decides its
     scores on a model beside the option values (e.g. the weights a default resolves to), for records that must
     notice a change; ``token_methods``: the token-level methods whose pass it runs on the whole prompt (their memory
-    is checked against the budget before anything runs)."""
+    is checked against the budget before anything runs); ``check(job, **options)``: raises
+    :class:`~attnlens.errors.InputError` before any method of the job runs when its options or the memory budget
+    rule it out."""
 
     name: str
     compute: Callable[..., tuple[np.ndarray, dict[str, Any]]]
@@ -40,6 +42,7 @@ class SourceMethod:
     options: dict[str, Any] = field(default_factory=dict)
     identity: Callable[..., dict[str, Any]] | None = None
     token_methods: tuple[str, ...] = ()
+    check: Callable[..., None] | None = None
 
 
 SOURCE_METHODS: dict[str, SourceMethod] = {}
@@ -47,23 +50,28 @@ SOURCE_METHODS: dict[str, SourceMethod] = {}
 
 def source_method(name: str, summary: str, citation: str, forwards: Callable[..., int],
                   identity: Callable[..., dict[str, Any]] | None = None, token_methods: tuple[str, ...] = (),
+                  check: Callable[..., None] | None = None,
                   **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a source-level method under ``name`` (its keyword defaults are ``options``)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        SOURCE_METHODS[name] = SourceMethod(name, fn, summary, citation, forwards, options, identity, token_methods)
+        SOURCE_METHODS[name] = SourceMethod(name, fn, summary, citation, forwards, options, identity, token_methods,
+                                          check)
         return fn
 
     return wrap
 
 
 def method_identity(runner: Any, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options a method ``name`` runs with on ``runner``'s model, plus what else decides its scores there (a
-    source method's ``identity``): two runs whose identities are equal give the same scores."""
+    """The options a method ``name`` runs with on ``runner``'s model (a source method's defaults included, so a
+    changed default is noticed), plus what else decides its scores there (a source method's ``identity``): two runs
+    whose identities are equal give the same scores."""
     spec = SOURCE_METHODS.get(name)
-    found = dict(options)
-    if spec is not None and spec.identity is not None:
-        found.update(spec.identity(runner, **check_source_options(name, dict(options))))
+    if spec is None:
+        return dict(options)
+    found = check_source_options(name, dict(options))
+    if spec.identity is not None:
+        found.update(spec.identity(runner, **found))
     return found
 
 
