@@ -355,6 +355,12 @@ def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys):
     assert "inputxgradient" in out and "loo" in out and "[0] the movie was great" in out
     assert main([*base, "--format", "html", "--out", str(tmp_path / "c.html")]) == 0
     assert 'class="src"' in (tmp_path / "c.html").read_text(encoding="utf-8")
+    gated = ["--methods", "attngate,contextcite", "--options",
+             '{"attngate": {"queries": "all", "gate": 1.0}, "contextcite": {"n_ablations": 8}}']
+    assert main([*base[:-2], *gated, "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["meta"]["options"]["attngate"] == {"gate": 1.0, "queries": "all"}
+    assert d["meta"]["options"]["contextcite"]["n_ablations"] == 8
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -366,6 +372,12 @@ def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys):
     (["--methods", "at2,at2lrp", "--at2-weights", "w.json"], "name exactly one of them"),
     (["--methods", "loo", "--at2-weights", "w.json"], "--at2-weights is the weights file of at2 or at2lrp"),
     (["--context", "the movie " * 200], "longer than the model's maximum|no room for an answer"),
+    (["--options", "{bad"], "--options is not valid JSON"),
+    (["--options", '{"loo": 1}'], "--options must map method ids to option objects"),
+    (["--methods", "loo", "--options", '{"attngate": {"gate": 0.5}}'], "options given for 'attngate', which is not"),
+    (["--methods", "attngate", "--options", '{"attngate": {"queries": "some"}}'], "queries must be one of all, after"),
+    (["--methods", "contextcite", "--n-ablations", "8", "--options", '{"contextcite": {"n_ablations": 16}}'],
+     "--n-ablations and --options both set contextcite's n_ablations"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(lm_dir, tmp_path, capsys, extra, message):
     out = tmp_path / "c.json"
@@ -879,3 +891,13 @@ def test_attngate_refuses_unknown_queries(lm):
     with pytest.raises(InputError, match="queries must be one of all, after, got 'answer'"):
         lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False,
                              options={"attngate": {"queries": "answer"}})
+
+
+@pytest.mark.parametrize("options, message", [("{bad", "--options is not valid JSON"),
+                                              ('["loo"]', "--options must map method ids to option objects")])
+def test_cli_context_benchmark_refuses_bad_options_before_loading(tmp_path, capsys, options, message):
+    code = main(["benchmark", "--task", "context", "--dataset", "squad-context", "--model", "/nonexistent/model",
+                 "--methods", "loo", "--options", options, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0]
+    assert not (tmp_path / "run").exists()

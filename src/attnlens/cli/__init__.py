@@ -94,6 +94,24 @@ def placement(args: argparse.Namespace) -> tuple[Any, Any]:
     return resolve_device(args.device, "--device"), resolve_dtype(getattr(args, "dtype", None), "--dtype")
 
 
+def method_options(text: str | None, flag: str = "--options") -> dict[str, dict[str, Any]]:
+    """The method options a command's ``--options`` JSON gives (``{}`` when not given); :class:`InputError` for
+    text that is not JSON or not an object of method ids to option objects."""
+    import json
+
+    from ..errors import InputError
+
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{flag} is not valid JSON: {exc.msg}") from None
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        raise InputError(f'{flag} must map method ids to option objects, e.g. {{"attcat": {{"alpha": "cls"}}}}')
+    return options
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: IO[str] | None = None, line: str | None = None) -> None:
     """A warning as one line (no source location), e.g. which methods "all" skipped and why."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..viz.safetext import terminal_safe
-from . import add_placement_options, placement
+from . import add_placement_options, method_options, placement
 from .explain import add_memory_options
 
 
@@ -141,14 +141,7 @@ def run(args: argparse.Namespace) -> int:
         threads = max(1, (os.cpu_count() or 1) // args.processes)
     if threads:
         torch.set_num_threads(threads)
-    options = None
-    if args.options:
-        try:
-            options = json.loads(args.options)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--options is not valid JSON: {exc.msg}") from None
-        if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
-            raise InputError('--options must map method ids to option objects, e.g. {"attcat": {"alpha": "cls"}}')
+    options = method_options(args.options) or None
     dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
     out = Path(args.out)
     if launched:  # one of the processes `accelerate launch` (or --processes) started: its rank is its shard

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..viz.safetext import terminal_safe
-from . import placement
+from . import method_options, placement
 
 
 def load_examples(args: argparse.Namespace) -> list:
@@ -50,7 +50,7 @@ def run_context(args: argparse.Namespace) -> int:
     token, source = split_methods(args.methods)
     if args.lds_ablations < 4:
         raise InputError(f"--lds-ablations must be >= 4, got {args.lds_ablations}")
-    options = json.loads(args.options) if args.options else {}
+    options = method_options(args.options)
     out = check_output_path(args.out, "--out", directory=True)
     external = read_external(args.external)
     examples = load_examples(args)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..viz.safetext import terminal_safe
-from . import add_placement_options, placement
+from . import add_placement_options, method_options, placement
 
 FORMATS = ("terminal", "html", "json")
 
@@ -60,6 +60,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--at2-weights", default=None,
                    help="at2 or at2lrp: a weights file from `attnlens fit-at2` (default: the weights shipped for "
                         "the model)")
+    p.add_argument("--options", default=None,
+                   help='method options as JSON, e.g. \'{"attngate": {"queries": "all"}, "contextcite": '
+                        '{"n_ablations": 32}}\'')
     p.add_argument("--format", default="terminal", choices=FORMATS, help="output format (default: terminal)")
     p.add_argument("--out", help="output file (html default: cite.html; json default: standard output)")
     p.add_argument("--top", type=int, default=5, help="terminal: sources shown per method (default: 5)")
@@ -92,17 +95,22 @@ def run(args: argparse.Namespace) -> int:
     span = _answer_span(args.answer_span)
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    options = {}
+    options = method_options(args.options)
+    flags = {}
     if args.n_ablations is not None:
         if "contextcite" not in source_methods:
             raise InputError("--n-ablations is an option of contextcite: add it to --methods")
-        options["contextcite"] = {"n_ablations": args.n_ablations}
+        flags[("contextcite", "n_ablations", "--n-ablations")] = args.n_ablations
     if args.at2_weights is not None:
         learned = [m for m in ("at2", "at2lrp") if m in source_methods]
         if len(learned) != 1:
             raise InputError("--at2-weights is the weights file of at2 or at2lrp: name exactly one of them in "
                              "--methods")
-        options[learned[0]] = {"weights": args.at2_weights}
+        flags[(learned[0], "weights", "--at2-weights")] = args.at2_weights
+    for (method, name, flag), value in flags.items():
+        if name in options.get(method, {}):
+            raise InputError(f"{flag} and --options both set {method}'s {name}: give it once")
+        options.setdefault(method, {})[name] = value
     if args.format == "html" and args.out is None:
         args.out = "cite.html"
     out = None if args.out is None else check_output_path(args.out, "--out", directory=False)
