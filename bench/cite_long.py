@@ -5,9 +5,10 @@ prompt length asked for (passages as sources, the gold answer forced), attribute
 in a fresh process under ``/usr/bin/time -f %M`` (peak resident memory, the model's weights included), with the
 default memory budget (4 GiB). A method the budget refuses is recorded with the one line it printed.
 
-Writes ``bench/data/cite_long.json`` and ``bench/data/cite_long.md``.
+Writes ``bench/data/cite_long.json`` and ``bench/data/cite_long.md``, keeping the cases of earlier runs that this
+run does not measure (other methods or lengths).
 
-Run: ``python bench/cite_long.py [--tokens 2000] [--methods at2 rawatt inputxgradient decompx attnlrp at2lrp loo]``.
+Run: ``python bench/cite_long.py [--tokens 2000] [--methods at2 attngate rawatt ...]``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path  # noqa: E402
 from peak import measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ["at2", "rawatt", "inputxgradient", "decompx", "attnlrp", "at2lrp", "loo"]
+METHODS = ["at2", "attngate", "rawatt", "inputxgradient", "decompx", "attnlrp", "at2lrp", "loo"]
 OUT_JSON, OUT_MD = ROOT / "bench" / "data" / "cite_long.json", ROOT / "bench" / "data" / "cite_long.md"
 
 
@@ -82,11 +83,16 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_case(args.one[0], int(args.one[1]))))
         return
+    # earlier cases of other methods or lengths are kept: a run measures only what it names
+    kept = json.loads(OUT_JSON.read_text())["results"] if OUT_JSON.exists() else []
     results = []
     for method in args.methods:
         results.append(measure(method, args.tokens, args.timeout))
         print(json.dumps(results[-1]), flush=True)
-    OUT_JSON.write_text(json.dumps({"tokens": args.tokens, "results": results}, indent=1) + "\n")
+    ran = {(r["method"], r["target_tokens"]) for r in results}
+    results = [r for r in kept if (r["method"], r.get("target_tokens", 2000)) not in ran] + results
+    results.sort(key=lambda r: r.get("target_tokens", 2000))
+    OUT_JSON.write_text(json.dumps({"results": results}, indent=1) + "\n")
     OUT_MD.write_text(table(results))
     print(table(results))
 

@@ -844,9 +844,11 @@ def test_attngate_per_head_gates_are_the_derivatives_of_each_heads_gate(lm, quer
     assert heads[:, head, s].sum() == pytest.approx(diff, rel=2e-3, abs=1e-4)
 
 
-def test_attngate_at_open_gates_leaves_the_answer_logprob_unchanged(lm):
+@pytest.mark.parametrize("queries", ["all", "after"])
+@pytest.mark.parametrize("span", [None, (3, 6)])
+def test_attngate_at_open_gates_leaves_the_answer_logprob_unchanged(lm, queries, span):
     r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate", "loo"], chat=False,
-                             options={"attngate": {"gate": 1.0}})
+                             answer_span=span, options={"attngate": {"gate": 1.0, "queries": queries}})
     assert r.meta["methods"]["attngate"]["gated_logprob"] == pytest.approx(r.meta["answer_logprob"], rel=1e-5)
     assert r.scores["attngate"].shape == (4,) and np.isfinite(r.scores["attngate"]).all()
 
