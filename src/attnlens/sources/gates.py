@@ -94,7 +94,8 @@ def registered() -> str:
 @contextmanager
 def gating(log_gates: torch.Tensor) -> Iterator[None]:
     """Within the block, :func:`gated_attention` adds ``log_gates`` ``(K,)`` to every query's logits of each key,
-    in every layer (``(L, K)``: row ``l`` in layer ``l``)."""
+    in every layer (``(L, K)``: row ``l`` in layer ``l``; ``(L, H, K)``: row ``[l, h]`` in head ``h`` of layer
+    ``l``)."""
     token = _LOG_GATES.set(log_gates)
     try:
         yield
