@@ -535,7 +535,12 @@ class _ChunkedLayers:
     chunk's attention, its output checked against h^l at those rows, then :meth:`matrix` of the chunk; padding
     rows and columns zeroed, rows normalised where the method says. Layers are read top-down, chunk by chunk; a
     layer's value vectors ``(B, H, N, D)`` are computed once, on its first chunk. On a generation's rows (prefixes
-    of one sequence) the sequence alone is recomputed and its matrix viewed for every row."""
+    of one sequence) the sequence alone is recomputed and its matrix viewed for every row.
+
+    A pre-LN layer's matrices read only its attention block, so its FFN is recomputed (and the output checked)
+    on its first chunk holding a real row alone: a wrong anatomy shows on any row, and the FFN at every row
+    would cost another forward. Post-LN matrices read the layer's norms at every row, so every chunk is
+    recomputed and checked."""
 
     def __init__(self, ctx: BatchContext) -> None:
         cap, model = ctx.capture, ctx.model
@@ -554,7 +559,7 @@ class _ChunkedLayers:
         """Layer j's first chunk is next: its modules and value vectors."""
         mods = _parts(self.blocks[j], self.ctx.model, self.anatomy)
         x = self.hidden[j]
-        self.layer, self.mods, self.x = j, mods, x
+        self.layer, self.mods, self.x, self.checked = j, mods, x, False
         v = _values(mods, mods["ln1"](x) if self.anatomy.pre_ln else x, heads, self.spec)
         self.f, self.v = _head_outputs(mods, v), _by_head(v)
 
@@ -576,8 +581,13 @@ class _ChunkedLayers:
         xr = self.x[:, rows]
         with torch.no_grad():
             pre1, a, f = _attention_sum(mods, xr, a, self.f, self.v)
-            o = _layer_output(mods, self.anatomy, xr, pre1, self.final if j == len(self.blocks) - 1 else None)
-            _check_layer(self.ctx.model, j, o.got, self.hidden[j + 1][:, rows], self.real[:, rows])
+            real_rows = self.real[:, rows]
+            if self.checked and self.anatomy.pre_ln:  # the attention block's sum is all the matrices read
+                o = _Output(pre1, pre1, pre1.new_zeros(*pre1.shape[:-1], 0))
+            else:
+                o = _layer_output(mods, self.anatomy, xr, pre1, self.final if j == len(self.blocks) - 1 else None)
+                _check_layer(self.ctx.model, j, o.got, self.hidden[j + 1][:, rows], real_rows)
+                self.checked = bool(real_rows.any())
             m = self.matrix(_LayerRows(torch.arange(rows.start, rows.stop, device=a.device), xr, a, f, o))
             cap = self.ctx.capture
             b = cap.query_mask.shape[0]
