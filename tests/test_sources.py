@@ -608,6 +608,15 @@ def test_squad_context_splits_articles_by_parity_and_is_deterministic():
     assert all(set(e.meta["passages"]) == {e.meta["title"]} for e in hard)
 
 
+def _methods_scored(cb, monkeypatch) -> list[list[str]]:
+    """The methods each of the context benchmark's scoring calls computes, in order, from now on."""
+    asked: list[list[str]] = []
+    real = cb.score_job
+    monkeypatch.setattr(cb, "score_job", lambda job, methods, options: asked.append(methods) or real(job, methods,
+                                                                                                     options))
+    return asked
+
+
 def test_context_benchmark_adds_a_method_to_finished_records_against_their_stored_ablations(lm, tmp_path,
                                                                                              monkeypatch):
     from attnlens.evaluation import context_benchmark as cb
@@ -616,10 +625,7 @@ def test_context_benchmark_adds_a_method_to_finished_records_against_their_store
     example = ContextExample("x1", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=0)
     fresh = cb.evaluate_example(lm, example, cb.ContextBenchmarkConfig(methods=["loo", "inputxgradient"], n_lds=8))
     cb.run_context_benchmark(lm, [example], cb.ContextBenchmarkConfig(methods=["loo"], n_lds=8), tmp_path)
-    asked: list[list[str]] = []
-    real = cb.score_job
-    monkeypatch.setattr(cb, "score_job", lambda job, methods, options: asked.append(methods) or real(job, methods,
-                                                                                                     options))
+    asked = _methods_scored(cb, monkeypatch)
     summary = cb.run_context_benchmark(lm, [example], cb.ContextBenchmarkConfig(methods=["loo", "inputxgradient"],
                                                                                 n_lds=8), tmp_path)
     assert asked == [["inputxgradient"]]  # loo and the 8 random ablations were reused
@@ -654,10 +660,7 @@ def test_context_benchmark_recomputes_at2_when_its_weights_change(lm, tmp_path, 
     monkeypatch.setattr(at2_module, "WEIGHTS_DIR", tmp_path / "shipped")
     at2_module.save_weights(record, tmp_path / "shipped" / "w.json")
     example = ContextExample("x1", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=0)
-    asked: list[list[str]] = []
-    real = cb.score_job
-    monkeypatch.setattr(cb, "score_job", lambda job, methods, options: asked.append(methods) or real(job, methods,
-                                                                                                     options))
+    asked = _methods_scored(cb, monkeypatch)
     run = cb.ContextBenchmarkConfig(methods=["at2"], n_lds=6)
     first = cb.run_context_benchmark(lm, [example], run, tmp_path / "out")
     cb.run_context_benchmark(lm, [example], run, tmp_path / "out")
@@ -677,10 +680,7 @@ def test_context_benchmark_recomputes_a_method_whose_default_options_changed(lm,
     from attnlens.sources.squad import ContextExample
 
     example = ContextExample("x1", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=0)
-    asked: list[list[str]] = []
-    real = cb.score_job
-    monkeypatch.setattr(cb, "score_job", lambda job, methods, options: asked.append(methods) or real(job, methods,
-                                                                                                     options))
+    asked = _methods_scored(cb, monkeypatch)
     run = cb.ContextBenchmarkConfig(methods=["attngate"], n_lds=6)
     cb.run_context_benchmark(lm, [example], run, tmp_path)
     cb.run_context_benchmark(lm, [example], run, tmp_path)
