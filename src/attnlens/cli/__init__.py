@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import IO, Any, NoReturn
 
 from .. import __version__
-from ..errors import AttnLensError
+from ..errors import AttnLensError, InputError
 from ..viz.safetext import terminal_safe
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
@@ -98,8 +98,6 @@ def method_options(text: str | None, flag: str = "--options") -> dict[str, dict[
     """The method options a command's ``--options`` JSON gives (``{}`` when not given); :class:`InputError` for
     text that is not JSON or not an object of method ids to option objects."""
     import json
-
-    from ..errors import InputError
 
     if not text:
         return {}

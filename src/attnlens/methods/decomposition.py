@@ -181,16 +181,19 @@ def _values(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, spec: Layer
     return v if v.shape[2] == heads else v.repeat_interleave(heads // v.shape[2], dim=2)
 
 
-def _by_head(v: torch.Tensor) -> torch.Tensor:
-    """Value vectors ``(B, N, H, d_h)`` as ``(B, H, N, d_h)``, contiguous (for :func:`_attention_sum`)."""
-    return v.transpose(1, 2).contiguous()
-
-
 def _head_outputs(mods: dict[str, nn.Module], v: torch.Tensor) -> torch.Tensor:
     """``(B, H, N, D)``: f^h = v^h W_O^h, each head's value vectors ``v`` ``(B, N, H, d_h)`` through its slice of
     the output projection (no output bias)."""
     w = linear_weight(mods["output"])
     return torch.einsum("bjhv,dhv->bhjd", v, w.view(w.shape[0], v.shape[2], v.shape[3]))
+
+
+def _value_terms(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, spec: Layers
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(f, v)`` of the value projection's input ``a``: each head's outputs f^h = v^h W_O^h ``(B, H, N, D)``
+    (:func:`_head_outputs`) and its value vectors ``(B, H, N, d_h)``, contiguous (for :func:`_attention_sum`)."""
+    v = _values(mods, a, heads, spec)
+    return _head_outputs(mods, v), v.transpose(1, 2).contiguous()
 
 
 def _output_bias(mods: dict[str, nn.Module]) -> torch.Tensor | float:
@@ -214,20 +217,17 @@ def _ffn(mods: dict[str, nn.Module], y: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def _attention_sum(mods: dict[str, nn.Module], x: torch.Tensor, attn: torch.Tensor, f: torch.Tensor,
-                   v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention block's residual sum at the query rows ``attn`` ``(B, H, R, N)`` holds (``x``: the residual
     there, ``(B, R, D)``), with the weights and values as its summands take them: under a norm after the
     attention branch (Gemma 2's) z_ij = Σ_h A^h_ij f^h_j ⊙ g / s_i (+ x_i), so A's rows are divided by that
     norm's scale s_i and f multiplied by its gain g.
 
-    ``v``: the value vectors ``f`` came from, ``(B, H, N, d_h)`` (:func:`_head_outputs`): the branch is then
-    summed as the model does, Σ_h (A^h v^h) W_O^h, with D / d_h times fewer products than Σ_hj A^h_ij f^h_j."""
-    if v is None:
-        branch = torch.einsum("bhrj,bhjd->brd", attn, f)
-    else:
-        mixed = torch.matmul(attn.to(v.dtype), v)  # (B, H, R, d_h)
-        b, h, r, dh = mixed.shape
-        branch = (mixed.transpose(1, 2).reshape(b, r, h * dh) @ linear_weight(mods["output"]).T).to(f.dtype)
+    ``v``: the value vectors ``f`` came from, ``(B, H, N, d_h)`` (:func:`_value_terms`): the branch is summed as
+    the model does, Σ_h (A^h v^h) W_O^h, with D / d_h times fewer products than Σ_hj A^h_ij f^h_j."""
+    mixed = torch.matmul(attn.to(v.dtype), v)  # (B, H, R, d_h)
+    b, h, r, dh = mixed.shape
+    branch = (mixed.transpose(1, 2).reshape(b, r, h * dh) @ linear_weight(mods["output"]).T).to(f.dtype)
     branch = branch + _output_bias(mods)
     if "post_attn_norm" not in mods:
         return x + branch, attn, f
@@ -305,9 +305,8 @@ def model_layers(ctx: BatchContext) -> list[Layer]:
             x = hidden[i]
             h = attn.shape[1]
             a = mods["ln1"](x) if anatomy.pre_ln else x
-            v = _values(mods, a, h, spec)
-            f = _head_outputs(mods, v)
-            pre1, attn, f = _attention_sum(mods, x, attn, f, _by_head(v))
+            f, v = _value_terms(mods, a, h, spec)
+            pre1, attn, f = _attention_sum(mods, x, attn, f, v)
             o = _layer_output(mods, anatomy, x, pre1, final if i == len(blocks) - 1 else None)
             _check_layer(model, i, o.got, hidden[i + 1], real)
             if anatomy.pre_ln:
@@ -465,9 +464,8 @@ def _attnnorm_rows(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
             mods = _parts(block, model, anatomy)
             x = hidden[i]
             xr = x[:, at]
-            v = _values(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], spec)
-            f = _head_outputs(mods, v)
-            pre1, attn, f = _attention_sum(mods, xr, attn, f, _by_head(v))
+            f, v = _value_terms(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], spec)
+            pre1, attn, f = _attention_sum(mods, xr, attn, f, v)
             o = _layer_output(mods, anatomy, xr, pre1, final if i == len(blocks) - 1 else None)
             std1 = o.std1
             _check_layer(model, i, o.got, hidden[i + 1][:, at], real[:, at])
@@ -560,8 +558,7 @@ class _ChunkedLayers:
         mods = _parts(self.blocks[j], self.ctx.model, self.anatomy)
         x = self.hidden[j]
         self.layer, self.mods, self.x, self.checked = j, mods, x, False
-        v = _values(mods, mods["ln1"](x) if self.anatomy.pre_ln else x, heads, self.spec)
-        self.f, self.v = _head_outputs(mods, v), _by_head(v)
+        self.f, self.v = _value_terms(mods, mods["ln1"](x) if self.anatomy.pre_ln else x, heads, self.spec)
 
     def matrix(self, rows: _LayerRows) -> torch.Tensor:
         """``(B, R, N)``: the method's layer matrix at the chunk's rows."""

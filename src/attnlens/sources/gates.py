@@ -137,17 +137,13 @@ def source_gate_gradients(job: CiteJob, gate: float, queries: str = "all",
     k = len(job.answer_ids)
     keep = {"logits_to_keep": k + 1} if keeps_logits(model) else {}
     inputs = torch.tensor([ids], device=device)
-    if queries == "after":  # the context's keys and values, once, without a graph
-        cut = after_context(job)
-        _check_after_budget(job, cut, len(ids) - cut, k + 1 if keep else 0)
+    cut, recompute = _plan(job, queries)
+    extra: dict[str, Any] = {"use_cache": False}
+    if cut:  # the context's keys and values, once, without a graph
         with torch.no_grad(), explaining(model, "sdpa"):
             past = model(input_ids=inputs[:, :cut], use_cache=True,
                          **({"logits_to_keep": 1} if keep else {})).past_key_values
-        extra: dict[str, Any] = {"past_key_values": past, "use_cache": True}
-        recompute = False
-    else:
-        cut, extra = 0, {"use_cache": False}
-        recompute = _recomputes(job, len(ids), k + 1 if keep else 0)
+        extra = {"past_key_values": past, "use_cache": True}
     with torch.enable_grad(), explaining(model, registered()), gating(per_token), \
             (recomputed_layers(model) if recompute else nullcontext()):
         try:
@@ -162,6 +158,18 @@ def source_gate_gradients(job: CiteJob, gate: float, queries: str = "all",
         (grad,) = torch.autograd.grad(logprob, log_gate)
     # d/dg = d/d(log g) / g
     return (grad / gate).double().cpu().numpy(), float(logprob.detach())
+
+
+def _plan(job: CiteJob, queries: str) -> tuple[int, bool]:
+    """``(cut, recompute)`` of the gated pass: the first gated query (0: every query is) and whether the backward
+    recomputes each layer; :class:`InputError` when the passes would not fit the memory budget."""
+    n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
+    logit_rows = len(job.answer_ids) + 1 if keeps_logits(job.runner.model) else 0
+    if queries == "after":
+        cut = after_context(job)
+        _check_after_budget(job, cut, n - cut, logit_rows)
+        return cut, False
+    return 0, _recomputes(job, n, logit_rows)
 
 
 def after_context(job: CiteJob) -> int:
@@ -189,9 +197,9 @@ def _check_after_budget(job: CiteJob, cut: int, tail: int, logit_rows: int) -> N
 
 
 def _recomputes(job: CiteJob, n: int, logit_rows: int) -> bool:
-    """Whether the gated pass recomputes each layer in the backward (its activations would not fit the memory
-    budget); :class:`InputError` when even that would not fit. The pass is saliency's (a fused forward +
-    backward), whose estimate also refuses it before any method of the job runs."""
+    """Whether the pass gating every query (a fused forward + backward of ``n`` tokens) recomputes each layer in
+    the backward (its activations would not fit the memory budget); :class:`InputError` when even that would not
+    fit."""
     model = job.runner.model
     dims, budget = model_dims(model), parse_budget(job.memory_budget)
     storage = gradient_pass_storage(dims, n, budget, True, logit_rows)
@@ -215,14 +223,7 @@ def _checked(gate: Any, queries: Any) -> tuple[float, str]:
 
 def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after") -> None:
     """attngate's options and memory, before any method of the job runs."""
-    _, queries = _checked(gate, queries)
-    n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
-    logit_rows = len(job.answer_ids) + 1 if keeps_logits(job.runner.model) else 0
-    if queries == "after":
-        cut = after_context(job)
-        _check_after_budget(job, cut, n - cut, logit_rows)
-    else:
-        _recomputes(job, n, logit_rows)
+    _plan(job, _checked(gate, queries)[1])
 
 
 @source_method("attngate", "Attention gates: the derivative of the answer's log-probability with respect to a gate "
