@@ -10,8 +10,8 @@ Writes ``bench/data/long_context.json``, the markdown table ``bench/data/long_co
 ``docs/images/long_context.png`` (memory and time vs prompt length, one line per method).
 
 Run: ``python bench/long_context.py [--lengths 1024 2048 4096] [--methods rawatt agrad ...] [--answer 16]
-[--mode generation|answer] [--options JSON] [--tag NAME]``; ``--mode answer`` explains the answer's summed
-log-probability once, as ``attnlens cite`` does, and writes ``*_answer`` files.
+[--mode generation|answer] [--options JSON] [--memory-budget 8GiB] [--tag NAME]``; ``--mode answer`` explains the
+answer's summed log-probability once, as ``attnlens cite`` does, and writes ``*_answer`` files.
 """
 
 from __future__ import annotations
@@ -49,12 +49,14 @@ def _ids(ex: object, n: int, answer: int) -> tuple[list[int], list[int]]:
     return ids[:n], ids[n: n + answer]
 
 
-def run_case(method: str, n: int, answer: int, mode: str = "generation", options: dict | None = None) -> dict:
+def run_case(method: str, n: int, answer: int, mode: str = "generation", options: dict | None = None,
+             budget: str | None = None) -> dict:
     """One case in this process: the seconds it took (the model loaded before), or the refusal's line.
 
     ``mode="generation"``: ``explain_generation`` (one explanation per answer token); ``"answer"``:
     ``explain_answer`` (the answer's summed log-probability, one explanation for the whole answer). ``options``:
-    per method, as ``Explainer.explain`` takes them; integrated gradients' step count is recorded (``steps``)."""
+    per method, as ``Explainer.explain`` takes them; integrated gradients' step count is recorded (``steps``).
+    ``budget``: the memory budget (default: the library's)."""
     import numpy as np
     import torch
 
@@ -63,6 +65,7 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation", options
 
     torch.manual_seed(0)
     ex = Explainer.from_pretrained("smollm2")
+    limit = {"memory_budget": budget} if budget else {}
     prompt_ids, answer_ids = _ids(ex, n, answer)
     start = time.perf_counter()
     if method == "plain":  # forward + backward to the input embeddings with fused attention, loss on the answer
@@ -77,7 +80,7 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation", options
         return {"seconds": time.perf_counter() - start}
     if mode == "answer":
         try:
-            exp = ex.explain_answer(prompt_ids, answer_ids, [method], options=options)
+            exp = ex.explain_answer(prompt_ids, answer_ids, [method], options=options, **limit)
         except InputError as exc:
             return {"refused": str(exc)}
         found = {"seconds": time.perf_counter() - start, "prompt_tokens": n, "answer_tokens": len(answer_ids),
@@ -88,7 +91,7 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation", options
     prompt = ex.tokenizer.decode(prompt_ids)
     target = ex.tokenizer.decode(answer_ids)
     try:
-        gen = ex.explain_generation(prompt, [method], target=target, options=options)
+        gen = ex.explain_generation(prompt, [method], target=target, options=options, **limit)
     except InputError as exc:
         return {"refused": str(exc)}
     return {"seconds": time.perf_counter() - start, "prompt_tokens": len(gen.prompt_ids),
@@ -96,9 +99,10 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation", options
 
 
 def measure(method: str, n: int, answer: int, timeout: float, mode: str = "generation",
-            options: dict | None = None) -> dict:
+            options: dict | None = None, budget: str | None = None) -> dict:
     """A case in a fresh process under ``/usr/bin/time``: its result with ``peak_gib`` (peak RSS)."""
     extra = ["--options", json.dumps(options)] if options else []
+    extra += ["--memory-budget", budget] if budget else []
     return measured(__file__, ["--one", method, str(n), str(answer), "--mode", mode, *extra], timeout,
                     {"method": method, "tokens": n})
 
@@ -167,11 +171,13 @@ def main() -> None:
     p.add_argument("--from-log", metavar="FILE", help="write the table and plot from the JSON lines a run printed")
     p.add_argument("--options", type=json.loads, default=None,
                    help='per-method options as JSON, e.g. \'{"integratedgradients": {"n_steps": 8}}\'')
+    p.add_argument("--memory-budget", default=None, help="the explainer's memory budget (default: the library's)")
     p.add_argument("--tag", default="", help="suffix of the output files (a run of some methods beside the main one)")
     p.add_argument("--one", nargs=3, metavar=("METHOD", "TOKENS", "ANSWER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_case(args.one[0], int(args.one[1]), int(args.one[2]), args.mode, args.options)))
+        print(json.dumps(run_case(args.one[0], int(args.one[1]), int(args.one[2]), args.mode, args.options,
+                                  args.memory_budget)))
         return
     out_json, out_md, out_png = OUT_JSON, OUT_MD, OUT_PNG
     if args.mode == "answer":
@@ -185,10 +191,11 @@ def main() -> None:
     for n in [] if args.from_log else args.lengths:
         for method in args.methods:
             results.append(measure(method, n, args.answer, args.timeout, args.mode,
-                                   {k: v for k, v in (args.options or {}).items() if k == method} or None))
+                                   {k: v for k, v in (args.options or {}).items() if k == method} or None,
+                                   args.memory_budget if method != "plain" else None))
             print(json.dumps(results[-1]), flush=True)
-    out_json.write_text(json.dumps({"answer_tokens": args.answer, "mode": args.mode, "results": results}, indent=1)
-                        + "\n")
+    out_json.write_text(json.dumps({"answer_tokens": args.answer, "mode": args.mode,
+                                    "memory_budget": args.memory_budget, "results": results}, indent=1) + "\n")
     out_md.write_text(table(results))
     plot(results, out_png)
     print(table(results))

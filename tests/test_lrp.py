@@ -472,16 +472,20 @@ def test_methods_equal_loop_recomputation(tokenizer):
     np.testing.assert_allclose(e.scores["transatt"], joint[0], rtol=1e-4, atol=1e-6)
 
 
-def test_transatt_start_layer_last_is_one_layer_formula():
-    from attnlens.methods.lrp_methods import transatt_rollout
-
-    torch.manual_seed(3)
-    g = [torch.randn(2, 3, 5, 5) for _ in range(3)]
-    r = [torch.randn(2, 3, 5, 5) for _ in range(3)]
-    (last,) = transatt_rollout(g, r, start_layer=-1)
-    a_bar = (g[2] * r[2]).clamp(min=0).mean(1) + torch.eye(5)
-    torch.testing.assert_close(last, a_bar / a_bar.sum(-1, keepdim=True))
-    assert len(transatt_rollout(g, r, start_layer=0)) == 3
+def test_transatt_from_the_last_layer_is_its_one_layer_formula(tokenizer):
+    model = make_model("bert")
+    ex = Explainer(model, tokenizer)
+    opts = {"transatt": {"start_layer": -1}}
+    (e,) = ex.explain(["a charming and often boring plot"], methods=["transatt"], target=1, options=opts)
+    ids = torch.tensor([e.input_ids])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    res = lrp_pass(model, inputs, 1, rules="chefer")
+    out = model(**inputs, output_attentions=True)
+    (g,) = torch.autograd.grad(out.logits[0, 1], [out.attentions[-1]])
+    a_bar = (g[0] * res.attention_relevance[-1][0]).clamp(min=0).mean(0) + torch.eye(len(e.tokens))
+    np.testing.assert_allclose(e.scores["transatt"], (a_bar / a_bar.sum(-1, keepdim=True))[0].numpy(), rtol=1e-5,
+                               atol=1e-7)
+    assert "transatt" not in e.layers
 
 
 def test_shared_pass_runs_once_per_batch(tokenizer):

@@ -276,10 +276,42 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
         np.testing.assert_allclose(a.scores["attnlrp"], b.scores["attnlrp"], rtol=0,
                                    atol=1e-5 * np.abs(b.scores["attnlrp"]).max())
     seen.clear()
-    ex.explain(texts, ["attnlrp", "partiallrp"])  # a method reading attention relevance: the eager pass
     ex.explain(texts, ["attnlrp"], options={"attnlrp": {"rules": "cp"}})
     ex.explain_generation("the movie was", ["attnlrp"], target=" good")  # a generation's prefixes: eager
     assert not any(seen)
+
+
+@pytest.mark.parametrize("task", ["causal-lm", "classification"])
+def test_lrp_methods_reading_attention_relevance_run_fused_where_the_eager_pass_would_not_fit(monkeypatch, task):
+    """PartialLRP and TransAtt, and AttnLRP beside them from the same forward, give the eager pass's scores and
+    per-layer rows from the fused one (no maps kept: the relevance and the maps recomputed a few query rows at a
+    time), a padded batch and TransAtt's start layer included."""
+    from attnlens.core import row_attention
+    from attnlens.methods import lrp_methods
+
+    model = build_tiny("llama", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task=task)
+    ex = Explainer(model, make_tokenizer())
+    texts = ["the movie was good but boring and far too long " * 3, "fun"]
+    methods = ["partiallrp", "transatt", "attnlrp", "rawatt"]
+    eager = ex.explain(texts, methods)
+    eager_from_two = ex.explain(texts, ["transatt"], options={"transatt": {"start_layer": 1}})
+    seen = []
+    real = lrp_methods.lrp_passes
+    monkeypatch.setattr(lrp_methods, "lrp_passes", lambda *a, **k: seen.append(k["fused"]) or real(*a, **k))
+    always = lambda dims, n, budget, fusable, rows=0, attention=False: (  # noqa: E731
+        memory.lrp_storage(dims, n, 0, fusable, rows, attention))
+    monkeypatch.setattr(lrp_methods, "lrp_storage", always)
+    monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)
+    monkeypatch.setattr("attnlens.lrp.state.CHUNK_ELEMENTS", 64)
+    fused = ex.explain(texts, methods)
+    assert seen == [True]
+    from_two = ex.explain(texts, ["transatt"], options={"transatt": {"start_layer": 1}})
+    for a, b in zip([*fused, *from_two], [*eager, *eager_from_two], strict=True):
+        for m in b.scores:
+            top = np.abs(b.scores[m]).max()
+            np.testing.assert_allclose(a.scores[m], b.scores[m], rtol=0, atol=1e-5 * top, err_msg=m)
+            if m in b.layers:
+                np.testing.assert_allclose(a.layers[m], b.layers[m], rtol=0, atol=1e-5 * top, err_msg=m)
 
 
 def test_the_estimate_of_attnlrp_follows_the_fused_pass():
@@ -295,9 +327,13 @@ def test_the_estimate_of_attnlrp_follows_the_fused_pass():
     assert cost.own_storage("attnlrp", n - 64) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
     assert cost.own_storage("attnlrp", n) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=logits)
     assert cost.own(n) < memory.pass_row_bytes(dims, n, memory.LRP_STORAGE) // 4
-    for other in (engine.pass_cost(ex.runner, spec, budget, {"attnlrp": {"epsilon": 1e-3}}),
-                  engine.pass_cost(ex.runner, [*spec, registry.get_method("transatt")], budget)):
-        assert other.own_storage("attnlrp", n) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
+    other = engine.pass_cost(ex.runner, spec, budget, {"attnlrp": {"epsilon": 1e-3}})
+    assert other.own_storage("attnlrp", n) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
+    # beside a method reading the attention relevance, that one keeps what recomputes it
+    both = engine.pass_cost(ex.runner, [*spec, registry.get_method("transatt")], budget)
+    assert both.own_storage("attnlrp", n) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=logits)
+    assert both.own_storage("transatt", n) == dataclasses.replace(memory.FUSED_RELEVANCE_STORAGE, logit_rows=logits)
+    assert both.own_storage("transatt", n - 64) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
     # a generation's prefixes: the eager pass, every position's logits
     assert engine.pass_cost(ex.runner, spec, budget, prefixes=True).own_storage("attnlrp", n) == memory.LRP_STORAGE
 

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import InputError
 from ..methods import get_method, resolve_methods
-from ..methods.lrp_methods import fused_lrp
+from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp
 from ..methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
@@ -132,7 +132,7 @@ class PassCost:
         """What method ``name``'s own pass holds at ``n`` tokens."""
         storage = self.own_storages[name]
         if name in self.fusable:
-            return lrp_storage(self.dims, n, self.budget, True, storage.logit_rows)
+            return lrp_storage(self.dims, n, self.budget, True, storage.logit_rows, name in ATTENTION_READERS)
         return fitting(self.dims, n, storage, self.budget)  # fused passes recompute layers where needed
 
     def total(self, n: int) -> int:
@@ -181,8 +181,7 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
     settings = {s.name: {**s.options, **(options or {}).get(s.name, {})} for s in specs}
 
     def fusable(group: list[Method]) -> frozenset[str]:
-        return frozenset(s.name for s in group if not prefixes
-                         and fused_lrp(runner.model, s.name, settings, [g.name for g in group]))
+        return frozenset(s.name for s in group if not prefixes and fused_lrp(runner.model, s.name, settings))
 
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},

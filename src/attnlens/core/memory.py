@@ -151,15 +151,21 @@ FULL_STORAGE = Storage(eager=True, backward=True, maps=True, map_grads=True, hid
 # the input embeddings and their gradient
 LRP_STORAGE = FULL_STORAGE
 FUSED_LRP_STORAGE = Storage(eager=False, backward=True, recompute=True, embeddings=True, embedding_grads=True)
+# the fused pass of a method reading the attention relevance (Chefer et al.'s rules): per layer the queries, keys
+# and values, and the modified gradient at the attention output, the relevance recomputed from them
+FUSED_RELEVANCE_STORAGE = FUSED_LRP_STORAGE | Storage(factors=True, factor_grads=True)
 
 
-def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool, logit_rows: int = 0) -> Storage:
+def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool, logit_rows: int = 0,
+                attention: bool = False) -> Storage:
     """What an LRP pass over one row of ``n`` tokens holds, a language model's logits at ``logit_rows``
     positions (0: all): the eager pass where it fits ``budget``, else the fused one when the pass can run fused
-    (``fusable``; it costs about one more forward)."""
+    (``fusable``; it costs about one more forward), keeping what recomputes the attention relevance when the
+    method reads it (``attention``)."""
     eager = dataclasses.replace(LRP_STORAGE, logit_rows=logit_rows)
     if fusable and pass_row_bytes(dims, n, eager) > budget:
-        return dataclasses.replace(FUSED_LRP_STORAGE, logit_rows=logit_rows)
+        return dataclasses.replace(FUSED_RELEVANCE_STORAGE if attention else FUSED_LRP_STORAGE,
+                                   logit_rows=logit_rows)
     return eager
 
 

@@ -111,11 +111,18 @@ def _masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, queries: tor
     return scores
 
 
-def probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor,
-                   causal: bool, scale: float) -> torch.Tensor:
-    """Softmax attention ``(B, H, q, K)`` of the query positions ``queries`` (float32 softmax, as eager)."""
+def masked_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor,
+                  causal: bool, scale: float) -> torch.Tensor:
+    """The softmax's input ``(B, H, q, K)`` at the query positions ``queries``: ``q Kᵀ · scale`` with the mask
+    applied as eager attention applies it."""
     scores = torch.matmul(query[:, :, queries], key.transpose(2, 3)) * scale
-    scores = _masked_scores(scores, mask, queries, causal)
+    return _masked_scores(scores, mask, queries, causal)
+
+
+def probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor,
+                  causal: bool, scale: float) -> torch.Tensor:
+    """Softmax attention ``(B, H, q, K)`` of the query positions ``queries`` (float32 softmax, as eager)."""
+    scores = masked_scores(query, key, mask, queries, causal, scale)
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
 
 

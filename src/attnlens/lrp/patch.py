@@ -31,6 +31,7 @@ from .state import (
     active_state,
     attend,
     attend_fused,
+    attend_fused_chefer,
     running_state,
     score_product,
     set_running_state,
@@ -67,9 +68,12 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     if state.fused:  # runs_fused(model) held: no score cap, scores in the model's dtype; SDPA's masks
         state.attention_calls += 1
         groups = getattr(module, "num_key_value_groups", 1)
+        causal = attention_mask is None and getattr(module, "is_causal", False) and query.shape[2] > 1
+        if state.rules in CHEFER:
+            out = attend_fused_chefer(state, module, query, key, value, groups, attention_mask, scaling, causal)
+            return out.transpose(1, 2).contiguous(), None
         if groups > 1:
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        causal = attention_mask is None and getattr(module, "is_causal", False) and query.shape[2] > 1
         return attend_fused(query, key, value, attention_mask, scaling, causal).transpose(1, 2).contiguous(), None
     if state.float32_scores:  # attend casts the probabilities back to the values' dtype
         query, key = query.to(torch.float32), key.to(torch.float32)

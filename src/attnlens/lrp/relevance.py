@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..core.row_attention import LayerFactors, masked_scores, repeat_kv
 from ..errors import InputError, ModelError
 from ..models.heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
 from ..models.prefixes import last_token_rows, row_gradients
@@ -36,6 +37,10 @@ class LRPResult:
             for other models.
         softmax_absorbed: ``(B,)`` relevance the attention softmaxes (and Mixtral's routing softmaxes) did not
             pass on (``sum R(A) - sum R(softmax input)`` over all layers), only with ``track_softmax=True``.
+        factors, output_grads: a fused pass under Chefer et al.'s rules keeps no maps (``attentions`` and
+            ``attention_relevance`` are empty) but, per layer, what its maps are recomputed from and half the
+            modified gradient at its attention output ``(B, H, N, d)``: :meth:`relevance_rows` reads R(A^l) from
+            them a few query rows at a time.
     """
 
     logits: torch.Tensor
@@ -46,6 +51,26 @@ class LRPResult:
     word_relevance: torch.Tensor | None
     position_relevance: torch.Tensor
     softmax_absorbed: torch.Tensor | None = None
+    factors: list[LayerFactors] = field(default_factory=list)
+    output_grads: list[torch.Tensor] = field(default_factory=list)
+    _values: tuple[int, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def n_layers(self) -> int:
+        """L: the layers whose attention relevance the pass holds (kept or to recompute)."""
+        return len(self.attention_relevance) or len(self.output_grads)
+
+    def relevance_rows(self, layer: int, queries: torch.Tensor) -> torch.Tensor:
+        """``(B, H, q, N)``: R(A^layer) at the query positions ``queries`` ``(q,)``, from the kept maps or, after
+        a fused pass, recomputed: ``A ⊙ (½ ∂O) Vᵀ``, the probabilities from the layer's queries and keys."""
+        if self.attention_relevance:
+            return self.attention_relevance[layer][:, :, queries]
+        f = self.factors[layer]
+        if self._values is None or self._values[0] != layer:  # keys and values per query head, once per layer
+            self._values = (layer, repeat_kv(f.key, f.groups), repeat_kv(f.value, f.groups))
+        _, key, value = self._values
+        a = torch.softmax(masked_scores(f.query, key, f.mask, queries, f.causal, f.scale), dim=-1)  # as attend()
+        return a * torch.matmul(self.output_grads[layer][:, :, queries], value.transpose(2, 3))
 
 
 def check_settings(rules: object, epsilon: object) -> None:
@@ -109,7 +134,9 @@ def lrp_pass(
             probabilities are kept, so the memory grows linearly with the length; the input relevances are those
             of the eager pass (to rounding), ``attentions`` and ``attention_relevance`` are empty. AttnLRP with
             ``epsilon=0`` only, without ``track_softmax`` or ``rows``; a model :func:`runs_fused` does not cover
-            gets the eager pass.
+            gets the eager pass. Under Chefer et al.'s rules (``"chefer"``, ``"chefer-lrp"``) the attention
+            relevance is kept as what recomputes it (:meth:`LRPResult.relevance_rows`), and the backward
+            recomputes each layer's probabilities a chunk of query rows at a time.
         forward_kwargs: more arguments of the model's forward, e.g. ``logits_to_keep`` (a language model
             projecting only the positions its head reads); ``targets`` and ``logit_mask`` are then in the kept
             positions' coordinates, and so are the result's ``logits``.
@@ -119,9 +146,9 @@ def lrp_pass(
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
     """
-    if fused and (rules != "attnlrp" or epsilon or track_softmax or rows is not None):
-        raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 over a batch of inputs, without "
-                         "track_softmax or rows")
+    if fused and (rules not in ("attnlrp", *CHEFER) or epsilon or track_softmax or rows is not None):
+        raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 or Chefer et al.'s rules over a batch "
+                         "of inputs, without track_softmax or rows")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
                      inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask)
     return result
@@ -138,6 +165,7 @@ def lrp_passes(
     *,
     head: Head | None = None,
     rows: torch.Tensor | None = None,
+    fused: bool = False,
     forward_kwargs: Mapping[str, Any] | None = None,
     logit_mask: torch.Tensor | None = None,
 ) -> tuple[LRPResult, LRPResult]:
@@ -146,10 +174,13 @@ def lrp_passes(
 
     The forward runs in the chefer layout (normalised residual sums); every chefer rule there also knows its
     AttnLRP counterpart (``rules``' ``switch``) and runs it during the second backward, so both results equal
-    their own passes' (to rounding) at the cost of one forward less.
+    their own passes' (to rounding) at the cost of one forward less. ``fused``: as :func:`lrp_pass`'s (not with
+    ``rows``).
     """
-    chefer, attnlrp = _run(model, inputs, targets, target_kind, head, JOINT, 0.0, False, rows, False, False,
-                           forward_kwargs, logit_mask)
+    if fused and rows is not None:
+        raise InputError("the fused LRP passes run over a batch of inputs, without rows")
+    chefer, attnlrp = _run(model, inputs, targets, target_kind, head, JOINT, 0.0, False, rows, False,
+                           fused and runs_fused(model), forward_kwargs, logit_mask)
     return chefer, attnlrp
 
 
@@ -219,6 +250,9 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
     emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
     others = [t for pair in state.other_softmaxes for t in pair]
     leaves = [state.word_embeddings, emb_sum] if inputs_relevance else [None, None]
+    fused_chefer = state.fused and rules in CHEFER
+    if fused_chefer and not inputs_relevance:  # no probabilities to stop at: down to the embeddings
+        leaves = [state.word_embeddings, None]
     wrt = [*leaves, *state.probs, *state.softmax_inputs, *state.position_inputs, *others]
     live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
     if rows is None:
@@ -266,6 +300,8 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
         word_relevance=rel(state.word_embeddings, g_word).sum(-1) if inputs_relevance else None,
         position_relevance=position,
         softmax_absorbed=absorbed,
+        factors=[state.factors[i] for i in range(len(state.factors))] if fused_chefer else [],
+        output_grads=[state.output_grads[i] for i in range(len(state.output_grads))] if fused_chefer else [],
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.row_attention import CHUNK_ELEMENTS, LayerFactors, masked_scores
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"  # the attention implementation an LRP forward runs (registered by attnlens.lrp.patch)
@@ -47,6 +48,12 @@ class PassState:
     # attention relevance is read; AttnLRP with epsilon 0 only
     fused: bool = False
     attention_calls: int = 0  # attention computations seen (fused ones keep no probabilities)
+    # a fused chefer pass: per layer what its maps are recomputed from, and 1/2 the modified gradient at its
+    # attention output, whose product with the values is the modified gradient at the probabilities
+    # (:class:`_FusedCheferAttention`); a layer's index is fixed by its first call (a recomputed layer calls again)
+    layer_index: dict[int, int] = field(default_factory=dict)
+    factors: dict[int, LayerFactors] = field(default_factory=dict)
+    output_grads: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def logits(self, outputs: Any) -> Any:
         """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
@@ -116,12 +123,83 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        query, key, value = (t.detach().requires_grad_(True) for t in ctx.saved_tensors)
-        with torch.enable_grad():
-            out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=ctx.mask, scale=ctx.scale,
-                                                             is_causal=ctx.causal)
-            dq, dk, dv = torch.autograd.grad(out, (query, key, value), grad)
-        return dq * 0.25, dk * 0.25, dv * 0.5, None, None, None
+        return (*_attnlrp_attention_backward(*ctx.saved_tensors, ctx.mask, ctx.scale, ctx.causal, grad), None, None,
+                None)
+
+
+def _attnlrp_attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                mask: torch.Tensor | None, scale: float, causal: bool, grad: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """AttnLRP's (ε = 0) gradients at the query, key and value of fused attention: its true ones, scaled."""
+    query, key, value = (t.detach().requires_grad_(True) for t in (query, key, value))
+    with torch.enable_grad():
+        out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                                         is_causal=causal)
+        dq, dk, dv = torch.autograd.grad(out, (query, key, value), grad)
+    return dq * 0.25, dk * 0.25, dv * 0.5
+
+
+def _chefer_attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                               mask: torch.Tensor | None, scale: float, causal: bool, grad: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`attend` under Chefer et al.'s rules at ``query``, ``key``, ``value``
+    ``(B, H, N, d)`` for ``grad`` at the output, the probabilities recomputed a chunk of query rows at a time:
+    ``A V`` halves the gradient (uniform rule), the softmax passes relevance through (``∂ ← ∂ · A / S``, 0 where
+    ``S`` is 0 or masked) and ``q Kᵀ`` halves again (:func:`score_product`)."""
+    b, h, n, _ = query.shape
+    dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
+    half = 0.5 * grad
+    step = max(1, CHUNK_ELEMENTS // max(1, b * h * key.shape[2]))
+    for start in range(0, n, step):
+        rows = torch.arange(start, min(n, start + step), device=query.device)
+        s = masked_scores(query, key, mask, rows, causal, scale)
+        a = torch.softmax(s, dim=-1)  # in the scores' dtype, as attend() computes it
+        g = half[:, :, rows]
+        dv += torch.matmul(a.transpose(2, 3), g)
+        gs = torch.matmul(g, value.transpose(2, 3)).mul_((a / s).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
+        gs.mul_(0.5 * scale)
+        dq[:, :, rows] = torch.matmul(gs, key)
+        dk += torch.matmul(gs.transpose(2, 3), query[:, :, rows])
+    return dq, dk, dv
+
+
+class _FusedCheferAttention(torch.autograd.Function):
+    """``softmax(Q Kᵀ · scale + mask) V`` by fused attention in a pass under Chefer et al.'s rules: the backward
+    recomputes the probabilities chunk by chunk (:func:`_chefer_attention_backward`) and records half the
+    gradient at the output (``state.output_grads[layer]``: the attention relevance is ``A ⊙ (that · Vᵀ)``); in the
+    AttnLRP backward of a joint pass (``state.mode``) it runs :class:`_FusedAttention`'s."""
+
+    @staticmethod
+    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,  # type: ignore[override]
+                mask: torch.Tensor | None, scale: float, causal: bool, state: PassState, layer: int) -> torch.Tensor:
+        ctx.save_for_backward(query, key, value)
+        ctx.mask, ctx.scale, ctx.causal, ctx.state, ctx.layer = mask, scale, causal, state, layer
+        return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                                           is_causal=causal)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        query, key, value = ctx.saved_tensors
+        if ctx.state.mode == "attnlrp":
+            grads = _attnlrp_attention_backward(query, key, value, ctx.mask, ctx.scale, ctx.causal, grad)
+        else:
+            ctx.state.output_grads[ctx.layer] = (0.5 * grad).detach()
+            grads = _chefer_attention_backward(query, key, value, ctx.mask, ctx.scale, ctx.causal, grad)
+        return (*grads, None, None, None, None, None)
+
+
+def attend_fused_chefer(state: PassState, module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, groups: int, mask: torch.Tensor | None, scale: float,
+                        causal: bool) -> torch.Tensor:
+    """Chefer et al.'s attention through fused attention (:class:`_FusedCheferAttention`): ``(B, H, Q, d)``, the
+    layer's queries, keys and values (one per key head) recorded on its first call."""
+    layer = state.layer_index.setdefault(id(module), len(state.layer_index))
+    if layer not in state.factors:
+        state.factors[layer] = LayerFactors(query.detach(), key.detach(), mask, causal, scale, groups,
+                                            value.detach())
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    return _FusedCheferAttention.apply(query, key, value, mask, scale, causal, state, layer)
 
 
 def attend_fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,

@@ -10,35 +10,37 @@ of layer l (:func:`attnlens.lrp.lrp_pass`), computed once per batch and rule set
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
+from ..core.attention_chunks import AttentionChunks
 from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
 from ..core.memory import lrp_storage, model_dims, parse_budget
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
-from .attention import propagate
-from .registry import ATTENTION, GRADIENTS, OWN_PASS, MethodOutput, list_methods, register
+from ..lrp.state import CHEFER
+from .attention import carried_rows
+from .registry import ATTENTION_CHUNKS, ATTENTION_ROWS, GRADIENTS, OWN_PASS, MethodOutput, list_methods, register
 
 ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP / CP-LRP
 ATTENTION_READERS = ("partiallrp", "transatt")  # they read the attention relevance of their pass
 
 
-def fused_lrp(model: Any, name: str, settings: Mapping[str, Mapping[str, Any]], group: Sequence[str]) -> bool:
+def fused_lrp(model: Any, name: str, settings: Mapping[str, Mapping[str, Any]]) -> bool:
     """Whether method ``name``'s LRP pass may run fused (:func:`attnlens.lrp.lrp_pass` ``fused=True``: no maps
-    kept, layers recomputed) beside the methods ``group`` with their ``settings``: AttnLRP with its own rules and
-    epsilon 0, no method of the group reading attention relevance, on a model whose attention the pass can
-    fuse."""
-    if name != "attnlrp" or any(m in ATTENTION_READERS for m in group):
-        return False
+    kept, layers recomputed) with its ``settings``: AttnLRP with its own rules and epsilon 0, PartialLRP and
+    TransAtt with Chefer et al.'s rules (their attention relevance recomputed a few rows at a time), on a model
+    whose attention the pass can fuse."""
     opts = settings.get(name, {})
-    if opts.get("rules", "attnlrp") != "attnlrp" or float(opts.get("epsilon", 0.0)) != 0.0:
-        return False
-    return runs_fused(model)
+    if name == "attnlrp":
+        fits = opts.get("rules", "attnlrp") == "attnlrp" and float(opts.get("epsilon", 0.0)) == 0.0
+    else:
+        fits = name in ATTENTION_READERS and opts.get("rules", "chefer") in CHEFER
+    return fits and runs_fused(model)
 
 
 def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
@@ -65,7 +67,8 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     joint = [(r, 0.0) for r in JOINT]
     if key in joint and set(joint) <= _planned_passes(ctx):
         with contextlib.suppress(InputError):  # the chefer rules do not apply: each pass alone says why, or runs
-            cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, **reading)))
+            cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, fused=_runs_fused(ctx, joint[0]),
+                                               **reading)))
     if key not in cache:
         cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
                               inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, key), **reading)
@@ -73,11 +76,13 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
 
 
 def _runs_fused(ctx: BatchContext, key: tuple[str, float]) -> bool:
-    """Whether this batch's pass for ``key`` runs fused: it may (:func:`fused_lrp`), and the eager pass would not
-    fit the memory budget (the decision the engine's estimate makes, :func:`attnlens.core.memory.lrp_storage`)."""
-    if ctx.sequence is not None or key != ("attnlrp", 0.0):
+    """Whether this batch's pass for ``key`` (rule set, epsilon) runs fused: it may (:func:`fused_lrp`), and the
+    eager pass would not fit the memory budget (the decision the engine's estimate makes,
+    :func:`attnlens.core.memory.lrp_storage`)."""
+    if ctx.sequence is not None:
         return False
-    if not fused_lrp(ctx.model, "attnlrp", {"attnlrp": {"rules": key[0], "epsilon": key[1]}}, list(ctx.plan)):
+    name = "attnlrp" if key[0] in ATTNLRP_RULES else ATTENTION_READERS[0]
+    if not fused_lrp(ctx.model, name, {name: {"rules": key[0], "epsilon": key[1]}}):
         return False
     rows, n = ctx.token_mask.shape
     budget = parse_budget(ctx.memory_budget) // max(1, rows)
@@ -101,48 +106,61 @@ def _reads_one_row(name: str) -> Callable[[Any, str, str], str | None]:
     return why
 
 
-def _rows(ctx: BatchContext, per_layer: list[torch.Tensor]) -> torch.Tensor:
-    """Explained row of each ``(B, Q, K)`` matrix, stacked to ``(B, L, K)``."""
-    return torch.stack([ctx.capture.row(m.to(ctx.capture.query_weights.dtype)) for m in per_layer], 1)
+def _explained_relevance(ctx: BatchContext, res: LRPResult) -> torch.Tensor:
+    """``(B, L, K)``: per layer the explained row of E_h max(R(A^l), 0), from the query rows the explained row
+    weighs (the relevance rows recomputed there after a fused pass)."""
+    weights = ctx.capture.query_weights
+    queries = torch.nonzero(weights.ne(0).any(0)).flatten()
+    w = weights[:, queries]
+    rows = [res.relevance_rows(j, queries).clamp(min=0).mean(1) for j in range(res.n_layers)]
+    return torch.stack([torch.einsum("bq,bqk->bk", w.to(r.dtype), r).to(weights.dtype) for r in rows], 1)
 
 
 @register(
     "partiallrp",
-    needs={ATTENTION, OWN_PASS},
+    needs={ATTENTION_ROWS, OWN_PASS},
     applies=_reads_one_row("partiallrp"),
     summary="Partial LRP: LRP relevance of the last layer's attention, E_h max(R(A^L), 0)[c, j].",
     citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
     lrp=True,
 )
 def partiallrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0) -> MethodOutput:
-    res = shared_lrp(ctx, rules, epsilon)
-    layers = _rows(ctx, [r.clamp(min=0).mean(1) for r in res.attention_relevance])
+    layers = _explained_relevance(ctx, shared_lrp(ctx, rules, epsilon))
     return MethodOutput(layers[:, -1], layers)
 
 
-def transatt_rollout(
-    grads: list[torch.Tensor], relevances: list[torch.Tensor], start_layer: int = 0
-) -> list[torch.Tensor]:
-    """Chefer et al.'s rollout: Ā^l = E_h max(∇A^l ⊙ R(A^l), 0); M^l = (Ā^l + I) / rowsum; returns the
-    cumulative products ``M^l ··· M^start`` for l = start ... L-1 (each ``(B, N, N)``)."""
-    n_layers = len(relevances)
-    if not -n_layers <= start_layer < n_layers:
-        raise InputError(f"transatt start_layer={start_layer} is out of range for a model with {n_layers} layers: "
-                         f"use 0 to {n_layers - 1}, or -1 to -{n_layers} to count from the top")
-    start_layer %= n_layers
-    return propagate(_normalised(g, r) for g, r in zip(grads[start_layer:], relevances[start_layer:]))
+class _LayersFrom(AttentionChunks):
+    """The chunks of ``maps``' layers ``start`` and above (layer 0 here is ``start`` there)."""
+
+    def __init__(self, maps: AttentionChunks, start: int) -> None:
+        self.maps, self.start = maps, start
+        self.n_layers = maps.n_layers - start
+
+    def chunks(self, layer: int, gradients: bool = False) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+        return self.maps.chunks(layer + self.start, gradients)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.maps.tensors()
 
 
-def _normalised(grad: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
-    """``(Ā + I) / rowsum`` with ``Ā = E_h max(∇A ⊙ R(A), 0)``."""
-    a_bar = (grad * relevance).clamp(min=0).mean(1)
-    m = a_bar + torch.eye(a_bar.shape[-1], dtype=a_bar.dtype, device=a_bar.device)
-    return m / m.sum(-1, keepdim=True)
+class _TransAttRows:
+    """TransAtt's M^l = (Ā^l + I) / rowsum, Ā^l = E_h max(∇A^l ⊙ R(A^l), 0), at a chunk of query rows: ∇A from
+    the shared pass's chunks, R(A) at the same rows from the LRP pass."""
+
+    def __init__(self, res: LRPResult, start_layer: int) -> None:
+        self.res, self.start_layer = res, start_layer
+
+    def __call__(self, layer: int, start: int, a: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
+        queries = torch.arange(start, start + a.shape[2], device=a.device)
+        relevance = self.res.relevance_rows(layer + self.start_layer, queries)
+        m = (grad * relevance.to(grad.dtype)).clamp(min=0).mean(1)  # (B, q, K)
+        m[:, torch.arange(len(queries), device=m.device), queries] += 1
+        return m / m.sum(-1, keepdim=True)
 
 
 @register(
     "transatt",
-    needs={ATTENTION, GRADIENTS, OWN_PASS},
+    needs={ATTENTION_CHUNKS, GRADIENTS, OWN_PASS},
     self_attention_only=True,
     applies=_reads_one_row("transatt"),
     summary="Transformer attribution: rollout of E_h max(∇A ⊙ R(A), 0) + I (row-normalised) from start_layer; "
@@ -154,10 +172,17 @@ def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "chefer", eps
     if not isinstance(start_layer, int) or isinstance(start_layer, bool):
         raise InputError(f"transatt start_layer must be an integer layer index, got {start_layer!r}")
     res = shared_lrp(ctx, rules, epsilon)
-    joints = transatt_rollout(ctx.capture.attention_grads, res.attention_relevance, start_layer)
-    layers = _rows(ctx, joints)  # rows of the products from start_layer up to each layer
-    full = len(joints) == len(res.attention_relevance)  # per-layer rows only when the rollout starts at layer 0
-    return MethodOutput(layers[:, -1], layers if full else None)
+    n_layers = res.n_layers
+    if not -n_layers <= start_layer < n_layers:
+        raise InputError(f"transatt start_layer={start_layer} is out of range for a model with {n_layers} layers: "
+                         f"use 0 to {n_layers - 1}, or -1 to -{n_layers} to count from the top")
+    start_layer %= n_layers
+    cap = ctx.capture
+    # rows of the products from start_layer up to each layer, carried down a chunk of query rows at a time
+    maps = _LayersFrom(cap.map_chunks(), start_layer)
+    layers = carried_rows(cap.query_weights, maps, _TransAttRows(res, start_layer), mix=1.0, keep=0.0,
+                          gradients=True).to(cap.query_weights.dtype)
+    return MethodOutput(layers[:, -1], layers if start_layer == 0 else None)
 
 
 @register(
