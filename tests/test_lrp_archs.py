@@ -1286,7 +1286,7 @@ def test_fused_chefer_pass_gives_the_eager_attention_relevance(family):
         eager = lrp_pass(model, inputs, targets, rules=rules, inputs_relevance=False)
         with pytest.MonkeyPatch.context() as mp:  # several chunks of rows per layer
             mp.setattr(row_attention, "CHUNK_ELEMENTS", 40)
-            mp.setattr("attnlens.lrp.state.CHUNK_ELEMENTS", 40)
+            mp.setattr("attnlens.lrp.state.BACKWARD_CHUNK_ELEMENTS", 40)
             fused = lrp_pass(model, inputs, targets, rules=rules, inputs_relevance=False, fused=True)
         assert fused.attention_relevance == [] and fused.n_layers == eager.n_layers
         for layer in range(eager.n_layers):
@@ -1296,6 +1296,14 @@ def test_fused_chefer_pass_gives_the_eager_attention_relevance(family):
             real = (mask[:, None, :, None] & mask[:, None, None, :]).expand_as(want)  # padding rows are not read
             torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-9 * want.abs().max())
         torch.testing.assert_close(fused.target, eager.target, rtol=1e-5, atol=1e-6)
+    one = {k: v[:1] for k, v in inputs.items()}  # no padding: causality alone masks a decoder's attention
+    eager = lrp_pass(model, one, 0, rules="chefer", inputs_relevance=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("attnlens.lrp.state.BACKWARD_CHUNK_ELEMENTS", 40)
+        fused = lrp_pass(model, one, 0, rules="chefer", inputs_relevance=False, fused=True)
+    for layer in range(eager.n_layers):
+        want = eager.attention_relevance[layer]
+        torch.testing.assert_close(_fused_relevance(fused, layer), want, rtol=0, atol=1e-9 * want.abs().max())
     chefer, attnlrp = lrp_passes(model, inputs, targets, fused=True)
     eager_chefer, eager_attnlrp = lrp_passes(model, inputs, targets)
     scale = eager_attnlrp.input_relevance.abs().max()
@@ -1304,6 +1312,23 @@ def test_fused_chefer_pass_gives_the_eager_attention_relevance(family):
     want = eager_chefer.attention_relevance[last]
     torch.testing.assert_close(_fused_relevance(chefer, last)[:, :, -1], want[:, :, -1], rtol=0,
                                atol=1e-9 * want.abs().max())
+
+
+def test_fused_chefer_pass_recomputes_its_own_block_forwards(monkeypatch):
+    """A pre-LN block under the chefer rules runs the rule's own forward (the instance's, not the class's), which
+    the fused pass recomputes in the backward too: each block runs twice there, once in the eager pass."""
+    from attnlens.lrp import modules
+
+    calls = []
+    real = modules.prenorm_block
+    monkeypatch.setattr(modules, "prenorm_block", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = strong("llama")
+    layers = model.config.num_hidden_layers
+    lrp_pass(model, padded_batch(), [0, 1, 2], rules="chefer", inputs_relevance=False)
+    assert len(calls) == layers
+    calls.clear()
+    lrp_pass(model, padded_batch(), [0, 1, 2], rules="chefer", inputs_relevance=False, fused=True)
+    assert len(calls) == 2 * layers
 
 
 def test_fused_pass_is_attnlrp_with_epsilon_zero_or_chefer_only():

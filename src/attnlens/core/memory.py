@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
-from .row_attention import CHUNK_ELEMENTS
+from .row_attention import BACKWARD_CHUNK_ELEMENTS, CHUNK_ELEMENTS
 
 DEFAULT_BUDGET = 4 * 2**30  # bytes: what explain() plans for when no memory_budget is given
 ACTIVATION_VECTORS = 30  # hidden-size vectors per token and layer held for a backward pass (24 fitted on MiniLM;
@@ -32,6 +32,9 @@ FORWARD_VECTORS = 8  # hidden-size vectors per token alive at once in a forward 
 # chunks of recomputed probabilities alive at once while a method reads every layer's maps chunk by chunk
 # (scores, probabilities, their gradient and the reduction's temporaries; attention_chunks.py)
 CHUNK_COPIES = 8
+# the same in the backward of a fused LRP pass under Chefer et al.'s rules (scores, probabilities, their gradient,
+# the softmax's ratio, the scores' gradient and a temporary; lrp/state.py)
+RULE_CHUNK_COPIES = 6
 MAX_TOKENS = 2**20  # the longest input the "what fits" search considers
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
@@ -109,8 +112,9 @@ class Storage:
     and that output's gradient);
     ``hidden``/``embeddings``: hidden states / input embeddings kept;
     ``*_grads``: their gradients kept; ``recompute``: the backward recomputes each layer from its input rather
-    than keeping its activations (fused attention only); ``logit_rows``: positions of each row a language model
-    projects onto the vocabulary (0: all of them; :class:`~attnlens.core.logit_rows.LogitRows`).
+    than keeping its activations (fused attention only); ``chunked_rules``: the backward recomputes each layer's
+    probabilities a chunk of query rows at a time to apply LRP rules there; ``logit_rows``: positions of each row a
+    language model projects onto the vocabulary (0: all of them; :class:`~attnlens.core.logit_rows.LogitRows`).
     """
 
     eager: bool = True
@@ -128,6 +132,7 @@ class Storage:
     embeddings: bool = False
     embedding_grads: bool = False
     recompute: bool = False
+    chunked_rules: bool = False
     logit_rows: int = 0
 
     def __or__(self, other: Storage) -> Storage:
@@ -153,7 +158,7 @@ LRP_STORAGE = FULL_STORAGE
 FUSED_LRP_STORAGE = Storage(eager=False, backward=True, recompute=True, embeddings=True, embedding_grads=True)
 # the fused pass of a method reading the attention relevance (Chefer et al.'s rules): per layer the queries, keys
 # and values, and the modified gradient at the attention output, the relevance recomputed from them
-FUSED_RELEVANCE_STORAGE = FUSED_LRP_STORAGE | Storage(factors=True, factor_grads=True)
+FUSED_RELEVANCE_STORAGE = FUSED_LRP_STORAGE | Storage(factors=True, factor_grads=True, chunked_rules=True)
 
 
 def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool, logit_rows: int = 0,
@@ -179,6 +184,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         else:
             work = layers * (ACTIVATION_VECTORS * n * d + (ATTENTION_MAPS * maps if storage.eager else 0))
         work += LOGIT_COPIES * storage.logit_positions(n) * dims.logits
+        work += RULE_CHUNK_COPIES * min(BACKWARD_CHUNK_ELEMENTS, heads * n * n) * storage.chunked_rules
     else:  # one layer at a time
         work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
     kept = layers * (maps * (storage.maps + storage.map_grads)

@@ -29,6 +29,9 @@ IMPLEMENTATION = "attnlens_rows"  # the name it is registered under in transform
 # elements of one chunk of probabilities recomputed and reduced at once (4 MiB in float32: below the allocator's
 # threshold for long inputs, so the chunks' temporaries reuse the heap's blocks; allocator.py)
 CHUNK_ELEMENTS = 2**20
+# the same in a backward that recomputes the probabilities to apply LRP rules (lrp/state.py): each chunk adds a
+# rank-q update to the whole keys' and values' gradients, so larger chunks (16 MiB) read and write those less often
+BACKWARD_CHUNK_ELEMENTS = 2**22
 UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")  # not reproduced here
 
 

@@ -60,17 +60,19 @@ class LRPResult:
         """L: the layers whose attention relevance the pass holds (kept or to recompute)."""
         return len(self.attention_relevance) or len(self.output_grads)
 
-    def relevance_rows(self, layer: int, queries: torch.Tensor) -> torch.Tensor:
+    def relevance_rows(self, layer: int, queries: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
         """``(B, H, q, N)``: R(A^layer) at the query positions ``queries`` ``(q,)``, from the kept maps or, after
-        a fused pass, recomputed: ``A ⊙ (½ ∂O) Vᵀ``, the probabilities from the layer's queries and keys."""
+        a fused pass, recomputed: ``A ⊙ (½ ∂O) Vᵀ``, the probabilities ``A`` from the layer's queries and keys
+        unless given (``probs``: the same rows of the same model's attention, e.g. a shared pass's)."""
         if self.attention_relevance:
             return self.attention_relevance[layer][:, :, queries]
         f = self.factors[layer]
         if self._values is None or self._values[0] != layer:  # keys and values per query head, once per layer
             self._values = (layer, repeat_kv(f.key, f.groups), repeat_kv(f.value, f.groups))
         _, key, value = self._values
-        a = torch.softmax(masked_scores(f.query, key, f.mask, queries, f.causal, f.scale), dim=-1)  # as attend()
-        return a * torch.matmul(self.output_grads[layer][:, :, queries], value.transpose(2, 3))
+        if probs is None:  # as attend() computes them
+            probs = torch.softmax(masked_scores(f.query, key, f.mask, queries, f.causal, f.scale), dim=-1)
+        return probs * torch.matmul(self.output_grads[layer][:, :, queries], value.transpose(2, 3))
 
 
 def check_settings(rules: object, epsilon: object) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.row_attention import CHUNK_ELEMENTS, LayerFactors, masked_scores
+from ..core.row_attention import BACKWARD_CHUNK_ELEMENTS, LayerFactors, masked_scores
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"  # the attention implementation an LRP forward runs (registered by attnlens.lrp.patch)
@@ -149,17 +149,21 @@ def _chefer_attention_backward(query: torch.Tensor, key: torch.Tensor, value: to
     b, h, n, _ = query.shape
     dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
     half = 0.5 * grad
-    step = max(1, CHUNK_ELEMENTS // max(1, b * h * key.shape[2]))
+    step = max(1, BACKWARD_CHUNK_ELEMENTS // max(1, b * h * key.shape[2]))
     for start in range(0, n, step):
-        rows = torch.arange(start, min(n, start + step), device=query.device)
-        s = masked_scores(query, key, mask, rows, causal, scale)
+        stop = min(n, start + step)
+        rows = torch.arange(start, stop, device=query.device)
+        # under causality alone the keys after the chunk's last query are masked for all its rows: left out
+        keys = slice(0, stop if causal and mask is None else key.shape[2])
+        k, v = key[:, :, keys], value[:, :, keys]
+        s = masked_scores(query, k, mask, rows, causal, scale)
         a = torch.softmax(s, dim=-1)  # in the scores' dtype, as attend() computes it
         g = half[:, :, rows]
-        dv += torch.matmul(a.transpose(2, 3), g)
-        gs = torch.matmul(g, value.transpose(2, 3)).mul_((a / s).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
+        dv[:, :, keys] += torch.matmul(a.transpose(2, 3), g)
+        gs = torch.matmul(g, v.transpose(2, 3)).mul_((a / s).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
         gs.mul_(0.5 * scale)
-        dq[:, :, rows] = torch.matmul(gs, key)
-        dk += torch.matmul(gs.transpose(2, 3), query[:, :, rows])
+        dq[:, :, rows] = torch.matmul(gs, k)
+        dk[:, :, keys] += torch.matmul(gs.transpose(2, 3), query[:, :, rows])
     return dq, dk, dv
 
 

@@ -152,7 +152,7 @@ class _TransAttRows:
 
     def __call__(self, layer: int, start: int, a: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
         queries = torch.arange(start, start + a.shape[2], device=a.device)
-        relevance = self.res.relevance_rows(layer + self.start_layer, queries)
+        relevance = self.res.relevance_rows(layer + self.start_layer, queries, a)  # the shared pass's A there
         m = (grad * relevance.to(grad.dtype)).clamp(min=0).mean(1)  # (B, q, K)
         m[:, torch.arange(len(queries), device=m.device), queries] += 1
         return m / m.sum(-1, keepdim=True)

@@ -4,9 +4,11 @@ for the passes whose activations would not fit the memory budget: the shared pas
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -21,22 +23,34 @@ def recomputed_layers(model: nn.Module) -> Iterator[int]:
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    saved = [(m.__dict__.get("gradient_checkpointing"), m.__dict__.get("_gradient_checkpointing_func"), m.training)
-             for m in layers]
+    names = ("gradient_checkpointing", "_gradient_checkpointing_func", "forward")
+    saved = [([m.__dict__.get(name) for name in names], m.training) for m in layers]
     try:
         for m in layers:  # the layer itself in training mode (its submodules, dropout included, stay in eval)
             m.gradient_checkpointing = True
             m._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
             m.training = True
+            own = m.__dict__.get("forward")
+            if own is not None:  # an instance's own forward (an LRP rule's) bypasses the class's checkpointing
+                m.forward = partial(_recomputed, own)
         yield len(layers)
     finally:
-        for m, (flag, func, training) in zip(layers, saved, strict=True):
-            for name, value in (("gradient_checkpointing", flag), ("_gradient_checkpointing_func", func)):
+        for m, (values, training) in zip(layers, saved, strict=True):
+            for name, value in zip(names, values, strict=True):
                 if value is None:
                     m.__dict__.pop(name, None)
                 else:
                     setattr(m, name, value)
             m.training = training
+
+
+def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``forward(*args, **kwargs)``, recomputed in the backward (non-reentrant checkpointing) when a graph is built."""
+    from torch.utils.checkpoint import checkpoint
+
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def recomputable(model: nn.Module) -> bool:
