@@ -369,3 +369,30 @@ def test_decomposition_rows_chunk_by_chunk_equal_the_rows_at_once(family, monkey
         for m in methods:
             # float32 sums of another shape: rounding of a few 1e-7 on scores that add up to 1
             np.testing.assert_allclose(b.scores[m], a.scores[m], rtol=1e-5, atol=1e-6, err_msg=m)
+
+
+def test_chunks_of_an_unpadded_causal_input_skip_the_keys_no_row_sees(monkeypatch):
+    """Under causality alone (one unpadded sequence) a chunk's rows are computed on the keys up to its last query
+    and zero after: rollout, GAE, Grad-SAM, and PartialLRP and TransAtt from a fused LRP pass, score as from the
+    eager whole maps."""
+    from attnlens.core import attention_chunks
+    from attnlens.methods import lrp_methods
+
+    trimmed = []
+    real = attention_chunks.RecomputedChunks._padded
+    monkeypatch.setattr(attention_chunks.RecomputedChunks, "_padded",
+                        staticmethod(lambda x, keys: trimmed.append(x.shape[-1] < keys) or real(x, keys)))
+    ex, text = _lm(), "the movie was good but boring and far too long"
+    methods = ["rollout", "gae", "attgrads", "transatt", "partiallrp"]
+    eager = ex.explain([text], [*methods, "decompx"])[0]  # decompx reads whole maps: the pass keeps them
+    assert not trimmed
+    monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)  # chunks of a few rows
+    monkeypatch.setattr("attnlens.lrp.state.BACKWARD_CHUNK_ELEMENTS", 64)
+    monkeypatch.setattr(lrp_methods, "lrp_storage", lambda dims, n, budget, fusable, rows=0, attention=False:
+                        memory.lrp_storage(dims, n, 0, fusable, rows, attention))  # the fused LRP pass
+    (chunked,) = ex.explain([text], methods)
+    assert any(trimmed) and not all(trimmed)
+    for m in methods:
+        top = np.abs(eager.scores[m]).max()
+        np.testing.assert_allclose(chunked.scores[m], eager.scores[m], rtol=0, atol=1e-5 * top, err_msg=m)
+        np.testing.assert_allclose(chunked.layers[m], eager.layers[m], rtol=0, atol=1e-5 * top, err_msg=m)

@@ -70,9 +70,14 @@ class LRPResult:
         if self._values is None or self._values[0] != layer:  # keys and values per query head, once per layer
             self._values = (layer, repeat_kv(f.key, f.groups), repeat_kv(f.value, f.groups))
         _, key, value = self._values
+        keys = key.shape[2]
+        # under causality alone no row sees a key after the last of them: the product is taken up to there
+        seen = int(queries.max()) + 1 if f.causal and f.mask is None and len(queries) else keys
         if probs is None:  # as attend() computes them
-            probs = torch.softmax(masked_scores(f.query, key, f.mask, queries, f.causal, f.scale), dim=-1)
-        return probs * torch.matmul(self.output_grads[layer][:, :, queries], value.transpose(2, 3))
+            probs = torch.softmax(masked_scores(f.query, key[:, :, :seen], f.mask, queries, f.causal, f.scale), dim=-1)
+        grad = torch.matmul(self.output_grads[layer][:, :, queries], value[:, :, :seen].transpose(2, 3))
+        out = probs[..., :seen] * grad
+        return out if seen == keys else torch.nn.functional.pad(out, (0, keys - seen))
 
 
 def check_settings(rules: object, epsilon: object) -> None:
