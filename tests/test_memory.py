@@ -276,6 +276,11 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
         np.testing.assert_allclose(a.scores["attnlrp"], b.scores["attnlrp"], rtol=0,
                                    atol=1e-5 * np.abs(b.scores["attnlrp"]).max())
     seen.clear()
+    # PartialLRP reading the attnlrp pass: only the chefer pass keeps what recomputes the attention relevance
+    opts = {"partiallrp": {"rules": "attnlrp"}}
+    for a, b in zip(ex.explain(texts, ["attnlrp", "partiallrp"], options=opts), eager, strict=True):
+        np.testing.assert_allclose(a.scores["attnlrp"], b.scores["attnlrp"], rtol=0,
+                                   atol=1e-5 * np.abs(b.scores["attnlrp"]).max())
     ex.explain(texts, ["attnlrp"], options={"attnlrp": {"rules": "cp"}})
     ex.explain_generation("the movie was", ["attnlrp"], target=" good")  # a generation's prefixes: eager
     assert not any(seen)

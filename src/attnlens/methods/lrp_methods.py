@@ -30,16 +30,22 @@ ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP 
 ATTENTION_READERS = ("partiallrp", "transatt")  # they read the attention relevance of their pass
 
 
+def _fusable_rules(rules: str, epsilon: float) -> bool:
+    """Whether a pass under these rules can run fused: AttnLRP with epsilon 0 (its rules are scaled gradients), or
+    Chefer et al.'s rules (the attention's backward recomputed in chunks)."""
+    return (rules == "attnlrp" and epsilon == 0.0) or rules in CHEFER
+
+
 def fused_lrp(model: Any, name: str, settings: Mapping[str, Mapping[str, Any]]) -> bool:
     """Whether method ``name``'s LRP pass may run fused (:func:`attnlens.lrp.lrp_pass` ``fused=True``: no maps
     kept, layers recomputed) with its ``settings``: AttnLRP with its own rules and epsilon 0, PartialLRP and
-    TransAtt with Chefer et al.'s rules (their attention relevance recomputed a few rows at a time), on a model
-    whose attention the pass can fuse."""
+    TransAtt with Chefer et al.'s rules (only that fused pass keeps what recomputes the attention relevance), on a
+    model whose attention the pass can fuse."""
+    if name not in ("attnlrp", *ATTENTION_READERS):
+        return False
     opts = settings.get(name, {})
-    if name == "attnlrp":
-        fits = opts.get("rules", "attnlrp") == "attnlrp" and float(opts.get("epsilon", 0.0)) == 0.0
-    else:
-        fits = name in ATTENTION_READERS and opts.get("rules", "chefer") in CHEFER
+    rules, epsilon = opts.get("rules", "attnlrp" if name == "attnlrp" else "chefer"), float(opts.get("epsilon", 0.0))
+    fits = _fusable_rules(rules, epsilon) and (name == "attnlrp" or rules in CHEFER)
     return fits and runs_fused(model)
 
 
@@ -65,24 +71,24 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
         reading = {"forward_kwargs": ctx.capture.logit_rows.model_kwargs(), "logit_mask": logit_mask}
     args = (ctx.model, ctx.sequence if one else ctx.inputs, targets, ctx.target_kind)
     joint = [(r, 0.0) for r in JOINT]
-    if key in joint and set(joint) <= _planned_passes(ctx):
+    if key in joint and set(joint) <= set(_planned_passes(ctx).values()):
         with contextlib.suppress(InputError):  # the chefer rules do not apply: each pass alone says why, or runs
-            cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, fused=_runs_fused(ctx, joint[0]),
+            cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, fused=_runs_fused(ctx, joint),
                                                **reading)))
     if key not in cache:
         cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
-                              inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, key), **reading)
+                              inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, [key]), **reading)
     return cache[key]
 
 
-def _runs_fused(ctx: BatchContext, key: tuple[str, float]) -> bool:
-    """Whether this batch's pass for ``key`` (rule set, epsilon) runs fused: it may (:func:`fused_lrp`), and the
-    eager pass would not fit the memory budget (the decision the engine's estimate makes,
+def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
+    """Whether this batch's pass serving ``keys`` ((rule set, epsilon) pairs: two for the joint pass) runs fused:
+    its rules can, every planned method reading it may (:func:`fused_lrp`, as the engine's estimate asks), and the
+    eager pass would not fit the memory budget (the decision the estimate makes,
     :func:`attnlens.core.memory.lrp_storage`)."""
-    if ctx.sequence is not None:
+    if ctx.sequence is not None or not all(_fusable_rules(*key) for key in keys) or not runs_fused(ctx.model):
         return False
-    name = "attnlrp" if key[0] in ATTNLRP_RULES else ATTENTION_READERS[0]
-    if not fused_lrp(ctx.model, name, {name: {"rules": key[0], "epsilon": key[1]}}):
+    if any(key in keys and not fused_lrp(ctx.model, name, ctx.plan) for name, key in _planned_passes(ctx).items()):
         return False
     rows, n = ctx.token_mask.shape
     budget = parse_budget(ctx.memory_budget) // max(1, rows)
@@ -90,10 +96,11 @@ def _runs_fused(ctx: BatchContext, key: tuple[str, float]) -> bool:
     return lrp_storage(model_dims(ctx.model), n, budget, True, logit_rows).recompute
 
 
-def _planned_passes(ctx: BatchContext) -> set[tuple[str, float]]:
-    """The (rule set, epsilon) of every LRP method the batch will run."""
+def _planned_passes(ctx: BatchContext) -> dict[str, tuple[str, float]]:
+    """The (rule set, epsilon) of the pass each LRP method of the batch will read."""
     lrp = set(list_methods()) - set(list_methods(include_lrp=False))
-    return {(opts.get("rules"), float(opts.get("epsilon", 0.0))) for name, opts in ctx.plan.items() if name in lrp}
+    return {name: (opts.get("rules"), float(opts.get("epsilon", 0.0))) for name, opts in ctx.plan.items()
+            if name in lrp}
 
 
 def _reads_one_row(name: str) -> Callable[[Any, str, str], str | None]:
