@@ -379,9 +379,9 @@ def test_chunks_of_an_unpadded_causal_input_skip_the_keys_no_row_sees(monkeypatc
     from attnlens.methods import lrp_methods
 
     trimmed = []
-    real = attention_chunks.RecomputedChunks._padded
-    monkeypatch.setattr(attention_chunks.RecomputedChunks, "_padded",
-                        staticmethod(lambda x, keys: trimmed.append(x.shape[-1] < keys) or real(x, keys)))
+    real = attention_chunks.zero_padded
+    monkeypatch.setattr(attention_chunks, "zero_padded",
+                        lambda x, keys: trimmed.append(x.shape[-1] < keys) or real(x, keys))
     ex, text = _lm(), "the movie was good but boring and far too long"
     methods = ["rollout", "gae", "attgrads", "transatt", "partiallrp"]
     eager = ex.explain([text], [*methods, "decompx"])[0]  # decompx reads whole maps: the pass keeps them

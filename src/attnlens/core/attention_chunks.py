@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from . import row_attention
-from .row_attention import LayerFactors, probabilities, repeat_kv
+from .row_attention import LayerFactors, keys_seen, probabilities, repeat_kv, zero_padded
 
 __all__ = ["AttentionChunks", "LayerFactors", "RecomputedChunks", "WholeMaps"]
 
@@ -81,30 +81,20 @@ class RecomputedChunks(AttentionChunks):
         k = key.shape[2]
         batch = max(b, self.rows)
         step = max(1, self.chunk_elements // max(1, batch * h * k))
-        causal_only = f.causal and f.mask is None
         with torch.no_grad():
             for start in range(0, n, step):
                 stop = min(n, start + step)
                 queries = torch.arange(start, stop, device=f.query.device)
-                # under causality alone the keys after the chunk's last query get probability 0 (and gradient 0)
-                # in every row: computed on the keys before, and zero after
-                seen = stop if causal_only else k
-                a = self._padded(probabilities(f.query, key[:, :, :seen], f.mask, queries, f.causal, f.scale), k)
+                seen = keys_seen(stop, k, f.causal, f.mask)  # computed on the keys the rows see, zero after
+                a = zero_padded(probabilities(f.query, key[:, :, :seen], f.mask, queries, f.causal, f.scale), k)
                 if a.shape[0] != self.rows:
                     a = a.expand(self.rows, *a.shape[1:])
                 g = None
                 if gradients:
                     g = torch.matmul(self.output_grads[layer][:, :, start:stop].to(value.dtype),
                                      value[:, :, :seen].transpose(2, 3))
-                    g = self._padded(g.to(a.dtype), k)
+                    g = zero_padded(g.to(a.dtype), k)
                 yield start, a, g
-
-    @staticmethod
-    def _padded(x: torch.Tensor, keys: int) -> torch.Tensor:
-        """``x`` ``(..., k')`` over the first k' keys, as ``(..., keys)`` with zeros after."""
-        if x.shape[-1] == keys:
-            return x
-        return torch.nn.functional.pad(x, (0, keys - x.shape[-1]))
 
     def tensors(self) -> list[torch.Tensor]:
         held = [t for f in self.factors for t in (f.query, f.key, f.value, f.output, f.mask) if t is not None]

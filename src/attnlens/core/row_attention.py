@@ -122,6 +122,17 @@ def masked_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | N
     return _masked_scores(scores, mask, queries, causal)
 
 
+def keys_seen(stop: int, keys: int, causal: bool, mask: torch.Tensor | None) -> int:
+    """How many leading keys the query rows before ``stop`` can see: ``stop`` where causality alone masks (no
+    mask), else all ``keys``; the keys after them have probability 0 (and gradient 0) in every such row."""
+    return stop if causal and mask is None else keys
+
+
+def zero_padded(x: torch.Tensor, keys: int) -> torch.Tensor:
+    """``x`` ``(..., k')`` over the first k' keys (:func:`keys_seen`), as ``(..., keys)`` with zeros after."""
+    return x if x.shape[-1] == keys else nn.functional.pad(x, (0, keys - x.shape[-1]))
+
+
 def probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor,
                   causal: bool, scale: float) -> torch.Tensor:
     """Softmax attention ``(B, H, q, K)`` of the query positions ``queries`` (float32 softmax, as eager)."""

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.row_attention import LayerFactors, masked_scores, repeat_kv
+from ..core.row_attention import LayerFactors, keys_seen, masked_scores, repeat_kv, zero_padded
 from ..errors import InputError, ModelError
 from ..models.heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
 from ..models.prefixes import last_token_rows, row_gradients
@@ -71,13 +71,12 @@ class LRPResult:
             self._values = (layer, repeat_kv(f.key, f.groups), repeat_kv(f.value, f.groups))
         _, key, value = self._values
         keys = key.shape[2]
-        # under causality alone no row sees a key after the last of them: the product is taken up to there
-        seen = int(queries.max()) + 1 if f.causal and f.mask is None and len(queries) else keys
+        seen = keys_seen(int(queries.max()) + 1, keys, f.causal, f.mask) if len(queries) else keys
         if probs is None:  # as attend() computes them
             probs = torch.softmax(masked_scores(f.query, key[:, :, :seen], f.mask, queries, f.causal, f.scale), dim=-1)
         grad = torch.matmul(self.output_grads[layer][:, :, queries], value[:, :, :seen].transpose(2, 3))
         out = probs[..., :seen] * grad
-        return out if seen == keys else torch.nn.functional.pad(out, (0, keys - seen))
+        return zero_padded(out, keys)
 
 
 def check_settings(rules: object, epsilon: object) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.row_attention import BACKWARD_CHUNK_ELEMENTS, LayerFactors, masked_scores
+from ..core.row_attention import BACKWARD_CHUNK_ELEMENTS, LayerFactors, keys_seen, masked_scores
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"  # the attention implementation an LRP forward runs (registered by attnlens.lrp.patch)
@@ -50,7 +50,7 @@ class PassState:
     attention_calls: int = 0  # attention computations seen (fused ones keep no probabilities)
     # a fused chefer pass: per layer what its maps are recomputed from, and 1/2 the modified gradient at its
     # attention output, whose product with the values is the modified gradient at the probabilities
-    # (:class:`_FusedCheferAttention`); a layer's index is fixed by its first call (a recomputed layer calls again)
+    # (:class:`_FusedAttention`); a layer's index is fixed by its first call (a recomputed layer calls again)
     layer_index: dict[int, int] = field(default_factory=dict)
     factors: dict[int, LayerFactors] = field(default_factory=dict)
     output_grads: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -104,29 +104,6 @@ def score_product(state: PassState, scores: torch.Tensor) -> torch.Tensor:
     return scores.detach() if state.rules == "cp" else rules.sum_rule(scores, state.epsilon, 0.5)
 
 
-class _FusedAttention(torch.autograd.Function):
-    """``softmax(Q Kᵀ · scale + mask) V`` by PyTorch's fused attention, with AttnLRP's backward (ε = 0).
-
-    Under AttnLRP with ε = 0 every rule of the attention is the true gradient scaled: the uniform rule gives each
-    factor of ``A V`` half (V: ½ ∂, A: ½ ∂), the softmax keeps its true gradient, and the uniform rule on
-    ``Q Kᵀ`` halves again (Q, K: ¼ ∂). So the backward recomputes the fused attention with a graph (nothing
-    ``N × N`` is kept between forward and backward) and scales its true gradients: the same relevances as
-    :func:`attend`'s eager rules, without the probabilities."""
-
-    @staticmethod
-    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,  # type: ignore[override]
-                mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
-        ctx.save_for_backward(query, key, value)
-        ctx.mask, ctx.scale, ctx.causal = mask, scale, causal
-        return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
-                                                           is_causal=causal)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return (*_attnlrp_attention_backward(*ctx.saved_tensors, ctx.mask, ctx.scale, ctx.causal, grad), None, None,
-                None)
-
-
 def _attnlrp_attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                 mask: torch.Tensor | None, scale: float, causal: bool, grad: torch.Tensor
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -153,8 +130,7 @@ def _chefer_attention_backward(query: torch.Tensor, key: torch.Tensor, value: to
     for start in range(0, n, step):
         stop = min(n, start + step)
         rows = torch.arange(start, stop, device=query.device)
-        # under causality alone the keys after the chunk's last query are masked for all its rows: left out
-        keys = slice(0, stop if causal and mask is None else key.shape[2])
+        keys = slice(0, keys_seen(stop, key.shape[2], causal, mask))  # the keys no row of the chunk sees: left out
         k, v = key[:, :, keys], value[:, :, keys]
         s = masked_scores(query, k, mask, rows, causal, scale)
         a = torch.softmax(s, dim=-1)  # in the scores' dtype, as attend() computes it
@@ -167,15 +143,23 @@ def _chefer_attention_backward(query: torch.Tensor, key: torch.Tensor, value: to
     return dq, dk, dv
 
 
-class _FusedCheferAttention(torch.autograd.Function):
-    """``softmax(Q Kᵀ · scale + mask) V`` by fused attention in a pass under Chefer et al.'s rules: the backward
-    recomputes the probabilities chunk by chunk (:func:`_chefer_attention_backward`) and records half the
-    gradient at the output (``state.output_grads[layer]``: the attention relevance is ``A ⊙ (that · Vᵀ)``); in the
-    AttnLRP backward of a joint pass (``state.mode``) it runs :class:`_FusedAttention`'s."""
+class _FusedAttention(torch.autograd.Function):
+    """``softmax(Q Kᵀ · scale + mask) V`` by PyTorch's fused attention, nothing ``N × N`` kept between forward and
+    backward, with the backward of the pass's rules.
+
+    AttnLRP (ε = 0; no ``state``, or the AttnLRP backward of a joint pass, ``state.mode``): every rule of the
+    attention is the true gradient scaled — the uniform rule gives each factor of ``A V`` half (V: ½ ∂, A: ½ ∂),
+    the softmax keeps its true gradient, and the uniform rule on ``Q Kᵀ`` halves again (Q, K: ¼ ∂) — so the
+    backward recomputes the fused attention with a graph and scales its true gradients
+    (:func:`_attnlrp_attention_backward`): the same relevances as :func:`attend`'s eager rules, without the
+    probabilities. Chefer et al.'s rules (a ``state``): the backward recomputes the probabilities chunk by chunk
+    (:func:`_chefer_attention_backward`) and records half the gradient at the output
+    (``state.output_grads[layer]``: the attention relevance is ``A ⊙ (that · Vᵀ)``)."""
 
     @staticmethod
     def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,  # type: ignore[override]
-                mask: torch.Tensor | None, scale: float, causal: bool, state: PassState, layer: int) -> torch.Tensor:
+                mask: torch.Tensor | None, scale: float, causal: bool, state: PassState | None = None,
+                layer: int = 0) -> torch.Tensor:
         ctx.save_for_backward(query, key, value)
         ctx.mask, ctx.scale, ctx.causal, ctx.state, ctx.layer = mask, scale, causal, state, layer
         return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
@@ -184,10 +168,11 @@ class _FusedCheferAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         query, key, value = ctx.saved_tensors
-        if ctx.state.mode == "attnlrp":
+        state = ctx.state
+        if state is None or state.mode == "attnlrp":
             grads = _attnlrp_attention_backward(query, key, value, ctx.mask, ctx.scale, ctx.causal, grad)
         else:
-            ctx.state.output_grads[ctx.layer] = (0.5 * grad).detach()
+            state.output_grads[ctx.layer] = (0.5 * grad).detach()
             grads = _chefer_attention_backward(query, key, value, ctx.mask, ctx.scale, ctx.causal, grad)
         return (*grads, None, None, None, None, None)
 
@@ -195,7 +180,7 @@ class _FusedCheferAttention(torch.autograd.Function):
 def attend_fused_chefer(state: PassState, module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                         value: torch.Tensor, groups: int, mask: torch.Tensor | None, scale: float,
                         causal: bool) -> torch.Tensor:
-    """Chefer et al.'s attention through fused attention (:class:`_FusedCheferAttention`): ``(B, H, Q, d)``, the
+    """Chefer et al.'s attention through fused attention (:class:`_FusedAttention`): ``(B, H, Q, d)``, the
     layer's queries, keys and values (one per key head) recorded on its first call."""
     layer = state.layer_index.setdefault(id(module), len(state.layer_index))
     if layer not in state.factors:
@@ -203,7 +188,7 @@ def attend_fused_chefer(state: PassState, module: nn.Module, query: torch.Tensor
                                             value.detach())
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    return _FusedCheferAttention.apply(query, key, value, mask, scale, causal, state, layer)
+    return _FusedAttention.apply(query, key, value, mask, scale, causal, state, layer)
 
 
 def attend_fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
