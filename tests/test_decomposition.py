@@ -210,6 +210,36 @@ def test_alti_matches_loop(bert_case):
     assert abs(want.sum() - 1) < 1e-5  # row-normalised contributions rolled out stay a distribution
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch, causal):
+    """ALTI's c_ij = max(0, ‖y_i‖₁ − ‖y_i − Σ_h a^h_ij g^h_j − δ_ij m_i‖₁) from its blocks of keys (two keys
+    each, so the rows' own keys fall in different blocks, and keys after the last attended one skipped) equals
+    the pair-by-pair formula in float64."""
+    from attnlens.methods import decomposition
+
+    gen = torch.Generator().manual_seed(0)
+    b, h, r, n, d = 2, 3, 4, 9, 5
+    a = torch.rand(b, h, r, n, generator=gen, dtype=torch.float64)
+    at = torch.tensor([2, 3, 4, 5]) if causal else torch.tensor([7, 0, 3, 5])
+    if causal:  # a causal chunk: no row sees a key after its own position, the last keys unseen by every row
+        a = a * (torch.arange(n)[None, :] <= at[:, None])
+    else:  # keys no row attends to, one of them a row's own (its residual still counts there)
+        a[..., 6:] = 0
+    g = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    y = 2 * torch.randn(b, r, d, generator=gen, dtype=torch.float64)
+    m = 0.5 * y + 0.1 * torch.randn(b, r, d, generator=gen, dtype=torch.float64)  # a row's own key contributes
+    want = torch.zeros(b, r, n, dtype=torch.float64)
+    for e in range(b):
+        for i in range(r):
+            for j in range(n):
+                t = sum(a[e, k, i, j] * g[e, k, j] for k in range(h)) + (m[e, i] if j == at[i] else 0)
+                want[e, i, j] = max(0.0, float(y[e, i].abs().sum() - (y[e, i] - t).abs().sum()))
+    monkeypatch.setattr(decomposition, "_ALTI_BLOCK", 2 * r * d)
+    got = decomposition._alti_rows(a, g.transpose(1, 2).contiguous(), m, y, at)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert (want > 0).float().mean() > 0.15 and (want == 0).any()  # both sides of the clamp occur
+
+
 @pytest.mark.parametrize("target", [0, 1])
 def test_decompx_matches_loop_and_sums_to_the_logit(bert_case, target):
     _, ex, ref, _ = bert_case
