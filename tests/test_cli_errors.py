@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import MODELS, make_model, make_tokenizer
@@ -142,6 +143,14 @@ def test_methods_named_explicitly_still_refuse(models, capsys):
         (["--format", "html", "--html", "x.html"], "with --format html, --out PATH names the page"),
         (["--plot", "heat.txt"], "--plot heat.txt: give a .png or .svg file name"),
         (["--plot", "a.png", "--format", "html", "--out", "a.png"], "--out and --plot both name a.png"),
+        (["--options", "{"], "--options is not valid JSON"),
+        (["--options", "[1]"], "--options must map method ids to option objects"),
+        (["--methods", "attcat", "--options", '{"attcat": {"alphaa": 1}}'],
+         "method 'attcat' has no option alphaa; its options: hidden='input', alpha='mean'"),
+        (["--methods", "attcat", "--options", '{"rollout": {}}'], "--options sets rollout, which --methods leaves out"),
+        (["--methods", "integratedgradients", "--ig-steps", "4", "--options",
+          '{"integratedgradients": {"n_steps": 8}}'],
+         "--ig-steps and --options both set integratedgradients' n_steps: give it once"),
     ],
 )
 def test_option_mistakes_are_refused_before_loading(extra, message, capsys):
@@ -264,3 +273,21 @@ def test_version_through_python_m():
     done = subprocess.run([sys.executable, "-m", "attnlens.cli", "--version"], capture_output=True, text=True,
                           env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == f"attnlens {attnlens.__version__}"
+
+
+def test_options_reach_the_methods(models, tmp_path, capsys):
+    """``--options`` sets a method's options as ``Explainer.explain(options=...)`` does, beside the ``--ig-*`` flags."""
+    text = "a charming and often funny journey"
+    ex = Explainer.from_pretrained(models["bert"])
+    opts = {"globenc": {"normalize": True}, "integratedgradients": {"n_steps": 4, "tolerance": None}}
+    (want,) = ex.explain([text], methods=["globenc", "integratedgradients"], options=opts)
+    (default,) = ex.explain([text], methods=["globenc"])
+    assert abs(want.scores["globenc"] - default.scores["globenc"]).max() > 1e-4  # the option changes the scores
+    out = tmp_path / "e.json"
+    code = main(["explain", text, "--model", models["bert"], "--methods", "globenc,integratedgradients",
+                 "--options", json.dumps({"globenc": {"normalize": True}, "integratedgradients": {"tolerance": None}}),
+                 "--ig-steps", "4", "--format", "json", "--out", str(out), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    (got,) = load_explanations(out)
+    for method in ("globenc", "integratedgradients"):
+        np.testing.assert_allclose(got.scores[method], want.scores[method], rtol=1e-5, atol=1e-6)

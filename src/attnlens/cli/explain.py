@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import InputError, ModelError
 from ..paths import atomic_write_text, check_output_path
 from ..viz.safetext import terminal_safe
-from . import add_placement_options, placement
+from . import add_placement_options, method_options, placement
 
 FORMATS = ("terminal", "html", "json", "jsonl")
 MODEL_ENV = "ATTNLENS_MODEL"
@@ -126,7 +126,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars, warnings or notices on stderr (errors "
                    "still print, one line)")
     add_memory_options(p)
-    # integrated gradients' options (the others' are in the API's options=)
+    p.add_argument("--options", default=None,
+                   help='method options as JSON, e.g. \'{"attcat": {"alpha": "cls"}, "globenc": {"normalize": true}}\' '
+                        "(an unknown option name is refused with the method's options listed)")
+    # integrated gradients' options, also as flags
     p.add_argument("--ig-steps", type=int, help="integratedgradients: a fixed count of points of the path "
                    "integral (with --ig-tolerance: the first count of the adaptive schedule, default 4)")
     p.add_argument("--ig-tolerance", type=float, help="integratedgradients: double the steps per input until the "
@@ -144,15 +147,26 @@ def add_memory_options(p: argparse.ArgumentParser) -> None:
                    "(default 4GiB): long inputs go in smaller batches, integrated gradients' internal batches fit it")
 
 
-def ig_options(args: argparse.Namespace, methods: list[str]) -> dict[str, dict[str, Any]] | None:
-    """The ``--ig-*`` flags as method options (``None`` when none is given)."""
+def explain_options(args: argparse.Namespace, methods: list[str]) -> dict[str, dict[str, Any]] | None:
+    """The method options of ``--options`` and the ``--ig-*`` flags (``None`` when none is given), each naming a
+    method of ``methods`` and only known option names of it."""
+    from ..methods import get_method
+
+    options = method_options(getattr(args, "options", None))
+    for name, opts in options.items():
+        if name not in methods:
+            raise InputError(f"--options sets {name}, which --methods leaves out")
+        get_method(name).check_options(opts)
     given = {k: v for k, v in (("n_steps", args.ig_steps), ("tolerance", args.ig_tolerance),
                                ("method", args.ig_method)) if v is not None}
-    if not given:
-        return None
-    if "integratedgradients" not in methods:
+    if given and "integratedgradients" not in methods:
         raise InputError("--ig-steps/--ig-tolerance/--ig-method set integratedgradients, which --methods leaves out")
-    return {"integratedgradients": given}
+    for key, value in given.items():
+        flag = {"n_steps": "--ig-steps", "tolerance": "--ig-tolerance", "method": "--ig-method"}[key]
+        if key in options.get("integratedgradients", {}):
+            raise InputError(f"{flag} and --options both set integratedgradients' {key}: give it once")
+        options.setdefault("integratedgradients", {})[key] = value
+    return options or None
 
 
 OUTPUTS = ("out", "html", "plot", "head_view")  # the options that name a file to write
@@ -201,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     from ..methods import resolve_methods
     from ..results.explanation import explanations_json, save_explanations
 
-    options = ig_options(args, resolve_methods(args.methods))  # fail on a typo before loading anything
+    options = explain_options(args, resolve_methods(args.methods))  # fail on a typo before loading anything
     budget = parse_budget(args.memory_budget)
     if args.format == "html" and args.out is None:
         args.out = "explanations.html"
