@@ -396,29 +396,35 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
     ``a`` ``(B, H, R, N)`` (positions ``at``), ``g`` ``(B, N, H, D)`` (key-major), the residual ``m`` and ``y``
     ``(B, R, D)`` there.
 
-    The vectors t are formed a block of keys at a time as one batched product over the keys,
-    ``(keys, R, H) @ (keys, H, D)``, into a reused buffer of :data:`_ALTI_BLOCK` elements (small enough to stay in
+    The vectors t are formed a block of keys at a time (every example's) as one batched product over the keys,
+    ``(B·keys, R, H) @ (B·keys, H, D)``, into a reused buffer of :data:`_ALTI_BLOCK` elements (small enough to stay in
     cache while its distances are taken). Keys after the last one any row attends to (a causal chunk's, zero
     there) and not on a row's diagonal give t = 0, a distance of ‖y_i‖₁ and so 0: they are not computed."""
-    b, r, n = a.shape[0], a.shape[2], a.shape[3]
+    b, h, r, n = a.shape
     d = g.shape[-1]
     out = a.new_zeros(b, n, r)
     attended = torch.nonzero(a.detach().abs().amax(dim=(0, 1, 2))).flatten()
     stop = max(int(attended[-1]) + 1 if len(attended) else 0, int(at.max()) + 1 if len(at) else 0)
-    keys = max(1, min(stop, _ALTI_BLOCK // max(1, r * d)))
-    buffer = a.new_empty(keys * r * d)
+    keys = max(1, min(stop, _ALTI_BLOCK // max(1, b * r * d)))  # keys per block, every example's at once
+    buffer = a.new_empty(b * keys * r * d)
     rows = torch.arange(r, device=a.device)
-    for i in range(b):
-        gi = g[i]
-        ai = a[i, :, :, :stop].permute(2, 1, 0).contiguous()  # (keys, R, H)
-        minus_y = (-y[i]).expand(keys, r, d)
-        for start in range(0, stop, keys):
-            end = min(stop, start + keys)
-            t = buffer[: (end - start) * r * d].view(end - start, r, d)
-            torch.baddbmm(minus_y[: end - start], ai[start:end], gi[start:end], out=t)  # t_ij − y_i
-            on = (at >= start) & (at < end)  # rows whose own key is in the block: add their residual
-            t[at[on] - start, rows[on]] += m[i, on]
-            torch.sum(t.abs_(), -1, out=out[i, start:end])
+    ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
+    minus_y = (-y).expand(keys, r, d) if b == 1 else None
+    for start in range(0, stop, keys):
+        end = min(stop, start + keys)
+        t = buffer[: b * (end - start) * r * d].view(b * (end - start), r, d)
+        ab = ak[:, start:end].reshape(-1, r, h)
+        gb = g[:, start:end].reshape(-1, h, d)
+        if minus_y is not None:
+            torch.baddbmm(minus_y[: end - start], ab, gb, out=t)  # t_ij − y_i
+        else:
+            torch.bmm(ab, gb, out=t)
+        t = t.view(b, end - start, r, d)
+        if minus_y is None:
+            t.sub_(y.unsqueeze(1))
+        on = (at >= start) & (at < end)  # rows whose own key is in the block: add their residual
+        t[:, at[on] - start, rows[on]] += m[:, on]
+        out[:, start:end] = t.abs_().sum(-1)
     norms = torch.linalg.vector_norm(y, ord=1, dim=-1)  # (B, R)
     dist = out.transpose(1, 2)
     dist[:, :, stop:] = norms.unsqueeze(-1)
