@@ -403,25 +403,17 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
     b, h, r, n = a.shape
     d = g.shape[-1]
     out = a.new_zeros(b, n, r)
-    attended = torch.nonzero(a.detach().abs().amax(dim=(0, 1, 2))).flatten()
+    attended = torch.nonzero(a.abs().amax(dim=(0, 1, 2))).flatten()
     stop = max(int(attended[-1]) + 1 if len(attended) else 0, int(at.max()) + 1 if len(at) else 0)
     keys = max(1, min(stop, _ALTI_BLOCK // max(1, b * r * d)))  # keys per block, every example's at once
     buffer = a.new_empty(b * keys * r * d)
     rows = torch.arange(r, device=a.device)
     ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
-    minus_y = (-y).expand(keys, r, d) if b == 1 else None
     for start in range(0, stop, keys):
         end = min(stop, start + keys)
         t = buffer[: b * (end - start) * r * d].view(b * (end - start), r, d)
-        ab = ak[:, start:end].reshape(-1, r, h)
-        gb = g[:, start:end].reshape(-1, h, d)
-        if minus_y is not None:
-            torch.baddbmm(minus_y[: end - start], ab, gb, out=t)  # t_ij − y_i
-        else:
-            torch.bmm(ab, gb, out=t)
-        t = t.view(b, end - start, r, d)
-        if minus_y is None:
-            t.sub_(y.unsqueeze(1))
+        torch.bmm(ak[:, start:end].reshape(-1, r, h), g[:, start:end].reshape(-1, h, d), out=t)
+        t = t.view(b, end - start, r, d).sub_(y.unsqueeze(1))  # t_ij − y_i
         on = (at >= start) & (at < end)  # rows whose own key is in the block: add their residual
         t[:, at[on] - start, rows[on]] += m[:, on]
         out[:, start:end] = t.abs_().sum(-1)
