@@ -45,8 +45,8 @@ def fused_lrp(model: Any, name: str, settings: Mapping[str, Mapping[str, Any]]) 
         return False
     opts = settings.get(name, {})
     rules, epsilon = opts.get("rules", "attnlrp" if name == "attnlrp" else "chefer"), float(opts.get("epsilon", 0.0))
-    fits = _fusable_rules(rules, epsilon) and (name == "attnlrp" or rules in CHEFER)
-    return fits and runs_fused(model)
+    # the attention readers need Chefer's rules (only that fused pass keeps the relevance's factors), AttnLRP its own
+    return _fusable_rules(rules, epsilon) and (rules in CHEFER) == (name in ATTENTION_READERS) and runs_fused(model)
 
 
 def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
