@@ -152,17 +152,18 @@ def explain_options(args: argparse.Namespace, methods: list[str]) -> dict[str, d
     method of ``methods`` and only known option names of it."""
     from ..methods import get_method
 
-    options = method_options(getattr(args, "options", None))
+    options = method_options(args.options)
     for name, opts in options.items():
         if name not in methods:
             raise InputError(f"--options sets {name}, which --methods leaves out")
         get_method(name).check_options(opts)
-    given = {k: v for k, v in (("n_steps", args.ig_steps), ("tolerance", args.ig_tolerance),
-                               ("method", args.ig_method)) if v is not None}
+    given = [(key, flag, value) for key, flag, value in (("n_steps", "--ig-steps", args.ig_steps),
+                                                          ("tolerance", "--ig-tolerance", args.ig_tolerance),
+                                                          ("method", "--ig-method", args.ig_method))
+             if value is not None]
     if given and "integratedgradients" not in methods:
         raise InputError("--ig-steps/--ig-tolerance/--ig-method set integratedgradients, which --methods leaves out")
-    for key, value in given.items():
-        flag = {"n_steps": "--ig-steps", "tolerance": "--ig-tolerance", "method": "--ig-method"}[key]
+    for key, flag, value in given:
         if key in options.get("integratedgradients", {}):
             raise InputError(f"{flag} and --options both set integratedgradients' {key}: give it once")
         options.setdefault("integratedgradients", {})[key] = value
