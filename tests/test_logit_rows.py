@@ -131,3 +131,57 @@ def test_encoded_single(lm):
     ctx, _ = lm.compute_batch([e], [-1], [get_method("rawatt")], {"rawatt": {}})
     assert ctx.capture.logits.shape[1] == 1
     assert ctx.capture.logit_rows.positions.tolist() == [len(e.ids) - 1]
+
+
+def _forwards(model: torch.nn.Module) -> list[int]:
+    """A list that grows by one at each forward of ``model`` (the hook stays for the module's life)."""
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "bloom", "qwen2"])
+def test_an_lrp_pass_serves_as_the_shared_forward(family, tokenizer):
+    """AttnLRP alone with the targets known: its LRP pass is the batch's only forward, and the explanation is the
+    one computed beside a shared pass (a method that needs one runs with it): same scores, probabilities,
+    prediction; for a whole answer and for next tokens with given targets."""
+    ex = Explainer(_lm(family), tokenizer)
+    calls = _forwards(ex.model)
+    prompt = ex.tokenizer(TEXTS[2])["input_ids"]
+    alone = ex.explain_answer(prompt, [7, 8, 9], ["attnlrp"])
+    kept = ex.explain(TEXTS, methods=["attnlrp"], target=[7, 9, 11], batch_size=3)
+    assert len(calls) == 2
+    beside = ex.explain_answer(prompt, [7, 8, 9], ["attnlrp", "rawatt"])
+    shared = ex.explain(TEXTS, methods=["attnlrp", "rawatt"], target=[7, 9, 11], batch_size=3)
+    assert len(calls) >= 6
+    for a, b in zip([alone, *kept], [beside, *shared], strict=True):
+        assert a.target == b.target and a.predicted == b.predicted
+        np.testing.assert_allclose(a.probabilities, b.probabilities, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(a.scores["attnlrp"], b.scores["attnlrp"], rtol=1e-6,
+                                   atol=1e-7 * np.abs(b.scores["attnlrp"]).max())
+    calls.clear()
+    ex.explain(TEXTS[:1], methods=["attnlrp"])  # the predicted token is read off the shared pass first
+    assert len(calls) >= 2
+
+
+def test_an_lrp_pass_forms_attention_relevance_only_where_a_method_reads_it(tokenizer):
+    """Without attention relevance the input relevance is the same to the last bit and R(A) is not formed; a
+    method reading R(A) under AttnLRP's rules beside attnlrp shares its pass and gets it."""
+    from attnlens.lrp import lrp_pass
+    from attnlens.models.heads import LMHead
+
+    model = _lm("llama").double()
+    ids = torch.tensor([[5, 9, 12, 14, 20, 7]])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    head = LMHead(V)
+    full = lrp_pass(model, inputs, torch.tensor([11]), head=head)
+    lean = lrp_pass(model, inputs, torch.tensor([11]), head=head, attention_relevance=False)
+    assert lean.attention_relevance == [] and len(full.attention_relevance) == model.config.num_hidden_layers
+    assert torch.equal(lean.input_relevance, full.input_relevance)
+    assert torch.equal(lean.word_relevance, full.word_relevance)
+    ex = Explainer(_lm("llama"), tokenizer)
+    options = {"partiallrp": {"rules": "attnlrp"}}
+    (both,) = ex.explain(TEXTS[:1], methods=["attnlrp", "partiallrp"], target=7, options=options)
+    (alone,) = ex.explain(TEXTS[:1], methods=["partiallrp"], target=7, options=options)
+    assert np.abs(alone.scores["partiallrp"]).max() > 0
+    np.testing.assert_allclose(both.scores["partiallrp"], alone.scores["partiallrp"], rtol=1e-6, atol=1e-9)

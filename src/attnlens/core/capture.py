@@ -123,6 +123,7 @@ def run_capture(
     differentiate: Collection[str] | None = None,
     sequence: dict[str, torch.Tensor] | None = None,
     recompute: bool = False,
+    outputs: Any = None,
 ) -> tuple[Capture, torch.Tensor]:
     """Run ``model`` once on a padded batch, keeping the tensors named in ``keep`` (the registry's ``ATTENTION``,
     ``ATTENTION_ROWS``, ``ATTENTION_RECEIVED``, ``HIDDEN``, ``EMBEDDINGS``), and, if ``gradients``, take the
@@ -136,6 +137,9 @@ def run_capture(
     products through that one forward (``is_grads_batched``).
     ``recompute``: with fused attention, the backward recomputes each layer instead of keeping its activations
     (:func:`~attnlens.models.recompute.recomputed_layers`; for inputs whose activations would not fit).
+    ``outputs``: the model's outputs on these inputs (with the logit rows' arguments), computed by another pass's
+    forward (:attr:`~attnlens.methods.registry.Method.forward`): the capture is built from them and the model does
+    not run; only for a request that keeps nothing and takes no gradients, with ``targets`` given.
     Returns the capture and the targets.
     """
     keep = frozenset(keep)
@@ -147,6 +151,11 @@ def run_capture(
     else:
         cls = positions
     mode = capture_mode(model, adapter, stream, keep, positions is not None)
+    if outputs is not None:
+        if keep or gradients or targets is None or sequence is not None:
+            raise ValueError("a capture from given outputs keeps nothing, takes no gradients and needs the targets")
+        return _pass(model, adapter, inputs, token_mask, stream, targets, target_kind, False, head, answer_mask,
+                     keep, differentiate, None, cls, positions, ROWS, RowRecorder(), outputs)
     if mode == ROWS:
         try:
             return _run(model, adapter, inputs, token_mask, stream, targets, target_kind, gradients, head,
@@ -179,7 +188,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
           stream: str, targets: torch.Tensor | None, target_kind: str, gradients: bool, head: Head,
           answer_mask: torch.Tensor | None, keep: frozenset[str], differentiate: frozenset[str],
           sequence: dict[str, torch.Tensor] | None, cls: torch.Tensor, positions: torch.Tensor | None, mode: str,
-          recorder: RowRecorder) -> tuple[Capture, torch.Tensor]:
+          recorder: RowRecorder, given: Any = None) -> tuple[Capture, torch.Tensor]:
     if mode == FULL_MAPS:  # rows, received attention and map chunks are read from the whole maps
         wants_maps = bool(keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS, ATTENTION_CHUNKS})
         grad_kinds = {ATTENTION if k in (ATTENTION_ROWS, ATTENTION_CHUNKS) else k for k in differentiate}
@@ -214,7 +223,10 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     try:
         with torch.set_grad_enabled(gradients):
             kwargs = dict(inputs if sequence is None else sequence, **logit_rows.model_kwargs())
-            if mode == ROWS:
+            if given is not None:  # another pass ran the forward: nothing of the stream is kept
+                outputs = given
+                outputs.attentions = ()
+            elif mode == ROWS:
                 if getattr(model.config, "use_cache", None) is not None:
                     kwargs["use_cache"] = False  # a recomputed layer must not append to a key/value cache again
                 outputs = model(**kwargs, output_hidden_states=HIDDEN in keep, return_dict=True)

@@ -277,11 +277,17 @@ def compute_batch(
         keep, differentiate = capture_request(specs)
         rows, n = ctx.token_mask.shape  # a generation's prefixes share the forward of one sequence
         storage = pass_cost(runner, specs, memory_budget // (1 if ctx.sequence is not None else rows)).storage(n)
+        outputs = None
+        serving = next((s for s in specs if s.forward is not None), None)
+        if serving is not None and not keep and not gradients and ctx.sequence is None and not bool(unresolved.any()):
+            # the shared pass would only compute the outputs, which this method's own pass computes anyway
+            ctx.targets = wanted
+            outputs = serving.forward(ctx)  # None: it cannot, and the shared pass runs
         capture, _ = run_capture(
             runner.model, runner.adapter, ctx.inputs, ctx.token_mask, runner.stream,
             None if bool(unresolved.all()) else wanted, target_kind, gradients=gradients, head=head,
             answer_mask=ctx.answer_mask, keep=keep, differentiate=differentiate, sequence=ctx.sequence,
-            recompute=storage is not None and storage.recompute,
+            recompute=storage is not None and storage.recompute, outputs=outputs,
         )
         ctx.targets = head.resolve(wanted, unresolved, capture.logits, capture.logit_rows.mask(ctx.token_mask),
                                    ctx.answer_mask)

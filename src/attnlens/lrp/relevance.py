@@ -40,7 +40,8 @@ class LRPResult:
         factors, output_grads: a fused pass under Chefer et al.'s rules keeps no maps (``attentions`` and
             ``attention_relevance`` are empty) but, per layer, what its maps are recomputed from and half the
             modified gradient at its attention output ``(B, H, N, d)``: :meth:`relevance_rows` reads R(A^l) from
-            them a few query rows at a time.
+            them a few query rows at a time.        outputs: the forward's model outputs (their tensors, detached: the logits, or a QA model's start and end
+            logits; no cache, hidden states or maps), as a plain forward of the same inputs returns them.
     """
 
     logits: torch.Tensor
@@ -53,6 +54,7 @@ class LRPResult:
     softmax_absorbed: torch.Tensor | None = None
     factors: list[LayerFactors] = field(default_factory=list)
     output_grads: list[torch.Tensor] = field(default_factory=list)
+    outputs: Any = None
     _values: tuple[int, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
@@ -103,6 +105,7 @@ def lrp_pass(
     fused: bool = False,
     forward_kwargs: Mapping[str, Any] | None = None,
     logit_mask: torch.Tensor | None = None,
+    attention_relevance: bool = True,
 ) -> LRPResult:
     """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
@@ -148,6 +151,10 @@ def lrp_pass(
             positions' coordinates, and so are the result's ``logits``.
         logit_mask: ``(B, K)`` the real positions among the logits, as the head reads them (default: the inputs'
             attention mask).
+        attention_relevance: also form every layer's ``R(A^l)`` (``attention_relevance``, or what recomputes it
+            after a fused pass); without it (for AttnLRP's input relevance alone) the backward takes no gradient
+            at the probabilities and the result's ``attention_relevance`` is empty, which saves an ``N × N``
+            product and its storage per layer. ``track_softmax`` forms them whatever this says.
 
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
@@ -156,7 +163,7 @@ def lrp_pass(
         raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 or Chefer et al.'s rules over a batch "
                          "of inputs, without track_softmax or rows")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
-                     inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask)
+                     inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask, attention_relevance)
     return result
 
 
@@ -204,6 +211,7 @@ def _run(
     fused: bool = False,
     forward_kwargs: Mapping[str, Any] | None = None,
     logit_mask: torch.Tensor | None = None,
+    attention_relevance: bool = True,
 ) -> list[LRPResult]:
     """One forward (in the first rule set's layout) and one backward per rule set; see :func:`lrp_pass`. Only
     the attnlrp backward of a joint pass reads the input relevance whatever ``inputs_relevance``."""
@@ -226,7 +234,10 @@ def _run(
             stack.enter_context(recomputed_layers(model))
             if getattr(model.config, "use_cache", None) is not None:
                 extra["use_cache"] = False  # a recomputed layer must not append to a key/value cache again
-        logits = head.logits(state.logits(model(**inputs, **extra)))
+        outputs = state.logits(model(**inputs, **extra))
+        logits = head.logits(outputs)
+        # the outputs as a plain forward returns them, without the cache or the graph (the shared pass reads them)
+        plain = type(outputs)(**{k: v.detach() for k, v in outputs.items() if isinstance(v, torch.Tensor)})
         if not state.attention_calls:
             raise ModelError("LRP: the model computed no attention through the patched attention function")
         tgt = _class_targets(targets, logits) if head.task == "classification" else targets
@@ -236,14 +247,17 @@ def _run(
             state.mode = rules if joint else None
             with_inputs = inputs_relevance or (joint and rules not in CHEFER)
             results.append(_backward(state, head, read, tgt, target_kind, read_mask, logits, rules, rows,
-                                     with_inputs, retain=k + 1 < len(rule_sets)))
+                                     with_inputs, retain=k + 1 < len(rule_sets),
+                                     attention_relevance=attention_relevance or track_softmax))
+            results[-1].outputs = plain
     return results
 
 
 def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind: str,
               read_mask: torch.Tensor | None, logits: torch.Tensor, rules: str, rows: torch.Tensor | None,
-              inputs_relevance: bool, retain: bool) -> LRPResult:
-    """The relevances of one rule set from the recorded forward (``retain``: another backward follows)."""
+              inputs_relevance: bool, retain: bool, attention_relevance: bool = True) -> LRPResult:
+    """The relevances of one rule set from the recorded forward (``retain``: another backward follows;
+    ``attention_relevance``: form R(A) at every layer's probabilities)."""
     track_softmax = state.track_softmax
     # the gradient each example's relevance starts from (chefer: relevance 1 at the explained logit, so
     # gradient 1 / logit; otherwise 1 at the explained scalar)
@@ -259,7 +273,8 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
     fused_chefer = state.fused and rules in CHEFER
     if fused_chefer and not inputs_relevance:  # no probabilities to stop at: down to the embeddings
         leaves = [state.word_embeddings, None]
-    wrt = [*leaves, *state.probs, *state.softmax_inputs, *state.position_inputs, *others]
+    probs = state.probs if attention_relevance else [None] * len(state.probs)
+    wrt = [*leaves, *probs, *state.softmax_inputs, *state.position_inputs, *others]
     live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
     if rows is None:
         found = torch.autograd.grad(value, [wrt[i] for i in live], start, allow_unused=True, retain_graph=retain)
@@ -284,7 +299,7 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
     def rel(x: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
         return torch.zeros_like(rows_of(x)) if g is None else (x * g).detach()
 
-    att_rel = [rel(p, g) for p, g in zip(state.probs, g_probs)]
+    att_rel = [rel(p, g) for p, g in zip(state.probs, g_probs)] if attention_relevance else []
     absorbed = None
     if track_softmax and rules == "cp":  # the softmax is outside the relevance path
         absorbed = torch.zeros_like(value).detach()
@@ -306,8 +321,9 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
         word_relevance=rel(state.word_embeddings, g_word).sum(-1) if inputs_relevance else None,
         position_relevance=position,
         softmax_absorbed=absorbed,
-        factors=[state.factors[i] for i in range(len(state.factors))] if fused_chefer else [],
-        output_grads=[state.output_grads[i] for i in range(len(state.output_grads))] if fused_chefer else [],
+        factors=[state.factors[i] for i in range(len(state.factors))] if fused_chefer and attention_relevance else [],
+        output_grads=([state.output_grads[i] for i in range(len(state.output_grads))]
+                      if fused_chefer and attention_relevance else []),
     )
 
 

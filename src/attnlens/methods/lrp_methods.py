@@ -18,6 +18,7 @@ import torch
 from ..core.attention_chunks import AttentionChunks
 from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
+from ..core.logit_rows import LogitRows
 from ..core.memory import lrp_storage, model_dims, parse_budget
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
@@ -66,9 +67,11 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     rows = ctx.token_mask if one else None
     reading: dict[str, Any] = {}
     targets = ctx.targets
-    if not one:  # a language model's logits only where its head reads them, as the shared pass kept them
-        logit_mask, targets = ctx.capture.logit_reading(ctx.head, ctx.token_mask, ctx.targets)
-        reading = {"forward_kwargs": ctx.capture.logit_rows.model_kwargs(), "logit_mask": logit_mask}
+    if not one:  # a language model's logits only where its head reads them, as the shared pass keeps them
+        logit_rows = (ctx.capture.logit_rows if ctx.capture is not None
+                      else LogitRows.of(ctx.model, ctx.head, ctx.token_mask, ctx.targets))
+        logit_mask, targets = logit_rows.mask(ctx.token_mask), logit_rows.targets(ctx.head, ctx.targets)
+        reading = {"forward_kwargs": logit_rows.model_kwargs(), "logit_mask": logit_mask}
     args = (ctx.model, ctx.sequence if one else ctx.inputs, targets, ctx.target_kind)
     joint = [(r, 0.0) for r in JOINT]
     if key in joint and set(joint) <= set(_planned_passes(ctx).values()):
@@ -76,8 +79,11 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
             cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, fused=_runs_fused(ctx, joint),
                                                **reading)))
     if key not in cache:
+        # R(A) only where a method of the batch (all of them, when no plan says which) reads it from this pass
+        read = not ctx.plan or any(name in ATTENTION_READERS for name, k in _planned_passes(ctx).items() if k == key)
         cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
-                              inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, [key]), **reading)
+                              inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, [key]),
+                              attention_relevance=read, **reading)
     return cache[key]
 
 
@@ -192,9 +198,20 @@ def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "chefer", eps
     return MethodOutput(layers[:, -1], layers if start_layer == 0 else None)
 
 
+def _attnlrp_outputs(ctx: BatchContext) -> Any:
+    """The model outputs of the LRP pass ``attnlrp`` reads (run here, and cached for the method); ``None`` for
+    rules it refuses (the method says why)."""
+    opts = ctx.plan.get("attnlrp", {})
+    rules = opts.get("rules", "attnlrp")
+    if rules not in ATTNLRP_RULES:
+        return None
+    return shared_lrp(ctx, rules, opts.get("epsilon", 0.0)).outputs
+
+
 @register(
     "attnlrp",
     needs={OWN_PASS},
+    forward=_attnlrp_outputs,
     summary="AttnLRP: relevance of the input embeddings under attention-aware LRP rules, summed over the "
     "hidden dimension (signed).",
     citation="Achtibat et al., AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers, ICML 2024",

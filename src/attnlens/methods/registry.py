@@ -87,6 +87,10 @@ class Method:
     differentiate: frozenset[str] | None = None
     # explains logits only (target_kind="logit"; a whole answer's log-probabilities too, token by token)
     logits_only: bool = False
+    # an own-pass method whose pass's forward computes the model's outputs on the batch's inputs: ``forward(ctx)``
+    # runs (or finds) that pass and returns them (or None: it cannot), so that a batch that needs nothing else of
+    # the shared pass runs no forward of its own (the engine builds the capture from them)
+    forward: Callable[[Any], Any] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -145,6 +149,7 @@ def register(
     per_token_passes: bool = False,
     differentiate: set[str] | frozenset[str] | None = None,
     logits_only: bool = False,
+    forward: Callable[[Any], Any] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
@@ -154,8 +159,11 @@ def register(
     The method's options and their defaults are the keyword arguments of ``compute`` after ``ctx`` (written once,
     in its signature). ``differentiate``: the captured tensors whose gradients it reads, when that is not every
     differentiable one it declares. ``logits_only``: it explains logits (``target_kind="logit"``), and a whole
-    answer's log-probabilities.
+    answer's log-probabilities. ``forward(ctx)``: for an ``OWN_PASS`` method whose pass runs the model on the
+    batch's inputs as they are, that pass's model outputs (see :attr:`Method.forward`).
     """
+    if forward is not None and OWN_PASS not in needs:
+        raise ValueError(f"method {name!r}: forward= is for methods that run their own pass (OWN_PASS)")
     bad = set(needs) - NEEDS
     if bad:
         raise ValueError(f"unknown needs {bad}; known: {sorted(NEEDS)}")
@@ -182,6 +190,7 @@ def register(
             per_token_passes=per_token_passes,
             differentiate=None if differentiate is None else frozenset(differentiate),
             logits_only=logits_only,
+            forward=forward,
         )
         return compute
 
