@@ -40,7 +40,8 @@ class LRPResult:
         factors, output_grads: a fused pass under Chefer et al.'s rules keeps no maps (``attentions`` and
             ``attention_relevance`` are empty) but, per layer, what its maps are recomputed from and half the
             modified gradient at its attention output ``(B, H, N, d)``: :meth:`relevance_rows` reads R(A^l) from
-            them a few query rows at a time.        outputs: the forward's model outputs (their tensors, detached: the logits, or a QA model's start and end
+            them a few query rows at a time.
+        outputs: the forward's model outputs (their tensors, detached: the logits, or a QA model's start and end
             logits; no cache, hidden states or maps), as a plain forward of the same inputs returns them.
     """
 
