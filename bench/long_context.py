@@ -10,8 +10,11 @@ Writes ``bench/data/long_context.json``, the markdown table ``bench/data/long_co
 ``docs/images/long_context.png`` (memory and time vs prompt length, one line per method).
 
 Run: ``python bench/long_context.py [--lengths 1024 2048 4096] [--methods rawatt agrad ...] [--answer 16]
-[--mode generation|answer] [--options JSON] [--memory-budget 8GiB] [--tag NAME]``; ``--mode answer`` explains the
-answer's summed log-probability once, as ``attnlens cite`` does, and writes ``*_answer`` files.
+[--mode generation|answer] [--options JSON] [--memory-budget 8GiB] [--tag NAME] [--repeat 5]``; ``--mode answer``
+explains the answer's summed log-probability once, as ``attnlens cite`` does, and writes ``*_answer`` files;
+``--repeat R`` times R runs of each case in its process and reports their median (a prompt of a few hundred tokens
+takes seconds, and one cold run of it varies by a third on a shared CPU); ``--paired`` times the plain pass R
+times more in each method's process and takes the ratio to that (processes differ in speed by up to a quarter).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its O
 import argparse  # noqa: E402
 import gzip  # noqa: E402
 import json  # noqa: E402
+import resource  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -50,8 +54,10 @@ def _ids(ex: object, n: int, answer: int) -> tuple[list[int], list[int]]:
 
 
 def run_case(method: str, n: int, answer: int, mode: str = "generation", options: dict | None = None,
-             budget: str | None = None) -> dict:
-    """One case in this process: the seconds it took (the model loaded before), or the refusal's line.
+             budget: str | None = None, repeat: int = 1, paired: bool = False) -> dict:
+    """One case in this process: the seconds it took (the model loaded before; with ``repeat`` > 1 the median of
+    that many runs, each in ``runs``), or the refusal's line. ``paired``: then the plain pass as many times in
+    the same process (``plain_seconds``, their median), the peak memory read before it.
 
     ``mode="generation"``: ``explain_generation`` (one explanation per answer token); ``"answer"``:
     ``explain_answer`` (the answer's summed log-probability, one explanation for the whole answer). ``options``:
@@ -60,14 +66,42 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation", options
     import numpy as np
     import torch
 
-    from attnlens import Explainer, InputError
-    from attnlens.core.modelstate import explaining
+    from attnlens import Explainer
 
     torch.manual_seed(0)
     ex = Explainer.from_pretrained("smollm2")
-    limit = {"memory_budget": budget} if budget else {}
     prompt_ids, answer_ids = _ids(ex, n, answer)
-    start = time.perf_counter()
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        found = _one_run(ex, method, n, prompt_ids, answer_ids, mode, options, budget)
+        if "refused" in found:
+            return found
+        runs.append(time.perf_counter() - start)
+    found["seconds"] = float(np.median(runs))
+    if repeat > 1:
+        found["runs"] = runs
+    if paired and method != "plain":  # the yardstick in this process too, after the method's peak is read
+        found["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB, as /usr/bin/time
+        plain = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            _one_run(ex, "plain", n, prompt_ids, answer_ids, mode, None, None)
+            plain.append(time.perf_counter() - start)
+        found["plain_seconds"] = float(np.median(plain))
+    return found
+
+
+def _one_run(ex: object, method: str, n: int, prompt_ids: list[int], answer_ids: list[int], mode: str,
+             options: dict | None, budget: str | None) -> dict:
+    """One explanation (or the plain pass) of the case: its figures but the time, or the refusal's line."""
+    import numpy as np
+    import torch
+
+    from attnlens import InputError
+    from attnlens.core.modelstate import explaining
+
+    limit = {"memory_budget": budget} if budget else {}
     if method == "plain":  # forward + backward to the input embeddings with fused attention, loss on the answer
         # (logits only at the positions that predict the answer, as the methods compute them)
         ids = torch.tensor([prompt_ids + answer_ids])
@@ -77,13 +111,13 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation", options
                               logits_to_keep=len(answer_ids) + 1).logits[0, :-1]
             loss = torch.nn.functional.cross_entropy(logits, ids[0, n:])
             torch.autograd.grad(loss, embeddings)
-        return {"seconds": time.perf_counter() - start}
+        return {}
     if mode == "answer":
         try:
             exp = ex.explain_answer(prompt_ids, answer_ids, [method], options=options, **limit)
         except InputError as exc:
             return {"refused": str(exc)}
-        found = {"seconds": time.perf_counter() - start, "prompt_tokens": n, "answer_tokens": len(answer_ids),
+        found = {"prompt_tokens": n, "answer_tokens": len(answer_ids),
                  "finite": bool(all(np.isfinite(v).all() for v in exp.scores.values()))}
         if "n_steps" in exp.meta.get(method, {}):
             found["steps"] = int(np.max(exp.meta[method]["n_steps"]))
@@ -94,21 +128,23 @@ def run_case(method: str, n: int, answer: int, mode: str = "generation", options
         gen = ex.explain_generation(prompt, [method], target=target, options=options, **limit)
     except InputError as exc:
         return {"refused": str(exc)}
-    return {"seconds": time.perf_counter() - start, "prompt_tokens": len(gen.prompt_ids),
-            "answer_tokens": len(gen.generated_ids)}
+    return {"prompt_tokens": len(gen.prompt_ids), "answer_tokens": len(gen.generated_ids)}
 
 
 def measure(method: str, n: int, answer: int, timeout: float, mode: str = "generation",
-            options: dict | None = None, budget: str | None = None) -> dict:
+            options: dict | None = None, budget: str | None = None, repeat: int = 1, paired: bool = False) -> dict:
     """A case in a fresh process under ``/usr/bin/time``: its result with ``peak_gib`` (peak RSS)."""
     extra = ["--options", json.dumps(options)] if options else []
     extra += ["--memory-budget", budget] if budget else []
+    extra += ["--repeat", str(repeat)] if repeat > 1 else []
+    extra += ["--paired"] if paired else []
     return measured(__file__, ["--one", method, str(n), str(answer), "--mode", mode, *extra], timeout,
                     {"method": method, "tokens": n})
 
 
 def table(results: list[dict]) -> str:
-    """Markdown: peak GiB and seconds per method (rows) and length (columns), and the time ratio to ``plain``."""
+    """Markdown: peak GiB and seconds per method (rows) and length (columns), and the time ratio to ``plain`` (to
+    the plain pass of the method's own process where the run was paired)."""
     lengths = sorted({r["tokens"] for r in results})
     plain = {r["tokens"]: r.get("seconds") for r in results if r["method"] == "plain"}
     lines = ["| method | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
@@ -124,7 +160,9 @@ def table(results: list[dict]) -> str:
             elif "error" in r:
                 cells.append(f"failed: {r['error'][:60]}")
             else:
-                ratio = f", {r['seconds'] / plain[n]:.1f}×" if plain.get(n) and method != "plain" else ""
+                yardstick = r.get("plain_seconds", plain.get(n))  # the same process's plain pass where paired
+                ratio = f", {r['seconds'] / yardstick:.1f}×" if yardstick and method != "plain" else ""
+                ratio += f" (plain {yardstick:.1f} s)" if "plain_seconds" in r else ""
                 ratio += f" ({r['steps']} steps)" if "steps" in r else ""
                 cells.append(f"{r['peak_gib']:.2f} GiB, {r['seconds']:.1f} s{ratio}")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
@@ -173,11 +211,15 @@ def main() -> None:
                    help='per-method options as JSON, e.g. \'{"integratedgradients": {"n_steps": 8}}\'')
     p.add_argument("--memory-budget", default=None, help="the explainer's memory budget (default: the library's)")
     p.add_argument("--tag", default="", help="suffix of the output files (a run of some methods beside the main one)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per case in its process, the median reported (short prompts: less noise)")
+    p.add_argument("--paired", action="store_true",
+                   help="time the plain pass again in each method's process and take the ratio to that")
     p.add_argument("--one", nargs=3, metavar=("METHOD", "TOKENS", "ANSWER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_case(args.one[0], int(args.one[1]), int(args.one[2]), args.mode, args.options,
-                                  args.memory_budget)))
+                                  args.memory_budget, args.repeat, args.paired)))
         return
     out_json, out_md, out_png = OUT_JSON, OUT_MD, OUT_PNG
     if args.mode == "answer":
@@ -192,7 +234,7 @@ def main() -> None:
         for method in args.methods:
             results.append(measure(method, n, args.answer, args.timeout, args.mode,
                                    {k: v for k, v in (args.options or {}).items() if k == method} or None,
-                                   args.memory_budget if method != "plain" else None))
+                                   args.memory_budget if method != "plain" else None, args.repeat, args.paired))
             print(json.dumps(results[-1]), flush=True)
     out_json.write_text(json.dumps({"answer_tokens": args.answer, "mode": args.mode,
                                     "memory_budget": args.memory_budget, "results": results}, indent=1) + "\n")

@@ -42,6 +42,7 @@ _ELEMENTS = 2**24  # elements of one (B, rows, N, D) block: bounds the memory of
 # elements of ALTI's block of vectors t_ij (keys x rows x D): 8 MiB in float32, measured fastest on 2 CPU cores
 # (2^19 to 2^23 tried; 12x faster than one (B, rows, N, D) einsum of 2^24 elements)
 _ALTI_BLOCK = 2**21
+_CHECKED_ROWS = 8  # rows at which a pre-LN layer's output is recomputed and compared with the model's
 
 
 def _attr(obj: Any, path: str) -> Any:
@@ -361,16 +362,25 @@ def _quadratic_rows(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _keys_used(a: torch.Tensor, at: torch.Tensor) -> int:
+    """How many leading keys the rows of ``a`` ``(B, H, R, N)`` (positions ``at``) involve: up to the last key any
+    row attends to or is (a causal chunk's rows attend to no key after their last one; their terms are 0 there)."""
+    attended = torch.nonzero(a.abs().amax(dim=(0, 1, 2))).flatten()
+    return max(int(attended[-1]) + 1 if len(attended) else 0, int(at.max()) + 1 if len(at) else 0)
+
+
 def _norm_rows(a: torch.Tensor, g: torch.Tensor, gram: torch.Tensor, m: torch.Tensor | None,
                at: torch.Tensor) -> torch.Tensor:
     """``(B, R, N)`` in float64: ‖Σ_h α^h_ij g^h_j (+ δ_ij m_i)‖² at the query rows of ``a`` ``(B, H, R, N)``,
     whose positions are ``at`` ``(R,)``, with ``g`` ``(B, H, N, D)``, its :func:`_gram` and the residual ``m``
-    ``(B, R, D)`` at those rows (``None``: no residual)."""
-    a = a.double()
-    sq = _quadratic_rows(a, gram)
+    ``(B, R, D)`` at those rows (``None``: no residual). Keys after :func:`_keys_used` give 0 without being
+    computed."""
+    stop = _keys_used(a, at)
+    sq = a.new_zeros(a.shape[0], a.shape[2], a.shape[3], dtype=torch.float64)
+    sq[..., :stop] = _quadratic_rows(a[..., :stop].double(), gram[:, :stop])
     if m is not None:
         rows = torch.arange(a.shape[2], device=a.device)
-        diag = 2 * torch.einsum("bhr,bhrd,brd->br", a[:, :, rows, at], g[:, :, at], m) + (m * m).sum(-1)
+        diag = 2 * torch.einsum("bhr,bhrd,brd->br", a[:, :, rows, at].double(), g[:, :, at], m) + (m * m).sum(-1)
         sq[:, rows, at] += diag
     return sq
 
@@ -403,8 +413,7 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
     b, h, r, n = a.shape
     d = g.shape[-1]
     out = a.new_zeros(b, n, r)
-    attended = torch.nonzero(a.abs().amax(dim=(0, 1, 2))).flatten()
-    stop = max(int(attended[-1]) + 1 if len(attended) else 0, int(at.max()) + 1 if len(at) else 0)
+    stop = _keys_used(a, at)
     keys = max(1, min(stop, _ALTI_BLOCK // max(1, b * r * d)))  # keys per block, every example's at once
     buffer = a.new_empty(b * keys * r * d)
     rows = torch.arange(r, device=a.device)
@@ -552,8 +561,8 @@ class _ChunkedLayers:
     of one sequence) the sequence alone is recomputed and its matrix viewed for every row.
 
     A pre-LN layer's matrices read only its attention block, so its FFN is recomputed (and the output checked)
-    on its first chunk holding a real row alone: a wrong anatomy shows on any row, and the FFN at every row
-    would cost another forward. Post-LN matrices read the layer's norms at every row, so every chunk is
+    at a few real rows (:data:`_CHECKED_ROWS`) of its first chunk holding one alone: a wrong anatomy shows on any
+    row, and the FFN at every row would cost another forward. Post-LN matrices read the layer's norms at every row, so every chunk is
     recomputed and checked."""
 
     def __init__(self, ctx: BatchContext) -> None:
@@ -595,8 +604,14 @@ class _ChunkedLayers:
         with torch.no_grad():
             pre1, a, f = _attention_sum(mods, xr, a, self.f, self.v)
             real_rows = self.real[:, rows]
-            if self.checked and self.anatomy.pre_ln:  # the attention block's sum is all the matrices read
+            if self.anatomy.pre_ln:  # the attention block's sum is all the matrices read
                 o = _Output(pre1, pre1, pre1.new_zeros(*pre1.shape[:-1], 0))
+                if not self.checked:  # the layer recomputed at a few real rows shows a wrong anatomy as well
+                    few = torch.nonzero(real_rows.any(0)).flatten()[:_CHECKED_ROWS]
+                    got = _layer_output(mods, self.anatomy, xr[:, few], pre1[:, few],
+                                        self.final if j == len(self.blocks) - 1 else None).got
+                    _check_layer(self.ctx.model, j, got, self.hidden[j + 1][:, rows][:, few], real_rows[:, few])
+                    self.checked = len(few) > 0
             else:
                 o = _layer_output(mods, self.anatomy, xr, pre1, self.final if j == len(self.blocks) - 1 else None)
                 _check_layer(self.ctx.model, j, o.got, self.hidden[j + 1][:, rows], real_rows)
