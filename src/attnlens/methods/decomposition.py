@@ -562,8 +562,8 @@ class _ChunkedLayers:
 
     A pre-LN layer's matrices read only its attention block, so its FFN is recomputed (and the output checked)
     at a few real rows (:data:`_CHECKED_ROWS`) of its first chunk holding one alone: a wrong anatomy shows on any
-    row, and the FFN at every row would cost another forward. Post-LN matrices read the layer's norms at every row, so every chunk is
-    recomputed and checked."""
+    row, and the FFN at every row would cost another forward. Post-LN matrices read the layer's norms at every
+    row, so every chunk is recomputed and checked."""
 
     def __init__(self, ctx: BatchContext) -> None:
         cap, model = ctx.capture, ctx.model
