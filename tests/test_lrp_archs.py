@@ -1336,3 +1336,26 @@ def test_fused_pass_is_attnlrp_with_epsilon_zero_or_chefer_only():
     for kwargs in ({"rules": "cp"}, {"epsilon": 1e-3}, {"track_softmax": True}):
         with pytest.raises(InputError, match="fused LRP pass"):
             lrp_pass(model, padded_batch(), 0, fused=True, **kwargs)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_pass_leaves_nothing_alive_behind(fused):
+    """After each rule set's pass (and the joint one) no pass state survives, so its maps and activations are
+    freed: the state is held by the graph's nodes only weakly (a cycle through autograd's C++ nodes is beyond
+    Python's collector, and every explanation would keep its pass's memory)."""
+    import gc
+
+    from attnlens.lrp.state import PassState
+
+    def alive() -> int:
+        gc.collect()
+        return sum(isinstance(o, PassState) for o in gc.get_objects())
+
+    model = strong("llama")
+    before = alive()
+    for rules in ("chefer", "chefer-lrp", "attnlrp", "cp"):
+        lrp_pass(model, padded_batch(), [0, 1, 2], rules=rules, fused=fused and rules in ("chefer", "attnlrp"),
+                 inputs_relevance=rules not in ("chefer", "chefer-lrp"))
+        assert alive() == before, rules
+    lrp_passes(model, padded_batch(), [0, 1, 2], fused=fused)
+    assert alive() == before

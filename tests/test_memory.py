@@ -338,7 +338,13 @@ def test_the_estimate_of_attnlrp_follows_the_fused_pass():
     both = engine.pass_cost(ex.runner, [*spec, registry.get_method("transatt")], budget)
     assert both.own_storage("attnlrp", n) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=logits)
     assert both.own_storage("transatt", n) == dataclasses.replace(memory.FUSED_RELEVANCE_STORAGE, logit_rows=logits)
-    assert both.own_storage("transatt", n - 64) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
+    # shorter, the eager pass where it fits in what the budget leaves beside the shared pass
+    eager = dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
+    k = max(k for k in range(64, n, 8)
+            if both.shared(k) + memory.pass_row_bytes(dims, k, eager) <= budget)
+    assert both.own_storage("transatt", k) == eager
+    assert both.own_storage("transatt", k + 8) == dataclasses.replace(memory.FUSED_RELEVANCE_STORAGE,
+                                                                      logit_rows=logits)
     # a generation's prefixes: the eager pass, every position's logits
     assert engine.pass_cost(ex.runner, spec, budget, prefixes=True).own_storage("attnlrp", n) == memory.LRP_STORAGE
 
@@ -385,3 +391,16 @@ def test_the_mmap_threshold_is_set_on_glibc():
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc's mallopt only")
     assert allocator.set_mmap_threshold(allocator.MMAP_THRESHOLD)
+
+
+@pytest.mark.parametrize("method", ["transatt", "partiallrp", "attnlrp", "integratedgradients"])
+def test_the_lengths_that_fit_a_budget_are_every_length_up_to_the_longest(method):
+    """The estimate never refuses a length shorter than one it accepts (the refusal names the longest that fits,
+    so a shorter one must fit too): a method's own pass is planned in what the budget leaves beside the shared
+    pass, fused where the eager pass would not fit there."""
+    ex = _lm_explainer()
+    spec = [registry.get_method(method)]
+    for mib in (64, 96, 128, 192, 256, 512):
+        cost = engine.pass_cost(ex.runner, spec, memory.parse_budget(f"{mib}MiB"))
+        fits = [cost.total(n) <= cost.budget for n in range(16, 8192, 16)]
+        assert fits == sorted(fits, reverse=True), (mib, fits.index(False))

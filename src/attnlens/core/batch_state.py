@@ -200,3 +200,18 @@ class BatchContext:
     meta: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     plan: dict[str, dict[str, Any]] = field(default_factory=dict)
     sequence: dict[str, torch.Tensor] | None = None
+
+    def budget_left(self) -> int:
+        """What :attr:`memory_budget` leaves beside the shared pass's kept tensors (at least a quarter of it): the
+        bytes a method's own passes may hold while they are alive."""
+        held: dict[int, int] = {}  # by memory: the rows and their gradients may be the maps' own
+        if self.capture is not None:
+            for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads",
+                         "attention_received", "hidden", "hidden_grads", "embeddings", "embedding_grads"):
+                value = getattr(self.capture, name)
+                for t in [] if value is None else (value if isinstance(value, list) else [value]):
+                    held[t.data_ptr()] = t.numel() * t.element_size()
+            if self.capture.attention_chunks is not None:
+                for t in self.capture.attention_chunks.tensors():
+                    held[t.data_ptr()] = t.numel() * t.element_size()
+        return max(self.memory_budget - sum(held.values()), self.memory_budget // 4)

@@ -129,11 +129,13 @@ class PassCost:
         return max((pass_row_bytes(self.dims, n, self.own_storage(name, n)) for name in self.own_storages), default=0)
 
     def own_storage(self, name: str, n: int) -> Storage:
-        """What method ``name``'s own pass holds at ``n`` tokens."""
+        """What method ``name``'s own pass holds at ``n`` tokens, in what the budget leaves beside the shared
+        pass."""
         storage = self.own_storages[name]
+        left = max(self.budget - self.shared(n), self.budget // 4)  # as BatchContext.budget_left() at run time
         if name in self.fusable:
-            return lrp_storage(self.dims, n, self.budget, True, storage.logit_rows, name in ATTENTION_READERS)
-        return fitting(self.dims, n, storage, self.budget)  # fused passes recompute layers where needed
+            return lrp_storage(self.dims, n, left, True, storage.logit_rows, name in ATTENTION_READERS)
+        return fitting(self.dims, n, storage, left)  # fused passes recompute layers where needed
 
     def total(self, n: int) -> int:
         return self.shared(n) + self.own(n)

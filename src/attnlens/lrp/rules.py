@@ -12,6 +12,7 @@ forward in the chefer layout serves both rule sets: a backward per rule set, one
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from typing import Any
 
@@ -69,9 +70,23 @@ def sum_rule(z: torch.Tensor, eps: float = 0.0, factor: float = 1.0) -> torch.Te
     return z
 
 
+def weak(obj: Any) -> Any:
+    """A weak reference to ``obj`` (``None`` for ``None``), for an autograd node's context: the pass state holds
+    the graph's tensors, whose nodes would hold the state again, a cycle through C++ that Python's collector
+    cannot see, so every pass's maps would stay alive."""
+    return None if obj is None else weakref.ref(obj)
+
+
+def strong(ref: Any) -> Any:
+    """The object :func:`weak` refers to, or ``None``."""
+    return None if ref is None else ref()
+
+
 def _attnlrp_mode(switch: Any) -> bool:
-    """Whether a backward now running should apply AttnLRP's rule (see the module docstring)."""
-    return switch is not None and switch.mode == "attnlrp"
+    """Whether a backward now running should apply AttnLRP's rule (see the module docstring); ``switch``: a
+    :func:`weak` reference to the pass state, or ``None``."""
+    state = strong(switch)
+    return state is not None and state.mode == "attnlrp"
 
 
 class _Relay(torch.autograd.Function):
@@ -88,7 +103,7 @@ class _Relay(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, fn, other=None, switch: Any = None) -> torch.Tensor:  # type: ignore[override]
         y = fn(x)
         ctx.save_for_backward(x, y)
-        ctx.other, ctx.switch = other, switch
+        ctx.other, ctx.switch = other, weak(switch)
         return y
 
     @staticmethod
@@ -222,7 +237,7 @@ class _ZPlusLinear(torch.autograd.Function):
                 shared: bool = True, switch: Any = None) -> torch.Tensor:
         z = F.linear(x, weight, bias)
         ctx.save_for_backward(x, weight, z, bias)
-        ctx.shared, ctx.switch = shared, switch
+        ctx.shared, ctx.switch = shared, weak(switch)
         return z
 
     @staticmethod
@@ -265,7 +280,7 @@ class _ZPlusOp(torch.autograd.Function):
         if bias is not None:  # channels first: (B, C, ...)
             z = z + bias.view(-1, *([1] * (z.dim() - 2)))
         ctx.save_for_backward(x, weight, z)
-        ctx.op, ctx.shared, ctx.switch = op, shared, switch
+        ctx.op, ctx.shared, ctx.switch = op, shared, weak(switch)
         return z
 
     @staticmethod
@@ -337,7 +352,7 @@ class _NormalizedAdd(torch.autograd.Function):
     def forward(ctx, a: torch.Tensor, b: torch.Tensor, value: torch.Tensor,  # type: ignore[override]
                 switch: Any = None) -> torch.Tensor:
         ctx.save_for_backward(a, b)
-        ctx.switch = switch
+        ctx.switch = weak(switch)
         return value.clone()
 
     @staticmethod

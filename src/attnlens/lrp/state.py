@@ -161,14 +161,14 @@ class _FusedAttention(torch.autograd.Function):
                 mask: torch.Tensor | None, scale: float, causal: bool, state: PassState | None = None,
                 layer: int = 0) -> torch.Tensor:
         ctx.save_for_backward(query, key, value)
-        ctx.mask, ctx.scale, ctx.causal, ctx.state, ctx.layer = mask, scale, causal, state, layer
+        ctx.mask, ctx.scale, ctx.causal, ctx.state, ctx.layer = mask, scale, causal, rules.weak(state), layer
         return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
                                                            is_causal=causal)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         query, key, value = ctx.saved_tensors
-        state = ctx.state
+        state = rules.strong(ctx.state)
         if state is None or state.mode == "attnlrp":
             grads = _attnlrp_attention_backward(query, key, value, ctx.mask, ctx.scale, ctx.causal, grad)
         else:

@@ -342,7 +342,7 @@ def _ig_storage(ctx: BatchContext) -> Storage:
     where keeping its activations would not fit what the budget leaves; the engine's estimate decides alike."""
     fused = ctx.sequence is None and runs_sdpa(ctx.model)
     logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) and ctx.sequence is None else 0
-    return gradient_pass_storage(model_dims(ctx.model), ctx.token_mask.shape[1], _left_in_budget(ctx), fused,
+    return gradient_pass_storage(model_dims(ctx.model), ctx.token_mask.shape[1], ctx.budget_left(), fused,
                                  logit_rows)
 
 
@@ -414,16 +414,6 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
 def _rows_in_budget(ctx: BatchContext, n_tokens: int, storage: Storage) -> int:
     """Rows per forward+backward keeping ``storage`` that fit in what the batch's budget leaves beside the shared
     pass's tensors."""
-    return rows_that_fit(_left_in_budget(ctx), pass_row_bytes(model_dims(ctx.model), n_tokens, storage))
+    return rows_that_fit(ctx.budget_left(), pass_row_bytes(model_dims(ctx.model), n_tokens, storage))
 
 
-def _left_in_budget(ctx: BatchContext) -> int:
-    """What the batch's budget leaves beside the shared pass's tensors (at least a quarter of it)."""
-    held: dict[int, int] = {}  # by memory: the rows and their gradients may be the maps' own
-    if ctx.capture is not None:
-        for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
-                     "hidden", "hidden_grads", "embeddings", "embedding_grads"):
-            value = getattr(ctx.capture, name)
-            for t in [] if value is None else (value if isinstance(value, list) else [value]):
-                held[t.data_ptr()] = t.numel() * t.element_size()
-    return max(ctx.memory_budget - sum(held.values()), ctx.memory_budget // 4)

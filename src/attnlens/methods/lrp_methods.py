@@ -19,7 +19,7 @@ from ..core.attention_chunks import AttentionChunks
 from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
-from ..core.memory import lrp_storage, model_dims, parse_budget
+from ..core.memory import lrp_storage, model_dims
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
@@ -97,7 +97,7 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
     if any(key in keys and not fused_lrp(ctx.model, name, ctx.plan) for name, key in _planned_passes(ctx).items()):
         return False
     rows, n = ctx.token_mask.shape
-    budget = parse_budget(ctx.memory_budget) // max(1, rows)
+    budget = ctx.budget_left() // max(1, rows)  # beside what the shared pass keeps, as the estimate plans it
     logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) else 0  # as the engine estimates
     return lrp_storage(model_dims(ctx.model), n, budget, True, logit_rows).recompute
 
