@@ -116,23 +116,40 @@ class PassCost:
     fusable: frozenset[str] = frozenset()  # methods whose LRP pass runs fused where the eager one would not fit
 
     def storage(self, n: int) -> Storage | None:
-        """The shared pass's storage at ``n`` tokens (recomputing layers where keeping them would not fit)."""
+        """The shared pass's storage at ``n`` tokens: recomputing layers where keeping them would not fit, or would
+        not leave the methods' own passes (which run beside what it keeps) enough of the budget."""
         if self.shared_storage is None:
             return None
-        return fitting(self.dims, n, self.shared_storage, self.budget)
+        storage = fitting(self.dims, n, self.shared_storage, self.budget)
+        if self.own_storages and storage.backward and not storage.eager and not storage.recompute:
+            held = pass_row_bytes(self.dims, n, storage)
+            if held + self._own(n, self._left(held)) > self.budget:
+                return dataclasses.replace(storage, recompute=True)
+        return storage
 
     def shared(self, n: int) -> int:
         storage = self.storage(n)
         return 0 if storage is None else pass_row_bytes(self.dims, n, storage)
 
     def own(self, n: int) -> int:
-        return max((pass_row_bytes(self.dims, n, self.own_storage(name, n)) for name in self.own_storages), default=0)
+        return self._own(n, self._left(self.shared(n)))
 
     def own_storage(self, name: str, n: int) -> Storage:
         """What method ``name``'s own pass holds at ``n`` tokens, in what the budget leaves beside the shared
         pass."""
+        return self._own_storage(name, n, self._left(self.shared(n)))
+
+    def _left(self, shared: int) -> int:
+        """What the budget leaves the own passes beside a shared pass of ``shared`` bytes, as
+        :meth:`BatchContext.budget_left` finds it at run time."""
+        return max(self.budget - shared, self.budget // 4)
+
+    def _own(self, n: int, left: int) -> int:
+        return max((pass_row_bytes(self.dims, n, self._own_storage(name, n, left)) for name in self.own_storages),
+                   default=0)
+
+    def _own_storage(self, name: str, n: int, left: int) -> Storage:
         storage = self.own_storages[name]
-        left = max(self.budget - self.shared(n), self.budget // 4)  # as BatchContext.budget_left() at run time
         if name in self.fusable:
             return lrp_storage(self.dims, n, left, True, storage.logit_rows, name in ATTENTION_READERS)
         return fitting(self.dims, n, storage, left)  # fused passes recompute layers where needed
