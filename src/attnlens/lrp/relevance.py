@@ -301,6 +301,7 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
         return torch.zeros_like(rows_of(x)) if g is None else (x * g).detach()
 
     att_rel = [rel(p, g) for p, g in zip(state.probs, g_probs)] if attention_relevance else []
+    recomputes = fused_chefer and attention_relevance  # R(A) kept as what recomputes it (no maps to keep)
     absorbed = None
     if track_softmax and rules == "cp":  # the softmax is outside the relevance path
         absorbed = torch.zeros_like(value).detach()
@@ -322,9 +323,8 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
         word_relevance=rel(state.word_embeddings, g_word).sum(-1) if inputs_relevance else None,
         position_relevance=position,
         softmax_absorbed=absorbed,
-        factors=[state.factors[i] for i in range(len(state.factors))] if fused_chefer and attention_relevance else [],
-        output_grads=([state.output_grads[i] for i in range(len(state.output_grads))]
-                      if fused_chefer and attention_relevance else []),
+        factors=[state.factors[i] for i in range(len(state.factors))] if recomputes else [],
+        output_grads=[state.output_grads[i] for i in range(len(state.output_grads))] if recomputes else [],
     )
 
 

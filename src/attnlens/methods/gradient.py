@@ -415,5 +415,3 @@ def _rows_in_budget(ctx: BatchContext, n_tokens: int, storage: Storage) -> int:
     """Rows per forward+backward keeping ``storage`` that fit in what the batch's budget leaves beside the shared
     pass's tensors."""
     return rows_that_fit(ctx.budget_left(), pass_row_bytes(model_dims(ctx.model), n_tokens, storage))
-
-
