@@ -13,7 +13,9 @@ Run: ``OMP_WAIT_POLICY=PASSIVE python bench/lrp_flow_speed.py [model_dir] [--n N
 tokens on random row-stochastic attention of MiniLM's shape (6 layers x 12 heads, explained from token 0) and on
 one real 512-token IMDB review through ``../shared/models/minilm-imdb``, for the library's flow and for the
 previous implementation (one max-flow on the full graph per input token, kept below as ``full_graph_flow``),
-timed back to back in the same run, with a check that both give identical scores.
+timed back to back in the same run, with a check that both give identical scores; for the review also a whole
+flow explanation (forward, maps and max-flows) against one plain forward + backward of it with fused attention
+(the medians of at least 5 interleaved runs).
 """
 
 from __future__ import annotations
@@ -117,22 +119,46 @@ def random_attention(n: int, layers: int = 6, heads: int = 12, seed: int = 0) ->
     return torch.softmax(torch.from_numpy(rng.normal(size=(layers, heads, n, n)) * 2.0), -1).numpy()
 
 
-def imdb_attention(model_dir: Path = SHARED / "models" / "minilm-imdb", min_words: int = 600) -> np.ndarray:
-    """Attention ``(L, H, 512, 512)`` of the first IMDB test review long enough to fill 512 tokens."""
+def imdb_review(model_dir: Path = SHARED / "models" / "minilm-imdb", min_words: int = 600) -> tuple[Explainer, str]:
+    """The IMDB classifier's explainer and the first IMDB test review long enough to fill its 512 tokens."""
     with gzip.open(SHARED / "data" / "imdb" / "test.jsonl.gz", "rt", encoding="utf-8") as f:
         text = next(r["text"] for r in map(json.loads, f) if len(r["text"].split()) >= min_words)
+    return Explainer.from_pretrained(model_dir), text
+
+
+def imdb_attention(ex: Explainer, text: str) -> np.ndarray:
+    """Attention ``(L, H, 512, 512)`` of the review."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "truncated to 512 tokens"
-        _, _, att = Explainer.from_pretrained(model_dir).attention_maps(text)
+        _, _, att = ex.attention_maps(text)
     return att
+
+
+def flow_against_plain(ex: Explainer, text: str, repeats: int) -> dict:
+    """Seconds of a whole flow explanation of the review (the engine's forward, the maps and the max-flows) and
+    of one plain forward + backward of it with fused attention, interleaved; the medians and their ratio."""
+    from attnlens.core.modelstate import explaining
+
+    inputs = dict(ex.tokenizer(text, truncation=True, max_length=512, return_tensors="pt"))
+    times: dict[str, list[float]] = {"explain": [], "plain": []}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex.explain(text, methods=["flow"])  # warm-up
+        for _ in range(repeats):
+            times["explain"].append(timed(ex.explain, text, methods=["flow"]))
+            with explaining(ex.model, "sdpa"):
+                times["plain"].append(plain_forward_backward(ex.model, inputs))
+    explain_s, plain_s = float(np.median(times["explain"])), float(np.median(times["plain"]))
+    return {"explain_s": explain_s, "plain_s": plain_s, "x_plain": explain_s / plain_s}
 
 
 def flow_lengths(lengths: tuple[int, ...] = (32, 128, 256, 512), old: bool = True, repeats: int = 2) -> list[dict]:
     """Seconds per example of attention flow (one-hot source at token 0, as for a [CLS] classifier): the library
     and, when ``old``, the full-graph reference timed right after it on the same attention; each the fastest of
     ``repeats`` runs."""
+    ex, review = imdb_review()
     cases = [(f"random {n} tokens", random_attention(n)) for n in lengths] + [("minilm-imdb 512 tokens",
-                                                                             imdb_attention())]
+                                                                             imdb_attention(ex, review))]
     rows = []
     for name, att in cases:
         mats = flow_method.flow_matrices(att)
@@ -150,6 +176,8 @@ def flow_lengths(lengths: tuple[int, ...] = (32, 128, 256, 512), old: bool = Tru
             row["old_s"] = min(times["old"])
             row["speedup"] = row["old_s"] / row["new_s"]
             row["identical"] = bool(np.array_equal(new, ref))
+        if name.startswith("minilm-imdb"):
+            row.update(flow_against_plain(ex, review, max(repeats, 5)))
         rows.append(row)
         print("  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
     return rows

@@ -200,3 +200,16 @@ def test_long_inputs_never_reach_the_full_graph(monkeypatch, kind):
 
     monkeypatch.setattr(flow, "_flow_graph", no_full_graph)
     np.testing.assert_array_equal(flow_from(mats, 0), expected)
+
+
+@pytest.mark.parametrize("n_layers,n,source", [(3, 7, 0), (5, 9, 4), (6, 12, 11)])
+def test_a_subgraph_of_every_edge_is_the_full_graph_and_fewer_edges_bound_it_from_below(n_layers, n, source):
+    mats = peaked_mats(np.random.default_rng(n), n_layers, n, heads=4)
+    caps = np.rint(mats * FLOW_SCALE).astype(np.int64)
+    full = np.rint(full_graph_flows(mats, source) * FLOW_SCALE).astype(np.int64)
+    whole = flow._Subgraph(caps, source, np.ones(mats.shape, dtype=bool))
+    chain_only = flow._Subgraph(caps, source, np.zeros(mats.shape, dtype=bool))
+    sparse = flow._Subgraph(caps, source, flow._kept_edges(mats, source, 2, 1))
+    for j in range(n):  # one structure serves every sink in turn: each answer must not depend on the one before
+        assert whole.max_flow(j) == full[j]
+        assert chain_only.max_flow(j) <= sparse.max_flow(j) <= full[j]
