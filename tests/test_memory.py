@@ -234,6 +234,51 @@ def test_generation_steps_per_batch_follow_the_budget(monkeypatch):
     assert sizes == [n_steps]
 
 
+def test_lrp_generation_steps_per_batch_follow_the_budget_and_keep_only_the_steps_logits(monkeypatch):
+    """An LRP pass over a generation's prefixes takes every step's relevance from one batched backward: each step
+    adds its share (``lrp_step_bytes``), so a budget of 96 MiB with 64 MiB (the shared and the LRP pass) + 8 MiB
+    per step takes 5 steps per batch, scores unchanged; each pass projects only the logits its steps read (the last ``steps`` positions)."""
+    from attnlens.methods import lrp_methods
+
+    ex = _lm_explainer()
+    prompt, target = "the movie was", " good but the plot was boring and the actors were bad"
+    methods = ["attnlrp", "partiallrp"]
+    full = ex.explain_generation(prompt, methods, target=target)
+    n_steps = len(full.generated_ids)
+    sizes = _count_batches(monkeypatch)
+    kept: list[tuple[int, int]] = []  # (steps, logits kept) per LRP pass
+    real = lrp_methods.lrp_passes
+
+    def spy(*args, **kwargs):
+        kept.append((len(kwargs["rows"]), kwargs["forward_kwargs"]["logits_to_keep"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lrp_methods, "lrp_passes", spy)
+    monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: 32 * 2**20)
+    monkeypatch.setattr(generation, "lrp_step_bytes", lambda d, n, steps, attention: 8 * 2**20)
+    small = ex.explain_generation(prompt, methods, target=target, memory_budget="96MiB")
+    assert sizes == [5] * (n_steps // 5) + ([n_steps % 5] if n_steps % 5 else [])
+    assert kept == [(k, k) for k in sizes]
+    for m in methods:
+        np.testing.assert_allclose(small.scores[m], full.scores[m], atol=1e-5, err_msg=m)
+
+
+def test_lrp_rows_must_reach_the_kept_logits():
+    from attnlens.lrp import lrp_pass
+    from attnlens.models.heads import LMHead
+
+    model = _lm_explainer().model
+    ids = torch.tensor([[CLS, 5, 6, 7, 8]])
+    rows = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    kwargs = {"head": LMHead(V), "rows": rows, "inputs_relevance": True}
+    with pytest.raises(InputError, match="a row ends before them"):
+        lrp_pass(model, {"input_ids": ids}, torch.tensor([3, 4]), forward_kwargs={"logits_to_keep": 2}, **kwargs)
+    reference = lrp_pass(model, {"input_ids": ids}, torch.tensor([3, 4]), **kwargs)
+    cut = lrp_pass(model, {"input_ids": ids}, torch.tensor([3, 4]), forward_kwargs={"logits_to_keep": 3}, **kwargs)
+    torch.testing.assert_close(cut.input_relevance, reference.input_relevance, rtol=1e-5, atol=1e-6)
+    assert cut.logits.shape[1] == 3
+
+
 def test_a_generation_over_the_budget_is_refused_before_it_runs(monkeypatch):
     ex = _lm_explainer()
     sizes = _count_batches(monkeypatch)

@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import InputError, ModelError
+from ..methods.lrp_methods import ATTENTION_READERS
 from ..methods.registry import GRADIENTS, OWN_PASS
 from ..models.adapters import EncoderDecoderAdapter, StreamTensors
 from ..models.heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
@@ -36,6 +37,7 @@ from . import engine
 from .batch_state import BatchContext
 from .encoding import Encoded, encode, spans_in
 from .memory import (
+    lrp_step_bytes,
     model_dims,
     parse_budget,
     rows_that_fit,
@@ -188,12 +190,16 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
     gradients a forward keeps little: ``size``. A sequence whose single step does not fit is refused up front."""
     cost = engine.pass_cost(runner, specs, budget, prefixes=one_pass)
     cost.refuse_over(n, budget, what="a generation")
-    if not gradients:
+    lrp = [s.name for s in specs if s.lrp] if one_pass else []
+    if not gradients and not lrp:
         return size
     first = cost.total(n)
-    if one_pass and cost.shared_storage is not None:
-        return max(1, min(size, 1 + (budget - first) // step_gradient_bytes(cost.dims, n, cost.storage(n))))
-    return rows_that_fit(budget, first, size)
+    if not one_pass:
+        return rows_that_fit(budget, first, size)
+    step = step_gradient_bytes(cost.dims, n, cost.storage(n)) if gradients and cost.shared_storage else 0
+    if lrp:  # the LRP pass's rows come from one batched backward too
+        step += lrp_step_bytes(cost.dims, n, size, any(name in ATTENTION_READERS for name in lrp))
+    return max(1, min(size, 1 + (budget - first) // step)) if step else rows_that_fit(budget, first, size)
 
 
 class _Seq2SeqSteps(EncoderDecoderAdapter):

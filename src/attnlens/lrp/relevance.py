@@ -13,7 +13,7 @@ from torch import nn
 from ..core.row_attention import LayerFactors, keys_seen, masked_scores, repeat_kv, zero_padded
 from ..errors import InputError, ModelError
 from ..models.heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
-from ..models.prefixes import last_token_rows, row_gradients
+from ..models.prefixes import last_positions, last_token_rows, row_gradients
 from ..models.recompute import recomputed_layers
 from .patch import check_rules, lrp_mode, runs_fused
 from .state import CHEFER, PassState
@@ -135,7 +135,8 @@ def lrp_pass(
         rows: ``(B, N)`` masks of prefixes of the one sequence in ``inputs`` (a batch of one), explained at their
             last token by a language-model head (a generation's steps, :attr:`BatchContext.sequence`): the pass
             runs once over the sequence and each row's relevances come from its own batched vector-Jacobian
-            product; the result has ``B`` rows.
+            product; the result has ``B`` rows. With ``logits_to_keep`` in ``forward_kwargs`` the rows read
+            the kept (last) positions, which must reach back to the shortest row's last token.
         inputs_relevance: also propagate to the input embeddings (``input_relevance``, ``word_relevance``);
             without it the backward stops at the first layer's attention probabilities, which is all that
             PartialLRP and TransAtt read (the first layer's query/key/value projections are not run backward).
@@ -242,8 +243,12 @@ def _run(
         if not state.attention_calls:
             raise ModelError("LRP: the model computed no attention through the patched attention function")
         tgt = _class_targets(targets, logits) if head.task == "classification" else targets
+        # the rows read their last tokens among the kept logits (``logits_to_keep``: the sequence's last ones)
+        if rows is not None and bool((last_positions(rows) < rows.shape[1] - logits.shape[1]).any()):
+            raise InputError(f"the model kept the logits of the last {logits.shape[1]} positions; a row ends before "
+                             "them (keep at least the positions from the shortest row's last token on)")
         read, read_mask = ((logits, token_mask if logit_mask is None else logit_mask) if rows is None
-                           else last_token_rows(logits, rows))
+                           else last_token_rows(logits, rows[:, rows.shape[1] - logits.shape[1]:]))
         for k, rules in enumerate(rule_sets):
             state.mode = rules if joint else None
             with_inputs = inputs_relevance or (joint and rules not in CHEFER)

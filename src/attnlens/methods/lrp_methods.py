@@ -24,6 +24,7 @@ from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
 from ..lrp.state import CHEFER
+from ..models.prefixes import last_positions
 from .attention import carried_rows
 from .registry import ATTENTION_CHUNKS, ATTENTION_ROWS, GRADIENTS, OWN_PASS, MethodOutput, list_methods, register
 
@@ -72,6 +73,8 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
                       else LogitRows.of(ctx.model, ctx.head, ctx.token_mask, ctx.targets))
         logit_mask, targets = logit_rows.mask(ctx.token_mask), logit_rows.targets(ctx.head, ctx.targets)
         reading = {"forward_kwargs": logit_rows.model_kwargs(), "logit_mask": logit_mask}
+    elif keeps_logits(ctx.model):  # the steps read the logits from the first step's last token on
+        reading = {"forward_kwargs": {"logits_to_keep": int(rows.shape[1] - last_positions(rows).min())}}
     args = (ctx.model, ctx.sequence if one else ctx.inputs, targets, ctx.target_kind)
     joint = [(r, 0.0) for r in JOINT]
     if key in joint and set(joint) <= set(_planned_passes(ctx).values()):
