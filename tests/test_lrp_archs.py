@@ -1239,6 +1239,34 @@ def test_one_forward_serves_both_rule_sets_for_every_prefix(family):
     _assert_same(attnlrp, lrp_pass(lm, inputs, targets, head=LMHead(64), rules="attnlrp", rows=rows), True)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mixtral", "qwen2", "gpt_neox", "phi3"])
+def test_a_fused_pass_over_the_prefixes_equals_the_eager_one(family):
+    """AttnLRP's fused pass over a generation's sequence (one backward per row, each recomputing the layers) gives
+    every prefix the relevances of the eager pass's batched products, and keeps only the rows' logits."""
+    import transformers
+
+    from attnlens.lrp import runs_fused
+    from attnlens.models.heads import LMHead
+
+    cls = strong(family)
+    lm_class = "GPT2LMHeadModel" if family == "gpt2" else type(cls).__name__.replace("SequenceClassification",
+                                                                                      "CausalLM")
+    lm = randomise_biases_and_norms(getattr(transformers, lm_class)(cls.config).double())
+    assert runs_fused(lm)
+    ids = torch.randint(5, 60, (1, 7), generator=torch.Generator().manual_seed(3))
+    rows = torch.tril(torch.ones(7, 7, dtype=torch.long))[3:]
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    targets = torch.tensor([11, 9, 40, 12])
+    eager = lrp_pass(lm, inputs, targets, head=LMHead(64), rows=rows)
+    fused = lrp_pass(lm, inputs, targets, head=LMHead(64), rows=rows, fused=True, attention_relevance=False,
+                     forward_kwargs={"logits_to_keep": 4})
+    torch.testing.assert_close(fused.input_relevance, eager.input_relevance, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(fused.target, eager.target)
+    assert fused.logits.shape[1] == 4 and not fused.attentions
+    with pytest.raises(InputError, match="over a batch of inputs"):
+        lrp_pass(lm, inputs, targets, head=LMHead(64), rules="chefer", rows=rows, fused=True)
+
+
 # ---------------------------------------------------------------- fused attention (long inputs)
 ALL_LRP = ["bert", "distilbert", "roberta", "electra", "modernbert", *ARCHS]
 

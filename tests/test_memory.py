@@ -237,7 +237,8 @@ def test_generation_steps_per_batch_follow_the_budget(monkeypatch):
 def test_lrp_generation_steps_per_batch_follow_the_budget_and_keep_only_the_steps_logits(monkeypatch):
     """An LRP pass over a generation's prefixes takes every step's relevance from one batched backward: each step
     adds its share (``lrp_step_bytes``), so a budget of 96 MiB with 64 MiB (the shared and the LRP pass) + 8 MiB
-    per step takes 5 steps per batch, scores unchanged; each pass projects only the logits its steps read (the last ``steps`` positions)."""
+    per step takes 5 steps per batch, scores unchanged; each pass projects only the logits its steps read (the
+    last ``steps`` positions)."""
     from attnlens.methods import lrp_methods
 
     ex = _lm_explainer()
@@ -255,7 +256,7 @@ def test_lrp_generation_steps_per_batch_follow_the_budget_and_keep_only_the_step
 
     monkeypatch.setattr(lrp_methods, "lrp_passes", spy)
     monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: 32 * 2**20)
-    monkeypatch.setattr(generation, "lrp_step_bytes", lambda d, n, steps, attention: 8 * 2**20)
+    monkeypatch.setattr(generation, "lrp_step_bytes", lambda d, n, steps, attention, fused: 8 * 2**20)
     small = ex.explain_generation(prompt, methods, target=target, memory_budget="96MiB")
     assert sizes == [5] * (n_steps // 5) + ([n_steps % 5] if n_steps % 5 else [])
     assert kept == [(k, k) for k in sizes]
@@ -311,6 +312,8 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
     ex = _lm_explainer()
     texts = ["the movie was good but boring and far too long " * 3, "fun"]
     eager = ex.explain(texts, ["attnlrp", "rawatt"])
+    prompt, target = "the movie was good but boring and", " far too long for a film"
+    eager_steps = ex.explain_generation(prompt, ["attnlrp", "partiallrp"], target=target)
     seen = _spy_lrp(monkeypatch)
     always = lambda dims, n, budget, fusable, rows=0: (memory.FUSED_LRP_STORAGE if fusable  # noqa: E731
                                                         else memory.LRP_STORAGE)
@@ -327,8 +330,19 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
         np.testing.assert_allclose(a.scores["attnlrp"], b.scores["attnlrp"], rtol=0,
                                    atol=1e-5 * np.abs(b.scores["attnlrp"]).max())
     ex.explain(texts, ["attnlrp"], options={"attnlrp": {"rules": "cp"}})
-    ex.explain_generation("the movie was", ["attnlrp"], target=" good")  # a generation's prefixes: eager
     assert not any(seen)
+    seen.clear()
+    # a generation's prefixes: AttnLRP's pass alone runs fused, one backward per step; beside PartialLRP (their
+    # joint pass) eager
+    steps = ex.explain_generation(prompt, ["attnlrp"], target=target)
+    assert seen == [True]
+    np.testing.assert_allclose(steps.scores["attnlrp"], eager_steps.scores["attnlrp"], rtol=0,
+                               atol=1e-5 * np.abs(eager_steps.scores["attnlrp"]).max())
+    seen.clear()
+    both = ex.explain_generation(prompt, ["attnlrp", "partiallrp"], target=target)
+    assert not any(seen)
+    for m in ("attnlrp", "partiallrp"):
+        np.testing.assert_allclose(both.scores[m], eager_steps.scores[m], atol=1e-6)
 
 
 @pytest.mark.parametrize("task", ["causal-lm", "classification"])
@@ -390,8 +404,13 @@ def test_the_estimate_of_attnlrp_follows_the_fused_pass():
     assert both.own_storage("transatt", k) == eager
     assert both.own_storage("transatt", k + 8) == dataclasses.replace(memory.FUSED_RELEVANCE_STORAGE,
                                                                       logit_rows=logits)
-    # a generation's prefixes: the eager pass, every position's logits
-    assert engine.pass_cost(ex.runner, spec, budget, prefixes=True).own_storage("attnlrp", n) == memory.LRP_STORAGE
+    # a generation's prefixes: the logits from the first step's last token on; fused beyond the eager pass too
+    prefixes = engine.pass_cost(ex.runner, spec, budget, prefixes=True, steps=7)
+    assert prefixes.own_storage("attnlrp", n - 64) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=8)
+    assert prefixes.own_storage("attnlrp", n) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=8)
+    # beside PartialLRP (their joint pass runs eager over a sequence): every position's logits without a step count
+    joint = engine.pass_cost(ex.runner, [*spec, registry.get_method("partiallrp")], budget, prefixes=True)
+    assert joint.own_storage("attnlrp", n) == memory.LRP_STORAGE
 
 
 def test_the_estimate_of_integrated_gradients_follows_its_fused_passes():

@@ -175,10 +175,11 @@ def _own_pass_storage(spec: Method, logit_rows: int = 0, fused: bool = False) ->
 
 
 def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BUDGET,
-              options: Mapping[str, Mapping[str, Any]] | None = None, prefixes: bool = False) -> PassCost:
+              options: Mapping[str, Mapping[str, Any]] | None = None, prefixes: bool = False,
+              steps: int = 0) -> PassCost:
     """The memory the passes serving ``specs`` (with ``options`` per method; default: their defaults) hold within
     ``budget``, as a function of the length (:class:`PassCost`). ``prefixes``: the rows are prefixes of one
-    sequence (a generation's steps)."""
+    sequence (a generation's steps), at most ``steps`` of them in a batch (0: any number)."""
     dims = model_dims(runner.model)
     positions_known = runner.head.explained_positions(torch.zeros(1, 2, dtype=torch.long)) is not None
     # a language model's logits where its head reads them (LogitRows), where the model can
@@ -193,14 +194,25 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
                                   positions_known)
         return dataclasses.replace(storage, logit_rows=logit_rows)
 
-    # an LRP pass over a generation's prefixes reads every position's logits
+    # an LRP pass over a generation's prefixes reads the logits from its first step's last token on
+    prefix_logits = steps + 1 if steps and keeps_logits(runner.model) else 0
     fused = not prefixes and runs_sdpa(runner.model)  # integrated gradients' passes (methods/gradient.py)
-    own = {s.name: _own_pass_storage(s, 0 if prefixes and s.lrp else logit_rows, fused) for s in specs
+    own = {s.name: _own_pass_storage(s, prefix_logits if prefixes and s.lrp else logit_rows, fused) for s in specs
            if OWN_PASS in s.needs}
     settings = {s.name: {**s.options, **(options or {}).get(s.name, {})} for s in specs}
 
     def fusable(group: list[Method]) -> frozenset[str]:
-        return frozenset(s.name for s in group if not prefixes and fused_lrp(runner.model, s.name, settings))
+        names = frozenset(s.name for s in group if fused_lrp(runner.model, s.name, settings))
+        if not prefixes:
+            return names
+        # over a generation's prefixes only AttnLRP's own pass runs fused (one backward per step), not a pass it
+        # shares with another LRP method (the same rules, or the chefer rules' joint pass: lrp_methods.shared_lrp)
+        keys = {s.name: (settings[s.name].get("rules"), float(settings[s.name].get("epsilon", 0.0)))
+                for s in group if s.lrp}
+        mine = keys.get("attnlrp")
+        shares = any(k == mine or (mine == ("attnlrp", 0.0) and k == ("chefer", 0.0))
+                     for name, k in keys.items() if name != "attnlrp")
+        return names & {"attnlrp"} if not shares else frozenset()
 
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},

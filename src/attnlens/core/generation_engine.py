@@ -188,7 +188,7 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
     """How many of ``size`` steps one batch takes so that its pass over ``n`` tokens fits ``budget``: steps sharing
     one forward (``one_pass``) add their gradients each; otherwise each is a whole forward+backward. Without
     gradients a forward keeps little: ``size``. A sequence whose single step does not fit is refused up front."""
-    cost = engine.pass_cost(runner, specs, budget, prefixes=one_pass)
+    cost = engine.pass_cost(runner, specs, budget, prefixes=one_pass, steps=size if one_pass else 0)
     cost.refuse_over(n, budget, what="a generation")
     lrp = [s.name for s in specs if s.lrp] if one_pass else []
     if not gradients and not lrp:
@@ -197,8 +197,9 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
     if not one_pass:
         return rows_that_fit(budget, first, size)
     step = step_gradient_bytes(cost.dims, n, cost.storage(n)) if gradients and cost.shared_storage else 0
-    if lrp:  # the LRP pass's rows come from one batched backward too
-        step += lrp_step_bytes(cost.dims, n, size, any(name in ATTENTION_READERS for name in lrp))
+    if lrp:  # the LRP pass's rows come from one batched backward too (one backward per row where it runs fused)
+        fused = all(name in cost.fusable and cost.own_storage(name, n).recompute for name in lrp)
+        step += lrp_step_bytes(cost.dims, n, size, any(name in ATTENTION_READERS for name in lrp), fused)
     return max(1, min(size, 1 + (budget - first) // step)) if step else rows_that_fit(budget, first, size)
 
 

@@ -248,12 +248,15 @@ def step_gradient_bytes(dims: Dims, n: int, storage: Storage = FULL_STORAGE) -> 
     return (kept + backward) * dims.itemsize
 
 
-def lrp_step_bytes(dims: Dims, n: int, steps: int, attention_relevance: bool) -> int:
+def lrp_step_bytes(dims: Dims, n: int, steps: int, attention_relevance: bool, fused: bool = False) -> int:
     """Bytes each further step adds to an eager LRP pass over the ``n``-token sequence of a generation's ``steps``
     prefixes, whose rows' relevances come from one batched backward (:func:`attnlens.models.prefixes.row_gradients`):
     its share of that backward (a layer's activation gradients and attention-map gradients at a time, the kept
     logits' gradient: the sequence's last ``steps`` + 1 positions), its input-embedding gradients and relevances,
-    and, where a method reads it (``attention_relevance``), its own ``R(A)`` of every layer."""
+    and, where a method reads it (``attention_relevance``), its own ``R(A)`` of every layer. A fused pass
+    (``fused``) runs one backward per step instead, so a step keeps only its input gradients and relevances."""
+    if fused:
+        return 4 * n * dims.hidden * dims.itemsize
     maps = dims.heads * n * n
     held = ACTIVATION_VECTORS * n * dims.hidden + 3 * maps + LOGIT_COPIES * (steps + 1) * dims.logits
     held += 4 * n * dims.hidden  # two input leaves: their gradients and relevances

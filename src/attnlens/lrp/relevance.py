@@ -161,9 +161,10 @@ def lrp_pass(
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
     """
-    if fused and (rules not in ("attnlrp", *CHEFER) or epsilon or track_softmax or rows is not None):
+    if fused and (rules not in ("attnlrp", *CHEFER) or epsilon or track_softmax
+                  or (rows is not None and rules != "attnlrp")):
         raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 or Chefer et al.'s rules over a batch "
-                         "of inputs, without track_softmax or rows")
+                         "of inputs (AttnLRP also over a sequence's rows), without track_softmax")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
                      inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask, attention_relevance)
     return result
@@ -284,6 +285,8 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
     live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
     if rows is None:
         found = torch.autograd.grad(value, [wrt[i] for i in live], start, allow_unused=True, retain_graph=retain)
+    elif state.fused:  # one backward per row (each recomputes the layers), so only one row's gradients live at once
+        found = _one_row_at_a_time(value, [wrt[i] for i in live], start, retain)
     else:  # one product per row through the sequence's pass, batched
         found = row_gradients(value, [wrt[i] for i in live], start, retain_graph=retain)
     grads: list[torch.Tensor | None] = [None] * len(wrt)
@@ -331,6 +334,17 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
         factors=[state.factors[i] for i in range(len(state.factors))] if recomputes else [],
         output_grads=[state.output_grads[i] for i in range(len(state.output_grads))] if recomputes else [],
     )
+
+
+def _one_row_at_a_time(values: torch.Tensor, wrt: list[torch.Tensor], scale: torch.Tensor,
+                       retain: bool) -> tuple[torch.Tensor | None, ...]:
+    """:func:`~attnlens.models.prefixes.row_gradients` by one backward per row: ``(B, ...)`` per tensor of ``wrt``
+    (``None`` where unused)."""
+    rows: list[tuple[torch.Tensor | None, ...]] = []
+    for b in range(len(values)):
+        rows.append(torch.autograd.grad(values[b], wrt, scale[b], allow_unused=True,
+                                        retain_graph=retain or b + 1 < len(values)))
+    return tuple(None if found[0] is None else torch.cat(found) for found in zip(*rows, strict=True))
 
 
 def _class_targets(targets: torch.Tensor | Sequence[int] | int, logits: torch.Tensor) -> torch.Tensor:

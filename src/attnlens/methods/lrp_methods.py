@@ -95,13 +95,18 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
     its rules can, every planned method reading it may (:func:`fused_lrp`, as the engine's estimate asks), and the
     eager pass would not fit the memory budget (the decision the estimate makes,
     :func:`attnlens.core.memory.lrp_storage`)."""
-    if ctx.sequence is not None or not all(_fusable_rules(*key) for key in keys) or not runs_fused(ctx.model):
+    one = ctx.sequence is not None  # a generation's steps: AttnLRP's pass alone runs fused over their sequence
+    if one and keys != [("attnlrp", 0.0)]:
+        return False
+    if not all(_fusable_rules(*key) for key in keys) or not runs_fused(ctx.model):
         return False
     if any(key in keys and not fused_lrp(ctx.model, name, ctx.plan) for name, key in _planned_passes(ctx).items()):
         return False
     rows, n = ctx.token_mask.shape
-    budget = ctx.budget_left() // max(1, rows)  # beside what the shared pass keeps, as the estimate plans it
-    logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) else 0  # as the engine estimates
+    # beside what the shared pass keeps, as the estimate plans it; the steps of a sequence share its one pass
+    budget = ctx.budget_left() // (1 if one else max(1, rows))
+    keeps = keeps_logits(ctx.model)
+    logit_rows = (rows + 1 if one else ctx.head.logit_positions_per_input) if keeps else 0  # as the engine estimates
     return lrp_storage(model_dims(ctx.model), n, budget, True, logit_rows).recompute
 
 
