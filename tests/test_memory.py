@@ -334,8 +334,12 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
     seen.clear()
     # a generation's prefixes: AttnLRP's pass alone runs fused, one backward per step; beside PartialLRP (their
     # joint pass) eager
-    steps = ex.explain_generation(prompt, ["attnlrp"], target=target)
+    reports: list[float] = []
+    steps = ex.explain_generation(prompt, ["attnlrp"], target=target, progress=lambda done, _: reports.append(done))
     assert seen == [True]
+    # the bar moves with every step's backward
+    n_steps = len(steps.generated_ids)
+    assert len(reports) > n_steps and reports == sorted(reports) and reports[-1] == pytest.approx(1.0)
     np.testing.assert_allclose(steps.scores["attnlrp"], eager_steps.scores["attnlrp"], rtol=0,
                                atol=1e-5 * np.abs(eager_steps.scores["attnlrp"]).max())
     seen.clear()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,7 @@ def lrp_pass(
     forward_kwargs: Mapping[str, Any] | None = None,
     logit_mask: torch.Tensor | None = None,
     attention_relevance: bool = True,
+    progress: Callable[[float], None] | None = None,
 ) -> LRPResult:
     """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
@@ -157,6 +158,8 @@ def lrp_pass(
             after a fused pass); without it (for AttnLRP's input relevance alone) the backward takes no gradient
             at the probabilities and the result's ``attention_relevance`` is empty, which saves an ``N × N``
             product and its storage per layer. ``track_softmax`` forms them whatever this says.
+        progress: called with the share of the pass done since the last call, where the pass runs one backward per
+            row (a fused pass over a generation's steps); ``None``: nobody listens.
 
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
@@ -166,7 +169,8 @@ def lrp_pass(
         raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 or Chefer et al.'s rules over a batch "
                          "of inputs (AttnLRP also over a sequence's rows), without track_softmax")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
-                     inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask, attention_relevance)
+                     inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask, attention_relevance,
+                     progress)
     return result
 
 
@@ -215,6 +219,7 @@ def _run(
     forward_kwargs: Mapping[str, Any] | None = None,
     logit_mask: torch.Tensor | None = None,
     attention_relevance: bool = True,
+    progress: Callable[[float], None] | None = None,
 ) -> list[LRPResult]:
     """One forward (in the first rule set's layout) and one backward per rule set; see :func:`lrp_pass`. Only
     the attnlrp backward of a joint pass reads the input relevance whatever ``inputs_relevance``."""
@@ -255,14 +260,16 @@ def _run(
             with_inputs = inputs_relevance or (joint and rules not in CHEFER)
             results.append(_backward(state, head, read, tgt, target_kind, read_mask, logits, rules, rows,
                                      with_inputs, retain=k + 1 < len(rule_sets),
-                                     attention_relevance=attention_relevance or track_softmax))
+                                     attention_relevance=attention_relevance or track_softmax,
+                                     progress=progress))
             results[-1].outputs = plain
     return results
 
 
 def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind: str,
               read_mask: torch.Tensor | None, logits: torch.Tensor, rules: str, rows: torch.Tensor | None,
-              inputs_relevance: bool, retain: bool, attention_relevance: bool = True) -> LRPResult:
+              inputs_relevance: bool, retain: bool, attention_relevance: bool = True,
+              progress: Callable[[float], None] | None = None) -> LRPResult:
     """The relevances of one rule set from the recorded forward (``retain``: another backward follows;
     ``attention_relevance``: form R(A) at every layer's probabilities)."""
     track_softmax = state.track_softmax
@@ -286,7 +293,7 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
     if rows is None:
         found = torch.autograd.grad(value, [wrt[i] for i in live], start, allow_unused=True, retain_graph=retain)
     elif state.fused:  # one backward per row (each recomputes the layers), so only one row's gradients live at once
-        found = _one_row_at_a_time(value, [wrt[i] for i in live], start, retain)
+        found = _one_row_at_a_time(value, [wrt[i] for i in live], start, retain, progress)
     else:  # one product per row through the sequence's pass, batched
         found = row_gradients(value, [wrt[i] for i in live], start, retain_graph=retain)
     grads: list[torch.Tensor | None] = [None] * len(wrt)
@@ -336,14 +343,16 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
     )
 
 
-def _one_row_at_a_time(values: torch.Tensor, wrt: list[torch.Tensor], scale: torch.Tensor,
-                       retain: bool) -> tuple[torch.Tensor | None, ...]:
+def _one_row_at_a_time(values: torch.Tensor, wrt: list[torch.Tensor], scale: torch.Tensor, retain: bool,
+                       progress: Callable[[float], None] | None = None) -> tuple[torch.Tensor | None, ...]:
     """:func:`~attnlens.models.prefixes.row_gradients` by one backward per row: ``(B, ...)`` per tensor of ``wrt``
-    (``None`` where unused)."""
+    (``None`` where unused); ``progress`` is told ``1 / B`` after each row."""
     rows: list[tuple[torch.Tensor | None, ...]] = []
     for b in range(len(values)):
         rows.append(torch.autograd.grad(values[b], wrt, scale[b], allow_unused=True,
                                         retain_graph=retain or b + 1 < len(values)))
+        if progress is not None:
+            progress(1 / len(values))
     return tuple(None if found[0] is None else torch.cat(found) for found in zip(*rows, strict=True))
 
 

@@ -86,7 +86,7 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
         read = not ctx.plan or any(name in ATTENTION_READERS for name, k in _planned_passes(ctx).items() if k == key)
         cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
                               inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, [key]),
-                              attention_relevance=read, **reading)
+                              attention_relevance=read, progress=ctx.progress if one else None, **reading)
     return cache[key]
 
 
