@@ -335,6 +335,7 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
     # a generation's prefixes: AttnLRP's pass alone runs fused, one backward per step; beside PartialLRP (their
     # joint pass) eager
     reports: list[float] = []
+    monkeypatch.setattr(lrp_methods, "lrp_step_bytes", lambda *args: 2**40)  # the steps' batched products: too big
     steps = ex.explain_generation(prompt, ["attnlrp"], target=target, progress=lambda done, _: reports.append(done))
     assert seen == [True]
     # the bar moves with every step's backward

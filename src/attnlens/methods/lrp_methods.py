@@ -19,7 +19,7 @@ from ..core.attention_chunks import AttentionChunks
 from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
-from ..core.memory import lrp_storage, model_dims
+from ..core.memory import lrp_step_bytes, lrp_storage, model_dims, pass_row_bytes
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
@@ -94,7 +94,9 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
     """Whether this batch's pass serving ``keys`` ((rule set, epsilon) pairs: two for the joint pass) runs fused:
     its rules can, every planned method reading it may (:func:`fused_lrp`, as the engine's estimate asks), and the
     eager pass would not fit the memory budget (the decision the estimate makes,
-    :func:`attnlens.core.memory.lrp_storage`)."""
+    :func:`attnlens.core.memory.lrp_storage`). Over a generation's steps: where the eager pass with its steps'
+    batched products would not fit what the budget leaves (whatever the estimate chose, so a batch never runs
+    eager beyond it)."""
     one = ctx.sequence is not None  # a generation's steps: AttnLRP's pass alone runs fused over their sequence
     if one and keys != [("attnlrp", 0.0)]:
         return False
@@ -103,11 +105,13 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
     if any(key in keys and not fused_lrp(ctx.model, name, ctx.plan) for name, key in _planned_passes(ctx).items()):
         return False
     rows, n = ctx.token_mask.shape
-    # beside what the shared pass keeps, as the estimate plans it; the steps of a sequence share its one pass
-    budget = ctx.budget_left() // (1 if one else max(1, rows))
-    keeps = keeps_logits(ctx.model)
-    logit_rows = (rows + 1 if one else ctx.head.logit_positions_per_input) if keeps else 0  # as the engine estimates
-    return lrp_storage(model_dims(ctx.model), n, budget, True, logit_rows).recompute
+    dims = model_dims(ctx.model)
+    if one:  # the eager pass over the sequence and its steps' batched products, beside what the shared pass keeps
+        eager = lrp_storage(dims, n, 0, False, rows + 1 if keeps_logits(ctx.model) else 0)
+        return pass_row_bytes(dims, n, eager) + rows * lrp_step_bytes(dims, n, rows, False) > ctx.budget_left()
+    budget = ctx.budget_left() // max(1, rows)  # beside what the shared pass keeps, as the estimate plans it
+    logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) else 0  # as the engine estimates
+    return lrp_storage(dims, n, budget, True, logit_rows).recompute
 
 
 def _planned_passes(ctx: BatchContext) -> dict[str, tuple[str, float]]:
