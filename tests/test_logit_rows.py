@@ -140,27 +140,33 @@ def _forwards(model: torch.nn.Module) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("method", ["attnlrp", "partiallrp"])
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "bloom", "qwen2"])
-def test_an_lrp_pass_serves_as_the_shared_forward(family, tokenizer):
-    """AttnLRP alone with the targets known: its LRP pass is the batch's only forward, and the explanation is the
-    one computed beside a shared pass (a method that needs one runs with it): same scores, probabilities,
-    prediction; for a whole answer and for next tokens with given targets."""
+def test_an_lrp_pass_serves_as_the_shared_forward(family, method, tokenizer):
+    """AttnLRP or PartialLRP alone with the targets known: its LRP pass is the batch's only forward, and the
+    explanation is the one computed beside a shared pass (a method that needs one runs with it): same scores,
+    probabilities, prediction; for a whole answer and for next tokens with given targets."""
     ex = Explainer(_lm(family), tokenizer)
     calls = _forwards(ex.model)
     prompt = ex.tokenizer(TEXTS[2])["input_ids"]
-    alone = ex.explain_answer(prompt, [7, 8, 9], ["attnlrp"])
-    kept = ex.explain(TEXTS, methods=["attnlrp"], target=[7, 9, 11], batch_size=3)
+    alone = ex.explain_answer(prompt, [7, 8, 9], [method])
+    kept = ex.explain(TEXTS, methods=[method], target=[7, 9, 11], batch_size=3)
     assert len(calls) == 2
-    beside = ex.explain_answer(prompt, [7, 8, 9], ["attnlrp", "rawatt"])
-    shared = ex.explain(TEXTS, methods=["attnlrp", "rawatt"], target=[7, 9, 11], batch_size=3)
+    beside = ex.explain_answer(prompt, [7, 8, 9], [method, "rawatt"])
+    shared = ex.explain(TEXTS, methods=[method, "rawatt"], target=[7, 9, 11], batch_size=3)
     assert len(calls) >= 6
     for a, b in zip([alone, *kept], [beside, *shared], strict=True):
         assert a.target == b.target and a.predicted == b.predicted
         np.testing.assert_allclose(a.probabilities, b.probabilities, rtol=1e-6, atol=1e-8)
-        np.testing.assert_allclose(a.scores["attnlrp"], b.scores["attnlrp"], rtol=1e-6,
-                                   atol=1e-7 * np.abs(b.scores["attnlrp"]).max())
+        np.testing.assert_allclose(a.scores[method], b.scores[method], rtol=1e-6,
+                                   atol=1e-7 * np.abs(b.scores[method]).max())
+        assert (method in a.layers) == (method in b.layers)
+        if method in b.layers:  # PartialLRP's per-layer rows
+            np.testing.assert_allclose(a.layers[method], b.layers[method], rtol=1e-6,
+                                       atol=1e-7 * np.abs(b.layers[method]).max())
+        assert np.abs(a.scores[method]).max() > 0
     calls.clear()
-    ex.explain(TEXTS[:1], methods=["attnlrp"])  # the predicted token is read off the shared pass first
+    ex.explain(TEXTS[:1], methods=[method])  # the predicted token is read off the shared pass first
     assert len(calls) >= 2
 
 

@@ -236,8 +236,8 @@ def test_generation_steps_per_batch_follow_the_budget(monkeypatch):
 
 def test_lrp_generation_steps_per_batch_follow_the_budget_and_keep_only_the_steps_logits(monkeypatch):
     """An LRP pass over a generation's prefixes takes every step's relevance from one batched backward: each step
-    adds its share (``lrp_step_bytes``), so a budget of 96 MiB with 64 MiB (the shared and the LRP pass) + 8 MiB
-    per step takes 5 steps per batch, scores unchanged; each pass projects only the logits its steps read (the
+    adds its share (``lrp_step_bytes``), so a budget of 64 MiB with 32 MiB (the LRP pass) + 8 MiB per step takes
+    5 steps per batch, scores unchanged; each pass projects only the logits its steps read (the
     last ``steps`` positions)."""
     from attnlens.methods import lrp_methods
 
@@ -257,7 +257,7 @@ def test_lrp_generation_steps_per_batch_follow_the_budget_and_keep_only_the_step
     monkeypatch.setattr(lrp_methods, "lrp_passes", spy)
     monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: 32 * 2**20)
     monkeypatch.setattr(generation, "lrp_step_bytes", lambda d, n, steps, attention, fused: 8 * 2**20)
-    small = ex.explain_generation(prompt, methods, target=target, memory_budget="96MiB")
+    small = ex.explain_generation(prompt, methods, target=target, memory_budget="64MiB")
     assert sizes == [5] * (n_steps // 5) + ([n_steps % 5] if n_steps % 5 else [])
     assert kept == [(k, k) for k in sizes]
     for m in methods:

@@ -236,7 +236,7 @@ def test_the_estimate_bounds_what_the_kept_tensors_take():
     n = len(e.ids)
     dims = memory.model_dims(ex.model)
     for methods in (["rawatt", "agrad", "attcat"], ["rollout", "agrad"], ["rollout", "flow"], ["gae", "rollout"],
-                    ["attgrads"], ["partiallrp"]):
+                    ["attgrads"], ["rawatt", "partiallrp"]):
         specs = [registry.get_method(m) for m in methods]
         storage = engine_module.pass_cost(ex, specs).storage(n)
         ctx, _ = ex.compute_batch([e], [-1], specs, {})

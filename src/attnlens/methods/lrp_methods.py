@@ -26,7 +26,7 @@ from ..lrp.relevance import JOINT, check_settings
 from ..lrp.state import CHEFER
 from ..models.prefixes import last_positions
 from .attention import carried_rows
-from .registry import ATTENTION_CHUNKS, ATTENTION_ROWS, GRADIENTS, OWN_PASS, MethodOutput, list_methods, register
+from .registry import ATTENTION_CHUNKS, GRADIENTS, OWN_PASS, MethodOutput, list_methods, register
 
 ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP / CP-LRP
 ATTENTION_READERS = ("partiallrp", "transatt")  # they read the attention relevance of their pass
@@ -141,9 +141,16 @@ def _explained_relevance(ctx: BatchContext, res: LRPResult) -> torch.Tensor:
     return torch.stack([torch.einsum("bq,bqk->bk", w.to(r.dtype), r).to(weights.dtype) for r in rows], 1)
 
 
+def _partiallrp_outputs(ctx: BatchContext) -> Any:
+    """The model outputs of the LRP pass ``partiallrp`` reads (run here, and cached for the method)."""
+    opts = ctx.plan.get("partiallrp", {})
+    return shared_lrp(ctx, opts.get("rules", "chefer"), opts.get("epsilon", 0.0)).outputs
+
+
 @register(
     "partiallrp",
-    needs={ATTENTION_ROWS, OWN_PASS},
+    needs={OWN_PASS},
+    forward=_partiallrp_outputs,
     applies=_reads_one_row("partiallrp"),
     summary="Partial LRP: LRP relevance of the last layer's attention, E_h max(R(A^L), 0)[c, j].",
     citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
