@@ -240,22 +240,34 @@ def test_the_estimate_bounds_what_the_kept_tensors_take():
         specs = [registry.get_method(m) for m in methods]
         storage = engine_module.pass_cost(ex, specs).storage(n)
         ctx, _ = ex.compute_batch([e], [-1], specs, {})
-        held = {}
-        for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
-                     "attention_means", "hidden", "hidden_grads", "embeddings", "embedding_grads"):
-            value = getattr(ctx.capture, name)
-            for t in [] if value is None else (value if isinstance(value, list) else [value]):
-                held[t.data_ptr()] = t.numel() * t.element_size()
-        if ctx.capture.attention_chunks is not None:
-            for t in ctx.capture.attention_chunks.tensors():
-                held[t.data_ptr()] = t.numel() * t.element_size()
+        held = ctx.capture.kept_bytes()
         kept_estimate = memory.pass_row_bytes(dims, n, storage) - memory.pass_row_bytes(
             dims, n, memory.Storage(eager=storage.eager, backward=storage.backward, logit_rows=storage.logit_rows))
         # the chunks of maps recomputed while the methods read them are working memory, not kept tensors
         kept_estimate -= (memory.CHUNK_COPIES * min(memory.CHUNK_ELEMENTS, dims.heads * n * n) * storage.factors
                           * dims.itemsize)
-        assert sum(held.values()) <= kept_estimate, methods
-        assert sum(held.values()) >= kept_estimate / 4, methods  # and not a gross overestimate
+        assert held <= kept_estimate, methods
+        assert held >= kept_estimate / 4, methods  # and not a gross overestimate
+
+
+def test_what_the_budget_leaves_beside_the_shared_pass_counts_every_kept_tensor_once():
+    """The own passes plan in the budget less every tensor the shared pass keeps, head-mean maps included; a
+    tensor held twice counts once."""
+    ex = _lm()
+    (e,) = ex.encode([" ".join(["the plot was boring but the actors were great"] * 4)])
+    ctx, _ = ex.compute_batch([e], [-1], [registry.get_method("rawatt")], {})
+    rows = sum(r.numel() * r.element_size() for r in ctx.capture.attention_rows)
+    assert ctx.capture.kept_bytes() == rows
+    ctx.capture.attention_rows = ctx.capture.attention_rows + ctx.capture.attention_rows  # the same storage twice
+    assert ctx.capture.kept_bytes() == rows
+    means = [torch.ones(1, len(e.ids), len(e.ids)) for _ in range(2)]  # head-mean maps, as flow's pass keeps them
+    ctx.capture.attention_means = means
+    held = rows + sum(m.numel() * m.element_size() for m in means)
+    assert ctx.capture.kept_bytes() == held
+    ctx.memory_budget = 10 * held
+    assert ctx.budget_left() == 9 * held
+    ctx.memory_budget = held
+    assert ctx.budget_left() == held // 4
 
 
 def _rows_and_maps_growth() -> tuple[dict[str, int], dict[str, int]]:

@@ -86,6 +86,20 @@ class Capture:
         """``token_mask`` and ``targets`` as ``head`` reads them against :attr:`logits`."""
         return self.logit_rows.mask(token_mask), self.logit_rows.targets(head, targets)
 
+    def kept_bytes(self) -> int:
+        """Bytes of the tensors the pass keeps for the methods (maps, rows, means, hidden states, embeddings, their
+        gradients, the chunks' factors), each storage counted once: the rows and their gradients may be the maps'
+        own."""
+        held: dict[int, int] = {}
+        for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
+                     "attention_means", "hidden", "hidden_grads", "embeddings", "embedding_grads"):
+            value = getattr(self, name)
+            for t in [] if value is None else (value if isinstance(value, list) else [value]):
+                held[t.data_ptr()] = t.numel() * t.element_size()
+        for t in [] if self.attention_chunks is None else self.attention_chunks.tensors():
+            held[t.data_ptr()] = t.numel() * t.element_size()
+        return sum(held.values())
+
     def __post_init__(self) -> None:
         # whole maps hold their own rows: the explained ones are read from them (R = Q)
         if self.attention_rows is None and self.attentions is not None:
@@ -204,14 +218,5 @@ class BatchContext:
     def budget_left(self) -> int:
         """What :attr:`memory_budget` leaves beside the shared pass's kept tensors (at least a quarter of it): the
         bytes a method's own passes may hold while they are alive."""
-        held: dict[int, int] = {}  # by memory: the rows and their gradients may be the maps' own
-        if self.capture is not None:
-            for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads",
-                         "attention_received", "hidden", "hidden_grads", "embeddings", "embedding_grads"):
-                value = getattr(self.capture, name)
-                for t in [] if value is None else (value if isinstance(value, list) else [value]):
-                    held[t.data_ptr()] = t.numel() * t.element_size()
-            if self.capture.attention_chunks is not None:
-                for t in self.capture.attention_chunks.tensors():
-                    held[t.data_ptr()] = t.numel() * t.element_size()
-        return max(self.memory_budget - sum(held.values()), self.memory_budget // 4)
+        held = 0 if self.capture is None else self.capture.kept_bytes()
+        return max(self.memory_budget - held, self.memory_budget // 4)
