@@ -15,7 +15,7 @@ import torch
 
 from ..errors import InputError
 from ..methods import get_method, resolve_methods
-from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp
+from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp, fused_over_prefixes
 from ..methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
@@ -202,17 +202,10 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
     settings = {s.name: {**s.options, **(options or {}).get(s.name, {})} for s in specs}
 
     def fusable(group: list[Method]) -> frozenset[str]:
-        names = frozenset(s.name for s in group if fused_lrp(runner.model, s.name, settings))
-        if not prefixes:
-            return names
-        # over a generation's prefixes only AttnLRP's own pass runs fused (one backward per step), not a pass it
-        # shares with another LRP method (the same rules, or the chefer rules' joint pass: lrp_methods.shared_lrp)
-        keys = {s.name: (settings[s.name].get("rules"), float(settings[s.name].get("epsilon", 0.0)))
-                for s in group if s.lrp}
-        mine = keys.get("attnlrp")
-        shares = any(k == mine or (mine == ("attnlrp", 0.0) and k == ("chefer", 0.0))
-                     for name, k in keys.items() if name != "attnlrp")
-        return names & {"attnlrp"} if not shares else frozenset()
+        if prefixes:  # over a generation's prefixes only AttnLRP's own pass runs fused (one backward per step)
+            mine = {s.name: settings[s.name] for s in group}
+            return frozenset({"attnlrp"} if fused_over_prefixes(runner.model, mine) else ())
+        return frozenset(s.name for s in group if fused_lrp(runner.model, s.name, settings))
 
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},

@@ -51,6 +51,17 @@ def fused_lrp(model: Any, name: str, settings: Mapping[str, Mapping[str, Any]]) 
     return _fusable_rules(rules, epsilon) and (rules in CHEFER) == (name in ATTENTION_READERS) and runs_fused(model)
 
 
+def fused_over_prefixes(model: Any, settings: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether AttnLRP's pass over a generation's prefixes may run fused (one backward per step) beside the LRP
+    methods of ``settings`` (per method its options, defaults included): only as a pass of its own, not one it
+    shares with another LRP method (the same rules, or the joint pass with the chefer rules, :func:`shared_lrp`)."""
+    keys = _pass_keys(settings)
+    mine = keys.get("attnlrp")
+    if mine != ("attnlrp", 0.0) or not fused_lrp(model, "attnlrp", settings):
+        return False
+    return not any(k in (mine, (JOINT[0], 0.0)) for name, k in keys.items() if name != "attnlrp")
+
+
 def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     """The batch's LRP pass for these settings, run once and cached in ``ctx.cache["lrp"]``.
 
@@ -98,7 +109,7 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
     batched products would not fit what the budget leaves (whatever the estimate chose, so a batch never runs
     eager beyond it)."""
     one = ctx.sequence is not None  # a generation's steps: AttnLRP's pass alone runs fused over their sequence
-    if one and keys != [("attnlrp", 0.0)]:
+    if one and (keys != [("attnlrp", 0.0)] or not fused_over_prefixes(ctx.model, ctx.plan)):
         return False
     if not all(_fusable_rules(*key) for key in keys) or not runs_fused(ctx.model):
         return False
@@ -116,8 +127,13 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
 
 def _planned_passes(ctx: BatchContext) -> dict[str, tuple[str, float]]:
     """The (rule set, epsilon) of the pass each LRP method of the batch will read."""
+    return _pass_keys(ctx.plan)
+
+
+def _pass_keys(settings: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, float]]:
+    """The (rule set, epsilon) of the pass each LRP method of ``settings`` reads."""
     lrp = set(list_methods()) - set(list_methods(include_lrp=False))
-    return {name: (opts.get("rules"), float(opts.get("epsilon", 0.0))) for name, opts in ctx.plan.items()
+    return {name: (opts.get("rules"), float(opts.get("epsilon", 0.0))) for name, opts in settings.items()
             if name in lrp}
 
 
