@@ -10,6 +10,7 @@ of layer l (:func:`attnlens.lrp.lrp_pass`), computed once per batch and rule set
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ from ..core.attention_chunks import AttentionChunks
 from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
-from ..core.memory import lrp_step_bytes, lrp_storage, model_dims, pass_row_bytes
+from ..core.memory import LRP_STORAGE, lrp_step_bytes, lrp_storage, model_dims, pass_row_bytes
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
@@ -118,7 +119,7 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
     rows, n = ctx.token_mask.shape
     dims = model_dims(ctx.model)
     if one:  # the eager pass over the sequence and its steps' batched products, beside what the shared pass keeps
-        eager = lrp_storage(dims, n, 0, False, rows + 1 if keeps_logits(ctx.model) else 0)
+        eager = dataclasses.replace(LRP_STORAGE, logit_rows=rows + 1 if keeps_logits(ctx.model) else 0)
         return pass_row_bytes(dims, n, eager) + rows * lrp_step_bytes(dims, n, rows, False) > ctx.budget_left()
     budget = ctx.budget_left() // max(1, rows)  # beside what the shared pass keeps, as the estimate plans it
     logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) else 0  # as the engine estimates
