@@ -11,11 +11,12 @@ Run: ``OMP_WAIT_POLICY=PASSIVE python bench/lrp_flow_speed.py [model_dir] [--n N
 
 ``--flow-lengths`` times attention flow alone on long inputs instead: seconds per example at 32/128/256/512
 tokens on random row-stochastic attention of MiniLM's shape (6 layers x 12 heads, explained from token 0) and on
-one real 512-token IMDB review through ``../shared/models/minilm-imdb``, for the library's flow and for the
+one real 512-token IMDB review through ``../shared/models/minilm-imdb``, for the library's flow (in one process,
+``new_s``, and with the max-flows shared among the processes of ``usable_cores()``, ``shared_s``) and for the
 previous implementation (one max-flow on the full graph per input token, kept below as ``full_graph_flow``),
 timed back to back in the same run, with a check that both give identical scores; for the review also a whole
-flow explanation (forward, maps and max-flows) against one plain forward + backward of it with fused attention
-(the medians of at least 5 interleaved runs).
+flow explanation (forward, maps and max-flows; by default and with ``workers=1``) against one plain forward +
+backward of it with fused attention (the medians of at least 5 interleaved runs).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 from common import MODEL, SHARED, SST2_DEV, batch_inputs, engine_batches, plain_forward_backward, read_texts, timed
 
 from attnlens import Explainer
+from attnlens.core.forked import usable_cores
 from attnlens.lrp import lrp_pass, lrp_passes
 from attnlens.methods import flow as flow_method
 from attnlens.methods import get_method
@@ -140,16 +142,20 @@ def flow_against_plain(ex: Explainer, text: str, repeats: int) -> dict:
     from attnlens.core.modelstate import explaining
 
     inputs = dict(ex.tokenizer(text, truncation=True, max_length=512, return_tensors="pt"))
-    times: dict[str, list[float]] = {"explain": [], "plain": []}
+    times: dict[str, list[float]] = {"explain": [], "explain_1": [], "plain": []}
+    one = {"flow": {"workers": 1}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ex.explain(text, methods=["flow"])  # warm-up
         for _ in range(repeats):
             times["explain"].append(timed(ex.explain, text, methods=["flow"]))
+            times["explain_1"].append(timed(ex.explain, text, methods=["flow"], options=one))
             with explaining(ex.model, "sdpa"):
                 times["plain"].append(plain_forward_backward(ex.model, inputs))
-    explain_s, plain_s = float(np.median(times["explain"])), float(np.median(times["plain"]))
-    return {"explain_s": explain_s, "plain_s": plain_s, "x_plain": explain_s / plain_s}
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {"explain_s": med["explain"], "explain_1_process_s": med["explain_1"], "plain_s": med["plain"],
+            "x_plain": med["explain"] / med["plain"], "x_plain_1_process": med["explain_1"] / med["plain"],
+            "processes": usable_cores()}
 
 
 def flow_lengths(lengths: tuple[int, ...] = (32, 128, 256, 512), old: bool = True, repeats: int = 2) -> list[dict]:
@@ -162,16 +168,20 @@ def flow_lengths(lengths: tuple[int, ...] = (32, 128, 256, 512), old: bool = Tru
     rows = []
     for name, att in cases:
         mats = flow_method.flow_matrices(att)
-        times: dict[str, list[float]] = {"new": [], "old": []}
+        times: dict[str, list[float]] = {"new": [], "shared": [], "old": []}
         for _ in range(repeats):  # interleaved; the minimum of each is the least disturbed by other load
             start = time.perf_counter()
             new = flow_method.flow_from(mats, 0)
             times["new"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            shared = flow_method.flow_from(mats, 0, workers=usable_cores())
+            times["shared"].append(time.perf_counter() - start)
             if old:
                 start = time.perf_counter()
                 ref = full_graph_flow(mats, 0)
                 times["old"].append(time.perf_counter() - start)
-        row = {"case": name, "layers": mats.shape[0], "new_s": min(times["new"])}
+        row = {"case": name, "layers": mats.shape[0], "new_s": min(times["new"]), "shared_s": min(times["shared"]),
+               "shared_identical": bool(np.array_equal(new, shared))}
         if old:
             row["old_s"] = min(times["old"])
             row["speedup"] = row["old_s"] / row["new_s"]

@@ -12,6 +12,7 @@ import torch
 from conftest import ENCODERS, make_model
 
 from attnlens import Explainer
+from attnlens.errors import InputError
 from attnlens.methods import flow
 from attnlens.methods.flow import FLOW_SCALE, _chain_bound, attention_flow, flow_from, flow_matrices
 
@@ -213,3 +214,23 @@ def test_a_subgraph_of_every_edge_is_the_full_graph_and_fewer_edges_bound_it_fro
     for j in range(n):  # one structure serves every sink in turn: each answer must not depend on the one before
         assert whole.max_flow(j) == full[j]
         assert chain_only.max_flow(j) <= sparse.max_flow(j) <= full[j]
+
+
+@pytest.mark.parametrize("sandwich_from", [0, 10_000])  # subgraphs first / the full graph for every sink
+def test_flows_shared_among_processes_equal_those_computed_here(monkeypatch, sandwich_from):
+    monkeypatch.setattr(flow, "SANDWICH_FROM", sandwich_from)
+    monkeypatch.setattr(flow, "PARALLEL_FROM", 0)
+    mats = peaked_mats(np.random.default_rng(4), 4, 48)
+    alone = flow_from(mats, 0, workers=1)
+    for workers in (2, 3):
+        np.testing.assert_array_equal(flow_from(mats, 0, workers=workers), alone)
+
+
+def test_flow_workers_option(tokenizer):
+    ex = Explainer(make_model("bert"), tokenizer)
+    (alone,) = ex.explain(["the movie was not very good"], methods=["flow"], options={"flow": {"workers": 1}})
+    (shared,) = ex.explain(["the movie was not very good"], methods=["flow"], options={"flow": {"workers": 2}})
+    np.testing.assert_array_equal(alone.scores["flow"], shared.scores["flow"])
+    for bad in (0, 1.5, True):
+        with pytest.raises(InputError, match="flow workers must be a whole number"):
+            ex.explain(["the movie"], methods=["flow"], options={"flow": {"workers": bad}})

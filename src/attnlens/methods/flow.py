@@ -20,17 +20,24 @@ Instead each value is sandwiched between two integers that are cheap to get and 
   every edge into the sink's chain. Any flow of a subgraph is a flow of the graph.
 Where they differ, a larger subgraph and then the full graph decide, so the result is always the full graph's
 integer max-flow, bit for bit.
+
+scipy's max-flow holds the GIL, so threads cannot share the sinks; from ``PARALLEL_FROM`` tokens on, forked
+processes do (the option ``workers``, by default the cores torch computes on). Each sink's value is computed
+alone, so the scores do not depend on how many processes shared them.
 """
 
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import numpy as np
 import torch
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
+from ..core.forked import map_chunks, usable_cores
+from ..errors import InputError
 from .attention import rollout_matrices
 from .registry import ATTENTION_MEANS, MethodOutput, register
 
@@ -38,7 +45,7 @@ FLOW_SCALE = 2**30  # integer capacity of a weight of 1; total flow <= FLOW_SCAL
 # Work per example = sources x sinks x nodes below the source (one sparse max-flow per sink); measured about
 # 1.5e-6 s per unit (512 tokens x 6 layers = 1.3e6: ~2 s, bench/lrp_flow_speed.py --flow-lengths, 2 shared CPU
 # cores), so 3e6 is ~5 s: one source passes quietly up to ~770 tokens x 6 layers; uniform query weights (one
-# source per token) warn from ~85 tokens x 6 layers.
+# source per token) warn from ~85 tokens x 6 layers. k processes sharing the max-flows allow k times the work.
 SLOW_WORK = 3e6
 
 
@@ -203,9 +210,12 @@ SUBGRAPHS = ((16, 4), (32, 8))
 # on minilm-imdb attention: full graph 14 ms vs 47 ms at 32 tokens, 1.05 s vs 1.22 s at 192; the sandwich wins
 # from ~224 tokens on: 1.8 s vs 2.3 s at 256, 2.1 s vs 28 s at 512).
 SANDWICH_FROM = 224
+# From this many tokens on the sinks' max-flows are shared among processes: a fork costs ~25 ms, and at 128 tokens
+# x 6 layers two processes took 0.17-0.20 s against 0.21 s in one.
+PARALLEL_FROM = 192
 
 
-def flow_from(mats: np.ndarray, source: int) -> np.ndarray:
+def flow_from(mats: np.ndarray, source: int, workers: int = 1) -> np.ndarray:
     """Max-flow values ``(n,)`` from token ``source`` of the top layer to every token of the input layer.
 
     ``mats`` is ``(L, n, n)``: ``mats[l-1] = Â^l``, rows are queries (the upper layer's tokens). Not normalised.
@@ -213,7 +223,8 @@ def flow_from(mats: np.ndarray, source: int) -> np.ndarray:
     Exact (the integer max-flow of the module docstring), computed by sandwiching: the chain-cut upper bound of
     :func:`_chain_bound` against the max-flow of a sparse subgraph (a lower bound: any flow there is a flow of
     the full graph). Where the two integers are equal, that is the max-flow; the few sinks left go to a larger
-    subgraph, then to the full graph.
+    subgraph, then to the full graph. From ``PARALLEL_FROM`` tokens on, the sinks are shared among ``workers``
+    processes (:func:`~attnlens.core.forked.map_chunks`); the values do not depend on it.
     """
     n_layers, n, _ = mats.shape
     if n_layers == 1:  # a single edge from the source to each sink
@@ -222,32 +233,45 @@ def flow_from(mats: np.ndarray, source: int) -> np.ndarray:
     out = _chain_bound(caps, source)
     if n_layers == 2:  # exact: every path source -> (1, i) -> sink is its own chain
         return out / FLOW_SCALE
-    todo = np.arange(n)
+    parts = workers if n >= PARALLEL_FROM else 1
+    chunks = [np.arange(k, n, parts) for k in range(parts)]  # interleaved: hard sinks cluster by position
+    flows = map_chunks(partial(_exact_flows, mats, caps, source, out), chunks, parts)
+    for chunk, values in zip(chunks, flows, strict=True):
+        out[chunk] = values
+    return out / FLOW_SCALE
+
+
+def _exact_flows(mats: np.ndarray, caps: np.ndarray, source: int, bound: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """The integer max-flows from ``source`` to the input tokens ``sinks``, given their chain-cut upper bounds
+    ``bound`` (indexed by token): subgraphs first (from ``SANDWICH_FROM`` tokens on), then the full graph."""
+    n = mats.shape[1]
+    out = bound[sinks].copy()
+    todo = np.arange(len(sinks))  # positions in `sinks` whose max-flow is not known yet
     for rows, per_row in SUBGRAPHS if n >= SANDWICH_FROM else ():
         if not len(todo):
             break
         sub = _Subgraph(caps, source, _kept_edges(mats, source, rows, per_row))
-        todo = np.array([j for j in todo if sub.max_flow(int(j)) != out[j]], dtype=np.int64)
+        todo = np.array([i for i in todo if sub.max_flow(int(sinks[i])) != out[i]], dtype=np.int64)
     if len(todo):
         data, indices, indptr, sink = _flow_graph(mats, source)
         caps1 = caps[0].astype(np.int32)
-        for j in todo:  # one compiled max-flow per remaining input token on the full graph
-            data[-n:] = caps1[:, j]
+        for i in todo:  # one compiled max-flow per remaining input token on the full graph
+            data[-n:] = caps1[:, sinks[i]]
             graph = csr_matrix((data, indices, indptr), shape=(sink + 1, sink + 1))
-            out[j] = maximum_flow(graph, 0, sink, method="dinic").flow_value
-    return out / FLOW_SCALE
+            out[i] = maximum_flow(graph, 0, sink, method="dinic").flow_value
+    return out
 
 
-def attention_flow(mats: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def attention_flow(mats: np.ndarray, weights: np.ndarray, workers: int = 1) -> np.ndarray:
     """Normalised flow scores ``(n,)``: ``sum_q weights[q] * flow_from(q) / sum(flow_from(q))``.
 
     ``weights`` ``(n,)`` are the explained query row's weights (one-hot at the classification token, or uniform
-    over real tokens for encoder streams explained as a whole).
+    over real tokens for encoder streams explained as a whole). ``workers``: processes sharing the max-flows.
     """
     n_layers, n, _ = mats.shape
     sources = np.flatnonzero(weights)
     work = len(sources) * n * (n_layers - 1) * n
-    if work > SLOW_WORK:
+    if work > SLOW_WORK * max(1, workers):
         warnings.warn(
             f"attention flow on {n} tokens x {n_layers} layers from {len(sources)} source node(s) needs "
             f"{len(sources) * n} max-flow runs on graphs of about {25 * (n_layers - 1) * n} edges; "
@@ -256,7 +280,7 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray) -> np.ndarray:
         )
     out = np.zeros(n)
     for q in sources:
-        flows = flow_from(mats, int(q))
+        flows = flow_from(mats, int(q), workers)
         total = flows.sum()
         if total > 0:
             out += weights[q] * flows / total
@@ -271,7 +295,16 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray) -> np.ndarray:
     class_specific=False,
     self_attention_only=True,
 )
-def compute(ctx) -> MethodOutput:
+def compute(ctx, workers: int | None = None) -> MethodOutput:
+    """Attention flow of every explained row.
+
+    ``workers``: processes that share an input's max-flows from ``PARALLEL_FROM`` tokens on (forked on Linux,
+    from the main thread; elsewhere they run here). Default: the CPU cores torch computes on. The scores do not
+    depend on it.
+    """
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InputError(f"flow workers must be a whole number of processes, at least 1, got {workers!r}")
+    workers = usable_cores() if workers is None else workers
     cap = ctx.capture
     key_mask = cap.key_mask.bool().cpu().numpy()
     weights = cap.query_weights.detach().double().cpu().numpy()
@@ -280,5 +313,5 @@ def compute(ctx) -> MethodOutput:
         keep = key_mask[b]
         mats = flow_matrices([m[b][None] for m in cap.head_means()], keep)  # one "head": the mean
         w = weights[b][keep]
-        scores[b, torch.from_numpy(np.flatnonzero(keep))] = torch.from_numpy(attention_flow(mats, w)).float()
+        scores[b, torch.from_numpy(np.flatnonzero(keep))] = torch.from_numpy(attention_flow(mats, w, workers)).float()
     return MethodOutput(scores.to(cap.key_mask.device), None, space="keys")
