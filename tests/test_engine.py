@@ -209,6 +209,9 @@ def test_sentence_pairs_pass_token_types(tokenizer):
     np.testing.assert_allclose(e.probabilities, probs, atol=1e-6)
     words = e.to_words()
     assert words.tokens == ["[CLS]", "the", "movie", "was", "great", "[SEP]", "i", "loved", "it", "[SEP]"]
+    # each word keeps the tokenizer's word index, which restarts with the second sequence
+    assert words.word_ids == [None, 0, 1, 2, 3, None, 0, 1, 2, None]
+    assert words.sequence_ids == [None, 0, 0, 0, 0, None, 1, 1, 1, None]
 
 
 def test_bart_streams(tokenizer):
@@ -387,6 +390,8 @@ def test_word_aggregation(family, tokenizer):
     assert np.isclose(words.scores["attcat"][i], e.scores["attcat"][j] + e.scores["attcat"][j + 1])
     assert np.isclose(e.to_words("max").scores["attcat"][i], max(e.scores["attcat"][j:j + 2]))
     assert np.isclose(e.to_words("mean").scores["attcat"][i], np.mean(e.scores["attcat"][j:j + 2]))
+    assert words.word_ids == [None, *range(6), None]  # the tokenizer's word indices, not token positions
+    assert words.to_words().tokens == words.tokens  # words stay words
 
 
 def test_all_skips_methods_that_do_not_apply_but_explicit_requests_fail(tokenizer):

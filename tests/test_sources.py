@@ -373,6 +373,8 @@ def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys):
     (["--methods", "loo", "--at2-weights", "w.json"], "--at2-weights is the weights file of at2 or at2lrp"),
     (["--context", "the movie " * 200], "longer than the model's maximum|no room for an answer"),
     (["--options", "{bad"], "--options is not valid JSON"),
+    (["--top", "0"], "--top must be at least 1"),
+    (["--format", "terminal"], "--out writes the html or json format"),
     (["--options", '{"loo": 1}'], "--options must map method ids to option objects"),
     (["--methods", "loo", "--options", '{"attngate": {"gate": 0.5}}'], "options given for 'attngate', which is not"),
     (["--methods", "attngate", "--options", '{"attngate": {"queries": "some"}}'], "queries must be one of all, after"),
@@ -395,6 +397,24 @@ def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(lm_dir, tmp_path
 
     assert re.search(message, err[0]), err[0]
     assert not out.exists()
+
+
+def test_cli_missing_context_file_is_one_line(lm_dir, tmp_path, capsys):
+    args = ["cite", "--model", lm_dir, "--context-file", str(tmp_path / "none.txt"), "--query", QUERY]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none.txt: no such file" in err[0]
+
+
+def test_a_classifier_is_refused_before_it_is_asked_for_an_answer(tokenizer):
+    from conftest import make_model
+
+    from attnlens import Explainer
+    from attnlens.errors import ModelError
+
+    ex = Explainer(make_model("bert"), tokenizer)
+    with pytest.raises(ModelError, match="needs a decoder-only language model"):
+        ex.attribute_context("Bob signed it. Alice watched.", "Who signed?")
 
 
 # --------------------------------------------------------------------------------------------- SmolLM2
@@ -910,3 +930,13 @@ def test_cli_context_benchmark_refuses_bad_options_before_loading(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_all_source_methods_leave_out_the_learned_ones():
+    from attnlens.sources.attribute import split_methods
+    from attnlens.sources.methods import SOURCE_METHODS
+
+    token, source = split_methods("all")
+    assert token == ["all"] and "at2" not in source and "at2lrp" not in source
+    assert set(source) == set(SOURCE_METHODS) - {"at2", "at2lrp"} and {"loo", "contextcite", "attngate"} <= set(source)
+    assert split_methods("at2lrp,loo") == ([], ["at2lrp", "loo"])

@@ -64,7 +64,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help='method options as JSON, e.g. \'{"attngate": {"queries": "all"}, "contextcite": '
                         '{"n_ablations": 32}}\'')
     p.add_argument("--format", default="terminal", choices=FORMATS, help="output format (default: terminal)")
-    p.add_argument("--out", help="output file (html default: cite.html; json default: standard output)")
+    p.add_argument("--out", help="output file (html default: cite.html; json default: standard output); refused with "
+                                    "--format terminal")
     p.add_argument("--top", type=int, default=5, help="terminal: sources shown per method (default: 5)")
     p.add_argument("--memory-budget", default=None, help="memory the passes may plan for, e.g. 4GB (default 4GiB)")
     p.add_argument("--per-token", action="store_true",
@@ -95,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
     span = _answer_span(args.answer_span)
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.top < 1:
+        raise InputError(f"--top must be at least 1, got {args.top}")
+    if args.format == "terminal" and args.out is not None:
+        raise InputError("--out writes the html or json format: add --format html or --format json")
     options = method_options(args.options)
     flags = {}
     if args.n_ablations is not None:
@@ -119,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
             context = Path(args.context_file).read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise InputError(f"--context-file {args.context_file}: not UTF-8 text") from None
+        except FileNotFoundError:
+            raise InputError(f"--context-file {args.context_file}: no such file") from None
+        except IsADirectoryError:
+            raise InputError(f"--context-file {args.context_file}: a folder, not a file") from None
     else:
         context = args.context
     if not context or not context.strip():

@@ -23,10 +23,11 @@ from .memory import model_dims, parse_budget, shared_pass_row_bytes
 from .model_runner import ModelRunner
 from .modelstate import explaining
 
-__all__ = ["answer_logprobs", "explain_answer"]
+__all__ = ["answer_logprobs", "check_lm", "explain_answer"]
 
 
-def _check_lm(runner: ModelRunner) -> None:
+def check_lm(runner: ModelRunner) -> None:
+    """:class:`ModelError` unless the model is a decoder-only language model (answers are its continuations)."""
     if not isinstance(runner.head, LMHead) or isinstance(runner.head, Seq2SeqLMHead):
         raise ModelError(f"explaining an answer needs a decoder-only language model (…ForCausalLM); {runner.name} "
                          f"is {runner.head.kind}")
@@ -49,7 +50,7 @@ def explain_answer(
     the tokens prompt + answer (``target`` = the answer's token span ``[start, end)``; ``probabilities`` = each
     answer token's probability; ``meta["answer_logprob"]`` their summed log-probability). ``text``/``offsets``:
     the input's text and each token's character span in it, kept in the explanation."""
-    _check_lm(runner)
+    check_lm(runner)
     prompt_ids, answer_ids = [int(i) for i in prompt_ids], [int(i) for i in answer_ids]
     if not prompt_ids:
         raise InputError("the prompt is empty")
@@ -79,7 +80,7 @@ def methods_within_budget(runner: ModelRunner, methods: Sequence[str], n_tokens:
     """Of ``methods`` (token-level, in order), those that explain an answer (of ``answer_tokens`` tokens; 0:
     unknown) over ``n_tokens`` tokens together within ``memory_budget``, adding them one by one; and for each one
     left out the bytes it needs alone."""
-    _check_lm(runner)
+    check_lm(runner)
     budget = parse_budget(memory_budget)
     head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)),
                       answer_tokens)
@@ -113,7 +114,7 @@ def answer_logprobs(
 
     Batches are left-padded with explicit positions, so every row's answer ends the batch and only the answer's
     positions are projected onto the vocabulary (``logits_to_keep``) where the model allows it."""
-    _check_lm(runner)
+    check_lm(runner)
     head = AnswerHead(runner.head.vocab_size)
     answer = [int(i) for i in answer_ids]
     k = len(answer)

@@ -179,6 +179,25 @@ class Explanation:
             last_key = key
         return groups
 
+    def _group_word_ids(self, groups: list[list[int]]) -> list[int | None]:
+        """Each word's index: the tokenizer's word id of its first token where the tokenizer aligned them, else
+        its position among the words of its sequence; ``None`` for special tokens."""
+        out: list[int | None] = []
+        count, seq = 0, None
+        for g in groups:
+            if self.special[g[0]]:
+                out.append(None)
+                continue
+            if self.word_ids is not None:
+                out.append(self.word_ids[g[0]])
+                continue
+            here = None if self.sequence_ids is None else self.sequence_ids[g[0]]
+            if here != seq:
+                count, seq = 0, here
+            out.append(count)
+            count += 1
+        return out
+
     def _word_text(self, group: list[int]) -> str:
         if self.offsets is not None and not self.special[group[0]]:
             seq = self.sequence_ids[group[0]] if self.sequence_ids is not None else 0
@@ -241,7 +260,7 @@ class Explanation:
             scores={m: agg(s) for m, s in self.scores.items()},
             layers={m: agg(s) for m, s in self.layers.items()},
             labels=self.labels,
-            word_ids=[None if self.special[g[0]] else k for k, g in enumerate(groups)],
+            word_ids=self._group_word_ids(groups),
             sequence_ids=None if self.sequence_ids is None else [self.sequence_ids[g[0]] for g in groups],
             offsets=offsets,
             meta=meta,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.answer_engine import methods_within_budget
+from ..core.answer_engine import check_lm, methods_within_budget
 from ..core.generation_engine import eos_ids, greedy
 from ..core.memory import parse_budget
 from ..core.model_runner import ModelRunner
@@ -35,14 +35,18 @@ __all__ = ["DEFAULT_METHODS", "attribute_context", "prepare_job", "score_job", "
 DEFAULT_METHODS = ("decompx", "attnlrp", "loo")
 
 
+LEARNED = ("at2", "at2lrp")  # source-level methods that read weights fitted per model
+
+
 def split_methods(methods: str | Sequence[str] | None) -> tuple[list[str], list[str]]:
     """Requested methods as (token-level, source-level) ids, in the order given; ``"all"``: every token-level
-    method that applies and every source-level one."""
+    method that applies and every source-level one but the learned ones (at2, at2lrp), which need weights fitted
+    for the model and are named, not implied."""
     if methods is None:
         methods = list(DEFAULT_METHODS)
     if isinstance(methods, str):
-        if methods.strip() == "all":  # at2 needs weights fitted for the model: it is named, not implied
-            return ["all"], [m for m in SOURCE_METHODS if m != "at2"]
+        if methods.strip() == "all":  # at2 and at2lrp need weights fitted for the model: named, not implied
+            return ["all"], [m for m in SOURCE_METHODS if m not in LEARNED]
         methods = [m.strip() for m in methods.split(",") if m.strip()]
     methods = list(methods)
     if not methods:
@@ -140,6 +144,7 @@ def prepare_job(
     answer's generation."""
     if ablation not in ABLATIONS:
         raise InputError(f"ablation={ablation!r}; choose one of {', '.join(ABLATIONS)}")
+    check_lm(runner)  # before a classifier is asked to generate an answer
     found = split_sources(context, sources)
     if not found:
         raise InputError("the context has no sources to attribute to (only whitespace between separators?)")
