@@ -213,6 +213,12 @@ def test_report_summary_not_utf8(results_dir, tmp_path, capsys):
     assert "is not a UTF-8 text file" in line
 
 
+def test_report_on_a_context_benchmark_names_its_table(tmp_path, capsys):
+    (tmp_path / "summary.json").write_text(json.dumps({"model": "m", "n_lds": 32, "metrics": {}}))
+    line = _cli_error(["report", str(tmp_path)], capsys)
+    assert "holds a context-attribution benchmark" in line and "summary.md" in line
+
+
 def test_python_m_attnlens_cli_entry_point():
     import subprocess
     import sys

@@ -109,7 +109,7 @@ def encode(
             if not truncation:
                 raise InputError(
                     f"input {i} has {n} tokens, more than the model's maximum of {max_length} "
-                    "(pass truncation=True to cut it)"
+                    "(truncation=True cuts it; on the command line, leave out --no-truncation)"
                 )
             enc = tokenizer(*args, truncation=True, max_length=max_length, **kwargs)
             dropped = n - len(enc["input_ids"])

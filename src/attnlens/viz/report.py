@@ -37,6 +37,9 @@ def load_summary(results_dir: str | Path) -> dict[str, Any]:
         raise InputError(f"{f} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
     except UnicodeDecodeError:
         raise InputError(f"{f} is not a UTF-8 text file (not valid JSON)") from None
+    if isinstance(summary, dict) and "n_lds" in summary and "metrics" in summary:
+        raise InputError(f"{d} holds a context-attribution benchmark: its table is {d / 'summary.md'} (the report "
+                         "draws the token-level benchmarks)")
     if not isinstance(summary, dict) or not isinstance(summary.get("results"), dict):
         raise InputError(f"{f} is not a benchmark summary: it has no 'results'")
     if not all(isinstance(r, dict) for r in summary["results"].values()):
