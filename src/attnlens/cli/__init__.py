@@ -110,6 +110,24 @@ def method_options(text: str | None, flag: str = "--options") -> dict[str, dict[
     return options
 
 
+def read_text_file(path: str, flag: str) -> str:
+    """The UTF-8 text of the file a command's ``flag`` names; :class:`InputError` in one line when it is missing,
+    a folder, unreadable or not UTF-8."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{flag} {path}: no such file")
+    if p.is_dir():
+        raise InputError(f"{flag} {path}: is a directory")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{flag} {path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: IO[str] | None = None, line: str | None = None) -> None:
     """A warning as one line (no source location), e.g. which methods "all" skipped and why."""

@@ -12,11 +12,10 @@ import argparse
 import json
 import re
 import sys
-from pathlib import Path
 
 from ..errors import InputError
 from ..viz.safetext import terminal_safe
-from . import add_placement_options, method_options, placement
+from . import add_placement_options, method_options, placement, read_text_file
 
 FORMATS = ("terminal", "html", "json")
 
@@ -119,17 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "html" and args.out is None:
         args.out = "cite.html"
     out = None if args.out is None else check_output_path(args.out, "--out", directory=False)
-    if args.context_file is not None:
-        try:
-            context = Path(args.context_file).read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise InputError(f"--context-file {args.context_file}: not UTF-8 text") from None
-        except FileNotFoundError:
-            raise InputError(f"--context-file {args.context_file}: no such file") from None
-        except IsADirectoryError:
-            raise InputError(f"--context-file {args.context_file}: a folder, not a file") from None
-    else:
-        context = args.context
+    context = args.context if args.context_file is None else read_text_file(args.context_file, "--context-file")
     if not context or not context.strip():
         raise InputError("the context is empty: give the text the answer should be attributed to")
     if not args.query.strip():

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import InputError, ModelError
 from ..paths import atomic_write_text, check_output_path
 from ..viz.safetext import terminal_safe
-from . import add_placement_options, method_options, placement
+from . import add_placement_options, method_options, placement, read_text_file
 
 FORMATS = ("terminal", "html", "json", "jsonl")
 MODEL_ENV = "ATTNLENS_MODEL"
@@ -31,15 +31,7 @@ def read_texts(path: str) -> list[Any]:
     text such as ``{braces} are fun`` is a text); a file that mixes both, or holds one multi-line JSON
     document, is refused with the line to fix.
     """
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"--file {path}: no such file")
-    if p.is_dir():
-        raise InputError(f"--file {path}: is a directory")
-    try:
-        content = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--file {path}: cannot read it ({exc})") from None
+    content = read_text_file(path, "--file")
     lines = [(n, line) for n, line in enumerate(content.splitlines(), 1) if line.strip()]
     if not lines:
         raise InputError(f"--file {path}: the file holds no texts")
