@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 import warnings
 
@@ -163,6 +165,27 @@ def test_warns_when_slow(monkeypatch):
     mats = random_mats(np.random.default_rng(0), 2, 4)
     with pytest.warns(UserWarning, match="max-flow runs"):
         attention_flow(mats, np.eye(4)[0])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="work is forked on Linux only")
+def test_the_slow_warning_counts_only_processes_that_can_share(monkeypatch):
+    monkeypatch.setattr(flow, "SLOW_WORK", 10)  # this case's work is 16: over 10, under 2 x 10
+    mats = random_mats(np.random.default_rng(0), 2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attention_flow(mats, np.eye(4)[0], workers=2)  # two processes share it: no warning
+    caught = {}
+
+    def in_a_thread():  # no fork outside the main thread, so one process does all the work
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            attention_flow(mats, np.eye(4)[0], workers=2)
+        caught["messages"] = [str(x.message) for x in w]
+
+    t = threading.Thread(target=in_a_thread)
+    t.start()
+    t.join()
+    assert any("max-flow runs" in m for m in caught["messages"])
 
 
 TEXTS = ["the movie was great", "i really didn ' t like this boring plot , but the actors were charming", "awful"]

@@ -77,3 +77,15 @@ def test_usable_cores_follow_torch_threads(monkeypatch):
     assert usable_cores() == 1
     monkeypatch.setattr(torch, "get_num_threads", lambda: 10_000)
     assert 1 <= usable_cores() <= (os.cpu_count() or 1)
+
+
+@linux_only
+def test_a_fork_that_fails_leaves_every_chunk_to_this_process(monkeypatch):
+    from concurrent.futures import ProcessPoolExecutor
+
+    def no_fork(*_args, **_kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", no_fork)
+    results = map_chunks(pid_and_double, [[1], [2], [3]], workers=3)
+    assert results == [(os.getpid(), [2]), (os.getpid(), [4]), (os.getpid(), [6])]

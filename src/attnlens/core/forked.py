@@ -60,8 +60,8 @@ def map_chunks(fn: Callable[[T], R], chunks: Sequence[T], workers: int) -> list[
     """``[fn(chunk) for chunk in chunks]``, with up to ``workers`` processes at once: this one runs the first
     chunk while forked children run the others.
 
-    ``fn`` must not use torch (see the module's docstring). Where forking is not possible or a child dies, the
-    chunks left run here, so the result never depends on where they ran.
+    ``fn`` must not use torch (see the module's docstring). Where forking is not possible or fails, or a child
+    dies, the chunks left run here, so the result never depends on where they ran.
     """
     global _TASK
     if workers <= 1 or len(chunks) <= 1 or why_not_forked() is not None:
@@ -76,7 +76,10 @@ def map_chunks(fn: Callable[[T], R], chunks: Sequence[T], workers: int) -> list[
             warnings.simplefilter("ignore", DeprecationWarning)
             pool = ProcessPoolExecutor(min(workers, len(chunks)) - 1,
                                        mp_context=multiprocessing.get_context("fork"))
-            futures = {i: pool.submit(_run_task, chunks[i]) for i in range(1, len(chunks))}
+            try:
+                futures = {i: pool.submit(_run_task, chunks[i]) for i in range(1, len(chunks))}
+            except (OSError, BrokenProcessPool):  # the fork itself failed (e.g. no memory): all chunks run here
+                futures = {}
         try:
             results[0], done[0] = fn(chunks[0]), True
             for i, future in futures.items():

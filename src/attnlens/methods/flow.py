@@ -36,7 +36,7 @@ import torch
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
-from ..core.forked import map_chunks, usable_cores
+from ..core.forked import map_chunks, usable_cores, why_not_forked
 from ..errors import InputError
 from .attention import rollout_matrices
 from .registry import ATTENTION_MEANS, MethodOutput, register
@@ -271,7 +271,8 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray, workers: int = 1) -> n
     n_layers, n, _ = mats.shape
     sources = np.flatnonzero(weights)
     work = len(sources) * n * (n_layers - 1) * n
-    if work > SLOW_WORK * max(1, workers):
+    sharing = max(1, workers) if why_not_forked() is None else 1  # processes that will share the max-flows
+    if work > SLOW_WORK * sharing:
         warnings.warn(
             f"attention flow on {n} tokens x {n_layers} layers from {len(sources)} source node(s) needs "
             f"{len(sources) * n} max-flow runs on graphs of about {25 * (n_layers - 1) * n} edges; "
