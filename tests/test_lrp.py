@@ -432,10 +432,30 @@ def test_methods_through_explainer(family, tokenizer):
         for m in LRP_METHODS:
             assert e.scores[m].shape == (len(e.tokens),) and np.isfinite(e.scores[m]).all(), m
         assert (e.scores["partiallrp"] >= 0).all() and (e.scores["transatt"] >= 0).all()
-        assert e.layers["partiallrp"].shape == (2, len(e.tokens))
+        assert "partiallrp" not in e.layers  # its per-layer view is an option
         (single,) = ex.explain([text], methods=LRP_METHODS)
         for m in LRP_METHODS:
             np.testing.assert_allclose(e.scores[m], single.scores[m], rtol=1e-5, atol=1e-5, err_msg=m)
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_partiallrp_alone_stops_at_the_last_layer_with_the_same_scores(family, tokenizer):
+    """PartialLRP alone runs a pass that stops at the last layer's attention; its scores equal those it reads from
+    a whole pass (shared with TransAtt, or its own with ``layers=True``, which also gives every layer's row, the
+    last one the score), batched or one by one."""
+    ex = Explainer(make_model(family), tokenizer)
+    alone = ex.explain(TEXTS, methods=["partiallrp"], batch_size=3)
+    shared = ex.explain(TEXTS, methods=["partiallrp", "transatt"], batch_size=3)
+    every = ex.explain(TEXTS, methods=["partiallrp"], options={"partiallrp": {"layers": True}})
+    for text, a, s, e in zip(TEXTS, alone, shared, every):
+        np.testing.assert_allclose(a.scores["partiallrp"], s.scores["partiallrp"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(a.scores["partiallrp"], e.scores["partiallrp"], rtol=1e-5, atol=1e-7)
+        assert "partiallrp" not in a.layers and e.layers["partiallrp"].shape == (2, len(e.tokens))
+        np.testing.assert_allclose(e.layers["partiallrp"][-1], e.scores["partiallrp"], rtol=1e-6)
+        (single,) = ex.explain([text], methods=["partiallrp"])
+        np.testing.assert_allclose(a.scores["partiallrp"], single.scores["partiallrp"], rtol=1e-5, atol=1e-7)
+    with pytest.raises(InputError, match="partiallrp layers must be true or false"):
+        ex.explain(TEXTS[:1], methods=["partiallrp"], options={"partiallrp": {"layers": "yes"}})
 
 
 def test_methods_equal_loop_recomputation(tokenizer):

@@ -1387,3 +1387,86 @@ def test_a_pass_leaves_nothing_alive_behind(fused):
         assert alive() == before, rules
     lrp_passes(model, padded_batch(), [0, 1, 2], fused=fused)
     assert alive() == before
+
+
+# ---------------------------------------------------------------- a pass that stops at the last layer
+@pytest.mark.parametrize("family", ARCHS)
+def test_a_pass_stopped_at_the_last_layer_gives_that_layers_attention_relevance(family):
+    """``last_layer_only``: the backward stops at the last layer's attention, and its R(A) equals the whole pass's
+    there, under every rule set, eager and (where the model fuses) fused, and for the chefer pass of the joint
+    forward."""
+    model = strong(family, biases=True).double()
+    inputs, targets = padded_batch(), [0, 1, 2]
+    mask = inputs["attention_mask"].bool()
+    for rules in RULE_SETS:
+        eps = 1e-3 if rules in ("attnlrp", "cp") else 0.0
+        full = lrp_pass(model, inputs, targets, rules=rules, epsilon=eps, inputs_relevance=False)
+        last = lrp_pass(model, inputs, targets, rules=rules, epsilon=eps, inputs_relevance=False,
+                        last_layer_only=True)
+        top = full.n_layers - 1
+        assert last.first_layer == top and last.n_layers == full.n_layers and len(last.attention_relevance) == 1
+        want = full.relevance_rows(top, torch.arange(mask.shape[1]))
+        torch.testing.assert_close(last.relevance_rows(top, torch.arange(mask.shape[1])), want, rtol=0,
+                                   atol=1e-12 * want.abs().max())
+        torch.testing.assert_close(last.target, full.target)
+        with pytest.raises(ValueError, match=f"layers {top} to {top}, not of layer 0"):
+            last.relevance_rows(0, torch.arange(2))
+    chefer, _ = lrp_passes(model, inputs, targets, last_layer_only=True)
+    want = lrp_pass(model, inputs, targets, rules="chefer", inputs_relevance=False).attention_relevance[-1]
+    torch.testing.assert_close(chefer.attention_relevance[0], want, rtol=0, atol=1e-12 * want.abs().max())
+    if family in FUSABLE:
+        fused = lrp_pass(model, inputs, targets, rules="chefer", inputs_relevance=False, fused=True,
+                         last_layer_only=True)
+        assert fused.first_layer == top and len(fused.output_grads) == 1
+        got = fused.relevance_rows(top, torch.arange(mask.shape[1]))
+        real = (mask[:, None, :, None] & mask[:, None, None, :]).expand_as(got)  # padding rows are not read
+        full = lrp_pass(model, inputs, targets, rules="chefer", inputs_relevance=False).attention_relevance[-1]
+        torch.testing.assert_close(got[real], full[real], rtol=0, atol=1e-9 * full.abs().max())
+
+
+def test_a_pass_stopped_at_the_last_layer_runs_no_layer_below_it(monkeypatch):
+    """The fused pass that stops at the last layer recomputes that layer alone in its backward (a whole pass
+    recomputes every layer), and the eager one sends no gradient below it."""
+    from attnlens.lrp import modules
+
+    calls = []
+    real = modules.prenorm_block
+    monkeypatch.setattr(modules, "prenorm_block", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = strong("llama")
+    layers = model.config.num_hidden_layers
+    lrp_pass(model, padded_batch(), [0, 1, 2], rules="chefer", inputs_relevance=False, fused=True,
+             last_layer_only=True)
+    assert len(calls) == layers + 1
+    seen = []
+    hook = model.model.layers[0].mlp.register_full_backward_hook(lambda *a: seen.append(1))
+    lrp_pass(model, padded_batch(), [0, 1, 2], rules="chefer", inputs_relevance=False)
+    assert seen
+    seen.clear()
+    lrp_pass(model, padded_batch(), [0, 1, 2], rules="chefer", inputs_relevance=False, last_layer_only=True)
+    hook.remove()
+    assert not seen
+    with pytest.raises(InputError, match="stops at the last layer"):
+        lrp_pass(model, padded_batch(), 0, rules="attnlrp", last_layer_only=True)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_pass_stopped_at_the_last_layer_over_prefixes(family):
+    """The same over a generation's prefixes (batched products through the one pass)."""
+    import transformers
+
+    from attnlens.models.heads import LMHead
+
+    cls = strong(family)
+    lm_class = "GPT2LMHeadModel" if family == "gpt2" else type(cls).__name__.replace("SequenceClassification",
+                                                                                      "CausalLM")
+    lm = randomise_biases_and_norms(getattr(transformers, lm_class)(cls.config).double())
+    ids = torch.randint(5, 60, (1, 7), generator=torch.Generator().manual_seed(2))
+    rows = torch.tril(torch.ones(7, 7, dtype=torch.long))[3:]
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    targets = torch.tensor([11, 9, 40, 12])
+    full = lrp_pass(lm, inputs, targets, head=LMHead(64), rules="chefer", rows=rows, inputs_relevance=False)
+    last = lrp_pass(lm, inputs, targets, head=LMHead(64), rules="chefer", rows=rows, inputs_relevance=False,
+                    last_layer_only=True)
+    want = full.attention_relevance[-1]
+    assert last.attention_relevance[0].shape == want.shape
+    torch.testing.assert_close(last.attention_relevance[0], want, rtol=0, atol=1e-12 * want.abs().max())

@@ -396,13 +396,14 @@ def test_chunks_of_an_unpadded_causal_input_skip_the_keys_no_row_sees(monkeypatc
                         lambda x, keys: trimmed.append(x.shape[-1] < keys) or real(x, keys))
     ex, text = _lm(), "the movie was good but boring and far too long"
     methods = ["rollout", "gae", "attgrads", "transatt", "partiallrp"]
-    eager = ex.explain([text], [*methods, "decompx"])[0]  # decompx reads whole maps: the pass keeps them
+    every_layer = {"partiallrp": {"layers": True}}
+    eager = ex.explain([text], [*methods, "decompx"], options=every_layer)[0]  # decompx reads whole maps: kept
     assert not trimmed
     monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)  # chunks of a few rows
     monkeypatch.setattr("attnlens.lrp.state.BACKWARD_CHUNK_ELEMENTS", 64)
     monkeypatch.setattr(lrp_methods, "lrp_storage", lambda dims, n, budget, fusable, rows=0, attention=False:
                         memory.lrp_storage(dims, n, 0, fusable, rows, attention))  # the fused LRP pass
-    (chunked,) = ex.explain([text], methods)
+    (chunked,) = ex.explain([text], methods, options=every_layer)
     assert any(trimmed) and not all(trimmed)
     for m in methods:
         top = np.abs(eager.scores[m]).max()

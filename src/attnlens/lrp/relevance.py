@@ -41,6 +41,8 @@ class LRPResult:
             ``attention_relevance`` are empty) but, per layer, what its maps are recomputed from and half the
             modified gradient at its attention output ``(B, H, N, d)``: :meth:`relevance_rows` reads R(A^l) from
             them a few query rows at a time.
+        first_layer: the layer of ``attention_relevance[0]`` (and of ``factors[0]``, ``output_grads[0]``): 0, or
+            the last layer's index after a pass that stopped there (``last_layer_only``).
         outputs: the forward's model outputs (their tensors, detached: the logits, or a QA model's start and end
             logits; no cache, hidden states or maps), as a plain forward of the same inputs returns them.
     """
@@ -55,29 +57,35 @@ class LRPResult:
     softmax_absorbed: torch.Tensor | None = None
     factors: list[LayerFactors] = field(default_factory=list)
     output_grads: list[torch.Tensor] = field(default_factory=list)
+    first_layer: int = 0
     outputs: Any = None
     _values: tuple[int, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def n_layers(self) -> int:
-        """L: the layers whose attention relevance the pass holds (kept or to recompute)."""
-        return len(self.attention_relevance) or len(self.output_grads)
+        """L: the model's layers, as far as the pass holds their attention relevance (kept or to recompute):
+        the layers held are ``first_layer`` to ``n_layers - 1``."""
+        return self.first_layer + (len(self.attention_relevance) or len(self.output_grads))
 
     def relevance_rows(self, layer: int, queries: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
         """``(B, H, q, N)``: R(A^layer) at the query positions ``queries`` ``(q,)``, from the kept maps or, after
         a fused pass, recomputed: ``A ⊙ (½ ∂O) Vᵀ``, the probabilities ``A`` from the layer's queries and keys
         unless given (``probs``: the same rows of the same model's attention, e.g. a shared pass's)."""
+        if not self.first_layer <= layer < self.n_layers:
+            raise ValueError(f"the pass holds the attention relevance of layers {self.first_layer} to "
+                             f"{self.n_layers - 1}, not of layer {layer}")
+        held = layer - self.first_layer
         if self.attention_relevance:
-            return self.attention_relevance[layer][:, :, queries]
-        f = self.factors[layer]
-        if self._values is None or self._values[0] != layer:  # keys and values per query head, once per layer
-            self._values = (layer, repeat_kv(f.key, f.groups), repeat_kv(f.value, f.groups))
+            return self.attention_relevance[held][:, :, queries]
+        f = self.factors[held]
+        if self._values is None or self._values[0] != held:  # keys and values per query head, once per layer
+            self._values = (held, repeat_kv(f.key, f.groups), repeat_kv(f.value, f.groups))
         _, key, value = self._values
         keys = key.shape[2]
         seen = keys_seen(int(queries.max()) + 1, keys, f.causal, f.mask) if len(queries) else keys
         if probs is None:  # as attend() computes them
             probs = torch.softmax(masked_scores(f.query, key[:, :, :seen], f.mask, queries, f.causal, f.scale), dim=-1)
-        grad = torch.matmul(self.output_grads[layer][:, :, queries], value[:, :, :seen].transpose(2, 3))
+        grad = torch.matmul(self.output_grads[held][:, :, queries], value[:, :, :seen].transpose(2, 3))
         out = probs[..., :seen] * grad
         return zero_padded(out, keys)
 
@@ -108,6 +116,7 @@ def lrp_pass(
     logit_mask: torch.Tensor | None = None,
     attention_relevance: bool = True,
     progress: Callable[[float], None] | None = None,
+    last_layer_only: bool = False,
 ) -> LRPResult:
     """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
@@ -160,6 +169,9 @@ def lrp_pass(
             product and its storage per layer. ``track_softmax`` forms them whatever this says.
         progress: called with the share of the pass done since the last call, where the pass runs one backward per
             row (a fused pass over a generation's steps); ``None``: nobody listens.
+        last_layer_only: form R(A) at the last layer alone (``first_layer`` of the result): the backward stops at
+            that layer's attention and runs through nothing below it, which is all PartialLRP's score reads. Not
+            with ``inputs_relevance`` or ``track_softmax``; ``position_relevance`` is then zeros.
 
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
@@ -168,9 +180,12 @@ def lrp_pass(
                   or (rows is not None and rules != "attnlrp")):
         raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 or Chefer et al.'s rules over a batch "
                          "of inputs (AttnLRP also over a sequence's rows), without track_softmax")
+    if last_layer_only and (inputs_relevance or track_softmax or not attention_relevance):
+        raise InputError("a pass that stops at the last layer's attention forms its attention relevance alone: "
+                         "without inputs_relevance or track_softmax")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
                      inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask, attention_relevance,
-                     progress)
+                     progress, last_layer_only)
     return result
 
 
@@ -188,6 +203,7 @@ def lrp_passes(
     fused: bool = False,
     forward_kwargs: Mapping[str, Any] | None = None,
     logit_mask: torch.Tensor | None = None,
+    last_layer_only: bool = False,
 ) -> tuple[LRPResult, LRPResult]:
     """The ``"chefer"`` and ``"attnlrp"`` passes (ε = 0) of :func:`lrp_pass` from one forward: (chefer without
     the input relevance, as PartialLRP and TransAtt read it; attnlrp with it).
@@ -195,12 +211,12 @@ def lrp_passes(
     The forward runs in the chefer layout (normalised residual sums); every chefer rule there also knows its
     AttnLRP counterpart (``rules``' ``switch``) and runs it during the second backward, so both results equal
     their own passes' (to rounding) at the cost of one forward less. ``fused``: as :func:`lrp_pass`'s (not with
-    ``rows``).
+    ``rows``); ``last_layer_only``: as :func:`lrp_pass`'s, for the chefer pass.
     """
     if fused and rows is not None:
         raise InputError("the fused LRP passes run over a batch of inputs, without rows")
     chefer, attnlrp = _run(model, inputs, targets, target_kind, head, JOINT, 0.0, False, rows, False,
-                           fused and runs_fused(model), forward_kwargs, logit_mask)
+                           fused and runs_fused(model), forward_kwargs, logit_mask, last_layer_only=last_layer_only)
     return chefer, attnlrp
 
 
@@ -220,9 +236,11 @@ def _run(
     logit_mask: torch.Tensor | None = None,
     attention_relevance: bool = True,
     progress: Callable[[float], None] | None = None,
+    last_layer_only: bool = False,
 ) -> list[LRPResult]:
     """One forward (in the first rule set's layout) and one backward per rule set; see :func:`lrp_pass`. Only
-    the attnlrp backward of a joint pass reads the input relevance whatever ``inputs_relevance``."""
+    the attnlrp backward of a joint pass reads the input relevance whatever ``inputs_relevance``, and a backward
+    that reads it never stops at the last layer (``last_layer_only``)."""
     if target_kind not in TARGET_KINDS:
         raise InputError(f"unknown target kind {target_kind!r}; choose one of {', '.join(TARGET_KINDS)}")
     for r in rule_sets:
@@ -261,7 +279,8 @@ def _run(
             results.append(_backward(state, head, read, tgt, target_kind, read_mask, logits, rules, rows,
                                      with_inputs, retain=k + 1 < len(rule_sets),
                                      attention_relevance=attention_relevance or track_softmax,
-                                     progress=progress))
+                                     progress=progress,
+                                     last_layer_only=last_layer_only and not with_inputs))
             results[-1].outputs = plain
     return results
 
@@ -269,9 +288,10 @@ def _run(
 def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind: str,
               read_mask: torch.Tensor | None, logits: torch.Tensor, rules: str, rows: torch.Tensor | None,
               inputs_relevance: bool, retain: bool, attention_relevance: bool = True,
-              progress: Callable[[float], None] | None = None) -> LRPResult:
+              progress: Callable[[float], None] | None = None, last_layer_only: bool = False) -> LRPResult:
     """The relevances of one rule set from the recorded forward (``retain``: another backward follows;
-    ``attention_relevance``: form R(A) at every layer's probabilities)."""
+    ``attention_relevance``: form R(A) at every layer's probabilities; ``last_layer_only``: at the last layer's
+    alone, the backward stopping there)."""
     track_softmax = state.track_softmax
     # the gradient each example's relevance starts from (chefer: relevance 1 at the explained logit, so
     # gradient 1 / logit; otherwise 1 at the explained scalar)
@@ -281,6 +301,8 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
     else:
         value = head.scalar(read, tgt, target_kind, read_mask)
         start = torch.ones_like(value).detach()
+    if last_layer_only:
+        return _last_layer_backward(state, value, start, logits, rows, retain)
     emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
     others = [t for pair in state.other_softmaxes for t in pair]
     leaves = [state.word_embeddings, emb_sum] if inputs_relevance else [None, None]
@@ -340,6 +362,39 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
         softmax_absorbed=absorbed,
         factors=[state.factors[i] for i in range(len(state.factors))] if recomputes else [],
         output_grads=[state.output_grads[i] for i in range(len(state.output_grads))] if recomputes else [],
+    )
+
+
+def _last_layer_backward(state: PassState, value: torch.Tensor, start: torch.Tensor, logits: torch.Tensor,
+                         rows: torch.Tensor | None, retain: bool) -> LRPResult:
+    """R(A) of the last layer alone (``first_layer`` = L - 1): the gradient taken at that layer's probabilities
+    (eager) or at its attention output (fused, where R(A) is recomputed from half of it), so the backward runs
+    through the layers above that point and nothing below."""
+    fused = state.fused and state.rules in CHEFER
+    layers = len(state.factors) if fused else len(state.probs)
+    at = state.last_output if fused else state.probs[-1]
+    if at is None or not at.requires_grad:
+        raise ModelError("LRP: the model's last attention layer is not on the explained output's graph")
+    if rows is None:
+        (grad,) = torch.autograd.grad(value, [at], start, retain_graph=retain)
+    else:  # one product per row through the sequence's pass, batched
+        (grad,) = row_gradients(value, [at], start, retain_graph=retain)
+    n_rows = len(value)
+
+    def rows_of(x: torch.Tensor) -> torch.Tensor:
+        return x.detach() if rows is None else x.detach().expand(n_rows, *x.shape[1:])
+
+    return LRPResult(
+        logits=rows_of(logits),
+        target=value.detach(),
+        attentions=[rows_of(p) for p in state.probs],
+        attention_relevance=[] if fused else [(rows_of(at) * grad).detach()],
+        input_relevance=None,
+        word_relevance=None,
+        position_relevance=torch.zeros_like(value).detach(),
+        factors=[state.factors[layers - 1]] if fused else [],
+        output_grads=[(0.5 * grad).detach()] if fused else [],
+        first_layer=layers - 1,
     )
 
 

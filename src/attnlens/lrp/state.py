@@ -54,6 +54,9 @@ class PassState:
     layer_index: dict[int, int] = field(default_factory=dict)
     factors: dict[int, LayerFactors] = field(default_factory=dict)
     output_grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    # the attention output ``(B, H, N, d)`` of the latest layer a fused chefer forward ran (the last layer's once
+    # the forward is done): a backward that stops there reads the last layer's gradient without running below it
+    last_output: torch.Tensor | None = None
 
     def logits(self, outputs: Any) -> Any:
         """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
@@ -181,14 +184,18 @@ def attend_fused_chefer(state: PassState, module: nn.Module, query: torch.Tensor
                         value: torch.Tensor, groups: int, mask: torch.Tensor | None, scale: float,
                         causal: bool) -> torch.Tensor:
     """Chefer et al.'s attention through fused attention (:class:`_FusedAttention`): ``(B, H, Q, d)``, the
-    layer's queries, keys and values (one per key head) recorded on its first call."""
+    layer's queries, keys and values (one per key head) and its output recorded on its first call."""
     layer = state.layer_index.setdefault(id(module), len(state.layer_index))
-    if layer not in state.factors:
+    first = layer not in state.factors  # not the layer recomputed in the backward
+    if first:
         state.factors[layer] = LayerFactors(query.detach(), key.detach(), mask, causal, scale, groups,
                                             value.detach())
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    return _FusedAttention.apply(query, key, value, mask, scale, causal, state, layer)
+    out = _FusedAttention.apply(query, key, value, mask, scale, causal, state, layer)
+    if first:
+        state.last_output = out
+    return out
 
 
 def attend_fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,

@@ -92,14 +92,31 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     if key in joint and set(joint) <= set(_planned_passes(ctx).values()):
         with contextlib.suppress(InputError):  # the chefer rules do not apply: each pass alone says why, or runs
             cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, fused=_runs_fused(ctx, joint),
-                                               **reading)))
+                                               last_layer_only=_last_layer_only(ctx, joint[0]), **reading)))
     if key not in cache:
         # R(A) only where a method of the batch (all of them, when no plan says which) reads it from this pass
         read = not ctx.plan or any(name in ATTENTION_READERS for name, k in _planned_passes(ctx).items() if k == key)
+        last = _last_layer_only(ctx, key)
         cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
-                              inputs_relevance=rules in ATTNLRP_RULES, fused=_runs_fused(ctx, [key]),
-                              attention_relevance=read, progress=ctx.progress if one else None, **reading)
+                              inputs_relevance=rules in ATTNLRP_RULES and not last, fused=_runs_fused(ctx, [key]),
+                              attention_relevance=read, progress=ctx.progress if one else None,
+                              last_layer_only=last, **reading)
     return cache[key]
+
+
+def _last_layer_only(ctx: BatchContext, key: tuple[str, float]) -> bool:
+    """Whether the pass ``key`` may stop at the last layer's attention: every method of the batch that reads it
+    is ``partiallrp`` without its per-layer view (no plan: every method may read it, so no)."""
+    readers = [name for name, k in _planned_passes(ctx).items() if k == key]
+    return bool(readers) and all(name == "partiallrp" and not _layers_option(ctx.plan[name]) for name in readers)
+
+
+def _layers_option(opts: Mapping[str, Any]) -> bool:
+    """PartialLRP's ``layers`` option, checked."""
+    layers = opts.get("layers", False)
+    if not isinstance(layers, bool):
+        raise InputError(f"partiallrp layers must be true or false, got {layers!r}")
+    return layers
 
 
 def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
@@ -149,12 +166,13 @@ def _reads_one_row(name: str) -> Callable[[Any, str, str], str | None]:
 
 
 def _explained_relevance(ctx: BatchContext, res: LRPResult) -> torch.Tensor:
-    """``(B, L, K)``: per layer the explained row of E_h max(R(A^l), 0), from the query rows the explained row
-    weighs (the relevance rows recomputed there after a fused pass)."""
+    """``(B, L', K)``: per layer the pass holds (all, or the last alone) the explained row of
+    E_h max(R(A^l), 0), from the query rows the explained row weighs (the relevance rows recomputed there after a
+    fused pass)."""
     weights = ctx.capture.query_weights
     queries = torch.nonzero(weights.ne(0).any(0)).flatten()
     w = weights[:, queries]
-    rows = [res.relevance_rows(j, queries).clamp(min=0).mean(1) for j in range(res.n_layers)]
+    rows = [res.relevance_rows(j, queries).clamp(min=0).mean(1) for j in range(res.first_layer, res.n_layers)]
     return torch.stack([torch.einsum("bq,bqk->bk", w.to(r.dtype), r).to(weights.dtype) for r in rows], 1)
 
 
@@ -173,9 +191,11 @@ def _partiallrp_outputs(ctx: BatchContext) -> Any:
     citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
     lrp=True,
 )
-def partiallrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0) -> MethodOutput:
-    layers = _explained_relevance(ctx, shared_lrp(ctx, rules, epsilon))
-    return MethodOutput(layers[:, -1], layers)
+def partiallrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0, layers: bool = False) -> MethodOutput:
+    # without the per-layer view (and no other method reading the pass), its backward stops at the last layer
+    keep = _layers_option({"layers": layers})
+    per_layer = _explained_relevance(ctx, shared_lrp(ctx, rules, epsilon))
+    return MethodOutput(per_layer[:, -1], per_layer if keep else None)
 
 
 class _LayersFrom(AttentionChunks):
