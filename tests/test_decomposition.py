@@ -210,18 +210,20 @@ def test_alti_matches_loop(bert_case):
     assert abs(want.sum() - 1) < 1e-5  # row-normalised contributions rolled out stay a distribution
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch, causal):
+@pytest.mark.parametrize("layout", ["encoder", "causal", "unordered"])
+def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch, layout):
     """ALTI's c_ij = max(0, ‖y_i‖₁ − ‖y_i − Σ_h a^h_ij g^h_j − δ_ij m_i‖₁) from its blocks of keys (two keys
-    each, so the rows' own keys fall in different blocks, and keys after the last attended one skipped) equals
-    the pair-by-pair formula in float64."""
+    each, so the rows' own keys fall in different blocks, keys after the last attended one skipped, and in a
+    block the rows before the first that attends to or sits on one of its keys skipped) equals the pair-by-pair
+    formula in float64."""
     from attnlens.methods import decomposition
 
     gen = torch.Generator().manual_seed(0)
     b, h, r, n, d = 2, 3, 4, 9, 5
     a = torch.rand(b, h, r, n, generator=gen, dtype=torch.float64)
-    at = torch.tensor([2, 3, 4, 5]) if causal else torch.tensor([7, 0, 3, 5])
-    if causal:  # a causal chunk: no row sees a key after its own position, the last keys unseen by every row
+    at = {"encoder": torch.tensor([7, 0, 3, 5]), "causal": torch.tensor([2, 3, 4, 5]),
+          "unordered": torch.tensor([5, 1, 2, 6])}[layout]
+    if layout != "encoder":  # no row sees a key after its own position, the last keys unseen by every row
         a = a * (torch.arange(n)[None, :] <= at[:, None])
     else:  # keys no row attends to, one of them a row's own (its residual still counts there)
         a[..., 6:] = 0

@@ -18,6 +18,7 @@ output is checked against the captured h^l, so a wrong anatomy is an error, neve
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -408,28 +409,62 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
 
     The vectors t are formed a block of keys at a time (every example's) as one batched product over the keys,
     ``(B·keys, R, H) @ (B·keys, H, D)``, into a reused buffer of :data:`_ALTI_BLOCK` elements (small enough to stay in
-    cache while its distances are taken). Keys after the last one any row attends to (a causal chunk's, zero
-    there) and not on a row's diagonal give t = 0, a distance of ‖y_i‖₁ and so 0: they are not computed."""
+    cache while its distances are taken). A row neither attending to a key of the block nor placed there has t = 0
+    on the whole block, a distance of ‖y_i‖₁ and so 0: each block computes the rows from the first that needs one
+    of its keys on (a causal chunk's earlier rows attend to no later key), and no block covers the keys after the
+    last one any row needs."""
     b, h, r, n = a.shape
     d = g.shape[-1]
-    out = a.new_zeros(b, n, r)
     stop = _keys_used(a, at)
+    norms = torch.linalg.vector_norm(y, ord=1, dim=-1)  # (B, R)
+    dist = norms.unsqueeze(1).expand(b, n, r).contiguous()  # (B, keys, R): ‖y_i‖₁ where t_ij = 0
+    # per row the last key it needs (the last it attends to in any example and head, or its own position), as a
+    # running maximum: the rows a block starting at key k needs begin at the first whose value reaches k
+    last = torch.where(a.ne(0).any(1).any(0), torch.arange(n, device=a.device), -1).amax(-1)
+    needed = torch.maximum(last, at).cummax(0).values.tolist()
+    positions = at.tolist()
     keys = max(1, min(stop, _ALTI_BLOCK // max(1, b * r * d)))  # keys per block, every example's at once
     buffer = a.new_empty(b * keys * r * d)
-    rows = torch.arange(r, device=a.device)
     ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
     for start in range(0, stop, keys):
         end = min(stop, start + keys)
-        t = buffer[: b * (end - start) * r * d].view(b * (end - start), r, d)
-        torch.bmm(ak[:, start:end].reshape(-1, r, h), g[:, start:end].reshape(-1, h, d), out=t)
-        t = t.view(b, end - start, r, d).sub_(y.unsqueeze(1))  # t_ij − y_i
-        on = (at >= start) & (at < end)  # rows whose own key is in the block: add their residual
-        t[:, at[on] - start, rows[on]] += m[:, on]
-        out[:, start:end] = t.abs_().sum(-1)
-    norms = torch.linalg.vector_norm(y, ord=1, dim=-1)  # (B, R)
-    dist = out.transpose(1, 2)
-    dist[:, :, stop:] = norms.unsqueeze(-1)
-    return (norms.unsqueeze(-1) - dist).clamp_min(0)
+        first = bisect.bisect_left(needed, start)
+        rows = r - first
+        if not rows:
+            continue
+        t = buffer[: b * (end - start) * rows * d].view(b * (end - start), rows, d)
+        torch.bmm(ak[:, start:end, first:].reshape(-1, rows, h), g[:, start:end].reshape(-1, h, d), out=t)
+        t = t.view(b, end - start, rows, d).sub_(y[:, None, first:])  # t_ij − y_i
+        own = [k for k in range(first, r) if start <= positions[k] < end]  # rows whose own key is in the block
+        if own:
+            on = torch.tensor(own, device=a.device)
+            t[:, at[on] - start, on - first] += m[:, on]
+        dist[:, start:end, first:] = t.abs_().sum(-1)
+    return (norms.unsqueeze(-1) - dist.transpose(1, 2)).clamp_min(0)
+
+
+def _check_flag(method: str, name: str, value: object, none: bool = False) -> None:
+    """An :class:`InputError` unless ``value`` is True or False (or, with ``none``, None)."""
+    if not isinstance(value, bool) and not (none and value is None):
+        raise InputError(f"{method} {name} must be True or False{' or None' if none else ''}, got {value!r}")
+
+
+def _check_attnnorm(variant: str = "attn") -> None:
+    """attnnorm's option values (whether the variant fits the model is checked with it)."""
+    if variant not in ATTNNORM_VARIANTS:
+        raise InputError(f"variant={variant!r}; choose one of {', '.join(ATTNNORM_VARIANTS)}")
+
+
+def _check_globenc(normalize: bool | None = None) -> None:
+    """GlobEnc's option values."""
+    _check_flag("globenc", "normalize", normalize, none=True)
+
+
+def _check_decompx(bias: str = "token", contrast: bool = False) -> None:
+    """DecompX's option values."""
+    if bias not in BIAS_MODES:
+        raise InputError(f"bias={bias!r}; choose one of {', '.join(BIAS_MODES)}")
+    _check_flag("decompx", "contrast", contrast)
 
 
 def _row_normalised(m: torch.Tensor) -> torch.Tensor:
@@ -513,14 +548,14 @@ def _attnnorm_rows(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
     summary="Norm of the attention-weighted value vectors, last layer, row c: ‖Σ_h A^h_cj f^h(x_j)‖ (variants add "
     "the residual and LN1).",
     citation="Kobayashi et al. 2020 (EMNLP); variants Kobayashi et al. 2021 (EMNLP)",
+    check=_check_attnnorm,
 )
 def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
     """``variant``: ``"attn"`` ‖Σ_h αf‖ (2020), ``"attn_res"`` ‖Σ_h αf + δ_ij x_i‖, ``"attn_res_ln"`` ‖LN1(·)‖
     (2021's ATB+RES and ATB+RES+LN; post-LN encoders only: a pre-LN layer has no LayerNorm after the residual
     sum). Per layer; the score is the last layer's. Reads only the explained rows of each layer's attention, so it
     runs under fused attention on long inputs."""
-    if variant not in ATTNNORM_VARIANTS:
-        raise InputError(f"variant={variant!r}; choose one of {', '.join(ATTNNORM_VARIANTS)}")
+    _check_attnnorm(variant)
     cap = ctx.capture
     if ctx.stream in ("decoder", "cross"):
         mats = _stream_norms(ctx, variant)
@@ -691,6 +726,7 @@ class _AltiRows(_ChunkedLayers):
     "decoders: ‖z_ij‖ with rows normalised, their residual stream being a plain sum), rolled out over layers; "
     "s_j = (N^L···N^1)[c, j].",
     citation="Modarressi et al. 2022 (NAACL), as in the authors' code",
+    check=_check_globenc,
 )
 def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
     """``normalize``: divide each row of N^l by its sum before the rollout. Default: not for post-LN encoders
@@ -699,6 +735,7 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
     (SmolLM2's first token: norms in the thousands), so the unnormalised product over its 30 layers gives that
     token everything. With ``normalize=False`` on a pre-LN model each N^l is divided by one positive number per
     example (its largest row sum), which keeps the scores' proportions and the product finite."""
+    _check_globenc(normalize)
     cap = ctx.capture
     # every layer's maps read a chunk of query rows at a time (recomputed under fused attention), the explained
     # row carried down through the layers: nothing N x N per head is kept
@@ -977,6 +1014,7 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     "norms, the FFN (activation linearised through the origin; a gated FFN's product split half and half), "
     "pooler and classifier (or a language model's output embeddings); signed.",
     citation="Modarressi et al. 2023 (ACL); bias='absdot' as in the authors' code",
+    check=_check_decompx,
 )
 def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> MethodOutput:
     """``bias``: ``"token"`` keeps every bias in a separate term (the authors' ``include_bias_token=True,
@@ -986,8 +1024,7 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
     term is 0. The bias term is reported per input as ``meta["decompx"]["bias"]``: scores + bias = the explained
     logit. ``contrast``: decompose z_t − Σ_c p_c z_c (the target logit against the probability-weighted mean
     logit; for two classes (1 − p_t)(z_t − z_other)) instead of z_t, what moves the target's probability."""
-    if bias not in BIAS_MODES:
-        raise InputError(f"bias={bias!r}; choose one of {', '.join(BIAS_MODES)}")
+    _check_decompx(bias, contrast)
     if ctx.head.read_rows(ctx.targets) is not None and ctx.target_kind == "loss":
         contrast = True  # an answer's log-probabilities: each token's z_t − Σ_c p_c z_c, their first-order change
     elif ctx.target_kind != "logit":
