@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -301,3 +302,60 @@ def test_null_texts_and_labels_are_not_data(model_dir, tmp_path, capsys):
         load_dataset(str(path))
     path.write_text(json.dumps({"text": "good", "label": 1.0}) + "\n")
     assert load_dataset(str(path)).examples[0].label == 1
+
+
+# ---------------------------------------------------------------- option values judged before any model loads
+BAD_OPTION_VALUES = [
+    ("attcat", {"alpha": "zzz"}, "alpha='zzz'"),
+    ("cat", {"hidden": "middle"}, "hidden='middle'"),
+    ("flow", {"workers": 0}, "flow workers"),
+    ("saliency", {"abs": "yes"}, "saliency abs"),
+    ("inputxgradient", {"engine": "fast"}, "engine='fast'"),
+    ("integratedgradients", {"n_steps": 0}, "n_steps must be an integer >= 1"),
+    ("integratedgradients", {"baseline": "zero"}, "baseline='zero'"),
+    ("partiallrp", {"layers": 1}, "partiallrp layers"),
+    ("partiallrp", {"rules": "nope"}, "rules"),
+    ("transatt", {"start_layer": 1.5}, "start_layer must be an integer"),
+    ("attnlrp", {"rules": "chefer"}, "attnlrp takes rules"),
+    ("attnnorm", {"variant": "x"}, "variant='x'"),
+    ("globenc", {"normalize": "yes"}, "globenc normalize"),
+    ("decompx", {"contrast": "yes"}, "decompx contrast"),
+    ("valuezeroing", {"rollout": 0}, "valuezeroing rollout"),
+    ("occlusion", {"perturbations_per_eval": 0}, "perturbations_per_eval"),
+    ("lime", {"n_samples": 1}, "n_samples must be an integer >= 2"),
+    ("kernelshap", {"seed": "a"}, "seed must be an integer"),
+]
+
+
+@pytest.mark.parametrize(("method", "options", "message"), BAD_OPTION_VALUES)
+def test_option_values_are_judged_without_a_model(method, options, message):
+    """A value no model is needed to judge is refused by the method's option check (which the command line runs
+    before it loads a model), and by the explainer likewise."""
+    from attnlens.methods import get_method
+
+    with pytest.raises(InputError, match=re.escape(message)):
+        get_method(method).check_options(options)
+
+
+def test_every_methods_defaults_pass_its_option_check():
+    from attnlens.methods import get_method, list_methods
+
+    for name in list_methods():
+        method = get_method(name)
+        assert method.check_options({}) == method.options
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", "--methods", "attcat", "--options", '{"attcat": {"alpha": "zzz"}}', "good movie"],
+    ["explain", "--methods", "integratedgradients", "--ig-steps", "0", "good movie"],
+    ["cite", "--context", "A cat sat.", "--query", "Who sat?", "--methods", "loo,partiallrp",
+     "--options", '{"partiallrp": {"layers": "all"}}'],
+    ["benchmark", "--dataset", "sst2", "--methods", "lime", "--options", '{"lime": {"n_samples": 1}}',
+     "--out", "never-written"],
+])
+def test_the_command_line_refuses_option_values_before_it_loads_a_model(argv, capsys, tmp_path, monkeypatch):
+    """A model that does not exist is never reached: the option's line comes first, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    line = _cli_error([argv[0], "--model", str(tmp_path / "no-such-model"), *argv[1:]], capsys)
+    assert "no-such-model" not in line and any(w in line for w in ("alpha", "n_steps", "layers", "n_samples"))
+    assert not list(tmp_path.iterdir())

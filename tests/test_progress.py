@@ -68,7 +68,7 @@ def test_bar_announces_ig_and_counts_inputs(ex, capsys):
                options={"integratedgradients": {"n_steps": 6}})
     err = capsys.readouterr().err
     assert "integratedgradients: 6 passes x 3 inputs = 18 forward+backward passes, ~86% of the work" in err
-    assert "3/3 inputs" in err and "100%" in err
+    assert "3/3 inputs done" in err and "100%" in err
 
 
 def test_no_bar_by_default(ex, capsys):

@@ -538,8 +538,9 @@ def save_trained(model: Any, tokenizer: Any, metrics: dict[str, Any], out: Path,
     """Save model, tokenizer and ``metrics.json`` to ``out`` atomically (``metrics.json`` written last marks a
     finished save); returns ``metrics``."""
     with atomic_directory(out, last="metrics.json") as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        with quiet_transformers():  # its shard-writing bar: the line below reports the save
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     log(f"saved model, tokenizer and metrics.json to {out}")
     return metrics

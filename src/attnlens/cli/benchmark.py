@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluation import parallel
     from ..evaluation.metrics import EvalConfig
     from ..evaluation.results import clear_results
-    from ..evaluation.runner import BenchmarkRun, run_benchmark
+    from ..evaluation.runner import BenchmarkRun, check_benchmark_options, run_benchmark
     from ..explainer import Explainer
     from ..methods import list_methods
     from ..paths import check_output_path
@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if threads:
         torch.set_num_threads(threads)
     options = method_options(args.options) or None
+    check_benchmark_options(args.methods, options)  # before the data and the model load
     dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
     out = Path(args.out)
     if launched:  # one of the processes `accelerate launch` (or --processes) started: its rank is its shard

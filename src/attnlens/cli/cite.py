@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import Explainer
     from ..core.memory import parse_budget
     from ..paths import atomic_write_text, check_output_path
-    from ..sources.attribute import split_methods
+    from ..sources.attribute import check_options, split_methods
 
     token_methods, source_methods = split_methods(args.methods)  # a typo fails before anything loads
     budget = parse_budget(args.memory_budget)
@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         if name in options.get(method, {}):
             raise InputError(f"{flag} and --options both set {method}'s {name}: give it once")
         options.setdefault(method, {})[name] = value
+    if options:  # names and the values no model is needed to judge
+        check_options(args.methods, options)
     if args.format == "html" and args.out is None:
         args.out = "cite.html"
     out = None if args.out is None else check_output_path(args.out, "--out", directory=False)

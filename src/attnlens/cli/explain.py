@@ -141,14 +141,14 @@ def add_memory_options(p: argparse.ArgumentParser) -> None:
 
 def explain_options(args: argparse.Namespace, methods: list[str]) -> dict[str, dict[str, Any]] | None:
     """The method options of ``--options`` and the ``--ig-*`` flags (``None`` when none is given), each naming a
-    method of ``methods`` and only known option names of it."""
+    method of ``methods``, only known option names of it, and values it accepts (as far as they can be judged
+    without a model)."""
     from ..methods import get_method
 
     options = method_options(args.options)
-    for name, opts in options.items():
+    for name in options:
         if name not in methods:
             raise InputError(f"--options sets {name}, which --methods leaves out")
-        get_method(name).check_options(opts)
     given = [(key, flag, value) for key, flag, value in (("n_steps", "--ig-steps", args.ig_steps),
                                                           ("tolerance", "--ig-tolerance", args.ig_tolerance),
                                                           ("method", "--ig-method", args.ig_method))
@@ -159,6 +159,8 @@ def explain_options(args: argparse.Namespace, methods: list[str]) -> dict[str, d
         if key in options.get("integratedgradients", {}):
             raise InputError(f"{flag} and --options both set integratedgradients' {key}: give it once")
         options.setdefault("integratedgradients", {})[key] = value
+    for name, opts in options.items():  # names and the values no model is needed to judge
+        get_method(name).check_options(opts)
     return options or None
 
 

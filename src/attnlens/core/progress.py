@@ -110,7 +110,7 @@ class ExplainProgress:
 
     def _postfix(self) -> None:
         if not self.bar.disable:
-            self.bar.set_postfix_str(f"{self.finished}/{self.n_inputs} {self.unit}", refresh=False)
+            self.bar.set_postfix_str(f"{self.finished}/{self.n_inputs} {self.unit} done", refresh=False)
 
     def close(self) -> None:
         self.bar.close()

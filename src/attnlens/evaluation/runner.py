@@ -274,11 +274,9 @@ def _check_labels(dataset: Dataset, n_classes: int, need: bool) -> None:
             )
 
 
-def _checked_options(
-    explainer: Any, dataset: Dataset, methods: Any, method_ids: Sequence[str],
-    options: dict[str, dict[str, Any]] | None, target: str, target_kind: str, config: EvalConfig,
-) -> dict[str, dict[str, Any]]:
-    """``options`` checked by name, then by value on one example, so that a typo is refused before any write."""
+def check_benchmark_options(methods: Any, options: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """``options`` checked without a model: each names a benchmarked method, and only options it has, with
+    values it accepts as far as they can be judged without one."""
     from ..methods import get_method, resolve_methods
 
     options = dict(options or {})
@@ -289,6 +287,15 @@ def _checked_options(
         if not isinstance(opts, dict):
             raise InputError(f"options of {name!r} must be an object of option names and values, got {opts!r}")
         get_method(name).check_options(dict(opts))
+    return options
+
+
+def _checked_options(
+    explainer: Any, dataset: Dataset, methods: Any, method_ids: Sequence[str],
+    options: dict[str, dict[str, Any]] | None, target: str, target_kind: str, config: EvalConfig,
+) -> dict[str, dict[str, Any]]:
+    """``options`` checked by name, then by value on one example, so that a typo is refused before any write."""
+    options = check_benchmark_options(methods, options)
     used = [m for m in method_ids if options.get(m)]
     if used:  # option values are checked by the methods themselves: explain one example with them
         first = dataset[0]

@@ -18,11 +18,18 @@ def cat_per_layer(capture: Capture, hidden: str) -> torch.Tensor:
     ``hidden="input"`` pairs layer l with its input h^{l-1} (the authors' code), ``"output"`` with its output h^l
     (the paper's wording).
     """
-    if hidden not in HIDDEN_CHOICES:
-        raise InputError(f"hidden={hidden!r}; choose one of {', '.join(HIDDEN_CHOICES)}")
+    _check_cat(hidden)
     n = capture.n_layers
     idx = range(n) if hidden == "input" else range(1, n + 1)
     return torch.stack([(capture.hidden_grads[i] * capture.hidden[i]).sum(-1) for i in idx], 1)
+
+
+def _check_cat(hidden: str = "input", alpha: str = "mean") -> None:
+    """CAT's and AttCAT's option values."""
+    if hidden not in HIDDEN_CHOICES:
+        raise InputError(f"hidden={hidden!r}; choose one of {', '.join(HIDDEN_CHOICES)}")
+    if alpha not in ALPHA_CHOICES:
+        raise InputError(f"alpha={alpha!r}; choose one of {', '.join(ALPHA_CHOICES)}")
 
 
 @register(
@@ -30,6 +37,7 @@ def cat_per_layer(capture: Capture, hidden: str) -> torch.Tensor:
     needs={HIDDEN, GRADIENTS},
     summary="Σ over layers of Σ_d (∇h^{l-1} ⊙ h^{l-1})[j, d] (AttCAT Eq. 10 without attention).",
     citation="Qiang et al. 2022 (AttCAT), Eq. 10",
+    check=_check_cat,
 )
 def cat(ctx: BatchContext, hidden: str = "input") -> MethodOutput:
     layers = cat_per_layer(ctx.capture, hidden)
@@ -43,11 +51,11 @@ def cat(ctx: BatchContext, hidden: str = "input") -> MethodOutput:
     summary="Σ over layers of ᾱ^l_j · Σ_d (∇h^{l-1} ⊙ h^{l-1})[j, d]; ᾱ = attention token j receives, mean over "
     "heads and real query rows.",
     citation="Qiang et al. 2022 (AttCAT), Eq. 11 as in the authors' code",
+    check=_check_cat,
 )
 def attcat(ctx: BatchContext, hidden: str = "input", alpha: str = "mean") -> MethodOutput:
     cap = ctx.capture
-    if alpha not in ALPHA_CHOICES:
-        raise InputError(f"alpha={alpha!r}; choose one of {', '.join(ALPHA_CHOICES)}")
+    _check_cat(hidden, alpha)
     if alpha == "mean":  # attention each token receives, averaged over all real queries (the authors' code)
         weights = torch.stack(cap.received_attention(), 1)
     else:  # the classification position's attention row (one reading of the paper)

@@ -288,6 +288,12 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray, workers: int = 1) -> n
     return out
 
 
+def _check_flow(workers: int | None = None) -> None:
+    """Attention flow's option values."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InputError(f"flow workers must be a whole number of processes, at least 1, got {workers!r}")
+
+
 @register(
     "flow",
     needs={ATTENTION_MEANS},
@@ -295,6 +301,7 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray, workers: int = 1) -> n
     citation="Abnar & Zuidema, Quantifying Attention Flow in Transformers, ACL 2020",
     class_specific=False,
     self_attention_only=True,
+    check=_check_flow,
 )
 def compute(ctx, workers: int | None = None) -> MethodOutput:
     """Attention flow of every explained row.
@@ -303,8 +310,7 @@ def compute(ctx, workers: int | None = None) -> MethodOutput:
     from the main thread; elsewhere they run here). Default: the CPU cores torch computes on. The scores do not
     depend on it.
     """
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise InputError(f"flow workers must be a whole number of processes, at least 1, got {workers!r}")
+    _check_flow(workers)
     workers = usable_cores() if workers is None else workers
     cap = ctx.capture
     key_mask = cap.key_mask.bool().cpu().numpy()

@@ -120,9 +120,15 @@ def _captum_gradients(ctx: BatchContext, multiply: bool) -> torch.Tensor:
     return attr.detach()
 
 
-def _check_engine(engine: str) -> None:
+def _check_engine(engine: str = "shared") -> None:
     if engine not in ENGINES:
         raise InputError(f"engine={engine!r}; choose one of {', '.join(ENGINES)}")
+
+
+def _check_saliency(engine: str = "shared", abs: bool = True) -> None:  # noqa: A002
+    _check_engine(engine)
+    if not isinstance(abs, bool):
+        raise InputError(f"saliency abs must be True or False, got {abs!r}")
 
 
 @register(
@@ -130,13 +136,12 @@ def _check_engine(engine: str) -> None:
     needs={EMBEDDINGS, GRADIENTS},
     summary="Gradient of the target w.r.t. the input token embeddings, |·| summed over dimensions.",
     citation="Simonyan et al. 2014; Captum Saliency",
+    check=_check_saliency,
 )
 def saliency(ctx: BatchContext, engine: str = "shared", abs: bool = True) -> MethodOutput:  # noqa: A002
     # Captum's Saliency takes |gradient| by default, and so do we: when a LayerNorm follows the embeddings
     # (BERT & co.), the gradient w.r.t. the embedding sums to ~0 over dimensions, so the signed sum says nothing.
-    _check_engine(engine)
-    if not isinstance(abs, bool):
-        raise InputError(f"saliency abs must be True or False, got {abs!r}")
+    _check_saliency(engine, abs)
     grads = _captum_gradients(ctx, multiply=False) if engine == "captum" else ctx.capture.embedding_grads
     return MethodOutput((grads.abs() if abs else grads).sum(-1), space="tokens")
 
@@ -146,6 +151,7 @@ def saliency(ctx: BatchContext, engine: str = "shared", abs: bool = True) -> Met
     needs={EMBEDDINGS, GRADIENTS},
     summary="Input embeddings × their gradient, summed over dimensions.",
     citation="Shrikumar et al. 2016; Captum InputXGradient",
+    check=_check_engine,
 )
 def inputxgradient(ctx: BatchContext, engine: str = "shared") -> MethodOutput:
     _check_engine(engine)
@@ -155,14 +161,19 @@ def inputxgradient(ctx: BatchContext, engine: str = "shared") -> MethodOutput:
     return MethodOutput((cap.embedding_grads * cap.embeddings).sum(-1), space="tokens")
 
 
+def check_baseline(baseline: str) -> None:
+    """An :class:`InputError` unless ``baseline`` names a baseline token (one of ``BASELINES``)."""
+    if baseline not in BASELINES:
+        raise InputError(f"baseline={baseline!r}; choose one of {', '.join(BASELINES)}")
+
+
 def baseline_ids(ctx: BatchContext, baseline: str) -> torch.Tensor:
     """Input ids with every real non-special token replaced by the baseline token (special tokens kept).
 
     ``auto`` is the padding token, except for decoder-only models, whose head finds the last real token by the
     padding id: there it is the unknown token (or EOS).
     """
-    if baseline not in BASELINES:
-        raise InputError(f"baseline={baseline!r}; choose one of {', '.join(BASELINES)}")
+    check_baseline(baseline)
     tok = ctx.tokenizer
     if baseline == "auto":
         baseline = "unk" if ctx.adapter.family == "decoder" else "pad"
@@ -300,11 +311,20 @@ def _check_ig_options(n_steps: int | None, internal_batch_size: int | None, tole
         raise InputError(f"integratedgradients n_steps={n_steps} is more than max_steps={max_steps}")
 
 
+def _check_ig(n_steps: int | None = None, method: str = DEFAULT_RULE, tolerance: float | None = None,
+              max_steps: int = DEFAULT_MAX_STEPS, internal_batch_size: int | None = None,
+              baseline: str = "auto") -> None:
+    """Integrated gradients' option values."""
+    _check_ig_options(n_steps, internal_batch_size, tolerance, max_steps, method)
+    check_baseline(baseline)
+
+
 @register(
     "integratedgradients",
     needs={OWN_PASS},
     summary="Integrated gradients on the input token embeddings from a baseline of padding tokens.",
     citation="Sundararajan et al. 2017; Captum IntegratedGradients",
+    check=_check_ig,
 )
 def integratedgradients(
     ctx: BatchContext, n_steps: int | None = None, method: str = DEFAULT_RULE, tolerance: float | None = None,

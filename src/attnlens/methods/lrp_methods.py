@@ -111,6 +111,29 @@ def _last_layer_only(ctx: BatchContext, key: tuple[str, float]) -> bool:
     return bool(readers) and all(name == "partiallrp" and not _layers_option(ctx.plan[name]) for name in readers)
 
 
+def _check_partiallrp(rules: str = "chefer", epsilon: float = 0.0, layers: bool = False) -> None:
+    """PartialLRP's option values."""
+    check_settings(rules, epsilon)
+    _layers_option({"layers": layers})
+
+
+def _check_transatt(start_layer: int = 0, rules: str = "chefer", epsilon: float = 0.0) -> None:
+    """TransAtt's option values (the layer's range needs the model)."""
+    if not isinstance(start_layer, int) or isinstance(start_layer, bool):
+        raise InputError(f"transatt start_layer must be an integer layer index, got {start_layer!r}")
+    check_settings(rules, epsilon)
+
+
+def _check_attnlrp(input: str = "embeddings", rules: str = "attnlrp", epsilon: float = 0.0) -> None:  # noqa: A002
+    """AttnLRP's option values."""
+    if input not in ("embeddings", "word"):
+        raise InputError(f"attnlrp input must be 'embeddings' (word + position + segment) or 'word', got {input!r}")
+    if rules not in ATTNLRP_RULES:  # Chefer et al.'s rules propagate to the input too, but that is not AttnLRP
+        raise InputError(f"attnlrp takes rules 'attnlrp' (AttnLRP) or 'cp' (CP-LRP), not {rules!r}; "
+                         "the chefer rule sets are for partiallrp and transatt")
+    check_settings(rules, epsilon)
+
+
 def _layers_option(opts: Mapping[str, Any]) -> bool:
     """PartialLRP's ``layers`` option, checked."""
     layers = opts.get("layers", False)
@@ -190,6 +213,7 @@ def _partiallrp_outputs(ctx: BatchContext) -> Any:
     summary="Partial LRP: LRP relevance of the last layer's attention, E_h max(R(A^L), 0)[c, j].",
     citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
     lrp=True,
+    check=_check_partiallrp,
 )
 def partiallrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0, layers: bool = False) -> MethodOutput:
     # without the per-layer view (and no other method reading the pass), its backward stops at the last layer
@@ -236,10 +260,10 @@ class _TransAttRows:
     "row c.",
     citation="Chefer, Gur & Wolf, Transformer Interpretability Beyond Attention Visualization, CVPR 2021",
     lrp=True,
+    check=_check_transatt,
 )
 def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "chefer", epsilon: float = 0.0) -> MethodOutput:
-    if not isinstance(start_layer, int) or isinstance(start_layer, bool):
-        raise InputError(f"transatt start_layer must be an integer layer index, got {start_layer!r}")
+    _check_transatt(start_layer, rules, epsilon)
     res = shared_lrp(ctx, rules, epsilon)
     n_layers = res.n_layers
     if not -n_layers <= start_layer < n_layers:
@@ -272,13 +296,10 @@ def _attnlrp_outputs(ctx: BatchContext) -> Any:
     "hidden dimension (signed).",
     citation="Achtibat et al., AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers, ICML 2024",
     lrp=True,
+    check=_check_attnlrp,
 )
 def attnlrp(ctx: BatchContext, input: str = "embeddings", rules: str = "attnlrp", epsilon: float = 0.0) -> MethodOutput:
-    if input not in ("embeddings", "word"):
-        raise InputError(f"attnlrp input must be 'embeddings' (word + position + segment) or 'word', got {input!r}")
-    if rules not in ATTNLRP_RULES:  # Chefer et al.'s rules propagate to the input too, but that is not AttnLRP
-        raise InputError(f"attnlrp takes rules 'attnlrp' (AttnLRP) or 'cp' (CP-LRP), not {rules!r}; "
-                         "the chefer rule sets are for partiallrp and transatt")
+    _check_attnlrp(input, rules, epsilon)
     res = shared_lrp(ctx, rules, epsilon)
     scores = res.input_relevance if input == "embeddings" else res.word_relevance
     return MethodOutput(scores, None, space="tokens")

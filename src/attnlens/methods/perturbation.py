@@ -36,7 +36,7 @@ from captum.attr import KernelShap, Lime, Occlusion
 from ..core.batch_state import BatchContext
 from ..core.memory import forward_row_bytes, model_dims, rows_that_fit
 from ..errors import InputError
-from .gradient import baseline_ids, embedding_forward
+from .gradient import baseline_ids, check_baseline, embedding_forward
 from .registry import OWN_PASS, MethodOutput, register
 
 MAX_PER_EVAL = 256  # perturbed copies per forward at most, whatever the budget (larger batches gain nothing on CPU)
@@ -46,10 +46,14 @@ DEFAULT_SAMPLES = 100  # LIME's and KernelSHAP's samples per input (Captum's def
 TOKEN_ALIGNED = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids"})
 
 
+def _check_per_eval(per_eval: int | None, name: str) -> None:
+    if per_eval is not None and (isinstance(per_eval, bool) or not isinstance(per_eval, int) or per_eval < 1):
+        raise InputError(f"{name} perturbations_per_eval must be an integer >= 1, got {per_eval!r}")
+
+
 def _per_eval(ctx: BatchContext, per_eval: int | None, name: str) -> int:
     if per_eval is not None:
-        if isinstance(per_eval, bool) or not isinstance(per_eval, int) or per_eval < 1:
-            raise InputError(f"{name} perturbations_per_eval must be an integer >= 1, got {per_eval!r}")
+        _check_per_eval(per_eval, name)
         return per_eval
     n = int(ctx.token_mask.shape[1])
     return rows_that_fit(ctx.memory_budget, forward_row_bytes(model_dims(ctx.model), n), cap=MAX_PER_EVAL)
@@ -58,6 +62,28 @@ def _per_eval(ctx: BatchContext, per_eval: int | None, name: str) -> int:
 def _check_samples(n_samples: int, name: str) -> None:
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
         raise InputError(f"{name} n_samples must be an integer >= 2, got {n_samples!r}")
+
+
+def _check_seed(seed: int, name: str) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InputError(f"{name} seed must be an integer, got {seed!r}")
+
+
+def _check_occlusion(baseline: str = "auto", perturbations_per_eval: int | None = None) -> None:
+    """Occlusion's option values."""
+    check_baseline(baseline)
+    _check_per_eval(perturbations_per_eval, "occlusion")
+
+
+def _sampled_check(name: str) -> Callable[..., None]:
+    """The option check of a sampling method (LIME, KernelSHAP) called ``name``."""
+    def check(n_samples: int = DEFAULT_SAMPLES, baseline: str = "auto", perturbations_per_eval: int | None = None,
+              seed: int = 0) -> None:
+        _check_samples(n_samples, name)
+        check_baseline(baseline)
+        _check_per_eval(perturbations_per_eval, name)
+        _check_seed(seed, name)
+    return check
 
 
 def _per_input(
@@ -108,6 +134,7 @@ def _per_input(
     needs={OWN_PASS},
     summary="Drop in the target when one token is replaced by the baseline token (Captum Occlusion).",
     citation="Zeiler & Fergus 2014; Captum Occlusion",
+    check=_check_occlusion,
 )
 def occlusion(ctx: BatchContext, baseline: str = "auto", perturbations_per_eval: int | None = None) -> MethodOutput:
     per_eval = _per_eval(ctx, perturbations_per_eval, "occlusion")
@@ -128,8 +155,7 @@ def _occlude(forward: Any, x: torch.Tensor, base: torch.Tensor, per_eval: int) -
 def _sampled(ctx: BatchContext, explainer: type, name: str, n_samples: int, baseline: str,
              perturbations_per_eval: int | None, seed: int) -> MethodOutput:
     _check_samples(n_samples, name)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InputError(f"{name} seed must be an integer, got {seed!r}")
+    _check_seed(seed, name)
     per_eval = _per_eval(ctx, perturbations_per_eval, name)
 
     def attribute(forward: Any, x: torch.Tensor, base: torch.Tensor, b: int) -> torch.Tensor:
@@ -150,6 +176,7 @@ def _sampled(ctx: BatchContext, explainer: type, name: str, n_samples: int, base
     needs={OWN_PASS},
     summary="LIME: a sparse linear model of the target over random token subsets (Captum Lime).",
     citation="Ribeiro et al. 2016; Captum Lime",
+    check=_sampled_check("lime"),
 )
 def lime(ctx: BatchContext, n_samples: int = DEFAULT_SAMPLES, baseline: str = "auto",
          perturbations_per_eval: int | None = None, seed: int = 0) -> MethodOutput:
@@ -161,6 +188,7 @@ def lime(ctx: BatchContext, n_samples: int = DEFAULT_SAMPLES, baseline: str = "a
     needs={OWN_PASS},
     summary="KernelSHAP: Shapley values of the tokens from a kernel-weighted regression (Captum KernelShap).",
     citation="Lundberg & Lee 2017; Captum KernelShap",
+    check=_sampled_check("kernelshap"),
 )
 def kernelshap(ctx: BatchContext, n_samples: int = DEFAULT_SAMPLES, baseline: str = "auto",
                perturbations_per_eval: int | None = None, seed: int = 0) -> MethodOutput:

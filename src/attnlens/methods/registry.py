@@ -91,6 +91,9 @@ class Method:
     # runs (or finds) that pass and returns them (or None: it cannot), so that a batch that needs nothing else of
     # the shared pass runs no forward of its own (the engine builds the capture from them)
     forward: Callable[[Any], Any] | None = None
+    # checks the values of the options that need no model (types, choices, ranges): ``check(**options)`` with
+    # every option given, defaults included, raising :class:`InputError`; run before any model loads
+    check: Callable[..., None] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -125,12 +128,16 @@ class Method:
         return self.applies(model, stream, task) if self.applies is not None else None
 
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """Defaults merged with ``options``; unknown option names raise :class:`InputError`."""
+        """Defaults merged with ``options``; unknown option names, and values the method's ``check`` refuses
+        (those that need no model to be judged), raise :class:`InputError`."""
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             allowed = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "none"
             raise InputError(f"method {self.name!r} has no option {', '.join(unknown)}; its options: {allowed}")
-        return {**self.options, **options}
+        merged = {**self.options, **options}
+        if self.check is not None:
+            self.check(**merged)
+        return merged
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -150,6 +157,7 @@ def register(
     differentiate: set[str] | frozenset[str] | None = None,
     logits_only: bool = False,
     forward: Callable[[Any], Any] | None = None,
+    check: Callable[..., None] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
@@ -160,7 +168,9 @@ def register(
     in its signature). ``differentiate``: the captured tensors whose gradients it reads, when that is not every
     differentiable one it declares. ``logits_only``: it explains logits (``target_kind="logit"``), and a whole
     answer's log-probabilities. ``forward(ctx)``: for an ``OWN_PASS`` method whose pass runs the model on the
-    batch's inputs as they are, that pass's model outputs (see :attr:`Method.forward`).
+    batch's inputs as they are, that pass's model outputs (see :attr:`Method.forward`). ``check(**options)``:
+    refuses option values that need no model to be judged (a type, a choice, a range) with an
+    :class:`InputError`, so a command line fails on them before it loads a model; the method may check them again.
     """
     if forward is not None and OWN_PASS not in needs:
         raise ValueError(f"method {name!r}: forward= is for methods that run their own pass (OWN_PASS)")
@@ -191,6 +201,7 @@ def register(
             differentiate=None if differentiate is None else frozenset(differentiate),
             logits_only=logits_only,
             forward=forward,
+            check=check,
         )
         return compute
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..core.batch_state import BatchContext
-from ..errors import ModelError
+from ..errors import InputError, ModelError
 from ..models.architectures import Layers, architecture_for
 from .attention import propagate
 from .registry import OWN_PASS, MethodOutput, register
@@ -169,6 +169,12 @@ def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 0.5 * (unit_a - unit_b).square().sum(-1)
 
 
+def _check_valuezeroing(rollout: bool = True) -> None:
+    """Value zeroing's option values."""
+    if not isinstance(rollout, bool):
+        raise InputError(f"valuezeroing rollout must be True or False, got {rollout!r}")
+
+
 @register(
     "valuezeroing",
     needs={OWN_PASS},
@@ -179,9 +185,11 @@ def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     summary="Value zeroing: C^l[i,j] = cosine distance of token i's layer-l output when j's value vector is zeroed; "
             "rows normalised, rolled out over layers; s_j = R[c, j].",
     citation="Mohebbi et al. 2023 (EACL), authors' code hmohebbi/ValueZeroing",
+    check=_check_valuezeroing,
 )
 def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
     """``rollout=False``: the last layer's normalised row alone (no propagation through the layers below)."""
+    _check_valuezeroing(rollout)
     cap = ctx.capture
     with torch.no_grad():
         if ctx.sequence is None:

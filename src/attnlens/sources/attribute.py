@@ -21,7 +21,7 @@ from ..core.generation_engine import eos_ids, greedy
 from ..core.memory import parse_budget
 from ..core.model_runner import ModelRunner
 from ..errors import InputError
-from ..methods import resolve_methods
+from ..methods import get_method, resolve_methods
 from ..results.context_attribution import ContextAttribution
 from ..version import __version__
 from .ablation import ABLATIONS, CiteJob
@@ -30,7 +30,7 @@ from .prompt import Prompt, build_prompt, token_sources
 from .segment import split_sources
 from .token_scores import token_source_scores
 
-__all__ = ["DEFAULT_METHODS", "attribute_context", "prepare_job", "score_job", "split_methods"]
+__all__ = ["DEFAULT_METHODS", "attribute_context", "check_options", "prepare_job", "score_job", "split_methods"]
 
 DEFAULT_METHODS = ("decompx", "attnlrp", "loo")
 
@@ -56,6 +56,23 @@ def split_methods(methods: str | Sequence[str] | None) -> tuple[list[str], list[
     if token:
         resolve_methods(token)  # unknown names fail here, with the list of known ones
     return token, source
+
+
+def check_options(methods: str | Sequence[str] | None, options: Mapping[str, Mapping[str, Any]] | None
+                  ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """A request's options, checked before any model runs: ``(token-level options, source-level options with
+    their defaults)``. Each names a requested method and only options it has; token-level values are judged as
+    far as no model is needed (:meth:`attnlens.methods.Method.check_options`)."""
+    token_methods, source_methods = split_methods(methods)
+    options = {k: dict(v) for k, v in (options or {}).items()}
+    asked = set(token_methods) | set(source_methods)
+    for name in options:
+        if name not in asked and ("all" not in token_methods or name in SOURCE_METHODS):
+            raise InputError(f"options given for {name!r}, which is not among the requested methods")
+    source_options = {m: check_source_options(m, options.pop(m, {})) for m in source_methods}
+    for name, opts in options.items():
+        get_method(name).check_options(opts)
+    return options, source_options
 
 
 def default_methods(job: CiteJob) -> list[str]:
@@ -189,12 +206,7 @@ def score_job(
     holds the answer's log-probability, per method the seconds it took, the share of its token scores outside
     every source, and what the methods report."""
     token_methods, source_methods = split_methods(methods)
-    options = {k: dict(v) for k, v in (options or {}).items()}
-    asked = set(token_methods) | set(source_methods)
-    for name in options:
-        if name not in asked and "all" not in token_methods:
-            raise InputError(f"options given for {name!r}, which is not among the requested methods")
-    source_options = {m: check_source_options(m, options.pop(m, {})) for m in source_methods}
+    options, source_options = check_options(methods, options)
     _check_source_passes(job, source_options)
     scores: dict[str, np.ndarray] = {}
     token_scores: dict[str, np.ndarray] = {}
@@ -240,7 +252,10 @@ def attribute_context(
     per_token: bool = False,
 ) -> ContextAttribution:
     """See :meth:`attnlens.Explainer.attribute_context`."""
-    split_methods(methods)  # a typo fails before the answer is generated
+    if methods is None:  # a typo fails before the answer is generated
+        split_methods(methods)
+    else:
+        check_options(methods, options)
     job = prepare_job(runner, context, query, answer=answer, sources=sources, template=template, chat=chat,
                       answer_span=answer_span, max_new_tokens=max_new_tokens, ablation=ablation,
                       memory_budget=memory_budget)
