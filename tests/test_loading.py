@@ -257,3 +257,49 @@ def test_head_of_another_shape_is_refused(classifier_dir):
         Explainer.from_pretrained(classifier_dir, num_labels=3, ignore_mismatched_sizes=True)
     with pytest.raises(ModelError, match="other shapes than the config asks for"):
         Explainer.from_pretrained(classifier_dir, num_labels=3)
+
+
+# ------------------------------------------------------------------------------------ a hub that cannot be reached
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No name resolves (no network), no proxy is configured, and the HuggingFace cache is a fresh directory."""
+    from huggingface_hub import constants
+
+    from attnlens.models import hub
+
+    monkeypatch.setattr(hub, "_resolves", lambda host: False)
+    for name in hub.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def test_a_hub_id_loads_from_the_cache_when_the_hub_cannot_be_reached(offline):
+    """The cache layout huggingface_hub writes (a snapshot named by refs/main): loaded without a request."""
+    snapshot = offline / "models--someone--tiny-bert" / "snapshots" / "0123abc"
+    save(make_model("bert"), snapshot)
+    (offline / "models--someone--tiny-bert" / "refs").mkdir()
+    (offline / "models--someone--tiny-bert" / "refs" / "main").write_text("0123abc")
+    (exp,) = Explainer.from_pretrained("someone/tiny-bert").explain(["the movie was great"], methods=["rawatt"])
+    assert exp.scores["rawatt"].shape == (len(exp.tokens),)
+
+
+def test_a_hub_id_not_in_the_cache_is_one_line_when_the_hub_cannot_be_reached(offline, capsys):
+    line = cli_error(capsys, ["explain", "--model", "someone/not-cached", "good"])
+    assert "hub (huggingface.co) cannot be reached" in line and "not in the local cache" in line
+    with pytest.raises(ModelError, match="cannot be reached"):
+        Explainer.from_pretrained("someone/not-cached")
+
+
+def test_behind_a_proxy_the_hub_is_not_judged_unreachable(monkeypatch):
+    from attnlens.models import hub
+
+    monkeypatch.setattr(hub, "_resolves", lambda host: False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert hub.hub_unreachable() is None and hub.cache_only("someone/model") == {}
+    monkeypatch.delenv("HTTPS_PROXY")
+    for name in hub.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert hub.hub_unreachable() == "huggingface.co" and hub.cache_only("someone/model") == {"local_files_only": True}

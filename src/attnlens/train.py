@@ -21,6 +21,7 @@ import torch
 from .data import ALIASES, SPECS, Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
 from .models.architectures import architecture_for
+from .models.hub import cache_only, not_cached_message
 from .models.loading import (
     check_model_dir,
     check_tokenizer_files,
@@ -260,11 +261,14 @@ def load_config_and_tokenizer(name: str) -> tuple[str, Any, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     source = resolve_model(name)
+    local = cache_only(source)  # a hub id while the hub cannot be reached: the local cache, without retries
     try:
         with quiet_transformers():
-            config = AutoConfig.from_pretrained(source)
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            config = AutoConfig.from_pretrained(source, **local)
+            tokenizer = AutoTokenizer.from_pretrained(source, **local)
     except (OSError, ValueError) as exc:
+        if local and isinstance(exc, OSError):
+            raise ModelError(not_cached_message(name)) from None
         raise ModelError(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None
     check_tokenizer_files(tokenizer, source)
     return source, config, tokenizer
@@ -306,7 +310,8 @@ def load_with_head(auto_class: Any, task: str, name: str, source: str, config: A
         tokenizer.pad_token = tokenizer.eos_token
     config.pad_token_id = tokenizer.pad_token_id
     try:  # the head may be new: unlike Explainer.from_pretrained, no check_complete here
-        model, _ = load_weights(auto_class, source, config=config, ignore_mismatched_sizes=reinit_head)
+        model, _ = load_weights(auto_class, source, config=config, ignore_mismatched_sizes=reinit_head,
+                                **cache_only(source))
     except ValueError as exc:
         raise ModelError(f"cannot load {name!r} for {task}: {str(exc).splitlines()[0]}") from None
     if model.get_input_embeddings().num_embeddings < len(tokenizer):

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import InputError, ModelError
 from .heads import TASKS, task_of
+from .hub import cache_only, hub_unreachable, not_cached_message
 from .quiet import quiet_transformers
 from .shorthands import is_shorthand, resolve_shorthand
 
@@ -84,6 +85,8 @@ def load_weights(auto: Any, name: str, **kwargs: Any) -> tuple[Any, dict[str, An
         detail = str(exc).splitlines()[0] if isinstance(exc, SafetensorError) else "torch.load cannot read it"
         raise ModelError(f"could not load model {name}: {file} {state} ({detail})") from exc
     except (OSError, RuntimeError) as exc:  # missing files, unknown hub id, no network, shape mismatches
+        if isinstance(exc, OSError) and kwargs.get("local_files_only") and path is None and hub_unreachable():
+            raise ModelError(not_cached_message(name)) from exc
         detail = str(exc).splitlines()[0]
         if "ignore_mismatched_sizes" in detail:  # the report it points to is silenced above
             detail = "weights of the checkpoint have other shapes than the config asks for (e.g. num_labels)"
@@ -253,15 +256,18 @@ def load_pretrained(
     if looks_local and not Path(name).expanduser().is_dir():
         raise ModelError(f"model directory not found: {name}")
     check_model_dir(name)
+    local = cache_only(name)  # a hub id while the hub cannot be reached: the local cache, without retries
     try:
         with quiet_transformers():
             if task is None:
-                task = task_of(getattr(AutoConfig.from_pretrained(name), "architectures", None) or [])
-            tokenizer = AutoTokenizer.from_pretrained(name)
+                task = task_of(getattr(AutoConfig.from_pretrained(name, **local), "architectures", None) or [])
+            tokenizer = AutoTokenizer.from_pretrained(name, **local)
         check_tokenizer_files(tokenizer, name)
         auto = getattr(transformers, TASKS[task].auto_class)
-        model, info = load_weights(auto, name, attn_implementation="eager", **model_kwargs)
+        model, info = load_weights(auto, name, attn_implementation="eager", **local, **model_kwargs)
     except OSError as exc:  # missing files, unknown hub id, no network
+        if local:
+            raise ModelError(not_cached_message(name)) from exc
         raise ModelError(f"could not load model {name!r}: {str(exc).splitlines()[0]}") from exc
     except ValueError as exc:  # e.g. a config of another kind of model
         kind = TASKS[task or "classification"].kind  # task is None when the config itself would not load
