@@ -1218,21 +1218,28 @@ def test_one_forward_serves_the_chefer_and_attnlrp_rule_sets(family):
     assert attnlrp.input_relevance.abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "falcon", "mixtral"])
-def test_one_forward_serves_both_rule_sets_for_every_prefix(family):
-    """The same through a generation's one pass over the sequence, each row a prefix (batched products)."""
+def _prefix_case(family: str, seed: int) -> tuple[nn.Module, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A float64 causal LM of ``family`` (the strong classifier's config), a 7-token sequence, its prefixes of 4 to
+    7 tokens as rows, and a target token per row."""
     import transformers
-
-    from attnlens.models.heads import LMHead
 
     cls = strong(family)
     lm_class = "GPT2LMHeadModel" if family == "gpt2" else type(cls).__name__.replace("SequenceClassification",
                                                                                       "CausalLM")
     lm = randomise_biases_and_norms(getattr(transformers, lm_class)(cls.config).double())
-    ids = torch.randint(5, 60, (1, 7), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(5, 60, (1, 7), generator=torch.Generator().manual_seed(seed))
     rows = torch.tril(torch.ones(7, 7, dtype=torch.long))[3:]  # the prefixes of 4 ... 7 tokens
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    targets = torch.tensor([11, 9, 40, 12])
+    return lm, inputs, rows, torch.tensor([11, 9, 40, 12])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "falcon", "mixtral"])
+def test_one_forward_serves_both_rule_sets_for_every_prefix(family):
+    """The same through a generation's one pass over the sequence, each row a prefix (batched products)."""
+
+    from attnlens.models.heads import LMHead
+
+    lm, inputs, rows, targets = _prefix_case(family, seed=2)
     chefer, attnlrp = lrp_passes(lm, inputs, targets, head=LMHead(64), rows=rows)
     _assert_same(chefer, lrp_pass(lm, inputs, targets, head=LMHead(64), rules="chefer", rows=rows,
                                   inputs_relevance=False), False)
@@ -1243,20 +1250,12 @@ def test_one_forward_serves_both_rule_sets_for_every_prefix(family):
 def test_a_fused_pass_over_the_prefixes_equals_the_eager_one(family):
     """AttnLRP's fused pass over a generation's sequence (one backward per row, each recomputing the layers) gives
     every prefix the relevances of the eager pass's batched products, and keeps only the rows' logits."""
-    import transformers
 
     from attnlens.lrp import runs_fused
     from attnlens.models.heads import LMHead
 
-    cls = strong(family)
-    lm_class = "GPT2LMHeadModel" if family == "gpt2" else type(cls).__name__.replace("SequenceClassification",
-                                                                                      "CausalLM")
-    lm = randomise_biases_and_norms(getattr(transformers, lm_class)(cls.config).double())
+    lm, inputs, rows, targets = _prefix_case(family, seed=3)
     assert runs_fused(lm)
-    ids = torch.randint(5, 60, (1, 7), generator=torch.Generator().manual_seed(3))
-    rows = torch.tril(torch.ones(7, 7, dtype=torch.long))[3:]
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    targets = torch.tensor([11, 9, 40, 12])
     eager = lrp_pass(lm, inputs, targets, head=LMHead(64), rows=rows)
     fused = lrp_pass(lm, inputs, targets, head=LMHead(64), rows=rows, fused=True, attention_relevance=False,
                      forward_kwargs={"logits_to_keep": 4})
@@ -1452,18 +1451,10 @@ def test_a_pass_stopped_at_the_last_layer_runs_no_layer_below_it(monkeypatch):
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_a_pass_stopped_at_the_last_layer_over_prefixes(family):
     """The same over a generation's prefixes (batched products through the one pass)."""
-    import transformers
 
     from attnlens.models.heads import LMHead
 
-    cls = strong(family)
-    lm_class = "GPT2LMHeadModel" if family == "gpt2" else type(cls).__name__.replace("SequenceClassification",
-                                                                                      "CausalLM")
-    lm = randomise_biases_and_norms(getattr(transformers, lm_class)(cls.config).double())
-    ids = torch.randint(5, 60, (1, 7), generator=torch.Generator().manual_seed(2))
-    rows = torch.tril(torch.ones(7, 7, dtype=torch.long))[3:]
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    targets = torch.tensor([11, 9, 40, 12])
+    lm, inputs, rows, targets = _prefix_case(family, seed=2)
     full = lrp_pass(lm, inputs, targets, head=LMHead(64), rules="chefer", rows=rows, inputs_relevance=False)
     last = lrp_pass(lm, inputs, targets, head=LMHead(64), rules="chefer", rows=rows, inputs_relevance=False,
                     last_layer_only=True)
