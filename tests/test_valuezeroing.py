@@ -122,6 +122,7 @@ def test_matches_naive_whole_model_recomputation(model_type, tokenizer):
         (last,) = ex.explain(text, "valuezeroing", options={"valuezeroing": {"rollout": False}})
         np.testing.assert_allclose(last.scores["valuezeroing"], weights @ (c[-1] / c[-1].sum(-1, keepdims=True)),
                                    **tolerance)
+        assert "valuezeroing" not in last.layers  # the last layer alone is rerun
 
 
 @pytest.mark.parametrize("model_type,attention", [("bert", None), ("llama", None), ("gpt2", None), ("falcon", None),

@@ -110,10 +110,12 @@ def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, to
 
 
 def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
-                           stream: str = "self", max_rows: int = MAX_ROWS) -> list[torch.Tensor]:
+                           stream: str = "self", max_rows: int = MAX_ROWS, last_only: bool = False
+                           ) -> list[torch.Tensor]:
     """C^l ``(B, N, N)`` per layer of attention stream ``stream``: ``C[b, i, j]`` = cosine distance between
     position i's output of layer l and its output with the value vector of position j zeroed (``token_mask``:
-    the stream's real positions; rows and columns of padding are 0; not normalised).
+    the stream's real positions; rows and columns of padding are 0; not normalised). ``last_only``: the last
+    layer's alone (one matrix; only that layer is rerun).
 
     The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows."""
     spec = _layers_of(model)
@@ -128,7 +130,7 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
     pairs = real.nonzero()  # (P, 2): the (example, position) pairs whose value vector is zeroed
     per_chunk = max(1, max_rows // n)
     out = []
-    for layer, args, kwargs in calls:
+    for layer, args, kwargs in calls[-1:] if last_only else calls:
         hidden = args[0] if args else kwargs["hidden_states"]
         if hidden.shape[:2] != (b, n):
             raise ModelError(f"valuezeroing: the layers at {spec.path(stream)!r} do not take ({b}, {n}, D) hidden "
@@ -188,19 +190,22 @@ def _check_valuezeroing(rollout: bool = True) -> None:
     check=_check_valuezeroing,
 )
 def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
-    """``rollout=False``: the last layer's normalised row alone (no propagation through the layers below)."""
+    """``rollout=False``: the last layer's normalised row alone (no propagation through the layers below): only
+    that layer is rerun, and there is no per-layer view."""
     _check_valuezeroing(rollout)
     cap = ctx.capture
+    last_only = not rollout
     with torch.no_grad():
         if ctx.sequence is None:
-            matrices = value_zeroing_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream)
+            matrices = value_zeroing_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream, last_only=last_only)
         else:  # a generation's steps: the sequence's matrices hold every prefix's as their top-left block
             ids = ctx.sequence["input_ids"]
             whole = value_zeroing_matrices(ctx.model, ctx.sequence, ctx.sequence.get(
-                "attention_mask", torch.ones_like(ids)), ctx.stream)
+                "attention_mask", torch.ones_like(ids)), ctx.stream, last_only=last_only)
             m = cap.key_mask.to(whole[0].dtype)
             matrices = [c * m[:, :, None] * m[:, None, :] for c in whole]
     normalised = [c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny) for c in matrices]
-    chained = propagate(normalised) if rollout else normalised
-    layers = torch.stack([cap.row(m.to(cap.query_weights.dtype)) for m in chained], 1)
+    if not rollout:
+        return MethodOutput(cap.row(normalised[-1].to(cap.query_weights.dtype)))
+    layers = torch.stack([cap.row(m.to(cap.query_weights.dtype)) for m in propagate(normalised)], 1)
     return MethodOutput(layers[:, -1], layers)
