@@ -303,3 +303,11 @@ def test_behind_a_proxy_the_hub_is_not_judged_unreachable(monkeypatch):
     for name in hub.PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert hub.hub_unreachable() == "huggingface.co" and hub.cache_only("someone/model") == {"local_files_only": True}
+
+
+def test_the_callers_local_files_only_is_taken_as_given(offline, classifier_dir):
+    """``local_files_only`` among the model options is the caller's choice, for every file; a local directory
+    loads either way."""
+    with pytest.raises(ModelError, match="could not load model 'someone/not-cached'"):
+        Explainer.from_pretrained("someone/not-cached", local_files_only=True)
+    assert Explainer.from_pretrained(classifier_dir, local_files_only=False).explain(["good"], methods=["rawatt"])

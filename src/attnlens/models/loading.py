@@ -256,7 +256,10 @@ def load_pretrained(
     if looks_local and not Path(name).expanduser().is_dir():
         raise ModelError(f"model directory not found: {name}")
     check_model_dir(name)
-    local = cache_only(name)  # a hub id while the hub cannot be reached: the local cache, without retries
+    offline = cache_only(name)  # a hub id while the hub cannot be reached: the local cache, without retries
+    local = offline
+    if "local_files_only" in model_kwargs:  # the caller's choice, for the config and tokenizer too
+        local = {"local_files_only": model_kwargs.pop("local_files_only")}
     try:
         with quiet_transformers():
             if task is None:
@@ -266,7 +269,7 @@ def load_pretrained(
         auto = getattr(transformers, TASKS[task].auto_class)
         model, info = load_weights(auto, name, attn_implementation="eager", **local, **model_kwargs)
     except OSError as exc:  # missing files, unknown hub id, no network
-        if local:
+        if offline and local == offline:
             raise ModelError(not_cached_message(name)) from exc
         raise ModelError(f"could not load model {name!r}: {str(exc).splitlines()[0]}") from exc
     except ValueError as exc:  # e.g. a config of another kind of model
