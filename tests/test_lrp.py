@@ -508,6 +508,25 @@ def test_transatt_from_the_last_layer_is_its_one_layer_formula(tokenizer):
     assert "transatt" not in e.layers
 
 
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_transatt_from_the_last_layer_reads_a_pass_that_stops_there(family, tokenizer, monkeypatch):
+    """``start_layer=-1`` alone runs the LRP pass that stops at the last layer; its scores equal those read from
+    a whole pass (``start_layer=1``, the same layer of these two-layer models), batched or one by one."""
+    from attnlens.methods import lrp_methods
+
+    stops = []
+    real = lrp_methods.lrp_pass
+    monkeypatch.setattr(lrp_methods, "lrp_pass", lambda *a, **k: stops.append(k["last_layer_only"]) or real(*a, **k))
+    ex = Explainer(make_model(family), tokenizer)
+    last = ex.explain(TEXTS, methods=["transatt"], options={"transatt": {"start_layer": -1}}, batch_size=3)
+    whole = ex.explain(TEXTS, methods=["transatt"], options={"transatt": {"start_layer": 1}}, batch_size=3)
+    assert stops == [True, False]
+    for text, a, b in zip(TEXTS, last, whole):
+        np.testing.assert_allclose(a.scores["transatt"], b.scores["transatt"], rtol=1e-5, atol=1e-7)
+        (one,) = ex.explain([text], methods=["transatt"], options={"transatt": {"start_layer": -1}})
+        np.testing.assert_allclose(a.scores["transatt"], one.scores["transatt"], rtol=1e-5, atol=1e-7)
+
+
 def test_shared_pass_runs_once_per_batch(tokenizer):
     # forwards of the model per batch: the capture pass, then one LRP forward per rule set, except that the
     # chefer and attnlrp rule sets (partiallrp/transatt's and attnlrp's defaults) share one

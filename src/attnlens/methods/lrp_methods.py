@@ -106,9 +106,17 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
 
 def _last_layer_only(ctx: BatchContext, key: tuple[str, float]) -> bool:
     """Whether the pass ``key`` may stop at the last layer's attention: every method of the batch that reads it
-    is ``partiallrp`` without its per-layer view (no plan: every method may read it, so no)."""
+    reads that layer alone, ``partiallrp`` without its per-layer view or ``transatt`` from ``start_layer=-1`` (no
+    plan: every method may read it, so no)."""
     readers = [name for name, k in _planned_passes(ctx).items() if k == key]
-    return bool(readers) and all(name == "partiallrp" and not _layers_option(ctx.plan[name]) for name in readers)
+
+    def last_only(name: str) -> bool:
+        opts = ctx.plan[name]
+        if name == "partiallrp":
+            return not _layers_option(opts)
+        return name == "transatt" and opts.get("start_layer") == -1
+
+    return bool(readers) and all(last_only(name) for name in readers)
 
 
 def _check_partiallrp(rules: str = "chefer", epsilon: float = 0.0, layers: bool = False) -> None:
