@@ -255,5 +255,5 @@ def test_flow_workers_option(tokenizer):
     (shared,) = ex.explain(["the movie was not very good"], methods=["flow"], options={"flow": {"workers": 2}})
     np.testing.assert_array_equal(alone.scores["flow"], shared.scores["flow"])
     for bad in (0, 1.5, True):
-        with pytest.raises(InputError, match="flow workers must be a whole number"):
+        with pytest.raises(InputError, match="flow workers must be an integer >= 1"):
             ex.explain(["the movie"], methods=["flow"], options={"flow": {"workers": bad}})

@@ -454,7 +454,7 @@ def test_partiallrp_alone_stops_at_the_last_layer_with_the_same_scores(family, t
         np.testing.assert_allclose(e.layers["partiallrp"][-1], e.scores["partiallrp"], rtol=1e-6)
         (single,) = ex.explain([text], methods=["partiallrp"])
         np.testing.assert_allclose(a.scores["partiallrp"], single.scores["partiallrp"], rtol=1e-5, atol=1e-7)
-    with pytest.raises(InputError, match="partiallrp layers must be true or false"):
+    with pytest.raises(InputError, match="partiallrp layers must be True or False"):
         ex.explain(TEXTS[:1], methods=["partiallrp"], options={"partiallrp": {"layers": "yes"}})
 
 

@@ -35,7 +35,7 @@ from ..models.architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architectu
 from ..models.norms import is_rms_norm, rms_eps, rms_gain
 from ..models.prefixes import last_positions, row_gradients
 from .attention import carried_rows
-from .registry import ATTENTION, ATTENTION_CHUNKS, ATTENTION_ROWS, HIDDEN, MethodOutput, register
+from .registry import ATTENTION, ATTENTION_CHUNKS, ATTENTION_ROWS, HIDDEN, MethodOutput, check_flag, register
 
 ATTNNORM_VARIANTS = ("attn", "attn_res", "attn_res_ln")
 BIAS_MODES = ("absdot", "token")
@@ -443,12 +443,6 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
     return (norms.unsqueeze(-1) - dist.transpose(1, 2)).clamp_min(0)
 
 
-def _check_flag(method: str, name: str, value: object, none: bool = False) -> None:
-    """An :class:`InputError` unless ``value`` is True or False (or, with ``none``, None)."""
-    if not isinstance(value, bool) and not (none and value is None):
-        raise InputError(f"{method} {name} must be True or False{' or None' if none else ''}, got {value!r}")
-
-
 def _check_attnnorm(variant: str = "attn") -> None:
     """attnnorm's option values (whether the variant fits the model is checked with it)."""
     if variant not in ATTNNORM_VARIANTS:
@@ -457,14 +451,14 @@ def _check_attnnorm(variant: str = "attn") -> None:
 
 def _check_globenc(normalize: bool | None = None) -> None:
     """GlobEnc's option values."""
-    _check_flag("globenc", "normalize", normalize, none=True)
+    check_flag("globenc", "normalize", normalize, none=True)
 
 
 def _check_decompx(bias: str = "token", contrast: bool = False) -> None:
     """DecompX's option values."""
     if bias not in BIAS_MODES:
         raise InputError(f"bias={bias!r}; choose one of {', '.join(BIAS_MODES)}")
-    _check_flag("decompx", "contrast", contrast)
+    check_flag("decompx", "contrast", contrast)
 
 
 def _row_normalised(m: torch.Tensor) -> torch.Tensor:

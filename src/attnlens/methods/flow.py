@@ -37,9 +37,8 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
 from ..core.forked import map_chunks, usable_cores, why_not_forked
-from ..errors import InputError
 from .attention import rollout_matrices
-from .registry import ATTENTION_MEANS, MethodOutput, register
+from .registry import ATTENTION_MEANS, MethodOutput, check_integer, register
 
 FLOW_SCALE = 2**30  # integer capacity of a weight of 1; total flow <= FLOW_SCALE < 2**31 (scipy uses int32)
 # Work per example = sources x sinks x nodes below the source (one sparse max-flow per sink); measured about
@@ -290,8 +289,7 @@ def attention_flow(mats: np.ndarray, weights: np.ndarray, workers: int = 1) -> n
 
 def _check_flow(workers: int | None = None) -> None:
     """Attention flow's option values."""
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise InputError(f"flow workers must be a whole number of processes, at least 1, got {workers!r}")
+    check_integer("flow", "workers", workers, 1, none=True)
 
 
 @register(

@@ -28,7 +28,7 @@ from ..core.modelstate import attention_switched, runs_sdpa
 from ..errors import InputError
 from ..models.prefixes import last_token_rows
 from ..models.recompute import recomputed_layers
-from .registry import EMBEDDINGS, GRADIENTS, OWN_PASS, MethodOutput, register
+from .registry import EMBEDDINGS, GRADIENTS, OWN_PASS, MethodOutput, check_flag, check_integer, register
 
 ENGINES = ("shared", "captum")
 BASELINES = ("auto", "pad", "mask", "unk")
@@ -127,8 +127,7 @@ def _check_engine(engine: str = "shared") -> None:
 
 def _check_saliency(engine: str = "shared", abs: bool = True) -> None:  # noqa: A002
     _check_engine(engine)
-    if not isinstance(abs, bool):
-        raise InputError(f"saliency abs must be True or False, got {abs!r}")
+    check_flag("saliency", "abs", abs)
 
 
 @register(
@@ -299,8 +298,7 @@ def _values(forward: Callable[..., torch.Tensor], x: torch.Tensor, extra: tuple[
 def _check_ig_options(n_steps: int | None, internal_batch_size: int | None, tolerance: float | None,
                       max_steps: int, method: str) -> None:
     for name, value in (("n_steps", n_steps), ("internal_batch_size", internal_batch_size), ("max_steps", max_steps)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InputError(f"integratedgradients {name} must be an integer >= 1, got {value!r}")
+        check_integer("integratedgradients", name, value, 1, none=True)
     if method not in QUADRATURES:
         raise InputError(f"integratedgradients method={method!r}; choose one of {', '.join(QUADRATURES)}")
     if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))

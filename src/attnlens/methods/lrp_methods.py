@@ -27,7 +27,16 @@ from ..lrp.relevance import JOINT, check_settings
 from ..lrp.state import CHEFER
 from ..models.prefixes import last_positions
 from .attention import carried_rows
-from .registry import ATTENTION_CHUNKS, GRADIENTS, OWN_PASS, MethodOutput, list_methods, register
+from .registry import (
+    ATTENTION_CHUNKS,
+    GRADIENTS,
+    OWN_PASS,
+    MethodOutput,
+    check_flag,
+    check_integer,
+    list_methods,
+    register,
+)
 
 ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP / CP-LRP
 ATTENTION_READERS = ("partiallrp", "transatt")  # they read the attention relevance of their pass
@@ -113,7 +122,8 @@ def _last_layer_only(ctx: BatchContext, key: tuple[str, float]) -> bool:
     def last_only(name: str) -> bool:
         opts = ctx.plan[name]
         if name == "partiallrp":
-            return not _layers_option(opts)
+            check_flag("partiallrp", "layers", opts.get("layers", False))
+            return not opts.get("layers", False)
         return name == "transatt" and opts.get("start_layer") == -1
 
     return bool(readers) and all(last_only(name) for name in readers)
@@ -122,13 +132,12 @@ def _last_layer_only(ctx: BatchContext, key: tuple[str, float]) -> bool:
 def _check_partiallrp(rules: str = "chefer", epsilon: float = 0.0, layers: bool = False) -> None:
     """PartialLRP's option values."""
     check_settings(rules, epsilon)
-    _layers_option({"layers": layers})
+    check_flag("partiallrp", "layers", layers)
 
 
 def _check_transatt(start_layer: int = 0, rules: str = "chefer", epsilon: float = 0.0) -> None:
     """TransAtt's option values (the layer's range needs the model)."""
-    if not isinstance(start_layer, int) or isinstance(start_layer, bool):
-        raise InputError(f"transatt start_layer must be an integer layer index, got {start_layer!r}")
+    check_integer("transatt", "start_layer", start_layer)
     check_settings(rules, epsilon)
 
 
@@ -140,14 +149,6 @@ def _check_attnlrp(input: str = "embeddings", rules: str = "attnlrp", epsilon: f
         raise InputError(f"attnlrp takes rules 'attnlrp' (AttnLRP) or 'cp' (CP-LRP), not {rules!r}; "
                          "the chefer rule sets are for partiallrp and transatt")
     check_settings(rules, epsilon)
-
-
-def _layers_option(opts: Mapping[str, Any]) -> bool:
-    """PartialLRP's ``layers`` option, checked."""
-    layers = opts.get("layers", False)
-    if not isinstance(layers, bool):
-        raise InputError(f"partiallrp layers must be true or false, got {layers!r}")
-    return layers
 
 
 def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
@@ -225,9 +226,9 @@ def _partiallrp_outputs(ctx: BatchContext) -> Any:
 )
 def partiallrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0, layers: bool = False) -> MethodOutput:
     # without the per-layer view (and no other method reading the pass), its backward stops at the last layer
-    keep = _layers_option({"layers": layers})
+    check_flag("partiallrp", "layers", layers)
     per_layer = _explained_relevance(ctx, shared_lrp(ctx, rules, epsilon))
-    return MethodOutput(per_layer[:, -1], per_layer if keep else None)
+    return MethodOutput(per_layer[:, -1], per_layer if layers else None)
 
 
 class _LayersFrom(AttentionChunks):

@@ -35,9 +35,8 @@ from captum.attr import KernelShap, Lime, Occlusion
 
 from ..core.batch_state import BatchContext
 from ..core.memory import forward_row_bytes, model_dims, rows_that_fit
-from ..errors import InputError
 from .gradient import baseline_ids, check_baseline, embedding_forward
-from .registry import OWN_PASS, MethodOutput, register
+from .registry import OWN_PASS, MethodOutput, check_integer, register
 
 MAX_PER_EVAL = 256  # perturbed copies per forward at most, whatever the budget (larger batches gain nothing on CPU)
 DEFAULT_SAMPLES = 100  # LIME's and KernelSHAP's samples per input (Captum's defaults, 50 and 25, are noisy on text)
@@ -46,43 +45,28 @@ DEFAULT_SAMPLES = 100  # LIME's and KernelSHAP's samples per input (Captum's def
 TOKEN_ALIGNED = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids"})
 
 
-def _check_per_eval(per_eval: int | None, name: str) -> None:
-    if per_eval is not None and (isinstance(per_eval, bool) or not isinstance(per_eval, int) or per_eval < 1):
-        raise InputError(f"{name} perturbations_per_eval must be an integer >= 1, got {per_eval!r}")
-
-
 def _per_eval(ctx: BatchContext, per_eval: int | None, name: str) -> int:
+    check_integer(name, "perturbations_per_eval", per_eval, 1, none=True)
     if per_eval is not None:
-        _check_per_eval(per_eval, name)
         return per_eval
     n = int(ctx.token_mask.shape[1])
     return rows_that_fit(ctx.memory_budget, forward_row_bytes(model_dims(ctx.model), n), cap=MAX_PER_EVAL)
 
 
-def _check_samples(n_samples: int, name: str) -> None:
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
-        raise InputError(f"{name} n_samples must be an integer >= 2, got {n_samples!r}")
-
-
-def _check_seed(seed: int, name: str) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InputError(f"{name} seed must be an integer, got {seed!r}")
-
-
 def _check_occlusion(baseline: str = "auto", perturbations_per_eval: int | None = None) -> None:
     """Occlusion's option values."""
     check_baseline(baseline)
-    _check_per_eval(perturbations_per_eval, "occlusion")
+    check_integer("occlusion", "perturbations_per_eval", perturbations_per_eval, 1, none=True)
 
 
 def _sampled_check(name: str) -> Callable[..., None]:
     """The option check of a sampling method (LIME, KernelSHAP) called ``name``."""
     def check(n_samples: int = DEFAULT_SAMPLES, baseline: str = "auto", perturbations_per_eval: int | None = None,
               seed: int = 0) -> None:
-        _check_samples(n_samples, name)
+        check_integer(name, "n_samples", n_samples, 2)
         check_baseline(baseline)
-        _check_per_eval(perturbations_per_eval, name)
-        _check_seed(seed, name)
+        check_integer(name, "perturbations_per_eval", perturbations_per_eval, 1, none=True)
+        check_integer(name, "seed", seed)
     return check
 
 
@@ -154,8 +138,7 @@ def _occlude(forward: Any, x: torch.Tensor, base: torch.Tensor, per_eval: int) -
 
 def _sampled(ctx: BatchContext, explainer: type, name: str, n_samples: int, baseline: str,
              perturbations_per_eval: int | None, seed: int) -> MethodOutput:
-    _check_samples(n_samples, name)
-    _check_seed(seed, name)
+    _sampled_check(name)(n_samples, baseline, perturbations_per_eval, seed)
     per_eval = _per_eval(ctx, perturbations_per_eval, name)
 
     def attribute(forward: Any, x: torch.Tensor, base: torch.Tensor, b: int) -> torch.Tensor:

@@ -208,6 +208,22 @@ def register(
     return deco
 
 
+def check_flag(method: str, name: str, value: object, none: bool = False) -> None:
+    """An :class:`InputError` unless option ``name`` of ``method`` is True or False (with ``none``: or None)."""
+    if not isinstance(value, bool) and not (none and value is None):
+        raise InputError(f"{method} {name} must be True or False{' or None' if none else ''}, got {value!r}")
+
+
+def check_integer(method: str, name: str, value: object, minimum: int | None = None, none: bool = False) -> None:
+    """An :class:`InputError` unless option ``name`` of ``method`` is an integer (a bool is not), at least
+    ``minimum`` where given (with ``none``: or None)."""
+    if none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise InputError(f"{method} {name} must be an integer{bound}, got {value!r}")
+
+
 def _option_defaults(name: str, compute: Callable[..., MethodOutput]) -> dict[str, Any]:
     """``{option: default}`` from the parameters of ``compute`` after the first (the batch context)."""
     params = list(inspect.signature(compute).parameters.values())[1:]

@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 from ..core.batch_state import BatchContext
-from ..errors import InputError, ModelError
+from ..errors import ModelError
 from ..models.architectures import Layers, architecture_for
 from .attention import propagate
-from .registry import OWN_PASS, MethodOutput, register
+from .registry import OWN_PASS, MethodOutput, check_flag, register
 
 MAX_ROWS = 2 ** 14  # token rows per batched layer rerun: bounds its memory (hidden and FFN activations)
 
@@ -173,8 +173,7 @@ def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _check_valuezeroing(rollout: bool = True) -> None:
     """Value zeroing's option values."""
-    if not isinstance(rollout, bool):
-        raise InputError(f"valuezeroing rollout must be True or False, got {rollout!r}")
+    check_flag("valuezeroing", "rollout", rollout)
 
 
 @register(
