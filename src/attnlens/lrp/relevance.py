@@ -181,8 +181,8 @@ def lrp_pass(
         raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 or Chefer et al.'s rules over a batch "
                          "of inputs (AttnLRP also over a sequence's rows), without track_softmax")
     if last_layer_only and (inputs_relevance or track_softmax or not attention_relevance):
-        raise InputError("a pass that stops at the last layer's attention forms its attention relevance alone: "
-                         "without inputs_relevance or track_softmax")
+        raise InputError("a pass that stops at the last layer's attention forms that layer's attention relevance "
+                         "alone: with attention_relevance, without inputs_relevance or track_softmax")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
                      inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask, attention_relevance,
                      progress, last_layer_only)
@@ -331,8 +331,8 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
 
     n_rows = len(value)
 
-    def rows_of(x: torch.Tensor) -> torch.Tensor:  # the sequence's tensors seen by each row (a view)
-        return x.detach() if rows is None else x.detach().expand(n_rows, *x.shape[1:])
+    def rows_of(x: torch.Tensor) -> torch.Tensor:
+        return _per_row(x, rows, n_rows)
 
     def rel(x: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
         return torch.zeros_like(rows_of(x)) if g is None else (x * g).detach()
@@ -365,6 +365,12 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
     )
 
 
+def _per_row(x: torch.Tensor, rows: torch.Tensor | None, n_rows: int) -> torch.Tensor:
+    """``x`` detached, as each of ``n_rows`` rows sees it: itself over a batch, the sequence's tensor expanded to
+    every row (a view) over a generation's prefixes (``rows``)."""
+    return x.detach() if rows is None else x.detach().expand(n_rows, *x.shape[1:])
+
+
 def _last_layer_backward(state: PassState, value: torch.Tensor, start: torch.Tensor, logits: torch.Tensor,
                          rows: torch.Tensor | None, retain: bool) -> LRPResult:
     """R(A) of the last layer alone (``first_layer`` = L - 1): the gradient taken at that layer's probabilities
@@ -382,7 +388,7 @@ def _last_layer_backward(state: PassState, value: torch.Tensor, start: torch.Ten
     n_rows = len(value)
 
     def rows_of(x: torch.Tensor) -> torch.Tensor:
-        return x.detach() if rows is None else x.detach().expand(n_rows, *x.shape[1:])
+        return _per_row(x, rows, n_rows)
 
     return LRPResult(
         logits=rows_of(logits),
