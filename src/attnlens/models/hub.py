@@ -20,14 +20,19 @@ def _resolves(host: str) -> bool:
     return True
 
 
+def _hub_host() -> str | None:
+    """The host of the hub huggingface_hub talks to (``HF_ENDPOINT``, by default huggingface.co)."""
+    from huggingface_hub import constants
+
+    return urlparse(constants.ENDPOINT).hostname
+
+
 def hub_unreachable() -> str | None:
     """The hub's host when its name does not resolve here (no network, as on an offline machine), else ``None``.
     Behind a proxy (whose address the environment names) the proxy resolves it: ``None``."""
     if any(os.environ.get(v) for v in PROXY_VARIABLES):
         return None
-    from huggingface_hub import constants
-
-    host = urlparse(constants.ENDPOINT).hostname
+    host = _hub_host()
     return host if host and not _resolves(host) else None
 
 
@@ -41,5 +46,5 @@ def cache_only(name: str) -> dict[str, Any]:
 
 def not_cached_message(name: str) -> str:
     """The one line for a hub id that the unreachable hub would have to provide."""
-    return (f"could not load model {name!r}: the HuggingFace hub ({hub_unreachable()}) cannot be reached from here "
+    return (f"could not load model {name!r}: the HuggingFace hub ({_hub_host()}) cannot be reached from here "
             "and the model is not in the local cache; give a local model directory, or connect and retry")
