@@ -9,6 +9,7 @@ from torch import nn
 
 from ..errors import ModelError
 from ..models.quiet import quiet_third_party
+from .fused_attention import FUSED, fused_implementation
 
 EAGER = "eager"
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -40,7 +41,7 @@ def attention_switched(model: nn.Module, implementation: str) -> Iterator[nn.Mod
     """Within an :func:`explaining` block, run ``model``'s attention as ``implementation`` (a name registered in
     transformers' attention interface) and switch back afterwards; nothing else is touched."""
     original = attention_implementation(model)
-    _set_attention_implementation(model, implementation)
+    _set_attention_implementation(model, fused_implementation(model) if implementation == FUSED else implementation)
     try:
         yield model
     finally:
@@ -51,7 +52,8 @@ def attention_switched(model: nn.Module, implementation: str) -> Iterator[nn.Mod
 def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Module]:
     """Put ``model`` in eval mode with eager attention (SDPA/flash return no attention probabilities) for the
     duration of the block (``implementation="sdpa"`` for forward passes that need no attention probabilities;
-    models without an SDPA kernel stay eager), and restore every module's ``training`` flag and the attention
+    models without an SDPA kernel stay eager; :func:`~attnlens.core.fused_attention.fused_implementation` picks
+    the variant), and restore every module's ``training`` flag and the attention
     implementation afterwards, also when the block raises. Hooks added meanwhile are removed. Parameters are
     never modified: attnlens differentiates with :func:`torch.autograd.grad` w.r.t. activations, so no ``.grad``
     is written and ``requires_grad`` is untouched. Third-party deprecation notices about the arguments attnlens
@@ -65,7 +67,8 @@ def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Mod
     try:
         model.eval()
         try:
-            _set_attention_implementation(model, implementation)
+            _set_attention_implementation(
+                model, fused_implementation(model) if implementation == FUSED else implementation)
         except (ValueError, NotImplementedError, ImportError):  # no kernel of that kind for this architecture
             _set_attention_implementation(model, EAGER)
         now = attention_implementation(model)

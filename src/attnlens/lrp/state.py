@@ -4,7 +4,7 @@ per-architecture forwards (:mod:`attnlens.lrp.modules`) both build on."""
 
 from __future__ import annotations
 
-import threading
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -79,17 +79,19 @@ class PassState:
         return leaf
 
 
-_local = threading.local()  # the state of the LRP pass running in this thread (lrp_mode sets it)
+# the state of the LRP pass running in this thread (lrp_mode sets it); a context variable, so that a layer
+# recomputed in the backward (autograd's own thread on a GPU) runs in it too (attnlens.models.recompute)
+_STATE: ContextVar[PassState | None] = ContextVar("attnlens_lrp_state", default=None)
 
 
 def running_state() -> PassState | None:
     """The state of the LRP pass running in this thread, or ``None``."""
-    return getattr(_local, "state", None)
+    return _STATE.get()
 
 
 def set_running_state(state: PassState | None) -> None:
     """Make ``state`` the running pass's state (``None``: no pass is running)."""
-    _local.state = state
+    _STATE.set(state)
 
 
 def active_state() -> PassState:

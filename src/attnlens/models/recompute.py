@@ -1,9 +1,14 @@
 """Recomputing a model's layers in the backward instead of keeping their activations (gradient checkpointing),
 for the passes whose activations would not fit the memory budget: the shared pass under fused attention
-(:mod:`attnlens.core.capture`) and AttnLRP's fused pass (:mod:`attnlens.lrp.relevance`)."""
+(:mod:`attnlens.core.capture`) and AttnLRP's fused pass (:mod:`attnlens.lrp.relevance`).
+
+A layer is recomputed in the context (:mod:`contextvars`) its forward ran in: the recording attention and the
+LRP rules read their state from context variables, and on a GPU the backward, recomputations included, runs in
+autograd's own thread, where that state would otherwise be missing."""
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,7 +24,6 @@ def recomputed_layers(model: nn.Module) -> Iterator[int]:
     a layer, as the kept rows, are still taken). Yields how many layers were switched; the flags are restored."""
     from functools import partial
 
-    from torch.utils.checkpoint import checkpoint
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -28,7 +32,7 @@ def recomputed_layers(model: nn.Module) -> Iterator[int]:
     try:
         for m in layers:  # the layer itself in training mode (its submodules, dropout included, stay in eval)
             m.gradient_checkpointing = True
-            m._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
+            m._gradient_checkpointing_func = checkpointed
             m.training = True
             own = m.__dict__.get("forward")
             if own is not None:  # an instance's own forward (an LRP rule's) bypasses the class's checkpointing
@@ -44,13 +48,20 @@ def recomputed_layers(model: nn.Module) -> Iterator[int]:
             m.training = training
 
 
-def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``forward(*args, **kwargs)``, recomputed in the backward (non-reentrant checkpointing) when a graph is built."""
+def checkpointed(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` under non-reentrant checkpointing: its activations are not kept, and the
+    backward runs it again, in a copy of the context it ran in first (whichever thread the backward runs in)."""
     from torch.utils.checkpoint import checkpoint
 
+    context = contextvars.copy_context()
+    return checkpoint(context.run, function, *args, use_reentrant=False, **kwargs)
+
+
+def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``forward(*args, **kwargs)``, recomputed in the backward (:func:`checkpointed`) when a graph is built."""
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return checkpointed(forward, *args, **kwargs)
 
 
 def recomputable(model: nn.Module) -> bool:
