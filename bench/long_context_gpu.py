@@ -1,0 +1,358 @@
+"""Long prompts on a GPU: peak GPU memory and time per method and prompt length, against a plain pass, for
+SmolLM2-135M and a 1B-parameter Llama built from configs (random weights: speed and memory do not depend on them).
+
+On ``--device`` (default ``cuda``):
+
+1. **agreement**: on a short prompt, every method's scores on the GPU against the same model's on the CPU
+   (float32; the largest difference relative to the largest CPU score), and ``attribute_context`` end to end;
+2. **SmolLM2 table**: ``explain_answer`` of a 16-token answer after prompts of ``--lengths`` tokens (IMDB text),
+   float32, the default memory budget, beside ``plain``: one forward + backward of the same sequence with fused
+   attention (SDPA), the loss on the answer's tokens, as ``bench/long_context.py`` defines it;
+3. **value zeroing and integrated gradients** at ``--slow-length`` tokens;
+4. **1B table**: a Llama of 1.07B parameters (hidden 2048, 16 layers, 32 heads, 8 key/value heads, MLP 8192, the
+   SmolLM2 tokenizer's vocabulary) in bfloat16 at ``--big-lengths`` tokens, with ``--big-budget``.
+
+Each case of the tables runs in a fresh process, so that its peak holds nothing of another case's: once to warm
+up, then timed (the median of three where the warm-up took under two seconds; the first run itself where it took
+over ten). ``peak_gib`` is ``torch.cuda.max_memory_allocated`` over all its runs, the weights included. A run the
+budget refuses is recorded with its one line; a run out of GPU memory with ``out of memory``. Cases stop being
+started once ``--deadline`` seconds have passed (recorded as skipped). Results go to
+``OUT/long_context_gpu.jsonl`` as they come and a markdown table to ``OUT/long_context_gpu.md``.
+
+Run: ``python bench/long_context_gpu.py --model-dir DIR --text FILE --out OUT [--device cuda]`` where ``DIR``
+holds SmolLM2's ``config.json`` and tokenizer files and ``FILE`` is plain text long enough for the longest prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+FAST = ["rawatt", "attnnorm", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient"]
+HEAVY = ["rollout", "gae", "globenc", "alti", "transatt", "attnlrp", "partiallrp"]
+SLOW = ["valuezeroing", "integratedgradients"]
+AGREE = FAST + HEAVY + ["attgrads", "decompx", "flow"] + SLOW
+AT2_WEIGHTS = Path(__file__).resolve().parents[1] / "src" / "attnlens" / "sources" / "weights" / \
+    "smollm2-135m-instruct.json"
+BIG_1B = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "intermediate_size": 8192, "head_dim": 64}
+
+
+class Deadline(Exception):
+    """No more cases are started."""
+
+
+class Bench:
+    """The run's state: where results go, the deadline, the device."""
+
+    def __init__(self, out: Path, device: str, deadline: float, quiet: bool = False) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.quiet = quiet
+        self.log = (out / "long_context_gpu.jsonl").open("a" if quiet else "w", encoding="utf-8")
+        self.out = out
+        self.device = device
+        self.start = time.perf_counter()
+        self.deadline = deadline
+        self.results: list[dict] = []
+
+    def record(self, row: dict) -> None:
+        row["at_s"] = round(time.perf_counter() - self.start, 1)
+        self.results.append(row)
+        self.log.write(json.dumps(row) + "\n")
+        self.log.flush()
+        if not self.quiet:
+            print(json.dumps(row), flush=True)
+
+    def check_time(self) -> None:
+        if time.perf_counter() - self.start > self.deadline:
+            raise Deadline
+
+
+def build(model_dir: Path, device: str, dtype: Any, overrides: dict | None = None, seed: int = 0) -> Any:
+    """An Explainer over a Llama built from SmolLM2's config (with ``overrides``), random weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from attnlens import Explainer
+
+    config = AutoConfig.from_pretrained(model_dir)
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    with torch.device(device):  # initialised where it runs: a 1B model's random init is slow on the CPU
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return Explainer(model, tokenizer, max_length=config.max_position_embeddings)
+
+
+def prompt_ids(ex: Any, text: str, n: int, answer: int) -> tuple[list[int], list[int]]:
+    ids = ex.tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < n + answer:
+        raise SystemExit(f"--text holds {len(ids)} tokens; {n + answer} are needed")
+    return ids[:n], ids[n: n + answer]
+
+
+def plain_pass(ex: Any, prompt: list[int], answer: list[int]) -> None:
+    """Forward + backward to the input embeddings with fused attention, the loss on the answer's logits."""
+    import torch
+
+    from attnlens.core.modelstate import explaining
+
+    ids = torch.tensor([prompt + answer], device=ex.device)
+    with explaining(ex.model, "sdpa"):
+        embeddings = ex.model.get_input_embeddings()(ids).detach().requires_grad_(True)
+        logits = ex.model(inputs_embeds=embeddings, use_cache=False, logits_to_keep=len(answer) + 1).logits[0, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.float(), ids[0, len(prompt):])
+        torch.autograd.grad(loss, embeddings)
+
+
+def one_run(ex: Any, method: str, prompt: list[int], answer: list[int], budget: str | None,
+            options: dict | None) -> dict:
+    from attnlens import InputError
+
+    if method == "plain":
+        plain_pass(ex, prompt, answer)
+        return {}
+    limit = {"memory_budget": budget} if budget else {}
+    try:
+        exp = ex.explain_answer(prompt, answer, [method], options=options, **limit)
+    except InputError as exc:
+        return {"refused": str(exc)}
+    import numpy as np
+
+    found: dict = {"finite": bool(all(np.isfinite(v).all() for v in exp.scores.values()))}
+    if "n_steps" in exp.meta.get(method, {}):
+        found["steps"] = int(np.max(exp.meta[method]["n_steps"]))
+    return found
+
+
+def timed_case(bench: Bench, ex: Any, model: str, method: str, prompt: list[int], answer: list[int],
+               budget: str | None = None, options: dict | None = None) -> None:
+    """Warm-up, then timed runs; one row recorded."""
+    import torch
+
+    row: dict = {"model": model, "method": method, "tokens": len(prompt), "answer_tokens": len(answer)}
+    try:
+        bench.check_time()
+    except Deadline:
+        bench.record({**row, "skipped": "deadline"})
+        return
+    sync = torch.cuda.synchronize if bench.device.startswith("cuda") else (lambda: None)
+    try:
+        if bench.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        start = time.perf_counter()
+        found = one_run(ex, method, prompt, answer, budget, options)
+        sync()
+        warm = time.perf_counter() - start
+        if "refused" in found:
+            bench.record({**row, **found})
+            return
+        runs = []
+        if warm > 10:  # long enough that start-up costs do not matter: the first run is the timing
+            row["timed"] = "first run"
+            runs.append(warm)
+        for _ in range(0 if warm > 10 else 3 if warm < 2 else 1):
+            sync()
+            start = time.perf_counter()
+            found = one_run(ex, method, prompt, answer, budget, options)
+            sync()
+            runs.append(time.perf_counter() - start)
+        row.update(found, seconds=statistics.median(runs), warmup_seconds=warm, runs=runs)
+        if bench.device.startswith("cuda"):
+            row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    except torch.OutOfMemoryError as exc:
+        row["error"] = "out of memory: " + str(exc).splitlines()[0][:160]
+    except Exception as exc:  # noqa: BLE001 - a failing case is a result too
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        row["trace"] = traceback.format_exc()[-1500:]
+    finally:
+        if bench.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    bench.record(row)
+
+
+def agreement(bench: Bench, model_dir: Path, text: str, n: int) -> None:
+    """Every method on the GPU against the CPU (same weights, float32), and attribute_context end to end."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    cpu = build(model_dir, "cpu", torch.float32)
+    gpu = copy.copy(cpu)
+    gpu_model = copy.deepcopy(cpu.model).to(bench.device)
+    from attnlens import Explainer
+
+    gpu = Explainer(gpu_model, cpu.tokenizer, max_length=cpu.max_length)
+    prompt, answer = prompt_ids(cpu, text, n, 4)
+    options = {"integratedgradients": {"n_steps": 16}, "flow": {"workers": 4}}
+    for method in AGREE:
+        row: dict = {"model": "smollm2", "case": "agreement", "method": method, "tokens": n}
+        try:
+            opts = {k: v for k, v in options.items() if k == method} or None
+            start = time.perf_counter()
+            want = cpu.explain_answer(prompt, answer, [method], options=opts).scores[method]
+            row["cpu_seconds"] = time.perf_counter() - start
+            start = time.perf_counter()
+            got = gpu.explain_answer(prompt, answer, [method], options=opts).scores[method]
+            row["gpu_seconds"] = time.perf_counter() - start
+            want, got = np.asarray(want, dtype=np.float64), np.asarray(got, dtype=np.float64)
+            row["shape_equal"] = want.shape == got.shape
+            scale = float(np.abs(want).max()) or 1.0
+            row["max_rel_diff"] = float(np.abs(want - got).max() / scale) if want.shape == got.shape else None
+            row["top1_equal"] = bool(np.argmax(want.reshape(-1)) == np.argmax(got.reshape(-1)))
+        except Exception as exc:  # noqa: BLE001
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            row["trace"] = traceback.format_exc()[-1500:]
+        bench.record(row)
+    context = text[:1500].replace("\n", "\n\n")
+    for where, ex in (("cpu", cpu), ("gpu", gpu)):
+        row = {"model": "smollm2", "case": "attribute_context", "device": where}
+        try:
+            start = time.perf_counter()
+            res = ex.attribute_context(context, "What did the reviewer think?", answer=" It was bad.",
+                                       sources="sentence", methods=["at2", "attnlrp", "loo"],
+                                       options={"at2": {"weights": str(AT2_WEIGHTS)}})
+            row["seconds"] = time.perf_counter() - start
+            row["scores"] = {m: [round(float(s), 6) for s in res.scores[m][:5]] for m in res.scores}
+        except Exception as exc:  # noqa: BLE001
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            row["trace"] = traceback.format_exc()[-1500:]
+        bench.record(row)
+    del cpu, gpu, gpu_model
+
+
+def run_one(args: argparse.Namespace, case: dict) -> None:
+    """One case in a fresh process, so that its peak holds nothing of another case's."""
+    import torch
+
+    bench = Bench(args.out / "cases", args.device, float("inf"), quiet=True)
+    text = args.text.read_text(encoding="utf-8")
+    if case["model"] == "smollm2":
+        ex = build(args.model_dir, args.device, torch.float32)
+    else:
+        longest = max(args.big_lengths) + args.answer
+        ex = build(args.model_dir, args.device, torch.bfloat16,
+                   {**args.big_overrides, "max_position_embeddings": longest})
+    prompt, answer = prompt_ids(ex, text, case["tokens"], args.answer)
+    timed_case(bench, ex, case["model"], case["method"], prompt, answer, budget=case["budget"])
+    print(json.dumps(bench.results[-1]), flush=True)
+
+
+def table(results: list[dict]) -> str:
+    """Markdown, one table per model: peak GiB, seconds and the ratio to ``plain`` per method and length."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in results if "case" not in r):
+        rows = [r for r in results if r["model"] == model and "case" not in r]
+        lengths = sorted({r["tokens"] for r in rows})
+        plain = {r["tokens"]: r.get("seconds") for r in rows if r["method"] == "plain"}
+        lines += [f"\n{model}\n", "| method | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
+                  "|---|" + "---|" * len(lengths)]
+        for method in dict.fromkeys(r["method"] for r in rows):
+            cells = []
+            for n in lengths:
+                r = next((r for r in rows if r["method"] == method and r["tokens"] == n), None)
+                if r is None:
+                    cells.append("—")
+                elif "refused" in r:
+                    cells.append("refused")
+                elif "skipped" in r:
+                    cells.append("not run (time)")
+                elif "error" in r:
+                    cells.append(f"failed: {r['error'][:50]}")
+                else:
+                    ratio = f", {r['seconds'] / plain[n]:.1f}×" if plain.get(n) and method != "plain" else ""
+                    ratio += f" ({r['steps']} steps)" if "steps" in r else ""
+                    cells.append(f"{r.get('peak_gib', float('nan')):.2f} GiB, {r['seconds']:.3f} s{ratio}")
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    agree = [r for r in results if r.get("case") == "agreement"]
+    if agree:
+        lines += ["\nGPU against CPU (float32)\n", "| method | max relative difference | top-1 equal | cpu s | gpu s |",
+                  "|---|---|---|---|---|"]
+        for r in agree:
+            if "error" in r:
+                lines.append(f"| {r['method']} | failed: {r['error'][:60]} | | | |")
+            else:
+                lines.append(f"| {r['method']} | {r['max_rel_diff']:.1e} | {r['top1_equal']} | "
+                             f"{r['cpu_seconds']:.2f} | {r['gpu_seconds']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", type=Path, required=True, help="SmolLM2's config.json and tokenizer files")
+    p.add_argument("--text", type=Path, required=True, help="plain text for the prompts")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8176])
+    p.add_argument("--methods", nargs="+", default=["plain", *FAST, *HEAVY])
+    p.add_argument("--agree-length", type=int, default=96, help="prompt tokens of the GPU-against-CPU check (0: skip)")
+    p.add_argument("--slow-length", type=int, default=2048)
+    p.add_argument("--big-lengths", type=int, nargs="*", default=[8192, 32768])
+    p.add_argument("--big-methods", nargs="+",
+                   default=["plain", "rawatt", "grads", "inputxgradient", "attcat", "attnlrp", "partiallrp",
+                            "rollout", "gae", "globenc", "transatt", "alti"])
+    p.add_argument("--big-budget", default="48GiB")
+    p.add_argument("--big-overrides", type=json.loads, default=BIG_1B,
+                   help="config fields of the large model (JSON; default: 1.07B parameters)")
+    p.add_argument("--answer", type=int, default=16)
+    p.add_argument("--deadline", type=float, default=480, help="seconds after which no case is started")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    import torch
+    import transformers
+
+    if args.one:  # one case in this process: its row on the last line of stdout
+        run_one(args, json.loads(args.one))
+        return
+
+    bench = Bench(args.out, args.device, args.deadline)
+    info = {"case": "info", "model": "-", "torch": torch.__version__, "transformers": transformers.__version__}
+    if args.device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+    bench.record(info)
+    text = args.text.read_text(encoding="utf-8")
+    try:
+        if args.agree_length:
+            agreement(bench, args.model_dir, text, args.agree_length)
+        cases = [("smollm2", m, n, None) for n in args.lengths for m in args.methods]
+        if args.slow_length:
+            cases += [("smollm2", m, args.slow_length, None) for m in ["plain", *SLOW]]
+        cases += [("llama-1b", m, n, args.big_budget) for n in args.big_lengths for m in args.big_methods]
+        for model, method, n, budget in cases:
+            row = {"model": model, "method": method, "tokens": n, "answer_tokens": args.answer}
+            left = args.deadline - (time.perf_counter() - bench.start)
+            if left <= 0:
+                bench.record({**row, "skipped": "deadline"})
+                continue
+            one = json.dumps({"model": model, "method": method, "tokens": n, "budget": budget})
+            cmd = [sys.executable, __file__, "--one", one, "--model-dir", str(args.model_dir), "--text",
+                   str(args.text), "--out", str(args.out), "--device", args.device, "--answer", str(args.answer),
+                   "--big-overrides", json.dumps(args.big_overrides),
+                   "--big-lengths", *map(str, args.big_lengths)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, left + 60))
+                found = json.loads(proc.stdout.strip().splitlines()[-1])
+            except subprocess.TimeoutExpired:
+                found = {**row, "error": "over the deadline"}
+            except (ValueError, IndexError):
+                found = {**row, "error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+            bench.record(found)
+    finally:
+        (args.out / "long_context_gpu.md").write_text(table(bench.results), encoding="utf-8")
+        print(table(bench.results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
