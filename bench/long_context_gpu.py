@@ -14,10 +14,13 @@ On ``--device`` (default ``cuda``):
 
 Each case of the tables runs in a fresh process, so that its peak holds nothing of another case's: once to warm
 up, then timed (the median of three where the warm-up took under two seconds; the first run itself where it took
-over ten). ``peak_gib`` is ``torch.cuda.max_memory_allocated`` over all its runs, the weights included. A run the
-budget refuses is recorded with its one line; a run out of GPU memory with ``out of memory``. Cases stop being
-started once ``--deadline`` seconds have passed (recorded as skipped). Results go to
+over ten). ``peak_gib`` is ``torch.cuda.max_memory_allocated`` over all its runs, the weights included
+(``weights_gib``); ``within_promise`` says whether it stayed within the memory budget and the weights, plus 10%.
+A run the budget refuses is recorded with its one line; a run out of GPU memory with ``out of memory``. Cases
+stop being started once ``--deadline`` seconds have passed (recorded as skipped). Results go to
 ``OUT/long_context_gpu.jsonl`` as they come and a markdown table to ``OUT/long_context_gpu.md``.
+``--no-math-sdp`` switches SDPA's math kernel off in each case (a call that would take it fails and names itself
+in ``trace``); ``--snapshot`` writes each case's CUDA memory snapshot.
 
 Run: ``python bench/long_context_gpu.py --model-dir DIR --text FILE --out OUT [--device cuda]`` where ``DIR``
 holds SmolLM2's ``config.json`` and tokenizer files and ``FILE`` is plain text long enough for the longest prompt.
@@ -245,8 +248,26 @@ def run_one(args: argparse.Namespace, case: dict) -> None:
         ex = build(args.model_dir, args.device, torch.bfloat16,
                    {**args.big_overrides, "max_position_embeddings": longest})
     prompt, answer = prompt_ids(ex, text, case["tokens"], args.answer)
+    cuda = args.device.startswith("cuda")
+    if cuda and args.no_math_sdp:  # a call that would fall back to the math kernel fails, naming itself
+        torch.backends.cuda.enable_math_sdp(False)
+    if cuda and args.snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    weights = torch.cuda.memory_allocated() / 2**30 if cuda else None
     timed_case(bench, ex, case["model"], case["method"], prompt, answer, budget=case["budget"])
-    print(json.dumps(bench.results[-1]), flush=True)
+    row = bench.results[-1]
+    if weights is not None and "peak_gib" in row and case["method"] != "plain":
+        from attnlens.core.memory import DEFAULT_BUDGET, parse_budget
+
+        budget = (parse_budget(case["budget"]) if case["budget"] else DEFAULT_BUDGET) / 2**30
+        row["weights_gib"] = weights
+        # the promise: a run's peak stays within the budget and the weights, plus 10%
+        row["within_promise"] = row["peak_gib"] <= 1.1 * (budget + weights)
+    if cuda and args.snapshot:
+        name = f"snapshot_{case['model']}_{case['method']}_{case['tokens']}.pickle"
+        torch.cuda.memory._dump_snapshot(str(args.out / name))
+        row["snapshot"] = name
+    print(json.dumps(row), flush=True)
 
 
 def table(results: list[dict]) -> str:
@@ -307,6 +328,10 @@ def main() -> None:
                    help="config fields of the large model (JSON; default: 1.07B parameters)")
     p.add_argument("--answer", type=int, default=16)
     p.add_argument("--deadline", type=float, default=480, help="seconds after which no case is started")
+    p.add_argument("--no-math-sdp", action="store_true",
+                   help="switch off SDPA's math kernel in each case (a call that would take it fails, naming itself)")
+    p.add_argument("--snapshot", action="store_true",
+                   help="write each case's CUDA memory snapshot (torch.cuda.memory._dump_snapshot) to OUT")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
 
@@ -340,6 +365,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", one, "--model-dir", str(args.model_dir), "--text",
                    str(args.text), "--out", str(args.out), "--device", args.device, "--answer", str(args.answer),
                    "--big-overrides", json.dumps(args.big_overrides),
+                   *(["--no-math-sdp"] if args.no_math_sdp else []), *(["--snapshot"] if args.snapshot else []),
                    "--big-lengths", *map(str, args.big_lengths)]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, left + 60))
