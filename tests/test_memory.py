@@ -350,6 +350,51 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
         np.testing.assert_allclose(both.scores[m], eager_steps.scores[m], atol=1e-6)
 
 
+def test_partiallrp_over_a_generation_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
+    """PartialLRP over a generation's steps, as a pass of its own, runs its last-layer pass fused (no maps, one
+    backward per step through the top of the last layer) where the eager one would not fit, with the eager pass's
+    scores; beside TransAtt (the same pass, read at every layer) or with its per-layer view it stays eager."""
+    from attnlens.methods import lrp_methods
+
+    ex = _lm_explainer()
+    prompt, target = "the movie was good but boring and", " far too long for a film"
+    eager = ex.explain_generation(prompt, ["partiallrp", "rawatt"], target=target)
+    eager_lrp = ex.explain_generation(prompt, ["partiallrp"], target=target,
+                                      options={"partiallrp": {"rules": "chefer-lrp"}})
+    seen = _spy_lrp(monkeypatch)
+    monkeypatch.setattr(lrp_methods, "lrp_step_bytes", lambda *args: 2**40)  # the steps' batched products: too big
+    reports: list[float] = []
+    fused = ex.explain_generation(prompt, ["partiallrp", "rawatt"], target=target,
+                                  progress=lambda done, _: reports.append(done))
+    assert seen == [True]
+    assert reports == sorted(reports) and reports[-1] == pytest.approx(1.0)
+    scale = np.abs(eager.scores["partiallrp"]).max()
+    np.testing.assert_allclose(fused.scores["partiallrp"], eager.scores["partiallrp"], rtol=0, atol=1e-5 * scale)
+    np.testing.assert_allclose(fused.scores["rawatt"], eager.scores["rawatt"], atol=1e-6)
+    seen.clear()
+    got = ex.explain_generation(prompt, ["partiallrp"], target=target, options={"partiallrp": {"rules": "chefer-lrp"}})
+    assert seen == [True]
+    np.testing.assert_allclose(got.scores["partiallrp"], eager_lrp.scores["partiallrp"], rtol=0,
+                               atol=1e-5 * np.abs(eager_lrp.scores["partiallrp"]).max())
+    seen.clear()
+    ex.explain_generation(prompt, ["partiallrp", "transatt"], target=target)
+    ex.explain_generation(prompt, ["partiallrp"], target=target, options={"partiallrp": {"layers": True}})
+    ex.explain_generation(prompt, ["partiallrp", "attnlrp"], target=target)  # the joint pass
+    assert not any(seen)
+
+
+def test_partiallrp_over_a_long_generation_fits_the_default_budget(smollm2_sized):
+    """The estimate of PartialLRP over a generation's steps counts its fused pass: a 16-token answer after a
+    2,000-token prompt fits the default budget on SmolLM2's dimensions; its per-layer view, eager, does not."""
+    spec = [registry.get_method("partiallrp")]
+    cost = engine.pass_cost(smollm2_sized.runner, spec, memory.DEFAULT_BUDGET, prefixes=True, steps=16)
+    assert "partiallrp" in cost.fusable
+    assert cost.total(2016) <= memory.DEFAULT_BUDGET
+    layers = engine.pass_cost(smollm2_sized.runner, spec, memory.DEFAULT_BUDGET, {"partiallrp": {"layers": True}},
+                              prefixes=True, steps=16)
+    assert not layers.fusable and layers.total(2016) > memory.DEFAULT_BUDGET
+
+
 @pytest.mark.parametrize("task", ["causal-lm", "classification"])
 def test_lrp_methods_reading_attention_relevance_run_fused_where_the_eager_pass_would_not_fit(monkeypatch, task):
     """PartialLRP and TransAtt, and AttnLRP beside them from the same forward, give the eager pass's scores and

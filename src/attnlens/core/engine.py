@@ -202,9 +202,9 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
     settings = {s.name: {**s.options, **(options or {}).get(s.name, {})} for s in specs}
 
     def fusable(group: list[Method]) -> frozenset[str]:
-        if prefixes:  # over a generation's prefixes only AttnLRP's own pass runs fused (one backward per step)
-            mine = {s.name: settings[s.name] for s in group}
-            return frozenset({"attnlrp"} if fused_over_prefixes(runner.model, mine) else ())
+        if prefixes:  # over a generation's prefixes AttnLRP's and PartialLRP's own passes run fused (a backward
+            # per step)
+            return fused_over_prefixes(runner.model, {s.name: settings[s.name] for s in group})
         return frozenset(s.name for s in group if fused_lrp(runner.model, s.name, settings))
 
     def alone(spec: Method) -> Callable[[int], int]:

@@ -154,8 +154,9 @@ def lrp_pass(
             instead of keeping its activations (:func:`~attnlens.lrp.state.attend_fused`): no ``N × N``
             probabilities are kept, so the memory grows linearly with the length; the input relevances are those
             of the eager pass (to rounding), ``attentions`` and ``attention_relevance`` are empty. AttnLRP with
-            ``epsilon=0`` only, without ``track_softmax`` or ``rows``; a model :func:`runs_fused` does not cover
-            gets the eager pass. Under Chefer et al.'s rules (``"chefer"``, ``"chefer-lrp"``) the attention
+            ``epsilon=0`` (over ``rows``: one backward per row), or Chefer et al.'s rules (``"chefer"``,
+            ``"chefer-lrp"``; over ``rows`` only with ``last_layer_only``), without ``track_softmax``; a model
+            :func:`runs_fused` does not cover gets the eager pass. Under Chefer et al.'s rules the attention
             relevance is kept as what recomputes it (:meth:`LRPResult.relevance_rows`), and the backward
             recomputes each layer's probabilities a chunk of query rows at a time.
         forward_kwargs: more arguments of the model's forward, e.g. ``logits_to_keep`` (a language model
@@ -177,9 +178,10 @@ def lrp_pass(
     its examples one by one.
     """
     if fused and (rules not in ("attnlrp", *CHEFER) or epsilon or track_softmax
-                  or (rows is not None and rules != "attnlrp")):
+                  or (rows is not None and rules != "attnlrp" and not last_layer_only)):
         raise InputError("the fused LRP pass computes AttnLRP with epsilon=0 or Chefer et al.'s rules over a batch "
-                         "of inputs (AttnLRP also over a sequence's rows), without track_softmax")
+                         "of inputs (AttnLRP, and Chefer's rules stopping at the last layer, also over a sequence's "
+                         "rows), without track_softmax")
     if last_layer_only and (inputs_relevance or track_softmax or not attention_relevance):
         raise InputError("a pass that stops at the last layer's attention forms that layer's attention relevance "
                          "alone: with attention_relevance, without inputs_relevance or track_softmax")
@@ -302,7 +304,7 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
         value = head.scalar(read, tgt, target_kind, read_mask)
         start = torch.ones_like(value).detach()
     if last_layer_only:
-        return _last_layer_backward(state, value, start, logits, rows, retain)
+        return _last_layer_backward(state, value, start, logits, rows, retain, progress)
     emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
     others = [t for pair in state.other_softmaxes for t in pair]
     leaves = [state.word_embeddings, emb_sum] if inputs_relevance else [None, None]
@@ -372,7 +374,8 @@ def _per_row(x: torch.Tensor, rows: torch.Tensor | None, n_rows: int) -> torch.T
 
 
 def _last_layer_backward(state: PassState, value: torch.Tensor, start: torch.Tensor, logits: torch.Tensor,
-                         rows: torch.Tensor | None, retain: bool) -> LRPResult:
+                         rows: torch.Tensor | None, retain: bool,
+                         progress: Callable[[float], None] | None = None) -> LRPResult:
     """R(A) of the last layer alone (``first_layer`` = L - 1): the gradient taken at that layer's probabilities
     (eager) or at its attention output (fused, where R(A) is recomputed from half of it), so the backward runs
     through the layers above that point and nothing below."""
@@ -383,6 +386,8 @@ def _last_layer_backward(state: PassState, value: torch.Tensor, start: torch.Ten
         raise ModelError("LRP: the model's last attention layer is not on the explained output's graph")
     if rows is None:
         (grad,) = torch.autograd.grad(value, [at], start, retain_graph=retain)
+    elif fused:  # one backward per row, each recomputing the last layer (held at the checkpoint, not kept)
+        (grad,) = _one_row_at_a_time(value, [at], start, retain, progress)
     else:  # one product per row through the sequence's pass, batched
         (grad,) = row_gradients(value, [at], start, retain_graph=retain)
     n_rows = len(value)

@@ -61,15 +61,27 @@ def fused_lrp(model: Any, name: str, settings: Mapping[str, Mapping[str, Any]]) 
     return _fusable_rules(rules, epsilon) and (rules in CHEFER) == (name in ATTENTION_READERS) and runs_fused(model)
 
 
-def fused_over_prefixes(model: Any, settings: Mapping[str, Mapping[str, Any]]) -> bool:
-    """Whether AttnLRP's pass over a generation's prefixes may run fused (one backward per step) beside the LRP
-    methods of ``settings`` (per method its options, defaults included): only as a pass of its own, not one it
-    shares with another LRP method (the same rules, or the joint pass with the chefer rules, :func:`shared_lrp`)."""
+def fused_over_prefixes(model: Any, settings: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+    """The LRP methods of ``settings`` (per method its options, defaults included) whose pass over a generation's
+    prefixes may run fused, one backward per step: AttnLRP (its rules, ε = 0), and PartialLRP without its per-layer
+    view (Chefer et al.'s rules: its pass stops at the last layer's attention), each only as a pass of its own, not
+    one it shares with another LRP method (the same rules, or the joint pass of the chefer and attnlrp rules,
+    :func:`shared_lrp`)."""
     keys = _pass_keys(settings)
-    mine = keys.get("attnlrp")
-    if mine != ("attnlrp", 0.0) or not fused_lrp(model, "attnlrp", settings):
-        return False
-    return not any(k in (mine, (JOINT[0], 0.0)) for name, k in keys.items() if name != "attnlrp")
+    joint = {(r, 0.0) for r in JOINT}
+    found = set()
+    for name, key in keys.items():
+        if name == "attnlrp":
+            eligible = key == ("attnlrp", 0.0)
+        elif name == "partiallrp":
+            eligible = key[0] in CHEFER and not settings[name].get("layers", False)
+        else:
+            eligible = False
+        others = {k for other, k in keys.items() if other != name}
+        shared = key in others or (key in joint and joint - {key} <= others)
+        if eligible and not shared and fused_lrp(model, name, settings):
+            found.add(name)
+    return frozenset(found)
 
 
 def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
@@ -158,9 +170,11 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
     :func:`attnlens.core.memory.lrp_storage`). Over a generation's steps: where the eager pass with its steps'
     batched products would not fit what the budget leaves (whatever the estimate chose, so a batch never runs
     eager beyond it)."""
-    one = ctx.sequence is not None  # a generation's steps: AttnLRP's pass alone runs fused over their sequence
-    if one and (keys != [("attnlrp", 0.0)] or not fused_over_prefixes(ctx.model, ctx.plan)):
-        return False
+    one = ctx.sequence is not None  # a generation's steps: AttnLRP's or PartialLRP's pass of its own runs fused
+    if one:
+        planned = _planned_passes(ctx)
+        if len(keys) != 1 or not any(planned[name] == keys[0] for name in fused_over_prefixes(ctx.model, ctx.plan)):
+            return False
     if not all(_fusable_rules(*key) for key in keys) or not runs_fused(ctx.model):
         return False
     if any(key in keys and not fused_lrp(ctx.model, name, ctx.plan) for name, key in _planned_passes(ctx).items()):
@@ -169,7 +183,8 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
     dims = model_dims(ctx.model)
     if one:  # the eager pass over the sequence and its steps' batched products, beside what the shared pass keeps
         eager = dataclasses.replace(LRP_STORAGE, logit_rows=rows + 1 if keeps_logits(ctx.model) else 0)
-        return pass_row_bytes(dims, n, eager) + rows * lrp_step_bytes(dims, n, rows, False) > ctx.budget_left()
+        step = lrp_step_bytes(dims, n, rows, keys[0][0] in CHEFER)  # PartialLRP's pass keeps its R(A) per step
+        return pass_row_bytes(dims, n, eager) + rows * step > ctx.budget_left()
     budget = ctx.budget_left() // max(1, rows)  # beside what the shared pass keeps, as the estimate plans it
     logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) else 0  # as the engine estimates
     return lrp_storage(dims, n, budget, True, logit_rows).recompute
