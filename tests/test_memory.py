@@ -395,6 +395,39 @@ def test_partiallrp_over_a_long_generation_fits_the_default_budget(smollm2_sized
     assert not layers.fusable and layers.total(2016) > memory.DEFAULT_BUDGET
 
 
+def test_a_fused_pass_stopping_at_the_last_layer_keeps_that_layers_factors_alone(monkeypatch, smollm2_sized):
+    """The fused chefer pass that stops at the last layer lets each layer's factors go once the next layer records
+    its own, and the estimate counts one layer's: PartialLRP alone, not beside AttnLRP (the joint pass keeps every
+    layer's for AttnLRP's backward) nor with its per-layer view."""
+    from attnlens.lrp import lrp_pass, relevance
+
+    model = build_tiny("llama", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP)
+    held = []
+    real = relevance._last_layer_backward
+
+    def spy(state, *args, **kwargs):
+        held.append([f is not None for f in state.factors.values()])
+        return real(state, *args, **kwargs)
+
+    monkeypatch.setattr(relevance, "_last_layer_backward", spy)
+    inputs = {"input_ids": torch.tensor([[CLS, 10, 11, 12, 13, SEP]])}
+    last = lrp_pass(model, inputs, 0, rules="chefer", fused=True, inputs_relevance=False, last_layer_only=True)
+    whole = lrp_pass(model, inputs, 0, rules="chefer", fused=True, inputs_relevance=False)
+    assert held == [[False, True]] and last.first_layer == 1
+    rows = torch.arange(6)
+    torch.testing.assert_close(last.relevance_rows(1, rows), whole.relevance_rows(1, rows))
+    spec = [registry.get_method("partiallrp")]
+    budget, n = memory.DEFAULT_BUDGET, 8192
+    alone = engine.pass_cost(smollm2_sized.runner, spec, budget)
+    assert alone.last_layer == {"partiallrp"}
+    own = alone.own_storage("partiallrp", n)
+    assert own == dataclasses.replace(memory.FUSED_LAST_LAYER_STORAGE, logit_rows=own.logit_rows)
+    joint = engine.pass_cost(smollm2_sized.runner, spec + [registry.get_method("attnlrp")], budget)
+    layers = engine.pass_cost(smollm2_sized.runner, spec, budget, {"partiallrp": {"layers": True}})
+    assert not joint.last_layer and not layers.last_layer
+    assert alone.total(n) < layers.total(n)
+
+
 @pytest.mark.parametrize("task", ["causal-lm", "classification"])
 def test_lrp_methods_reading_attention_relevance_run_fused_where_the_eager_pass_would_not_fit(monkeypatch, task):
     """PartialLRP and TransAtt, and AttnLRP beside them from the same forward, give the eager pass's scores and

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import InputError
 from ..methods import get_method, resolve_methods
-from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp, fused_over_prefixes
+from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp, fused_over_prefixes, last_layer_passes
 from ..methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
@@ -114,6 +114,7 @@ class PassCost:
     alone: dict[str, Callable[[int], int]]
     budget: int = DEFAULT_BUDGET
     fusable: frozenset[str] = frozenset()  # methods whose LRP pass runs fused where the eager one would not fit
+    last_layer: frozenset[str] = frozenset()  # methods whose fused LRP pass keeps the last layer's factors alone
 
     def storage(self, n: int) -> Storage | None:
         """The shared pass's storage at ``n`` tokens: recomputing layers where keeping them would not fit, or would
@@ -151,7 +152,8 @@ class PassCost:
     def _own_storage(self, name: str, n: int, left: int) -> Storage:
         storage = self.own_storages[name]
         if name in self.fusable:
-            return lrp_storage(self.dims, n, left, True, storage.logit_rows, name in ATTENTION_READERS)
+            return lrp_storage(self.dims, n, left, True, storage.logit_rows, name in ATTENTION_READERS,
+                               name in self.last_layer)
         return fitting(self.dims, n, storage, left)  # fused passes recompute layers where needed
 
     def total(self, n: int) -> int:
@@ -209,9 +211,10 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
 
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},
-                        budget, fusable([spec])).total
+                        budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]})).total
 
-    return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget, fusable(specs))
+    return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget, fusable(specs),
+                    last_layer_passes(settings))
 
 
 def explain_all(

@@ -114,7 +114,9 @@ class Storage:
     ``*_grads``: their gradients kept; ``recompute``: the backward recomputes each layer from its input rather
     than keeping its activations (fused attention only); ``chunked_rules``: the backward recomputes each layer's
     probabilities a chunk of query rows at a time to apply LRP rules there; ``logit_rows``: positions of each row a
-    language model projects onto the vocabulary (0: all of them; :class:`~attnlens.core.logit_rows.LogitRows`).
+    language model projects onto the vocabulary (0: all of them; :class:`~attnlens.core.logit_rows.LogitRows`);
+    ``factor_layers``: the layers whose factors are kept (0: every layer; 1: a pass stopping at the last layer);
+    ``rule_vectors``: hidden-size vectors per token an LRP pass's rules hold beside that (measured).
     """
 
     eager: bool = True
@@ -134,13 +136,15 @@ class Storage:
     recompute: bool = False
     chunked_rules: bool = False
     logit_rows: int = 0
+    factor_layers: int = 0
+    rule_vectors: int = 0
 
     def __or__(self, other: Storage) -> Storage:
         """What one pass serving both keeps (eager if either needs it)."""
         def union(f: str, a: Any, b: Any) -> Any:
-            if f == "rows":
+            if f in ("rows", "rule_vectors"):
                 return max(a, b)
-            if f == "logit_rows":  # 0 is every position
+            if f in ("logit_rows", "factor_layers"):  # 0 is every position / layer
                 return 0 if 0 in (a, b) else max(a, b)
             return a or b
         return Storage(**{f: union(f, getattr(self, f), getattr(other, f)) for f in self.__dataclass_fields__})
@@ -159,17 +163,24 @@ FUSED_LRP_STORAGE = Storage(eager=False, backward=True, recompute=True, embeddin
 # the fused pass of a method reading the attention relevance (Chefer et al.'s rules): per layer the queries, keys
 # and values, and the modified gradient at the attention output, the relevance recomputed from them
 FUSED_RELEVANCE_STORAGE = FUSED_LRP_STORAGE | Storage(factors=True, factor_grads=True, chunked_rules=True)
+# the same stopping at the last layer's attention (PartialLRP's score, TransAtt from its last layer): that layer's
+# factors alone, its gradient taken at the attention output (no rule applied below it, no input embeddings). Its
+# peak RSS beyond the model on SmolLM2 (1.11 GiB at 6,144 tokens, 1.62-1.72 GiB at 8,176) is about 95 hidden-size
+# vectors per token, where the terms above count 65: 40 more cover the rules' products in the recomputed layer
+FUSED_LAST_LAYER_STORAGE = Storage(eager=False, backward=True, recompute=True, factors=True, factor_grads=True,
+                                   factor_layers=1, rule_vectors=40)
 
 
 def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool, logit_rows: int = 0,
-                attention: bool = False) -> Storage:
+                attention: bool = False, last_layer: bool = False) -> Storage:
     """What an LRP pass over one row of ``n`` tokens holds, a language model's logits at ``logit_rows``
     positions (0: all): the eager pass where it fits ``budget``, else the fused one when the pass can run fused
     (``fusable``; it costs about one more forward), keeping what recomputes the attention relevance when the
-    method reads it (``attention``)."""
+    method reads it (``attention``): the last layer's alone where the pass stops there (``last_layer``)."""
     eager = dataclasses.replace(LRP_STORAGE, logit_rows=logit_rows)
     if fusable and pass_row_bytes(dims, n, eager) > budget:
-        return dataclasses.replace(FUSED_RELEVANCE_STORAGE if attention else FUSED_LRP_STORAGE,
+        fused = FUSED_RELEVANCE_STORAGE if attention else FUSED_LRP_STORAGE
+        return dataclasses.replace(FUSED_LAST_LAYER_STORAGE if attention and last_layer else fused,
                                    logit_rows=logit_rows)
     return eager
 
@@ -189,8 +200,9 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
     kept = layers * (maps * (storage.maps + storage.map_grads)
                      + heads * storage.rows * n * (1 + storage.row_grads)
-                     + n * storage.received + n * n * storage.means
-                     + n * d * (2 * storage.factors + 3 * storage.factor_grads))
+                     + n * storage.received + n * n * storage.means)
+    kept += (storage.factor_layers or layers) * n * d * (2 * storage.factors + 3 * storage.factor_grads)
+    kept += storage.rule_vectors * n * d
     kept += CHUNK_COPIES * min(CHUNK_ELEMENTS, heads * n * n) * storage.factors
     # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time,
     # in float32 and float64

@@ -252,7 +252,8 @@ def _run(
         head = MULTI_LABEL if multi_label else CLASSIFICATION
     token_mask = inputs.get("attention_mask")
     joint = len(rule_sets) > 1
-    state = PassState(rules=rule_sets[0], epsilon=float(epsilon), track_softmax=track_softmax, fused=fused)
+    state = PassState(rules=rule_sets[0], epsilon=float(epsilon), track_softmax=track_softmax, fused=fused,
+                      last_factors_only=last_layer_only and not joint)
     results = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())

@@ -52,7 +52,10 @@ class PassState:
     # attention output, whose product with the values is the modified gradient at the probabilities
     # (:class:`_FusedAttention`); a layer's index is fixed by its first call (a recomputed layer calls again)
     layer_index: dict[int, int] = field(default_factory=dict)
-    factors: dict[int, LayerFactors] = field(default_factory=dict)
+    factors: dict[int, LayerFactors | None] = field(default_factory=dict)
+    # a pass whose backward stops at the last layer's attention: a layer's factors are let go (None) once the next
+    # layer records its own, so only the last layer's stay
+    last_factors_only: bool = False
     output_grads: dict[int, torch.Tensor] = field(default_factory=dict)
     # the attention output ``(B, H, N, d)`` of the latest layer a fused chefer forward ran (the last layer's once
     # the forward is done): a backward that stops there reads the last layer's gradient without running below it
@@ -190,6 +193,8 @@ def attend_fused_chefer(state: PassState, module: nn.Module, query: torch.Tensor
     layer = state.layer_index.setdefault(id(module), len(state.layer_index))
     first = layer not in state.factors  # not the layer recomputed in the backward
     if first:
+        if state.last_factors_only and layer:
+            state.factors[layer - 1] = None
         state.factors[layer] = LayerFactors(query.detach(), key.detach(), mask, causal, scale, groups,
                                             value.detach())
     if groups > 1:

@@ -126,19 +126,36 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
 
 
 def _last_layer_only(ctx: BatchContext, key: tuple[str, float]) -> bool:
-    """Whether the pass ``key`` may stop at the last layer's attention: every method of the batch that reads it
-    reads that layer alone, ``partiallrp`` without its per-layer view or ``transatt`` from ``start_layer=-1`` (no
-    plan: every method may read it, so no)."""
-    readers = [name for name, k in _planned_passes(ctx).items() if k == key]
+    """Whether the batch's pass ``key`` may stop at the last layer's attention (:func:`last_layer_only`)."""
+    return last_layer_only(ctx.plan, key)
+
+
+def last_layer_only(settings: Mapping[str, Mapping[str, Any]], key: tuple[str, float]) -> bool:
+    """Whether the pass ``key`` ((rule set, epsilon)) of the methods of ``settings`` (per method its options,
+    defaults included) may stop at the last layer's attention: every method that reads it reads that layer alone,
+    ``partiallrp`` without its per-layer view or ``transatt`` from ``start_layer=-1`` (no plan: every method may
+    read it, so no)."""
+    readers = [name for name, k in _pass_keys(settings).items() if k == key]
 
     def last_only(name: str) -> bool:
-        opts = ctx.plan[name]
+        opts = settings[name]
         if name == "partiallrp":
             check_flag("partiallrp", "layers", opts.get("layers", False))
             return not opts.get("layers", False)
         return name == "transatt" and opts.get("start_layer") == -1
 
     return bool(readers) and all(last_only(name) for name in readers)
+
+
+def last_layer_passes(settings: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+    """The LRP methods of ``settings`` whose fused pass keeps the last layer's factors alone: a pass under Chefer
+    et al.'s rules that stops at the last layer (:func:`last_layer_only`), not the joint pass with AttnLRP's rules
+    (whose forward keeps every layer's for AttnLRP's backward)."""
+    keys = _pass_keys(settings)
+    joint = {(r, 0.0) for r in JOINT}
+    return frozenset(name for name, key in keys.items()
+                     if key[0] in CHEFER and last_layer_only(settings, key)
+                     and not (key in joint and joint <= set(keys.values())))
 
 
 def _check_partiallrp(rules: str = "chefer", epsilon: float = 0.0, layers: bool = False) -> None:
