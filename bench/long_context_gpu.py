@@ -4,7 +4,8 @@ SmolLM2-135M and a 1B-parameter Llama built from configs (random weights: speed 
 On ``--device`` (default ``cuda``):
 
 1. **agreement**: on a short prompt, every method's scores on the GPU against the same model's on the CPU
-   (float32; the largest difference relative to the largest CPU score), and ``attribute_context`` end to end;
+   (float32; the largest difference relative to the largest CPU score); on a longer one under small budgets, the
+   passes that run fused or recompute their layers (``paths``); and ``attribute_context`` end to end;
 2. **SmolLM2 table**: ``explain_answer`` of a 16-token answer after prompts of ``--lengths`` tokens (IMDB text),
    float32, the default memory budget, beside ``plain``: one forward + backward of the same sequence with fused
    attention (SDPA), the loss on the answer's tokens, as ``bench/long_context.py`` defines it;
@@ -29,6 +30,7 @@ holds SmolLM2's ``config.json`` and tokenizer files and ``FILE`` is plain text l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -42,6 +44,10 @@ FAST = ["rawatt", "attnnorm", "grads", "agrad", "cat", "attcat", "saliency", "in
 HEAVY = ["rollout", "gae", "globenc", "alti", "transatt", "attnlrp", "partiallrp"]
 SLOW = ["valuezeroing", "integratedgradients"]
 AGREE = FAST + HEAVY + ["attgrads", "decompx", "flow"] + SLOW
+# a longer prompt under small budgets, so that the passes run fused and recompute their layers
+SMALL_BUDGET_TOKENS = 384
+SMALL_BUDGETS = {"grads": "256MiB", "attcat": "256MiB", "saliency": "256MiB", "attnlrp": "256MiB",
+                 "partiallrp": "256MiB", "gae": "256MiB", "transatt": "640MiB"}
 AT2_WEIGHTS = Path(__file__).resolve().parents[1] / "src" / "attnlens" / "sources" / "weights" / \
     "smollm2-135m-instruct.json"
 BIG_1B = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -184,6 +190,31 @@ def timed_case(bench: Bench, ex: Any, model: str, method: str, prompt: list[int]
     bench.record(row)
 
 
+@contextlib.contextmanager
+def _paths() -> Any:
+    """Within the block, which paths the passes took: ``fused_lrp`` (an LRP pass ran fused) and ``recomputed``
+    (the shared pass recomputed its layers in the backward), counted over both devices."""
+    from attnlens.core import capture
+    from attnlens.methods import lrp_methods
+
+    found = {"fused_lrp": 0, "recomputed": 0}
+    real_pass, real_recomputed = lrp_methods.lrp_pass, capture.recomputed_layers
+
+    def lrp_pass(*args: Any, **kwargs: Any) -> Any:
+        found["fused_lrp"] += bool(kwargs.get("fused"))
+        return real_pass(*args, **kwargs)
+
+    def recomputed(model: Any) -> Any:
+        found["recomputed"] += 1
+        return real_recomputed(model)
+
+    lrp_methods.lrp_pass, capture.recomputed_layers = lrp_pass, recomputed
+    try:
+        yield found
+    finally:
+        lrp_methods.lrp_pass, capture.recomputed_layers = real_pass, real_recomputed
+
+
 def agreement(bench: Bench, model_dir: Path, text: str, n: int) -> None:
     """Every method on the GPU against the CPU (same weights, float32), and attribute_context end to end."""
     import copy
@@ -197,18 +228,27 @@ def agreement(bench: Bench, model_dir: Path, text: str, n: int) -> None:
     from attnlens import Explainer
 
     gpu = Explainer(gpu_model, cpu.tokenizer, max_length=cpu.max_length)
-    prompt, answer = prompt_ids(cpu, text, n, 4)
     options = {"integratedgradients": {"n_steps": 16}, "flow": {"workers": 4}}
-    for method in AGREE:
-        row: dict = {"model": "smollm2", "case": "agreement", "method": method, "tokens": n}
+    # short: every method's default path; long under a small budget: the fused LRP passes and the shared pass
+    # recomputing its layers in the backward (which a GPU runs in autograd's own thread)
+    cases = [(n, method, None) for method in AGREE]
+    cases += [(SMALL_BUDGET_TOKENS, method, budget) for method, budget in SMALL_BUDGETS.items()]
+    for tokens, method, budget in cases:
+        prompt, answer = prompt_ids(cpu, text, tokens, 4)
+        row: dict = {"model": "smollm2", "case": "agreement", "method": method, "tokens": tokens}
+        if budget:
+            row["budget"] = budget
         try:
             opts = {k: v for k, v in options.items() if k == method} or None
-            start = time.perf_counter()
-            want = cpu.explain_answer(prompt, answer, [method], options=opts).scores[method]
-            row["cpu_seconds"] = time.perf_counter() - start
-            start = time.perf_counter()
-            got = gpu.explain_answer(prompt, answer, [method], options=opts).scores[method]
-            row["gpu_seconds"] = time.perf_counter() - start
+            limit = {"memory_budget": budget} if budget else {}
+            with _paths() as paths:
+                start = time.perf_counter()
+                want = cpu.explain_answer(prompt, answer, [method], options=opts, **limit).scores[method]
+                row["cpu_seconds"] = time.perf_counter() - start
+                start = time.perf_counter()
+                got = gpu.explain_answer(prompt, answer, [method], options=opts, **limit).scores[method]
+                row["gpu_seconds"] = time.perf_counter() - start
+            row.update(paths)
             want, got = np.asarray(want, dtype=np.float64), np.asarray(got, dtype=np.float64)
             row["shape_equal"] = want.shape == got.shape
             scale = float(np.abs(want).max()) or 1.0
@@ -298,13 +338,16 @@ def table(results: list[dict]) -> str:
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
     agree = [r for r in results if r.get("case") == "agreement"]
     if agree:
-        lines += ["\nGPU against CPU (float32)\n", "| method | max relative difference | top-1 equal | cpu s | gpu s |",
-                  "|---|---|---|---|---|"]
+        lines += ["\nGPU against CPU (float32)\n",
+                  "| method | tokens, budget | max relative difference | top-1 equal | paths | cpu s | gpu s |",
+                  "|---|---|---|---|---|---|---|"]
         for r in agree:
+            case = f"{r['tokens']}, {r.get('budget', 'default')}"
             if "error" in r:
-                lines.append(f"| {r['method']} | failed: {r['error'][:60]} | | | |")
+                lines.append(f"| {r['method']} | {case} | failed: {r['error'][:60]} | | | | |")
             else:
-                lines.append(f"| {r['method']} | {r['max_rel_diff']:.1e} | {r['top1_equal']} | "
+                paths = ", ".join(k for k in ("fused_lrp", "recomputed") if r.get(k)) or "—"
+                lines.append(f"| {r['method']} | {case} | {r['max_rel_diff']:.1e} | {r['top1_equal']} | {paths} | "
                              f"{r['cpu_seconds']:.2f} | {r['gpu_seconds']:.2f} |")
     return "\n".join(lines) + "\n"
 
