@@ -31,6 +31,12 @@ def _set_attention_implementation(model: nn.Module, value: str | None) -> None:
         model.config._attn_implementation = value
 
 
+def _resolved(model: nn.Module, implementation: str) -> str:
+    """The implementation a pass switches ``model`` to: transformers' ``"sdpa"`` as
+    :func:`~attnlens.core.fused_attention.fused_implementation` picks its variant, any other name as it is."""
+    return fused_implementation(model) if implementation == FUSED else implementation
+
+
 def runs_sdpa(model: nn.Module) -> bool:
     """Whether ``model`` can run its attention as PyTorch's fused attention (transformers' ``"sdpa"``)."""
     return bool(getattr(type(model), "_supports_sdpa", False))
@@ -41,7 +47,7 @@ def attention_switched(model: nn.Module, implementation: str) -> Iterator[nn.Mod
     """Within an :func:`explaining` block, run ``model``'s attention as ``implementation`` (a name registered in
     transformers' attention interface) and switch back afterwards; nothing else is touched."""
     original = attention_implementation(model)
-    _set_attention_implementation(model, fused_implementation(model) if implementation == FUSED else implementation)
+    _set_attention_implementation(model, _resolved(model, implementation))
     try:
         yield model
     finally:
@@ -67,8 +73,7 @@ def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Mod
     try:
         model.eval()
         try:
-            _set_attention_implementation(
-                model, fused_implementation(model) if implementation == FUSED else implementation)
+            _set_attention_implementation(model, _resolved(model, implementation))
         except (ValueError, NotImplementedError, ImportError):  # no kernel of that kind for this architecture
             _set_attention_implementation(model, EAGER)
         now = attention_implementation(model)

@@ -68,7 +68,6 @@ def fused_over_prefixes(model: Any, settings: Mapping[str, Mapping[str, Any]]) -
     one it shares with another LRP method (the same rules, or the joint pass of the chefer and attnlrp rules,
     :func:`shared_lrp`)."""
     keys = _pass_keys(settings)
-    joint = {(r, 0.0) for r in JOINT}
     found = set()
     for name, key in keys.items():
         if name == "attnlrp":
@@ -77,8 +76,7 @@ def fused_over_prefixes(model: Any, settings: Mapping[str, Mapping[str, Any]]) -
             eligible = key[0] in CHEFER and not settings[name].get("layers", False)
         else:
             eligible = False
-        others = {k for other, k in keys.items() if other != name}
-        shared = key in others or (key in joint and joint - {key} <= others)
+        shared = key in {k for other, k in keys.items() if other != name} or _joint(key, keys)
         if eligible and not shared and fused_lrp(model, name, settings):
             found.add(name)
     return frozenset(found)
@@ -110,7 +108,7 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
         reading = {"forward_kwargs": {"logits_to_keep": int(rows.shape[1] - last_positions(rows).min())}}
     args = (ctx.model, ctx.sequence if one else ctx.inputs, targets, ctx.target_kind)
     joint = [(r, 0.0) for r in JOINT]
-    if key in joint and set(joint) <= set(_planned_passes(ctx).values()):
+    if _joint(key, _planned_passes(ctx)):
         with contextlib.suppress(InputError):  # the chefer rules do not apply: each pass alone says why, or runs
             cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, fused=_runs_fused(ctx, joint),
                                                last_layer_only=_last_layer_only(ctx, joint[0]), **reading)))
@@ -152,10 +150,15 @@ def last_layer_passes(settings: Mapping[str, Mapping[str, Any]]) -> frozenset[st
     et al.'s rules that stops at the last layer (:func:`last_layer_only`), not the joint pass with AttnLRP's rules
     (whose forward keeps every layer's for AttnLRP's backward)."""
     keys = _pass_keys(settings)
-    joint = {(r, 0.0) for r in JOINT}
     return frozenset(name for name, key in keys.items()
-                     if key[0] in CHEFER and last_layer_only(settings, key)
-                     and not (key in joint and joint <= set(keys.values())))
+                     if key[0] in CHEFER and last_layer_only(settings, key) and not _joint(key, keys))
+
+
+def _joint(key: tuple[str, float], keys: Mapping[str, tuple[str, float]]) -> bool:
+    """Whether the pass ``key`` is served by the joint forward of the chefer and attnlrp rules (ε = 0,
+    :func:`attnlens.lrp.lrp_passes`): it is one of the two, and the methods' passes (``keys``) ask for both."""
+    joint = {(r, 0.0) for r in JOINT}
+    return key in joint and joint <= set(keys.values())
 
 
 def _check_partiallrp(rules: str = "chefer", epsilon: float = 0.0, layers: bool = False) -> None:
