@@ -54,21 +54,16 @@ BIG_1B = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 3
           "intermediate_size": 8192, "head_dim": 64}
 
 
-class Deadline(Exception):
-    """No more cases are started."""
-
-
 class Bench:
-    """The run's state: where results go, the deadline, the device."""
+    """The run's state: where results go, when it started, the device."""
 
-    def __init__(self, out: Path, device: str, deadline: float, quiet: bool = False) -> None:
+    def __init__(self, out: Path, device: str, quiet: bool = False) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.quiet = quiet
         self.log = (out / "long_context_gpu.jsonl").open("a" if quiet else "w", encoding="utf-8")
         self.out = out
         self.device = device
         self.start = time.perf_counter()
-        self.deadline = deadline
         self.results: list[dict] = []
 
     def record(self, row: dict) -> None:
@@ -78,10 +73,6 @@ class Bench:
         self.log.flush()
         if not self.quiet:
             print(json.dumps(row), flush=True)
-
-    def check_time(self) -> None:
-        if time.perf_counter() - self.start > self.deadline:
-            raise Deadline
 
 
 def build(model_dir: Path, device: str, dtype: Any, overrides: dict | None = None, seed: int = 0) -> Any:
@@ -149,11 +140,6 @@ def timed_case(bench: Bench, ex: Any, model: str, method: str, prompt: list[int]
     import torch
 
     row: dict = {"model": model, "method": method, "tokens": len(prompt), "answer_tokens": len(answer)}
-    try:
-        bench.check_time()
-    except Deadline:
-        bench.record({**row, "skipped": "deadline"})
-        return
     sync = torch.cuda.synchronize if bench.device.startswith("cuda") else (lambda: None)
     try:
         if bench.device.startswith("cuda"):
@@ -223,7 +209,6 @@ def agreement(bench: Bench, model_dir: Path, text: str, n: int) -> None:
     import torch
 
     cpu = build(model_dir, "cpu", torch.float32)
-    gpu = copy.copy(cpu)
     gpu_model = copy.deepcopy(cpu.model).to(bench.device)
     from attnlens import Explainer
 
@@ -279,7 +264,7 @@ def run_one(args: argparse.Namespace, case: dict) -> None:
     """One case in a fresh process, so that its peak holds nothing of another case's."""
     import torch
 
-    bench = Bench(args.out / "cases", args.device, float("inf"), quiet=True)
+    bench = Bench(args.out / "cases", args.device, quiet=True)
     text = args.text.read_text(encoding="utf-8")
     if case["model"] == "smollm2":
         ex = build(args.model_dir, args.device, torch.float32)
@@ -385,7 +370,7 @@ def main() -> None:
         run_one(args, json.loads(args.one))
         return
 
-    bench = Bench(args.out, args.device, args.deadline)
+    bench = Bench(args.out, args.device)
     info = {"case": "info", "model": "-", "torch": torch.__version__, "transformers": transformers.__version__}
     if args.device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()
