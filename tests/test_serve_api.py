@@ -504,3 +504,13 @@ def test_no_body_crashes_a_route(served, route, body):
     r = served["client"].post(route, content=json.dumps(body).encode())
     assert 400 <= r.status_code < 500, (route, body, r.text)
     assert r.json()["error"]
+
+
+def test_serve_without_a_model_names_both_ways_to_give_one(monkeypatch):
+    """No --model and no $ATTNLENS_MODEL: one line naming the option and the variable, as explain says it."""
+    from attnlens.cli.serve import model_specs
+    from attnlens.errors import ModelError
+
+    monkeypatch.delenv("ATTNLENS_MODEL", raising=False)
+    with pytest.raises(ModelError, match=r"^no model: pass --model M or set \$ATTNLENS_MODEL$"):
+        model_specs(None)

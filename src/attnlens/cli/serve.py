@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import InputError, ModelError
 from ..viz.safetext import terminal_safe
 from . import add_placement_options, placement
-from .explain import default_model
+from .explain import MODEL_ENV, default_model
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -48,7 +48,7 @@ def model_specs(given: list[str] | None) -> dict[str, str]:
     if not given:
         default = default_model()
         if default is None:
-            raise ModelError("no --model given and the default ../shared/models/minilm-sst2 was not found")
+            raise ModelError(f"no model: pass --model M or set ${MODEL_ENV}")
         given = [default]
     specs: dict[str, str] = {}
     for item in given:
