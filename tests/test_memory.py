@@ -14,10 +14,12 @@ from attnlens.cli import main
 from attnlens.core import engine, memory
 from attnlens.core import generation_engine as generation
 from attnlens.core.memory import (
+    Storage,
     backward_row_bytes,
     budget_chunks,
     model_dims,
     parse_budget,
+    pass_row_bytes,
     rows_that_fit,
     shared_pass_row_bytes,
 )
@@ -46,6 +48,25 @@ def test_bad_budget_is_one_line(value):
 def test_model_dims_read_the_config(family, layers):
     dims = model_dims(make_model(family))
     assert (dims.layers, dims.heads, dims.hidden, dims.itemsize) == (layers, 2, 16, 4)
+
+
+def test_accelerators_recompute_attention_in_larger_chunks():
+    from attnlens.core import row_attention
+
+    assert model_dims(make_model("gpt2")).device == "cpu"
+    dims = model_dims(make_model("gpt2").to("meta"))
+    assert dims.device == "meta"
+    assert row_attention.chunk_elements("cpu") == row_attention.CHUNK_ELEMENTS
+    assert row_attention.chunk_elements("cpu", backward=True) == row_attention.BACKWARD_CHUNK_ELEMENTS
+    assert row_attention.chunk_elements("cuda") == row_attention.chunk_elements("meta", backward=True) \
+        == row_attention.DEVICE_CHUNK_ELEMENTS > row_attention.BACKWARD_CHUNK_ELEMENTS
+    n = 4096  # 2 heads x n x n probabilities: more than a chunk on either device
+    for storage, copies, cpu_chunk in ((Storage(eager=False, factors=True), memory.CHUNK_COPIES,
+                                        row_attention.CHUNK_ELEMENTS),
+                                       (Storage(eager=False, backward=True, chunked_rules=True),
+                                        memory.RULE_CHUNK_COPIES, row_attention.BACKWARD_CHUNK_ELEMENTS)):
+        extra = pass_row_bytes(dims, n, storage) - pass_row_bytes(dataclasses.replace(dims, device="cpu"), n, storage)
+        assert extra == copies * (row_attention.DEVICE_CHUNK_ELEMENTS - cpu_chunk) * dims.itemsize
 
 
 def test_row_estimates_grow_with_length_and_fit():

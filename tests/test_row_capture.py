@@ -244,7 +244,7 @@ def test_the_estimate_bounds_what_the_kept_tensors_take():
         kept_estimate = memory.pass_row_bytes(dims, n, storage) - memory.pass_row_bytes(
             dims, n, memory.Storage(eager=storage.eager, backward=storage.backward, logit_rows=storage.logit_rows))
         # the chunks of maps recomputed while the methods read them are working memory, not kept tensors
-        kept_estimate -= (memory.CHUNK_COPIES * min(memory.CHUNK_ELEMENTS, dims.heads * n * n) * storage.factors
+        kept_estimate -= (memory.CHUNK_COPIES * min(row_attention.CHUNK_ELEMENTS, dims.heads * n * n) * storage.factors
                           * dims.itemsize)
         assert held <= kept_estimate, methods
         assert held >= kept_estimate / 4, methods  # and not a gross overestimate

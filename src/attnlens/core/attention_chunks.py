@@ -57,7 +57,7 @@ class WholeMaps(AttentionChunks):
 
 class RecomputedChunks(AttentionChunks):
     """The maps recomputed from :class:`LayerFactors`, ``chunk_elements`` probabilities at a time (default
-    :data:`~attnlens.core.row_attention.CHUNK_ELEMENTS`).
+    :func:`~attnlens.core.row_attention.chunk_elements` of the factors' device).
 
     ``rows``: the capture's row count ``B``; with a forward batch of one and ``rows > 1`` every row reads the one
     sequence (a generation's prefixes: causal masking makes each prefix's maps the top-left block of the
@@ -68,7 +68,7 @@ class RecomputedChunks(AttentionChunks):
     def __init__(self, factors: list[LayerFactors], rows: int, output_grads: list[torch.Tensor] | None = None,
                  chunk_elements: int | None = None) -> None:
         self.factors, self.rows, self.output_grads = factors, rows, output_grads
-        self.chunk_elements = chunk_elements or row_attention.CHUNK_ELEMENTS
+        self.chunk_elements = chunk_elements
         self.n_layers = len(factors)
 
     def chunks(self, layer: int, gradients: bool = False) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
@@ -80,7 +80,8 @@ class RecomputedChunks(AttentionChunks):
         b, h, n, _ = f.query.shape
         k = key.shape[2]
         batch = max(b, self.rows)
-        step = max(1, self.chunk_elements // max(1, batch * h * k))
+        elements = self.chunk_elements or row_attention.chunk_elements(f.query.device)
+        step = max(1, elements // max(1, batch * h * k))
         with torch.no_grad():
             for start in range(0, n, step):
                 stop = min(n, start + step)

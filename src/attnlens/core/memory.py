@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
-from .row_attention import BACKWARD_CHUNK_ELEMENTS, CHUNK_ELEMENTS
+from . import row_attention
 
 DEFAULT_BUDGET = 4 * 2**30  # bytes: what explain() plans for when no memory_budget is given
 ACTIVATION_VECTORS = 30  # hidden-size vectors per token and layer held for a backward pass (24 fitted on MiniLM;
@@ -66,13 +66,15 @@ def parse_budget(value: str | int | float | None) -> int:
 
 @dataclass(frozen=True)
 class Dims:
-    """What the estimates read from a model: layers (encoder + decoder), heads, hidden size, bytes per value."""
+    """What the estimates read from a model: layers (encoder + decoder), heads, hidden size, bytes per value,
+    the device type of its parameters (the chunks of recomputed attention are larger on an accelerator)."""
 
     layers: int
     heads: int
     hidden: int
     itemsize: int = 4
     logits: int = 0  # values per token of the head's output (a language model's vocabulary; 0: one per input)
+    device: str = "cpu"
 
 
 def model_dims(model: Any) -> Dims:
@@ -89,15 +91,16 @@ def model_dims(model: Any) -> Dims:
     heads = get("num_attention_heads", "n_head") or 12
     hidden = get("hidden_size", "d_model", "n_embd", "dim") or 768
     try:
-        itemsize = next(model.parameters()).element_size()
+        first = next(model.parameters())
+        itemsize, device = first.element_size(), first.device.type
     except (AttributeError, StopIteration, TypeError):
-        itemsize = 4
+        itemsize, device = 4, "cpu"
     try:  # a language model projects every position onto the vocabulary
         out = model.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         out = None
     logits = get("vocab_size") if out is not None else 0
-    return Dims(layers, heads, hidden, itemsize, logits)
+    return Dims(layers, heads, hidden, itemsize, logits, device)
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,8 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         else:
             work = layers * (ACTIVATION_VECTORS * n * d + (ATTENTION_MAPS * maps if storage.eager else 0))
         work += LOGIT_COPIES * storage.logit_positions(n) * dims.logits
-        work += RULE_CHUNK_COPIES * min(BACKWARD_CHUNK_ELEMENTS, heads * n * n) * storage.chunked_rules
+        rule_chunk = row_attention.chunk_elements(dims.device, backward=True)
+        work += RULE_CHUNK_COPIES * min(rule_chunk, heads * n * n) * storage.chunked_rules
     else:  # one layer at a time
         work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
     kept = layers * (maps * (storage.maps + storage.map_grads)
@@ -203,7 +207,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
                      + n * storage.received + n * n * storage.means)
     kept += (storage.factor_layers or layers) * n * d * (2 * storage.factors + 3 * storage.factor_grads)
     kept += storage.rule_vectors * n * d
-    kept += CHUNK_COPIES * min(CHUNK_ELEMENTS, heads * n * n) * storage.factors
+    kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * storage.factors
     # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time,
     # in float32 and float64
     kept += 3 * heads * n * d * (storage.factors and storage.hidden)

@@ -32,7 +32,19 @@ CHUNK_ELEMENTS = 2**20
 # the same in a backward that recomputes the probabilities to apply LRP rules (lrp/state.py): each chunk adds a
 # rank-q update to the whole keys' and values' gradients, so larger chunks (16 MiB) read and write those less often
 BACKWARD_CHUNK_ELEMENTS = 2**22
+# both on an accelerator (64 MiB in float32): each chunk's kernels are launched one at a time from Python, and at
+# the CPU's sizes the launches, not the kernels, took the time (a 4,096-token prompt: ~150 chunks per layer)
+DEVICE_CHUNK_ELEMENTS = 2**24
 UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")  # not reproduced here
+
+
+def chunk_elements(device: torch.device | str, backward: bool = False) -> int:
+    """Elements of one chunk of probabilities recomputed at once on ``device``: :data:`CHUNK_ELEMENTS` (in a
+    backward applying LRP rules, :data:`BACKWARD_CHUNK_ELEMENTS`) on the CPU, :data:`DEVICE_CHUNK_ELEMENTS` on an
+    accelerator."""
+    if torch.device(device).type != "cpu":
+        return DEVICE_CHUNK_ELEMENTS
+    return BACKWARD_CHUNK_ELEMENTS if backward else CHUNK_ELEMENTS
 
 
 class RowAttentionUnsupported(RuntimeError):
@@ -145,7 +157,7 @@ def _received(recorder: RowRecorder, query: torch.Tensor, key: torch.Tensor, mas
     """``(B', K)``: Σ_q w[q] · mean_h A[h, q, k], over chunks of query rows (no graph, no ``N × N`` map)."""
     weights = recorder.received_weights
     b, h, n, _ = query.shape
-    step = max(1, CHUNK_ELEMENTS // max(1, b * h * key.shape[2]))
+    step = max(1, chunk_elements(query.device) // max(1, b * h * key.shape[2]))
     total = None
     with torch.no_grad():
         for start in range(0, n, step):
@@ -205,7 +217,7 @@ def _head_means(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | Non
     """``(B, Q, K)``: the layer's attention, mean over heads, built from chunks of query rows (no graph; nothing
     ``H × N × N`` at once)."""
     b, h, n, _ = query.shape
-    step = max(1, CHUNK_ELEMENTS // max(1, b * h * key.shape[2]))
+    step = max(1, chunk_elements(query.device) // max(1, b * h * key.shape[2]))
     out = torch.empty(b, n, key.shape[2], dtype=query.dtype, device=query.device)
     with torch.no_grad():
         for start in range(0, n, step):
