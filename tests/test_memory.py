@@ -353,8 +353,8 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
     ex.explain(texts, ["attnlrp"], options={"attnlrp": {"rules": "cp"}})
     assert not any(seen)
     seen.clear()
-    # a generation's prefixes: AttnLRP's pass alone runs fused, one backward per step; beside PartialLRP (their
-    # joint pass) eager
+    # a generation's prefixes: AttnLRP's pass alone runs fused, one backward per step; beside PartialLRP their
+    # joint pass runs eager where it fits, and each its own pass, fused, where it does not
     reports: list[float] = []
     monkeypatch.setattr(lrp_methods, "lrp_step_bytes", lambda *args: 2**40)  # the steps' batched products: too big
     steps = ex.explain_generation(prompt, ["attnlrp"], target=target, progress=lambda done, _: reports.append(done))
@@ -366,7 +366,17 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
                                atol=1e-5 * np.abs(eager_steps.scores["attnlrp"]).max())
     seen.clear()
     both = ex.explain_generation(prompt, ["attnlrp", "partiallrp"], target=target)
-    assert not any(seen)
+    assert seen == [True, True]  # no joint pass: each method's own, fused
+    for m in ("attnlrp", "partiallrp"):
+        np.testing.assert_allclose(both.scores[m], eager_steps.scores[m], rtol=0,
+                                   atol=1e-5 * np.abs(eager_steps.scores[m]).max())
+    joint: list[bool] = []
+    real_joint = lrp_methods.lrp_passes
+    monkeypatch.undo()  # the eager pass fits again: the joint pass serves both
+    monkeypatch.setattr(lrp_methods, "lrp_passes", lambda *a, **k: joint.append(k["fused"]) or real_joint(*a, **k))
+    seen = _spy_lrp(monkeypatch)
+    both = ex.explain_generation(prompt, ["attnlrp", "partiallrp"], target=target)
+    assert joint == [False] and seen == []
     for m in ("attnlrp", "partiallrp"):
         np.testing.assert_allclose(both.scores[m], eager_steps.scores[m], atol=1e-6)
 
@@ -400,7 +410,6 @@ def test_partiallrp_over_a_generation_runs_fused_where_the_eager_pass_would_not_
     seen.clear()
     ex.explain_generation(prompt, ["partiallrp", "transatt"], target=target)
     ex.explain_generation(prompt, ["partiallrp"], target=target, options={"partiallrp": {"layers": True}})
-    ex.explain_generation(prompt, ["partiallrp", "attnlrp"], target=target)  # the joint pass
     assert not any(seen)
 
 
@@ -512,9 +521,12 @@ def test_the_estimate_of_attnlrp_follows_the_fused_pass():
     prefixes = engine.pass_cost(ex.runner, spec, budget, prefixes=True, steps=7)
     assert prefixes.own_storage("attnlrp", n - 64) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=8)
     assert prefixes.own_storage("attnlrp", n) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=8)
-    # beside PartialLRP (their joint pass runs eager over a sequence): every position's logits without a step count
+    # beside PartialLRP: their joint pass, eager, where it fits; beyond, each its own fused pass, PartialLRP's
+    # keeping the last layer's factors (every position's logits without a step count)
     joint = engine.pass_cost(ex.runner, [*spec, registry.get_method("partiallrp")], budget, prefixes=True)
-    assert joint.own_storage("attnlrp", n) == memory.LRP_STORAGE
+    assert joint.own_storage("attnlrp", n - 64) == joint.own_storage("partiallrp", n - 64) == memory.LRP_STORAGE
+    assert joint.own_storage("attnlrp", n) == memory.FUSED_LRP_STORAGE
+    assert joint.own_storage("partiallrp", n) == memory.FUSED_LAST_LAYER_STORAGE
 
 
 def test_the_estimate_of_integrated_gradients_follows_its_fused_passes():

@@ -211,10 +211,10 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
 
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},
-                        budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]})).total
+                        budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]}, prefixes)).total
 
     return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget, fusable(specs),
-                    last_layer_passes(settings))
+                    last_layer_passes(settings, prefixes))
 
 
 def explain_all(

@@ -65,8 +65,9 @@ def fused_over_prefixes(model: Any, settings: Mapping[str, Mapping[str, Any]]) -
     """The LRP methods of ``settings`` (per method its options, defaults included) whose pass over a generation's
     prefixes may run fused, one backward per step: AttnLRP (its rules, ε = 0), and PartialLRP without its per-layer
     view (Chefer et al.'s rules: its pass stops at the last layer's attention), each only as a pass of its own, not
-    one it shares with another LRP method (the same rules, or the joint pass of the chefer and attnlrp rules,
-    :func:`shared_lrp`)."""
+    one it shares with another LRP method reading the same rules. Where both ask for their passes, the joint
+    forward of the chefer and attnlrp rules (:func:`shared_lrp`) serves them only while its eager pass fits; beyond
+    that each runs its own pass, fused where it may."""
     keys = _pass_keys(settings)
     found = set()
     for name, key in keys.items():
@@ -76,7 +77,7 @@ def fused_over_prefixes(model: Any, settings: Mapping[str, Mapping[str, Any]]) -
             eligible = key[0] in CHEFER and not settings[name].get("layers", False)
         else:
             eligible = False
-        shared = key in {k for other, k in keys.items() if other != name} or _joint(key, keys)
+        shared = key in {k for other, k in keys.items() if other != name}
         if eligible and not shared and fused_lrp(model, name, settings):
             found.add(name)
     return frozenset(found)
@@ -108,7 +109,8 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
         reading = {"forward_kwargs": {"logits_to_keep": int(rows.shape[1] - last_positions(rows).min())}}
     args = (ctx.model, ctx.sequence if one else ctx.inputs, targets, ctx.target_kind)
     joint = [(r, 0.0) for r in JOINT]
-    if _joint(key, _planned_passes(ctx)):
+    # over a generation's steps the joint pass runs eager: where either pass would run fused, each runs its own
+    if _joint(key, _planned_passes(ctx)) and not (one and any(_runs_fused(ctx, [k]) for k in joint)):
         with contextlib.suppress(InputError):  # the chefer rules do not apply: each pass alone says why, or runs
             cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, fused=_runs_fused(ctx, joint),
                                                last_layer_only=_last_layer_only(ctx, joint[0]), **reading)))
@@ -145,13 +147,14 @@ def last_layer_only(settings: Mapping[str, Mapping[str, Any]], key: tuple[str, f
     return bool(readers) and all(last_only(name) for name in readers)
 
 
-def last_layer_passes(settings: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+def last_layer_passes(settings: Mapping[str, Mapping[str, Any]], prefixes: bool = False) -> frozenset[str]:
     """The LRP methods of ``settings`` whose fused pass keeps the last layer's factors alone: a pass under Chefer
     et al.'s rules that stops at the last layer (:func:`last_layer_only`), not the joint pass with AttnLRP's rules
-    (whose forward keeps every layer's for AttnLRP's backward)."""
+    (whose forward keeps every layer's for AttnLRP's backward). ``prefixes``: over a generation's steps, where a
+    fused pass is always a pass of its own (:func:`fused_over_prefixes`)."""
     keys = _pass_keys(settings)
     return frozenset(name for name, key in keys.items()
-                     if key[0] in CHEFER and last_layer_only(settings, key) and not _joint(key, keys))
+                     if key[0] in CHEFER and last_layer_only(settings, key) and (prefixes or not _joint(key, keys)))
 
 
 def _joint(key: tuple[str, float], keys: Mapping[str, tuple[str, float]]) -> bool:
