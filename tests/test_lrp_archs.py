@@ -1313,7 +1313,7 @@ def test_fused_chefer_pass_gives_the_eager_attention_relevance(family):
         eager = lrp_pass(model, inputs, targets, rules=rules, inputs_relevance=False)
         with pytest.MonkeyPatch.context() as mp:  # several chunks of rows per layer
             mp.setattr(row_attention, "CHUNK_ELEMENTS", 40)
-            mp.setattr("attnlens.lrp.state.BACKWARD_CHUNK_ELEMENTS", 40)
+            mp.setattr("attnlens.core.row_attention.BACKWARD_CHUNK_ELEMENTS", 40)
             fused = lrp_pass(model, inputs, targets, rules=rules, inputs_relevance=False, fused=True)
         assert fused.attention_relevance == [] and fused.n_layers == eager.n_layers
         for layer in range(eager.n_layers):
@@ -1326,7 +1326,7 @@ def test_fused_chefer_pass_gives_the_eager_attention_relevance(family):
     one = {k: v[:1] for k, v in inputs.items()}  # no padding: causality alone masks a decoder's attention
     eager = lrp_pass(model, one, 0, rules="chefer", inputs_relevance=False)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("attnlens.lrp.state.BACKWARD_CHUNK_ELEMENTS", 40)
+        mp.setattr("attnlens.core.row_attention.BACKWARD_CHUNK_ELEMENTS", 40)
         fused = lrp_pass(model, one, 0, rules="chefer", inputs_relevance=False, fused=True)
     for layer in range(eager.n_layers):
         want = eager.attention_relevance[layer]

@@ -479,7 +479,7 @@ def test_lrp_methods_reading_attention_relevance_run_fused_where_the_eager_pass_
         memory.lrp_storage(dims, n, 0, fusable, rows, attention))
     monkeypatch.setattr(lrp_methods, "lrp_storage", always)
     monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)
-    monkeypatch.setattr("attnlens.lrp.state.BACKWARD_CHUNK_ELEMENTS", 64)
+    monkeypatch.setattr("attnlens.core.row_attention.BACKWARD_CHUNK_ELEMENTS", 64)
     fused = ex.explain(texts, methods)
     assert seen == [True]
     from_two = ex.explain(texts, ["transatt"], options={"transatt": {"start_layer": 1}})

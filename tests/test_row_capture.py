@@ -400,7 +400,7 @@ def test_chunks_of_an_unpadded_causal_input_skip_the_keys_no_row_sees(monkeypatc
     eager = ex.explain([text], [*methods, "decompx"], options=every_layer)[0]  # decompx reads whole maps: kept
     assert not trimmed
     monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)  # chunks of a few rows
-    monkeypatch.setattr("attnlens.lrp.state.BACKWARD_CHUNK_ELEMENTS", 64)
+    monkeypatch.setattr("attnlens.core.row_attention.BACKWARD_CHUNK_ELEMENTS", 64)
     monkeypatch.setattr(lrp_methods, "lrp_storage", lambda dims, n, budget, fusable, rows=0, attention=False:
                         memory.lrp_storage(dims, n, 0, fusable, rows, attention))  # the fused LRP pass
     (chunked,) = ex.explain([text], methods, options=every_layer)

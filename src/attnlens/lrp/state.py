@@ -12,13 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.row_attention import (
-    BACKWARD_CHUNK_ELEMENTS,
-    DEVICE_CHUNK_ELEMENTS,
-    LayerFactors,
-    keys_seen,
-    masked_scores,
-)
+from ..core.row_attention import LayerFactors, chunk_elements, keys_seen, masked_scores
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"  # the attention implementation an LRP forward runs (registered by attnlens.lrp.patch)
@@ -140,8 +134,7 @@ def _chefer_attention_backward(query: torch.Tensor, key: torch.Tensor, value: to
     b, h, n, _ = query.shape
     dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
     half = 0.5 * grad
-    elements = BACKWARD_CHUNK_ELEMENTS if query.device.type == "cpu" else DEVICE_CHUNK_ELEMENTS
-    step = max(1, elements // max(1, b * h * key.shape[2]))
+    step = max(1, chunk_elements(query.device, backward=True) // max(1, b * h * key.shape[2]))
     for start in range(0, n, step):
         stop = min(n, start + step)
         rows = torch.arange(start, stop, device=query.device)
