@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError
-from ..methods import get_method, resolve_methods
+from ..methods import check_option_owners, get_method, resolve_methods
 from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp, fused_over_prefixes, last_layer_passes
 from ..methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
 from ..results.explanation import Explanation
@@ -80,9 +80,7 @@ def select_methods(
             if reasons[s.name]:
                 raise InputError(reasons[s.name])
     checked = _check_options_mapping(options)
-    for name in checked:
-        if name not in requested:
-            raise InputError(f"options given for {name!r}, which is not among the requested methods")
+    check_option_owners(checked, requested)
     method_options = {s.name: s.check_options(dict(checked.get(s.name, {}))) for s in specs}
     if target_kind == "loss" and target is None:
         raise InputError("target_kind='loss' explains the loss against given labels: pass them as target=")

@@ -277,13 +277,11 @@ def _check_labels(dataset: Dataset, n_classes: int, need: bool) -> None:
 def check_benchmark_options(methods: Any, options: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
     """``options`` checked without a model: each names a benchmarked method, and only options it has, with
     values it accepts as far as they can be judged without one."""
-    from ..methods import get_method, resolve_methods
+    from ..methods import check_option_owners, get_method, resolve_methods
 
     options = dict(options or {})
-    requested = set(resolve_methods(methods))
+    check_option_owners(options, resolve_methods(methods), "the benchmarked methods")
     for name, opts in options.items():
-        if name not in requested:
-            raise InputError(f"options given for {name!r}, which is not among the benchmarked methods")
         if not isinstance(opts, dict):
             raise InputError(f"options of {name!r} must be an object of option names and values, got {opts!r}")
         get_method(name).check_options(dict(opts))

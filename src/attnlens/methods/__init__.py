@@ -6,7 +6,7 @@ Importing this package registers the built-in methods: the order of the modules 
 
 from importlib import import_module
 
-from .registry import Method, MethodOutput, get_method, list_methods, register, resolve_methods
+from .registry import Method, MethodOutput, check_option_owners, get_method, list_methods, register, resolve_methods
 
 # The built-in method modules, in their documented order (each registers its methods on import).
 BUILTIN_MODULES = ("attention", "cat", "flow", "gradient", "lrp_methods", "decomposition", "valuezeroing",
@@ -14,4 +14,4 @@ BUILTIN_MODULES = ("attention", "cat", "flow", "gradient", "lrp_methods", "decom
 for _module in BUILTIN_MODULES:
     import_module(f"{__name__}.{_module}")
 
-__all__ = ["Method", "MethodOutput", "get_method", "list_methods", "register", "resolve_methods"]
+__all__ = ["Method", "MethodOutput", "check_option_owners", "get_method", "list_methods", "register", "resolve_methods"]

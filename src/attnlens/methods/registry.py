@@ -240,6 +240,16 @@ def capture_request(methods: Iterable[Method]) -> tuple[frozenset[str], frozense
     return keep, frozenset().union(*(m.differentiated for m in methods))
 
 
+def check_option_owners(options: Iterable[str], requested: Iterable[str],
+                        among: str = "the requested methods") -> None:
+    """An :class:`InputError` (one line) for the first method ``options`` holds options for that is not one of
+    ``requested``: options are never silently dropped."""
+    requested = set(requested)
+    for name in options:
+        if name not in requested:
+            raise InputError(f"options given for {name!r}, which is not among {among}")
+
+
 def get_method(name: str) -> Method:
     """The registered method ``name``; an unknown id raises an error that lists the available ones."""
     try:

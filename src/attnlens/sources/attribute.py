@@ -21,7 +21,7 @@ from ..core.generation_engine import eos_ids, greedy
 from ..core.memory import parse_budget
 from ..core.model_runner import ModelRunner
 from ..errors import InputError
-from ..methods import get_method, resolve_methods
+from ..methods import check_option_owners, get_method, list_methods, resolve_methods
 from ..results.context_attribution import ContextAttribution
 from ..version import __version__
 from .ablation import ABLATIONS, CiteJob
@@ -65,10 +65,8 @@ def check_options(methods: str | Sequence[str] | None, options: Mapping[str, Map
     far as no model is needed (:meth:`attnlens.methods.Method.check_options`)."""
     token_methods, source_methods = split_methods(methods)
     options = {k: dict(v) for k, v in (options or {}).items()}
-    asked = set(token_methods) | set(source_methods)
-    for name in options:
-        if name not in asked and ("all" not in token_methods or name in SOURCE_METHODS):
-            raise InputError(f"options given for {name!r}, which is not among the requested methods")
+    asked = set(token_methods) | set(source_methods) | (set(list_methods()) if "all" in token_methods else set())
+    check_option_owners(options, asked)
     source_options = {m: check_source_options(m, options.pop(m, {})) for m in source_methods}
     for name, opts in options.items():
         get_method(name).check_options(opts)
