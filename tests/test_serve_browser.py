@@ -326,6 +326,6 @@ def test_sources_of_an_answer(page, server):
     assert cells[0][:2] == ["#", "source"] and sorted(cells[0][2:]) == sorted(methods) == ["attnlrp", "decompx", "loo"]
     assert [row[1] for row in cells[1:]] == [s["text"] for s in result["sources"]]
     loo = [s["scores"]["loo"] for s in result["sources"]]
-    assert [float(row[2 + methods.index("loo")]) for row in cells[1:]] == pytest.approx(loo, abs=1e-3)
+    assert [float(row[2 + methods.index("loo")]) for row in cells[1:]] == pytest.approx(loo, rel=1e-3, abs=1e-12)
     assert result["answer"] in page.inner_text("#src-answer-line")
     _shoot(page, "serve-sources")

@@ -333,6 +333,20 @@ def test_html_shades_sources_and_escapes_text(lm):
     assert "loo: " in page and "rawatt: " in page
 
 
+def test_scores_keep_their_digits_at_any_scale(lm, capsys):
+    from rich.console import Console
+
+    from attnlens.viz.sources import print_attribution, score_text
+
+    assert [score_text(v) for v in (3.88621, 1.234e-4, -2e-7, 0.0)] == ["+3.886", "+0.0001234", "-2e-07", "+0"]
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False)
+    r.scores["loo"] = np.array([4e-5, 3e-5, 2e-5, 1e-5])[: len(r.sources)]
+    print_attribution(r, console=Console(width=200))
+    out = capsys.readouterr().out
+    assert "+4e-05" in out and "+1e-05" in out and "+0.0000" not in out
+    assert "loo: +4e-05" in r.to_html()
+
+
 # ------------------------------------------------------------------------------------------------- CLI
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory) -> str:

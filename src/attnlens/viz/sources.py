@@ -29,6 +29,12 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def score_text(value: float, digits: int = 4) -> str:
+    """A signed score with ``digits`` significant digits, whatever its scale (a method whose scores are all about
+    1e-4 still shows them apart, where a fixed number of decimals would print ``+0.0000``)."""
+    return f"{value:+.{digits}g}"
+
+
 def print_attribution(a: Any, k: int | None = None, console: Any = None) -> None:
     """The answer, then per method the sources from the highest score down (``k``: at most that many)."""
     from rich.console import Console
@@ -47,7 +53,7 @@ def print_attribution(a: Any, k: int | None = None, console: Any = None) -> None
         table.add_column("source")
         for rank, (i, s, v) in enumerate(a.ranked(m)[: k or None], 1):
             text = s.text if len(s.text) <= 110 else s.text[:107] + "..."
-            table.add_row(str(rank), f"{v:+.4f}", f"[{i}] {terminal_safe(text, one_line=True)}")
+            table.add_row(str(rank), score_text(v), f"[{i}] {terminal_safe(text, one_line=True)}")
         console.print(table)
         share = a.meta.get("outside_share", {}).get(m)
         if share is not None:
@@ -59,7 +65,8 @@ def print_attribution(a: Any, k: int | None = None, console: Any = None) -> None
         for m in a.token_rows:
             table.add_column(m, justify="right")
         for row, step in enumerate(a.token_row_steps):
-            cells = [f"[{int(np.argmax(v[row]))}] {float(np.max(v[row])):+.3f}" for v in a.token_rows.values()]
+            cells = [f"[{int(np.argmax(v[row]))}] {score_text(float(np.max(v[row])), 3)}"
+                     for v in a.token_rows.values()]
             table.add_row(terminal_safe(repr(a.answer_tokens[step]), one_line=True), *cells)
         console.print(table)
 
@@ -71,7 +78,7 @@ def _context_html(a: Any, method: str) -> str:
     for i in order:
         s = a.sources[i]
         parts.append(_e(a.context[at:s.start]))
-        tip = "&#10;".join(f"{_e(m)}: {float(a.scores[m][i]):+.4f}" for m in a.methods)
+        tip = "&#10;".join(f"{_e(m)}: {score_text(float(a.scores[m][i]))}" for m in a.methods)
         color = hex_color(shade(float(norm[i])))
         parts.append(f'<span class="src" data-source="{i}" style="background:{color}" '
                      f'title="[{i}]&#10;{tip}">{_e(s.text)}</span>')

@@ -27,6 +27,8 @@ function svgEl(tag, attrs) {
 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const fmt = (v, d = 3) => (v === null || v === undefined || Number.isNaN(v) ? "n/a" : Number(v).toFixed(d));
+// significant digits, whatever the scale (scores of about 1e-4 stay apart instead of all reading 0.000)
+const sig = (v, d = 4) => (v === null || v === undefined || Number.isNaN(v) ? "n/a" : String(Number(Number(v).toPrecision(d))));
 
 // ------------------------------------------------------------------ server
 async function api(path, options) {
@@ -570,7 +572,7 @@ async function attribute() {
     const tr = el("tr");
     tr.append(el("td", i, "num"), el("td", s.text, "text"));
     for (const m of methods) {
-      const td = el("td", fmt(s.scores[m]), top[m] === i ? "num top" : "num");
+      const td = el("td", sig(s.scores[m]), top[m] === i ? "num top" : "num");
       td.style.backgroundColor = shade(s.scores[m], max[m]);
       tr.appendChild(td);
     }
