@@ -344,7 +344,7 @@ def test_scores_keep_their_digits_at_any_scale(lm, capsys):
     print_attribution(r, console=Console(width=200))
     out = capsys.readouterr().out
     assert "+4e-05" in out and "+1e-05" in out and "+0.0000" not in out
-    assert "loo: +4e-05" in r.to_html()
+    assert "loo: +4e-05" in r.to_html() and "[0] +4e-05" in r.to_html()
 
 
 # ------------------------------------------------------------------------------------------------- CLI

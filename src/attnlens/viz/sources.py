@@ -90,7 +90,7 @@ def _context_html(a: Any, method: str) -> str:
 def _ranked_table(a: Any, k: int) -> str:
     rows = ["<tr><th>method</th>" + "".join(f"<th>#{r}</th>" for r in range(1, k + 1)) + "</tr>"]
     for m in a.methods:
-        cells = "".join(f'<td title="{_e(s.text)}">[{i}] {v:+.3f}</td>' for i, s, v in a.ranked(m)[:k])
+        cells = "".join(f'<td title="{_e(s.text)}">[{i}] {score_text(v)}</td>' for i, s, v in a.ranked(m)[:k])
         rows.append(f"<tr><td class='method'>{_e(m)}</td>{cells}</tr>")
     return f'<table class="top ranked">{"".join(rows)}</table>'
 
