@@ -242,6 +242,14 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
     assert (want > 0).float().mean() > 0.15 and (want == 0).any()  # both sides of the clamp occur
 
 
+def test_alti_blocks_are_larger_on_an_accelerator():
+    from attnlens.core import row_attention
+    from attnlens.methods import decomposition
+
+    assert decomposition.alti_block("cpu") == decomposition._ALTI_BLOCK
+    assert decomposition.alti_block("cuda") == decomposition.alti_block("meta") == row_attention.DEVICE_CHUNK_ELEMENTS
+
+
 @pytest.mark.parametrize("target", [0, 1])
 def test_decompx_matches_loop_and_sums_to_the_logit(bert_case, target):
     _, ex, ref, _ = bert_case

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..core.batch_state import BatchContext
+from ..core.row_attention import chunk_elements
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
 from ..models.adapters import FIRST, LAST
@@ -41,7 +42,8 @@ ATTNNORM_VARIANTS = ("attn", "attn_res", "attn_res_ln")
 BIAS_MODES = ("absdot", "token")
 _ELEMENTS = 2**24  # elements of one (B, rows, N, D) block: bounds the memory of the per-source-token vectors
 # elements of ALTI's block of vectors t_ij (keys x rows x D): 8 MiB in float32, measured fastest on 2 CPU cores
-# (2^19 to 2^23 tried; 12x faster than one (B, rows, N, D) einsum of 2^24 elements)
+# (2^19 to 2^23 tried; 12x faster than one (B, rows, N, D) einsum of 2^24 elements); on an accelerator, where each
+# block's kernels are launched from Python, the chunk size of the recomputed maps (row_attention.chunk_elements)
 _ALTI_BLOCK = 2**21
 _CHECKED_ROWS = 8  # rows at which a pre-LN layer's output is recomputed and compared with the model's
 
@@ -401,6 +403,12 @@ def _norm_matrix(layer: Layer | _Mixing, transform: Callable[[torch.Tensor], tor
     return out if scale is None else out * scale
 
 
+def alti_block(device: torch.device | str) -> int:
+    """Elements of ALTI's block of vectors t_ij on ``device``: :data:`_ALTI_BLOCK` on the CPU, the chunk size of
+    the recomputed maps on an accelerator (:func:`~attnlens.core.row_attention.chunk_elements`)."""
+    return _ALTI_BLOCK if torch.device(device).type == "cpu" else chunk_elements(device)
+
+
 def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tensor, at: torch.Tensor
                ) -> torch.Tensor:
     """``(B, R, N)``: max(0, ‖y_i‖₁ − ‖y_i − t_ij‖₁) with t_ij = Σ_h a^h_ij g^h_j + δ_ij m_i, at the query rows of
@@ -423,7 +431,7 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
     last = torch.where(a.ne(0).any(1).any(0), torch.arange(n, device=a.device), -1).amax(-1)
     needed = torch.maximum(last, at).cummax(0).values.tolist()
     positions = at.tolist()
-    keys = max(1, min(stop, _ALTI_BLOCK // max(1, b * r * d)))  # keys per block, every example's at once
+    keys = max(1, min(stop, alti_block(a.device) // max(1, b * r * d)))  # keys per block, every example's at once
     buffer = a.new_empty(b * keys * r * d)
     ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
     for start in range(0, stop, keys):
