@@ -335,6 +335,7 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
     eager = ex.explain(texts, ["attnlrp", "rawatt"])
     prompt, target = "the movie was good but boring and", " far too long for a film"
     eager_steps = ex.explain_generation(prompt, ["attnlrp", "partiallrp"], target=target)
+    eager_transatt = ex.explain_generation(prompt, ["transatt"], target=target)
     seen = _spy_lrp(monkeypatch)
     always = lambda dims, n, budget, fusable, rows=0: (memory.FUSED_LRP_STORAGE if fusable  # noqa: E731
                                                         else memory.LRP_STORAGE)
@@ -370,6 +371,13 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
     for m in ("attnlrp", "partiallrp"):
         np.testing.assert_allclose(both.scores[m], eager_steps.scores[m], rtol=0,
                                    atol=1e-5 * np.abs(eager_steps.scores[m]).max())
+    seen.clear()  # beside TransAtt, whose pass over the steps stays eager: AttnLRP's own runs fused
+    with_transatt = ex.explain_generation(prompt, ["attnlrp", "transatt"], target=target)
+    assert sorted(seen) == [False, True]
+    np.testing.assert_allclose(with_transatt.scores["attnlrp"], eager_steps.scores["attnlrp"], rtol=0,
+                               atol=1e-5 * np.abs(eager_steps.scores["attnlrp"]).max())
+    np.testing.assert_allclose(with_transatt.scores["transatt"], eager_transatt.scores["transatt"], rtol=0,
+                               atol=1e-5 * np.abs(eager_transatt.scores["transatt"]).max())
     joint: list[bool] = []
     real_joint = lrp_methods.lrp_passes
     monkeypatch.undo()  # the eager pass fits again: the joint pass serves both
