@@ -21,7 +21,9 @@ A run the budget refuses is recorded with its one line; a run out of GPU memory 
 stop being started once ``--deadline`` seconds have passed (recorded as skipped). Results go to
 ``OUT/long_context_gpu.jsonl`` as they come and a markdown table to ``OUT/long_context_gpu.md``.
 ``--no-math-sdp`` switches SDPA's math kernel off in each case (a call that would take it fails and names itself
-in ``trace``); ``--snapshot`` writes each case's CUDA memory snapshot.
+in ``trace``); ``--snapshot`` writes each case's CUDA memory snapshot and, beside it, a summary of the blocks alive
+at the traced peak grouped by their Python stacks (``.peak.txt``, small enough to come back from a remote machine
+where the snapshot does not).
 
 Run: ``python bench/long_context_gpu.py --model-dir DIR --text FILE --out OUT [--device cuda]`` where ``DIR``
 holds SmolLM2's ``config.json`` and tokenizer files and ``FILE`` is plain text long enough for the longest prompt.
@@ -292,7 +294,56 @@ def run_one(args: argparse.Namespace, case: dict) -> None:
         name = f"snapshot_{case['model']}_{case['method']}_{case['tokens']}.pickle"
         torch.cuda.memory._dump_snapshot(str(args.out / name))
         row["snapshot"] = name
+        summary = args.out / name.replace(".pickle", ".peak.txt")
+        summary.write_text(snapshot_peak(args.out / name), encoding="utf-8")
     print(json.dumps(row), flush=True)
+
+
+def _stack(frames: list[dict], depth: int = 7) -> str:
+    """The Python frames of an allocation that are attnlens's, transformers', the bench's or autograd's, inner
+    first (``file:line:function``)."""
+    py = [f for f in frames if f.get("filename", "").endswith(".py")]
+    ours = [f for f in py if any(k in f["filename"] for k in ("attnlens", "transformers", "bench", "autograd",
+                                                               "checkpoint"))]
+    return " < ".join(f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}:{f['name']}" for f in (ours or py)[:depth])
+
+
+def snapshot_peak(path: Path, groups: int = 14) -> str:
+    """What a CUDA memory snapshot holds at the peak of its trace: the blocks alive then, grouped by their stacks,
+    largest first, and the allocation that made the peak (blocks allocated before the trace started, the
+    weights, are not in it)."""
+    import pickle
+
+    with open(path, "rb") as f:
+        trace = pickle.load(f)["device_traces"][0]
+    alive: dict[int, dict] = {}
+    current = peak = peak_at = 0
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            alive[e["addr"]] = e
+            current += e["size"]
+            if current > peak:
+                peak, peak_at = current, i
+        elif e["action"] == "free_completed" and e["addr"] in alive:
+            current -= alive.pop(e["addr"])["size"]
+    alive = {}
+    for e in trace[: peak_at + 1]:  # the blocks alive at the peak
+        if e["action"] == "alloc":
+            alive[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            alive.pop(e["addr"], None)
+    grouped: dict[str, list[int]] = {}
+    for e in alive.values():
+        g = grouped.setdefault(_stack(e.get("frames", [])), [0, 0])
+        g[0] += e["size"]
+        g[1] += 1
+    lines = [f"{path.name}: {len(trace)} events; traced peak {peak / 2**30:.3f} GiB at event {peak_at}"]
+    for stack, (size, count) in sorted(grouped.items(), key=lambda kv: -kv[1][0])[:groups]:
+        lines.append(f"  {size / 2**20:9.1f} MiB in {count:4d} blocks: {stack}")
+    if trace:
+        e = trace[peak_at]
+        lines.append(f"  the peak's allocation, {e['size'] / 2**20:.1f} MiB: {_stack(e.get('frames', []), 12)}")
+    return "\n".join(lines) + "\n"
 
 
 def table(results: list[dict]) -> str:
@@ -359,7 +410,8 @@ def main() -> None:
     p.add_argument("--no-math-sdp", action="store_true",
                    help="switch off SDPA's math kernel in each case (a call that would take it fails, naming itself)")
     p.add_argument("--snapshot", action="store_true",
-                   help="write each case's CUDA memory snapshot (torch.cuda.memory._dump_snapshot) to OUT")
+                   help="write each case's CUDA memory snapshot (torch.cuda.memory._dump_snapshot) to OUT, and a "
+                        "summary of what is alive at its peak")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
 
