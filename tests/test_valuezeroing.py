@@ -145,6 +145,48 @@ def test_batch_equals_one_by_one_and_padding_scores_zero(model_type, attention, 
         assert torch.allclose(scores.sum(1), torch.ones(3, dtype=scores.dtype), atol=1e-5)
 
 
+@pytest.mark.parametrize("model_type", ["bert", "llama", "gptj"])
+def test_layers_with_a_known_anatomy_are_not_rerun_per_token(model_type, tokenizer, monkeypatch):
+    """Zeroing a value vector only removes its share of the attention-block sum, so a layer with a known anatomy
+    runs its FFN part at the changed sums instead of being rerun once per token: each layer is called for its
+    output and one check, whatever the length; the scores are those of the reruns."""
+    from attnlens.methods import decomposition, valuezeroing
+
+    model = build(model_type)
+    ex = Explainer(model, tokenizer)
+    spec = architecture_for(model.config).layers
+    rows = []  # the token rows every layer call runs
+
+    def count(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        rows.append(hidden.shape[0] * hidden.shape[1])
+
+    n_layers = len(spec.modules(model, "self"))
+    handles = [layer.register_forward_pre_hook(count, with_kwargs=True) for layer in spec.modules(model, "self")]
+    fast = ex.explain(TEXTS, "valuezeroing", batch_size=3)
+    b, n = len(TEXTS), max(len(e.ids) for e in ex.encode(TEXTS))  # one padded batch
+    # per layer: the shared pass, value zeroing's recorded forward, the layer's output and the check
+    assert sum(rows) == 4 * n_layers * b * n
+    rows.clear()
+    monkeypatch.setattr(decomposition.ValueZeroedLayer, "applies", staticmethod(lambda model: False))
+    rerun = ex.explain(TEXTS, "valuezeroing", batch_size=3)
+    for h in handles:
+        h.remove()
+    assert sum(rows) > n_layers * b * n * 3  # the reruns: a copy of the layer per (example, zeroed token)
+    for a, b in zip(fast, rerun, strict=True):
+        np.testing.assert_allclose(a.layers["valuezeroing"], b.layers["valuezeroing"], atol=1e-5, rtol=1e-3)
+    monkeypatch.undo()
+    # a recomputation that does not zero as the model does is caught by the check, and the layer is rerun
+    real = decomposition.ValueZeroedLayer.zeroed
+    monkeypatch.setattr(decomposition.ValueZeroedLayer, "zeroed", lambda self, *a: real(self, *a) + 0.1)
+    caught = []
+    trusted = valuezeroing._trusted
+    monkeypatch.setattr(valuezeroing, "_trusted", lambda *a: caught.append(trusted(*a)) or caught[-1])
+    for a, b in zip(ex.explain(TEXTS, "valuezeroing", batch_size=3), rerun, strict=True):
+        np.testing.assert_allclose(a.layers["valuezeroing"], b.layers["valuezeroing"], atol=1e-6)
+    assert caught == [False] * n_layers
+
+
 def test_chunked_reruns_equal_one_call(tokenizer):
     model = make_model("bert")
     enc = tokenizer(TEXTS, return_tensors="pt", padding=True)

@@ -208,19 +208,20 @@ def _output_bias(mods: dict[str, nn.Module]) -> torch.Tensor | float:
     return 0.0 if bias is None else bias
 
 
-def _ffn(mods: dict[str, nn.Module], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _ffn(mods: dict[str, nn.Module], y: torch.Tensor, ratio: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The FFN's output on ``y`` and act(u)/u of its activation's pre-activation u (a gated FFN's gate; none,
-    width 0, for an FFN read as one module)."""
+    width 0, for an FFN read as one module, or without ``ratio``)."""
+    none = y.new_zeros(*y.shape[:-1], 0)
     if "ffn" in mods or "moe" in mods:
         out = mods["ffn" if "ffn" in mods else "moe"](y)
-        return out[0] if isinstance(out, tuple) else out, y.new_zeros(*y.shape[:-1], 0)
+        return out[0] if isinstance(out, tuple) else out, none
     if "gate" in mods:
         g = mods["gate"](y)
         ga = mods["act"](g)
-        return mods["ffn_out"](ga * mods["ffn_in"](y)), _ratio(ga, g)
+        return mods["ffn_out"](ga * mods["ffn_in"](y)), _ratio(ga, g) if ratio else none
     u = mods["ffn_in"](y)
     a = mods["act"](u)
-    return mods["ffn_out"](a), _ratio(a, u)
+    return mods["ffn_out"](a), _ratio(a, u) if ratio else none
 
 
 def _attention_sum(mods: dict[str, nn.Module], x: torch.Tensor, attn: torch.Tensor, f: torch.Tensor,
@@ -257,17 +258,70 @@ class _Output:
 
 
 def _layer_output(mods: dict[str, nn.Module], anatomy: Anatomy, x: torch.Tensor, pre1: torch.Tensor,
-                  final: nn.Module | None = None) -> _Output:
+                  final: nn.Module | None = None, ratio: bool = True) -> _Output:
     """The layer's output at the rows of ``x`` (its input there) and ``pre1`` (:func:`_attention_sum`);
-    ``final``: the model's final norm, for a pre-LN model's last layer (its hidden state is that norm's output)."""
+    ``final``: the model's final norm, for a pre-LN model's last layer (its hidden state is that norm's output);
+    ``ratio``: with the FFN's act(u)/u (``theta``)."""
     if anatomy.pre_ln:
-        ffn, theta = _ffn(mods, mods["ln2"](x if anatomy.parallel else pre1))
+        ffn, theta = _ffn(mods, mods["ln2"](x if anatomy.parallel else pre1), ratio)
         got = pre1 + (mods["post_ffn_norm"](ffn) if "post_ffn_norm" in mods else ffn)
         return _Output(final(got) if final is not None else got, pre1, theta)
     y1 = mods["ln1"](pre1)
-    ffn, theta = _ffn(mods, y1)
+    ffn, theta = _ffn(mods, y1, ratio)
     pre2 = y1 + ffn
     return _Output(mods["ln2"](pre2), y1, theta, _std(mods["ln1"], pre1), _std(mods["ln2"], pre2))
+
+
+@dataclass
+class ValueZeroedLayer:
+    """A layer recomputed from its pieces (its :class:`Anatomy`) at its input ``x`` ``(B, N, D)`` and attention
+    ``attn`` ``(B, H, N, N)``, for value zeroing.
+
+    Zeroing key j's value vector leaves every attention weight as it is (the weights do not read the values), so
+    it removes exactly Σ_h A^h_ij f^h_j from row i's attention-block sum (f: the head's value vector through the
+    output projection, the value bias included). The layer's output with it zeroed is then its post-attention part
+    (residual, norms, FFN) at that changed sum: nothing of the attention is rerun, and a pair with A_ij = 0 in every
+    head is not changed at all. ``output`` is the layer's output recomputed the same way (compare with the
+    model's before trusting the rest)."""
+
+    mods: dict[str, nn.Module]
+    anatomy: Anatomy
+    x: torch.Tensor
+    attn: torch.Tensor
+    f: torch.Tensor
+    pre1: torch.Tensor
+    output: torch.Tensor
+
+    @staticmethod
+    def applies(model: nn.Module) -> bool:
+        """Whether :meth:`of` recomputes ``model``'s layers: a known anatomy whose zeroed outputs are a function of
+        the attention-block sum alone (not a norm on the attention branch, Gemma 2's; not experts, which route each
+        vector; not an encoder-decoder's layers)."""
+        anatomy = _anatomy(model)
+        return not (anatomy is None or anatomy.post_attn_norm or anatomy.moe
+                    or architecture_for(model.config).family == "encoder-decoder")
+
+    @classmethod
+    def of(cls, model: nn.Module, block: nn.Module, x: torch.Tensor, attn: torch.Tensor) -> ValueZeroedLayer | None:
+        """The layer ``block`` of ``model`` at input ``x`` and attention ``attn``, or ``None`` where it does not
+        apply (:meth:`applies`)."""
+        if not ValueZeroedLayer.applies(model):
+            return None
+        anatomy = _anatomy(model)
+        entry = architecture_for(model.config)
+        mods = _parts(block, model, anatomy)
+        f, v = _value_terms(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], entry.layers)
+        pre1, _, _ = _attention_sum(mods, x, attn, f, v)
+        return cls(mods, anatomy, x, attn, f, pre1, _layer_output(mods, anatomy, x, pre1, ratio=False).got)
+
+    def zeroed(self, example: int, rows: slice, keys: int) -> torch.Tensor:
+        """``(R, keys, D)``: the layer's output at ``rows`` of ``example`` with the value vector of each of the
+        first ``keys`` positions zeroed (one at a time)."""
+        a = self.attn[example, :, rows, :keys].to(self.f.dtype)  # (H, R, K)
+        delta = torch.bmm(a.permute(2, 1, 0), self.f[example, :, :keys].transpose(0, 1))  # (K, R, D)
+        pre = self.pre1[example, rows, None] - delta.transpose(0, 1)
+        x = self.x[example, rows, None].expand_as(pre)
+        return _layer_output(self.mods, self.anatomy, x, pre, ratio=False).got
 
 
 def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> None:

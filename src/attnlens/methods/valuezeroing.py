@@ -7,9 +7,15 @@ C^l[i, j] = 1 - cos(h_i, ĥ_i^{¬j}). Each row is normalised to sum to 1 and the
 added identity (the residual is already inside the layer): R = C^L ··· C^1, s_j = R[c, j] (the authors'
 ``compute_joint_attention(..., res=False)``).
 
-Cost: L·N reruns of one layer per example (about N forward passes), batched: the copies of one layer (one per
-example and zeroed real token) run in batches of at most ``MAX_ROWS`` token rows on the layer's captured input
-and arguments, never the whole model. The architecture entry says where the layers and their value projections are
+Zeroing v_j leaves every attention weight as it is, so it removes exactly Σ_h A^h_ij f^h_j from row i's
+attention-block sum: where the layer's anatomy is known (:class:`~attnlens.methods.decomposition.ValueZeroedLayer`),
+its output with v_j zeroed is its post-attention part at that changed sum, evaluated for every (row, attended
+token) pair and no other (half of them under causal masking), at most ``MAX_ROWS`` vectors at once. Each such layer
+is checked first: its recomputed output against the model's, and the zeroing of each example's first token
+against a rerun. Otherwise (unknown anatomy, a failed check): L·N reruns of one layer per example (about N
+forward passes), batched: the copies of one layer (one per example and zeroed real token) run in batches of at
+most ``MAX_ROWS`` token rows on the layer's captured input and arguments, never the whole model. The
+architecture entry says where the layers and their value projections are
 (:class:`attnlens.models.architectures.Layers`); types without one are skipped. Defined for self-attention streams:
 encoders, decoders (causally masked, so C^l[i, j] = 0 for j > i), and the encoder and decoder self-attention of
 encoder-decoders (BART: the decoder layers are rerun with their cross-attention inputs unchanged); not for
@@ -29,6 +35,7 @@ from ..core.batch_state import BatchContext
 from ..errors import ModelError
 from ..models.architectures import Layers, architecture_for
 from .attention import propagate
+from .decomposition import ValueZeroedLayer
 from .registry import OWN_PASS, MethodOutput, check_flag, register
 
 MAX_ROWS = 2 ** 14  # token rows per batched layer rerun: bounds its memory (hidden and FFN activations)
@@ -92,9 +99,11 @@ def _zeroing(value_module: nn.Module, keep: torch.Tensor, spec: Layers, heads: i
         handle.remove()
 
 
-def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, torch.Tensor]) -> list[tuple]:
+def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, torch.Tensor], maps: bool = False
+                 ) -> tuple[list[tuple], list[torch.Tensor] | None]:
     """One forward pass recording every call of the layers, in order: ``(layer, args, kwargs)`` (a layer shared
-    across depths, as ALBERT's, once per call)."""
+    across depths, as ALBERT's, once per call); with ``maps``, also every call's attention ``(B, H, N, N)``
+    (``None`` where the model does not return one per call)."""
     calls: list[tuple] = []
 
     def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -102,11 +111,38 @@ def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, to
 
     handles = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in layers]
     try:
-        model(**inputs)
+        out = model(**inputs, output_attentions=True) if maps else model(**inputs)
     finally:
         for h in handles:
             h.remove()
-    return calls
+    found = getattr(out, "attentions", None) if maps else None
+    if found is None or len(found) != len(calls) or any(a is None for a in found):
+        return calls, None
+    return calls, list(found)
+
+
+def _zeroed_distances(layer: ValueZeroedLayer, max_rows: int) -> torch.Tensor:
+    """``(B, N, N)``: the cosine distance between each row's recomputed output and its output with each key's value
+    vector zeroed (:class:`~attnlens.methods.decomposition.ValueZeroedLayer`), 0 where no head of the row attends
+    to the key; at most ``max_rows`` (row, key) vectors at once."""
+    b, _, n, _ = layer.attn.shape
+    y = layer.output.to(torch.promote_types(layer.output.dtype, torch.float32))
+    attends = layer.attn.ne(0).any(1)  # (B, N, N): the pairs a zeroing changes
+    positions = torch.arange(n, device=attends.device)
+    out = torch.zeros(b, n, n, dtype=y.dtype, device=y.device)
+    for e in range(b):
+        last = torch.where(attends[e], positions, -1).amax(-1).tolist()  # per row, the last key it attends to
+        start = 0
+        while start < n:  # chunks of rows, each with the keys up to the last its rows attend to
+            keys, stop = last[start] + 1, start + 1
+            while stop < n and (stop + 1 - start) * max(keys, last[stop] + 1) <= max_rows:
+                keys = max(keys, last[stop] + 1)
+                stop += 1
+            if keys > 0:
+                zeroed = layer.zeroed(e, slice(start, stop), keys).to(y.dtype)
+                out[e, start:stop, :keys] = cosine_distance(zeroed, y[e, start:stop, None])
+            start = stop
+    return out * attends.to(out.dtype)
 
 
 def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
@@ -123,14 +159,15 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
     heads = getattr(model.config, "num_attention_heads", 1)
     head_dim = getattr(model.config, "head_dim", None) or getattr(model.config, "hidden_size", heads) // heads
     layers = list({id(m): m for m in spec.modules(model, stream)}.values())  # a shared layer is hooked once
-    calls = _layer_calls(model, layers, inputs)
+    calls, maps = _layer_calls(model, layers, inputs, maps=stream == "self" and ValueZeroedLayer.applies(model))
     b, n = token_mask.shape
     device = token_mask.device
     real = token_mask.bool()
     pairs = real.nonzero()  # (P, 2): the (example, position) pairs whose value vector is zeroed
     per_chunk = max(1, max_rows // n)
     out = []
-    for layer, args, kwargs in calls[-1:] if last_only else calls:
+    depths = list(enumerate(calls))
+    for depth, (layer, args, kwargs) in depths[-1:] if last_only else depths:
         hidden = args[0] if args else kwargs["hidden_states"]
         if hidden.shape[:2] != (b, n):
             raise ModelError(f"valuezeroing: the layers at {spec.path(stream)!r} do not take ({b}, {n}, D) hidden "
@@ -150,15 +187,36 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
             return y.to(torch.promote_types(y.dtype, torch.float32))  # half precision compared in float32
 
         original = torch.cat([run(i, None) for i in torch.arange(b, device=device).split(per_chunk)])
-        c = torch.zeros(b, n, n, device=device, dtype=original.dtype)
-        for chunk in pairs.split(per_chunk):
-            examples, positions = chunk[:, 0], chunk[:, 1]
-            changed = run(examples, positions)
-            dist = cosine_distance(changed, original[examples])  # (P, N(i))
-            c[examples, :, positions] = dist
+        recomputed = None if maps is None else ValueZeroedLayer.of(model, layer, hidden, maps[depth])
+        if recomputed is not None and _trusted(recomputed, original, run, real):
+            c = _zeroed_distances(recomputed, max_rows)  # no rerun per token: the FFN part at each changed sum
+        else:
+            c = torch.zeros(b, n, n, device=device, dtype=original.dtype)
+            for chunk in pairs.split(per_chunk):
+                examples, positions = chunk[:, 0], chunk[:, 1]
+                changed = run(examples, positions)
+                dist = cosine_distance(changed, original[examples])  # (P, N(i))
+                c[examples, :, positions] = dist
         m = real.to(c.dtype)
         out.append(c.clamp_min(0.0) * m[:, :, None] * m[:, None, :])
     return out
+
+
+def _trusted(layer: ValueZeroedLayer, original: torch.Tensor, run: Any, real: torch.Tensor) -> bool:
+    """Whether the layer recomputed from its pieces is the model's: its output equals the model's ``original`` at
+    the real rows, and zeroing each example's first real position (which every later row may attend to) changes
+    the rows' outputs as rerunning the layer does (``run``)."""
+    want = original.to(layer.output.dtype)
+    tol = max(1e-3, 4 * torch.finfo(want.dtype).eps) * (1.0 + float(want[real].abs().max()))
+    if not float((layer.output - want)[real].abs().max()) <= tol:
+        return False
+    examples = torch.arange(real.shape[0], device=real.device)
+    first = real.long().argmax(1)  # each example's first real position
+    slow = cosine_distance(run(examples, first), original)  # (B, N)
+    y = layer.output.to(slow.dtype)
+    fast = torch.stack([cosine_distance(layer.zeroed(e, slice(None), int(p) + 1)[:, int(p)].to(slow.dtype), y[e])
+                        * layer.attn[e, :, :, int(p)].ne(0).any(0) for e, p in enumerate(first.tolist())])
+    return bool(((fast - slow).abs() * real <= 1e-3 * float((slow * real).abs().max()) + 1e-9).all())
 
 
 def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
