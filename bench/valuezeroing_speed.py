@@ -1,16 +1,16 @@
 """What value zeroing costs, on ``../shared/models/minilm-sst2`` and SST-2 dev sentences (default: the first 128).
 
-Value zeroing reruns each of the L layers once per token (L·N one-layer reruns per sentence, batched per layer);
+Value zeroing evaluates each layer's post-attention part (residual, norms, FFN) at every pair of a row and a token
+it attends to, where the layer's anatomy is known (MiniLM's is), else reruns each of the L layers once per token;
 the figure is its time through ``Explainer.explain`` divided by one plain forward+backward pass over the same
 batches (interleaved batch by batch, as ``explain_speed.py`` times), plus the rollout method's ratio from the same
 run for scale.
 
 Run: ``python bench/valuezeroing_speed.py [--limit 128] [--batch-size 32]``.
 
-Measured (2026-11-23, first 128 dev sentences, 24.9 tokens on average, batch 32, 2 CPU threads on a machine
-shared with other jobs, load average ~12): plain forward+backward 8.94 s, valuezeroing 178.3 s = 19.9x, rollout
-0.5x. Expected from the method: about N+1 one-layer reruns per layer and sentence, i.e. ~N forwards, against a
-forward+backward of ~2 forwards.
+Measured (2026-11-27, first 128 dev sentences, 24.9 tokens on average, batch 32, 2 CPU threads on a machine
+shared with another job): plain forward+backward 3.11 s, valuezeroing 39.6 s = 12.7x, rollout 0.5x. With a
+rerun of each layer per token (2026-11-23, load average ~12): 19.9x.
 """
 
 from __future__ import annotations
