@@ -278,11 +278,11 @@ class ValueZeroedLayer:
     ``attn`` ``(B, H, N, N)``, for value zeroing.
 
     Zeroing key j's value vector leaves every attention weight as it is (the weights do not read the values), so
-    it removes exactly Σ_h A^h_ij f^h_j from row i's attention-block sum (f: the head's value vector through the
+    it removes exactly Σ_h A^h_ij f^h_j from row i's attention branch (f: the head's value vector through the
     output projection, the value bias included). The layer's output with it zeroed is then its post-attention part
-    (residual, norms, FFN) at that changed sum: nothing of the attention is rerun, and a pair with A_ij = 0 in every
-    head is not changed at all. ``output`` is the layer's output recomputed the same way (compare with the
-    model's before trusting the rest)."""
+    (the branch's own norm, Gemma 2's, the residual, norms, FFN) at that changed branch: nothing of the attention is
+    rerun, and a pair with A_ij = 0 in every head is not changed at all. ``output`` is the layer's output
+    recomputed the same way (compare with the model's before trusting the rest)."""
 
     mods: dict[str, nn.Module]
     anatomy: Anatomy
@@ -291,15 +291,14 @@ class ValueZeroedLayer:
     f: torch.Tensor
     pre1: torch.Tensor
     output: torch.Tensor
+    branch: torch.Tensor | None = None  # the attention branch before a norm of its own (Gemma 2's), else None
 
     @staticmethod
     def applies(model: nn.Module) -> bool:
         """Whether :meth:`of` recomputes ``model``'s layers: a known anatomy whose zeroed outputs are a function of
-        the attention-block sum alone (not a norm on the attention branch, Gemma 2's; not experts, which route each
-        vector; not an encoder-decoder's layers)."""
+        the attention branch alone (not experts, which route each vector; not an encoder-decoder's layers)."""
         anatomy = _anatomy(model)
-        return not (anatomy is None or anatomy.post_attn_norm or anatomy.moe
-                    or architecture_for(model.config).family == "encoder-decoder")
+        return not (anatomy is None or anatomy.moe or architecture_for(model.config).family == "encoder-decoder")
 
     @classmethod
     def of(cls, model: nn.Module, block: nn.Module, x: torch.Tensor, attn: torch.Tensor) -> ValueZeroedLayer | None:
@@ -312,15 +311,22 @@ class ValueZeroedLayer:
         mods = _parts(block, model, anatomy)
         f, v = _value_terms(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], entry.layers)
         pre1, _, _ = _attention_sum(mods, x, attn, f, v)
-        return cls(mods, anatomy, x, attn, f, pre1, _layer_output(mods, anatomy, x, pre1, ratio=False).got)
+        branch = None
+        if "post_attn_norm" in mods:  # the zeroing changes the branch inside its norm: keep the branch itself
+            without_norm = {k: m for k, m in mods.items() if k != "post_attn_norm"}
+            branch = _attention_sum(without_norm, torch.zeros_like(x), attn, f, v)[0]
+        return cls(mods, anatomy, x, attn, f, pre1, _layer_output(mods, anatomy, x, pre1, ratio=False).got, branch)
 
     def zeroed(self, example: int, rows: slice, keys: int) -> torch.Tensor:
         """``(R, keys, D)``: the layer's output at ``rows`` of ``example`` with the value vector of each of the
         first ``keys`` positions zeroed (one at a time)."""
         a = self.attn[example, :, rows, :keys].to(self.f.dtype)  # (H, R, K)
-        delta = torch.bmm(a.permute(2, 1, 0), self.f[example, :, :keys].transpose(0, 1))  # (K, R, D)
-        pre = self.pre1[example, rows, None] - delta.transpose(0, 1)
-        x = self.x[example, rows, None].expand_as(pre)
+        delta = torch.bmm(a.permute(2, 1, 0), self.f[example, :, :keys].transpose(0, 1)).transpose(0, 1)  # (R, K, D)
+        x = self.x[example, rows, None].expand_as(delta)
+        if self.branch is None:
+            pre = self.pre1[example, rows, None] - delta
+        else:  # x + N(branch − δ)
+            pre = x + self.mods["post_attn_norm"](self.branch[example, rows, None] - delta)
         return _layer_output(self.mods, self.anatomy, x, pre, ratio=False).got
 
 
