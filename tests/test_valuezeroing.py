@@ -176,6 +176,15 @@ def test_layers_with_a_known_anatomy_are_not_rerun_per_token(model_type, tokeniz
     for a, b in zip(fast, rerun, strict=True):
         np.testing.assert_allclose(a.layers["valuezeroing"], b.layers["valuezeroing"], atol=1e-5, rtol=1e-3)
     monkeypatch.undo()
+    # the last layer's explained rows alone: one row per example without the rollout
+    asked = []
+    real_zeroed = decomposition.ValueZeroedLayer.zeroed
+    monkeypatch.setattr(decomposition.ValueZeroedLayer, "zeroed",
+                        lambda self, e, rows, keys: asked.append(self.attn[e][:, rows].shape[1]) or
+                        real_zeroed(self, e, rows, keys))
+    ex.explain(TEXTS, "valuezeroing", batch_size=3, options={"valuezeroing": {"rollout": False}})
+    assert asked == [n] * len(TEXTS) + [1] * len(TEXTS)  # every row of the check's one zeroing, then each explained row
+    monkeypatch.undo()
     # a recomputation that does not zero as the model does is caught by the check, and the layer is rerun
     real = decomposition.ValueZeroedLayer.zeroed
     monkeypatch.setattr(decomposition.ValueZeroedLayer, "zeroed", lambda self, *a: real(self, *a) + 0.1)

@@ -317,16 +317,16 @@ class ValueZeroedLayer:
             branch = _attention_sum(without_norm, torch.zeros_like(x), attn, f, v)[0]
         return cls(mods, anatomy, x, attn, f, pre1, _layer_output(mods, anatomy, x, pre1, ratio=False).got, branch)
 
-    def zeroed(self, example: int, rows: slice, keys: int) -> torch.Tensor:
-        """``(R, keys, D)``: the layer's output at ``rows`` of ``example`` with the value vector of each of the
-        first ``keys`` positions zeroed (one at a time)."""
-        a = self.attn[example, :, rows, :keys].to(self.f.dtype)  # (H, R, K)
+    def zeroed(self, example: int, rows: slice | torch.Tensor, keys: int) -> torch.Tensor:
+        """``(R, keys, D)``: the layer's output at ``rows`` (a slice or positions) of ``example`` with the value
+        vector of each of the first ``keys`` positions zeroed (one at a time)."""
+        a = self.attn[example][:, rows, :keys].to(self.f.dtype)  # (H, R, K)
         delta = torch.bmm(a.permute(2, 1, 0), self.f[example, :, :keys].transpose(0, 1)).transpose(0, 1)  # (R, K, D)
-        x = self.x[example, rows, None].expand_as(delta)
+        x = self.x[example][rows, None].expand_as(delta)
         if self.branch is None:
-            pre = self.pre1[example, rows, None] - delta
+            pre = self.pre1[example][rows, None] - delta
         else:  # x + N(branch − δ)
-            pre = x + self.mods["post_attn_norm"](self.branch[example, rows, None] - delta)
+            pre = x + self.mods["post_attn_norm"](self.branch[example][rows, None] - delta)
         return _layer_output(self.mods, self.anatomy, x, pre, ratio=False).got
 
 

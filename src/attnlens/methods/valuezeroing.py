@@ -121,37 +121,43 @@ def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, to
     return calls, list(found)
 
 
-def _zeroed_distances(layer: ValueZeroedLayer, max_rows: int) -> torch.Tensor:
+def _zeroed_distances(layer: ValueZeroedLayer, max_rows: int, rows: torch.Tensor | None = None) -> torch.Tensor:
     """``(B, N, N)``: the cosine distance between each row's recomputed output and its output with each key's value
     vector zeroed (:class:`~attnlens.methods.decomposition.ValueZeroedLayer`), 0 where no head of the row attends
-    to the key; at most ``max_rows`` (row, key) vectors at once."""
+    to the key; at most ``max_rows`` (row, key) vectors at once. ``rows`` ``(B, N)``: only these rows (the others
+    0)."""
     b, _, n, _ = layer.attn.shape
     y = layer.output.to(torch.promote_types(layer.output.dtype, torch.float32))
     attends = layer.attn.ne(0).any(1)  # (B, N, N): the pairs a zeroing changes
+    if rows is not None:
+        attends = attends & rows[:, :, None]
     positions = torch.arange(n, device=attends.device)
     out = torch.zeros(b, n, n, dtype=y.dtype, device=y.device)
     for e in range(b):
-        last = torch.where(attends[e], positions, -1).amax(-1).tolist()  # per row, the last key it attends to
-        start = 0
-        while start < n:  # chunks of rows, each with the keys up to the last its rows attend to
-            keys, stop = last[start] + 1, start + 1
-            while stop < n and (stop + 1 - start) * max(keys, last[stop] + 1) <= max_rows:
+        last_key = torch.where(attends[e], positions, -1).amax(-1)  # per row, the last key it attends to
+        needed = torch.nonzero(last_key >= 0).flatten()  # the rows that attend to any key
+        last, at = last_key[needed].tolist(), 0
+        while at < len(needed):  # groups of rows, each with the keys up to the last its rows attend to
+            keys, stop = last[at] + 1, at + 1
+            while stop < len(needed) and (stop + 1 - at) * max(keys, last[stop] + 1) <= max_rows:
                 keys = max(keys, last[stop] + 1)
                 stop += 1
-            if keys > 0:
-                zeroed = layer.zeroed(e, slice(start, stop), keys).to(y.dtype)
-                out[e, start:stop, :keys] = cosine_distance(zeroed, y[e, start:stop, None])
-            start = stop
+            group = needed[at:stop]
+            zeroed = layer.zeroed(e, group, keys).to(y.dtype)
+            out[e, group, :keys] = cosine_distance(zeroed, y[e, group, None])
+            at = stop
     return out * attends.to(out.dtype)
 
 
 def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
-                           stream: str = "self", max_rows: int = MAX_ROWS, last_only: bool = False
-                           ) -> list[torch.Tensor]:
+                           stream: str = "self", max_rows: int = MAX_ROWS, last_only: bool = False,
+                           last_rows: torch.Tensor | None = None) -> list[torch.Tensor]:
     """C^l ``(B, N, N)`` per layer of attention stream ``stream``: ``C[b, i, j]`` = cosine distance between
     position i's output of layer l and its output with the value vector of position j zeroed (``token_mask``:
     the stream's real positions; rows and columns of padding are 0; not normalised). ``last_only``: the last
-    layer's alone (one matrix; only that layer is rerun).
+    layer's alone (one matrix; only that layer is rerun). ``last_rows`` ``(B, N)``: the last layer's rows that are
+    read (the explained ones: every other layer's rows feed the rollout, that layer's only through them); its
+    other rows are 0.
 
     The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows."""
     spec = _layers_of(model)
@@ -188,8 +194,9 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
 
         original = torch.cat([run(i, None) for i in torch.arange(b, device=device).split(per_chunk)])
         recomputed = None if maps is None else ValueZeroedLayer.of(model, layer, hidden, maps[depth])
+        top = last_rows if depth == len(calls) - 1 else None
         if recomputed is not None and _trusted(recomputed, original, run, real):
-            c = _zeroed_distances(recomputed, max_rows)  # no rerun per token: the FFN part at each changed sum
+            c = _zeroed_distances(recomputed, max_rows, top)  # no rerun per token: the FFN part at each changed sum
         else:
             c = torch.zeros(b, n, n, device=device, dtype=original.dtype)
             for chunk in pairs.split(per_chunk):
@@ -198,7 +205,8 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
                 dist = cosine_distance(changed, original[examples])  # (P, N(i))
                 c[examples, :, positions] = dist
         m = real.to(c.dtype)
-        out.append(c.clamp_min(0.0) * m[:, :, None] * m[:, None, :])
+        rows = m if top is None else m * top.to(c.dtype)
+        out.append(c.clamp_min(0.0) * rows[:, :, None] * m[:, None, :])
     return out
 
 
@@ -252,13 +260,17 @@ def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
     _check_valuezeroing(rollout)
     cap = ctx.capture
     last_only = not rollout
+    read = cap.query_weights.ne(0)  # the last layer's rows the scores read
     with torch.no_grad():
         if ctx.sequence is None:
-            matrices = value_zeroing_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream, last_only=last_only)
+            top = read if read.shape == cap.key_mask.shape else None
+            matrices = value_zeroing_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream, last_only=last_only,
+                                              last_rows=top)
         else:  # a generation's steps: the sequence's matrices hold every prefix's as their top-left block
             ids = ctx.sequence["input_ids"]
+            top = read.any(0, keepdim=True) if read.shape[1] == ids.shape[1] else None
             whole = value_zeroing_matrices(ctx.model, ctx.sequence, ctx.sequence.get(
-                "attention_mask", torch.ones_like(ids)), ctx.stream, last_only=last_only)
+                "attention_mask", torch.ones_like(ids)), ctx.stream, last_only=last_only, last_rows=top)
             m = cap.key_mask.to(whole[0].dtype)
             matrices = [c * m[:, :, None] * m[:, None, :] for c in whole]
     normalised = [c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny) for c in matrices]
