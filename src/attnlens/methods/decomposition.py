@@ -310,12 +310,20 @@ class ValueZeroedLayer:
         entry = architecture_for(model.config)
         mods = _parts(block, model, anatomy)
         f, v = _value_terms(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], entry.layers)
-        pre1, _, _ = _attention_sum(mods, x, attn, f, v)
-        branch = None
-        if "post_attn_norm" in mods:  # the zeroing changes the branch inside its norm: keep the branch itself
-            without_norm = {k: m for k, m in mods.items() if k != "post_attn_norm"}
-            branch = _attention_sum(without_norm, torch.zeros_like(x), attn, f, v)[0]
-        return cls(mods, anatomy, x, attn, f, pre1, _layer_output(mods, anatomy, x, pre1, ratio=False).got, branch)
+        # the branch Σ_h (A^h v^h) W_O^h + b alone (no residual), once; a norm of its own (Gemma 2's) applies to it
+        # before the residual sum, and the zeroing changes the branch inside that norm, so the branch is kept
+        without_norm = {k: m for k, m in mods.items() if k != "post_attn_norm"}
+        branch = _attention_sum(without_norm, torch.zeros_like(x), attn, f, v)[0]
+        norm = mods.get("post_attn_norm")
+        pre1 = x + (branch if norm is None else norm(branch))
+        return cls(mods, anatomy, x, attn, f, pre1, _layer_output(mods, anatomy, x, pre1, ratio=False).got,
+                   None if norm is None else branch)
+
+    def reproduces(self, want: torch.Tensor, real: torch.Tensor) -> bool:
+        """Whether :attr:`output` is the model's layer output ``want`` at the ``real`` rows, to the rounding
+        :func:`_check_layer` allows."""
+        err, tol = _output_error(self.output, want.to(self.output.dtype), real)
+        return err <= tol
 
     def zeroed(self, example: int, rows: slice | torch.Tensor, keys: int) -> torch.Tensor:
         """``(R, keys, D)``: the layer's output at ``rows`` (a slice or positions) of ``example`` with the value
@@ -330,12 +338,19 @@ class ValueZeroedLayer:
         return _layer_output(self.mods, self.anatomy, x, pre, ratio=False).got
 
 
-def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> None:
-    """Refuse a recomputed layer output that is not the model's (a wrong anatomy would give wrong scores)."""
+def _output_error(got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> tuple[float, float]:
+    """``(error, tolerance)`` of a recomputed layer output ``got`` against the model's ``want`` at the ``real``
+    rows: the largest difference, and the most rounding explains."""
     err = (got - want)[real].abs().max().item() if real.any() else 0.0
     # rounding grows with the precision the model runs in (bfloat16: eps 2^-7); a wrong anatomy is off by O(1)
     tol = max(1e-3, 4 * torch.finfo(want.dtype).eps)
-    if not err <= tol * (1.0 + want[real].abs().max().item()):
+    return err, tol * (1.0 + want[real].abs().max().item())
+
+
+def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> None:
+    """Refuse a recomputed layer output that is not the model's (a wrong anatomy would give wrong scores)."""
+    err, tol = _output_error(got, want, real)
+    if not err <= tol:
         raise ModelError(
             f"recomputing layer {index + 1} of this {model.config.model_type!r} model from its modules does not "
             f"reproduce its hidden states (max difference {err:.3g}): its architecture entry's anatomy does not "

@@ -214,9 +214,7 @@ def _trusted(layer: ValueZeroedLayer, original: torch.Tensor, run: Any, real: to
     """Whether the layer recomputed from its pieces is the model's: its output equals the model's ``original`` at
     the real rows, and zeroing each example's first real position (which every later row may attend to) changes
     the rows' outputs as rerunning the layer does (``run``)."""
-    want = original.to(layer.output.dtype)
-    tol = max(1e-3, 4 * torch.finfo(want.dtype).eps) * (1.0 + float(want[real].abs().max()))
-    if not float((layer.output - want)[real].abs().max()) <= tol:
+    if not layer.reproduces(original, real):
         return False
     examples = torch.arange(real.shape[0], device=real.device)
     first = real.long().argmax(1)  # each example's first real position
