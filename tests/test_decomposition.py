@@ -210,8 +210,9 @@ def test_alti_matches_loop(bert_case):
     assert abs(want.sum() - 1) < 1e-5  # row-normalised contributions rolled out stay a distribution
 
 
+@pytest.mark.parametrize("path", ["compiled", "blocks"])
 @pytest.mark.parametrize("layout", ["encoder", "causal", "unordered"])
-def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch, layout):
+def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch, layout, path):
     """ALTI's c_ij = max(0, ‖y_i‖₁ − ‖y_i − Σ_h a^h_ij g^h_j − δ_ij m_i‖₁) from its blocks of keys (two keys
     each, so the rows' own keys fall in different blocks, keys after the last attended one skipped, and in a
     block the rows before the first that attends to or sits on one of its keys skipped) equals the pair-by-pair
@@ -237,9 +238,26 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
                 t = sum(a[e, k, i, j] * g[e, k, j] for k in range(h)) + (m[e, i] if j == at[i] else 0)
                 want[e, i, j] = max(0.0, float(y[e, i].abs().sum() - (y[e, i] - t).abs().sum()))
     monkeypatch.setattr(decomposition, "_ALTI_BLOCK", 2 * r * d)
+    calls = []
+    if path == "blocks":  # the batched products accelerators use, here on the CPU
+        monkeypatch.setattr(decomposition.alti_kernel, "applies", lambda *t: False)
+    else:
+        monkeypatch.setattr(decomposition.alti_kernel, "distances",
+                            _spy(decomposition.alti_kernel.distances, calls))
     got = decomposition._alti_rows(a, g.transpose(1, 2).contiguous(), m, y, at)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert len(calls) == (path == "compiled")
+    # in float32, the precision the models run in, to float32's rounding
+    got32 = decomposition._alti_rows(*(x.float() for x in (a, g.transpose(1, 2).contiguous(), m, y)), at)
+    torch.testing.assert_close(got32.double(), want, rtol=1e-5, atol=1e-5)
     assert (want > 0).float().mean() > 0.15 and (want == 0).any()  # both sides of the clamp occur
+
+
+def _spy(fn, calls):
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+    return wrapped
 
 
 def test_alti_blocks_are_larger_on_an_accelerator():

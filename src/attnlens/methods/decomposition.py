@@ -35,6 +35,7 @@ from ..models.adapters import FIRST, LAST
 from ..models.architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architecture_for
 from ..models.norms import is_rms_norm, rms_eps, rms_gain
 from ..models.prefixes import last_positions, row_gradients
+from . import alti_kernel
 from .attention import carried_rows
 from .registry import ATTENTION, ATTENTION_CHUNKS, ATTENTION_ROWS, HIDDEN, MethodOutput, check_flag, register
 
@@ -490,12 +491,13 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
     ``a`` ``(B, H, R, N)`` (positions ``at``), ``g`` ``(B, N, H, D)`` (key-major), the residual ``m`` and ``y``
     ``(B, R, D)`` there.
 
-    The vectors t are formed a block of keys at a time (every example's) as one batched product over the keys,
-    ``(B·keys, R, H) @ (B·keys, H, D)``, into a reused buffer of :data:`_ALTI_BLOCK` elements (small enough to stay in
-    cache while its distances are taken). A row neither attending to a key of the block nor placed there has t = 0
-    on the whole block, a distance of ‖y_i‖₁ and so 0: each block computes the rows from the first that needs one
-    of its keys on (a causal chunk's earlier rows attend to no later key), and no block covers the keys after the
-    last one any row needs."""
+    On the CPU (float32 / float64) a compiled loop forms each t a few rows at a time in cache and reduces it at
+    once (:mod:`~attnlens.methods.alti_kernel`). Elsewhere the vectors t are formed a block of keys at a time
+    (every example's) as one batched product over the keys, ``(B·keys, R, H) @ (B·keys, H, D)``, into a reused
+    buffer of :func:`alti_block` elements (small enough to stay in cache while its distances are taken). Either
+    way only the pairs that need it are computed: a row neither attending to a key nor placed there has t = 0, a
+    distance of ‖y_i‖₁ and so 0, so each key is computed from the first row that needs it on (a causal chunk's
+    earlier rows attend to no later key), and no key after the last one any row needs."""
     b, h, r, n = a.shape
     d = g.shape[-1]
     stop = _keys_used(a, at)
@@ -506,9 +508,13 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
     last = torch.where(a.ne(0).any(1).any(0), torch.arange(n, device=a.device), -1).amax(-1)
     needed = torch.maximum(last, at).cummax(0).values.tolist()
     positions = at.tolist()
+    ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
+    if alti_kernel.applies(ak, g, y, m):  # CPU: one compiled loop, no vectors t written to memory
+        first = torch.searchsorted(torch.tensor(needed), torch.arange(stop))
+        alti_kernel.distances(ak, g, y, m, at, first, dist)
+        return (norms.unsqueeze(-1) - dist.transpose(1, 2)).clamp_min(0)
     keys = max(1, min(stop, alti_block(a.device) // max(1, b * r * d)))  # keys per block, every example's at once
     buffer = a.new_empty(b * keys * r * d)
-    ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
     for start in range(0, stop, keys):
         end = min(stop, start + keys)
         first = bisect.bisect_left(needed, start)
