@@ -196,6 +196,40 @@ def test_layers_with_a_known_anatomy_are_not_rerun_per_token(model_type, tokeniz
     assert caught == [False] * n_layers
 
 
+@pytest.mark.parametrize("model_type", ["llama", "bert"])
+def test_one_layer_of_maps_is_held_at_a_time(model_type, tokenizer, monkeypatch):
+    """The recorded forward keeps no maps, and each layer's maps are freed before the next layer's are read: the
+    memory of one layer, not of every layer, whatever the depth."""
+    import gc
+    import weakref
+
+    from attnlens.methods import decomposition
+
+    model = build(model_type)
+    asked_maps = []
+    real_forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: asked_maps.append(k.get("output_attentions"))
+                        or real_forward(*a, **k))
+    held, alive = [], []
+    real_of = decomposition.ValueZeroedLayer.of
+
+    def of(model, block, x, attn):
+        gc.collect()
+        alive.append(sum(r() is not None for r in held))  # earlier layers' maps still referenced
+        held.append(weakref.ref(attn))
+        return real_of(model, block, x, attn)
+
+    monkeypatch.setattr(decomposition.ValueZeroedLayer, "of", staticmethod(of))
+    ex = Explainer(model, tokenizer)
+    (e,) = ex.explain(TEXTS[0], "valuezeroing")
+    n_layers = len(architecture_for(model.config).layers.modules(model, "self"))
+    assert len(held) == n_layers and alive == [0] * n_layers
+    assert asked_maps and not any(asked_maps)  # neither the shared pass nor value zeroing's forward returns maps
+    monkeypatch.undo()
+    layers, _, _ = naive_scores(model, tokenizer, TEXTS[0], "self")
+    np.testing.assert_allclose(e.layers["valuezeroing"], layers, atol=5e-5, rtol=1e-3)
+
+
 def test_chunked_reruns_equal_one_call(tokenizer):
     model = make_model("bert")
     enc = tokenizer(TEXTS, return_tensors="pt", padding=True)

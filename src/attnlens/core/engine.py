@@ -164,13 +164,14 @@ class PassCost:
 
 def _own_pass_storage(spec: Method, logit_rows: int = 0, fused: bool = False) -> Storage:
     """What a method running its own passes holds: LRP a forward+backward with every map and its gradient kept;
-    value zeroing eager forwards with the maps; integrated gradients a forward+backward, with fused attention
+    value zeroing eager forwards, one layer's maps at a time, and every layer's input (the layers are rerun from
+    them); integrated gradients a forward+backward, with fused attention
     where the model has it (``fused``) (a language model's logits at ``logit_rows`` positions per row, as the
     shared pass)."""
     if spec.lrp:
         return dataclasses.replace(LRP_STORAGE, logit_rows=logit_rows)
     if spec.per_token_passes:
-        return Storage(eager=True, maps=True)
+        return Storage(eager=True, maps=True, map_layers=1, hidden=True)
     return Storage(eager=not fused, backward=True, logit_rows=logit_rows)
 
 

@@ -119,6 +119,8 @@ class Storage:
     probabilities a chunk of query rows at a time to apply LRP rules there; ``logit_rows``: positions of each row a
     language model projects onto the vocabulary (0: all of them; :class:`~attnlens.core.logit_rows.LogitRows`);
     ``factor_layers``: the layers whose factors are kept (0: every layer; 1: a pass stopping at the last layer);
+    ``map_layers``: likewise the layers whose whole maps are held at once (1: a layer's maps read and dropped
+    before the next layer's, as value zeroing reads them);
     ``rule_vectors``: hidden-size vectors per token an LRP pass's rules hold beside that (measured).
     """
 
@@ -140,6 +142,7 @@ class Storage:
     chunked_rules: bool = False
     logit_rows: int = 0
     factor_layers: int = 0
+    map_layers: int = 0
     rule_vectors: int = 0
 
     def __or__(self, other: Storage) -> Storage:
@@ -147,7 +150,7 @@ class Storage:
         def union(f: str, a: Any, b: Any) -> Any:
             if f in ("rows", "rule_vectors"):
                 return max(a, b)
-            if f in ("logit_rows", "factor_layers"):  # 0 is every position / layer
+            if f in ("logit_rows", "factor_layers", "map_layers"):  # 0 is every position / layer
                 return 0 if 0 in (a, b) else max(a, b)
             return a or b
         return Storage(**{f: union(f, getattr(self, f), getattr(other, f)) for f in self.__dataclass_fields__})
@@ -202,9 +205,10 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         work += RULE_CHUNK_COPIES * min(rule_chunk, heads * n * n) * storage.chunked_rules
     else:  # one layer at a time
         work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
-    kept = layers * (maps * (storage.maps + storage.map_grads)
-                     + heads * storage.rows * n * (1 + storage.row_grads)
-                     + n * storage.received + n * n * storage.means)
+    kept = (storage.map_layers or layers) * maps * storage.maps
+    kept += layers * (maps * storage.map_grads
+                      + heads * storage.rows * n * (1 + storage.row_grads)
+                      + n * storage.received + n * n * storage.means)
     kept += (storage.factor_layers or layers) * n * d * (2 * storage.factors + 3 * storage.factor_grads)
     kept += storage.rule_vectors * n * d
     kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * storage.factors

@@ -34,7 +34,6 @@ from torch import nn
 from ..core.batch_state import BatchContext
 from ..errors import ModelError
 from ..models.architectures import Layers, architecture_for
-from .attention import propagate
 from .decomposition import ValueZeroedLayer
 from .registry import OWN_PASS, MethodOutput, check_flag, register
 
@@ -99,11 +98,10 @@ def _zeroing(value_module: nn.Module, keep: torch.Tensor, spec: Layers, heads: i
         handle.remove()
 
 
-def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, torch.Tensor], maps: bool = False
-                 ) -> tuple[list[tuple], list[torch.Tensor] | None]:
+def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, torch.Tensor]) -> list[tuple]:
     """One forward pass recording every call of the layers, in order: ``(layer, args, kwargs)`` (a layer shared
-    across depths, as ALBERT's, once per call); with ``maps``, also every call's attention ``(B, H, N, N)``
-    (``None`` where the model does not return one per call)."""
+    across depths, as ALBERT's, once per call). No attention maps are kept: each layer's are read when it is
+    rerun alone (:func:`_recording_maps`), so at most one layer's are held."""
     calls: list[tuple] = []
 
     def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -111,14 +109,38 @@ def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, to
 
     handles = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in layers]
     try:
-        out = model(**inputs, output_attentions=True) if maps else model(**inputs)
+        model(**inputs)
     finally:
         for h in handles:
             h.remove()
-    found = getattr(out, "attentions", None) if maps else None
-    if found is None or len(found) != len(calls) or any(a is None for a in found):
-        return calls, None
-    return calls, list(found)
+    return calls
+
+
+@contextmanager
+def _recording_maps(attention: nn.Module | None, into: list[Any]) -> Iterator[None]:
+    """Append the attention probabilities each call of ``attention`` returns (the second item of its output under
+    eager attention; ``None`` where it returns none) to ``into``."""
+    if attention is None:
+        yield
+        return
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        found = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        into.append(found.detach() if isinstance(found, torch.Tensor) else None)
+
+    handle = attention.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _joined_maps(found: list[Any], b: int, n: int) -> torch.Tensor | None:
+    """The recorded calls' probabilities as one ``(B, H, N, N)`` tensor, or ``None`` where they are not that."""
+    if not found or any(f is None or f.dim() != 4 for f in found):
+        return None
+    maps = torch.cat(found)
+    return maps if maps.shape[0] == b and maps.shape[-2:] == (n, n) else None
 
 
 def _zeroed_distances(layer: ValueZeroedLayer, max_rows: int, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -152,12 +174,20 @@ def _zeroed_distances(layer: ValueZeroedLayer, max_rows: int, rows: torch.Tensor
 def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
                            stream: str = "self", max_rows: int = MAX_ROWS, last_only: bool = False,
                            last_rows: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """C^l ``(B, N, N)`` per layer of attention stream ``stream``: ``C[b, i, j]`` = cosine distance between
-    position i's output of layer l and its output with the value vector of position j zeroed (``token_mask``:
-    the stream's real positions; rows and columns of padding are 0; not normalised). ``last_only``: the last
-    layer's alone (one matrix; only that layer is rerun). ``last_rows`` ``(B, N)``: the last layer's rows that are
-    read (the explained ones: every other layer's rows feed the rollout, that layer's only through them); its
-    other rows are 0.
+    """Every layer's matrix of :func:`layer_matrices` (bottom layer first), as a list."""
+    return list(layer_matrices(model, inputs, token_mask, stream, max_rows, last_only, last_rows))
+
+
+def layer_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
+                   stream: str = "self", max_rows: int = MAX_ROWS, last_only: bool = False,
+                   last_rows: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+    """C^l ``(B, N, N)`` per layer of attention stream ``stream``, bottom layer first, each computed when the
+    iterator reaches it (a layer's maps are dropped before the next layer's are read): ``C[b, i, j]`` = cosine
+    distance between position i's output of layer l and its output with the value vector of position j zeroed
+    (``token_mask``: the stream's real positions; rows and columns of padding are 0; not normalised).
+    ``last_only``: the last layer's alone (one matrix; only that layer is rerun). ``last_rows`` ``(B, N)``: the
+    last layer's rows that are read (the explained ones: every other layer's rows feed the rollout, that layer's
+    only through them); its other rows are 0.
 
     The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows."""
     spec = _layers_of(model)
@@ -165,13 +195,16 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
     heads = getattr(model.config, "num_attention_heads", 1)
     head_dim = getattr(model.config, "head_dim", None) or getattr(model.config, "hidden_size", heads) // heads
     layers = list({id(m): m for m in spec.modules(model, stream)}.values())  # a shared layer is hooked once
-    calls, maps = _layer_calls(model, layers, inputs, maps=stream == "self" and ValueZeroedLayer.applies(model))
+    calls = _layer_calls(model, layers, inputs)
+    # where the layer's anatomy is known, its maps are read while it is rerun (the value projection's parent
+    # module is the attention, which returns them)
+    fast = stream == "self" and ValueZeroedLayer.applies(model)
+    attention_path = spec.value.rpartition(".")[0]
     b, n = token_mask.shape
     device = token_mask.device
     real = token_mask.bool()
     pairs = real.nonzero()  # (P, 2): the (example, position) pairs whose value vector is zeroed
     per_chunk = max(1, max_rows // n)
-    out = []
     depths = list(enumerate(calls))
     for depth, (layer, args, kwargs) in depths[-1:] if last_only else depths:
         hidden = args[0] if args else kwargs["hidden_states"]
@@ -192,8 +225,13 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
             y = y[0] if isinstance(y, tuple) else y
             return y.to(torch.promote_types(y.dtype, torch.float32))  # half precision compared in float32
 
-        original = torch.cat([run(i, None) for i in torch.arange(b, device=device).split(per_chunk)])
-        recomputed = None if maps is None else ValueZeroedLayer.of(model, layer, hidden, maps[depth])
+        found: list[Any] = []
+        with _recording_maps(_module(layer, attention_path) if fast and attention_path else None, found):
+            original = torch.cat([run(i, None) for i in torch.arange(b, device=device).split(per_chunk)])
+        maps = _joined_maps(found, b, n)
+        found.clear()
+        recomputed = None if maps is None else ValueZeroedLayer.of(model, layer, hidden, maps)
+        del maps
         top = last_rows if depth == len(calls) - 1 else None
         if recomputed is not None and _trusted(recomputed, original, run, real):
             c = _zeroed_distances(recomputed, max_rows, top)  # no rerun per token: the FFN part at each changed sum
@@ -204,10 +242,10 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
                 changed = run(examples, positions)
                 dist = cosine_distance(changed, original[examples])  # (P, N(i))
                 c[examples, :, positions] = dist
+        recomputed = None  # this layer's maps go before the next layer's are read
         m = real.to(c.dtype)
         rows = m if top is None else m * top.to(c.dtype)
-        out.append(c.clamp_min(0.0) * rows[:, :, None] * m[:, None, :])
-    return out
+        yield c.clamp_min_(0.0).mul_(rows[:, :, None]).mul_(m[:, None, :])
 
 
 def _trusted(layer: ValueZeroedLayer, original: torch.Tensor, run: Any, real: torch.Tensor) -> bool:
@@ -262,17 +300,23 @@ def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
     with torch.no_grad():
         if ctx.sequence is None:
             top = read if read.shape == cap.key_mask.shape else None
-            matrices = value_zeroing_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream, last_only=last_only,
-                                              last_rows=top)
+            matrices = layer_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream, last_only=last_only,
+                                      last_rows=top)
         else:  # a generation's steps: the sequence's matrices hold every prefix's as their top-left block
             ids = ctx.sequence["input_ids"]
             top = read.any(0, keepdim=True) if read.shape[1] == ids.shape[1] else None
-            whole = value_zeroing_matrices(ctx.model, ctx.sequence, ctx.sequence.get(
+            whole = layer_matrices(ctx.model, ctx.sequence, ctx.sequence.get(
                 "attention_mask", torch.ones_like(ids)), ctx.stream, last_only=last_only, last_rows=top)
-            m = cap.key_mask.to(whole[0].dtype)
-            matrices = [c * m[:, :, None] * m[:, None, :] for c in whole]
-    normalised = [c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny) for c in matrices]
+            m = cap.key_mask
+            matrices = (c * m[:, :, None].to(c.dtype) * m[:, None, :].to(c.dtype) for c in whole)
+        # rolled out as the layers come (P^l = C^l P^{l-1}, rows normalised): two products held, not every layer's
+        rows, joint = [], None
+        for c in matrices:
+            c = c.div_(c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny))
+            joint = c if joint is None or not rollout else c @ joint
+            rows.append(cap.row(joint.to(cap.query_weights.dtype)))
+            del c
     if not rollout:
-        return MethodOutput(cap.row(normalised[-1].to(cap.query_weights.dtype)))
-    layers = torch.stack([cap.row(m.to(cap.query_weights.dtype)) for m in propagate(normalised)], 1)
+        return MethodOutput(rows[-1])
+    layers = torch.stack(rows, 1)
     return MethodOutput(layers[:, -1], layers)
