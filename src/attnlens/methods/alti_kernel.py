@@ -108,13 +108,13 @@ def distances(ak: torch.Tensor, g: torch.Tensor, y: torch.Tensor, m: torch.Tenso
     ``ak`` ``(B, K, R, H)``: the rows' attention to the keys, key-major; ``g`` ``(B, ≥K, H, D)`` the keys'
     per-head vectors; ``y``, ``m`` ``(B, R, D)``; ``at`` ``(R,)`` each row's own key; ``first`` ``(K,)``;
     ``dist`` ``(B, ≥K, R)``, contiguous. Every tensor on the CPU in one of float32 / float64 (:func:`applies`)."""
+    if not dist.is_contiguous():
+        raise ValueError("dist must be contiguous: the loop writes into its memory")
     loop = _compiled()
     b, keys = ak.shape[0], ak.shape[1]
     arrays = [x.detach().contiguous().numpy() for x in (ak, g[:, :keys], y, m)]
     index = [x.detach().to(torch.int64).contiguous().numpy() for x in (at, first)]
-    out = dist.detach().numpy()  # written in place: the caller's tensor shares this memory
-    if not dist.is_contiguous():
-        raise ValueError("dist must be contiguous")
+    out = dist.detach().numpy()  # shares the caller's tensor's memory
     items = b * keys
     threads = max(1, min(torch.get_num_threads(), items))
     if threads == 1:
