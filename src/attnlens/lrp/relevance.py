@@ -117,6 +117,7 @@ def lrp_pass(
     attention_relevance: bool = True,
     progress: Callable[[float], None] | None = None,
     last_layer_only: bool = False,
+    chunk_reader: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> LRPResult:
     """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
@@ -173,6 +174,9 @@ def lrp_pass(
         last_layer_only: form R(A) at the last layer alone (``first_layer`` of the result): the backward stops at
             that layer's attention and runs through nothing below it, which is all PartialLRP's score reads. Not
             with ``inputs_relevance`` or ``track_softmax``; ``position_relevance`` is then zeros.
+        chunk_reader: a fused pass under Chefer et al.'s rules calls it with each chunk of query rows its backward
+            recomputes, top layer first: ``(layer, first query row, A (B, H, q, K), R(A) there)``, ``K`` the keys
+            the chunk's rows see (:attr:`~attnlens.lrp.state.PassState.chunk_reader`).
 
     Examples are independent: no rule normalises across the batch, so a batch gives the same relevances as
     its examples one by one.
@@ -187,7 +191,7 @@ def lrp_pass(
                          "alone: with attention_relevance, without inputs_relevance or track_softmax")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
                      inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask, attention_relevance,
-                     progress, last_layer_only)
+                     progress, last_layer_only, chunk_reader)
     return result
 
 
@@ -206,6 +210,7 @@ def lrp_passes(
     forward_kwargs: Mapping[str, Any] | None = None,
     logit_mask: torch.Tensor | None = None,
     last_layer_only: bool = False,
+    chunk_reader: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[LRPResult, LRPResult]:
     """The ``"chefer"`` and ``"attnlrp"`` passes (ε = 0) of :func:`lrp_pass` from one forward: (chefer without
     the input relevance, as PartialLRP and TransAtt read it; attnlrp with it).
@@ -213,12 +218,13 @@ def lrp_passes(
     The forward runs in the chefer layout (normalised residual sums); every chefer rule there also knows its
     AttnLRP counterpart (``rules``' ``switch``) and runs it during the second backward, so both results equal
     their own passes' (to rounding) at the cost of one forward less. ``fused``: as :func:`lrp_pass`'s (not with
-    ``rows``); ``last_layer_only``: as :func:`lrp_pass`'s, for the chefer pass.
+    ``rows``); ``last_layer_only``, ``chunk_reader``: as :func:`lrp_pass`'s, for the chefer pass.
     """
     if fused and rows is not None:
         raise InputError("the fused LRP passes run over a batch of inputs, without rows")
     chefer, attnlrp = _run(model, inputs, targets, target_kind, head, JOINT, 0.0, False, rows, False,
-                           fused and runs_fused(model), forward_kwargs, logit_mask, last_layer_only=last_layer_only)
+                           fused and runs_fused(model), forward_kwargs, logit_mask, last_layer_only=last_layer_only,
+                           chunk_reader=chunk_reader)
     return chefer, attnlrp
 
 
@@ -239,6 +245,7 @@ def _run(
     attention_relevance: bool = True,
     progress: Callable[[float], None] | None = None,
     last_layer_only: bool = False,
+    chunk_reader: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> list[LRPResult]:
     """One forward (in the first rule set's layout) and one backward per rule set; see :func:`lrp_pass`. Only
     the attnlrp backward of a joint pass reads the input relevance whatever ``inputs_relevance``, and a backward
@@ -253,7 +260,7 @@ def _run(
     token_mask = inputs.get("attention_mask")
     joint = len(rule_sets) > 1
     state = PassState(rules=rule_sets[0], epsilon=float(epsilon), track_softmax=track_softmax, fused=fused,
-                      last_factors_only=last_layer_only and not joint)
+                      last_factors_only=last_layer_only and not joint, chunk_reader=chunk_reader)
     results = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())

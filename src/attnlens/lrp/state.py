@@ -4,6 +4,7 @@ per-architecture forwards (:mod:`attnlens.lrp.modules`) both build on."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
@@ -60,6 +61,9 @@ class PassState:
     # the attention output ``(B, H, N, d)`` of the latest layer a fused chefer forward ran (the last layer's once
     # the forward is done): a backward that stops there reads the last layer's gradient without running below it
     last_output: torch.Tensor | None = None
+    # called by a fused chefer backward for each chunk of query rows it recomputes, top layer first:
+    # ``(layer, first query row, A (B, H, q, K), R(A) there)``, K the keys the chunk's rows see
+    chunk_reader: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None
 
     def logits(self, outputs: Any) -> Any:
         """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
@@ -125,12 +129,15 @@ def _attnlrp_attention_backward(query: torch.Tensor, key: torch.Tensor, value: t
 
 
 def _chefer_attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                               mask: torch.Tensor | None, scale: float, causal: bool, grad: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                               mask: torch.Tensor | None, scale: float, causal: bool, grad: torch.Tensor,
+                               reader: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+                               layer: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of :func:`attend` under Chefer et al.'s rules at ``query``, ``key``, ``value``
     ``(B, H, N, d)`` for ``grad`` at the output, the probabilities recomputed a chunk of query rows at a time:
     ``A V`` halves the gradient (uniform rule), the softmax passes relevance through (``∂ ← ∂ · A / S``, 0 where
-    ``S`` is 0 or masked) and ``q Kᵀ`` halves again (:func:`score_product`)."""
+    ``S`` is 0 or masked) and ``q Kᵀ`` halves again (:func:`score_product`). ``reader``: given each chunk's
+    probabilities and attention relevance ``R(A) = A ⊙ (½∂O) Vᵀ`` (:attr:`PassState.chunk_reader`, for
+    ``layer``), so a method reading them needs no pass over the maps of its own."""
     b, h, n, _ = query.shape
     dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
     half = 0.5 * grad
@@ -144,7 +151,10 @@ def _chefer_attention_backward(query: torch.Tensor, key: torch.Tensor, value: to
         a = torch.softmax(s, dim=-1)  # in the scores' dtype, as attend() computes it
         g = half[:, :, rows]
         dv[:, :, keys] += torch.matmul(a.transpose(2, 3), g)
-        gs = torch.matmul(g, v.transpose(2, 3)).mul_((a / s).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
+        gs = torch.matmul(g, v.transpose(2, 3))
+        if reader is not None:
+            reader(layer, start, a, a * gs)
+        gs.mul_((a / s).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
         gs.mul_(0.5 * scale)
         dq[:, :, rows] = torch.matmul(gs, k)
         dk[:, :, keys] += torch.matmul(gs.transpose(2, 3), query[:, :, rows])
@@ -181,7 +191,8 @@ class _FusedAttention(torch.autograd.Function):
             grads = _attnlrp_attention_backward(query, key, value, ctx.mask, ctx.scale, ctx.causal, grad)
         else:
             state.output_grads[ctx.layer] = (0.5 * grad).detach()
-            grads = _chefer_attention_backward(query, key, value, ctx.mask, ctx.scale, ctx.causal, grad)
+            grads = _chefer_attention_backward(query, key, value, ctx.mask, ctx.scale, ctx.causal, grad,
+                                               state.chunk_reader, ctx.layer)
         return (*grads, None, None, None, None, None)
 
 

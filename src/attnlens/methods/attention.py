@@ -49,6 +49,56 @@ def propagate(steps: Iterable[torch.Tensor], *, residual: bool = False) -> list[
 Reduce = Callable[[int, int, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
+class RowCarrier:
+    """Rows of ``P^l = M̂^l···M̂^1`` for every layer l (``M̂^j = mix·M^j + keep·I``), carried down from the top
+    layer as the chunks of query rows of each ``M^j`` arrive (:func:`carried_rows`): every row started at or above
+    layer j becomes ``mix·v M^j + keep·v``. Feed each layer's chunks with :meth:`add`, top layer first, and close
+    it with :meth:`end` before the next; :meth:`rows` gives the ``(B, L, N)`` result."""
+
+    def __init__(self, weights: torch.Tensor, n_layers: int, *, mix: float, keep: float) -> None:
+        self.weights, self.n_layers, self.mix, self.keep = weights, n_layers, mix, keep
+        self._rows: torch.Tensor | None = None
+        self._product: torch.Tensor | None = None
+        self.layer = n_layers  # the layer whose chunks are arriving (n_layers: none yet)
+        self.done = n_layers  # the lowest layer closed
+
+    def add(self, j: int, start: int, m: torch.Tensor) -> None:
+        """Rows ``start …`` of ``M^j`` ``(B, q, N)``."""
+        if self._product is None:
+            if j != self.done - 1:
+                raise ValueError(f"layer {j} arrived after layer {self.done} was closed: the layers go top down")
+            if self._rows is None:
+                self._rows = self.weights.new_zeros(self.weights.shape[0], self.n_layers, m.shape[-1], dtype=m.dtype)
+            self._rows[:, j] = self.weights.to(m.dtype)
+            self._product = torch.zeros_like(self._rows[:, j:])
+            self.layer = j
+        elif j != self.layer:
+            raise ValueError(f"layer {j}'s chunks arrived before layer {self.layer} was closed")
+        self._product += torch.einsum("bsq,bqk->bsk", self._rows[:, j:, start: start + m.shape[1]], m)
+
+    def end(self, scale: torch.Tensor | None = None) -> None:
+        """Close the layer whose chunks arrived, ``M^j`` divided by ``scale`` ``(B,)`` if given."""
+        if self._product is None:
+            raise ValueError("no layer's chunks arrived since the last was closed")
+        j, product = self.layer, self._product
+        if scale is not None:
+            product = product / scale.to(product.dtype)[:, None, None]
+        rows = self._rows[:, j:]
+        self._rows[:, j:] = self.mix * product + self.keep * rows if self.keep else self.mix * product
+        self._product, self.done = None, j
+
+    @property
+    def complete(self) -> bool:
+        """Whether every layer was closed."""
+        return self.done == 0 and self._product is None
+
+    def rows(self) -> torch.Tensor:
+        """``(B, L, N)``: the explained rows of every layer's product."""
+        if not self.complete:
+            raise ValueError(f"layers {self.done - 1} and below were not carried")
+        return self._rows
+
+
 def carried_rows(weights: torch.Tensor, maps: AttentionChunks, reduce: Reduce, *, mix: float, keep: float,
                  gradients: bool = False, divisor: Callable[[int], torch.Tensor | None] | None = None
                  ) -> torch.Tensor:
@@ -59,26 +109,14 @@ def carried_rows(weights: torch.Tensor, maps: AttentionChunks, reduce: Reduce, *
 
     Rollout (``mix = keep = 0.5``, the head mean), GAE's rule (``mix = keep = 1``: ``P^l = P^{l-1} + M^l P^{l-1}``)
     and plain products (``keep = 0``: GlobEnc, ALTI). Only rows of the products are read, so each layer's row is
-    carried down instead: from the top layer to the bottom, every row started at or above layer j becomes
-    ``mix·v M^j + keep·v``. Each map is read once, a chunk of query rows at a time, and no ``N × N`` product is
-    formed: ``L(L+1)/2`` products of a row with a map."""
-    b, n = weights.shape
-    rows = None
+    carried down instead (:class:`RowCarrier`). Each map is read once, a chunk of query rows at a time, and no
+    ``N × N`` product is formed: ``L(L+1)/2`` products of a row with a map."""
+    carrier = RowCarrier(weights, maps.n_layers, mix=mix, keep=keep)
     for j in reversed(range(maps.n_layers)):
-        product = None
         for start, a, g in maps.chunks(j, gradients):
-            m = reduce(j, start, a, g)  # (B, q, K)
-            if rows is None:
-                rows = weights.new_zeros(b, maps.n_layers, m.shape[-1], dtype=m.dtype)
-            if product is None:
-                rows[:, j] = weights.to(m.dtype)
-                product = torch.zeros_like(rows[:, j:])
-            product += torch.einsum("bsq,bqk->bsk", rows[:, j:, start: start + m.shape[1]], m)
-        scale = divisor(j) if divisor is not None else None
-        if scale is not None:
-            product = product / scale.to(product.dtype)[:, None, None]
-        rows[:, j:] = mix * product + keep * rows[:, j:] if keep else mix * product
-    return rows
+            carrier.add(j, start, reduce(j, start, a, g))  # M^j at those rows (B, q, K)
+        carrier.end(divisor(j) if divisor is not None else None)
+    return carrier.rows()
 
 
 def _head_mean(layer: int, start: int, a: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
