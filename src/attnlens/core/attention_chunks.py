@@ -38,6 +38,12 @@ class AttentionChunks(ABC):
     def tensors(self) -> list[torch.Tensor]:
         """The tensors held (for memory accounting)."""
 
+    @abstractmethod
+    def gradient_rows(self, layer: int, start: int, stop: int, keys: int) -> torch.Tensor:
+        """``(B, H, stop − start, keys)``: ``∇A`` of layer ``layer`` at query rows ``start … stop − 1`` and the
+        first ``keys`` keys (a reader that has the probabilities from elsewhere), a tensor of its own that the
+        caller may overwrite."""
+
 
 class WholeMaps(AttentionChunks):
     """The whole maps ``(B, H, Q, K)`` (and their gradients) the pass kept, read as one chunk per layer."""
@@ -53,6 +59,11 @@ class WholeMaps(AttentionChunks):
 
     def tensors(self) -> list[torch.Tensor]:
         return list(self.maps) + list(self.grads or [])
+
+    def gradient_rows(self, layer: int, start: int, stop: int, keys: int) -> torch.Tensor:
+        if self.grads is None:
+            raise ValueError("the pass kept no attention gradients")
+        return self.grads[layer][:, :, start:stop, :keys].clone()
 
 
 class RecomputedChunks(AttentionChunks):
@@ -70,6 +81,18 @@ class RecomputedChunks(AttentionChunks):
         self.factors, self.rows, self.output_grads = factors, rows, output_grads
         self.chunk_elements = chunk_elements
         self.n_layers = len(factors)
+        self._values: tuple[int, torch.Tensor] | None = None  # one layer's values per query head
+
+    def gradient_rows(self, layer: int, start: int, stop: int, keys: int) -> torch.Tensor:
+        f = self.factors[layer]
+        if self.output_grads is None or f.value is None:
+            raise ValueError("the pass kept no attention gradients")
+        if self._values is None or self._values[0] != layer:
+            self._values = (layer, repeat_kv(f.value, f.groups))
+        value = self._values[1]
+        with torch.no_grad():
+            return torch.matmul(self.output_grads[layer][:, :, start:stop].to(value.dtype),
+                                value[:, :, :keys].transpose(2, 3))
 
     def chunks(self, layer: int, gradients: bool = False) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
         f = self.factors[layer]

@@ -88,6 +88,11 @@ class RowCarrier:
         self._product, self.done = None, j
 
     @property
+    def open(self) -> bool:
+        """Whether a layer's chunks are arriving (it is not closed yet)."""
+        return self._product is not None
+
+    @property
     def complete(self) -> bool:
         """Whether every layer was closed."""
         return self.done == 0 and self._product is None

@@ -21,12 +21,13 @@ from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
 from ..core.memory import LRP_STORAGE, lrp_step_bytes, lrp_storage, model_dims, pass_row_bytes
+from ..core.row_attention import zero_padded
 from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
 from ..lrp.state import CHEFER
 from ..models.prefixes import last_positions
-from .attention import carried_rows
+from .attention import RowCarrier, carried_rows
 from .registry import (
     ATTENTION_CHUNKS,
     GRADIENTS,
@@ -111,17 +112,20 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     joint = [(r, 0.0) for r in JOINT]
     # over a generation's steps the joint pass runs eager: where either pass would run fused, each runs its own
     if _joint(key, _planned_passes(ctx)) and not (one and any(_runs_fused(ctx, [k]) for k in joint)):
+        fused = _runs_fused(ctx, joint)
         with contextlib.suppress(InputError):  # the chefer rules do not apply: each pass alone says why, or runs
-            cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, fused=_runs_fused(ctx, joint),
-                                               last_layer_only=_last_layer_only(ctx, joint[0]), **reading)))
+            cache.update(zip(joint, lrp_passes(*args, head=ctx.head, rows=rows, fused=fused,
+                                               last_layer_only=_last_layer_only(ctx, joint[0]),
+                                               chunk_reader=_in_pass_reader(ctx, joint[0], fused), **reading)))
     if key not in cache:
         # R(A) only where a method of the batch (all of them, when no plan says which) reads it from this pass
         read = not ctx.plan or any(name in ATTENTION_READERS for name, k in _planned_passes(ctx).items() if k == key)
         last = _last_layer_only(ctx, key)
+        fused = _runs_fused(ctx, [key])
         cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
-                              inputs_relevance=rules in ATTNLRP_RULES and not last, fused=_runs_fused(ctx, [key]),
+                              inputs_relevance=rules in ATTNLRP_RULES and not last, fused=fused,
                               attention_relevance=read, progress=ctx.progress if one else None,
-                              last_layer_only=last, **reading)
+                              last_layer_only=last, chunk_reader=_in_pass_reader(ctx, key, fused), **reading)
     return cache[key]
 
 
@@ -282,10 +286,25 @@ class _LayersFrom(AttentionChunks):
     def tensors(self) -> list[torch.Tensor]:
         return self.maps.tensors()
 
+    def gradient_rows(self, layer: int, start: int, stop: int, keys: int) -> torch.Tensor:
+        return self.maps.gradient_rows(layer + self.start, start, stop, keys)
+
+
+def _transatt_matrix(grad: torch.Tensor, relevance: torch.Tensor, start: int, overwrite: bool = False
+                     ) -> torch.Tensor:
+    """TransAtt's M^l = (Ā^l + I) / rowsum, Ā^l = E_h max(∇A^l ⊙ R(A^l), 0), at the query rows ``start …`` of
+    ``grad`` and ``relevance`` ``(B, H, q, K)``: ``(B, q, K)`` (``overwrite``: ``grad`` is a scratch tensor the
+    product may be formed in)."""
+    product = grad.mul_(relevance) if overwrite else grad * relevance.to(grad.dtype)
+    m = product.clamp_(min=0).mean(1)
+    q = m.shape[1]
+    m[:, torch.arange(q, device=m.device), torch.arange(start, start + q, device=m.device)] += 1
+    return m / m.sum(-1, keepdim=True)
+
 
 class _TransAttRows:
-    """TransAtt's M^l = (Ā^l + I) / rowsum, Ā^l = E_h max(∇A^l ⊙ R(A^l), 0), at a chunk of query rows: ∇A from
-    the shared pass's chunks, R(A) at the same rows from the LRP pass."""
+    """TransAtt's M^l at a chunk of query rows (:func:`_transatt_matrix`): ∇A from the shared pass's chunks,
+    R(A) at the same rows from the LRP pass."""
 
     def __init__(self, res: LRPResult, start_layer: int) -> None:
         self.res, self.start_layer = res, start_layer
@@ -293,9 +312,59 @@ class _TransAttRows:
     def __call__(self, layer: int, start: int, a: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
         queries = torch.arange(start, start + a.shape[2], device=a.device)
         relevance = self.res.relevance_rows(layer + self.start_layer, queries, a)  # the shared pass's A there
-        m = (grad * relevance.to(grad.dtype)).clamp(min=0).mean(1)  # (B, q, K)
-        m[:, torch.arange(len(queries), device=m.device), queries] += 1
-        return m / m.sum(-1, keepdim=True)
+        return _transatt_matrix(grad, relevance, start)
+
+
+class _CarriedInPass:
+    """TransAtt's rows carried down while its fused LRP pass runs backward (:attr:`PassState.chunk_reader`):
+    that backward recomputes each layer's probabilities a chunk of query rows at a time, top layer first, and
+    forms R(A) there, so M^l is built from them and the shared pass's ∇A at the same rows, and no second pass
+    over every layer's maps recomputes them."""
+
+    def __init__(self, ctx: BatchContext, start_layer: int) -> None:
+        cap = ctx.capture
+        self.start_layer = start_layer
+        self.maps = cap.map_chunks()
+        self.keys = cap.query_weights.shape[-1]
+        self.carrier = RowCarrier(cap.query_weights, self.maps.n_layers - start_layer, mix=1.0, keep=0.0)
+        self.failed = False  # the layers did not arrive one after another from the top (e.g. a shared layer)
+
+    def __call__(self, layer: int, start: int, a: torch.Tensor, relevance: torch.Tensor) -> None:
+        j = layer - self.start_layer
+        if j < 0 or self.failed:  # below the first layer TransAtt reads
+            return
+        if self.carrier.open and self.carrier.layer != j:
+            self.carrier.end()
+        if not self.carrier.open and j != self.carrier.done - 1:
+            self.failed = True  # transatt then carries its rows over the maps recomputed once more
+            return
+        with torch.no_grad():
+            grad = self.maps.gradient_rows(layer, start, start + a.shape[2], a.shape[3])
+            m = zero_padded(_transatt_matrix(grad.to(relevance.dtype), relevance, start, overwrite=True), self.keys)
+            self.carrier.add(j, start, m)
+
+    def rows(self) -> torch.Tensor | None:
+        """``(B, L', N)``, or ``None`` unless every layer from ``start_layer`` up was carried."""
+        if self.carrier.open:
+            self.carrier.end()
+        return self.carrier.rows() if self.carrier.complete and not self.failed else None
+
+
+def _in_pass_reader(ctx: BatchContext, key: tuple[str, float], fused: bool) -> _CarriedInPass | None:
+    """A reader carrying TransAtt's rows during the pass serving ``key``, where that pass runs fused over a batch
+    of inputs and TransAtt reads it (its carried rows are then in ``ctx.cache["transatt_rows"]``)."""
+    opts = ctx.plan.get("transatt")
+    if not fused or ctx.sequence is not None or opts is None or ctx.capture is None:
+        return None
+    if _planned_passes(ctx).get("transatt") != key:
+        return None
+    n_layers = ctx.capture.map_chunks().n_layers
+    start = opts.get("start_layer", 0)
+    if isinstance(start, bool) or not isinstance(start, int) or not -n_layers <= start < n_layers:
+        return None  # transatt itself says why
+    reader = _CarriedInPass(ctx, start % n_layers)
+    ctx.cache.setdefault("transatt_rows", {})[key] = reader
+    return reader
 
 
 @register(
@@ -318,10 +387,15 @@ def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "chefer", eps
                          f"use 0 to {n_layers - 1}, or -1 to -{n_layers} to count from the top")
     start_layer %= n_layers
     cap = ctx.capture
-    # rows of the products from start_layer up to each layer, carried down a chunk of query rows at a time
-    maps = _LayersFrom(cap.map_chunks(), start_layer)
-    layers = carried_rows(cap.query_weights, maps, _TransAttRows(res, start_layer), mix=1.0, keep=0.0,
-                          gradients=True).to(cap.query_weights.dtype)
+    # rows of the products from start_layer up to each layer, carried down a chunk of query rows at a time: during
+    # a fused pass's backward where it ran so, else over the maps recomputed once more
+    in_pass = ctx.cache.get("transatt_rows", {}).get((rules, float(epsilon)))
+    carried = in_pass.rows() if in_pass is not None and in_pass.start_layer == start_layer else None
+    if carried is None:
+        maps = _LayersFrom(cap.map_chunks(), start_layer)
+        carried = carried_rows(cap.query_weights, maps, _TransAttRows(res, start_layer), mix=1.0, keep=0.0,
+                               gradients=True)
+    layers = carried.to(cap.query_weights.dtype)
     return MethodOutput(layers[:, -1], layers if start_layer == 0 else None)
 
 
