@@ -99,7 +99,6 @@ class RecomputedChunks(AttentionChunks):
         if gradients and (self.output_grads is None or f.value is None):
             raise ValueError("the pass kept no attention gradients")
         key = repeat_kv(f.key, f.groups)
-        value = repeat_kv(f.value, f.groups) if gradients else None
         b, h, n, _ = f.query.shape
         k = key.shape[2]
         batch = max(b, self.rows)
@@ -113,11 +112,7 @@ class RecomputedChunks(AttentionChunks):
                 a = zero_padded(probabilities(f.query, key[:, :, :seen], f.mask, queries, f.causal, f.scale), k)
                 if a.shape[0] != self.rows:
                     a = a.expand(self.rows, *a.shape[1:])
-                g = None
-                if gradients:
-                    g = torch.matmul(self.output_grads[layer][:, :, start:stop].to(value.dtype),
-                                     value[:, :, :seen].transpose(2, 3))
-                    g = zero_padded(g.to(a.dtype), k)
+                g = zero_padded(self.gradient_rows(layer, start, stop, seen).to(a.dtype), k) if gradients else None
                 yield start, a, g
 
     def tensors(self) -> list[torch.Tensor]:

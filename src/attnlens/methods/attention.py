@@ -62,18 +62,21 @@ class RowCarrier:
         self.layer = n_layers  # the layer whose chunks are arriving (n_layers: none yet)
         self.done = n_layers  # the lowest layer closed
 
+    def expects(self, j: int) -> bool:
+        """Whether chunks of layer ``j`` may arrive now: the open layer's, or the one below the last closed."""
+        return j == (self.layer if self.open else self.done - 1)
+
     def add(self, j: int, start: int, m: torch.Tensor) -> None:
         """Rows ``start …`` of ``M^j`` ``(B, q, N)``."""
+        if not self.expects(j):
+            raise ValueError(f"layer {j}'s chunks arrived while the carrier expects layer "
+                             f"{self.layer if self.open else self.done - 1}'s: the layers go top down, one at a time")
         if self._product is None:
-            if j != self.done - 1:
-                raise ValueError(f"layer {j} arrived after layer {self.done} was closed: the layers go top down")
             if self._rows is None:
                 self._rows = self.weights.new_zeros(self.weights.shape[0], self.n_layers, m.shape[-1], dtype=m.dtype)
             self._rows[:, j] = self.weights.to(m.dtype)
             self._product = torch.zeros_like(self._rows[:, j:])
             self.layer = j
-        elif j != self.layer:
-            raise ValueError(f"layer {j}'s chunks arrived before layer {self.layer} was closed")
         self._product += torch.einsum("bsq,bqk->bsk", self._rows[:, j:, start: start + m.shape[1]], m)
 
     def end(self, scale: torch.Tensor | None = None) -> None:

@@ -507,12 +507,12 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
     # running maximum: the rows a block starting at key k needs begin at the first whose value reaches k
     last = torch.where(a.ne(0).any(1).any(0), torch.arange(n, device=a.device), -1).amax(-1)
     needed = torch.maximum(last, at).cummax(0).values.tolist()
-    positions = at.tolist()
     ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
     if alti_kernel.applies(ak, g, y, m):  # CPU: one compiled loop, no vectors t written to memory
         first = torch.searchsorted(torch.tensor(needed), torch.arange(stop))
         alti_kernel.distances(ak, g, y, m, at, first, dist)
         return (norms.unsqueeze(-1) - dist.transpose(1, 2)).clamp_min(0)
+    positions = at.tolist()
     keys = max(1, min(stop, alti_block(a.device) // max(1, b * r * d)))  # keys per block, every example's at once
     buffer = a.new_empty(b * keys * r * d)
     for start in range(0, stop, keys):

@@ -335,7 +335,7 @@ class _CarriedInPass:
             return
         if self.carrier.open and self.carrier.layer != j:
             self.carrier.end()
-        if not self.carrier.open and j != self.carrier.done - 1:
+        if not self.carrier.expects(j):
             self.failed = True  # transatt then carries its rows over the maps recomputed once more
             return
         with torch.no_grad():
@@ -359,8 +359,8 @@ def _in_pass_reader(ctx: BatchContext, key: tuple[str, float], fused: bool) -> _
     if _planned_passes(ctx).get("transatt") != key:
         return None
     n_layers = ctx.capture.map_chunks().n_layers
-    start = opts.get("start_layer", 0)
-    if isinstance(start, bool) or not isinstance(start, int) or not -n_layers <= start < n_layers:
+    start = opts.get("start_layer", 0)  # an integer (the options were checked); its range needs the model
+    if not -n_layers <= start < n_layers:
         return None  # transatt itself says why
     reader = _CarriedInPass(ctx, start % n_layers)
     ctx.cache.setdefault("transatt_rows", {})[key] = reader
