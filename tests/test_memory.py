@@ -622,3 +622,17 @@ def test_the_lengths_that_fit_a_budget_are_every_length_up_to_the_longest(method
         cost = engine.pass_cost(smollm2_sized.runner, spec, memory.parse_budget(f"{gib}GiB"))
         fits = [cost.total(n) <= cost.budget for n in range(64, 8192, 64)]
         assert fits == sorted(fits, reverse=True), (gib, 64 + 64 * fits.index(False))
+
+
+def test_value_zeroing_is_estimated_with_one_layer_of_maps():
+    """Value zeroing holds one layer's maps at a time (and every layer's input): its estimate counts one layer's
+    ``H·N²`` probabilities, not ``L`` of them."""
+    ex = _lm_explainer()
+    dims = model_dims(ex.model)
+    cost = engine.pass_cost(ex.runner, [registry.get_method("valuezeroing")], memory.parse_budget("4GiB"))
+    n = 96
+    storage = cost.own_storage("valuezeroing", n)
+    assert storage.maps and storage.map_layers == 1 and storage.hidden
+    every_layer = dataclasses.replace(storage, map_layers=0)
+    saved = memory.pass_row_bytes(dims, n, every_layer) - memory.pass_row_bytes(dims, n, storage)
+    assert dims.layers > 1 and saved == (dims.layers - 1) * dims.heads * n * n * dims.itemsize
