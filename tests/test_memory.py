@@ -311,6 +311,21 @@ def test_a_generation_over_the_budget_is_refused_before_it_runs(monkeypatch):
     assert sizes == []
 
 
+def test_a_generation_over_the_budget_is_refused_before_the_model_generates(monkeypatch):
+    from attnlens.core import generation_engine
+
+    ex = _lm_explainer()
+    generated: list[int] = []
+    real = generation_engine.greedy
+    monkeypatch.setattr(generation_engine, "greedy", lambda *a, **k: generated.append(1) or real(*a, **k))
+    monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: 2**27)
+    with pytest.raises(InputError, match=r"a generation of \d+ tokens with attcat needs about 128 MiB"):
+        ex.explain_generation("the movie was", ["attcat"], max_new_tokens=4, memory_budget="64MiB")
+    assert generated == []
+    monkeypatch.undo()
+    ex.explain_generation("the movie was", ["attcat"], max_new_tokens=2)  # within the budget it generates
+
+
 def _spy_lrp(monkeypatch) -> list[bool]:
     from attnlens.methods import lrp_methods
 

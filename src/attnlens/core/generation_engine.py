@@ -88,8 +88,11 @@ def explain_generation(
 
     prompt_ids, template = encode_prompt(runner, prompt, chat)
     forced = target is not None
+    one_pass = ONE_PASS and not seq2seq
     if not forced:
         max_new_tokens = capped_new_tokens(runner, len(prompt_ids), max_new_tokens)
+        # refused before generating when even a one-token continuation would not fit the budget
+        _refuse_long(runner, specs, len(prompt_ids) + 1 + (1 if seq2seq else 0), size, budget, one_pass)
     generated = (token_ids_of(runner, target, "target") if forced
                  else greedy(runner, prompt_ids, max_new_tokens, bar=progress is True))
     contrast_ids = None if contrast is None else token_ids_of(runner, contrast, "contrast")
@@ -105,7 +108,7 @@ def explain_generation(
 
     gradients = any(GRADIENTS in s.needs for s in specs)
     size = _steps_per_batch(runner, specs, len(prompt_ids) + len(generated) + (1 if seq2seq else 0), size,
-                            budget, gradients, one_pass=ONE_PASS and not seq2seq)
+                            budget, gradients, one_pass=one_pass)
 
     special_ids = set(getattr(runner.tokenizer, "all_special_ids", []) or [])
     ids = prompt_ids + generated
@@ -188,8 +191,7 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
     """How many of ``size`` steps one batch takes so that its pass over ``n`` tokens fits ``budget``: steps sharing
     one forward (``one_pass``) add their gradients each; otherwise each is a whole forward+backward. Without
     gradients a forward keeps little: ``size``. A sequence whose single step does not fit is refused up front."""
-    cost = engine.pass_cost(runner, specs, budget, prefixes=one_pass, steps=size if one_pass else 0)
-    cost.refuse_over(n, budget, what="a generation")
+    cost = _refuse_long(runner, specs, n, size, budget, one_pass)
     lrp = [s.name for s in specs if s.lrp] if one_pass else []
     if not gradients and not lrp:
         return size
@@ -201,6 +203,15 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
         fused = all(name in cost.fusable and cost.own_storage(name, n).recompute for name in lrp)
         step += lrp_step_bytes(cost.dims, n, size, any(name in ATTENTION_READERS for name in lrp), fused)
     return max(1, min(size, 1 + (budget - first) // step)) if step else rows_that_fit(budget, first, size)
+
+
+def _refuse_long(runner: ModelRunner, specs: list[Any], n: int, size: int, budget: int,
+                 one_pass: bool) -> engine.PassCost:
+    """The passes' cost over a generation of ``n`` tokens in batches of ``size`` steps; :class:`InputError`
+    (one line) when a single step would not fit ``budget``."""
+    cost = engine.pass_cost(runner, specs, budget, prefixes=one_pass, steps=size if one_pass else 0)
+    cost.refuse_over(n, budget, what="a generation")
+    return cost
 
 
 class _Seq2SeqSteps(EncoderDecoderAdapter):
