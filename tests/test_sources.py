@@ -261,6 +261,25 @@ def test_default_methods_leave_out_what_the_budget_cannot_hold_and_say_so(lm, mo
     assert r.methods == [cheap, "loo"]
 
 
+@pytest.mark.parametrize("methods", [["attnlrp"], ["loo", "attngate"]])
+def test_methods_over_the_budget_are_refused_before_the_answer_is_generated(lm, monkeypatch, methods):
+    from attnlens.core import engine
+    from attnlens.sources import attribute, gates
+
+    generated: list[int] = []
+    answer_ids = lm.tokenizer(" " + ANSWER, add_special_tokens=False)["input_ids"]
+    monkeypatch.setattr(attribute, "greedy", lambda *a, **k: generated.append(1) or list(answer_ids))
+    with monkeypatch.context() as m:
+        m.setattr(engine, "pass_row_bytes", lambda *a: 2**40)
+        m.setattr(gates, "pass_row_bytes", lambda *a: 2**40)
+        with pytest.raises(InputError, match=r"an input of \d+ tokens with attnlrp needs about|attngate over \d+ "
+                                             r"tokens needs about"):
+            lm.attribute_context(CONTEXT, QUERY, methods=methods, chat=False)
+    assert generated == []
+    r = lm.attribute_context(CONTEXT, QUERY, methods=methods, chat=False)  # within the budget: generated, scored
+    assert generated == [1] and r.meta["generated"] and r.methods == methods
+
+
 def test_per_token_rows_add_up_to_the_answer_and_equal_each_tokens_own_attribution(lm):
     r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["inputxgradient", "loo"], chat=False,
                              per_token=True)

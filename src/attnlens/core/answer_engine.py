@@ -74,6 +74,22 @@ def explain_answer(
     return exp
 
 
+def refuse_answer_over_budget(runner: ModelRunner, n_tokens: int, answer_tokens: int,
+                              methods: str | Sequence[str] | None,
+                              options: Mapping[str, Mapping[str, Any]] | None = None,
+                              memory_budget: str | int | None = None) -> None:
+    """The one-line :class:`InputError` that :func:`explain_answer` would raise for ``methods`` over ``n_tokens``
+    tokens (``answer_tokens`` of them explained) beyond ``memory_budget``, without a model pass: for a check
+    before the answer is known (its shortest length bounds the need from below)."""
+    check_lm(runner)
+    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)),
+                      answer_tokens)
+    answer_runner = runner.with_head(head)
+    specs, method_options = engine.select_methods(answer_runner, methods, engine.ANSWER, "loss", options)
+    budget = parse_budget(memory_budget)
+    engine.pass_cost(answer_runner, specs, budget, method_options).refuse_over(n_tokens, budget)
+
+
 def methods_within_budget(runner: ModelRunner, methods: Sequence[str], n_tokens: int,
                           memory_budget: str | int | None = None,
                           answer_tokens: int = 0) -> tuple[list[str], dict[str, int]]:

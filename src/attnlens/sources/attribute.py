@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ..core.answer_engine import check_lm, methods_within_budget
+from ..core.answer_engine import check_lm, methods_within_budget, refuse_answer_over_budget
 from ..core.generation_engine import eos_ids, greedy
 from ..core.memory import parse_budget
 from ..core.model_runner import ModelRunner
@@ -106,6 +107,18 @@ def _check_source_passes(job: CiteJob, source_options: Mapping[str, Mapping[str,
                              "context or raise --memory-budget / memory_budget=)")
 
 
+def _check_budget(job: CiteJob, methods: str | Sequence[str], options: Mapping[str, Mapping[str, Any]] | None
+                 = None) -> None:
+    """Refuse ``methods`` (one :class:`InputError` line) when their passes over the job's prompt and answer would
+    not fit its memory budget, without a model pass."""
+    token_methods, _ = split_methods(methods)
+    options, source_options = check_options(methods, options)
+    _check_source_passes(job, source_options)
+    if token_methods:
+        n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
+        refuse_answer_over_budget(job.runner, n, len(job.answer_ids), token_methods, options, job.memory_budget)
+
+
 def _answer_offsets(runner: ModelRunner, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
     """The text of ``ids`` and each token's character span in it (by decoding growing prefixes)."""
     spans, prev = [], 0
@@ -153,10 +166,12 @@ def prepare_job(
     max_new_tokens: int = 64,
     ablation: str = "remove",
     memory_budget: str | int | None = None,
+    before_generating: Callable[[CiteJob], None] | None = None,
 ) -> CiteJob:
     """Everything the methods of one attribution read: sources, tokenized prompt, the answer (generated when
     not given) and the explained stretch of it. :class:`InputError` for bad input, before any model pass but the
-    answer's generation."""
+    answer's generation. ``before_generating``: called, when the answer is to be generated, with the job of a
+    one-token answer (the shortest there can be) before the model generates; it raises to refuse."""
     if ablation not in ABLATIONS:
         raise InputError(f"ablation={ablation!r}; choose one of {', '.join(ABLATIONS)}")
     check_lm(runner)  # before a classifier is asked to generate an answer
@@ -169,6 +184,10 @@ def prepare_job(
         raise InputError(f"the prompt has {len(prompt.ids)} tokens: no room for an answer within the model's "
                          f"maximum of {runner.max_length}")
     if answer is None:
+        if before_generating is not None:
+            before_generating(CiteJob(runner, context, found, prompt, token_sources(prompt, found), [],
+                                      [next(iter(eos_ids(runner)), 0)], ablation, parse_budget(memory_budget),
+                                      query=query))
         ids = greedy(runner, prompt.ids, max_new_tokens)
         eos = eos_ids(runner)
         while ids and ids[-1] in eos:  # the end-of-turn token is not part of the answer
@@ -256,7 +275,9 @@ def attribute_context(
         check_options(methods, options)
     job = prepare_job(runner, context, query, answer=answer, sources=sources, template=template, chat=chat,
                       answer_span=answer_span, max_new_tokens=max_new_tokens, ablation=ablation,
-                      memory_budget=memory_budget)
+                      memory_budget=memory_budget,
+                      before_generating=None if methods is None else partial(_check_budget, methods=methods,
+                                                                             options=options))
     if methods is None:
         methods = default_methods(job)
     scores, token_scores, figures = score_job(job, methods, options, progress)
