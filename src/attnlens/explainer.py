@@ -252,8 +252,9 @@ class Explainer:
                 ``memory_budget``).
             options: per-method options.
             memory_budget: memory the passes may plan for, e.g. ``"4GB"`` (default 4 GiB): with gradient methods,
-                how many steps share a backward pass; a generation over the budget on its own runs alone, with a
-                warning.
+                how many steps share a backward pass; methods whose passes over a single step would not fit are
+                refused with one line (:class:`InputError`), before the model generates where even a one-token
+                continuation would not fit.
             progress: show a progress bar per generated token and then one per explained step, each with an ETA
                 (the steps' by their lengths), or a callable called with (fraction of the explaining done, steps
                 explained).
@@ -335,7 +336,8 @@ class Explainer:
                 source) and source-level ones: ``"loo"`` (leave one out), ``"contextcite"`` (random ablations
                 + Lasso surrogate), ``"at2"`` (learned attention weights); ``"all"``; default
                 ``decompx, attnlrp, loo``, leaving out (with a warning) the token-level ones the memory budget
-                cannot hold at the prompt's length; named methods over the budget are refused instead.
+                cannot hold at the prompt's length; named methods over the budget are refused instead (before
+                the answer is generated where even a one-token answer would not fit).
             template: the user message around context and query (default ``"Context: {context}\n\nQuery:
                 {query}"``).
             chat: put the message through the tokenizer's chat template (default: when it has one).
