@@ -17,7 +17,7 @@ distractor paragraphs, sentence sources, the gold answer forced, SmolLM2-135M-In
 Writes ``bench/data/gate_ceiling.jsonl`` (one record per example, resumed on a rerun) and
 ``bench/data/gate_ceiling.md``.
 
-Run: ``python bench/gate_ceiling.py [--split fit] [--limit 14]``.
+Run: ``python bench/gate_ceiling.py [--split fit] [--limit 24]``.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def summary(records: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--split", default="fit", choices=["fit", "eval"])
-    p.add_argument("--limit", type=int, default=14)
+    p.add_argument("--limit", type=int, default=24)
     args = p.parse_args()
     from attnlens import Explainer
     from attnlens.sources.squad import squad_context
