@@ -60,9 +60,7 @@ def explain_answer(
     if n > runner.max_length:
         raise InputError(f"prompt ({len(prompt_ids)} tokens) + answer ({len(answer_ids)}) is longer than the "
                          f"model's maximum of {runner.max_length} tokens")
-    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)),
-                      len(answer_ids))
-    answer_runner = runner.with_head(head)
+    answer_runner = _answer_runner(runner, len(answer_ids))
     specs, method_options = engine.select_methods(answer_runner, methods, engine.ANSWER, target_kind, options)
     ids = prompt_ids + answer_ids
     special_ids = set(getattr(runner.tokenizer, "all_special_ids", []) or [])
@@ -74,6 +72,12 @@ def explain_answer(
     return exp
 
 
+def _answer_runner(runner: ModelRunner, answer_tokens: int) -> ModelRunner:
+    """``runner`` with the head that explains an answer of ``answer_tokens`` tokens as one scalar (0: unknown)."""
+    decode = runner.head.decode or (lambda i: decode_token(runner.tokenizer, i))
+    return runner.with_head(AnswerHead(runner.head.vocab_size, decode, answer_tokens))
+
+
 def refuse_answer_over_budget(runner: ModelRunner, n_tokens: int, answer_tokens: int,
                               methods: str | Sequence[str] | None,
                               options: Mapping[str, Mapping[str, Any]] | None = None,
@@ -82,9 +86,7 @@ def refuse_answer_over_budget(runner: ModelRunner, n_tokens: int, answer_tokens:
     tokens (``answer_tokens`` of them explained) beyond ``memory_budget``, without a model pass: for a check
     before the answer is known (its shortest length bounds the need from below)."""
     check_lm(runner)
-    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)),
-                      answer_tokens)
-    answer_runner = runner.with_head(head)
+    answer_runner = _answer_runner(runner, answer_tokens)
     specs, method_options = engine.select_methods(answer_runner, methods, engine.ANSWER, "loss", options)
     budget = parse_budget(memory_budget)
     engine.pass_cost(answer_runner, specs, budget, method_options).refuse_over(n_tokens, budget)
@@ -98,9 +100,7 @@ def methods_within_budget(runner: ModelRunner, methods: Sequence[str], n_tokens:
     left out the bytes it needs alone."""
     check_lm(runner)
     budget = parse_budget(memory_budget)
-    head = AnswerHead(runner.head.vocab_size, runner.head.decode or (lambda i: decode_token(runner.tokenizer, i)),
-                      answer_tokens)
-    answer_runner = runner.with_head(head)
+    answer_runner = _answer_runner(runner, answer_tokens)
     specs, _ = engine.select_methods(answer_runner, list(methods), engine.ANSWER, "loss", None)
     kept: list[Any] = []
     left: dict[str, int] = {}
