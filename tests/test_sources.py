@@ -193,6 +193,49 @@ def test_masked_ablation_hides_the_source_tokens(lm):
                                                    rel=1e-6, abs=1e-7)
 
 
+@pytest.mark.parametrize("ablation", ["remove", "mask"])
+def test_repeated_ablation_masks_run_once_and_keep_their_rows(lm, monkeypatch, ablation):
+    from attnlens.sources import ablation as ablation_module
+    from attnlens.sources.attribute import prepare_job
+
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, sources="sentence", ablation=ablation)
+    keep = np.array([[1, 0, 1, 1], [0, 1, 1, 1], [1, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]], dtype=bool)
+    batches = []
+    real = ablation_module.answer_logprobs
+    monkeypatch.setattr(ablation_module, "answer_logprobs",
+                        lambda runner, prompts, *a, **k: batches.append(len(prompts)) or real(runner, prompts, *a, **k))
+    done = []
+    job.progress = done.append
+    values = ablation_module.ablation_logprobs(job, keep)
+    assert batches == [3] and sum(done) == 5
+    one_by_one = [ablation_module.ablation_logprobs(job, row[None])[0] for row in keep]
+    np.testing.assert_allclose(values, one_by_one, rtol=1e-5, atol=1e-6)
+    assert values[0] == values[2] and values[1] == values[4]
+
+
+def test_source_methods_move_a_progress_bar_to_its_end(lm, monkeypatch):
+    import tqdm.auto
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, **_):
+            self.total, self.n = total, 0
+            bars.append(self)
+
+        def update(self, k=1):
+            self.n += k
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo", "contextcite"], chat=False,
+                         options={"contextcite": {"n_ablations": 12}}, progress=True)
+    (bar,) = [b for b in bars if b.total == 4 + 1 + 12]  # loo: one forward per source and the full prompt
+    assert bar.n == bar.total
+
+
 def test_contextcite_recovers_a_linear_response(lm, monkeypatch):
     """With a log-probability that is linear in the kept sources, the Lasso surrogate finds the weights."""
     weights = np.array([2.0, -1.0, 0.0, 4.0])
@@ -392,7 +435,7 @@ def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys):
              '{"attngate": {"queries": "all", "gate": 1.0}, "contextcite": {"n_ablations": 8}}']
     assert main([*base[:-2], *gated, "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["meta"]["options"]["attngate"] == {"gate": 1.0, "queries": "all"}
+    assert d["meta"]["options"]["attngate"] == {"gate": 1.0, "queries": "all", "steps": 1}
     assert d["meta"]["options"]["contextcite"]["n_ablations"] == 8
 
 
@@ -743,7 +786,7 @@ def test_context_benchmark_recomputes_a_method_whose_default_options_changed(lm,
     cb.run_context_benchmark(lm, [example], run, tmp_path)
     assert asked == [["attngate"], ["attngate"]]
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
-    assert records[-1]["methods"]["attngate"]["options"] == {"gate": 0.25, "queries": "after"}
+    assert records[-1]["methods"]["attngate"]["options"] == {"gate": 0.25, "queries": "after", "steps": 1}
 
 
 def test_at2_fit_with_a_token_method_learns_its_weight_beside_the_heads(lm, monkeypatch, tmp_path):
@@ -911,6 +954,49 @@ def test_attngate_at_open_gates_leaves_the_answer_logprob_unchanged(lm, queries,
                              answer_span=span, options={"attngate": {"gate": 1.0, "queries": queries}})
     assert r.meta["methods"]["attngate"]["gated_logprob"] == pytest.approx(r.meta["answer_logprob"], rel=1e-5)
     assert r.scores["attngate"].shape == (4,) and np.isfinite(r.scores["attngate"]).all()
+
+
+@pytest.mark.parametrize("queries", ["all", "after"])
+def test_integrated_attngate_is_the_mean_of_the_derivatives_at_each_gate(lm, queries):
+    """``steps=4`` averages the derivatives at gates 1/8, 3/8, 5/8, 7/8, each computed in a run of its own (with
+    ``queries="after"`` the four passes share the context's cached keys and values)."""
+    from attnlens.sources.attribute import prepare_job
+    from attnlens.sources.gates import source_gate_gradients
+
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False,
+                             options={"attngate": {"steps": 4, "queries": queries}})
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    alone = [source_gate_gradients(job, g, queries=queries)[0] for g in (0.125, 0.375, 0.625, 0.875)]
+    np.testing.assert_allclose(r.scores["attngate"], np.mean(alone, 0), rtol=1e-5, atol=1e-7)
+    assert r.meta["methods"]["attngate"]["gates"] == [0.125, 0.375, 0.625, 0.875]
+
+
+@pytest.mark.parametrize("queries", ["all", "after"])
+def test_integrated_attngate_adds_up_to_opening_every_gate(lm, queries):
+    """Averaged along the path from closed to open gates, the scores add up to the answer's log-probability with
+    every source visible minus with every source hidden (float64 eager reference). The midpoint rule needs many
+    steps here: the sources hold most of the keys, so the log-probability moves fastest as their gates leave 0."""
+    from attnlens.sources.attribute import prepare_job
+
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False,
+                             options={"attngate": {"steps": 400, "queries": queries}})
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    owner = np.array(job.token_source)
+    first_row = 0 if queries == "all" else _after_context(owner)
+    open_, closed = (_gated_logprob_by_hand(lm, job.prompt.ids, owner, job.answer_ids, np.full(4, g), first_row)
+                     for g in (1.0, 1e-30))
+    assert abs(open_ - closed) > 1e-2  # the sources matter to this answer
+    assert r.scores["attngate"].sum() == pytest.approx(open_ - closed, rel=5e-3, abs=1e-4)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"steps": 0}, "steps must be an integer >= 1, got 0"), ({"steps": 2.5}, "steps must be an integer"),
+    ({"steps": True}, "steps must be an integer"),
+    ({"steps": 4, "gate": 0.3}, "with steps=4 the gates run through the midpoints of")])
+def test_attngate_refuses_bad_steps(lm, options, message):
+    with pytest.raises(InputError, match=message):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False,
+                             options={"attngate": options})
 
 
 @pytest.mark.parametrize("gate", [0, -0.5, 1.5, "half", True])

@@ -101,10 +101,19 @@ def rank_agreement(predicted: np.ndarray, actual: np.ndarray) -> float:
 
 def ablation_logprobs(job: CiteJob, keep: np.ndarray) -> np.ndarray:
     """The explained answer's log-probability with each row of ``keep`` ``(V, n_sources)`` (True: kept) applied
-    to the context, ``(V,)``: all variants batched within the memory budget."""
+    to the context, ``(V,)``: all variants batched within the memory budget, each distinct row run once (with
+    few sources, random masks repeat: three sources have eight)."""
     keep = np.asarray(keep, dtype=bool)
     if keep.ndim != 2 or keep.shape[1] != len(job.sources):
         raise InputError(f"ablation masks must be (variants, {len(job.sources)}), got {keep.shape}")
+    distinct, where = np.unique(keep, axis=0, return_inverse=True)
+    if job.progress is not None and len(distinct) < len(keep):
+        job.progress(len(keep) - len(distinct))  # the repeats cost nothing
+    return _distinct_logprobs(job, distinct)[where.reshape(-1)]
+
+
+def _distinct_logprobs(job: CiteJob, keep: np.ndarray) -> np.ndarray:
+    """:func:`ablation_logprobs` of rows that are all different."""
     if job.ablation == "remove":
         prompts, masks = [], None
         for row in keep:

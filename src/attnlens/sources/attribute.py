@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -213,6 +214,34 @@ def prepare_job(
                    generated=answer is None)
 
 
+@contextmanager
+def _forwards_bar(job: CiteJob, methods: Sequence[str], options: Mapping[str, Mapping[str, Any]],
+                  show: bool) -> Iterator[Callable[[str], None]]:
+    """Within the block, a progress bar of the source methods' forwards (``show``; else nothing): the ablation
+    forwards move it as their batches finish (``job.progress``), and ``advance(method)`` tops it up to what the
+    method planned once it is done (forwards it did not need, and methods that do not report them)."""
+    if not show or not methods:
+        yield lambda method: None
+        return
+    from tqdm.auto import tqdm
+
+    planned = {m: int(SOURCE_METHODS[m].forwards(len(job.sources), **options[m])) for m in methods}
+    bar = tqdm(total=sum(planned.values()), desc="source methods", unit="forwards")
+    reached = 0
+
+    def advance(method: str) -> None:
+        nonlocal reached
+        reached += planned[method]
+        bar.update(max(0, reached - bar.n))
+
+    previous, job.progress = job.progress, bar.update
+    try:
+        yield advance
+    finally:
+        job.progress = previous
+        bar.close()
+
+
 def score_job(
     job: CiteJob,
     methods: str | Sequence[str] | None = None,
@@ -235,12 +264,14 @@ def score_job(
         shared = token_source_scores(job, token_methods, options, progress)
         scores, token_scores, outside = dict(shared.scores), shared.token_scores, shared.outside
         seconds, method_meta, logprob = dict(shared.seconds), dict(shared.meta), shared.answer_logprob
-    for m in source_methods:
-        start = time.perf_counter()
-        scores[m], figures = SOURCE_METHODS[m].compute(job, **source_options[m])
-        seconds[m] = time.perf_counter() - start
-        if figures:
-            method_meta[m] = figures
+    with _forwards_bar(job, source_methods, source_options, progress) as advance:
+        for m in source_methods:
+            start = time.perf_counter()
+            scores[m], figures = SOURCE_METHODS[m].compute(job, **source_options[m])
+            seconds[m] = time.perf_counter() - start
+            advance(m)
+            if figures:
+                method_meta[m] = figures
     if logprob is None and "full" in job.cache:
         logprob = job.cache["full"]
     figures = {"answer_logprob": logprob, "seconds": seconds, "outside_share": outside,

@@ -16,15 +16,23 @@ Which queries are gated (``queries``):
 - ``"all"``: every query, the context's too (one forward and one backward over the whole prompt; where the
   layers' activations would not fit the memory budget, the backward recomputes each layer).
 
+``steps`` > 1 averages the derivatives at ``steps`` gate values spread evenly over (0, 1) (their midpoints: 1/8,
+3/8, 5/8, 7/8 for four): a midpoint-rule estimate of the integral of the derivative along the path from closed to
+open gates, as integrated gradients takes along its inputs. As the steps grow the scores add up to the answer's
+log-probability with every source visible minus with every source hidden; with a few steps they do not (the
+log-probability moves fastest just above closed gates). With ``queries="after"`` the context still runs once;
+each step adds one forward and backward of the positions after it.
+
 The gates' logarithm rides on one extra dimension of the queries and keys (``q' = [q, 1]``,
 ``k' = [k, log g / scale]``), so attention stays fused and no ``N × N`` mask is built.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
@@ -107,15 +115,19 @@ GRANULARITIES = ("source", "layer", "head")
 QUERIES = ("all", "after")
 
 
-def source_gate_gradients(job: CiteJob, gate: float, queries: str = "all",
+def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: str = "all",
                           per: str = "source") -> tuple[np.ndarray, float]:
-    """``(∂ log p / ∂ g_s for every source, log p)`` with every source's gate at ``gate``.
+    """``(∂ log p / ∂ g_s for every source, log p)`` with every source's gate at ``gate``; with several gates, the
+    mean of the derivatives at each (every source's gate at that value) and ``log p`` at the first.
 
     ``per``: ``"source"`` one gate per source, ``(n_sources,)`` derivatives; ``"layer"`` one per layer and source,
     ``(L, n_sources)``; ``"head"`` one per layer, head and source, ``(L, H, n_sources)`` (sums over the extra axes
     give the coarser gates' derivatives). ``queries``: ``"all"`` gates the attention of every query; ``"after"``
     only that of the queries after the last source token (the query, the template and the answer): the context
-    runs once without a graph and the backward covers only those few positions."""
+    runs once without a graph (once for all gates) and each backward covers only those few positions."""
+    points = [float(gate)] if isinstance(gate, (int, float)) else [float(g) for g in gate]
+    if not points or not all(0.0 < g <= 1.0 for g in points):
+        raise InputError(f"attngate needs gate values in (0, 1], got {points}")
     model = job.runner.model
     if per not in GRANULARITIES or queries not in QUERIES:
         raise InputError(f"per must be one of {', '.join(GRANULARITIES)} and queries one of {', '.join(QUERIES)}; "
@@ -130,44 +142,52 @@ def source_gate_gradients(job: CiteJob, gate: float, queries: str = "all",
     config = model.config
     rows = {"source": (), "layer": (int(config.num_hidden_layers),),
             "head": (int(config.num_hidden_layers), int(config.num_attention_heads))}[per]
-    log_gate = torch.full((*rows, len(job.sources)), math.log(gate), dtype=torch.float32, device=device,
-                          requires_grad=True)
-    per_token = torch.zeros(*rows, len(ids), dtype=torch.float32, device=device)
-    per_token[..., inside.to(device)] = log_gate[..., owner[inside].to(device)]
     k = len(job.answer_ids)
     keep = {"logits_to_keep": k + 1} if keeps_logits(model) else {}
     inputs = torch.tensor([ids], device=device)
-    cut, recompute = _plan(job, queries)
+    cut, recompute = _plan(job, queries, len(points))
     extra: dict[str, Any] = {"use_cache": False}
     if cut:  # the context's keys and values, once, without a graph
         with torch.no_grad(), explaining(model, "sdpa"):
             past = model(input_ids=inputs[:, :cut], use_cache=True,
                          **({"logits_to_keep": 1} if keep else {})).past_key_values
         extra = {"past_key_values": past, "use_cache": True}
-    with torch.enable_grad(), explaining(model, registered()), gating(per_token), \
-            (recomputed_layers(model) if recompute else nullcontext()):
-        try:
-            logits = model(input_ids=inputs[:, cut:], **extra, **keep).logits[0]
-        except RowAttentionUnsupported as err:
-            raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo or "
-                             "contextcite") from None
-        # the answer's log-probability as the ablation forwards read it (the last position predicts nothing)
-        answer = logits[None, -(k + 1):].float()
-        labels = torch.tensor([[*job.answer_ids, -1]], device=answer.device)
-        logprob = AnswerHead(job.runner.head.vocab_size).scalar(answer, labels, "loss", labels >= 0)[0]
-        (grad,) = torch.autograd.grad(logprob, log_gate)
-    # d/dg = d/d(log g) / g
-    return (grad / gate).double().cpu().numpy(), float(logprob.detach())
+    total, first = None, None
+    for step, g in enumerate(points):
+        log_gate = torch.full((*rows, len(job.sources)), math.log(g), dtype=torch.float32, device=device,
+                              requires_grad=True)
+        per_token = torch.zeros(*rows, len(ids), dtype=torch.float32, device=device)
+        per_token[..., inside.to(device)] = log_gate[..., owner[inside].to(device)]
+        # each gate's pass appends the tail to the context's cache: all but the last run on a copy
+        past = {"past_key_values": copy.deepcopy(extra["past_key_values"])} if cut and step < len(points) - 1 else {}
+        with torch.enable_grad(), explaining(model, registered()), gating(per_token), \
+                (recomputed_layers(model) if recompute else nullcontext()):
+            try:
+                logits = model(input_ids=inputs[:, cut:], **{**extra, **past}, **keep).logits[0]
+            except RowAttentionUnsupported as err:
+                raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo "
+                                 "or contextcite") from None
+            # the answer's log-probability as the ablation forwards read it (the last position predicts nothing)
+            answer = logits[None, -(k + 1):].float()
+            labels = torch.tensor([[*job.answer_ids, -1]], device=answer.device)
+            logprob = AnswerHead(job.runner.head.vocab_size).scalar(answer, labels, "loss", labels >= 0)[0]
+            (grad,) = torch.autograd.grad(logprob, log_gate)
+        grad = grad / g  # d/dg = d/d(log g) / g
+        total = grad if total is None else total + grad
+        first = float(logprob.detach()) if first is None else first
+    assert total is not None and first is not None  # points is not empty
+    return (total / len(points)).double().cpu().numpy(), first
 
 
-def _plan(job: CiteJob, queries: str) -> tuple[int, bool]:
-    """``(cut, recompute)`` of the gated pass: the first gated query (0: every query is) and whether the backward
-    recomputes each layer; :class:`InputError` when the passes would not fit the memory budget."""
+def _plan(job: CiteJob, queries: str, gates: int = 1) -> tuple[int, bool]:
+    """``(cut, recompute)`` of the gated passes (one per gate value): the first gated query (0: every query is)
+    and whether the backward recomputes each layer; :class:`InputError` when the passes would not fit the memory
+    budget."""
     n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
     logit_rows = len(job.answer_ids) + 1 if keeps_logits(job.runner.model) else 0
     if queries == "after":
         cut = after_context(job)
-        _check_after_budget(job, cut, n - cut, logit_rows)
+        _check_after_budget(job, cut, n - cut, logit_rows, gates)
         return cut, False
     return 0, _recomputes(job, n, logit_rows)
 
@@ -179,7 +199,7 @@ def after_context(job: CiteJob) -> int:
     return min(last + 1, len(job.prompt.ids) + len(job.prefix_ids) - 1)
 
 
-def _check_after_budget(job: CiteJob, cut: int, tail: int, logit_rows: int) -> None:
+def _check_after_budget(job: CiteJob, cut: int, tail: int, logit_rows: int, gates: int = 1) -> None:
     """:class:`InputError` when the ``queries="after"`` passes would not fit the memory budget: a fused forward
     over the ``cut`` context tokens that keeps every layer's keys and values, then a forward + backward over the
     ``tail`` positions after it, whose queries attend to all keys."""
@@ -189,7 +209,7 @@ def _check_after_budget(job: CiteJob, cut: int, tail: int, logit_rows: int) -> N
     context = pass_row_bytes(dims, cut, Storage(eager=False, logit_rows=1))
     after = pass_row_bytes(dims, tail, Storage(eager=False, backward=True, logit_rows=logit_rows))
     scores = 2 * dims.layers * dims.heads * tail * n * dims.itemsize  # the tail's attention and its gradient
-    need = cache + max(context, after + scores)
+    need = cache * (2 if gates > 1 else 1) + max(context, after + scores)  # a copy of the cache per gate
     if need > budget:
         raise InputError(f"attngate over {n:,} tokens needs about {need / 2**30:.1f} GiB, more than the memory "
                          f"budget of {budget / 2**30:.1f} GiB (shorten the context or raise --memory-budget / "
@@ -213,25 +233,36 @@ def _recomputes(job: CiteJob, n: int, logit_rows: int) -> bool:
     return storage.recompute
 
 
-def _checked(gate: Any, queries: Any) -> tuple[float, str]:
+def _checked(gate: Any, queries: Any, steps: Any = 1) -> tuple[list[float], str]:
+    """The gate values whose derivatives are averaged, and ``queries``; :class:`InputError` on bad options."""
     if isinstance(gate, bool) or not isinstance(gate, (int, float)) or not 0.0 < float(gate) <= 1.0:
         raise InputError(f"attngate: gate must be a number in (0, 1], got {gate!r}")
     if queries not in QUERIES:
         raise InputError(f"attngate: queries must be one of {', '.join(QUERIES)}, got {queries!r}")
-    return float(gate), str(queries)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InputError(f"attngate: steps must be an integer >= 1, got {steps!r}")
+    if steps > 1 and float(gate) != 0.5:
+        raise InputError(f"attngate: with steps={steps} the gates run through the midpoints of (0, 1), so gate "
+                         f"cannot be set (got {gate!r})")
+    points = [float(gate)] if steps == 1 else [(i + 0.5) / steps for i in range(steps)]
+    return points, str(queries)
 
 
-def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after") -> None:
+def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after", steps: Any = 1) -> None:
     """attngate's options and memory, before any method of the job runs."""
-    _plan(job, _checked(gate, queries)[1])
+    points, queries = _checked(gate, queries, steps)
+    _plan(job, queries, len(points))
 
 
 @source_method("attngate", "Attention gates: the derivative of the answer's log-probability with respect to a gate "
                "on the attention the question and answer pay to the source (every layer and head), at half-open "
-               "gates; one forward of the context, one backward over the positions after it.",
+               "gates (or averaged along the gates' path from closed to open, steps > 1); one forward of the "
+               "context, one backward over the positions after it per step.",
                "attention-gate gradient (first-order attention masking, after attribution patching: Nanda 2023, "
                "Kramár et al. 2024)",
-               forwards=lambda n, **_: 2, check=_check, gate=0.5, queries="after")
-def attngate(job: CiteJob, gate: float = 0.5, queries: str = "after") -> tuple[np.ndarray, dict[str, Any]]:
-    scores, logprob = source_gate_gradients(job, *_checked(gate, queries))
-    return scores, {"gated_logprob": logprob}
+               forwards=lambda n, steps=1, **_: 1 + steps, check=_check, gate=0.5, queries="after", steps=1)
+def attngate(job: CiteJob, gate: float = 0.5, queries: str = "after",
+             steps: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
+    points, queries = _checked(gate, queries, steps)
+    scores, logprob = source_gate_gradients(job, points, queries)
+    return scores, ({"gated_logprob": logprob} if steps == 1 else {"gates": points})
