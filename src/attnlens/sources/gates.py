@@ -146,24 +146,25 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
     keep = {"logits_to_keep": k + 1} if keeps_logits(model) else {}
     inputs = torch.tensor([ids], device=device)
     cut, recompute = _plan(job, queries, len(points))
-    extra: dict[str, Any] = {"use_cache": False}
+    context_cache = None
     if cut:  # the context's keys and values, once, without a graph
         with torch.no_grad(), explaining(model, "sdpa"):
-            past = model(input_ids=inputs[:, :cut], use_cache=True,
-                         **({"logits_to_keep": 1} if keep else {})).past_key_values
-        extra = {"past_key_values": past, "use_cache": True}
-    total, first = None, None
+            context_cache = model(input_ids=inputs[:, :cut], use_cache=True,
+                                  **({"logits_to_keep": 1} if keep else {})).past_key_values
+    grads, logprobs = [], []
     for step, g in enumerate(points):
         log_gate = torch.full((*rows, len(job.sources)), math.log(g), dtype=torch.float32, device=device,
                               requires_grad=True)
         per_token = torch.zeros(*rows, len(ids), dtype=torch.float32, device=device)
         per_token[..., inside.to(device)] = log_gate[..., owner[inside].to(device)]
-        # each gate's pass appends the tail to the context's cache: all but the last run on a copy
-        past = {"past_key_values": copy.deepcopy(extra["past_key_values"])} if cut and step < len(points) - 1 else {}
+        cache: dict[str, Any] = {"use_cache": False}
+        if context_cache is not None:  # each pass appends its positions to the cache: all but the last use a copy
+            last = step == len(points) - 1
+            cache = {"past_key_values": context_cache if last else copy.deepcopy(context_cache), "use_cache": True}
         with torch.enable_grad(), explaining(model, registered()), gating(per_token), \
                 (recomputed_layers(model) if recompute else nullcontext()):
             try:
-                logits = model(input_ids=inputs[:, cut:], **{**extra, **past}, **keep).logits[0]
+                logits = model(input_ids=inputs[:, cut:], **cache, **keep).logits[0]
             except RowAttentionUnsupported as err:
                 raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo "
                                  "or contextcite") from None
@@ -172,11 +173,9 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
             labels = torch.tensor([[*job.answer_ids, -1]], device=answer.device)
             logprob = AnswerHead(job.runner.head.vocab_size).scalar(answer, labels, "loss", labels >= 0)[0]
             (grad,) = torch.autograd.grad(logprob, log_gate)
-        grad = grad / g  # d/dg = d/d(log g) / g
-        total = grad if total is None else total + grad
-        first = float(logprob.detach()) if first is None else first
-    assert total is not None and first is not None  # points is not empty
-    return (total / len(points)).double().cpu().numpy(), first
+        grads.append(grad / g)  # d/dg = d/d(log g) / g
+        logprobs.append(float(logprob.detach()))
+    return torch.stack(grads).mean(0).double().cpu().numpy(), logprobs[0]
 
 
 def _plan(job: CiteJob, queries: str, gates: int = 1) -> tuple[int, bool]:
