@@ -61,7 +61,9 @@ def _rows() -> list[tuple[str, str, object, str, str]]:
 def _general(why: str, method: str, model_type: str) -> str:
     """A reason without the method's and the type's names, so that one footnote serves every cell it explains."""
     why = why.replace(f"this model is {model_type!r}", "this model is not one of them")
-    why = why.replace(f"model type {model_type!r}", "this model type").replace(repr(model_type), "this model type")
+    why = why.replace(f"this {model_type!r} model", "this model type").replace(f"model type {model_type!r}",
+                                                                               "this model type")
+    why = why.replace(repr(model_type), "this model type")
     return "the method" + why[len(method):] if why.startswith(method + " ") else why
 
 

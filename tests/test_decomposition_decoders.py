@@ -135,6 +135,19 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
         return dict(ln1=ln1, ln2=ln2, wv=wv, bv=bv if torch.is_tensor(bv) else torch.zeros(wv.shape[1]), wo=wo,
                     bo=bo, w_in=w_in, b_in=b_in, w_out=w_out, b_out=b_out, act=act, w_gate=None,
                     parallel=kind in ("gptj", "phi"))
+    if kind == "xlm-roberta-xl":  # a pre-LN encoder: BERT's module names, a LayerNorm before each branch
+        b = base.encoder.layer[l]
+        (wv, bv), (wo, bo), (w_in, b_in), (w_out, b_out) = _t(b.attention.self.value), _t(b.attention.output.dense), \
+            _t(b.intermediate.dense), _t(b.output.dense)
+        return dict(ln1=b.attention.self_attn_layer_norm, ln2=b.LayerNorm, wv=wv, bv=bv, wo=wo, bo=bo, w_in=w_in,
+                    b_in=b_in, w_out=w_out, b_out=b_out, act=b.intermediate.intermediate_act_fn, w_gate=None,
+                    parallel=False)
+    if kind == "modernbert":  # fused query/key/value (the values the last third), GLU: act(first half) * second
+        b, d = base.layers[l], model.config.hidden_size
+        first, second = b.mlp.Wi.weight.T.chunk(2, dim=1)
+        return dict(ln1=b.attn_norm, ln2=b.mlp_norm, wv=b.attn.Wqkv.weight.T[:, 2 * d:], bv=torch.zeros(d),
+                    wo=b.attn.Wo.weight.T, bo=torch.zeros(d), w_in=second, b_in=0.0, w_out=b.mlp.Wo.weight.T,
+                    b_out=0.0, act=b.mlp.act, w_gate=first, parallel=False)
     b = base.layers[l]  # the Llama family (Mixtral: its experts, each a gated FFN, and router)
     a, m = b.self_attn, b.mlp
     if kind == "gemma2":  # a norm before and after each branch ("post_attention_layernorm" is after attention)
@@ -165,7 +178,8 @@ def _pieces(model: torch.nn.Module, l: int) -> dict:
 
 def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
     base = model.base_model
-    for path in ("ln_f", "final_layer_norm", "final_layernorm", "norm", "decoder.final_layer_norm"):
+    for path in ("ln_f", "final_layer_norm", "final_layernorm", "norm", "decoder.final_layer_norm", "final_norm",
+                 "encoder.LayerNorm"):
         root = base
         for name in path.split("."):
             root = getattr(root, name, None)
@@ -175,10 +189,11 @@ def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class Reference:
-    """One unpadded example through a tiny decoder, the formulas written out per token and head from the
-    weights (in ``(in, out)`` orientation), read at the last position."""
+    """One unpadded example through a tiny pre-LN model, the formulas written out per token and head from the
+    weights (in ``(in, out)`` orientation), read at the last position (decoders) or the first (encoders:
+    ``read=0``)."""
 
-    def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+    def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], read: int = -1) -> None:
         self.model, self.gpt2 = model, model.config.model_type == "gpt2"
         with torch.no_grad():  # the inputs the explainer passes (GPT-2 embeds token type ids where given)
             out = model(**inputs, output_attentions=True, output_hidden_states=True)
@@ -186,14 +201,34 @@ class Reference:
         self.attn = [a[0] for a in out.attentions]
         self.logits = out.logits[0, -1] if out.logits.dim() == 3 else out.logits[0]
         self.n, self.heads = self.attn[0].shape[-1], self.attn[0].shape[0]
+        self.read = read % self.n
         self.final = _final_norm(model)
 
     def pieces(self, l: int) -> dict:
         return _pieces(self.model, l)
 
+    def encoder_head(self, state: torch.Tensor, real: torch.Tensor, biases: bool) -> torch.Tensor:
+        """An encoder classifier's head on a summand ``state`` of the pooled state ``real``: its activation as
+        act(u)/u at the real pre-activation, a norm at the real input's scale (written out per family)."""
+        def dense(linear, v):
+            return v @ linear.weight.T + (linear.bias if biases and linear.bias is not None else 0)
+
+        if self.model.config.model_type == "modernbert":  # dense, GELU, LayerNorm, classifier
+            head = self.model.head
+            u = head.dense(real)
+            a = head.act(u)
+            out = dense(head.dense, state) * a / u
+            out = self.norm_linear(head.norm, out, a) + (self.norm_bias(head.norm) if biases else 0)
+            return dense(self.model.classifier, out)
+        head = self.model.classifier  # RoBERTa's: dense, tanh, out_proj
+        u = head.dense(real)
+        return dense(head.out_proj, dense(head.dense, state) * torch.tanh(u) / u)
+
     @staticmethod
     def norm_linear(norm, v: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """The norm's linear part on a summand ``v`` of the real input ``real`` (one token), scale of ``real``."""
+        if isinstance(norm, torch.nn.Identity):  # ModernBERT's first layer has no norm before its attention
+            return v.to(real.dtype)
         if isinstance(norm, torch.nn.LayerNorm):
             out = (v - v.mean()) / torch.sqrt(real.var(unbiased=False) + norm.eps)
             return out if norm.weight is None else out * norm.weight
@@ -201,10 +236,11 @@ class Reference:
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
         return v / torch.sqrt(real.pow(2).mean() + eps) * gain
 
-    @staticmethod
-    def norm_bias(norm) -> torch.Tensor:
+    def norm_bias(self, norm) -> torch.Tensor:
+        if isinstance(norm, torch.nn.Identity):
+            return torch.zeros_like(self.hidden[0][0])
         if isinstance(norm, torch.nn.LayerNorm):
-            return torch.zeros(norm.normalized_shape) if norm.bias is None else norm.bias
+            return torch.zeros(norm.normalized_shape, dtype=norm.weight.dtype) if norm.bias is None else norm.bias
         return torch.zeros_like(norm.weight)
 
     def f(self, l: int, h: int, j: int) -> torch.Tensor:
@@ -239,11 +275,11 @@ class Reference:
         for l in range(len(self.attn)):
             m = torch.tensor([[float(entry(l, i, j)) for j in range(self.n)] for i in range(self.n)])
             joint = m if joint is None else m @ joint
-        return joint[-1].numpy()
+        return joint[self.read].numpy()
 
     @torch.no_grad()
     def attnnorm(self, residual: bool) -> np.ndarray:
-        l, c = len(self.attn) - 1, self.n - 1
+        l, c = len(self.attn) - 1, self.read
         return np.array([float(self.z(l, c, j, residual).norm()) for j in range(self.n)])
 
     @torch.no_grad()
@@ -335,8 +371,10 @@ class Reference:
                 if p.get("post_ffn") is not None:
                     ffn = torch.stack([self.norm_linear(p["post_ffn"], ffn[i], ffn_real[i]) for i in range(n)])
                 e = r + ffn
-            last = real[-1][3][-1]
-            state = self.norm_linear(self.final, e[-1], last) + (self.norm_bias(self.final) if biases else 0)
+            last = real[-1][3][self.read]
+            state = self.norm_linear(self.final, e[self.read], last) + (self.norm_bias(self.final) if biases else 0)
+            if self.read != self.n - 1:  # an encoder's classification head, its steps linearised at the real state
+                return float((self.encoder_head(state, self.final(last), biases) * weights).sum())
             head = self.model.get_output_embeddings() if self.logits.shape[0] == V else self.model.score
             logits = state @ head.weight.T + (head.bias if biases and head.bias is not None else 0)
             cap = getattr(self.model.config, "final_logit_softcapping", None)
@@ -442,6 +480,38 @@ def test_each_generation_step_equals_its_prefix(family, batch_size, tokenizer):
     assert len(g.generated_ids) == 6
     assert all(np.abs(g.scores[m]).max() > 0 for m in NORM)
     _assert_steps_equal_their_prefixes(ex, g, NORM)
+
+
+@pytest.mark.parametrize("family", ["xlm-roberta-xl", "modernbert"])
+def test_pre_ln_encoders_match_the_loop_and_decompx_sums_to_the_logit(family, tokenizer):
+    """Pre-LN encoders (XLM-RoBERTa-XL; ModernBERT: no norm before its first attention, fused projections, a GLU,
+    a head ending in a LayerNorm) read at the first token, the classification head's: the norm-based methods
+    against the loop, and DecompX's token shares plus its bias term equal the model's logit. In float64: ALTI's
+    clamped L1 distances differ from a float32 loop by its rounding (7e-6 here)."""
+    model = randomised(family, "classification").double()
+    ex = Explainer(model, tokenizer)
+    ctx, _ = ex.compute_batch(ex.encode([TEXTS[0]]), [-1], [], {})
+    ref = Reference(model, ctx.inputs, read=0)
+    _assert_norm_methods_match(ex, ref)
+    for target in range(len(ref.logits)):
+        scores, bias = ref.decompx_token(torch.nn.functional.one_hot(torch.tensor(target), len(ref.logits)).double())
+        # the loop's own identity (its per-token inputs are float32 copies)
+        assert abs(scores.sum() + bias - float(ref.logits[target])) < 1e-7
+        (d,) = ex.explain([TEXTS[0]], methods=["decompx"], target=target)
+        np.testing.assert_allclose(d.scores["decompx"], scores, rtol=1e-5, atol=1e-8)
+        assert abs(d.scores["decompx"].sum() + float(d.meta["decompx"]["bias"]) - float(ref.logits[target])) < 1e-9
+    with pytest.raises(InputError, match="absdot.*post-LN encoders"):
+        ex.explain("good", methods=["decompx"], options={"decompx": {"bias": "absdot"}})
+
+
+def test_decompx_refuses_a_head_that_pools_the_mean(tokenizer):
+    model = randomised("modernbert", "classification")
+    model.config.classifier_pooling = "mean"
+    ex = Explainer(model, tokenizer)
+    with pytest.raises(InputError, match="decompx needs a head that reads the first token"):
+        ex.explain("good", methods=["decompx"])
+    (e,) = ex.explain("good", methods=["alti"])  # the token-mixing methods read every row the head pools
+    assert np.isfinite(e.scores["alti"]).all()
 
 
 def test_what_does_not_apply_to_a_pre_ln_model_is_one_clear_error(tokenizer):

@@ -69,7 +69,7 @@ if hasattr(GPTJAttention, "_attn"):
 
 
 # types without a layer anatomy (the norm-based methods do not apply)
-NO_ANATOMY = {"deberta", "deberta-v2", "mpnet", "modernbert", "xlm-roberta-xl"}
+NO_ANATOMY = {"deberta"}
 
 
 def _applies(method: str, ex: Explainer) -> bool:

@@ -19,7 +19,8 @@ from attnlens.models.architectures import ARCHITECTURES, architecture_for, regis
 DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "gemma2", "mixtral", "gpt_neox", "gptj", "phi", "phi3", "opt",
             "falcon", "bloom", "falcon-alibi")
 SEQ2SEQ = ("bart", "mbart", "t5")
-TYPES = ["bert", "distilbert", "roberta", "albert", *DECODERS, *SEQ2SEQ]
+TYPES = ["bert", "distilbert", "roberta", "albert", "mpnet", "deberta-v2", "xlm-roberta-xl", "modernbert", *DECODERS,
+         *SEQ2SEQ]
 
 
 def build(model_type: str):
@@ -75,7 +76,8 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
                     groups = (o.shape[-1] // dh - cfg.num_attention_heads) // 2
                     o.view(*o.shape[:2], groups, -1, dh)[:, zero_token, :, -1] = 0
                     return o
-                part = o.shape[-1] // 3 if cfg.model_type == "gpt2" else o.shape[-1]
+                fused = cfg.model_type in ("gpt2", "modernbert")  # query, key, value: the values the last third
+                part = o.shape[-1] // 3 if fused else o.shape[-1]
                 if cfg.model_type == "phi3":  # query, key, value fused: the values kv heads wide
                     part = cfg.num_key_value_heads * cfg.hidden_size // cfg.num_attention_heads
                 o[:, zero_token, -part:] = 0
@@ -253,8 +255,8 @@ def test_model_unchanged_and_no_hooks_left(tokenizer):
 
 
 def test_types_without_layers_and_cross_streams_are_refused_or_skipped(tokenizer):
-    ex = Explainer(make_model("mpnet"), tokenizer)
-    with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'mpnet'"):
+    ex = Explainer(make_model("deberta"), tokenizer)
+    with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'deberta'"):
         ex.explain("the movie", "valuezeroing")
     with pytest.warns(UserWarning, match="skipping.*valuezeroing"):
         (e,) = ex.explain("the movie", "all", options={"integratedgradients": {"n_steps": 2}})

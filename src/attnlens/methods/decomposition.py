@@ -76,10 +76,10 @@ def _applies(name: str, *, head: bool = False, streams: tuple[str, ...] = ("enco
         anatomy = None if config is None else _anatomy(model)
         if anatomy is None:
             # one wording for the whole family, so a skip notice names the reason once
-            return ("the norm-based and decomposition methods need a layer anatomy attnlens knows (post-LN "
-                    "encoders: BERT, RoBERTa, DistilBERT, ELECTRA, ...; pre-LN decoders: GPT-2, GPT-NeoX, Llama, "
-                    f"Qwen, Gemma, Phi, OPT, ...; the encoders of BART, mBART, T5); model type {model_type!r} has "
-                    "none")
+            return ("the norm-based and decomposition methods need a layer anatomy attnlens knows (encoders: "
+                    "BERT, RoBERTa, DeBERTa-v2, MPNet, ModernBERT, ...; pre-LN decoders: GPT-2, GPT-NeoX, Llama, "
+                    f"Qwen, Gemma, Phi, OPT, ...; the encoders of BART, mBART, T5); this {model_type!r} model has "
+                    "none (docs/decomposition.md, 'Which models')")
         if head and anatomy.ffn is not None:
             return (f"{name} linearises each feed-forward network through its pieces; the architecture entry of "
                     f"model type {model_type!r} reads it as one module, which it does not decompose")
@@ -96,7 +96,7 @@ def _applies(name: str, *, head: bool = False, streams: tuple[str, ...] = ("enco
         if head and not (task == "classification" or (task == "causal-lm" and anatomy.pre_ln)):
             return (f"{name} decomposes a sequence classifier's or a causal language model's logits, not a {task} "
                     "model's")
-        pooled = _pooled(anatomy)
+        pooled = _pooled(model)
         if head and task == "classification" and architecture_for(config).pooling_for(config) != pooled:
             return f"{name} needs a head that reads the {pooled} token; {model_type!r} pools differently"
         return None
@@ -104,9 +104,9 @@ def _applies(name: str, *, head: bool = False, streams: tuple[str, ...] = ("enco
     return why
 
 
-def _pooled(anatomy: Anatomy) -> str:
-    """Where a classifier's head reads: the first token of a post-LN encoder, the last of a pre-LN decoder."""
-    return LAST if anatomy.pre_ln else FIRST
+def _pooled(model: nn.Module) -> str:
+    """Where DecompX reads a classifier's pooled state: the first token of an encoder, the last of a decoder."""
+    return LAST if architecture_for(model.config).family == "decoder" else FIRST
 
 
 @dataclass
@@ -938,7 +938,10 @@ def decompx_logits(ctx: BatchContext, bias: str = "absdot") -> torch.Tensor:
 
 def _frozen_norm(v: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """``norm(v)`` with its scale held constant (a linear map of ``v``, as DecompX reads a LayerNorm): a
-    LayerNorm (v − mean)/s ⊙ γ + β, an RMSNorm v/s ⊙ g (:func:`attnlens.models.norms.rms_gain`)."""
+    LayerNorm (v − mean)/s ⊙ γ + β, an RMSNorm v/s ⊙ g (:func:`attnlens.models.norms.rms_gain`); no norm
+    (``nn.Identity``, ModernBERT's first layer) is ``v``."""
+    if isinstance(norm, nn.Identity):
+        return v
     if isinstance(norm, nn.LayerNorm):
         out = (v - v.mean(-1, keepdim=True)) / _std(norm, v).detach()
         out = out if norm.weight is None else out * norm.weight
@@ -1000,13 +1003,18 @@ def _mix(attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def _head_steps(ctx: BatchContext, anatomy: Anatomy) -> list[tuple[nn.Module, Callable | None]]:
     """From the pooled state to the logits: a language model's output embeddings, or the classification head's
-    ``(linear, activation)`` steps."""
+    ``(linear or norm, activation)`` steps."""
     model = ctx.model
     if ctx.head.task == "causal-lm":  # Gemma 2 caps its logits, c · tanh(z / c): linearised as a head activation
         cap = getattr(model.config, "final_logit_softcapping", None)
         return [(model.get_output_embeddings(), None if not cap else functools.partial(_softcap, cap=float(cap)))]
     return [(_attr(model, lin), None if act is None else HEAD_ACTIVATIONS.get(act) or _attr(model, act))
             for lin, act in anatomy.head]
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """Whether a head step is a norm (ModernBERT's head ends with a LayerNorm), read with its scale held."""
+    return isinstance(module, nn.LayerNorm) or is_rms_norm(module)
 
 
 def _softcap(z: torch.Tensor, cap: float) -> torch.Tensor:
@@ -1066,13 +1074,13 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
         if read is not None:  # a head summing values read at several positions (an answer's tokens)
             example, position, label = read
             state = h[example, position]
-        elif anatomy.pre_ln:  # each row's last token (a generation's steps: each its own, in the one sequence)
+        elif _pooled(model) == LAST:  # each row's last token (a generation's steps: each its own, in the sequence)
             last = last_positions(rows_real).to(h.device)
             state = h[0, last] if ctx.sequence is not None else h[torch.arange(h.shape[0], device=h.device), last]
         else:
             state = h[:, 0]
         for linear, act in _head_steps(ctx, anatomy):
-            state = linear(state)
+            state = _frozen_norm(state, linear) if _is_norm(linear) else linear(state)
             if act is not None:
                 state = _linearised(act, state)
         if read is None:

@@ -68,7 +68,7 @@ def _take(value: Any, batch: int, index: torch.Tensor, head_rows: bool = False) 
     ``head_rows``: a tensor of (batch × heads) rows, each example's block of rows); caches are dropped (the reruns
     must not extend them). A shared tensor whose first axis merely equals the batch size would be cut wrongly:
     each type's ``layers`` entry is checked against a naive re-computation on a tiny model before it is added
-    (DeBERTa's relative embeddings are such a tensor; it has no entry)."""
+    (DeBERTa's relative positions and embeddings are such tensors: its entry names them ``shared``)."""
     if head_rows and isinstance(value, torch.Tensor):
         return value.view(batch, -1, *value.shape[1:]).index_select(0, index).flatten(0, 1)
     if isinstance(value, torch.Tensor):
@@ -221,7 +221,8 @@ def layer_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask
                 keep[torch.arange(len(index), device=device), zeroed] = 0.0
             with _zeroing(_module(layer, spec.value), keep, spec, heads, head_dim):
                 y = layer(_take(hidden, b, index), *_take(rest, b, index),
-                          **{k: _take(v, b, index, k in spec.head_rows) for k, v in kwargs.items()})
+                          **{k: v if k in spec.shared else _take(v, b, index, k in spec.head_rows)
+                             for k, v in kwargs.items()})
             y = y[0] if isinstance(y, tuple) else y
             return y.to(torch.promote_types(y.dtype, torch.float32))  # half precision compared in float32
 

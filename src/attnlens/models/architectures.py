@@ -121,7 +121,8 @@ class Anatomy:
     whose gate and ``ffn_in`` are one fused projection, the gate's rows first, Phi-3's). ``head`` lists the
     classification head's ``(linear, activation)`` steps from the pooled state to the logits, the activation a
     path from the model root, a name in ``HEAD_ACTIVATIONS`` (for heads that apply it inline) or ``None``; a
-    language model's head is its output embeddings.
+    language model's head is its output embeddings; a step may be a norm instead of a linear layer
+    (ModernBERT's head: dense, activation, LayerNorm), read by DecompX with its scale held.
     """
 
     head: tuple[tuple[str, str | None], ...]
@@ -151,7 +152,8 @@ class Anatomy:
     cross_output: str | None = None
 
 
-HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
+HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "tanh": torch.tanh, "relu": torch.relu, "gelu": nn.functional.gelu}
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,9 @@ class Layers:
     per_head: bool = False
     grouped: bool = False
     head_rows: tuple[str, ...] = ()
+    # keyword arguments of the layers that every example shares (no batch axis; DeBERTa's relative positions and
+    # embeddings): a rerun on some examples passes them unchanged
+    shared: tuple[str, ...] = ()
     # why one layer cannot be rerun on some rows of the batch (value zeroing), or None: it can
     no_rerun: str | Callable[[Any], str | None] | None = None
 
@@ -307,6 +312,29 @@ _ALBERT_ANATOMY = Anatomy((("albert.pooler", "albert.pooler_activation"), ("clas
                           ffn_out="ffn_output", ln2="full_layer_layer_norm")
 _ROBERTA_ANATOMY = _bert_like("roberta", (("classifier.dense", "tanh"), ("classifier.out_proj", None)))
 
+_MPNET_ANATOMY = Anatomy((("classifier.dense", "tanh"), ("classifier.out_proj", None)), output="attention.attn.o",
+                         ln1="attention.LayerNorm")
+# XLM-RoBERTa-XL: a pre-LN encoder (LayerNorm before the attention and before the FFN, one after the last layer)
+_XLMR_XL_ANATOMY = Anatomy(_ROBERTA_ANATOMY.head, ln1="attention.self_attn_layer_norm", ln2="LayerNorm", pre_ln=True,
+                           final_norm="encoder.LayerNorm")
+
+
+def _deberta_v2_anatomy(config: Any) -> Anatomy | None:
+    """DeBERTa-v2/v3: BERT's layer names (relative positions enter the attention weights only); the pooler's
+    activation is the config's. None with the convolution beside the first layer (``conv_kernel_size``), which
+    adds to that layer's output, or an activation the head steps do not know."""
+    act = getattr(config, "pooler_hidden_act", "gelu")
+    if getattr(config, "conv_kernel_size", 0) or act not in HEAD_ACTIVATIONS:
+        return None
+    return Anatomy((("pooler.dense", act), ("classifier", None)))
+
+
+# ModernBERT: pre-LN (no norm before the first layer's attention: an identity), one fused query/key/value projection,
+# a GLU feed-forward (activation on the first half), a head of dense, activation and LayerNorm
+_MODERNBERT_ANATOMY = Anatomy((("head.dense", "head.act"), ("head.norm", None), ("classifier", None)),
+                              output="attn.Wo", ln1="attn_norm", ffn_in=None, gate_up="mlp.Wi", act="mlp.act",
+                              ffn_out="mlp.Wo", ln2="mlp_norm", pre_ln=True, final_norm="final_norm")
+
 # pre-LN decoders: GPT-2 (fused Conv1D projections, GELU MLP) and the Llama family (RMSNorm, gated SiLU MLP)
 _GPT2_ANATOMY = Anatomy((("score", None),), output="attn.c_proj", ln1="ln_1", ffn_in="mlp.c_fc", act="mlp.act",
                         ffn_out="mlp.c_proj", ln2="ln_2", pre_ln=True, final_norm="ln_f")
@@ -422,18 +450,20 @@ _ENTRIES: list[Architecture] = [
     Architecture("camembert", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY, lrp=_roberta_lrp("CamemBERT"),
                  layers=_BERT_LAYERS),
     Architecture("deberta", ENCODER),
-    Architecture("deberta-v2", ENCODER,
+    Architecture("deberta-v2", ENCODER, anatomy=_deberta_v2_anatomy,
+                 layers=Layers("encoder.layer", "attention.self.value_proj", shared=("relative_pos", "rel_embeddings")),
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
                      ("DisentangledSelfAttention", "deberta_attention"), ("ContextPooler", "deberta_pooler"),
                      ("ConvLayer", "deberta_conv")))),
-    Architecture("mpnet", ENCODER),
+    Architecture("mpnet", ENCODER, anatomy=_MPNET_ANATOMY, layers=Layers("encoder.layer", "attention.attn.v")),
     Architecture("ernie", ENCODER, anatomy=_bert_like("ernie"), lrp=LRPSupport("ERNIE", _BERT_RESIDUALS),
                  layers=_BERT_LAYERS),
-    Architecture("modernbert", ENCODER, pooling=_modernbert_pooling,
+    Architecture("modernbert", ENCODER, pooling=_modernbert_pooling, anatomy=_MODERNBERT_ANATOMY,
+                 layers=Layers("layers", "attn.Wqkv", fused=3),
                  lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
                                                               "mlp"),),
                                 forwards=(("ModernBertMLP", "glu_mlp"),), embedding_input="embeddings.norm")),
-    Architecture("xlm-roberta-xl", ENCODER, position_offset=True),
+    Architecture("xlm-roberta-xl", ENCODER, position_offset=True, anatomy=_XLMR_XL_ANATOMY, layers=_BERT_LAYERS),
     # decoders
     Architecture("gpt2", DECODER,
                  lrp=LRPSupport("GPT-2", blocks=(PreNorm("GPT2Block", "ln_1", "attn", "ln_2", "mlp"),),
