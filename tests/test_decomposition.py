@@ -286,6 +286,26 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
     assert (want > 0).float().mean() > 0.15 and (want == 0).any()  # both sides of the clamp occur
 
 
+@pytest.mark.parametrize("path", ["compiled", "blocks"])
+def test_alti_rows_with_a_single_key(monkeypatch, path):
+    """One row and one key (a one-token sequence, a decoder's first position alone): the distance is written
+    beside ‖y‖₁, not over it (an aliased buffer gave 0)."""
+    from attnlens.methods import decomposition
+
+    if path == "blocks":
+        monkeypatch.setattr(decomposition.alti_kernel, "applies", lambda *t: False)
+    gen = torch.Generator().manual_seed(1)
+    a = torch.rand(2, 3, 1, 1, generator=gen, dtype=torch.float64)
+    g = torch.randn(2, 1, 3, 4, generator=gen, dtype=torch.float64)
+    m = torch.randn(2, 1, 4, generator=gen, dtype=torch.float64)
+    t = (a[:, :, 0, 0, None] * g[:, 0]).sum(1) + m[:, 0]
+    y = 1.5 * t[:, None] + 0.1 * torch.randn(2, 1, 4, generator=gen, dtype=torch.float64)
+    want = (y[:, 0].abs().sum(-1) - (y[:, 0] - t).abs().sum(-1)).clamp_min(0)
+    got = decomposition._alti_rows(a, g, m, y, torch.tensor([0]))
+    torch.testing.assert_close(got[:, 0, 0], want, rtol=1e-12, atol=1e-12)
+    assert (want > 0).all()
+
+
 def _spy(fn, calls):
     def wrapped(*args, **kwargs):
         calls.append(1)

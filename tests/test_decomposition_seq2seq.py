@@ -168,8 +168,8 @@ def test_batch_and_padding_invariance_on_the_encoder(family, tokenizer):
 def test_other_streams_and_decompx_are_refused_with_their_reason(tokenizer):
     model = randomised("bart", "seq2seq-lm")
     for stream in ("decoder", "cross"):
-        for m in ("globenc", "alti"):
-            with pytest.raises(InputError, match="encoder layers|needs self-attention"):
+        for m in ("globenc",):
+            with pytest.raises(InputError, match="encoder layers.*use alti|needs self-attention"):
                 Explainer(model, tokenizer, attention=stream).explain_generation(TEXT, max_new_tokens=1, methods=[m])
     with pytest.raises(InputError, match="decompx decomposes the logits.*encoder-decoder"):
         Explainer(model, tokenizer).explain_generation(TEXT, max_new_tokens=1, methods=["decompx"])
@@ -180,6 +180,96 @@ def test_other_streams_and_decompx_are_refused_with_their_reason(tokenizer):
     with pytest.raises(InputError, match="variant='attn_res_ln' is not defined on attention='decoder'"):
         Explainer(model, tokenizer, attention="decoder").explain_generation(
             TEXT, max_new_tokens=1, methods=["attnnorm"], options={"attnnorm": {"variant": "attn_res_ln"}})
+
+
+class AltiPlusReference(EncoderReference):
+    """ALTI+ written out per token and head from the weights: the encoder's ALTI matrices (the encoder loop's),
+    then per decoder layer ALTI of its self-attention block and of its cross-attention block (over the encoder's
+    outputs and the block's residual), composed over the whole token set [encoder outputs; decoder positions]:
+    each layer maps the decoder rows to [c_cross, c_res · C_self] and keeps the encoder rows, starting from
+    [[R_enc, 0], [0, I]]."""
+
+    def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+        super().__init__(model, inputs)
+        with torch.no_grad():
+            out = model(**inputs, output_attentions=True, output_hidden_states=True)
+        self.dec_hidden = [h[0] for h in out.decoder_hidden_states]
+        self.dec_attn = [a[0] for a in out.decoder_attentions]
+        self.cross_attn = [a[0] for a in out.cross_attentions]
+        self.memory = out.encoder_last_hidden_state[0]
+        decoder = model.get_decoder()
+        self.dec_blocks = decoder.block if self.t5 else decoder.layers
+
+    def dec_pieces(self, l: int) -> dict:
+        b = self.dec_blocks[l]
+        if self.t5:
+            s, c = b.layer[0].SelfAttention, b.layer[1].EncDecAttention
+            return dict(ln=b.layer[0].layer_norm, sv=s.v, so=s.o, cln=b.layer[1].layer_norm, cv=c.v, co=c.o)
+        return dict(ln=b.self_attn_layer_norm, sv=b.self_attn.v_proj, so=b.self_attn.out_proj,
+                    cln=b.encoder_attn_layer_norm, cv=b.encoder_attn.v_proj, co=b.encoder_attn.out_proj)
+
+    def head_value(self, v_lin, o_lin, key: torch.Tensor, h: int) -> torch.Tensor:
+        v = key @ v_lin.weight.T + (0 if v_lin.bias is None else v_lin.bias)
+        dh = o_lin.weight.shape[1] // self.heads
+        return v[h * dh:(h + 1) * dh] @ o_lin.weight.T[h * dh:(h + 1) * dh]
+
+    @staticmethod
+    def l1_share(y: torch.Tensor, t: torch.Tensor) -> float:
+        return max(0.0, float(y.abs().sum() - (y - t).abs().sum()))
+
+    def dec_layer(self, l: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(C_self (T, T), C_cross (T, S + 1))`` of decoder layer l, rows normalised; the last column: the
+        cross block's residual."""
+        p, x = self.dec_pieces(l), self.dec_hidden[l]
+        a, ac = self.dec_attn[l], self.cross_attn[l]
+        t, s = x.shape[0], self.memory.shape[0]
+        keys = torch.stack([p["ln"](v) for v in x]) if self.pre_ln else x
+        bo = 0 if p["so"].bias is None else p["so"].bias
+        bco = 0 if p["co"].bias is None else p["co"].bias
+        c_self, c_cross = torch.zeros(t, t), torch.zeros(t, s + 1)
+        for i in range(t):
+            z = [sum(a[h, i, j] * self.head_value(p["sv"], p["so"], keys[j], h) for h in range(self.heads))
+                 + (x[i] if i == j else 0) for j in range(t)]
+            pre1 = sum(z) + bo
+            lin1 = (lambda v: v) if self.pre_ln else (lambda v, pre=pre1: self.norm_linear(p["ln"], v, pre))
+            h_i = pre1 if self.pre_ln else p["ln"](pre1)
+            c_self[i] = torch.tensor([self.l1_share(h_i, lin1(zj)) for zj in z])
+            zc = [sum(ac[h, i, k] * self.head_value(p["cv"], p["co"], self.memory[k], h) for h in range(self.heads))
+                  for k in range(s)] + [h_i]
+            pre2 = sum(zc) + bco
+            lin2 = (lambda v: v) if self.pre_ln else (lambda v, pre=pre2: self.norm_linear(p["cln"], v, pre))
+            y2 = pre2 if self.pre_ln else p["cln"](pre2)
+            c_cross[i] = torch.tensor([self.l1_share(y2, lin2(zk)) for zk in zc])
+        return c_self / c_self.sum(1, keepdim=True), c_cross / c_cross.sum(1, keepdim=True)
+
+    @torch.no_grad()
+    def alti_plus(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per decoder layer, row ``row``'s shares of the source tokens ``(L, S)`` and of the decoder positions
+        ``(L, T)``."""
+        def entry(l: int, i: int, j: int) -> float:  # the encoder loop's ALTI, as in :meth:`alti`
+            if self.pre_ln:
+                y, tr = self.y(l, i), (lambda v: v)
+            else:
+                tr, _, y = self.post_ln_parts(l, i)
+            shares = [max(0.0, float(y.abs().sum() - (y - tr(self.z(l, i, k))).abs().sum())) for k in range(self.n)]
+            return shares[j] / sum(shares)
+
+        r_enc = None
+        for l in range(len(self.attn)):
+            m = self.matrix(entry, l)
+            r_enc = m if r_enc is None else m @ r_enc
+        s, t = self.n, self.dec_hidden[0].shape[0]
+        state = torch.zeros(s + t, s + t)
+        state[:s, :s], state[s:, s:] = r_enc, torch.eye(t)
+        source, target = [], []
+        for l in range(len(self.dec_blocks)):
+            c_self, c_cross = self.dec_layer(l)
+            step = torch.eye(s + t)
+            step[s:] = torch.cat([c_cross[:, :s], c_cross[:, s:] * c_self], 1)
+            state = step @ state
+            source.append(state[s + row, :s].numpy())
+            target.append(state[s + row, s:].numpy())
+        return np.stack(source), np.stack(target)
 
 
 def _stream_reference(model, inputs, stream: str, residual: bool) -> list[torch.Tensor]:
@@ -262,5 +352,67 @@ def test_a_wrong_t5_anatomy_is_an_error(tokenizer):
         for m in METHODS:
             with pytest.raises(ModelError, match="anatomy does not describe it"):
                 ex.explain(TEXT, methods=[m])
+    finally:
+        register_architecture(old)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_alti_plus_on_the_cross_and_decoder_streams_matches_the_loop(family, tokenizer):
+    """ALTI+ on a classifier (the decoder row at the last EOS, which its head reads): the source tokens' shares
+    on attention='cross', the decoder tokens' on 'decoder' (decoder key k is token k - 1: the start token's share
+    is the one left out), each decoder layer's, against the loop; the shares add up to 1."""
+    model = randomised(family, "classification")
+    shares = {}
+    for stream in ("cross", "decoder"):
+        ex = Explainer(model, tokenizer, attention=stream)
+        (e,) = ex.explain([TEXT], methods=["alti"])
+        shares[stream] = e
+    inputs = ex.compute_batch(ex.encode([TEXT]), [0], [], {})[0].inputs
+    ids = inputs["input_ids"][0].tolist()
+    row = max(i for i, t in enumerate(ids) if t == model.config.eos_token_id)
+    source, target = AltiPlusReference(model, inputs).alti_plus(row)
+    np.testing.assert_allclose(source.sum(1) + target.sum(1), 1.0, rtol=1e-5)
+    assert source[-1].min() >= 0 and 0.05 < source[-1].sum() < 0.95  # both sides of the sequence count
+    np.testing.assert_allclose(shares["cross"].scores["alti"], source[-1], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(shares["cross"].layers["alti"], source, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(shares["decoder"].scores["alti"][:-1], target[-1][1:], rtol=1e-4, atol=1e-6)
+    assert shares["decoder"].scores["alti"][-1] == 0
+
+
+@pytest.mark.parametrize("stream", ["cross", "decoder"])
+def test_alti_plus_batch_padding_and_generation_steps(stream, tokenizer):
+    ex = Explainer(randomised("bart", "classification"), tokenizer, attention=stream)
+    texts = [TEXT, "bad", "a charming journey but the plot was boring"]
+    batch = ex.explain(texts, methods=["alti"], batch_size=3)
+    for text, e in zip(texts, batch):
+        (alone,) = ex.explain([text], methods=["alti"])
+        np.testing.assert_allclose(e.scores["alti"], alone.scores["alti"], rtol=1e-4, atol=1e-6)
+        assert np.abs(e.scores["alti"]).max() > 0
+    lm_model = randomised("t5", "seq2seq-lm")
+    lm = Explainer(lm_model, tokenizer, attention=stream)
+    g = lm.explain_generation(TEXT, max_new_tokens=3, methods=["alti"])
+    n = len(g.prompt_ids)
+    decoder_ids = [lm_model.config.decoder_start_token_id, *g.generated_ids]
+    ref = AltiPlusReference(lm_model, {"input_ids": torch.tensor([g.prompt_ids]),
+                                       "decoder_input_ids": torch.tensor([decoder_ids[:-1]])})
+    for step in range(len(g.generated_ids)):
+        source, target = ref.alti_plus(step)
+        if stream == "cross":  # the prompt's columns
+            np.testing.assert_allclose(g.scores["alti"][step, :n], source[-1], rtol=1e-4, atol=1e-6)
+        else:  # the continuation before the step (decoder key k >= 1 is generated token k - 1)
+            np.testing.assert_allclose(g.scores["alti"][step, n:n + step], target[-1][1:step + 1], rtol=1e-4,
+                                       atol=1e-6)
+
+
+def test_alti_plus_with_a_wrong_cross_norm_is_an_error(tokenizer):
+    """BART's cross-attention block read with the layer's last norm in place of its own: the recomputed decoder
+    layers do not reproduce the hidden states, so no scores."""
+    old = ARCHITECTURES["bart"]
+    register_architecture(dataclasses.replace(old, anatomy=dataclasses.replace(old.anatomy,
+                                                                               cross_norm="final_layer_norm")))
+    try:
+        ex = Explainer(randomised("bart", "classification"), tokenizer, attention="cross")
+        with pytest.raises(ModelError, match="anatomy does not describe it"):
+            ex.explain([TEXT], methods=["alti"])
     finally:
         register_architecture(old)

@@ -368,8 +368,9 @@ def test_seq2seq_every_method_runs(s2s):
     p, t = len(g.prompt_ids), len(g.generated_ids)
     assert g.meta["task"] == "seq2seq-lm" and t == 3
     vz = [] if get_method("valuezeroing").unsupported(s2s.model, s2s.stream, "seq2seq-lm") else ["valuezeroing"]
-    # the encoder's layers only; attnnorm reads one attention at a time, so every stream
-    norm = ["attnnorm", "globenc", "alti"] if s2s.stream == "encoder" else ["attnnorm"]
+    # GlobEnc reads the encoder's layers only; attnnorm reads one attention at a time and ALTI on the other
+    # streams is ALTI+, so every stream
+    norm = ["attnnorm", "globenc", "alti"] if s2s.stream == "encoder" else ["attnnorm", "alti"]
     assert set(g.methods) == set(_s2s_methods(s2s, FAST + ["integratedgradients"] + vz + norm + PERTURBATION))
     for m, s in g.scores.items():
         assert s.shape == (t, p + t) and np.isfinite(s).all(), m
@@ -382,7 +383,7 @@ def test_seq2seq_every_method_runs(s2s):
 
 def test_seq2seq_steps_equal_each_prefix_alone(s2s):
     """A batch row holds the whole decoder input; batch_size=1 cuts it at the step: the prefix alone."""
-    methods = _s2s_methods(s2s, [*FAST, "attnnorm"])
+    methods = _s2s_methods(s2s, [*FAST, "attnnorm", "alti"])
     batched = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=8)
     single = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=1)
     for m in methods:

@@ -90,8 +90,8 @@ def _applies(name: str, *, head: bool = False, streams: tuple[str, ...] = ("enco
             if stream == "cross" and "cross" in streams and anatomy.cross_value is None:
                 return f"{name} needs the cross-attention's projections, which model type {model_type!r}'s entry omits"
             if stream not in streams:
-                return (f"{name} reads an encoder-decoder's encoder layers (attention='encoder'); its decoder and "
-                        "cross-attention layers mix two sequences and are not decomposed")
+                return (f"{name} reads an encoder-decoder's encoder layers (attention='encoder'); on its decoder and "
+                        "cross-attention layers, which mix two sequences, use alti (ALTI+)")
             return None
         if head and not (task == "classification" or (task == "causal-lm" and anatomy.pre_ln)):
             return (f"{name} decomposes a sequence classifier's or a causal language model's logits, not a {task} "
@@ -502,7 +502,9 @@ def _alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tenso
     d = g.shape[-1]
     stop = _keys_used(a, at)
     norms = torch.linalg.vector_norm(y, ord=1, dim=-1)  # (B, R)
-    dist = norms.unsqueeze(1).expand(b, n, r).contiguous()  # (B, keys, R): ‖y_i‖₁ where t_ij = 0
+    # (B, keys, R): ‖y_i‖₁ where t_ij = 0; a copy, never a view of ``norms`` (with one key the expanded view is
+    # already contiguous, and writing the distances into it would overwrite the norms)
+    dist = norms.unsqueeze(1).expand(b, n, r).clone(memory_format=torch.contiguous_format)
     # per row the last key it needs (the last it attends to in any example and head, or its own position), as a
     # running maximum: the rows a block starting at key k needs begin at the first whose value reaches k
     last = torch.where(a.ne(0).any(1).any(0), torch.arange(n, device=a.device), -1).amax(-1)
@@ -831,17 +833,147 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
     "alti",
     needs={ATTENTION_CHUNKS, HIDDEN},
     class_specific=False,
-    self_attention_only=True,
-    applies=_applies("alti"),
+    applies=_applies("alti", streams=("encoder", "decoder", "cross")),
     summary="ALTI: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij), y_i = LN1's output (pre-LN "
     "decoders: T_i(x_j) = z_ij, y_i the residual stream after attention), rows normalised to 1, rolled out over "
-    "layers; s_j = (C^L···C^1)[c, j].",
-    citation="Ferrando, Gállego & Costa-jussà 2022 (EMNLP), as in the authors' code",
+    "layers; s_j = (C^L···C^1)[c, j]. Encoder-decoders' decoder and cross streams: ALTI+, the target prefix's and "
+    "the source's shares.",
+    citation="Ferrando, Gállego & Costa-jussà 2022 (EMNLP), as in the authors' code; ALTI+: Ferrando, Gállego, "
+    "Alastruey, Escolano & Costa-jussà 2022 (EMNLP)",
 )
 def alti(ctx: BatchContext) -> MethodOutput:
+    """On an encoder-decoder's ``decoder`` and ``cross`` streams, ALTI+ (:func:`alti_plus`): the shares of the
+    target prefix's tokens and of the source tokens, which add up to 1 over the two streams."""
     cap = ctx.capture
+    if ctx.stream in ("decoder", "cross"):
+        source, target = alti_plus(ctx)
+        layers = source if ctx.stream == "cross" else target
+        return MethodOutput(layers[:, -1], layers)
     layers = carried_rows(cap.query_weights, cap.map_chunks(), _AltiRows(ctx), mix=1.0, keep=0.0)
     return MethodOutput(layers[:, -1], layers)
+
+
+# --- ALTI+ (encoder-decoders) -----------------------------------------------------------------------------------
+def _key_major(f: torch.Tensor) -> torch.Tensor:
+    """``(B, N, H, D)`` of per-head vectors ``(B, H, N, D)``, as :func:`_alti_rows` reads them."""
+    return f.transpose(1, 2).contiguous()
+
+
+def _self_block(mods: dict[str, nn.Module], anatomy: Anatomy, spec: Layers, x: torch.Tensor, attn: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's self-attention block on its input ``x`` ``(B, N, D)``: ``(ALTI's c (B, N, N), the residual sum
+    pre1, the block's output)`` — post-LN: LN1(pre1), each summand through LN1's linear part at pre1's scale;
+    pre-LN: pre1 itself."""
+    f, v = _value_terms(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], spec)
+    pre1, attn, f = _attention_sum(mods, x, attn, f, v)
+    at = torch.arange(x.shape[1], device=x.device)
+    if anatomy.pre_ln:
+        return _alti_rows(attn, _key_major(f), x, pre1, at), pre1, pre1
+    ln1 = mods["ln1"]
+    std1 = _std(ln1, pre1)
+    y1 = ln1(pre1)
+    return _alti_rows(attn / std1[:, None], _key_major(_ln_part(f, ln1)), _ln_part(x, ln1) / std1, y1, at), pre1, y1
+
+
+def _cross_block(cross: dict[str, nn.Module], anatomy: Anatomy, spec: Layers, h: torch.Tensor, attn: torch.Tensor,
+                 memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's cross-attention block on the decoder state ``h`` ``(B, T, D)`` (its residual) over the
+    encoder's output ``memory`` ``(B, S, D)``: ``(ALTI's c (B, T, S + 1), the block's output)``, column S the
+    residual's contribution (a key of its own that only the residual sits on)."""
+    f, v = _value_terms(cross, memory, attn.shape[1], spec)
+    pre, attn, f = _attention_sum(cross, h, attn, f, v)
+    b, heads, t, s = attn.shape
+    attn = torch.cat([attn, attn.new_zeros(b, heads, t, 1)], -1)
+    f = torch.cat([f, f.new_zeros(b, heads, 1, f.shape[-1])], 2)
+    at = torch.full((t,), s, device=h.device)
+    if anatomy.pre_ln:
+        return _alti_rows(attn, _key_major(f), h, pre, at), pre
+    norm = cross["norm"]
+    std = _std(norm, pre)
+    return _alti_rows(attn / std[:, None], _key_major(_ln_part(f, norm)), _ln_part(h, norm) / std, norm(pre), at), \
+        norm(pre)
+
+
+def _encoder_rollout(model: nn.Module, anatomy: Anatomy, spec: Layers, hidden: list[torch.Tensor],
+                     attentions: list[torch.Tensor], real: torch.Tensor) -> torch.Tensor:
+    """``(B, S, S)``: ALTI rolled out over the encoder's layers, every row (C^L ⋯ C^1): each encoder output's
+    contributions of the source tokens; each layer recomputed from its input and checked against the next."""
+    blocks = spec.modules(model, "encoder")
+    final = _final_norm(model, anatomy)
+    keys = real[:, None, :].to(hidden[0].dtype)
+    joint = None
+    for i, (block, attn) in enumerate(zip(blocks, attentions, strict=True)):
+        mods = _parts(block, model, anatomy)
+        c, pre1, y1 = _self_block(mods, anatomy, spec, hidden[i], attn)
+        got = _layer_output(mods, anatomy, hidden[i], pre1, final if i == len(blocks) - 1 else None).got
+        _check_layer(model, i, got, hidden[i + 1], real)
+        c = _row_normalised(c * keys)
+        joint = c if joint is None else c @ joint
+    return joint
+
+
+def alti_plus(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """ALTI+ on an encoder-decoder: per decoder layer, the explained rows' contributions of the source tokens
+    ``(B, L, S)`` and of the decoder's input positions ``(B, L, T)``; the two add up to 1 per layer.
+
+    The encoder's ALTI is rolled out over every row (R, ``S × S``). In each decoder layer ALTI is taken of its
+    self-attention block (c_self over the decoder positions, the residual on the row's own position) and of its
+    cross-attention block (c_cross over the encoder outputs and one more column, the block's residual, the decoder
+    state); the FFN, which mixes no tokens, is left out as in ALTI. Rolled out from the decoder's input (each
+    position its own token): source ← c_cross R + c_res · (c_self · source), target ← c_res · (c_self · target).
+    Runs one forward of its own per example, keeping every stream's maps and states (an encoder-decoder's shared
+    pass keeps one stream's), and checks every recomputed layer against the model's states."""
+    model = ctx.model
+    anatomy = _anatomy(model)
+    if anatomy.cross_norm is None or anatomy.cross_value is None:
+        raise InputError(f"ALTI+ needs the cross-attention's projections and norm, which model type "
+                         f"{model.config.model_type!r}'s entry omits")
+    weights = ctx.capture.query_weights
+    rows = [_alti_plus_example(model, anatomy, {k: v[b:b + 1] for k, v in ctx.inputs.items()}, weights[b:b + 1])
+            for b in range(weights.shape[0])]
+    return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+
+
+def _alti_plus_example(model: nn.Module, anatomy: Anatomy, inputs: dict[str, torch.Tensor], weights: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`alti_plus` of one example (``inputs`` and the explained rows' ``weights`` ``(1, T)``)."""
+    spec = architecture_for(model.config).layers
+    decoder = anatomy.decoder or anatomy
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=True, output_hidden_states=True, use_cache=False, return_dict=True)
+        ids = inputs["input_ids"]
+        enc_real = inputs["attention_mask"].bool() if "attention_mask" in inputs else torch.ones_like(ids).bool()
+        memory = out.encoder_last_hidden_state
+        joint_enc = _encoder_rollout(model, anatomy, spec, list(out.encoder_hidden_states),
+                                     list(out.encoder_attentions), enc_real)
+        hidden = list(out.decoder_hidden_states)
+        b, t, _ = hidden[0].shape
+        dec_real = torch.ones(b, t, dtype=torch.bool, device=hidden[0].device)  # every decoder row is computed
+        keys = torch.cat([enc_real[:, None, :], enc_real.new_ones(b, 1, 1)], -1).to(memory.dtype)  # + residual
+        source = memory.new_zeros(b, t, memory.shape[1])
+        target = torch.eye(t, dtype=memory.dtype, device=memory.device).expand(b, t, t)
+        weights = weights.to(memory.dtype)[:, None, :]  # (B, 1, T): the explained rows
+        blocks = spec.modules(model, "decoder")
+        final = _final_norm(model, decoder)
+        rows_source, rows_target = [], []
+        for i, block in enumerate(blocks):
+            mods = _parts(block, model, decoder)
+            cross = {"value": _attr(block, anatomy.cross_value), "output": _attr(block, anatomy.cross_output),
+                     "norm": _attr(block, anatomy.cross_norm)}
+            c_self, _, h = _self_block(mods, decoder, spec, hidden[i], out.decoder_attentions[i])
+            c_cross, h2 = _cross_block(cross, decoder, spec, h, out.cross_attentions[i], memory)
+            ffn, _ = _ffn(mods, mods["ln2"](h2) if decoder.pre_ln else h2, ratio=False)
+            got = h2 + ffn if decoder.pre_ln else mods["ln2"](h2 + ffn)
+            if decoder.pre_ln and i == len(blocks) - 1 and final is not None:
+                got = final(got)
+            _check_layer(model, i, got, hidden[i + 1], dec_real)
+            c_self, c_cross = _row_normalised(c_self), _row_normalised(c_cross * keys)
+            residual = c_cross[..., -1:]
+            source = c_cross[..., :-1] @ joint_enc + residual * (c_self @ source)
+            target = residual * (c_self @ target)
+            rows_source.append((weights @ source)[:, 0])
+            rows_target.append((weights @ target)[:, 0])
+    return torch.stack(rows_source, 1), torch.stack(rows_target, 1)
 
 
 # --- DecompX ------------------------------------------------------------------------------------------------------

@@ -150,6 +150,12 @@ class Anatomy:
     # cross stream); the decoder's self-attention is read with ``output``, ``ln1`` and the entry's value path
     cross_value: str | None = None
     cross_output: str | None = None
+    # the norm of the cross-attention block: after its residual sum (post-LN, BART's) or before it on the decoder
+    # state (pre-LN, mBART's and T5's); read by ALTI on the decoder and cross streams
+    cross_norm: str | None = None
+    # an encoder-decoder's decoder layers where they differ from the encoder's (the FFN's and final norm's paths:
+    # T5's decoder blocks hold the FFN third, after the cross-attention); None: as the encoder's
+    decoder: Anatomy | None = None
 
 
 HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -409,19 +415,26 @@ def _opt_anatomy(config: Any) -> Anatomy | None:
 # encoder-decoders: the anatomy of the encoder's layers (the stream the norm-based methods read there)
 _BART_ANATOMY = Anatomy((), output="self_attn.out_proj", ln1="self_attn_layer_norm", ffn_in="fc1",
                         act="activation_fn", ffn_out="fc2", ln2="final_layer_norm", cross_value="encoder_attn.v_proj",
-                        cross_output="encoder_attn.out_proj")
-_MBART_ANATOMY = replace(_BART_ANATOMY, pre_ln=True, final_norm="encoder.layer_norm")
+                        cross_output="encoder_attn.out_proj", cross_norm="encoder_attn_layer_norm")
+_MBART_ANATOMY = replace(_BART_ANATOMY, pre_ln=True, final_norm="encoder.layer_norm",
+                         decoder=replace(_BART_ANATOMY, pre_ln=True, final_norm="decoder.layer_norm"))
 _SEQ2SEQ_LAYERS = Layers({"encoder": "encoder.layers", "decoder": "decoder.layers"}, "self_attn.v_proj")
 
 
 def _t5_anatomy(config: Any) -> Anatomy:
     """T5's pre-LN (RMS) blocks; T5 v1.1 / Flan-T5 gate their feed-forward (``wi_0`` gated by ``wi_1``)."""
-    ffn = "layer.1.DenseReluDense."
-    gated = dict(gate=ffn + "wi_0", ffn_in=ffn + "wi_1") if getattr(config, "is_gated_act", False) else dict(
-        ffn_in=ffn + "wi")
-    return Anatomy((), output="layer.0.SelfAttention.o", ln1="layer.0.layer_norm", act=ffn + "act",
-                   ffn_out=ffn + "wo", ln2="layer.1.layer_norm", pre_ln=True, final_norm="encoder.final_layer_norm",
-                   cross_value="layer.1.EncDecAttention.v", cross_output="layer.1.EncDecAttention.o", **gated)
+    def ffn(block: int) -> dict[str, str]:  # the feed-forward of the encoder's blocks (1) or the decoder's (2)
+        at = f"layer.{block}.DenseReluDense."
+        gated = dict(gate=at + "wi_0", ffn_in=at + "wi_1") if getattr(config, "is_gated_act", False) else dict(
+            ffn_in=at + "wi")
+        return dict(act=at + "act", ffn_out=at + "wo", ln2=f"layer.{block}.layer_norm", **gated)
+
+    cross = dict(cross_value="layer.1.EncDecAttention.v", cross_output="layer.1.EncDecAttention.o",
+                 cross_norm="layer.1.layer_norm")
+    decoder = Anatomy((), output="layer.0.SelfAttention.o", ln1="layer.0.layer_norm", pre_ln=True,
+                      final_norm="decoder.final_layer_norm", **ffn(2), **cross)
+    return Anatomy((), output="layer.0.SelfAttention.o", ln1="layer.0.layer_norm", pre_ln=True,
+                   final_norm="encoder.final_layer_norm", decoder=decoder, **ffn(1), **cross)
 
 
 _ENTRIES: list[Architecture] = [
