@@ -64,8 +64,9 @@ def _one_line_error(capsys, code: int) -> str:
         ("gpt2", None, set()),
         ("bart", None, LRP | {"decompx"}),  # the norm methods read the encoder's layers
         ("bart", "encoder", LRP | {"decompx"}),
-        ("bart", "decoder", LRP | NORM - {"attnnorm"}),  # attnnorm reads one attention: every stream
-        ("bart", "cross", LRP | SQUARE | NORM - {"attnnorm"}),
+        # attnnorm reads one attention, alti follows the row through both (ALTI+): every stream
+        ("bart", "decoder", LRP | NORM - {"attnnorm", "alti"}),
+        ("bart", "cross", LRP | SQUARE | NORM - {"attnnorm", "alti"}),
         ("qa", None, {"partiallrp", "transatt", "decompx"}),  # attnlrp explains the span
     ],
 )

@@ -326,15 +326,20 @@ def test_attnnorm_on_the_decoder_and_cross_streams_matches_the_loop(family, stre
     assert np.abs(out["attnnorm"][0].numpy()).max() > 0
 
 
-@pytest.mark.parametrize("stream", ["decoder", "cross"])
-def test_attnnorm_on_the_other_streams_batch_padding_and_generation(stream, tokenizer):
+def _assert_batch_equals_each_alone(stream: str, method: str, tokenizer) -> None:
+    """A padded batch of a BART classifier's inputs on ``stream`` scores as each input alone (and not all 0)."""
     ex = Explainer(randomised("bart", "classification"), tokenizer, attention=stream)
     texts = [TEXT, "bad", "a charming journey but the plot was boring"]
-    batch = ex.explain(texts, methods=["attnnorm"], batch_size=3)
+    batch = ex.explain(texts, methods=[method], batch_size=3)
     for text, e in zip(texts, batch):
-        (alone,) = ex.explain([text], methods=["attnnorm"])
-        np.testing.assert_allclose(e.scores["attnnorm"], alone.scores["attnnorm"], rtol=1e-4, atol=1e-6)
-        assert np.abs(e.scores["attnnorm"]).max() > 0
+        (alone,) = ex.explain([text], methods=[method])
+        np.testing.assert_allclose(e.scores[method], alone.scores[method], rtol=1e-4, atol=1e-6)
+        assert np.abs(e.scores[method]).max() > 0
+
+
+@pytest.mark.parametrize("stream", ["decoder", "cross"])
+def test_attnnorm_on_the_other_streams_batch_padding_and_generation(stream, tokenizer):
+    _assert_batch_equals_each_alone(stream, "attnnorm", tokenizer)
     lm = Explainer(randomised("t5", "seq2seq-lm"), tokenizer, attention=stream)
     g = lm.explain_generation(TEXT, max_new_tokens=3, methods=["attnnorm"])
     assert np.isfinite(g.scores["attnnorm"]).all() and np.abs(g.scores["attnnorm"]).max() > 0
@@ -381,13 +386,7 @@ def test_alti_plus_on_the_cross_and_decoder_streams_matches_the_loop(family, tok
 
 @pytest.mark.parametrize("stream", ["cross", "decoder"])
 def test_alti_plus_batch_padding_and_generation_steps(stream, tokenizer):
-    ex = Explainer(randomised("bart", "classification"), tokenizer, attention=stream)
-    texts = [TEXT, "bad", "a charming journey but the plot was boring"]
-    batch = ex.explain(texts, methods=["alti"], batch_size=3)
-    for text, e in zip(texts, batch):
-        (alone,) = ex.explain([text], methods=["alti"])
-        np.testing.assert_allclose(e.scores["alti"], alone.scores["alti"], rtol=1e-4, atol=1e-6)
-        assert np.abs(e.scores["alti"]).max() > 0
+    _assert_batch_equals_each_alone(stream, "alti", tokenizer)
     lm_model = randomised("t5", "seq2seq-lm")
     lm = Explainer(lm_model, tokenizer, attention=stream)
     g = lm.explain_generation(TEXT, max_new_tokens=3, methods=["alti"])
