@@ -592,6 +592,31 @@ def test_at2_fit_weighs_every_prompt_the_same_and_skips_prompts_without_effects(
         at2_module.fit_at2(lm.runner, jobs[4:], n_ablations=8)
 
 
+def test_at2_fit_holds_out_a_question_with_all_its_source_splits(lm, monkeypatch):
+    """The same question of the same context split into sentences and into passages is one fold group of the
+    penalty's cross-validation (held out together: the other split is not training data for it), while each prompt
+    is still ranked on its own."""
+    from attnlens.sources import at2 as at2_module
+    from attnlens.sources.attribute import prepare_job
+
+    seen = {}
+
+    def spy(x, y, groups, together=None):
+        seen.update(groups=groups, together=together)
+        return at2_module.ALPHAS[0], 0.0, 0.0
+
+    monkeypatch.setattr(at2_module, "_grouped_alpha", spy)
+    monkeypatch.setattr(at2_module, "ablation_logprobs", lambda job, keep: keep.astype(float) @ np.arange(
+        1.0, 1.0 + len(job.sources)))
+    other = "the plot was dull . i hated it .\n\nthe film was bad . the actors were awful ."
+    jobs = [prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False, sources=mode)
+            for mode in ("sentence", "passage")] + [prepare_job(lm.runner, other, QUERY, answer=ANSWER, chat=False)]
+    at2_module.fit_at2(lm.runner, jobs, n_ablations=8)
+    rows = [np.unique(seen["groups"][seen["together"] == q]).tolist() for q in np.unique(seen["together"])]
+    assert rows == [[0, 1], [2]]
+    assert len(np.unique(seen["groups"])) == 3
+
+
 def test_an_interrupted_at2_fit_resumes_from_its_cache(lm, monkeypatch, tmp_path):
     from attnlens.sources import at2 as at2_module
     from attnlens.sources.attribute import prepare_job

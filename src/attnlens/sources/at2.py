@@ -213,7 +213,8 @@ def fit_at2(
     weighted by the inverse variance of its log-probabilities, so every prompt counts the same whatever the size of
     its effects (a few prompts with large swings would otherwise set the weights), while the scores stay in
     log-probability units. The penalty is chosen by cross-validation over whole prompts (ablations of one prompt
-    are never split between fit and check) for the best held-out rank correlation per prompt — the LDS the
+    are never split between fit and check, nor prompts asking the same question of the same context, such as its
+    sentence and passage splits) for the best held-out rank correlation per prompt — the LDS the
     benchmark scores — and the record reports it (``cv_lds``) with the held-out R² (``cv_r2``) beside the
     in-sample one (``r2``); ``seconds`` is this call's time and ``prompts_from_cache`` the prompts it read from
     ``cache`` instead of computing. Returns the weights record that :func:`save_weights` writes.
@@ -226,7 +227,8 @@ def fit_at2(
     methods' scores are kept apart, so adding a method reuses the attention features and ablations)."""
     if not jobs:
         raise InputError("fit_at2 needs at least one training prompt")
-    xs, ys, start, cached = [], [], time.perf_counter(), 0
+    xs, ys, questions, start, cached = [], [], [], time.perf_counter(), 0
+    question_of: dict[tuple[str, str, str], int] = {}
     folder = None if cache is None else Path(cache)
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -253,14 +255,16 @@ def fit_at2(
         if spread > 0:  # a prompt whose ablations change nothing carries no ranking to learn
             xs.append((x - x.mean(0)) / spread)
             ys.append(y / spread)
+            questions.append(question_of.setdefault((job.context, job.query, job.answer), len(question_of)))
         if progress is not None:
             progress(1)
     if not ys:
         raise InputError("fit_at2: no training prompt's ablations changed the answer's log-probability")
     groups = np.concatenate([np.full(len(y), k) for k, y in enumerate(ys)])
+    together = np.concatenate([np.full(len(y), q) for q, y in zip(questions, ys)])
     x, y = np.vstack(xs), np.concatenate(ys)
     scale = x.std(0) + 1e-12
-    alpha, cv_r2, cv_lds = _grouped_alpha(x / scale, y, groups)
+    alpha, cv_r2, cv_lds = _grouped_alpha(x / scale, y, groups, together)
     weights = _ridge(x / scale, y, alpha) / scale
     residual = y - x @ weights
     config = runner.model.config
@@ -305,16 +309,20 @@ def _ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
     return np.linalg.solve(x.T @ x + alpha * np.eye(x.shape[1]), x.T @ y)
 
 
-def _grouped_alpha(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[float, float, float]:
+def _grouped_alpha(x: np.ndarray, y: np.ndarray, groups: np.ndarray, together: np.ndarray | None = None
+                   ) -> tuple[float, float, float]:
     """The ridge penalty whose predictions on held-out prompts (up to 5 folds of whole prompts) rank each prompt's
     ablations best (mean Spearman per prompt, ties broken by R²), with that mean and the held-out R² (NaN for both
-    with a single prompt, where the middle penalty is used)."""
+    with a single fold group, where the middle penalty is used). ``groups``: each row's prompt; ``together``: rows
+    that share a fold (default: the prompt's), so one question asked with its context split into sentences and
+    into passages is held out whole, never seen in training by its other split."""
     from sklearn.model_selection import GroupKFold
 
-    n_groups = len(np.unique(groups))
+    together = groups if together is None else together
+    n_groups = len(np.unique(together))
     if n_groups < 2:
         return ALPHAS[len(ALPHAS) // 2], math.nan, math.nan
-    folds = list(GroupKFold(n_splits=min(5, n_groups)).split(x, y, groups))
+    folds = list(GroupKFold(n_splits=min(5, n_groups)).split(x, y, together))
     best = (-math.inf, -math.inf, ALPHAS[0])
     for alpha in ALPHAS:
         sse, ranks = 0.0, []
