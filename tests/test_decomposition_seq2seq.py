@@ -382,6 +382,13 @@ def test_alti_plus_on_the_cross_and_decoder_streams_matches_the_loop(family, tok
     np.testing.assert_allclose(shares["cross"].layers["alti"], source, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(shares["decoder"].scores["alti"][:-1], target[-1][1:], rtol=1e-4, atol=1e-6)
     assert shares["decoder"].scores["alti"][-1] == 0
+    # what each stream's columns leave out is in meta: together with them, the whole 1
+    cross, decoder = shares["cross"].meta["alti"], shares["decoder"].meta["alti"]
+    np.testing.assert_allclose(cross["target_share"], target[-1].sum(), rtol=1e-4)
+    np.testing.assert_allclose(decoder["source_share"], source[-1].sum(), rtol=1e-4)
+    np.testing.assert_allclose(decoder["start_share"], target[-1][0], rtol=1e-4, atol=1e-7)
+    total = shares["decoder"].scores["alti"].sum() + decoder["source_share"] + decoder["start_share"]
+    np.testing.assert_allclose(total, 1.0, rtol=1e-5)
 
 
 @pytest.mark.parametrize("stream", ["cross", "decoder"])

@@ -843,12 +843,16 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
 )
 def alti(ctx: BatchContext) -> MethodOutput:
     """On an encoder-decoder's ``decoder`` and ``cross`` streams, ALTI+ (:func:`alti_plus`): the shares of the
-    target prefix's tokens and of the source tokens, which add up to 1 over the two streams."""
+    source tokens (``cross``) or of the target prefix's (``decoder``); what the other stream holds is reported per
+    input in ``meta``, so the shares account for the whole 1: ``target_share`` on ``cross``, ``source_share`` and
+    the decoder start token's ``start_share`` (which no token column shows) on ``decoder``."""
     cap = ctx.capture
     if ctx.stream in ("decoder", "cross"):
         source, target = alti_plus(ctx)
-        layers = source if ctx.stream == "cross" else target
-        return MethodOutput(layers[:, -1], layers)
+        if ctx.stream == "cross":
+            return MethodOutput(source[:, -1], source, meta={"target_share": target[:, -1].sum(-1)})
+        return MethodOutput(target[:, -1], target, meta={"source_share": source[:, -1].sum(-1),
+                                                         "start_share": target[:, -1, 0]})
     layers = carried_rows(cap.query_weights, cap.map_chunks(), _AltiRows(ctx), mix=1.0, keep=0.0)
     return MethodOutput(layers[:, -1], layers)
 
