@@ -925,22 +925,20 @@ def alti_plus(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]:
     cross-attention block (c_cross over the encoder outputs and one more column, the block's residual, the decoder
     state); the FFN, which mixes no tokens, is left out as in ALTI. Rolled out from the decoder's input (each
     position its own token): source ← c_cross R + c_res · (c_self · source), target ← c_res · (c_self · target).
-    Runs one forward of its own per example, keeping every stream's maps and states (an encoder-decoder's shared
-    pass keeps one stream's), and checks every recomputed layer against the model's states."""
+    Runs one forward of its own over the batch, which keeps every stream's maps and states as the shared pass's
+    forward does (the shared pass then keeps one stream's), and checks every recomputed layer against the model's
+    states."""
     model = ctx.model
     anatomy = _anatomy(model)
     if anatomy.cross_norm is None or anatomy.cross_value is None:
         raise InputError(f"ALTI+ needs the cross-attention's projections and norm, which model type "
                          f"{model.config.model_type!r}'s entry omits")
-    weights = ctx.capture.query_weights
-    rows = [_alti_plus_example(model, anatomy, {k: v[b:b + 1] for k, v in ctx.inputs.items()}, weights[b:b + 1])
-            for b in range(weights.shape[0])]
-    return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+    return _alti_plus_pass(model, anatomy, ctx.inputs, ctx.capture.query_weights)
 
 
-def _alti_plus_example(model: nn.Module, anatomy: Anatomy, inputs: dict[str, torch.Tensor], weights: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`alti_plus` of one example (``inputs`` and the explained rows' ``weights`` ``(1, T)``)."""
+def _alti_plus_pass(model: nn.Module, anatomy: Anatomy, inputs: dict[str, torch.Tensor], weights: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`alti_plus` of the batch ``inputs`` with the explained rows' ``weights`` ``(B, T)``."""
     spec = architecture_for(model.config).layers
     decoder = anatomy.decoder or anatomy
     with torch.no_grad():
