@@ -422,3 +422,24 @@ def test_alti_plus_with_a_wrong_cross_norm_is_an_error(tokenizer):
             ex.explain([TEXT], methods=["alti"])
     finally:
         register_architecture(old)
+
+
+def test_alti_plus_runs_its_pass_in_chunks_the_memory_budget_holds(tokenizer, monkeypatch):
+    """Where the batch's pass would not fit what the budget leaves, ALTI+ runs it a few examples at a time (here
+    one): the same scores."""
+    from attnlens.methods import decomposition
+
+    ex = Explainer(randomised("bart", "classification"), tokenizer, attention="cross")
+    texts = [TEXT, "bad", "a charming journey but the plot was boring"]
+    whole = ex.explain(texts, methods=["alti"], batch_size=3)
+    sizes = []
+    real_pass = decomposition._alti_plus_pass
+    monkeypatch.setattr(decomposition, "_alti_plus_row_bytes", lambda model, inputs: 1 << 60)
+    monkeypatch.setattr(decomposition, "_alti_plus_pass",
+                        lambda model, anatomy, inputs, weights: sizes.append(len(weights)) or real_pass(
+                            model, anatomy, inputs, weights))
+    chunked = ex.explain(texts, methods=["alti"], batch_size=3)
+    assert sizes == [1, 1, 1]
+    for a, b in zip(whole, chunked):
+        np.testing.assert_allclose(a.scores["alti"], b.scores["alti"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(a.meta["alti"]["target_share"], b.meta["alti"]["target_share"], rtol=1e-5)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..core.batch_state import BatchContext
+from ..core.memory import rows_that_fit
 from ..core.row_attention import chunk_elements
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
@@ -933,7 +934,26 @@ def alti_plus(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]:
     if anatomy.cross_norm is None or anatomy.cross_value is None:
         raise InputError(f"ALTI+ needs the cross-attention's projections and norm, which model type "
                          f"{model.config.model_type!r}'s entry omits")
-    return _alti_plus_pass(model, anatomy, ctx.inputs, ctx.capture.query_weights)
+    weights = ctx.capture.query_weights
+    step = rows_that_fit(ctx.budget_left(), _alti_plus_row_bytes(model, ctx.inputs))
+    parts = [_alti_plus_pass(model, anatomy, {k: v[b:b + step] for k, v in ctx.inputs.items()}, weights[b:b + step])
+             for b in range(0, weights.shape[0], step)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _alti_plus_row_bytes(model: nn.Module, inputs: dict[str, torch.Tensor]) -> int:
+    """What one example of :func:`alti_plus`'s pass holds: every stream's attention maps and every layer's states
+    (encoder, decoder), about twice over while the layers are recomputed."""
+    config = model.config
+    source = inputs["input_ids"].shape[1]
+    target = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else source
+    heads = int(getattr(config, "num_attention_heads", None) or config.num_heads)
+    width = int(getattr(config, "hidden_size", None) or config.d_model)
+    enc = int(getattr(config, "encoder_layers", None) or config.num_layers)
+    dec = int(getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or enc)
+    maps = heads * (enc * source * source + dec * target * (target + source))
+    states = width * ((enc + 1) * source + (dec + 1) * target)
+    return 2 * (maps + states) * next(model.parameters()).element_size()
 
 
 def _alti_plus_pass(model: nn.Module, anatomy: Anatomy, inputs: dict[str, torch.Tensor], weights: torch.Tensor
