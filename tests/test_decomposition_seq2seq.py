@@ -88,12 +88,16 @@ class EncoderReference(Reference):
     def matrix(self, entry, l: int) -> torch.Tensor:
         return torch.tensor([[float(entry(l, i, j)) for j in range(self.n)] for i in range(self.n)])
 
-    def mean_row_of_rollout(self, entry) -> np.ndarray:
+    def rollout(self, entry) -> torch.Tensor:
+        """The layers' matrices of ``entry(l, i, j)`` multiplied out, C^L ⋯ C^1."""
         joint = None
         for l in range(len(self.attn)):
             m = self.matrix(entry, l)
             joint = m if joint is None else m @ joint
-        return joint.mean(0).numpy()
+        return joint
+
+    def mean_row_of_rollout(self, entry) -> np.ndarray:
+        return self.rollout(entry).mean(0).numpy()
 
     @torch.no_grad()
     def attnnorm(self) -> np.ndarray:
@@ -110,16 +114,18 @@ class EncoderReference(Reference):
             return float(ln2(ln1(self.z(l, i, j))).norm())
         return self.mean_row_of_rollout(entry)
 
+    def alti_entry(self, l: int, i: int, j: int) -> float:
+        """ALTI's C^l_ij, row i normalised to 1."""
+        if self.pre_ln:
+            y, t = self.y(l, i), (lambda v: v)
+        else:
+            t, _, y = self.post_ln_parts(l, i)
+        row = [max(0.0, float(y.abs().sum() - (y - t(self.z(l, i, k))).abs().sum())) for k in range(self.n)]
+        return row[j] / sum(row)
+
     @torch.no_grad()
     def alti(self) -> np.ndarray:
-        def entry(l: int, i: int, j: int) -> float:
-            if self.pre_ln:
-                y, t = self.y(l, i), (lambda v: v)
-            else:
-                t, _, y = self.post_ln_parts(l, i)
-            row = [max(0.0, float(y.abs().sum() - (y - t(self.z(l, i, k))).abs().sum())) for k in range(self.n)]
-            return row[j] / sum(row)
-        return self.mean_row_of_rollout(entry)
+        return self.mean_row_of_rollout(self.alti_entry)
 
 
 @pytest.fixture(scope="module", params=[(f, t) for f in FAMILIES for t in TASKS], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -246,18 +252,7 @@ class AltiPlusReference(EncoderReference):
     def alti_plus(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """Per decoder layer, row ``row``'s shares of the source tokens ``(L, S)`` and of the decoder positions
         ``(L, T)``."""
-        def entry(l: int, i: int, j: int) -> float:  # the encoder loop's ALTI, as in :meth:`alti`
-            if self.pre_ln:
-                y, tr = self.y(l, i), (lambda v: v)
-            else:
-                tr, _, y = self.post_ln_parts(l, i)
-            shares = [max(0.0, float(y.abs().sum() - (y - tr(self.z(l, i, k))).abs().sum())) for k in range(self.n)]
-            return shares[j] / sum(shares)
-
-        r_enc = None
-        for l in range(len(self.attn)):
-            m = self.matrix(entry, l)
-            r_enc = m if r_enc is None else m @ r_enc
+        r_enc = self.rollout(self.alti_entry)  # the encoder loop's ALTI, every row
         s, t = self.n, self.dec_hidden[0].shape[0]
         state = torch.zeros(s + t, s + t)
         state[:s, :s], state[s:, s:] = r_enc, torch.eye(t)

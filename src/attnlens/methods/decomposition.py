@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..core.batch_state import BatchContext
-from ..core.memory import rows_that_fit
+from ..core.memory import model_dims, rows_that_fit
 from ..core.row_attention import chunk_elements
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
@@ -864,6 +864,17 @@ def _key_major(f: torch.Tensor) -> torch.Tensor:
     return f.transpose(1, 2).contiguous()
 
 
+def _alti_of_sum(attn: torch.Tensor, f: torch.Tensor, residual: torch.Tensor, pre: torch.Tensor, at: torch.Tensor,
+                 norm: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ALTI of one residual sum ``pre`` = ``residual`` + Σ_h A^h f^h (+ bias): ``(c (B, R, N), the block's
+    output)``; ``at``: the key each row's residual sits on. Post-LN (``norm`` given): each summand through the
+    norm's linear part at pre's scale, the output norm(pre); pre-LN (``None``): the sum itself."""
+    if norm is None:
+        return _alti_rows(attn, _key_major(f), residual, pre, at), pre
+    std, out = _std(norm, pre), norm(pre)
+    return _alti_rows(attn / std[:, None], _key_major(_ln_part(f, norm)), _ln_part(residual, norm) / std, out, at), out
+
+
 def _self_block(mods: dict[str, nn.Module], anatomy: Anatomy, spec: Layers, x: torch.Tensor, attn: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer's self-attention block on its input ``x`` ``(B, N, D)``: ``(ALTI's c (B, N, N), the residual sum
@@ -872,12 +883,8 @@ def _self_block(mods: dict[str, nn.Module], anatomy: Anatomy, spec: Layers, x: t
     f, v = _value_terms(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], spec)
     pre1, attn, f = _attention_sum(mods, x, attn, f, v)
     at = torch.arange(x.shape[1], device=x.device)
-    if anatomy.pre_ln:
-        return _alti_rows(attn, _key_major(f), x, pre1, at), pre1, pre1
-    ln1 = mods["ln1"]
-    std1 = _std(ln1, pre1)
-    y1 = ln1(pre1)
-    return _alti_rows(attn / std1[:, None], _key_major(_ln_part(f, ln1)), _ln_part(x, ln1) / std1, y1, at), pre1, y1
+    c, out = _alti_of_sum(attn, f, x, pre1, at, None if anatomy.pre_ln else mods["ln1"])
+    return c, pre1, out
 
 
 def _cross_block(cross: dict[str, nn.Module], anatomy: Anatomy, spec: Layers, h: torch.Tensor, attn: torch.Tensor,
@@ -890,13 +897,8 @@ def _cross_block(cross: dict[str, nn.Module], anatomy: Anatomy, spec: Layers, h:
     b, heads, t, s = attn.shape
     attn = torch.cat([attn, attn.new_zeros(b, heads, t, 1)], -1)
     f = torch.cat([f, f.new_zeros(b, heads, 1, f.shape[-1])], 2)
-    at = torch.full((t,), s, device=h.device)
-    if anatomy.pre_ln:
-        return _alti_rows(attn, _key_major(f), h, pre, at), pre
-    norm = cross["norm"]
-    std = _std(norm, pre)
-    return _alti_rows(attn / std[:, None], _key_major(_ln_part(f, norm)), _ln_part(h, norm) / std, norm(pre), at), \
-        norm(pre)
+    return _alti_of_sum(attn, f, h, pre, torch.full((t,), s, device=h.device),
+                        None if anatomy.pre_ln else cross["norm"])
 
 
 def _encoder_rollout(model: nn.Module, anatomy: Anatomy, spec: Layers, hidden: list[torch.Tensor],
@@ -944,16 +946,13 @@ def alti_plus(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]:
 def _alti_plus_row_bytes(model: nn.Module, inputs: dict[str, torch.Tensor]) -> int:
     """What one example of :func:`alti_plus`'s pass holds: every stream's attention maps and every layer's states
     (encoder, decoder), about twice over while the layers are recomputed."""
-    config = model.config
+    dims, spec = model_dims(model), architecture_for(model.config).layers
+    enc, dec = len(spec.modules(model, "encoder")), len(spec.modules(model, "decoder"))
     source = inputs["input_ids"].shape[1]
     target = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else source
-    heads = int(getattr(config, "num_attention_heads", None) or config.num_heads)
-    width = int(getattr(config, "hidden_size", None) or config.d_model)
-    enc = int(getattr(config, "encoder_layers", None) or config.num_layers)
-    dec = int(getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or enc)
-    maps = heads * (enc * source * source + dec * target * (target + source))
-    states = width * ((enc + 1) * source + (dec + 1) * target)
-    return 2 * (maps + states) * next(model.parameters()).element_size()
+    maps = dims.heads * (enc * source * source + dec * target * (target + source))
+    states = dims.hidden * ((enc + 1) * source + (dec + 1) * target)
+    return 2 * (maps + states) * dims.itemsize
 
 
 def _alti_plus_pass(model: nn.Module, anatomy: Anatomy, inputs: dict[str, torch.Tensor], weights: torch.Tensor
