@@ -44,7 +44,7 @@ def test_bad_budget_is_one_line(value):
         parse_budget(value)
 
 
-@pytest.mark.parametrize(("family", "layers"), [("bert", 2), ("gpt2", 2), ("bart", 4)])
+@pytest.mark.parametrize(("family", "layers"), [("bert", 2), ("gpt2", 2), ("bart", 4), ("t5", 4)])
 def test_model_dims_read_the_config(family, layers):
     dims = model_dims(make_model(family))
     assert (dims.layers, dims.heads, dims.hidden, dims.itemsize) == (layers, 2, 16, 4)

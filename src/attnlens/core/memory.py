@@ -87,7 +87,7 @@ def model_dims(model: Any) -> Dims:
         return next((int(getattr(cfg, n)) for n in names if isinstance(getattr(cfg, n, None), int)), 0)
 
     layers = get("num_hidden_layers", "n_layer", "num_layers") or 12
-    layers += get("decoder_layers") if getattr(cfg, "is_encoder_decoder", False) else 0
+    layers += get("decoder_layers", "num_decoder_layers") if getattr(cfg, "is_encoder_decoder", False) else 0
     heads = get("num_attention_heads", "n_head") or 12
     hidden = get("hidden_size", "d_model", "n_embd", "dim") or 768
     try:
