@@ -132,12 +132,14 @@ def test_lrp_support_and_residual_sites_come_from_the_entries():
     from attnlens.lrp.patch import residual_sites
 
     assert list(SUPPORTED.values()) == ["BERT", "RoBERTa", "DistilBERT", "ALBERT", "ELECTRA", "XLM-RoBERTa",
-                                        "CamemBERT", "DeBERTa-v2", "ERNIE", "ModernBERT", "GPT-2", "GPT-Neo",
+                                        "CamemBERT", "DeBERTa-v2", "MPNet", "ERNIE", "ModernBERT",
+                                        "XLM-RoBERTa-XL", "GPT-2", "GPT-Neo",
                                         "GPT-NeoX", "GPT-J", "Llama", "Mistral", "Mixtral", "Qwen2", "Qwen3",
                                         "Gemma", "Gemma 2", "Phi", "Phi-3", "OPT", "BLOOM", "Falcon"]
     assert SUPPORTED is LRP_SUPPORTED
-    sites = {t: residual_sites(make_model(t)) for t in ["bert", "distilbert", "albert"]}
+    sites = {t: residual_sites(make_model(t)) for t in ["bert", "distilbert", "albert", "mpnet"]}
     assert len(sites["bert"]) == 4  # attention and feed-forward output of 2 layers
+    assert len(sites["mpnet"]) == 4
     assert len(sites["distilbert"]) == 4
     assert len(sites["albert"]) == 2  # one layer shared by both layers: attention and feed-forward sums
     model = make_model("albert")

@@ -1,5 +1,5 @@
-"""LRP beyond BERT-style encoders: DeBERTa-v2, ModernBERT, GPT-2, GPT-Neo, GPT-J, GPT-NeoX, Phi and the Llama
-family (Llama, Mistral, Qwen2, Qwen3, Gemma).
+"""LRP beyond BERT-style encoders: DeBERTa-v2, ModernBERT, MPNet, XLM-RoBERTa-XL, GPT-2, GPT-Neo, GPT-J, GPT-NeoX,
+Phi and the Llama family (Llama, Mistral, Qwen2, Qwen3, Gemma).
 
 Each architecture: the whole pass against an explicit rule-by-rule AttnLRP propagation of a 1-layer model
 (float64, no autograd), conservation, padding exactly 0, batch vs one by one, the model unchanged afterwards,
@@ -22,7 +22,7 @@ from attnlens.errors import InputError
 from attnlens.lrp import lrp_pass, lrp_passes, supports
 from attnlens.models.heads import Head
 
-ARCHS = ["deberta-v2", "modernbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
+ARCHS = ["deberta-v2", "modernbert", "mpnet", "xlm-roberta-xl", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
          "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon", "phi3", "mixtral"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
@@ -609,6 +609,96 @@ def _explicit_deberta(model, ids, target):
     return r_x0.sum(-1), r_a, r_rel.sum()
 
 
+def _explicit_mpnet(model, ids, target):
+    """Post-LN MPNet: BERT's layer with the encoder's relative-position bias added to the scores (its relevance
+    is the third return value) and RoBERTa's tanh head."""
+    base, layer = model.mpnet, model.mpnet.encoder.layer[0]
+    sa, n, h = layer.attention.attn, ids.shape[0], model.config.num_attention_heads
+    emb = base.embeddings
+    x0 = emb.word_embeddings.weight[ids] + emb.position_embeddings.weight[torch.arange(n) + emb.padding_idx + 1]
+    h0 = emb.LayerNorm(x0)
+    q, k, v = sa.q(h0), sa.k(h0), sa.v(h0)
+    qh, kh, vh = split(q, h), split(k, h), split(v, h)
+    scale = sa.attention_head_size ** -0.5
+    qk = qh @ kh.transpose(-1, -2) * scale
+    bias = base.encoder.compute_position_bias(h0[None])[0]  # (H, N, N)
+    s = qk + bias
+    a = s.softmax(-1)
+    ctx = merge(a @ vh)
+    ao = sa.o(ctx)
+    h1 = layer.attention.LayerNorm(ao + h0)
+    inter = layer.intermediate.dense(h1)
+    act = nn.functional.gelu(inter)
+    out = layer.output.dense(act)
+    h2 = layer.output.LayerNorm(out + h1)
+    head = model.classifier
+    pre = head.dense(h2[:1])
+    logits = head.out_proj(torch.tanh(pre))
+    r_logits = torch.zeros_like(logits)
+    r_logits[0, target] = logits[0, target]
+    r_pre = lin(torch.tanh(pre), head.out_proj.weight, logits, r_logits)  # tanh: identity
+    r_h2 = torch.zeros_like(h2)
+    r_h2[:1] = lin(h2[:1], head.dense.weight, pre, r_pre)
+    r2 = out + h1
+    r_r2 = ln_rel(r2, layer.output.LayerNorm, h2, r_h2)
+    r_act = lin(act, layer.output.dense.weight, out, out * r_r2 / r2)
+    r_h1 = h1 * r_r2 / r2 + lin(h1, layer.intermediate.dense.weight, inter, r_act)
+    r1 = ao + h0
+    r_r1 = ln_rel(r1, layer.attention.LayerNorm, h1, r_h1)
+    r_ctx = split(lin(ctx, sa.o.weight, ao, ao * r_r1 / r1), h)
+    r_a, r_v = av_rule(a, vh, r_ctx)
+    r_s = softmax_rule(s, a, r_a, torch.ones_like(s, dtype=torch.bool))
+    r_q, r_k = qk_rule(qh, kh, qk * r_s / s)  # the sum qk + bias: proportional
+    r_h0 = (h0 * r_r1 / r1 + lin(h0, sa.q.weight, q, merge(r_q)) + lin(h0, sa.k.weight, k, merge(r_k))
+            + lin(h0, sa.v.weight, v, merge(r_v)))
+    r_x0 = ln_rel(x0, emb.LayerNorm, h0, r_h0)
+    return r_x0.sum(-1), r_a, (bias * r_s / s).sum()
+
+
+def _explicit_xlmr_xl(model, ids, target):
+    """Pre-LN XLM-RoBERTa-XL: ``h = x + Attn(LN1(x))``, ``h + FFN(LN2(h))``, the encoder's final LayerNorm and
+    RoBERTa's tanh head at the first token; embeddings word + type + position without a norm."""
+    base, layer = model.roberta, model.roberta.encoder.layer[0]
+    sa, n, h = layer.attention.self, ids.shape[0], model.config.num_attention_heads
+    emb = base.embeddings
+    x0 = (emb.word_embeddings.weight[ids] + emb.token_type_embeddings.weight[0]
+          + emb.position_embeddings.weight[torch.arange(n) + emb.padding_idx + 1])
+    n1 = layer.attention.self_attn_layer_norm(x0)
+    q, k, v = sa.query(n1), sa.key(n1), sa.value(n1)
+    qh, kh, vh = split(q, h), split(k, h), split(v, h)
+    s = qh @ kh.transpose(-1, -2) * sa.attention_head_size ** -0.5
+    a = s.softmax(-1)
+    ctx = merge(a @ vh)
+    ao = layer.attention.output.dense(ctx)
+    h1 = x0 + ao
+    n2 = layer.LayerNorm(h1)
+    inter = layer.intermediate.dense(n2)
+    act = nn.functional.gelu(inter)
+    out = layer.output.dense(act)
+    h2 = h1 + out
+    nf = base.encoder.LayerNorm(h2)
+    head = model.classifier
+    pre = head.dense(nf[:1])
+    logits = head.out_proj(torch.tanh(pre))
+    r_logits = torch.zeros_like(logits)
+    r_logits[0, target] = logits[0, target]
+    r_pre = lin(torch.tanh(pre), head.out_proj.weight, logits, r_logits)  # tanh: identity
+    r_nf = torch.zeros_like(nf)
+    r_nf[:1] = lin(nf[:1], head.dense.weight, pre, r_pre)
+    r_h2 = ln_rel(h2, base.encoder.LayerNorm, nf, r_nf)
+    r_out, r_h1 = out * r_h2 / h2, h1 * r_h2 / h2
+    r_act = lin(act, layer.output.dense.weight, out, r_out)  # GELU: identity
+    r_h1 = r_h1 + ln_rel(h1, layer.LayerNorm, n2, lin(n2, layer.intermediate.dense.weight, inter, r_act))
+    r_ao, r_x0 = ao * r_h1 / h1, x0 * r_h1 / h1
+    r_ctx = split(lin(ctx, layer.attention.output.dense.weight, ao, r_ao), h)
+    r_a, r_v = av_rule(a, vh, r_ctx)
+    r_q, r_k = qk_rule(qh, kh, softmax_rule(s, a, r_a, torch.ones_like(s, dtype=torch.bool)))
+    r_n1 = lin(n1, sa.query.weight, q, merge(r_q)) + lin(n1, sa.key.weight, k, merge(r_k)) + lin(
+        n1, sa.value.weight, v, merge(r_v))
+    r_x0 = r_x0 + ln_rel(x0, layer.attention.self_attn_layer_norm, n1, r_n1)
+    return r_x0.sum(-1), r_a
+
+
 LLAMA_FAMILY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
                 "gemma2": "Gemma2", "phi3": "Phi3", "mixtral": "Mixtral"}
 
@@ -658,6 +748,12 @@ def _one_layer(family: str) -> nn.Module:
         cfg = transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_positions=32, num_labels=3,
                                       pad_token_id=0, bos_token_id=2, eos_token_id=3, attn_implementation="eager")
         cls = transformers.GPT2ForSequenceClassification
+    elif family == "mpnet":
+        cfg = transformers.MPNetConfig(**common)
+        cls = transformers.MPNetForSequenceClassification
+    elif family == "xlm-roberta-xl":
+        cfg = transformers.XLMRobertaXLConfig(**common)
+        cls = transformers.XLMRobertaXLForSequenceClassification
     elif family == "modernbert":
         cfg = transformers.ModernBertConfig(**common, global_attn_every_n_layers=1, cls_token_id=2, sep_token_id=3,
                                             bos_token_id=2, eos_token_id=3)
@@ -680,7 +776,8 @@ def _one_layer(family: str) -> nn.Module:
 EXPLICIT = {**dict.fromkeys(LLAMA_FAMILY, _explicit_llama), "gpt2": _explicit_gpt2, "gpt_neox": _explicit_parallel,
             "phi": _explicit_parallel, "gptj": _explicit_parallel, "gpt_neo": _explicit_gpt_neo,
             "opt": _explicit_opt, "bloom": _explicit_bloom, "falcon": _explicit_falcon,
-            "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta}
+            "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta, "mpnet": _explicit_mpnet,
+            "xlm-roberta-xl": _explicit_xlmr_xl}
 
 
 @pytest.mark.parametrize("family", list(EXPLICIT))
@@ -697,7 +794,7 @@ def test_whole_pass_equals_explicit_rule_by_rule_propagation(family):
     tol = dict(rtol=1e-5, atol=1e-7) if family in float32 else dict(rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(res.input_relevance[0], expected[0], **tol)
     torch.testing.assert_close(res.attention_relevance[0][0], expected[1], **tol)
-    if family in ("deberta-v2", "bloom"):
+    if family in ("deberta-v2", "bloom", "mpnet"):
         torch.testing.assert_close(res.position_relevance[0], expected[2], rtol=1e-8, atol=1e-10)
         # the relative positions do take relevance (ALiBi's slopes, 1/16 and 1/256 per position, take little)
         assert abs(float(expected[2])) > (1e-5 if family == "bloom" else 1e-3)
@@ -718,7 +815,7 @@ def test_conservation(family):
     total = res.input_relevance.sum(1) + res.softmax_absorbed + res.position_relevance
     torch.testing.assert_close(total, res.target, rtol=1e-4, atol=1e-5)
     assert res.softmax_absorbed.abs().max() > 1e-4
-    assert (res.position_relevance.abs().max() > 1e-4) == (family in ("deberta-v2", "bloom"))
+    assert (res.position_relevance.abs().max() > 1e-4) == (family in ("deberta-v2", "bloom", "mpnet"))
 
 
 @pytest.mark.parametrize("family", ARCHS)
@@ -748,7 +845,7 @@ def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
 @pytest.mark.parametrize("family", ARCHS)
 @pytest.mark.parametrize("rule_set", ["attnlrp", "chefer"])
 def test_model_left_unchanged_and_forward_values_kept(family, rule_set):
-    eager_only = ("deberta-v2", "gpt_neo", "gptj", "gemma2", "bloom")
+    eager_only = ("deberta-v2", "gpt_neo", "gptj", "gemma2", "bloom", "mpnet")
     model = make_model(family, attn="eager" if family in eager_only else "sdpa").train()
     next(model.parameters()).requires_grad_(False)
     before = _snapshot(model)
@@ -994,6 +1091,51 @@ def _chefer_gpt2(model, ids, target, rule_set):
     return r_x0.sum(-1), r_a
 
 
+def _chefer_xlmr_xl(model, ids, target, rule_set):
+    """The chefer rules through a 1-layer XLM-RoBERTa-XL (a pre-LN encoder whose output modules add the residual
+    themselves): each residual sum an ``Add`` (normalised for ``"chefer"``), the residual stream a ``Clone`` into
+    the sum and the next LayerNorm, the normed input a ``Clone`` into query, key and value; the head's tanh and
+    every LayerNorm pass relevance unchanged."""
+    from lrp_reference import add_relprop, clone_relprop, linear_relprop, matmul_relprop
+
+    shared = normalized = rule_set == "chefer"
+    base, layer = model.roberta, model.roberta.encoder.layer[0]
+    sa, n, h = layer.attention.self, ids.shape[0], model.config.num_attention_heads
+    emb = base.embeddings
+    x0 = (emb.word_embeddings.weight[ids] + emb.token_type_embeddings.weight[0]
+          + emb.position_embeddings.weight[torch.arange(n) + emb.padding_idx + 1])
+    n1 = layer.attention.self_attn_layer_norm(x0)
+    q, k, v = split(sa.query(n1), h), split(sa.key(n1), h), split(sa.value(n1), h)
+    a = (q @ k.transpose(-1, -2) * sa.attention_head_size ** -0.5).softmax(-1)
+    ctx = merge(a @ v)
+    ao = layer.attention.output.dense(ctx)
+    h1 = x0 + ao
+    n2 = layer.LayerNorm(h1)
+    act = nn.functional.gelu(layer.intermediate.dense(n2))
+    out = layer.output.dense(act)
+    h2 = h1 + out
+    nf = base.encoder.LayerNorm(h2)
+    pooled = torch.tanh(model.classifier.dense(nf[:1]))
+    logits = model.classifier.out_proj(pooled)
+    r = torch.zeros_like(logits)
+    r[0, target] = 1.0
+    r_h2 = torch.zeros_like(h2)  # the final LayerNorm: unchanged
+    r_h2[:1] = linear_relprop(nf[:1], model.classifier.dense,
+                              linear_relprop(pooled, model.classifier.out_proj, r, shared), shared)
+    r_out, r_skip = add_relprop(out, h1, r_h2, normalized)
+    r_n2 = linear_relprop(n2, layer.intermediate.dense, linear_relprop(act, layer.output.dense, r_out, shared),
+                          shared)
+    r_h1 = clone_relprop(h1, r_skip, r_n2)
+    r_ao, r_skip = add_relprop(ao, x0, r_h1, normalized)
+    r_ctx = split(linear_relprop(ctx, layer.attention.output.dense, r_ao, shared), h)
+    r_a, r_v = matmul_relprop(a, v, r_ctx)
+    r_q, r_kt = matmul_relprop(q, k.transpose(-1, -2), r_a)
+    r_n1 = clone_relprop(n1, linear_relprop(n1, sa.query, merge(r_q), shared),
+                         linear_relprop(n1, sa.key, merge(r_kt.transpose(-1, -2)), shared),
+                         linear_relprop(n1, sa.value, merge(r_v), shared))
+    return clone_relprop(x0, r_skip, r_n1).sum(-1), r_a
+
+
 def _chefer_gpt_neox(model, ids, target, rule_set):
     """The chefer rules through a 1-layer GPT-NeoX whose block is parallel, ``x + attn(LN1(x)) + mlp(LN2(x))``:
     one residual ``Add`` (normalised for ``"chefer"``) of x and the branches' sum, the branches split
@@ -1070,19 +1212,21 @@ def _chefer_opt(model, ids, target, rule_set):
     return r_x0.sum(-1), r_a
 
 
-@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt"])  # pre-LN blocks: sequential, parallel, OPT's
+# pre-LN blocks: sequential, parallel, OPT's; XLM-RoBERTa-XL's sums inside its output modules
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt", "xlm-roberta-xl"])
 @pytest.mark.parametrize("rule_set", ["chefer", "chefer-lrp"])
 def test_chefer_rules_on_a_pre_ln_block_equal_the_reference_relprop(rule_set, family):
     from lrp_reference import exact
 
     model = _one_layer(family)
     # ids where the normalised residual rule changes the result (it does only where a sum's parts take
-    # relevance of opposite signs)
-    ids = torch.tensor([30, 16, 15, 4, 26, 31] if family == "opt" else [2, 7, 13, 21, 5, 3])
+    # relevance of opposite signs), and (XLM-RoBERTa-XL) no z+ denominator is 0, which would drop relevance
+    ids = torch.tensor({"opt": [30, 16, 15, 4, 26, 31], "xlm-roberta-xl": [2, 11, 19, 11, 23, 3]}.get(
+        family, [2, 7, 13, 21, 5, 3]))
     inputs = {"input_ids": ids[None], "attention_mask": torch.ones(1, 6, dtype=torch.long)}
     with torch.no_grad(), exact():
-        expected_input, expected_att = {"gpt2": _chefer_gpt2, "gpt_neox": _chefer_gpt_neox, "opt": _chefer_opt}[family](
-            model, ids, 2, rule_set)
+        expected_input, expected_att = {"gpt2": _chefer_gpt2, "gpt_neox": _chefer_gpt_neox, "opt": _chefer_opt,
+                                        "xlm-roberta-xl": _chefer_xlmr_xl}[family](model, ids, 2, rule_set)
     res = lrp_pass(model, inputs, 2, rules=rule_set)
     torch.testing.assert_close(res.input_relevance[0], expected_input, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(res.attention_relevance[0][0], expected_att, rtol=1e-9, atol=1e-10)
@@ -1267,7 +1411,9 @@ def test_a_fused_pass_over_the_prefixes_equals_the_eager_one(family):
 
 
 # ---------------------------------------------------------------- fused attention (long inputs)
-ALL_LRP = ["bert", "distilbert", "roberta", "electra", "modernbert", *ARCHS]
+ALL_LRP = ["bert", "distilbert", "roberta", "electra", *ARCHS]
+# attention computed by an LRP forward of the architecture's own (or a score cap), so never fused
+UNFUSED = ("deberta-v2", "mpnet", "gpt_neo", "gptj", "gemma2", "bloom", "falcon")
 
 
 @pytest.mark.parametrize("family", ALL_LRP)
@@ -1286,7 +1432,7 @@ def test_fused_attnlrp_equals_the_eager_pass(family):
     torch.testing.assert_close(fused.word_relevance, eager.word_relevance, rtol=0, atol=1e-5 * scale)
     torch.testing.assert_close(fused.target, eager.target, rtol=1e-5, atol=1e-6)
     assert (len(fused.attentions) == 0) == runs_fused(model)
-    assert runs_fused(model) == (family not in ("deberta-v2", "gpt_neo", "gptj", "gemma2", "bloom", "falcon"))
+    assert runs_fused(model) == (family not in UNFUSED)
     one = {k: v[:1] for k, v in inputs.items()}  # no padding: causality alone masks a decoder's attention
     torch.testing.assert_close(lrp_pass(model, one, 0, fused=True).input_relevance,
                                lrp_pass(model, one, 0).input_relevance, rtol=0, atol=1e-5 * scale)
@@ -1297,7 +1443,7 @@ def _fused_relevance(res, layer: int) -> torch.Tensor:
     return res.relevance_rows(layer, torch.arange(n))
 
 
-FUSABLE = [f for f in ALL_LRP if f not in ("deberta-v2", "gpt_neo", "gptj", "gemma2", "bloom", "falcon")]
+FUSABLE = [f for f in ALL_LRP if f not in UNFUSED]
 
 
 @pytest.mark.parametrize("family", FUSABLE)

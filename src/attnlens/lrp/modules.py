@@ -178,6 +178,38 @@ def own_attention(attn: nn.Module, state: PassState, query: torch.Tensor, key: t
     return attend(state, scores, value)
 
 
+def mpnet_attention(attn: nn.Module, state: PassState, hidden_states: torch.Tensor,
+                    attention_mask: torch.Tensor | None = None, position_bias: torch.Tensor | None = None,
+                    output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+    """MPNet's ``MPNetSelfAttention`` (its own code) with the LRP rules: scores ``Q K^T / sqrt(d)`` plus the
+    encoder's relative-position bias (a constant per example, as BLOOM's ALiBi: the share of the scores'
+    relevance it takes is measured as ``position_relevance``, :meth:`PassState.position_bias`), softmax and
+    ``A V`` as every attention (:func:`attend`), the output projection ``o``."""
+    batch, n, _ = hidden_states.shape
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        return t.view(batch, n, -1, attn.attention_head_size).transpose(1, 2)
+
+    q, k, v = split(attn.q(hidden_states)), split(attn.k(hidden_states)), split(attn.v(hidden_states))
+    scores = score_product(state, torch.matmul(q, k.transpose(-1, -2))) / attn.attention_head_size ** 0.5
+    if position_bias is not None:
+        scores = scores + state.position_bias(position_bias)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    out, probs = attend(state, scores, v)
+    o = attn.o(out.transpose(1, 2).reshape(batch, n, attn.all_head_size))
+    return (o, probs) if output_attentions else (o,)
+
+
+def dense_residual(module: nn.Module, state: PassState, hidden_states: torch.Tensor, input_tensor: torch.Tensor
+                   ) -> torch.Tensor:
+    """A pre-LN encoder's output module that adds the residual itself, ``dropout(dense(h)) + input`` (XLM-RoBERTa-XL's
+    ``SelfOutput`` and ``Output``): the sum under :func:`_residual_add`."""
+    branch = module.dense(hidden_states)
+    dropout = getattr(module, "dropout", None)
+    return _residual_add(state, input_tensor, dropout(branch) if dropout is not None else branch)
+
+
 def _residual_add(state: PassState, skip: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
     """``skip + branch``, under ``rules="chefer"`` with the normalised residual rule (layers that add their own
     residuals: OPT, BLOOM; ``LRPSupport.own_sums``)."""
@@ -348,6 +380,8 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "bloom_mlp": bloom_mlp,
     "falcon_attention": falcon_attention,
     "falcon_layer": falcon_layer,
+    "mpnet_attention": mpnet_attention,
+    "dense_residual": dense_residual,
     "rms_norm": rms_norm,
     "gated_mlp": gated_mlp,
     "glu_mlp": glu_mlp,

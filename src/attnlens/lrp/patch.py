@@ -97,7 +97,7 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(FUSED_ATTN_NAME, sdpa_mask)
 
 # LRP forwards of an architecture that compute the attention themselves (not through lrp_attention)
 _OWN_ATTENTION = frozenset({"deberta_attention", "own_attention", "bloom_attention", "falcon_attention",
-                            "falcon_layer"})
+                            "falcon_layer", "mpnet_attention"})
 
 
 def runs_fused(model: nn.Module) -> bool:

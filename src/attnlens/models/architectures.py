@@ -468,7 +468,10 @@ _ENTRIES: list[Architecture] = [
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
                      ("DisentangledSelfAttention", "deberta_attention"), ("ContextPooler", "deberta_pooler"),
                      ("ConvLayer", "deberta_conv")))),
-    Architecture("mpnet", ENCODER, anatomy=_MPNET_ANATOMY, layers=Layers("encoder.layer", "attention.attn.v")),
+    Architecture("mpnet", ENCODER, anatomy=_MPNET_ANATOMY, layers=Layers("encoder.layer", "attention.attn.v"),
+                 lrp=LRPSupport("MPNet", (Residual("MPNetAttention", "LayerNorm", "dropout"), *_BERT_RESIDUALS),
+                                forwards=(("MPNetSelfAttention", "mpnet_attention"),
+                                          ("MPNetClassificationHead", "tanh_head")))),
     Architecture("ernie", ENCODER, anatomy=_bert_like("ernie"), lrp=LRPSupport("ERNIE", _BERT_RESIDUALS),
                  layers=_BERT_LAYERS),
     Architecture("modernbert", ENCODER, pooling=_modernbert_pooling, anatomy=_MODERNBERT_ANATOMY,
@@ -476,7 +479,11 @@ _ENTRIES: list[Architecture] = [
                  lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
                                                               "mlp"),),
                                 forwards=(("ModernBertMLP", "glu_mlp"),), embedding_input="embeddings.norm")),
-    Architecture("xlm-roberta-xl", ENCODER, position_offset=True, anatomy=_XLMR_XL_ANATOMY, layers=_BERT_LAYERS),
+    Architecture("xlm-roberta-xl", ENCODER, position_offset=True, anatomy=_XLMR_XL_ANATOMY, layers=_BERT_LAYERS,
+                 lrp=LRPSupport("XLM-RoBERTa-XL", forwards=(
+                     ("XLMRobertaXLSelfOutput", "dense_residual"), ("XLMRobertaXLOutput", "dense_residual"),
+                     ("XLMRobertaXLClassificationHead", "tanh_head")),
+                     own_sums=True, embedding_input="embeddings.dropout")),  # word + type + position, no norm
     # decoders
     Architecture("gpt2", DECODER,
                  lrp=LRPSupport("GPT-2", blocks=(PreNorm("GPT2Block", "ln_1", "attn", "ln_2", "mlp"),),
