@@ -22,8 +22,8 @@ from attnlens.errors import InputError
 from attnlens.lrp import lrp_pass, lrp_passes, supports
 from attnlens.models.heads import Head
 
-ARCHS = ["deberta-v2", "modernbert", "mpnet", "xlm-roberta-xl", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox", "phi",
-         "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon", "phi3", "mixtral"]
+ARCHS = ["deberta-v2", "modernbert", "mpnet", "xlm-roberta-xl", "gpt2", "llama", "mistral", "qwen2", "qwen3",
+         "gemma", "gpt_neox", "phi", "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon", "phi3", "mixtral"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
 
