@@ -50,11 +50,12 @@ def tokenizer() -> BertTokenizerFast:
     return make_tokenizer()
 
 
-def make_model(family: str, num_labels: int = 2, seed: int = 0, attn: str = "eager") -> torch.nn.Module:
+def make_model(family: str, num_labels: int = 2, seed: int = 0, attn: str = "eager",
+               model_suffix: str = "ForSequenceClassification") -> torch.nn.Module:
     """A tiny random classifier of model type ``family`` (2 layers, 2 heads, hidden 16) over the tiny vocabulary,
-    built from its recipe in :mod:`attnlens.testing.tiny_models`."""
+    built from its recipe in :mod:`attnlens.testing.tiny_models` (``model_suffix``: another task's model)."""
     return build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
-                      num_labels=num_labels, seed=seed, attn=attn)
+                      num_labels=num_labels, seed=seed, attn=attn, model_suffix=model_suffix)
 
 
 def randomise_biases_and_norms(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

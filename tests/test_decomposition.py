@@ -98,7 +98,8 @@ class Reference:
                 layer.intermediate.register_forward_hook(keep("a", l, False)),
                 layer.output.LayerNorm.register_forward_hook(keep("pre2", l, True)),
             ]
-        hooks.append(pieces.pooler(model).register_forward_hook(keep("pool", 0, False)))
+        if type(model).__name__.endswith("ForSequenceClassification"):  # token and QA heads read every token
+            hooks.append(pieces.pooler(model).register_forward_hook(keep("pool", 0, False)))
         try:
             with torch.no_grad():
                 out = model(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
@@ -108,7 +109,8 @@ class Reference:
         self.store = store
         self.hidden = [h[0] for h in out.hidden_states]
         self.attn = [a[0] for a in out.attentions]
-        self.logits = out.logits[0]
+        qa = not hasattr(out, "logits")  # a QA model's start and end logits
+        self.logits = (torch.stack([out.start_logits, out.end_logits], -1) if qa else out.logits)[0]
         self.n = len(ids)
         self.heads = model.config.num_attention_heads
 
@@ -176,8 +178,10 @@ class Reference:
         return self.rollout_row(mats)
 
     @torch.no_grad()
-    def decompx_token(self, target: int) -> tuple[np.ndarray, float]:
-        """Each source's vectors propagated alone (no biases), and the biases propagated alone: (scores, bias)."""
+    def decompx_token(self, target: int, reads: list[tuple[int, int]] | None = None) -> tuple[np.ndarray, float]:
+        """Each source's vectors propagated alone (no biases), and the biases propagated alone: (scores, bias).
+        ``reads``: a token or QA head's ``(position, column)`` logits, summed, instead of class ``target`` of the
+        pooled state."""
         n, d = self.hidden[0].shape
 
         def propagate(e: torch.Tensor, source: int | None) -> float:
@@ -202,6 +206,9 @@ class Reference:
                 u = u * self.store[("a", l)] / self.store[("u", l)]
                 r = r + u @ layer.output.dense.weight.T + (layer.output.dense.bias if biases else 0)
                 e = torch.stack([self.ln2(l, i, r[i]) for i in range(n)]) + (ln2.bias if biases else 0)
+            if reads is not None:  # the head's one linear layer on each token's state
+                head = getattr(self.model, "qa_outputs", None) or self.model.classifier
+                return float(sum((e[i] @ head.weight.T + (head.bias if biases else 0))[c] for i, c in reads))
             pooler, classifier = self.pieces.pooler(self.model), self.pieces.classifier(self.model)
             pre = self.store[("pool", 0)]
             p = e[0] @ pooler.weight.T + (pooler.bias if biases else 0)
@@ -345,6 +352,49 @@ def test_decompx_matches_loop_and_sums_to_the_logit(bert_case, target):
             np.testing.assert_allclose(c.scores["decompx"], want, rtol=1e-4, atol=1e-5)
         else:  # the shares of the contrast sum to it
             assert abs(c.scores["decompx"].sum() - float(ref.logits[target] - (p * ref.logits.numpy()).sum())) < 1e-4
+
+
+@pytest.mark.parametrize("suffix", ["ForTokenClassification", "ForQuestionAnswering"])
+def test_decompx_of_token_and_qa_heads_matches_the_loop(suffix, tokenizer):
+    """A token classifier's label at one token, an extractive QA model's start logit at one token plus its end
+    logit at another: each read at its own position through the head's linear layer; the shares plus the bias
+    term are that logit (sum)."""
+    model = randomise_biases_and_norms(make_model("bert", num_labels=2 if suffix.endswith("Answering") else 3,
+                                                  model_suffix=suffix), 0)
+    ex = Explainer(model, tokenizer)
+    (e,) = ex.explain([TEXTS[0]], methods=["attnnorm"], target=2 if suffix == "ForTokenClassification" else (2, 4))
+    ref = Reference(model, e.input_ids)
+    qa = suffix == "ForQuestionAnswering"
+    for target, reads in ([((2, 4), [(2, 0), (4, 1)]), ((3, 3), [(3, 0), (3, 1)])] if qa else
+                          [((2, 0), [(2, 0)]), ((4, 2), [(4, 2)])]):
+        scores, bias = ref.decompx_token(0, reads)
+        (d,) = ex.explain([TEXTS[0]], methods=["decompx"], target=target)
+        np.testing.assert_allclose(d.scores["decompx"], scores, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(float(d.meta["decompx"]["bias"]), bias, rtol=1e-4, atol=1e-5)
+        assert abs(bias) > 1e-2 and np.abs(scores).max() > 1e-2
+    with pytest.raises(InputError, match="bias='token'"):
+        ex.explain([TEXTS[0]], methods=["decompx"], target=(2, 4) if qa else 2, options={"decompx": {"bias": "absdot"}})
+    with pytest.raises(InputError, match="decompx decomposes the logits"):
+        ex.explain([TEXTS[0]], methods=["decompx"], target=(2, 4) if qa else 2, target_kind="loss")
+
+
+def test_decompx_refuses_a_head_it_does_not_reproduce(tokenizer):
+    model = randomise_biases_and_norms(make_model("bert", num_labels=3, model_suffix="ForTokenClassification"), 0)
+    ex = Explainer(model, tokenizer)
+
+    def shifted(_m, _args, out):  # logits the model's classifier alone does not give
+        out.logits = out.logits + 1.0
+        return out
+
+    handle = model.register_forward_hook(shifted)
+    try:
+        with pytest.raises(ModelError, match="does not reproduce its logits"):
+            ex.explain([TEXTS[0]], methods=["decompx"], target=2)
+    finally:
+        handle.remove()
+    model.classifier = torch.nn.Sequential(model.classifier)
+    with pytest.raises(ModelError, match="does not know the output layer"):
+        ex.explain([TEXTS[0]], methods=["decompx"], target=2)
 
 
 def test_decompx_logits_identity_every_class_both_modes(tokenizer):

@@ -28,6 +28,7 @@ FAMILIES = ["gpt2", "gpt_neo", "llama", "qwen2", "qwen3", "gemma", "gemma2", "gp
 FALCON = {"falcon-40b": dict(num_attention_heads=4, new_decoder_architecture=True, num_kv_heads=2, bias=True),
           "falcon-alibi": dict(num_attention_heads=2, alibi=True, parallel_attn=False, multi_query=False, bias=True)}
 TASKS = ["classification", "causal-lm"]
+ENCODERS = ("xlm-roberta-xl", "modernbert")  # pre-LN encoders: a classification head of their own
 TEXTS = ["the movie was really good", "bad", "a charming journey but the plot was boring"]
 
 
@@ -199,7 +200,8 @@ class Reference:
             out = model(**inputs, output_attentions=True, output_hidden_states=True)
         self.hidden = [h[0] for h in out.hidden_states]
         self.attn = [a[0] for a in out.attentions]
-        self.logits = out.logits[0, -1] if out.logits.dim() == 3 else out.logits[0]
+        logits = out.logits if hasattr(out, "logits") else torch.stack([out.start_logits, out.end_logits], -1)
+        self.logits = logits[0, -1] if logits.dim() == 3 else logits[0]
         self.n, self.heads = self.attn[0].shape[-1], self.attn[0].shape[0]
         self.read = read % self.n
         self.final = _final_norm(model)
@@ -373,7 +375,7 @@ class Reference:
                 e = r + ffn
             last = real[-1][3][self.read]
             state = self.norm_linear(self.final, e[self.read], last) + (self.norm_bias(self.final) if biases else 0)
-            if self.read != self.n - 1:  # an encoder's classification head, its steps linearised at the real state
+            if self.model.config.model_type in ENCODERS:  # an encoder's head, its steps linearised at the real state
                 return float((self.encoder_head(state, self.final(last), biases) * weights).sum())
             head = self.model.get_output_embeddings() if self.logits.shape[0] == V else self.model.score
             logits = state @ head.weight.T + (head.bias if biases and head.bias is not None else 0)
@@ -502,6 +504,31 @@ def test_pre_ln_encoders_match_the_loop_and_decompx_sums_to_the_logit(family, to
         assert abs(d.scores["decompx"].sum() + float(d.meta["decompx"]["bias"]) - float(ref.logits[target])) < 1e-9
     with pytest.raises(InputError, match="absdot.*post-LN encoders"):
         ex.explain("good", methods=["decompx"], options={"decompx": {"bias": "absdot"}})
+
+
+@pytest.mark.parametrize(("family", "suffix"), [("modernbert", "ForTokenClassification"),
+                                              ("modernbert", "ForQuestionAnswering"),
+                                              ("llama", "ForTokenClassification")])
+def test_decompx_of_token_and_qa_heads_matches_the_loop(family, suffix, tokenizer):
+    """A token classifier's label and an extractive QA span's start + end logits, each decomposed at its own
+    position: ModernBERT's head (dense, GELU, LayerNorm, then the output layer), a Llama token classifier's
+    ``score`` (at the last token of the text). The QA loop is the sum of its two reads."""
+    qa = suffix == "ForQuestionAnswering"
+    model = randomise_biases_and_norms(build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS,
+                                                  eos_token_id=SEP, num_labels=2 if qa else 3, model_suffix=suffix),
+                                       0).double()
+    ex = Explainer(model, tokenizer)
+    (e,) = ex.explain([TEXTS[0]], methods=["rawatt"], target=(2, 4) if qa else 2)
+    inputs = {"input_ids": torch.tensor([e.input_ids]), "attention_mask": torch.ones(1, len(e.input_ids),
+                                                                                     dtype=torch.long)}
+    reads = [(2, 0), (4, 1)] if qa else [(len(e.input_ids) - 2 if family == "llama" else 2, 1)]
+    want = [Reference(model, inputs, read=p).decompx_token(torch.eye(2 if qa else 3, dtype=torch.float64)[c])
+            for p, c in reads]
+    scores, bias = sum(w[0] for w in want), sum(w[1] for w in want)
+    (d,) = ex.explain([TEXTS[0]], methods=["decompx"], target=(2, 4) if qa else reads[0])
+    np.testing.assert_allclose(d.scores["decompx"], scores, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(float(d.meta["decompx"]["bias"]), bias, rtol=1e-5, atol=1e-8)
+    assert np.abs(scores).max() > 1e-2
 
 
 def test_decompx_refuses_a_head_that_pools_the_mean(tokenizer):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -159,12 +160,13 @@ def test_not_applicable_parts_are_clear(tokenizer):
     ex = Explainer(token_model("bert"), tokenizer)
     with pytest.raises(ModelError, match="predict_proba is for sequence classifiers; this is a token classifier"):
         ex.predict_proba([[CLS, 5, SEP]])
-    with pytest.raises(InputError, match="decompx decomposes a sequence classifier's or a causal language model's "
-                                         "logits, not a token model's"):
-        ex.explain("the movie", "decompx", target=1)
-    with pytest.warns(UserWarning, match="skipping decompx"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every method applies to a BERT token classifier
         (e,) = ex.explain("the movie", "all", target=1, options={"integratedgradients": {"n_steps": 2}})
-    assert "valuezeroing" in e.scores and "attnlrp" in e.scores and "decompx" not in e.scores
+    assert {"valuezeroing", "attnlrp", "decompx"} <= set(e.scores)
+    with torch.no_grad():  # DecompX's shares and bias term: the explained token's logit
+        logit = ex.model(torch.tensor([e.input_ids])).logits[0, 1, e.target]
+    assert abs(e.scores["decompx"].sum() + float(e.meta["decompx"]["bias"]) - float(logit)) < 1e-4
     with pytest.raises(InputError, match="contrast applies to sequence classifiers and language models, not to "
                                          "extractive QA spans or token classifiers"):
         ex.explain("the movie", "grads", target=1, contrast=0)

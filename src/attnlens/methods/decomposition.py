@@ -68,8 +68,9 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 def _applies(name: str, *, head: bool = False, streams: tuple[str, ...] = ("encoder",)
              ) -> Callable[[Any, str, str], str | None]:
     """Why ``name`` cannot explain a model: it needs a layer anatomy attnlens knows (and, for ``head``, a
-    sequence classifier whose head reads the first token of an encoder or the last of a decoder, or a causal
-    language model); of an encoder-decoder it reads the attention ``streams``."""
+    sequence classifier whose head reads the first token of an encoder or the last of a decoder, a token
+    classifier, an extractive QA model or a causal language model); of an encoder-decoder it reads the attention
+    ``streams``."""
 
     def why(model: Any, stream: str, task: str) -> str | None:
         config = getattr(model, "config", None)
@@ -94,9 +95,9 @@ def _applies(name: str, *, head: bool = False, streams: tuple[str, ...] = ("enco
                 return (f"{name} reads an encoder-decoder's encoder layers (attention='encoder'); on its decoder and "
                         "cross-attention layers, which mix two sequences, use alti (ALTI+)")
             return None
-        if head and not (task == "classification" or (task == "causal-lm" and anatomy.pre_ln)):
-            return (f"{name} decomposes a sequence classifier's or a causal language model's logits, not a {task} "
-                    "model's")
+        if head and not (task in ("classification", "token", "qa") or (task == "causal-lm" and anatomy.pre_ln)):
+            return (f"{name} decomposes the logits of a sequence or token classifier, an extractive QA model or a "
+                    f"causal language model, not a {task} model's")
         pooled = _pooled(model)
         if head and task == "classification" and architecture_for(config).pooling_for(config) != pooled:
             return f"{name} needs a head that reads the {pooled} token; {model_type!r} pools differently"
@@ -358,6 +359,15 @@ def _check_layer(model: nn.Module, index: int, got: torch.Tensor, want: torch.Te
             f"reproduce its hidden states (max difference {err:.3g}): its architecture entry's anatomy does not "
             "describe it"
         )
+
+
+def _check_head(got: torch.Tensor, want: torch.Tensor, model_name: str) -> None:
+    """Refuse a head recomputed from its modules whose logits ``(R, C)`` are not the model's ``want``."""
+    err, tol = _output_error(got, want.to(got.dtype), torch.ones(got.shape[:-1], dtype=torch.bool,
+                                                                  device=got.device))
+    if not err <= tol:
+        raise ModelError(f"decompx: recomputing the head of {model_name} from its modules does not reproduce its "
+                         f"logits (max difference {err:.3g})")
 
 
 def _pass(ctx: BatchContext) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
@@ -1161,8 +1171,27 @@ def _head_steps(ctx: BatchContext, anatomy: Anatomy) -> list[tuple[nn.Module, Ca
     if ctx.head.task == "causal-lm":  # Gemma 2 caps its logits, c · tanh(z / c): linearised as a head activation
         cap = getattr(model.config, "final_logit_softcapping", None)
         return [(model.get_output_embeddings(), None if not cap else functools.partial(_softcap, cap=float(cap)))]
+    if ctx.head.task in ("token", "qa"):
+        return _token_head_steps(model)
     return [(_attr(model, lin), None if act is None else HEAD_ACTIVATIONS.get(act) or _attr(model, act))
             for lin, act in anatomy.head]
+
+
+def _token_head_steps(model: nn.Module) -> list[tuple[nn.Module, Callable | None]]:
+    """A token classifier's or extractive QA model's head, applied to every token state: transformers names its
+    output projection ``qa_outputs``, ``classifier`` or ``score``; ModernBERT's runs its prediction head (dense,
+    activation, norm) first. The logits these steps give are checked against the model's own."""
+    steps: list[tuple[nn.Module, Callable | None]] = []
+    pre = getattr(model, "head", None)
+    if pre is not None:
+        if not all(isinstance(getattr(pre, a, None), nn.Module) for a in ("dense", "act", "norm")):
+            raise ModelError(f"decompx does not know the head of {type(model).__name__}")
+        steps += [(pre.dense, pre.act), (pre.norm, None)]
+    for name in ("qa_outputs", "classifier", "score"):
+        out = getattr(model, name, None)
+        if isinstance(out, nn.Linear):
+            return [*steps, (out, None)]
+    raise ModelError(f"decompx does not know the output layer of {type(model).__name__}")
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -1236,6 +1265,8 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
             state = _frozen_norm(state, linear) if _is_norm(linear) else linear(state)
             if act is not None:
                 state = _linearised(act, state)
+        if read is not None and ctx.head.task in ("token", "qa"):  # the head found by name: its logits checked
+            _check_head(state.detach(), cap.logits[example, position], type(model).__name__)
         if read is None:
             logit = (state * _output_weights(state.detach(), ctx.targets, contrast)).sum(-1)
         else:  # each read value decomposed at its own position, summed per example
@@ -1256,7 +1287,8 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     applies=_applies("decompx", head=True),
     summary="DecompX: each token's share of the target logit, its vector propagated through attention, residuals, "
     "norms, the FFN (activation linearised through the origin; a gated FFN's product split half and half), "
-    "pooler and classifier (or a language model's output embeddings); signed.",
+    "pooler and classifier (or a language model's output embeddings, a token or QA head at the explained "
+    "positions); signed.",
     citation="Modarressi et al. 2023 (ACL); bias='absdot' as in the authors' code",
     check=_check_decompx,
 )
@@ -1269,6 +1301,11 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
     logit. ``contrast``: decompose z_t − Σ_c p_c z_c (the target logit against the probability-weighted mean
     logit; for two classes (1 − p_t)(z_t − z_other)) instead of z_t, what moves the target's probability."""
     _check_decompx(bias, contrast)
+    if bias != "token" and ctx.head.task in ("token", "qa"):
+        raise InputError(f"decompx bias={bias!r} decomposes a sequence classifier's first token; for a "
+                         f"{ctx.head.kind} use bias='token' (the default)")
+    if ctx.head.task in ("token", "qa") and ctx.target_kind != "logit":
+        raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")
     if ctx.head.read_rows(ctx.targets) is not None and ctx.target_kind == "loss":
         contrast = True  # an answer's log-probabilities: each token's z_t − Σ_c p_c z_c, their first-order change
     elif ctx.target_kind != "logit":

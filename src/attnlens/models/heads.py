@@ -153,9 +153,10 @@ class Head:
         return targets
 
     def read_rows(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """For a head whose scalar sums values read at several positions of each example: ``(example, position,
-        class)`` index vectors of every value read; ``None`` for heads reading one row (methods that
-        decompose the logits, DecompX, read such heads position by position)."""
+        """For a head whose scalar sums logits read at token positions the targets name (a token's label, an
+        extractive span's start and end, an answer's tokens): ``(example, position, class)`` index vectors of
+        every value read (methods that decompose the logits, DecompX, decompose each at its position); ``None``
+        where the scalar is read where the architecture's head reads (a pooled state)."""
         return None
 
     def locate(self, encoded: list[Any], targets: list[Any]) -> list[Any]:
@@ -292,6 +293,12 @@ class QAHead(Head):
     def probabilities(self, logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         return self._masked(logits.float(), token_mask).softmax(1)
 
+    def read_rows(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The start logit (column 0) at each span's start and the end logit (column 1) at its end."""
+        example = torch.arange(targets.shape[0], device=targets.device)
+        return (torch.cat([example, example]), torch.cat([targets[:, 0], targets[:, 1]]),
+                torch.cat([torch.zeros_like(example), torch.ones_like(example)]))
+
     # ---------------------------------------------------------------- targets
     def labels(self, config: Any) -> list[str]:
         """QA models have no class names."""
@@ -399,6 +406,10 @@ class TokenHead(Head):
         """The value of label ``targets[:, 1]`` at token ``targets[:, 0]``."""
         rows = torch.arange(logits.shape[0], device=logits.device)
         return self.values(logits, kind, token_mask)[rows, targets[:, 0], targets[:, 1]]
+
+    def read_rows(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Label ``targets[:, 1]`` at token ``targets[:, 0]``, one per example."""
+        return torch.arange(targets.shape[0], device=targets.device), targets[:, 0], targets[:, 1]
 
     # ---------------------------------------------------------------- targets
     def resolve_targets(self, target: Any, n: int, labels: list[str]) -> list[Any]:
