@@ -301,7 +301,7 @@ def test_qa_precision_at_k_with_a_tiny_qa_model(tmp_path):
     ds = Dataset("squad_v2", "dev", "qa", examples)
     summary = run_benchmark(ex, ds, tmp_path, methods="all", progress=False, config=EvalConfig(precision_k=5))
     assert list(summary["metrics"]) == ["precision_at_k"]
-    assert "partiallrp" not in summary["methods"] and "attcat" in summary["methods"]  # LRP: classifiers only
+    assert {"partiallrp", "transatt", "decompx", "attcat"} <= set(summary["methods"])  # every method applies
     exps = [e for e in load_explanations(tmp_path / "explanations.jsonl") if e.meta["benchmark_role"] == "explained"]
     rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]
     sizes = []

@@ -397,7 +397,7 @@ def test_word_aggregation(family, tokenizer):
 def test_all_skips_methods_that_do_not_apply_but_explicit_requests_fail(tokenizer):
     from attnlens import InputError
 
-    ex = explainer("mpnet", tokenizer)
+    ex = explainer("deberta", tokenizer)
     with pytest.warns(UserWarning, match="skipping partiallrp, transatt, attnlrp"):
         (e,) = ex.explain("the movie was great", methods="all", options={"integratedgradients": {"n_steps": 4}})
     assert "partiallrp" not in e.scores and "attcat" in e.scores and "flow" in e.scores

@@ -600,7 +600,7 @@ def test_lrp_methods_on_qa_and_token_heads(suffix, tokenizer):
     """The LRP methods start from the head's scalar (a QA span's start + end logits, a token's class logit):
     through the explainer a batch equals its inputs one by one, padding scores 0, the chefer rules give relevance 1
     in all, and AttnLRP of a QA span is the sum of its start and its end explained alone (it is linear). On QA,
-    PartialLRP and TransAtt, which read one attention row, are refused."""
+    PartialLRP and TransAtt read the span's start and end rows."""
     model = build_tiny("bert", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
                        model_suffix=suffix)
     ex = Explainer(model, tokenizer)
@@ -608,12 +608,7 @@ def test_lrp_methods_on_qa_and_token_heads(suffix, tokenizer):
     texts = ([("what was good", "the movie was really good"), ("who", "a charming journey but boring")] if qa
              else ["the movie was really good", "bad", "a charming journey but the plot was boring"])
     target = (1, 0) if not qa else None
-    methods = ["attnlrp"] if qa else ["partiallrp", "transatt", "attnlrp"]
-    if qa:  # the two that read the head's one attention row say why not
-        for m in ("partiallrp", "transatt"):
-            with pytest.raises(InputError, match=f"{m} reads the attention relevance of the one row the head reads; "
-                                                 "an extractive QA span"):
-                ex.explain(texts[:1], methods=[m])
+    methods = ["partiallrp", "transatt", "attnlrp"]
     batch = ex.explain(texts, methods=methods, batch_size=len(texts), target=target)
     for text, e in zip(texts, batch):
         (one,) = ex.explain([text], methods=methods, target=target)

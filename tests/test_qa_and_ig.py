@@ -37,14 +37,61 @@ def test_qa_explains_start_plus_end(qa):
     assert e.predicted == e.target == best
     assert e.meta["task"] == "qa" and e.labels is None
     last = len(e.tokens) - 1  # anchors (0, last) keep every span end >= start
-    start = qa.explain([(QUESTION, CONTEXT)], methods=["agrad", "attcat"], target=(best[0], last))[0]
-    end = qa.explain([(QUESTION, CONTEXT)], methods=["agrad", "attcat"], target=(0, best[1]))[0]
-    zero = qa.explain([(QUESTION, CONTEXT)], methods=["agrad", "attcat"], target=(0, last))[0]
-    # linear in the gradient: explain(start + end) = explain(start) + explain(end) - explain(anchors)
-    for m in ["agrad", "attcat"]:
-        np.testing.assert_allclose(e.scores[m], start.scores[m] + end.scores[m] - zero.scores[m], atol=1e-6)
+    start = qa.explain([(QUESTION, CONTEXT)], methods=["attcat"], target=(best[0], last))[0]
+    end = qa.explain([(QUESTION, CONTEXT)], methods=["attcat"], target=(0, best[1]))[0]
+    zero = qa.explain([(QUESTION, CONTEXT)], methods=["attcat"], target=(0, last))[0]
+    # AttCAT reads no attention row, so it is linear in the gradient:
+    # explain(start + end) = explain(start) + explain(end) - explain(anchors)
+    np.testing.assert_allclose(e.scores["attcat"], start.scores["attcat"] + end.scores["attcat"]
+                               - zero.scores["attcat"], atol=1e-6)
     d = e.to_dict()
     assert d["target"] == best and len(d["probabilities"]) == 2
+
+
+@pytest.mark.parametrize("span", [None, (9, 11), (10, 10)])
+def test_attention_methods_read_the_span_start_and_end_rows(qa, span):
+    """The start logit is read from the start token's state and the end logit from the end token's: the
+    attention methods read those two query rows, half each (a one-token span: its row), for the predicted span
+    too. Reference: an independent pass, autograd of start + end logit, formulas in float64."""
+    methods = ["rawatt", "attnnorm", "grads", "agrad", "rollout", "gae", "partiallrp", "transatt"]
+    (e,) = qa.explain([(QUESTION, CONTEXT)], methods=methods, target=span)
+    s, t = e.target
+    enc = qa.tokenizer(QUESTION, CONTEXT, return_tensors="pt")
+    out = qa.model(**enc, output_attentions=True)
+    grads = torch.autograd.grad(out.start_logits[0, s] + out.end_logits[0, t], out.attentions)
+    a = [x[0].detach().double() for x in out.attentions]
+    g = [x[0].double() for x in grads]
+    w = torch.zeros(a[0].shape[-1], dtype=torch.float64)
+    w[s] += 0.5
+    w[t] += 0.5
+    eye = torch.eye(len(w), dtype=torch.float64)
+    roll, gae = eye, eye
+    for x, y in zip(a, g, strict=True):
+        roll = (0.5 * x.mean(0) + 0.5 * eye) @ roll
+        gae = gae + (x * y).clamp(min=0).mean(0) @ gae
+    want = {"rawatt": w @ a[-1].mean(0), "grads": w @ g[-1].mean(0), "agrad": w @ (a[-1] * g[-1]).mean(0),
+            "rollout": w @ roll, "gae": w @ gae}
+    for m, v in want.items():
+        np.testing.assert_allclose(e.scores[m], v.numpy(), rtol=1e-4, atol=1e-6, err_msg=m)
+    assert all(np.abs(e.scores[m]).max() > 1e-3 for m in methods)  # every method reads rows the span feeds
+
+
+def test_span_rows_kept_alone_by_fused_attention_equal_the_whole_maps(qa):
+    """With fused attention the pass keeps only the explained rows: both of each span, resolved first where the
+    span is the predicted one; a batch of spans equals each alone."""
+    import copy
+
+    fused = copy.deepcopy(qa.model)
+    fused.set_attn_implementation("sdpa")
+    ex = Explainer(fused, qa.tokenizer)
+    methods = ["rawatt", "attnnorm", "grads", "agrad", "rollout", "partiallrp"]
+    pairs = [(QUESTION, CONTEXT), ("who was boring ?", CONTEXT)]
+    for targets in (None, [(9, 11), (10, 10)]):
+        batch = ex.explain(pairs, methods=methods, target=targets, batch_size=2)
+        for i, pair in enumerate(pairs):
+            (alone,) = qa.explain([pair], methods=methods, target=tuple(batch[i].target))
+            for m in methods:
+                np.testing.assert_allclose(batch[i].scores[m], alone.scores[m], rtol=1e-4, atol=1e-6, err_msg=m)
 
 
 def test_qa_model_loads_from_a_directory(qa, tmp_path):

@@ -197,9 +197,12 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         grad_kinds = set(differentiate)
     gradients = gradients and bool(grad_kinds)
     store: dict[str, torch.Tensor] = {}
+    several = head.explained_rows(targets)  # a head reading several rows (a QA span's start and end)
     if mode == ROWS:
+        if several is None and head.rows_from_targets:
+            raise ValueError("this head's explained rows follow its targets: resolve them before a rows pass")
         if ATTENTION_ROWS in keep:
-            recorder.rows = torch.unique(cls)
+            recorder.rows = torch.unique(cls if several is None else several)
         if ATTENTION_RECEIVED in keep:
             m = token_mask.to(torch.float32)
             recorder.received_weights = m / m.sum(1, keepdim=True).clamp_min(1.0)
@@ -250,13 +253,13 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         outputs = _without_hidden_states(outputs)
 
     stream_tensors = adapter.select(outputs, stream, token_mask, cls)
-    weights = head.query_weights(targets, stream_tensors.query_mask.shape[1])
-    if weights is not None:
-        stream_tensors.query_weights = weights
     logits = head.logits(outputs)
     logit_mask = logit_rows.mask(token_mask)
     if targets is None:
         targets = head.predicted(logits, logit_mask, answer_mask)
+    weights = head.query_weights(targets, stream_tensors.query_mask.shape[1])
+    if weights is not None:
+        stream_tensors.query_weights = weights
     query_weights = stream_tensors.query_weights.to(logits.dtype)
     maps = list(stream_tensors.attentions)
     # with fused attention, the maps' gradients come from the attention outputs' (attention_chunks.py)
@@ -287,7 +290,10 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     )
     if mode == ROWS:
         rows = recorder.rows if recorder.rows is not None else cls.new_zeros(0)
-        capture.row_weights = (cls[:, None] == rows[None, :].to(cls.device)).to(logits.dtype)
+        if several is None:
+            capture.row_weights = (cls[:, None] == rows[None, :].to(cls.device)).to(logits.dtype)
+        else:  # each recorded row's weight in the example's explained rows
+            capture.row_weights = query_weights[:, rows.to(query_weights.device)]
         capture.row_positions = rows.to(cls.device)
         if ATTENTION_RECEIVED in keep:
             capture.attention_received = [r.to(logits.dtype) for r in recorder.received]

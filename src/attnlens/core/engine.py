@@ -292,8 +292,9 @@ def compute_batch(
     ctx.plan = {s.name: {**s.options, **method_options.get(s.name, {})} for s in specs}
     capture_only = [s for s in specs if OWN_PASS not in s.needs]
     wanted, unresolved = head.pending(targets, ctx.token_mask.device)
-    if gradients and bool(unresolved.any()) and not bool(unresolved.all()):
-        # The backward pass needs every target up front: resolve "predicted" entries with a cheap forward.
+    if bool(unresolved.any()) and (head.rows_from_targets or (gradients and not bool(unresolved.all()))):
+        # The backward pass needs every target up front, and so does a pass that keeps the rows a target names:
+        # resolve "predicted" entries with a cheap forward.
         read = LogitRows.of(runner.model, head, ctx.token_mask, None)
         with torch.no_grad(), explaining(runner.model):
             logits = head.logits(runner.model(**ctx.inputs, **read.model_kwargs()))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -229,16 +229,6 @@ def _pass_keys(settings: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str
             if name in lrp}
 
 
-def _reads_one_row(name: str) -> Callable[[Any, str, str], str | None]:
-    """Why ``name``, which reads the relevance of one attention row (the head's), cannot explain a QA span."""
-    def why(model: Any, stream: str, task: str) -> str | None:
-        if task == "qa":  # its start and end logits are read at two positions, neither of them the [CLS] row
-            return (f"{name} reads the attention relevance of the one row the head reads; an extractive QA span's "
-                    "start and end logits are read at two other positions (attnlrp explains the span)")
-        return None
-    return why
-
-
 def _explained_relevance(ctx: BatchContext, res: LRPResult) -> torch.Tensor:
     """``(B, L', K)``: per layer the pass holds (all, or the last alone) the explained row of
     E_h max(R(A^l), 0), from the query rows the explained row weighs (the relevance rows recomputed there after a
@@ -260,7 +250,6 @@ def _partiallrp_outputs(ctx: BatchContext) -> Any:
     "partiallrp",
     needs={OWN_PASS},
     forward=_partiallrp_outputs,
-    applies=_reads_one_row("partiallrp"),
     summary="Partial LRP: LRP relevance of the last layer's attention, E_h max(R(A^L), 0)[c, j].",
     citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
     lrp=True,
@@ -371,7 +360,6 @@ def _in_pass_reader(ctx: BatchContext, key: tuple[str, float], fused: bool) -> _
     "transatt",
     needs={ATTENTION_CHUNKS, GRADIENTS, OWN_PASS},
     self_attention_only=True,
-    applies=_reads_one_row("transatt"),
     summary="Transformer attribution: rollout of E_h max(∇A ⊙ R(A), 0) + I (row-normalised) from start_layer; "
     "row c.",
     citation="Chefer, Gur & Wolf, Transformer Interpretability Beyond Attention Visualization, CVPR 2021",

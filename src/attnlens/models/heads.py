@@ -134,9 +134,18 @@ class Head:
     def query_weights(self, targets: torch.Tensor | None, n_queries: int) -> torch.Tensor | None:
         """``(B, Q)`` weights of the explained query rows (``Capture.query_weights``) where the target says them:
         one-hot at :meth:`explained_positions`, uniform over several rows for a head that reads several
-        (:class:`AnswerHead`); ``None``: where the architecture's head reads."""
+        (:class:`AnswerHead`, :class:`QAHead`); ``None``: where the architecture's head reads."""
         positions = self.explained_positions(targets)
         return None if positions is None else torch.nn.functional.one_hot(positions, n_queries)
+
+    # the explained query rows depend on the targets, so a pass keeping only some rows needs them resolved first
+    rows_from_targets = False
+
+    def explained_rows(self, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """``(B, R)`` every query row :meth:`query_weights` weighs, where a head reads several rows the targets
+        name (a QA span's start and end); ``None``: the one row of :meth:`explained_positions` or the
+        architecture's head."""
+        return None
 
     # how many positions of each input's logits :meth:`logit_positions` reads (0: all; the memory estimates)
     logit_positions_per_input = 0
@@ -292,6 +301,20 @@ class QAHead(Head):
 
     def probabilities(self, logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         return self._masked(logits.float(), token_mask).softmax(1)
+
+    rows_from_targets = True
+
+    def explained_rows(self, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """The span's start and end: the rows whose states the head reads."""
+        return targets
+
+    def query_weights(self, targets: torch.Tensor | None, n_queries: int) -> torch.Tensor | None:
+        """Half on the span's start row, half on its end row (the whole weight on one row for a one-token span):
+        the attention methods read the rows the start and end logits are read from."""
+        if targets is None:
+            return None
+        one_hot = torch.nn.functional.one_hot(targets, n_queries).to(torch.float64)
+        return one_hot.mean(1)
 
     def read_rows(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The start logit (column 0) at each span's start and the end logit (column 1) at its end."""
