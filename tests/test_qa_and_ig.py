@@ -84,7 +84,8 @@ def test_span_rows_kept_alone_by_fused_attention_equal_the_whole_maps(qa):
     fused = copy.deepcopy(qa.model)
     fused.set_attn_implementation("sdpa")
     ex = Explainer(fused, qa.tokenizer)
-    methods = ["rawatt", "attnnorm", "grads", "agrad", "rollout", "partiallrp"]
+    methods = ["rawatt", "attnnorm", "grads", "agrad", "attgrads", "rollout", "gae", "globenc", "alti", "flow",
+               "valuezeroing", "partiallrp", "transatt", "decompx"]
     pairs = [(QUESTION, CONTEXT), ("who was boring ?", CONTEXT)]
     for targets in (None, [(9, 11), (10, 10)]):
         batch = ex.explain(pairs, methods=methods, target=targets, batch_size=2)
