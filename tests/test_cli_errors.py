@@ -67,7 +67,7 @@ def _one_line_error(capsys, code: int) -> str:
         # attnnorm reads one attention, alti follows the row through both (ALTI+): every stream
         ("bart", "decoder", LRP | NORM - {"attnnorm", "alti"}),
         ("bart", "cross", LRP | SQUARE | NORM - {"attnnorm", "alti"}),
-        ("qa", None, {"partiallrp", "transatt", "decompx"}),  # attnlrp explains the span
+        ("qa", None, set()),  # the row readers read the span's start and end rows
     ],
 )
 def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped, tmp_path, capsys):
@@ -87,8 +87,8 @@ def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped,
         assert len(notices) == 1, err
         names = ", ".join(m for m in list_methods() if m in skipped)
         assert notices[0].startswith(f"attnlens: warning: skipping {names}: ")
-        assert any(why in notices[0] for why in ("support BERT", "reads the attention relevance of the one row",
-                                                 "need a layer anatomy", "reads an encoder-decoder's encoder layers"))
+        assert any(why in notices[0] for why in ("support BERT", "need a layer anatomy",
+                                                 "reads an encoder-decoder's encoder layers"))
         if attention == "cross":
             assert "needs self-attention" in notices[0]
     else:
