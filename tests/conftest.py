@@ -71,6 +71,20 @@ def randomise_biases_and_norms(model: torch.nn.Module, seed: int = 0) -> torch.n
     return model.eval()
 
 
+@pytest.fixture
+def entry_without_layers():
+    """DeBERTa's architecture entry replaced, for one test, by an entry that names no layers (a new type's first
+    entry): the methods that rerun or decompose layers do not apply to a ``make_model("deberta")``."""
+    from attnlens.models.architectures import ARCHITECTURES, ENCODER, Architecture, register_architecture
+
+    saved = ARCHITECTURES["deberta"]
+    register_architecture(Architecture("deberta", ENCODER))
+    try:
+        yield
+    finally:
+        register_architecture(saved)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """A tiny BERT classifier and its tokenizer saved to disk (a module may define its own, e.g. with labels)."""

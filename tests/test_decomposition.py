@@ -62,6 +62,18 @@ class Pieces:
     classifier: Callable[[torch.nn.Module], torch.nn.Linear]
 
 
+def _deberta_value(layer: torch.nn.Module) -> torch.nn.Linear:
+    """DeBERTa's value projection written out: each head's slice of ``in_proj`` holds its query, key and value
+    rows, in that order, and ``v_bias`` is added after the projection."""
+    sa = layer.attention.self
+    w, heads = sa.in_proj.weight.detach(), sa.num_attention_heads
+    d = w.shape[0] // (3 * heads)
+    rows = torch.cat([torch.arange(i * 3 * d + 2 * d, (i + 1) * 3 * d) for i in range(heads)])
+    value = torch.nn.Linear(w.shape[1], heads * d, dtype=w.dtype)
+    value.weight.data, value.bias.data = w[rows].clone(), sa.v_bias.detach().clone()
+    return value
+
+
 PIECES = {
     "bert": Pieces(lambda m: m.bert.encoder.layer, lambda l: l.attention.self.value, lambda l: l.attention.output.dense,
                    lambda l: l.attention.output.LayerNorm, lambda m: m.bert.pooler.dense, torch.tanh,
@@ -69,6 +81,9 @@ PIECES = {
     "mpnet": Pieces(lambda m: m.mpnet.encoder.layer, lambda l: l.attention.attn.v, lambda l: l.attention.attn.o,
                     lambda l: l.attention.LayerNorm, lambda m: m.classifier.dense, torch.tanh,
                     lambda m: m.classifier.out_proj),
+    "deberta": Pieces(lambda m: m.deberta.encoder.layer, _deberta_value, lambda l: l.attention.output.dense,
+                      lambda l: l.attention.output.LayerNorm, lambda m: m.pooler.dense, torch.nn.functional.gelu,
+                      lambda m: m.classifier),
     "deberta-v2": Pieces(lambda m: m.deberta.encoder.layer, lambda l: l.attention.self.value_proj,
                          lambda l: l.attention.output.dense, lambda l: l.attention.output.LayerNorm,
                          lambda m: m.pooler.dense, torch.nn.functional.gelu, lambda m: m.classifier),
@@ -76,7 +91,7 @@ PIECES = {
 
 
 class Reference:
-    """One example through a tiny post-LN encoder (BERT, MPNet, DeBERTa-v2) without padding, with each layer's
+    """One example through a tiny post-LN encoder (BERT, MPNet, DeBERTa, DeBERTa-v2) without padding, with each layer's
     pieces read by hooks, and the formulas of the papers written out with loops over tokens and heads."""
 
     def __init__(self, model: torch.nn.Module, ids: list[int]) -> None:
@@ -131,7 +146,8 @@ class Reference:
         return out + self.hidden[l][i] if residual and i == j else out
 
     def ln(self, v: torch.Tensor, module: torch.nn.LayerNorm, pre: torch.Tensor) -> torch.Tensor:
-        return (v - v.mean()) * module.weight / torch.sqrt(pre.var(unbiased=False) + module.eps)
+        eps = module.eps if hasattr(module, "eps") else module.variance_epsilon  # DebertaLayerNorm's name
+        return (v - v.mean()) * module.weight / torch.sqrt(pre.var(unbiased=False) + eps)
 
     def ln1(self, l: int, i: int, v: torch.Tensor) -> torch.Tensor:
         return self.ln(v, self.pieces.ln1(self.layer(l)), self.store[("pre1", l)][i])
@@ -481,7 +497,7 @@ def test_model_untouched_and_no_graph_left(tokenizer):
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-def test_unsupported_models_are_skipped_or_refused(tokenizer):
+def test_unsupported_models_are_skipped_or_refused(tokenizer, entry_without_layers):
     ex = Explainer(make_model("deberta"), tokenizer)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -498,6 +514,19 @@ def test_unsupported_models_are_skipped_or_refused(tokenizer):
         bert.explain("good", methods=["decompx"], options={"decompx": {"bias": "nope"}})
     with pytest.raises(InputError, match="variant='x'"):
         bert.explain("good", methods=["attnnorm"], options={"attnnorm": {"variant": "x"}})
+
+
+def test_deberta_with_talking_heads_has_no_anatomy(tokenizer):
+    """DeBERTa's talking heads mix the heads' scores and probabilities by learned projections, which the per-head
+    decompositions do not read: the norm-based methods say so; value zeroing, which reruns whole layers, applies."""
+    model = make_model("deberta")
+    model.config.talking_head = True
+    ex = Explainer(model, tokenizer)
+    for m in NORM:
+        with pytest.raises(InputError, match="need a layer anatomy"):
+            ex.explain("the movie was great", methods=[m])
+    (e,) = ex.explain("the movie was great", methods=["valuezeroing"])
+    assert np.isfinite(e.scores["valuezeroing"]).all()
 
 
 def test_deberta_v2_with_a_convolution_layer_has_no_anatomy(tokenizer):

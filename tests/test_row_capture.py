@@ -68,10 +68,6 @@ if hasattr(GPTJAttention, "_attn"):
     WHOLE_MAPS.add("gptj")
 
 
-# types without a layer anatomy (the norm-based methods do not apply)
-NO_ANATOMY = {"deberta"}
-
-
 def _applies(method: str, ex: Explainer) -> bool:
     why = registry.get_method(method).applies
     return why is None or why(ex.model, ex.stream, "classification") is None
@@ -81,7 +77,7 @@ def _applies(method: str, ex: Explainer) -> bool:
 def test_every_method_scores_as_with_the_whole_maps(model_type, tokenizer):
     ex = Explainer(make_model(model_type), tokenizer)
     methods = [m for m in LEAN if _applies(m, ex)]
-    assert "attnnorm" in methods or model_type in NO_ANATOMY
+    assert "attnnorm" in methods
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lean, full, modes = _explain_both(ex, TEXTS, methods, OPTIONS, batch_size=3)

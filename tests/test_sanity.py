@@ -101,8 +101,8 @@ def test_blocks_are_found_for_decoders_and_encoder_decoders():
     assert [n for n, _ in randomisation_blocks(make_model("bart"), "encoder")] == ["head", "layer 2", "layer 1"]
 
 
-def test_a_type_without_known_layers_is_refused_before_writing(tmp_path):
-    ex = Explainer(make_model("deberta"), _tokenizer())  # its architecture entry has no layers
+def test_a_type_without_known_layers_is_refused_before_writing(tmp_path, entry_without_layers):
+    ex = Explainer(make_model("deberta"), _tokenizer())  # its architecture entry has no layers here
     with pytest.raises(InputError, match="sanity"):
         run_benchmark(ex, _dataset(), tmp_path / "out", methods=["rawatt"], metrics="sanity", progress=False)
     assert not (tmp_path / "out").exists()

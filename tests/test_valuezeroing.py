@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import PAD, V, make_model
+from conftest import PAD, V, make_model, randomise_biases_and_norms
 
 from attnlens import Explainer, InputError, get_method
 from attnlens.methods.valuezeroing import value_zeroing_matrices
@@ -19,13 +19,15 @@ from attnlens.models.architectures import ARCHITECTURES, architecture_for, regis
 DECODERS = ("llama", "gpt2", "gpt_neo", "qwen3", "gemma", "gemma2", "mixtral", "gpt_neox", "gptj", "phi", "phi3", "opt",
             "falcon", "bloom", "falcon-alibi")
 SEQ2SEQ = ("bart", "mbart", "t5")
-TYPES = ["bert", "distilbert", "roberta", "albert", "mpnet", "deberta-v2", "xlm-roberta-xl", "modernbert", *DECODERS,
-         *SEQ2SEQ]
+TYPES = ["bert", "distilbert", "roberta", "albert", "mpnet", "deberta", "deberta-v2", "xlm-roberta-xl", "modernbert",
+         *DECODERS, *SEQ2SEQ]
 
 
 def build(model_type: str):
     """The tiny model of ``model_type``; "falcon-alibi": Falcon with ALiBi (sequential blocks, a per-head fused
     projection), whose layers, as BLOOM's, take the ALiBi biases as (batch × heads) rows."""
+    if model_type == "deberta":  # a value bias added after the projection: random, so zeroing must remove it too
+        return randomise_biases_and_norms(make_model(model_type))
     if model_type != "falcon-alibi":
         return make_model(model_type)
     torch.manual_seed(0)
@@ -63,10 +65,15 @@ def naive_scores(model, tokenizer, text: str, stream: str = "self") -> tuple[np.
             handles.append(layer.register_forward_hook(
                 lambda m, a, o: outs.append((o[0] if isinstance(o, tuple) else o)[0].double().numpy())))
 
-            def zero(m, a, o):
+            def zero(m, a, o, layer=layer):
                 if state["call"] != zero_call:
                     return o
                 o = o.clone()
+                if model.config.model_type == "deberta":  # (heads, q/k/v, head_dim); v_bias is added after
+                    sa = layer.attention.self
+                    o.view(*o.shape[:2], sa.num_attention_heads, 3, -1)[:, zero_token, :, 2] = -sa.v_bias.view(
+                        sa.num_attention_heads, -1)
+                    return o
                 if model.config.model_type in ("gpt_neox", "bloom"):  # (heads, q/k/v, head_dim) per position
                     o.view(*o.shape[:2], model.config.num_attention_heads, 3, -1)[:, zero_token, :, 2] = 0
                     return o
@@ -254,7 +261,7 @@ def test_model_unchanged_and_no_hooks_left(tokenizer):
         assert not m._forward_hooks and not m._forward_pre_hooks
 
 
-def test_types_without_layers_and_cross_streams_are_refused_or_skipped(tokenizer):
+def test_types_without_layers_and_cross_streams_are_refused_or_skipped(tokenizer, entry_without_layers):
     ex = Explainer(make_model("deberta"), tokenizer)
     with pytest.raises(InputError, match="valuezeroing does not know where the layers of model type 'deberta'"):
         ex.explain("the movie", "valuezeroing")

@@ -34,7 +34,7 @@ from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
 from ..models.adapters import FIRST, LAST
 from ..models.architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architecture_for
-from ..models.norms import is_rms_norm, rms_eps, rms_gain
+from ..models.norms import as_layer_norm, is_rms_norm, rms_eps, rms_gain
 from ..models.prefixes import last_positions, row_gradients
 from . import alti_kernel
 from .attention import carried_rows
@@ -154,12 +154,31 @@ _PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate", "
 def _parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[str, nn.Module]:
     """One layer's pieces by their :class:`Anatomy` names (the value projection: the entry's :class:`Layers`; a
     fused gate/up projection as its two halves, ``gate`` and ``ffn_in``)."""
-    value = architecture_for(model.config).layers.value
-    paths = {k: value if k == "value" else getattr(anatomy, k) for k in _PARTS}
+    spec = architecture_for(model.config).layers
+    paths = {k: spec.value if k == "value" else getattr(anatomy, k) for k in _PARTS}
     mods = {k: _attr(block, path) for k, path in paths.items() if path is not None}
+    for k in ("ln1", "ln2", "post_attn_norm", "post_ffn_norm"):
+        if k in mods:
+            mods[k] = as_layer_norm(mods[k])
     if anatomy.gate_up is not None:
         mods["gate"], mods["ffn_in"] = _halves(_attr(block, anatomy.gate_up))
+    if spec.value_bias is not None:
+        mods["value"] = _ValueRows(mods["value"], _attr(block, spec.value_bias), spec,
+                                   model.config.num_attention_heads)
     return mods
+
+
+class _ValueRows(nn.Linear):
+    """The value vectors alone of a fused projection whose value bias is added after it (DeBERTa's ``in_proj``
+    and ``v_bias``), as one ``nn.Linear`` viewing those rows of its weights."""
+
+    def __init__(self, fused: nn.Module, bias: torch.Tensor, spec: Layers, heads: int) -> None:
+        weight = linear_weight(fused).detach()
+        rows = spec.value_features(weight.shape[0], heads, bias.shape[0] // heads).to(weight.device)
+        super().__init__(weight.shape[1], int(rows.sum()), device="meta")
+        self.weight = nn.Parameter(weight[rows], requires_grad=False)
+        own = getattr(fused, "bias", None)
+        self.bias = nn.Parameter(bias.detach() + (0 if own is None else own.detach()[rows]), requires_grad=False)
 
 
 def _halves(fused: nn.Linear) -> tuple[nn.Linear, nn.Linear]:
@@ -176,7 +195,7 @@ def _halves(fused: nn.Linear) -> tuple[nn.Linear, nn.Linear]:
 
 
 def _final_norm(model: nn.Module, anatomy: Anatomy) -> nn.Module | None:
-    return None if anatomy.final_norm is None else _attr(model.base_model, anatomy.final_norm)
+    return None if anatomy.final_norm is None else as_layer_norm(_attr(model.base_model, anatomy.final_norm))
 
 
 def _values(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, spec: Layers) -> torch.Tensor:
@@ -185,7 +204,7 @@ def _values(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, spec: Layer
     out = mods["value"](a)
     b, n, _ = a.shape
     dh = linear_weight(mods["output"]).shape[1] // heads
-    if spec.fused > 1:
+    if spec.fused > 1 and not isinstance(mods["value"], _ValueRows):
         out = out[..., spec.value_features(out.shape[-1], heads, dh).to(out.device)]
     v = out.reshape(b, n, out.shape[-1] // dh, dh)
     return v if v.shape[2] == heads else v.repeat_interleave(heads // v.shape[2], dim=2)

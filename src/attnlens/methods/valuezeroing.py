@@ -81,15 +81,22 @@ def _take(value: Any, batch: int, index: torch.Tensor, head_rows: bool = False) 
 
 
 @contextmanager
-def _zeroing(value_module: nn.Module, keep: torch.Tensor, spec: Layers, heads: int, head_dim: int) -> Iterator[None]:
+def _zeroing(value_module: nn.Module, keep: torch.Tensor, spec: Layers, heads: int, head_dim: int,
+             value_bias: torch.Tensor | None = None) -> Iterator[None]:
     """Multiply the value vectors in the value projection's output ``(R, N, width)`` (the features ``spec``
-    says hold them) by ``keep`` ``(R, N)`` (0 = zeroed value vector)."""
+    says hold them) by ``keep`` ``(R, N)`` (0 = zeroed value vector). ``value_bias``: added to the value vectors
+    after the projection (DeBERTa's), so a zeroed one is set to minus it there."""
     def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         scale = keep[..., None].to(output.dtype)
-        if spec.fused == 1:
+        if spec.fused == 1 and value_bias is None:
             return output * scale
         values = spec.value_features(output.shape[-1], heads, head_dim).to(output.device)
-        return torch.where(values, output * scale, output)
+        out = output * scale
+        if value_bias is not None:
+            bias = torch.zeros(output.shape[-1], dtype=output.dtype, device=output.device)
+            bias[values] = value_bias.to(output.dtype)
+            out = out + (scale - 1) * bias
+        return torch.where(values, out, output)
 
     handle = value_module.register_forward_hook(hook)
     try:
@@ -219,7 +226,8 @@ def layer_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask
             keep = torch.ones(len(index), n, device=device)
             if zeroed is not None:
                 keep[torch.arange(len(index), device=device), zeroed] = 0.0
-            with _zeroing(_module(layer, spec.value), keep, spec, heads, head_dim):
+            bias = None if spec.value_bias is None else _module(layer, spec.value_bias).detach()
+            with _zeroing(_module(layer, spec.value), keep, spec, heads, head_dim, bias):
                 y = layer(_take(hidden, b, index), *_take(rest, b, index),
                           **{k: v if k in spec.shared else _take(v, b, index, k in spec.head_rows)
                              for k, v in kwargs.items()})

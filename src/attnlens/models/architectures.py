@@ -193,6 +193,9 @@ class Layers:
     shared: tuple[str, ...] = ()
     # why one layer cannot be rerun on some rows of the batch (value zeroing), or None: it can
     no_rerun: str | Callable[[Any], str | None] | None = None
+    # a parameter (path within one layer) the attention adds to the value vectors after the projection
+    # (DeBERTa's v_bias): part of each value vector, so zeroing a value vector zeroes it too
+    value_bias: str | None = None
 
     def why_no_rerun(self, config: Any) -> str | None:
         """Why this model's layers cannot be rerun on some rows of the batch, or ``None``."""
@@ -335,6 +338,15 @@ def _deberta_v2_anatomy(config: Any) -> Anatomy | None:
     return Anatomy((("pooler.dense", act), ("classifier", None)))
 
 
+def _deberta_anatomy(config: Any) -> Anatomy | None:
+    """DeBERTa (v1): BERT's layer names and DeBERTa-v2's head; its query, key and value come from one projection
+    (each head's slice: query, key, value) and the value bias is added after it (the entry's :class:`Layers`).
+    None with talking heads (``talking_head``: the heads' scores and probabilities mixed by learned projections)."""
+    if getattr(config, "talking_head", False):
+        return None
+    return _deberta_v2_anatomy(config)
+
+
 # ModernBERT: pre-LN (no norm before the first layer's attention: an identity), one fused query/key/value projection,
 # a GLU feed-forward (activation on the first half), a head of dense, activation and LayerNorm
 _MODERNBERT_ANATOMY = Anatomy((("head.dense", "head.act"), ("head.norm", None), ("classifier", None)),
@@ -462,7 +474,9 @@ _ENTRIES: list[Architecture] = [
                  lrp=_roberta_lrp("XLM-RoBERTa"), layers=_BERT_LAYERS),
     Architecture("camembert", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY, lrp=_roberta_lrp("CamemBERT"),
                  layers=_BERT_LAYERS),
-    Architecture("deberta", ENCODER),
+    Architecture("deberta", ENCODER, anatomy=_deberta_anatomy,
+                 layers=Layers("encoder.layer", "attention.self.in_proj", fused=3, per_head=True,
+                               value_bias="attention.self.v_bias", shared=("relative_pos", "rel_embeddings"))),
     Architecture("deberta-v2", ENCODER, anatomy=_deberta_v2_anatomy,
                  layers=Layers("encoder.layer", "attention.self.value_proj", shared=("relative_pos", "rel_embeddings")),
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
@@ -576,7 +590,8 @@ def register_architecture(arch: Architecture) -> None:
         arch.adapter.with_pooling(pooling)  # refuses a pooling the adapter cannot explain
     if arch.anatomy is not None and arch.layers is None:
         raise ModelError(f"{arch.model_type}: an anatomy needs the entry's layers (where the value projections are)")
-    if isinstance(arch.anatomy, Anatomy) and arch.layers.fused != 1 and not arch.anatomy.pre_ln:
+    if (isinstance(arch.anatomy, Anatomy) and arch.layers.fused != 1 and not arch.anatomy.pre_ln
+            and arch.layers.value_bias is None):
         raise ModelError(f"{arch.model_type}: a post-LN anatomy needs an unfused value projection")
     ffn_readings = None if not isinstance(arch.anatomy, Anatomy) else (
         arch.anatomy.ffn, arch.anatomy.moe, arch.anatomy.ffn_in or arch.anatomy.gate_up)

@@ -39,3 +39,14 @@ def rms_gain(norm: nn.Module, like: torch.Tensor) -> torch.Tensor:
         inv_rms = torch.rsqrt(torch.ones((), dtype=torch.float32, device=like.device) + eps)
         out = type(norm).forward(norm, ones)  # the class's forward: an LRP pass patches the instance's
         return (out.double() / inv_rms.double()).to(like.dtype)
+
+
+def as_layer_norm(norm: nn.Module) -> nn.Module:
+    """``norm`` as the ``nn.LayerNorm`` (weight, bias, eps) the decomposition methods read: itself, or, for a
+    model's own LayerNorm class that computes the same (DeBERTa's ``DebertaLayerNorm``: epsilon inside the root,
+    statistics in float32), an ``nn.LayerNorm`` sharing its parameters."""
+    if isinstance(norm, nn.LayerNorm) or type(norm).__name__ != "DebertaLayerNorm":
+        return norm
+    ln = nn.LayerNorm(norm.weight.shape[0], eps=float(norm.variance_epsilon), device="meta")
+    ln.weight, ln.bias = norm.weight, norm.bias
+    return ln

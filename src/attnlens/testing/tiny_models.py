@@ -60,7 +60,9 @@ TINY: dict[str, Tiny] = {
     "electra": _tiny("Electra", **_ENC, embedding_size=8, max_position_embeddings=64, initializer_range=STD),
     "xlm-roberta": _tiny("XLMRoberta", **_ROBERTA),
     "camembert": _tiny("Camembert", **_ROBERTA),
-    "deberta": _tiny("Deberta", **_ENC, max_position_embeddings=64),
+    # DeBERTa's released layout: relative positions in both directions, none added to the input embeddings
+    "deberta": _tiny("Deberta", **_ENC, max_position_embeddings=64, relative_attention=True,
+                     pos_att_type=["c2p", "p2c"], position_biased_input=False),
     "deberta-v2": _tiny("DebertaV2", **_ENC, max_position_embeddings=64, relative_attention=True,
                         pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16),
     "mpnet": _tiny("MPNet", **_ENC, max_position_embeddings=70),
