@@ -75,14 +75,16 @@ def randomise_biases_and_norms(model: torch.nn.Module, seed: int = 0) -> torch.n
 def entry_without_layers():
     """DeBERTa's architecture entry replaced, for one test, by an entry that names no layers (a new type's first
     entry): the methods that rerun or decompose layers do not apply to a ``make_model("deberta")``."""
-    from attnlens.models.architectures import ARCHITECTURES, ENCODER, Architecture, register_architecture
+    from attnlens.models.architectures import ARCHITECTURES, ENCODER, LRP_SUPPORTED, Architecture, register_architecture
 
-    saved = ARCHITECTURES["deberta"]
+    saved = dict(ARCHITECTURES), dict(LRP_SUPPORTED)  # restored as they were, in their order
     register_architecture(Architecture("deberta", ENCODER))
     try:
         yield
     finally:
-        register_architecture(saved)
+        for table, old in zip((ARCHITECTURES, LRP_SUPPORTED), saved, strict=True):
+            table.clear()
+            table.update(old)
 
 
 @pytest.fixture(scope="module")

@@ -132,7 +132,7 @@ def test_lrp_support_and_residual_sites_come_from_the_entries():
     from attnlens.lrp.patch import residual_sites
 
     assert list(SUPPORTED.values()) == ["BERT", "RoBERTa", "DistilBERT", "ALBERT", "ELECTRA", "XLM-RoBERTa",
-                                        "CamemBERT", "DeBERTa-v2", "MPNet", "ERNIE", "ModernBERT",
+                                        "CamemBERT", "DeBERTa", "DeBERTa-v2", "MPNet", "ERNIE", "ModernBERT",
                                         "XLM-RoBERTa-XL", "GPT-2", "GPT-Neo",
                                         "GPT-NeoX", "GPT-J", "Llama", "Mistral", "Mixtral", "Qwen2", "Qwen3",
                                         "Gemma", "Gemma 2", "Phi", "Phi-3", "OPT", "BLOOM", "Falcon"]

@@ -394,10 +394,10 @@ def test_word_aggregation(family, tokenizer):
     assert words.to_words().tokens == words.tokens  # words stay words
 
 
-def test_all_skips_methods_that_do_not_apply_but_explicit_requests_fail(tokenizer):
+def test_all_skips_methods_that_do_not_apply_but_explicit_requests_fail(tokenizer, entry_without_layers):
     from attnlens import InputError
 
-    ex = explainer("deberta", tokenizer)
+    ex = explainer("deberta", tokenizer)  # an entry without LRP facts or layers
     with pytest.warns(UserWarning, match="skipping partiallrp, transatt, attnlrp"):
         (e,) = ex.explain("the movie was great", methods="all", options={"integratedgradients": {"n_steps": 4}})
     assert "partiallrp" not in e.scores and "attcat" in e.scores and "flow" in e.scores

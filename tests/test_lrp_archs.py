@@ -22,7 +22,7 @@ from attnlens.errors import InputError
 from attnlens.lrp import lrp_pass, lrp_passes, supports
 from attnlens.models.heads import Head
 
-ARCHS = ["deberta-v2", "modernbert", "mpnet", "xlm-roberta-xl", "gpt2", "llama", "mistral", "qwen2", "qwen3",
+ARCHS = ["deberta", "deberta-v2", "modernbert", "mpnet", "xlm-roberta-xl", "gpt2", "llama", "mistral", "qwen2", "qwen3",
          "gemma", "gpt_neox", "phi", "gpt_neo", "gptj", "gemma2", "opt", "bloom", "falcon", "phi3", "mixtral"]
 RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 
@@ -50,7 +50,8 @@ def lin(x, weight, z, r):
 def ln_rel(x, ln, y, r):
     """LayerNorm with a constant std: ``y = M x (+ beta)``, ``M = diag(gamma) (I - 1/D) / std``."""
     d = x.shape[-1]
-    std = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
+    eps = ln.eps if hasattr(ln, "eps") else ln.variance_epsilon  # DeBERTa's LayerNorm class names it so
+    std = (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
     m = ln.weight[None, :, None] * (torch.eye(d, dtype=x.dtype) - 1.0 / d)[None] / std[:, :, None]
     return x * torch.einsum("nji,nj->ni", m, r / y)
 
@@ -609,6 +610,72 @@ def _explicit_deberta(model, ids, target):
     return r_x0.sum(-1), r_a, r_rel.sum()
 
 
+def _explicit_deberta_v1(model, ids, target):
+    """DeBERTa (v1): one projection holding each head's query, key and value rows, the query and value biases
+    added after it; the query scaled by 1/√(3d) before the content and content-position products; relative
+    positions i − j unbucketed; the position relevance is the third return value."""
+    deb, layer = model.deberta, model.deberta.encoder.layer[0]
+    sa, so, n, h = layer.attention.self, layer.attention.output, ids.shape[0], model.config.num_attention_heads
+    x0 = deb.embeddings.word_embeddings.weight[ids]  # no absolute positions, no token types
+    h0 = deb.embeddings.LayerNorm(x0)
+    w = sa.in_proj.weight
+    d = w.shape[0] // (3 * h)
+
+    def rows(part):
+        return torch.cat([torch.arange(i * 3 * d + part * d, i * 3 * d + (part + 1) * d) for i in range(h)])
+
+    q, k, v = h0 @ w[rows(0)].T + sa.q_bias, h0 @ w[rows(1)].T, h0 @ w[rows(2)].T + sa.v_bias
+    scale = (3.0 * d) ** 0.5
+    qh, kh, vh = split(q, h) / scale, split(k, h), split(v, h)
+    span = min(n, sa.max_relative_positions)
+    rel = deb.encoder.rel_embeddings.weight[sa.max_relative_positions - span: sa.max_relative_positions + span]
+    pk_lin, pq_lin = sa.pos_proj(rel), sa.pos_q_proj(rel)
+    pkh, pqh = split(pk_lin, h), split(pq_lin, h) / scale
+    rp = torch.arange(n)[:, None] - torch.arange(n)[None, :]  # i − j
+    c_idx = torch.clamp(rp + span, 0, 2 * span - 1)  # c2p[i, j] = q_i . pk[c_idx[i, j]]
+    p_idx = torch.clamp(-rp + span, 0, 2 * span - 1)  # p2c[i, j] = k_j . pq[p_idx[j, i]]
+    qk = qh @ kh.transpose(-1, -2)
+    c2p_full, p2c_full = qh @ pkh.transpose(-1, -2), kh @ pqh.transpose(-1, -2)
+    c2p = torch.gather(c2p_full, -1, c_idx.expand(h, n, n))
+    p2c = torch.gather(p2c_full, -1, p_idx.expand(h, n, n)).transpose(-1, -2)
+    s = qk + c2p + p2c
+    a = s.softmax(-1)
+    ctx = merge(a @ vh)
+    ao = so.dense(ctx)
+    h1 = so.LayerNorm(ao + h0)
+    inter = layer.intermediate.dense(h1)
+    act = nn.functional.gelu(inter)
+    out = layer.output.dense(act)
+    h2 = layer.output.LayerNorm(out + h1)
+    pre = model.pooler.dense(h2[:1])
+    pooled = nn.functional.gelu(pre)
+    logits = model.classifier(pooled)
+    r_logits = torch.zeros_like(logits)
+    r_logits[0, target] = logits[0, target]
+    r_pre = lin(pooled, model.classifier.weight, logits, r_logits)  # pooler GELU: identity
+    r_h2 = torch.zeros_like(h2)
+    r_h2[:1] = lin(h2[:1], model.pooler.dense.weight, pre, r_pre)
+    r2 = out + h1
+    r_r2 = ln_rel(r2, layer.output.LayerNorm, h2, r_h2)
+    r_act = lin(act, layer.output.dense.weight, out, out * r_r2 / r2)
+    r_h1 = h1 * r_r2 / r2 + lin(h1, layer.intermediate.dense.weight, inter, r_act)
+    r1 = ao + h0
+    r_r1 = ln_rel(r1, so.LayerNorm, h1, r_h1)
+    r_ctx = split(lin(ctx, so.dense.weight, ao, ao * r_r1 / r1), h)
+    r_a, r_v = av_rule(a, vh, r_ctx)
+    r_s = softmax_rule(s, a, r_a, torch.ones_like(s, dtype=torch.bool))
+    r_q, r_k = qk_rule(qh, kh, qk * r_s / s)  # the sum of three score terms: proportional
+    r_c2p_full = torch.zeros_like(c2p_full).scatter_add_(-1, c_idx.expand(h, n, n), c2p * r_s / s)
+    r_p2c_full = torch.zeros_like(p2c_full).scatter_add_(-1, p_idx.expand(h, n, n), (p2c * r_s / s).transpose(-1, -2))
+    r_q2, r_pk = qk_rule(qh, pkh, r_c2p_full)
+    r_k2, r_pq = qk_rule(kh, pqh, r_p2c_full)
+    r_h0 = (h0 * r_r1 / r1 + lin(h0, w[rows(0)], q, merge(r_q + r_q2)) + lin(h0, w[rows(1)], k, merge(r_k + r_k2))
+            + lin(h0, w[rows(2)], v, merge(r_v)))
+    r_x0 = ln_rel(x0, deb.embeddings.LayerNorm, h0, r_h0)
+    r_rel = lin(rel, sa.pos_proj.weight, pk_lin, merge(r_pk)) + lin(rel, sa.pos_q_proj.weight, pq_lin, merge(r_pq))
+    return r_x0.sum(-1), r_a, r_rel.sum()
+
+
 def _explicit_mpnet(model, ids, target):
     """Post-LN MPNet: BERT's layer with the encoder's relative-position bias added to the scores (its relevance
     is the third return value) and RoBERTa's tanh head."""
@@ -748,6 +815,10 @@ def _one_layer(family: str) -> nn.Module:
         cfg = transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2, n_positions=32, num_labels=3,
                                       pad_token_id=0, bos_token_id=2, eos_token_id=3, attn_implementation="eager")
         cls = transformers.GPT2ForSequenceClassification
+    elif family == "deberta":
+        cfg = transformers.DebertaConfig(**common, relative_attention=True, pos_att_type=["c2p", "p2c"],
+                                         position_biased_input=False, max_relative_positions=4)
+        cls = transformers.DebertaForSequenceClassification
     elif family == "mpnet":
         cfg = transformers.MPNetConfig(**common)
         cls = transformers.MPNetForSequenceClassification
@@ -777,6 +848,7 @@ EXPLICIT = {**dict.fromkeys(LLAMA_FAMILY, _explicit_llama), "gpt2": _explicit_gp
             "phi": _explicit_parallel, "gptj": _explicit_parallel, "gpt_neo": _explicit_gpt_neo,
             "opt": _explicit_opt, "bloom": _explicit_bloom, "falcon": _explicit_falcon,
             "modernbert": _explicit_modernbert, "deberta-v2": _explicit_deberta, "mpnet": _explicit_mpnet,
+            "deberta": _explicit_deberta_v1,
             "xlm-roberta-xl": _explicit_xlmr_xl}
 
 
@@ -789,13 +861,14 @@ def test_whole_pass_equals_explicit_rule_by_rule_propagation(family):
         expected = EXPLICIT[family](model, ids, 1)
     res = lrp_pass(model, inputs, 1)
     # ModernBERT's stock rotary map rounds q and k to float32 even in a float64 model (and so does its gradient);
-    # Gemma's RMSNorm computes in float32 too, and GPT-Neo's and GPT-J's attention scores
-    float32 = ("modernbert", "gemma", "gemma2", "gpt_neo", "gptj", "mixtral")
+    # Gemma's RMSNorm computes in float32 too, and DeBERTa's LayerNorm, GPT-Neo's and GPT-J's attention scores
+    float32 = ("modernbert", "gemma", "gemma2", "gpt_neo", "gptj", "mixtral", "deberta")
     tol = dict(rtol=1e-5, atol=1e-7) if family in float32 else dict(rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(res.input_relevance[0], expected[0], **tol)
     torch.testing.assert_close(res.attention_relevance[0][0], expected[1], **tol)
-    if family in ("deberta-v2", "bloom", "mpnet"):
-        torch.testing.assert_close(res.position_relevance[0], expected[2], rtol=1e-8, atol=1e-10)
+    if family in ("deberta", "deberta-v2", "bloom", "mpnet"):
+        torch.testing.assert_close(res.position_relevance[0], expected[2], **(tol if family == "deberta" else dict(
+            rtol=1e-8, atol=1e-10)))
         # the relative positions do take relevance (ALiBi's slopes, 1/16 and 1/256 per position, take little)
         assert abs(float(expected[2])) > (1e-5 if family == "bloom" else 1e-3)
     assert res.input_relevance.abs().max() > 1e-3
@@ -815,7 +888,7 @@ def test_conservation(family):
     total = res.input_relevance.sum(1) + res.softmax_absorbed + res.position_relevance
     torch.testing.assert_close(total, res.target, rtol=1e-4, atol=1e-5)
     assert res.softmax_absorbed.abs().max() > 1e-4
-    assert (res.position_relevance.abs().max() > 1e-4) == (family in ("deberta-v2", "bloom", "mpnet"))
+    assert (res.position_relevance.abs().max() > 1e-4) == (family in ("deberta", "deberta-v2", "bloom", "mpnet"))
 
 
 @pytest.mark.parametrize("family", ARCHS)
@@ -845,7 +918,7 @@ def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
 @pytest.mark.parametrize("family", ARCHS)
 @pytest.mark.parametrize("rule_set", ["attnlrp", "chefer"])
 def test_model_left_unchanged_and_forward_values_kept(family, rule_set):
-    eager_only = ("deberta-v2", "gpt_neo", "gptj", "gemma2", "bloom", "mpnet")
+    eager_only = ("deberta", "deberta-v2", "gpt_neo", "gptj", "gemma2", "bloom", "mpnet")
     model = make_model(family, attn="eager" if family in eager_only else "sdpa").train()
     next(model.parameters()).requires_grad_(False)
     before = _snapshot(model)
@@ -1337,14 +1410,14 @@ def test_falcon_layouts(layout, rule_set):
 
 
 # ---------------------------------------------------------------- one forward, two rule sets
-def _assert_same(joint, alone, inputs: bool):
+def _assert_same(joint, alone, inputs: bool, rtol: float = 1e-9, atol: float = 1e-12):
     for a, b in zip(joint.attention_relevance, alone.attention_relevance, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(joint.position_relevance, alone.position_relevance, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    torch.testing.assert_close(joint.position_relevance, alone.position_relevance, rtol=rtol, atol=atol)
     torch.testing.assert_close(joint.target, alone.target)
     if inputs:
-        torch.testing.assert_close(joint.input_relevance, alone.input_relevance, rtol=1e-9, atol=1e-12)
-        torch.testing.assert_close(joint.word_relevance, alone.word_relevance, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(joint.input_relevance, alone.input_relevance, rtol=rtol, atol=atol)
+        torch.testing.assert_close(joint.word_relevance, alone.word_relevance, rtol=rtol, atol=atol)
     else:
         assert joint.input_relevance is None and joint.word_relevance is None
 
@@ -1357,8 +1430,10 @@ def test_one_forward_serves_the_chefer_and_attnlrp_rule_sets(family):
     ids = torch.tensor([[2, 7, 9, 11, 13, 3], [2, 8, 10, 3, 0, 0]])
     inputs = {"input_ids": ids, "attention_mask": (ids != 0).long()}
     chefer, attnlrp = lrp_passes(model, inputs, [0, 2])
-    _assert_same(chefer, lrp_pass(model, inputs, [0, 2], rules="chefer", inputs_relevance=False), False)
-    _assert_same(attnlrp, lrp_pass(model, inputs, [0, 2], rules="attnlrp"), True)
+    # DeBERTa's LayerNorm class computes in float32 whatever the model's dtype: the chefer-layout forward runs it
+    tol = dict(rtol=1e-5, atol=1e-8) if family == "deberta" else {}
+    _assert_same(chefer, lrp_pass(model, inputs, [0, 2], rules="chefer", inputs_relevance=False), False, **tol)
+    _assert_same(attnlrp, lrp_pass(model, inputs, [0, 2], rules="attnlrp"), True, **tol)
     assert attnlrp.input_relevance.abs().max() > 1e-3
 
 
@@ -1413,7 +1488,7 @@ def test_a_fused_pass_over_the_prefixes_equals_the_eager_one(family):
 # ---------------------------------------------------------------- fused attention (long inputs)
 ALL_LRP = ["bert", "distilbert", "roberta", "electra", *ARCHS]
 # attention computed by an LRP forward of the architecture's own (or a score cap), so never fused
-UNFUSED = ("deberta-v2", "mpnet", "gpt_neo", "gptj", "gemma2", "bloom", "falcon")
+UNFUSED = ("deberta", "deberta-v2", "mpnet", "gpt_neo", "gptj", "gemma2", "bloom", "falcon")
 
 
 @pytest.mark.parametrize("family", ALL_LRP)

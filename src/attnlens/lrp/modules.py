@@ -157,6 +157,67 @@ def deberta_attention(
     return context, (probs if output_attentions else None)
 
 
+def deberta_v1_attention(
+    attn: nn.Module, state: PassState, hidden_states: torch.Tensor, attention_mask: torch.Tensor,
+    output_attentions: bool = False, query_states: torch.Tensor | None = None,
+    relative_pos: torch.Tensor | None = None, rel_embeddings: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DeBERTa's (v1) ``DisentangledSelfAttention`` with the LRP rules: one projection gives each head's query,
+    key and value, the query and value biases added after it (the projection and those biases one weighted sum,
+    :func:`rules.weighted_sum`); the query scaled by 1/√(d · factor) before every product; the content-content
+    ``Q K^T`` and the content-position / position-content products each a :func:`score_product`, the
+    relative-position embeddings per-example leaves (their relevance is ``position_relevance``); masked softmax
+    and ``A V`` as every attention (:func:`attend`)."""
+    if query_states is not None or attn.talking_head:
+        raise ModelError("LRP supports DeBERTa's self-attention, not separate query states or talking heads")
+    hf = sys.modules[type(attn).__module__]  # the model's own helpers (relative positions, scales)
+    heads, width = attn.num_attention_heads, attn.all_head_size
+    split = attn.transpose_for_scores
+    bias = torch.zeros(3 * width, dtype=hidden_states.dtype, device=hidden_states.device)
+    layout = bias.view(heads, 3, -1)  # each head's slice: query, key, value
+    layout[:, 0] = attn.q_bias.view(heads, -1).to(bias.dtype)
+    layout[:, 2] = attn.v_bias.view(heads, -1).to(bias.dtype)
+    projected = rules.weighted_sum(state.rules, hidden_states, attn.in_proj.weight, state.epsilon, state, bias)
+    q, k, v = split(projected).chunk(3, dim=-1)
+    factor = 1 + len(attn.pos_att_type)
+    q = q / hf.scaled_size_sqrt(q, factor).to(q.dtype)
+    scores = score_product(state, torch.matmul(q, k.transpose(-1, -2)))
+    if attn.relative_attention and rel_embeddings is not None and relative_pos is not None:
+        scores = scores + _deberta_v1_position_scores(hf, attn, state, split, q, k, relative_pos, rel_embeddings,
+                                                      factor)
+    scores = scores.masked_fill(~attention_mask.bool(), torch.finfo(q.dtype).min)
+    out, probs = attend(state, scores, v)
+    context = out.permute(0, 2, 1, 3).reshape(out.size(0), out.size(2), -1)
+    return context, (probs if output_attentions else None)
+
+
+def _deberta_v1_position_scores(hf, attn, state, split, q, k, relative_pos, rel_embeddings, factor) -> torch.Tensor:
+    # DisentangledSelfAttention.disentangled_att_bias (v1), with per-example position leaves and score rules
+    if relative_pos.dim() == 2:
+        relative_pos = relative_pos.unsqueeze(0).unsqueeze(0)
+    elif relative_pos.dim() == 3:
+        relative_pos = relative_pos.unsqueeze(1)
+    elif relative_pos.dim() != 4:
+        raise ModelError(f"DeBERTa relative positions must have 2, 3 or 4 dims, got {relative_pos.dim()}")
+    span = hf.compute_attention_span(q, k, attn.max_relative_positions)
+    relative_pos = relative_pos.long()
+    table = attn.pos_dropout(rel_embeddings)[attn.max_relative_positions - span: attn.max_relative_positions + span]
+    rel = state.position_leaf(table, q.size(0))
+    score = torch.zeros((), dtype=q.dtype, device=q.device)
+    if "c2p" in attn.pos_att_type:
+        c2p = score_product(state, torch.matmul(q, split(attn.pos_proj(rel)).transpose(-1, -2)))
+        c2p_pos = torch.clamp(relative_pos + span, 0, span * 2 - 1)
+        score = score + torch.gather(c2p, -1, hf.c2p_dynamic_expand(c2p_pos, q, relative_pos))
+    if "p2c" in attn.pos_att_type:
+        pos_q = split(attn.pos_q_proj(rel))
+        pos_q = pos_q / hf.scaled_size_sqrt(pos_q, factor).to(pos_q.dtype)
+        p2c_pos = torch.clamp(-hf.build_rpos(q, k, relative_pos) + span, 0, span * 2 - 1)
+        p2c = score_product(state, torch.matmul(k, pos_q.transpose(-1, -2)))
+        p2c = torch.gather(p2c, -1, hf.p2c_dynamic_expand(p2c_pos, q, k)).transpose(-1, -2)
+        score = score + hf.uneven_size_corrected(p2c, q, k, relative_pos)
+    return score
+
+
 def own_attention(attn: nn.Module, state: PassState, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """GPT-Neo's and GPT-J's ``_attn`` (their attention does not call transformers' attention interface; GPT-J's
@@ -372,6 +433,7 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "tanh_head": tanh_head,
     "deberta_pooler": deberta_pooler,
     "deberta_attention": deberta_attention,
+    "deberta_v1_attention": deberta_v1_attention,
     "deberta_conv": deberta_conv,
     "own_attention": own_attention,
     "opt_layer": opt_layer,

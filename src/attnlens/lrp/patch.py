@@ -21,6 +21,7 @@ from transformers.pytorch_utils import Conv1D
 
 from ..errors import InputError, ModelError
 from ..models.architectures import LRP_SUPPORTED, LRPSupport, architecture_for
+from ..models.norms import as_layer_norm, is_layer_norm
 from ..models.recompute import recomputable
 from . import modules, rules
 from .state import (
@@ -96,8 +97,8 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(FUSED_ATTN_NAME, sdpa_mask)
 
 
 # LRP forwards of an architecture that compute the attention themselves (not through lrp_attention)
-_OWN_ATTENTION = frozenset({"deberta_attention", "own_attention", "bloom_attention", "falcon_attention",
-                            "falcon_layer", "mpnet_attention"})
+_OWN_ATTENTION = frozenset({"deberta_attention", "deberta_v1_attention", "own_attention", "bloom_attention",
+                            "falcon_attention", "falcon_layer", "mpnet_attention"})
 
 
 def runs_fused(model: nn.Module) -> bool:
@@ -158,16 +159,18 @@ def _embedding_input(model: nn.Module, support: LRPSupport) -> nn.Module | None:
                          f"{support.name} model") from None
 
 
-def _ln_forward(module: nn.LayerNorm, state: PassState, x: torch.Tensor) -> torch.Tensor:
+def _ln_forward(module: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor:
+    ln = as_layer_norm(module)  # a model's own LayerNorm class (DeBERTa's) read as nn.LayerNorm
     if state.rules not in CHEFER:
-        return rules.layer_norm(module, x)
+        return rules.layer_norm(ln, x)
     branch = state.branches.pop(id(module), None)  # recorded for rules="chefer" only
     if branch is not None:  # x = skip + branch: the authors' normalised residual rule, per example
         if branch.shape != x.shape:
             raise ModelError(f"LRP rules='chefer': unexpected residual branch shape {tuple(branch.shape)}")
         x = rules.normalized_residual(x, branch, state)
     # the class forward (unpatched); AttnLRP's LayerNorm for a backward in its mode
-    return rules.pass_through(partial(nn.LayerNorm.forward, module), x, rules.layer_norm_backward(module), state)
+    forward = nn.LayerNorm.forward if isinstance(module, nn.LayerNorm) else type(module).forward
+    return rules.pass_through(partial(forward, module), x, rules.layer_norm_backward(ln), state)
 
 
 def _support(model: nn.Module) -> LRPSupport:
@@ -250,7 +253,7 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
                         patch(module, partial(modules.FORWARDS[fn_name], module, state), method)
             elif name in blocks:
                 patch(module, partial(modules.prenorm_block, blocks[name], module, state))
-            elif isinstance(module, nn.LayerNorm):
+            elif is_layer_norm(module):
                 patch(module, partial(_ln_forward, module, state))
             elif isinstance(module, _LINEAR) and state.rules in CHEFER:
                 patch(module, partial(rules.zplus_linear, module, shared=state.rules == "chefer", switch=state))

@@ -209,12 +209,13 @@ def linear(module: nn.Module, x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def weighted_sum(rules_name: str, x: torch.Tensor, weight: torch.Tensor, eps: float = 0.0,
-                 switch: Any = None) -> torch.Tensor:
-    """``F.linear(x, weight)`` with a weight tensor that is not a Linear module's (Mixtral's expert and router
-    weights) under the rule set's Linear rule: z+ for the chefer sets, else epsilon (0: LRP-0)."""
+                 switch: Any = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` with a weight tensor that is not a Linear module's (Mixtral's expert and
+    router weights; DeBERTa's projection with the biases it adds after it) under the rule set's Linear rule: z+ for
+    the chefer sets, else epsilon (0: LRP-0)."""
     if rules_name in ("chefer", "chefer-lrp"):
-        return _ZPlusLinear.apply(x, weight, None, rules_name == "chefer", switch)
-    return sum_rule(F.linear(x, weight), eps)
+        return _ZPlusLinear.apply(x, weight, bias, rules_name == "chefer", switch)
+    return sum_rule(F.linear(x, weight, bias), eps)
 
 
 # ---------------------------------------------------------------- the authors' rules (Chefer et al. 2021)

@@ -476,7 +476,9 @@ _ENTRIES: list[Architecture] = [
                  layers=_BERT_LAYERS),
     Architecture("deberta", ENCODER, anatomy=_deberta_anatomy,
                  layers=Layers("encoder.layer", "attention.self.in_proj", fused=3, per_head=True,
-                               value_bias="attention.self.v_bias", shared=("relative_pos", "rel_embeddings"))),
+                               value_bias="attention.self.v_bias", shared=("relative_pos", "rel_embeddings")),
+                 lrp=LRPSupport("DeBERTa", _BERT_RESIDUALS, forwards=(
+                     ("DisentangledSelfAttention", "deberta_v1_attention"), ("ContextPooler", "deberta_pooler")))),
     Architecture("deberta-v2", ENCODER, anatomy=_deberta_v2_anatomy,
                  layers=Layers("encoder.layer", "attention.self.value_proj", shared=("relative_pos", "rel_embeddings")),
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(

@@ -41,6 +41,11 @@ def rms_gain(norm: nn.Module, like: torch.Tensor) -> torch.Tensor:
         return (out.double() / inv_rms.double()).to(like.dtype)
 
 
+def is_layer_norm(norm: nn.Module) -> bool:
+    """Whether ``norm`` is a LayerNorm: ``nn.LayerNorm``, or a model's own class that computes one (DeBERTa's)."""
+    return isinstance(norm, nn.LayerNorm) or type(norm).__name__ == "DebertaLayerNorm"
+
+
 def as_layer_norm(norm: nn.Module) -> nn.Module:
     """``norm`` as the ``nn.LayerNorm`` (weight, bias, eps) the decomposition methods read: itself, or, for a
     model's own LayerNorm class that computes the same (DeBERTa's ``DebertaLayerNorm``: epsilon inside the root,
