@@ -191,16 +191,22 @@ def deberta_v1_attention(
     return context, (probs if output_attentions else None)
 
 
+def _four_dims(relative_pos: torch.Tensor) -> torch.Tensor:
+    """DeBERTa's relative positions ``(N, N)``, ``(B, N, N)`` or ``(B, H, N, N)`` as 4-D, as its attention reads
+    them."""
+    if relative_pos.dim() == 2:
+        return relative_pos.unsqueeze(0).unsqueeze(0)
+    if relative_pos.dim() == 3:
+        return relative_pos.unsqueeze(1)
+    if relative_pos.dim() != 4:
+        raise ModelError(f"DeBERTa relative positions must have 2, 3 or 4 dims, got {relative_pos.dim()}")
+    return relative_pos
+
+
 def _deberta_v1_position_scores(hf, attn, state, split, q, k, relative_pos, rel_embeddings, factor) -> torch.Tensor:
     # DisentangledSelfAttention.disentangled_att_bias (v1), with per-example position leaves and score rules
-    if relative_pos.dim() == 2:
-        relative_pos = relative_pos.unsqueeze(0).unsqueeze(0)
-    elif relative_pos.dim() == 3:
-        relative_pos = relative_pos.unsqueeze(1)
-    elif relative_pos.dim() != 4:
-        raise ModelError(f"DeBERTa relative positions must have 2, 3 or 4 dims, got {relative_pos.dim()}")
+    relative_pos = _four_dims(relative_pos).long()
     span = hf.compute_attention_span(q, k, attn.max_relative_positions)
-    relative_pos = relative_pos.long()
     table = attn.pos_dropout(rel_embeddings)[attn.max_relative_positions - span: attn.max_relative_positions + span]
     rel = state.position_leaf(table, q.size(0))
     score = torch.zeros((), dtype=q.dtype, device=q.device)
@@ -399,12 +405,7 @@ def _deberta_position_scores(hf, attn, state, split, q, k, relative_pos, rel_emb
     if relative_pos is None:
         relative_pos = hf.build_relative_position(q, k, bucket_size=attn.position_buckets,
                                                   max_position=attn.max_relative_positions)
-    if relative_pos.dim() == 2:
-        relative_pos = relative_pos.unsqueeze(0).unsqueeze(0)
-    elif relative_pos.dim() == 3:
-        relative_pos = relative_pos.unsqueeze(1)
-    elif relative_pos.dim() != 4:
-        raise ModelError(f"DeBERTa relative positions must have 2, 3 or 4 dims, got {relative_pos.dim()}")
+    relative_pos = _four_dims(relative_pos)
     span = attn.pos_ebd_size
     relative_pos = relative_pos.to(device=q.device, dtype=torch.long)
     rel = state.position_leaf(attn.pos_dropout(rel_embeddings)[: span * 2], q.size(0) // attn.num_attention_heads)
