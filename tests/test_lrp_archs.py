@@ -10,6 +10,7 @@ as generation explains).
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -547,6 +548,35 @@ def _explicit_modernbert(model, ids, target):
     return r_x0.sum(-1), r_a
 
 
+def _post_ln_rest(ctx, h0, layer, attn_out, head, target, h):
+    """A 1-layer post-LN encoder after its attention's context ``ctx`` (heads merged) on input ``h0``:
+    ``h1 = LN1(dense(ctx) + h0)``, ``h2 = LN2(FFN(h1) + h1)`` (``attn_out``: ``dense`` and ``LayerNorm``; the FFN
+    BERT's ``intermediate.dense`` and ``output``, GELU), the head ``(pool, act, classifier)`` at the first token;
+    explicit AttnLRP from the target logit back: ``(R_ctx per head (H, N, d), R_h0 through the residual)``."""
+    pool, head_act, classifier = head
+    ao = attn_out.dense(ctx)
+    h1 = attn_out.LayerNorm(ao + h0)
+    inter = layer.intermediate.dense(h1)
+    act = nn.functional.gelu(inter)
+    out = layer.output.dense(act)
+    h2 = layer.output.LayerNorm(out + h1)
+    pre = pool(h2[:1])
+    pooled = head_act(pre)
+    logits = classifier(pooled)
+    r_logits = torch.zeros_like(logits)
+    r_logits[0, target] = logits[0, target]
+    r_pre = lin(pooled, classifier.weight, logits, r_logits)  # the head's activation: identity
+    r_h2 = torch.zeros_like(h2)
+    r_h2[:1] = lin(h2[:1], pool.weight, pre, r_pre)
+    r2 = out + h1
+    r_r2 = ln_rel(r2, layer.output.LayerNorm, h2, r_h2)
+    r_act = lin(act, layer.output.dense.weight, out, out * r_r2 / r2)
+    r_h1 = h1 * r_r2 / r2 + lin(h1, layer.intermediate.dense.weight, inter, r_act)
+    r1 = ao + h0
+    r_r1 = ln_rel(r1, attn_out.LayerNorm, h1, r_h1)
+    return split(lin(ctx, attn_out.dense.weight, ao, ao * r_r1 / r1), h), h0 * r_r1 / r1
+
+
 def _explicit_deberta(model, ids, target):
     """DeBERTa-v3 style: shared attention keys, LayerNorm on the relative embeddings, no absolute positions."""
     deb, layer = model.deberta, model.deberta.encoder.layer[0]
@@ -572,28 +602,8 @@ def _explicit_deberta(model, ids, target):
     p2c = torch.gather(p2c_full, -1, p_idx.expand(h, n, n)).transpose(-1, -2)
     s = (qk + c2p + p2c) / scale
     a = s.softmax(-1)
-    ctx = merge(a @ vh)
-    ao = so.dense(ctx)
-    h1 = so.LayerNorm(ao + h0)
-    inter = layer.intermediate.dense(h1)
-    act = nn.functional.gelu(inter)
-    out = layer.output.dense(act)
-    h2 = layer.output.LayerNorm(out + h1)
-    pre = model.pooler.dense(h2[:1])
-    pooled = nn.functional.gelu(pre)
-    logits = model.classifier(pooled)
-    r_logits = torch.zeros_like(logits)
-    r_logits[0, target] = logits[0, target]
-    r_pre = lin(pooled, model.classifier.weight, logits, r_logits)  # pooler GELU: identity
-    r_h2 = torch.zeros_like(h2)
-    r_h2[:1] = lin(h2[:1], model.pooler.dense.weight, pre, r_pre)
-    r2 = out + h1
-    r_r2 = ln_rel(r2, layer.output.LayerNorm, h2, r_h2)
-    r_act = lin(act, layer.output.dense.weight, out, out * r_r2 / r2)
-    r_h1 = h1 * r_r2 / r2 + lin(h1, layer.intermediate.dense.weight, inter, r_act)
-    r1 = ao + h0
-    r_r1 = ln_rel(r1, so.LayerNorm, h1, r_h1)
-    r_ctx = split(lin(ctx, so.dense.weight, ao, ao * r_r1 / r1), h)
+    r_ctx, r_skip = _post_ln_rest(merge(a @ vh), h0, layer, so, (model.pooler.dense, nn.functional.gelu,
+                                                                 model.classifier), target, h)
     r_a, r_v = av_rule(a, vh, r_ctx)
     r_s = softmax_rule(s, a, r_a, torch.ones_like(s, dtype=torch.bool))
     # the sum of three score terms: proportional; then the uniform rule on each product
@@ -603,7 +613,7 @@ def _explicit_deberta(model, ids, target):
     r_p2c_full = torch.zeros_like(p2c_full).scatter_add_(-1, p_idx.expand(h, n, n), r_p2c.transpose(-1, -2))
     r_q2, r_pk = qk_rule(qh, pkh, r_c2p_full)
     r_k2, r_pq = qk_rule(kh, pqh, r_p2c_full)
-    r_h0 = (h0 * r_r1 / r1 + lin(h0, sa.query_proj.weight, q, merge(r_qh + r_q2))
+    r_h0 = (r_skip + lin(h0, sa.query_proj.weight, q, merge(r_qh + r_q2))
             + lin(h0, sa.key_proj.weight, k, merge(r_kh + r_k2)) + lin(h0, sa.value_proj.weight, v, merge(r_v)))
     r_x0 = ln_rel(x0, deb.embeddings.LayerNorm, h0, r_h0)
     r_rel = lin(rel, sa.query_proj.weight, pq, merge(r_pq)) + lin(rel, sa.key_proj.weight, pk, merge(r_pk))
@@ -640,28 +650,8 @@ def _explicit_deberta_v1(model, ids, target):
     p2c = torch.gather(p2c_full, -1, p_idx.expand(h, n, n)).transpose(-1, -2)
     s = qk + c2p + p2c
     a = s.softmax(-1)
-    ctx = merge(a @ vh)
-    ao = so.dense(ctx)
-    h1 = so.LayerNorm(ao + h0)
-    inter = layer.intermediate.dense(h1)
-    act = nn.functional.gelu(inter)
-    out = layer.output.dense(act)
-    h2 = layer.output.LayerNorm(out + h1)
-    pre = model.pooler.dense(h2[:1])
-    pooled = nn.functional.gelu(pre)
-    logits = model.classifier(pooled)
-    r_logits = torch.zeros_like(logits)
-    r_logits[0, target] = logits[0, target]
-    r_pre = lin(pooled, model.classifier.weight, logits, r_logits)  # pooler GELU: identity
-    r_h2 = torch.zeros_like(h2)
-    r_h2[:1] = lin(h2[:1], model.pooler.dense.weight, pre, r_pre)
-    r2 = out + h1
-    r_r2 = ln_rel(r2, layer.output.LayerNorm, h2, r_h2)
-    r_act = lin(act, layer.output.dense.weight, out, out * r_r2 / r2)
-    r_h1 = h1 * r_r2 / r2 + lin(h1, layer.intermediate.dense.weight, inter, r_act)
-    r1 = ao + h0
-    r_r1 = ln_rel(r1, so.LayerNorm, h1, r_h1)
-    r_ctx = split(lin(ctx, so.dense.weight, ao, ao * r_r1 / r1), h)
+    r_ctx, r_skip = _post_ln_rest(merge(a @ vh), h0, layer, so, (model.pooler.dense, nn.functional.gelu,
+                                                                 model.classifier), target, h)
     r_a, r_v = av_rule(a, vh, r_ctx)
     r_s = softmax_rule(s, a, r_a, torch.ones_like(s, dtype=torch.bool))
     r_q, r_k = qk_rule(qh, kh, qk * r_s / s)  # the sum of three score terms: proportional
@@ -669,7 +659,7 @@ def _explicit_deberta_v1(model, ids, target):
     r_p2c_full = torch.zeros_like(p2c_full).scatter_add_(-1, p_idx.expand(h, n, n), (p2c * r_s / s).transpose(-1, -2))
     r_q2, r_pk = qk_rule(qh, pkh, r_c2p_full)
     r_k2, r_pq = qk_rule(kh, pqh, r_p2c_full)
-    r_h0 = (h0 * r_r1 / r1 + lin(h0, w[rows(0)], q, merge(r_q + r_q2)) + lin(h0, w[rows(1)], k, merge(r_k + r_k2))
+    r_h0 = (r_skip + lin(h0, w[rows(0)], q, merge(r_q + r_q2)) + lin(h0, w[rows(1)], k, merge(r_k + r_k2))
             + lin(h0, w[rows(2)], v, merge(r_v)))
     r_x0 = ln_rel(x0, deb.embeddings.LayerNorm, h0, r_h0)
     r_rel = lin(rel, sa.pos_proj.weight, pk_lin, merge(r_pk)) + lin(rel, sa.pos_q_proj.weight, pq_lin, merge(r_pq))
@@ -691,45 +681,32 @@ def _explicit_mpnet(model, ids, target):
     bias = base.encoder.compute_position_bias(h0[None])[0]  # (H, N, N)
     s = qk + bias
     a = s.softmax(-1)
-    ctx = merge(a @ vh)
-    ao = sa.o(ctx)
-    h1 = layer.attention.LayerNorm(ao + h0)
-    inter = layer.intermediate.dense(h1)
-    act = nn.functional.gelu(inter)
-    out = layer.output.dense(act)
-    h2 = layer.output.LayerNorm(out + h1)
+    attn_out = SimpleNamespace(dense=sa.o, LayerNorm=layer.attention.LayerNorm)
     head = model.classifier
-    pre = head.dense(h2[:1])
-    logits = head.out_proj(torch.tanh(pre))
-    r_logits = torch.zeros_like(logits)
-    r_logits[0, target] = logits[0, target]
-    r_pre = lin(torch.tanh(pre), head.out_proj.weight, logits, r_logits)  # tanh: identity
-    r_h2 = torch.zeros_like(h2)
-    r_h2[:1] = lin(h2[:1], head.dense.weight, pre, r_pre)
-    r2 = out + h1
-    r_r2 = ln_rel(r2, layer.output.LayerNorm, h2, r_h2)
-    r_act = lin(act, layer.output.dense.weight, out, out * r_r2 / r2)
-    r_h1 = h1 * r_r2 / r2 + lin(h1, layer.intermediate.dense.weight, inter, r_act)
-    r1 = ao + h0
-    r_r1 = ln_rel(r1, layer.attention.LayerNorm, h1, r_h1)
-    r_ctx = split(lin(ctx, sa.o.weight, ao, ao * r_r1 / r1), h)
+    r_ctx, r_skip = _post_ln_rest(merge(a @ vh), h0, layer, attn_out, (head.dense, torch.tanh, head.out_proj),
+                                  target, h)
     r_a, r_v = av_rule(a, vh, r_ctx)
     r_s = softmax_rule(s, a, r_a, torch.ones_like(s, dtype=torch.bool))
     r_q, r_k = qk_rule(qh, kh, qk * r_s / s)  # the sum qk + bias: proportional
-    r_h0 = (h0 * r_r1 / r1 + lin(h0, sa.q.weight, q, merge(r_q)) + lin(h0, sa.k.weight, k, merge(r_k))
+    r_h0 = (r_skip + lin(h0, sa.q.weight, q, merge(r_q)) + lin(h0, sa.k.weight, k, merge(r_k))
             + lin(h0, sa.v.weight, v, merge(r_v)))
     r_x0 = ln_rel(x0, emb.LayerNorm, h0, r_h0)
     return r_x0.sum(-1), r_a, (bias * r_s / s).sum()
+
+
+def _xlmr_xl_embeddings(emb, ids):
+    """XLM-RoBERTa-XL's input: word + token type 0 + position (after the padding index) embeddings, no norm."""
+    n = ids.shape[0]
+    return (emb.word_embeddings.weight[ids] + emb.token_type_embeddings.weight[0]
+            + emb.position_embeddings.weight[torch.arange(n) + emb.padding_idx + 1])
 
 
 def _explicit_xlmr_xl(model, ids, target):
     """Pre-LN XLM-RoBERTa-XL: ``h = x + Attn(LN1(x))``, ``h + FFN(LN2(h))``, the encoder's final LayerNorm and
     RoBERTa's tanh head at the first token; embeddings word + type + position without a norm."""
     base, layer = model.roberta, model.roberta.encoder.layer[0]
-    sa, n, h = layer.attention.self, ids.shape[0], model.config.num_attention_heads
-    emb = base.embeddings
-    x0 = (emb.word_embeddings.weight[ids] + emb.token_type_embeddings.weight[0]
-          + emb.position_embeddings.weight[torch.arange(n) + emb.padding_idx + 1])
+    sa, h = layer.attention.self, model.config.num_attention_heads
+    x0 = _xlmr_xl_embeddings(base.embeddings, ids)
     n1 = layer.attention.self_attn_layer_norm(x0)
     q, k, v = sa.query(n1), sa.key(n1), sa.value(n1)
     qh, kh, vh = split(q, h), split(k, h), split(v, h)
@@ -1173,10 +1150,8 @@ def _chefer_xlmr_xl(model, ids, target, rule_set):
 
     shared = normalized = rule_set == "chefer"
     base, layer = model.roberta, model.roberta.encoder.layer[0]
-    sa, n, h = layer.attention.self, ids.shape[0], model.config.num_attention_heads
-    emb = base.embeddings
-    x0 = (emb.word_embeddings.weight[ids] + emb.token_type_embeddings.weight[0]
-          + emb.position_embeddings.weight[torch.arange(n) + emb.padding_idx + 1])
+    sa, h = layer.attention.self, model.config.num_attention_heads
+    x0 = _xlmr_xl_embeddings(base.embeddings, ids)
     n1 = layer.attention.self_attn_layer_norm(x0)
     q, k, v = split(sa.query(n1), h), split(sa.key(n1), h), split(sa.value(n1), h)
     a = (q @ k.transpose(-1, -2) * sa.attention_head_size ** -0.5).softmax(-1)
