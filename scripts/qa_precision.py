@@ -74,7 +74,8 @@ def section(summary: dict[str, Any], trained: dict[str, Any], limit: int) -> lis
              f"positions; it reaches exact match {fmt(ev.get('exact_match'), 3)} and F1 {fmt(ev.get('f1'), 3)} on "
              f"the {ev.get('n', 'n/a')} questions of the articles at odd positions. The benchmark explains "
              f"{summary['n_examples']} questions of those held-out articles (seed 0) with every method that applies "
-             f"({timing.get('seconds', 0) / 60:.0f} min of compute in all). "
+             f"({timing.get('seconds', 0) / 60:.0f} min of compute in all); the attention methods read the query rows "
+             "of the span's start and end tokens, whose states give its start and end logits. "
              "Command: `python scripts/qa_precision.py --limit " + str(limit) + "`.", "",
              "| method | Precision@20 ↑ |", "|---|---:|"]
     for m in sorted(results, key=lambda m: -(results[m].get("precision_at_k") or -1)):
