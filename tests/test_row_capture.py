@@ -112,6 +112,23 @@ def test_generation_steps_score_as_with_the_whole_maps():
         np.testing.assert_allclose(mixed.scores[m], outs[capture.FULL_MAPS].scores[m], atol=1e-6, err_msg=m)
 
 
+def test_an_answer_scores_as_with_the_whole_maps():
+    """An answer of several tokens: the kept rows are every row that predicts one of its tokens, weighed equally,
+    as the whole maps read them (and whatever else the request asks for)."""
+    ex = _lm()
+    outs = {}
+    for mode in (None, capture.FULL_MAPS):
+        with pytest.MonkeyPatch.context() as mp:
+            if mode:
+                mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
+            outs[mode] = ex.explain_answer("the movie was", " good but boring", LEAN)
+    mixed = ex.explain_answer("the movie was", " good but boring", LEAN + ["decompx"])
+    for m in LEAN:
+        ref = outs[capture.FULL_MAPS].scores[m]
+        np.testing.assert_allclose(outs[None].scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
+        np.testing.assert_allclose(mixed.scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
+
+
 def test_the_rows_are_the_maps_rows_and_received_their_column_means():
     """Against the eager maps directly: each kept row is the explained row of every layer's map, the received
     attention the head-mean map averaged over the real query rows (float64 reference), and the head means the

@@ -81,13 +81,15 @@ def capture_mode(model: nn.Module, adapter: Adapter, stream: str, keep: Collecti
 
 
 def planned_storage(model: nn.Module, adapter: Adapter, stream: str, keep: Collection[str],
-                    differentiate: Collection[str], gradients: bool, positions_known: bool = False) -> Storage:
-    """What :func:`run_capture` keeps per row for this request (the memory estimates read it)."""
+                    differentiate: Collection[str], gradients: bool, positions_known: bool = False,
+                    rows_per_input: int = 1) -> Storage:
+    """What :func:`run_capture` keeps per row for this request (the memory estimates read it); ``rows_per_input``:
+    the query rows each input's explanation reads (:attr:`~attnlens.models.heads.Head.query_rows_per_input`)."""
     keep = frozenset(keep)
     grads = frozenset(differentiate) & keep if gradients else frozenset()
     attention = keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS, ATTENTION_CHUNKS}
     if capture_mode(model, adapter, stream, keep, positions_known) == ROWS:
-        return Storage(eager=False, backward=bool(grads), rows=int(ATTENTION_ROWS in keep),
+        return Storage(eager=False, backward=bool(grads), rows=rows_per_input * int(ATTENTION_ROWS in keep),
                        row_grads=ATTENTION_ROWS in grads, received=ATTENTION_RECEIVED in keep,
                        means=ATTENTION_MEANS in keep, factors=ATTENTION_CHUNKS in keep,
                        factor_grads=ATTENTION_CHUNKS in grads,

@@ -192,7 +192,7 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
         if not keep and not gradients:
             return None
         storage = planned_storage(runner.model, runner.adapter, runner.stream, keep, differentiate, gradients,
-                                  positions_known)
+                                  positions_known, runner.head.query_rows_per_input)
         return dataclasses.replace(storage, logit_rows=logit_rows)
 
     # an LRP pass over a generation's prefixes reads the logits from its first step's last token on

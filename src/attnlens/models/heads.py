@@ -140,11 +140,13 @@ class Head:
 
     # the explained query rows depend on the targets, so a pass keeping only some rows needs them resolved first
     rows_from_targets = False
+    # how many query rows of each input the explanation reads (the memory estimates)
+    query_rows_per_input = 1
 
     def explained_rows(self, targets: torch.Tensor | None) -> torch.Tensor | None:
-        """``(B, R)`` every query row :meth:`query_weights` weighs, where a head reads several rows the targets
-        name (a QA span's start and end); ``None``: the one row of :meth:`explained_positions` or the
-        architecture's head."""
+        """The positions of every query row :meth:`query_weights` weighs (any shape; repeats allowed), where a head
+        reads several rows the targets name (a QA span's start and end, the rows predicting an answer's tokens);
+        ``None``: the one row of :meth:`explained_positions` or the architecture's head."""
         return None
 
     # how many positions of each input's logits :meth:`logit_positions` reads (0: all; the memory estimates)
@@ -303,6 +305,7 @@ class QAHead(Head):
         return self._masked(logits.float(), token_mask).softmax(1)
 
     rows_from_targets = True
+    query_rows_per_input = 2
 
     def explained_rows(self, targets: torch.Tensor | None) -> torch.Tensor | None:
         """The span's start and end: the rows whose states the head reads."""
@@ -632,6 +635,11 @@ class AnswerHead(LMHead):
                  answer_tokens: int = 0) -> None:
         super().__init__(vocab_size, decode)
         self.logit_positions_per_input = answer_tokens + 1 if answer_tokens else 0
+        self.query_rows_per_input = max(1, answer_tokens)
+
+    def explained_rows(self, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """The positions that predict an answer token."""
+        return None if targets is None else torch.nonzero(targets >= 0, as_tuple=True)[1]
 
     def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         n = max(len(t) for t in targets)
