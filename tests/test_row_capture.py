@@ -94,39 +94,33 @@ def _lm() -> Explainer:
     return Explainer(model, make_tokenizer())
 
 
-def test_generation_steps_score_as_with_the_whole_maps():
-    """A generation's steps share one forward: the kept rows are each step's last position."""
-    ex = _lm()
+def _rows_and_maps_agree(explain) -> None:
+    """``explain(methods)`` with the planned (rows) capture, with the whole maps forced, and with DecompX in the
+    same request (which brings the whole maps back): the LEAN methods score alike in all three."""
     outs = {}
     for mode in (None, capture.FULL_MAPS):
         with pytest.MonkeyPatch.context() as mp:
             if mode:
                 mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
-            outs[mode] = ex.explain_generation("the movie was", LEAN, target=" good but boring")
-    methods = LEAN + ["decompx"]  # decompx in the same request brings the whole maps back
+            outs[mode] = explain(LEAN)
+    mixed = explain(LEAN + ["decompx"])
     for m in LEAN:
         ref = outs[capture.FULL_MAPS].scores[m]
-        np.testing.assert_allclose(outs[None].scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
-    mixed = ex.explain_generation("the movie was", methods, target=" good but boring")
-    for m in LEAN:
-        np.testing.assert_allclose(mixed.scores[m], outs[capture.FULL_MAPS].scores[m], atol=1e-6, err_msg=m)
+        for got in (outs[None], mixed):
+            np.testing.assert_allclose(got.scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
+
+
+def test_generation_steps_score_as_with_the_whole_maps():
+    """A generation's steps share one forward: the kept rows are each step's last position."""
+    ex = _lm()
+    _rows_and_maps_agree(lambda methods: ex.explain_generation("the movie was", methods, target=" good but boring"))
 
 
 def test_an_answer_scores_as_with_the_whole_maps():
     """An answer of several tokens: the kept rows are every row that predicts one of its tokens, weighed equally,
-    as the whole maps read them (and whatever else the request asks for)."""
+    as the whole maps read them."""
     ex = _lm()
-    outs = {}
-    for mode in (None, capture.FULL_MAPS):
-        with pytest.MonkeyPatch.context() as mp:
-            if mode:
-                mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
-            outs[mode] = ex.explain_answer("the movie was", " good but boring", LEAN)
-    mixed = ex.explain_answer("the movie was", " good but boring", LEAN + ["decompx"])
-    for m in LEAN:
-        ref = outs[capture.FULL_MAPS].scores[m]
-        np.testing.assert_allclose(outs[None].scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
-        np.testing.assert_allclose(mixed.scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
+    _rows_and_maps_agree(lambda methods: ex.explain_answer("the movie was", " good but boring", methods))
 
 
 def test_the_rows_are_the_maps_rows_and_received_their_column_means():
