@@ -292,10 +292,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     )
     if mode == ROWS:
         rows = recorder.rows if recorder.rows is not None else cls.new_zeros(0)
-        if several is None:
-            capture.row_weights = (cls[:, None] == rows[None, :].to(cls.device)).to(logits.dtype)
-        else:  # each recorded row's weight in the example's explained rows
-            capture.row_weights = query_weights[:, rows.to(query_weights.device)]
+        capture.row_weights = query_weights[:, rows.to(query_weights.device)]  # each kept row's weight
         capture.row_positions = rows.to(cls.device)
         if ATTENTION_RECEIVED in keep:
             capture.attention_received = [r.to(logits.dtype) for r in recorder.received]

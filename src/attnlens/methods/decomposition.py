@@ -162,36 +162,34 @@ def _parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[str, nn
             mods[k] = as_layer_norm(mods[k])
     if anatomy.gate_up is not None:
         mods["gate"], mods["ffn_in"] = _halves(_attr(block, anatomy.gate_up))
-    if spec.value_bias is not None:
-        mods["value"] = _ValueRows(mods["value"], _attr(block, spec.value_bias), spec,
-                                   model.config.num_attention_heads)
+    if spec.value_bias is not None:  # the value rows of the fused projection, the bias added after it included
+        fused = mods["value"]
+        bias = _attr(block, spec.value_bias).detach()
+        weight = linear_weight(fused).detach()
+        rows = spec.value_features(weight.shape[0], model.config.num_attention_heads,
+                                   bias.shape[0] // model.config.num_attention_heads).to(weight.device)
+        own = getattr(fused, "bias", None)
+        mods["value"] = _linear_rows(weight, rows, bias + (0 if own is None else own.detach()[rows]))
     return mods
 
 
-class _ValueRows(nn.Linear):
-    """The value vectors alone of a fused projection whose value bias is added after it (DeBERTa's ``in_proj``
-    and ``v_bias``), as one ``nn.Linear`` viewing those rows of its weights."""
-
-    def __init__(self, fused: nn.Module, bias: torch.Tensor, spec: Layers, heads: int) -> None:
-        weight = linear_weight(fused).detach()
-        rows = spec.value_features(weight.shape[0], heads, bias.shape[0] // heads).to(weight.device)
-        super().__init__(weight.shape[1], int(rows.sum()), device="meta")
-        self.weight = nn.Parameter(weight[rows], requires_grad=False)
-        own = getattr(fused, "bias", None)
-        self.bias = nn.Parameter(bias.detach() + (0 if own is None else own.detach()[rows]), requires_grad=False)
+def _linear_rows(weight: torch.Tensor, rows: Any, bias: torch.Tensor | None) -> nn.Linear:
+    """An ``nn.Linear`` viewing the output ``rows`` of a projection's ``weight`` ``(out, in)``, with ``bias`` (the
+    rows' own, already selected) or none."""
+    lin = nn.Linear(weight.shape[1], weight[rows].shape[0], bias=bias is not None, device="meta")
+    lin.weight = nn.Parameter(weight.detach()[rows], requires_grad=False)
+    if bias is not None:
+        lin.bias = nn.Parameter(bias, requires_grad=False)
+    return lin
 
 
 def _halves(fused: nn.Linear) -> tuple[nn.Linear, nn.Linear]:
     """The first and second half of a fused projection's outputs as two ``nn.Linear`` viewing its weights."""
     half = fused.out_features // 2
-    out = []
-    for rows in (slice(0, half), slice(half, None)):
-        lin = nn.Linear(fused.in_features, half, bias=fused.bias is not None, device="meta")
-        lin.weight = nn.Parameter(fused.weight.detach()[rows], requires_grad=False)
-        if fused.bias is not None:
-            lin.bias = nn.Parameter(fused.bias.detach()[rows], requires_grad=False)
-        out.append(lin)
-    return out[0], out[1]
+    lower, upper = slice(0, half), slice(half, None)
+    bias = fused.bias.detach() if fused.bias is not None else None
+    return (_linear_rows(fused.weight, lower, None if bias is None else bias[lower]),
+            _linear_rows(fused.weight, upper, None if bias is None else bias[upper]))
 
 
 def _final_norm(model: nn.Module, anatomy: Anatomy) -> nn.Module | None:
@@ -204,7 +202,7 @@ def _values(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, spec: Layer
     out = mods["value"](a)
     b, n, _ = a.shape
     dh = linear_weight(mods["output"]).shape[1] // heads
-    if spec.fused > 1 and not isinstance(mods["value"], _ValueRows):
+    if spec.fused > 1 and spec.value_bias is None:  # with a value bias, _parts gives the value rows alone
         out = out[..., spec.value_features(out.shape[-1], heads, dh).to(out.device)]
     v = out.reshape(b, n, out.shape[-1] // dh, dh)
     return v if v.shape[2] == heads else v.repeat_interleave(heads // v.shape[2], dim=2)
@@ -1323,9 +1321,8 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
     if bias != "token" and ctx.head.task in ("token", "qa"):
         raise InputError(f"decompx bias={bias!r} decomposes a sequence classifier's first token; for a "
                          f"{ctx.head.kind} use bias='token' (the default)")
-    if ctx.head.task in ("token", "qa") and ctx.target_kind != "logit":
-        raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")
-    if ctx.head.read_rows(ctx.targets) is not None and ctx.target_kind == "loss":
+    if (ctx.target_kind == "loss" and ctx.head.task not in ("token", "qa")
+            and ctx.head.read_rows(ctx.targets) is not None):
         contrast = True  # an answer's log-probabilities: each token's z_t − Σ_c p_c z_c, their first-order change
     elif ctx.target_kind != "logit":
         raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")

@@ -50,7 +50,7 @@ def as_layer_norm(norm: nn.Module) -> nn.Module:
     """``norm`` as the ``nn.LayerNorm`` (weight, bias, eps) the decomposition methods read: itself, or, for a
     model's own LayerNorm class that computes the same (DeBERTa's ``DebertaLayerNorm``: epsilon inside the root,
     statistics in float32), an ``nn.LayerNorm`` sharing its parameters."""
-    if isinstance(norm, nn.LayerNorm) or type(norm).__name__ != "DebertaLayerNorm":
+    if isinstance(norm, nn.LayerNorm) or not is_layer_norm(norm):
         return norm
     ln = nn.LayerNorm(norm.weight.shape[0], eps=float(norm.variance_epsilon), device="meta")
     ln.weight, ln.bias = norm.weight, norm.bias
