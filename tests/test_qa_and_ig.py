@@ -10,7 +10,9 @@ from transformers import BertConfig, BertForQuestionAnswering
 
 from attnlens import Explainer, InputError, ModelError
 from attnlens.core.engine import batch_context
+from attnlens.lrp import lrp_pass
 from attnlens.methods.gradient import baseline_ids
+from attnlens.models.heads import QAHead
 
 QUESTION, CONTEXT = "what was the movie ?", "the movie was great but the plot was boring ."
 
@@ -71,6 +73,9 @@ def test_attention_methods_read_the_span_start_and_end_rows(qa, span):
         gae = gae + (x * y).clamp(min=0).mean(0) @ gae
     want = {"rawatt": w @ a[-1].mean(0), "grads": w @ g[-1].mean(0), "agrad": w @ (a[-1] * g[-1]).mean(0),
             "rollout": w @ roll, "gae": w @ gae}
+    # PartialLRP: the last layer's attention relevance of the span's LRP pass (its own scalar), at the same rows
+    relevance = lrp_pass(qa.model, dict(enc), torch.tensor([[s, t]]), head=QAHead(), rules="chefer")
+    want["partiallrp"] = w.float() @ relevance.attention_relevance[-1][0].clamp(min=0).mean(0).float()
     for m, v in want.items():
         np.testing.assert_allclose(e.scores[m], v.numpy(), rtol=1e-4, atol=1e-6, err_msg=m)
     assert all(np.abs(e.scores[m]).max() > 1e-3 for m in methods)  # every method reads rows the span feeds
