@@ -246,6 +246,10 @@ def test_benchmark_folder_sort_and_open_an_example(page):
         page.click("#bench-table th:nth-child(2)")
         shown = page.eval_on_selector_all(aopc, "c => c.map(x => parseFloat(x.textContent))")
         assert shown == sorted(shown, reverse=reverse)
+    # the shown folder opened again (a repeated or late reply) keeps the order chosen on it
+    page.evaluate("openBenchmark()")
+    assert page.evaluate("state.benchSort") is not None
+    assert page.eval_on_selector_all(aopc, "c => c.map(x => parseFloat(x.textContent))") == shown
     assert page.locator("#bench-curves svg").count() >= 1
     _shoot(page, "serve-benchmark")
     first = page.locator("#bench-examples button").first

@@ -9,7 +9,7 @@ const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2
   "#db2777", "#65a30d", "#7c3aed", "#0d9488", "#b91c1c", "#1d4ed8", "#a16207", "#be185d", "#15803d", "#6d28d9",
   "#c2410c", "#0e7490"];
 const state = { models: [], facts: null, exp: null, expRequest: null, faith: null, attention: null,
-  attentionText: null, gen: null, genModel: null, genRange: null, bench: null, benchSort: null, job: null };
+  attentionText: null, gen: null, genModel: null, genRange: null, bench: null, benchName: null, benchSort: null, job: null };
 const results = new Map();  // (kind, request) -> result: switching views never asks twice
 
 class Cancelled extends Error {}
@@ -594,8 +594,10 @@ async function openBenchmark() {
   const name = $("bench-select").value;
   const key = "bench " + name;
   if (!results.has(key)) results.set(key, await api("/api/benchmarks/" + encodeURIComponent(name)));
+  if ($("bench-select").value !== name) return;  // a folder chosen since is shown instead (a late reply is dropped)
+  if (state.benchName !== name) state.benchSort = null;  // a folder opened again keeps the order chosen on it
+  state.benchName = name;
   state.bench = results.get(key);
-  state.benchSort = null;
   const b = state.bench;
   $("bench-facts").textContent = `${b.model || ""} · ${b.dataset || ""} ${b.split || ""} · ${b.n_examples} examples · accuracy ${fmt(b.accuracy)} · ${b.protocol || ""}`;
   renderBenchTable();
