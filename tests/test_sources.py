@@ -17,6 +17,7 @@ from attnlens import Explainer, InputError
 from attnlens.cli import main
 from attnlens.core.answer_engine import answer_logprobs
 from attnlens.results.context_attribution import ContextAttribution, load_attributions
+from attnlens.sources import DEFAULT_METHODS
 from attnlens.sources import methods as source_methods
 from attnlens.sources.ablation import ablated_context
 from attnlens.sources.prompt import build_prompt, token_sources
@@ -301,10 +302,42 @@ def test_default_methods_leave_out_what_the_budget_cannot_hold_and_say_so(lm, mo
     assert methods_within_budget(lm.runner, ["decompx", "attnlrp"], n, 2**45)[1] == {}
     # attribute_context asks it at the prompt's length and warns about what it left out
     monkeypatch.setattr(attribute, "methods_within_budget", lambda runner, methods, n, budget, answer_tokens: (
-        [m for m in methods if m != dear], {dear: 5 * 2**30}))
-    with pytest.warns(UserWarning, match=f"left out of the default methods at .* tokens.*{dear} about 5.0 GiB"):
+        [m for m in methods if m != "attnlrp"], {"attnlrp": 5 * 2**30}))
+    with pytest.warns(UserWarning, match="left out of the default methods at .* tokens.*attnlrp about 5.0 GiB"):
         r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, chat=False)
-    assert r.methods == [cheap, "loo"]
+    assert r.methods == ["attngate", "loo"]
+
+
+def test_default_methods_in_their_order_the_first_read_by_top(lm):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, chat=False)
+    assert r.methods == list(DEFAULT_METHODS) == ["attngate", "attnlrp", "loo"]
+    assert [i for i, _, _ in r.top(4)] == [i for i, _, _ in r.top(4, "attngate")]
+    mixed = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, chat=False, methods="loo,rawatt,attngate")
+    assert mixed.methods == ["loo", "rawatt", "attngate"]  # as named, token-level and source-level mixed
+
+
+def test_defaults_leave_out_attention_gates_where_the_model_cannot_gate_and_a_named_one_is_refused(monkeypatch):
+    """Gemma 2 softcaps its attention logits, which the gates' fused attention does not apply: the defaults go on
+    without ``attngate`` and say why; named, it is refused with one line before the answer is generated."""
+    from attnlens.sources import attribute, gates
+
+    ex = Explainer(make_lm("gemma2"), lm_tokenizer(), max_length=64)
+    assert gates.ungateable(ex.model) == "its attention softcaps the logits"
+    assert attribute.defaults_for(ex.model) == ["attnlrp", "loo"]
+    with pytest.warns(UserWarning, match=r"left out of the default methods: attngate cannot gate "
+                                         r"Gemma2ForCausalLM's attention \(its attention softcaps the logits\)"):
+        r = ex.attribute_context(CONTEXT, QUERY, answer=ANSWER, chat=False)
+    assert r.methods == ["attnlrp", "loo"]
+    generated: list[int] = []
+    monkeypatch.setattr(attribute, "greedy", lambda *a, **k: generated.append(1) or [5])
+    with pytest.raises(InputError, match=r"^attngate cannot gate Gemma2ForCausalLM's attention \(its attention "
+                                         r"softcaps the logits\); use at2, loo or contextcite$"):
+        ex.attribute_context(CONTEXT, QUERY, methods=["loo", "attngate"], chat=False)
+    assert generated == []
+    bloom = Explainer(make_lm("bloom"), lm_tokenizer(), max_length=64)
+    assert gates.ungateable(bloom.model) == "it does not run transformers' attention interface"
+    llama = make_lm("llama")
+    assert gates.ungateable(llama) is None and attribute.defaults_for(llama) == ["attngate", "attnlrp", "loo"]
 
 
 @pytest.mark.parametrize("methods", [["attnlrp"], ["loo", "attngate"]])

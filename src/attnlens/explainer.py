@@ -334,10 +334,10 @@ class Explainer:
                 of ``(start, end)`` character spans of the context, or of strings found in it in order.
             methods: token-level methods (any of :func:`attnlens.list_methods`, their token scores summed per
                 source) and source-level ones: ``"loo"`` (leave one out), ``"contextcite"`` (random ablations
-                + Lasso surrogate), ``"at2"`` (learned attention weights); ``"all"``; default
-                ``decompx, attnlrp, loo``, leaving out (with a warning) the token-level ones the memory budget
-                cannot hold at the prompt's length; named methods over the budget are refused instead (before
-                the answer is generated where even a one-token answer would not fit).
+                + Lasso surrogate), ``"at2"`` (learned attention weights), ``"attngate"`` (attention gates); ``"all"``;
+                default ``attngate, attnlrp, loo``, leaving out (with a warning) those the memory budget cannot
+                hold at the prompt's length or that cannot run on the model; named methods over the budget are
+                refused instead (before the answer is generated where even a one-token answer would not fit).
             template: the user message around context and query (default ``"Context: {context}\n\nQuery:
                 {query}"``).
             chat: put the message through the tokenizer's chat template (default: when it has one).

@@ -3,7 +3,7 @@
 Example::
 
     attnlens cite --model smollm2 --context-file report.txt --query "Who founded the company?" \\
-        --sources sentence --methods decompx,attnlrp,loo --format html --out cite.html
+        --sources sentence --methods attngate,attnlrp,loo --format html --out cite.html
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="what a source is (default: sentence; passage = blank-line-separated blocks)")
     p.add_argument("--methods", default=None,
                    help="comma-separated methods: token-level ones (see `attnlens explain --help`) and loo, "
-                        "contextcite, at2, at2lrp, attngate; 'all' (default: decompx,attnlrp,loo, leaving out with a "
-                        "warning those over --memory-budget at the prompt's length)")
+                        "contextcite, at2, at2lrp, attngate; 'all' (default: attngate,attnlrp,loo, leaving out with a "
+                        "warning those over --memory-budget at the prompt's length or that cannot run on the model)")
     p.add_argument("--template", help="the user message around {context} and {query} "
                                       "(default: 'Context: {context}\\n\\nQuery: {query}')")
     chat = p.add_mutually_exclusive_group()

@@ -16,7 +16,7 @@ from ..evaluation.perturb import ModelPredictor
 from ..methods.registry import get_method, list_methods
 from ..results.explanation import Explanation, explanations_json
 from ..results.tokentext import encoding_meta
-from ..sources.attribute import DEFAULT_METHODS as SOURCE_DEFAULTS
+from ..sources.attribute import defaults_for
 from ..sources.methods import SOURCE_METHODS
 from ..viz.headview import encode_attentions
 from .requests import AnswerRequest, AttributeRequest, ExplainRequest, GenerateRequest
@@ -36,7 +36,7 @@ def model_facts(name: str, ex: Any) -> dict[str, Any]:
     return {"name": name, "task": ex.head.task, "kind": ex.head.kind, "labels": ex.labels,
             "language_model": ex.head.task in LANGUAGE_MODELS, "max_length": ex.max_length,
             "token_encoding": encoding_meta(ex.tokenizer).get("token_encoding"), "methods": methods,
-            "source_methods": list(SOURCE_METHODS), "source_defaults": list(SOURCE_DEFAULTS),
+            "source_methods": list(SOURCE_METHODS), "source_defaults": defaults_for(ex.model),
             "source_summaries": {m: spec.summary for m, spec in SOURCE_METHODS.items()}}
 
 

@@ -34,7 +34,9 @@ from .token_scores import token_source_scores
 
 __all__ = ["DEFAULT_METHODS", "attribute_context", "check_options", "prepare_job", "score_job", "split_methods"]
 
-DEFAULT_METHODS = ("decompx", "attnlrp", "loo")
+# attention gates first: of the methods that need no ablations, the best at ranking random ablations and at finding
+# the gold source on the context benchmark, and cheap on long prompts (docs/context-attribution.md)
+DEFAULT_METHODS = ("attngate", "attnlrp", "loo")
 
 
 LEARNED = ("at2", "at2lrp")  # source-level methods that read weights fitted per model
@@ -75,9 +77,16 @@ def check_options(methods: str | Sequence[str] | None, options: Mapping[str, Map
     return options, source_options
 
 
+def defaults_for(model: Any) -> list[str]:
+    """:data:`DEFAULT_METHODS` without the source-level ones that cannot run on ``model`` at all (what the explorer
+    offers checked)."""
+    return [m for m in DEFAULT_METHODS if m not in SOURCE_METHODS or SOURCE_METHODS[m].unsupported(model) is None]
+
+
 def default_methods(job: CiteJob) -> list[str]:
-    """The default methods for ``job``: :data:`DEFAULT_METHODS`, without the token-level ones the memory budget
-    cannot hold at this prompt's length (a warning names them and what they would need)."""
+    """The default methods for ``job``, in :data:`DEFAULT_METHODS`' order, without those that cannot run on it: the
+    token-level ones the memory budget cannot hold at this prompt's length, and the source-level ones whose check
+    refuses the model or the length (one warning each way names them and why)."""
     token, source = split_methods(list(DEFAULT_METHODS))
     n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
     kept, left = methods_within_budget(job.runner, token, n, job.memory_budget, len(job.answer_ids))
@@ -86,7 +95,18 @@ def default_methods(job: CiteJob) -> list[str]:
         warnings.warn(f"left out of the default methods at {n:,} tokens, over the memory budget of "
                       f"{parse_budget(job.memory_budget) / 2**30:.1f} GiB: {need} (name them with a larger "
                       "memory_budget / --memory-budget)", stacklevel=3)
-    return [*kept, *source]
+    refused = {}
+    for m in source:  # a default that cannot run on the model, or not at this length
+        spec = SOURCE_METHODS[m]
+        try:
+            if spec.check is not None:
+                spec.check(job, **spec.options)
+        except InputError as err:
+            refused[m] = str(err)
+    if refused:
+        warnings.warn("left out of the default methods: " + "; ".join(refused.values()), stacklevel=3)
+    kept += [m for m in source if m not in refused]
+    return [m for m in DEFAULT_METHODS if m in kept]
 
 
 def _check_source_passes(job: CiteJob, source_options: Mapping[str, Mapping[str, Any]]) -> None:
@@ -274,6 +294,8 @@ def score_job(
                 method_meta[m] = figures
     if logprob is None and "full" in job.cache:
         logprob = job.cache["full"]
+    named = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods or DEFAULT_METHODS)
+    scores = {m: scores[m] for m in [*(m for m in named if m in scores), *(m for m in scores if m not in named)]}
     figures = {"answer_logprob": logprob, "seconds": seconds, "outside_share": outside,
                "options": {**{k: v for k, v in options.items() if v}, **source_options}}
     if method_meta:

@@ -58,7 +58,7 @@ from ..models.recompute import recomputable, recomputed_layers
 from .ablation import CiteJob
 from .methods import source_method
 
-__all__ = ["IMPLEMENTATION", "gated_attention", "gating", "source_gate_gradients"]
+__all__ = ["IMPLEMENTATION", "gated_attention", "gating", "source_gate_gradients", "ungateable"]
 
 IMPLEMENTATION = "attnlens_gates"  # the name it is registered under in transformers' attention interfaces
 _LOG_GATES: ContextVar[torch.Tensor | None] = ContextVar("attnlens_log_gates", default=None)
@@ -92,6 +92,25 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                                      scale=scale, is_causal=causal)[..., :-1]
     return out.transpose(1, 2).contiguous(), None
+
+
+def ungateable(model: nn.Module) -> str | None:
+    """Why :func:`gated_attention` cannot stand in for ``model``'s attention, or ``None`` where it can: the model
+    must run its attention through transformers' attention interface, without logit softcapping (Gemma 2's),
+    which fused attention does not apply."""
+    if not dispatches_attention(model):
+        return "it does not run transformers' attention interface"
+    if getattr(model.config, "attn_logit_softcapping", None) is not None:
+        return "its attention softcaps the logits"
+    return None
+
+
+def check_gateable(model: nn.Module) -> None:
+    """:class:`InputError` (one line) where :func:`ungateable` gives a reason."""
+    why = ungateable(model)
+    if why:
+        raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({why}); use at2, loo or "
+                         "contextcite")
 
 
 def registered() -> str:
@@ -132,9 +151,7 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
     if per not in GRANULARITIES or queries not in QUERIES:
         raise InputError(f"per must be one of {', '.join(GRANULARITIES)} and queries one of {', '.join(QUERIES)}; "
                          f"got per={per!r}, queries={queries!r}")
-    if not dispatches_attention(model):
-        raise InputError(f"attngate gates attention through transformers' attention interface, which "
-                         f"{type(model).__name__} does not run; use at2, loo or contextcite")
+    check_gateable(model)
     ids = job.prompt.ids + job.prefix_ids + job.answer_ids
     owner = torch.as_tensor(job.token_source + [-1] * (len(ids) - len(job.token_source)))
     inside = owner >= 0
@@ -248,8 +265,9 @@ def _checked(gate: Any, queries: Any, steps: Any = 1) -> tuple[list[float], str]
 
 
 def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after", steps: Any = 1) -> None:
-    """attngate's options and memory, before any method of the job runs."""
+    """attngate's options, the model and the memory, before any method of the job runs."""
     points, queries = _checked(gate, queries, steps)
+    check_gateable(job.runner.model)
     _plan(job, queries, len(points))
 
 
@@ -259,7 +277,8 @@ def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after", steps: Any = 1
                "context, one backward over the positions after it per step.",
                "attention-gate gradient (first-order attention masking, after attribution patching: Nanda 2023, "
                "Kramár et al. 2024)",
-               forwards=lambda n, steps=1, **_: 1 + steps, check=_check, gate=0.5, queries="after", steps=1)
+               forwards=lambda n, steps=1, **_: 1 + steps, check=_check, why_not=ungateable, gate=0.5,
+               queries="after", steps=1)
 def attngate(job: CiteJob, gate: float = 0.5, queries: str = "after",
              steps: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
     points, queries = _checked(gate, queries, steps)

@@ -32,7 +32,7 @@ class SourceMethod:
     notice a change; ``token_methods``: the token-level methods whose pass it runs on the whole prompt (their memory
     is checked against the budget before anything runs); ``check(job, **options)``: raises
     :class:`~attnlens.errors.InputError` before any method of the job runs when its options or the memory budget
-    rule it out."""
+    rule it out; ``why_not(model)``: why the method cannot run on a model at all, or ``None`` where it can."""
 
     name: str
     compute: Callable[..., tuple[np.ndarray, dict[str, Any]]]
@@ -43,6 +43,12 @@ class SourceMethod:
     identity: Callable[..., dict[str, Any]] | None = None
     token_methods: tuple[str, ...] = ()
     check: Callable[..., None] | None = None
+    why_not: Callable[[Any], str | None] | None = None
+
+    def unsupported(self, model: Any) -> str | None:
+        """Why this method cannot run on ``model``, or ``None`` where it can (as
+        :meth:`attnlens.methods.Method.unsupported` says it of a token-level method)."""
+        return None if self.why_not is None else self.why_not(model)
 
 
 SOURCE_METHODS: dict[str, SourceMethod] = {}
@@ -50,13 +56,13 @@ SOURCE_METHODS: dict[str, SourceMethod] = {}
 
 def source_method(name: str, summary: str, citation: str, forwards: Callable[..., int],
                   identity: Callable[..., dict[str, Any]] | None = None, token_methods: tuple[str, ...] = (),
-                  check: Callable[..., None] | None = None,
+                  check: Callable[..., None] | None = None, why_not: Callable[[Any], str | None] | None = None,
                   **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a source-level method under ``name`` (its keyword defaults are ``options``)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         SOURCE_METHODS[name] = SourceMethod(name, fn, summary, citation, forwards, options, identity, token_methods,
-                                          check)
+                                          check, why_not)
         return fn
 
     return wrap
