@@ -24,7 +24,9 @@ log-probability moves fastest just above closed gates). With ``queries="after"``
 each step adds one forward and backward of the positions after it.
 
 The gates' logarithm rides on one extra dimension of the queries and keys (``q' = [q, 1]``,
-``k' = [k, log g / scale]``), so attention stays fused and no ``N × N`` mask is built.
+``k' = [k, log g / scale]``), so attention stays fused and no ``N × N`` mask is built. Where the model softcaps
+its attention logits (Gemma 2), the gates must act after the cap: the gated queries' attention is computed as eager
+attention computes it, which ``queries="after"`` keeps to a few rows (``queries="all"`` is refused there).
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """One attention layer (transformers' attention-interface signature) by SDPA with the active per-key log-gates
     (:func:`gating`) added to every query's logits. Returns ``(B, Q, H, d)`` outputs and no probabilities."""
     log_gates = _LOG_GATES.get()
-    bad = unsupported(kwargs)
+    softcap = kwargs.get("softcap")
+    bad = [k for k in unsupported(kwargs) if k != "softcap"]
     if log_gates is None or bad:
         raise RowAttentionUnsupported(f"gated attention with {', '.join(bad) or 'no gates'}")
     if log_gates.dim() >= 2:  # one row of gates per layer (and head)
@@ -85,6 +88,8 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if log_gates.shape[-1] != keys or (log_gates.dim() == 2 and log_gates.shape[0] != h):
         raise RowAttentionUnsupported(f"gates of shape {tuple(log_gates.shape)} for {h} heads and {keys} keys")
     causal, scale = causal_and_scale(module, query, attention_mask, is_causal, scaling)
+    if softcap is not None:
+        return _softcapped(query, key, value, attention_mask, log_gates, scale, causal, float(softcap)), None
     gates = (log_gates / scale).to(key.dtype).reshape(1, -1, keys, 1).expand(b, h, keys, 1)
     query = torch.cat([query, query.new_ones(b, h, n, 1)], -1)
     key = torch.cat([key, gates], -1)
@@ -94,14 +99,34 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     return out.transpose(1, 2).contiguous(), None
 
 
+def _softcapped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                log_gates: torch.Tensor, scale: float, causal: bool, softcap: float) -> torch.Tensor:
+    """``(B, Q, H, d)``: attention whose logits are softcapped (``cap · tanh(logits / cap)``, Gemma 2's) before the
+    mask and the gates are added, as eager attention computes it (the gates must act after the cap, so they
+    cannot ride on the fused kernel's dot products). Its ``H × Q × K`` scores exist at once: the gated passes keep
+    the queries few (``queries="after"``)."""
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    q, k = scores.shape[-2:]
+    if mask is None and causal:  # the last q of k positions
+        mask = torch.ones(q, k, dtype=torch.bool, device=scores.device).tril(k - q)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    scores = scores + log_gates.to(scores.dtype).reshape(1, -1, 1, k)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous()
+
+
+def softcaps(model: nn.Module) -> bool:
+    """Whether ``model``'s attention softcaps its logits (Gemma 2): gated, it runs eager over the gated queries."""
+    return getattr(model.config, "attn_logit_softcapping", None) is not None
+
+
 def ungateable(model: nn.Module) -> str | None:
     """Why :func:`gated_attention` cannot stand in for ``model``'s attention, or ``None`` where it can: the model
-    must run its attention through transformers' attention interface, without logit softcapping (Gemma 2's),
-    which fused attention does not apply."""
+    must run its attention through transformers' attention interface."""
     if not dispatches_attention(model):
         return "it does not run transformers' attention interface"
-    if getattr(model.config, "attn_logit_softcapping", None) is not None:
-        return "its attention softcaps the logits"
     return None
 
 
@@ -198,7 +223,11 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
 def _plan(job: CiteJob, queries: str, gates: int = 1) -> tuple[int, bool]:
     """``(cut, recompute)`` of the gated passes (one per gate value): the first gated query (0: every query is)
     and whether the backward recomputes each layer; :class:`InputError` when the passes would not fit the memory
-    budget."""
+    budget, or would gate every query of a model whose softcapped attention then runs eager over the whole
+    prompt."""
+    if queries == "all" and softcaps(job.runner.model):
+        raise InputError(f"attngate with queries='all' cannot gate {type(job.runner.model).__name__}'s softcapped "
+                         "attention over the whole prompt; use queries='after' (the default)")
     n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
     logit_rows = len(job.answer_ids) + 1 if keeps_logits(job.runner.model) else 0
     if queries == "after":
