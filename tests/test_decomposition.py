@@ -94,7 +94,8 @@ class Reference:
     """One example through a tiny post-LN encoder (BERT, MPNet, DeBERTa, DeBERTa-v2) without padding, with each layer's
     pieces read by hooks, and the formulas of the papers written out with loops over tokens and heads."""
 
-    def __init__(self, model: torch.nn.Module, ids: list[int]) -> None:
+    def __init__(self, model: torch.nn.Module, ids: list[int], token_type_ids: list[int] | None = None) -> None:
+        """``token_type_ids``: the segments of a text pair (a QA model's question and context); default all 0."""
         self.model = model
         self.pieces = pieces = PIECES[model.config.model_type]
         store: dict[tuple[str, int], torch.Tensor] = {}
@@ -117,7 +118,8 @@ class Reference:
             hooks.append(pieces.pooler(model).register_forward_hook(keep("pool", 0, False)))
         try:
             with torch.no_grad():
-                out = model(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
+                types = {} if token_type_ids is None else {"token_type_ids": torch.tensor([token_type_ids])}
+                out = model(torch.tensor([ids]), **types, output_attentions=True, output_hidden_states=True)
         finally:
             for h in hooks:
                 h.remove()
@@ -156,34 +158,43 @@ class Reference:
         return self.ln(v, self.layer(l).output.LayerNorm, self.store[("pre2", l)][i])
 
     def matrix(self, entry) -> torch.Tensor:
-        return torch.tensor([[float(entry(i, j)) for j in range(self.n)] for i in range(self.n)])
+        return torch.tensor([[float(entry(i, j)) for j in range(self.n)] for i in range(self.n)],
+                            dtype=torch.float64)
 
-    @staticmethod
-    def rollout_row(mats: list[torch.Tensor]) -> np.ndarray:
+    def query_weights(self, w: np.ndarray | None) -> np.ndarray:
+        """The explained query rows' weights ``(n,)``: ``w``, or one-hot on row 0 ([CLS], which a sequence
+        classifier's head reads)."""
+        return np.eye(self.n)[0] if w is None else np.asarray(w, dtype=np.float64)
+
+    def rollout_row(self, mats: list[torch.Tensor], w: np.ndarray | None = None) -> np.ndarray:
+        """``w @ (M^L···M^1)``."""
         joint = mats[0]
         for m in mats[1:]:
             joint = m @ joint
-        return joint[0].numpy()
+        return self.query_weights(w) @ joint.double().numpy()
 
-    # the four methods, row 0 ([CLS], which the head reads)
+    # the methods at the rows ``w`` weighs (default row 0, [CLS]): ``w @ (each row's result)``
     @torch.no_grad()
-    def attnnorm(self, variant: str) -> np.ndarray:
-        l = len(self.attn) - 1
-        vecs = [self.z(l, 0, j, residual=variant != "attn") for j in range(self.n)]
-        if variant == "attn_res_ln":
-            vecs = [self.ln1(l, 0, v) for v in vecs]
-        return np.array([float(v.detach().norm()) for v in vecs])
+    def attnnorm(self, variant: str, w: np.ndarray | None = None) -> np.ndarray:
+        l, weights = len(self.attn) - 1, self.query_weights(w)
+        out = np.zeros(self.n)
+        for i in np.flatnonzero(weights):
+            vecs = [self.z(l, i, j, residual=variant != "attn") for j in range(self.n)]
+            if variant == "attn_res_ln":
+                vecs = [self.ln1(l, i, v) for v in vecs]
+            out += weights[i] * np.array([float(v.detach().norm()) for v in vecs])
+        return out
 
     @torch.no_grad()
-    def globenc(self, normalize: bool = False) -> np.ndarray:
+    def globenc(self, normalize: bool = False, w: np.ndarray | None = None) -> np.ndarray:
         mats = []
         for l in range(len(self.attn)):
             m = self.matrix(lambda i, j, l=l: self.ln2(l, i, self.ln1(l, i, self.z(l, i, j))).norm())
             mats.append(m / m.sum(1, keepdim=True) if normalize else m)
-        return self.rollout_row(mats)
+        return self.rollout_row(mats, w)
 
     @torch.no_grad()
-    def alti(self) -> np.ndarray:
+    def alti(self, w: np.ndarray | None = None) -> np.ndarray:
         mats = []
         for l in range(len(self.attn)):
             def c(i: int, j: int, l: int = l) -> float:
@@ -191,7 +202,7 @@ class Reference:
                 return max(0.0, float(y.abs().sum() - (y - self.ln1(l, i, self.z(l, i, j))).abs().sum()))
             m = self.matrix(c)
             mats.append(m / m.sum(1, keepdim=True))
-        return self.rollout_row(mats)
+        return self.rollout_row(mats, w)
 
     @torch.no_grad()
     def decompx_token(self, target: int, reads: list[tuple[int, int]] | None = None) -> tuple[np.ndarray, float]:
