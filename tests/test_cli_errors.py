@@ -20,7 +20,7 @@ import attnlens
 from attnlens import Explainer, Explanation, list_methods, load_explanations
 from attnlens.cli import main
 
-LRP = {"partiallrp", "transatt", "attnlrp"}
+LRP_MAPS = {"partiallrp", "transatt"}  # read one self-attention stream's attention relevance (not an encoder-decoder's)
 SQUARE = {"rollout", "gae", "flow", "transatt", "valuezeroing"}  # need square self-attention (not BART's cross)
 NORM = {"attnnorm", "globenc", "alti", "decompx"}  # need a layer anatomy (decompx: a classifier or a causal LM)
 LABELS = {0: "negative", 1: "positive"}
@@ -62,11 +62,11 @@ def _one_line_error(capsys, code: int) -> str:
     [
         ("bert", None, set()),
         ("gpt2", None, set()),
-        ("bart", None, LRP | {"decompx"}),  # the norm methods read the encoder's layers
-        ("bart", "encoder", LRP | {"decompx"}),
+        ("bart", None, LRP_MAPS | {"decompx"}),  # the norm methods read the encoder's layers
+        ("bart", "encoder", LRP_MAPS | {"decompx"}),
         # attnnorm reads one attention, alti follows the row through both (ALTI+): every stream
-        ("bart", "decoder", LRP | NORM - {"attnnorm", "alti"}),
-        ("bart", "cross", LRP | SQUARE | NORM - {"attnnorm", "alti"}),
+        ("bart", "decoder", LRP_MAPS | NORM - {"attnnorm", "alti"}),
+        ("bart", "cross", LRP_MAPS | SQUARE | NORM - {"attnnorm", "alti"}),
         ("qa", None, set()),  # the row readers read the span's start and end rows
     ],
 )
@@ -87,7 +87,7 @@ def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped,
         assert len(notices) == 1, err
         names = ", ".join(m for m in list_methods() if m in skipped)
         assert notices[0].startswith(f"attnlens: warning: skipping {names}: ")
-        assert any(why in notices[0] for why in ("support BERT", "need a layer anatomy",
+        assert any(why in notices[0] for why in ("support BERT", "need a layer anatomy", "one self-attention stream",
                                                  "reads an encoder-decoder's encoder layers"))
         if attention == "cross":
             assert "needs self-attention" in notices[0]
@@ -114,11 +114,11 @@ def test_methods_all_on_reference_models(name, attention, tmp_path, capsys):
     code = main(argv + (["--attention", attention] if attention else []))
     err = capsys.readouterr().err
     assert code == 0, err
-    # seq2seq: no LRP rules, the norm methods on the encoder stream only but attnnorm on every stream, no decompx
-    # (GPT-2, a pre-LN decoder, has all of them)
+    # seq2seq: AttnLRP but not the methods reading attention relevance, the norm methods on the encoder stream
+    # only but attnnorm on every stream, no decompx (GPT-2, a pre-LN decoder, has all of them)
     bart = name.startswith("bart")
     norm = NORM - {"attnnorm", "alti"} if attention in ("decoder", "cross") else {"decompx"}  # alti: ALTI+
-    skipped = (LRP | norm if bart else set()) | (SQUARE if attention == "cross" else set())
+    skipped = (LRP_MAPS | norm if bart else set()) | (SQUARE if attention == "cross" else set())
     (exp,) = load_explanations(out)
     assert exp.methods == [m for m in list_methods() if m not in skipped]
     assert exp.predicted == 1  # positive: the reference models get this sentence right
@@ -126,8 +126,8 @@ def test_methods_all_on_reference_models(name, attention, tmp_path, capsys):
 
 
 def test_methods_named_explicitly_still_refuse(models, capsys):
-    code = main(["explain", "good", "--model", models["bart"], "--methods", "rawatt,attnlrp"])
-    assert "support BERT" in _one_line_error(capsys, code)
+    code = main(["explain", "good", "--model", models["bart"], "--methods", "rawatt,transatt"])
+    assert "one self-attention stream" in _one_line_error(capsys, code)
 
 
 # ------------------------------------------------------------- option mistakes: one line, before loading

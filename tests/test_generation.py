@@ -13,6 +13,7 @@ from conftest import CLS, PAD, SEP, V, make_model
 
 from attnlens import Explainer, Generation, InputError, ModelError, load_generations
 from attnlens.core.encoding import Encoded
+from attnlens.lrp import supports as lrp_supports
 from attnlens.methods.registry import get_method
 from attnlens.testing.tiny_models import build_tiny
 from attnlens.viz.colors import prediction_line
@@ -357,7 +358,7 @@ def _s2s_methods(s2s: Explainer, methods: list[str]) -> list[str]:
     """``methods`` that apply to the stream: no propagation through cross attention, no input-embedding methods
     on the decoder stream (its tokens are not the encoder's input)."""
     skip = {"cross": {"rollout", "gae", "flow", "valuezeroing"},
-            "decoder": {"saliency", "inputxgradient", "integratedgradients", "valuezeroing", *PERTURBATION}}
+            "decoder": {"saliency", "inputxgradient", "integratedgradients", "attnlrp", "valuezeroing", *PERTURBATION}}
     return [m for m in methods if m not in skip.get(s2s.stream, set())]
 
 
@@ -371,7 +372,10 @@ def test_seq2seq_every_method_runs(s2s):
     # GlobEnc reads the encoder's layers only; attnnorm reads one attention at a time and ALTI on the other
     # streams is ALTI+, so every stream
     norm = ["attnnorm", "globenc", "alti"] if s2s.stream == "encoder" else ["attnnorm", "alti"]
-    assert set(g.methods) == set(_s2s_methods(s2s, FAST + ["integratedgradients"] + vz + norm + PERTURBATION))
+    # AttnLRP attributes to the encoder's input, as the gradient methods do; the other LRP methods read one
+    # self-attention stream's attention relevance
+    lrp = ["attnlrp"] if lrp_supports(s2s.model) else []
+    assert set(g.methods) == set(_s2s_methods(s2s, FAST + ["integratedgradients"] + lrp + vz + norm + PERTURBATION))
     for m, s in g.scores.items():
         assert s.shape == (t, p + t) and np.isfinite(s).all(), m
         if s2s.stream == "decoder":  # over the continuation before each step (step 0 has only the start token)

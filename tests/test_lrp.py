@@ -382,7 +382,7 @@ def test_model_restored_after_an_error():
     _assert_unchanged(model, before)
 
 
-@pytest.mark.parametrize("family", ["bart", "t5"])
+@pytest.mark.parametrize("family", ["t5"])
 def test_unsupported_architecture_is_a_clear_error(family, tokenizer):
     model = make_model(family)
     assert not supports(model) and supports(make_model("electra"))

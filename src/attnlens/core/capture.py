@@ -69,6 +69,18 @@ def _without_hidden_states(outputs: Any) -> Any:
     return outputs
 
 
+def _without_attentions(outputs: Any) -> Any:
+    """``outputs`` with empty tuples where the adapters read attention maps (``attentions``, an encoder-decoder's
+    ``encoder_attentions``, ``decoder_attentions`` and ``cross_attentions``): another pass ran the forward and
+    kept none."""
+    outputs.attentions = ()
+    if dataclasses.is_dataclass(outputs):
+        for f in dataclasses.fields(outputs):
+            if f.name.endswith("attentions"):
+                setattr(outputs, f.name, ())
+    return outputs
+
+
 def capture_mode(model: nn.Module, adapter: Adapter, stream: str, keep: Collection[str],
                  positions_known: bool = False) -> str:
     """How a pass keeping ``keep`` runs on ``model``: :data:`ROWS` (fused attention, nothing ``N × N`` kept) when
@@ -229,8 +241,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         with torch.set_grad_enabled(gradients):
             kwargs = dict(inputs if sequence is None else sequence, **logit_rows.model_kwargs())
             if given is not None:  # another pass ran the forward: nothing of the stream is kept
-                outputs = given
-                outputs.attentions = ()
+                outputs = _without_attentions(given)
             elif mode == ROWS:
                 if getattr(model.config, "use_cache", None) is not None:
                     kwargs["use_cache"] = False  # a recomputed layer must not append to a key/value cache again

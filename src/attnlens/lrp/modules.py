@@ -32,6 +32,13 @@ def tanh_head(head: nn.Module, state: PassState, features: torch.Tensor, **kwarg
     return head.out_proj(head.dropout(x))
 
 
+def pooled_tanh_head(head: nn.Module, state: PassState, pooled: torch.Tensor) -> torch.Tensor:
+    """BART's and mBART's classification head, given the pooled (last EOS) state: identity rule on its inline
+    tanh."""
+    x = rules.identity_rule(torch.tanh, head.dense(head.dropout(pooled)))
+    return head.out_proj(head.dropout(x))
+
+
 def deberta_pooler(pooler: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
     """DeBERTa's ``ContextPooler``: identity rule on its activation (looked up inline, not a submodule)."""
     x = pooler.dense(pooler.dropout(hidden_states[:, 0]))
@@ -432,6 +439,7 @@ def _deberta_position_scores(hf, attn, state, split, q, k, relative_pos, rel_emb
 
 FORWARDS: dict[str, Callable[..., Any]] = {
     "tanh_head": tanh_head,
+    "pooled_tanh_head": pooled_tanh_head,
     "deberta_pooler": deberta_pooler,
     "deberta_attention": deberta_attention,
     "deberta_v1_attention": deberta_v1_attention,

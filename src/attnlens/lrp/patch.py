@@ -143,20 +143,27 @@ def check_supported(model: nn.Module) -> str:
             f"LRP methods (partiallrp, transatt, attnlrp) support {names}; "
             f"this model is {model_type or type(model).__name__!r}"
         )
-    _embedding_input(model, _support(model))
+    support = _support(model)
+    for path in (support.embedding_input, support.word_embeddings, support.decoder_input):
+        _submodule(model, support, path)
     return model_type
 
 
 def _embedding_input(model: nn.Module, support: LRPSupport) -> nn.Module | None:
     """The module whose input is the summed input embeddings (``None``: they are the word embeddings)."""
-    if support.embedding_input is None:
+    return _submodule(model, support, support.embedding_input)
+
+
+def _submodule(model: nn.Module, support: LRPSupport, path: str | None) -> nn.Module | None:
+    """The module at ``path`` below the base model (``None`` for no path); a model without it is refused."""
+    if path is None:
         return None
     base = getattr(model, "base_model", model)
     try:
-        return base.get_submodule(support.embedding_input)
+        return base.get_submodule(path)
     except AttributeError:
-        raise ModelError(f"LRP: {type(model).__name__} has no {support.embedding_input}; expected a stock HF "
-                         f"{support.name} model") from None
+        raise ModelError(f"LRP: {type(model).__name__} has no {path}; expected a stock HF {support.name} "
+                         "model") from None
 
 
 def _ln_forward(module: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor:
@@ -214,7 +221,9 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
         forwards.setdefault(cls_name, []).append((method or "forward", fn_name))
     blocks = {b.module: b for b in support.blocks} if state.rules == "chefer" else {}
     emb_input = _embedding_input(model, support)
-    word = model.get_input_embeddings()
+    word = _submodule(model, support, support.word_embeddings)
+    word = model.get_input_embeddings() if word is None else word
+    decoder_input = _submodule(model, support, support.decoder_input)
     training = [(m, m.training) for m in model.modules()]
     patched: list[tuple[nn.Module, str, Callable | None]] = []
     configs = {id(c): c for c in [model.config] + [getattr(m, "config", None) for m in model.modules()]
@@ -243,6 +252,9 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     def grab_sum(_m, args: tuple) -> None:  # the input of the embeddings' norm: word + position (+ segment)
         state.embedding_sum = args[0]
 
+    def grab_decoder(_m, args: tuple) -> None:  # the decoder's: its word + position embeddings
+        state.decoder_sum = args[0]
+
     try:
         model.eval()
         for module in model.modules():
@@ -268,6 +280,8 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
         handles.append(word.register_forward_hook(grab_word))
         if emb_input is not None:
             handles.append(emb_input.register_forward_pre_hook(grab_sum))
+        if decoder_input is not None:
+            handles.append(decoder_input.register_forward_pre_hook(grab_decoder))
         if state.rules == "chefer":
             for ln, branch in residual_sites(model):
                 handles.append(branch.register_forward_hook(grab_branch(ln)))

@@ -32,6 +32,9 @@ class LRPResult:
             the model adds them: the input of the module ``LRPSupport.embedding_input`` names, else the word
             embeddings), summed over the hidden dimension; ``None`` from a pass run with ``inputs=False``.
         word_relevance: ``(B, N)`` relevance of the word embeddings alone (LXT's convention); ``None`` likewise.
+        decoder_relevance: an encoder-decoder's: ``(B, M)`` relevance of the decoder's summed input embeddings
+            (its ``M`` input positions; ``input_relevance`` is the encoder's), so that the two together account
+            for the explained scalar; ``None`` for other models and passes without the input relevance.
         position_relevance: ``(B,)`` relevance taken by relative-position embeddings (DeBERTa-v2's, absorbed by
             those parameters like a bias) or relative-position score biases (BLOOM's and Falcon's ALiBi); zeros
             for other models.
@@ -55,6 +58,7 @@ class LRPResult:
     word_relevance: torch.Tensor | None
     position_relevance: torch.Tensor
     softmax_absorbed: torch.Tensor | None = None
+    decoder_relevance: torch.Tensor | None = None
     factors: list[LayerFactors] = field(default_factory=list)
     output_grads: list[torch.Tensor] = field(default_factory=list)
     first_layer: int = 0
@@ -315,10 +319,10 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
         return _last_layer_backward(state, value, start, logits, rows, retain, progress)
     emb_sum = state.word_embeddings if state.embedding_sum is None else state.embedding_sum
     others = [t for pair in state.other_softmaxes for t in pair]
-    leaves = [state.word_embeddings, emb_sum] if inputs_relevance else [None, None]
+    leaves = [state.word_embeddings, emb_sum, state.decoder_sum] if inputs_relevance else [None, None, None]
     fused_chefer = state.fused and rules in CHEFER
     if fused_chefer and not inputs_relevance:  # no probabilities to stop at: down to the embeddings
-        leaves = [state.word_embeddings, None]
+        leaves = [state.word_embeddings, None, None]
     probs = state.probs if attention_relevance else [None] * len(state.probs)
     wrt = [*leaves, *probs, *state.softmax_inputs, *state.position_inputs, *others]
     live = [i for i, t in enumerate(wrt) if t is not None and t.requires_grad]
@@ -332,12 +336,13 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
     for i, g in zip(live, found):
         grads[i] = g
     n_layers, n_soft = len(state.probs), len(state.softmax_inputs)
-    g_word, g_sum = grads[0], grads[1]
-    g_probs = grads[2 : 2 + n_layers]
-    g_soft = grads[2 + n_layers : 2 + n_layers + n_soft]
+    g_word, g_sum, g_decoder = grads[:3]
+    first = len(leaves)
+    g_probs = grads[first : first + n_layers]
+    g_soft = grads[first + n_layers : first + n_layers + n_soft]
     n_pos = len(state.position_inputs)
-    g_pos = grads[2 + n_layers + n_soft : 2 + n_layers + n_soft + n_pos]
-    g_others = grads[2 + n_layers + n_soft + n_pos :]
+    g_pos = grads[first + n_layers + n_soft : first + n_layers + n_soft + n_pos]
+    g_others = grads[first + n_layers + n_soft + n_pos :]
 
     n_rows = len(value)
 
@@ -370,6 +375,8 @@ def _backward(state: PassState, head: Head, read: torch.Tensor, tgt, target_kind
         word_relevance=rel(state.word_embeddings, g_word).sum(-1) if inputs_relevance else None,
         position_relevance=position,
         softmax_absorbed=absorbed,
+        decoder_relevance=(rel(state.decoder_sum, g_decoder).sum(-1)
+                           if inputs_relevance and state.decoder_sum is not None else None),
         factors=[state.factors[i] for i in range(len(state.factors))] if recomputes else [],
         output_grads=[state.output_grads[i] for i in range(len(state.output_grads))] if recomputes else [],
     )

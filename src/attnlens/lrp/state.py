@@ -42,6 +42,7 @@ class PassState:
     embedding_sum: torch.Tensor | None = None
     branches: dict[int, torch.Tensor] = field(default_factory=dict)  # residual branch per LayerNorm (chefer)
     word_embeddings: torch.Tensor | None = None
+    decoder_sum: torch.Tensor | None = None  # an encoder-decoder's decoder inputs (LRPSupport.decoder_input)
     position_inputs: list[torch.Tensor] = field(default_factory=list)  # per-example relative-position leaves
     logit_cap: float | None = None  # the cap the pass applies to the model's raw logits (LRPSupport.logit_softcap)
     float32_scores: bool = False  # the attention interface computes the scores in float32 (LRPSupport.float32_scores)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from ..errors import InputError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
 from ..lrp.state import CHEFER
+from ..models.architectures import architecture_for
 from ..models.prefixes import last_positions
 from .attention import RowCarrier, carried_rows
 from .registry import (
@@ -41,6 +42,20 @@ from .registry import (
 
 ATTNLRP_RULES = ("attnlrp", "cp")  # rule sets whose input relevance is AttnLRP / CP-LRP
 ATTENTION_READERS = ("partiallrp", "transatt")  # they read the attention relevance of their pass
+
+
+def _one_stream(name: str) -> Callable[[Any, str, str], str | None]:
+    """Why ``name``, which reads the LRP relevance of the attention maps, cannot explain a model: an
+    encoder-decoder's pass runs three streams (encoder, decoder and cross attention) through one rule set, which
+    the method's layer-by-layer reading does not separate."""
+
+    def why(model: Any, stream: str, task: str) -> str | None:
+        if architecture_for(model.config).family == "encoder-decoder":
+            return (f"{name} reads the LRP relevance of one self-attention stream's maps, layer by layer; an "
+                    "encoder-decoder runs three streams: use attnlrp (the relevance of the encoder's input tokens)")
+        return None
+
+    return why
 
 
 def _fusable_rules(rules: str, epsilon: float) -> bool:
@@ -254,6 +269,7 @@ def _partiallrp_outputs(ctx: BatchContext) -> Any:
     citation="Voita et al. 2019 (ACL), as used by Chefer et al. 2021 and the AttCAT paper",
     lrp=True,
     check=_check_partiallrp,
+    applies=_one_stream("partiallrp"),
 )
 def partiallrp(ctx: BatchContext, rules: str = "chefer", epsilon: float = 0.0, layers: bool = False) -> MethodOutput:
     # without the per-layer view (and no other method reading the pass), its backward stops at the last layer
@@ -365,6 +381,7 @@ def _in_pass_reader(ctx: BatchContext, key: tuple[str, float], fused: bool) -> _
     citation="Chefer, Gur & Wolf, Transformer Interpretability Beyond Attention Visualization, CVPR 2021",
     lrp=True,
     check=_check_transatt,
+    applies=_one_stream("transatt"),
 )
 def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "chefer", epsilon: float = 0.0) -> MethodOutput:
     _check_transatt(start_layer, rules, epsilon)
@@ -411,4 +428,7 @@ def attnlrp(ctx: BatchContext, input: str = "embeddings", rules: str = "attnlrp"
     _check_attnlrp(input, rules, epsilon)
     res = shared_lrp(ctx, rules, epsilon)
     scores = res.input_relevance if input == "embeddings" else res.word_relevance
-    return MethodOutput(scores, None, space="tokens")
+    # an encoder-decoder's scores are its encoder's input tokens' (as the gradient methods'); what its decoder's
+    # inputs take is reported beside them, so the two account for the explained scalar together
+    meta = None if res.decoder_relevance is None else {"decoder_inputs": res.decoder_relevance.sum(-1)}
+    return MethodOutput(scores, None, space="tokens", meta=meta)

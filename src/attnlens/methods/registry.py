@@ -40,8 +40,8 @@ OWN_PASS = "own_pass"  # the method runs its own computation from ctx (not the s
 # Tensors the shared pass can keep (attnlens.core.capture.run_capture). A new kind, e.g. the value vectors of each
 # layer, is one constant here plus one recorder there (a forward hook on the layer's value projection).
 # Tasks whose explained scalar the LRP pass can take from the head: a class logit; a token's logit at a position
-# (a token classifier's, a causal LM's); an answer span's start + end logits (extractive QA).
-LRP_TASKS = frozenset({"classification", "causal-lm", "token", "qa"})
+# (a token classifier's, a causal or seq2seq LM's); an answer span's start + end logits (extractive QA).
+LRP_TASKS = frozenset({"classification", "causal-lm", "seq2seq-lm", "token", "qa"})
 CAPTURED = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS, ATTENTION_CHUNKS, HIDDEN,
                       EMBEDDINGS})
 # what the backward can reach
@@ -119,8 +119,8 @@ class Method:
             return f"{self.name} needs self-attention; it is not defined for attention='cross'"
         if self.lrp:
             if task not in LRP_TASKS:
-                return (f"{self.name} supports sequence and token classifiers, extractive QA and causal language "
-                        f"models, not {task} models")
+                return (f"{self.name} supports sequence and token classifiers, extractive QA and language models, "
+                        f"not {task} models")
             try:
                 check_supported(model)
             except ModelError as exc:

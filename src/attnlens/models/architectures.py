@@ -99,6 +99,12 @@ class LRPSupport:
     # the module (path below the base model) whose input is the summed input embeddings (word + position +
     # segment); None: the word embeddings themselves (models without absolute position embeddings)
     embedding_input: str | None = "embeddings.LayerNorm"
+    # the word-embedding module (path below the base model) whose output is the leaf the word relevance is read
+    # at; None: the model's input embeddings (an encoder-decoder's encoder embeds with a module of its own)
+    word_embeddings: str | None = None
+    # an encoder-decoder's decoder: the module whose input is the decoder's summed input embeddings, so the pass
+    # reports the relevance the decoder's inputs take (``LRPResult.decoder_relevance``); None: no decoder
+    decoder_input: str | None = None
     # (model class, config attribute) of a cap c * tanh(z / c) that class applies inline to its logits (Gemma 2's
     # causal LM): during the pass the model returns the raw logits and the pass caps them under the identity rule
     logit_softcap: tuple[str, str] | None = None
@@ -286,6 +292,16 @@ def _roberta_lrp(name: str) -> LRPSupport:
     sums, the identity rule on the classification head's inline tanh."""
     prefix = {"RoBERTa": "Roberta", "XLM-RoBERTa": "XLMRoberta", "CamemBERT": "Camembert"}[name]
     return LRPSupport(name, _BERT_RESIDUALS, forwards=((f"{prefix}ClassificationHead", "tanh_head"),))
+
+
+def _seq2seq_lrp(name: str) -> LRPSupport:
+    """BART and mBART: the encoder's and the decoder's summed embeddings (word × scale + position) are the inputs
+    of their ``layernorm_embedding``; the classification head (given the pooled EOS state) applies tanh inline.
+    Their residual sums are inline, so only AttnLRP's and CP-LRP's rules apply (no chefer layout)."""
+    prefix = {"BART": "Bart", "mBART": "MBart"}[name]
+    return LRPSupport(name, forwards=((f"{prefix}ClassificationHead", "pooled_tanh_head"),),
+                      embedding_input="encoder.layernorm_embedding", word_embeddings="encoder.embed_tokens",
+                      decoder_input="decoder.layernorm_embedding")
 
 
 def _llama_lrp(prefix: str, mlp: tuple[str, str] | None = None) -> LRPSupport:
@@ -571,8 +587,8 @@ _ENTRIES: list[Architecture] = [
                  layers=Layers("h", "self_attention.query_key_value", fused=3, grouped=True, head_rows=("alibi",)),
                  anatomy=_falcon_anatomy),
     # encoder-decoders: the head reads the decoder state at the last EOS
-    Architecture("bart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_BART_ANATOMY),
-    Architecture("mbart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_MBART_ANATOMY),
+    Architecture("bart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_BART_ANATOMY, lrp=_seq2seq_lrp("BART")),
+    Architecture("mbart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_MBART_ANATOMY, lrp=_seq2seq_lrp("mBART")),
     Architecture("t5", ENCODER_DECODER,
                  layers=Layers({"encoder": "encoder.block", "decoder": "decoder.block"}, "layer.0.SelfAttention.v"),
                  anatomy=_t5_anatomy),
