@@ -44,7 +44,8 @@ def test_bad_budget_is_one_line(value):
         parse_budget(value)
 
 
-@pytest.mark.parametrize(("family", "layers"), [("bert", 2), ("gpt2", 2), ("bart", 4), ("t5", 4)])
+# an encoder-decoder's 2 + 2 layers hold 2 + 4 attentions (its decoder layers: self and cross)
+@pytest.mark.parametrize(("family", "layers"), [("bert", 2), ("gpt2", 2), ("bart", 6), ("t5", 6)])
 def test_model_dims_read_the_config(family, layers):
     dims = model_dims(make_model(family))
     assert (dims.layers, dims.heads, dims.hidden, dims.itemsize) == (layers, 2, 16, 4)

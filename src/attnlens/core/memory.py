@@ -66,7 +66,8 @@ def parse_budget(value: str | int | float | None) -> int:
 
 @dataclass(frozen=True)
 class Dims:
-    """What the estimates read from a model: layers (encoder + decoder), heads, hidden size, bytes per value,
+    """What the estimates read from a model: attention layers (an encoder-decoder's encoder layers and twice its
+    decoder layers, each of which holds a self-attention and a cross-attention), heads, hidden size, bytes per value,
     the device type of its parameters (the chunks of recomputed attention are larger on an accelerator)."""
 
     layers: int
@@ -87,7 +88,8 @@ def model_dims(model: Any) -> Dims:
         return next((int(getattr(cfg, n)) for n in names if isinstance(getattr(cfg, n, None), int)), 0)
 
     layers = get("num_hidden_layers", "n_layer", "num_layers") or 12
-    layers += get("decoder_layers", "num_decoder_layers") if getattr(cfg, "is_encoder_decoder", False) else 0
+    # a decoder layer of an encoder-decoder holds two attentions' maps and states (self and cross): counted twice
+    layers += 2 * get("decoder_layers", "num_decoder_layers") if getattr(cfg, "is_encoder_decoder", False) else 0
     heads = get("num_attention_heads", "n_head") or 12
     hidden = get("hidden_size", "d_model", "n_embd", "dim") or 768
     try:
