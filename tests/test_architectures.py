@@ -136,7 +136,8 @@ def test_lrp_support_and_residual_sites_come_from_the_entries():
                                         "CamemBERT", "DeBERTa", "DeBERTa-v2", "MPNet", "ERNIE", "ModernBERT",
                                         "XLM-RoBERTa-XL", "GPT-2", "GPT-Neo",
                                         "GPT-NeoX", "GPT-J", "Llama", "Mistral", "Mixtral", "Qwen2", "Qwen3",
-                                        "Gemma", "Gemma 2", "Phi", "Phi-3", "OPT", "BLOOM", "Falcon", "BART", "mBART"]
+                                        "Gemma", "Gemma 2", "Phi", "Phi-3", "OPT", "BLOOM", "Falcon", "BART", "mBART",
+                                        "T5"]
     assert SUPPORTED is LRP_SUPPORTED
     sites = {t: residual_sites(make_model(t)) for t in ["bert", "distilbert", "albert", "mpnet"]}
     assert len(sites["bert"]) == 4  # attention and feed-forward output of 2 layers

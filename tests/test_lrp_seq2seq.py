@@ -1,4 +1,5 @@
-"""AttnLRP and CP-LRP on encoder-decoders (BART's post-LN layers, mBART's pre-LN ones).
+"""AttnLRP and CP-LRP on encoder-decoders (BART's post-LN layers, mBART's pre-LN ones, T5's RMS-normed blocks with
+relative-position biases, T5 v1.1's gated feed-forward).
 
 The whole pass against an explicit rule-by-rule AttnLRP propagation through the encoder, the decoder's causal
 self-attention and its cross-attention (float64, no autograd), for a classifier and for a language model's token;
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from conftest import CLS, PAD, SEP, V, make_tokenizer, randomise_biases_and_norms
 from test_lrp import _assert_unchanged, _snapshot
 from test_lrp_archs import av_rule, lin, ln_rel, merge, qk_rule, softmax_rule, split
@@ -22,15 +24,24 @@ from attnlens.lrp import lrp_pass
 from attnlens.models.heads import Head
 from attnlens.testing.tiny_models import build_tiny
 
-FAMILIES = ["bart", "mbart"]
+FAMILIES = ["bart", "mbart", "t5", "t5-gated"]
 TEXTS = ["the movie was really good", "bad", "a charming and often affecting journey"]
 
 
 def seq2seq(family: str, task: str = "classification", *, biases: bool = True, seed: int = 0) -> torch.nn.Module:
     """The tiny encoder-decoder in float64, weight matrices redrawn at std 0.3 (so relevances are not tiny), with
-    random biases and norm scales (or no biases)."""
-    model = randomise_biases_and_norms(build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS,
-                                                  eos_token_id=SEP, num_labels=3, seed=seed, task=task), seed)
+    random biases and norm scales (or no biases); ``"t5-gated"``: T5 v1.1's gated feed-forward."""
+    if family == "t5-gated":
+        config = transformers.T5Config(vocab_size=V, d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
+                                       feed_forward_proj="gated-gelu", pad_token_id=PAD, eos_token_id=SEP,
+                                       decoder_start_token_id=PAD, num_labels=3, attn_implementation="eager")
+        cls = transformers.T5ForConditionalGeneration if task == "seq2seq-lm" else \
+            transformers.T5ForSequenceClassification
+        torch.manual_seed(seed)
+        model = randomise_biases_and_norms(cls(config), seed)
+    else:
+        model = randomise_biases_and_norms(build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS,
+                                                      eos_token_id=SEP, num_labels=3, seed=seed, task=task), seed)
     g = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -98,6 +109,110 @@ def explicit(model, ids: torch.Tensor, decoder_ids: torch.Tensor, read) -> tuple
     """AttnLRP of one unpadded example by the rules written out: the encoder's and the decoder's input relevance
     (their summed embeddings', per position). ``read(states) -> (scalar, R_states)`` starts the relevance at the
     decoder's output states."""
+    if model.config.model_type == "t5":
+        return _explicit_t5(model, ids, decoder_ids, read)[:2]
+    return _explicit_bart(model, ids, decoder_ids, read)
+
+
+def _t5_attention(attn, xq, xkv, allowed, bias, out: dict):
+    """T5's attention (no scaling) with its relative-position bias added to the scores; its rule appends the
+    bias's relevance to ``out["position"]`` and, for cross-attention, the keys' and values' to ``out["cross"]``."""
+    h = attn.n_heads
+    q, k, v = attn.q(xq), attn.k(xkv), attn.v(xkv)
+    qh, kh, vh = split(q, h), split(k, h), split(v, h)
+    qk = qh @ kh.transpose(-1, -2) * attn.scaling
+    s = qk + bias
+    a = s.masked_fill(~allowed, float("-inf")).softmax(-1)
+    ctx = merge(a @ vh)
+    o = attn.o(ctx)
+
+    def rule(r_out):
+        r_a, r_v = av_rule(a, vh, split(lin(ctx, attn.o.weight, o, r_out), h))
+        r_s = softmax_rule(s, a, r_a, allowed)
+        out["position"].append((bias * r_s / s).sum())  # the sum: proportional
+        r_q, r_k = qk_rule(qh, kh, qk * r_s / s)
+        r_kv = lin(xkv, attn.k.weight, k, merge(r_k)) + lin(xkv, attn.v.weight, v, merge(r_v))
+        r_q = lin(xq, attn.q.weight, q, merge(r_q))
+        if xkv is xq:
+            return r_q + r_kv
+        out["cross"].append(r_kv)
+        return r_q
+
+    return o, rule
+
+
+def _t5_ffn(ffn, x):
+    """T5's feed-forward, plain ``wo(act(wi x))`` or gated ``wo(act(wi_0 x) * wi_1 x)`` (uniform on the product),
+    and its rule (the activation: identity)."""
+    if hasattr(ffn, "wi"):
+        up = ffn.wi(x)
+        act = ffn.act(up)
+        out = ffn.wo(act)
+        return out, lambda r: lin(x, ffn.wi.weight, up, lin(act, ffn.wo.weight, out, r))
+    gate, up = ffn.wi_0(x), ffn.wi_1(x)
+    act = ffn.act(gate)
+    prod = act * up
+    out = ffn.wo(prod)
+
+    def rule(r):
+        r_prod = lin(prod, ffn.wo.weight, out, r)
+        return lin(x, ffn.wi_0.weight, gate, 0.5 * r_prod) + lin(x, ffn.wi_1.weight, up, 0.5 * r_prod)
+
+    return out, rule
+
+
+def _rms(norm, x):
+    """T5's RMS norm in float64 (the stock module computes its statistics in float32)."""
+    return norm.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+
+
+def _pre_rms(x, norm, branch):
+    """``x + f(N(x))`` with an RMS norm (root mean square constant: relevance passes element-wise unchanged)."""
+    f, rule = branch(_rms(norm, x))
+    y = x + f
+    return y, lambda r: x * r / y + rule(f * r / y)
+
+
+def _explicit_t5(model, ids, decoder_ids, read):
+    """T5: pre-RMS-norm blocks, relative-position biases (computed by the first block of each stack and shared),
+    no absolute positions; also returns the relevance the biases take."""
+    base = getattr(model, "transformer", model)
+    enc, dec = base.encoder, base.decoder
+    n, m = len(ids), len(decoder_ids)
+    out = {"position": [], "cross": []}
+    x0 = enc.embed_tokens(ids)
+    h, rules = x0, []
+    bias = enc.block[0].layer[0].SelfAttention.compute_bias(n, n)[0]
+    for block in enc.block:
+        attn = block.layer[0]
+        h, r1 = _pre_rms(h, attn.layer_norm, lambda x, attn=attn: _t5_attention(
+            attn.SelfAttention, x, x, torch.ones(n, n, dtype=torch.bool), bias, out))
+        h, r2 = _pre_rms(h, block.layer[1].layer_norm, lambda x, ff=block.layer[1]: _t5_ffn(ff.DenseReluDense, x))
+        rules += [r1, r2]
+    memory = _rms(enc.final_layer_norm, h)
+    y0 = dec.embed_tokens(decoder_ids)
+    g, dec_rules = y0, []
+    self_bias = dec.block[0].layer[0].SelfAttention.compute_bias(m, m)[0]
+    causal = torch.ones(m, m, dtype=torch.bool).tril()
+    for block in dec.block:
+        attn, cross = block.layer[0], block.layer[1]
+        g, r1 = _pre_rms(g, attn.layer_norm, lambda x, attn=attn: _t5_attention(
+            attn.SelfAttention, x, x, causal, self_bias, out))
+        g, r2 = _pre_rms(g, cross.layer_norm, lambda x, cross=cross: _t5_attention(
+            cross.EncDecAttention, x, memory, torch.ones(m, n, dtype=torch.bool), torch.zeros(1, m, n), out))
+        g, r3 = _pre_rms(g, block.layer[2].layer_norm, lambda x, ff=block.layer[2]: _t5_ffn(ff.DenseReluDense, x))
+        dec_rules += [r1, r2, r3]
+    _, r = read(_rms(dec.final_layer_norm, g))  # the final norm: relevance unchanged
+    for rule in reversed(dec_rules):
+        r = rule(r)
+    r_mem = sum(out["cross"])
+    for rule in reversed(rules):
+        r_mem = rule(r_mem)
+    return r_mem.sum(-1), r.sum(-1), sum(out["position"])
+
+
+def _explicit_bart(model, ids: torch.Tensor, decoder_ids: torch.Tensor, read) -> tuple[torch.Tensor, torch.Tensor]:
+    """BART (post-LN) and mBART (pre-LN, a final norm on each stack)."""
     base = model.model
     pre = model.config.model_type == "mbart"
     enc, dec = base.encoder, base.decoder
@@ -165,6 +280,13 @@ def token_reader(model, position: int, token: int):
     """A language model's logit of ``token`` at decoder position ``position`` (lm_head + final_logits_bias)."""
 
     def read(states):
+        if model.config.model_type == "t5":  # T5 scales the states by 1/sqrt(d) before its tied head: linear
+            logits = model.lm_head(states[position] * model.model_dim ** -0.5)
+            r_logits = torch.zeros_like(logits)
+            r_logits[token] = logits[token]
+            r = torch.zeros_like(states)
+            r[position] = lin(states[position], model.lm_head.weight * model.model_dim ** -0.5, logits, r_logits)
+            return logits[token], r
         logits = model.lm_head(states[position]) + model.final_logits_bias[0]
         r_logits = torch.zeros_like(logits)
         r_logits[token] = logits[token]
@@ -176,7 +298,8 @@ def token_reader(model, position: int, token: int):
 
 
 def _decoder_ids(model, ids: torch.Tensor) -> torch.Tensor:
-    return shift_tokens_right(ids[None], PAD, model.config.decoder_start_token_id)[0]
+    start = model.config.decoder_start_token_id
+    return shift_tokens_right(ids[None], PAD, PAD if start is None else start)[0]
 
 
 IDS = torch.tensor([CLS, 7, 13, 21, 5, 9, SEP])
@@ -191,6 +314,11 @@ def test_classifier_pass_equals_explicit_rule_by_rule_propagation(family):
     torch.testing.assert_close(res.input_relevance[0], enc, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(res.decoder_relevance[0], dec, rtol=1e-8, atol=1e-10)
     assert enc.abs().max() > 1e-2 and dec.abs().max() > 1e-2  # both sides take relevance
+    if model.config.model_type == "t5":  # the relative-position biases' share
+        with torch.no_grad():
+            position = _explicit_t5(model, IDS, _decoder_ids(model, IDS), classifier_reader(model, IDS, 1))[2]
+        torch.testing.assert_close(res.position_relevance[0], position, rtol=1e-8, atol=1e-10)
+        assert abs(float(position)) > 1e-4
 
 
 class DecoderTokenHead(Head):
@@ -218,7 +346,8 @@ def test_language_model_token_equals_explicit_rule_by_rule_propagation(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_relevance_is_conserved_over_the_encoder_and_decoder_inputs(family):
-    # Bias-free, epsilon = 0: CP-LRP conserves exactly; AttnLRP up to what the softmaxes absorb.
+    # Bias-free, epsilon = 0: CP-LRP conserves exactly; AttnLRP up to what the softmaxes absorb and, in T5, what
+    # its relative-position biases take (parameters, like biases).
     model = seq2seq(family, biases=False)
     inputs = _padded(model)
     with torch.no_grad():
@@ -228,9 +357,10 @@ def test_relevance_is_conserved_over_the_encoder_and_decoder_inputs(family):
                                atol=1e-10)
     assert cp.target.abs().min() > 1e-2
     res = lrp_pass(model, inputs, targets, track_softmax=True)
-    total = res.input_relevance.sum(1) + res.decoder_relevance.sum(1) + res.softmax_absorbed
+    total = res.input_relevance.sum(1) + res.decoder_relevance.sum(1) + res.softmax_absorbed + res.position_relevance
     torch.testing.assert_close(total, res.target, rtol=1e-8, atol=1e-10)
     assert res.softmax_absorbed.abs().max() > 1e-3
+    assert (res.position_relevance.abs().max() > 1e-4) == family.startswith("t5")
 
 
 def _padded(model) -> dict[str, torch.Tensor]:
@@ -264,8 +394,10 @@ def test_model_left_unchanged_and_the_forward_values_kept(family):
     inputs = _padded(model)
     res = lrp_pass(model, inputs, 1)
     _assert_unchanged(model, before)
+    # T5's stock norm computes its statistics in float32 (the pass keeps float64)
+    tol = dict(rtol=1e-5, atol=1e-6) if family.startswith("t5") else dict(rtol=1e-10, atol=1e-12)
     with torch.no_grad():
-        torch.testing.assert_close(res.logits, model(**inputs).logits, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(res.logits, model(**inputs).logits, **tol)
 
 
 # ---------------------------------------------------------------- through the Explainer

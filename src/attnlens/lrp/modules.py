@@ -33,8 +33,8 @@ def tanh_head(head: nn.Module, state: PassState, features: torch.Tensor, **kwarg
 
 
 def pooled_tanh_head(head: nn.Module, state: PassState, pooled: torch.Tensor) -> torch.Tensor:
-    """BART's and mBART's classification head, given the pooled (last EOS) state: identity rule on its inline
-    tanh."""
+    """The classification head of BART, mBART and T5, given the pooled (last EOS) state: identity rule on its
+    inline tanh."""
     x = rules.identity_rule(torch.tanh, head.dense(head.dropout(pooled)))
     return head.out_proj(head.dropout(x))
 
@@ -58,6 +58,12 @@ def gated_mlp(mlp: nn.Module, state: PassState, x: torch.Tensor) -> torch.Tensor
     """Llama-family MLP ``down(act(gate(x)) * up(x))``: identity rule on ``act`` (a patched module), uniform
     rule on the gating product (CP-LRP: the gate is a constant, :func:`rules.gated`)."""
     return mlp.down_proj(rules.gated(mlp.act_fn(mlp.gate_proj(x)), mlp.up_proj(x), state.rules == "cp"))
+
+
+def t5_gated_ffn(ffn: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
+    """T5 v1.1's (and Flan-T5's) feed-forward ``wo(act(wi_0(x)) * wi_1(x))``: as :func:`gated_mlp`."""
+    gated = rules.gated(ffn.act(ffn.wi_0(hidden_states)), ffn.wi_1(hidden_states), state.rules == "cp")
+    return ffn.wo(ffn.dropout(gated).to(ffn.wo.weight.dtype))
 
 
 def fused_gated_mlp(mlp: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -440,6 +446,7 @@ def _deberta_position_scores(hf, attn, state, split, q, k, relative_pos, rel_emb
 FORWARDS: dict[str, Callable[..., Any]] = {
     "tanh_head": tanh_head,
     "pooled_tanh_head": pooled_tanh_head,
+    "t5_gated_ffn": t5_gated_ffn,
     "deberta_pooler": deberta_pooler,
     "deberta_attention": deberta_attention,
     "deberta_v1_attention": deberta_v1_attention,

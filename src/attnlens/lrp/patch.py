@@ -62,11 +62,15 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     HF's ``repeat_kv``; rotary embeddings were applied before (a rotation: linear, relevance passes as gradient
     x input); Gemma 2's score cap ``softcap * tanh(s / softcap)`` gets the identity rule, as an element-wise
     activation; a model whose attention computes its scores in float32 (GPT-J's, ``LRPSupport.float32_scores``)
-    gets them in float32 here too. Dropout is off (eval mode)."""
+    gets them in float32 here too; T5's relative-position score bias (``position_bias``) is added to the scores as
+    a per-example leaf, whose share is ``position_relevance``. Dropout is off (eval mode)."""
     state = active_state()
     if scaling is None:
         scaling = query.size(-1) ** -0.5
+    bias = kwargs.get("position_bias")  # T5's relative-position score bias, through the interface
     if state.fused:  # runs_fused(model) held: no score cap, scores in the model's dtype; SDPA's masks
+        if bias is not None:
+            raise ModelError("LRP: the fused pass has no relative-position score bias (T5's); run it eager")
         state.attention_calls += 1
         groups = getattr(module, "num_key_value_groups", 1)
         causal = attention_mask is None and getattr(module, "is_causal", False) and query.shape[2] > 1
@@ -82,6 +86,8 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = score_product(state, torch.matmul(query, key.transpose(2, 3))) * scaling
+    if bias is not None:  # a constant per example: the share of the scores' relevance it takes is measured
+        scores = scores + state.position_bias(bias.expand(scores.shape[0], *bias.shape[1:]))
     if softcap is not None:
         scores = rules.capped(scores, softcap)
     if attention_mask is not None:
@@ -252,8 +258,12 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     def grab_sum(_m, args: tuple) -> None:  # the input of the embeddings' norm: word + position (+ segment)
         state.embedding_sum = args[0]
 
-    def grab_decoder(_m, args: tuple) -> None:  # the decoder's: its word + position embeddings
-        state.decoder_sum = args[0]
+    def grab_decoder(_m, args: tuple) -> tuple | None:  # the decoder's inputs: its word (+ position) embeddings
+        if state.decoder_sum is not None:  # T5's dropout runs again after the last layer
+            return None
+        # a leaf of its own, so relevance reaches it even where the embeddings' weights are frozen
+        state.decoder_sum = args[0].detach().requires_grad_(True)
+        return (state.decoder_sum, *args[1:])
 
     try:
         model.eval()

@@ -102,8 +102,9 @@ class LRPSupport:
     # the word-embedding module (path below the base model) whose output is the leaf the word relevance is read
     # at; None: the model's input embeddings (an encoder-decoder's encoder embeds with a module of its own)
     word_embeddings: str | None = None
-    # an encoder-decoder's decoder: the module whose input is the decoder's summed input embeddings, so the pass
-    # reports the relevance the decoder's inputs take (``LRPResult.decoder_relevance``); None: no decoder
+    # an encoder-decoder's decoder: the module whose input at its first call is the decoder's summed input
+    # embeddings, so the pass reports the relevance the decoder's inputs take (``LRPResult.decoder_relevance``);
+    # None: no decoder
     decoder_input: str | None = None
     # (model class, config attribute) of a cap c * tanh(z / c) that class applies inline to its logits (Gemma 2's
     # causal LM): during the pass the model returns the raw logits and the pass caps them under the identity rule
@@ -302,6 +303,14 @@ def _seq2seq_lrp(name: str) -> LRPSupport:
     return LRPSupport(name, forwards=((f"{prefix}ClassificationHead", "pooled_tanh_head"),),
                       embedding_input="encoder.layernorm_embedding", word_embeddings="encoder.embed_tokens",
                       decoder_input="decoder.layernorm_embedding")
+
+
+# T5 (and T5 v1.1 / Flan-T5, whose feed-forward is gated): RMS norms, relative-position score biases passed through
+# the attention interface, no absolute positions (the inputs are the stacks' word embeddings, the decoder's the input
+# of its first dropout), the classification head's inline tanh on the pooled EOS state
+_T5_LRP = LRPSupport("T5", forwards=(("T5LayerNorm", "rms_norm"), ("T5DenseGatedActDense", "t5_gated_ffn"),
+                                     ("T5ClassificationHead", "pooled_tanh_head")),
+                     embedding_input=None, word_embeddings="encoder.embed_tokens", decoder_input="decoder.dropout")
 
 
 def _llama_lrp(prefix: str, mlp: tuple[str, str] | None = None) -> LRPSupport:
@@ -591,7 +600,7 @@ _ENTRIES: list[Architecture] = [
     Architecture("mbart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_MBART_ANATOMY, lrp=_seq2seq_lrp("mBART")),
     Architecture("t5", ENCODER_DECODER,
                  layers=Layers({"encoder": "encoder.block", "decoder": "decoder.block"}, "layer.0.SelfAttention.v"),
-                 anatomy=_t5_anatomy),
+                 anatomy=_t5_anatomy, lrp=_T5_LRP),
 ]
 
 ARCHITECTURES: dict[str, Architecture] = {}
