@@ -44,11 +44,11 @@ def test_bad_budget_is_one_line(value):
         parse_budget(value)
 
 
-# an encoder-decoder's 2 + 2 layers hold 2 + 4 attentions (its decoder layers: self and cross)
-@pytest.mark.parametrize(("family", "layers"), [("bert", 2), ("gpt2", 2), ("bart", 6), ("t5", 6)])
-def test_model_dims_read_the_config(family, layers):
+# an encoder-decoder's 2 + 2 layers compute 2 + 4 attentions (its decoder layers: self and cross)
+@pytest.mark.parametrize(("family", "layers", "maps"), [("bert", 2, 2), ("gpt2", 2, 2), ("bart", 4, 6), ("t5", 4, 6)])
+def test_model_dims_read_the_config(family, layers, maps):
     dims = model_dims(make_model(family))
-    assert (dims.layers, dims.heads, dims.hidden, dims.itemsize) == (layers, 2, 16, 4)
+    assert (dims.layers, dims.maps, dims.heads, dims.hidden, dims.itemsize) == (layers, maps, 2, 16, 4)
 
 
 def test_accelerators_recompute_attention_in_larger_chunks():

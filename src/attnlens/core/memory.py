@@ -66,9 +66,9 @@ def parse_budget(value: str | int | float | None) -> int:
 
 @dataclass(frozen=True)
 class Dims:
-    """What the estimates read from a model: attention layers (an encoder-decoder's encoder layers and twice its
-    decoder layers, each of which holds a self-attention and a cross-attention), heads, hidden size, bytes per value,
-    the device type of its parameters (the chunks of recomputed attention are larger on an accelerator)."""
+    """What the estimates read from a model: layers (encoder + decoder), the attentions they compute (an
+    encoder-decoder's decoder layers two each: self and cross), heads, hidden size, bytes per value, the device
+    type of its parameters (the chunks of recomputed attention are larger on an accelerator)."""
 
     layers: int
     heads: int
@@ -76,6 +76,13 @@ class Dims:
     itemsize: int = 4
     logits: int = 0  # values per token of the head's output (a language model's vocabulary; 0: one per input)
     device: str = "cpu"
+    attentions: int = 0  # attention computations, each with its maps (0: one per layer)
+
+    @property
+    def maps(self) -> int:
+        """The attention computations whose ``H × N²`` maps a pass holds: one per layer, two per decoder layer of an
+        encoder-decoder."""
+        return self.attentions or self.layers
 
 
 def model_dims(model: Any) -> Dims:
@@ -88,8 +95,7 @@ def model_dims(model: Any) -> Dims:
         return next((int(getattr(cfg, n)) for n in names if isinstance(getattr(cfg, n, None), int)), 0)
 
     layers = get("num_hidden_layers", "n_layer", "num_layers") or 12
-    # a decoder layer of an encoder-decoder holds two attentions' maps and states (self and cross): counted twice
-    layers += 2 * get("decoder_layers", "num_decoder_layers") if getattr(cfg, "is_encoder_decoder", False) else 0
+    decoder = get("decoder_layers", "num_decoder_layers") if getattr(cfg, "is_encoder_decoder", False) else 0
     heads = get("num_attention_heads", "n_head") or 12
     hidden = get("hidden_size", "d_model", "n_embd", "dim") or 768
     try:
@@ -102,7 +108,8 @@ def model_dims(model: Any) -> Dims:
     except (AttributeError, NotImplementedError):
         out = None
     logits = get("vocab_size") if out is not None else 0
-    return Dims(layers, heads, hidden, itemsize, logits, device)
+    # a decoder layer of an encoder-decoder computes two attentions (self and cross), each with its maps
+    return Dims(layers + decoder, heads, hidden, itemsize, logits, device, layers + 2 * decoder)
 
 
 @dataclass(frozen=True)
@@ -195,23 +202,23 @@ def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool, logit_rows: int 
 
 def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     """Bytes one pass holds at its peak for one row of ``n`` tokens keeping ``storage``."""
-    d, heads, layers = dims.hidden, dims.heads, dims.layers
-    maps = heads * n * n  # one layer's n x n probabilities, every head
+    d, heads, layers, attentions = dims.hidden, dims.heads, dims.layers, dims.maps
+    maps = heads * n * n  # one attention's n x n probabilities, every head
     if storage.backward:
         if storage.recompute:  # each layer's input, and one layer's activations at a time
             work = layers * n * d + ACTIVATION_VECTORS * n * d
         else:
-            work = layers * (ACTIVATION_VECTORS * n * d + (ATTENTION_MAPS * maps if storage.eager else 0))
+            work = layers * ACTIVATION_VECTORS * n * d + (attentions * ATTENTION_MAPS * maps if storage.eager else 0)
         work += LOGIT_COPIES * storage.logit_positions(n) * dims.logits
         rule_chunk = row_attention.chunk_elements(dims.device, backward=True)
         work += RULE_CHUNK_COPIES * min(rule_chunk, heads * n * n) * storage.chunked_rules
     else:  # one layer at a time
         work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
-    kept = (storage.map_layers or layers) * maps * storage.maps
-    kept += layers * (maps * storage.map_grads
-                      + heads * storage.rows * n * (1 + storage.row_grads)
-                      + n * storage.received + n * n * storage.means)
-    kept += (storage.factor_layers or layers) * n * d * (2 * storage.factors + 3 * storage.factor_grads)
+    kept = (storage.map_layers or attentions) * maps * storage.maps
+    kept += attentions * (maps * storage.map_grads
+                          + heads * storage.rows * n * (1 + storage.row_grads)
+                          + n * storage.received + n * n * storage.means)
+    kept += (storage.factor_layers or attentions) * n * d * (2 * storage.factors + 3 * storage.factor_grads)
     kept += storage.rule_vectors * n * d
     kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * storage.factors
     # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time,
@@ -224,8 +231,8 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
 
 def backward_row_bytes(dims: Dims, n: int) -> int:
     """Bytes a forward + backward holds for one row of ``n`` tokens (integrated gradients' unit of work)."""
-    per_layer = ACTIVATION_VECTORS * n * dims.hidden + ATTENTION_MAPS * dims.heads * n * n
-    return dims.layers * per_layer * dims.itemsize
+    held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + dims.maps * ATTENTION_MAPS * dims.heads * n * n
+    return held * dims.itemsize
 
 
 def forward_row_bytes(dims: Dims, n: int) -> int:
@@ -263,8 +270,8 @@ def step_gradient_bytes(dims: Dims, n: int, storage: Storage = FULL_STORAGE) -> 
     gradients). With :func:`shared_pass_row_bytes` for the first step this matched peak RSS on SmolLM2 (408
     tokens, 1, 4 and 8 steps per batch, whole maps: estimates 1.8, 2.4, 3.3 GB; measured 1.7, 2.7, 3.3 GB); at
     1,040 tokens 16 steps of AGrad in one batch peaked at 12.7 GB, which the batched backward's share bounds."""
-    kept = dims.layers * (dims.heads * n * (n * storage.map_grads + storage.rows * storage.row_grads)
-                          + n * dims.hidden * (storage.hidden_grads + storage.factor_grads))
+    kept = dims.maps * dims.heads * n * (n * storage.map_grads + storage.rows * storage.row_grads)
+    kept += dims.layers * n * dims.hidden * storage.hidden_grads + dims.maps * n * dims.hidden * storage.factor_grads
     kept += n * dims.hidden * storage.embedding_grads
     backward = storage.logit_positions(n) * dims.logits + ACTIVATION_VECTORS * n * dims.hidden
     return (kept + backward) * dims.itemsize
@@ -282,7 +289,7 @@ def lrp_step_bytes(dims: Dims, n: int, steps: int, attention_relevance: bool, fu
     maps = dims.heads * n * n
     held = ACTIVATION_VECTORS * n * dims.hidden + 3 * maps + LOGIT_COPIES * (steps + 1) * dims.logits
     held += 4 * n * dims.hidden  # two input leaves: their gradients and relevances
-    held += 2 * dims.layers * maps * attention_relevance  # the gradient at each layer's probabilities and R(A)
+    held += 2 * dims.maps * maps * attention_relevance  # the gradient at each layer's probabilities and R(A)
     return held * dims.itemsize
 
 
