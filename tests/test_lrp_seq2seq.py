@@ -19,7 +19,7 @@ from test_lrp_archs import av_rule, lin, ln_rel, merge, qk_rule, softmax_rule, s
 from transformers.models.bart.modeling_bart import shift_tokens_right
 
 from attnlens import Explainer
-from attnlens.errors import InputError
+from attnlens.errors import InputError, ModelError
 from attnlens.lrp import lrp_pass
 from attnlens.models.heads import Head
 from attnlens.testing.tiny_models import build_tiny
@@ -437,3 +437,46 @@ def test_each_generated_token_equals_its_own_pass(family):
                                    atol=1e-9)
         assert gen.meta["attnlrp"]["decoder_inputs"][t] == pytest.approx(float(dec.sum()), rel=1e-7, abs=1e-9)
     assert (gen.scores["attnlrp"][:, len(ids):] == 0).all()  # the generated columns: the encoder never reads them
+
+
+def _qa_model(family: str) -> torch.nn.Module:
+    """A bias-free extractive QA encoder-decoder in float64 (the span head's bias zeroed too)."""
+    torch.manual_seed(0)
+    if family == "bart":
+        config = transformers.BartConfig(vocab_size=V, d_model=16, encoder_layers=2, decoder_layers=2,
+                                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=24,
+                                         decoder_ffn_dim=24, max_position_embeddings=64, pad_token_id=PAD,
+                                         bos_token_id=CLS, eos_token_id=SEP, decoder_start_token_id=SEP)
+        model = transformers.BartForQuestionAnswering(config)
+    else:
+        config = transformers.T5Config(vocab_size=V, d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
+                                       pad_token_id=PAD, eos_token_id=SEP, decoder_start_token_id=PAD)
+        model = transformers.T5ForQuestionAnswering(config)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3 if p.dim() >= 2 else
+                    torch.zeros_like(p) if name.endswith("bias") else 1 + 0.3 * torch.randn(p.shape, generator=g))
+    return model.double().eval()
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_question_answering_span_relevance_is_conserved(family):
+    # CP-LRP, bias-free: the encoder tokens' scores and the decoder inputs' share add up to the span's start logit
+    # at its start plus its end logit at its end, which the pass explains
+    model = _qa_model(family)
+    (exp,) = Explainer(model, make_tokenizer()).explain([("what movie", "the movie was really good")],
+                                                        methods=["attnlrp"], options={"attnlrp": {"rules": "cp"}})
+    start, end = exp.target
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([exp.input_ids]))
+    logit = float(out.start_logits[0, start] + out.end_logits[0, end])
+    total = float(sum(exp.scores["attnlrp"])) + exp.meta["attnlrp"]["decoder_inputs"]
+    assert total == pytest.approx(logit, rel=1e-6, abs=1e-8) and abs(logit) > 1e-2
+
+
+def test_an_encoder_only_class_of_an_encoder_decoder_type_is_refused_in_one_line():
+    config = transformers.T5Config(vocab_size=V, d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
+                                   pad_token_id=PAD, eos_token_id=SEP, decoder_start_token_id=PAD, num_labels=3)
+    with pytest.raises(ModelError, match="runs only the encoder of a t5 model"):
+        Explainer(transformers.T5ForTokenClassification(config), make_tokenizer())

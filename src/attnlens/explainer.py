@@ -89,6 +89,7 @@ class Explainer:
         if isinstance(self.head, LMHead):  # a language model's explanations name their tokens
             self.head.decode = functools.partial(decode_token, tokenizer)
         self.adapter: Adapter = adapter_for(model)
+        self.adapter.check_model(model)
         self.stream = self.adapter.check_stream(attention)
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self._check_vocabulary()

@@ -150,7 +150,7 @@ def check_supported(model: nn.Module) -> str:
             f"this model is {model_type or type(model).__name__!r}"
         )
     support = _support(model)
-    for path in (support.embedding_input, support.word_embeddings, support.decoder_input):
+    for path in (support.embedding_input, support.word_embeddings):
         _submodule(model, support, path)
     return model_type
 
@@ -160,14 +160,17 @@ def _embedding_input(model: nn.Module, support: LRPSupport) -> nn.Module | None:
     return _submodule(model, support, support.embedding_input)
 
 
-def _submodule(model: nn.Module, support: LRPSupport, path: str | None) -> nn.Module | None:
-    """The module at ``path`` below the base model (``None`` for no path); a model without it is refused."""
+def _submodule(model: nn.Module, support: LRPSupport, path: str | None, required: bool = True) -> nn.Module | None:
+    """The module at ``path`` below the base model (``None`` for no path); a model without it is refused, or
+    (``required=False``) gets ``None``."""
     if path is None:
         return None
     base = getattr(model, "base_model", model)
     try:
         return base.get_submodule(path)
     except AttributeError:
+        if not required:
+            return None
         raise ModelError(f"LRP: {type(model).__name__} has no {path}; expected a stock HF {support.name} "
                          "model") from None
 
@@ -229,7 +232,8 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     emb_input = _embedding_input(model, support)
     word = _submodule(model, support, support.word_embeddings)
     word = model.get_input_embeddings() if word is None else word
-    decoder_input = _submodule(model, support, support.decoder_input)
+    # an encoder-decoder type's encoder-only classes (T5ForTokenClassification) have no decoder: nothing to read
+    decoder_input = _submodule(model, support, support.decoder_input, required=False)
     training = [(m, m.training) for m in model.modules()]
     patched: list[tuple[nn.Module, str, Callable | None]] = []
     configs = {id(c): c for c in [model.config] + [getattr(m, "config", None) for m in model.modules()]

@@ -89,6 +89,9 @@ class Adapter:
         choices = ", ".join(self.streams if self.streams != ("self",) else ("self", self.family))
         raise InputError(f"attention={stream!r} is not available for {self.family} models; choose one of {choices}")
 
+    def check_model(self, model: nn.Module) -> None:
+        """:class:`ModelError` if ``model`` lacks what this family's streams read (nothing to check by default)."""
+
     def embedding_module(self, model: nn.Module) -> nn.Module:
         """The module whose output is the input-token embeddings (hooked for gradient baselines)."""
         return model.get_input_embeddings()
@@ -160,6 +163,14 @@ class EncoderDecoderAdapter(Adapter):
     default_stream = "encoder"
     pooling = EOS
     poolings = (EOS,)
+
+    def check_model(self, model: nn.Module) -> None:
+        """An encoder-decoder type's encoder-only classes (``T5ForTokenClassification``, ``T5EncoderModel``) have no
+        decoder, whose streams and head this family reads."""
+        if not hasattr(getattr(model, "base_model", model), "decoder"):
+            raise ModelError(f"{type(model).__name__} runs only the encoder of a {model.config.model_type} model; "
+                             "attnlens explains its encoder-decoder classes (sequence classification, question "
+                             "answering, generation)")
 
     def embedding_module(self, model: nn.Module) -> nn.Module:
         encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
