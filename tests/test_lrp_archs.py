@@ -31,7 +31,11 @@ RULE_SETS = ["attnlrp", "cp", "chefer", "chefer-lrp"]
 def strong(family: str, *, biases: bool = True, seed: int = 0) -> nn.Module:
     """The tiny model with weight matrices redrawn at std 0.3 (the recipes of some types keep HF's 0.02, which
     leaves logits near 0 and every relevance tiny), optionally without biases."""
-    model = make_model(family, num_labels=3, seed=seed)
+    return redrawn(make_model(family, num_labels=3, seed=seed), biases=biases, seed=seed)
+
+
+def redrawn(model: nn.Module, *, biases: bool = True, seed: int = 0) -> nn.Module:
+    """``model`` with its weight matrices redrawn at std 0.3, optionally without biases."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

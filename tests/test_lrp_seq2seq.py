@@ -15,7 +15,7 @@ import torch
 import transformers
 from conftest import CLS, PAD, SEP, V, make_tokenizer, randomise_biases_and_norms
 from test_lrp import _assert_unchanged, _snapshot
-from test_lrp_archs import av_rule, lin, ln_rel, merge, qk_rule, softmax_rule, split
+from test_lrp_archs import av_rule, lin, ln_rel, merge, qk_rule, redrawn, softmax_rule, split
 from transformers.models.bart.modeling_bart import shift_tokens_right
 
 from attnlens import Explainer
@@ -42,14 +42,7 @@ def seq2seq(family: str, task: str = "classification", *, biases: bool = True, s
     else:
         model = randomise_biases_and_norms(build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS,
                                                       eos_token_id=SEP, num_labels=3, seed=seed, task=task), seed)
-    g = torch.Generator().manual_seed(seed + 7)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-            elif name.endswith("bias") and not biases:
-                p.zero_()
-    return model.double().eval()
+    return redrawn(model, biases=biases, seed=seed + 7).double().eval()
 
 
 # ---------------------------------------------------------------- explicit AttnLRP, rule by rule (float64)
