@@ -25,18 +25,16 @@ from . import rules
 from .state import CHEFER, PassState, attend, score_product
 
 
-def tanh_head(head: nn.Module, state: PassState, features: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    """``RobertaClassificationHead``: identity rule on its inline tanh."""
-    x = head.dropout(features[:, 0, :])
-    x = rules.identity_rule(torch.tanh, head.dense(x))
-    return head.out_proj(head.dropout(x))
-
-
 def pooled_tanh_head(head: nn.Module, state: PassState, pooled: torch.Tensor) -> torch.Tensor:
-    """The classification head of BART, mBART and T5, given the pooled (last EOS) state: identity rule on its
-    inline tanh."""
+    """A classification head ``out_proj(tanh(dense(pooled)))`` given the pooled state (BART's, mBART's and T5's:
+    the last EOS): identity rule on its inline tanh."""
     x = rules.identity_rule(torch.tanh, head.dense(head.dropout(pooled)))
     return head.out_proj(head.dropout(x))
+
+
+def tanh_head(head: nn.Module, state: PassState, features: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """``RobertaClassificationHead``: :func:`pooled_tanh_head` of the first token."""
+    return pooled_tanh_head(head, state, features[:, 0, :])
 
 
 def deberta_pooler(pooler: nn.Module, state: PassState, hidden_states: torch.Tensor) -> torch.Tensor:

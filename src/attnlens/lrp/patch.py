@@ -155,11 +155,6 @@ def check_supported(model: nn.Module) -> str:
     return model_type
 
 
-def _embedding_input(model: nn.Module, support: LRPSupport) -> nn.Module | None:
-    """The module whose input is the summed input embeddings (``None``: they are the word embeddings)."""
-    return _submodule(model, support, support.embedding_input)
-
-
 def _submodule(model: nn.Module, support: LRPSupport, path: str | None, required: bool = True) -> nn.Module | None:
     """The module at ``path`` below the base model (``None`` for no path); a model without it is refused, or
     (``required=False``) gets ``None``."""
@@ -229,7 +224,7 @@ def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
         cls_name, _, method = target.partition(".")
         forwards.setdefault(cls_name, []).append((method or "forward", fn_name))
     blocks = {b.module: b for b in support.blocks} if state.rules == "chefer" else {}
-    emb_input = _embedding_input(model, support)
+    emb_input = _submodule(model, support, support.embedding_input)  # None: the sum is the word embeddings
     word = _submodule(model, support, support.word_embeddings)
     word = model.get_input_embeddings() if word is None else word
     # an encoder-decoder type's encoder-only classes (T5ForTokenClassification) have no decoder: nothing to read
