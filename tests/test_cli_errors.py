@@ -62,8 +62,8 @@ def _one_line_error(capsys, code: int) -> str:
     [
         ("bert", None, set()),
         ("gpt2", None, set()),
-        ("bart", None, LRP_MAPS | {"decompx"}),  # the norm methods read the encoder's layers
-        ("bart", "encoder", LRP_MAPS | {"decompx"}),
+        ("bart", None, LRP_MAPS),  # the norm methods read the encoder's layers, DecompX its decoder too
+        ("bart", "encoder", LRP_MAPS),
         # attnnorm reads one attention, alti follows the row through both (ALTI+): every stream
         ("bart", "decoder", LRP_MAPS | NORM - {"attnnorm", "alti"}),
         ("bart", "cross", LRP_MAPS | SQUARE | NORM - {"attnnorm", "alti"}),
@@ -114,10 +114,10 @@ def test_methods_all_on_reference_models(name, attention, tmp_path, capsys):
     code = main(argv + (["--attention", attention] if attention else []))
     err = capsys.readouterr().err
     assert code == 0, err
-    # seq2seq: AttnLRP but not the methods reading attention relevance, the norm methods on the encoder stream
-    # only but attnnorm on every stream, no decompx (GPT-2, a pre-LN decoder, has all of them)
+    # seq2seq: AttnLRP but not the methods reading attention relevance, the norm methods (and DecompX) on the
+    # encoder stream only but attnnorm on every stream (GPT-2, a pre-LN decoder, has all of them)
     bart = name.startswith("bart")
-    norm = NORM - {"attnnorm", "alti"} if attention in ("decoder", "cross") else {"decompx"}  # alti: ALTI+
+    norm = NORM - {"attnnorm", "alti"} if attention in ("decoder", "cross") else set()  # alti: ALTI+
     skipped = (LRP_MAPS | norm if bart else set()) | (SQUARE if attention == "cross" else set())
     (exp,) = load_explanations(out)
     assert exp.methods == [m for m in list_methods() if m not in skipped]

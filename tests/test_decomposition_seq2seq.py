@@ -171,14 +171,12 @@ def test_batch_and_padding_invariance_on_the_encoder(family, tokenizer):
             np.testing.assert_allclose(e.scores[m], alone.scores[m], rtol=1e-4, atol=1e-6, err_msg=f"{family} {m}")
 
 
-def test_other_streams_and_decompx_are_refused_with_their_reason(tokenizer):
+def test_other_streams_are_refused_with_their_reason(tokenizer):
     model = randomised("bart", "seq2seq-lm")
     for stream in ("decoder", "cross"):
         for m in ("globenc",):
             with pytest.raises(InputError, match="encoder layers.*use alti|needs self-attention"):
                 Explainer(model, tokenizer, attention=stream).explain_generation(TEXT, max_new_tokens=1, methods=[m])
-    with pytest.raises(InputError, match="decompx decomposes the logits.*encoder-decoder"):
-        Explainer(model, tokenizer).explain_generation(TEXT, max_new_tokens=1, methods=["decompx"])
     cross = Explainer(model, tokenizer, attention="cross")
     with pytest.raises(InputError, match="variant='attn_res' is not defined on attention='cross'"):
         cross.explain_generation(TEXT, max_new_tokens=1, methods=["attnnorm"],

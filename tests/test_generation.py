@@ -357,8 +357,9 @@ PERTURBATION = ["occlusion", "lime", "kernelshap"]
 def _s2s_methods(s2s: Explainer, methods: list[str]) -> list[str]:
     """``methods`` that apply to the stream: no propagation through cross attention, no input-embedding methods
     on the decoder stream (its tokens are not the encoder's input)."""
-    skip = {"cross": {"rollout", "gae", "flow", "valuezeroing"},
-            "decoder": {"saliency", "inputxgradient", "integratedgradients", "attnlrp", "valuezeroing", *PERTURBATION}}
+    skip = {"cross": {"rollout", "gae", "flow", "valuezeroing", "decompx"},
+            "decoder": {"saliency", "inputxgradient", "integratedgradients", "attnlrp", "valuezeroing", "decompx",
+                        *PERTURBATION}}
     return [m for m in methods if m not in skip.get(s2s.stream, set())]
 
 
@@ -369,9 +370,9 @@ def test_seq2seq_every_method_runs(s2s):
     p, t = len(g.prompt_ids), len(g.generated_ids)
     assert g.meta["task"] == "seq2seq-lm" and t == 3
     vz = [] if get_method("valuezeroing").unsupported(s2s.model, s2s.stream, "seq2seq-lm") else ["valuezeroing"]
-    # GlobEnc reads the encoder's layers only; attnnorm reads one attention at a time and ALTI on the other
-    # streams is ALTI+, so every stream
-    norm = ["attnnorm", "globenc", "alti"] if s2s.stream == "encoder" else ["attnnorm", "alti"]
+    # GlobEnc reads the encoder's layers only and DecompX attributes to its input; attnnorm reads one attention at a
+    # time and ALTI on the other streams is ALTI+, so every stream
+    norm = ["attnnorm", "globenc", "alti", "decompx"] if s2s.stream == "encoder" else ["attnnorm", "alti"]
     # AttnLRP attributes to the encoder's input, as the gradient methods do; the other LRP methods read one
     # self-attention stream's attention relevance
     lrp = ["attnlrp"] if lrp_supports(s2s.model) else []
@@ -387,7 +388,7 @@ def test_seq2seq_every_method_runs(s2s):
 
 def test_seq2seq_steps_equal_each_prefix_alone(s2s):
     """A batch row holds the whole decoder input; batch_size=1 cuts it at the step: the prefix alone."""
-    methods = _s2s_methods(s2s, [*FAST, "attnnorm", "alti"])
+    methods = _s2s_methods(s2s, [*FAST, "attnnorm", "alti", "decompx"])
     batched = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=8)
     single = s2s.explain_generation(PROMPT, max_new_tokens=4, methods=methods, batch_size=1)
     for m in methods:

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..core.batch_state import BatchContext
 from ..core.memory import model_dims, rows_that_fit
+from ..core.modelstate import EAGER, attention_switched
 from ..core.row_attention import chunk_elements
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
@@ -86,11 +87,16 @@ def _applies(name: str, *, head: bool = False, streams: tuple[str, ...] = ("enco
             return (f"{name} linearises each feed-forward network through its pieces; the architecture entry of "
                     f"model type {model_type!r} reads it as one module, which it does not decompose")
         if architecture_for(config).family == "encoder-decoder":
-            if head:
-                return (f"{name} decomposes the logits through the layers that make them; an encoder-decoder's "
-                        "come from its decoder, which attnlens does not decompose (only its encoder)")
-            if stream == "cross" and "cross" in streams and anatomy.cross_value is None:
-                return f"{name} needs the cross-attention's projections, which model type {model_type!r}'s entry omits"
+            if (head or stream == "cross" and "cross" in streams) and (
+                    anatomy.cross_value is None or anatomy.cross_norm is None):
+                return (f"{name} needs the cross-attention's projections and norm, which model type "
+                        f"{model_type!r}'s entry omits")
+            if head and task not in ("classification", "qa", "seq2seq-lm"):
+                return (f"{name} decomposes an encoder-decoder's classifier, extractive QA or language model logits, "
+                        f"not a {task} model's")
+            if head and stream not in streams:
+                return (f"{name} attributes an encoder-decoder's logits to its encoder's input tokens, the columns of "
+                        "attention='encoder' (the default); on the decoder and cross streams use alti (ALTI+)")
             if stream not in streams:
                 return (f"{name} reads an encoder-decoder's encoder layers (attention='encoder'); on its decoder and "
                         "cross-attention layers, which mix two sequences, use alti (ALTI+)")
@@ -987,8 +993,9 @@ def _alti_plus_pass(model: nn.Module, anatomy: Anatomy, inputs: dict[str, torch.
     """:func:`alti_plus` of the batch ``inputs`` with the explained rows' ``weights`` ``(B, T)``."""
     spec = architecture_for(model.config).layers
     decoder = anatomy.decoder or anatomy
-    with torch.no_grad():
+    with torch.no_grad(), attention_switched(model, EAGER):  # every stream's maps
         out = model(**inputs, output_attentions=True, output_hidden_states=True, use_cache=False, return_dict=True)
+    with torch.no_grad():
         ids = inputs["input_ids"]
         enc_real = inputs["attention_mask"].bool() if "attention_mask" in inputs else torch.ones_like(ids).bool()
         memory = out.encoder_last_hidden_state
@@ -1231,6 +1238,46 @@ def _output_weights(logits: torch.Tensor, targets: torch.Tensor, contrast: bool)
     return w - logits.softmax(-1) if contrast else w
 
 
+def _linear_layers(model: nn.Module, anatomy: Anatomy, blocks: list[nn.Module], hidden: list[torch.Tensor],
+                   attentions: list[torch.Tensor], real: torch.Tensor, h: torch.Tensor,
+                   cross: tuple[torch.Tensor, list[torch.Tensor]] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layers ``blocks`` linearised at the real pass (``hidden``, ``attentions``; attention, norm scales and
+    activation ratios held at their values there) on the input ``h``: ``(the last layer's output, the first
+    layer's value vectors)``, the value vectors a leaf of the graph of their own (DecompX gives a token its
+    layer-1 value vector, value bias included). ``cross``: a decoder's ``(memory, cross-attention maps)``, the
+    encoder's output (linear in the encoder's input) and each layer's maps over it. Each recomputed layer is
+    checked against the next hidden state at the ``real`` positions."""
+    spec = architecture_for(model.config).layers
+    final = _final_norm(model, anatomy)
+    value0 = None
+    for i, (block, attn) in enumerate(zip(blocks, attentions, strict=True)):
+        mods = _parts(block, model, anatomy)
+        v = _values(mods, _frozen_norm(h, mods["ln1"]) if anatomy.pre_ln else h, attn.shape[1], spec)
+        if value0 is None:
+            value0 = v = v.detach().requires_grad_(True)
+        att = mods["output"](_mix(attn, v))
+        mixed = None
+        if cross is not None:  # the keys are the encoder's outputs (a pre-LN block normalises only its queries)
+            memory, maps = cross
+            parts = {"value": _attr(block, anatomy.cross_value), "output": _attr(block, anatomy.cross_output)}
+            mixed = parts["output"](_mix(maps[i], _values(parts, memory, maps[i].shape[1], spec)))
+        if anatomy.pre_ln:
+            y = h + (_frozen_norm(att, mods["post_attn_norm"]) if "post_attn_norm" in mods else att)
+            y = y if mixed is None else y + mixed
+            ffn = _linear_ffn(mods, _frozen_norm(h if anatomy.parallel else y, mods["ln2"]))
+            h = y + (_frozen_norm(ffn, mods["post_ffn_norm"]) if "post_ffn_norm" in mods else ffn)
+            if i == len(blocks) - 1 and final is not None:
+                h = _frozen_norm(h, final)
+        else:
+            y = _frozen_norm(h + att, mods["ln1"])
+            if mixed is not None:
+                y = _frozen_norm(y + mixed, as_layer_norm(_attr(block, anatomy.cross_norm)))
+            h = _frozen_norm(y + _linear_ffn(mods, y), mods["ln2"])
+        _check_layer(model, i, h.detach(), hidden[i + 1], real)
+    return h, value0
+
+
 def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """DecompX with ``bias="token"`` for the explained logits (``contrast``: z_t − Σ_c p_c z_c), in one backward
     pass: ``(scores (B, N), bias (B,))``.
@@ -1245,30 +1292,11 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     """
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
-    blocks = _blocks(model)
-    spec = architecture_for(model.config).layers
-    final = _final_norm(model, anatomy)
     hidden, attentions, real = _pass(ctx)
     rows_real = cap.key_mask.bool()
     with torch.enable_grad():
         x0 = hidden[0].detach().clone().requires_grad_(True)
-        h, value0 = x0, None
-        for i, (block, attn) in enumerate(zip(blocks, attentions, strict=True)):
-            mods = _parts(block, model, anatomy)
-            v = _values(mods, _frozen_norm(h, mods["ln1"]) if anatomy.pre_ln else h, attn.shape[1], spec)
-            if value0 is None:
-                value0 = v = v.detach().requires_grad_(True)
-            att = mods["output"](_mix(attn, v))
-            if anatomy.pre_ln:
-                y = h + (_frozen_norm(att, mods["post_attn_norm"]) if "post_attn_norm" in mods else att)
-                ffn = _linear_ffn(mods, _frozen_norm(h if anatomy.parallel else y, mods["ln2"]))
-                h = y + (_frozen_norm(ffn, mods["post_ffn_norm"]) if "post_ffn_norm" in mods else ffn)
-                if i == len(blocks) - 1 and final is not None:
-                    h = _frozen_norm(h, final)
-            else:
-                y = _frozen_norm(h + att, mods["ln1"])
-                h = _frozen_norm(y + _linear_ffn(mods, y), mods["ln2"])
-            _check_layer(model, i, h.detach(), hidden[i + 1], real)
+        h, value0 = _linear_layers(model, anatomy, _blocks(model), hidden, attentions, real, x0)
         read = ctx.head.read_rows(ctx.targets)
         if read is not None:  # a head summing values read at several positions (an answer's tokens)
             example, position, label = read
@@ -1297,6 +1325,109 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     return scores, logit.detach() - (scores * rows_real).sum(-1)
 
 
+# --- DecompX through an encoder-decoder ---------------------------------------------------------------------------
+def seq2seq_decompx(ctx: BatchContext, contrast: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DecompX (``bias="token"``) on an encoder-decoder: ``(scores (B, S), bias (B,), decoder inputs (B,))``.
+
+    The encoder is linearised as :func:`decompx_token_scores` does; each decoder layer too, its self-attention
+    over the decoder's inputs and its cross-attention over the encoder's (linearised) outputs held at their real
+    weights. The logit is read where the head reads: the decoder's state at the last EOS (classifiers), at each
+    span position (extractive QA) or at the target's decoder position (language models). The scores are the
+    encoder's input tokens' shares; the decoder's inputs (their states and layer-1 value vectors) take the share
+    reported beside them, and the bias term is the rest, so the three sum to the explained logit. Runs one forward
+    of its own (every stream's maps and states), in chunks of examples the memory budget holds; every recomputed
+    layer and the head's logits are checked against the model's."""
+    model = ctx.model
+    step = rows_that_fit(ctx.budget_left(), _seq2seq_decompx_row_bytes(model, ctx.inputs))
+    size = ctx.inputs["input_ids"].shape[0]
+    parts = [_seq2seq_decompx_chunk(ctx, {k: v[b:b + step] for k, v in ctx.inputs.items()}, ctx.targets[b:b + step],
+                                    contrast) for b in range(0, size, step)]
+    return tuple(torch.cat([p[k] for p in parts]) for k in range(3))  # type: ignore[return-value]
+
+
+def _seq2seq_decompx_row_bytes(model: nn.Module, inputs: dict[str, torch.Tensor]) -> int:
+    """What one example of :func:`seq2seq_decompx`'s pass holds: every stream's maps and states (as ALTI+'s
+    pass), and the linearised layers' graph, about ten states and two FFN activations per position and layer."""
+    dims, spec = model_dims(model), architecture_for(model.config).layers
+    enc, dec = len(spec.modules(model, "encoder")), len(spec.modules(model, "decoder"))
+    source = inputs["input_ids"].shape[1]
+    target = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else source
+    width = int(getattr(model.config, "d_ff", 0) or getattr(model.config, "encoder_ffn_dim", 0) or 4 * dims.hidden)
+    graph = (enc * source + dec * target) * (10 * dims.hidden + 2 * width)
+    return _alti_plus_row_bytes(model, inputs) + graph * dims.itemsize
+
+
+def _seq2seq_decompx_chunk(ctx: BatchContext, inputs: dict[str, torch.Tensor], targets: torch.Tensor,
+                           contrast: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`seq2seq_decompx` of the examples ``inputs`` with their ``targets``."""
+    model, head = ctx.model, ctx.head
+    anatomy = _anatomy(model)
+    decoder = anatomy.decoder or anatomy
+    spec = architecture_for(model.config).layers
+    ids = inputs["input_ids"]
+    enc_real = inputs["attention_mask"].bool() if "attention_mask" in inputs else torch.ones_like(ids).bool()
+    with torch.no_grad(), attention_switched(model, EAGER):  # every stream's maps
+        out = model(**inputs, output_attentions=True, output_hidden_states=True, use_cache=False, return_dict=True)
+    hidden = list(out.decoder_hidden_states)
+    dec_real = torch.ones(hidden[0].shape[:2], dtype=torch.bool, device=hidden[0].device)  # every row computed
+    with torch.enable_grad():
+        x0 = out.encoder_hidden_states[0].detach().clone().requires_grad_(True)
+        memory, value0 = _linear_layers(model, anatomy, spec.modules(model, "encoder"),
+                                        list(out.encoder_hidden_states), list(out.encoder_attentions), enc_real, x0)
+        d0 = hidden[0].detach().clone().requires_grad_(True)
+        h, dvalue0 = _linear_layers(model, decoder, spec.modules(model, "decoder"), hidden,
+                                    list(out.decoder_attentions), dec_real, d0,
+                                    cross=(memory, list(out.cross_attentions)))
+        logits = head.logits(out)
+        rows = torch.arange(h.shape[0], device=h.device)
+        if head.task == "qa":
+            example, position, label = head.read_rows(targets)
+            want = logits[example, position]
+        elif head.task == "seq2seq-lm":
+            example, position, label = rows, targets[:, 1], targets
+            want = logits[example, position]
+        else:  # a classifier reads the decoder's state at each row's last EOS (its decoder input is the shifted input)
+            eos = ids.eq(model.config.eos_token_id)
+            position = torch.where(eos, torch.arange(ids.shape[1], device=ids.device), -1).amax(-1)
+            example, label, want = rows, targets, logits
+        state = h[example, position]
+        if head.task == "seq2seq-lm":
+            state = model.get_output_embeddings()(state * (anatomy.lm_scale(model.config) if anatomy.lm_scale else 1.0))
+            offset = getattr(model, "final_logits_bias", None)  # BART's: a bias, which goes to the bias term
+            check = state.detach() + (0 if offset is None else offset.to(state.dtype))
+        else:
+            steps = _token_head_steps(model) if head.task == "qa" else [
+                (_attr(model, lin), None if act is None else HEAD_ACTIVATIONS.get(act) or _attr(model, act))
+                for lin, act in anatomy.head]
+            for linear, act in steps:
+                state = linear(state)
+                if act is not None:
+                    state = _linearised(act, state)
+            check = state.detach()
+        _check_head(check, want, type(model).__name__)
+        values = (state * _seq2seq_weights(check, label, head.task, contrast)).sum(-1)
+        logit = torch.zeros(h.shape[0], dtype=values.dtype, device=values.device).index_add(0, example, values)
+        g0, gv, gd, gdv = torch.autograd.grad(logit.sum(), [x0, value0, d0, dvalue0])
+    scores = ((g0 * x0).sum(-1) + (gv * value0).flatten(2).sum(-1)).detach() * enc_real
+    decoder_inputs = ((gd * d0).sum(-1) + (gdv * dvalue0).flatten(2).sum(-1)).detach().sum(-1)
+    return scores, logit.detach() - scores.sum(-1) - decoder_inputs, decoder_inputs
+
+
+def _seq2seq_weights(logits: torch.Tensor, label: torch.Tensor, task: str, contrast: bool) -> torch.Tensor:
+    """The explained combination of an encoder-decoder's logits ``(R, C)`` read at their rows: a language model's
+    ``(token, position, contrast token or -1)`` targets as the token's one-hot minus the contrast token's (or,
+    with ``contrast``, the softmax); a classifier's or QA head's as :func:`_output_weights`."""
+    if task != "seq2seq-lm":
+        return _output_weights(logits, label, contrast)
+    n = logits.shape[-1]
+    w = torch.nn.functional.one_hot(label[:, 0], n).to(logits.dtype)
+    other = label[:, 2]
+    versus = torch.nn.functional.one_hot(other.clamp_min(0), n).to(logits.dtype) * (other >= 0)[:, None]
+    if contrast:
+        versus = torch.where((other >= 0)[:, None], versus, logits.softmax(-1))
+    return w - versus
+
+
 @register(
     "decompx",
     needs={ATTENTION, HIDDEN},
@@ -1316,8 +1447,12 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
     by propagating all N×N decomposed vectors (about N/3 times the cost of a forward+backward pass), so the bias
     term is 0. The bias term is reported per input as ``meta["decompx"]["bias"]``: scores + bias = the explained
     logit. ``contrast``: decompose z_t − Σ_c p_c z_c (the target logit against the probability-weighted mean
-    logit; for two classes (1 − p_t)(z_t − z_other)) instead of z_t, what moves the target's probability."""
+    logit; for two classes (1 − p_t)(z_t − z_other)) instead of z_t, what moves the target's probability. On an
+    encoder-decoder both stacks are decomposed (:func:`seq2seq_decompx`): the scores are the encoder's input
+    tokens' shares and the decoder inputs' share is ``meta["decompx"]["decoder_inputs"]``."""
     _check_decompx(bias, contrast)
+    if architecture_for(ctx.model.config).family == "encoder-decoder":
+        return _seq2seq_output(ctx, bias, contrast)
     if bias != "token" and ctx.head.task in ("token", "qa"):
         raise InputError(f"decompx bias={bias!r} decomposes a sequence classifier's first token; for a "
                          f"{ctx.head.kind} use bias='token' (the default)")
@@ -1333,3 +1468,17 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
     weights = _output_weights(ctx.capture.logits, ctx.targets, contrast)
     shares = torch.einsum("bnc,bc->bn", contributions, weights)
     return MethodOutput(shares[:, :-1], meta={"bias": shares[:, -1]})
+
+
+def _seq2seq_output(ctx: BatchContext, bias: str, contrast: bool) -> MethodOutput:
+    """:func:`decompx` on an encoder-decoder (:func:`seq2seq_decompx`): the encoder's input tokens' shares, the
+    decoder inputs' and the bias term's in ``meta``."""
+    if bias != "token":
+        raise InputError(f"decompx bias={bias!r} propagates every token's vectors through an encoder; on an "
+                         "encoder-decoder use bias='token' (the default)")
+    if ctx.target_kind == "loss" and ctx.head.task == "seq2seq-lm":
+        contrast = True  # log p of a token: z_t − Σ_c p_c z_c, its first-order change (z_t − z_c against a contrast)
+    elif ctx.target_kind != "logit":
+        raise InputError(f"decompx decomposes the logits; target_kind={ctx.target_kind!r} is not supported")
+    scores, term, decoder_inputs = seq2seq_decompx(ctx, contrast)
+    return MethodOutput(scores, meta={"bias": term, "decoder_inputs": decoder_inputs})

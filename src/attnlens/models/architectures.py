@@ -163,6 +163,9 @@ class Anatomy:
     # an encoder-decoder's decoder layers where they differ from the encoder's (the FFN's and final norm's paths:
     # T5's decoder blocks hold the FFN third, after the cross-attention); None: as the encoder's
     decoder: Anatomy | None = None
+    # a sequence-to-sequence language model's factor on the decoder's output before the output embeddings, a
+    # function of the config (T5 scales by d_model^-1/2 where its embeddings are tied), or None (no factor)
+    lm_scale: Callable[[Any], float] | None = None
 
 
 HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -449,8 +452,10 @@ def _opt_anatomy(config: Any) -> Anatomy | None:
                    final_norm="decoder.final_layer_norm")
 
 
-# encoder-decoders: the anatomy of the encoder's layers (the stream the norm-based methods read there)
-_BART_ANATOMY = Anatomy((), output="self_attn.out_proj", ln1="self_attn_layer_norm", ffn_in="fc1",
+# encoder-decoders: the anatomy of the encoder's layers (the stream the norm-based methods read there); their
+# classification heads read the decoder's state at the last EOS
+_SEQ2SEQ_HEAD = (("classification_head.dense", "tanh"), ("classification_head.out_proj", None))
+_BART_ANATOMY = Anatomy(_SEQ2SEQ_HEAD, output="self_attn.out_proj", ln1="self_attn_layer_norm", ffn_in="fc1",
                         act="activation_fn", ffn_out="fc2", ln2="final_layer_norm", cross_value="encoder_attn.v_proj",
                         cross_output="encoder_attn.out_proj", cross_norm="encoder_attn_layer_norm")
 _MBART_ANATOMY = replace(_BART_ANATOMY, pre_ln=True, final_norm="encoder.layer_norm",
@@ -470,8 +475,15 @@ def _t5_anatomy(config: Any) -> Anatomy:
                  cross_norm="layer.1.layer_norm")
     decoder = Anatomy((), output="layer.0.SelfAttention.o", ln1="layer.0.layer_norm", pre_ln=True,
                       final_norm="decoder.final_layer_norm", **ffn(2), **cross)
-    return Anatomy((), output="layer.0.SelfAttention.o", ln1="layer.0.layer_norm", pre_ln=True,
-                   final_norm="encoder.final_layer_norm", decoder=decoder, **ffn(1), **cross)
+    return Anatomy(_SEQ2SEQ_HEAD, output="layer.0.SelfAttention.o", ln1="layer.0.layer_norm", pre_ln=True,
+                   final_norm="encoder.final_layer_norm", decoder=decoder, lm_scale=_t5_lm_scale, **ffn(1), **cross)
+
+
+def _t5_lm_scale(config: Any) -> float:
+    """T5 scales its decoder's output by d_model^-1/2 before the output embeddings where they are tied to the input
+    embeddings (``scale_decoder_outputs`` in recent transformers, ``tie_word_embeddings`` before)."""
+    scaled = getattr(config, "scale_decoder_outputs", getattr(config, "tie_word_embeddings", True))
+    return float(config.d_model) ** -0.5 if scaled else 1.0
 
 
 _ENTRIES: list[Architecture] = [
