@@ -427,11 +427,11 @@ def test_alti_plus_runs_its_pass_in_chunks_the_memory_budget_holds(tokenizer, mo
     whole = ex.explain(texts, methods=["alti"], batch_size=3)
     sizes = []
     real_pass = decomposition._alti_plus_pass
-    monkeypatch.setattr(decomposition, "_alti_plus_row_bytes", lambda model, inputs: 1 << 60)
+    monkeypatch.setattr(decomposition, "_alti_plus_row_bytes", lambda model, inputs: 600 * 2**20)
     monkeypatch.setattr(decomposition, "_alti_plus_pass",
                         lambda model, anatomy, inputs, weights: sizes.append(len(weights)) or real_pass(
                             model, anatomy, inputs, weights))
-    chunked = ex.explain(texts, methods=["alti"], batch_size=3)
+    chunked = ex.explain(texts, methods=["alti"], batch_size=3, memory_budget="1GiB")
     assert sizes == [1, 1, 1]
     for a, b in zip(whole, chunked):
         np.testing.assert_allclose(a.scores["alti"], b.scores["alti"], rtol=1e-5, atol=1e-7)

@@ -970,10 +970,23 @@ def alti_plus(ctx: BatchContext) -> tuple[torch.Tensor, torch.Tensor]:
         raise InputError(f"ALTI+ needs the cross-attention's projections and norm, which model type "
                          f"{model.config.model_type!r}'s entry omits")
     weights = ctx.capture.query_weights
-    step = rows_that_fit(ctx.budget_left(), _alti_plus_row_bytes(model, ctx.inputs))
+    step = _examples_per_pass(ctx, _alti_plus_row_bytes(model, ctx.inputs), "alti (ALTI+)")
     parts = [_alti_plus_pass(model, anatomy, {k: v[b:b + step] for k, v in ctx.inputs.items()}, weights[b:b + step])
              for b in range(0, weights.shape[0], step)]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _examples_per_pass(ctx: BatchContext, row_bytes: int, name: str) -> int:
+    """How many examples a method's own pass over every stream of an encoder-decoder takes at once within what the
+    budget leaves (:meth:`BatchContext.budget_left`); where one does not fit, an :class:`InputError` (one line)
+    before the pass runs."""
+    left = ctx.budget_left()
+    if row_bytes > left:
+        n = ctx.inputs["input_ids"].shape[1]
+        raise InputError(f"{name} keeps every stream's attention maps of this encoder-decoder: an input of {n:,} "
+                         f"tokens needs about {row_bytes / 2**30:.1f} GiB, more than the {left / 2**30:.1f} GiB the "
+                         "memory budget leaves; shorten the input or raise the budget")
+    return rows_that_fit(left, row_bytes)
 
 
 def _alti_plus_row_bytes(model: nn.Module, inputs: dict[str, torch.Tensor]) -> int:
@@ -1338,7 +1351,7 @@ def seq2seq_decompx(ctx: BatchContext, contrast: bool = False) -> tuple[torch.Te
     of its own (every stream's maps and states), in chunks of examples the memory budget holds; every recomputed
     layer and the head's logits are checked against the model's."""
     model = ctx.model
-    step = rows_that_fit(ctx.budget_left(), _seq2seq_decompx_row_bytes(model, ctx.inputs))
+    step = _examples_per_pass(ctx, _seq2seq_decompx_row_bytes(model, ctx.inputs), "decompx")
     size = ctx.inputs["input_ids"].shape[0]
     parts = [_seq2seq_decompx_chunk(ctx, {k: v[b:b + step] for k, v in ctx.inputs.items()}, ctx.targets[b:b + step],
                                     contrast) for b in range(0, size, step)]
