@@ -85,25 +85,27 @@ def test_other_reference_models(name, attention):
             assert np.isfinite(e.scores[m]).all() and np.abs(e.scores[m]).max() > 0, m
 
 
-def test_attnlrp_on_the_bart_classifier_beats_random_deletion():
-    """AttnLRP through BART's encoder, decoder and cross-attention: deleting each sentence's top 20% of tokens by
-    its encoder-input relevance lowers the predicted class's probability far more than deleting random ones."""
+@pytest.mark.parametrize("method", ["attnlrp", "decompx"])
+def test_the_bart_classifier_through_both_stacks_beats_random_deletion(method):
+    """AttnLRP and DecompX through BART's encoder, decoder and cross-attention: deleting each sentence's top 20% of
+    tokens by its encoder-input score lowers the predicted class's probability far more than deleting random
+    ones."""
     path = MODELS / "bart-scratch-sst2"
     if not path.is_dir():
         pytest.skip(f"{path} not found")
     ex = Explainer.from_pretrained(path)
     rows = sst2_dev(32)
-    exps = ex.explain([r["text"] for r in rows], methods=["attnlrp"], batch_size=32)
+    exps = ex.explain([r["text"] for r in rows], methods=[method], batch_size=32)
     rng = np.random.default_rng(0)
-    kept: dict[str, list[list[int]]] = {"attnlrp": [], "random": []}
+    kept: dict[str, list[list[int]]] = {method: [], "random": []}
     for e in exps:
         candidates = [i for i, s in enumerate(e.special) if not s]
         k = max(1, round(0.2 * len(candidates)))
-        for name, drop in (("attnlrp", set(e.ranking("attnlrp")[:k])),
+        for name, drop in ((method, set(e.ranking(method)[:k])),
                            ("random", set(rng.choice(candidates, k, replace=False)))):
             kept[name].append([t for i, t in enumerate(e.input_ids) if i not in drop])
     pred = np.array([e.predicted for e in exps])
     base = np.array([e.probabilities[e.predicted] for e in exps])
     drop = {name: float(np.mean(base - ex.predict_proba(ids)[np.arange(len(exps)), pred]))
             for name, ids in kept.items()}
-    assert drop["attnlrp"] > drop["random"] + 0.2, drop
+    assert drop[method] > drop["random"] + 0.2, drop
