@@ -332,3 +332,27 @@ def test_an_input_whose_pass_exceeds_the_budget_is_refused_in_one_line(monkeypat
     monkeypatch.setattr(decomposition, "_seq2seq_decompx_row_bytes", lambda model, inputs: 8 * 2**30)
     with pytest.raises(InputError, match=r"decompx keeps every stream's attention maps.*about 8\.0 GiB.*raise the"):
         ex.explain(TEXTS[:1], methods=["decompx"])
+
+
+def test_an_entry_without_the_cross_attention_norm_is_refused_and_a_wrong_one_is_an_error():
+    import dataclasses
+
+    from attnlens.errors import ModelError
+    from attnlens.models.architectures import ARCHITECTURES, register_architecture
+
+    old = ARCHITECTURES["bart"]
+    model = seq2seq("bart")
+    try:
+        register_architecture(dataclasses.replace(old, anatomy=dataclasses.replace(old.anatomy, cross_norm=None)))
+        ex = Explainer(model, make_tokenizer())
+        with pytest.raises(InputError, match="decompx needs the cross-attention's projections and norm"):
+            ex.explain(TEXTS[:1], methods=["decompx"])
+        (e,) = Explainer(model, make_tokenizer(), attention="cross").explain(TEXTS[:1], methods=["attnnorm"])
+        assert np.abs(e.scores["attnnorm"]).max() > 0  # reading one attention needs no norm
+        # the cross-attention block read with the layer's last norm in place of its own: no scores
+        register_architecture(dataclasses.replace(old, anatomy=dataclasses.replace(
+            old.anatomy, cross_norm="final_layer_norm")))
+        with pytest.raises(ModelError, match="anatomy does not describe it"):
+            Explainer(model, make_tokenizer()).explain(TEXTS[:1], methods=["decompx"])
+    finally:
+        register_architecture(old)

@@ -87,10 +87,11 @@ def _applies(name: str, *, head: bool = False, streams: tuple[str, ...] = ("enco
             return (f"{name} linearises each feed-forward network through its pieces; the architecture entry of "
                     f"model type {model_type!r} reads it as one module, which it does not decompose")
         if architecture_for(config).family == "encoder-decoder":
-            if (head or stream == "cross" and "cross" in streams) and (
-                    anatomy.cross_value is None or anatomy.cross_norm is None):
+            if head and (anatomy.cross_value is None or anatomy.cross_norm is None):
                 return (f"{name} needs the cross-attention's projections and norm, which model type "
                         f"{model_type!r}'s entry omits")
+            if stream == "cross" and "cross" in streams and anatomy.cross_value is None:
+                return f"{name} needs the cross-attention's projections, which model type {model_type!r}'s entry omits"
             if head and task not in ("classification", "qa", "seq2seq-lm"):
                 return (f"{name} decomposes an encoder-decoder's classifier, extractive QA or language model logits, "
                         f"not a {task} model's")
