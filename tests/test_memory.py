@@ -162,8 +162,10 @@ def test_the_estimate_follows_what_the_capture_keeps():
     # attnnorm reads the explained rows and the hidden states: fused attention
     assert _storage_of(llama, ["attnnorm", "rawatt"]) == memory.Storage(eager=False, rows=1, hidden=True,
                                                                         logit_rows=1)
-    full = _storage_of(llama, ["decompx", "rawatt"])  # decompx reads every head's map: eager, the maps kept
-    assert full.eager and full.maps and not full.backward
+    # decompx recomputes the maps chunk by chunk and rebuilds one layer's linearised graph at a time
+    assert _storage_of(llama, ["decompx", "rawatt"]) == memory.Storage(eager=False, rows=1, factors=True,
+                                                                       hidden=True, layer_graph=True, logit_rows=1)
+    full = memory.Storage(eager=True, maps=True, hidden=True, logit_rows=1)  # every head's whole map kept
     dims = model_dims(llama.model)
     n = 4096
     assert memory.pass_row_bytes(dims, n, rows) * 20 < memory.pass_row_bytes(dims, n, full)

@@ -22,7 +22,7 @@ from attnlens.testing.tiny_models import build_tiny
 TEXTS = ["i didn ' t like this boring film", "good", "the plot was boring but the actors were great !"]
 # every method that reads the shared pass without whole maps, with the options that change what it reads
 LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient", "rollout", "flow", "attnnorm",
-        "gae", "attgrads", "globenc", "alti"]
+        "gae", "attgrads", "globenc", "alti", "decompx"]
 OPTIONS = {"attcat": {"alpha": "mean"}}
 # of the largest per-layer term: fused and eager attention round differently (a few float32 ulps in a layer's
 # output; eager attention takes its softmax in float32 whatever the model's dtype, so float64 does not help)
@@ -95,19 +95,17 @@ def _lm() -> Explainer:
 
 
 def _rows_and_maps_agree(explain) -> None:
-    """``explain(methods)`` with the planned (rows) capture, with the whole maps forced, and with DecompX in the
-    same request (which brings the whole maps back): the LEAN methods score alike in all three."""
+    """``explain(methods)`` with the planned (rows) capture and with the whole maps forced: the LEAN methods score
+    alike in both."""
     outs = {}
     for mode in (None, capture.FULL_MAPS):
         with pytest.MonkeyPatch.context() as mp:
             if mode:
                 mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
             outs[mode] = explain(LEAN)
-    mixed = explain(LEAN + ["decompx"])
     for m in LEAN:
         ref = outs[capture.FULL_MAPS].scores[m]
-        for got in (outs[None], mixed):
-            np.testing.assert_allclose(got.scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
+        np.testing.assert_allclose(outs[None].scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)
 
 
 def test_generation_steps_score_as_with_the_whole_maps():
@@ -133,10 +131,14 @@ def test_the_rows_are_the_maps_rows_and_received_their_column_means():
     ctx, _ = ex.compute_batch(batch, [-1] * len(TEXTS), specs, {})
     cap = ctx.capture
     assert cap.attentions is None and cap.attention_rows[0].shape[2] == len({len(e.ids) for e in batch})
-    full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("decompx")], {})
+    with pytest.MonkeyPatch.context() as mp:  # the eager maps
+        mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
+        full, _ = ex.compute_batch(batch, [-1] * len(TEXTS), [registry.get_method("globenc")], {})
     mask = full.token_mask.double()
-    for rows, received, means, maps in zip(cap.attention_rows, cap.attention_received, cap.attention_means,
-                                           full.capture.attentions, strict=True):
+    chunks = full.capture.map_chunks()
+    whole = [next(chunks.chunks(i))[1] for i in range(chunks.n_layers)]  # one chunk: the whole map
+    for rows, received, means, maps in zip(cap.attention_rows, cap.attention_received, cap.attention_means, whole,
+                                           strict=True):
         np.testing.assert_allclose(means.double(), maps.double().mean(1), atol=1e-6)
         explained = torch.einsum("br,bhrk->bhk", cap.row_weights.double(), rows.double())
         np.testing.assert_allclose(explained, full.capture.row(maps.double()), atol=1e-6)
@@ -404,7 +406,9 @@ def test_chunks_of_an_unpadded_causal_input_skip_the_keys_no_row_sees(monkeypatc
     ex, text = _lm(), "the movie was good but boring and far too long"
     methods = ["rollout", "gae", "attgrads", "transatt", "partiallrp"]
     every_layer = {"partiallrp": {"layers": True}}
-    eager = ex.explain([text], [*methods, "decompx"], options=every_layer)[0]  # decompx reads whole maps: kept
+    with pytest.MonkeyPatch.context() as mp:  # the eager whole maps
+        mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
+        eager = ex.explain([text], methods, options=every_layer)[0]
     assert not trimmed
     monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)  # chunks of a few rows
     monkeypatch.setattr("attnlens.core.row_attention.BACKWARD_CHUNK_ELEMENTS", 64)

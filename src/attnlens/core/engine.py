@@ -16,7 +16,7 @@ import torch
 from ..errors import InputError
 from ..methods import check_option_owners, get_method, resolve_methods
 from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp, fused_over_prefixes, last_layer_passes
-from ..methods.registry import GRADIENTS, OWN_PASS, Method, capture_request
+from ..methods.registry import GRADIENTS, LAYER_GRAPH, OWN_PASS, Method, capture_request
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
 from ..version import __version__
@@ -193,7 +193,8 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
             return None
         storage = planned_storage(runner.model, runner.adapter, runner.stream, keep, differentiate, gradients,
                                   positions_known, runner.head.query_rows_per_input)
-        return dataclasses.replace(storage, logit_rows=logit_rows)
+        return dataclasses.replace(storage, logit_rows=logit_rows,
+                                   layer_graph=any(LAYER_GRAPH in s.needs for s in group))
 
     # an LRP pass over a generation's prefixes reads the logits from its first step's last token on
     prefix_logits = steps + 1 if steps and keeps_logits(runner.model) else 0

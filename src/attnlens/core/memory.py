@@ -153,6 +153,7 @@ class Storage:
     factor_layers: int = 0
     map_layers: int = 0
     rule_vectors: int = 0
+    layer_graph: bool = False  # one layer's backward activations beside what is kept (registry.LAYER_GRAPH)
 
     def __or__(self, other: Storage) -> Storage:
         """What one pass serving both keeps (eager if either needs it)."""
@@ -220,6 +221,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
                           + n * storage.received + n * n * storage.means)
     kept += (storage.factor_layers or attentions) * n * d * (2 * storage.factors + 3 * storage.factor_grads)
     kept += storage.rule_vectors * n * d
+    kept += ACTIVATION_VECTORS * n * d * storage.layer_graph
     kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * storage.factors
     # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time,
     # in float32 and float64

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.attention_chunks import AttentionChunks, WholeMaps
 from ..core.batch_state import BatchContext
 from ..core.memory import model_dims, rows_that_fit
 from ..core.modelstate import EAGER, attention_switched
@@ -39,7 +40,15 @@ from ..models.norms import as_layer_norm, is_rms_norm, rms_eps, rms_gain
 from ..models.prefixes import last_positions, row_gradients
 from . import alti_kernel
 from .attention import carried_rows
-from .registry import ATTENTION, ATTENTION_CHUNKS, ATTENTION_ROWS, HIDDEN, MethodOutput, check_flag, register
+from .registry import (
+    ATTENTION_CHUNKS,
+    ATTENTION_ROWS,
+    HIDDEN,
+    LAYER_GRAPH,
+    MethodOutput,
+    check_flag,
+    register,
+)
 
 ATTNNORM_VARIANTS = ("attn", "attn_res", "attn_res_ln")
 BIAS_MODES = ("absdot", "token")
@@ -394,15 +403,34 @@ def _check_head(got: torch.Tensor, want: torch.Tensor, model_name: str) -> None:
                          f"logits (max difference {err:.3g})")
 
 
-def _pass(ctx: BatchContext) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    """Hidden states, attention maps and real positions to recompute the layers from: the batch's, or, when its
-    rows are prefixes of one sequence (a generation's steps), that sequence's alone (a batch of one), since a
-    prefix's matrices are the top-left block of the sequence's (causal masking)."""
+def _states(ctx: BatchContext) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Hidden states and real positions to recompute the layers from: the batch's, or, when its rows are prefixes
+    of one sequence (a generation's steps), that sequence's alone (a batch of one), since a prefix's matrices are
+    the top-left block of the sequence's (causal masking)."""
     cap = ctx.capture
     if ctx.sequence is None:
-        return list(cap.hidden), list(cap.attentions), cap.key_mask.bool()
-    real = ctx.sequence["attention_mask"].bool().to(cap.key_mask.device)
-    return [h[:1] for h in cap.hidden], [a[:1] for a in cap.attentions], real
+        return list(cap.hidden), cap.key_mask.bool()
+    return [h[:1] for h in cap.hidden], ctx.sequence["attention_mask"].bool().to(cap.key_mask.device)
+
+
+def _pass(ctx: BatchContext) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """:func:`_states` and every layer's whole attention maps: as the pass kept them, or assembled from its chunks
+    (fused attention) where they fit what the budget leaves."""
+    hidden, real = _states(ctx)
+    cap = ctx.capture
+    chunks = cap.map_chunks()
+    if isinstance(chunks, WholeMaps):
+        maps = list(chunks.maps)
+    else:
+        rows, n = cap.key_mask.shape
+        need = chunks.n_layers * rows * model_dims(ctx.model).heads * n * n * hidden[0].element_size()
+        if need > ctx.budget_left():
+            raise InputError(f"decompx bias='absdot' propagates every token's vectors through every layer's whole "
+                             f"attention maps, about {need / 2**30:.1f} GiB here, more than the "
+                             f"{ctx.budget_left() / 2**30:.1f} GiB the memory budget leaves; use bias='token' (the "
+                             "default) or a larger budget")
+        maps = [torch.cat([a for _, a, _ in chunks.chunks(i)], 2) for i in range(chunks.n_layers)]
+    return hidden, maps if ctx.sequence is None else [a[:1] for a in maps], real
 
 
 def model_layers(ctx: BatchContext) -> list[Layer]:
@@ -1252,13 +1280,40 @@ def _output_weights(logits: torch.Tensor, targets: torch.Tensor, contrast: bool)
     return w - logits.softmax(-1) if contrast else w
 
 
+def _layer_values(mods: dict[str, nn.Module], anatomy: Anatomy, h: torch.Tensor, heads: int, spec: Layers
+                  ) -> torch.Tensor:
+    """A linearised layer's value vectors ``(B, N, H, d_h)`` of its input ``h`` (a pre-LN layer's through LN1 with
+    its scale held)."""
+    return _values(mods, _frozen_norm(h, mods["ln1"]) if anatomy.pre_ln else h, heads, spec)
+
+
+def _layer_rest(block: nn.Module, mods: dict[str, nn.Module], anatomy: Anatomy, h: torch.Tensor,
+                mixed: torch.Tensor, final: nn.Module | None = None, cross: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """A linearised layer's output from its input ``h`` and its attention-mixed values ``mixed`` ``(B, N, H·d_h)``
+    (heads concatenated; ``cross``: a decoder layer's cross-attention branch, already through its output
+    projection): the output projection, residuals, norms with their scales held, the FFN with its activation
+    linearised; ``final``: the model's final norm after a pre-LN model's last layer."""
+    att = mods["output"](mixed)
+    if anatomy.pre_ln:
+        y = h + (_frozen_norm(att, mods["post_attn_norm"]) if "post_attn_norm" in mods else att)
+        y = y if cross is None else y + cross
+        ffn = _linear_ffn(mods, _frozen_norm(h if anatomy.parallel else y, mods["ln2"]))
+        out = y + (_frozen_norm(ffn, mods["post_ffn_norm"]) if "post_ffn_norm" in mods else ffn)
+        return out if final is None else _frozen_norm(out, final)
+    y = _frozen_norm(h + att, mods["ln1"])
+    if cross is not None:
+        y = _frozen_norm(y + cross, as_layer_norm(_attr(block, anatomy.cross_norm)))
+    return _frozen_norm(y + _linear_ffn(mods, y), mods["ln2"])
+
+
 def _linear_layers(model: nn.Module, anatomy: Anatomy, blocks: list[nn.Module], hidden: list[torch.Tensor],
                    attentions: list[torch.Tensor], real: torch.Tensor, h: torch.Tensor,
                    cross: tuple[torch.Tensor, list[torch.Tensor]] | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layers ``blocks`` linearised at the real pass (``hidden``, ``attentions``; attention, norm scales and
-    activation ratios held at their values there) on the input ``h``: ``(the last layer's output, the first
-    layer's value vectors)``, the value vectors a leaf of the graph of their own (DecompX gives a token its
+    """The layers ``blocks`` linearised at the real pass (``hidden``, whole ``attentions``; attention, norm scales
+    and activation ratios held at their values there) on the input ``h``, as one graph: ``(the last layer's
+    output, the first layer's value vectors)``, the value vectors a leaf of their own (DecompX gives a token its
     layer-1 value vector, value bias included). ``cross``: a decoder's ``(memory, cross-attention maps)``, the
     encoder's output (linear in the encoder's input) and each layer's maps over it. Each recomputed layer is
     checked against the next hidden state at the ``real`` positions."""
@@ -1267,34 +1322,85 @@ def _linear_layers(model: nn.Module, anatomy: Anatomy, blocks: list[nn.Module], 
     value0 = None
     for i, (block, attn) in enumerate(zip(blocks, attentions, strict=True)):
         mods = _parts(block, model, anatomy)
-        v = _values(mods, _frozen_norm(h, mods["ln1"]) if anatomy.pre_ln else h, attn.shape[1], spec)
+        v = _layer_values(mods, anatomy, h, attn.shape[1], spec)
         if value0 is None:
             value0 = v = v.detach().requires_grad_(True)
-        att = mods["output"](_mix(attn, v))
         mixed = None
         if cross is not None:  # the keys are the encoder's outputs (a pre-LN block normalises only its queries)
             memory, maps = cross
             parts = {"value": _attr(block, anatomy.cross_value), "output": _attr(block, anatomy.cross_output)}
             mixed = parts["output"](_mix(maps[i], _values(parts, memory, maps[i].shape[1], spec)))
-        if anatomy.pre_ln:
-            y = h + (_frozen_norm(att, mods["post_attn_norm"]) if "post_attn_norm" in mods else att)
-            y = y if mixed is None else y + mixed
-            ffn = _linear_ffn(mods, _frozen_norm(h if anatomy.parallel else y, mods["ln2"]))
-            h = y + (_frozen_norm(ffn, mods["post_ffn_norm"]) if "post_ffn_norm" in mods else ffn)
-            if i == len(blocks) - 1 and final is not None:
-                h = _frozen_norm(h, final)
-        else:
-            y = _frozen_norm(h + att, mods["ln1"])
-            if mixed is not None:
-                y = _frozen_norm(y + mixed, as_layer_norm(_attr(block, anatomy.cross_norm)))
-            h = _frozen_norm(y + _linear_ffn(mods, y), mods["ln2"])
+        h = _layer_rest(block, mods, anatomy, h, _mix(attn, v), final if i == len(blocks) - 1 else None, mixed)
         _check_layer(model, i, h.detach(), hidden[i + 1], real)
     return h, value0
 
 
+def _held_mix(chunks: AttentionChunks, layer: int, v: torch.Tensor) -> torch.Tensor:
+    """``(B, N, H·d_h)``: the layer's attention applied to the value vectors ``v`` ``(B, N, H, d_h)``, its maps
+    read a chunk of query rows at a time (no ``N × N`` map kept; no graph)."""
+    b, n, h, dh = v.shape
+    out = v.new_zeros(b, n, h, dh)
+    with torch.no_grad():
+        for start, a, _ in chunks.chunks(layer):
+            a = a[:b].to(v.dtype)
+            out[:, start:start + a.shape[2]] = torch.einsum("bhqk,bkhv->bqhv", a, v[:, :a.shape[3]])
+    return out.flatten(2)
+
+
+def _held_mix_transposed(chunks: AttentionChunks, layer: int, g: torch.Tensor) -> torch.Tensor:
+    """``(R, B, N, H, d_h)``: the vector-Jacobian products of :func:`_held_mix` (the maps held) with the
+    cotangents ``g`` ``(R, B, N, H, d_h)`` of its output, ``Aᵀ g`` per head, chunk by chunk."""
+    r, b, n, h, dh = g.shape
+    out = torch.zeros_like(g)
+    with torch.no_grad():
+        for start, a, _ in chunks.chunks(layer):
+            a = a[:b].to(g.dtype)
+            stop, keys = start + a.shape[2], a.shape[3]
+            out[:, :, :keys] += torch.einsum("bhqk,rbqhv->rbkhv", a, g[:, :, start:stop])
+    return out
+
+
+def _vjp(outputs: torch.Tensor, inputs: list[torch.Tensor], cotangents: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The vector-Jacobian products of ``outputs`` ``(B, ...)`` w.r.t. ``inputs`` for the ``R`` cotangents
+    ``(R, B, ...)``: ``(R, *input.shape)`` each (batched where R > 1; 0 where an input is not used)."""
+    if cotangents.shape[0] == 1:
+        grads = torch.autograd.grad(outputs, inputs, cotangents[0], allow_unused=True)
+        grads = tuple(None if g is None else g.unsqueeze(0) for g in grads)
+    else:
+        grads = torch.autograd.grad(outputs, inputs, cotangents, is_grads_batched=True, allow_unused=True)
+    return tuple(torch.zeros(cotangents.shape[0], *x.shape, dtype=x.dtype, device=x.device) if g is None else g
+                 for g, x in zip(grads, inputs, strict=True))
+
+
+def _head_logit(ctx: BatchContext, h: torch.Tensor, anatomy: Anatomy, contrast: bool) -> torch.Tensor:
+    """``(B,)``: the explained combination of logits, read where the head reads from the last hidden state ``h``
+    (a generation's steps: the one sequence's, each row its own position), through the head's steps linearised."""
+    cap, model = ctx.capture, ctx.model
+    read = ctx.head.read_rows(ctx.targets)
+    if read is not None:  # a head summing values read at several positions (an answer's tokens)
+        example, position, label = read
+        state = h[example, position]
+    elif _pooled(model) == LAST:  # each row's last token (a generation's steps: each its own, in the sequence)
+        last = last_positions(cap.key_mask.bool()).to(h.device)
+        state = h[0, last] if ctx.sequence is not None else h[torch.arange(h.shape[0], device=h.device), last]
+    else:
+        state = h[:, 0]
+    for linear, act in _head_steps(ctx, anatomy):
+        state = _frozen_norm(state, linear) if _is_norm(linear) else linear(state)
+        if act is not None:
+            state = _linearised(act, state)
+    if read is not None and ctx.head.task in ("token", "qa"):  # the head found by name: its logits checked
+        _check_head(state.detach(), cap.logits[example, position], type(model).__name__)
+    if read is None:
+        return (state * _output_weights(state.detach(), ctx.targets, contrast)).sum(-1)
+    values = (state * _output_weights(state.detach(), label, contrast)).sum(-1)  # each at its own position
+    rows = ctx.targets.shape[0] if ctx.sequence is not None else h.shape[0]
+    return torch.zeros(rows, dtype=values.dtype, device=values.device).index_add(0, example, values)
+
+
 def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """DecompX with ``bias="token"`` for the explained logits (``contrast``: z_t − Σ_c p_c z_c), in one backward
-    pass: ``(scores (B, N), bias (B,))``.
+    """DecompX with ``bias="token"`` for the explained logits (``contrast``: z_t − Σ_c p_c z_c): ``(scores (B,
+    N), bias (B,))``.
 
     With attention, norm scales and activation ratios held at their values in the real pass, the network is
     affine in its input and every bias goes to the bias term, so DecompX's decomposition is linear: a token's share
@@ -1303,40 +1409,45 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     pre-LN model LN1's β, as the value bias goes with the token in the authors' code). The bias term is the logit
     minus the token scores. The logit is read where the head reads: the first token (encoders), the last real one
     (decoders).
+
+    The gradient is taken layer by layer from the top: each layer's linearised graph is rebuilt from its input
+    hidden state (its values there are the real pass's, so its held scales are), its vector-Jacobian product taken
+    and the graph freed; the attention's product with the values goes through each layer's maps a chunk of query
+    rows at a time (:meth:`~attnlens.core.batch_state.BatchContext.map_chunks`), so no ``N × N`` map is kept
+    under fused attention. A generation's steps (rows reading one sequence) carry one cotangent each.
     """
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
-    hidden, attentions, real = _pass(ctx)
-    rows_real = cap.key_mask.bool()
+    blocks = _blocks(model)
+    spec = architecture_for(model.config).layers
+    final = _final_norm(model, anatomy)
+    hidden, real = _states(ctx)
+    chunks = cap.map_chunks()
+    heads = model_dims(model).heads
     with torch.enable_grad():
-        x0 = hidden[0].detach().clone().requires_grad_(True)
-        h, value0 = _linear_layers(model, anatomy, _blocks(model), hidden, attentions, real, x0)
-        read = ctx.head.read_rows(ctx.targets)
-        if read is not None:  # a head summing values read at several positions (an answer's tokens)
-            example, position, label = read
-            state = h[example, position]
-        elif _pooled(model) == LAST:  # each row's last token (a generation's steps: each its own, in the sequence)
-            last = last_positions(rows_real).to(h.device)
-            state = h[0, last] if ctx.sequence is not None else h[torch.arange(h.shape[0], device=h.device), last]
-        else:
-            state = h[:, 0]
-        for linear, act in _head_steps(ctx, anatomy):
-            state = _frozen_norm(state, linear) if _is_norm(linear) else linear(state)
-            if act is not None:
-                state = _linearised(act, state)
-        if read is not None and ctx.head.task in ("token", "qa"):  # the head found by name: its logits checked
-            _check_head(state.detach(), cap.logits[example, position], type(model).__name__)
-        if read is None:
-            logit = (state * _output_weights(state.detach(), ctx.targets, contrast)).sum(-1)
-        else:  # each read value decomposed at its own position, summed per example
-            values = (state * _output_weights(state.detach(), label, contrast)).sum(-1)
-            logit = torch.zeros(h.shape[0], dtype=values.dtype, device=values.device).index_add(0, example, values)
+        top = hidden[-1].detach().requires_grad_(True)
+        logit = _head_logit(ctx, top, anatomy, contrast)
         if ctx.sequence is None:
-            g0, gv = torch.autograd.grad(logit.sum(), [x0, value0])
-        else:  # each row's scalar through the one sequence: batched vector-Jacobian products
-            g0, gv = row_gradients(logit, [x0, value0])
-    scores = ((g0 * x0).sum(-1) + (gv * value0).flatten(2).sum(-1)).detach()
-    return scores, logit.detach() - (scores * rows_real).sum(-1)
+            g = torch.autograd.grad(logit.sum(), top)[0].unsqueeze(0)  # (1, B, N, D)
+        else:  # each step's row its own cotangent over the one sequence: (R, 1, N, D)
+            g = row_gradients(logit, [top])[0].unsqueeze(1)
+        for i in reversed(range(len(blocks))):
+            mods = _parts(blocks[i], model, anatomy)
+            h = hidden[i].detach().requires_grad_(True)
+            v = _layer_values(mods, anatomy, h, heads, spec)
+            mixed = _held_mix(chunks, i, v.detach()).requires_grad_(True)
+            out = _layer_rest(blocks[i], mods, anatomy, h, mixed, final if i == len(blocks) - 1 else None)
+            _check_layer(model, i, out.detach(), hidden[i + 1], real)
+            g_h, g_mixed = _vjp(out, [h, mixed], g)
+            g_v = _held_mix_transposed(chunks, i, g_mixed.view(*g_mixed.shape[:3], *v.shape[2:]))
+            if i == 0:  # layer 1's value vectors are sources of their own (their tokens'), not paths to x0
+                g, value0, g_value0 = g_h, v.detach(), g_v
+            else:
+                g = g_h + _vjp(v, [h], g_v)[0]
+    x0 = hidden[0].detach()
+    scores = ((g * x0).sum(-1) + (g_value0 * value0).flatten(3).sum(-1))  # (R, B, N)
+    scores = scores[0] if ctx.sequence is None else scores[:, 0]
+    return scores, logit.detach() - (scores * cap.key_mask.bool()).sum(-1)
 
 
 # --- DecompX through an encoder-decoder ---------------------------------------------------------------------------
@@ -1444,7 +1555,7 @@ def _seq2seq_weights(logits: torch.Tensor, label: torch.Tensor, task: str, contr
 
 @register(
     "decompx",
-    needs={ATTENTION, HIDDEN},
+    needs={ATTENTION_CHUNKS, HIDDEN, LAYER_GRAPH},
     logits_only=True,
     applies=_applies("decompx", head=True),
     summary="DecompX: each token's share of the target logit, its vector propagated through attention, residuals, "

@@ -37,6 +37,9 @@ HIDDEN = "hidden"  # hidden states aligned with the attention keys
 EMBEDDINGS = "embeddings"  # output of the input-embedding module (token space)
 GRADIENTS = "gradients"  # gradients of the target w.r.t. the tensors above that the method declares (a backward)
 OWN_PASS = "own_pass"  # the method runs its own computation from ctx (not the shared capture)
+# the method rebuilds one layer's graph at a time from the kept hidden states and takes its backward there
+# (DecompX's linearised layers): a backward's activations of one layer beside what the pass keeps
+LAYER_GRAPH = "layer_graph"
 # Tensors the shared pass can keep (attnlens.core.capture.run_capture). A new kind, e.g. the value vectors of each
 # layer, is one constant here plus one recorder there (a forward hook on the layer's value projection).
 # Tasks whose explained scalar the LRP pass can take from the head: a class logit; a token's logit at a position
@@ -46,7 +49,7 @@ CAPTURED = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_M
                       EMBEDDINGS})
 # what the backward can reach
 DIFFERENTIABLE = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_CHUNKS, HIDDEN, EMBEDDINGS})
-NEEDS = CAPTURED | {GRADIENTS, OWN_PASS}
+NEEDS = CAPTURED | {GRADIENTS, OWN_PASS, LAYER_GRAPH}
 
 
 @dataclass
