@@ -420,3 +420,28 @@ def test_chunks_of_an_unpadded_causal_input_skip_the_keys_no_row_sees(monkeypatc
         top = np.abs(eager.scores[m]).max()
         np.testing.assert_allclose(chunked.scores[m], eager.scores[m], rtol=0, atol=1e-5 * top, err_msg=m)
         np.testing.assert_allclose(chunked.layers[m], eager.layers[m], rtol=0, atol=1e-5 * top, err_msg=m)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_decompx_holds_the_attention_through_fused_attention_or_chunks_as_the_whole_maps(padded, monkeypatch):
+    """DecompX's held attention: by SDPA on the kept queries and keys where a layer has no mask beyond causality
+    (one unpadded sequence), a chunk of query rows at a time where it has one (a padded batch); the scores and the
+    bias term equal those from the whole maps."""
+    from attnlens.methods import decomposition
+
+    fused = []
+    made = decomposition._HeldAttention.__init__
+
+    def spy(self, *args):
+        made(self, *args)
+        fused.append(self.fused is not None)
+
+    monkeypatch.setattr(decomposition._HeldAttention, "__init__", spy)
+    monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)  # chunks of a few rows
+    ex = Explainer(make_model("llama"), make_tokenizer())
+    texts = TEXTS if padded else TEXTS[:1]
+    lean, full, modes = _explain_both(ex, texts, ["decompx"], batch_size=3)
+    assert modes == {capture.ROWS} and fused and set(fused[: len(fused) // 2]) == {not padded}
+    _assert_same(lean, full, ["decompx"])
+    for a, b in zip(lean, full, strict=True):
+        assert float(a.meta["decompx"]["bias"]) == pytest.approx(float(b.meta["decompx"]["bias"]), abs=1e-5)

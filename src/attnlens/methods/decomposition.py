@@ -27,11 +27,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.attention_chunks import AttentionChunks, WholeMaps
+from ..core.attention_chunks import AttentionChunks, RecomputedChunks, WholeMaps
 from ..core.batch_state import BatchContext
 from ..core.memory import model_dims, rows_that_fit
 from ..core.modelstate import EAGER, attention_switched
-from ..core.row_attention import chunk_elements
+from ..core.row_attention import chunk_elements, repeat_kv
 from ..errors import InputError, ModelError
 from ..lrp.rules import linear_weight
 from ..models.adapters import FIRST, LAST
@@ -1335,29 +1335,51 @@ def _linear_layers(model: nn.Module, anatomy: Anatomy, blocks: list[nn.Module], 
     return h, value0
 
 
-def _held_mix(chunks: AttentionChunks, layer: int, v: torch.Tensor) -> torch.Tensor:
-    """``(B, N, H·d_h)``: the layer's attention applied to the value vectors ``v`` ``(B, N, H, d_h)``, its maps
-    read a chunk of query rows at a time (no ``N × N`` map kept; no graph)."""
-    b, n, h, dh = v.shape
-    out = v.new_zeros(b, n, h, dh)
-    with torch.no_grad():
-        for start, a, _ in chunks.chunks(layer):
-            a = a[:b].to(v.dtype)
-            out[:, start:start + a.shape[2]] = torch.einsum("bhqk,bkhv->bqhv", a, v[:, :a.shape[3]])
-    return out.flatten(2)
+class _HeldAttention:
+    """One layer's attention held at the real pass's weights, applied to (linearised) value vectors ``(B, N, H,
+    d_h)`` and transposed for the vector-Jacobian products, without an ``N × N`` map kept: where the pass kept the
+    layer's queries and keys and the layer has no mask beyond causality, by fused attention (PyTorch SDPA) on
+    them, whose backward is the transposed product (one cotangent per example); otherwise through its maps a chunk
+    of query rows at a time (:meth:`AttentionChunks.chunks`)."""
 
+    def __init__(self, chunks: AttentionChunks, layer: int, cotangents: int) -> None:
+        self.chunks, self.layer = chunks, layer
+        factors = chunks.factors[layer] if isinstance(chunks, RecomputedChunks) else None
+        self.fused = factors if factors is not None and factors.mask is None and cotangents == 1 else None
 
-def _held_mix_transposed(chunks: AttentionChunks, layer: int, g: torch.Tensor) -> torch.Tensor:
-    """``(R, B, N, H, d_h)``: the vector-Jacobian products of :func:`_held_mix` (the maps held) with the
-    cotangents ``g`` ``(R, B, N, H, d_h)`` of its output, ``Aᵀ g`` per head, chunk by chunk."""
-    r, b, n, h, dh = g.shape
-    out = torch.zeros_like(g)
-    with torch.no_grad():
-        for start, a, _ in chunks.chunks(layer):
-            a = a[:b].to(g.dtype)
-            stop, keys = start + a.shape[2], a.shape[3]
-            out[:, :, :keys] += torch.einsum("bhqk,rbqhv->rbkhv", a, g[:, :, start:stop])
-    return out
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        """``(B, N, H·d_h)``: the attention applied to ``v``, heads concatenated (no graph)."""
+        b, n, h, dh = v.shape
+        f = self.fused
+        if f is not None:
+            self.values = v.detach().transpose(1, 2).contiguous().requires_grad_(True)
+            with torch.enable_grad():
+                self.out = nn.functional.scaled_dot_product_attention(
+                    f.query[:b], repeat_kv(f.key, f.groups)[:b], self.values.to(f.query.dtype), scale=f.scale,
+                    is_causal=f.causal)
+            return self.out.detach().to(v.dtype).transpose(1, 2).flatten(2)
+        out = v.new_zeros(b, n, h, dh)
+        with torch.no_grad():
+            for start, a, _ in self.chunks.chunks(self.layer):
+                a = a[:b].to(v.dtype)
+                out[:, start:start + a.shape[2]] = torch.einsum("bhqk,bkhv->bqhv", a, v[:, :a.shape[3]])
+        return out.flatten(2)
+
+    def transposed(self, g: torch.Tensor) -> torch.Tensor:
+        """``(R, B, N, H, d_h)``: the vector-Jacobian products of :meth:`apply` with the cotangents ``g`` ``(R, B,
+        N, H, d_h)`` of its output, ``Aᵀ g`` per head."""
+        if self.fused is not None:
+            (gv,) = torch.autograd.grad(self.out, self.values, g[0].transpose(1, 2).to(self.out.dtype))
+            del self.out, self.values
+            return gv.to(g.dtype).transpose(1, 2).unsqueeze(0)
+        r, b, n, h, dh = g.shape
+        out = torch.zeros_like(g)
+        with torch.no_grad():
+            for start, a, _ in self.chunks.chunks(self.layer):
+                a = a[:b].to(g.dtype)
+                stop, keys = start + a.shape[2], a.shape[3]
+                out[:, :, :keys] += torch.einsum("bhqk,rbqhv->rbkhv", a, g[:, :, start:stop])
+        return out
 
 
 def _vjp(outputs: torch.Tensor, inputs: list[torch.Tensor], cotangents: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -1435,11 +1457,12 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
             mods = _parts(blocks[i], model, anatomy)
             h = hidden[i].detach().requires_grad_(True)
             v = _layer_values(mods, anatomy, h, heads, spec)
-            mixed = _held_mix(chunks, i, v.detach()).requires_grad_(True)
+            held = _HeldAttention(chunks, i, g.shape[0])
+            mixed = held.apply(v).requires_grad_(True)
             out = _layer_rest(blocks[i], mods, anatomy, h, mixed, final if i == len(blocks) - 1 else None)
             _check_layer(model, i, out.detach(), hidden[i + 1], real)
             g_h, g_mixed = _vjp(out, [h, mixed], g)
-            g_v = _held_mix_transposed(chunks, i, g_mixed.view(*g_mixed.shape[:3], *v.shape[2:]))
+            g_v = held.transposed(g_mixed.view(*g_mixed.shape[:3], *v.shape[2:]))
             if i == 0:  # layer 1's value vectors are sources of their own (their tokens'), not paths to x0
                 g, value0, g_value0 = g_h, v.detach(), g_v
             else:
