@@ -1434,9 +1434,10 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
 
     The gradient is taken layer by layer from the top: each layer's linearised graph is rebuilt from its input
     hidden state (its values there are the real pass's, so its held scales are), its vector-Jacobian product taken
-    and the graph freed; the attention's product with the values goes through each layer's maps a chunk of query
-    rows at a time (:meth:`~attnlens.core.batch_state.BatchContext.map_chunks`), so no ``N × N`` map is kept
-    under fused attention. A generation's steps (rows reading one sequence) carry one cotangent each.
+    and the graph freed; the attention's product with the values is held at the real weights (:class:`_HeldAttention`:
+    fused attention on the queries and keys the pass kept, or the maps a chunk of query rows at a time, as
+    :meth:`~attnlens.core.batch_state.BatchContext.map_chunks` gives them), so no ``N × N`` map is kept under
+    fused attention. A generation's steps (rows reading one sequence) carry one cotangent each.
     """
     cap, model = ctx.capture, ctx.model
     anatomy = _anatomy(model)
