@@ -1394,6 +1394,16 @@ def _vjp(outputs: torch.Tensor, inputs: list[torch.Tensor], cotangents: torch.Te
                  for g, x in zip(grads, inputs, strict=True))
 
 
+def _through_head(steps: list[tuple[nn.Module, Callable | None]], state: torch.Tensor) -> torch.Tensor:
+    """``state`` through the head's ``(linear or norm, activation)`` steps (:func:`_head_steps`), linearised: each
+    norm with its scale held, each activation as its ratio at the real pre-activation."""
+    for linear, act in steps:
+        state = _frozen_norm(state, linear) if _is_norm(linear) else linear(state)
+        if act is not None:
+            state = _linearised(act, state)
+    return state
+
+
 def _head_logit(ctx: BatchContext, h: torch.Tensor, anatomy: Anatomy, contrast: bool) -> torch.Tensor:
     """``(B,)``: the explained combination of logits, read where the head reads from the last hidden state ``h``
     (a generation's steps: the one sequence's, each row its own position), through the head's steps linearised."""
@@ -1407,10 +1417,7 @@ def _head_logit(ctx: BatchContext, h: torch.Tensor, anatomy: Anatomy, contrast: 
         state = h[0, last] if ctx.sequence is not None else h[torch.arange(h.shape[0], device=h.device), last]
     else:
         state = h[:, 0]
-    for linear, act in _head_steps(ctx, anatomy):
-        state = _frozen_norm(state, linear) if _is_norm(linear) else linear(state)
-        if act is not None:
-            state = _linearised(act, state)
+    state = _through_head(_head_steps(ctx, anatomy), state)
     if read is not None and ctx.head.task in ("token", "qa"):  # the head found by name: its logits checked
         _check_head(state.detach(), cap.logits[example, position], type(model).__name__)
     if read is None:
@@ -1536,8 +1543,7 @@ def _seq2seq_decompx_chunk(ctx: BatchContext, inputs: dict[str, torch.Tensor], t
             example, position, label = rows, targets[:, 1], targets
             want = logits[example, position]
         else:  # a classifier reads the decoder's state at each row's last EOS (its decoder input is the shifted input)
-            eos = ids.eq(model.config.eos_token_id)
-            position = torch.where(eos, torch.arange(ids.shape[1], device=ids.device), -1).amax(-1)
+            position = ctx.adapter.classification_index(ids, enc_real, model.config)
             example, label, want = rows, targets, logits
         state = h[example, position]
         if head.task == "seq2seq-lm":
@@ -1545,13 +1551,7 @@ def _seq2seq_decompx_chunk(ctx: BatchContext, inputs: dict[str, torch.Tensor], t
             offset = getattr(model, "final_logits_bias", None)  # BART's: a bias, which goes to the bias term
             check = state.detach() + (0 if offset is None else offset.to(state.dtype))
         else:
-            steps = _token_head_steps(model) if head.task == "qa" else [
-                (_attr(model, lin), None if act is None else HEAD_ACTIVATIONS.get(act) or _attr(model, act))
-                for lin, act in anatomy.head]
-            for linear, act in steps:
-                state = linear(state)
-                if act is not None:
-                    state = _linearised(act, state)
+            state = _through_head(_head_steps(ctx, anatomy), state)
             check = state.detach()
         _check_head(check, want, type(model).__name__)
         values = (state * _seq2seq_weights(check, label, head.task, contrast)).sum(-1)
