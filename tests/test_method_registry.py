@@ -126,3 +126,23 @@ def test_a_logit_only_method_under_all_is_skipped_for_other_target_kinds(tokeniz
         ex.explain(["a good movie"], methods=["decompx"], target=1, target_kind="probability")
     (exp,) = ex.explain(["a good movie"], methods=["decompx"], target=1)
     assert exp.scores["decompx"].any()
+
+
+@pytest.mark.parametrize(("family", "suffix", "method", "options", "match"), [
+    ("gpt2", "LMHeadModel", "decompx", {"bias": "absdot"}, "bias='absdot'.*'gpt2' model is pre-LN"),
+    ("gpt2", "LMHeadModel", "attnnorm", {"variant": "attn_res_ln"}, "attn_res_ln.*pre-LN"),
+    ("bert", "ForTokenClassification", "decompx", {"bias": "absdot"}, "first token; for a token model"),
+    ("bart", "ForSequenceClassification", "decompx", {"bias": "absdot"}, "encoder-decoder use bias='token'"),
+    ("bert", "ForSequenceClassification", "transatt", {"start_layer": -3}, r"start_layer=-3 .* 2 layers"),
+])
+def test_option_values_the_model_cannot_take_are_refused_before_any_pass(family, suffix, method, options, match,
+                                                                          tokenizer):
+    model = make_model(family, model_suffix=suffix)
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    ex = Explainer(model, tokenizer)
+    with pytest.raises(InputError, match=match):
+        ex.explain("good movie", methods=[method], options={method: options})
+    assert calls == []  # judged from the model and the options alone
+    assert get_method(method).unsupported_options(model, "encoder" if family == "bart" else "self",
+                                                  ex.head.task, get_method(method).options) is None

@@ -82,6 +82,10 @@ def select_methods(
     checked = _check_options_mapping(options)
     check_option_owners(checked, requested)
     method_options = {s.name: s.check_options(dict(checked.get(s.name, {}))) for s in specs}
+    for s in specs:
+        reason = s.unsupported_options(runner.model, runner.stream, runner.head.task, method_options[s.name])
+        if reason:
+            raise InputError(reason)
     if target_kind == "loss" and target is None:
         raise InputError("target_kind='loss' explains the loss against given labels: pass them as target=")
     return specs, method_options

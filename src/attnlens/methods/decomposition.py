@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -615,6 +615,39 @@ def _check_decompx(bias: str = "token", contrast: bool = False) -> None:
     check_flag("decompx", "contrast", contrast)
 
 
+def _decompx_fits(model: Any, stream: str, task: str, options: Mapping[str, Any]) -> str | None:
+    """Why DecompX with ``options`` cannot explain such a model: ``bias='absdot'`` shares the biases of a post-LN
+    encoder's sequence classifier (the authors' setting) and of nothing else."""
+    bias = options.get("bias", "token")
+    if bias == "token":
+        return None
+    if architecture_for(model.config).family == "encoder-decoder":
+        return (f"decompx bias={bias!r} propagates every token's vectors through an encoder; on an "
+                "encoder-decoder use bias='token' (the default)")
+    if _anatomy(model).pre_ln:
+        return (f"decompx bias={bias!r} (sharing each bias among the tokens) is implemented for post-LN encoders; "
+                f"this {model.config.model_type!r} model is pre-LN: use bias='token' (the default)")
+    if task != "classification":
+        return (f"decompx bias={bias!r} decomposes a sequence classifier's first token; for a {task} model use "
+                "bias='token' (the default)")
+    return None
+
+
+def _attnnorm_fits(model: Any, stream: str, task: str, options: Mapping[str, Any]) -> str | None:
+    """Why attnnorm's ``variant`` is not defined on such a model's ``stream``: the residual LayerNorm variant
+    needs a post-LN layer's norm after its residual sum, the residual variants a query that is one of the keys."""
+    variant = options.get("variant", "attn")
+    if stream in ("decoder", "cross") and (variant == "attn_res_ln" or (variant == "attn_res" and stream == "cross")):
+        return (f"attnnorm variant={variant!r} is not defined on attention={stream!r}: "
+                + ("the residual is the decoder's state, not one of the keys" if stream == "cross" else
+                   "a decoder layer's cross-attention comes between its residual sum and that LayerNorm")
+                + "; use 'attn'" + (" or 'attn_res'" if stream == "decoder" else ""))
+    if stream not in ("decoder", "cross") and variant == "attn_res_ln" and _anatomy(model).pre_ln:
+        return ("attnnorm variant='attn_res_ln' reads the LayerNorm after a post-LN layer's residual sum; this "
+                f"{model.config.model_type!r} model is pre-LN (none there): use 'attn' or 'attn_res'")
+    return None
+
+
 def _row_normalised(m: torch.Tensor) -> torch.Tensor:
     return m / m.sum(-1, keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
 
@@ -625,11 +658,6 @@ def _stream_norms(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
     projections of the layer's self-attention input (decoder: the layer input, through LN1 when pre-LN) or of the
     encoder's output (cross). No residual LayerNorm variant: in a decoder layer the cross-attention comes between."""
     cap, model, stream = ctx.capture, ctx.model, ctx.stream
-    if variant == "attn_res_ln" or (variant == "attn_res" and stream == "cross"):
-        raise InputError(f"attnnorm variant={variant!r} is not defined on attention={stream!r}: "
-                         + ("the residual is the decoder's state, not one of the keys" if stream == "cross" else
-                            "a decoder layer's cross-attention comes between its residual sum and that LayerNorm")
-                         + "; use 'attn'" + (" or 'attn_res'" if stream == "decoder" else ""))
     anatomy = _anatomy(model)
     spec = architecture_for(model.config).layers
     at = cap.rows_at()
@@ -693,6 +721,7 @@ def _attnnorm_rows(ctx: BatchContext, variant: str) -> list[torch.Tensor]:
     needs={ATTENTION_ROWS, HIDDEN},
     class_specific=False,
     applies=_applies("attnnorm", streams=("encoder", "decoder", "cross")),
+    fits=_attnnorm_fits,
     summary="Norm of the attention-weighted value vectors, last layer, row c: ‖Σ_h A^h_cj f^h(x_j)‖ (variants add "
     "the residual and LN1).",
     citation="Kobayashi et al. 2020 (EMNLP); variants Kobayashi et al. 2021 (EMNLP)",
@@ -704,15 +733,11 @@ def attnnorm(ctx: BatchContext, variant: str = "attn") -> MethodOutput:
     sum). Per layer; the score is the last layer's. Reads only the explained rows of each layer's attention, so it
     runs under fused attention on long inputs."""
     _check_attnnorm(variant)
+    reason = _attnnorm_fits(ctx.model, ctx.stream, ctx.head.task, {"variant": variant})
+    if reason:
+        raise InputError(reason)
     cap = ctx.capture
-    if ctx.stream in ("decoder", "cross"):
-        mats = _stream_norms(ctx, variant)
-    else:
-        if variant == "attn_res_ln" and _anatomy(ctx.model).pre_ln:
-            raise InputError("attnnorm variant='attn_res_ln' reads the LayerNorm after a post-LN layer's residual "
-                             f"sum; this {ctx.model.config.model_type!r} model is pre-LN (none there): use 'attn' or "
-                             "'attn_res'")
-        mats = _attnnorm_rows(ctx, variant)
+    mats = _stream_norms(ctx, variant) if ctx.stream in ("decoder", "cross") else _attnnorm_rows(ctx, variant)
     layers = torch.stack([cap.explained_row(m) for m in mats], 1)
     return MethodOutput(layers[:, -1], layers)
 
@@ -1588,6 +1613,7 @@ def _seq2seq_weights(logits: torch.Tensor, label: torch.Tensor, task: str, contr
     "positions); signed.",
     citation="Modarressi et al. 2023 (ACL); bias='absdot' as in the authors' code",
     check=_check_decompx,
+    fits=_decompx_fits,
 )
 def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> MethodOutput:
     """``bias``: ``"token"`` keeps every bias in a separate term (the authors' ``include_bias_token=True,
@@ -1600,11 +1626,11 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
     encoder-decoder both stacks are decomposed (:func:`seq2seq_decompx`): the scores are the encoder's input
     tokens' shares and the decoder inputs' share is ``meta["decompx"]["decoder_inputs"]``."""
     _check_decompx(bias, contrast)
+    reason = _decompx_fits(ctx.model, ctx.stream, ctx.head.task, {"bias": bias})
+    if reason:
+        raise InputError(reason)
     if architecture_for(ctx.model.config).family == "encoder-decoder":
-        return _seq2seq_output(ctx, bias, contrast)
-    if bias != "token" and ctx.head.task in ("token", "qa"):
-        raise InputError(f"decompx bias={bias!r} decomposes a sequence classifier's first token; for a "
-                         f"{ctx.head.kind} use bias='token' (the default)")
+        return _seq2seq_output(ctx, contrast)
     if (ctx.target_kind == "loss" and ctx.head.task not in ("token", "qa")
             and ctx.head.read_rows(ctx.targets) is not None):
         contrast = True  # an answer's log-probabilities: each token's z_t − Σ_c p_c z_c, their first-order change
@@ -1619,12 +1645,9 @@ def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> M
     return MethodOutput(shares[:, :-1], meta={"bias": shares[:, -1]})
 
 
-def _seq2seq_output(ctx: BatchContext, bias: str, contrast: bool) -> MethodOutput:
+def _seq2seq_output(ctx: BatchContext, contrast: bool) -> MethodOutput:
     """:func:`decompx` on an encoder-decoder (:func:`seq2seq_decompx`): the encoder's input tokens' shares, the
     decoder inputs' and the bias term's in ``meta``."""
-    if bias != "token":
-        raise InputError(f"decompx bias={bias!r} propagates every token's vectors through an encoder; on an "
-                         "encoder-decoder use bias='token' (the default)")
     if ctx.target_kind == "loss" and ctx.head.task == "seq2seq-lm":
         contrast = True  # log p of a token: z_t − Σ_c p_c z_c, its first-order change (z_t − z_c against a contrast)
     elif ctx.target_kind != "logit":

@@ -22,7 +22,7 @@ from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
 from ..core.memory import LRP_STORAGE, lrp_step_bytes, lrp_storage, model_dims, pass_row_bytes
 from ..core.row_attention import zero_padded
-from ..errors import InputError
+from ..errors import InputError, ModelError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
 from ..lrp.relevance import JOINT, check_settings
 from ..lrp.state import CHEFER
@@ -187,6 +187,19 @@ def _check_partiallrp(rules: str = "chefer", epsilon: float = 0.0, layers: bool 
     """PartialLRP's option values."""
     check_settings(rules, epsilon)
     check_flag("partiallrp", "layers", layers)
+
+
+def _transatt_fits(model: Any, stream: str, task: str, options: Mapping[str, Any]) -> str | None:
+    """Why TransAtt's ``start_layer`` does not name one of the model's layers."""
+    start_layer = options.get("start_layer", 0)
+    try:
+        n_layers = len(architecture_for(model.config).layers.modules(model))
+    except (AttributeError, ModelError):  # no layer list known: the pass's own check judges it
+        return None
+    if not -n_layers <= start_layer < n_layers:
+        return (f"transatt start_layer={start_layer} is out of range for a model with {n_layers} layers: use 0 to "
+                f"{n_layers - 1}, or -1 to -{n_layers} to count from the top")
+    return None
 
 
 def _check_transatt(start_layer: int = 0, rules: str = "chefer", epsilon: float = 0.0) -> None:
@@ -382,6 +395,7 @@ def _in_pass_reader(ctx: BatchContext, key: tuple[str, float], fused: bool) -> _
     lrp=True,
     check=_check_transatt,
     applies=_one_stream("transatt"),
+    fits=_transatt_fits,
 )
 def transatt(ctx: BatchContext, start_layer: int = 0, rules: str = "chefer", epsilon: float = 0.0) -> MethodOutput:
     _check_transatt(start_layer, rules, epsilon)

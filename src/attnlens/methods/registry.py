@@ -14,7 +14,7 @@ registry is complete once ``attnlens.methods`` is.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,9 @@ class Method:
     # checks the values of the options that need no model (types, choices, ranges): ``check(**options)`` with
     # every option given, defaults included, raising :class:`InputError`; run before any model loads
     check: Callable[..., None] | None = None
+    # why the method with these option values (defaults included) cannot explain such a model:
+    # ``fits(model, stream, task, options)`` -> reason or None; judged once the model is known, before any pass
+    fits: Callable[[Any, str, str, Mapping[str, Any]], str | None] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -130,6 +133,11 @@ class Method:
                 return str(exc)
         return self.applies(model, stream, task) if self.applies is not None else None
 
+    def unsupported_options(self, model: Any, stream: str, task: str, options: Mapping[str, Any]) -> str | None:
+        """Why this method, with ``options`` (checked, defaults included), cannot explain ``model`` (with this
+        attention stream and task), or ``None``."""
+        return self.fits(model, stream, task, options) if self.fits is not None else None
+
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """Defaults merged with ``options``; unknown option names, and values the method's ``check`` refuses
         (those that need no model to be judged), raise :class:`InputError`."""
@@ -161,6 +169,7 @@ def register(
     logits_only: bool = False,
     forward: Callable[[Any], Any] | None = None,
     check: Callable[..., None] | None = None,
+    fits: Callable[[Any, str, str, Mapping[str, Any]], str | None] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
@@ -174,6 +183,8 @@ def register(
     batch's inputs as they are, that pass's model outputs (see :attr:`Method.forward`). ``check(**options)``:
     refuses option values that need no model to be judged (a type, a choice, a range) with an
     :class:`InputError`, so a command line fails on them before it loads a model; the method may check them again.
+    ``fits(model, stream, task, options)``: why option values that depend on the model (a variant a pre-LN layer
+    lacks, a layer index past its depth) cannot explain it, raised as an :class:`InputError` before any pass runs.
     """
     if forward is not None and OWN_PASS not in needs:
         raise ValueError(f"method {name!r}: forward= is for methods that run their own pass (OWN_PASS)")
@@ -205,6 +216,7 @@ def register(
             logits_only=logits_only,
             forward=forward,
             check=check,
+            fits=fits,
         )
         return compute
 
