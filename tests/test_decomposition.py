@@ -284,7 +284,7 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
     each, so the rows' own keys fall in different blocks, keys after the last attended one skipped, and in a
     block the rows before the first that attends to or sits on one of its keys skipped) equals the pair-by-pair
     formula in float64."""
-    from attnlens.methods import decomposition
+    from attnlens.methods.decomposition import pair_norms
 
     gen = torch.Generator().manual_seed(0)
     b, h, r, n, d = 2, 3, 4, 9, 5
@@ -304,18 +304,17 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
             for j in range(n):
                 t = sum(a[e, k, i, j] * g[e, k, j] for k in range(h)) + (m[e, i] if j == at[i] else 0)
                 want[e, i, j] = max(0.0, float(y[e, i].abs().sum() - (y[e, i] - t).abs().sum()))
-    monkeypatch.setattr(decomposition, "_ALTI_BLOCK", 2 * r * d)
+    monkeypatch.setattr(pair_norms, "_ALTI_BLOCK", 2 * r * d)
     calls = []
     if path == "blocks":  # the batched products accelerators use, here on the CPU
-        monkeypatch.setattr(decomposition.alti_kernel, "applies", lambda *t: False)
+        monkeypatch.setattr(pair_norms.alti_kernel, "applies", lambda *t: False)
     else:
-        monkeypatch.setattr(decomposition.alti_kernel, "distances",
-                            _spy(decomposition.alti_kernel.distances, calls))
-    got = decomposition._alti_rows(a, g.transpose(1, 2).contiguous(), m, y, at)
+        monkeypatch.setattr(pair_norms.alti_kernel, "distances", _spy(pair_norms.alti_kernel.distances, calls))
+    got = pair_norms.alti_rows(a, g.transpose(1, 2).contiguous(), m, y, at)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert len(calls) == (path == "compiled")
     # in float32, the precision the models run in, to float32's rounding
-    got32 = decomposition._alti_rows(*(x.float() for x in (a, g.transpose(1, 2).contiguous(), m, y)), at)
+    got32 = pair_norms.alti_rows(*(x.float() for x in (a, g.transpose(1, 2).contiguous(), m, y)), at)
     torch.testing.assert_close(got32.double(), want, rtol=1e-5, atol=1e-5)
     assert (want > 0).float().mean() > 0.15 and (want == 0).any()  # both sides of the clamp occur
 
@@ -324,10 +323,10 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
 def test_alti_rows_with_a_single_key(monkeypatch, path):
     """One row and one key (a one-token sequence, a decoder's first position alone): the distance is written
     beside ‖y‖₁, not over it (an aliased buffer gave 0)."""
-    from attnlens.methods import decomposition
+    from attnlens.methods.decomposition import pair_norms
 
     if path == "blocks":
-        monkeypatch.setattr(decomposition.alti_kernel, "applies", lambda *t: False)
+        monkeypatch.setattr(pair_norms.alti_kernel, "applies", lambda *t: False)
     gen = torch.Generator().manual_seed(1)
     a = torch.rand(2, 3, 1, 1, generator=gen, dtype=torch.float64)
     g = torch.randn(2, 1, 3, 4, generator=gen, dtype=torch.float64)
@@ -335,7 +334,7 @@ def test_alti_rows_with_a_single_key(monkeypatch, path):
     t = (a[:, :, 0, 0, None] * g[:, 0]).sum(1) + m[:, 0]
     y = 1.5 * t[:, None] + 0.1 * torch.randn(2, 1, 4, generator=gen, dtype=torch.float64)
     want = (y[:, 0].abs().sum(-1) - (y[:, 0] - t).abs().sum(-1)).clamp_min(0)
-    got = decomposition._alti_rows(a, g, m, y, torch.tensor([0]))
+    got = pair_norms.alti_rows(a, g, m, y, torch.tensor([0]))
     torch.testing.assert_close(got[:, 0, 0], want, rtol=1e-12, atol=1e-12)
     assert (want > 0).all()
 
@@ -349,10 +348,10 @@ def _spy(fn, calls):
 
 def test_alti_blocks_are_larger_on_an_accelerator():
     from attnlens.core import row_attention
-    from attnlens.methods import decomposition
+    from attnlens.methods.decomposition import pair_norms
 
-    assert decomposition.alti_block("cpu") == decomposition._ALTI_BLOCK
-    assert decomposition.alti_block("cuda") == decomposition.alti_block("meta") == row_attention.DEVICE_CHUNK_ELEMENTS
+    assert pair_norms.alti_block("cpu") == pair_norms._ALTI_BLOCK
+    assert pair_norms.alti_block("cuda") == pair_norms.alti_block("meta") == row_attention.DEVICE_CHUNK_ELEMENTS
 
 
 @pytest.mark.parametrize("target", [0, 1])

@@ -306,7 +306,7 @@ def test_attnnorm_on_the_decoder_and_cross_streams_matches_the_loop(family, stre
     """Kobayashi et al.'s norms on the other two streams (their 2020 paper read cross-attention norms as word
     alignments), every decoder layer's whole matrix against the loop from the weights."""
     from attnlens import get_method
-    from attnlens.methods.decomposition import _stream_norms
+    from attnlens.methods.decomposition.norm_based import _stream_norms
 
     ex = Explainer(randomised(family, "classification"), tokenizer, attention=stream)
     ctx, out = ex.compute_batch(ex.encode([TEXT]), [0], [get_method("attnnorm")], {"attnnorm": {"variant": variant}})
@@ -420,15 +420,15 @@ def test_alti_plus_with_a_wrong_cross_norm_is_an_error(tokenizer):
 def test_alti_plus_runs_its_pass_in_chunks_the_memory_budget_holds(tokenizer, monkeypatch):
     """Where the batch's pass would not fit what the budget leaves, ALTI+ runs it a few examples at a time (here
     one): the same scores."""
-    from attnlens.methods import decomposition
+    from attnlens.methods.decomposition import alti_plus
 
     ex = Explainer(randomised("bart", "classification"), tokenizer, attention="cross")
     texts = [TEXT, "bad", "a charming journey but the plot was boring"]
     whole = ex.explain(texts, methods=["alti"], batch_size=3)
     sizes = []
-    real_pass = decomposition._alti_plus_pass
-    monkeypatch.setattr(decomposition, "_alti_plus_row_bytes", lambda model, inputs: 600 * 2**20)
-    monkeypatch.setattr(decomposition, "_alti_plus_pass",
+    real_pass = alti_plus._alti_plus_pass
+    monkeypatch.setattr(alti_plus, "stream_pass_row_bytes", lambda model, inputs: 600 * 2**20)
+    monkeypatch.setattr(alti_plus, "_alti_plus_pass",
                         lambda model, anatomy, inputs, weights: sizes.append(len(weights)) or real_pass(
                             model, anatomy, inputs, weights))
     chunked = ex.explain(texts, methods=["alti"], batch_size=3, memory_budget="1GiB")

@@ -299,14 +299,14 @@ def test_a_padded_batch_equals_each_example_alone(family):
 
 
 def test_a_pass_over_budget_runs_in_chunks_and_changes_nothing(monkeypatch):
-    from attnlens.methods import decomposition
+    from attnlens.methods.decomposition import decompx_seq2seq
 
     ex = Explainer(seq2seq("mbart"), make_tokenizer())
     whole = ex.explain(TEXTS, methods=["decompx"], target=1, batch_size=3)
     sizes = []
-    real_chunk = decomposition._seq2seq_decompx_chunk
-    monkeypatch.setattr(decomposition, "_seq2seq_decompx_row_bytes", lambda model, inputs: 600 * 2**20)
-    monkeypatch.setattr(decomposition, "_seq2seq_decompx_chunk", lambda ctx, inputs, targets, contrast: sizes.append(
+    real_chunk = decompx_seq2seq._seq2seq_decompx_chunk
+    monkeypatch.setattr(decompx_seq2seq, "_seq2seq_decompx_row_bytes", lambda model, inputs: 600 * 2**20)
+    monkeypatch.setattr(decompx_seq2seq, "_seq2seq_decompx_chunk", lambda ctx, inputs, targets, contrast: sizes.append(
         len(targets)) or real_chunk(ctx, inputs, targets, contrast))
     tight = ex.explain(TEXTS, methods=["decompx"], target=1, batch_size=3, memory_budget="1GiB")
     assert sizes == [1, 1, 1]
@@ -326,10 +326,10 @@ def test_what_does_not_apply_is_refused_in_one_line():
 
 
 def test_an_input_whose_pass_exceeds_the_budget_is_refused_in_one_line(monkeypatch):
-    from attnlens.methods import decomposition
+    from attnlens.methods.decomposition import decompx_seq2seq
 
     ex = Explainer(seq2seq("t5"), make_tokenizer())
-    monkeypatch.setattr(decomposition, "_seq2seq_decompx_row_bytes", lambda model, inputs: 8 * 2**30)
+    monkeypatch.setattr(decompx_seq2seq, "_seq2seq_decompx_row_bytes", lambda model, inputs: 8 * 2**30)
     with pytest.raises(InputError, match=r"decompx keeps every stream's attention maps.*about 8\.0 GiB.*raise the"):
         ex.explain(TEXTS[:1], methods=["decompx"])
 

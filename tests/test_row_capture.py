@@ -427,16 +427,16 @@ def test_decompx_holds_the_attention_through_fused_attention_or_chunks_as_the_wh
     """DecompX's held attention: by SDPA on the kept queries and keys where a layer has no mask beyond causality
     (one unpadded sequence), a chunk of query rows at a time where it has one (a padded batch); the scores and the
     bias term equal those from the whole maps."""
-    from attnlens.methods import decomposition
+    from attnlens.methods.decomposition import linearised
 
     fused = []
-    made = decomposition._HeldAttention.__init__
+    made = linearised.HeldAttention.__init__
 
     def spy(self, *args):
         made(self, *args)
         fused.append(self.fused is not None)
 
-    monkeypatch.setattr(decomposition._HeldAttention, "__init__", spy)
+    monkeypatch.setattr(linearised.HeldAttention, "__init__", spy)
     monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)  # chunks of a few rows
     ex = Explainer(make_model("llama"), make_tokenizer())
     texts = TEXTS if padded else TEXTS[:1]

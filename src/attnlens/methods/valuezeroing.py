@@ -34,7 +34,7 @@ from torch import nn
 from ..core.batch_state import BatchContext
 from ..errors import ModelError
 from ..models.architectures import Layers, architecture_for
-from .decomposition import ValueZeroedLayer
+from .decomposition.layers import ValueZeroedLayer
 from .registry import OWN_PASS, MethodOutput, check_flag, register
 
 MAX_ROWS = 2 ** 14  # token rows per batched layer rerun: bounds its memory (hidden and FFN activations)
