@@ -162,6 +162,47 @@ def test_answer_logprobs_equal_each_prompt_alone_in_float64(lm):
     np.testing.assert_allclose(got, [alone(p, m) for p, m in zip(prompts, masks, strict=True)], rtol=1e-5)
 
 
+CACHED = ("gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mixtral", "qwen2", "qwen3", "gemma", "phi", "phi3", "opt",
+          "bloom", "falcon")
+
+
+@pytest.mark.parametrize("family", [*CACHED, "mistral", "gemma2"])
+def test_prompts_that_share_a_beginning_run_on_its_cache_with_the_same_logprobs(family, monkeypatch):
+    """Leave-one-out's prompts begin as the whole prompt does until the source they leave out: the shared
+    beginning runs once and each prompt from where it departs, on the key/value cache cut back to there. The
+    log-probabilities equal each prompt run alone in float64 (Mixtral: float32); sliding-window caches (Mistral,
+    Gemma 2), which do not keep every position, run the batched forwards."""
+    from attnlens.core import answer_engine
+
+    ex = Explainer(make_lm(family), lm_tokenizer(), max_length=64)
+    tok = ex.tokenizer
+    reference = tok("the movie was great . the plot is dull . the actors were charming . i loved it")["input_ids"]
+    prompts = [reference, reference[:3] + reference[8:], reference[:9] + reference[14:], reference[:-4],
+               reference[:1] + reference[6:], [reference[1]] + reference[1:]]  # the last shares nothing
+    answer = tok(" great film", add_special_tokens=False)["input_ids"]
+    ref_model = copy.deepcopy(ex.model).eval()
+    if family != "mixtral":  # its experts' grouped product has no float64 kernel
+        ref_model.double()
+
+    def alone(ids):
+        seq = torch.tensor([ids + answer])
+        with torch.no_grad():
+            logp = ref_model(input_ids=seq, position_ids=torch.arange(seq.shape[1])[None]).logits[0].log_softmax(-1)
+        return sum(float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(answer))
+
+    batched = []
+    real = answer_engine._batched_logprobs
+    monkeypatch.setattr(answer_engine, "_batched_logprobs", lambda *a: batched.append(len(a[1])) or real(*a))
+    done = []
+    got = answer_logprobs(ex.runner, prompts, answer, reference=reference, progress=done.append)
+    np.testing.assert_allclose(got, [alone(p) for p in prompts], rtol=1e-5)
+    assert batched == ([] if family in CACHED else [len(prompts)]) and sum(done) == len(prompts)
+    # prompts that share too little of it run batched
+    batched.clear()
+    answer_logprobs(ex.runner, prompts[1:], answer, reference=list(reversed(reference)))
+    assert batched == [len(prompts) - 1]
+
+
 # -------------------------------------------------------------------------------------------- ablations
 def _logprob_by_hand(ex: Explainer, context: str, answer: str) -> float:
     ids = ex.tokenizer(f"Context: {context}\n\nQuery: {QUERY}")["input_ids"]

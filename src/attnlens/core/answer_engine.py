@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..errors import InputError, ModelError
 from ..models.heads import AnswerHead, LMHead, Seq2SeqLMHead, answer_labels, decode_token
@@ -19,7 +20,7 @@ from ..results.explanation import Explanation
 from . import engine
 from .batching import keeps_logits
 from .encoding import Encoded
-from .memory import model_dims, parse_budget, shared_pass_row_bytes
+from .memory import Storage, model_dims, parse_budget, pass_row_bytes, shared_pass_row_bytes
 from .model_runner import ModelRunner
 from .modelstate import explaining
 
@@ -122,6 +123,7 @@ def answer_logprobs(
     memory_budget: str | int | None = None,
     batch_size: int = 64,
     progress: Any = None,
+    reference: Sequence[int] | None = None,
 ) -> np.ndarray:
     """The answer's total log-probability after each prompt (token ids; ``masks``: 0/1 per prompt token hides
     tokens from attention without removing them), ``(len(prompts),)`` float64: the forwards of the ablation
@@ -129,41 +131,135 @@ def answer_logprobs(
     ``progress(k)`` hears of every ``k`` prompts done.
 
     Batches are left-padded with explicit positions, so every row's answer ends the batch and only the answer's
-    positions are projected onto the vocabulary (``logits_to_keep``) where the model allows it."""
+    positions are projected onto the vocabulary (``logits_to_keep``) where the model allows it.
+
+    ``reference``: a prompt the others mostly begin with (the whole context, where each prompt leaves a source
+    out). Where the prompts share enough of their beginnings with it, the reference's beginning runs once and each
+    prompt runs only from where it departs from it, on the model's key/value cache of the part they share
+    (:func:`_shared_prefix_logprobs`): leaving one of many passages out then costs half the forwards."""
     check_lm(runner)
-    head = AnswerHead(runner.head.vocab_size)
     answer = [int(i) for i in answer_ids]
-    k = len(answer)
     budget = parse_budget(memory_budget)
+    with explaining(runner.model, "sdpa"):
+        if reference is not None and masks is None:
+            shared = _shared_prefix_logprobs(runner, prompts, answer, reference, budget, progress)
+            if shared is not None:
+                return shared
+        return _batched_logprobs(runner, prompts, answer, masks, budget, batch_size, progress)
+
+
+REUSE_SHARE = 0.25  # the share of the prompts' tokens a shared beginning must spare for the cache to be used
+FUSED_FORWARD = Storage(eager=False, logit_rows=1)  # what a forward without a graph holds (no maps, one logit row)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` begin with in common."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
+
+
+def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]], answer: list[int],
+                            reference: Sequence[int], budget: int, progress: Any) -> np.ndarray | None:
+    """:func:`answer_logprobs` of ``prompts`` from the key/value cache of their common beginnings with
+    ``reference``: one forward over the longest such beginning keeps every layer's keys and values; each prompt
+    then runs the rest of itself and the answer on a cache of those up to where it departs from the reference.
+    ``None`` where that spares too little (:data:`REUSE_SHARE`), where the model projects every position onto the
+    vocabulary or its cache does not keep every position (sliding-window layers), or where the keys and values
+    do not fit ``budget``: the batched forwards then run."""
+    model, k = runner.model, len(answer)
+    # each prompt keeps at least its last token, whose logits predict the answer's first
+    shared = [min(_common_prefix(p, reference), len(p) - 1) for p in prompts]
+    top = max(shared, default=0)
+    if top == 0 or sum(shared) < REUSE_SHARE * sum(len(p) for p in prompts) or not keeps_logits(model):
+        return None
+    dims = model_dims(model)
+    config = model.config
+    heads = int(getattr(config, "num_attention_heads", 0) or dims.heads)
+    kv_width = dims.hidden * int(getattr(config, "num_key_value_heads", None) or heads) // heads
+    longest = max(top, *(len(p) - s for p, s in zip(prompts, shared, strict=True))) + k
+    # every layer's keys and values of the shared beginning, held and copied into one prompt's cache, beside a
+    # forward with fused attention and no graph
+    need = 4 * dims.layers * kv_width * top * dims.itemsize + pass_row_bytes(dims, longest, FUSED_FORWARD)
+    if need > budget:
+        return None
+    cache = _plain_cache(model)
+    if cache is None:
+        return None
+    device = runner.device
+    model(input_ids=torch.as_tensor([list(reference[:top])], device=device),
+          position_ids=torch.arange(top, device=device)[None], past_key_values=cache, use_cache=True,
+          logits_to_keep=1)
+    held = [(layer.keys, layer.values) for layer in cache.layers]  # (1, heads, top, head size) each
+    del cache
+    head = AnswerHead(runner.head.vocab_size)
+    labels = torch.tensor([[*answer, -1]], device=device)  # the last position reads nothing
+    out = np.zeros(len(prompts), dtype=np.float64)
+    for i, start in enumerate(shared):
+        cache = _plain_cache(model)
+        for index, (keys, values) in enumerate(held if start else ()):  # nothing shared: an empty cache
+            cache.update(keys[:, :, :start], values[:, :, :start], index)
+        rest = [*prompts[i][start:], *answer]
+        logits = model(input_ids=torch.as_tensor([rest], device=device),
+                       position_ids=torch.arange(start, start + len(rest), device=device)[None],
+                       attention_mask=torch.ones(1, start + len(rest), dtype=torch.long, device=device),
+                       past_key_values=cache, use_cache=True, logits_to_keep=k + 1).logits[:, -(k + 1):]
+        out[i] = float(head.scalar(logits, labels, "loss", torch.ones_like(labels)).double()[0])
+        if progress is not None:
+            progress(1)
+    return out
+
+
+def _plain_cache(model: nn.Module) -> Any:
+    """An empty key/value cache for ``model`` whose layers keep every position (``transformers.DynamicCache``
+    of ``DynamicLayer`` s), or ``None`` where the model's cache is of another kind (sliding windows drop early
+    positions, so a cache cannot be cut back to a beginning)."""
+    try:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+    except (ImportError, TypeError, ValueError):
+        return None
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+        return None
+    return cache
+
+
+def _batched_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]], answer: list[int],
+                      masks: Sequence[Sequence[int] | None] | None, budget: int, batch_size: int,
+                      progress: Any) -> np.ndarray:
+    """:func:`answer_logprobs` in left-padded, length-sorted batches that fit ``budget``."""
+    head = AnswerHead(runner.head.vocab_size)
+    k = len(answer)
     dims = model_dims(runner.model)
     keeps = keeps_logits(runner.model)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out = np.zeros(len(prompts), dtype=np.float64)
     first = 0
-    with explaining(runner.model, "sdpa"):
-        while first < len(order):
-            n = len(prompts[order[min(first + batch_size, len(order)) - 1]]) + k
-            # a forward without attention maps or gradients holds about a third of what a shared pass does
-            fit = max(1, int(budget // max(1, shared_pass_row_bytes(dims, n) // 3)))
-            idx = order[first: first + min(batch_size, fit)]
-            width = max(len(prompts[i]) for i in idx) + k
-            ids = torch.full((len(idx), width), int(runner.pad_id), dtype=torch.long)
-            attention = torch.zeros((len(idx), width), dtype=torch.long)
-            for b, i in enumerate(idx):
-                seq = list(prompts[i]) + answer
-                ids[b, width - len(seq):] = torch.as_tensor(seq)
-                hidden = [1] * len(seq) if masks is None or masks[i] is None else list(masks[i]) + [1] * k
-                attention[b, width - len(seq):] = torch.as_tensor(hidden)
-            real = torch.zeros_like(attention)
-            for b, i in enumerate(idx):
-                real[b, width - len(prompts[i]) - k:] = 1
-            positions = (torch.cumsum(real, 1) - 1).clamp_min(0)  # a hidden token keeps its position
-            logits = runner.model(input_ids=ids.to(runner.device), attention_mask=attention.to(runner.device),
-                                  position_ids=positions.to(runner.device),
-                                  **({"logits_to_keep": k + 1} if keeps else {})).logits[:, -(k + 1):]
-            labels = torch.tensor([[*answer, -1]] * len(idx), device=logits.device)  # last position reads nothing
-            out[idx] = head.scalar(logits, labels, "loss", real).double().cpu().numpy()
-            first += len(idx)
-            if progress is not None:
-                progress(len(idx))
+    while first < len(order):
+        n = len(prompts[order[min(first + batch_size, len(order)) - 1]]) + k
+        # a forward without attention maps or gradients holds about a third of what a shared pass does
+        fit = max(1, int(budget // max(1, shared_pass_row_bytes(dims, n) // 3)))
+        idx = order[first: first + min(batch_size, fit)]
+        width = max(len(prompts[i]) for i in idx) + k
+        ids = torch.full((len(idx), width), int(runner.pad_id), dtype=torch.long)
+        attention = torch.zeros((len(idx), width), dtype=torch.long)
+        for b, i in enumerate(idx):
+            seq = list(prompts[i]) + answer
+            ids[b, width - len(seq):] = torch.as_tensor(seq)
+            hidden = [1] * len(seq) if masks is None or masks[i] is None else list(masks[i]) + [1] * k
+            attention[b, width - len(seq):] = torch.as_tensor(hidden)
+        real = torch.zeros_like(attention)
+        for b, i in enumerate(idx):
+            real[b, width - len(prompts[i]) - k:] = 1
+        positions = (torch.cumsum(real, 1) - 1).clamp_min(0)  # a hidden token keeps its position
+        logits = runner.model(input_ids=ids.to(runner.device), attention_mask=attention.to(runner.device),
+                              position_ids=positions.to(runner.device),
+                              **({"logits_to_keep": k + 1} if keeps else {})).logits[:, -(k + 1):]
+        labels = torch.tensor([[*answer, -1]] * len(idx), device=logits.device)  # last position reads nothing
+        out[idx] = head.scalar(logits, labels, "loss", real).double().cpu().numpy()
+        first += len(idx)
+        if progress is not None:
+            progress(len(idx))
     return out

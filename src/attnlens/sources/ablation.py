@@ -114,8 +114,10 @@ def ablation_logprobs(job: CiteJob, keep: np.ndarray) -> np.ndarray:
 
 def _distinct_logprobs(job: CiteJob, keep: np.ndarray) -> np.ndarray:
     """:func:`ablation_logprobs` of rows that are all different."""
+    reference = None
     if job.ablation == "remove":
         prompts, masks = [], None
+        reference = job.prompt.ids + job.prefix_ids  # each variant runs on the cache of what it shares with it
         for row in keep:
             if row.all():
                 ids = job.prompt.ids
@@ -134,7 +136,7 @@ def _distinct_logprobs(job: CiteJob, keep: np.ndarray) -> np.ndarray:
     else:
         raise InputError(f"ablation={job.ablation!r}; choose one of {', '.join(ABLATIONS)}")
     return answer_logprobs(job.runner, prompts, job.answer_ids, masks=masks, memory_budget=job.memory_budget,
-                           progress=job.progress)
+                           progress=job.progress, reference=reference)
 
 
 def full_logprob(job: CiteJob) -> float:

@@ -97,8 +97,13 @@ def check_source_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
 def loo(job: CiteJob) -> tuple[np.ndarray, dict[str, Any]]:
     n = len(job.sources)
     keep = ~np.eye(n, dtype=bool)
-    full = full_logprob(job)
-    return full - ablation_logprobs(job, keep), {"answer_logprob": full}
+    if "full" in job.cache:
+        full = full_logprob(job)
+        return full - ablation_logprobs(job, keep), {"answer_logprob": full}
+    # the whole prompt with its ablations: one forward over the beginning they share (answer_logprobs' reference)
+    values = ablation_logprobs(job, np.vstack([np.ones((1, n), dtype=bool), keep]))
+    job.cache["full"] = full = float(values[0])
+    return full - values[1:], {"answer_logprob": full}
 
 
 @source_method("contextcite", "ContextCite: random ablations and a sparse linear surrogate (Lasso) of the answer's "
