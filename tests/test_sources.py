@@ -162,19 +162,32 @@ def test_answer_logprobs_equal_each_prompt_alone_in_float64(lm):
     np.testing.assert_allclose(got, [alone(p, m) for p, m in zip(prompts, masks, strict=True)], rtol=1e-5)
 
 
-CACHED = ("gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mixtral", "qwen2", "qwen3", "gemma", "phi", "phi3", "opt",
-          "bloom", "falcon")
+CACHED = ("gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
+          "phi", "phi3", "opt", "bloom", "falcon")
 
 
-@pytest.mark.parametrize("family", [*CACHED, "mistral", "gemma2"])
+def _short_window_mistral() -> torch.nn.Module:
+    """A tiny Mistral whose sliding window (8 tokens) is shorter than the prompts: its cache drops positions."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=24, num_key_value_heads=1, max_position_embeddings=64,
+                                        sliding_window=8, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP)
+    return transformers.MistralForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("family", [*CACHED, "mistral-window8"])
 def test_prompts_that_share_a_beginning_run_on_its_cache_with_the_same_logprobs(family, monkeypatch):
     """Leave-one-out's prompts begin as the whole prompt does until the source they leave out: the shared
-    beginning runs once and each prompt from where it departs, on the key/value cache cut back to there. The
-    log-probabilities equal each prompt run alone in float64 (Mixtral: float32); sliding-window caches (Mistral,
-    Gemma 2), which do not keep every position, run the batched forwards."""
+    beginning runs once and each prompt from where it departs, on a key/value cache of it up to there. The
+    log-probabilities equal each prompt run alone in float64 (Mixtral: float32); a sliding window shorter than
+    the prompts, whose cache drops early positions, runs the batched forwards (Mistral's and Gemma 2's default
+    windows, 4,096 tokens, hold these prompts)."""
     from attnlens.core import answer_engine
 
-    ex = Explainer(make_lm(family), lm_tokenizer(), max_length=64)
+    model = _short_window_mistral() if family == "mistral-window8" else make_lm(family)
+    ex = Explainer(model, lm_tokenizer(), max_length=64)
     tok = ex.tokenizer
     reference = tok("the movie was great . the plot is dull . the actors were charming . i loved it")["input_ids"]
     prompts = [reference, reference[:3] + reference[8:], reference[:9] + reference[14:], reference[:-4],

@@ -165,8 +165,8 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
     ``reference``: one forward over the longest such beginning keeps every layer's keys and values; each prompt
     then runs the rest of itself and the answer on a cache of those up to where it departs from the reference.
     ``None`` where that spares too little (:data:`REUSE_SHARE`), where the model projects every position onto the
-    vocabulary or its cache does not keep every position (sliding-window layers), or where the keys and values
-    do not fit ``budget``: the batched forwards then run."""
+    vocabulary or its cache would not keep every position (a sliding window shorter than the prompts), or where
+    the keys and values do not fit ``budget``: the batched forwards then run."""
     model, k = runner.model, len(answer)
     # each prompt keeps at least its last token, whose logits predict the answer's first
     shared = [min(_common_prefix(p, reference), len(p) - 1) for p in prompts]
@@ -183,7 +183,8 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
     need = 4 * dims.layers * kv_width * top * dims.itemsize + pass_row_bytes(dims, longest, FUSED_FORWARD)
     if need > budget:
         return None
-    cache = _plain_cache(model)
+    length = max(len(p) for p in prompts) + k  # the most positions a cache holds
+    cache = _plain_cache(model, length)
     if cache is None:
         return None
     device = runner.device
@@ -196,7 +197,7 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
     labels = torch.tensor([[*answer, -1]], device=device)  # the last position reads nothing
     out = np.zeros(len(prompts), dtype=np.float64)
     for i, start in enumerate(shared):
-        cache = _plain_cache(model)
+        cache = _plain_cache(model, length)
         for index, (keys, values) in enumerate(held if start else ()):  # nothing shared: an empty cache
             cache.update(keys[:, :, :start], values[:, :, :start], index)
         rest = [*prompts[i][start:], *answer]
@@ -210,20 +211,25 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
     return out
 
 
-def _plain_cache(model: nn.Module) -> Any:
-    """An empty key/value cache for ``model`` whose layers keep every position (``transformers.DynamicCache``
-    of ``DynamicLayer`` s), or ``None`` where the model's cache is of another kind (sliding windows drop early
-    positions, so a cache cannot be cut back to a beginning)."""
+def _plain_cache(model: nn.Module, length: int) -> Any:
+    """An empty key/value cache for ``model`` whose layers keep every one of ``length`` positions
+    (``transformers.DynamicCache`` of ``DynamicLayer`` s, or of sliding-window layers whose window is longer), or
+    ``None`` where they would not (a sliding window drops early positions, so a cache cannot be cut back to a
+    beginning) or the cache is of another kind."""
     try:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
     except (ImportError, TypeError, ValueError):
         return None
+
+    def keeps_all(layer: Any) -> bool:
+        kind = type(layer).__name__
+        return kind == "DynamicLayer" or (kind == "DynamicSlidingWindowLayer"
+                                          and int(getattr(layer, "sliding_window", 0) or 0) > length + 1)
+
     layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
-        return None
-    return cache
+    return cache if layers and all(keeps_all(layer) for layer in layers) else None
 
 
 def _batched_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]], answer: list[int],
