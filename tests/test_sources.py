@@ -214,6 +214,17 @@ def test_prompts_that_share_a_beginning_run_on_its_cache_with_the_same_logprobs(
     batched.clear()
     answer_logprobs(ex.runner, prompts[1:], answer, reference=list(reversed(reference)))
     assert batched == [len(prompts) - 1]
+    if family not in CACHED:
+        return
+    # random ablations that all drop the first source share little with the whole prompt but much with each
+    # other: in lexicographic order each runs on the cache of the one before it
+    chunks = [reference[:2], reference[2:5], *(reference[j:j + 3] for j in range(5, len(reference), 3))]
+    keep = np.random.default_rng(0).random((10, len(chunks))) < 0.5
+    keep[:, 0], keep[:, 1] = True, False
+    ablated = [sum((c for c, kept in zip(chunks, row, strict=True) if kept), []) for row in keep]
+    got = answer_logprobs(ex.runner, ablated, answer, reference=reference)
+    np.testing.assert_allclose(got, [alone(p) for p in ablated], rtol=1e-5)
+    assert batched == [len(prompts) - 1]  # no further batched forwards
 
 
 # -------------------------------------------------------------------------------------------- ablations

@@ -161,44 +161,54 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]], answer: list[int],
                             reference: Sequence[int], budget: int, progress: Any) -> np.ndarray | None:
-    """:func:`answer_logprobs` of ``prompts`` from the key/value cache of their common beginnings with
-    ``reference``: one forward over the longest such beginning keeps every layer's keys and values; each prompt
-    then runs the rest of itself and the answer on a cache of those up to where it departs from the reference.
-    ``None`` where that spares too little (:data:`REUSE_SHARE`), where the model projects every position onto the
-    vocabulary or its cache would not keep every position (a sliding window shorter than the prompts), or where
-    the keys and values do not fit ``budget``: the batched forwards then run."""
+    """:func:`answer_logprobs` of ``prompts`` from the key/value caches of the beginnings they share.
+
+    The prompts run in lexicographic order of their tokens, so that each shares as long a beginning as any with
+    the one before it. Each runs the rest of itself and the answer on a cache of the keys and values of what it
+    shares with ``reference`` (one forward over the longest such beginning) or with the prompt before it (kept
+    from that prompt's forward), whichever is longer. ``None`` where that spares too little
+    (:data:`REUSE_SHARE`), where the model projects every position onto the vocabulary or its cache would not
+    keep every position (a sliding window shorter than the prompts), or where the keys and values do not fit
+    ``budget``: the batched forwards then run."""
     model, k = runner.model, len(answer)
+    order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
     # each prompt keeps at least its last token, whose logits predict the answer's first
-    shared = [min(_common_prefix(p, reference), len(p) - 1) for p in prompts]
-    top = max(shared, default=0)
-    if top == 0 or sum(shared) < REUSE_SHARE * sum(len(p) for p in prompts) or not keeps_logits(model):
+    from_reference = [min(_common_prefix(p, reference), len(p) - 1) for p in prompts]
+    from_previous = [0] * len(prompts)
+    for before, i in zip(order, order[1:]):
+        from_previous[i] = min(_common_prefix(prompts[before], prompts[i]), len(prompts[i]) - 1)
+    shared = [max(r, p) for r, p in zip(from_reference, from_previous, strict=True)]
+    top = max((r for r, p in zip(from_reference, from_previous, strict=True) if r >= p), default=0)
+    if sum(shared) < REUSE_SHARE * sum(len(p) for p in prompts) or not keeps_logits(model):
         return None
     dims = model_dims(model)
     config = model.config
     heads = int(getattr(config, "num_attention_heads", 0) or dims.heads)
     kv_width = dims.hidden * int(getattr(config, "num_key_value_heads", None) or heads) // heads
-    longest = max(top, *(len(p) - s for p, s in zip(prompts, shared, strict=True))) + k
-    # every layer's keys and values of the shared beginning, held and copied into one prompt's cache, beside a
-    # forward with fused attention and no graph
-    need = 4 * dims.layers * kv_width * top * dims.itemsize + pass_row_bytes(dims, longest, FUSED_FORWARD)
-    if need > budget:
-        return None
     length = max(len(p) for p in prompts) + k  # the most positions a cache holds
-    cache = _plain_cache(model, length)
-    if cache is None:
+    # every layer's keys and values: the reference's beginning, the previous prompt's and the one being built,
+    # beside a forward with fused attention and no graph
+    need = 2 * dims.layers * kv_width * (top + 2 * length) * dims.itemsize + pass_row_bytes(dims, length,
+                                                                                             FUSED_FORWARD)
+    if need > budget or _plain_cache(model, length) is None:
         return None
     device = runner.device
-    model(input_ids=torch.as_tensor([list(reference[:top])], device=device),
-          position_ids=torch.arange(top, device=device)[None], past_key_values=cache, use_cache=True,
-          logits_to_keep=1)
-    held = [(layer.keys, layer.values) for layer in cache.layers]  # (1, heads, top, head size) each
-    del cache
+    held: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if top:
+        cache = _plain_cache(model, length)
+        model(input_ids=torch.as_tensor([list(reference[:top])], device=device),
+              position_ids=torch.arange(top, device=device)[None], past_key_values=cache, use_cache=True,
+              logits_to_keep=1)
+        held = [(layer.keys, layer.values) for layer in cache.layers]  # (1, heads, top, head size) each
     head = AnswerHead(runner.head.vocab_size)
     labels = torch.tensor([[*answer, -1]], device=device)  # the last position reads nothing
     out = np.zeros(len(prompts), dtype=np.float64)
-    for i, start in enumerate(shared):
+    previous: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for i in order:
+        start = shared[i]
+        source = held if from_reference[i] >= from_previous[i] else previous
         cache = _plain_cache(model, length)
-        for index, (keys, values) in enumerate(held if start else ()):  # nothing shared: an empty cache
+        for index, (keys, values) in enumerate(source if start else ()):  # nothing shared: an empty cache
             cache.update(keys[:, :, :start], values[:, :, :start], index)
         rest = [*prompts[i][start:], *answer]
         logits = model(input_ids=torch.as_tensor([rest], device=device),
@@ -206,6 +216,7 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
                        attention_mask=torch.ones(1, start + len(rest), dtype=torch.long, device=device),
                        past_key_values=cache, use_cache=True, logits_to_keep=k + 1).logits[:, -(k + 1):]
         out[i] = float(head.scalar(logits, labels, "loss", torch.ones_like(labels)).double()[0])
+        previous = [(layer.keys, layer.values) for layer in cache.layers]  # this prompt's, then the answer's
         if progress is not None:
             progress(1)
     return out
