@@ -125,13 +125,15 @@ def test_a_512_token_view_renders_and_switches_layers(tmp_path):
     att = _long_attention()
     tokens = ["[CLS]"] + [f"w{i}" for i in range(510)] + ["[SEP]"]
     page = attention_view_html(tokens, att, special=[True] + [False] * 510 + [True])
-    switch = (  # what a reader does: pick layer 2, head 3, then point at cell (10, 15)
-        "<script>setTimeout(() => { document.body.dataset.first = document.body.dataset.drawn + ' ' +"
+    switch = (  # what a reader does once the first view is drawn: pick layer 2, head 3, then point at (10, 15)
+        "<script>const pick = () => { if (!document.body.dataset.drawn) return setTimeout(pick, 50);"
+        " document.body.dataset.first = document.body.dataset.drawn + ' ' +"
         " caption.textContent; layerSel.value = 2; layerSel.dispatchEvent(new Event('change'));"
-        " headSel.value = 3; headSel.dispatchEvent(new Event('change')); }, 100);"
-        "setTimeout(() => { const c = document.querySelector('canvas'), r = c.getBoundingClientRect();"
+        " headSel.value = 3; headSel.dispatchEvent(new Event('change')); setTimeout(point, 50); };"
+        "const point = () => { if (document.body.dataset.drawn !== '2:3') return setTimeout(point, 50);"
+        " const c = document.querySelector('canvas'), r = c.getBoundingClientRect();"
         " c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + 15.5 * r.width / 512,"
-        " clientY: r.top + 10.5 * r.height / 512})); }, 3000);</script>"
+        " clientY: r.top + 10.5 * r.height / 512})); }; setTimeout(pick, 100);</script>"
     )
     (tmp_path / "view.html").write_text(page.replace("</body>", switch + "</body>"))
     dom = _dom(tmp_path / "view.html", tmp_path)
