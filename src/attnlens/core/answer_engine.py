@@ -190,12 +190,12 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
     # beside a forward with fused attention and no graph
     need = 2 * dims.layers * kv_width * (top + 2 * length) * dims.itemsize + pass_row_bytes(dims, length,
                                                                                              FUSED_FORWARD)
-    if need > budget or _plain_cache(model, length) is None:
+    cache = None if need > budget else _plain_cache(model, length)
+    if cache is None:
         return None
     device = runner.device
     held: list[tuple[torch.Tensor, torch.Tensor]] = []
     if top:
-        cache = _plain_cache(model, length)
         model(input_ids=torch.as_tensor([list(reference[:top])], device=device),
               position_ids=torch.arange(top, device=device)[None], past_key_values=cache, use_cache=True,
               logits_to_keep=1)
