@@ -177,14 +177,20 @@ def _short_window_mistral() -> torch.nn.Module:
     return transformers.MistralForCausalLM(config).eval()
 
 
+@pytest.mark.parametrize("group", [1, 3], ids=["one-per-forward", "three-per-forward"])
 @pytest.mark.parametrize("family", [*CACHED, "mistral-window8"])
-def test_prompts_that_share_a_beginning_run_on_its_cache_with_the_same_logprobs(family, monkeypatch):
+def test_prompts_that_share_a_beginning_run_on_its_cache_with_the_same_logprobs(family, group, monkeypatch):
     """Leave-one-out's prompts begin as the whole prompt does until the source they leave out: the shared
-    beginning runs once and each prompt from where it departs, on a key/value cache of it up to there. The
+    beginning runs once and each prompt from where it departs, on a key/value cache of it up to there (one
+    prompt per forward on a CPU; on an accelerator several, left-padded after the beginning they all share). The
     log-probabilities equal each prompt run alone in float64 (Mixtral: float32); a sliding window shorter than
     the prompts, whose cache drops early positions, runs the batched forwards (Mistral's and Gemma 2's default
     windows, 4,096 tokens, hold these prompts)."""
     from attnlens.core import answer_engine
+
+    forwards = []
+    monkeypatch.setattr(answer_engine, "_prompts_per_cached_forward",
+                        lambda device, fit, batch_size: forwards.append(fit) or min(fit, group))
 
     model = _short_window_mistral() if family == "mistral-window8" else make_lm(family)
     ex = Explainer(model, lm_tokenizer(), max_length=64)
@@ -225,6 +231,7 @@ def test_prompts_that_share_a_beginning_run_on_its_cache_with_the_same_logprobs(
     got = answer_logprobs(ex.runner, ablated, answer, reference=reference)
     np.testing.assert_allclose(got, [alone(p) for p in ablated], rtol=1e-5)
     assert batched == [len(prompts) - 1]  # no further batched forwards
+    assert forwards and min(forwards) >= group  # the budget holds the groups
 
 
 # -------------------------------------------------------------------------------------------- ablations

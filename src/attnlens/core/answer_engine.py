@@ -142,7 +142,7 @@ def answer_logprobs(
     budget = parse_budget(memory_budget)
     with explaining(runner.model, "sdpa"):
         if reference is not None and masks is None:
-            shared = _shared_prefix_logprobs(runner, prompts, answer, reference, budget, progress)
+            shared = _shared_prefix_logprobs(runner, prompts, answer, reference, budget, batch_size, progress)
             if shared is not None:
                 return shared
         return _batched_logprobs(runner, prompts, answer, masks, budget, batch_size, progress)
@@ -160,13 +160,15 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]], answer: list[int],
-                            reference: Sequence[int], budget: int, progress: Any) -> np.ndarray | None:
+                            reference: Sequence[int], budget: int, batch_size: int,
+                            progress: Any) -> np.ndarray | None:
     """:func:`answer_logprobs` of ``prompts`` from the key/value caches of the beginnings they share.
 
     The prompts run in lexicographic order of their tokens, so that each shares as long a beginning as any with
-    the one before it. Each runs the rest of itself and the answer on a cache of the keys and values of what it
-    shares with ``reference`` (one forward over the longest such beginning) or with the prompt before it (kept
-    from that prompt's forward), whichever is longer. ``None`` where that spares too little
+    the one before it, in groups of :func:`_prompts_per_cached_forward` (one on a CPU). A group runs the rest of
+    each of its prompts and the answer in one forward, on a cache of the keys and values of what all of them
+    share with ``reference`` (one forward over the longest such beginning) or with the last prompt of the group
+    before (kept from that forward), whichever is longer. ``None`` where that spares too little
     (:data:`REUSE_SHARE`), where the model projects every position onto the vocabulary or its cache would not
     keep every position (a sliding window shorter than the prompts), or where the keys and values do not fit
     ``budget``: the batched forwards then run."""
@@ -174,52 +176,80 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
     order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
     # each prompt keeps at least its last token, whose logits predict the answer's first
     from_reference = [min(_common_prefix(p, reference), len(p) - 1) for p in prompts]
-    from_previous = [0] * len(prompts)
+    link = [0] * len(prompts)  # what each prompt shares with the one before it in that order
     for before, i in zip(order, order[1:]):
-        from_previous[i] = min(_common_prefix(prompts[before], prompts[i]), len(prompts[i]) - 1)
-    shared = [max(r, p) for r, p in zip(from_reference, from_previous, strict=True)]
-    top = max((r for r, p in zip(from_reference, from_previous, strict=True) if r >= p), default=0)
-    if sum(shared) < REUSE_SHARE * sum(len(p) for p in prompts) or not keeps_logits(model):
+        link[i] = min(_common_prefix(prompts[before], prompts[i]), len(prompts[i]) - 1)
+    if (sum(max(r, p) for r, p in zip(from_reference, link, strict=True)) < REUSE_SHARE * sum(map(len, prompts))
+            or not keeps_logits(model)):
         return None
     dims = model_dims(model)
     config = model.config
     heads = int(getattr(config, "num_attention_heads", 0) or dims.heads)
-    kv_width = dims.hidden * int(getattr(config, "num_key_value_heads", None) or heads) // heads
+    kv_row = 2 * dims.layers * dims.hidden * int(getattr(config, "num_key_value_heads", None) or heads) // heads
     length = max(len(p) for p in prompts) + k  # the most positions a cache holds
-    # every layer's keys and values: the reference's beginning, the previous prompt's and the one being built,
-    # beside a forward with fused attention and no graph
-    need = 2 * dims.layers * kv_width * (top + 2 * length) * dims.itemsize + pass_row_bytes(dims, length,
-                                                                                             FUSED_FORWARD)
-    cache = None if need > budget else _plain_cache(model, length)
-    if cache is None:
+    # every layer's keys and values per position, beside a forward with fused attention and no graph per prompt
+    per_prompt = kv_row * length * dims.itemsize + pass_row_bytes(dims, length, FUSED_FORWARD)
+    held_bytes = kv_row * (len(reference) + length) * dims.itemsize  # the reference's beginning, the last group's
+    size = _prompts_per_cached_forward(runner.device, max(0, budget - held_bytes) // per_prompt, batch_size)
+    if size < 1 or _plain_cache(model, length) is None:
         return None
+    # in sorted order, what a group's prompts all share with the last prompt before the group is the least of
+    # their links (the longest common beginning of sorted sequences is the least of their neighbours')
+    groups = [order[g:g + size] for g in range(0, len(order), size)]
+    plans = []
+    for g, group in enumerate(groups):
+        ref_start = min(from_reference[i] for i in group)
+        prev_start = min(link[i] for i in group) if g else 0
+        plans.append((ref_start, True) if ref_start >= prev_start else (prev_start, False))
+    top = max((start for start, from_ref in plans if from_ref), default=0)
     device = runner.device
     held: list[tuple[torch.Tensor, torch.Tensor]] = []
     if top:
+        cache = _plain_cache(model, length)
         model(input_ids=torch.as_tensor([list(reference[:top])], device=device),
               position_ids=torch.arange(top, device=device)[None], past_key_values=cache, use_cache=True,
               logits_to_keep=1)
         held = [(layer.keys, layer.values) for layer in cache.layers]  # (1, heads, top, head size) each
     head = AnswerHead(runner.head.vocab_size)
-    labels = torch.tensor([[*answer, -1]], device=device)  # the last position reads nothing
     out = np.zeros(len(prompts), dtype=np.float64)
     previous: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for i in order:
-        start = shared[i]
-        source = held if from_reference[i] >= from_previous[i] else previous
+    for group, (start, from_ref) in zip(groups, plans, strict=True):
+        rests = [[*prompts[i][start:], *answer] for i in group]
+        width = max(map(len, rests))
+        # left-padded after the shared beginning, so every row's answer ends the forward
+        ids = torch.full((len(group), width), int(runner.pad_id), dtype=torch.long)
+        seen = torch.ones((len(group), start + width), dtype=torch.long)
+        positions = torch.full((len(group), width), start, dtype=torch.long)
+        for b, rest in enumerate(rests):
+            pad = width - len(rest)
+            ids[b, pad:] = torch.as_tensor(rest)
+            seen[b, start:start + pad] = 0
+            positions[b, pad:] = torch.arange(start, start + len(rest))
         cache = _plain_cache(model, length)
-        for index, (keys, values) in enumerate(source if start else ()):  # nothing shared: an empty cache
-            cache.update(keys[:, :, :start], values[:, :, :start], index)
-        rest = [*prompts[i][start:], *answer]
-        logits = model(input_ids=torch.as_tensor([rest], device=device),
-                       position_ids=torch.arange(start, start + len(rest), device=device)[None],
-                       attention_mask=torch.ones(1, start + len(rest), dtype=torch.long, device=device),
-                       past_key_values=cache, use_cache=True, logits_to_keep=k + 1).logits[:, -(k + 1):]
-        out[i] = float(head.scalar(logits, labels, "loss", torch.ones_like(labels)).double()[0])
-        previous = [(layer.keys, layer.values) for layer in cache.layers]  # this prompt's, then the answer's
+        for index, (keys, values) in enumerate((held if from_ref else previous) if start else ()):
+            cache.update(keys[:, :, :start].expand(len(group), -1, -1, -1),
+                         values[:, :, :start].expand(len(group), -1, -1, -1), index)
+        logits = model(input_ids=ids.to(device), position_ids=positions.to(device),
+                       attention_mask=seen.to(device), past_key_values=cache, use_cache=True,
+                       logits_to_keep=k + 1).logits[:, -(k + 1):]
+        labels = torch.tensor([[*answer, -1]] * len(group), device=device)  # the last position reads nothing
+        out[group] = head.scalar(logits, labels, "loss", torch.ones_like(labels)).double().cpu().numpy()
+        last = len(group) - 1
+        keep = torch.cat([torch.arange(start), torch.arange(start + width - len(rests[last]), start + width)])
+        keep = keep.to(device)  # the last prompt's own positions, then the answer's
+        previous = [(layer.keys[last:].index_select(2, keep), layer.values[last:].index_select(2, keep))
+                    for layer in cache.layers]
         if progress is not None:
-            progress(1)
+            progress(len(group))
     return out
+
+
+def _prompts_per_cached_forward(device: torch.device, fit: int, batch_size: int) -> int:
+    """How many prompts run in one forward on a shared cache. One on a CPU, whose few cores one prompt's tokens
+    already keep busy: a larger group would also run the tokens between the beginning its prompts all share and
+    each one's own. On an accelerator as many as ``fit`` (the budget's) up to ``batch_size``: the group's
+    forward then launches as many kernels as the batched forwards do, on fewer tokens."""
+    return min(1, fit) if device.type == "cpu" else min(fit, batch_size)
 
 
 def _plain_cache(model: nn.Module, length: int) -> Any:
