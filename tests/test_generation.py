@@ -455,7 +455,7 @@ def test_seq2seq_checkpoint_loads_as_a_language_model(tmp_path, tokenizer):
 
 def test_seq2seq_mistakes(tokenizer):
     model = build_tiny("bart", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
-    with pytest.raises(InputError, match="saliency attribute to the encoder's input embeddings"):
+    with pytest.raises(InputError, match="saliency attributes to the encoder's input embeddings"):
         Explainer(model, tokenizer, attention="decoder").explain_generation(PROMPT, methods="rawatt,saliency")
     with pytest.raises(ModelError, match="use explain_generation"):
         Explainer(model, tokenizer).explain(PROMPT, methods="rawatt")

@@ -83,8 +83,6 @@ def explain_generation(
     budget = parse_budget(memory_budget)
     specs, method_options = engine.select_methods(runner, methods, target or "generated", target_kind, options,
                                                   contrast is not None)
-    if decoder_stream:
-        specs = _decoder_stream_methods(specs, methods)
 
     prompt_ids, template = encode_prompt(runner, prompt, chat)
     forced = target is not None
@@ -260,23 +258,6 @@ def _seq2seq_batch(runner: ModelRunner, prompt: Encoded, generated: list[int], r
         ctx.special_mask = torch.zeros_like(ctx.token_mask, dtype=torch.bool)
     targets = [(generated[t], t, -1 if contrast_ids is None else contrast_ids[t]) for t in rows]
     return rows_runner, ctx, targets
-
-
-def _decoder_stream_methods(specs: list[Any], methods: Any) -> list[Any]:
-    """The methods that apply to a seq2seq decoder stream: not those on input embeddings, which are the
-    encoder's, nor those running passes of their own (integrated gradients, value zeroing), which perturb the
-    encoder's input or have not been checked on the decoder stream (skipped with a warning under ``"all"``,
-    refused when named)."""
-    from ..methods.registry import EMBEDDINGS, OWN_PASS
-
-    bad = [s.name for s in specs if EMBEDDINGS in s.needs or OWN_PASS in s.needs]
-    if bad and methods not in (None, "all"):
-        raise InputError(f"{', '.join(bad)} attribute to the encoder's input embeddings, not to the decoder "
-                         "stream's tokens: use attention='encoder' or 'cross' for them")
-    if bad:
-        warnings.warn(f"skipping {', '.join(bad)}: they attribute to the encoder's input or run passes of their own, "
-                      "not defined for the decoder stream", stacklevel=3)
-    return [s for s in specs if s.name not in bad]
 
 
 def _decoder_start(runner: ModelRunner) -> int:

@@ -131,7 +131,15 @@ class Method:
                 check_supported(model)
             except ModelError as exc:
                 return str(exc)
-        return self.applies(model, stream, task) if self.applies is not None else None
+        why = self.applies(model, stream, task) if self.applies is not None else None
+        if why is None and task == "seq2seq-lm" and stream == "decoder":  # scores over the continuation
+            if EMBEDDINGS in self.needs:
+                return (f"{self.name} attributes to the encoder's input embeddings, not to the decoder stream's "
+                        "tokens: use attention='encoder' or 'cross' for it")
+            if OWN_PASS in self.needs:
+                return (f"{self.name} runs passes of its own, which are not defined on a seq2seq language model's "
+                        "decoder stream: use attention='encoder' or 'cross' for it")
+        return why
 
     def unsupported_options(self, model: Any, stream: str, task: str, options: Mapping[str, Any]) -> str | None:
         """Why this method, with ``options`` (checked, defaults included), cannot explain ``model`` (with this
