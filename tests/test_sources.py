@@ -549,6 +549,21 @@ def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys):
     assert d["meta"]["options"]["contextcite"]["n_ablations"] == 8
 
 
+def test_cli_cite_offsets_index_the_context_file_as_written(lm_dir, tmp_path, capsys):
+    """A context file with Windows line endings is read as it is: the JSON's context is the file's text and each
+    source's offsets select its text there."""
+    text = "the movie was great .\r\nthe plot is dull .\r\n\r\nthe actors were charming ."
+    ctx = tmp_path / "crlf.txt"
+    ctx.write_bytes(text.encode("utf-8"))
+    assert main(["cite", "--model", lm_dir, "--context-file", str(ctx), "--query", QUERY, "--answer", ANSWER,
+                 "--no-chat", "--methods", "loo", "--sources", "line", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["context"] == text and text in d["prompt"]
+    assert [text[s["start"]:s["end"]] for s in d["sources"]] == [
+        "the movie was great .", "the plot is dull .", "the actors were charming ."]
+    assert [s["text"] for s in d["sources"]] == [text[s["start"]:s["end"]] for s in d["sources"]]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--query", " "], "the query is empty"),
     (["--context", " "], "the context is empty"),

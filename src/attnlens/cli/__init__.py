@@ -111,8 +111,9 @@ def method_options(text: str | None, flag: str = "--options") -> dict[str, dict[
 
 
 def read_text_file(path: str, flag: str) -> str:
-    """The UTF-8 text of the file a command's ``flag`` names; :class:`InputError` in one line when it is missing,
-    a folder, unreadable or not UTF-8."""
+    """The UTF-8 text of the file a command's ``flag`` names, verbatim (Windows line endings kept, so character
+    offsets into it are offsets into the file); :class:`InputError` in one line when it is missing, a folder,
+    unreadable or not UTF-8."""
     from pathlib import Path
 
     p = Path(path)
@@ -121,7 +122,8 @@ def read_text_file(path: str, flag: str) -> str:
     if p.is_dir():
         raise InputError(f"{flag} {path}: is a directory")
     try:
-        return p.read_text(encoding="utf-8")
+        with p.open(encoding="utf-8", newline="") as f:
+            return f.read()
     except UnicodeDecodeError:
         raise InputError(f"{flag} {path}: not UTF-8 text") from None
     except OSError as exc:
