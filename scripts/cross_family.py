@@ -1,13 +1,14 @@
-"""Seed 000's cross-family question on real models: does AGrad's lead over raw attention hold for an encoder, a
-decoder and an encoder-decoder? One command fine-tunes what is missing, runs the benchmark and writes the table.
+"""The cross-family question of Karpekov & Miller, "Is Attention Truly All We Need?", 2023, on real models: does
+AGrad's lead over raw attention hold for an encoder, a decoder and an encoder-decoder? One command fine-tunes what is
+missing, runs the benchmark and writes the table.
 
 1. Fine-tunes SmolLM2-135M-Instruct (the real pretrained decoder, ``smollm2``) as an SST-2 classifier with
    ``attnlens train`` unless ``--smollm2`` already holds one: a new last-token head, 1,200 train sentences,
    1 epoch, 40 tokens, the embeddings and lowest 24 of 30 layers frozen (2 minutes on 2 idle CPU cores).
-2. Runs seed 000's protocol with ``run_benchmark`` (the code behind ``attnlens benchmark``) on the same SST-2 dev
-   sentences for ``minilm-sst2`` (encoder), the SmolLM2 classifier (decoder) and ``bart-scratch-sst2`` (the only
-   offline encoder-decoder: trained from scratch, not pretrained): raw attention vs AGrad, explaining the loss of
-   the gold label as the seed does; AOPC, LOdds, occlusion curves (tokens deleted) and silhouette consistency.
+2. Runs Karpekov & Miller's protocol with ``run_benchmark`` (the code behind ``attnlens benchmark``) on the same
+   SST-2 dev sentences for ``minilm-sst2`` (encoder), the SmolLM2 classifier (decoder) and ``bart-scratch-sst2``
+   (the only offline encoder-decoder: trained from scratch, not pretrained): raw attention vs AGrad, explaining the
+   loss of the gold label as their code does; AOPC, LOdds, occlusion curves (tokens deleted) and silhouette consistency.
 3. Writes ``results/cross-family/table.md``, the occlusion curves ``docs/images/cross_family_occlusion.png`` and
    the section "Cross-family" of ``docs/reproduction.md`` (replaced when present).
 
@@ -40,7 +41,7 @@ COUNTS = (0, 1, 2, 4, 6)  # tokens deleted (SST-2 sentences are ~20 tokens long)
 HEADING = "## 6. Cross-family: AGrad vs raw attention on an encoder, a decoder and an encoder-decoder"
 SMOLLM2_TRAINING = dict(dataset="sst2", limit=1200, max_length=40, batch_size=16, lr=2e-4, freeze_layers=24,
                         epochs=1.0, seed=0)
-# Seed 000 (DistilBERT on IMDB): silhouette of the top-5 tokens' last hidden states, attention vs AGrad
+# Karpekov & Miller 2023 (DistilBERT on IMDB): silhouette of the top-5 tokens' last hidden states, attention vs AGrad
 SEED_SILHOUETTE = {"rawatt": 0.348, "agrad": 0.569}
 
 
@@ -110,10 +111,11 @@ def plot(summaries: dict[str, dict[str, Any]], path: Path) -> None:
 def section(summaries: dict[str, dict[str, Any]], rows: list[tuple[str, str, Path, str]], image: str,
             smollm2: dict[str, Any] | None, limit: int) -> list[str]:
     lines = [HEADING, "",
-             "Seed 000 asks whether AGrad (attention × its gradient, Eq. 2) beats raw attention (Eq. 1) across "
-             "architectures; it found AGrad ahead on encoders and raw (encoder) attention ahead on BART. Here the "
-             f"same {limit} SST-2 dev sentences (seed 0) are explained for the loss of the gold label, as in the "
-             "seed, and scored under the paper protocol: AOPC (↑) and LOdds (↓) delete the top 10 %, 20 %, … of "
+             "Karpekov & Miller ask whether AGrad (attention × its gradient, Eq. 2) beats raw attention (Eq. 1) "
+             "across architectures; they found AGrad ahead on encoders and raw (encoder) attention ahead on BART. "
+             "Here the "
+             f"same {limit} SST-2 dev sentences (seed 0) are explained for the loss of the gold label, as in their "
+             "code, and scored under the paper protocol: AOPC (↑) and LOdds (↓) delete the top 10 %, 20 %, … of "
              "the tokens; occlusion (↓) is the accuracy after deleting the top 1, 2, 4 and 6 tokens (mean over those "
              "counts); consistency (↑) the silhouette of the top-5 tokens' last hidden states by gold class. "
              "Command: `python scripts/cross_family.py --limit " + str(limit) + "`.", "",
@@ -137,7 +139,7 @@ def section(summaries: dict[str, dict[str, Any]], rows: list[tuple[str, str, Pat
                         r["agrad"]["consistency"] > r["rawatt"]["consistency"]])
             verdicts.append(f"{name} ({family}): AGrad ahead on {wins} of 4")
     lines += ["", "Reading (a small sample: differences of a few hundredths are noise): " + "; ".join(verdicts) + "."]
-    lines += ["", "Seed 000's numbers (DistilBERT on IMDB, not SST-2): silhouette 0.348 (attention) vs 0.569 "
+    lines += ["", "Karpekov & Miller's numbers (DistilBERT on IMDB, not SST-2): silhouette 0.348 (attention) vs 0.569 "
               "(AGrad); occlusion: AGrad's top tokens cut DistilBERT's and TinyBERT's accuracy by half after 12 "
               "tokens, raw attention's did so only for BART.", "", f"![occlusion curves]({image})", ""]
     if smollm2 is not None:
@@ -148,7 +150,8 @@ def section(summaries: dict[str, dict[str, Any]], rows: list[tuple[str, str, Pat
                   f"{fmt(acc.get('accuracy'))} (F1 {fmt(acc.get('f1'))}) on all 872 dev sentences, trained in "
                   f"{smollm2.get('train_seconds', 0) / 60:.0f} min on the shared CPU.", ""]
     lines += ["Missing: a *pretrained* encoder-decoder. No BART or T5 checkpoint is available offline, so the "
-              "encoder-decoder row is the from-scratch `bart-scratch-sst2`; seed 000's BART was pretrained.", ""]
+              "encoder-decoder row is the from-scratch `bart-scratch-sst2`; Karpekov & Miller's BART was "
+              "pretrained.", ""]
     return lines
 
 

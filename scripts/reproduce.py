@@ -1,9 +1,9 @@
-"""Reproduce the seeds' evaluations with attnlens and write ``docs/reproduction.md``.
+"""Reproduce the papers' evaluations with attnlens and write ``docs/reproduction.md``.
 
 1. AttCAT Tables 1-2 (SST-2 column): AOPC, LOdds and Kendall-τ of every method on SST-2 dev with
    ``../shared/models/minilm-sst2``, under the papers' equations (``paper``) and the AttCAT code's quirks
    (``attcat-code``), next to the paper's BERT-base numbers.
-2. Seed 000 Charts 2 and 5-6: occlusion curves (random / rawatt top / agrad top / agrad bottom) and the
+2. Karpekov & Miller 2023, Charts 2 and 5-6: occlusion curves (random / rawatt top / agrad top / agrad bottom) and the
    consistency (silhouette) of rawatt and agrad on the IMDB 2,000-review sample with ``minilm-imdb``.
 3. Method study: AOPC and LOdds of the attention, norm/decomposition and gradient methods on SST-2 dev
    (``minilm-sst2``) and 200 reviews of the IMDB sample at 256 tokens (``minilm-imdb``), run with
@@ -45,7 +45,7 @@ MODELS = ROOT.parent / "shared" / "models"
 DATA = ROOT.parent / "shared" / "data"
 SLOW = ("integratedgradients",)  # 50 forward+backward passes per example and class: hours on 2 CPU cores
 
-# AttCAT (seed 001) Table 1, SST2 column (AOPC ↑, LOdds ↓) and Table 2 (Kendall-τ ↓), BERT-base.
+# AttCAT (Qiang et al. 2022) Table 1, SST2 column (AOPC ↑, LOdds ↓) and Table 2 (Kendall-τ ↓), BERT-base.
 PAPER_SST2 = {
     "rawatt": (0.331, -0.885, None),
     "rollout": (0.286, -0.641, None),
@@ -161,14 +161,15 @@ def imdb_section(imdb: dict[str, Any], pred: dict[str, Any], n_total: int, image
     show = [k for k in ks if k in (0, 2, 6, 10, 18, 20, 30, 40)]
     series = [s for s in ("random", "rawatt:top", "agrad:top", "agrad:bottom") if s in occ["series"]]
     lines = [
-        "## 2. Seed 000: occlusion curves and consistency on IMDB",
+        "## 2. Karpekov & Miller: occlusion curves and consistency on IMDB",
         "",
+        "The protocol of Karpekov & Miller, \"Is Attention Truly All We Need?\", 2023 (DistilBERT on IMDB). "
         f"Model `minilm-imdb` (MiniLM-L6-H384 fine-tuned on 5,000 IMDB reviews, max 256 tokens) on "
         f"**{imdb['n_examples']} of the {n_total} reviews** of the balanced IMDB test sample "
         "(`test_sample2000_seed0.jsonl`, subset drawn with seed 0; inputs truncated to 256 tokens). The subset is "
         "forced by CPU time: each review needs ~85 forward passes of up to 256 tokens. Tokens are dropped by "
-        f"setting their attention mask to 0 (`{occ['drop']}`), as seed 000 does; `random` draws among the real "
-        f"tokens (seed 000 drew among all 512 padded positions). As in seed 000's code, AGrad explains the "
+        f"setting their attention mask to 0 (`{occ['drop']}`), as Karpekov & Miller do; `random` draws among the real "
+        "tokens (they drew among all 512 padded positions). As in their code, AGrad explains the "
         "cross-entropy loss of the gold label (`--target gold --target-kind loss`); the last two rows explain the "
         f"predicted class's logit instead (attnlens' default). Accuracy at k = 0: {fmt(imdb['accuracy'])}.",
         "",
@@ -197,27 +198,28 @@ def imdb_section(imdb: dict[str, Any], pred: dict[str, Any], n_total: int, image
         return s[name]["relative"][ks.index(k)] if name in s else None
 
     r, a, g, b = (s.get(x, {}).get("relative", [None] * len(ks))[k40] for x in series_names())
-    lines.append(f"- Random dropping barely moves accuracy in seed 000 (Chart 1). Here {max(ks)} random tokens "
-                 f"leave {fmt(r, 2)} of the accuracy: {'agrees' if r is not None and r > 0.9 else 'differs'}.")
-    lines.append(f"- Seed 000 (DistilBERT, Chart 2): attention top-40 costs ~30 % of the accuracy, AGrad top-40 "
-                 f"~70 %. Here: rawatt top-{max(ks)} keeps {fmt(a, 2)}, agrad top-{max(ks)} keeps {fmt(g, 2)}. "
+    lines.append(f"- Random dropping barely moves accuracy in Karpekov & Miller (Chart 1). Here {max(ks)} random "
+                 f"tokens leave {fmt(r, 2)} of the accuracy: {'agrees' if r is not None and r > 0.9 else 'differs'}.")
+    lines.append(f"- Karpekov & Miller (DistilBERT, Chart 2): attention top-40 costs ~30 % of the accuracy, AGrad "
+                 f"top-40 ~70 %. Here: rawatt top-{max(ks)} keeps {fmt(a, 2)}, agrad top-{max(ks)} keeps {fmt(g, 2)}. "
                  f"AGrad hurts more than raw attention: "
                  f"{'agrees' if a is not None and g is not None and g < a else 'does not agree'}.")
     half = next((k for k in ks if at("agrad:top", k) is not None and at("agrad:top", k) <= 0.5), None)
-    lines.append(f"- Seed 000: dropping 18 AGrad-top tokens halves accuracy. Here accuracy first falls to half at "
-                 f"k = {half if half is not None else f'> {max(ks)}'}.")
-    lines.append(f"- Seed 000: dropping AGrad-bottom tokens raises accuracy (91 % → almost 100 %, +12 % relative). "
-                 f"Here agrad bottom-{max(ks)}: {fmt(b, 2)} relative, from {fmt(imdb['accuracy'], 2)} at k = 0 "
-                 f"({verdict_bottom(b)}). Explaining the predicted class instead, agrad bottom-{max(ks)} gives "
-                 f"{fmt(pocc_bottom(pred, max(ks)), 2)}: removing evidence against the prediction cannot flip it.")
+    lines.append(f"- Karpekov & Miller: dropping 18 AGrad-top tokens halves accuracy. Here accuracy first falls to "
+                 f"half at k = {half if half is not None else f'> {max(ks)}'}.")
+    lines.append(f"- Karpekov & Miller: dropping AGrad-bottom tokens raises accuracy (91 % → almost 100 %, +12 % "
+                 f"relative). Here agrad bottom-{max(ks)}: {fmt(b, 2)} relative, from {fmt(imdb['accuracy'], 2)} "
+                 f"at k = 0 ({verdict_bottom(b)}). Explaining the predicted class instead, agrad bottom-{max(ks)} "
+                 f"gives {fmt(pocc_bottom(pred, max(ks)), 2)}: removing evidence against the prediction cannot "
+                 "flip it.")
     cons = imdb.get("consistency") or {}
     if "rawatt" in cons and "agrad" in cons:
         sr, sg = cons["rawatt"]["silhouette"], cons["agrad"]["silhouette"]
-        lines.append(f"- Consistency (seed 000 Charts 5-6, DistilBERT, 100 reviews): silhouette 0.348 for attention, "
-                     f"0.569 for AGrad. Here ({cons['agrad']['n_examples']} correctly classified reviews, top-5 "
-                     f"tokens, last-layer states): {fmt(sr)} for rawatt, {fmt(sg)} for agrad: AGrad more consistent "
-                     f"{'holds' if sr is not None and sg is not None and sg > sr else 'does not hold'}. With "
-                     f"predicted-class logit explanations: {fmt(pcons_sil(pred, 'agrad'))} for agrad.")
+        lines.append(f"- Consistency (Karpekov & Miller Charts 5-6, DistilBERT, 100 reviews): silhouette 0.348 for "
+                     f"attention, 0.569 for AGrad. Here ({cons['agrad']['n_examples']} correctly classified reviews, "
+                     f"top-5 tokens, last-layer states): {fmt(sr)} for rawatt, {fmt(sg)} for agrad: AGrad more "
+                     f"consistent {'holds' if sr is not None and sg is not None and sg > sr else 'does not hold'}. "
+                     f"With predicted-class logit explanations: {fmt(pcons_sil(pred, 'agrad'))} for agrad.")
         lines += [""] + [f"![embedding](images/{p.name})" for p in emb]
     return lines
 
@@ -287,8 +289,10 @@ def speed_section(path: Path) -> list[str]:
         f"| batch-1, one-method-at-a-time loop with every non-LRP method, {f['loop_examples']} examples scaled to "
         f"{f['n_examples']} | {f['loop_scaled_seconds']:.0f} |",
         "",
-        f"The 10-minute target is met without integrated gradients ({f['full_seconds'] / 60:.1f} min) and missed "
-        f"with it ({f['estimated_total_seconds'] / 60:.1f} min): its 50-step path integral, done for two classes "
+        f"The run takes {f['full_seconds'] / 60:.1f} min without integrated gradients and an estimated "
+        f"{f['estimated_total_seconds'] / 60:.1f} min with it (a fixed 50 steps; the default is adaptive from 4; "
+        "run in full with `--with-ig`: [Performance](performance.md#evaluating)): its 50-step "
+        "path integral, done for two classes "
         "because of Kendall τ, costs more than everything else together. Speed-up over the batch-1 loop: "
         f"{f['loop_scaled_seconds'] / f['estimated_total_seconds']:.1f}x.",
         "",
@@ -339,8 +343,8 @@ STUDY_RUNS: dict[str, tuple[str, list[str]]] = {
 }
 ISSUE11_COMMON = ["--metrics", "aopc,lodds", "--seed", "0", "--threads", "1"]
 ISSUE11_NOTES = {
-    "imdb-sample": "Value zeroing is left out: it reruns every layer once per token, more than 65 s per review at 256 "
-                   "tokens on one CPU thread (measured on 4 reviews), hours for 200 reviews on the shared machine.",
+    "imdb-sample": "Value zeroing is left out for CPU time: its cost grows as N² FFN evaluations per layer "
+                   "([Value zeroing](methods/value-zeroing.md)).",
 }
 
 
@@ -527,7 +531,7 @@ def main() -> None:
     common = BenchmarkRun(methods=["rawatt", "agrad"], metrics="occlusion,consistency",
                           model_name=str(imdb_model.resolve()), batch_size=8, eval_batch_size=16,
                           config=EvalConfig(pad_token_id=ex_imdb.pad_id), chunk_size=16)
-    # seed 000 explains the cross-entropy loss of the gold label; the predicted-class logit run is for contrast
+    # Karpekov & Miller explain the cross-entropy loss of the gold label; the predicted-class logit run is for contrast
     imdb = run_benchmark(ex_imdb, imdb_subset, out / "imdb-occlusion-gold", common, target="gold", target_kind="loss")
     imdb_pred = run_benchmark(ex_imdb, imdb_subset, out / "imdb-occlusion", common)
     images = Path(args.doc).resolve().parent / "images"
@@ -555,7 +559,7 @@ def main() -> None:
         "",
         f"Generated by `scripts/reproduce.py` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC "
         f"(torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s), {platform.machine()}). Compute time "
-        "of the runs (cumulative over resumed sessions): "
+        "of the runs (cumulative when resumed): "
         + ", ".join(f"{k} {fmt(v, 0)} s" for k, v in timings.items())
         + f"; this invocation {elapsed:.0f} s. Results directories: `results/reproduction/` (not committed; rerun "
         "the script to regenerate them; it resumes what is there).",

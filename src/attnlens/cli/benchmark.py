@@ -53,9 +53,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--occlusion-max", type=int, default=40, help="occlusion curves drop 0, step, ..., max tokens")
     p.add_argument("--occlusion-step", type=int, default=2, help="step of the occlusion curves")
     p.add_argument("--occlusion-drop", choices=["mask", "delete"], default="mask",
-                   help="drop tokens by attention mask 0 (seed 000) or by deleting them")
+                   help="drop tokens by attention mask 0 (as Karpekov & Miller, 'Is Attention Truly All We Need?', "
+                   "2023) or by deleting them")
     p.add_argument("--target", choices=["predicted", "gold"], default="predicted",
-                   help="explain the predicted class or the gold label (seed 000 explains the gold label)")
+                   help="explain the predicted class or the gold label (Karpekov & Miller 2023 explain the gold "
+                   "label)")
     p.add_argument("--target-kind", choices=["logit", "probability", "loss"], default="logit",
                    help="explain the logit, the probability, or the loss (log-probability) of the target")
     p.add_argument("--k", type=int, default=20,

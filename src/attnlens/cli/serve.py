@@ -27,7 +27,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", action="append", metavar="[NAME=]MODEL",
                    help="a model directory or hub id to serve, loaded once (repeat for several; the page names it "
-                        "NAME, default the folder's name); default ../shared/models/minilm-sst2")
+                        "NAME, default the folder's name); default $ATTNLENS_MODEL")
     p.add_argument("--results", action="append", default=[], metavar="DIR",
                    help="a folder of `attnlens benchmark` results (or a folder of such folders) the page may open")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")

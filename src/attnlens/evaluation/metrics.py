@@ -13,11 +13,12 @@ Conventions (``protocol="paper"``, the default):
 - LOdds (Eq. 14): same grid, the tokens are replaced by the pad token (still attended); mean of log p(ŷ|x̃_k)/p(ŷ|x).
 - comprehensiveness / sufficiency (ERASER, k = 10, …, 100 %): p(ŷ|x) − p(ŷ|x without the top k%) /
   p(ŷ|x) − p(ŷ|x with only the top k% of the real tokens).
-- occlusion (seed 000): accuracy against the gold label after dropping the top / bottom / random 0, 2, …, 40 tokens
-  (attention mask 0 by default); the scalar is the mean accuracy over the nonzero counts of the top strategy.
+- occlusion (Karpekov & Miller 2023): accuracy against the gold label after dropping the top / bottom / random
+  0, 2, …, 40 tokens (attention mask 0 by default); the scalar is the mean accuracy over the nonzero counts of the
+  top strategy.
 - kendall (Eq. 15): Kendall τ_b between the scores of ŷ and of each other class over the real tokens, averaged.
-- consistency (seed 000): silhouette of the last-layer hidden states of the top-5 tokens of correctly classified
-  examples, clustered by gold class.
+- consistency (Karpekov & Miller 2023): silhouette of the last-layer hidden states of the top-5 tokens of correctly
+  classified examples, clustered by gold class.
 - precision@k (AttCAT, SQuAD): the number of gold-answer tokens among the k best-ranked tokens (a count in
   [0, k], as the AttCAT code computes and reports it, not a fraction).
 
@@ -54,7 +55,7 @@ class EvalConfig:
         protocol: ``"paper"`` (the equations as published) or ``"attcat-code"`` (the AttCAT code's quirks).
         pad_token_id: id that replaces tokens for LOdds.
         occlusion_counts: absolute numbers of tokens dropped for the occlusion curves.
-        occlusion_drop: ``"mask"`` (attention mask 0, seed 000's way) or ``"delete"``.
+        occlusion_drop: ``"mask"`` (attention mask 0, as Karpekov & Miller 2023 do) or ``"delete"``.
         seed: seed of the random occlusion strategy (combined with the example index).
         precision_k: K of precision@K.
         consistency_top: tokens per example for consistency.
@@ -297,12 +298,13 @@ class Sufficiency(Comprehensiveness):
 
 
 class Occlusion(Metric):
-    """Seed 000's occlusion test; the per-example value is the mean top-strategy accuracy over nonzero counts."""
+    """The occlusion test of Karpekov & Miller 2023; the per-example value is the mean top-strategy accuracy over
+    nonzero counts."""
 
     info = MetricInfo(
         "occlusion", (0.0, 1.0), 0.0, True,
-        "Occlusion (seed 000): accuracy vs. gold after dropping the top 2, 4, ..., 40 tokens (attention mask 0), "
-        "averaged over the counts; lower is better. Curves (top/bottom/random) are in the summary",
+        "Occlusion (Karpekov & Miller 2023): accuracy vs. gold after dropping the top 2, 4, ..., 40 tokens "
+        "(attention mask 0), averaged over the counts; lower is better. Curves (top/bottom/random) are in the summary",
     )
 
     def applies(self, item: Item) -> bool:
@@ -468,7 +470,7 @@ def answer_token_positions(exp: Explanation, answers: Sequence[Mapping[str, Any]
 
 CONSISTENCY = MetricInfo(
     "consistency", (-1.0, 1.0), 1.0, False,
-    "Consistency (seed 000): silhouette of the last-layer hidden states of the top-5 tokens of correctly "
+    "Consistency (Karpekov & Miller 2023): silhouette of the last-layer hidden states of the top-5 tokens of correctly "
     "classified examples, clustered by gold class; higher is better",
     level="dataset",
 )

@@ -8,7 +8,7 @@ Three ways to take tokens out (``mode``):
 
 - ``"delete"``: remove the positions; the sequence gets shorter (AOPC, ERASER comprehensiveness/sufficiency).
 - ``"pad"``: replace the ids with the pad id and keep them attended (LOdds; AttCAT's code passes no mask).
-- ``"mask"``: keep the ids but set their attention mask to 0 (seed 000's occlusion).
+- ``"mask"``: keep the ids but set their attention mask to 0 (the occlusion of Karpekov & Miller 2023).
 """
 
 from __future__ import annotations

@@ -116,9 +116,10 @@ class BenchmarkRun:
         progress: show a progress bar with an ETA.
         explain_options: per-method options passed to ``explainer.explain``.
         target_kind: what the explanations are of: ``"logit"``, ``"probability"`` or ``"loss"`` (log-probability
-            of the explained class; seed 000's AGrad uses the loss of the gold label).
-        target: explain the ``"predicted"`` class (default) or the ``"gold"`` label (seed 000, and always under
-            ``protocol="attcat-code"``). Metrics that track a class still track ŷ under ``protocol="paper"``.
+            of the explained class; Karpekov & Miller 2023 explain AGrad for the loss of the gold label).
+        target: explain the ``"predicted"`` class (default) or the ``"gold"`` label (Karpekov & Miller 2023, and
+            always under ``protocol="attcat-code"``). Metrics that track a class still track ŷ under
+            ``protocol="paper"``.
         model_name: how the model is named in the results (default: the explainer's name).
         predict: scorer of perturbed inputs (default: :class:`ModelPredictor` on ``explainer.model``, SDPA
             attention, no gradients).

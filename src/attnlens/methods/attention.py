@@ -145,7 +145,7 @@ def _stack_explained(capture: Capture, rows: list[torch.Tensor]) -> torch.Tensor
     needs={ATTENTION_ROWS},
     class_specific=False,
     summary="Last layer's attention from the classification position, mean over heads: E_h A^L[c, j].",
-    citation="Jain & Wallace 2019; seed 000 Eq. 1",
+    citation="Jain & Wallace 2019; Karpekov & Miller 2023, Eq. 1",
 )
 def rawatt(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
@@ -207,7 +207,7 @@ def attgrads(ctx: BatchContext) -> MethodOutput:
     "agrad",
     needs={ATTENTION_ROWS, GRADIENTS},
     summary="Attention × its gradient in the last layer, row c, mean over heads: E_h (A^L ⊙ ∇A^L)[c, j].",
-    citation="Liu et al. 2021; seed 000 Eq. 2",
+    citation="Liu et al. 2022; Karpekov & Miller 2023, Eq. 2",
 )
 def agrad(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture

@@ -291,7 +291,7 @@ def plot_occlusion_curves(
     series: Sequence[str] | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Accuracy after dropping k tokens by strategy (seed 000 Charts 1-4): random, ``<method>:top`` and
+    """Accuracy after dropping k tokens by strategy (Karpekov & Miller 2023, Charts 1-4): random, ``<method>:top`` and
     ``<method>:bottom`` series from ``summary["curves"]["occlusion"]``.
 
     Args:
@@ -455,7 +455,7 @@ def plot_embedding(
     title: str | None = None,
 ) -> Figure:
     """2-D projection of the top tokens' last-layer hidden states, coloured by the example's class, with the
-    silhouette score in the title (seed 000 Charts 5-6).
+    silhouette score in the title (Karpekov & Miller 2023, Charts 5-6).
 
     Args:
         consistency: ``summary["consistency"]``: method -> {"silhouette", "points", "labels", "tokens"}.

@@ -137,7 +137,7 @@ def _figures(summary: Mapping[str, Any], label_names: list[str] | None) -> list[
         parts.append("<h2>Occlusion curves</h2>")
         parts.append(
             '<p class="meta">Accuracy after dropping k tokens: at random, the top-scored first (<i>top</i>) or '
-            "the most negative first (<i>bottom</i>); seed 000's protocol"
+            "the most negative first (<i>bottom</i>); the protocol of Karpekov & Miller 2023"
             + (f" (drop = {_e(occ['drop'])})" if occ.get("drop") else "")
             + ".</p>"
         )
