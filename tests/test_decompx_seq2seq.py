@@ -334,6 +334,34 @@ def test_an_input_whose_pass_exceeds_the_budget_is_refused_in_one_line(monkeypat
         ex.explain(TEXTS[:1], methods=["decompx"])
 
 
+@pytest.mark.parametrize(("method", "stream", "module", "name"), [
+    ("decompx", "encoder", "decompx", "seq2seq_decompx_bytes"),
+    ("alti", "cross", "norm_based", "stream_pass_bytes"),
+    ("alti", "decoder", "norm_based", "stream_pass_bytes"),
+])
+def test_a_pass_over_every_stream_that_exceeds_the_budget_is_refused_before_any_forward(method, stream, module,
+                                                                                         name, monkeypatch):
+    """DecompX's pass over every stream of an encoder-decoder (and ALTI+'s, on the decoder and cross streams)
+    counts in the budget with the shared pass: an input it does not fit is refused with what fits, before the
+    model runs."""
+    import importlib
+
+    where = importlib.import_module(f"attnlens.methods.decomposition.{module}")
+    model = seq2seq("bart")
+    ex = Explainer(model, make_tokenizer(), attention=stream)
+    monkeypatch.setattr(where, name, lambda model, source, target: 8 * 2**30 * source // 10)
+    forwards = []
+    hook = model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(InputError, match=rf"with {method} needs about .* GiB.*{method} up to \d+ tokens"):
+            ex.explain(TEXTS[:1], methods=[method])
+        assert forwards == []
+        ex.explain(["good"], methods=[method], memory_budget="16GiB")  # what fits runs
+        assert forwards
+    finally:
+        hook.remove()
+
+
 def test_an_entry_without_the_cross_attention_norm_is_refused_and_a_wrong_one_is_an_error():
     import dataclasses
 

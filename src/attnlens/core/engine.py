@@ -6,9 +6,10 @@ captured tensors every method reads, turned into :class:`~attnlens.results.expla
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -117,6 +118,8 @@ class PassCost:
     budget: int = DEFAULT_BUDGET
     fusable: frozenset[str] = frozenset()  # methods whose LRP pass runs fused where the eager one would not fit
     last_layer: frozenset[str] = frozenset()  # methods whose fused LRP pass keeps the last layer's factors alone
+    # methods' passes over every stream of an encoder-decoder, bytes per row of n tokens (Method.stream_pass)
+    stream_passes: dict[str, Callable[[int], int]] = field(default_factory=dict)
 
     def storage(self, n: int) -> Storage | None:
         """The shared pass's storage at ``n`` tokens: recomputing layers where keeping them would not fit, or would
@@ -124,7 +127,8 @@ class PassCost:
         if self.shared_storage is None:
             return None
         storage = fitting(self.dims, n, self.shared_storage, self.budget)
-        if self.own_storages and storage.backward and not storage.eager and not storage.recompute:
+        if (self.own_storages or self.stream_passes) and storage.backward and not storage.eager \
+                and not storage.recompute:
             held = pass_row_bytes(self.dims, n, storage)
             if held + self._own(n, self._left(held)) > self.budget:
                 return dataclasses.replace(storage, recompute=True)
@@ -148,8 +152,8 @@ class PassCost:
         return max(self.budget - shared, self.budget // 4)
 
     def _own(self, n: int, left: int) -> int:
-        return max((pass_row_bytes(self.dims, n, self._own_storage(name, n, left)) for name in self.own_storages),
-                   default=0)
+        own = (pass_row_bytes(self.dims, n, self._own_storage(name, n, left)) for name in self.own_storages)
+        return max([*own, *(bytes_at(n) for bytes_at in self.stream_passes.values()), 0])
 
     def _own_storage(self, name: str, n: int, left: int) -> Storage:
         storage = self.own_storages[name]
@@ -213,12 +217,16 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
             return fused_over_prefixes(runner.model, {s.name: settings[s.name] for s in group})
         return frozenset(s.name for s in group if fused_lrp(runner.model, s.name, settings))
 
+    streams = {s.name: functools.partial(s.stream_pass, runner.model, runner.stream) for s in specs
+               if s.stream_pass is not None}
+
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},
-                        budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]}, prefixes)).total
+                        budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]}, prefixes),
+                        {spec.name: streams[spec.name]} if spec.name in streams else {}).total
 
     return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget, fusable(specs),
-                    last_layer_passes(settings, prefixes))
+                    last_layer_passes(settings, prefixes), streams)
 
 
 def explain_all(

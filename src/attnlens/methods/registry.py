@@ -100,6 +100,10 @@ class Method:
     # why the method with these option values (defaults included) cannot explain such a model:
     # ``fits(model, stream, task, options)`` -> reason or None; judged once the model is known, before any pass
     fits: Callable[[Any, str, str, Mapping[str, Any]], str | None] | None = None
+    # bytes one input of ``n`` tokens needs in a pass the method runs over every stream of an encoder-decoder
+    # beside the shared pass: ``stream_pass(model, stream, n)`` (0 where it runs none), so the budget is judged
+    # with it before any pass runs
+    stream_pass: Callable[[Any, str, int], int] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -178,6 +182,7 @@ def register(
     forward: Callable[[Any], Any] | None = None,
     check: Callable[..., None] | None = None,
     fits: Callable[[Any, str, str, Mapping[str, Any]], str | None] | None = None,
+    stream_pass: Callable[[Any, str, int], int] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
@@ -193,6 +198,8 @@ def register(
     :class:`InputError`, so a command line fails on them before it loads a model; the method may check them again.
     ``fits(model, stream, task, options)``: why option values that depend on the model (a variant a pre-LN layer
     lacks, a layer index past its depth) cannot explain it, raised as an :class:`InputError` before any pass runs.
+    ``stream_pass(model, stream, n)``: the bytes per input of ``n`` tokens of a pass of its own over every stream
+    of an encoder-decoder (0 where it runs none), counted in the budget beside the shared pass.
     """
     if forward is not None and OWN_PASS not in needs:
         raise ValueError(f"method {name!r}: forward= is for methods that run their own pass (OWN_PASS)")
@@ -225,6 +232,7 @@ def register(
             forward=forward,
             check=check,
             fits=fits,
+            stream_pass=stream_pass,
         )
         return compute
 

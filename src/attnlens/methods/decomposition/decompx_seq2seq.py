@@ -14,7 +14,7 @@ from ...models.architectures import architecture_for
 from ..registry import (
     MethodOutput,
 )
-from .layers import anatomy_of, check_head, examples_per_pass, stream_pass_row_bytes
+from .layers import anatomy_of, check_head, decoder_length, examples_per_pass, stream_pass_bytes
 from .linearised import head_steps, linear_layers, output_weights, through_head
 
 
@@ -39,15 +39,19 @@ def seq2seq_decompx(ctx: BatchContext, contrast: bool = False) -> tuple[torch.Te
 
 
 def _seq2seq_decompx_row_bytes(model: nn.Module, inputs: dict[str, torch.Tensor]) -> int:
-    """What one example of :func:`seq2seq_decompx`'s pass holds: every stream's maps and states (as ALTI+'s
-    pass), and the linearised layers' graph, about ten states and two FFN activations per position and layer."""
+    """What one example of :func:`seq2seq_decompx`'s pass holds on ``inputs`` (:func:`seq2seq_decompx_bytes`)."""
+    return seq2seq_decompx_bytes(model, inputs["input_ids"].shape[1], decoder_length(inputs))
+
+
+def seq2seq_decompx_bytes(model: nn.Module, source: int, target: int) -> int:
+    """What one example of :func:`seq2seq_decompx`'s pass holds with ``source`` encoder and ``target`` decoder
+    positions: every stream's maps and states (as ALTI+'s pass), and the linearised layers' graph, about ten
+    states and two FFN activations per position and layer."""
     dims, spec = model_dims(model), architecture_for(model.config).layers
     enc, dec = len(spec.modules(model, "encoder")), len(spec.modules(model, "decoder"))
-    source = inputs["input_ids"].shape[1]
-    target = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else source
     width = int(getattr(model.config, "d_ff", 0) or getattr(model.config, "encoder_ffn_dim", 0) or 4 * dims.hidden)
     graph = (enc * source + dec * target) * (10 * dims.hidden + 2 * width)
-    return stream_pass_row_bytes(model, inputs) + graph * dims.itemsize
+    return stream_pass_bytes(model, source, target) + graph * dims.itemsize
 
 
 def _seq2seq_decompx_chunk(ctx: BatchContext, inputs: dict[str, torch.Tensor], targets: torch.Tensor,

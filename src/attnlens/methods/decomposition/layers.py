@@ -447,12 +447,23 @@ def examples_per_pass(ctx: BatchContext, row_bytes: int, name: str) -> int:
 
 
 def stream_pass_row_bytes(model: nn.Module, inputs: dict[str, torch.Tensor]) -> int:
-    """What one example of an own eager pass over an encoder-decoder (ALTI+'s, DecompX's) holds: every stream's
-    attention maps and every layer's states (encoder, decoder), about twice over while the layers are recomputed."""
+    """What one example of an own eager pass over an encoder-decoder (ALTI+'s, DecompX's) holds on ``inputs``
+    (:func:`stream_pass_bytes`)."""
+    source = inputs["input_ids"].shape[1]
+    return stream_pass_bytes(model, source, decoder_length(inputs))
+
+
+def decoder_length(inputs: dict[str, torch.Tensor]) -> int:
+    """The decoder's positions in an encoder-decoder's ``inputs`` (its inputs are the encoder's where not given)."""
+    return (inputs["decoder_input_ids"] if "decoder_input_ids" in inputs else inputs["input_ids"]).shape[1]
+
+
+def stream_pass_bytes(model: nn.Module, source: int, target: int) -> int:
+    """What one example of an own eager pass over an encoder-decoder (ALTI+'s, DecompX's) holds with ``source``
+    encoder and ``target`` decoder positions: every stream's attention maps and every layer's states (encoder,
+    decoder), about twice over while the layers are recomputed."""
     dims, spec = model_dims(model), architecture_for(model.config).layers
     enc, dec = len(spec.modules(model, "encoder")), len(spec.modules(model, "decoder"))
-    source = inputs["input_ids"].shape[1]
-    target = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else source
     maps = dims.heads * (enc * source * source + dec * target * (target + source))
     states = dims.hidden * ((enc + 1) * source + (dec + 1) * target)
     return 2 * (maps + states) * dims.itemsize
