@@ -257,3 +257,24 @@ def test_flow_workers_option(tokenizer):
     for bad in (0, 1.5, True):
         with pytest.raises(InputError, match="flow workers must be an integer >= 1"):
             ex.explain(["the movie"], methods=["flow"], options={"flow": {"workers": bad}})
+
+
+def test_the_graph_counts_in_the_memory_budget_before_any_forward(tokenizer, monkeypatch):
+    """Each input's graph (layers x tokens x tokens edges) is held beside the shared pass: the estimate counts it,
+    and an input whose graph the budget cannot hold is refused with the length that fits, before the model runs."""
+    from attnlens.core import engine
+
+    model = make_model("bert")
+    ex = Explainer(model, tokenizer)
+    with_graph = engine.pass_cost(ex.runner, [engine.get_method("flow")]).total(40)
+    monkeypatch.setattr(flow, "FLOW_BYTES_PER_EDGE", 0)
+    assert with_graph - engine.pass_cost(ex.runner, [engine.get_method("flow")]).total(40) == 96 * 2 * 40 * 40
+    monkeypatch.setattr(flow, "FLOW_BYTES_PER_EDGE", 2**26)  # 2 layers x 5 x 5 edges fit 4 GiB, not 11 x 11
+    forwards = []
+    hook = model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(InputError, match=r"with flow needs about .* GiB.*flow up to \d+ tokens"):
+            ex.explain(["the movie was great and the plot was fun"], methods=["flow"])
+        assert forwards == []
+    finally:
+        hook.remove()

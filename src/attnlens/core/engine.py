@@ -118,8 +118,8 @@ class PassCost:
     budget: int = DEFAULT_BUDGET
     fusable: frozenset[str] = frozenset()  # methods whose LRP pass runs fused where the eager one would not fit
     last_layer: frozenset[str] = frozenset()  # methods whose fused LRP pass keeps the last layer's factors alone
-    # methods' passes over every stream of an encoder-decoder, bytes per row of n tokens (Method.stream_pass)
-    stream_passes: dict[str, Callable[[int], int]] = field(default_factory=dict)
+    # what methods hold beside the shared pass outside any Storage, bytes per row of n tokens (Method.own_memory)
+    own_memories: dict[str, Callable[[int], int]] = field(default_factory=dict)
 
     def storage(self, n: int) -> Storage | None:
         """The shared pass's storage at ``n`` tokens: recomputing layers where keeping them would not fit, or would
@@ -127,7 +127,7 @@ class PassCost:
         if self.shared_storage is None:
             return None
         storage = fitting(self.dims, n, self.shared_storage, self.budget)
-        if (self.own_storages or self.stream_passes) and storage.backward and not storage.eager \
+        if (self.own_storages or self.own_memories) and storage.backward and not storage.eager \
                 and not storage.recompute:
             held = pass_row_bytes(self.dims, n, storage)
             if held + self._own(n, self._left(held)) > self.budget:
@@ -153,7 +153,7 @@ class PassCost:
 
     def _own(self, n: int, left: int) -> int:
         own = (pass_row_bytes(self.dims, n, self._own_storage(name, n, left)) for name in self.own_storages)
-        return max([*own, *(bytes_at(n) for bytes_at in self.stream_passes.values()), 0])
+        return max([*own, *(bytes_at(n) for bytes_at in self.own_memories.values()), 0])
 
     def _own_storage(self, name: str, n: int, left: int) -> Storage:
         storage = self.own_storages[name]
@@ -217,16 +217,16 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
             return fused_over_prefixes(runner.model, {s.name: settings[s.name] for s in group})
         return frozenset(s.name for s in group if fused_lrp(runner.model, s.name, settings))
 
-    streams = {s.name: functools.partial(s.stream_pass, runner.model, runner.stream) for s in specs
-               if s.stream_pass is not None}
+    memories = {s.name: functools.partial(s.own_memory, runner.model, runner.stream) for s in specs
+                if s.own_memory is not None}
 
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},
                         budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]}, prefixes),
-                        {spec.name: streams[spec.name]} if spec.name in streams else {}).total
+                        {spec.name: memories[spec.name]} if spec.name in memories else {}).total
 
     return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget, fusable(specs),
-                    last_layer_passes(settings, prefixes), streams)
+                    last_layer_passes(settings, prefixes), memories)
 
 
 def explain_all(

@@ -100,10 +100,10 @@ class Method:
     # why the method with these option values (defaults included) cannot explain such a model:
     # ``fits(model, stream, task, options)`` -> reason or None; judged once the model is known, before any pass
     fits: Callable[[Any, str, str, Mapping[str, Any]], str | None] | None = None
-    # bytes one input of ``n`` tokens needs in a pass the method runs over every stream of an encoder-decoder
-    # beside the shared pass: ``stream_pass(model, stream, n)`` (0 where it runs none), so the budget is judged
-    # with it before any pass runs
-    stream_pass: Callable[[Any, str, int], int] | None = None
+    # bytes one input of ``n`` tokens needs beside the shared pass in work the method does itself (a pass over
+    # every stream of an encoder-decoder, a graph): ``own_memory(model, stream, n)`` (0 where none), so the
+    # budget is judged with it before any pass runs
+    own_memory: Callable[[Any, str, int], int] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -182,7 +182,7 @@ def register(
     forward: Callable[[Any], Any] | None = None,
     check: Callable[..., None] | None = None,
     fits: Callable[[Any, str, str, Mapping[str, Any]], str | None] | None = None,
-    stream_pass: Callable[[Any, str, int], int] | None = None,
+    own_memory: Callable[[Any, str, int], int] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
@@ -198,8 +198,9 @@ def register(
     :class:`InputError`, so a command line fails on them before it loads a model; the method may check them again.
     ``fits(model, stream, task, options)``: why option values that depend on the model (a variant a pre-LN layer
     lacks, a layer index past its depth) cannot explain it, raised as an :class:`InputError` before any pass runs.
-    ``stream_pass(model, stream, n)``: the bytes per input of ``n`` tokens of a pass of its own over every stream
-    of an encoder-decoder (0 where it runs none), counted in the budget beside the shared pass.
+    ``own_memory(model, stream, n)``: the bytes per input of ``n`` tokens the method holds beside the shared pass
+    in work of its own (DecompX's pass over every stream of an encoder-decoder, attention flow's graph; 0 where
+    none), counted in the budget before any pass runs.
     """
     if forward is not None and OWN_PASS not in needs:
         raise ValueError(f"method {name!r}: forward= is for methods that run their own pass (OWN_PASS)")
@@ -232,7 +233,7 @@ def register(
             forward=forward,
             check=check,
             fits=fits,
-            stream_pass=stream_pass,
+            own_memory=own_memory,
         )
         return compute
 

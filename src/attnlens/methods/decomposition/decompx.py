@@ -233,7 +233,7 @@ def _decompx_stream_pass(model: Any, stream: str, n: int) -> int:
     citation="Modarressi et al. 2023 (ACL); bias='absdot' as in the authors' code",
     check=_check_decompx,
     fits=_decompx_fits,
-    stream_pass=_decompx_stream_pass,
+    own_memory=_decompx_stream_pass,
 )
 def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> MethodOutput:
     """``bias``: ``"token"`` keeps every bias in a separate term (the authors' ``include_bias_token=True,

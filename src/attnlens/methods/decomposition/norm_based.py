@@ -353,7 +353,7 @@ def _alti_plus_stream_pass(model: Any, stream: str, n: int) -> int:
     needs={ATTENTION_CHUNKS, HIDDEN},
     class_specific=False,
     applies=applicability("alti", streams=("encoder", "decoder", "cross")),
-    stream_pass=_alti_plus_stream_pass,
+    own_memory=_alti_plus_stream_pass,
     summary="ALTI: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij), y_i = LN1's output (pre-LN "
     "decoders: T_i(x_j) = z_ij, y_i the residual stream after attention), rows normalised to 1, rolled out over "
     "layers; s_j = (C^L···C^1)[c, j]. Encoder-decoders' decoder and cross streams: ALTI+, the target prefix's and "
