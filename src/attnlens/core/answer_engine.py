@@ -191,7 +191,8 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
     per_prompt = kv_row * length * dims.itemsize + pass_row_bytes(dims, length, FUSED_FORWARD)
     held_bytes = kv_row * (len(reference) + length) * dims.itemsize  # the reference's beginning, the last group's
     size = _prompts_per_cached_forward(runner.device, max(0, budget - held_bytes) // per_prompt, batch_size)
-    if size < 1 or _plain_cache(model, length) is None:
+    probe = _plain_cache(model, length)  # None where the model's cache would drop positions
+    if size < 1 or probe is None:
         return None
     # in sorted order, what a group's prompts all share with the last prompt before the group is the least of
     # their links (the longest common beginning of sorted sequences is the least of their neighbours')
@@ -204,12 +205,11 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
     top = max((start for start, from_ref in plans if from_ref), default=0)
     device = runner.device
     held: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if top:
-        cache = _plain_cache(model, length)
+    if top:  # the reference's beginning, on the cache already built
         model(input_ids=torch.as_tensor([list(reference[:top])], device=device),
-              position_ids=torch.arange(top, device=device)[None], past_key_values=cache, use_cache=True,
+              position_ids=torch.arange(top, device=device)[None], past_key_values=probe, use_cache=True,
               logits_to_keep=1)
-        held = [(layer.keys, layer.values) for layer in cache.layers]  # (1, heads, top, head size) each
+        held = [(layer.keys, layer.values) for layer in probe.layers]  # (1, heads, top, head size) each
     head = AnswerHead(runner.head.vocab_size)
     out = np.zeros(len(prompts), dtype=np.float64)
     previous: list[tuple[torch.Tensor, torch.Tensor]] = []
