@@ -45,10 +45,51 @@ def test_bad_budget_is_one_line(value):
 
 
 # an encoder-decoder's 2 + 2 layers compute 2 + 4 attentions (its decoder layers: self and cross)
-@pytest.mark.parametrize(("family", "layers", "maps"), [("bert", 2, 2), ("gpt2", 2, 2), ("bart", 4, 6), ("t5", 4, 6)])
-def test_model_dims_read_the_config(family, layers, maps):
+# T5 holds its relative-position score biases through a pass (Architecture.bias_maps)
+@pytest.mark.parametrize(("family", "layers", "maps", "bias"),
+                         [("bert", 2, 2, 0), ("gpt2", 2, 2, 0), ("bart", 4, 6, 0), ("t5", 4, 6, 5)])
+def test_model_dims_read_the_config(family, layers, maps, bias):
     dims = model_dims(make_model(family))
-    assert (dims.layers, dims.maps, dims.heads, dims.hidden, dims.itemsize) == (layers, maps, 2, 16, 4)
+    assert (dims.layers, dims.maps, dims.heads, dims.hidden, dims.itemsize, dims.bias_maps) == (layers, maps, 2, 16,
+                                                                                                 4, bias)
+
+
+GROWTH_METHODS = ["rawatt", "rollout", "grads", "attcat", "globenc", "decompx", "attnlrp"]
+
+
+@pytest.mark.parametrize("method", GROWTH_METHODS)
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "bart", "t5"])
+def test_the_estimate_grows_with_the_square_of_the_length_at_least_as_the_held_tensors_do(family, method):
+    """The tensors an explanation holds at once (counted exactly, LiveTensorPeak) at 64, 128 and 192 tokens: their
+    second difference (the term in the square of the length, what dominates long inputs) is no larger than the
+    memory estimate's. The estimate's quadratic terms cover every map a pass holds, T5's score biases included;
+    its terms in the length are checked against resident memory at real sizes (bench/budget_promise.py)."""
+    from attnlens.testing.live_tensors import LiveTensorPeak
+
+    tok = make_tokenizer()
+    tok.model_max_length = 256
+    tiny = make_model(family)
+    config = tiny.config
+    if hasattr(config, "max_position_embeddings"):  # room for 192 tokens (GPT-2's n_positions by its alias)
+        config.max_position_embeddings = 256
+    torch.manual_seed(0)
+    ex = Explainer(type(tiny)(config).eval(), tok, max_length=192)
+    cost = engine.pass_cost(ex.runner, [registry.get_method(method)], memory.DEFAULT_BUDGET)
+    words = [w for w in tok.get_vocab() if w.isalpha()]
+    lengths = (64, 128, 192)
+    peaks = []
+    for n in lengths:
+        text = " ".join(words[i % len(words)] for i in range(n - 2))
+        assert len(ex.encode(text)[0].ids) == n
+        with LiveTensorPeak() as live:
+            ex.explain([text], methods=[method])
+        peaks.append(live.peak)
+    estimates = [cost.total(n) for n in lengths]
+
+    def second_difference(values: list[int]) -> int:
+        return values[2] - 2 * values[1] + values[0]
+
+    assert second_difference(peaks) <= second_difference(estimates)
 
 
 def test_accelerators_recompute_attention_in_larger_chunks():
@@ -602,6 +643,29 @@ def test_long_inputs_set_the_allocator_once(monkeypatch):
     monkeypatch.delenv("ATTNLENS_KEEP_MALLOC")
     for _ in range(2):
         batching.pad_batch([[1] * 3, [1] * allocator.LONG_INPUT_TOKENS], 0, torch.device("cpu"))
+    assert calls == [allocator.MMAP_THRESHOLD]
+
+
+def test_a_pass_planned_at_half_the_budget_or_more_sets_the_allocator(monkeypatch):
+    """Whatever the length, a batch (or a method's own batch) planned at half the budget or more fixes the mmap
+    threshold before it runs; smaller ones leave the allocator alone."""
+    from attnlens.core import allocator
+
+    calls = []
+    monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=allocator.MMAP_THRESHOLD: calls.append(
+        threshold) or True)
+    monkeypatch.setattr(allocator, "_done", None)
+    assert list(memory.budget_chunks([10, 10], 2, 1000, lambda n: 200)) == [[0, 1]]  # 400 of 1,000
+    assert rows_that_fit(1000, 300, cap=1) == 1
+    memory.refuse_over_budget(10, 1000, 499, {})
+    assert calls == []
+    assert list(memory.budget_chunks([10, 10, 10], 2, 1000, lambda n: 300)) == [[0, 1], [2]]  # 600 of 1,000
+    assert rows_that_fit(1000, 300) == 3
+    memory.refuse_over_budget(10, 1000, 500, {})
+    assert calls == [allocator.MMAP_THRESHOLD]  # once per process
+    monkeypatch.setattr(allocator, "_done", None)
+    monkeypatch.setenv("ATTNLENS_KEEP_MALLOC", "1")
+    assert rows_that_fit(1000, 300) == 3
     assert calls == [allocator.MMAP_THRESHOLD]
 
 

@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, ModelError
+from ..models.architectures import architecture_for
 from . import row_attention
+from .allocator import for_budget_share
 
 DEFAULT_BUDGET = 4 * 2**30  # bytes: what explain() plans for when no memory_budget is given
 ACTIVATION_VECTORS = 30  # hidden-size vectors per token and layer held for a backward pass (24 fitted on MiniLM;
@@ -77,6 +79,7 @@ class Dims:
     logits: int = 0  # values per token of the head's output (a language model's vocabulary; 0: one per input)
     device: str = "cpu"
     attentions: int = 0  # attention computations, each with its maps (0: one per layer)
+    bias_maps: int = 0  # H x N x N score-bias maps held through a pass (Architecture.bias_maps: T5's)
 
     @property
     def maps(self) -> int:
@@ -109,7 +112,16 @@ def model_dims(model: Any) -> Dims:
         out = None
     logits = get("vocab_size") if out is not None else 0
     # a decoder layer of an encoder-decoder computes two attentions (self and cross), each with its maps
-    return Dims(layers + decoder, heads, hidden, itemsize, logits, device, layers + 2 * decoder)
+    return Dims(layers + decoder, heads, hidden, itemsize, logits, device, layers + 2 * decoder, _bias_maps(cfg))
+
+
+def _bias_maps(config: Any) -> int:
+    """The score-bias maps ``config``'s model type holds through a pass (``Architecture.bias_maps``); 0 for a
+    type attnlens has no entry for."""
+    try:
+        return architecture_for(config).bias_maps if config is not None else 0
+    except ModelError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -205,6 +217,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     """Bytes one pass holds at its peak for one row of ``n`` tokens keeping ``storage``."""
     d, heads, layers, attentions = dims.hidden, dims.heads, dims.layers, dims.maps
     maps = heads * n * n  # one attention's n x n probabilities, every head
+    bias = dims.bias_maps * maps  # a score bias built once and held through the pass (T5's)
     if storage.backward:
         if storage.recompute:  # each layer's input, and one layer's activations at a time
             work = layers * n * d + ACTIVATION_VECTORS * n * d
@@ -228,12 +241,13 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     kept += 3 * heads * n * d * (storage.factors and storage.hidden)
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
     kept += n * d * (storage.embeddings + storage.embedding_grads)
-    return (work + kept) * dims.itemsize
+    return (work + kept + bias) * dims.itemsize
 
 
 def backward_row_bytes(dims: Dims, n: int) -> int:
     """Bytes a forward + backward holds for one row of ``n`` tokens (integrated gradients' unit of work)."""
-    held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + dims.maps * ATTENTION_MAPS * dims.heads * n * n
+    held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + (dims.maps * ATTENTION_MAPS + dims.bias_maps) * \
+        dims.heads * n * n
     return held * dims.itemsize
 
 
@@ -314,6 +328,7 @@ def refuse_over_budget(n: int, budget: int, need: int, per_method: Mapping[str, 
     bytes, more than ``budget``: what it needs, and how long an input each method (``per_method``: its bytes as
     a function of the length, run alone) could explain within the budget."""
     if need <= budget:
+        for_budget_share(need, budget)
         return
     fits = []
     for name, row_bytes in per_method.items():
@@ -327,7 +342,9 @@ def refuse_over_budget(n: int, budget: int, need: int, per_method: Mapping[str, 
 def rows_that_fit(budget: int, row_bytes: int, cap: int | None = None) -> int:
     """How many rows of ``row_bytes`` fit in ``budget`` (at least 1, at most ``cap``)."""
     rows = max(1, budget // max(1, row_bytes))
-    return min(rows, cap) if cap is not None else rows
+    rows = min(rows, cap) if cap is not None else rows
+    for_budget_share(rows * row_bytes, budget)
+    return rows
 
 
 def budget_chunks(
@@ -343,8 +360,10 @@ def budget_chunks(
     for i in order:
         # sorted: the newcomer is the longest, so it sets the padded length of the chunk
         if chunk and (len(chunk) >= batch_size or (len(chunk) + 1) * row_bytes(lengths[i]) > budget):
+            for_budget_share(len(chunk) * row_bytes(lengths[chunk[-1]]), budget)
             yield chunk
             chunk = []
         chunk.append(i)
     if chunk:
+        for_budget_share(len(chunk) * row_bytes(lengths[chunk[-1]]), budget)
         yield chunk

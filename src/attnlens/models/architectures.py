@@ -260,6 +260,10 @@ class Architecture:
     # None: the norm-based and decomposition methods are skipped for this type; a function of the config for
     # types whose layers differ by config (T5's gated feed-forward)
     anatomy: Anatomy | Callable[[Any], Anatomy] | None = None
+    # H x N x N maps a forward holds beside its layers' probabilities, for a score bias the model builds once and
+    # shares between layers (T5's relative-position bias: the encoder's, the decoder's and the cross-attention's,
+    # and the temporaries it is built through); the memory estimates count them
+    bias_maps: int = 0
 
     @property
     def family(self) -> str:
@@ -612,7 +616,7 @@ _ENTRIES: list[Architecture] = [
     Architecture("mbart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_MBART_ANATOMY, lrp=_seq2seq_lrp("mBART")),
     Architecture("t5", ENCODER_DECODER,
                  layers=Layers({"encoder": "encoder.block", "decoder": "decoder.block"}, "layer.0.SelfAttention.v"),
-                 anatomy=_t5_anatomy, lrp=_T5_LRP),
+                 anatomy=_t5_anatomy, lrp=_T5_LRP, bias_maps=5),
 ]
 
 ARCHITECTURES: dict[str, Architecture] = {}
