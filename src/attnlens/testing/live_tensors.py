@@ -31,6 +31,12 @@ class LiveTensorPeak(TorchDispatchMode):
     ...     c = b + 1                      # still 8,000: a was freed
     >>> live.peak, live.bytes
     (8000, 8000)
+    >>> weight = torch.ones(1000, 1000)
+    >>> with LiveTensorPeak() as live:
+    ...     t = weight.t()                 # a view of a tensor made before the block: nothing new
+    ...     _ = weight.mul_(2)             # in place: nothing new
+    >>> live.peak
+    0
     """
 
     def __init__(self) -> None:
@@ -41,14 +47,17 @@ class LiveTensorPeak(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        # a view or an in-place result shares an input's storage: only storages the operation made are new
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor) and t.device.type != "meta"}
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor) and value.device.type != "meta":
-                self._track(value.untyped_storage())
+                self._track(value.untyped_storage(), inputs)
         return out
 
-    def _track(self, storage: torch.UntypedStorage) -> None:
+    def _track(self, storage: torch.UntypedStorage, inputs: set[int]) -> None:
         key, size = storage.data_ptr(), storage.nbytes()
-        if size == 0 or key in self._alive:  # a view, or an in-place result: its storage is counted already
+        if size == 0 or key in self._alive or key in inputs:
             return
         self._alive.add(key)
         self.bytes += size
