@@ -1,0 +1,160 @@
+"""Does a run stay within its memory budget at the longest input the budget admits? Per model and method.
+
+Each case is a model (random weights from the configuration of a released model's size: memory does not depend
+on the weights), a method and a budget. The case finds the longest input whose estimate fits the budget (up to
+the model's positions and ``--max-tokens``), then explains it in a fresh process: load, warm up on a short input,
+reset the peak (Linux ``VmHWM`` through ``/proc/self/clear_refs``), explain. Reported: the length, the estimate,
+the peak resident memory beyond what the process held before the call (so the weights are outside both) and its
+ratio to the budget. The promise is a ratio of at most 1.1; a run may also be refused up front, which the table
+says. Attention flow on an encoder-decoder classifier explains every position (minutes per case): leave it out
+there.
+
+Run: ``python bench/budget_promise.py [--models t5-base,bart-base,bert-base,llama] [--methods rawatt,...]
+[--budget 1GiB] [--out bench/data/budget_promise.md]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from peak import ROOT  # noqa: E402
+
+TOKENIZER = ROOT.parent / "shared" / "models" / "minilm-sst2"  # a WordPiece tokenizer: [PAD] 0, [CLS] 101, [SEP] 102
+MODELS = ("bert-base", "llama", "bart-base", "bart-large", "t5-base")
+METHODS = ("rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "flow", "saliency",
+           "inputxgradient", "integratedgradients", "partiallrp", "transatt", "attnlrp", "attnnorm", "globenc", "alti",
+           "decompx", "valuezeroing")
+
+
+def build(kind: str, vocab: int) -> tuple[object, int]:
+    """A random classifier of ``kind``'s sizes over ``vocab`` token ids, and the longest input it takes."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    ids = dict(vocab_size=vocab, pad_token_id=0, bos_token_id=101, eos_token_id=102, num_labels=2)
+    seq2seq = dict(ids, decoder_start_token_id=101)
+    if kind == "bert-base":
+        config = transformers.BertConfig(max_position_embeddings=4096, attn_implementation="eager", **ids)
+        return transformers.BertForSequenceClassification(config), 4096
+    if kind == "llama":
+        config = transformers.LlamaConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                                          num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=8192,
+                                          **ids)
+        return transformers.LlamaForSequenceClassification(config), 8192
+    if kind in ("bart-base", "bart-large"):
+        large = kind == "bart-large"
+        width, layers, heads = (1024, 12, 16) if large else (768, 6, 12)
+        config = transformers.BartConfig(d_model=width, encoder_layers=layers, decoder_layers=layers,
+                                         encoder_attention_heads=heads, decoder_attention_heads=heads,
+                                         encoder_ffn_dim=4 * width, decoder_ffn_dim=4 * width,
+                                         max_position_embeddings=2048, attn_implementation="eager", **seq2seq)
+        return transformers.BartForSequenceClassification(config), 2048
+    if kind == "t5-base":
+        config = transformers.T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_decoder_layers=12,
+                                       num_heads=12, attn_implementation="eager", **seq2seq)
+        return transformers.T5ForSequenceClassification(config), 8192
+    raise SystemExit(f"unknown model {kind!r}; one of {', '.join(MODELS)}")
+
+
+def _status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def one(kind: str, method: str, budget_text: str, max_tokens: int) -> dict:
+    """The case, in this process."""
+    import time
+    import warnings
+
+    from transformers import AutoTokenizer
+
+    from attnlens import Explainer, InputError
+    from attnlens.core import engine
+    from attnlens.core.memory import longest_that_fits, parse_budget
+    from attnlens.methods import get_method
+
+    warnings.simplefilter("ignore")
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    model, positions = build(kind, len(tok))
+    tok.model_max_length = positions
+    budget = parse_budget(budget_text)
+    probe = Explainer(model.eval(), tok, max_length=positions)
+    cost = engine.pass_cost(probe.runner, [get_method(method)], budget)
+    n = min(longest_that_fits(budget, cost.total), positions, max_tokens)
+    ex = Explainer(model, tok, max_length=n)
+    text = " ".join(["the film is a quiet , moving portrait of a family"] * (n // 8 + 2))
+    assert len(ex.encode(text)[0].ids) == n
+    # integrated gradients at a fixed step count: its internal batch, sized to the budget, sets its peak, and on
+    # random weights its steps would grow to max_steps without converging
+    options = {"integratedgradients": {"n_steps": 8}} if method == "integratedgradients" else None
+    ex.explain(["a fine film"], methods=[method], memory_budget="64GiB", options=options)  # warm-up
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status("VmRSS")
+    start = time.perf_counter()
+    refused = ""
+    try:
+        ex.explain([text], methods=[method], memory_budget=budget, options=options)
+    except InputError as err:
+        refused = str(err)
+    peak = _status("VmHWM") - before
+    return {"model": kind, "method": method, "tokens": n, "budget_gib": budget / 2**30,
+            "estimate_gib": cost.total(n) / 2**30, "peak_gib": peak / 2**30, "ratio": peak / budget,
+            "seconds": time.perf_counter() - start, "refused": refused}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--budget", default="1GiB")
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--out", required=True, help="the Markdown table; the records go beside it as .jsonl")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # internal: MODEL METHOD in this process
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(*args.one, args.budget, args.max_tokens)))
+        return
+    from peak import measured
+
+    rows = []
+    for kind in args.models.split(","):
+        for method in args.methods.split(","):
+            if method == "flow" and kind.startswith(("bart", "t5")):
+                continue
+            record = {"model": kind, "method": method}
+            out = measured(__file__, ["--one", kind, method, "--budget", args.budget, "--max-tokens",
+                                      str(args.max_tokens), "--out", args.out], args.timeout, record)
+            rows.append(out)
+            print(json.dumps(out), file=sys.stderr, flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    lines = [f"Budget {args.budget}; the longest input the estimate admits (at most {args.max_tokens:,} tokens); "
+             "peak = resident memory beyond the process's before the call.", "",
+             "| model | method | tokens | estimate GiB | peak GiB | peak / budget | seconds |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r or "tokens" not in r:
+            lines.append(f"| {r['model']} | {r['method']} | error: {r.get('error', '?')[:80]} | | | | |")
+            continue
+        over = " **over**" if r["ratio"] > 1.1 else ""
+        verdict = "refused up front" if r["refused"] else f"{r['ratio']:.2f}{over}"
+        lines.append(f"| {r['model']} | {r['method']} | {r['tokens']:,} | {r['estimate_gib']:.2f} | "
+                     f"{r['peak_gib']:.2f} | {verdict} | {r['seconds']:.1f} |")
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
