@@ -27,7 +27,7 @@ from pathlib import Path  # noqa: E402
 from peak import ROOT  # noqa: E402
 
 TOKENIZER = ROOT.parent / "shared" / "models" / "minilm-sst2"  # a WordPiece tokenizer: [PAD] 0, [CLS] 101, [SEP] 102
-MODELS = ("bert-base", "llama", "bart-base", "bart-large", "t5-base")
+MODELS = ("bert-base", "llama", "modernbert-base", "deberta-v3-base", "bart-base", "bart-large", "t5-base")
 METHODS = ("rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "flow", "saliency",
            "inputxgradient", "integratedgradients", "partiallrp", "transatt", "attnlrp", "attnnorm", "globenc", "alti",
            "decompx", "valuezeroing")
@@ -49,6 +49,19 @@ def build(kind: str, vocab: int) -> tuple[object, int]:
                                           num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=8192,
                                           **ids)
         return transformers.LlamaForSequenceClassification(config), 8192
+    if kind == "modernbert-base":  # whole global and sliding-window masks
+        config = transformers.ModernBertConfig(hidden_size=768, intermediate_size=1152, num_hidden_layers=22,
+                                               num_attention_heads=12, max_position_embeddings=8192,
+                                               attn_implementation="eager", cls_token_id=101, sep_token_id=102,
+                                               **ids)
+        return transformers.ModernBertForSequenceClassification(config), 8192
+    if kind == "deberta-v3-base":  # disentangled attention: relative-position score terms
+        config = transformers.DebertaV2Config(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                              intermediate_size=3072, max_position_embeddings=512,
+                                              relative_attention=True, position_buckets=256,
+                                              pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+                                              share_att_key=True, position_biased_input=False, **ids)
+        return transformers.DebertaV2ForSequenceClassification(config), 512
     if kind in ("bart-base", "bart-large"):
         large = kind == "bart-large"
         width, layers, heads = (1024, 12, 16) if large else (768, 6, 12)

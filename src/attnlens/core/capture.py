@@ -43,9 +43,9 @@ from .modelstate import attention_switched
 from .row_attention import (
     RowAttentionUnsupported,
     RowRecorder,
-    dispatches_attention,
     recording,
     registered,
+    rows_unsupported,
 )
 
 FULL_MAPS = "full"  # eager attention, every layer's whole maps returned (read by ATTENTION methods)
@@ -87,7 +87,7 @@ def capture_mode(model: nn.Module, adapter: Adapter, stream: str, keep: Collecti
     no method reads the whole maps and the model can (a single-stream family whose explained rows are single
     positions, attention through transformers' interface), else :data:`FULL_MAPS`. ``positions_known``: the head
     names the explained positions (token classification)."""
-    if ATTENTION in keep or adapter.streams != ("self",) or not dispatches_attention(model):
+    if ATTENTION in keep or adapter.streams != ("self",) or rows_unsupported(model):
         return FULL_MAPS
     return ROWS if positions_known or adapter.pooling != MEAN else FULL_MAPS
 
@@ -111,7 +111,7 @@ def planned_storage(model: nn.Module, adapter: Adapter, stream: str, keep: Colle
     return Storage(eager=True, backward=bool(grads), maps=True,
                    map_grads=bool(grads & {ATTENTION, ATTENTION_ROWS, ATTENTION_CHUNKS}),
                    received=bool(attention) and ATTENTION_RECEIVED in keep, means=ATTENTION_MEANS in keep,
-                   hidden=HIDDEN in keep,
+                   chunked=ATTENTION_CHUNKS in keep, hidden=HIDDEN in keep,
                    hidden_grads=HIDDEN in grads, embeddings=EMBEDDINGS in keep, embedding_grads=EMBEDDINGS in grads)
 
 

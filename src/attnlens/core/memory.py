@@ -80,6 +80,7 @@ class Dims:
     device: str = "cpu"
     attentions: int = 0  # attention computations, each with its maps (0: one per layer)
     bias_maps: int = 0  # H x N x N score-bias maps held through a pass (Architecture.bias_maps: T5's)
+    mask_maps: int = 0  # N x N masks and indices held through a pass (Architecture.mask_maps: ModernBERT's)
 
     @property
     def maps(self) -> int:
@@ -112,16 +113,18 @@ def model_dims(model: Any) -> Dims:
         out = None
     logits = get("vocab_size") if out is not None else 0
     # a decoder layer of an encoder-decoder computes two attentions (self and cross), each with its maps
-    return Dims(layers + decoder, heads, hidden, itemsize, logits, device, layers + 2 * decoder, _bias_maps(cfg))
+    return Dims(layers + decoder, heads, hidden, itemsize, logits, device, layers + 2 * decoder,
+                *_extra_maps(cfg))
 
 
-def _bias_maps(config: Any) -> int:
-    """The score-bias maps ``config``'s model type holds through a pass (``Architecture.bias_maps``); 0 for a
-    type attnlens has no entry for."""
+def _extra_maps(config: Any) -> tuple[int, int]:
+    """The score-bias maps and the masks ``config``'s model type holds through a pass (``Architecture.bias_maps``,
+    ``mask_maps``); none for a type attnlens has no entry for."""
     try:
-        return architecture_for(config).bias_maps if config is not None else 0
+        arch = architecture_for(config) if config is not None else None
     except ModelError:
-        return 0
+        arch = None
+    return (arch.bias_maps, arch.mask_maps) if arch is not None else (0, 0)
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ class Storage:
     map_layers: int = 0
     rule_vectors: int = 0
     layer_graph: bool = False  # one layer's backward activations beside what is kept (registry.LAYER_GRAPH)
+    chunked: bool = False  # a method reads the kept whole maps a chunk of query rows at a time (eager passes)
 
     def __or__(self, other: Storage) -> Storage:
         """What one pass serving both keeps (eager if either needs it)."""
@@ -217,7 +221,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     """Bytes one pass holds at its peak for one row of ``n`` tokens keeping ``storage``."""
     d, heads, layers, attentions = dims.hidden, dims.heads, dims.layers, dims.maps
     maps = heads * n * n  # one attention's n x n probabilities, every head
-    bias = dims.bias_maps * maps  # a score bias built once and held through the pass (T5's)
+    bias = dims.bias_maps * maps + dims.mask_maps * n * n  # score biases and masks held through the pass
     if storage.backward:
         if storage.recompute:  # each layer's input, and one layer's activations at a time
             work = layers * n * d + ACTIVATION_VECTORS * n * d
@@ -235,10 +239,11 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     kept += (storage.factor_layers or attentions) * n * d * (2 * storage.factors + 3 * storage.factor_grads)
     kept += storage.rule_vectors * n * d
     kept += ACTIVATION_VECTORS * n * d * storage.layer_graph
-    kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * storage.factors
+    chunks = storage.factors or storage.chunked
+    kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * chunks
     # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time,
     # in float32 and float64
-    kept += 3 * heads * n * d * (storage.factors and storage.hidden)
+    kept += 3 * heads * n * d * (chunks and storage.hidden)
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
     kept += n * d * (storage.embeddings + storage.embedding_grads)
     return (work + kept + bias) * dims.itemsize
@@ -247,7 +252,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
 def backward_row_bytes(dims: Dims, n: int) -> int:
     """Bytes a forward + backward holds for one row of ``n`` tokens (integrated gradients' unit of work)."""
     held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + (dims.maps * ATTENTION_MAPS + dims.bias_maps) * \
-        dims.heads * n * n
+        dims.heads * n * n + dims.mask_maps * n * n
     return held * dims.itemsize
 
 

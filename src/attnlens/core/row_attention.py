@@ -315,6 +315,17 @@ def dispatches_attention(model: nn.Module) -> bool:
     return bool(getattr(type(model), "_supports_attention_backend", False))
 
 
+def rows_unsupported(model: nn.Module) -> str | None:
+    """Why :func:`row_attention` cannot stand in for ``model``'s attention, as far as its class and config tell
+    before any pass (so that a pass planned fused does not run eager), or ``None``: the model must dispatch its
+    attention through transformers' interface, and its attention logits must not be softcapped (Gemma 2)."""
+    if not dispatches_attention(model):
+        return "it does not run transformers' attention interface"
+    if getattr(getattr(model, "config", None), "attn_logit_softcapping", None) is not None:
+        return "its attention logits are softcapped"
+    return None
+
+
 @contextmanager
 def recording(recorder: RowRecorder) -> Iterator[RowRecorder]:
     """Within the block, :func:`row_attention` records into ``recorder`` (the model must be switched to

@@ -260,10 +260,15 @@ class Architecture:
     # None: the norm-based and decomposition methods are skipped for this type; a function of the config for
     # types whose layers differ by config (T5's gated feed-forward)
     anatomy: Anatomy | Callable[[Any], Anatomy] | None = None
-    # H x N x N maps a forward holds beside its layers' probabilities, for a score bias the model builds once and
-    # shares between layers (T5's relative-position bias: the encoder's, the decoder's and the cross-attention's,
-    # and the temporaries it is built through); the memory estimates count them
+    # what a forward holds at its peak beside its layers' probabilities, both counted by the memory estimates
+    # (measured with attnlens.testing.live_tensors; tests/test_memory.py checks them):
+    # H x N x N maps: score biases built once and shared between layers (T5's relative-position bias: the
+    # encoder's, the decoder's and the cross-attention's, and the temporaries it is built through), the score
+    # terms an attention layer builds beside its probabilities (DeBERTa's content-to-position and back)
     bias_maps: int = 0
+    # N x N arrays (one value per pair of tokens, all heads): masks built whole (ModernBERT's global and
+    # sliding-window masks, Gemma 2's, BLOOM's and Falcon's), relative-position indices (DeBERTa's)
+    mask_maps: int = 0
 
     @property
     def family(self) -> str:
@@ -519,12 +524,13 @@ _ENTRIES: list[Architecture] = [
                  layers=Layers("encoder.layer", "attention.self.in_proj", fused=3, per_head=True,
                                value_bias="attention.self.v_bias", shared=("relative_pos", "rel_embeddings")),
                  lrp=LRPSupport("DeBERTa", _BERT_RESIDUALS, forwards=(
-                     ("DisentangledSelfAttention", "deberta_v1_attention"), ("ContextPooler", "deberta_pooler")))),
+                     ("DisentangledSelfAttention", "deberta_v1_attention"), ("ContextPooler", "deberta_pooler"))),
+                 bias_maps=4, mask_maps=11),
     Architecture("deberta-v2", ENCODER, anatomy=_deberta_v2_anatomy,
                  layers=Layers("encoder.layer", "attention.self.value_proj", shared=("relative_pos", "rel_embeddings")),
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
                      ("DisentangledSelfAttention", "deberta_attention"), ("ContextPooler", "deberta_pooler"),
-                     ("ConvLayer", "deberta_conv")))),
+                     ("ConvLayer", "deberta_conv"))), bias_maps=2, mask_maps=13),
     Architecture("mpnet", ENCODER, anatomy=_MPNET_ANATOMY, layers=Layers("encoder.layer", "attention.attn.v"),
                  lrp=LRPSupport("MPNet", (Residual("MPNetAttention", "LayerNorm", "dropout"), *_BERT_RESIDUALS),
                                 forwards=(("MPNetSelfAttention", "mpnet_attention"),
@@ -535,7 +541,8 @@ _ENTRIES: list[Architecture] = [
                  layers=Layers("layers", "attn.Wqkv", fused=3),
                  lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
                                                               "mlp"),),
-                                forwards=(("ModernBertMLP", "glu_mlp"),), embedding_input="embeddings.norm")),
+                                forwards=(("ModernBertMLP", "glu_mlp"),), embedding_input="embeddings.norm"),
+                 mask_maps=4),
     Architecture("xlm-roberta-xl", ENCODER, position_offset=True, anatomy=_XLMR_XL_ANATOMY, layers=_BERT_LAYERS,
                  lrp=LRPSupport("XLM-RoBERTa-XL", forwards=(
                      ("XLMRobertaXLSelfOutput", "dense_residual"), ("XLMRobertaXLOutput", "dense_residual"),
@@ -583,7 +590,7 @@ _ENTRIES: list[Architecture] = [
                                                            post2="post_feedforward_layernorm"),),
                                 forwards=(("Gemma2RMSNorm", "rms_norm"), ("Gemma2MLP", "gated_mlp")),
                                 embedding_input=None, logit_softcap=("Gemma2ForCausalLM", "final_logit_softcapping")),
-                 layers=_LLAMA_LAYERS, anatomy=_GEMMA2_ANATOMY),
+                 layers=_LLAMA_LAYERS, anatomy=_GEMMA2_ANATOMY, mask_maps=2),
     Architecture("phi", DECODER,
                  lrp=LRPSupport("Phi", blocks=(PreNorm("PhiDecoderLayer", "input_layernorm", "self_attn",
                                                        "input_layernorm", "mlp", parallel=True),),
@@ -604,19 +611,19 @@ _ENTRIES: list[Architecture] = [
                                                    ("BloomGelu", "activation")),
                                 own_sums=True, embedding_input=None),  # word embeddings, then their LayerNorm
                  layers=Layers("h", "self_attention.query_key_value", fused=3, per_head=True, head_rows=("alibi",)),
-                 anatomy=_bloom_anatomy),
+                 anatomy=_bloom_anatomy, mask_maps=4),
     Architecture("falcon", DECODER,
                  lrp=LRPSupport("Falcon", forwards=(("FalconAttention", "falcon_attention"),
                                                     ("FalconDecoderLayer", "falcon_layer")),
                                 own_sums=True, embedding_input=None),
                  layers=Layers("h", "self_attention.query_key_value", fused=3, grouped=True, head_rows=("alibi",)),
-                 anatomy=_falcon_anatomy),
+                 anatomy=_falcon_anatomy, mask_maps=1),
     # encoder-decoders: the head reads the decoder state at the last EOS
     Architecture("bart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_BART_ANATOMY, lrp=_seq2seq_lrp("BART")),
     Architecture("mbart", ENCODER_DECODER, layers=_SEQ2SEQ_LAYERS, anatomy=_MBART_ANATOMY, lrp=_seq2seq_lrp("mBART")),
     Architecture("t5", ENCODER_DECODER,
                  layers=Layers({"encoder": "encoder.block", "decoder": "decoder.block"}, "layer.0.SelfAttention.v"),
-                 anatomy=_t5_anatomy, lrp=_T5_LRP, bias_maps=5),
+                 anatomy=_t5_anatomy, lrp=_T5_LRP, bias_maps=5, mask_maps=1),
 ]
 
 ARCHITECTURES: dict[str, Architecture] = {}
