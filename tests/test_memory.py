@@ -25,7 +25,7 @@ from attnlens.core.memory import (
 )
 from attnlens.methods import gradient, registry
 from attnlens.models.heads import AnswerHead
-from attnlens.testing.tiny_models import build_tiny
+from attnlens.testing.tiny_models import TINY, build_tiny
 
 SHORT, LONG = "good", "the plot was boring but the actors were charming and the film is great i loved it"
 
@@ -728,3 +728,21 @@ def test_value_zeroing_is_estimated_with_one_layer_of_maps():
     every_layer = dataclasses.replace(storage, map_layers=0)
     saved = memory.pass_row_bytes(dims, n, every_layer) - memory.pass_row_bytes(dims, n, storage)
     assert dims.layers > 1 and saved == (dims.layers - 1) * dims.heads * n * n * dims.itemsize
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_every_architecture_runs_the_pass_its_estimate_planned(family, monkeypatch):
+    """The shared pass runs in the mode the memory estimate planned it in (fused rows or eager whole maps): a pass
+    planned fused that falls back to eager at run time would hold every layer's maps outside the estimate."""
+    from attnlens.core import capture
+
+    model = make_model(family)
+    ex = Explainer(model, make_tokenizer())
+    stream = "encoder" if getattr(model.config, "is_encoder_decoder", False) else "self"
+    keep = registry.get_method("grads").needs & {registry.ATTENTION_ROWS, registry.ATTENTION}
+    planned = capture.capture_mode(model, ex.runner.adapter, stream, keep)
+    modes = []
+    run = capture._run
+    monkeypatch.setattr(capture, "_run", lambda *args, **kwargs: modes.append(args[15]) or run(*args, **kwargs))
+    ex.explain(["a good movie"], methods=["grads"])
+    assert modes == [planned]
