@@ -29,7 +29,7 @@ import torch
 from ..core.batching import keeps_logits
 from ..core.model_runner import ModelRunner
 from ..core.modelstate import explaining
-from ..core.row_attention import RowAttentionUnsupported, RowRecorder, dispatches_attention, recording, registered
+from ..core.row_attention import RowAttentionUnsupported, RowRecorder, recording, registered, rows_unsupported
 from ..errors import InputError, ModelError
 from ..paths import atomic_output, atomic_write_text
 from ..version import __version__
@@ -80,7 +80,7 @@ def _answer_rows(runner: ModelRunner, ids: list[int], rows: torch.Tensor,
     model = runner.model
     inputs = torch.tensor([ids], device=runner.device)
     keep = {"logits_to_keep": 1} if keeps_logits(model) else {}
-    if rows_path and dispatches_attention(model):
+    if rows_path and not rows_unsupported(model):
         recorder = RowRecorder(rows=rows.to(runner.device))
         try:
             with explaining(model, registered()), recording(recorder):
