@@ -6,10 +6,11 @@ norms, the feed-forward's wide activations) and, with eager attention, ``ATTENTI
 (scores, probabilities, dropout/softmax backward); fused attention (SDPA) keeps none. A language model's head
 adds its logits over the vocabulary (and their gradient). What the shared pass keeps for the methods
 (:class:`Storage`: whole maps, explained rows, received attention, hidden states, embeddings, their gradients)
-comes on top. The constants were fitted to peak RSS measured with ``bench/memory.py`` on minilm-sst2 (32–512
-tokens) and ``bench/long_context.py`` on SmolLM2 (1k–8k tokens) and round up, so a budget is an upper bound in
-practice rather than an exact one. A run whose estimate exceeds the budget is refused before it starts
-(:func:`refuse_over_budget`).
+comes on top, and so do the score biases and whole masks some architectures hold through a pass
+(``Architecture.bias_maps``, ``mask_maps``: T5's, DeBERTa's, ModernBERT's, ...). The constants were fitted to
+peak RSS measured with ``bench/memory.py`` on minilm-sst2 (32–512 tokens) and ``bench/long_context.py`` on SmolLM2
+(1k–8k tokens) and round up, so a budget is an upper bound in practice rather than an exact one. A run whose
+estimate exceeds the budget is refused before it starts (:func:`refuse_over_budget`).
 """
 
 from __future__ import annotations
