@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import numpy as np
 import pytest
@@ -743,6 +744,12 @@ def test_every_architecture_runs_the_pass_its_estimate_planned(family, monkeypat
     planned = capture.capture_mode(model, ex.runner.adapter, stream, keep)
     modes = []
     run = capture._run
-    monkeypatch.setattr(capture, "_run", lambda *args, **kwargs: modes.append(args[15]) or run(*args, **kwargs))
+    signature = inspect.signature(run)
+
+    def recorded(*args, **kwargs):
+        modes.append(signature.bind(*args, **kwargs).arguments["mode"])
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(capture, "_run", recorded)
     ex.explain(["a good movie"], methods=["grads"])
     assert modes == [planned]

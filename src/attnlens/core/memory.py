@@ -222,7 +222,6 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     """Bytes one pass holds at its peak for one row of ``n`` tokens keeping ``storage``."""
     d, heads, layers, attentions = dims.hidden, dims.heads, dims.layers, dims.maps
     maps = heads * n * n  # one attention's n x n probabilities, every head
-    bias = dims.bias_maps * maps + dims.mask_maps * n * n  # score biases and masks held through the pass
     if storage.backward:
         if storage.recompute:  # each layer's input, and one layer's activations at a time
             work = layers * n * d + ACTIVATION_VECTORS * n * d
@@ -247,14 +246,19 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     kept += 3 * heads * n * d * (chunks and storage.hidden)
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
     kept += n * d * (storage.embeddings + storage.embedding_grads)
-    return (work + kept + bias) * dims.itemsize
+    return (work + kept + _held_biases(dims, n)) * dims.itemsize
 
 
 def backward_row_bytes(dims: Dims, n: int) -> int:
     """Bytes a forward + backward holds for one row of ``n`` tokens (integrated gradients' unit of work)."""
-    held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + (dims.maps * ATTENTION_MAPS + dims.bias_maps) * \
-        dims.heads * n * n + dims.mask_maps * n * n
-    return held * dims.itemsize
+    held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + dims.maps * ATTENTION_MAPS * dims.heads * n * n
+    return (held + _held_biases(dims, n)) * dims.itemsize
+
+
+def _held_biases(dims: Dims, n: int) -> int:
+    """Values a pass over ``n`` tokens holds throughout in its architecture's score biases (``heads × n × n``
+    each) and whole masks (``n × n`` each): ``Architecture.bias_maps``, ``mask_maps``."""
+    return (dims.bias_maps * dims.heads + dims.mask_maps) * n * n
 
 
 def forward_row_bytes(dims: Dims, n: int) -> int:

@@ -315,13 +315,18 @@ def dispatches_attention(model: nn.Module) -> bool:
     return bool(getattr(type(model), "_supports_attention_backend", False))
 
 
+def softcaps(model: nn.Module) -> bool:
+    """Whether ``model``'s attention softcaps its logits (Gemma 2), which the fused paths do not reproduce."""
+    return getattr(getattr(model, "config", None), "attn_logit_softcapping", None) is not None
+
+
 def rows_unsupported(model: nn.Module) -> str | None:
     """Why :func:`row_attention` cannot stand in for ``model``'s attention, as far as its class and config tell
     before any pass (so that a pass planned fused does not run eager), or ``None``: the model must dispatch its
     attention through transformers' interface, and its attention logits must not be softcapped (Gemma 2)."""
     if not dispatches_attention(model):
         return "it does not run transformers' attention interface"
-    if getattr(getattr(model, "config", None), "attn_logit_softcapping", None) is not None:
+    if softcaps(model):
         return "its attention logits are softcapped"
     return None
 

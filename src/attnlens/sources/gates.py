@@ -52,6 +52,7 @@ from ..core.row_attention import (
     dispatches_attention,
     register_implementation,
     repeat_kv,
+    softcaps,
     unsupported,
 )
 from ..errors import InputError
@@ -115,11 +116,6 @@ def _softcapped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     scores = scores + log_gates.to(scores.dtype).reshape(1, -1, 1, k)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     return torch.matmul(probs, value).transpose(1, 2).contiguous()
-
-
-def softcaps(model: nn.Module) -> bool:
-    """Whether ``model``'s attention softcaps its logits (Gemma 2): gated, it runs eager over the gated queries."""
-    return getattr(model.config, "attn_logit_softcapping", None) is not None
 
 
 def ungateable(model: nn.Module) -> str | None:
