@@ -753,3 +753,30 @@ def test_every_architecture_runs_the_pass_its_estimate_planned(family, monkeypat
     monkeypatch.setattr(capture, "_run", recorded)
     ex.explain(["a good movie"], methods=["grads"])
     assert modes == [planned]
+
+
+def test_live_tensor_peak_counts_what_is_alive_at_once():
+    """LiveTensorPeak's count against sizes known by construction: new storages count until freed, views and
+    in-place results of earlier tensors (weights) do not, and what autograd saves for the backward does."""
+    from attnlens.testing.live_tensors import LiveTensorPeak
+
+    weight = torch.ones(100, 100)  # 40,000 bytes, made before the block
+    with LiveTensorPeak() as live:
+        a = torch.ones(1000)  # 4,000
+        b = a * 2  # 8,000 alive
+        del a
+        c = b + 1  # 8,000 alive: a was freed
+        _ = weight.t()
+        weight.mul_(2)
+    assert (live.peak, live.bytes) == (8000, 8000)
+    del b, c
+
+    x = torch.ones(1000, requires_grad=True)
+    with LiveTensorPeak() as live:
+        y = x.exp()  # saved by exp's backward
+        z = y.sum()
+        del y
+        held = live.bytes
+        z.backward()
+    assert held == 4000 + 4  # exp's result (kept for the backward) and the sum
+    assert live.peak >= held
