@@ -157,15 +157,15 @@ def test_shared_pass_recomputes_its_layers_in_the_backwards_thread(monkeypatch):
     methods = ["grads", "agrad", "attcat"]
     want = ex.explain_answer(prompt, answer, methods)
     modes, recomputed = [], []
-    real_run, real_recomputed, real_fitting = capture._run, capture.recomputed_layers, engine.fitting
+    real_run, real_recomputing, real_fitting = capture._run, capture.recomputing, engine.fitting
 
     def run(*args, **kwargs):
         modes.append(args[15])
         return real_run(*args, **kwargs)
 
-    def recomputing(model):
-        recomputed.append(1)
-        return real_recomputed(model)
+    def recomputing(model, tokens):
+        recomputed.append(tokens)
+        return real_recomputing(model, tokens)
 
     def recompute_always(dims, n, storage, budget):
         found = real_fitting(dims, n, storage, budget)
@@ -173,9 +173,9 @@ def test_shared_pass_recomputes_its_layers_in_the_backwards_thread(monkeypatch):
 
     monkeypatch.setattr(engine, "fitting", recompute_always)
     monkeypatch.setattr(capture, "_run", run)
-    monkeypatch.setattr(capture, "recomputed_layers", recomputing)
+    monkeypatch.setattr(capture, "recomputing", recomputing)
     calls = backward_elsewhere(monkeypatch)
     got = ex.explain_answer(prompt, answer, methods)
-    assert calls and recomputed and set(modes) == {capture.ROWS}
+    assert calls and recomputed == [len(prompt) + len(answer)] and set(modes) == {capture.ROWS}
     for m in methods:
         np.testing.assert_allclose(got.scores[m], want.scores[m], rtol=1e-5, atol=1e-7 * np.abs(want.scores[m]).max())

@@ -645,7 +645,7 @@ def test_long_inputs_set_the_allocator_once(monkeypatch):
     calls = []
     monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=allocator.MMAP_THRESHOLD: calls.append(
         threshold) or True)
-    monkeypatch.setattr(allocator, "_done", None)
+    monkeypatch.setattr(allocator, "_threshold", None)
     batching.pad_batch([[1] * 10], 0, torch.device("cpu"))
     assert calls == []
     monkeypatch.setenv("ATTNLENS_KEEP_MALLOC", "1")
@@ -665,7 +665,7 @@ def test_a_pass_planned_at_half_the_budget_or_more_sets_the_allocator(monkeypatc
     calls = []
     monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=allocator.MMAP_THRESHOLD: calls.append(
         threshold) or True)
-    monkeypatch.setattr(allocator, "_done", None)
+    monkeypatch.setattr(allocator, "_threshold", None)
     assert list(memory.budget_chunks([10, 10], 2, 1000, lambda n: 200)) == [[0, 1]]  # 400 of 1,000
     assert rows_that_fit(1000, 300, cap=1) == 1
     memory.refuse_over_budget(10, 1000, 499, {})
@@ -674,10 +674,63 @@ def test_a_pass_planned_at_half_the_budget_or_more_sets_the_allocator(monkeypatc
     assert rows_that_fit(1000, 300) == 3
     memory.refuse_over_budget(10, 1000, 500, {})
     assert calls == [allocator.MMAP_THRESHOLD]  # once per process
-    monkeypatch.setattr(allocator, "_done", None)
+    monkeypatch.setattr(allocator, "_threshold", None)
     monkeypatch.setenv("ATTNLENS_KEEP_MALLOC", "1")
     assert rows_that_fit(1000, 300) == 3
     assert calls == [allocator.MMAP_THRESHOLD]
+
+
+def test_a_recomputed_pass_maps_blocks_of_half_a_layers_hidden_states(monkeypatch):
+    """Within a pass that recomputes its layers, every block of half a layer's hidden states or more is mapped
+    on its own (between MIN_THRESHOLD and MMAP_THRESHOLD), and the threshold in force before is restored after."""
+    from attnlens.core import allocator
+
+    calls = []
+    monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=allocator.MMAP_THRESHOLD: calls.append(
+        threshold) or True)
+    monkeypatch.setattr(allocator, "_threshold", None)
+    with allocator.for_recomputed_layers(6 * 2**20):
+        assert calls == [3 * 2**20]
+        with allocator.for_recomputed_layers(2**16):
+            assert calls[-1] == allocator.MIN_THRESHOLD
+        assert calls[-1] == 3 * 2**20
+    assert calls[-1] == allocator.MMAP_THRESHOLD  # none was set before: the fixed threshold for long inputs
+    del calls[:]
+    with allocator.for_recomputed_layers(64 * 2**20):  # never above the threshold for long inputs
+        pass
+    assert calls == []
+    monkeypatch.setenv("ATTNLENS_KEEP_MALLOC", "1")
+    with allocator.for_recomputed_layers(6 * 2**20):
+        pass
+    assert calls == []
+    monkeypatch.delenv("ATTNLENS_KEEP_MALLOC")
+    monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=0: calls.append(threshold) and False)
+    with allocator.for_recomputed_layers(6 * 2**20):  # off glibc: tried once, then left alone
+        pass
+    with allocator.for_recomputed_layers(6 * 2**20):
+        pass
+    assert calls == [3 * 2**20]
+
+
+def test_recomputing_sizes_the_allocator_by_the_models_hidden_states(monkeypatch):
+    """A BERT-base-sized pass over 2,048 tokens recomputing its layers maps blocks from 3 MiB on (half of
+    2,048 × 768 float32 values), and its layers are switched to recompute only within the block."""
+    import transformers
+
+    from attnlens.core import allocator
+    from attnlens.core.recomputing import recomputing
+
+    calls = []
+    monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=allocator.MMAP_THRESHOLD: calls.append(
+        threshold) or True)
+    monkeypatch.setattr(allocator, "_threshold", None)
+    with torch.device("meta"):
+        model = transformers.BertModel(transformers.BertConfig())
+    with recomputing(model, 2048) as switched:
+        assert switched == 12 and calls == [3 * 2**20]
+        assert all(layer.gradient_checkpointing for layer in model.encoder.layer)
+    assert not any(layer.gradient_checkpointing for layer in model.encoder.layer)
+    assert calls == [3 * 2**20, allocator.MMAP_THRESHOLD]
 
 
 def test_the_mmap_threshold_is_set_on_glibc():

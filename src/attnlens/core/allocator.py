@@ -9,7 +9,13 @@ freed), for about a fifth more time. attnlens sets that threshold once a padded 
 :data:`LONG_INPUT_TOKENS` or more is formed (:func:`for_long_inputs`), or a pass is planned at half the memory
 budget or more (:func:`for_budget_share`), so that the memory budget holds; the
 chunks of attention that are recomputed and reduced (``row_attention.CHUNK_ELEMENTS``, 4 MiB) stay below it and
-reuse the heap's blocks. Off glibc nothing changes. Set ``ATTNLENS_KEEP_MALLOC=1`` to leave the allocator as it is.
+reuse the heap's blocks. A pass that recomputes each layer in its backward (planned where keeping the
+activations would not fit the budget) frees and allocates each layer's activations again, blocks of one layer's
+hidden states and a few times that, and their holes in the heaps grew its resident size far past what was alive
+(a ModernBERT-base-sized model's gradients over 2,048 tokens: 2.3 GiB resident for 0.27 GiB of tensors with an
+8 MiB threshold, 0.3 GiB with 3 MiB); within such a pass the threshold is half a layer's hidden states
+(:func:`for_recomputed_layers`). Off glibc nothing changes. Set ``ATTNLENS_KEEP_MALLOC=1`` to leave the allocator
+as it is.
 """
 
 from __future__ import annotations
@@ -17,12 +23,15 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 LONG_INPUT_TOKENS = 1024
 BUDGET_SHARE = 0.5  # a pass planned at this share of the memory budget or more sets the policy too
 MMAP_THRESHOLD = 8 * 2**20
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
-_done: bool | None = None  # None: not tried yet; then whether the threshold was set
+MIN_THRESHOLD = 2**19  # a recomputed pass never maps blocks below 512 KiB on their own (each costs a system call)
+_threshold: int | None = None  # None: not set yet; 0: it cannot be set here; else the threshold in force
 
 
 def set_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
@@ -54,7 +63,33 @@ def for_budget_share(need: int, budget: int) -> None:
         _fix_threshold()
 
 
+@contextmanager
+def for_recomputed_layers(block: int) -> Iterator[None]:
+    """Within the block, a pass that recomputes each layer in its backward, whose layers' hidden states take
+    ``block`` bytes, maps every block of half that or more (at least :data:`MIN_THRESHOLD`, at most
+    :data:`MMAP_THRESHOLD`) on its own; the threshold in force before (:data:`MMAP_THRESHOLD` when there was none)
+    is restored after it. Not when ``ATTNLENS_KEEP_MALLOC`` is set."""
+    global _threshold
+    if os.environ.get("ATTNLENS_KEEP_MALLOC") or _threshold == 0:
+        yield
+        return
+    before = _threshold or MMAP_THRESHOLD
+    wanted = min(before, max(MIN_THRESHOLD, block // 2))
+    if wanted == _threshold:
+        yield
+        return
+    if not set_mmap_threshold(wanted):
+        _threshold = 0
+        yield
+        return
+    _threshold = wanted
+    try:
+        yield
+    finally:
+        _threshold = before if set_mmap_threshold(before) else 0
+
+
 def _fix_threshold() -> None:
-    global _done
-    if _done is None and not os.environ.get("ATTNLENS_KEEP_MALLOC"):
-        _done = set_mmap_threshold()
+    global _threshold
+    if _threshold is None and not os.environ.get("ATTNLENS_KEEP_MALLOC"):
+        _threshold = MMAP_THRESHOLD if set_mmap_threshold() else 0

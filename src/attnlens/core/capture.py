@@ -34,12 +34,12 @@ from ..methods.registry import (
 from ..models.adapters import MEAN, Adapter
 from ..models.heads import CLASSIFICATION, Head
 from ..models.prefixes import RowViews, last_token_rows, row_gradients
-from ..models.recompute import recomputed_layers
 from .attention_chunks import RecomputedChunks, WholeMaps
 from .batch_state import Capture
 from .logit_rows import LogitRows
 from .memory import Storage
 from .modelstate import attention_switched
+from .recomputing import recomputing
 from .row_attention import (
     RowAttentionUnsupported,
     RowRecorder,
@@ -150,7 +150,7 @@ def run_capture(
     viewed as the batch's rows; each row's gradients are of its own target, by batched vector-Jacobian
     products through that one forward (``is_grads_batched``).
     ``recompute``: with fused attention, the backward recomputes each layer instead of keeping its activations
-    (:func:`~attnlens.models.recompute.recomputed_layers`; for inputs whose activations would not fit).
+    (:func:`~attnlens.core.recomputing.recomputing`; for inputs whose activations would not fit).
     ``outputs``: the model's outputs on these inputs (with the logit rows' arguments), computed by another pass's
     forward (:attr:`~attnlens.methods.registry.Method.forward`): the capture is built from them and the model does
     not run; only for a request that keeps nothing and takes no gradients, with ``targets`` given.
@@ -193,7 +193,7 @@ def _run(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], to
             stack.enter_context(attention_switched(model, registered()))
             stack.enter_context(recording(recorder))
             if recompute and gradients:
-                stack.enter_context(recomputed_layers(model))
+                stack.enter_context(recomputing(model, token_mask.shape[1]))
         return _pass(model, adapter, inputs, token_mask, stream, targets, target_kind, gradients, head, answer_mask,
                      keep, differentiate, sequence, cls, positions, mode, recorder)
 

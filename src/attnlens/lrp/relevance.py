@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.recomputing import recomputing
 from ..core.row_attention import LayerFactors, keys_seen, masked_scores, repeat_kv, zero_padded
 from ..errors import InputError, ModelError
 from ..models.heads import CLASSIFICATION, MULTI_LABEL, TARGET_KINDS, Head
 from ..models.prefixes import last_positions, last_token_rows, row_gradients
-from ..models.recompute import recomputed_layers
 from .patch import check_rules, lrp_mode, runs_fused
 from .state import CHEFER, PassState
 
@@ -271,7 +271,8 @@ def _run(
         stack.enter_context(lrp_mode(model, state))
         extra = dict(forward_kwargs or {})
         if fused:  # after lrp_mode, which puts every module in eval mode
-            stack.enter_context(recomputed_layers(model))
+            tokens = max((t.shape[1] for t in inputs.values() if torch.is_tensor(t) and t.dim() >= 2), default=0)
+            stack.enter_context(recomputing(model, tokens))
             if getattr(model.config, "use_cache", None) is not None:
                 extra["use_cache"] = False  # a recomputed layer must not append to a key/value cache again
         outputs = state.logits(model(**inputs, **extra))

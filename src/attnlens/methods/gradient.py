@@ -25,9 +25,9 @@ from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
 from ..core.memory import Storage, gradient_pass_storage, model_dims, pass_row_bytes, rows_that_fit
 from ..core.modelstate import attention_switched, runs_sdpa
+from ..core.recomputing import recomputing
 from ..errors import InputError
 from ..models.prefixes import last_token_rows
-from ..models.recompute import recomputed_layers
 from .registry import EMBEDDINGS, GRADIENTS, OWN_PASS, MethodOutput, check_flag, check_integer, register
 
 ENGINES = ("shared", "captum")
@@ -349,7 +349,7 @@ def integratedgradients(
             except (ValueError, NotImplementedError, ImportError):  # the model refuses the switch after all
                 storage = Storage(eager=True, backward=True, logit_rows=storage.logit_rows)
         if storage.recompute:
-            stack.enter_context(recomputed_layers(ctx.model))
+            stack.enter_context(recomputing(ctx.model, ctx.token_mask.shape[1]))
         chunk = internal_batch_size or _rows_in_budget(ctx, ctx.token_mask.shape[1], storage)
         return _integrated(ctx, n_steps, method, tolerance, max_steps, chunk, baseline)
 

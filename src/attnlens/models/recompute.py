@@ -1,6 +1,7 @@
 """Recomputing a model's layers in the backward instead of keeping their activations (gradient checkpointing),
 for the passes whose activations would not fit the memory budget: the shared pass under fused attention
-(:mod:`attnlens.core.capture`) and AttnLRP's fused pass (:mod:`attnlens.lrp.relevance`).
+(:mod:`attnlens.core.capture`), AttnLRP's fused pass (:mod:`attnlens.lrp.relevance`), integrated gradients and the
+attention gates, each through :func:`attnlens.core.recomputing.recomputing`, which sets the C allocator for it.
 
 A layer is recomputed in the context (:mod:`contextvars`) its forward ran in: the recording attention and the
 LRP rules read their state from context variables, and on a GPU the backward, recomputations included, runs in

@@ -46,6 +46,7 @@ from torch import nn
 from ..core.batching import keeps_logits
 from ..core.memory import Storage, gradient_pass_storage, model_dims, parse_budget, pass_row_bytes
 from ..core.modelstate import explaining
+from ..core.recomputing import recomputing
 from ..core.row_attention import (
     RowAttentionUnsupported,
     causal_and_scale,
@@ -57,7 +58,7 @@ from ..core.row_attention import (
 )
 from ..errors import InputError
 from ..models.heads import AnswerHead
-from ..models.recompute import recomputable, recomputed_layers
+from ..models.recompute import recomputable
 from .ablation import CiteJob
 from .methods import source_method
 
@@ -200,7 +201,7 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
             last = step == len(points) - 1
             cache = {"past_key_values": context_cache if last else copy.deepcopy(context_cache), "use_cache": True}
         with torch.enable_grad(), explaining(model, registered()), gating(per_token), \
-                (recomputed_layers(model) if recompute else nullcontext()):
+                (recomputing(model, inputs.shape[1] - cut) if recompute else nullcontext()):
             try:
                 logits = model(input_ids=inputs[:, cut:], **cache, **keep).logits[0]
             except RowAttentionUnsupported as err:

@@ -215,7 +215,7 @@ def decompx_token_scores(ctx: BatchContext, contrast: bool = False) -> tuple[tor
     return scores, logit.detach() - (scores * cap.key_mask.bool()).sum(-1)
 
 
-def _decompx_stream_pass(model: Any, stream: str, n: int) -> int:
+def _seq2seq_pass_bytes(model: Any, stream: str, n: int) -> int:
     """An encoder-decoder's DecompX runs a pass of its own over every stream (:func:`seq2seq_decompx`): its bytes
     per input of ``n`` tokens, whose decoder reads as many (a generation's fewer: an upper bound)."""
     return seq2seq_decompx_bytes(model, n, n) if getattr(model.config, "is_encoder_decoder", False) else 0
@@ -233,7 +233,7 @@ def _decompx_stream_pass(model: Any, stream: str, n: int) -> int:
     citation="Modarressi et al. 2023 (ACL); bias='absdot' as in the authors' code",
     check=_check_decompx,
     fits=_decompx_fits,
-    own_memory=_decompx_stream_pass,
+    own_memory=_seq2seq_pass_bytes,
 )
 def decompx(ctx: BatchContext, bias: str = "token", contrast: bool = False) -> MethodOutput:
     """``bias``: ``"token"`` keeps every bias in a separate term (the authors' ``include_bias_token=True,

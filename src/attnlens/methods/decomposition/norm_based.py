@@ -340,7 +340,7 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
     return MethodOutput(layers[:, -1], layers)
 
 
-def _alti_plus_stream_pass(model: Any, stream: str, n: int) -> int:
+def _alti_plus_pass_bytes(model: Any, stream: str, n: int) -> int:
     """On an encoder-decoder's decoder and cross streams ALTI runs ALTI+'s pass of its own over every stream: its
     bytes per input of ``n`` tokens, whose decoder reads as many (a generation's fewer: an upper bound)."""
     if stream in ("decoder", "cross") and getattr(model.config, "is_encoder_decoder", False):
@@ -353,7 +353,7 @@ def _alti_plus_stream_pass(model: Any, stream: str, n: int) -> int:
     needs={ATTENTION_CHUNKS, HIDDEN},
     class_specific=False,
     applies=applicability("alti", streams=("encoder", "decoder", "cross")),
-    own_memory=_alti_plus_stream_pass,
+    own_memory=_alti_plus_pass_bytes,
     summary="ALTI: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij), y_i = LN1's output (pre-LN "
     "decoders: T_i(x_j) = z_ij, y_i the residual stream after attention), rows normalised to 1, rolled out over "
     "layers; s_j = (C^L···C^1)[c, j]. Encoder-decoders' decoder and cross streams: ALTI+, the target prefix's and "
