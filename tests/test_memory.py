@@ -680,9 +680,9 @@ def test_a_pass_planned_at_half_the_budget_or_more_sets_the_allocator(monkeypatc
     assert calls == [allocator.MMAP_THRESHOLD]
 
 
-def test_a_recomputed_pass_maps_blocks_of_half_a_layers_hidden_states(monkeypatch):
-    """Within a pass that recomputes its layers, every block of half a layer's hidden states or more is mapped
-    on its own (between MIN_THRESHOLD and MMAP_THRESHOLD), and the threshold in force before is restored after."""
+def test_a_recomputed_pass_maps_blocks_of_a_quarter_of_a_layers_hidden_states(monkeypatch):
+    """Within a pass that recomputes its layers, every block of a quarter of a layer's hidden states or more is
+    mapped on its own (between MIN_THRESHOLD and MMAP_THRESHOLD); the threshold in force before is restored after."""
     from attnlens.core import allocator
 
     calls = []
@@ -690,10 +690,10 @@ def test_a_recomputed_pass_maps_blocks_of_half_a_layers_hidden_states(monkeypatc
         threshold) or True)
     monkeypatch.setattr(allocator, "_threshold", None)
     with allocator.for_recomputed_layers(6 * 2**20):
-        assert calls == [3 * 2**20]
+        assert calls == [3 * 2**19]
         with allocator.for_recomputed_layers(2**16):
             assert calls[-1] == allocator.MIN_THRESHOLD
-        assert calls[-1] == 3 * 2**20
+        assert calls[-1] == 3 * 2**19
     assert calls[-1] == allocator.MMAP_THRESHOLD  # none was set before: the fixed threshold for long inputs
     del calls[:]
     with allocator.for_recomputed_layers(64 * 2**20):  # never above the threshold for long inputs
@@ -709,11 +709,11 @@ def test_a_recomputed_pass_maps_blocks_of_half_a_layers_hidden_states(monkeypatc
         pass
     with allocator.for_recomputed_layers(6 * 2**20):
         pass
-    assert calls == [3 * 2**20]
+    assert calls == [3 * 2**19]
 
 
 def test_recomputing_sizes_the_allocator_by_the_models_hidden_states(monkeypatch):
-    """A BERT-base-sized pass over 2,048 tokens recomputing its layers maps blocks from 3 MiB on (half of
+    """A BERT-base-sized pass over 2,048 tokens recomputing its layers maps blocks from 1.5 MiB on (a quarter of
     2,048 × 768 float32 values), and its layers are switched to recompute only within the block."""
     import transformers
 
@@ -727,10 +727,10 @@ def test_recomputing_sizes_the_allocator_by_the_models_hidden_states(monkeypatch
     with torch.device("meta"):
         model = transformers.BertModel(transformers.BertConfig())
     with recomputing(model, 2048) as switched:
-        assert switched == 12 and calls == [3 * 2**20]
+        assert switched == 12 and calls == [3 * 2**19]
         assert all(layer.gradient_checkpointing for layer in model.encoder.layer)
     assert not any(layer.gradient_checkpointing for layer in model.encoder.layer)
-    assert calls == [3 * 2**20, allocator.MMAP_THRESHOLD]
+    assert calls == [3 * 2**19, allocator.MMAP_THRESHOLD]
 
 
 def test_the_mmap_threshold_is_set_on_glibc():

@@ -13,7 +13,7 @@ reuse the heap's blocks. A pass that recomputes each layer in its backward (plan
 activations would not fit the budget) frees and allocates each layer's activations again, blocks of one layer's
 hidden states and a few times that, and their holes in the heaps grew its resident size far past what was alive
 (a ModernBERT-base-sized model's gradients over 2,048 tokens: 2.3 GiB resident for 0.27 GiB of tensors with an
-8 MiB threshold, 0.3 GiB with 3 MiB); within such a pass the threshold is half a layer's hidden states
+8 MiB threshold, 0.3 GiB with 3 MiB); within such a pass the threshold is a quarter of a layer's hidden states
 (:func:`for_recomputed_layers`). Off glibc nothing changes. Set ``ATTNLENS_KEEP_MALLOC=1`` to leave the allocator
 as it is.
 """
@@ -66,7 +66,7 @@ def for_budget_share(need: int, budget: int) -> None:
 @contextmanager
 def for_recomputed_layers(block: int) -> Iterator[None]:
     """Within the block, a pass that recomputes each layer in its backward, whose layers' hidden states take
-    ``block`` bytes, maps every block of half that or more (at least :data:`MIN_THRESHOLD`, at most
+    ``block`` bytes, maps every block of a quarter of that or more (at least :data:`MIN_THRESHOLD`, at most
     :data:`MMAP_THRESHOLD`) on its own; the threshold in force before (:data:`MMAP_THRESHOLD` when there was none)
     is restored after it. Not when ``ATTNLENS_KEEP_MALLOC`` is set."""
     global _threshold
@@ -74,7 +74,7 @@ def for_recomputed_layers(block: int) -> Iterator[None]:
         yield
         return
     before = _threshold or MMAP_THRESHOLD
-    wanted = min(before, max(MIN_THRESHOLD, block // 2))
+    wanted = min(before, max(MIN_THRESHOLD, block // 4))
     if wanted == _threshold:
         yield
         return
