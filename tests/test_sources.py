@@ -1182,11 +1182,12 @@ def test_attngate_with_layers_recomputed_scores_the_same(lm, monkeypatch):
     job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
     kept, logprob = gates.source_gate_gradients(job, 0.5)
     switched = []
-    real = gates.recomputed_layers
+    real = gates.recomputing
     monkeypatch.setattr(gates, "_recomputes", lambda *a: True)
-    monkeypatch.setattr(gates, "recomputed_layers", lambda m: switched.append(1) or real(m))
+    monkeypatch.setattr(gates, "recomputing", lambda m, tokens: switched.append(tokens) or real(m, tokens))
     again, logprob_again = gates.source_gate_gradients(job, 0.5)
-    assert switched
+    n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
+    assert switched and all(0 < tokens <= n for tokens in switched)
     np.testing.assert_allclose(again, kept, rtol=1e-5, atol=1e-7)
     assert logprob_again == pytest.approx(logprob, rel=1e-6)
 
