@@ -82,6 +82,7 @@ class Dims:
     attentions: int = 0  # attention computations, each with its maps (0: one per layer)
     bias_maps: int = 0  # H x N x N score-bias maps held through a pass (Architecture.bias_maps: T5's)
     mask_maps: int = 0  # N x N masks and indices held through a pass (Architecture.mask_maps: ModernBERT's)
+    layer_mask_maps: int = 0  # N x N masks per layer a backward keeps (Architecture.layer_mask_maps: ModernBERT's)
 
     @property
     def maps(self) -> int:
@@ -118,14 +119,14 @@ def model_dims(model: Any) -> Dims:
                 *_extra_maps(cfg))
 
 
-def _extra_maps(config: Any) -> tuple[int, int]:
+def _extra_maps(config: Any) -> tuple[int, int, int]:
     """The score-bias maps and the masks ``config``'s model type holds through a pass (``Architecture.bias_maps``,
-    ``mask_maps``); none for a type attnlens has no entry for."""
+    ``mask_maps``, ``layer_mask_maps``); none for a type attnlens has no entry for."""
     try:
         arch = architecture_for(config) if config is not None else None
     except ModelError:
         arch = None
-    return (arch.bias_maps, arch.mask_maps) if arch is not None else (0, 0)
+    return (arch.bias_maps, arch.mask_maps, arch.layer_mask_maps) if arch is not None else (0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
             work = layers * n * d + ACTIVATION_VECTORS * n * d
         else:
             work = layers * ACTIVATION_VECTORS * n * d + (attentions * ATTENTION_MAPS * maps if storage.eager else 0)
+            work += layers * dims.layer_mask_maps * n * n
         work += LOGIT_COPIES * storage.logit_positions(n) * dims.logits
         rule_chunk = row_attention.chunk_elements(dims.device, backward=True)
         work += RULE_CHUNK_COPIES * min(rule_chunk, heads * n * n) * storage.chunked_rules
@@ -252,6 +254,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
 def backward_row_bytes(dims: Dims, n: int) -> int:
     """Bytes a forward + backward holds for one row of ``n`` tokens (integrated gradients' unit of work)."""
     held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + dims.maps * ATTENTION_MAPS * dims.heads * n * n
+    held += dims.layers * dims.layer_mask_maps * n * n
     return (held + _held_biases(dims, n)) * dims.itemsize
 
 

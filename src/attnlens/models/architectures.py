@@ -269,6 +269,9 @@ class Architecture:
     # N x N arrays (one value per pair of tokens, all heads): masks built whole (ModernBERT's global and
     # sliding-window masks, Gemma 2's, BLOOM's and Falcon's), relative-position indices (DeBERTa's)
     mask_maps: int = 0
+    # N x N masks each layer builds for itself, which a backward keeps with the layer's activations (ModernBERT's
+    # sliding-window layers each build their windowed mask, and fused attention saves it for the backward)
+    layer_mask_maps: int = 0
 
     @property
     def family(self) -> str:
@@ -542,7 +545,7 @@ _ENTRIES: list[Architecture] = [
                  lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
                                                               "mlp"),),
                                 forwards=(("ModernBertMLP", "glu_mlp"),), embedding_input="embeddings.norm"),
-                 mask_maps=4),
+                 mask_maps=4, layer_mask_maps=1),
     Architecture("xlm-roberta-xl", ENCODER, position_offset=True, anatomy=_XLMR_XL_ANATOMY, layers=_BERT_LAYERS,
                  lrp=LRPSupport("XLM-RoBERTa-XL", forwards=(
                      ("XLMRobertaXLSelfOutput", "dense_residual"), ("XLMRobertaXLOutput", "dense_residual"),
