@@ -70,12 +70,9 @@ def for_recomputed_layers(block: int) -> Iterator[None]:
     :data:`MMAP_THRESHOLD`) on its own; the threshold in force before (:data:`MMAP_THRESHOLD` when there was none)
     is restored after it. Not when ``ATTNLENS_KEEP_MALLOC`` is set."""
     global _threshold
-    if os.environ.get("ATTNLENS_KEEP_MALLOC") or _threshold == 0:
-        yield
-        return
     before = _threshold or MMAP_THRESHOLD
     wanted = min(before, max(MIN_THRESHOLD, block // 4))
-    if wanted == _threshold:
+    if os.environ.get("ATTNLENS_KEEP_MALLOC") or _threshold == 0 or wanted == _threshold:
         yield
         return
     if not set_mmap_threshold(wanted):

@@ -17,8 +17,8 @@ from .memory import model_dims
 @contextmanager
 def recomputing(model: nn.Module, tokens: int) -> Iterator[int]:
     """Within the block, a backward through ``model`` over sequences of ``tokens`` tokens recomputes each layer
-    from its input, and blocks of a quarter of a layer's hidden states or more go back to the system when freed. Yields
-    how many layers were switched."""
+    from its input, and blocks of a quarter of a layer's hidden states or more go back to the system when freed.
+    Yields how many layers were switched."""
     dims = model_dims(model)
     with for_recomputed_layers(tokens * dims.hidden * dims.itemsize), recomputed_layers(model) as switched:
         yield switched
