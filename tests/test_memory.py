@@ -92,9 +92,45 @@ def test_the_estimate_counts_the_mask_each_sliding_window_layer_keeps_for_the_ba
     assert held <= estimated
 
 
+def test_the_estimate_counts_the_position_terms_each_deberta_layer_keeps_for_its_gathers():
+    """DeBERTa-v2's layers each build their content-to-position and position-to-content terms, heads × N ×
+    2·buckets values, before gathering them into N × N, and each gather keeps its input for the backward: with 128
+    position buckets the held tensors' term in the length (not its square: the span is fixed) stays within the
+    estimate's (Architecture.position_terms)."""
+    tiny = make_model("deberta-v2")
+    config = type(tiny.config)(**{**tiny.config.to_dict(), "position_buckets": 128, "max_relative_positions": 256})
+    model = type(tiny)(config)
+    assert model_dims(model).position_terms.columns(64) == 256
+    held, estimated = _held_and_estimated(model, "grads")
+    assert _linear_term(held) <= _linear_term(estimated)
+    assert _second_difference(held) <= _second_difference(estimated)
+
+
+LENGTHS = (64, 128, 192)
+
+
+def _second_difference(values: list[int]) -> int:
+    """The second difference of values at :data:`LENGTHS`: their term in the square of the length."""
+    return values[2] - 2 * values[1] + values[0]
+
+
+def _linear_term(values: list[int]) -> float:
+    """The coefficient of the length in the quadratic through values at :data:`LENGTHS`."""
+    step = LENGTHS[1] - LENGTHS[0]
+    square = _second_difference(values) / (2 * step * step)
+    return (values[1] - values[0]) / step - square * (LENGTHS[0] + LENGTHS[1])
+
+
 def _square_terms(model: torch.nn.Module, method: str) -> tuple[int, int]:
     """The second differences at 64, 128 and 192 tokens of the tensors explaining with ``method`` holds at once
     (counted exactly, LiveTensorPeak) and of the memory estimate: their terms in the square of the length."""
+    held, estimated = _held_and_estimated(model, method)
+    return _second_difference(held), _second_difference(estimated)
+
+
+def _held_and_estimated(model: torch.nn.Module, method: str) -> tuple[list[int], list[int]]:
+    """The bytes of the tensors explaining with ``method`` holds at once (counted exactly, LiveTensorPeak) at
+    :data:`LENGTHS` tokens, and the memory estimate's there."""
     from attnlens.testing.live_tensors import LiveTensorPeak
 
     tok = make_tokenizer()
@@ -106,20 +142,14 @@ def _square_terms(model: torch.nn.Module, method: str) -> tuple[int, int]:
     ex = Explainer(type(model)(config).eval(), tok, max_length=192)
     cost = engine.pass_cost(ex.runner, [registry.get_method(method)], memory.DEFAULT_BUDGET)
     words = [w for w in tok.get_vocab() if w.isalpha()]
-    lengths = (64, 128, 192)
     peaks = []
-    for n in lengths:
+    for n in LENGTHS:
         text = " ".join(words[i % len(words)] for i in range(n - 2))
         assert len(ex.encode(text)[0].ids) == n
         with LiveTensorPeak() as live:
             ex.explain([text], methods=[method])
         peaks.append(live.peak)
-    estimates = [cost.total(n) for n in lengths]
-
-    def second_difference(values: list[int]) -> int:
-        return values[2] - 2 * values[1] + values[0]
-
-    return second_difference(peaks), second_difference(estimates)
+    return peaks, [cost.total(n) for n in LENGTHS]
 
 
 def test_accelerators_recompute_attention_in_larger_chunks():

@@ -240,11 +240,13 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     try:
         with torch.set_grad_enabled(gradients):
             kwargs = dict(inputs if sequence is None else sequence, **logit_rows.model_kwargs())
+            if getattr(model.config, "use_cache", None) is not None:
+                # nothing reuses a key/value cache (every layer's keys and values: an encoder-decoder's decoder
+                # holds four per layer), and a recomputed layer must not append to one again
+                kwargs["use_cache"] = False
             if given is not None:  # another pass ran the forward: nothing of the stream is kept
                 outputs = _without_attentions(given)
             elif mode == ROWS:
-                if getattr(model.config, "use_cache", None) is not None:
-                    kwargs["use_cache"] = False  # a recomputed layer must not append to a key/value cache again
                 outputs = model(**kwargs, output_hidden_states=HIDDEN in keep, return_dict=True)
                 recorder.done = True
                 if recorder.calls != _layer_count(model):  # some layer did not come through the interface

@@ -2,8 +2,9 @@
 
 The estimates are per *row* (one padded sequence of ``n`` tokens) of a Transformer: a forward + backward keeps,
 per layer, about ``ACTIVATION_VECTORS`` vectors of the hidden size per token (inputs of the linear layers, layer
-norms, the feed-forward's wide activations) and, with eager attention, ``ATTENTION_MAPS`` ``n × n`` maps per head
-(scores, probabilities, dropout/softmax backward); fused attention (SDPA) keeps none. A language model's head
+norms, the feed-forward's wide activations) and, with eager attention, ``HELD_MAPS`` ``n × n`` map per head and
+attention (its probabilities) plus the ``WORKING_MAPS`` of the one layer whose backward runs; fused attention (SDPA)
+keeps none. A language model's head
 adds its logits over the vocabulary (and their gradient). What the shared pass keeps for the methods
 (:class:`Storage`: whole maps, explained rows, received attention, hidden states, embeddings, their gradients)
 comes on top, and so do the score biases and whole masks some architectures hold through a pass
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError, ModelError
-from ..models.architectures import architecture_for
+from ..models.architectures import PositionTerms, architecture_for
 from . import row_attention
 from .allocator import for_budget_share
 
@@ -30,8 +31,18 @@ DEFAULT_BUDGET = 4 * 2**30  # bytes: what explain() plans for when no memory_bud
 ACTIVATION_VECTORS = 30  # hidden-size vectors per token and layer held for a backward pass (24 fitted on MiniLM;
 # SmolLM2's wider gated FFN holds more: 2.5 MB per token measured at 1k-2k tokens, weights aside)
 LOGIT_COPIES = 3  # a language model's (n, vocabulary) logits, their gradient and one temporary
-ATTENTION_MAPS = 4  # n x n maps per head and layer held for a backward pass (eager attention)
-FORWARD_VECTORS = 8  # hidden-size vectors per token alive at once in a forward without a graph
+# eager attention in a backward pass: the n x n maps per head each attention keeps (its probabilities, which the
+# softmax's and the values' products' gradients both read: 1.0 per head and attention measured on BART-base, 1.06
+# with T5-base's biases), and those alive in the one layer whose backward runs (the probabilities' and the scores'
+# gradients and the softmax backward's temporary)
+HELD_MAPS = 1
+WORKING_MAPS = 3
+# a half-precision model's attention may run its softmax in float32 (Llama's, T5's), keeping the float32
+# probabilities beside their half copy: three maps of the model's element size for one
+HALF_SOFTMAX_MAPS = 3
+# hidden-size vectors per token alive at once in a forward without a graph (12.4-13.0 measured on Llama-, BART- and
+# T5-base-sized models, feed-forwards four times as wide)
+FORWARD_VECTORS = 16
 # chunks of recomputed probabilities alive at once while a method reads every layer's maps chunk by chunk
 # (scores, probabilities, their gradient and the reduction's temporaries; attention_chunks.py)
 CHUNK_COPIES = 8
@@ -83,6 +94,10 @@ class Dims:
     bias_maps: int = 0  # H x N x N score-bias maps held through a pass (Architecture.bias_maps: T5's)
     mask_maps: int = 0  # N x N masks and indices held through a pass (Architecture.mask_maps: ModernBERT's)
     layer_mask_maps: int = 0  # N x N masks per layer a backward keeps (Architecture.layer_mask_maps: ModernBERT's)
+    position_terms: PositionTerms = PositionTerms()  # H x N x columns score terms per layer (DeBERTa's)
+    # H x N x N maps per attention an eager backward keeps beside the probabilities (soft-capped scores, Gemma 2's:
+    # the tanh keeps its output)
+    score_maps: int = 0
 
     @property
     def maps(self) -> int:
@@ -115,18 +130,22 @@ def model_dims(model: Any) -> Dims:
         out = None
     logits = get("vocab_size") if out is not None else 0
     # a decoder layer of an encoder-decoder computes two attentions (self and cross), each with its maps
+    capped = 1 if getattr(cfg, "attn_logit_softcapping", None) else 0
     return Dims(layers + decoder, heads, hidden, itemsize, logits, device, layers + 2 * decoder,
-                *_extra_maps(cfg))
+                *_extra_maps(cfg), score_maps=capped)
 
 
-def _extra_maps(config: Any) -> tuple[int, int, int]:
-    """The score-bias maps and the masks ``config``'s model type holds through a pass (``Architecture.bias_maps``,
-    ``mask_maps``, ``layer_mask_maps``); none for a type attnlens has no entry for."""
+def _extra_maps(config: Any) -> tuple[int, int, int, PositionTerms]:
+    """The score-bias maps, the masks and the relative-position terms ``config``'s model type holds through a pass
+    (``Architecture.bias_maps``, ``mask_maps``, ``layer_mask_maps``, ``position_terms``); none for a type attnlens
+    has no entry for."""
     try:
         arch = architecture_for(config) if config is not None else None
     except ModelError:
         arch = None
-    return (arch.bias_maps, arch.mask_maps, arch.layer_mask_maps) if arch is not None else (0, 0, 0)
+    if arch is None:
+        return 0, 0, 0, PositionTerms()
+    return arch.bias_maps, arch.mask_maps, arch.layer_mask_maps, arch.position_terms_for(config)
 
 
 @dataclass(frozen=True)
@@ -225,15 +244,19 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     maps = heads * n * n  # one attention's n x n probabilities, every head
     if storage.backward:
         if storage.recompute:  # each layer's input, and one layer's activations at a time
-            work = layers * n * d + ACTIVATION_VECTORS * n * d
+            work = layers * n * d + ACTIVATION_VECTORS * n * d + _position_values(dims, n)
         else:
-            work = layers * ACTIVATION_VECTORS * n * d + (attentions * ATTENTION_MAPS * maps if storage.eager else 0)
-            work += layers * dims.layer_mask_maps * n * n
+            # the whole maps a pass keeps are the probabilities the backward reads: counted once, with what is kept
+            kept_all = storage.maps and not storage.map_layers
+            work = layers * ACTIVATION_VECTORS * n * d
+            work += _eager_backward_maps(dims, n, kept_all) if storage.eager else 0
+            work += layers * (dims.layer_mask_maps * n * n + _position_values(dims, n))
         work += LOGIT_COPIES * storage.logit_positions(n) * dims.logits
         rule_chunk = row_attention.chunk_elements(dims.device, backward=True)
         work += RULE_CHUNK_COPIES * min(rule_chunk, heads * n * n) * storage.chunked_rules
     else:  # one layer at a time
         work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
+        work += _position_values(dims, n)
     kept = (storage.map_layers or attentions) * maps * storage.maps
     kept += attentions * (maps * storage.map_grads
                           + heads * storage.rows * n * (1 + storage.row_grads)
@@ -253,9 +276,26 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
 
 def backward_row_bytes(dims: Dims, n: int) -> int:
     """Bytes a forward + backward holds for one row of ``n`` tokens (integrated gradients' unit of work)."""
-    held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + dims.maps * ATTENTION_MAPS * dims.heads * n * n
-    held += dims.layers * dims.layer_mask_maps * n * n
+    held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + _eager_backward_maps(dims, n)
+    held += dims.layers * (dims.layer_mask_maps * n * n + _position_values(dims, n))
     return (held + _held_biases(dims, n)) * dims.itemsize
+
+
+def _eager_backward_maps(dims: Dims, n: int, probabilities_kept: bool = False) -> int:
+    """Values of the ``heads × n × n`` maps an eager forward + backward holds at its peak: each attention's
+    probabilities (unless the pass keeps them anyway: ``probabilities_kept``) and soft-capped scores, and the
+    working maps of the layer whose backward runs (each counted three times in half precision, whose softmax may run
+    in float32)."""
+    per_map = 1 if dims.itemsize >= 4 else HALF_SOFTMAX_MAPS
+    held = dims.maps * (dims.score_maps + (0 if probabilities_kept else HELD_MAPS))
+    return (held + WORKING_MAPS) * per_map * dims.heads * n * n
+
+
+def _position_values(dims: Dims, n: int) -> int:
+    """Values of one layer's relative-position score terms over ``n`` tokens before their gather
+    (``Architecture.position_terms``: DeBERTa's)."""
+    terms = dims.position_terms
+    return terms.count * dims.heads * n * terms.columns(n)
 
 
 def _held_biases(dims: Dims, n: int) -> int:

@@ -248,6 +248,23 @@ class Layers:
 
 
 @dataclass(frozen=True)
+class PositionTerms:
+    """Relative-position score terms an attention layer builds as ``heads × N × columns`` values before gathering
+    them into its ``N × N`` scores (DeBERTa's content-to-position and position-to-content); each gather keeps its
+    input for the backward, so a backward holds every layer's. ``count``: the terms per layer; ``span``: the
+    relative distances each side; ``grows``: the span is ``min(N, span)`` (DeBERTa's) rather than fixed
+    (DeBERTa-v2's, its position buckets: the terms are linear in the length)."""
+
+    count: int = 0
+    span: int = 0
+    grows: bool = False
+
+    def columns(self, n: int) -> int:
+        """Values per head and token of one term over ``n`` tokens."""
+        return 2 * (min(n, self.span) if self.grows else self.span)
+
+
+@dataclass(frozen=True)
 class Architecture:
     """Everything attnlens knows about one ``config.model_type`` (see the module docstring)."""
 
@@ -269,9 +286,13 @@ class Architecture:
     # N x N arrays (one value per pair of tokens, all heads): masks built whole (ModernBERT's global and
     # sliding-window masks, Gemma 2's, BLOOM's and Falcon's), relative-position indices (DeBERTa's)
     mask_maps: int = 0
-    # N x N masks each layer builds for itself, which a backward keeps with the layer's activations (ModernBERT's
-    # sliding-window layers each build their windowed mask, and fused attention saves it for the backward)
+    # N x N arrays each layer builds for itself, which a backward keeps with the layer's activations (ModernBERT's
+    # sliding-window layers each build their windowed mask, and fused attention saves it for the backward;
+    # DeBERTa's layers each clamp the relative positions into two int64 gather indices: 4 float32s' worth)
     layer_mask_maps: int = 0
+    # the content-to-position score terms each attention layer builds before gathering them into N x N (DeBERTa's),
+    # a function of the config; None: the type builds none
+    position_terms: Callable[[Any], PositionTerms] | None = None
 
     @property
     def family(self) -> str:
@@ -285,6 +306,10 @@ class Architecture:
     def anatomy_for(self, config: Any) -> Anatomy | None:
         """The layer anatomy of this model (encoder-decoders: of its encoder), or ``None``."""
         return self.anatomy(config) if callable(self.anatomy) else self.anatomy
+
+    def position_terms_for(self, config: Any) -> PositionTerms:
+        """The relative-position score terms this model's attention layers build (none for most types)."""
+        return self.position_terms(config) if self.position_terms is not None else PositionTerms()
 
     def adapter_for(self, config: Any) -> Adapter:
         """The family adapter, set to this model's pooling."""
@@ -376,6 +401,25 @@ def _deberta_v2_anatomy(config: Any) -> Anatomy | None:
     if getattr(config, "conv_kernel_size", 0) or act not in HEAD_ACTIVATIONS:
         return None
     return Anatomy((("pooler.dense", act), ("classifier", None)))
+
+
+def _deberta_position_terms(config: Any) -> PositionTerms:
+    """DeBERTa's and DeBERTa-v2's content-to-position terms (``pos_att_type``), when relative attention is on:
+    v1 spans the length up to ``max_relative_positions``; v2 a fixed span, its position buckets where it has
+    them."""
+    if not getattr(config, "relative_attention", False):
+        return PositionTerms()
+    types = getattr(config, "pos_att_type", None) or ()
+    if isinstance(types, str):
+        types = [t.strip() for t in types.lower().split("|")]
+    count = sum(t in types for t in ("c2p", "p2c"))
+    span = getattr(config, "max_relative_positions", -1)
+    if span < 1:
+        span = config.max_position_embeddings
+    if config.model_type == "deberta":
+        return PositionTerms(count, span, grows=True)
+    buckets = getattr(config, "position_buckets", -1)
+    return PositionTerms(count, buckets if buckets > 0 else span)
 
 
 def _deberta_anatomy(config: Any) -> Anatomy | None:
@@ -528,12 +572,13 @@ _ENTRIES: list[Architecture] = [
                                value_bias="attention.self.v_bias", shared=("relative_pos", "rel_embeddings")),
                  lrp=LRPSupport("DeBERTa", _BERT_RESIDUALS, forwards=(
                      ("DisentangledSelfAttention", "deberta_v1_attention"), ("ContextPooler", "deberta_pooler"))),
-                 bias_maps=4, mask_maps=11),
+                 bias_maps=4, mask_maps=11, layer_mask_maps=4, position_terms=_deberta_position_terms),
     Architecture("deberta-v2", ENCODER, anatomy=_deberta_v2_anatomy,
                  layers=Layers("encoder.layer", "attention.self.value_proj", shared=("relative_pos", "rel_embeddings")),
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
                      ("DisentangledSelfAttention", "deberta_attention"), ("ContextPooler", "deberta_pooler"),
-                     ("ConvLayer", "deberta_conv"))), bias_maps=2, mask_maps=13),
+                     ("ConvLayer", "deberta_conv"))), bias_maps=2, mask_maps=13, layer_mask_maps=4,
+                 position_terms=_deberta_position_terms),
     Architecture("mpnet", ENCODER, anatomy=_MPNET_ANATOMY, layers=Layers("encoder.layer", "attention.attn.v"),
                  lrp=LRPSupport("MPNet", (Residual("MPNetAttention", "LayerNorm", "dropout"), *_BERT_RESIDUALS),
                                 forwards=(("MPNetSelfAttention", "mpnet_attention"),
