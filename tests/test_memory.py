@@ -63,20 +63,50 @@ GROWTH_FAMILIES = ["bert", "gpt2", "llama", "bloom", "falcon", "gemma2", "modern
 
 @pytest.mark.parametrize("method", GROWTH_METHODS)
 @pytest.mark.parametrize("family", GROWTH_FAMILIES)
-def test_the_estimate_grows_with_the_square_of_the_length_at_least_as_the_held_tensors_do(family, method):
+def test_the_estimate_grows_with_the_length_and_its_square_at_least_as_the_held_tensors_do(family, method):
     """The tensors an explanation holds at once (counted exactly, LiveTensorPeak) at 64, 128 and 192 tokens: their
-    second difference (the term in the square of the length, what dominates long inputs) is no larger than the
-    memory estimate's. The estimate's quadratic terms cover every map a pass holds: the kept and working maps of
-    the pass it plans (eager where the model's attention cannot run fused: Gemma 2's softcapping), and each
-    architecture's score biases and whole masks (T5's, DeBERTa's, ModernBERT's, ...). Its terms in the length are
-    checked against resident memory at real sizes (bench/budget_promise.py)."""
+    terms in the length and in its square (what dominates long inputs) are no larger than the memory estimate's.
+    The quadratic terms cover every map a pass holds: the kept and working maps of the pass it plans (eager where
+    the model's attention cannot run fused: Gemma 2's softcapping), and each architecture's score biases and whole
+    masks (T5's, DeBERTa's, ModernBERT's, ...); the linear ones each layer's activations, what its feed-forward
+    saves counted on the model (GPT-2's activation function, run as several operations, saves five wide tensors).
+    Both are checked against resident memory at real sizes (bench/budget_promise.py)."""
     model = make_model(family)
     why = registry.get_method(method).unsupported(model, "encoder" if family in ("bart", "t5") else "self",
                                                   "classification")
     if why:
         pytest.skip(why)
-    held, estimated = _square_terms(model, method)
-    assert held <= estimated
+    held, estimated = _held_and_estimated(model, method)
+    assert _second_difference(held) <= _second_difference(estimated)
+    assert _linear_term(held) <= _linear_term(estimated)
+
+
+@pytest.mark.parametrize(("family", "settings", "saved"), [
+    ("bert", {"intermediate_size": 64}, 1 + 4 * 2),  # its input; GELU's input, the output projection's input
+    ("t5", {"d_ff": 64}, 1 + 4 * 1),  # ReLU saves its output, the one tensor the output projection saves too
+    ("t5", {"d_ff": 64, "feed_forward_proj": "gated-gelu", "dense_act_fn": "gelu_new", "is_gated_act": True},
+     1 + 4 * (4 + 3)),  # Flan-T5: gelu_new saves four; the gate and up outputs, their product
+    ("gpt2", {"n_inner": 64}, 1 + 4 * (4 + 1)),
+    ("llama", {"intermediate_size": 64}, 1 + 4 * 4),  # SiLU's input, its output, the up projection, the product
+])
+def test_the_feed_forward_count_is_what_autograd_saves(family, settings, saved):
+    """A layer's feed-forward keeps its input and, per token, a number of wide (here 4 × hidden) tensors set by its
+    activation function and gate: counted on the model, in hidden-size vectors, and read by the estimate above
+    the least it counts (LAYER_VECTORS beside it)."""
+    from attnlens.models.feed_forward import feed_forward_saved_vectors
+
+    tiny = make_model(family)
+    config = type(tiny.config)(**{**tiny.config.to_dict(), **settings})
+    model = type(tiny)(config).eval()
+    assert config.hidden_size * 4 == 64
+    state = torch.get_rng_state()
+    assert feed_forward_saved_vectors(model, config.hidden_size) == saved
+    assert torch.equal(torch.get_rng_state(), state)  # the probe draws no random numbers
+    dims = model_dims(model)
+    assert dims.activation_vectors == max(memory.ACTIVATION_VECTORS, memory.LAYER_VECTORS + saved)
+    assert dims.forward_vectors == max(memory.FORWARD_VECTORS, memory.FORWARD_LAYER_VECTORS + saved)
+    with torch.device("meta"):  # weights never materialised: nothing to count on
+        assert model_dims(type(tiny)(config)).activation_vectors == memory.ACTIVATION_VECTORS
 
 
 def test_the_estimate_counts_the_mask_each_sliding_window_layer_keeps_for_the_backward():

@@ -1,22 +1,24 @@
 """Memory budgets: parse ``"4GB"``, estimate what a pass over a padded batch holds, and size batches to fit.
 
-The estimates are per *row* (one padded sequence of ``n`` tokens) of a Transformer: a forward + backward keeps,
-per layer, about ``ACTIVATION_VECTORS`` vectors of the hidden size per token (inputs of the linear layers, layer
-norms, the feed-forward's wide activations) and, with eager attention, ``HELD_MAPS`` ``n × n`` map per head and
-attention (its probabilities) plus the ``WORKING_MAPS`` of the one layer whose backward runs; fused attention (SDPA)
-keeps none. A language model's head
-adds its logits over the vocabulary (and their gradient). What the shared pass keeps for the methods
-(:class:`Storage`: whole maps, explained rows, received attention, hidden states, embeddings, their gradients)
-comes on top, and so do the score biases and whole masks some architectures hold through a pass
-(``Architecture.bias_maps``, ``mask_maps``: T5's, DeBERTa's, ModernBERT's, ...). The constants were fitted to
-peak RSS measured with ``bench/memory.py`` on minilm-sst2 (32–512 tokens) and ``bench/long_context.py`` on SmolLM2
-(1k–8k tokens) and round up, so a budget is an upper bound in practice rather than an exact one. A run whose
-estimate exceeds the budget is refused before it starts (:func:`refuse_over_budget`).
+The estimates are per *row* (one padded sequence of ``n`` tokens) of a Transformer: a forward + backward keeps, per
+layer, about ``ACTIVATION_VECTORS`` vectors of the hidden size per token (inputs of the linear layers, layer norms,
+the feed-forward's wide activations; more where the layer's feed-forward, counted on the model by
+:func:`~attnlens.models.feed_forward.feed_forward_saved_vectors`, saves more) and, with eager attention,
+``HELD_MAPS`` ``n × n`` map per head and attention (its probabilities) plus the ``WORKING_MAPS`` of the one layer
+whose backward runs; fused attention (SDPA) keeps none. A language model's head adds its logits over the vocabulary
+(and their gradient). What the shared pass keeps for the methods (:class:`Storage`: whole maps, explained rows,
+received attention, hidden states, embeddings, their gradients) comes on top, and so do the score biases and whole
+masks some architectures hold through a pass (``Architecture.bias_maps``, ``mask_maps``: T5's, DeBERTa's,
+ModernBERT's, ...). The constants were fitted to peak RSS measured with ``bench/memory.py`` on minilm-sst2 (32–512
+tokens) and ``bench/long_context.py`` on SmolLM2 (1k–8k tokens) and round up, so a budget is an upper bound in
+practice rather than an exact one. A run whose estimate exceeds the budget is refused before it starts
+(:func:`refuse_over_budget`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,12 +26,17 @@ from typing import Any
 
 from ..errors import InputError, ModelError
 from ..models.architectures import PositionTerms, architecture_for
+from ..models.feed_forward import feed_forward_saved_vectors
 from . import row_attention
 from .allocator import for_budget_share
 
 DEFAULT_BUDGET = 4 * 2**30  # bytes: what explain() plans for when no memory_budget is given
 ACTIVATION_VECTORS = 30  # hidden-size vectors per token and layer held for a backward pass (24 fitted on MiniLM;
-# SmolLM2's wider gated FFN holds more: 2.5 MB per token measured at 1k-2k tokens, weights aside)
+# SmolLM2's wider gated FFN holds more: 2.5 MB per token measured at 1k-2k tokens, weights aside): the least the
+# estimates count; more where the layer's feed-forward saves more (LAYER_VECTORS + its own count)
+# a layer's vectors per token beside its feed-forward's (attention projections, norms, residuals, a decoder layer's
+# cross-attention): 8.5-12.8 measured on BERT-, GPT-2-, Llama-, BART- and T5-base-sized models
+LAYER_VECTORS = 15
 LOGIT_COPIES = 3  # a language model's (n, vocabulary) logits, their gradient and one temporary
 # eager attention in a backward pass: the n x n maps per head each attention keeps (its probabilities, which the
 # softmax's and the values' products' gradients both read: 1.0 per head and attention measured on BART-base, 1.06
@@ -41,8 +48,10 @@ WORKING_MAPS = 3
 # probabilities beside their half copy: three maps of the model's element size for one
 HALF_SOFTMAX_MAPS = 3
 # hidden-size vectors per token alive at once in a forward without a graph (12.4-13.0 measured on Llama-, BART- and
-# T5-base-sized models, feed-forwards four times as wide)
+# T5-base-sized models): the least counted; FORWARD_LAYER_VECTORS + what the feed-forward saves in a backward where
+# that is more (GPT-2's activation function runs as several operations: 23.2 measured)
 FORWARD_VECTORS = 16
+FORWARD_LAYER_VECTORS = 4
 # chunks of recomputed probabilities alive at once while a method reads every layer's maps chunk by chunk
 # (scores, probabilities, their gradient and the reduction's temporaries; attention_chunks.py)
 CHUNK_COPIES = 8
@@ -95,6 +104,9 @@ class Dims:
     mask_maps: int = 0  # N x N masks and indices held through a pass (Architecture.mask_maps: ModernBERT's)
     layer_mask_maps: int = 0  # N x N masks per layer a backward keeps (Architecture.layer_mask_maps: ModernBERT's)
     position_terms: PositionTerms = PositionTerms()  # H x N x columns score terms per layer (DeBERTa's)
+    # hidden-size vectors per token a layer keeps for a backward, and alive at once in a forward without a graph
+    activation_vectors: int = ACTIVATION_VECTORS
+    forward_vectors: int = FORWARD_VECTORS
     # H x N x N maps per attention an eager backward keeps beside the probabilities (soft-capped scores, Gemma 2's:
     # the tanh keeps its output)
     score_maps: int = 0
@@ -131,8 +143,13 @@ def model_dims(model: Any) -> Dims:
     logits = get("vocab_size") if out is not None else 0
     # a decoder layer of an encoder-decoder computes two attentions (self and cross), each with its maps
     capped = 1 if getattr(cfg, "attn_logit_softcapping", None) else 0
+    ffn = feed_forward_saved_vectors(model, hidden) if cfg is not None else None
+    activation, forward = ACTIVATION_VECTORS, FORWARD_VECTORS
+    if ffn is not None:  # what the feed-forward saves beyond what the floors count
+        activation = max(activation, math.ceil(LAYER_VECTORS + ffn))
+        forward = max(forward, math.ceil(FORWARD_LAYER_VECTORS + ffn))
     return Dims(layers + decoder, heads, hidden, itemsize, logits, device, layers + 2 * decoder,
-                *_extra_maps(cfg), score_maps=capped)
+                *_extra_maps(cfg), score_maps=capped, activation_vectors=activation, forward_vectors=forward)
 
 
 def _extra_maps(config: Any) -> tuple[int, int, int, PositionTerms]:
@@ -244,18 +261,19 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     maps = heads * n * n  # one attention's n x n probabilities, every head
     if storage.backward:
         if storage.recompute:  # each layer's input, and one layer's activations at a time
-            work = layers * n * d + ACTIVATION_VECTORS * n * d + _position_values(dims, n)
+            work = layers * n * d + dims.activation_vectors * n * d + _position_values(dims, n)
         else:
             # the whole maps a pass keeps are the probabilities the backward reads: counted once, with what is kept
             kept_all = storage.maps and not storage.map_layers
-            work = layers * ACTIVATION_VECTORS * n * d
+            work = layers * dims.activation_vectors * n * d
             work += _eager_backward_maps(dims, n, kept_all) if storage.eager else 0
             work += layers * (dims.layer_mask_maps * n * n + _position_values(dims, n))
         work += LOGIT_COPIES * storage.logit_positions(n) * dims.logits
         rule_chunk = row_attention.chunk_elements(dims.device, backward=True)
-        work += RULE_CHUNK_COPIES * min(rule_chunk, heads * n * n) * storage.chunked_rules
+        work += RULE_CHUNK_COPIES * min(rule_chunk, heads * n * n) * storage.chunked_rules * _widening(dims)
     else:  # one layer at a time
-        work = FORWARD_VECTORS * n * d + (2 * maps if storage.eager else 0) + storage.logit_positions(n) * dims.logits
+        eager_maps = 2 * maps * _softmax_copies(dims) if storage.eager else 0  # scores and probabilities
+        work = dims.forward_vectors * n * d + eager_maps + storage.logit_positions(n) * dims.logits
         work += _position_values(dims, n)
     kept = (storage.map_layers or attentions) * maps * storage.maps
     kept += attentions * (maps * storage.map_grads
@@ -263,12 +281,12 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
                           + n * storage.received + n * n * storage.means)
     kept += (storage.factor_layers or attentions) * n * d * (2 * storage.factors + 3 * storage.factor_grads)
     kept += storage.rule_vectors * n * d
-    kept += ACTIVATION_VECTORS * n * d * storage.layer_graph
+    kept += dims.activation_vectors * n * d * storage.layer_graph
     chunks = storage.factors or storage.chunked
-    kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * chunks
+    kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * chunks * _widening(dims)
     # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time,
     # in float32 and float64
-    kept += 3 * heads * n * d * (chunks and storage.hidden)
+    kept += 3 * heads * n * d * (chunks and storage.hidden) * _widening(dims)
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
     kept += n * d * (storage.embeddings + storage.embedding_grads)
     return (work + kept + _held_biases(dims, n)) * dims.itemsize
@@ -276,7 +294,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
 
 def backward_row_bytes(dims: Dims, n: int) -> int:
     """Bytes a forward + backward holds for one row of ``n`` tokens (integrated gradients' unit of work)."""
-    held = dims.layers * ACTIVATION_VECTORS * n * dims.hidden + _eager_backward_maps(dims, n)
+    held = dims.layers * dims.activation_vectors * n * dims.hidden + _eager_backward_maps(dims, n)
     held += dims.layers * (dims.layer_mask_maps * n * n + _position_values(dims, n))
     return (held + _held_biases(dims, n)) * dims.itemsize
 
@@ -286,9 +304,20 @@ def _eager_backward_maps(dims: Dims, n: int, probabilities_kept: bool = False) -
     probabilities (unless the pass keeps them anyway: ``probabilities_kept``) and soft-capped scores, and the
     working maps of the layer whose backward runs (each counted three times in half precision, whose softmax may run
     in float32)."""
-    per_map = 1 if dims.itemsize >= 4 else HALF_SOFTMAX_MAPS
     held = dims.maps * (dims.score_maps + (0 if probabilities_kept else HELD_MAPS))
-    return (held + WORKING_MAPS) * per_map * dims.heads * n * n
+    return (held + WORKING_MAPS) * _softmax_copies(dims) * dims.heads * n * n
+
+
+def _softmax_copies(dims: Dims) -> int:
+    """Maps of the model's element size one attention map takes: a half-precision model's softmax may run in
+    float32 (Llama's, T5's), beside the half copy the model goes on with."""
+    return 1 if dims.itemsize >= 4 else HALF_SOFTMAX_MAPS
+
+
+def _widening(dims: Dims) -> int:
+    """Values of the model's element size one float32 value takes: attnlens recomputes attention chunk by chunk
+    with a float32 softmax (:mod:`attnlens.core.row_attention`), whatever the model's dtype."""
+    return max(1, 4 // dims.itemsize)
 
 
 def _position_values(dims: Dims, n: int) -> int:
@@ -342,7 +371,7 @@ def step_gradient_bytes(dims: Dims, n: int, storage: Storage = FULL_STORAGE) -> 
     kept = dims.maps * dims.heads * n * (n * storage.map_grads + storage.rows * storage.row_grads)
     kept += dims.layers * n * dims.hidden * storage.hidden_grads + dims.maps * n * dims.hidden * storage.factor_grads
     kept += n * dims.hidden * storage.embedding_grads
-    backward = storage.logit_positions(n) * dims.logits + ACTIVATION_VECTORS * n * dims.hidden
+    backward = storage.logit_positions(n) * dims.logits + dims.activation_vectors * n * dims.hidden
     return (kept + backward) * dims.itemsize
 
 
@@ -356,7 +385,7 @@ def lrp_step_bytes(dims: Dims, n: int, steps: int, attention_relevance: bool, fu
     if fused:
         return 4 * n * dims.hidden * dims.itemsize
     maps = dims.heads * n * n
-    held = ACTIVATION_VECTORS * n * dims.hidden + 3 * maps + LOGIT_COPIES * (steps + 1) * dims.logits
+    held = dims.activation_vectors * n * dims.hidden + 3 * maps + LOGIT_COPIES * (steps + 1) * dims.logits
     held += 4 * n * dims.hidden  # two input leaves: their gradients and relevances
     held += 2 * dims.maps * maps * attention_relevance  # the gradient at each layer's probabilities and R(A)
     return held * dims.itemsize

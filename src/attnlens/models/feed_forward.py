@@ -1,0 +1,107 @@
+"""What a layer's feed-forward keeps for a backward pass, counted on the model's own modules.
+
+The feed-forward is most of what a layer's backward holds per token, and it differs by model more than anything
+else there: its width (4× the hidden size in BERT and GPT-2, 2.67× in Llama's gated one), a gate (two wide
+projections and their product), and the activation function, which PyTorch runs as one operation that saves its
+input (GELU, ReLU, SiLU) or as a few (GPT-2's and Flan-T5's tanh-approximated ``gelu_new`` saves four wide
+tensors). Rather than list them, :func:`feed_forward_saved_vectors` runs the first layer's feed-forward, as its
+:class:`~attnlens.models.architectures.Anatomy` describes it, on a few tokens and counts what autograd saves.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+
+from ..errors import ModelError
+from .architectures import Anatomy, architecture_for
+
+PROBE_TOKENS = 8  # the probe's length: the count is per token, and linear in the length
+# per model: (its hidden size and dtype when counted, the count); weak, so a model is not kept alive by it
+_COUNTED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, torch.dtype | None], float | None]] = \
+    weakref.WeakKeyDictionary()
+
+
+def feed_forward_saved_vectors(model: nn.Module, hidden: int) -> float | None:
+    """Hidden-size vectors per token that one layer's feed-forward keeps for a backward pass: its input and the
+    wide tensors its projections, gate and activation function save (parameters aside), counted exactly on a
+    probe of :data:`PROBE_TOKENS` tokens of width ``hidden`` through the first layer's feed-forward in the model's
+    dtype and device.
+
+    ``None`` where it cannot be counted: a type without a layer anatomy, a mixture of experts, weights not
+    materialised (the meta device)."""
+    key = (hidden, _parameter_dtype(model))
+    cached = _COUNTED.get(model)
+    if cached is None or cached[0] != key:
+        cached = _COUNTED[model] = (key, _count(model, hidden))
+    return cached[1]
+
+
+def _parameter_dtype(model: nn.Module) -> torch.dtype | None:
+    try:
+        return next(model.parameters()).dtype
+    except (AttributeError, StopIteration, TypeError):
+        return None
+
+
+def _count(model: nn.Module, hidden: int) -> float | None:
+    try:
+        arch = architecture_for(model.config)
+    except (ModelError, AttributeError):
+        return None
+    anatomy = arch.anatomy_for(model.config)
+    if arch.layers is None or anatomy is None or anatomy.moe is not None:
+        return None
+    try:
+        block = arch.layers.modules(model, "encoder" if arch.layers.path("encoder") else "self")[0]
+        forward = _feed_forward(block, anatomy)
+        weight = next(block.parameters())
+    except (AttributeError, IndexError, ModelError, StopIteration, TypeError):
+        return None
+    if weight.device.type == "meta":
+        return None
+    # constant values: the count does not depend on them, and the global random state is left alone
+    probe = torch.full((1, PROBE_TOKENS, hidden), 0.5, dtype=weight.dtype, device=weight.device, requires_grad=True)
+    parameters = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    try:
+        with torch.enable_grad(), saved_tensors_hooks(pack, lambda tensor: tensor):
+            forward(probe)
+    except (RuntimeError, TypeError, ValueError):  # a feed-forward not called as the anatomy reads it
+        return None
+    return sum(saved.values()) / (probe.numel() * probe.element_size())
+
+
+def _feed_forward(block: nn.Module, anatomy: Anatomy) -> Callable[[torch.Tensor], Any]:
+    """The feed-forward of ``block`` as a function of its input."""
+    def at(path: str) -> Any:
+        return operator.attrgetter(path)(block)
+
+    if anatomy.ffn is not None:
+        return at(anatomy.ffn)
+    act, out = at(anatomy.act), at(anatomy.ffn_out)
+    if anatomy.gate_up is not None:
+        fused = at(anatomy.gate_up)
+
+        def gated_fused(y: torch.Tensor) -> torch.Tensor:
+            gate, up = fused(y).chunk(2, dim=-1)
+            return out(act(gate) * up)
+        return gated_fused
+    up = at(anatomy.ffn_in)
+    if anatomy.gate is not None:
+        gate = at(anatomy.gate)
+        return lambda y: out(act(gate(y)) * up(y))
+    return lambda y: out(act(up(y)))
