@@ -58,6 +58,7 @@ CHUNK_COPIES = 8
 # the same in the backward of a fused LRP pass under Chefer et al.'s rules (scores, probabilities, their gradient,
 # the softmax's ratio, the scores' gradient and a temporary; lrp/state.py)
 RULE_CHUNK_COPIES = 6
+VALUE_VECTOR_COPIES = 4  # float32 copies' worth of one layer's per-head value vectors (GlobEnc, ALTI; below)
 MAX_TOKENS = 2**20  # the longest input the "what fits" search considers
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
@@ -284,9 +285,9 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     kept += dims.activation_vectors * n * d * storage.layer_graph
     chunks = storage.factors or storage.chunked
     kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * chunks * _widening(dims)
-    # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time,
-    # in float32 and float64
-    kept += 3 * heads * n * d * (chunks and storage.hidden) * _widening(dims)
+    # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time:
+    # two float32 copies and one in float64, four float32s' worth (GlobEnc on BERT-base at 1,024 tokens)
+    kept += VALUE_VECTOR_COPIES * heads * n * d * (chunks and storage.hidden) * _widening(dims)
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
     kept += n * d * (storage.embeddings + storage.embedding_grads)
     return (work + kept + _held_biases(dims, n)) * dims.itemsize
