@@ -27,7 +27,8 @@ from pathlib import Path  # noqa: E402
 from peak import ROOT  # noqa: E402
 
 TOKENIZER = ROOT.parent / "shared" / "models" / "minilm-sst2"  # a WordPiece tokenizer: [PAD] 0, [CLS] 101, [SEP] 102
-MODELS = ("bert-base", "llama", "modernbert-base", "deberta-v3-base", "bart-base", "bart-large", "t5-base")
+MODELS = ("bert-base", "gpt2", "llama", "modernbert-base", "deberta-v3-base", "bart-base", "bart-large", "t5-base",
+          "flan-t5-base")
 METHODS = ("rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "flow", "saliency",
            "inputxgradient", "integratedgradients", "partiallrp", "transatt", "attnlrp", "attnnorm", "globenc", "alti",
            "decompx", "valuezeroing")
@@ -44,6 +45,9 @@ def build(kind: str, vocab: int) -> tuple[object, int]:
     if kind == "bert-base":
         config = transformers.BertConfig(max_position_embeddings=4096, attn_implementation="eager", **ids)
         return transformers.BertForSequenceClassification(config), 4096
+    if kind == "gpt2":  # its activation function (gelu_new) runs as several operations, each saving a wide tensor
+        config = transformers.GPT2Config(n_positions=2048, **ids)
+        return transformers.GPT2ForSequenceClassification(config), 2048
     if kind == "llama":
         config = transformers.LlamaConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                                           num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=8192,
@@ -73,6 +77,11 @@ def build(kind: str, vocab: int) -> tuple[object, int]:
     if kind == "t5-base":
         config = transformers.T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_decoder_layers=12,
                                        num_heads=12, attn_implementation="eager", **seq2seq)
+        return transformers.T5ForSequenceClassification(config), 8192
+    if kind == "flan-t5-base":  # T5 v1.1's gated feed-forward, gelu_new
+        config = transformers.T5Config(d_model=768, d_kv=64, d_ff=2048, num_layers=12, num_decoder_layers=12,
+                                       num_heads=12, feed_forward_proj="gated-gelu", attn_implementation="eager",
+                                       **seq2seq)
         return transformers.T5ForSequenceClassification(config), 8192
     raise SystemExit(f"unknown model {kind!r}; one of {', '.join(MODELS)}")
 

@@ -58,6 +58,10 @@ CHUNK_COPIES = 8
 # the same in the backward of a fused LRP pass under Chefer et al.'s rules (scores, probabilities, their gradient,
 # the softmax's ratio, the scores' gradient and a temporary; lrp/state.py)
 RULE_CHUNK_COPIES = 6
+# hidden-size vectors per token beside one layer's saved activations while a recomputing pass runs its backward:
+# the embeddings and the layer's gradients (a GPT-2-sized model's grads at 1,806 tokens held 50 vectors per token
+# at once, the estimate counted 48 without these)
+RECOMPUTE_WORKING_VECTORS = 6
 VALUE_VECTOR_COPIES = 4  # float32 copies' worth of one layer's per-head value vectors (GlobEnc, ALTI; below)
 MAX_TOKENS = 2**20  # the longest input the "what fits" search considers
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
@@ -261,8 +265,9 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     d, heads, layers, attentions = dims.hidden, dims.heads, dims.layers, dims.maps
     maps = heads * n * n  # one attention's n x n probabilities, every head
     if storage.backward:
-        if storage.recompute:  # each layer's input, and one layer's activations at a time
-            work = layers * n * d + dims.activation_vectors * n * d + _position_values(dims, n)
+        if storage.recompute:  # each layer's input, and one layer's activations at a time with its gradients
+            work = layers * n * d + (dims.activation_vectors + RECOMPUTE_WORKING_VECTORS) * n * d
+            work += _position_values(dims, n)
         else:
             # the whole maps a pass keeps are the probabilities the backward reads: counted once, with what is kept
             kept_all = storage.maps and not storage.map_layers
