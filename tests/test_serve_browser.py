@@ -239,13 +239,20 @@ def test_benchmark_folder_sort_and_open_an_example(page):
     assert options[0].startswith("results/" + FOLDER) and options[1].startswith("results/sst2-dev")  # as text
     page.select_option("#bench-select", "results/sst2-dev")
     expect(page.locator("#bench-facts")).to_contain_text("4 examples")
+    page.wait_for_load_state("networkidle")  # no reply still on its way to draw the table again
     assert page.eval_on_selector_all("#bench-table tr td:first-child", "c => c.map(x => x.textContent)") == \
         ["rawatt", "attcat"]
     aopc = "#bench-table tr td:nth-child(2)"
+    values = page.eval_on_selector_all(aopc, "c => c.map(x => parseFloat(x.textContent))")
+    assert len(set(values)) == 2  # two different scores: each order is visible
     for reverse in (True, False):  # best (highest) first, then the other way round
         page.click("#bench-table th:nth-child(2)")
+        page.wait_for_function(  # the table drawn again in the chosen order
+            "([cells, want]) => JSON.stringify([...document.querySelectorAll(cells)]"
+            ".map(x => parseFloat(x.textContent))) === JSON.stringify(want)",
+            arg=[aopc, sorted(values, reverse=reverse)], timeout=5000)
         shown = page.eval_on_selector_all(aopc, "c => c.map(x => parseFloat(x.textContent))")
-        assert shown == sorted(shown, reverse=reverse)
+        assert shown == sorted(values, reverse=reverse)
     # the shown folder opened again (a repeated or late reply) keeps the order chosen on it
     page.evaluate("openBenchmark()")
     assert page.evaluate("state.benchSort") is not None
