@@ -88,6 +88,8 @@ def test_the_estimate_grows_with_the_length_and_its_square_at_least_as_the_held_
      1 + 4 * (4 + 3)),  # Flan-T5: gelu_new saves four; the gate and up outputs, their product
     ("gpt2", {"n_inner": 64}, 1 + 4 * (4 + 1)),
     ("llama", {"intermediate_size": 64}, 1 + 4 * 4),  # SiLU's input, its output, the up projection, the product
+    ("phi3", {"intermediate_size": 64}, 1 + 4 * 4),  # one fused gate/up output (both halves), SiLU's, the product
+    ("modernbert", {"intermediate_size": 64}, 1 + 4 * 4),  # the same with GELU
 ])
 def test_the_feed_forward_count_is_what_autograd_saves(family, settings, saved):
     """A layer's feed-forward keeps its input and, per token, a number of wide (here 4 × hidden) tensors set by its
@@ -100,7 +102,7 @@ def test_the_feed_forward_count_is_what_autograd_saves(family, settings, saved):
     model = type(tiny)(config).eval()
     assert config.hidden_size * 4 == 64
     state = torch.get_rng_state()
-    assert feed_forward_saved_vectors(model, config.hidden_size) == saved
+    assert feed_forward_saved_vectors(model, config.hidden_size, torch.float32) == saved
     assert torch.equal(torch.get_rng_state(), state)  # the probe draws no random numbers
     dims = model_dims(model)
     assert dims.activation_vectors == max(memory.ACTIVATION_VECTORS, memory.LAYER_VECTORS + saved)

@@ -138,9 +138,9 @@ def model_dims(model: Any) -> Dims:
     hidden = get("hidden_size", "d_model", "n_embd", "dim") or 768
     try:
         first = next(model.parameters())
-        itemsize, device = first.element_size(), first.device.type
+        itemsize, device, dtype = first.element_size(), first.device.type, first.dtype
     except (AttributeError, StopIteration, TypeError):
-        itemsize, device = 4, "cpu"
+        itemsize, device, dtype = 4, "cpu", None
     try:  # a language model projects every position onto the vocabulary
         out = model.get_output_embeddings()
     except (AttributeError, NotImplementedError):
@@ -148,7 +148,7 @@ def model_dims(model: Any) -> Dims:
     logits = get("vocab_size") if out is not None else 0
     # a decoder layer of an encoder-decoder computes two attentions (self and cross), each with its maps
     capped = 1 if getattr(cfg, "attn_logit_softcapping", None) else 0
-    ffn = feed_forward_saved_vectors(model, hidden) if cfg is not None else None
+    ffn = feed_forward_saved_vectors(model, hidden, dtype) if cfg is not None else None
     activation, forward = ACTIVATION_VECTORS, FORWARD_VECTORS
     if ffn is not None:  # what the feed-forward saves beyond what the floors count
         activation = max(activation, math.ceil(LAYER_VECTORS + ffn))

@@ -10,17 +10,15 @@ tensors). Rather than list them, :func:`feed_forward_saved_vectors` runs the fir
 
 from __future__ import annotations
 
-import operator
 import weakref
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
 from ..errors import ModelError
-from .architectures import Anatomy, architecture_for
+from .architectures import architecture_for
+from .layer_modules import feed_forward_modules, run_feed_forward
 
 PROBE_TOKENS = 8  # the probe's length: the count is per token, and linear in the length
 # per model: (its hidden size and dtype when counted, the count); weak, so a model is not kept alive by it
@@ -28,26 +26,20 @@ _COUNTED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, torch.dtype | No
     weakref.WeakKeyDictionary()
 
 
-def feed_forward_saved_vectors(model: nn.Module, hidden: int) -> float | None:
+def feed_forward_saved_vectors(model: nn.Module, hidden: int, dtype: torch.dtype | None) -> float | None:
     """Hidden-size vectors per token that one layer's feed-forward keeps for a backward pass: its input and the
     wide tensors its projections, gate and activation function save (parameters aside), counted exactly on a
     probe of :data:`PROBE_TOKENS` tokens of width ``hidden`` through the first layer's feed-forward in the model's
-    dtype and device.
+    dtype and device. ``dtype``: the model's parameters' (the count is kept per model, and counted again when the
+    model is cast).
 
     ``None`` where it cannot be counted: a type without a layer anatomy, a mixture of experts, weights not
     materialised (the meta device)."""
-    key = (hidden, _parameter_dtype(model))
+    key = (hidden, dtype)
     cached = _COUNTED.get(model)
     if cached is None or cached[0] != key:
         cached = _COUNTED[model] = (key, _count(model, hidden))
     return cached[1]
-
-
-def _parameter_dtype(model: nn.Module) -> torch.dtype | None:
-    try:
-        return next(model.parameters()).dtype
-    except (AttributeError, StopIteration, TypeError):
-        return None
 
 
 def _count(model: nn.Module, hidden: int) -> float | None:
@@ -60,7 +52,7 @@ def _count(model: nn.Module, hidden: int) -> float | None:
         return None
     try:
         block = arch.layers.modules(model, "encoder" if arch.layers.path("encoder") else "self")[0]
-        forward = _feed_forward(block, anatomy)
+        mods = feed_forward_modules(block, anatomy)
         weight = next(block.parameters())
     except (AttributeError, IndexError, ModelError, StopIteration, TypeError):
         return None
@@ -79,29 +71,7 @@ def _count(model: nn.Module, hidden: int) -> float | None:
 
     try:
         with torch.enable_grad(), saved_tensors_hooks(pack, lambda tensor: tensor):
-            forward(probe)
+            run_feed_forward(mods, probe)
     except (RuntimeError, TypeError, ValueError):  # a feed-forward not called as the anatomy reads it
         return None
     return sum(saved.values()) / (probe.numel() * probe.element_size())
-
-
-def _feed_forward(block: nn.Module, anatomy: Anatomy) -> Callable[[torch.Tensor], Any]:
-    """The feed-forward of ``block`` as a function of its input."""
-    def at(path: str) -> Any:
-        return operator.attrgetter(path)(block)
-
-    if anatomy.ffn is not None:
-        return at(anatomy.ffn)
-    act, out = at(anatomy.act), at(anatomy.ffn_out)
-    if anatomy.gate_up is not None:
-        fused = at(anatomy.gate_up)
-
-        def gated_fused(y: torch.Tensor) -> torch.Tensor:
-            gate, up = fused(y).chunk(2, dim=-1)
-            return out(act(gate) * up)
-        return gated_fused
-    up = at(anatomy.ffn_in)
-    if anatomy.gate is not None:
-        gate = at(anatomy.gate)
-        return lambda y: out(act(gate(y)) * up(y))
-    return lambda y: out(act(up(y)))

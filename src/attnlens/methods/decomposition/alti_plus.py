@@ -9,6 +9,7 @@ from ...core.batch_state import BatchContext
 from ...core.modelstate import EAGER, attention_switched
 from ...errors import InputError
 from ...models.architectures import Anatomy, Layers, architecture_for
+from ...models.layer_modules import module_at
 from .layers import (
     anatomy_of,
     attention_sum,
@@ -20,7 +21,6 @@ from .layers import (
     layer_output,
     layer_parts,
     ln_part,
-    module_at,
     stream_pass_row_bytes,
     value_terms,
 )

@@ -12,6 +12,7 @@ from ...core.batch_state import BatchContext
 from ...core.memory import model_dims
 from ...errors import InputError
 from ...models.architectures import HEAD_ACTIVATIONS, Anatomy, architecture_for
+from ...models.layer_modules import module_at
 from ...models.prefixes import row_gradients
 from ..registry import (
     ATTENTION_CHUNKS,
@@ -33,7 +34,6 @@ from .layers import (
     layer_parts,
     ln_part,
     model_layers,
-    module_at,
     pass_states,
 )
 from .linearised import HeldAttention, head_logit, layer_rest, layer_values, output_weights, vjp

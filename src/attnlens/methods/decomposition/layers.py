@@ -3,7 +3,6 @@ methods read (value vectors, norms, feed-forward terms), and the checks that the
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,11 +17,8 @@ from ...errors import InputError, ModelError
 from ...lrp.rules import linear_weight
 from ...models.adapters import FIRST, LAST
 from ...models.architectures import Anatomy, Layers, architecture_for
+from ...models.layer_modules import feed_forward_modules, linear_rows, module_at, run_feed_forward
 from ...models.norms import as_layer_norm, rms_eps, rms_gain
-
-
-def module_at(obj: Any, path: str) -> Any:
-    return functools.reduce(getattr, path.split("."), obj)
 
 
 def anatomy_of(model: nn.Module) -> Anatomy | None:
@@ -124,8 +120,7 @@ def activation_ratio(out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return torch.where(pre != 0, out / torch.where(pre != 0, pre, torch.ones_like(pre)), torch.zeros_like(pre))
 
 
-_PARTS = ("value", "output", "ln1", "ffn_in", "act", "ffn_out", "ln2", "gate", "ffn", "moe", "post_attn_norm",
-          "post_ffn_norm")
+_PARTS = ("value", "output", "ln1", "ln2", "post_attn_norm", "post_ffn_norm")  # beside the feed-forward's
 
 
 def layer_parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[str, nn.Module]:
@@ -137,8 +132,7 @@ def layer_parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[st
     for k in ("ln1", "ln2", "post_attn_norm", "post_ffn_norm"):
         if k in mods:
             mods[k] = as_layer_norm(mods[k])
-    if anatomy.gate_up is not None:
-        mods["gate"], mods["ffn_in"] = halves(module_at(block, anatomy.gate_up))
+    mods.update(feed_forward_modules(block, anatomy))
     if spec.value_bias is not None:  # the value rows of the fused projection, the bias added after it included
         fused = mods["value"]
         bias = module_at(block, spec.value_bias).detach()
@@ -148,25 +142,6 @@ def layer_parts(block: nn.Module, model: nn.Module, anatomy: Anatomy) -> dict[st
         own = getattr(fused, "bias", None)
         mods["value"] = linear_rows(weight, rows, bias + (0 if own is None else own.detach()[rows]))
     return mods
-
-
-def linear_rows(weight: torch.Tensor, rows: Any, bias: torch.Tensor | None) -> nn.Linear:
-    """An ``nn.Linear`` viewing the output ``rows`` of a projection's ``weight`` ``(out, in)``, with ``bias`` (the
-    rows' own, already selected) or none."""
-    lin = nn.Linear(weight.shape[1], weight[rows].shape[0], bias=bias is not None, device="meta")
-    lin.weight = nn.Parameter(weight.detach()[rows], requires_grad=False)
-    if bias is not None:
-        lin.bias = nn.Parameter(bias, requires_grad=False)
-    return lin
-
-
-def halves(fused: nn.Linear) -> tuple[nn.Linear, nn.Linear]:
-    """The first and second half of a fused projection's outputs as two ``nn.Linear`` viewing its weights."""
-    half = fused.out_features // 2
-    lower, upper = slice(0, half), slice(half, None)
-    bias = fused.bias.detach() if fused.bias is not None else None
-    return (linear_rows(fused.weight, lower, None if bias is None else bias[lower]),
-            linear_rows(fused.weight, upper, None if bias is None else bias[upper]))
 
 
 def final_norm(model: nn.Module, anatomy: Anatomy) -> nn.Module | None:
@@ -208,17 +183,10 @@ def _output_bias(mods: dict[str, nn.Module]) -> torch.Tensor | float:
 def ffn_terms(mods: dict[str, nn.Module], y: torch.Tensor, ratio: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The FFN's output on ``y`` and act(u)/u of its activation's pre-activation u (a gated FFN's gate; none,
     width 0, for an FFN read as one module, or without ``ratio``)."""
-    none = y.new_zeros(*y.shape[:-1], 0)
-    if "ffn" in mods or "moe" in mods:
-        out = mods["ffn" if "ffn" in mods else "moe"](y)
-        return out[0] if isinstance(out, tuple) else out, none
-    if "gate" in mods:
-        g = mods["gate"](y)
-        ga = mods["act"](g)
-        return mods["ffn_out"](ga * mods["ffn_in"](y)), activation_ratio(ga, g) if ratio else none
-    u = mods["ffn_in"](y)
-    a = mods["act"](u)
-    return mods["ffn_out"](a), activation_ratio(a, u) if ratio else none
+    ff = run_feed_forward(mods, y)
+    if not ratio or ff.pre is None or ff.act is None:
+        return ff.output, y.new_zeros(*y.shape[:-1], 0)
+    return ff.output, activation_ratio(ff.act, ff.pre)
 
 
 def attention_sum(mods: dict[str, nn.Module], x: torch.Tensor, attn: torch.Tensor, f: torch.Tensor,

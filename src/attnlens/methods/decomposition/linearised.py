@@ -15,6 +15,7 @@ from ...core.row_attention import repeat_kv
 from ...errors import ModelError
 from ...models.adapters import LAST
 from ...models.architectures import HEAD_ACTIVATIONS, Anatomy, Layers, architecture_for
+from ...models.layer_modules import module_at
 from ...models.norms import as_layer_norm, is_rms_norm, rms_eps, rms_gain
 from ...models.prefixes import last_positions
 from .layers import (
@@ -24,7 +25,6 @@ from .layers import (
     final_norm,
     layer_norm_std,
     layer_parts,
-    module_at,
     pooled_position,
     value_vectors,
 )

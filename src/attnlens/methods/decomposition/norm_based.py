@@ -13,6 +13,7 @@ from torch import nn
 from ...core.batch_state import BatchContext
 from ...errors import InputError
 from ...models.architectures import architecture_for
+from ...models.layer_modules import module_at
 from ..attention import carried_rows
 from ..registry import (
     ATTENTION_CHUNKS,
@@ -35,7 +36,6 @@ from .layers import (
     layer_output,
     layer_parts,
     ln_part,
-    module_at,
     stream_pass_bytes,
     value_terms,
     value_vectors,
