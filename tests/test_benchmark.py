@@ -352,6 +352,35 @@ def test_qa_command(tmp_path, capsys):
     assert summary["config"]["precision_k"] == 3 and summary["curves"]["precision_at_k"]["answer_tokens"] == 1
 
 
+def test_the_predictor_batches_long_variants_within_its_memory_budget():
+    """Short variants go in batches of ``batch_size``; long ones in as many rows as the budget holds by the
+    estimate of a forward without gradients, with the same probabilities as one large batch."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from attnlens.core.memory import Storage, model_dims, parse_budget, pass_row_bytes
+    from attnlens.evaluation import ModelPredictor
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=50, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                     max_position_embeddings=1600, num_labels=2)
+    model = BertForSequenceClassification(cfg).eval()
+    long = [Variant.of([1] + [5 + i % 40 for i in range(1500 + j)] + [2], [0] * (1502 + j)) for j in range(40)]
+    short = [Variant.of([1, 5, 6, 2], [0, 0, 0, 0])] * 8
+    rows: list[tuple[int, int]] = []
+    model.register_forward_hook(lambda _m, args, kwargs, _out: rows.append(tuple(kwargs["input_ids"].shape)),
+                                with_kwargs=True)
+    budget = parse_budget("64MiB")
+    ours = ModelPredictor(model, 0, batch_size=64, memory_budget=budget)(short + long)
+    dims = model_dims(model)
+    assert all(b * pass_row_bytes(dims, n, Storage(eager=False)) <= budget for b, n in rows)
+    assert len(rows) > 3 and sum(b for b, _ in rows) == 48 and max(b for b, _ in rows) < 48
+    rows.clear()
+    whole = ModelPredictor(model, 0, batch_size=64, memory_budget=parse_budget("64GiB"))(short + long)
+    assert len(rows) == 1 and rows[0][0] == 48
+    np.testing.assert_allclose(ours, whole, atol=1e-6)
+
+
 def test_gold_target_explains_the_label_but_tracks_the_prediction(tmp_path):
     summary, _ = bench(tmp_path, target="gold")
     rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]

@@ -20,7 +20,7 @@ from conftest import make_model, make_tokenizer
 
 from attnlens import Explainer, InputError
 from attnlens.cli import main
-from attnlens.viz.headview import attention_view_html, decode_attentions
+from attnlens.viz.headview import attention_view_html, decode_attentions, page_bytes
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -147,3 +147,76 @@ def test_a_512_token_view_renders_and_switches_layers(tmp_path):
     shown = re.search(r"token 10 w9 \u2192 token 15 w14: ([0-9.]+)", dom)
     assert shown, "hovering the canvas shows the cell's value"
     assert abs(float(shown.group(1)) - att[2, 3, 10, 15]) <= att[2, 3, 10].max() / 510 + 1e-4  # decoded right
+
+
+def _long_explainer(family: str, positions: int) -> Explainer:
+    """A tiny random classifier of ``family`` that takes inputs of up to ``positions`` tokens."""
+    tok = make_tokenizer()
+    tok.model_max_length = positions
+    config = make_model(family).config
+    for name in ("max_position_embeddings", "n_positions"):
+        if hasattr(config, name):
+            setattr(config, name, positions)
+    return Explainer(type(make_model(family))(config).eval(), tok, max_length=positions)
+
+
+def _text(ex: Explainer, n: int) -> str:
+    words = [w for w in ex.tokenizer.get_vocab() if w.isalpha()]
+    text = " ".join(words[i % len(words)] for i in range(n - 2))
+    assert len(ex.encode(text)[0].ids) == n
+    return text
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "bart"])
+def test_the_views_maps_and_page_stay_within_their_estimate(family):
+    """What the view holds at once is within the estimate the budget is checked against: while its maps are
+    computed, the pass's tensors (counted exactly); then the float32 array of the maps and the page's encoding
+    (numpy arrays and text, by tracemalloc), each layer's tensors dropped as the array takes them."""
+    import tracemalloc
+
+    from attnlens.core.attention_view import attention_view_bytes
+    from attnlens.testing.live_tensors import LiveTensorPeak
+
+    ex = _long_explainer(family, 256)
+    text = _text(ex, 192)
+    ex.attention_maps(text)  # once before: what the first call sets up is not the view's
+    tracemalloc.start()
+    try:
+        with LiveTensorPeak() as live:
+            tokens, special, att = ex.attention_maps(text, beside=page_bytes)
+            page = attention_view_html(tokens, att, special)
+        arrays = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(page) > 0 and att.shape[2:] == (192, 192) and arrays >= att.nbytes + len(page)
+    assert max(live.peak, arrays) <= attention_view_bytes(ex.model, 192, page_bytes)
+
+
+def test_a_view_beyond_the_budget_is_refused_in_one_line_before_the_model_runs(tmp_path, capsys):
+    from attnlens.core.attention_view import attention_view_bytes
+    from attnlens.core.memory import parse_budget
+
+    ex = _long_explainer("llama", 4096)
+    text = _text(ex, 3000)  # 2 layers x 2 heads x 3,000^2 float32 maps: 144 MB, more than 64 MiB
+    calls = []
+    ex.model.register_forward_hook(lambda *_: calls.append(1))
+    with pytest.raises(InputError, match=r"^the attention view keeps every layer's and head's whole maps: 3,000 "
+                                         r"tokens need about .* fits up to ([\d,]+) tokens") as refused:
+        ex.attention_maps(text, memory_budget="64MiB")
+    assert calls == []
+    fits = int(re.search(r"fits up to ([\d,]+) tokens", str(refused.value)).group(1).replace(",", ""))
+    budget = parse_budget("64MiB")
+    assert attention_view_bytes(ex.model, fits) <= budget < attention_view_bytes(ex.model, fits + 1)
+
+    model_dir = tmp_path / "model"
+    ex.model.save_pretrained(model_dir)
+    ex.tokenizer.save_pretrained(model_dir)
+    capsys.readouterr()
+    out, view = tmp_path / "x.json", tmp_path / "view.html"
+    code = main(["explain", text, "--model", str(model_dir), "--methods", "rawatt", "--format", "json", "--out",
+                 str(out), "--head-view", str(view), "--memory-budget", "64MiB"])
+    captured = capsys.readouterr()
+    assert code == 2 and len(captured.err.strip().splitlines()) == 1
+    assert "the attention view keeps every layer's and head's whole maps: 3,000 tokens need about" in captured.err
+    assert "more than the memory budget of 64 MiB" in captured.err
+    assert not out.exists() and not view.exists()  # refused before the explanations: nothing written

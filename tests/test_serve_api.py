@@ -305,8 +305,8 @@ def test_jobs_follow_progress_and_a_repeated_request_is_answered_from_the_cache(
     assert again.json()["result"] == job["result"] == client.post("/api/explain", json=request).json()
 
 
-def test_queue_runs_one_job_per_model_in_order_and_cancels():
-    queue = JobQueue(["a", "b"])
+def test_queue_runs_one_job_at_a_time_whatever_its_model_in_order_and_cancels():
+    queue = JobQueue()
     gate, ran = threading.Event(), []
 
     def blocking(name):
@@ -320,21 +320,59 @@ def test_queue_runs_one_job_per_model_in_order_and_cancels():
 
     first = queue.submit("a", "explain", "k1", blocking("first"))
     second = queue.submit("a", "explain", "k2", blocking("second"))
+    other = queue.submit("b", "explain", "k4", lambda job: ran.append("other") or "other")  # another model waits too
     third = queue.submit("a", "explain", "k3", blocking("third"))
-    other = queue.submit("b", "explain", "k4", lambda job: "other")  # another model does not wait
-    assert other.future.result(timeout=10).state == DONE
     time.sleep(0.1)
-    assert ran == ["first"] and second.state == QUEUED
-    assert queue.position(second) == 0 and queue.position(third) == 1
+    assert ran == ["first"] and second.state == other.state == QUEUED
+    assert queue.position(second) == 0 and queue.position(other) == 1 and queue.position(third) == 2
     queue.cancel(second)  # waiting: never starts
-    assert second.state == CANCELLED and queue.position(third) == 0
+    assert second.state == CANCELLED and queue.position(other) == 0 and queue.position(third) == 1
     queue.cancel(first)  # running: stops at its next report
     assert first.future.result(timeout=10).state == CANCELLED
+    assert other.future.result(timeout=10).result == "other"
     gate.set()
     assert third.future.result(timeout=10).result == "third"
-    assert ran == ["first", "third"]
+    assert ran == ["first", "other", "third"]
     assert queue.submit("a", "explain", "k3", blocking("again")).cached  # same key: not computed again
-    assert ran == ["first", "third"]
+    assert ran == ["first", "other", "third"]
+
+
+def test_the_cache_of_results_is_bounded_in_bytes_and_a_dropped_result_says_so():
+    from attnlens.serve.jobs import FAILED, approximate_bytes
+
+    big = ["x" * 10_000] * 10  # about 100 kB
+    queue = JobQueue(cache_bytes=3 * approximate_bytes(big))
+    jobs = [queue.submit("m", "attention", f"k{i}", lambda job: list(big)) for i in range(5)]
+    for job in jobs:
+        job.future.result(timeout=10)
+    assert [queue.cached(f"k{i}") is not None for i in range(5)] == [False, False, True, True, True]
+    for job in jobs[:2]:  # nothing holds a dropped result: its job answers with one line, ask again
+        assert job.state == FAILED and job.result is None and job.status == 410
+        assert "dropped from the server's cache" in job.to_dict()["error"]
+    assert jobs[4].state == DONE and jobs[4].result == big
+    alone = JobQueue(cache_bytes=10)  # the newest result is kept whatever its size
+    job = alone.submit("m", "attention", "k", lambda job: list(big))
+    assert job.future.result(timeout=10).state == DONE and alone.cached("k") == big
+
+
+def test_the_memory_budget_bounds_every_computation_of_the_server(served):
+    """Within 64 MiB the attention view of a long text and its explanation by attention flow are refused in one
+    line before the model runs; a short text is explained."""
+    minilm = served["minilm"]
+    app = create_app({"m": minilm}, memory_budget="64MiB", limits=Limits(max_chars=20_000))
+    text = " ".join(["the plot is thin but the actors are wonderful"] * 50)  # 452 tokens
+    with TestClient(app) as client:
+        r = client.post("/api/attention", json={"model": "m", "text": text})
+        assert r.status_code == 400
+        assert re.fullmatch(r"the attention view keeps every layer's and head's whole maps: 452 tokens need about "
+                            r"\d+ MiB, more than the memory budget of 64 MiB; it fits up to [\d,]+ tokens .*",
+                            r.json()["error"])
+        r = client.post("/api/explain", json={"model": "m", "texts": [text], "methods": ["flow"]})
+        assert r.status_code == 400
+        assert re.match(r"an input of 452 tokens with flow needs about \d+ MiB, more than the memory budget of "
+                        r"64 MiB; within it: flow up to [\d,]+ tokens", r.json()["error"])
+        r = client.post("/api/explain", json={"model": "m", "texts": ["a charming journey"], "methods": ["flow"]})
+        assert r.status_code == 200
 
 
 def test_cancelling_a_running_explanation_through_the_api(served):
@@ -406,6 +444,8 @@ def test_only_local_host_names_are_answered_when_bound_locally(served):
     (["--results", "/nonexistent/folder"], "no such folder"),
     (["--port", "70000"], "--port"),
     (["--max-chars", "0"], "--max-chars"),
+    (["--memory-budget", "lots"], "memory budget"),
+    (["--memory-budget", "1MiB"], "memory budget"),
     (["--model", "a=x", "--model", "a=y"], "two models are named 'a'"),
 ])
 def test_serve_refuses_mistakes_in_one_line(argv, pattern, capsys):

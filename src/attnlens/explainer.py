@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +14,15 @@ from torch import nn
 
 from .core import engine
 from .core.answer_engine import explain_answer
+from .core.attention_view import whole_attention_maps
 from .core.batch_state import BatchContext
 from .core.batching import predict_batches
-from .core.capture import run_capture
 from .core.encoding import Encoded, TextInput, encode, model_max_length
 from .core.generation_engine import encode_prompt, explain_generation, token_ids_of
 from .core.memory import parse_budget
 from .core.model_runner import ModelRunner, takes_token_types
-from .core.modelstate import explaining
 from .core.progress import ProgressCallback
 from .errors import InputError, ModelError
-from .methods.registry import ATTENTION
 from .models.adapters import Adapter
 from .models.architectures import adapter_for
 from .models.heads import LMHead, decode_token, head_for, with_contrast
@@ -382,10 +380,12 @@ class Explainer:
         attention_masks: Sequence[Sequence[int]] | None = None,
         *,
         batch_size: int = 64,
+        memory_budget: str | int | None = None,
     ) -> np.ndarray:
         """Class probabilities ``(n, C)`` for token-id sequences of any lengths (no gradients, length-sorted
-        batches, SDPA attention while scoring); multi-label models give each label's independent sigmoid.
-        ``attention_masks`` (one 0/1 list per sequence) lets callers hide tokens without deleting them."""
+        batches of at most ``batch_size`` within ``memory_budget`` (default 4 GiB), SDPA attention while scoring);
+        multi-label models give each label's independent sigmoid. ``attention_masks`` (one 0/1 list per sequence)
+        lets callers hide tokens without deleting them."""
         self.head.check_predict_proba()
         if len(input_ids) == 0:
             return np.zeros((0, int(self.model.config.num_labels)))
@@ -396,18 +396,23 @@ class Explainer:
         runner = self.runner
         return predict_batches(runner.model, input_ids, runner.pad_id, runner.effective_batch_size(batch_size),
                                type_ids=token_type_ids, masks=attention_masks, with_types=runner.token_types,
-                               probabilities=runner.head.probabilities)
+                               probabilities=runner.head.probabilities, memory_budget=parse_budget(memory_budget))
 
     @torch.no_grad()
-    def attention_maps(self, text: TextInput) -> tuple[list[str], list[bool], np.ndarray]:
-        """Tokens, special flags and the attention probabilities ``(L, H, N, N)`` of the explained stream.
+    def attention_maps(self, text: TextInput, memory_budget: str | int | None = None,
+                       beside: Callable[[int, int, int], int] | None = None
+                       ) -> tuple[list[str], list[bool], np.ndarray]:
+        """Tokens, special flags and the attention probabilities ``(L, H, N, N)`` (float32) of the explained stream.
 
         Rows and columns are the stream's query and key positions: the input tokens, except in BART's decoder
-        stream, whose position i holds input token i - 1 (position 0 is the decoder start token)."""
+        stream, whose position i holds input token i - 1 (position 0 is the decoder start token).
+
+        Every layer's and head's whole maps are kept, ``L × H × N²`` values: an input whose maps need more than
+        ``memory_budget`` (default 4 GiB) is refused with an :class:`~attnlens.InputError` that says how long an
+        input fits, before the model runs. ``beside``: the bytes the caller will hold beside the maps, by
+        ``(layers, heads, tokens)``, checked with them (e.g. :func:`attnlens.viz.headview.page_bytes` for the
+        page of :func:`~attnlens.viz.headview.attention_view_html`)."""
         (e,) = self.encode([text] if not isinstance(text, list) else [tuple(text)])
         ctx = engine.batch_context(self.runner, [e], "logit")
-        with explaining(self.model):
-            capture, _ = run_capture(self.model, self.adapter, ctx.inputs, ctx.token_mask, self.stream, None,
-                                     "logit", gradients=False, head=self.head, keep={ATTENTION})
-        att = torch.stack(capture.attentions, 0)[:, 0]  # (L, H, Q, K)
-        return list(e.tokens), list(e.special), att.float().cpu().numpy()
+        att = whole_attention_maps(self.runner, ctx.inputs, ctx.token_mask, parse_budget(memory_budget), beside)
+        return list(e.tokens), list(e.special), att

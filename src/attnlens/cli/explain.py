@@ -243,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
         target = (int(args.token) if args.token.strip().isdigit() else args.token, target)
     elif args.token is not None:
         raise InputError(f"--token is for token classifiers; this model is {explainer.head.kind}")
+    # the view first: an input whose maps the budget cannot hold is refused before the explanations run
+    head_page = _head_view_page(explainer, texts[0], model, budget) if args.head_view else None
     exps = explainer.explain(
         texts,
         methods=args.methods,  # as given: "all" skips the methods that do not apply to this model, with a notice
@@ -278,16 +280,8 @@ def run(args: argparse.Namespace) -> int:
 
         plot_token_heatmap(exps[0], path=args.plot)
         _wrote(args, args.plot)
-    if args.head_view:
-        from ..results.tokentext import encoding_meta, readable_tokens
-        from ..viz.headview import attention_view_html
-
-        tokens, special, attentions = explainer.attention_maps(texts[0])
-        _write(
-            args.head_view,
-            attention_view_html(readable_tokens(tokens, encoding_meta(explainer.tokenizer)), attentions, special,
-                                title=f"attention of {model} ({explainer.stream})"),
-        )
+    if head_page is not None:
+        _write(args.head_view, head_page)
         _wrote(args, args.head_view)
     html_path = args.out if args.format == "html" else args.html
     if html_path:
@@ -296,6 +290,16 @@ def run(args: argparse.Namespace) -> int:
         _write(html_path, explanations_html(exps, title=f"attnlens: {model}"))
         _wrote(args, html_path)
     return 0
+
+
+def _head_view_page(explainer: Any, text: Any, model: str, budget: int) -> str:
+    """The ``--head-view`` page of ``text`` (its maps dropped once encoded into the page)."""
+    from ..results.tokentext import encoding_meta, readable_tokens
+    from ..viz.headview import attention_view_html, page_bytes
+
+    tokens, special, attentions = explainer.attention_maps(text, memory_budget=budget, beside=page_bytes)
+    return attention_view_html(readable_tokens(tokens, encoding_meta(explainer.tokenizer)), attentions, special,
+                               title=f"attention of {model} ({explainer.stream})")
 
 
 def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *, device: Any, dtype: Any,
@@ -307,11 +311,30 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
         raise InputError("--generate continues single texts, not sentence pairs")
     explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length,
                                           device=device, dtype=dtype)
+    if args.head_view:  # its maps cover prompt + continuation: refused up front where the longest cannot fit
+        from ..core.attention_view import check_attention_view
+        from ..core.generation_engine import encode_prompt, token_ids_of
+        from ..viz.headview import page_bytes
+
+        continuation = args.max_new_tokens if args.target is None else len(
+            token_ids_of(explainer.runner, args.target, "--target"))
+        longest = len(encode_prompt(explainer.runner, prompts[0], args.chat)[0]) + continuation
+        check_attention_view(explainer.model, longest, budget, page_bytes)
     gens = [explainer.explain_generation(p, methods=args.methods, max_new_tokens=args.max_new_tokens,
                                          target=args.target, contrast=args.contrast, chat=args.chat,
                                          target_kind=args.target_kind, batch_size=min(args.batch_size, 16),
                                          options=options, memory_budget=budget, progress=not args.quiet)
             for p in prompts]
+    head_page = None
+    if args.head_view:  # before anything is written
+        from ..core.generation_engine import attention_maps
+        from ..results.tokentext import readable_tokens
+        from ..viz.headview import attention_view_html, page_bytes
+
+        attentions = attention_maps(explainer.runner, gens[0], memory_budget=budget, beside=page_bytes)
+        head_page = attention_view_html(readable_tokens(gens[0].tokens, gens[0].meta), attentions, gens[0].special,
+                                        title=f"attention of {model}: prompt + continuation")
+        del attentions
     if args.format == "terminal":
         for g in gens:
             g.show()
@@ -326,15 +349,8 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
 
         plot_generation(gens[0], path=args.plot)
         _wrote(args, args.plot)
-    if args.head_view:
-        from ..core.generation_engine import attention_maps
-        from ..results.tokentext import readable_tokens
-        from ..viz.headview import attention_view_html
-
-        attentions = attention_maps(explainer.runner, gens[0])
-        shown = readable_tokens(gens[0].tokens, gens[0].meta)
-        _write(args.head_view, attention_view_html(shown, attentions, gens[0].special,
-                                                   title=f"attention of {model}: prompt + continuation"))
+    if head_page is not None:
+        _write(args.head_view, head_page)
         _wrote(args, args.head_view)
     html_path = args.out if args.format == "html" else args.html
     if html_path:

@@ -39,6 +39,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-texts", type=int, default=32, help="most texts one request may explain")
     p.add_argument("--attention", help="BART-like models: encoder (default), decoder or cross")
     p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="memory each computation plans for, e.g. 4GB or 512MiB (default 4GiB); the server runs one "
+                        "computation at a time, whatever its model, and caches at most as much again in results "
+                        "(1 GiB at most)")
     add_placement_options(p)
     return p
 
@@ -63,7 +67,11 @@ def model_specs(given: list[str] | None) -> dict[str, str]:
     return specs
 
 
-def check_args(args: argparse.Namespace) -> None:
+def check_args(args: argparse.Namespace) -> int:
+    """The memory budget, after checking every option (a mistake is one line, before any model loads)."""
+    from ..core.memory import parse_budget
+
+    budget = parse_budget(args.memory_budget)
     if args.host not in LOCAL_HOSTS and not args.allow_remote:
         raise InputError(f"--host {args.host} would let other machines run the models: add --allow-remote to mean it")
     if not 0 <= args.port <= 65535:
@@ -71,6 +79,7 @@ def check_args(args: argparse.Namespace) -> None:
     for name in ("max_chars", "max_texts"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+    return budget
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serve import Limits, create_app
     from ..serve.benchmarks import check_roots
 
-    check_args(args)
+    budget = check_args(args)
     specs = model_specs(args.model)
     roots = check_roots(args.results)
     device, dtype = placement(args)
@@ -94,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"attnlens: warning: serving on {terminal_safe(args.host, one_line=True)}: anyone who can reach this "
               "address can run the models and read the --results folders (no authentication)", file=sys.stderr)
     app = create_app(explainers, results=roots, limits=Limits(max_chars=args.max_chars, max_texts=args.max_texts),
-                     allowed_hosts=[*LOCAL_HOSTS, "[::1]"] if local else None)
+                     allowed_hosts=[*LOCAL_HOSTS, "[::1]"] if local else None, memory_budget=budget)
     sock = _bind(args.host, args.port)
     host = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{host}:{sock.getsockname()[1]}/"

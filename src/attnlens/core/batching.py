@@ -11,14 +11,20 @@ import torch
 from torch import nn
 
 from .allocator import for_long_inputs
-from .modelstate import explaining
+from .memory import DEFAULT_BUDGET, Storage, budget_chunks, model_dims, pass_row_bytes
+from .modelstate import EAGER, explaining, runs_sdpa, without_cache
 
 
-def length_sorted_chunks(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
-    """Indices of the sequences, shortest first, in chunks of ``batch_size`` (padding stays small)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    for start in range(0, len(order), max(1, int(batch_size))):
-        yield order[start : start + batch_size]
+def scoring_chunks(model: nn.Module, lengths: Sequence[int], batch_size: int, budget: int, *,
+                   attention: str = "sdpa", logit_positions: int = 0, hidden: bool = False) -> Iterator[list[int]]:
+    """Indices of sequences of ``lengths``, shortest first, in batches of at most ``batch_size`` whose forward
+    without gradients fits ``budget`` bytes: one layer's activations at a time, its attention maps where the model
+    runs eager (``attention``, or it has no fused attention), the logits of ``logit_positions`` positions per row
+    (0: all), every layer's hidden states (``hidden``)."""
+    eager = attention == EAGER or not runs_sdpa(model)
+    storage = Storage(eager=eager, logit_rows=logit_positions, hidden=hidden)
+    dims = model_dims(model)
+    return budget_chunks(lengths, batch_size, budget, lambda n: pass_row_bytes(dims, n, storage))
 
 
 def pad_batch(
@@ -80,10 +86,12 @@ def predict_batches(
     probabilities: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = softmax,
     attention: str = "sdpa",
     last_only: bool = False,
+    memory_budget: int = DEFAULT_BUDGET,
 ) -> np.ndarray:
     """Probabilities ``(len(ids), C)`` of token-id sequences of any lengths, in input order.
 
-    Length-sorted batches of ``batch_size``, right-padded with ``pad_id``, under ``torch.no_grad()``, with the
+    Length-sorted batches of at most ``batch_size`` that fit ``memory_budget`` bytes (:func:`scoring_chunks`: fewer
+    rows as the sequences grow), right-padded with ``pad_id``, under ``torch.no_grad()``, with the
     model in eval mode and its attention set to ``attention`` (SDPA: no attention probabilities are needed), both
     restored afterwards. ``probabilities(logits, attention_mask)`` turns logits into probabilities (softmax by
     default; a head's own rule, e.g. multi-label sigmoids). ``with_types``: pass token types (zeros where a
@@ -95,8 +103,10 @@ def predict_batches(
     device = next(model.parameters()).device
     out: np.ndarray | None = None
     keeps = last_only and keeps_logits(model)
+    chunks = scoring_chunks(model, [len(x) for x in ids], batch_size, memory_budget, attention=attention,
+                            logit_positions=1 if keeps else 0)
     with explaining(model, attention), torch.no_grad():
-        for idx in length_sorted_chunks([len(x) for x in ids], batch_size):
+        for idx in chunks:
             types = None if type_ids is None else [type_ids[i] for i in idx]
             batch_types = with_types if with_types is not None else (
                 types is not None and all(t is not None for t in types))
@@ -108,10 +118,10 @@ def predict_batches(
                 mask = inputs["attention_mask"]
                 last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # the last attended position (a mask may have holes)
                 kept, where = torch.unique(last, return_inverse=True)
-                logits = model(**inputs, **({"logits_to_keep": kept} if keeps else {})).logits
+                logits = model(**inputs, **({"logits_to_keep": kept} if keeps else {}), **without_cache(model)).logits
                 logits = logits[torch.arange(len(last), device=logits.device), where if keeps else last]
             else:
-                logits = model(**inputs).logits
+                logits = model(**inputs, **without_cache(model)).logits
             probs = probabilities(logits, inputs["attention_mask"]).float().cpu().numpy()
             if out is None:
                 out = np.zeros((len(ids), probs.shape[1]), dtype=np.float64)

@@ -38,7 +38,7 @@ from .attention_chunks import RecomputedChunks, WholeMaps
 from .batch_state import Capture
 from .logit_rows import LogitRows
 from .memory import Storage
-from .modelstate import attention_switched
+from .modelstate import attention_switched, without_cache
 from .recomputing import recomputing
 from .row_attention import (
     RowAttentionUnsupported,
@@ -239,11 +239,8 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     handle = adapter.embedding_module(model).register_forward_hook(keep_embeddings) if hooked else None
     try:
         with torch.set_grad_enabled(gradients):
-            kwargs = dict(inputs if sequence is None else sequence, **logit_rows.model_kwargs())
-            if getattr(model.config, "use_cache", None) is not None:
-                # nothing reuses a key/value cache (every layer's keys and values: an encoder-decoder's decoder
-                # holds four per layer), and a recomputed layer must not append to one again
-                kwargs["use_cache"] = False
+            kwargs = dict(inputs if sequence is None else sequence, **logit_rows.model_kwargs(),
+                          **without_cache(model))
             if given is not None:  # another pass ran the forward: nothing of the stream is kept
                 outputs = _without_attentions(given)
             elif mode == ROWS:

@@ -39,7 +39,7 @@ from .memory import (
     refuse_over_budget,
 )
 from .model_runner import ModelRunner
-from .modelstate import explaining, runs_sdpa
+from .modelstate import explaining, runs_sdpa, without_cache
 from .progress import ExplainProgress, ProgressCallback, planned_passes
 
 ANSWER = "answer"  # select_methods' target for a whole answer (core/answer_engine.py)
@@ -310,7 +310,7 @@ def compute_batch(
         # resolve "predicted" entries with a cheap forward.
         read = LogitRows.of(runner.model, head, ctx.token_mask, None)
         with torch.no_grad(), explaining(runner.model):
-            logits = head.logits(runner.model(**ctx.inputs, **read.model_kwargs()))
+            logits = head.logits(runner.model(**ctx.inputs, **read.model_kwargs(), **without_cache(runner.model)))
         wanted = head.resolve(wanted, unresolved, logits, read.mask(ctx.token_mask), ctx.answer_mask)
         unresolved = torch.zeros_like(unresolved)
     with explaining(runner.model), runner.head_without_padding(ctx.token_mask):

@@ -34,6 +34,7 @@ from ..results.generation import Generation
 from ..results.tokentext import encoding_meta
 from ..version import __version__
 from . import engine
+from .attention_view import Beside, whole_attention_maps
 from .batch_state import BatchContext
 from .encoding import Encoded, encode, spans_in
 from .memory import (
@@ -392,17 +393,13 @@ def _check_count(name: str, value: Any) -> None:
 
 
 @torch.no_grad()
-def attention_maps(runner: ModelRunner, g: Generation) -> np.ndarray:
-    """Attention probabilities ``(L, H, N, N)`` of the explained stream over the whole prompt + continuation of
-    ``g`` (one forward pass), for the head view."""
-    from ..core.capture import run_capture
-    from ..methods.registry import ATTENTION
-
+def attention_maps(runner: ModelRunner, g: Generation, memory_budget: str | int | None = None,
+                   beside: Beside | None = None) -> np.ndarray:
+    """Attention probabilities ``(L, H, N, N)`` (float32) of the explained stream over the whole prompt +
+    continuation of ``g`` (one forward pass), for the head view; refused in one line where they (and ``beside``)
+    do not fit ``memory_budget`` (:func:`~attnlens.core.attention_view.whole_attention_maps`)."""
     if isinstance(runner.head, Seq2SeqLMHead):
         raise InputError("the head view of a generation shows one self-attention over prompt + continuation: "
                          "decoder-only models only (an encoder-decoder's streams split them)")
     inputs, mask = runner.inputs([g.prompt_ids + g.generated_ids])
-    with explaining(runner.model):
-        capture, _ = run_capture(runner.model, runner.adapter, inputs, mask, runner.stream, None, "logit",
-                                 gradients=False, head=runner.head, keep={ATTENTION})
-    return torch.stack(capture.attentions, 0)[:, 0].float().cpu().numpy()
+    return whole_attention_maps(runner, inputs, mask, parse_budget(memory_budget), beside)

@@ -406,7 +406,8 @@ def longest_that_fits(budget: int, row_bytes: Callable[[int], int]) -> int:
     return lo
 
 
-def _gib(size: float) -> str:
+def readable_size(size: float) -> str:
+    """``size`` bytes as the errors say it: GiB with one decimal from 1 GiB on, whole MiB below."""
     return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
 
 
@@ -422,9 +423,9 @@ def refuse_over_budget(n: int, budget: int, need: int, per_method: Mapping[str, 
     for name, row_bytes in per_method.items():
         longest = longest_that_fits(budget, row_bytes)
         fits.append(f"{name} up to {longest:,} tokens" if longest else f"{name} not even 1 token")
-    raise InputError(f"{what} of {n:,} tokens with {', '.join(per_method)} needs about {_gib(need)}, more than the "
-                     f"memory budget of {_gib(budget)}; within it: {'; '.join(fits)} (name fewer methods, shorten "
-                     "the input or raise --memory-budget / memory_budget=)")
+    raise InputError(f"{what} of {n:,} tokens with {', '.join(per_method)} needs about {readable_size(need)}, more "
+                     f"than the memory budget of {readable_size(budget)}; within it: {'; '.join(fits)} (name fewer "
+                     "methods, shorten the input or raise --memory-budget / memory_budget=)")
 
 
 def rows_that_fit(budget: int, row_bytes: int, cap: int | None = None) -> int:

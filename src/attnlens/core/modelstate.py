@@ -37,6 +37,14 @@ def _resolved(model: nn.Module, implementation: str) -> str:
     return fused_implementation(model) if implementation == FUSED else implementation
 
 
+def without_cache(model: nn.Module) -> dict[str, bool]:
+    """The forward keyword that stops ``model`` from building a key/value cache (``{}`` where it builds none).
+    attnlens never reuses the cache of a pass it runs, and the cache holds every layer's keys and values (an
+    encoder-decoder's decoder: four hidden-size vectors per token and layer) to the end of the pass; a layer
+    recomputed in the backward must not append to it again."""
+    return {"use_cache": False} if getattr(getattr(model, "config", None), "use_cache", None) is not None else {}
+
+
 def runs_sdpa(model: nn.Module) -> bool:
     """Whether ``model`` can run its attention as PyTorch's fused attention (transformers' ``"sdpa"``)."""
     return bool(getattr(type(model), "_supports_sdpa", False))

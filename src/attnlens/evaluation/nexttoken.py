@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..core.batching import predict_batches
+from ..core.memory import DEFAULT_BUDGET
 from ..errors import InputError, ModelError
 from ..results.explanation import Explanation
 from .metrics import EvalConfig, Item, mean_or_none, resolve_metrics, score_examples
@@ -55,14 +56,16 @@ class NextTokenPredictor:
     The prediction is read at each variant's last attended position (variants are right-padded; only those
     positions are projected onto the vocabulary where the model allows). ``normalize``:
     ``"vocab"`` the softmax over the whole vocabulary, ``"choices"`` the softmax over ``tokens`` only (a
-    zero-shot classifier's probabilities). No gradients; SDPA attention while scoring.
+    zero-shot classifier's probabilities). No gradients; SDPA attention while scoring; batches of at most
+    ``batch_size`` within ``memory_budget`` bytes.
     """
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, tokens: Sequence[int], normalize: str = "vocab",
-                 batch_size: int = 32) -> None:
+                 batch_size: int = 32, memory_budget: int = DEFAULT_BUDGET) -> None:
         if normalize not in NORMALIZE:
             raise InputError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
         self.model, self.pad_token_id, self.batch_size = model, int(pad_token_id), int(batch_size)
+        self.memory_budget = memory_budget
         self.tokens = torch.as_tensor([int(t) for t in tokens], dtype=torch.long)
         self.normalize = normalize
 
@@ -79,7 +82,7 @@ class NextTokenPredictor:
             raise InputError("a perturbed prompt is empty: the template must keep at least one token")
         return predict_batches(self.model, [v.input_ids for v in variants], self.pad_token_id, self.batch_size,
                                masks=[v.attention_mask for v in variants], probabilities=self._probabilities,
-                               last_only=True)
+                               last_only=True, memory_budget=self.memory_budget)
 
 
 def first_token(tokenizer: Any, text: str) -> int:

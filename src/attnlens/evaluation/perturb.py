@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.batching import length_sorted_chunks, pad_batch, predict_batches
-from ..core.modelstate import EAGER, explaining
+from ..core.batching import pad_batch, predict_batches, scoring_chunks
+from ..core.memory import DEFAULT_BUDGET
+from ..core.modelstate import EAGER, explaining, without_cache
 from ..errors import InputError
 from ..models.architectures import finds_last_token_by_padding
 
@@ -104,14 +105,17 @@ class ModelPredictor:
             with ``fast_attention``, switched to PyTorch's SDPA attention (no attention probabilities are needed
             here); both are restored afterwards.
         pad_token_id: id used to right-pad batches (padding is never attended).
-        batch_size: variants per forward pass.
+        batch_size: variants per forward pass at most.
         fast_attention: use SDPA while scoring when the model supports it (same results, ~20% faster on CPU).
+        memory_budget: bytes a forward pass plans for: long variants go in batches of fewer than ``batch_size``
+            (:func:`~attnlens.core.batching.scoring_chunks`).
     """
 
     def __init__(
-        self, model: torch.nn.Module, pad_token_id: int | None, batch_size: int = 64, fast_attention: bool = True
+        self, model: torch.nn.Module, pad_token_id: int | None, batch_size: int = 64, fast_attention: bool = True,
+        memory_budget: int = DEFAULT_BUDGET,
     ) -> None:
-        self.model = model
+        self.model, self.memory_budget = model, memory_budget
         self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
         # a decoder head without a pad id cannot read padded rows: one variant per forward pass
         self.batch_size = 1 if finds_last_token_by_padding(model) else max(1, int(batch_size))
@@ -123,7 +127,9 @@ class ModelPredictor:
         return next(self.model.parameters()).device
 
     def _batches(self, variants: Sequence[Variant]) -> Iterable[tuple[list[int], dict[str, torch.Tensor]]]:
-        for idx in length_sorted_chunks([len(v) for v in variants], self.batch_size):
+        """Batches of variants with every layer's hidden states kept, within the budget."""
+        for idx in scoring_chunks(self.model, [len(v) for v in variants], self.batch_size, self.memory_budget,
+                                  attention=self._attention, hidden=True):
             chosen = [variants[i] for i in idx]
             with_types = self.takes_token_types and all(v.token_type_ids is not None for v in chosen)
             inputs, _ = pad_batch(
@@ -133,9 +139,13 @@ class ModelPredictor:
             )
             yield idx, inputs
 
+    @property
+    def _attention(self) -> str:
+        return "sdpa" if self.fast_attention else EAGER
+
     @contextmanager
     def _scoring(self) -> Iterator[None]:
-        with explaining(self.model, "sdpa" if self.fast_attention else EAGER), torch.no_grad():
+        with explaining(self.model, self._attention), torch.no_grad():
             yield
 
     def __call__(self, variants: Sequence[Variant]) -> np.ndarray:
@@ -143,8 +153,8 @@ class ModelPredictor:
         return predict_batches(
             self.model, [v.input_ids for v in variants], self.pad_token_id, self.batch_size,
             type_ids=[v.token_type_ids for v in variants], masks=[v.attention_mask for v in variants],
-            with_types=None if self.takes_token_types else False,
-            attention="sdpa" if self.fast_attention else EAGER,
+            with_types=None if self.takes_token_types else False, attention=self._attention,
+            memory_budget=self.memory_budget,
         )
 
     def hidden_states(self, variants: Sequence[Variant], positions: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -155,7 +165,7 @@ class ModelPredictor:
         out: list[np.ndarray] = [np.zeros((0, 0), dtype=np.float32)] * len(variants)
         with self._scoring():
             for idx, inputs in self._batches(variants):
-                res = self.model(**inputs, output_hidden_states=True)
+                res = self.model(**inputs, output_hidden_states=True, **without_cache(self.model))
                 states = getattr(res, "encoder_hidden_states", None) or res.hidden_states
                 last = states[-1].float().cpu().numpy()
                 for r, i in enumerate(idx):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.memory import DEFAULT_BUDGET, parse_budget
 from ..data import Dataset
 from ..errors import InputError
 from ..models.architectures import adapter_for
@@ -125,7 +126,8 @@ class BenchmarkRun:
             attention, no gradients).
         stop_after: stop after this many newly processed examples (simulates an interruption; for tests).
         log: called with a line when the summary is written.
-        memory_budget: passed to ``explainer.explain`` (e.g. ``"4GB"``; default: the explainer's).
+        memory_budget: passed to ``explainer.explain`` (e.g. ``"4GB"``; default: the explainer's); the perturbed
+            inputs' forwards are batched within it too (default 4 GiB).
         shard: this process's :class:`~attnlens.evaluation.parallel.Shard` of a data-parallel run: it does chunks
             ``index, index + count, ...`` in ``out_dir/shards/INDEX-of-COUNT/`` (``resume=False`` starts that
             directory over; clear ``out_dir`` first to start a whole run over), then merges everything complete
@@ -233,13 +235,15 @@ def run_benchmark(
         return None
     # Everything is checked: from here on we write, holding the directory's lock until the last file is written.
     out.mkdir(parents=True, exist_ok=True)
-    predict = run.predict or ModelPredictor(explainer.model, config.pad_token_id, eval_batch_size)
+    scoring_budget = parse_budget(run.memory_budget)  # the perturbed inputs' forwards plan within it too
+    predict = run.predict or ModelPredictor(explainer.model, config.pad_token_id, eval_batch_size,
+                                            memory_budget=scoring_budget)
     work = dict(settings=settings, config=config, method_ids=method_ids, metric_ids=metric_ids, n_classes=n_classes,
                 batch_size=batch_size, explain_options=explain_options, target_kind=target_kind, target=target,
                 predict=predict, stop_after=run.stop_after)
     finish = dict(settings=settings, config=config, method_ids=method_ids, metric_ids=metric_ids,
                   batch_size=batch_size, chunk_size=chunk_size, log=run.log, explain_options=explain_options,
-                  target_kind=target_kind, progress=run.progress)
+                  target_kind=target_kind, progress=run.progress, scoring_budget=scoring_budget)
     shard = run.shard
     if shard is None or shard.count == 1:
         with results_lock(out):
@@ -401,7 +405,7 @@ def _finish(
     cached: dict[tuple[int, str, Any], Explanation] | None, *, settings: BenchmarkSettings, config: EvalConfig,
     method_ids: list[str], metric_ids: list[str], batch_size: int, chunk_size: int,
     log: Callable[[str], None] | None, explain_options: dict[str, dict[str, Any]] | None = None,
-    target_kind: str = "logit", progress: bool = False,
+    target_kind: str = "logit", progress: bool = False, scoring_budget: int = DEFAULT_BUDGET,
 ) -> dict[str, Any]:
     """Merge the shards of ``out`` (whose lock we hold) into its files, then the data-set metrics and the summary.
 
@@ -435,7 +439,7 @@ def _finish(
     if "consistency" in metric_ids and complete:
         if cached is None:
             cached = explanation_cache(read_rows(out / "explanations.jsonl"))
-        consist = _consistency(explainer, dataset, method_ids, cached, config, batch_size)
+        consist = _consistency(explainer, dataset, method_ids, cached, config, batch_size, scoring_budget)
     timing = {**timing, "consistency_seconds": time.perf_counter() - t2}
     t3 = time.perf_counter()
     sanity = None
@@ -562,11 +566,14 @@ def _consistency(
     cached: dict[tuple[int, str, int], Explanation],
     config: EvalConfig,
     batch_size: int,
+    budget: int,
 ) -> dict[str, Any]:
-    """The data-set metric consistency, from the cached explanations of the explained classes."""
+    """The data-set metric consistency, from the cached explanations of the explained classes (their hidden
+    states' forwards within ``budget`` bytes)."""
     main = {i: e for (i, role, _t), e in cached.items() if role == "explained"}
     return consistency_of(main, {i: dataset[i].label for i in main}, methods,
-                          ModelPredictor(explainer.model, config.pad_token_id, batch_size), config)
+                          ModelPredictor(explainer.model, config.pad_token_id, batch_size, memory_budget=budget),
+                          config)
 
 
 def _sanity(

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.modelstate import without_cache
 from ..core.recomputing import recomputing
 from ..core.row_attention import LayerFactors, keys_seen, masked_scores, repeat_kv, zero_padded
 from ..errors import InputError, ModelError
@@ -273,8 +274,7 @@ def _run(
         if fused:  # after lrp_mode, which puts every module in eval mode
             tokens = max((t.shape[1] for t in inputs.values() if torch.is_tensor(t) and t.dim() >= 2), default=0)
             stack.enter_context(recomputing(model, tokens))
-            if getattr(model.config, "use_cache", None) is not None:
-                extra["use_cache"] = False  # a recomputed layer must not append to a key/value cache again
+            extra.update(without_cache(model))
         outputs = state.logits(model(**inputs, **extra))
         logits = head.logits(outputs)
         # the outputs as a plain forward returns them, without the cache or the graph (the shared pass reads them)

@@ -24,7 +24,7 @@ from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
 from ..core.memory import Storage, gradient_pass_storage, model_dims, pass_row_bytes, rows_that_fit
-from ..core.modelstate import attention_switched, runs_sdpa
+from ..core.modelstate import attention_switched, runs_sdpa, without_cache
 from ..core.recomputing import recomputing
 from ..errors import InputError
 from ..models.prefixes import last_token_rows
@@ -67,8 +67,7 @@ def embedding_forward(ctx: BatchContext) -> tuple[Callable[..., torch.Tensor], t
         kwargs = dict(zip(keys, rest[:-1], strict=True))
         mask = kwargs.get("attention_mask", torch.ones_like(input_ids))
         read = LogitRows.of(ctx.model, ctx.head, mask, rest[-1])  # a language model's logits where they are read
-        if getattr(ctx.model.config, "use_cache", None) is not None:
-            kwargs["use_cache"] = False  # nothing to reuse; and a recomputed layer must not append to a cache
+        kwargs.update(without_cache(ctx.model))
         with _embeddings_replaced(module, embeddings):
             logits = ctx.head.logits(ctx.model(input_ids=input_ids, **kwargs, **read.model_kwargs()))
         return ctx.head.scalar(logits, read.targets(ctx.head, rest[-1]), ctx.target_kind, read.mask(mask))

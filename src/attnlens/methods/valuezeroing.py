@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..core.batch_state import BatchContext
+from ..core.modelstate import without_cache
 from ..errors import ModelError
 from ..models.architectures import Layers, architecture_for
 from .decomposition.layers import ValueZeroedLayer
@@ -116,7 +117,7 @@ def _layer_calls(model: nn.Module, layers: list[nn.Module], inputs: dict[str, to
 
     handles = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in layers]
     try:
-        model(**inputs)
+        model(**inputs, **without_cache(model))
     finally:
         for h in handles:
             h.remove()

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..core.memory import parse_budget
 from ..errors import AttnLensError
 from .requests import Limits
 from .routes import ROUTES, BodyTooLarge, error
@@ -84,6 +85,7 @@ def create_app(
     results: Sequence[Path] = (),
     limits: Limits | None = None,
     allowed_hosts: Sequence[str] | None = None,
+    memory_budget: str | int | None = None,
 ) -> Starlette:
     """The server's ASGI app.
 
@@ -94,8 +96,10 @@ def create_app(
         limits: per-request limits (text length, texts per request, generated tokens, body size).
         allowed_hosts: the ``Host`` headers answered (the CLI passes the local names when it binds locally, which
             stops DNS-rebinding pages from reaching the API); ``None`` answers any.
+        memory_budget: what each computation plans for (e.g. ``"4GB"``; default 4 GiB): the server runs one at a
+            time, whatever its model, and its cache of results holds at most as much again (1 GiB at most).
     """
-    state = ServeState(explainers, list(results), limits or Limits())
+    state = ServeState(explainers, list(results), limits or Limits(), parse_budget(memory_budget))
     middleware = [Middleware(SecurityHeaders)]
     if allowed_hosts is not None:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))

@@ -18,7 +18,7 @@ from ..results.explanation import Explanation, explanations_json
 from ..results.tokentext import encoding_meta
 from ..sources.attribute import defaults_for
 from ..sources.methods import SOURCE_METHODS
-from ..viz.headview import encode_attentions
+from ..viz.headview import encode_attentions, page_bytes
 from .requests import AnswerRequest, AttributeRequest, ExplainRequest, GenerateRequest
 
 Report = Callable[[float], None]
@@ -55,11 +55,12 @@ def _target(ex: Any, req: ExplainRequest) -> Any:
     return req.target
 
 
-def explanations(ex: Any, req: ExplainRequest, report: Report) -> list[Explanation]:
-    """The explanations of a request (before any word aggregation)."""
+def explanations(ex: Any, req: ExplainRequest, report: Report, budget: int) -> list[Explanation]:
+    """The explanations of a request (before any word aggregation), planned within ``budget`` bytes."""
     return ex.explain(list(req.texts), methods=req.methods if isinstance(req.methods, str) else list(req.methods),
                       target=_target(ex, req), target_kind=req.target_kind, contrast=req.contrast,
-                      options=_options(req), progress=lambda fraction, _done: report(fraction))
+                      options=_options(req), progress=lambda fraction, _done: report(fraction),
+                      memory_budget=budget)
 
 
 def explain(exps: list[Explanation], req: ExplainRequest) -> list[dict[str, Any]]:
@@ -67,15 +68,17 @@ def explain(exps: list[Explanation], req: ExplainRequest) -> list[dict[str, Any]
     return explanations_json([e.to_words() for e in exps] if req.words else exps)
 
 
-def faithfulness(ex: Any, exps: list[Explanation], metrics: tuple[str, ...], report: Report) -> list[dict[str, Any]]:
+def faithfulness(ex: Any, exps: list[Explanation], metrics: tuple[str, ...], report: Report,
+                 budget: int) -> list[dict[str, Any]]:
     """Per input, each method's AOPC / comprehensiveness / sufficiency on this input and the curves they average
-    (the benchmark's metrics of :mod:`attnlens.evaluation.metrics`, scoring the predicted class)."""
+    (the benchmark's metrics of :mod:`attnlens.evaluation.metrics`, scoring the predicted class; the perturbed
+    inputs batched within ``budget`` bytes)."""
     if ex.head.task != "classification" or any(e.is_multi_label for e in exps):
         raise InputError(f"faithfulness is measured on sequence classifiers; this model is {ex.head.kind}")
     if any(e.meta.get("contrast") is not None for e in exps):
         raise InputError("faithfulness scores one class's probability: explain without a contrast to measure it")
     config = EvalConfig(pad_token_id=ex.pad_id)
-    predict = ModelPredictor(ex.model, config.pad_token_id)
+    predict = ModelPredictor(ex.model, config.pad_token_id, memory_budget=budget)
     cache: dict[Any, np.ndarray] = {}
     out = []
     steps = max(1, len(exps) * len(exps[0].methods if exps else []))
@@ -109,25 +112,33 @@ def thumbnails(att: np.ndarray, size: int = THUMBNAIL) -> dict[str, Any]:
     return {"size": t, "values": q.reshape(-1).tolist()}
 
 
-def attention(ex: Any, text: Any) -> dict[str, Any]:
-    """The head and model views' data: tokens, the compact attention of every layer and head, thumbnails."""
-    tokens, special, att = ex.attention_maps(text)
+def attention(ex: Any, text: Any, budget: int) -> dict[str, Any]:
+    """The head and model views' data: tokens, the compact attention of every layer and head, thumbnails; refused
+    in one line where the maps, their encoding and the answer's text would not fit ``budget`` bytes."""
+    tokens, special, att = ex.attention_maps(text, memory_budget=budget, beside=_answer_bytes)
     return {"tokens": tokens, "special": special, "meta": encoding_meta(ex.tokenizer), "stream": ex.stream,
             "attention": encode_attentions(att), "thumbnails": thumbnails(att)}
 
 
-def generate(ex: Any, req: GenerateRequest, report: Report) -> list[dict[str, Any]]:
+def _answer_bytes(layers: int, heads: int, n: int) -> int:
+    """What the attention answer holds beside the maps: their encoding and text (as a page's), and the JSON
+    response's text and bytes (the text twice more)."""
+    return 2 * page_bytes(layers, heads, n)
+
+
+def generate(ex: Any, req: GenerateRequest, report: Report, budget: int) -> list[dict[str, Any]]:
     """What ``attnlens explain --generate --format json`` writes for one prompt (a list of one)."""
     if ex.head.task not in LANGUAGE_MODELS:
         raise InputError(f"generation needs a language model; this model is {ex.head.kind}")
     report(0.0)
     g = ex.explain_generation(req.prompt, methods=req.methods if isinstance(req.methods, str) else list(req.methods),
                               max_new_tokens=req.max_new_tokens, target=req.target, contrast=req.contrast,
-                              chat=req.chat, target_kind=req.target_kind, options=_options(req))
+                              chat=req.chat, target_kind=req.target_kind, options=_options(req),
+                              memory_budget=budget)
     return [g.to_dict()]
 
 
-def answer(ex: Any, req: AnswerRequest, report: Report) -> list[dict[str, Any]]:
+def answer(ex: Any, req: AnswerRequest, report: Report, budget: int) -> list[dict[str, Any]]:
     """``Explainer.explain_answer`` on the request's token ids: what ``attnlens explain --format json`` writes for
     one explanation (a list of one) over prompt + answer tokens, ``target`` the answer's span ``[start, end)``."""
     if ex.head.task != "causal-lm":
@@ -140,15 +151,15 @@ def answer(ex: Any, req: AnswerRequest, report: Report) -> list[dict[str, Any]]:
     exp = ex.explain_answer(list(req.prompt_ids), list(req.answer_ids),
                             methods=req.methods if isinstance(req.methods, str) else list(req.methods),
                             target_kind=req.target_kind, options=_options(req),
-                            progress=lambda fraction, _done: report(fraction))
+                            progress=lambda fraction, _done: report(fraction), memory_budget=budget)
     return explanations_json([exp])
 
 
-def attribute(ex: Any, req: AttributeRequest) -> dict[str, Any]:
+def attribute(ex: Any, req: AttributeRequest, budget: int) -> dict[str, Any]:
     """What ``attnlens cite --format json`` writes (with ``tokens``: also the token-level scores and spans)."""
     if ex.head.task != "causal-lm":
         raise InputError(f"context attribution needs a causal language model; this model is {ex.head.kind}")
     methods = req.methods if req.methods is None or isinstance(req.methods, str) else list(req.methods)
     result = ex.attribute_context(req.context, req.query, answer=req.answer, sources=req.sources, methods=methods,
-                                  max_new_tokens=req.max_new_tokens, options=_options(req))
+                                  max_new_tokens=req.max_new_tokens, options=_options(req), memory_budget=budget)
     return result.to_dict(tokens=req.tokens)

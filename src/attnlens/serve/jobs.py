@@ -1,5 +1,6 @@
-"""Computations of the server as jobs: one queue per model (one computation at a time, the others wait in the
-order they came), progress, cancellation, and a cache of finished results keyed by what was asked.
+"""Computations of the server as jobs: one queue for all its models (one computation at a time, so that each can
+plan within the whole memory budget; the others wait in the order they came), progress, cancellation, and a cache
+of finished results keyed by what was asked, bounded in number and in bytes.
 
 A job runs in its model's worker thread. It reports progress through :meth:`Job.report`, which is also where a
 cancelled job stops: the computation's progress callback raises :class:`Cancelled` and the library unwinds as
@@ -64,7 +65,7 @@ class Job:
                                "progress": self.progress, "cached": self.cached, "warnings": self.warnings,
                                "seconds": self.seconds}
         if position is not None:
-            out["position"] = position  # jobs of the same model ahead of this one
+            out["position"] = position  # jobs ahead of this one
         if self.error is not None:
             out["error"] = self.error
         if with_result and self.state == DONE:
@@ -73,23 +74,26 @@ class Job:
 
 
 class JobQueue:
-    """Per-model FIFO workers, the jobs they ran (the latest ``keep``) and a cache of ``cache_size`` results."""
+    """One FIFO worker for every model, the jobs it ran (the latest ``keep``) and a cache of at most ``cache_size``
+    results taking at most ``cache_bytes`` together (the newest is kept whatever its size, until the next comes).
+    A finished job whose result left the cache answers with a one-line error: ask again."""
 
-    def __init__(self, models: list[str], *, cache_size: int = 256, keep: int = 512) -> None:
-        self._workers = {m: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"attnlens-{m}") for m in models}
+    def __init__(self, *, cache_size: int = 256, cache_bytes: int = 2**30, keep: int = 512) -> None:
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnlens-serve")
         self._jobs: OrderedDict[str, Job] = OrderedDict()
-        self._cache: OrderedDict[str, tuple[Any, list[str]]] = OrderedDict()
-        self._waiting: dict[str, list[str]] = {m: [] for m in models}
+        self._cache: OrderedDict[str, tuple[Any, list[str], int]] = OrderedDict()
+        self._cached_bytes = 0
+        self._waiting: list[str] = []
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self.cache_size, self.keep = cache_size, keep
+        self.cache_size, self.cache_bytes, self.keep = cache_size, cache_bytes, keep
 
     def submit(self, model: str, kind: str, key: str, compute: Callable[[Job], Any]) -> Job:
-        """A job computing ``compute(job)`` on ``model``'s worker; a result cached under ``key`` (or a job with
-        that key still under way) is answered without computing again."""
+        """A job computing ``compute(job)`` (on ``model``) in the queue; a result cached under ``key`` (or a job
+        with that key still under way) is answered without computing again."""
         with self._lock:
             if key in self._cache:
-                result, notes = self._cache[key]
+                result, notes, _ = self._cache[key]
                 self._cache.move_to_end(key)
                 job = self._new(model, kind, key)
                 job.state, job.progress, job.result, job.warnings, job.cached = DONE, 1.0, result, notes, True
@@ -99,8 +103,8 @@ class JobQueue:
                 if job.key == key and not job.finished:
                     return job
             job = self._new(model, kind, key)
-            self._waiting[model].append(job.id)
-            job.future = self._workers[model].submit(self._run, job, compute)
+            self._waiting.append(job.id)
+            job.future = self._worker.submit(self._run, job, compute)
             return job
 
     def _new(self, model: str, kind: str, key: str) -> Job:
@@ -115,7 +119,7 @@ class JobQueue:
 
     def _run(self, job: Job, compute: Callable[[Job], Any]) -> Job:
         with self._lock:
-            self._waiting[job.model].remove(job.id)
+            self._waiting.remove(job.id)
             if job._cancel.is_set():
                 job.state = CANCELLED
                 return job
@@ -128,8 +132,7 @@ class JobQueue:
             job.warnings = list(dict.fromkeys(str(w.message) for w in caught if _PACKAGE in str(w.filename)))
             with self._lock:
                 job.result, job.progress, job.state = result, 1.0, DONE
-                self._cache[job.key] = (result, job.warnings)
-                self._trim()
+                self._store(job.key, result, job.warnings)
         except Cancelled:
             job.state = CANCELLED
         except AttnLensError as exc:
@@ -149,34 +152,61 @@ class JobQueue:
     def remember(self, key: str, result: Any) -> None:
         """Cache ``result`` under ``key`` (a by-product of another job, e.g. the explanations faithfulness needs)."""
         with self._lock:
-            self._cache[key] = (result, [])
-            self._trim()
+            self._store(key, result, [])
 
-    def _trim(self) -> None:
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+    def _store(self, key: str, result: Any, notes: list[str]) -> None:
+        if key in self._cache:
+            self._cached_bytes -= self._cache.pop(key)[2]
+        size = approximate_bytes(result)
+        self._cache[key], self._cached_bytes = (result, notes, size), self._cached_bytes + size
+        while len(self._cache) > 1 and (len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes):
+            old, (_, _, old_size) = self._cache.popitem(last=False)
+            self._cached_bytes -= old_size
+            for job in self._jobs.values():  # nothing keeps the result alive once the cache lets it go
+                if job.key == old and job.state == DONE:
+                    job.result, job.state, job.status = None, FAILED, 410
+                    job.error = ("this result was dropped from the server's cache to bound its memory: ask for it "
+                                 "again")
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)
 
     def position(self, job: Job) -> int | None:
-        """How many jobs of the same model wait ahead of ``job`` (0: it is next), or None when it is not waiting."""
+        """How many jobs wait ahead of ``job`` (0: it is next), or None when it is not waiting."""
         with self._lock:
-            waiting = self._waiting.get(job.model, [])
-            return waiting.index(job.id) if job.id in waiting else None
+            return self._waiting.index(job.id) if job.id in self._waiting else None
 
     def cancel(self, job: Job) -> None:
         """Stop ``job``: a waiting job never starts; a running one stops at its next progress report."""
         job._cancel.set()
         if job.future is not None and job.future.cancel():  # still waiting in the executor
             with self._lock:
-                if job.id in self._waiting[job.model]:
-                    self._waiting[job.model].remove(job.id)
+                if job.id in self._waiting:
+                    self._waiting.remove(job.id)
                 job.state = CANCELLED
 
     def shutdown(self) -> None:
         for job in list(self._jobs.values()):
             if not job.finished:
                 job._cancel.set()
-        for worker in self._workers.values():
-            worker.shutdown(wait=False, cancel_futures=True)
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+
+def approximate_bytes(value: Any) -> int:
+    """About the memory a JSON-like result (dicts, lists, strings, numbers) takes: its strings' characters and
+    its containers' and numbers' objects."""
+    total, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            total += 49 + len(item)
+        elif isinstance(item, dict):
+            total += 64 + 16 * len(item)
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            total += 56 + 8 * len(item)
+            todo.extend(item)
+        else:
+            total += 32
+    return total

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..core.memory import DEFAULT_BUDGET
 from ..errors import InputError
 from ..results.explanation import Explanation
 from . import compute
@@ -24,6 +25,7 @@ from .requests import (
     generate_request,
 )
 
+CACHE_BYTES = 2**30  # the most the cache of results holds, whatever the budget
 KINDS = ("explain", "faithfulness", "attention", "generate", "answer", "attribute")
 
 
@@ -35,21 +37,25 @@ class ServeState:
         explainers: model name (as the page and the API name it) -> loaded :class:`~attnlens.Explainer`.
         results: the ``--results`` folders.
         limits: what one request may ask for.
+        memory_budget: bytes each computation plans within (they run one at a time); the cache of results holds
+            at most as much again (at most :data:`CACHE_BYTES`).
     """
 
     explainers: Mapping[str, Any]
     results: list[Path] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
+    memory_budget: int = DEFAULT_BUDGET
 
     def __post_init__(self) -> None:
         if not self.explainers:
             raise InputError("serve at least one model")
         self.models = list(self.explainers)
-        self.jobs = JobQueue(self.models)
+        self.jobs = JobQueue(cache_bytes=min(CACHE_BYTES, self.memory_budget))
         self.facts = {name: compute.model_facts(name, ex) for name, ex in self.explainers.items()}
 
     def submit(self, kind: str, body: Any) -> Job:
         """Check ``body`` for a computation of ``kind`` and queue it (or answer it from the cache)."""
+        budget = self.memory_budget
         if kind == "explain":
             req = explain_request(body, self.models, self.limits)
             return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.explain(
@@ -60,23 +66,26 @@ class ServeState:
             ex = self.explainers[req.model]
             return self.jobs.submit(req.model, kind, req.key("faithfulness") + repr(metrics),
                                     lambda job: compute.faithfulness(ex, self._explanations(req, job), metrics,
-                                                                     job.report))
+                                                                     job.report, budget))
         if kind == "attention":
             model, text = attention_request(body, self.models, self.limits)
             ex = self.explainers[model]
-            return self.jobs.submit(model, kind, f"attention:{model}:{text!r}", lambda job: compute.attention(ex, text))
+            return self.jobs.submit(model, kind, f"attention:{model}:{text!r}",
+                                    lambda job: compute.attention(ex, text, budget))
         if kind == "generate":
             req = generate_request(body, self.models, self.limits)
             ex = self.explainers[req.model]
-            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.generate(ex, req, job.report))
+            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.generate(ex, req, job.report,
+                                                                                             budget))
         if kind == "answer":
             req = answer_request(body, self.models, self.limits)
             ex = self.explainers[req.model]
-            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.answer(ex, req, job.report))
+            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.answer(ex, req, job.report,
+                                                                                           budget))
         if kind == "attribute":
             req = attribute_request(body, self.models, self.limits)
             ex = self.explainers[req.model]
-            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.attribute(ex, req))
+            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.attribute(ex, req, budget))
         raise InputError(f"unknown kind {str(kind)[:40]!r}; choose one of {', '.join(KINDS)}")
 
     def _explanations(self, req: ExplainRequest, job: Job) -> list[Explanation]:
@@ -86,7 +95,7 @@ class ServeState:
         cached = self.jobs.cached(plain.key())
         if cached is not None:
             return [Explanation.from_dict(d) for d in cached]
-        exps = compute.explanations(self.explainers[req.model], req, job.report)
+        exps = compute.explanations(self.explainers[req.model], req, job.report, self.memory_budget)
         self.jobs.remember(plain.key(), compute.explain(exps, plain))
         return exps
 

@@ -128,10 +128,15 @@ def encode_attentions(att: np.ndarray) -> dict:
     bits = 16 if att.size <= PRECISE_MAX_VALUES else 8
     qmax = (1 << bits) - 1
     values, scales = [], []
-    for layer in att:
-        peak = np.abs(layer).max(axis=-1).astype(np.float32)  # (H, N)
-        safe = np.where(peak > 0, peak, 1.0)[..., None]
-        q = np.rint(np.clip(layer / safe, 0.0, 1.0) * qmax).astype("<u2" if bits == 16 else "u1")
+    for layer in att:  # one layer's float32 copies at a time, whatever the input's dtype and size
+        layer = np.nan_to_num(np.array(layer, dtype=np.float32), copy=False)
+        if layer.min() < 0:
+            raise InputError("attentions must be probabilities (non-negative)")
+        peak = layer.max(axis=-1)  # (H, N)
+        layer /= np.where(peak > 0, peak, 1.0)[..., None]
+        np.clip(layer, 0.0, 1.0, out=layer)
+        layer *= qmax
+        q = np.rint(layer, out=layer).astype("<u2" if bits == 16 else "u1")
         values.append(_b64(zlib.compress(q.tobytes(), 1)))
         scales.append(_b64(peak.astype("<f4").tobytes()))
     return {"layers": n_layers, "heads": n_heads, "n": n, "bits": bits, "values": values, "scales": scales}
@@ -163,24 +168,41 @@ def attention_view_html(
         special: which tokens are special (shown grey).
         title: page title (escaped).
     """
-    att = np.nan_to_num(np.asarray(attentions, dtype=np.float32))
+    att = np.asarray(attentions)  # not copied: the page is encoded a layer at a time (encode_attentions)
     if att.ndim != 4 or att.shape[2] != att.shape[3] or att.shape[2] != len(tokens) or 0 in att.shape[:2]:
         raise InputError(f"attentions must have shape (layers, heads, {len(tokens)}, {len(tokens)}); got {att.shape}")
-    if att.min() < 0:
-        raise InputError("attentions must be probabilities (non-negative)")
     special = [False] * len(tokens) if special is None else [bool(s) for s in special]
-    payload = {"tokens": [str(t) for t in tokens], "special": special, "table_max": TABLE_MAX_TOKENS,
-               **encode_attentions(att)}
-    # "</" and "<!--" inside a script element would end or confuse it: escape "<" in the JSON text.
+    encoded = encode_attentions(att)
+    layers = encoded.pop("values")
+    payload = {"tokens": [str(t) for t in tokens], "special": special, "table_max": TABLE_MAX_TOKENS, **encoded}
+    # "</" and "<!--" inside a script element would end or confuse it: escape "<" in the JSON text (the layers'
+    # base64 has none, and goes in as it is: the page is the one copy of it beside the encoded layers)
     data = json.dumps(payload).replace("<", "\\u003c")
     title = title or "attnlens attention view"
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{STYLE}{_STYLE}</style></head>\n"
-        f"<body>\n<h1>{_e(title)}</h1>\n"
-        '<p><label>Layer <select id="layer"></select></label> '
-        '<label>Head <select id="head"></select></label></p>\n'
-        '<p class="meta" id="caption">decoding&hellip;</p>\n<div class="scroll" id="grid"></div>\n'
-        f'<script type="application/json" id="attnlens-data">{data}</script>\n'
-        f"<script>{_SCRIPT}</script>\n</body></html>\n"
-    )
+    return "".join([
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_e(title)}</title><style>{STYLE}{_STYLE}</style></head>\n",
+        f"<body>\n<h1>{_e(title)}</h1>\n",
+        '<p><label>Layer <select id="layer"></select></label> ',
+        '<label>Head <select id="head"></select></label></p>\n',
+        '<p class="meta" id="caption">decoding&hellip;</p>\n<div class="scroll" id="grid"></div>\n',
+        '<script type="application/json" id="attnlens-data">', data[:-1], ', "values": ["',
+        *_separated(layers, '", "'), '"]}</script>\n',
+        f"<script>{_SCRIPT}</script>\n</body></html>\n",
+    ])
+
+
+def _separated(items: list[str], separator: str) -> list[str]:
+    out = [separator] * (2 * len(items) - 1)
+    out[::2] = items
+    return out
+
+
+def page_bytes(layers: int, heads: int, n: int) -> int:
+    """The most bytes :func:`attention_view_html` holds beside its ``(layers, heads, n, n)`` input: while a layer
+    is encoded its float32 copy, the masks of its missing values, its quantised, deflated and base64 bytes; and
+    the page's text twice (the encoded layers and the page), whatever deflate saves."""
+    values = layers * heads * n * n
+    width = 2 if values <= PRECISE_MAX_VALUES else 1  # bytes per quantised value
+    text = (values * width + 64 * layers) * 4 // 3 + 2**16  # base64 of (at worst) incompressible bytes, the page
+    return heads * n * n * (4 + 2 + 6 * width) + 2 * text
