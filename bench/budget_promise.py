@@ -9,8 +9,13 @@ ratio to the budget. The promise is a ratio of at most 1.1; a run may also be re
 says. Attention flow on an encoder-decoder classifier explains every position (minutes per case): leave it out
 there.
 
-Run: ``python bench/budget_promise.py [--models t5-base,bart-base,bert-base,llama] [--methods rawatt,...]
-[--budget 1GiB] [--out bench/data/budget_promise.md]``.
+The work besides explaining is measured the same way under the names of :data:`OTHER_WORK`: ``headview`` (the
+maps and page of ``--head-view`` at the longest input they fit) and ``scoring`` (copies of an input of up to
+:data:`SCORED_TOKENS` tokens, one more than the largest batch the budget holds (at most 64), scored as the
+faithfulness metrics score perturbed inputs).
+
+Run: ``python bench/budget_promise.py [--models t5-base,bart-base,bert-base,llama] [--methods rawatt,...,headview,
+scoring] [--budget 1GiB] [--out bench/data/budget_promise.md]``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ MODELS = ("bert-base", "gpt2", "llama", "modernbert-base", "deberta-v3-base", "b
 METHODS = ("rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat", "flow", "saliency",
            "inputxgradient", "integratedgradients", "partiallrp", "transatt", "attnlrp", "attnnorm", "globenc", "alti",
            "decompx", "valuezeroing")
+# the other work a budget bounds: the head view's whole maps and its page (at the longest input they fit), and
+# scoring perturbed copies of an input (faithfulness metrics, benchmarks), batched within the budget
+OTHER_WORK = ("headview", "scoring")
+SCORED_TOKENS = 1024
 
 
 def build(kind: str, vocab: int) -> tuple[object, int]:
@@ -110,6 +119,8 @@ def one(kind: str, method: str, budget_text: str, max_tokens: int) -> dict:
     model, positions = build(kind, len(tok))
     tok.model_max_length = positions
     budget = parse_budget(budget_text)
+    if method in OTHER_WORK:
+        return other_work(kind, method, model, tok, budget, min(positions, max_tokens))
     probe = Explainer(model.eval(), tok, max_length=positions)
     cost = engine.pass_cost(probe.runner, [get_method(method)], budget)
     n = min(longest_that_fits(budget, cost.total), positions, max_tokens)
@@ -132,6 +143,56 @@ def one(kind: str, method: str, budget_text: str, max_tokens: int) -> dict:
     return {"model": kind, "method": method, "tokens": n, "budget_gib": budget / 2**30,
             "estimate_gib": cost.total(n) / 2**30, "peak_gib": peak / 2**30, "ratio": peak / budget,
             "seconds": time.perf_counter() - start, "refused": refused}
+
+
+def other_work(kind: str, what: str, model: object, tok: object, budget: int, longest: int) -> dict:
+    """A case of :data:`OTHER_WORK`, in this process."""
+    import time
+
+    from attnlens import Explainer, InputError
+    from attnlens.core.attention_view import attention_view_bytes
+    from attnlens.core.batching import scoring_chunks
+    from attnlens.core.memory import Storage, longest_that_fits, model_dims, pass_row_bytes
+    from attnlens.core.modelstate import runs_sdpa
+    from attnlens.evaluation import ModelPredictor
+    from attnlens.evaluation.perturb import Variant
+    from attnlens.viz.headview import attention_view_html, page_bytes
+
+    model = model.eval()
+    if what == "headview":
+        n = min(longest, longest_that_fits(budget, lambda m: attention_view_bytes(model, m, page_bytes)))
+    else:  # inputs of at most SCORED_TOKENS: enough copies to fill one batch the budget holds, and one more
+        n = min(longest, SCORED_TOKENS)
+    ex = Explainer(model, tok, max_length=n)
+    text = " ".join(["the film is a quiet , moving portrait of a family"] * (n // 8 + 2))
+    ids = ex.encode(text)[0].ids
+    assert len(ids) == n
+    predict = ModelPredictor(model, 0, batch_size=64, memory_budget=budget)
+    if what == "headview":
+        ex.attention_maps("a fine film", beside=page_bytes)  # warm-up
+        estimate = attention_view_bytes(model, n, page_bytes)
+    else:
+        predict([Variant.of(ids[:7] + ids[-1:], [0] * 8)])  # warm-up (ending as the input does: BART's eos)
+        fused = runs_sdpa(model)
+        rows = len(next(scoring_chunks(model, [n] * 64, 64, budget)))  # the largest batch
+        copies = min(64, rows + 1)
+        estimate = rows * pass_row_bytes(model_dims(model), n, Storage(eager=not fused))
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status("VmRSS")
+    start = time.perf_counter()
+    refused = ""
+    try:
+        if what == "headview":
+            tokens, special, att = ex.attention_maps(text, memory_budget=budget, beside=page_bytes)
+            attention_view_html(tokens, att, special)
+        else:
+            predict([Variant.of(ids, [0] * n) for _ in range(copies)])
+    except InputError as err:
+        refused = str(err)
+    peak = _status("VmHWM") - before
+    return {"model": kind, "method": what, "tokens": n, "budget_gib": budget / 2**30, "estimate_gib": estimate / 2**30,
+            "peak_gib": peak / 2**30, "ratio": peak / budget, "seconds": time.perf_counter() - start,
+            "refused": refused}
 
 
 def main() -> None:
