@@ -36,7 +36,9 @@ from ..version import __version__
 from . import engine
 from .attention_view import Beside, whole_attention_maps
 from .batch_state import BatchContext
+from .batching import keeps_logits
 from .encoding import Encoded, encode, spans_in
+from .fused_attention import FUSED
 from .memory import (
     lrp_step_bytes,
     model_dims,
@@ -292,14 +294,16 @@ def capped_new_tokens(runner: ModelRunner, n_prompt: int, max_new_tokens: int) -
 def greedy(runner: ModelRunner, prompt_ids: list[int], max_new_tokens: int, *, bar: bool = False) -> list[int]:
     """The greedy continuation (argmax at every step, no sampling or logits processors) of at most
     ``max_new_tokens`` tokens (and at most what the model's window leaves), stopping after an end-of-sequence
-    token; key/value cache reused between steps. ``bar``: a progress bar per generated token, with an ETA."""
+    token; key/value cache reused between steps, fused attention where the model has it, and a causal model's
+    logits at the last position only (the prompt's pass holds no ``N × N`` map and no ``N × vocabulary`` logits).
+    ``bar``: a progress bar per generated token, with an ETA."""
     eos = eos_ids(runner)
     room = room_to_generate(runner, len(prompt_ids))
     if room < 1:
         raise InputError(f"the prompt has {len(prompt_ids)} tokens: no room to generate within the model's "
                          f"maximum of {runner.max_length}")
-    with explaining(runner.model), tqdm(total=min(max_new_tokens, room), desc="generating", unit="token",
-                                    disable=not bar, leave=False) as shown:
+    with explaining(runner.model, FUSED), tqdm(total=min(max_new_tokens, room), desc="generating", unit="token",
+                                           disable=not bar, leave=False) as shown:
         return _greedy_steps(runner, prompt_ids, min(max_new_tokens, room), eos, shown.update)
 
 
@@ -319,8 +323,9 @@ def _greedy_steps(runner: ModelRunner, prompt_ids: list[int], n: int, eos: set[i
         return decoder[1:]
     out: list[int] = []
     past = None
+    last = {"logits_to_keep": 1} if keeps_logits(runner.model) else {}
     for _ in range(n):
-        result = runner.model(input_ids=ids, past_key_values=past, use_cache=True)
+        result = runner.model(input_ids=ids, past_key_values=past, use_cache=True, **last)
         past = result.past_key_values
         token = int(result.logits[0, -1].argmax())
         out.append(token)
