@@ -130,9 +130,10 @@ class JobQueue:
                 result = compute(job)
             # attnlens's own notices (methods skipped, inputs truncated); not third-party deprecations
             job.warnings = list(dict.fromkeys(str(w.message) for w in caught if _PACKAGE in str(w.filename)))
+            size = approximate_bytes(result)  # outside the lock: a large result takes a moment to walk
             with self._lock:
                 job.result, job.progress, job.state = result, 1.0, DONE
-                self._store(job.key, result, job.warnings)
+                self._store(job.key, result, job.warnings, size)
         except Cancelled:
             job.state = CANCELLED
         except AttnLensError as exc:
@@ -151,13 +152,14 @@ class JobQueue:
 
     def remember(self, key: str, result: Any) -> None:
         """Cache ``result`` under ``key`` (a by-product of another job, e.g. the explanations faithfulness needs)."""
+        size = approximate_bytes(result)
         with self._lock:
-            self._store(key, result, [])
+            self._store(key, result, [], size)
 
-    def _store(self, key: str, result: Any, notes: list[str]) -> None:
+    def _store(self, key: str, result: Any, notes: list[str], size: int) -> None:
+        """Cache ``result`` (``size`` bytes) under ``key``, the lock held; let the oldest go beyond the bounds."""
         if key in self._cache:
             self._cached_bytes -= self._cache.pop(key)[2]
-        size = approximate_bytes(result)
         self._cache[key], self._cached_bytes = (result, notes, size), self._cached_bytes + size
         while len(self._cache) > 1 and (len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes):
             old, (_, _, old_size) = self._cache.popitem(last=False)
