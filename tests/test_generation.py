@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import CLS, PAD, SEP, V, make_model
+from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
 
 from attnlens import Explainer, Generation, InputError, ModelError, load_generations
 from attnlens.core.encoding import Encoded
@@ -645,3 +645,39 @@ def test_prompt_and_continuation_offsets_point_at_their_characters(lm):
     again = Generation.from_dict(json.loads(json.dumps(g.to_dict())))
     assert again.prompt_offsets == g.prompt_offsets and again.to_dict()["generated_offsets"] == [
         list(o) for o in g.generated_offsets]
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_greedy_decoding_holds_no_attention_map_nor_every_positions_logits(family):
+    """Generating after a long prompt runs fused attention and projects only the last position onto the
+    vocabulary: nothing it holds grows with the square of the prompt or with the prompt times the vocabulary, and
+    its tokens are those of a plain cached loop over the whole logits."""
+    from attnlens.core.generation_engine import greedy
+    from attnlens.testing.live_tensors import LiveTensorPeak
+
+    config = make_lm(family).config
+    for name in ("max_position_embeddings", "n_positions"):
+        if hasattr(config, name):
+            setattr(config, name, 1100)
+    tokenizer = make_tokenizer()
+    tokenizer.model_max_length = 1100
+    torch.manual_seed(0)
+    ex = Explainer(type(make_lm(family))(config).eval(), tokenizer, max_length=1100)
+    prompt = [CLS] + [5 + i % 40 for i in range(999)]
+    greedy(ex.runner, prompt[:8], 2)  # warm-up
+    projected: list[int] = []
+    ex.model.get_output_embeddings().register_forward_hook(lambda _m, _a, out: projected.append(out.shape[1]))
+    with LiveTensorPeak() as live:
+        ids = greedy(ex.runner, prompt, 3)
+    n, heads = len(prompt), config.num_attention_heads
+    assert live.peak < heads * n * n * 4 // 2  # not even half of one layer's maps
+    assert projected == [1] * len(ids)  # the last position's logits, the prompt's pass included
+    projected.clear()
+    with torch.no_grad():  # the same tokens as the model's own loop (eager attention, every position's logits)
+        past, step, want = None, torch.tensor([prompt]), []
+        for _ in range(3):
+            out = ex.model(input_ids=step, past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, int(out.logits[0, -1].argmax())
+            want.append(token)
+            step = torch.tensor([[token]])
+    assert ids[: len(want)] == want[: len(ids)]
