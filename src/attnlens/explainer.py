@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from torch import nn
 
 from .core import engine
 from .core.answer_engine import explain_answer
-from .core.attention_view import whole_attention_maps
+from .core.attention_view import Beside, whole_attention_maps
 from .core.batch_state import BatchContext
 from .core.batching import predict_batches
 from .core.encoding import Encoded, TextInput, encode, model_max_length
@@ -400,7 +400,7 @@ class Explainer:
 
     @torch.no_grad()
     def attention_maps(self, text: TextInput, memory_budget: str | int | None = None,
-                       beside: Callable[[int, int, int], int] | None = None
+                       beside: Beside | None = None
                        ) -> tuple[list[str], list[bool], np.ndarray]:
         """Tokens, special flags and the attention probabilities ``(L, H, N, N)`` (float32) of the explained stream.
 

@@ -193,6 +193,7 @@ def attention_view_html(
 
 
 def _separated(items: list[str], separator: str) -> list[str]:
+    """``items`` with ``separator`` between them, as pieces for one ``"".join`` (no joined copy of the items)."""
     out = [separator] * (2 * len(items) - 1)
     out[::2] = items
     return out
