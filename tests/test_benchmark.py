@@ -381,6 +381,32 @@ def test_the_predictor_batches_long_variants_within_its_memory_budget():
     np.testing.assert_allclose(ours, whole, atol=1e-6)
 
 
+def test_the_predictors_forwards_build_no_key_value_cache():
+    """Scoring perturbed inputs (probabilities and hidden states) reuses no cache: a GPT-2 classifier returns
+    none, where its own default builds one for every layer."""
+    import torch
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from attnlens.evaluation import ModelPredictor
+
+    torch.manual_seed(0)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2, n_positions=32,
+                                                     pad_token_id=0, num_labels=2)).eval()
+    caches: list[object] = []
+    model.transformer.register_forward_hook(lambda _m, _a, out: caches.append(out.past_key_values))
+    with torch.no_grad():
+        model(torch.tensor([[1, 5, 6, 2]]))
+    assert caches.pop() is not None  # the model's default
+    vs = [Variant.of([1, 5, 6, 7, 2]), Variant.of([1, 9, 2])]  # no token types, as GPT-2 tokenizers make
+    predictor = ModelPredictor(model, 0, batch_size=2)
+    probabilities = predictor(vs)
+    predictor.hidden_states(vs, [[1], [1]])
+    assert caches == [None, None]
+    with torch.no_grad():
+        want = [model(torch.tensor([v.input_ids])).logits.softmax(-1)[0].numpy() for v in vs]
+    np.testing.assert_allclose(probabilities, want, atol=1e-6)
+
+
 def test_gold_target_explains_the_label_but_tracks_the_prediction(tmp_path):
     summary, _ = bench(tmp_path, target="gold")
     rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]
