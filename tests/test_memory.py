@@ -770,25 +770,25 @@ def test_a_recomputed_pass_maps_blocks_of_a_quarter_of_a_layers_hidden_states(mo
     monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=allocator.MMAP_THRESHOLD: calls.append(
         threshold) or True)
     monkeypatch.setattr(allocator, "_threshold", None)
-    with allocator.for_recomputed_layers(6 * 2**20):
+    with allocator.for_layer_blocks(6 * 2**20):
         assert calls == [3 * 2**19]
-        with allocator.for_recomputed_layers(2**16):
+        with allocator.for_layer_blocks(2**16):
             assert calls[-1] == allocator.MIN_THRESHOLD
         assert calls[-1] == 3 * 2**19
     assert calls[-1] == allocator.MMAP_THRESHOLD  # none was set before: the fixed threshold for long inputs
     del calls[:]
-    with allocator.for_recomputed_layers(64 * 2**20):  # never above the threshold for long inputs
+    with allocator.for_layer_blocks(64 * 2**20):  # never above the threshold for long inputs
         pass
     assert calls == []
     monkeypatch.setenv("ATTNLENS_KEEP_MALLOC", "1")
-    with allocator.for_recomputed_layers(6 * 2**20):
+    with allocator.for_layer_blocks(6 * 2**20):
         pass
     assert calls == []
     monkeypatch.delenv("ATTNLENS_KEEP_MALLOC")
     monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=0: calls.append(threshold) and False)
-    with allocator.for_recomputed_layers(6 * 2**20):  # off glibc: tried once, then left alone
+    with allocator.for_layer_blocks(6 * 2**20):  # off glibc: tried once, then left alone
         pass
-    with allocator.for_recomputed_layers(6 * 2**20):
+    with allocator.for_layer_blocks(6 * 2**20):
         pass
     assert calls == [3 * 2**19]
 

@@ -18,6 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .core.batching import scoring_chunks
+from .core.memory import DEFAULT_BUDGET, parse_budget, readable_size
+from .core.modelstate import EAGER, attention_implementation, without_cache
+from .core.training_memory import TrainingMemory
 from .data import ALIASES, SPECS, Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
 from .models.architectures import architecture_for
@@ -66,6 +70,9 @@ class TrainConfig:
             mismatch is an error, never a silent random head).
         freeze_layers: keep the input embeddings and the lowest ``freeze_layers`` layers as they are (no
             gradients through them: a cheaper fine-tune of a large model on a CPU); 0 trains everything.
+        memory_budget: bytes (or ``"4GB"``, ``"512MiB"``) a training step and the evaluation's forwards may hold
+            beside the model's weights (default 4 GiB): a batch that would exceed it accumulates the gradients of
+            smaller micro-batches, and an example that alone would exceed it is refused before training starts.
     """
 
     model: str
@@ -92,6 +99,7 @@ class TrainConfig:
     seed: int = 0
     reinit_head: bool = False
     freeze_layers: int = 0
+    memory_budget: str | int | None = None  # what a step may hold beside the weights (default 4 GiB)
     device: str | None = None
     dtype: str | None = None  # mixed precision: forward and backward under autocast, weights kept in float32
     progress: bool = True
@@ -117,6 +125,7 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise InputError(message)
+        parse_budget(self.memory_budget)
         check_output_path(self.out, "--out", directory=True)
         resolve_device(self.device, "--device")
         resolve_dtype(self.dtype, "--dtype")
@@ -320,6 +329,11 @@ def load_with_head(auto_class: Any, task: str, name: str, source: str, config: A
 
 
 # -------------------------------------------------------------------------------------------- loop
+def training_budget(cfg: TrainConfig) -> int:
+    """The bytes ``cfg``'s steps and evaluation may hold beside the weights."""
+    return DEFAULT_BUDGET if cfg.memory_budget is None else parse_budget(cfg.memory_budget)
+
+
 def freeze_lower_layers(model: torch.nn.Module, n: int) -> int:
     """Stop gradients of the input embeddings and the lowest ``n`` layers (their architecture entry's ``layers``);
     returns the number of parameters left trainable. ``n`` larger than the depth is refused."""
@@ -371,14 +385,16 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
 
 
 @torch.no_grad()
-def predict(model, tokenizer, features, device: torch.device, batch_size: int = 128) -> np.ndarray:
-    """Predicted class of every encoded example (length-sorted batches, original order kept)."""
+def predict(model, tokenizer, features, device: torch.device, batch_size: int = 128,
+            memory_budget: int = DEFAULT_BUDGET) -> np.ndarray:
+    """Predicted class of every encoded example (length-sorted batches of at most ``batch_size`` within
+    ``memory_budget`` bytes, original order kept)."""
     model.eval()
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    lengths = [len(f["input_ids"]) for f in features]
     preds = np.empty(len(features), dtype=np.int64)
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        logits = model(**_batch(tokenizer, [features[i] for i in idx], device)).logits
+    attention = attention_implementation(model) or EAGER  # the model's own: predict runs no explaining() block
+    for idx in scoring_chunks(model, lengths, batch_size, memory_budget, attention=attention):
+        logits = model(**_batch(tokenizer, [features[i] for i in idx], device), **without_cache(model)).logits
         preds[idx] = logits.argmax(-1).cpu().numpy()
     return preds
 
@@ -406,18 +422,31 @@ def classification_metrics(gold: Sequence[int], pred: Sequence[int], num_labels:
 
 def optimise(
     model: torch.nn.Module,
-    n_examples: int,
+    lengths: Sequence[int],
     make_batch: Callable[[list[int]], dict[str, torch.Tensor]],
     cfg: TrainConfig,
     device: torch.device,
+    log: Callable[[str], None] = print,
 ) -> tuple[list[float], int]:
-    """The training loop: ``cfg.epochs`` passes over ``n_examples`` examples in seeded random batches of
-    ``cfg.batch_size`` (``make_batch(indices)`` gives the model's inputs, labels included, so that the model
-    returns its loss), AdamW with linear warmup and decay, gradients clipped to norm 1, mixed precision as
-    ``cfg.dtype`` says. Returns the loss of every step and the number of steps."""
+    """The training loop: ``cfg.epochs`` passes over the examples (``lengths``: each one's tokens) in seeded random
+    batches of ``cfg.batch_size`` (``make_batch(indices)`` gives the model's inputs, padded to the longest, labels
+    included, so that the model returns its mean loss), AdamW with linear warmup and decay, gradients clipped to norm
+    1, mixed precision as ``cfg.dtype`` says. A batch whose step would not fit ``cfg.memory_budget`` accumulates the
+    gradients of micro-batches that do (:class:`~attnlens.core.training_memory.TrainingMemory`; ``log`` says so
+    once); an example too long for the budget is refused before the first step. Returns the loss of every step and
+    the number of steps."""
     from tqdm.auto import tqdm
     from transformers import get_linear_schedule_with_warmup
 
+    n_examples, longest = len(lengths), max(lengths, default=1)
+    batch = min(cfg.batch_size, n_examples)
+    plan = TrainingMemory.of(model, training_budget(cfg))
+    plan.check(longest)
+    rows = plan.rows(longest, batch)
+    if rows < batch:
+        log(f"batches of {batch} at {longest:,} tokens would exceed the memory budget of "
+            f"{readable_size(plan.budget)}: each step accumulates the gradients of micro-batches of at most "
+            f"{rows} example{'s' * (rows > 1)} (the update is the whole batch's)")
     steps_per_epoch = math.ceil(n_examples / cfg.batch_size)
     total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     warmup_steps = round(cfg.warmup * total_steps)
@@ -434,26 +463,31 @@ def optimise(
     model.train()
     bar = tqdm(total=total_steps, desc="train", unit="step", disable=not cfg.progress, dynamic_ncols=True)
     step = 0
-    while step < total_steps:
-        order = torch.randperm(n_examples, generator=generator).tolist()
-        for start in range(0, len(order), cfg.batch_size):
-            if step >= total_steps:
-                break
-            idx = order[start : start + cfg.batch_size]
-            with autocast:
-                out = model(**make_batch(idx))
-            scaler.scale(out.loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(float(out.loss.detach()))
-            step += 1
-            bar.update(1)
-            if step % 10 == 0 or step == total_steps:
-                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+    with plan.allocator_policy(batch, longest):
+        while step < total_steps:
+            order = torch.randperm(n_examples, generator=generator).tolist()
+            for start in range(0, len(order), cfg.batch_size):
+                if step >= total_steps:
+                    break
+                idx = order[start : start + cfg.batch_size]
+                loss = torch.zeros(())
+                for part in plan.micro_batches([lengths[i] for i in idx]):
+                    micro = [idx[p] for p in part]
+                    with autocast:  # the batch's mean loss: each micro-batch's mean weighted by its share
+                        micro_loss = model(**make_batch(micro), **without_cache(model)).loss * (len(micro) / len(idx))
+                    scaler.scale(micro_loss).backward()
+                    loss += micro_loss.detach().float().cpu()
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(float(loss))
+                step += 1
+                bar.update(1)
+                if step % 10 == 0 or step == total_steps:
+                    bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
     bar.close()
     return losses, total_steps
 
@@ -496,10 +530,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     def make_batch(idx: list[int]) -> dict[str, torch.Tensor]:
         return {**_batch(tokenizer, [train_features[i] for i in idx], device), "labels": labels[idx].to(device)}
 
-    losses, total_steps = optimise(model, len(train_features), make_batch, cfg, device)
+    lengths = [len(f["input_ids"]) for f in train_features]
+    losses, total_steps = optimise(model, lengths, make_batch, cfg, device, log)
     train_seconds = time.time() - started
 
-    preds = predict(model, tokenizer, eval_features, device, cfg.eval_batch_size)
+    preds = predict(model, tokenizer, eval_features, device, cfg.eval_batch_size, training_budget(cfg))
     scores = classification_metrics(eval_split.labels, preds.tolist(), num_labels)
     log(
         f"{eval_split.name}: accuracy {scores['accuracy']:.4f}  precision {scores['precision']:.4f}  "

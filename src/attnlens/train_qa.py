@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .core.batching import scoring_chunks
+from .core.memory import DEFAULT_BUDGET
+from .core.modelstate import EAGER, attention_implementation, without_cache
 from .data import ALIASES, Example, squad_articles, squad_examples, squad_file, squad_part
 from .errors import InputError, ModelError
 from .evaluation.squad import squad_scores
@@ -35,6 +38,7 @@ from .train import (
     run_record,
     save_trained,
     seed_everything,
+    training_budget,
 )
 from .viz.safetext import terminal_safe
 
@@ -191,15 +195,16 @@ def best_span(
 @torch.no_grad()
 def predict_answers(
     model: torch.nn.Module, examples: Sequence[Example], windows: Windows, pad_id: int, device: torch.device,
-    batch_size: int = 64, max_answer_tokens: int = MAX_ANSWER_TOKENS,
+    batch_size: int = 64, max_answer_tokens: int = MAX_ANSWER_TOKENS, memory_budget: int = DEFAULT_BUDGET,
 ) -> list[str]:
-    """The predicted answer text of every example: its best span over all of its windows."""
+    """The predicted answer text of every example: its best span over all of its windows (length-sorted batches
+    of at most ``batch_size`` windows within ``memory_budget`` bytes)."""
     model.eval()
     best: list[tuple[float, str] | None] = [None] * len(examples)
-    order = sorted(range(len(windows.features)), key=lambda w: len(windows.features[w]["input_ids"]))
-    for at in range(0, len(order), batch_size):
-        idx = order[at : at + batch_size]
-        out = model(**pad_batch([windows.features[w] for w in idx], pad_id, device))
+    lengths = [len(f["input_ids"]) for f in windows.features]
+    attention = attention_implementation(model) or EAGER  # the model's own: no explaining() block here
+    for idx in scoring_chunks(model, lengths, batch_size, memory_budget, attention=attention):
+        out = model(**pad_batch([windows.features[w] for w in idx], pad_id, device), **without_cache(model))
         starts, ends = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
         for b, w in enumerate(idx):
             span = best_span(starts[b], ends[b], windows.offsets[w], max_answer_tokens)
@@ -288,10 +293,12 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
         batch = pad_batch([train_windows.features[i] for i in idx], pad_id, device)
         return {**batch, "start_positions": starts[idx].to(device), "end_positions": ends[idx].to(device)}
 
-    losses, total_steps = optimise(model, len(train_windows.features), make_batch, cfg, device)
+    lengths = [len(f["input_ids"]) for f in train_windows.features]
+    losses, total_steps = optimise(model, lengths, make_batch, cfg, device, log)
     train_seconds = time.time() - started
 
-    predictions = predict_answers(model, eval_split.examples, eval_windows, pad_id, device, cfg.eval_batch_size)
+    predictions = predict_answers(model, eval_split.examples, eval_windows, pad_id, device, cfg.eval_batch_size,
+                                  memory_budget=training_budget(cfg))
     scores = squad_scores(predictions, [[a["text"] for a in e.answers] for e in eval_split.examples])
     log(f"eval (odd articles): exact match {scores['exact_match']:.4f}  F1 {scores['f1']:.4f}  (n={scores['n']})")
 

@@ -62,6 +62,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="mixed precision: run forward and backward in this dtype (autocast); weights stay float32")
     p.add_argument("--freeze-layers", type=int, default=0,
                    help="keep the embeddings and the lowest N layers fixed (cheaper on a CPU; default: 0)")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="memory a training step and the evaluation may hold beside the model's weights, e.g. 4GB "
+                   "or 512MiB (default 4GiB): larger batches accumulate the gradients of micro-batches that fit; "
+                   "an example that alone would not fit is refused before training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quiet", action="store_true", help="no progress bar, warnings or notices on stderr (errors "
                    "still print, one line)")
@@ -97,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         reinit_head=args.reinit_head,
         freeze_layers=args.freeze_layers,
+        memory_budget=args.memory_budget,
         device=args.device,
         dtype=args.dtype,
         progress=not (args.no_progress or args.quiet),

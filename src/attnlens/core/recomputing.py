@@ -1,6 +1,6 @@
 """A pass that recomputes each layer in its backward: the layers switched to gradient checkpointing
 (:func:`~attnlens.models.recompute.recomputed_layers`) and the C allocator's policy for it
-(:func:`~attnlens.core.allocator.for_recomputed_layers`), together, so that no such pass runs without the other."""
+(:func:`~attnlens.core.allocator.for_layer_blocks`), together, so that no such pass runs without the other."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from torch import nn
 
 from ..models.recompute import recomputed_layers
-from .allocator import for_recomputed_layers
+from .allocator import for_layer_blocks
 from .memory import model_dims
 
 
@@ -20,5 +20,5 @@ def recomputing(model: nn.Module, tokens: int) -> Iterator[int]:
     from its input, and blocks of a quarter of a layer's hidden states or more go back to the system when freed.
     Yields how many layers were switched."""
     dims = model_dims(model)
-    with for_recomputed_layers(tokens * dims.hidden * dims.itemsize), recomputed_layers(model) as switched:
+    with for_layer_blocks(tokens * dims.hidden * dims.itemsize), recomputed_layers(model) as switched:
         yield switched
