@@ -420,6 +420,33 @@ def test_seq2seq_scores_match_independent_autograd(s2s):
         assert g.probabilities[t] == pytest.approx(float(out.logits[0, -1].softmax(-1)[token].detach()), abs=1e-6)
 
 
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_seq2seq_greedy_runs_one_decoder_token_per_step_with_the_tokens_of_the_whole_prefix(family, tokenizer):
+    """The seq2seq greedy loop keeps the decoder's key/value cache: each step runs the new token alone, and the
+    tokens are those of re-running the decoder over the whole prefix at every step."""
+    from attnlens.core.generation_engine import _decoder_start, greedy
+
+    model = build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
+    ex = Explainer(model, tokenizer)
+    prompt = tokenizer(PROMPT + " and the plot was good")["input_ids"]
+    eos = {SEP, *([model.config.eos_token_id] if model.config.eos_token_id is not None else [])}
+    decoded: list[int] = []
+    hook = model.get_decoder().embed_tokens.register_forward_hook(
+        lambda _m, args, _out: decoded.append(args[0].shape[-1]))
+    ids = greedy(ex.runner, prompt, 8)
+    hook.remove()
+    assert decoded == [1] * len(ids)
+    with torch.no_grad():
+        inputs = torch.tensor([prompt])
+        want = [_decoder_start(ex.runner)]
+        for _ in range(8):
+            logits = model(input_ids=inputs, decoder_input_ids=torch.tensor([want]), use_cache=False).logits
+            want.append(int(logits[0, -1].argmax()))
+            if want[-1] in eos:
+                break
+    assert ids == want[1:]
+
+
 def test_seq2seq_forcing_and_contrast(s2s):
     linear = _s2s_methods(s2s, LINEAR)
     greedy = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=linear)

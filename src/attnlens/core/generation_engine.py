@@ -310,19 +310,21 @@ def greedy(runner: ModelRunner, prompt_ids: list[int], max_new_tokens: int, *, b
 def _greedy_steps(runner: ModelRunner, prompt_ids: list[int], n: int, eos: set[int], step: Any) -> list[int]:
     """The greedy loop of :func:`greedy` (``n`` tokens at most); ``step(1)`` after every token."""
     ids = torch.tensor([prompt_ids], device=runner.device)
-    if isinstance(runner.head, Seq2SeqLMHead):  # encode once; the short decoder input is re-run every step
+    past = None
+    if isinstance(runner.head, Seq2SeqLMHead):  # encode once; the decoder runs one new token per step
         encoded = runner.model.get_encoder()(input_ids=ids, attention_mask=torch.ones_like(ids))
         decoder = [_decoder_start(runner)]
         for _ in range(n):
-            logits = runner.model(encoder_outputs=encoded, attention_mask=torch.ones_like(ids),
-                                  decoder_input_ids=torch.tensor([decoder], device=runner.device)).logits
-            decoder.append(int(logits[0, -1].argmax()))
+            result = runner.model(encoder_outputs=encoded, attention_mask=torch.ones_like(ids),
+                                  decoder_input_ids=torch.tensor([decoder[-1:]], device=runner.device),
+                                  past_key_values=past, use_cache=True)
+            past = result.past_key_values
+            decoder.append(int(result.logits[0, -1].argmax()))
             step(1)
             if decoder[-1] in eos:
                 break
         return decoder[1:]
     out: list[int] = []
-    past = None
     last = {"logits_to_keep": 1} if keeps_logits(runner.model) else {}
     for _ in range(n):
         result = runner.model(input_ids=ids, past_key_values=past, use_cache=True, **last)
