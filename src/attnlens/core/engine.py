@@ -25,6 +25,7 @@ from .batch_state import TARGET_KINDS, BatchContext
 from .batching import keeps_logits
 from .capture import planned_storage, run_capture
 from .encoding import Encoded
+from .fused_attention import FUSED
 from .logit_rows import LogitRows
 from .memory import (
     DEFAULT_BUDGET,
@@ -307,9 +308,9 @@ def compute_batch(
     wanted, unresolved = head.pending(targets, ctx.token_mask.device)
     if bool(unresolved.any()) and (head.rows_from_targets or (gradients and not bool(unresolved.all()))):
         # The backward pass needs every target up front, and so does a pass that keeps the rows a target names:
-        # resolve "predicted" entries with a cheap forward.
+        # resolve "predicted" entries with a cheap forward (fused attention where the model has it: no maps).
         read = LogitRows.of(runner.model, head, ctx.token_mask, None)
-        with torch.no_grad(), explaining(runner.model):
+        with torch.no_grad(), explaining(runner.model, FUSED):
             logits = head.logits(runner.model(**ctx.inputs, **read.model_kwargs(), **without_cache(runner.model)))
         wanted = head.resolve(wanted, unresolved, logits, read.mask(ctx.token_mask), ctx.answer_mask)
         unresolved = torch.zeros_like(unresolved)
