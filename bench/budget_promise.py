@@ -29,7 +29,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from peak import ROOT  # noqa: E402
+from peak import ROOT, process_status, write_records  # noqa: E402
 
 TOKENIZER = ROOT.parent / "shared" / "models" / "minilm-sst2"  # a WordPiece tokenizer: [PAD] 0, [CLS] 101, [SEP] 102
 MODELS = ("bert-base", "gpt2", "llama", "modernbert-base", "deberta-v3-base", "bart-base", "bart-large", "t5-base",
@@ -95,13 +95,6 @@ def build(kind: str, vocab: int) -> tuple[object, int]:
     raise SystemExit(f"unknown model {kind!r}; one of {', '.join(MODELS)}")
 
 
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
 def one(kind: str, method: str, budget_text: str, max_tokens: int) -> dict:
     """The case, in this process."""
     import time
@@ -132,14 +125,14 @@ def one(kind: str, method: str, budget_text: str, max_tokens: int) -> dict:
     options = {"integratedgradients": {"n_steps": 8}} if method == "integratedgradients" else None
     ex.explain(["a fine film"], methods=[method], memory_budget="64GiB", options=options)  # warm-up
     Path("/proc/self/clear_refs").write_text("5")
-    before = _status("VmRSS")
+    before = process_status("VmRSS")
     start = time.perf_counter()
     refused = ""
     try:
         ex.explain([text], methods=[method], memory_budget=budget, options=options)
     except InputError as err:
         refused = str(err)
-    peak = _status("VmHWM") - before
+    peak = process_status("VmHWM") - before
     return {"model": kind, "method": method, "tokens": n, "budget_gib": budget / 2**30,
             "estimate_gib": cost.total(n) / 2**30, "peak_gib": peak / 2**30, "ratio": peak / budget,
             "seconds": time.perf_counter() - start, "refused": refused}
@@ -178,7 +171,7 @@ def other_work(kind: str, what: str, model: object, tok: object, budget: int, lo
         copies = min(64, rows + 1)
         estimate = rows * pass_row_bytes(model_dims(model), n, Storage(eager=not fused))
     Path("/proc/self/clear_refs").write_text("5")
-    before = _status("VmRSS")
+    before = process_status("VmRSS")
     start = time.perf_counter()
     refused = ""
     try:
@@ -189,7 +182,7 @@ def other_work(kind: str, what: str, model: object, tok: object, budget: int, lo
             predict([Variant.of(ids, [0] * n) for _ in range(copies)])
     except InputError as err:
         refused = str(err)
-    peak = _status("VmHWM") - before
+    peak = process_status("VmHWM") - before
     return {"model": kind, "method": what, "tokens": n, "budget_gib": budget / 2**30, "estimate_gib": estimate / 2**30,
             "peak_gib": peak / 2**30, "ratio": peak / budget, "seconds": time.perf_counter() - start,
             "refused": refused}
@@ -221,8 +214,7 @@ def main() -> None:
             rows.append(out)
             print(json.dumps(out), file=sys.stderr, flush=True)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_records(out, rows)
     lines = [f"Budget {args.budget}; the longest input the estimate admits (at most {args.max_tokens:,} tokens); "
              "peak = resident memory beyond the process's before the call.", "",
              "| model | method | tokens | estimate GiB | peak GiB | peak / budget | seconds |",

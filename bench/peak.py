@@ -28,3 +28,18 @@ def measured(script: str, args: list[str], timeout: float, record: dict) -> dict
     except (ValueError, IndexError):
         out["error"] = (lines[-2] if len(lines) > 1 else proc.stderr)[-300:]
     return out
+
+
+def process_status(key: str) -> int:
+    """A byte figure of this process from ``/proc/self/status`` (``VmRSS``, ``VmHWM``: the peak since the last
+    ``5`` written to ``/proc/self/clear_refs``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def write_records(out: Path, rows: list[dict]) -> None:
+    """The cases' records as JSON Lines beside the Markdown table ``out`` (its folder made)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")

@@ -23,7 +23,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from peak import ROOT  # noqa: E402
+from peak import ROOT, process_status, write_records  # noqa: E402
 
 MINILM = ROOT.parent / "shared" / "models" / "minilm-sst2"
 UNBOUNDED = "64GiB"
@@ -34,13 +34,6 @@ CASES = (
     ("gpt2", 8, 512, ("3GiB",)),
     ("llama", 8, 1024, ("3GiB",)),
 )
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def one(kind: str, batch: int, tokens: int, budget_text: str, steps: int) -> dict:
@@ -78,11 +71,11 @@ def one(kind: str, batch: int, tokens: int, budget_text: str, steps: int) -> dic
         return {"input_ids": ids[idx], "attention_mask": torch.ones_like(ids[idx]), "labels": labels[idx]}
 
     Path("/proc/self/clear_refs").write_text("5")
-    before = _status("VmRSS")
+    before = process_status("VmRSS")
     start = time.perf_counter()
     optimise(model, [tokens] * (batch * steps), make_batch, cfg, torch.device("cpu"), log=lambda _: None)
     seconds = time.perf_counter() - start
-    peak = _status("VmHWM") - before
+    peak = process_status("VmHWM") - before
     return {"model": kind, "batch": batch, "tokens": tokens, "budget": budget_text, "rows": rows,
             "estimate_gib": plan.need(rows, tokens) / 2**30, "peak_gib": peak / 2**30,
             "ratio": peak / plan.budget, "seconds": seconds}
@@ -114,8 +107,7 @@ def main() -> None:
             rows.append(out)
             print(json.dumps(out), file=sys.stderr, flush=True)
     out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_records(out_path, rows)
     lines = [f"{args.steps} training steps per case; peak = resident memory beyond the process's before training "
              f"(weights outside); `{UNBOUNDED}` is the batch in one piece; time as a ratio to it.", "",
              "| model | batch × tokens | budget | rows per micro-batch | estimate GiB | peak GiB | peak / budget | "

@@ -8,12 +8,12 @@ import json
 
 import pytest
 import torch
-from torch.autograd.graph import saved_tensors_hooks
 from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
 
 from attnlens.cli import main
 from attnlens.core import training_memory
 from attnlens.core.training_memory import TrainingMemory, materialises_maps
+from attnlens.models.feed_forward import saved_storages
 from attnlens.train import TrainConfig, optimise
 
 
@@ -29,17 +29,8 @@ def saved_bytes(model: torch.nn.Module, rows: int, n: int) -> int:
     """Bytes autograd saves for the backward of a training forward over ``rows`` examples of ``n`` tokens
     (parameters aside)."""
     model.train()
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
     torch.manual_seed(0)
-    with saved_tensors_hooks(pack, lambda tensor: tensor):
+    with saved_storages(model.parameters()) as saved:
         model(input_ids=torch.randint(5, 32, (rows, n)), labels=torch.zeros(rows, dtype=torch.long))
     return sum(saved.values())
 

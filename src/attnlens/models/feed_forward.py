@@ -11,6 +11,8 @@ tensors). Rather than list them, :func:`feed_forward_saved_vectors` runs the fir
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -60,18 +62,26 @@ def _count(model: nn.Module, hidden: int) -> float | None:
         return None
     # constant values: the count does not depend on them, and the global random state is left alone
     probe = torch.full((1, PROBE_TOKENS, hidden), 0.5, dtype=weight.dtype, device=weight.device, requires_grad=True)
-    parameters = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
     try:
-        with torch.enable_grad(), saved_tensors_hooks(pack, lambda tensor: tensor):
+        with torch.enable_grad(), saved_storages(block.parameters()) as saved:
             run_feed_forward(mods, probe)
     except (RuntimeError, TypeError, ValueError):  # a feed-forward not called as the anatomy reads it
         return None
     return sum(saved.values()) / (probe.numel() * probe.element_size())
+
+
+@contextmanager
+def saved_storages(parameters: Iterable[torch.Tensor]) -> Iterator[dict[int, int]]:
+    """Within the block, the bytes of every distinct storage autograd saves for a backward, by the storage's
+    address, ``parameters``' own storages aside: what a backward pass will read beyond the weights."""
+    skipped = {p.untyped_storage().data_ptr() for p in parameters}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in skipped:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield saved
