@@ -891,8 +891,9 @@ def test_chefer_rules_conserve_relevance_one_with_biases(family):
 def test_padding_is_exactly_zero_and_batch_invariance(family, rule_set):
     model = strong(family).double()  # float64: the chefer rules divide by activations
     # GPT-Neo and GPT-J compute their attention scores in float32 whatever the model's dtype, Gemma 2 its four
-    # norms per layer
-    tol = dict(rtol=1e-5, atol=1e-7) if family in ("gpt_neo", "gptj", "gemma2") else dict(rtol=1e-8, atol=1e-9)
+    # norms per layer: float32 rounding, which the chefer rules' divisions by activations amplify (GPT-Neo's
+    # attention relevance: 1.5e-5 relative on CPUs whose matrix kernels use AVX-512)
+    tol = dict(rtol=1e-4, atol=1e-6) if family in ("gpt_neo", "gptj", "gemma2") else dict(rtol=1e-8, atol=1e-9)
     assert_padding_zero_and_batch_invariant(model, rule_set, position=True, **tol)
 
 
