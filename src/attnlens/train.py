@@ -331,7 +331,7 @@ def load_with_head(auto_class: Any, task: str, name: str, source: str, config: A
 # -------------------------------------------------------------------------------------------- loop
 def training_budget(cfg: TrainConfig) -> int:
     """The bytes ``cfg``'s steps and evaluation may hold beside the weights."""
-    return DEFAULT_BUDGET if cfg.memory_budget is None else parse_budget(cfg.memory_budget)
+    return parse_budget(cfg.memory_budget)  # None: the default budget
 
 
 def freeze_lower_layers(model: torch.nn.Module, n: int) -> int:
