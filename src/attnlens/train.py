@@ -334,6 +334,13 @@ def training_budget(cfg: TrainConfig) -> int:
     return parse_budget(cfg.memory_budget)  # None: the default budget
 
 
+def check_training_memory(model: torch.nn.Module, cfg: TrainConfig, lengths: Sequence[int]) -> None:
+    """Refuse in one line, before anything is trained, examples (``lengths``: their tokens) that ``model`` cannot
+    train on within ``cfg``'s memory budget even one at a time
+    (:meth:`~attnlens.core.training_memory.TrainingMemory.check`)."""
+    TrainingMemory.of(model, training_budget(cfg)).check(max(lengths, default=1))
+
+
 def freeze_lower_layers(model: torch.nn.Module, n: int) -> int:
     """Stop gradients of the input embeddings and the lowest ``n`` layers (their architecture entry's ``layers``);
     returns the number of parameters left trainable. ``n`` larger than the depth is refused."""
@@ -519,6 +526,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         log(f"froze the embeddings and the lowest {cfg.freeze_layers} layers: {trainable:,} parameters train")
     model.to(device)
     train_features = encode(tokenizer, train_split.texts, cfg.max_length)
+    lengths = [len(f["input_ids"]) for f in train_features]
+    check_training_memory(model, cfg, lengths)  # before the evaluation split is encoded
     eval_features = encode(tokenizer, eval_split.texts, cfg.max_length)
     log(
         f"training {cfg.model} on {len(train_features)} examples ({train_split.source}), evaluating on "
@@ -530,7 +539,6 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     def make_batch(idx: list[int]) -> dict[str, torch.Tensor]:
         return {**_batch(tokenizer, [train_features[i] for i in idx], device), "labels": labels[idx].to(device)}
 
-    lengths = [len(f["input_ids"]) for f in train_features]
     losses, total_steps = optimise(model, lengths, make_batch, cfg, device, log)
     train_seconds = time.time() - started
 

@@ -30,6 +30,7 @@ from .evaluation.squad import squad_scores
 from .models.loading import resolve_device
 from .train import (
     TrainConfig,
+    check_training_memory,
     freeze_lower_layers,
     load_config_and_tokenizer,
     load_with_head,
@@ -278,6 +279,8 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
         log(f"froze the embeddings and the lowest {cfg.freeze_layers} layers: {trainable:,} parameters train")
     model.to(device)
     train_windows = make_windows(tokenizer, train_split.examples, cfg.max_length, cfg.doc_stride)
+    lengths = [len(f["input_ids"]) for f in train_windows.features]
+    check_training_memory(model, cfg, lengths)  # before the evaluation windows are made
     eval_windows = make_windows(tokenizer, eval_split.examples, cfg.max_length, cfg.doc_stride)
     log(
         f"training {cfg.model} for extractive QA on {len(train_split.examples)} questions "
@@ -293,7 +296,6 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
         batch = pad_batch([train_windows.features[i] for i in idx], pad_id, device)
         return {**batch, "start_positions": starts[idx].to(device), "end_positions": ends[idx].to(device)}
 
-    lengths = [len(f["input_ids"]) for f in train_windows.features]
     losses, total_steps = optimise(model, lengths, make_batch, cfg, device, log)
     train_seconds = time.time() - started
 
