@@ -4,6 +4,7 @@ refusals before training starts."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -46,6 +47,20 @@ def test_the_row_estimate_covers_what_a_training_forward_saves(implementation):
     dims = plan.dims
     dropout_term = dims.maps * dims.heads * n * n * (dims.itemsize + training_memory.DROPOUT_MASK_BYTES)
     assert plan.row_bytes(n) - dropout_term < saved  # the dropout mask and dropped probabilities are what it needs
+
+
+def test_a_trained_score_bias_adds_one_map_per_attention():
+    from transformers import T5Config, T5ForSequenceClassification
+
+    config = T5Config(vocab_size=32, d_model=16, d_kv=8, d_ff=24, num_layers=1, num_decoder_layers=1, num_heads=2,
+                      pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    plan = TrainingMemory.of(T5ForSequenceClassification(config), 2**30)
+    assert plan.dims.bias_maps > 0
+    n, dims = 64, plan.dims
+    without = dataclasses.replace(plan, dims=dataclasses.replace(dims, bias_maps=0))
+    biases = dims.bias_maps * dims.heads * n * n * dims.itemsize  # the biases a pass holds (memory.py)
+    one_map_each = dims.maps * dims.heads * n * n * dims.itemsize
+    assert plan.row_bytes(n) - without.row_bytes(n) == biases + training_memory.TRAINED_BIAS_MAPS * one_map_each
 
 
 def test_states_count_the_trainable_parameters_only():

@@ -13,7 +13,7 @@ Peak RSS of one step beyond the loaded model (CPU, float32, batches of one lengt
 :meth:`TrainingMemory.need`: MiniLM-L6 32 × 256 tokens 3.56 GiB (estimate 3.9), 8 × 512 2.69 (2.9); BERT-base
 4 × 512 3.54 (4.8); GPT-2 4 × 512 4.19 (5.2); a 12-layer Llama of width 768, which has no attention dropout,
 4 × 512 1.75 (2.2); with one 8-token example (the states and the update alone) 3.1-3.5 × the trainable parameters'
-bytes.
+bytes. ``bench/training_memory.py`` measures steps within budgets.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .modelstate import EAGER, attention_implementation, runs_sdpa
 STATE_COPIES = 3  # per trainable parameter: its gradient and AdamW's two moments
 UPDATE_COPIES = 1  # the optimiser's update: one parameter-sized temporary beside the states
 DROPOUT_MASK_BYTES = 1  # a dropout mask holds one byte per value (bool)
+TRAINED_BIAS_MAPS = 1  # maps per attention the backward of a model with score biases holds beyond the rest (T5's)
 # config fields of the dropout on attention probabilities, by model family (T5's dropout_rate covers them too)
 _ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop", "attn_dropout",
                       "dropout_rate")
@@ -81,6 +82,10 @@ class TrainingMemory:
         row = pass_row_bytes(dims, n, Storage(eager=self.maps, backward=True))
         if self.maps:  # dropout on the probabilities: its mask and the dropped probabilities the backward reads
             row += dims.maps * dims.heads * n * n * (dims.itemsize + DROPOUT_MASK_BYTES)
+        # a trained score bias (T5's relative positions): its backward held about one more map per attention
+        # (T5-base, 4 x 512 tokens in one piece: 1.95 GiB beyond the rest of the estimate; one map per attention is
+        # 1.69 GiB), though autograd saves none
+        row += TRAINED_BIAS_MAPS * dims.maps * dims.heads * n * n * dims.itemsize * (dims.bias_maps > 0)
         return row
 
     @property
