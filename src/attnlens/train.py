@@ -20,7 +20,7 @@ import torch
 
 from .core.batching import scoring_chunks
 from .core.memory import DEFAULT_BUDGET, parse_budget, readable_size
-from .core.modelstate import EAGER, attention_implementation, without_cache
+from .core.modelstate import without_cache
 from .core.training_memory import TrainingMemory
 from .data import ALIASES, SPECS, Dataset, iter_jsonl, load_dataset, row_text
 from .errors import InputError, ModelError
@@ -399,8 +399,7 @@ def predict(model, tokenizer, features, device: torch.device, batch_size: int = 
     model.eval()
     lengths = [len(f["input_ids"]) for f in features]
     preds = np.empty(len(features), dtype=np.int64)
-    attention = attention_implementation(model) or EAGER  # the model's own: predict runs no explaining() block
-    for idx in scoring_chunks(model, lengths, batch_size, memory_budget, attention=attention):
+    for idx in scoring_chunks(model, lengths, batch_size, memory_budget, attention=None):  # as the model is set
         logits = model(**_batch(tokenizer, [features[i] for i in idx], device), **without_cache(model)).logits
         preds[idx] = logits.argmax(-1).cpu().numpy()
     return preds

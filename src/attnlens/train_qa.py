@@ -23,7 +23,7 @@ import torch
 
 from .core.batching import scoring_chunks
 from .core.memory import DEFAULT_BUDGET
-from .core.modelstate import EAGER, attention_implementation, without_cache
+from .core.modelstate import without_cache
 from .data import ALIASES, Example, squad_articles, squad_examples, squad_file, squad_part
 from .errors import InputError, ModelError
 from .evaluation.squad import squad_scores
@@ -203,8 +203,7 @@ def predict_answers(
     model.eval()
     best: list[tuple[float, str] | None] = [None] * len(examples)
     lengths = [len(f["input_ids"]) for f in windows.features]
-    attention = attention_implementation(model) or EAGER  # the model's own: no explaining() block here
-    for idx in scoring_chunks(model, lengths, batch_size, memory_budget, attention=attention):
+    for idx in scoring_chunks(model, lengths, batch_size, memory_budget, attention=None):  # as the model is set
         out = model(**pad_batch([windows.features[w] for w in idx], pad_id, device), **without_cache(model))
         starts, ends = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
         for b, w in enumerate(idx):

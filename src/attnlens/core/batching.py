@@ -12,16 +12,19 @@ from torch import nn
 
 from .allocator import for_long_inputs
 from .memory import DEFAULT_BUDGET, Storage, budget_chunks, model_dims, pass_row_bytes
-from .modelstate import EAGER, explaining, runs_sdpa, without_cache
+from .modelstate import EAGER, attention_implementation, explaining, runs_sdpa, without_cache
 
 
 def scoring_chunks(model: nn.Module, lengths: Sequence[int], batch_size: int, budget: int, *,
-                   attention: str = "sdpa", logit_positions: int = 0, hidden: bool = False) -> Iterator[list[int]]:
+                   attention: str | None = "sdpa", logit_positions: int = 0, hidden: bool = False
+                   ) -> Iterator[list[int]]:
     """Indices of sequences of ``lengths``, shortest first, in batches of at most ``batch_size`` whose forward
     without gradients fits ``budget`` bytes: one layer's activations at a time, its attention maps where the model
-    runs eager (``attention``, or it has no fused attention), the logits of ``logit_positions`` positions per row
+    runs eager (``attention``; ``None``: the implementation the model is set to now, for forwards outside an
+    ``explaining()`` block; or it has no fused attention), the logits of ``logit_positions`` positions per row
     (0: all), every layer's hidden states (``hidden``)."""
-    eager = attention == EAGER or not runs_sdpa(model)
+    implementation = attention if attention is not None else attention_implementation(model) or EAGER
+    eager = implementation == EAGER or not runs_sdpa(model)
     storage = Storage(eager=eager, logit_rows=logit_positions, hidden=hidden)
     dims = model_dims(model)
     return budget_chunks(lengths, batch_size, budget, lambda n: pass_row_bytes(dims, n, storage))
