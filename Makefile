@@ -15,7 +15,7 @@ export ATTNLENS_DATA ?= $(SHARED)/data
 
 WHEEL_VENV := build/wheel-venv
 
-.PHONY: install demo test lint docs wheel-check bench fuzz clean
+.PHONY: install demo test lint docs doc-images wheel-check bench fuzz clean
 
 install: $(STAMP)
 
@@ -36,6 +36,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The web explorer's screenshots in docs/images/serve-*.png, taken by its browser tests from the page as it is now.
+doc-images: install
+	ATTNLENS_DOC_IMAGES=1 $(BIN)/python -m pytest -q tests/test_serve_browser.py
 
 lint: install
 	$(BIN)/ruff check src tests bench scripts

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import needs
 
 PEERS = Path(__file__).resolve().parents[1] / "bench" / "peers"
 sys.path.insert(0, str(PEERS))
@@ -59,7 +60,7 @@ def test_read_examples_refuses_bad_lines(tmp_path, changes, message):
         read_examples(_write(tmp_path, **changes))
 
 
-@pytest.mark.skipif(not SQUAD_DEV.is_file(), reason="needs ../shared/data/squad_v1.1")
+@needs(SQUAD_DEV.is_file(), "needs ../shared/data/squad_v1.1")
 def test_squad_examples_gold_sentence_holds_the_answer():
     rows = squad_examples("odd", 12)
     assert len(rows) == 12 and len({r["id"] for r in rows}) == 12

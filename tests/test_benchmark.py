@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import needs
 
 from attnlens.data import Dataset, Example
 from attnlens.errors import InputError
@@ -213,7 +214,7 @@ def _cli(argv):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not MODEL.is_dir(), reason="reference model not found")
+@needs(MODEL.is_dir(), "reference model not found")
 def test_real_model_command_and_scoring(tmp_path, capsys):
     import torch
 
@@ -277,7 +278,7 @@ def test_model_predictor_on_a_tiny_bert():
 TOKENIZER = MODEL  # the reference model's WordPiece tokenizer (a fast tokenizer with offsets)
 
 
-@pytest.mark.skipif(not MODEL.is_dir(), reason="reference tokenizer not found")
+@needs(MODEL.is_dir(), "reference tokenizer not found")
 def test_qa_precision_at_k_with_a_tiny_qa_model(tmp_path):
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
@@ -331,7 +332,7 @@ def test_qa_precision_at_k_with_a_tiny_qa_model(tmp_path):
         run_benchmark(ex, dataset(), tmp_path / "y", methods="grads", progress=False)
 
 
-@pytest.mark.skipif(not MODEL.is_dir(), reason="reference tokenizer not found")
+@needs(MODEL.is_dir(), "reference tokenizer not found")
 def test_qa_command(tmp_path, capsys):
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering

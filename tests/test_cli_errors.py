@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import MODELS, make_model, make_tokenizer
+from conftest import MODELS, make_model, make_tokenizer, missing
 from transformers import BertConfig, BertForQuestionAnswering
 
 import attnlens
@@ -108,7 +108,7 @@ def test_methods_all_skips_what_does_not_apply(models, name, attention, skipped,
 def test_methods_all_on_reference_models(name, attention, tmp_path, capsys):
     path = MODELS / name
     if not path.is_dir():
-        pytest.skip(f"reference model not found at {path}")
+        missing(f"reference model not found at {path}")
     out = tmp_path / "out.jsonl"
     argv = ["explain", "a charming journey", "--model", str(path), "--format", "jsonl", "--out", str(out)]
     code = main(argv + (["--attention", attention] if attention else []))

@@ -6,13 +6,13 @@ import gzip
 import json
 
 import pytest
+from conftest import needs
 
 from attnlens.data import data_root, known_datasets, load_dataset
 from attnlens.errors import InputError
 
 ROOT = data_root()
-needs_data = pytest.mark.skipif(ROOT is None or not (ROOT / "sst2" / "dev.jsonl").exists(),
-                                reason="../shared/data not found")
+needs_data = needs(ROOT is not None and (ROOT / "sst2" / "dev.jsonl").exists(), "../shared/data not found")
 
 
 @needs_data

@@ -30,7 +30,7 @@ def _summary(aopc: dict[str, float | None]) -> dict:
 
 
 def test_one_best_methods_with_a_documented_tie_rule(tmp_path):
-    # 0.1 + 0.2 and 0.3 differ in the last bit only: a tie (the tables used to bold one, the plots both)
+    # 0.1 + 0.2 and 0.3 differ in the last bit only: a tie, bold in the tables and the plots alike
     summary = _summary({"a": 0.1 + 0.2, "b": 0.3, "c": 0.29, "d": None})
     assert best_methods(summary, "aopc") == ["a", "b"]
     assert best_methods(summary, "lodds") == ["d"]

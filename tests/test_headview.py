@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -16,14 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_model, make_tokenizer
+from conftest import IN_CI, make_model, make_tokenizer
 
 from attnlens import Explainer, InputError
 from attnlens.cli import main
 from attnlens.viz.headview import attention_view_html, decode_attentions, page_bytes
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-IN_CI = os.environ.get("CI", "").lower() == "true"
 needs_browser = pytest.mark.skipif(CHROMIUM is None and not IN_CI, reason="headless chromium not installed")
 
 
@@ -111,7 +109,7 @@ def test_a_512_token_view_is_compact_and_faithful():
     tokens = [f"w{i}" for i in range(512)]
     page = attention_view_html(tokens, att)
     size_mb = len(page.encode()) / 1e6
-    assert size_mb < 20, size_mb  # was 78-154 MB at 362-512 tokens with the values as JSON numbers
+    assert size_mb < 20, size_mb  # 78-154 MB at 362-512 tokens with the values as JSON numbers
     data = _payload(page)
     assert data["bits"] == 8 and data["n"] == 512 and len(data["values"]) == 6
     decoded = decode_attentions(data)

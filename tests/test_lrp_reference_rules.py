@@ -65,7 +65,7 @@ def test_rule_sets_equal_reference_relprop(rules, target, tokenizer):
 
 
 def test_chefer_forward_keeps_values_where_an_input_is_exactly_zero(tokenizer):
-    # Before the fix the identity rule returned 0 where a LayerNorm input was exactly 0: a different forward.
+    # The identity rule must give back the value where a LayerNorm input is exactly 0, not 0: else the forward differs.
     model = _with_exact_zero(make_model("bert"), tokenizer).eval()
     ids = torch.tensor(tokenizer(TEXTS[0])["input_ids"])
     emb = model.bert.embeddings
@@ -134,7 +134,7 @@ def test_start_layer_error_names_the_valid_range(tokenizer):
 @pytest.mark.slow
 def test_real_model_defaults_reproduce_reference(minilm_sst2):
     # minilm-sst2 (float16-stored weights), SST-2 dev sentences explained for their gold label; 12 and 17 have
-    # exact zeros in their embedding sums (the bug fixed in rules.pass_through made their ranking differ).
+    # exact zeros in their embedding sums (a pass-through rule that zeroed them would change their ranking).
     lines = SST2_DEV.read_text().splitlines()
     rows = [json.loads(lines[i]) for i in (0, 1, 2, 4, 12, 17)]
     labels = [r["label"] for r in rows]

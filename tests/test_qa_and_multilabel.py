@@ -73,7 +73,8 @@ def test_predicted_span_is_the_squad_span_inside_the_context(qa):
 
 
 def test_the_independent_argmaxes_are_not_the_answer(qa):
-    """On this model the separate start/end argmaxes fall in the question (before the fix: [1, 6])."""
+    """On this model the separate start/end argmaxes fall in the question ([1, 6]); the explained span is the best
+    valid one, in the context."""
     enc = qa.tokenizer(QUESTION, CONTEXT, return_tensors="pt")
     with torch.no_grad():
         out = qa.model(**enc)

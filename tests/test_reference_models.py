@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import DATA, MODELS
+from conftest import DATA, MODELS, missing
 
 from attnlens import Explainer
 
@@ -19,7 +19,7 @@ FAST = ["rawatt", "rollout", "grads", "attgrads", "agrad", "gae", "cat", "attcat
 def sst2_dev(n: int) -> list[dict]:
     path = DATA / "sst2" / "dev.jsonl"
     if not path.is_file():
-        pytest.skip(f"{path} not found")
+        missing(f"{path} not found")
     with path.open() as f:
         return [json.loads(line) for _, line in zip(range(n), f)]
 
@@ -72,7 +72,7 @@ def test_32_dev_sentences_in_seconds_and_attcat_beats_random(minilm_sst2):
 def test_other_reference_models(name, attention):
     path = MODELS / name
     if not path.is_dir():
-        pytest.skip(f"{path} not found")
+        missing(f"{path} not found")
     ex = Explainer.from_pretrained(path, attention=attention)
     methods = ["rawatt", "grads", "agrad", "attgrads", "cat", "attcat", "saliency"]
     if attention != "cross":
@@ -92,7 +92,7 @@ def test_the_bart_classifier_through_both_stacks_beats_random_deletion(method):
     ones."""
     path = MODELS / "bart-scratch-sst2"
     if not path.is_dir():
-        pytest.skip(f"{path} not found")
+        missing(f"{path} not found")
     ex = Explainer.from_pretrained(path)
     rows = sst2_dev(32)
     exps = ex.explain([r["text"] for r in rows], methods=[method], batch_size=32)

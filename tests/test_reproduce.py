@@ -1,4 +1,4 @@
-"""scripts/reproduce.py's issue-11 part: summaries of partial runs, paired differences, the section rewrite."""
+"""scripts/reproduce.py's method study: summaries of partial runs, paired differences, the section rewrite."""
 
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ TOLERANCE = 1e-5
 LOOSER = {"gptj": 5e-5, "qwen2": 5e-5, "ernie": 5e-5}
 
 
-def _explain_both(ex: Explainer, texts, methods, options=None, **kw):
-    """(explanations with the planned capture, with the whole maps forced), and the modes the first used."""
+def _spy_modes(mp: pytest.MonkeyPatch) -> list[str]:
+    """The capture modes of the passes run while ``mp`` is active, in order."""
     modes = []
     run = capture._run
 
@@ -43,8 +43,14 @@ def _explain_both(ex: Explainer, texts, methods, options=None, **kw):
         modes.append(args[15])
         return out
 
+    mp.setattr(capture, "_run", spy)
+    return modes
+
+
+def _explain_both(ex: Explainer, texts, methods, options=None, **kw):
+    """(explanations with the planned capture, with the whole maps forced), and the modes the first used."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(capture, "_run", spy)
+        modes = _spy_modes(mp)
         lean = ex.explain(texts, methods=methods, options=options, **kw)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
@@ -96,14 +102,16 @@ def _lm() -> Explainer:
 
 
 def _rows_and_maps_agree(explain) -> None:
-    """``explain(methods)`` with the planned (rows) capture and with the whole maps forced: the LEAN methods score
-    alike in both."""
+    """``explain(methods)`` with the planned capture, which keeps rows, and with the whole maps forced: the LEAN
+    methods score alike in both."""
     outs = {}
     for mode in (None, capture.FULL_MAPS):
         with pytest.MonkeyPatch.context() as mp:
+            modes = _spy_modes(mp)
             if mode:
                 mp.setattr(capture, "capture_mode", lambda *a, **k: capture.FULL_MAPS)
             outs[mode] = explain(LEAN)
+        assert set(modes) == {mode or capture.ROWS}, modes
     for m in LEAN:
         ref = outs[capture.FULL_MAPS].scores[m]
         np.testing.assert_allclose(outs[None].scores[m], ref, rtol=0, atol=TOLERANCE * np.abs(ref).max(), err_msg=m)

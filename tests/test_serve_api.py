@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import make_model, make_tokenizer
+from conftest import make_model, make_tokenizer, missing
 from scipy import stats
 from serve_support import FAST, MINILM, make_results
 from starlette.testclient import TestClient
@@ -40,7 +40,7 @@ def served(tmp_path_factory):
     """Three models (the real classifier, a tiny LM, a tiny classifier whose labels hold markup) and a results
     folder; the app is built once."""
     if not MINILM.is_dir():
-        pytest.skip(f"reference model not found at {MINILM}")
+        missing(f"reference model not found at {MINILM}")
     tmp = tmp_path_factory.mktemp("serve")
     minilm = Explainer.from_pretrained(MINILM)
     tokenizer = make_tokenizer()

