@@ -174,6 +174,20 @@ def test_output_paths_that_cannot_be_written(option, tmp_path, capsys):
     assert a_file.read_text() == "x"
 
 
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be created")
+@pytest.mark.parametrize("option", ["--html", "--head-view", "--plot"])
+def test_output_paths_where_no_file_can_be_created_are_refused_before_anything_is_written(option, tmp_path,
+                                                                                         capsys):
+    """Permissions allow it (as root they always do), but the place takes no files: refused up front, and the other
+    output is not written either."""
+    out = tmp_path / "e.json"
+    target = "/proc/attnlens/x" + (".png" if option == "--plot" else ".html")
+    code = main(["explain", "good", "--model", "/nonexistent/model", "--format", "json", "--out", str(out),
+                 option, target])
+    assert f"{option} {target} cannot be written: no file can be created in /proc" in _one_line_error(capsys, code)
+    assert not out.exists()
+
 @pytest.mark.parametrize("text", ["", "   "])
 def test_empty_text_arguments(models, text, capsys):
     code = main(["explain", "good", text, "--model", models["bert"], "--methods", "rawatt"])
@@ -203,6 +217,16 @@ def test_file_plain_line_starting_with_a_brace(models, tmp_path, capsys):
     texts = [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
     assert texts == ["{braces} are fun", "the movie was great"]
 
+
+
+@pytest.mark.parametrize("content", ['{"text": "the movie was great"}\n', "the movie was great\n"])
+def test_file_with_a_byte_order_mark_reads_as_without_it(content, models, tmp_path, capsys):
+    """A leading UTF-8 byte-order mark (as some editors write) is not read as part of the first text."""
+    f = tmp_path / "texts.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + content.encode("utf-8"))
+    assert main(["explain", "--file", str(f), "--model", models["bert"], "--methods", "rawatt",
+                 "--format", "jsonl"]) == 0
+    assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == ["the movie was great"]
 
 @pytest.mark.parametrize(
     "content,message",

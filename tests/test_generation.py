@@ -128,7 +128,7 @@ def test_contrast_is_the_difference_of_the_two_targets(lm):
     target, contrast = good, bad
     both = lm.explain_generation(PROMPT, target=[target], contrast=[contrast], methods=LINEAR)
     other = lm.explain_generation(PROMPT, target=[contrast], methods=LINEAR)
-    assert both.contrast_ids == [contrast]
+    assert both.contrast_ids == [contrast] and both.contrast == [lm.tokenizer.decode([contrast])]
     assert both.contrast_probabilities == pytest.approx(other.probabilities)
     # log-probabilities differ by the logits' difference (the softmax normaliser cancels)
     loss = lm.explain_generation(PROMPT, target=[target], contrast=[contrast], methods=LINEAR, target_kind="loss")
@@ -185,6 +185,7 @@ def test_save_and_load_round_trip(lm, tmp_path):
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"prompt": "   "}, "prompt is empty"),
+    ({"prompt": ["good", "bad"]}, "the prompt must be one string, got list"),
     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
     ({"target": ""}, "tokenizes to nothing"),
     ({"target": [V + 5]}, "list of token ids"),
@@ -241,8 +242,11 @@ def test_classifier_contrast_is_the_difference_of_the_two_classes(family, tokeni
         for m in linear:
             np.testing.assert_allclose(b.scores[m], o.scores[m] - t.scores[m], atol=1e-5, err_msg=m)
     # the predicted class against a fixed one; the loss kind (log-probabilities) equals the logit difference
-    predicted = ex.explain(texts, methods=LINEAR, contrast="LABEL_0")
-    loss = ex.explain(texts, methods=LINEAR, target=[e.predicted for e in predicted], contrast=0, target_kind="loss")
+    chosen = {e.predicted for e in ex.explain(texts, methods=["grads"])}
+    other = min({0, 1, 2} - chosen)  # a class neither text predicts (a class against itself is refused)
+    predicted = ex.explain(texts, methods=LINEAR, contrast=f"LABEL_{other}")
+    loss = ex.explain(texts, methods=LINEAR, target=[e.predicted for e in predicted], contrast=other,
+                      target_kind="loss")
     for p, q in zip(predicted, loss):
         for m in LINEAR:
             np.testing.assert_allclose(p.scores[m], q.scores[m], atol=1e-5, err_msg=m)
@@ -260,6 +264,20 @@ def test_classifier_contrast_mistakes(tokenizer):
                                          ".*contrast does not apply"):
         (e,) = ex.explain("good", contrast=0)
     assert "grads" in e.scores and "rawatt" not in e.scores
+
+
+def test_a_target_that_is_its_own_contrast_is_refused_or_warned(tokenizer, lm):
+    """target − contrast is 0 when the two are the same: a named target is refused, a predicted one warned of."""
+    ex = Explainer(make_model("bert"), tokenizer)
+    with pytest.raises(InputError, match="input 2: the target is the contrast"):
+        ex.explain(["good", "bad"], methods="grads", target=[0, 1], contrast=1)
+    predicted = ex.explain("good", methods="grads")[0].target
+    with pytest.warns(UserWarning, match=f"the explained class {predicted} is the contrast"):
+        (e,) = ex.explain("good", methods="grads", contrast=predicted)
+    assert not np.any(e.scores["grads"])
+    good, bad = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]
+    with pytest.raises(InputError, match="the contrast is the explained continuation itself"):
+        lm.explain_generation(PROMPT, target=[good, bad], contrast=[good, bad], methods=["grads"])
 
 
 # ------------------------------------------------------------------------------ views and CLI

@@ -103,6 +103,13 @@ def test_tokens_map_to_the_source_holding_their_first_character():
     assert owner[0] == -1 and prompt.ids[0] == CLS  # [CLS] and the template's words belong to no source
 
 
+
+@pytest.mark.parametrize("query", ["what does {context} say ?", "is {query} a field ?"])
+def test_a_query_holding_a_field_name_is_kept_as_written(query):
+    """The template's fields are filled in one pass: the query's own text is never taken for a field."""
+    prompt = build_prompt(lm_tokenizer(), CONTEXT, query, template="{context} | {query}", chat=False)
+    assert prompt.text.endswith(f"{CONTEXT} | {query}") and prompt.text.count(CONTEXT) == 1
+
 def test_chat_template_keeps_the_context_verbatim():
     tok = lm_tokenizer(chat=True)
     prompt = build_prompt(tok, CONTEXT, QUERY, chat=True)
@@ -481,6 +488,29 @@ def test_a_generated_answer_is_the_greedy_continuation_without_the_end_token():
         silent.attribute_context(CONTEXT, QUERY, methods=["rawatt"], chat=False)
 
 
+
+class _ByteTokenizer:
+    """Token ids are UTF-8 bytes, decoded as byte-level tokenizers decode them (an unfinished character as U+FFFD)."""
+
+    def decode(self, ids, **_):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_a_generated_answer_that_stops_inside_a_character_keeps_whole_characters():
+    from types import SimpleNamespace
+
+    from attnlens.sources import attribute
+
+    runner = SimpleNamespace(tokenizer=_ByteTokenizer())
+    ids = list("ab 美".encode()) + list("国".encode())[:2]  # the token limit fell inside 国
+    with pytest.warns(UserWarning, match="last 2 tokens stop inside a character"):
+        kept = attribute._whole_characters(runner, ids)
+    assert kept == list("ab 美".encode())
+    text, spans = attribute._answer_offsets(runner, kept)
+    assert text == "ab 美" and [text[a:b] for a, b in spans] == ["a", "b", " ", "", "", "美"]
+    whole = list("ok 美".encode())
+    assert attribute._whole_characters(runner, whole) == whole
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(query=""), "the query is empty"),
     (dict(answer=""), "the answer is empty"),
@@ -563,6 +593,11 @@ def test_cli_cite_offsets_index_the_context_file_as_written(lm_dir, tmp_path, ca
         "the movie was great .", "the plot is dull .", "the actors were charming ."]
     assert [s["text"] for s in d["sources"]] == [text[s["start"]:s["end"]] for s in d["sources"]]
 
+    ctx.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))  # a byte-order mark is not part of the text
+    assert main(["cite", "--model", lm_dir, "--context-file", str(ctx), "--query", QUERY, "--answer", ANSWER,
+                 "--no-chat", "--methods", "loo", "--sources", "line", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["context"] == text and d["sources"][0]["text"] == "the movie was great ."
 
 @pytest.mark.parametrize("extra, message", [
     (["--query", " "], "the query is empty"),

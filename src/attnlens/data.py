@@ -257,9 +257,10 @@ def _subset(ds: Dataset, limit: int | None, seed: int) -> Dataset:
 
 
 def _open_text(path: Path):
+    """The file as UTF-8 text (gzipped where its name ends in .gz); a leading byte-order mark is not read as text."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return path.open("r", encoding="utf-8-sig")
 
 
 def iter_jsonl(

@@ -17,8 +17,10 @@ def check_output_path(path: str | os.PathLike[str], option: str, *, directory: b
     """``path`` if it can be written as a file (``directory=False``) or a folder; else an :class:`InputError`.
 
     Refuses an empty path, a path whose nearest existing ancestor is a file ("out.txt/x"), a file where a folder
-    is wanted, a folder where a file is wanted, and a place without write permission. Missing parent folders are
-    fine (callers create them). ``option`` names the path in the message (``"--out"``, ``"results directory"``).
+    is wanted, a folder where a file is wanted, and a place where no file can be created (no write permission, a
+    read-only file system; a nameless temporary file is created there and removed to find out). Missing parent
+    folders are fine (callers create them). ``option`` names the path in the message (``"--out"``, ``"results
+    directory"``).
     """
     if not str(path).strip():
         raise InputError(f"{option}: the path is empty")
@@ -31,8 +33,15 @@ def check_output_path(path: str | os.PathLike[str], option: str, *, directory: b
     existing = next(q for q in (p, *p.parents) if q.exists())  # the first part that exists
     if existing != p and not existing.is_dir():
         raise InputError(f"{option} {path} cannot be created: {existing} is a file, not a directory")
-    if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK | os.X_OK):
+    folder = existing if existing.is_dir() else existing.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{option} {path} cannot be written: no write permission in {existing}")
+    try:  # permissions do not tell everything (root, read-only file systems, /proc): a file must be creatable there
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise InputError(f"{option} {path} cannot be written: no file can be created in {folder} "
+                         f"({exc.strerror or exc})") from None
     return p
 
 

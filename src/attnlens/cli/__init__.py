@@ -112,8 +112,8 @@ def method_options(text: str | None, flag: str = "--options") -> dict[str, dict[
 
 def read_text_file(path: str, flag: str) -> str:
     """The UTF-8 text of the file a command's ``flag`` names, verbatim (Windows line endings kept, so character
-    offsets into it are offsets into the file); :class:`InputError` in one line when it is missing, a folder,
-    unreadable or not UTF-8."""
+    offsets into it are offsets into the file's text; a leading byte-order mark is not part of the text);
+    :class:`InputError` in one line when it is missing, a folder, unreadable or not UTF-8."""
     from pathlib import Path
 
     p = Path(path)
@@ -122,7 +122,7 @@ def read_text_file(path: str, flag: str) -> str:
     if p.is_dir():
         raise InputError(f"{flag} {path}: is a directory")
     try:
-        with p.open(encoding="utf-8", newline="") as f:
+        with p.open(encoding="utf-8-sig", newline="") as f:
             return f.read()
     except UnicodeDecodeError:
         raise InputError(f"{flag} {path}: not UTF-8 text") from None

@@ -24,7 +24,7 @@ def load_examples(args: argparse.Namespace) -> list:
     if not path.is_file():
         raise InputError(f"--dataset {args.dataset}: with --task context give squad-context or an examples file")
     examples = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         if line.strip():
             try:
                 examples.append(ContextExample.from_dict(json.loads(line)))

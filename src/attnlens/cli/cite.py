@@ -45,8 +45,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="comma-separated methods: token-level ones (see `attnlens explain --help`) and loo, "
                         "contextcite, at2, at2lrp, attngate; 'all' (default: attngate,attnlrp,loo, leaving out with a "
                         "warning those over --memory-budget at the prompt's length or that cannot run on the model)")
-    p.add_argument("--template", help="the user message around {context} and {query} "
-                                      "(default: 'Context: {context}\\n\\nQuery: {query}')")
+    p.add_argument("--template", help="the user message around {context} and {query}, each once (filled in as "
+                                      "they are; other text, braces included, stays as written; default: "
+                                      "'Context: {context}\\n\\nQuery: {query}')")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="use the tokenizer's chat template (default when it has one)")

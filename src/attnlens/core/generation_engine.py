@@ -79,7 +79,9 @@ def explain_generation(
                          f"{runner.name} is {head.kind}: use explain() for it")
     seq2seq = isinstance(head, Seq2SeqLMHead)
     decoder_stream = seq2seq and runner.stream == "decoder"  # scores over the continuation instead of the prompt
-    if not isinstance(prompt, str) or not prompt.strip():
+    if not isinstance(prompt, str):
+        raise InputError(f"the prompt must be one string, got {type(prompt).__name__} (explain one prompt per call)")
+    if not prompt.strip():
         raise InputError("the prompt is empty: give the text the model should continue")
     _check_count("max_new_tokens", max_new_tokens)
     size = runner.effective_batch_size(batch_size)
@@ -101,6 +103,9 @@ def explain_generation(
         raise InputError(f"contrast has {len(contrast_ids)} token(s) but the explained continuation has "
                          f"{len(generated)}: give one contrast token per generated token (step t contrasts "
                          "token t)")
+    if contrast_ids is not None and list(contrast_ids) == list(generated):
+        raise InputError("the contrast is the explained continuation itself: each step's difference would be 0 "
+                         "everywhere; give another contrast")
     # a decoder-only model reads prompt + continuation; an encoder-decoder's decoder reads start + continuation
     longest = len(generated) + 1 if seq2seq else len(prompt_ids) + len(generated)
     if longest > runner.max_length:
@@ -183,7 +188,9 @@ def explain_generation(
         prompt_special=special[:n_prompt], generated_tokens=tokens[n_prompt:],
         generated_ids=generated, generated=[decode_token(runner.tokenizer, i) for i in generated],
         scores=scores, probabilities=probabilities, predicted_ids=predicted, contrast_ids=contrast_ids,
-        contrast_probabilities=None if contrast_ids is None else contrast_probs, forced=forced, meta=meta,
+        contrast_probabilities=None if contrast_ids is None else contrast_probs,
+        contrast=None if contrast_ids is None else [decode_token(runner.tokenizer, i) for i in contrast_ids],
+        forced=forced, meta=meta,
     )
 
 

@@ -60,7 +60,7 @@ def read_external(paths: Sequence[str | Path]) -> dict[str, dict[str, dict[str, 
     """``{example id: {method: {"scores", "seconds"}}}`` from peers' JSON Lines files."""
     found: dict[str, dict[str, dict[str, Any]]] = {}
     for path in paths:
-        for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), 1):
             if not line.strip():
                 continue
             try:

@@ -44,6 +44,7 @@ class Generation:
         probabilities: the probability of each generated token at its step (given the tokens before it).
         predicted_ids: the model's greedy choice at each step (equal to ``generated_ids`` unless forced).
         contrast_ids, contrast_probabilities: the contrast token of each step and its probability, or ``None``.
+        contrast: each contrast token decoded as text (as ``generated``), or ``None``.
         forced: whether the continuation was given (teacher forcing) rather than generated greedily.
         meta: how it was made (model, target kind, chat template, method options, ...).
     """
@@ -60,6 +61,7 @@ class Generation:
     predicted_ids: list[int] = field(default_factory=list)
     contrast_ids: list[int] | None = None
     contrast_probabilities: list[float] | None = None
+    contrast: list[str] | None = None
     forced: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
     prompt_offsets: list[tuple[int, int] | None] | None = None
@@ -140,6 +142,7 @@ class Generation:
             "generated_offsets": [list(o) for o in self.generated_offsets],
             "target_ids": self.generated_ids,
             "contrast_ids": self.contrast_ids,
+            "contrast": self.contrast,
             "probabilities": self.probabilities,
             "contrast_probabilities": self.contrast_probabilities,
             "predicted_ids": self.predicted_ids,
@@ -160,6 +163,7 @@ class Generation:
                         for m, s in d["scores"].items()},
                 probabilities=list(d["probabilities"]), predicted_ids=list(d.get("predicted_ids") or []),
                 contrast_ids=d.get("contrast_ids"), contrast_probabilities=d.get("contrast_probabilities"),
+                contrast=d.get("contrast"),
                 forced=bool(d.get("forced", False)), meta=dict(d.get("meta") or {}),
                 prompt_offsets=None if d.get("prompt_offsets") is None else [
                     None if o is None else (int(o[0]), int(o[1])) for o in d["prompt_offsets"]],

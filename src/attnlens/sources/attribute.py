@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from ..core.answer_engine import check_lm, methods_within_budget, refuse_answer_over_budget
-from ..core.generation_engine import eos_ids, greedy
+from ..core.generation_engine import capped_new_tokens, eos_ids, greedy
 from ..core.memory import parse_budget
 from ..core.model_runner import ModelRunner
-from ..errors import InputError
+from ..errors import InputError, UnknownMethodError
 from ..methods import check_option_owners, get_method, list_methods, resolve_methods
 from ..results.context_attribution import ContextAttribution
 from ..version import __version__
@@ -58,7 +58,11 @@ def split_methods(methods: str | Sequence[str] | None) -> tuple[list[str], list[
     source = [m for m in methods if m in SOURCE_METHODS]
     token = [m for m in methods if m not in SOURCE_METHODS]
     if token:
-        resolve_methods(token)  # unknown names fail here, with the list of known ones
+        unknown = [m for m in token if isinstance(m, str) and m != "all" and m not in list_methods()]
+        if unknown:  # the token-level methods and the source-level ones
+            raise UnknownMethodError(f"unknown method {unknown[0]!r}; available methods: "
+                                     f"{', '.join([*SOURCE_METHODS, *list_methods()])}")
+        resolve_methods(token)
     return token, source
 
 
@@ -140,14 +144,42 @@ def _check_budget(job: CiteJob, methods: str | Sequence[str], options: Mapping[s
         refuse_answer_over_budget(job.runner, n, len(job.answer_ids), token_methods, options, job.memory_budget)
 
 
+REPLACEMENT = "\ufffd"  # what a tokenizer decodes the bytes of an unfinished character to
+MAX_CHARACTER_TOKENS = 3  # a UTF-8 character has at most 4 bytes: at most 3 tokens end before it is complete
+
+
+def _decode(runner: ModelRunner, ids: list[int]) -> str:
+    return runner.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _whole_characters(runner: ModelRunner, ids: list[int]) -> list[int]:
+    """``ids`` without the trailing tokens that stop inside a character (a generation cut off by its token limit
+    within a byte-level character), so that the answer's text is exactly the tokens explained; a warning says how
+    many were left out. (A text that itself ends in U+FFFD reads the same: give it as the answer to keep it.)"""
+    if not ids or not _decode(runner, ids).endswith(REPLACEMENT):
+        return ids
+    for k in range(1, min(MAX_CHARACTER_TOKENS, len(ids)) + 1):
+        if not _decode(runner, ids[:-k]).endswith(REPLACEMENT):
+            warnings.warn(f"the generated answer's last {k} token{'s' * (k > 1)} stop inside a character: left "
+                          "out of the answer (raise max_new_tokens / --max-new-tokens to keep the character)",
+                          stacklevel=5)
+            return ids[:-k]
+    return ids  # more unfinished tokens than a character has: the text's own U+FFFD
+
+
 def _answer_offsets(runner: ModelRunner, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
-    """The text of ``ids`` and each token's character span in it (by decoding growing prefixes)."""
+    """The text of ``ids`` and each token's character span in it (by decoding growing prefixes; a token that
+    begins a character a later token completes gets an empty span, and the completing token the character)."""
     spans, prev = [], 0
     text = ""
     for k in range(1, len(ids) + 1):
-        text = runner.tokenizer.decode(ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        spans.append((prev, len(text)))
-        prev = len(text)
+        text = _decode(runner, ids[:k])
+        end = len(text)
+        while end > prev and text.endswith(REPLACEMENT) and k < len(ids):  # bytes of a character not complete yet
+            end -= 1
+        end = max(end, prev)
+        spans.append((prev, end))
+        prev = end
     return text, spans
 
 
@@ -209,10 +241,11 @@ def prepare_job(
             before_generating(CiteJob(runner, context, found, prompt, token_sources(prompt, found), [],
                                       [next(iter(eos_ids(runner)), 0)], ablation, parse_budget(memory_budget),
                                       query=query))
-        ids = greedy(runner, prompt.ids, max_new_tokens)
+        ids = greedy(runner, prompt.ids, capped_new_tokens(runner, len(prompt.ids), max_new_tokens))
         eos = eos_ids(runner)
         while ids and ids[-1] in eos:  # the end-of-turn token is not part of the answer
             ids = ids[:-1]
+        ids = _whole_characters(runner, ids)
         if not ids:
             raise InputError("the model answered nothing (its first token ends the turn): give an answer")
         answer_text, answer_offsets = _answer_offsets(runner, ids)

@@ -8,6 +8,7 @@ verbatim in the prompt (its character offset there is :attr:`Prompt.context_star
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,10 +75,12 @@ def build_prompt(tokenizer: Any, context: str, query: str, template: str | None 
     if not getattr(tokenizer, "is_fast", False):
         raise InputError("source attribution maps tokens to characters: it needs a fast tokenizer")
     marker = "\x00CONTEXT\x00"
-    message = template.replace("{query}", query).replace("{context}", marker)
+    # one pass over the template: a query that holds the text "{context}" stays as it is
+    fields = {"{context}": marker, "{query}": query}
+    message = re.sub(r"\{context\}|\{query\}", lambda m: fields[m.group(0)], template)
     rendered = _render(tokenizer, message, chat)
     if rendered.count(marker) != 1:
-        raise InputError("the chat template does not keep the context verbatim; use chat=False")
+        raise InputError("the chat template does not keep the context verbatim; use chat=False (--no-chat)")
     prefix, suffix = rendered.split(marker)
     return with_context(tokenizer, prefix, context, suffix, chat)
 

@@ -58,7 +58,9 @@ def _header(g: Any) -> str:
 def _step_label(g: Any, t: int) -> str:
     label = f"{t}: {g.generated[t]!r} p={g.probabilities[t]:.3f}"
     if g.contrast_ids is not None and g.contrast_probabilities is not None:
-        label += f" vs #{g.contrast_ids[t]} p={g.contrast_probabilities[t]:.3f}"
+        # a Generation built with ids alone shows them
+        other = repr(g.contrast[t]) if g.contrast is not None else f"#{g.contrast_ids[t]}"
+        label += f" vs {other} p={g.contrast_probabilities[t]:.3f}"
     return label
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,11 @@ class ContrastHead:
         return [(t, self.contrast) for t in self.base.resolve_targets(target, n, labels)]
 
     def check_targets(self, lengths: list[int], targets: list[Any]) -> None:
+        """The base head's checks, and a target that is its own contrast is refused (its difference is 0)."""
+        same = [k + 1 for k, (t, c) in enumerate(targets) if c is not None and t == c]
+        if same:
+            raise InputError(f"input {same[0]}: the target is the contrast ({self.contrast}): the explained "
+                             "difference would be 0 everywhere; give another contrast")
         self.base.check_targets(lengths, [t for t, _ in targets])
 
     def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,8 +72,12 @@ class ContrastHead:
         return {**self.base.meta(), "contrast": self.contrast}
 
     def annotate(self, explanation: Any) -> None:
-        """The explained class alone in ``target`` (the contrast is in ``meta["contrast"]``)."""
+        """The explained class alone in ``target`` (the contrast is in ``meta["contrast"]``); a warning where the
+        predicted class, explained by default, is the contrast itself (every score is then 0)."""
         explanation.target, explanation.meta["contrast"] = explanation.target
+        if explanation.target == explanation.meta["contrast"]:
+            warnings.warn(f"the explained class {explanation.target} is the contrast: target − contrast is 0, and so "
+                          "is every score (name another --target / target=)", stacklevel=2)
         self.base.annotate(explanation)
 
 

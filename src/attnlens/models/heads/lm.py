@@ -75,7 +75,8 @@ class LMHead(Head):
                 raise InputError(f"target token id {t} is out of range: the vocabulary has {self.vocab_size} tokens")
             return int(t)
         raise InputError(f"a language model's target is a token id, got {t!r}; to explain a continuation given "
-                         "as text, use explain_generation(prompt, target=...)")
+                         "as text, use explain_generation(prompt, target=...) (on the command line: --generate "
+                         "--target TEXT)")
 
     def shown_probabilities(self, probs: np.ndarray, target: Any) -> list[float]:
         """The probability of the explained token only (not the whole vocabulary)."""
@@ -230,7 +231,8 @@ class Seq2SeqLMHead(LMHead):
 
     def resolve_targets(self, target: Any, n: int, labels: list[str]) -> list[Any]:
         raise ModelError("explain() reads one prediction per input; a sequence-to-sequence language model is "
-                         "explained by what it generates: use explain_generation(prompt)")
+                         "explained by what it generates: use explain_generation(prompt) (on the command line: "
+                         "--generate)")
 
     def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         wanted = torch.tensor(targets, dtype=torch.long, device=device)
