@@ -72,8 +72,8 @@ class Head:
             target = target.tolist()
         if not isinstance(target, Sequence) or len(target) != n:
             raise InputError(
-                f"target must be None, a class index, a label name, or a list with one per input ({n} inputs; on the "
-                "command line --target takes one class index or label name)"
+                f"target must be None, a class index, a label name, or a list with one per input ({n} inputs); on "
+                "the command line --target takes one class index or label name"
             )
         return [self._resolve_one(t, labels) for t in target]
 
