@@ -235,7 +235,7 @@ def test_generate_click_and_select_answer_tokens(page, server, screenshots):
         page.uncheck(f"#gen-methods input[value={agnostic}]")
     page.fill("#gen-contrast", "london .")
     page.click("#generate")
-    expect(page.locator("#step-caption")).to_contain_text("minus the contrast token")
+    expect(page.locator("#step-caption")).to_contain_text("minus \"london\"")  # the first step's contrast token
     chips.nth(1).click(modifiers=["Shift"])
     page.wait_for_selector("body[data-step='0-1']")
     expect(page.locator("#stretch-answer")).to_be_hidden()  # a contrast: no single answer to explain

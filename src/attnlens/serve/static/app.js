@@ -500,7 +500,7 @@ function chooseSteps(t0, t1) {
   });
   renderHeatmap($("gen-heatmap"), tokens, special, rows);
   const cap = stepCaption(g, t0, t1);
-  if (t0 === t1) cap.append(` (p = ${fmt(g.probabilities[t0])}${g.forced ? ", forced" : ""}${g.contrast_ids ? ", minus the contrast token" : ""})`);
+  if (t0 === t1) cap.append(` (p = ${fmt(g.probabilities[t0])}${g.forced ? ", forced" : ""}${g.contrast_ids ? `, minus ${g.contrast ? JSON.stringify(g.contrast[t0]) : "the contrast token"}` : ""})`);
   else cap.append(" — the rows of its steps summed");
   $("stretch-answer").hidden = t0 === t1 || Boolean(g.contrast_ids);
   document.body.dataset.step = `${t0}-${t1}`;
