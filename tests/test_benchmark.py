@@ -159,6 +159,18 @@ def test_other_settings_refuse_to_resume_and_overwrite_starts_over(tmp_path):
     assert ex.explained == 22 and summary["curves"]["occlusion"]["k"] == [0, 2]
 
 
+
+@pytest.mark.parametrize("name", ["examples.jsonl", "summary.json", "records.jsonl"])
+def test_results_files_without_their_run_file_are_not_resumed(tmp_path, name):
+    """Rows of another run or task (no run.json beside them) would be counted as this run's: refused; a fresh start
+    (resume=False) clears the benchmark's own files."""
+    (tmp_path / name).write_text('{"index": 0, "method": "grads", "metrics": {"aopc": 0.999}}\n')
+    with pytest.raises(InputError, match=f"holds {name} but no run.json"):
+        bench(tmp_path)
+    if name != "records.jsonl":
+        summary, ex = bench(tmp_path, resume=False)
+        assert ex.explained == 22 and (tmp_path / "run.json").exists()
+
 def test_attcat_code_protocol_explains_the_gold_class(tmp_path):
     summary, _ = bench(tmp_path, config=EvalConfig(protocol="attcat-code", occlusion_counts=(0, 1)))
     rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]

@@ -928,6 +928,52 @@ def test_context_benchmark_adds_a_method_to_finished_records_against_their_store
     assert len(records[-1]["truth"]["actual"]) == 6
 
 
+def test_context_benchmark_recomputes_a_record_of_another_example_or_model_under_the_same_id(lm, tmp_path,
+                                                                                             monkeypatch):
+    """An id names an example only under one data set's settings (e.g. its distractors): a record made for other
+    text under that id, or by another model, is not reused."""
+    from attnlens.evaluation import context_benchmark as cb
+    from attnlens.sources.squad import ContextExample
+
+    config = cb.ContextBenchmarkConfig(methods=["loo"], n_lds=8)
+    shorter = CONTEXT.split(" .")[0] + " ."
+    first = ContextExample("x1", shorter, QUERY, ANSWER, split_sources(shorter, "sentence"), gold=0)
+    cb.run_context_benchmark(lm, [first], config, tmp_path)
+    example = ContextExample("x1", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=0)
+    fresh = cb.evaluate_example(lm, example, config)
+    asked = _methods_scored(cb, monkeypatch)
+    summary = cb.run_context_benchmark(lm, [example], config, tmp_path)
+    assert asked == [["loo"]]
+    assert summary["metrics"]["loo"]["lds"]["mean"] == pytest.approx(fresh["methods"]["loo"]["lds"], abs=1e-6)
+    cb.run_context_benchmark(lm, [example], config, tmp_path)
+    assert asked == [["loo"]]  # the same example and model: reused
+    monkeypatch.setattr(lm, "name", "another-model")
+    cb.run_context_benchmark(lm, [example], config, tmp_path)
+    assert asked == [["loo"], ["loo"]]
+
+
+def test_cli_context_benchmark_refuses_a_folder_of_other_results(tmp_path, capsys):
+    (tmp_path / "run.json").write_text("{}")
+    code = main(["benchmark", "--task", "context", "--dataset", "squad-context", "--model", "/nonexistent/model",
+                 "--methods", "loo", "--out", str(tmp_path)])
+    assert code == 2 and "holds the results of another benchmark task (run.json)" in capsys.readouterr().err
+    (tmp_path / "run.json").unlink()
+    (tmp_path / "summary.json").write_text("{}")
+    code = main(["benchmark", "--task", "context", "--dataset", "squad-context", "--model", "/nonexistent/model",
+                 "--methods", "loo", "--out", str(tmp_path)])
+    assert code == 2 and "holds a summary.json but no records.jsonl" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+@pytest.mark.parametrize("flag, value, message", [("--limit", "0", "--limit must be >= 1"),
+                                                  ("--distractors", "-1", "--distractors must be >= 0"),
+                                                  ("--seed", "-1", "--seed must be in 0..2**32-1")])
+def test_cli_context_benchmark_refuses_bad_counts_before_loading(tmp_path, capsys, flag, value, message):
+    code = main(["benchmark", "--task", "context", "--dataset", "squad-context", "--model", "/nonexistent/model",
+                 "--methods", "loo", flag, value, "--out", str(tmp_path / "run")])
+    assert code == 2 and message in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
 def test_context_benchmark_recomputes_at2_when_its_weights_change(lm, tmp_path, monkeypatch):
     """A record's AT2 scores name the weights they came from: the same options resolving to other weights (a
     refitted file, or newer shipped weights) are computed again, the same weights are not."""

@@ -110,6 +110,18 @@ def method_options(text: str | None, flag: str = "--options") -> dict[str, dict[
     return options
 
 
+def check_at_least(flag: str, value: int | None, least: int) -> None:
+    """:class:`InputError` in one line when the integer option ``flag`` was given below ``least``."""
+    if value is not None and value < least:
+        raise InputError(f"{flag} must be >= {least}, got {value}")
+
+
+def check_seed(seed: int, flag: str = "--seed") -> None:
+    """:class:`InputError` in one line for a seed NumPy's generators refuse."""
+    if not 0 <= seed < 2**32:
+        raise InputError(f"{flag} must be in 0..2**32-1, got {seed}")
+
+
 def read_text_file(path: str, flag: str) -> str:
     """The UTF-8 text of the file a command's ``flag`` names, verbatim (Windows line endings kept, so character
     offsets into it are offsets into the file's text; a leading byte-order mark is not part of the text);

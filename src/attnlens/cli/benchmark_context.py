@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..viz.safetext import terminal_safe
-from . import method_options, placement
+from . import check_at_least, check_seed, method_options, placement
 
 
 def load_examples(args: argparse.Namespace) -> list:
@@ -47,11 +47,20 @@ def run_context(args: argparse.Namespace) -> int:
     from ..paths import atomic_write_text, check_output_path
     from ..sources.attribute import split_methods
 
+    check_at_least("--limit", args.limit, 1)
+    check_at_least("--distractors", args.distractors, 0)
+    check_seed(args.seed)
     token, source = split_methods(args.methods)
     if args.lds_ablations < 4:
         raise InputError(f"--lds-ablations must be >= 4, got {args.lds_ablations}")
     options = method_options(args.options)
     out = check_output_path(args.out, "--out", directory=True)
+    if (out / "run.json").exists():
+        raise InputError(f"--out {args.out} holds the results of another benchmark task (run.json); give the context "
+                         "benchmark a folder of its own")
+    if not args.overwrite and (out / "summary.json").exists() and not (out / "records.jsonl").exists():
+        raise InputError(f"--out {args.out} holds a summary.json but no records.jsonl: not a context benchmark to "
+                         "resume; use another --out or --overwrite")
     external = read_external(args.external)
     examples = load_examples(args)
     if args.write_examples:

@@ -11,9 +11,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from ..errors import InputError
 from ..viz.safetext import terminal_safe
-from . import add_placement_options, placement
+from . import add_placement_options, check_at_least, check_seed, placement
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -56,13 +55,16 @@ def run(args: argparse.Namespace) -> int:
     from ..sources.attribute import prepare_job
     from ..sources.squad import squad_context
 
-    if args.prompts < 1 or args.n_ablations < 4:
-        raise InputError("--prompts must be >= 1 and --n-ablations >= 4")
+    check_at_least("--prompts", args.prompts, 1)
+    check_at_least("--n-ablations", args.n_ablations, 4)
+    check_at_least("--distractors", args.distractors, 0)
+    check_seed(args.seed)
     from ..methods import resolve_methods
 
     extra = resolve_methods(args.with_methods) if args.with_methods.strip(" ,") else []
     out = check_output_path(args.out, "--out", directory=False)
     cache = Path(args.cache) if args.cache else out.with_name(out.name + ".parts")
+    check_output_path(cache, "--cache", directory=True)
     budget = parse_budget(args.memory_budget)
     modes = ["passage", "sentence"] if args.sources == "both" else [args.sources]
     examples = []

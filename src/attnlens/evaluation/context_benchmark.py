@@ -17,6 +17,7 @@ Scores computed outside attnlens (peers run in their own environment) join throu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -76,9 +77,13 @@ def _lds(masks: np.ndarray, actual: np.ndarray, scores: np.ndarray) -> float:
     return rank_agreement(masks.astype(np.float64) @ scores, actual)
 
 
-def _truth_settings(config: ContextBenchmarkConfig) -> dict[str, Any]:
+def _truth_settings(config: ContextBenchmarkConfig, model: str, example: ContextExample) -> dict[str, Any]:
+    """What decides an example's ground truth: the ablation settings, the model and the example itself (a digest of
+    its context, query, answer and sources: an id names the same example only under the same data set settings,
+    e.g. the number of distractors)."""
+    text = json.dumps([example.context, example.query, example.answer, [[s.start, s.end] for s in example.sources]])
     return {"n_lds": config.n_lds, "keep_probability": config.keep_probability, "ablation": config.ablation,
-            "seed": config.seed}
+            "seed": config.seed, "model": model, "example": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
 
 def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenchmarkConfig,
@@ -92,7 +97,8 @@ def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenc
     methods it lacks, or ran with other options, are computed, and the stored ablations are reused: a method can
     join a finished run at the cost of its own scores and its top-k removals. ``identities``: the run's method
     identities when the caller has them (default: resolved here)."""
-    previous = previous if previous and previous.get("truth", {}).get("settings") == _truth_settings(config) else {}
+    settings = _truth_settings(config, ex.name, example)
+    previous = previous if previous and previous.get("truth", {}).get("settings") == settings else {}
     identities = identities if identities is not None else _identities(ex, config)
     kept = {m: r for m, r in previous.get("methods", {}).items()  # other methods of earlier runs stay
             if m not in config.methods or r.get("options") == identities[m]}
@@ -153,7 +159,7 @@ def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenc
                                                      and m not in (external or {}))]
     return {"id": example.id, "gold": example.gold, "n_sources": n, "answer_logprob": full,
             "methods": {m: methods[m] for m in order if m in methods},
-            "truth": {"settings": _truth_settings(config), "actual": actual.tolist(), "removed": removed}}
+            "truth": {"settings": settings, "actual": actual.tolist(), "removed": removed}}
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -196,9 +202,9 @@ def _identities(ex: Explainer, config: ContextBenchmarkConfig) -> dict[str, dict
 
 
 def _complete(record: Mapping[str, Any], config: ContextBenchmarkConfig, methods: Sequence[str],
-              identities: Mapping[str, Mapping[str, Any]]) -> bool:
-    """Whether ``record`` already holds every method, with this run's options and ground-truth settings."""
-    if record.get("truth", {}).get("settings") != _truth_settings(config):
+              identities: Mapping[str, Mapping[str, Any]], settings: Mapping[str, Any]) -> bool:
+    """Whether ``record`` already holds every method, with this run's options and ground-truth ``settings``."""
+    if record.get("truth", {}).get("settings") != settings:
         return False
     have = record.get("methods", {})
     return all(m in have and (m not in config.methods or have[m].get("options") == identities[m]) for m in methods)
@@ -217,7 +223,8 @@ def run_context_benchmark(
 
     Records already in ``out/records.jsonl`` are reused: an example is recomputed only for the methods it lacks
     (or ran with other options), against its stored ablations; records made with other ground-truth settings
-    (``n_lds``, keep probability, ablation, seed) are recomputed whole. The summary covers every method the records
+    (``n_lds``, keep probability, ablation, seed), another model or another example under the same id (other
+    distractors, sources or data) are recomputed whole. The summary covers every method the records
     hold."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -237,7 +244,8 @@ def run_context_benchmark(
         for e in examples:
             ext = (external or {}).get(e.id, {})
             old = done.get(e.id)
-            if old is None or not _complete(old, config, [*wanted, *ext], identities):
+            settings = _truth_settings(config, ex.name, e)
+            if old is None or not _complete(old, config, [*wanted, *ext], identities, settings):
                 done[e.id] = evaluate_example(ex, e, config, ext, previous=old, identities=identities)
                 f.write(json.dumps(done[e.id]) + "\n")  # a later line for the same id supersedes an earlier one
                 f.flush()

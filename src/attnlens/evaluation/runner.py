@@ -46,6 +46,7 @@ from .metrics import (
 from .parallel import Shard, chunks, merge_sources, shard_lock
 from .perturb import ModelPredictor, Predict
 from .results import (
+    FILES,
     FORMAT_VERSION,
     SHARDS_DIR,
     BenchmarkSettings,
@@ -229,6 +230,7 @@ def run_benchmark(
         explain_options=dict(explain_options or {}), target_kind=target_kind, target=target,
     )
     if run.resume:  # the run to resume, and every process's part of it, must have been made with these settings
+        _check_resumable(out)
         for d in [out, *shard_dirs(out)]:
             _check_settings(d / "run.json", settings, d)
     if run.check_only:
@@ -322,6 +324,18 @@ def _check_settings(run_file: Path, settings: BenchmarkSettings, out: Path) -> f
             f"{out} holds results made with other settings ({', '.join(diff)}); use another --out or --overwrite"
         )
     return float(prev.get("seconds", 0.0))
+
+
+def _check_resumable(out: Path) -> None:
+    """:class:`InputError` when ``out`` holds results files but no ``run.json``: they were not written by a
+    benchmark run of this kind (a context benchmark's ``records.jsonl``, files of another tool), and resuming would
+    mix them into this run's results."""
+    if (out / "run.json").exists() or not out.is_dir():
+        return
+    found = [name for name in (*FILES, "records.jsonl") if (out / name).exists()]
+    if found:
+        raise InputError(f"{out} holds {', '.join(found)} but no run.json: not a run of this benchmark to resume; "
+                         "use another --out or --overwrite")
 
 
 def _save_run(run_file: Path, settings: BenchmarkSettings, seconds: float) -> float:

@@ -42,8 +42,9 @@ class ContrastHead:
         """The base head's checks, and a target that is its own contrast is refused (its difference is 0)."""
         same = [k + 1 for k, (t, c) in enumerate(targets) if c is not None and t == c]
         if same:
-            raise InputError(f"input {same[0]}: the target is the contrast ({self.contrast}): the explained "
-                             "difference would be 0 everywhere; give another contrast")
+            which = f"input {same[0]}: " if len(targets) > 1 else ""
+            raise InputError(f"{which}the target is the contrast ({self.contrast}): the explained difference would be "
+                             "0 everywhere; give another contrast")
         self.base.check_targets(lengths, [t for t, _ in targets])
 
     def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
