@@ -318,12 +318,13 @@ def test_queue_runs_one_job_at_a_time_whatever_its_model_in_order_and_cancels():
             return name
         return compute
 
+    assert not queue.running()
     first = queue.submit("a", "explain", "k1", blocking("first"))
     second = queue.submit("a", "explain", "k2", blocking("second"))
     other = queue.submit("b", "explain", "k4", lambda job: ran.append("other") or "other")  # another model waits too
     third = queue.submit("a", "explain", "k3", blocking("third"))
     time.sleep(0.1)
-    assert ran == ["first"] and second.state == other.state == QUEUED
+    assert ran == ["first"] and second.state == other.state == QUEUED and queue.running()
     assert queue.position(second) == 0 and queue.position(other) == 1 and queue.position(third) == 2
     queue.cancel(second)  # waiting: never starts
     assert second.state == CANCELLED and queue.position(other) == 0 and queue.position(third) == 1
@@ -332,7 +333,7 @@ def test_queue_runs_one_job_at_a_time_whatever_its_model_in_order_and_cancels():
     assert other.future.result(timeout=10).result == "other"
     gate.set()
     assert third.future.result(timeout=10).result == "third"
-    assert ran == ["first", "other", "third"]
+    assert ran == ["first", "other", "third"] and not queue.running()
     assert queue.submit("a", "explain", "k3", blocking("again")).cached  # same key: not computed again
     assert ran == ["first", "other", "third"]
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
+import time
 import webbrowser
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from . import add_placement_options, placement
 from .explain import MODEL_ENV, default_model
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+STOP_GRACE_SECONDS = 2.0  # how long Ctrl+C waits for a cancelled computation to reach its next progress report
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -111,6 +114,14 @@ def run(args: argparse.Namespace) -> int:
     if args.open:
         webbrowser.open(url)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    jobs = app.state.serve.jobs
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while jobs.running() and time.monotonic() < deadline:  # a cancelled job stops at its next progress report
+        time.sleep(0.1)
+    if jobs.running():  # a computation between two progress reports (a long perturbation method): leave it
+        print("attnlens serve: stopped; the computation under way was abandoned", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(0)
     return 0
 
 

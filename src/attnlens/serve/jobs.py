@@ -193,6 +193,11 @@ class JobQueue:
                 job._cancel.set()
         self._worker.shutdown(wait=False, cancel_futures=True)
 
+    def running(self) -> bool:
+        """Whether a computation is still under way (one cancelled but not yet at its next progress report too)."""
+        with self._lock:
+            return any(job.state == RUNNING for job in self._jobs.values())
+
 
 def approximate_bytes(value: Any) -> int:
     """About the memory a JSON-like result (dicts, lists, strings, numbers) takes: its strings' characters and
