@@ -254,7 +254,7 @@ def test_classifier_contrast_is_the_difference_of_the_two_classes(family, tokeni
 
 def test_classifier_contrast_mistakes(tokenizer):
     ex = Explainer(make_model("bert"), tokenizer)
-    with pytest.raises(InputError, match="out of range"):
+    with pytest.raises(InputError, match="contrast 7 is out of range"):
         ex.explain("good", methods="grads", contrast=7)
     with pytest.raises(InputError, match="one class index or label name"):
         ex.explain("good", methods="grads", contrast=[0, 1])

@@ -21,7 +21,7 @@ from scipy import stats
 from serve_support import FAST, MINILM, make_results
 from starlette.testclient import TestClient
 
-from attnlens import Explainer
+from attnlens import Explainer, InputError
 from attnlens.cli import main
 from attnlens.evaluation.results import read_rows
 from attnlens.serve import Limits, create_app
@@ -555,3 +555,22 @@ def test_serve_without_a_model_names_both_ways_to_give_one(monkeypatch):
     monkeypatch.delenv("ATTNLENS_MODEL", raising=False)
     with pytest.raises(ModelError, match=r"^no model: pass --model M or set \$ATTNLENS_MODEL$"):
         model_specs(None)
+
+
+def test_context_benchmarks_are_not_listed_and_errors_name_folders_not_paths(tmp_path):
+    """The explorer's benchmark tables read token-level runs: a context benchmark's folder is not listed, and a
+    folder that cannot be read is named as the page names it, never by the server's path."""
+    from attnlens.serve.benchmarks import find_results, read_results
+
+    root = tmp_path / "results"
+    context, bad = root / "context", root / "bad"
+    context.mkdir(parents=True)
+    bad.mkdir()
+    (context / "summary.json").write_text(json.dumps({"n_lds": 32, "metrics": {}}))
+    (context / "records.jsonl").write_text("")
+    (bad / "summary.json").write_text("{not json")
+    assert list(find_results([root])) == ["results/bad"]
+    for name, folder in (("results/bad", bad), ("results/context", context)):
+        with pytest.raises(InputError) as err:
+            read_results(name, folder)
+        assert str(tmp_path) not in str(err.value) and name in str(err.value)

@@ -20,13 +20,21 @@ CONFIDENCE = 0.95
 EXTREMES = 3  # best and worst examples listed per method and metric
 
 
+def _token_level(folder: Path) -> bool:
+    """Whether ``folder`` holds a token-level benchmark's results (a context-attribution benchmark's summary sits
+    beside its ``records.jsonl``, without the ``run.json`` of a token-level run)."""
+    return (folder / SUMMARY).is_file() and not ((folder / "records.jsonl").is_file()
+                                                 and not (folder / "run.json").is_file())
+
+
 def find_results(roots: list[Path]) -> dict[str, Path]:
-    """Name -> results folder: each root that is one, and the folders right under a root that are."""
+    """Name -> results folder: each root that is one, and the folders right under a root that are (token-level
+    benchmarks: the explorer's tables read their examples)."""
     found: dict[str, Path] = {}
     for root in roots:
         candidates = [root] if (root / SUMMARY).is_file() else sorted(p for p in root.iterdir() if p.is_dir())
         for folder in candidates:
-            if (folder / SUMMARY).is_file():
+            if _token_level(folder):
                 name = folder.name if folder == root else f"{root.name}/{folder.name}"
                 while name in found:
                     name += "'"
@@ -58,7 +66,10 @@ def _texts(folder: Path) -> dict[int, Any]:
 def read_results(name: str, folder: Path) -> dict[str, Any]:
     """The summary of a results folder, with per method and metric the mean's confidence interval over the
     examples and the best and worst examples (their texts open in the explain view)."""
-    summary = load_summary(folder)
+    try:
+        summary = load_summary(folder)
+    except InputError as exc:  # the page names folders, never the server's paths
+        raise InputError(str(exc).replace(str(folder), name)) from None
     metrics = summary.get("metrics") or {}
     values: dict[str, dict[str, list[tuple[float, int]]]] = defaultdict(lambda: defaultdict(list))
     for row in read_rows(folder / EXAMPLES, repair=False):

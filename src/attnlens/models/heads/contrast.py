@@ -90,4 +90,8 @@ def with_contrast(head: Head, contrast: Any, labels: list[str]) -> ContrastHead:
     if contrast is None or isinstance(contrast, bool) or not isinstance(contrast, (int, str, np.integer)):
         raise InputError(f"contrast must be one class index or label name (the same for every input), got "
                          f"{contrast!r:.60}")
-    return ContrastHead(head, head._resolve_one(contrast, labels))
+    try:
+        index = head._resolve_one(contrast, labels)
+    except InputError as exc:  # the head's message speaks of a target: here it is the contrast
+        raise InputError(str(exc).replace("target", "contrast", 1)) from None
+    return ContrastHead(head, index)
