@@ -177,6 +177,32 @@ def test_train_out_that_is_a_file(model_dir, tmp_path, capsys):
     assert afile.read_text() == "x"
 
 
+
+def test_train_out_that_holds_a_saved_model_is_kept_unless_overwrite(model_dir, tmp_path, capsys):
+    """A folder holding a model is not replaced by accident: --overwrite says to."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": "good movie", "label": i % 2}) + "\n" for i in range(8)))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text('{"mine": true}')
+    argv = ["train", "--model", model_dir, "--data-file", str(data), "--no-progress", "--epochs", "1",
+            "--max-length", "8", "--out", str(out)]
+    assert "holds a saved model (config.json)" in _cli_error(argv, capsys)
+    assert (out / "config.json").read_text() == '{"mine": true}'
+    assert main([*argv, "--overwrite"]) == 0
+    assert (out / "metrics.json").exists() and "mine" not in (out / "config.json").read_text()
+
+
+def test_train_says_which_classes_have_no_example_and_how_many_texts_are_empty(model_dir, tmp_path, capsys):
+    rows = [{"text": "good movie" if i % 2 else "", "label": 3 * (i % 2)} for i in range(8)]  # class 0: empty
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["train", "--model", model_dir, "--data-file", str(data), "--no-progress", "--epochs", "1",
+                 "--max-length", "8", "--reinit-head", "--eval-fraction", "0.25", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "classes 1, 2 have no training example; the head has 4 classes" in out
+    assert re.search(r"\d+ training texts? (is|are) empty", out)  # class 0 trains, so empty texts do
+
 def test_train_config_accepts_finite_values():
     TrainConfig(model="m", out="o", dataset="sst2", lr=1e-3, epochs=0.5, weight_decay=0.0, seed=2**32 - 1).validate()
     assert math.isfinite(TrainConfig(model="m", out="o", dataset="sst2").lr)

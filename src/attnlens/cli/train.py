@@ -70,6 +70,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar, warnings or notices on stderr (errors "
                    "still print, one line)")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a model already saved in --out")
     return p
 
 
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         progress=not (args.no_progress or args.quiet),
+        overwrite=args.overwrite,
     )
     (train_qa if is_qa(cfg) else train)(cfg)
     return 0
