@@ -280,6 +280,16 @@ def test_bad_answer_requests_are_a_400_with_one_line(served, change, pattern):
     assert re.search(pattern, message), message
 
 
+
+@pytest.mark.parametrize("route, body, pattern", [
+    ("/api/generate", {"model": "lm", "prompt": ["the", "movie"]}, '"prompt" must be one text'),
+    ("/api/attribute", {"model": "lm", "context": "the movie ."}, r'"query" must be one text \(it is missing\)'),
+    ("/api/attribute", {"model": "lm", "context": ["a", "b"], "query": "q"}, '"context" must be one text'),
+])
+def test_fields_that_take_one_text_say_so(served, route, body, pattern):
+    message = _one_line_error(served["client"].post(route, json=body), 400)
+    assert re.search(pattern, message), message
+
 def test_labels_with_markup_travel_as_data(served):
     r = served["client"].post("/api/explain", json={"model": "xss", "texts": ["the movie"], "methods": ["rawatt"]})
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")

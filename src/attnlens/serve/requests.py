@@ -121,13 +121,16 @@ def model_name(body: dict[str, Any], served: list[str]) -> str:
     return str(name)
 
 
-def _text(value: Any, where: str, limits: Limits) -> Any:
+def _text(value: Any, where: str, limits: Limits, pair: bool = True) -> Any:
+    """``value`` checked as one text, or (``pair``) a ``[text_a, text_b]`` pair, within the server's limits."""
     if isinstance(value, str):
         parts: tuple[str, ...] = (value,)
-    elif isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+    elif pair and isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
         parts = tuple(value)
-    else:
+    elif pair:
         raise InputError(f"{where} must be a text or a pair [text_a, text_b] of texts")
+    else:
+        raise InputError(f"{where} must be one text" + (" (it is missing)" if value is None else ""))
     if not any(p.strip() for p in parts):
         raise InputError(f"{where} is empty")
     size = sum(len(p) for p in parts)
@@ -210,9 +213,7 @@ def generate_request(body: Any, served: list[str], limits: Limits) -> GenerateRe
     body = _object(body)
     _known(body, {"model", "prompt", "methods", "max_new_tokens", "target", "contrast", "chat", "target_kind",
                   "options"})
-    prompt = _text(body.get("prompt"), '"prompt"', limits)
-    if not isinstance(prompt, str):
-        raise InputError('"prompt" must be one text')
+    prompt = _text(body.get("prompt"), '"prompt"', limits, pair=False)
     n = body.get("max_new_tokens", 8)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limits.max_new_tokens:
         raise InputError(f'"max_new_tokens" must be a whole number from 1 to {limits.max_new_tokens}')
@@ -264,13 +265,11 @@ def attribute_request(body: Any, served: list[str], limits: Limits) -> Attribute
     body = _object(body)
     _known(body, {"model", "context", "query", "answer", "sources", "methods", "max_new_tokens", "tokens",
                   "options"})
-    context = _text(body.get("context"), '"context"', limits)
-    query = _text(body.get("query"), '"query"', limits)
+    context = _text(body.get("context"), '"context"', limits, pair=False)
+    query = _text(body.get("query"), '"query"', limits, pair=False)
     answer = body.get("answer")
     if answer is not None:
-        answer = _text(answer, '"answer"', limits)
-    if not all(isinstance(t, str) for t in (context, query, answer or "")):
-        raise InputError('"context", "query" and "answer" must each be one text')
+        answer = _text(answer, '"answer"', limits, pair=False)
     sources = body.get("sources", "sentence")
     if sources not in SOURCE_KINDS:
         raise InputError(f'"sources" must be one of {", ".join(SOURCE_KINDS)}')
