@@ -7,6 +7,7 @@ import stat
 
 import pytest
 
+from attnlens.errors import InputError
 from attnlens.paths import atomic_directory, atomic_output, atomic_write_text
 
 
@@ -45,3 +46,13 @@ def test_a_folder_save_moves_in_whole_or_leaves_the_folder_as_it_was(tmp_path):
     assert sorted(os.listdir(out)) == ["keep.txt", "metrics.json", "weights.bin"]
     assert (out / "metrics.json").read_text(encoding="utf-8") == "new metrics"
     assert os.listdir(tmp_path) == ["model"]
+
+
+def test_a_save_under_a_file_is_one_clear_error(tmp_path):
+    """A part of the way that is a file: one line naming it, not the operating system's error."""
+    afile = tmp_path / "afile.txt"
+    afile.write_text("x")
+    for save in (lambda p: atomic_write_text(p, "y"), lambda p: atomic_directory(p).__enter__()):
+        with pytest.raises(InputError, match=f"{afile} is a file, not a directory"):
+            save(afile / "sub" / "out.json")
+    assert afile.read_text() == "x"

@@ -45,13 +45,23 @@ def check_output_path(path: str | os.PathLike[str], option: str, *, directory: b
     return p
 
 
+def _make_parents(target: Path) -> None:
+    """``target``'s missing parent folders, created; :class:`InputError` in one line where a part of the way is a
+    file."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocking = next((q for q in target.parents if q.exists() and not q.is_dir()), target.parent)
+        raise InputError(f"{target} cannot be written: {blocking} is a file, not a directory") from None
+
+
 @contextmanager
 def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary file beside ``path`` (its missing parent folders created) for the block to write; when the block
     ends it replaces ``path`` in one step (:func:`os.replace`), and when it raises (Ctrl-C included) it is removed:
     ``path`` is never half-written, and a file already there stays as it was."""
     target = Path(path).expanduser()
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     os.close(fd)
     try:
@@ -70,7 +80,7 @@ def atomic_directory(path: str | os.PathLike[str], last: str | None = None) -> I
     before the others move, so that a folder holding it is a finished save); when the block raises (Ctrl-C
     included) the temporary folder is removed and ``path`` is left as it was."""
     target = Path(path).expanduser()
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
     try:
         yield staging
