@@ -490,10 +490,14 @@ def test_a_generated_answer_is_the_greedy_continuation_without_the_end_token():
 
 
 class _ByteTokenizer:
-    """Token ids are UTF-8 bytes, decoded as byte-level tokenizers decode them (an unfinished character as U+FFFD)."""
+    """Token ids are UTF-8 bytes, decoded as byte-level tokenizers decode them (an unfinished character as U+FFFD);
+    ids from 256 on are the byte strings of ``merged``."""
+
+    def __init__(self, merged=()):
+        self.merged = list(merged)
 
     def decode(self, ids, **_):
-        return bytes(ids).decode("utf-8", errors="replace")
+        return b"".join(bytes([i]) if i < 256 else self.merged[i - 256] for i in ids).decode("utf-8", errors="replace")
 
 
 def test_a_generated_answer_that_stops_inside_a_character_keeps_whole_characters():
@@ -510,6 +514,10 @@ def test_a_generated_answer_that_stops_inside_a_character_keeps_whole_characters
     assert text == "ab 美" and [text[a:b] for a, b in spans] == ["a", "b", " ", "", "", "美"]
     whole = list("ok 美".encode())
     assert attribute._whole_characters(runner, whole) == whole
+    # a token holding whole characters and the first bytes of the next keeps its whole characters
+    merged = SimpleNamespace(tokenizer=_ByteTokenizer(["c美".encode()[:2], "美".encode()[1:]]))
+    text, spans = attribute._answer_offsets(merged, [ord("a"), ord("b"), 256, 257])
+    assert text == "abc美" and [text[a:b] for a, b in spans] == ["a", "b", "c", "美"]
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(query=""), "the query is empty"),

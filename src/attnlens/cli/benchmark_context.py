@@ -51,8 +51,7 @@ def run_context(args: argparse.Namespace) -> int:
     check_at_least("--distractors", args.distractors, 0)
     check_seed(args.seed)
     token, source = split_methods(args.methods)
-    if args.lds_ablations < 4:
-        raise InputError(f"--lds-ablations must be >= 4, got {args.lds_ablations}")
+    check_at_least("--lds-ablations", args.lds_ablations, 4)
     options = method_options(args.options)
     out = check_output_path(args.out, "--out", directory=True)
     if (out / "run.json").exists():

@@ -15,7 +15,7 @@ import sys
 
 from ..errors import InputError
 from ..viz.safetext import terminal_safe
-from . import add_placement_options, method_options, placement, read_text_file
+from . import add_placement_options, check_at_least, method_options, placement, read_text_file
 
 FORMATS = ("terminal", "html", "json")
 
@@ -94,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     token_methods, source_methods = split_methods(args.methods)  # a typo fails before anything loads
     budget = parse_budget(args.memory_budget)
     span = _answer_span(args.answer_span)
-    if args.max_new_tokens < 1:
-        raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    check_at_least("--max-new-tokens", args.max_new_tokens, 1)
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
     if args.format == "terminal" and args.out is not None:

@@ -174,10 +174,8 @@ def _answer_offsets(runner: ModelRunner, ids: list[int]) -> tuple[str, list[tupl
     text = ""
     for k in range(1, len(ids) + 1):
         text = _decode(runner, ids[:k])
-        end = len(text)
-        while end > prev and text.endswith(REPLACEMENT) and k < len(ids):  # bytes of a character not complete yet
-            end -= 1
-        end = max(end, prev)
+        # a character whose bytes are not complete yet belongs to the token that completes it
+        end = max(len(text.rstrip(REPLACEMENT)) if k < len(ids) else len(text), prev)
         spans.append((prev, end))
         prev = end
     return text, spans
