@@ -135,6 +135,36 @@ def test_forwards_are_batched_within_the_number_of_samples(tokenizer, method, pe
         assert counter.forwards - 1 <= math.ceil(samples / per_eval)
 
 
+@pytest.mark.parametrize("method", PERTURBATION)
+def test_progress_moves_with_every_forward_and_a_raising_listener_stops_the_samples(tokenizer, method):
+    model = make_model("bert")
+    ex = Explainer(model, tokenizer)
+    opts = {"perturbations_per_eval": 4} | ({} if method == "occlusion" else {"n_samples": 40})
+    fractions: list[float] = []
+    ex.explain(TEXTS[:2], methods=[method], options={method: opts},
+               progress=lambda fraction, _done: fractions.append(fraction))
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+    assert len(set(fractions)) >= 6  # a report per forward of 4 points, not one per input
+
+    class Stop(Exception):
+        pass
+
+    reports: list[float] = []
+
+    def stop_early(fraction: float, _done: int) -> None:
+        reports.append(fraction)
+        if len(reports) == 2:  # the first reports the engine's own pass, the second the method's first forward
+            raise Stop
+
+    counter = _RowCounter(model)
+    try:
+        with pytest.raises(Stop):
+            ex.explain(TEXTS[:1], methods=[method], options={method: opts}, progress=stop_early)
+    finally:
+        counter.handle.remove()
+    assert counter.forwards == 2  # the predicted class, then one forward of 4 points: the rest never ran
+
+
 @pytest.mark.parametrize("option", [{"n_samples": 1}, {"n_samples": 2.5}, {"perturbations_per_eval": 0},
                                     {"seed": "x"}, {"baseline": "nothing"}])
 def test_bad_options_are_one_line_errors(tokenizer, option):

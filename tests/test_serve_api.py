@@ -386,12 +386,24 @@ def test_the_memory_budget_bounds_every_computation_of_the_server(served):
         assert r.status_code == 200
 
 
-def test_cancelling_a_running_explanation_through_the_api(served):
+LONG = " ".join(["a long and winding review of a film"] * 12)  # within the 500 characters
+
+
+@pytest.mark.parametrize(("kind", "request_"), [
+    ("explain", {"model": "minilm", "texts": [LONG, LONG + " !", LONG + " ?"], "methods": ["integratedgradients"],
+                 "options": {"integratedgradients": {"n_steps": 200}}}),
+    ("explain", {"model": "minilm", "texts": [LONG], "methods": ["kernelshap"],
+                 "options": {"kernelshap": {"n_samples": 200_000, "perturbations_per_eval": 8}}}),
+    ("generate", {"model": "lm", "prompt": "the movie was", "max_new_tokens": 4, "methods": ["integratedgradients"],
+                  "options": {"integratedgradients": {"n_steps": 20_000}}}),
+    ("attribute", {"model": "lm", "context": "the movie was great . the actors were bad . the end .",
+                   "query": "was it good", "answer": " yes", "methods": ["contextcite"],
+                   "options": {"contextcite": {"n_ablations": 200_000}}}),
+])
+def test_cancelling_a_running_computation_through_the_api(served, kind, request_):
     client = served["client"]
-    text = " ".join(["a long and winding review of a film"] * 12)  # within the 500 characters
-    request = {"model": "minilm", "texts": [text, text + " !", text + " ?"], "methods": ["integratedgradients"],
-               "options": {"integratedgradients": {"n_steps": 200}}}
-    job = client.post("/api/jobs", json={"kind": "explain", "request": request}).json()
+    job = client.post("/api/jobs", json={"kind": kind, "request": request_}).json()
+    assert "id" in job, job
     while job["state"] == QUEUED:
         job = client.get(f"/api/jobs/{job['id']}").json()
     client.delete(f"/api/jobs/{job['id']}")

@@ -319,6 +319,33 @@ def test_source_methods_move_a_progress_bar_to_its_end(lm, monkeypatch):
     assert bar.updates[-1] == 0 and len([k for k in bar.updates if k]) >= 3
 
 
+@pytest.mark.parametrize("per_token", [False, True])
+def test_a_progress_callable_sees_the_work_move_to_its_end_and_can_stop_it(lm, per_token):
+    reports: list[tuple[float, int]] = []
+    methods = ["inputxgradient", "loo", "contextcite"]
+    options = {"contextcite": {"n_ablations": 12}}
+    done = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=methods, chat=False, options=options,
+                                per_token=per_token, progress=lambda f, d: reports.append((f, d)))
+    fractions = [f for f, _ in reports]
+    assert fractions == sorted(fractions) and reports[-1] == (pytest.approx(1.0), 1)
+    assert [d for _, d in reports[:-1]] == [0] * (len(reports) - 1)
+    # the token pass, then the ablation batches of each source method, each report a step further
+    assert len(set(fractions)) >= (10 if per_token else 4)
+    assert 0 < fractions[0] < 0.5
+
+    class Stop(Exception):
+        pass
+
+    def stop(fraction: float, _done: int) -> None:
+        if fraction > 0.5:
+            raise Stop
+
+    with pytest.raises(Stop):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=methods, chat=False, options=options,
+                             per_token=per_token, progress=stop)
+    assert set(done.scores) == set(methods)
+
+
 def test_contextcite_recovers_a_linear_response(lm, monkeypatch):
     """With a log-probability that is linear in the kept sources, the Lasso surrogate finds the weights."""
     weights = np.array([2.0, -1.0, 0.0, 4.0])

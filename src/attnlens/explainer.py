@@ -319,7 +319,7 @@ class Explainer:
         ablation: str = "remove",
         options: Mapping[str, Mapping[str, Any]] | None = None,
         memory_budget: str | int | None = None,
-        progress: bool = False,
+        progress: bool | ProgressCallback = False,
         per_token: bool = False,
     ) -> ContextAttribution:
         """Which sources of ``context`` the answer to ``query`` came from, by each method.
@@ -345,7 +345,10 @@ class Explainer:
             ablation: how the ablation methods take a source out: ``"remove"`` its characters and tokenize again
                 (default), or ``"mask"`` its tokens from attention.
             options: per-method options, e.g. ``{"contextcite": {"n_ablations": 256}}``.
-            memory_budget, progress: as for :meth:`explain`.
+            memory_budget: as for :meth:`explain`.
+            progress: show progress bars (the token-level methods' pass, then the source methods' forwards), or
+                a callable called with (fraction of the work done, 0; 1 once it is all done), the work counted
+                in forwards (the token-level methods' pass as three).
             per_token: also attribute each explained answer token on its own (``token_rows``: one row of source
                 scores per token and method; costs one more attribution per token).
 

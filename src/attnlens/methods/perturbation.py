@@ -72,13 +72,16 @@ def _sampled_check(name: str) -> Callable[..., None]:
 
 def _per_input(
     ctx: BatchContext, baseline: str, attribute: Callable[[Any, torch.Tensor, torch.Tensor, int], torch.Tensor],
+    evaluations: Callable[[int], int],
 ) -> torch.Tensor:
     """Token scores ``(B, N)`` from ``attribute(forward, x, base, b)`` run on each input ``b`` alone.
 
     ``x`` and ``base`` are ``(1, M, D)``: the embeddings of the input's M real non-special tokens and of their
     baseline; ``forward(points)`` maps ``(k, M, D)`` such points to the explained scalar of each, ``(k,)``, with
     the other positions (special tokens, padding) as they are. ``attribute`` returns ``(1, M, D)`` attributions,
-    one value per token repeated over D (Captum's ``return_input_shape``)."""
+    one value per token repeated over D (Captum's ``return_input_shape``). ``evaluations(M)`` is the number of
+    points it evaluates for M tokens: progress is reported after every forward, so a listener sees thousands of
+    samples move (and can stop them, by raising from its callback) instead of one report per input."""
     forward, embeddings, extra = embedding_forward(ctx)
     # the additional arguments are the token ids, the other inputs in their order, then the targets: an input's
     # token-aligned ones are cut to its length (no padding: an input scores the same alone and in a batch)
@@ -97,19 +100,30 @@ def _per_input(
         row_extra = tuple(t[b: b + 1, :n] if name in TOKEN_ALIGNED else t[b: b + 1]
                           for name, t in zip(names, extra, strict=True))
 
+        share = 1 / len(embeddings)  # of the batch's pass, per input
+        expected = max(evaluations(len(positions)), 1)
+        reported = 0.0
+
         def points_forward(points: torch.Tensor, row: torch.Tensor = row, row_extra: tuple = row_extra,
-                           positions: torch.Tensor = positions) -> torch.Tensor:
+                           positions: torch.Tensor = positions, expected: int = expected,
+                           share: float = share) -> torch.Tensor:
+            nonlocal reported
             full = row.expand(len(points), *row.shape[1:]).clone()
             full[:, positions] = points
-            return forward(full, *(t.expand(len(points), *t.shape[1:]) for t in row_extra))
+            out = forward(full, *(t.expand(len(points), *t.shape[1:]) for t in row_extra))
+            if ctx.progress is not None:
+                step = min(share * len(points) / expected, share - reported)
+                reported += step
+                ctx.progress(step)
+            return out
 
         x = row[:, positions]
         base = base_embeddings[b: b + 1, positions]
         with torch.no_grad():
             attr = attribute(points_forward, x, base, b)
         scores[b, positions] = attr[0, :, 0].to(scores.dtype)
-        if ctx.progress is not None:
-            ctx.progress(1 / len(embeddings))
+        if ctx.progress is not None and share > reported:
+            ctx.progress(share - reported)
     return scores
 
 
@@ -126,7 +140,7 @@ def occlusion(ctx: BatchContext, baseline: str = "auto", perturbations_per_eval:
     def attribute(forward: Any, x: torch.Tensor, base: torch.Tensor, _b: int) -> torch.Tensor:
         return _occlude(forward, x, base, per_eval)
 
-    return MethodOutput(_per_input(ctx, baseline, attribute), space="tokens")
+    return MethodOutput(_per_input(ctx, baseline, attribute, lambda m: m + 1), space="tokens")
 
 
 def _occlude(forward: Any, x: torch.Tensor, base: torch.Tensor, per_eval: int) -> torch.Tensor:
@@ -151,7 +165,10 @@ def _sampled(ctx: BatchContext, explainer: type, name: str, n_samples: int, base
             return explainer(forward).attribute(x, baselines=base, feature_mask=mask, n_samples=n_samples,
                                                 perturbations_per_eval=per_eval)
 
-    return MethodOutput(_per_input(ctx, baseline, attribute), space="tokens")
+    def evaluations(m: int) -> int:  # a single token is occluded (M + 1 = 2) where KernelSHAP cannot sample
+        return 2 if m == 1 and explainer is KernelShap else n_samples
+
+    return MethodOutput(_per_input(ctx, baseline, attribute, evaluations), space="tokens")
 
 
 @register(

@@ -134,7 +134,7 @@ def generate(ex: Any, req: GenerateRequest, report: Report, budget: int) -> list
     g = ex.explain_generation(req.prompt, methods=req.methods if isinstance(req.methods, str) else list(req.methods),
                               max_new_tokens=req.max_new_tokens, target=req.target, contrast=req.contrast,
                               chat=req.chat, target_kind=req.target_kind, options=_options(req),
-                              memory_budget=budget)
+                              memory_budget=budget, progress=lambda fraction, _done: report(fraction))
     return [g.to_dict()]
 
 
@@ -155,11 +155,12 @@ def answer(ex: Any, req: AnswerRequest, report: Report, budget: int) -> list[dic
     return explanations_json([exp])
 
 
-def attribute(ex: Any, req: AttributeRequest, budget: int) -> dict[str, Any]:
+def attribute(ex: Any, req: AttributeRequest, report: Report, budget: int) -> dict[str, Any]:
     """What ``attnlens cite --format json`` writes (with ``tokens``: also the token-level scores and spans)."""
     if ex.head.task != "causal-lm":
         raise InputError(f"context attribution needs a causal language model; this model is {ex.head.kind}")
     methods = req.methods if req.methods is None or isinstance(req.methods, str) else list(req.methods)
     result = ex.attribute_context(req.context, req.query, answer=req.answer, sources=req.sources, methods=methods,
-                                  max_new_tokens=req.max_new_tokens, options=_options(req), memory_budget=budget)
+                                  max_new_tokens=req.max_new_tokens, options=_options(req), memory_budget=budget,
+                                  progress=lambda fraction, _done: report(fraction))
     return result.to_dict(tokens=req.tokens)

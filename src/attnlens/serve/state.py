@@ -85,7 +85,8 @@ class ServeState:
         if kind == "attribute":
             req = attribute_request(body, self.models, self.limits)
             ex = self.explainers[req.model]
-            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.attribute(ex, req, budget))
+            return self.jobs.submit(req.model, kind, req.key(), lambda job: compute.attribute(ex, req, job.report,
+                                                                                              budget))
         raise InputError(f"unknown kind {str(kind)[:40]!r}; choose one of {', '.join(KINDS)}")
 
     def _explanations(self, req: ExplainRequest, job: Job) -> list[Explanation]:

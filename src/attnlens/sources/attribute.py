@@ -22,6 +22,7 @@ from ..core.answer_engine import check_lm, methods_within_budget, refuse_answer_
 from ..core.generation_engine import capped_new_tokens, eos_ids, greedy
 from ..core.memory import parse_budget
 from ..core.model_runner import ModelRunner
+from ..core.progress import ProgressCallback
 from ..errors import InputError, UnknownMethodError
 from ..methods import check_option_owners, get_method, list_methods, resolve_methods
 from ..results.context_attribution import ContextAttribution
@@ -265,43 +266,80 @@ def prepare_job(
                    generated=answer is None)
 
 
-@contextmanager
-def _forwards_bar(job: CiteJob, methods: Sequence[str], options: Mapping[str, Mapping[str, Any]],
-                  show: bool) -> Iterator[Callable[[str], None]]:
-    """Within the block, a progress bar of the source methods' forwards (``show``; else nothing): the ablation
-    forwards move it as their batches finish (``job.progress``), and ``advance(method)`` tops it up to what the
-    method planned once it is done (forwards it did not need, and methods that do not report them)."""
-    if not show or not methods:
-        yield lambda method: None
-        return
-    from tqdm.auto import tqdm
+TOKEN_PASS_FORWARDS = 3.0  # the token-level methods' pass, counted as forwards for progress (forward + backward)
 
+
+@contextmanager
+def _progress(job: CiteJob, token_methods: Sequence[str], methods: Sequence[str],
+              options: Mapping[str, Mapping[str, Any]],
+              progress: bool | ProgressCallback) -> Iterator[tuple[bool | ProgressCallback, Callable[[str], None]]]:
+    """Within the block, the progress of one job's methods: ``(token_progress, advance)``.
+
+    ``progress=True`` shows a bar of the source methods' forwards (the token-level pass shows its own); a callable
+    is called with (fraction of the job's work done, jobs finished: 0, then 1), that work counted in forwards: the
+    token-level pass as :data:`TOKEN_PASS_FORWARDS`, each source method as many as it plans. ``token_progress``
+    goes to the token-level pass; the ablation forwards move the progress as their batches finish
+    (``job.progress``), and ``advance(method)`` tops it up to what the method planned once it is done (forwards
+    it did not need, and methods that do not report them)."""
+    callback = progress if callable(progress) else None
+    if callback is None and (progress is not True or not methods):
+        yield progress, lambda method: None
+        return
     planned = {m: int(SOURCE_METHODS[m].forwards(len(job.sources), **options[m])) for m in methods}
-    bar = tqdm(total=sum(planned.values()), desc="source methods", unit="forwards")
-    reached = 0
+    before = TOKEN_PASS_FORWARDS if token_methods else 0.0
+    total = max(before + sum(planned.values()), 1.0)
+    bar = None
+    if progress is True:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=sum(planned.values()), desc="source methods", unit="forwards")
+    forwards = reached = 0
+    finished = 0
+
+    def report() -> None:
+        if bar is not None:
+            bar.update(max(0, forwards - bar.n))
+        if callback is not None:
+            callback(min((before + forwards) / total, 1.0), 0)
+
+    def forwards_done(n: int) -> None:
+        nonlocal forwards
+        current = planned[methods[finished]] if finished < len(methods) else 0
+        forwards = min(forwards + n, reached + current)
+        report()
 
     def advance(method: str) -> None:
-        nonlocal reached
+        nonlocal forwards, reached, finished
         reached += planned[method]
-        bar.update(max(0, reached - bar.n))
+        forwards = max(forwards, reached)
+        finished += 1
+        report()
 
-    previous, job.progress = job.progress, bar.update
+    def token_share(fraction: float, _done: int) -> None:
+        if callback is not None:
+            callback(min(fraction, 1.0) * before / total, 0)
+
+    previous, job.progress = job.progress, forwards_done
     try:
-        yield advance
+        yield (token_share if callback is not None else progress is True), advance
     finally:
         job.progress = previous
-        bar.close()
+        if bar is not None:
+            bar.close()
+    if callback is not None:  # only once every method is done (not after an error)
+        callback(1.0, 1)
 
 
 def score_job(
     job: CiteJob,
     methods: str | Sequence[str] | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
-    progress: bool = False,
+    progress: bool | ProgressCallback = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
     """Every requested method's scores of the job's sources: ``(scores, token_scores, figures)``; ``figures``
     holds the answer's log-probability, per method the seconds it took, the share of its token scores outside
-    every source, and what the methods report."""
+    every source, and what the methods report. ``progress``: bars, or a callable called with (fraction of the
+    job's work done, jobs finished)."""
     token_methods, source_methods = split_methods(methods)
     options, source_options = check_options(methods, options)
     _check_source_passes(job, source_options)
@@ -311,11 +349,11 @@ def score_job(
     outside: dict[str, float] = {}
     method_meta: dict[str, Any] = {}
     logprob = None
-    if token_methods:
-        shared = token_source_scores(job, token_methods, options, progress)
-        scores, token_scores, outside = dict(shared.scores), shared.token_scores, shared.outside
-        seconds, method_meta, logprob = dict(shared.seconds), dict(shared.meta), shared.answer_logprob
-    with _forwards_bar(job, source_methods, source_options, progress) as advance:
+    with _progress(job, token_methods, source_methods, source_options, progress) as (token_progress, advance):
+        if token_methods:
+            shared = token_source_scores(job, token_methods, options, token_progress)
+            scores, token_scores, outside = dict(shared.scores), shared.token_scores, shared.outside
+            seconds, method_meta, logprob = dict(shared.seconds), dict(shared.meta), shared.answer_logprob
         for m in source_methods:
             start = time.perf_counter()
             scores[m], figures = SOURCE_METHODS[m].compute(job, **source_options[m])
@@ -334,6 +372,18 @@ def score_job(
     return scores, token_scores, figures
 
 
+def _part(progress: bool | ProgressCallback, k: int, parts: int) -> bool | ProgressCallback:
+    """The progress of part ``k`` of ``parts`` equal ones: a bar for the first part only; a callable reports each
+    part's fraction within the whole (jobs finished: 1 once the last part is done)."""
+    if not callable(progress):
+        return progress and k == 0
+
+    def report(fraction: float, done: int) -> None:
+        progress((k + fraction) / parts, int(done == 1 and k == parts - 1))
+
+    return report
+
+
 def attribute_context(
     runner: ModelRunner,
     context: str,
@@ -349,7 +399,7 @@ def attribute_context(
     ablation: str = "remove",
     options: Mapping[str, Mapping[str, Any]] | None = None,
     memory_budget: str | int | None = None,
-    progress: bool = False,
+    progress: bool | ProgressCallback = False,
     per_token: bool = False,
 ) -> ContextAttribution:
     """See :meth:`attnlens.Explainer.attribute_context`."""
@@ -364,14 +414,14 @@ def attribute_context(
                                                                              options=options))
     if methods is None:
         methods = default_methods(job)
-    scores, token_scores, figures = score_job(job, methods, options, progress)
+    first = len(job.prefix_ids)
+    steps = list(range(first, first + len(job.answer_ids))) if per_token else []
+    scores, token_scores, figures = score_job(job, methods, options, _part(progress, 0, 1 + len(steps)))
     rows: dict[str, np.ndarray] = {}
-    steps: list[int] = []
     if per_token:  # each explained answer token on its own: one more attribution per token
-        first = len(job.prefix_ids)
-        steps = list(range(first, first + len(job.answer_ids)))
         per_step = [score_job(replace(job, prefix_ids=job.answer_token_ids[:k], answer_ids=[job.answer_token_ids[k]],
-                                      cache={}), methods, options)[0] for k in steps]
+                                      cache={}), methods, options, _part(progress, i + 1, 1 + len(steps)))[0]
+                    for i, k in enumerate(steps)]
         rows = {m: np.vstack([r[m] for r in per_step]) for m in scores}
     prompt = job.prompt
     meta = {

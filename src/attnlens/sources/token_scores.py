@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..core.answer_engine import explain_answer
+from ..core.progress import ProgressCallback
 from .ablation import CiteJob
 
 __all__ = ["TokenSourceScores", "token_source_scores"]
@@ -36,7 +37,7 @@ class TokenSourceScores:
 
 
 def token_source_scores(job: CiteJob, methods: Sequence[str], options: Mapping[str, Mapping[str, Any]] | None = None,
-                        progress: bool = False) -> TokenSourceScores:
+                        progress: bool | ProgressCallback = False) -> TokenSourceScores:
     """The token-level ``methods``' scores of the job's sources, from one pass (within the job's memory budget:
     over it, one :class:`~attnlens.errors.InputError` line before anything runs)."""
     out = TokenSourceScores()
