@@ -159,6 +159,26 @@ def test_other_settings_refuse_to_resume_and_overwrite_starts_over(tmp_path):
     assert ex.explained == 22 and summary["curves"]["occlusion"]["k"] == [0, 2]
 
 
+@pytest.mark.parametrize(("setup", "changed"), [({"max_length": 41}, "max_length None before, 41 now"),
+                                                ({"stream": "cross"}, "stream None before, cross now")])
+def test_a_model_truncating_or_reading_otherwise_refuses_to_resume(tmp_path, setup, changed):
+    bench(tmp_path, stop_after=5)
+    other = FakeExplainer()
+    for name, value in setup.items():
+        setattr(other, name, value)
+    with pytest.raises(InputError, match=f"other settings \\({changed}\\)"):
+        bench(tmp_path, explainer=other)
+
+
+def test_the_models_padding_id_replaces_tokens_whatever_config_is_given(tmp_path):
+    ex = FakeExplainer()
+    ex.pad_id = 7
+    bench(tmp_path, explainer=ex, config=EvalConfig(protocol="paper", occlusion_counts=(0, 1)))
+    assert json.loads((tmp_path / "run.json").read_text())["settings"]["config"]["pad_token_id"] == 7
+    bench(tmp_path / "own", explainer=ex, config=EvalConfig(pad_token_id=3, occlusion_counts=(0, 1)))
+    assert json.loads((tmp_path / "own" / "run.json").read_text())["settings"]["config"]["pad_token_id"] == 3
+
+
 
 @pytest.mark.parametrize("name", ["examples.jsonl", "summary.json", "records.jsonl"])
 def test_results_files_without_their_run_file_are_not_resumed(tmp_path, name):
@@ -429,3 +449,13 @@ def test_gold_target_explains_the_label_but_tracks_the_prediction(tmp_path):
         bench(tmp_path)  # same directory, other target
     with pytest.raises(InputError, match="'predicted' or 'gold'"):
         bench(tmp_path / "x", target="label")
+
+
+@pytest.mark.parametrize("blank", ["", "   ", ["a question", " "]])
+def test_a_blank_text_is_refused_before_anything_is_written(tmp_path, blank):
+    examples = [*dataset(5).examples, Example("seven", blank, 1)]
+    data = Dataset("toy", "dev", "classification", examples, ["negative", "positive"])
+    with pytest.raises(InputError, match=r"^dataset toy: example seven has an empty or whitespace-only text$"):
+        run_benchmark(FakeExplainer(), data, tmp_path / "out", methods="rawatt", metrics="aopc",
+                      predict=linear_predict, progress=False, chunk_size=2)
+    assert not (tmp_path / "out").exists()

@@ -122,3 +122,19 @@ def test_tasks_are_named_in_one_table_that_loading_reads():
         Explainer.from_pretrained("/nonexistent", task="ner")
     loading = (SRC / "models" / "loading.py").read_text()
     assert 'if task == "qa"' not in loading
+
+
+@pytest.mark.parametrize(("num_labels", "problem_type"), [(1, None), (1, "regression"), (3, "regression")])
+def test_a_regression_head_is_refused_in_one_line(tokenizer, num_labels, problem_type):
+    model = make_model("bert")
+    model.config.num_labels = num_labels
+    model.config.problem_type = problem_type
+    with pytest.raises(ModelError, match=rf"is a regression model \({num_labels} outputs?, .* not regression outputs$"):
+        Explainer(model, tokenizer)
+
+
+def test_a_one_label_multi_label_classifier_is_still_a_classifier(tokenizer):
+    model = make_model("bert")
+    model.config.problem_type = "multi_label_classification"
+    model.config.num_labels = 1
+    assert Explainer(model, tokenizer).head is MULTI_LABEL

@@ -108,10 +108,20 @@ def test_top_k_of_a_wrong_type(ex):
     assert len(e.top_k("rawatt", np.int64(2))) == 2
 
 
-@pytest.mark.parametrize("ids", [[[]], [[2, 99999, 3]], [[2, -4, 3]]])
+@pytest.mark.parametrize("ids", [[[]], [[2, 99999, 3]], [[2, -4, 3]], ["some text"], [[2, 1.5, 3]], [[2, True]]])
 def test_predict_proba_bad_ids(ex, ids):
     with pytest.raises(InputError, match=r"input_ids\[0\] must be a non-empty list of token ids in 0\.\.63"):
         ex.predict_proba(ids)
+    with pytest.raises(InputError, match="takes token ids, not text"):
+        ex.predict_proba("some text")
+
+
+def test_a_pair_truncated_to_nothing_of_one_text_is_refused(ex):
+    question, context = "where is the movie set", " ".join(["the movie was good"] * 40)
+    with pytest.raises(InputError, match=r"^input 0: truncation to 4 tokens leaves nothing of its first text"):
+        Explainer(ex.model, ex.tokenizer, max_length=4).explain([(question, context)], methods="rawatt")
+    (kept,) = Explainer(ex.model, ex.tokenizer, max_length=24).explain([(question, context)], methods="rawatt")
+    assert len(kept.tokens) == 24  # both texts keep tokens: explained as before
 
 
 def test_predict_proba_equals_a_direct_call(ex):

@@ -125,6 +125,20 @@ def test_an_explanation_keeps_its_tokens_and_shows_their_text(lm_explainer, tmp_
     assert json.loads((tmp_path / "e.json").read_text())["tokens"] == exp.tokens
 
 
+def test_views_and_top_k_show_a_character_split_over_tokens_whole(lm_explainer):
+    exp = lm_explainer.explain("naïve 日本 🙂", methods="rawatt,saliency")[0]
+    # the vocabulary lacks these characters: one token alone spells some of their bytes only
+    assert any("\\x" in readable(t, BYTE_LEVEL) for t in exp.tokens)
+    shown = render_terminal(exp, color=False)
+    for view in (shown, exp.to_html()):
+        assert "\\x" not in view
+        assert "日" in view and "本" in view and "🙂" in view
+    ranked = [t for t, _ in exp.top_k("saliency", len(exp.tokens))]
+    assert not any("\\x" in t for t in ranked)
+    assert {"日", "本", "🙂"} <= set(ranked)
+    assert "".join(exp.token_text) == "naïve 日本 🙂"  # the JSON's texts still put the input together
+
+
 def test_a_generation_shows_the_text_of_its_tokens(lm_explainer):
     g = lm_explainer.explain_generation(TEXT, max_new_tokens=2, methods="rawatt")
     assert g.meta["token_encoding"] == BYTE_LEVEL
@@ -159,6 +173,22 @@ def test_a_generations_json_gives_its_tokens_text(lm_explainer, byte_tokenizer):
     assert "".join(d["generated_token_text"]) == " the naïve café" == byte_tokenizer.decode(g.generated_ids)
     assert len(d["prompt_token_text"]) == len(d["prompt_tokens"])
     assert len(d["generated_token_text"]) == len(d["generated_tokens"])
+
+
+def test_a_generations_text_and_offsets_are_the_continuation_when_characters_span_tokens(lm_explainer,
+                                                                                        byte_tokenizer):
+    target = " the naïve café 🙂"  # "ï", "é" and the emoji are several byte tokens each
+    g = lm_explainer.explain_generation(TEXT, target=target, methods="rawatt")
+    assert "\ufffd" in "".join(g.generated)  # each token decoded alone cannot spell them
+    assert g.text == target == byte_tokenizer.decode(g.generated_ids)
+    assert [g.text[a:b] for a, b in g.generated_offsets] == g.to_dict()["generated_token_text"]
+    start = target.index("café")
+    steps = g.tokens_in(start, start + len("café"))
+    assert byte_tokenizer.decode([g.generated_ids[t] for t in steps]).strip() == "café"
+    emoji = g.tokens_in(len(target) - 1, len(target))
+    assert byte_tokenizer.decode([g.generated_ids[t] for t in emoji]) == "🙂"  # every token of its bytes
+    assert len(emoji) > 1 and g.generated_offsets[emoji[0]][0] == g.generated_offsets[emoji[0]][1]
+    assert "\ufffd" not in render_generation(g, color=False).split("\n")[0]
 
 
 @pytest.mark.parametrize(("encoding", "token", "text"), [

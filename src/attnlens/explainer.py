@@ -393,9 +393,15 @@ class Explainer:
         if len(input_ids) == 0:
             return np.zeros((0, int(self.model.config.num_labels)))
         rows = self.model.get_input_embeddings().num_embeddings
+        if isinstance(input_ids, (str, bytes)):
+            raise InputError("input_ids must be a list of token-id lists (predict_proba takes token ids, not text; "
+                             "Explainer.encode gives them)")
         for i, ids in enumerate(input_ids):
-            if len(ids) == 0 or min(ids) < 0 or max(ids) >= rows:
-                raise InputError(f"input_ids[{i}] must be a non-empty list of token ids in 0..{rows - 1}")
+            whole = isinstance(ids, Sequence) and not isinstance(ids, (str, bytes)) and all(
+                isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids)
+            if not whole or len(ids) == 0 or min(ids) < 0 or max(ids) >= rows:
+                text = " (predict_proba takes token ids, not text)" if isinstance(ids, str) else ""
+                raise InputError(f"input_ids[{i}] must be a non-empty list of token ids in 0..{rows - 1}{text}")
         runner = self.runner
         return predict_batches(runner.model, input_ids, runner.pad_id, runner.effective_batch_size(batch_size),
                                type_ids=token_type_ids, masks=attention_masks, with_types=runner.token_types,

@@ -120,6 +120,14 @@ def encode(
         if all(enc["special_tokens_mask"]):  # nothing but [CLS]/[SEP]: there is nothing to explain
             cut = f" after truncation to {max_length} tokens" if dropped else ""
             raise InputError(f"input {i} has no token to explain{cut} (only special tokens): {text!r:.80}")
+        if dropped and not isinstance(text, str) and fast:  # a pair: truncation may have emptied one of its texts
+            kept = set(enc.sequence_ids()) - {None}
+            lost = [k for k in (0, 1) if k not in kept and text[k].strip()]
+            if lost:
+                which = "first" if lost[0] == 0 else "second"
+                raise InputError(f"input {i}: truncation to {max_length} tokens leaves nothing of its {which} text "
+                                 "(of a QA pair, the question or the context); shorten the other text or allow "
+                                 "longer inputs")
         encoded.append(
             Encoded(
                 text=text,

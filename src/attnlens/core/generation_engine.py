@@ -106,6 +106,10 @@ def explain_generation(
     if contrast_ids is not None and list(contrast_ids) == list(generated):
         raise InputError("the contrast is the explained continuation itself: each step's difference would be 0 "
                          "everywhere; give another contrast")
+    same = [] if contrast_ids is None else [t for t, (a, b) in enumerate(zip(generated, contrast_ids)) if a == b]
+    if same:
+        warnings.warn(f"the contrast token at step(s) {', '.join(map(str, same))} is the explained token itself: "
+                      "target − contrast is 0 there, and so is every score of those steps", stacklevel=3)
     # a decoder-only model reads prompt + continuation; an encoder-decoder's decoder reads start + continuation
     longest = len(generated) + 1 if seq2seq else len(prompt_ids) + len(generated)
     if longest > runner.max_length:

@@ -53,7 +53,9 @@ class EvalConfig:
 
     Attributes:
         protocol: ``"paper"`` (the equations as published) or ``"attcat-code"`` (the AttCAT code's quirks).
-        pad_token_id: id that replaces tokens for LOdds.
+        pad_token_id: id that replaces tokens for LOdds; ``None`` (default): the model's padding id, which
+            :func:`~attnlens.evaluation.runner.run_benchmark` and the next-token benchmark fill in
+            (:func:`score_examples`, which sees no model, takes 0).
         occlusion_counts: absolute numbers of tokens dropped for the occlusion curves.
         occlusion_drop: ``"mask"`` (attention mask 0, as Karpekov & Miller 2023 do) or ``"delete"``.
         seed: seed of the random occlusion strategy (combined with the example index).
@@ -62,7 +64,7 @@ class EvalConfig:
     """
 
     protocol: str = "paper"
-    pad_token_id: int | None = 0
+    pad_token_id: int | None = None
     occlusion_counts: tuple[int, ...] = tuple(range(0, 41, 2))
     occlusion_drop: str = "mask"
     seed: int = 0
@@ -558,6 +560,8 @@ def score_examples(
     default: all are). ``consistency`` is a data-set metric (see :func:`consistency`) and is skipped here.
     """
     config = config or EvalConfig()
+    if config.pad_token_id is None:
+        config = replace(config, pad_token_id=0)
     class_specific = class_specific or {}
     objs = [METRICS[m](config) for m in metrics if m in METRICS]
     cache = {} if cache is None else cache

@@ -161,7 +161,8 @@ def run_next_token_benchmark(
         raise InputError(f"{', '.join(bad)} do not apply to next-token targets; use aopc, lodds, comprehensiveness "
                          "or sufficiency")
     method_ids = _applicable_methods(methods, explainer, resolve_methods)  # "all": those that apply to LMs
-    config = config or EvalConfig(pad_token_id=int(explainer.pad_id))
+    if config is None or config.pad_token_id is None:
+        config = dataclasses.replace(config or EvalConfig(), pad_token_id=int(explainer.pad_id))
     tokenizer, model = explainer.tokenizer, explainer.model
     prompts = [fill(template, e.text) for e in examples]
     texts = [p for p, _ in prompts]

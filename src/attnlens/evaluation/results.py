@@ -52,6 +52,7 @@ class BenchmarkSettings:
     explain_options: dict[str, Any]
     target_kind: str
     target: str = "predicted"
+    model_setup: dict[str, Any] = dataclasses.field(default_factory=dict)  # the longest input, dtype, stream
 
     def key(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -207,18 +207,23 @@ def run_benchmark(
             f"dataset {dataset.name} has {len(dataset.labels)} classes ({', '.join(dataset.labels)}) but the model "
             f"has {n_classes}"
         )
-    if config is None:
-        config = EvalConfig(pad_token_id=_pad_id(explainer))
+    if config is None or config.pad_token_id is None:
+        config = dataclasses.replace(config or EvalConfig(), pad_token_id=_pad_id(explainer))
     for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                         ("chunk_size", chunk_size)):
         if not isinstance(value, int) or value < 1:
             raise InputError(f"{name} must be a positive number, got {value}")
     if not len(dataset):
         raise InputError(f"dataset {dataset.name} has no examples")
+    blank = next((e for e in dataset if any(not isinstance(p, str) or not p.strip()
+                                            for p in ([e.text] if isinstance(e.text, str) else e.text))), None)
+    if blank is not None:  # found now, before anything is written (explaining would stop at its chunk)
+        raise InputError(f"dataset {dataset.name}: example {blank.id} has an empty or whitespace-only text")
     if not qa:
         _check_labels(dataset, n_classes, need=target == "gold" or config.protocol == "attcat-code")
     if target_kind == "loss" and target != "gold" and config.protocol != "attcat-code":
         raise InputError("target kind 'loss' is the loss of the gold label: use it with target 'gold' (--target gold)")
+    model_setup = _model_setup(explainer)
     explainer = _ExplainWith(explainer, {} if run.memory_budget is None else {"memory_budget": run.memory_budget})
     explain_options = _checked_options(explainer, dataset, methods, method_ids, run.explain_options, target,
                                        target_kind, config)
@@ -228,6 +233,7 @@ def run_benchmark(
         dataset=dataset.name, split=dataset.split, example_ids=[e.id for e in dataset],
         methods=method_ids, metrics=metric_ids, config=dataclasses.asdict(config),
         explain_options=dict(explain_options or {}), target_kind=target_kind, target=target,
+        model_setup=model_setup,
     )
     if run.resume:  # the run to resume, and every process's part of it, must have been made with these settings
         _check_resumable(out)
@@ -320,6 +326,10 @@ def _check_settings(run_file: Path, settings: BenchmarkSettings, out: Path) -> f
     before = {"target": "predicted", **prev["settings"]}  # runs made before the target option
     if before != now:
         diff = [k for k in now if before.get(k) != now[k]]
+        if "model_setup" in diff and isinstance(before.get("model_setup"), dict):  # name what changed within it
+            was = before["model_setup"]
+            diff[diff.index("model_setup")] = ", ".join(
+                f"{k} {was.get(k)} before, {v} now" for k, v in now["model_setup"].items() if was.get(k) != v)
         raise InputError(
             f"{out} holds results made with other settings ({', '.join(diff)}); use another --out or --overwrite"
         )
@@ -491,6 +501,15 @@ def _applicable_methods(methods: Any, explainer: Any, resolve: Callable[[Any], l
     if skipped:
         warnings.warn(f"skipping {', '.join(skipped)}: " + "; ".join(dict.fromkeys(skipped.values())), stacklevel=3)
     return [m for m in ids if m not in skipped]
+
+
+def _model_setup(explainer: Any) -> dict[str, Any]:
+    """What else decides the scores of a model beside its name: the longest input (truncation), the weights'
+    dtype and the explained attention stream. A resumed run must match them."""
+    parameters = getattr(explainer.model, "parameters", None)
+    first = next(iter(parameters()), None) if callable(parameters) else None
+    return {"max_length": getattr(explainer, "max_length", None), "stream": getattr(explainer, "stream", None),
+            "dtype": None if first is None else str(first.dtype).removeprefix("torch.")}
 
 
 def _pad_id(explainer: Any) -> int:

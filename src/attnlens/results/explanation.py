@@ -19,7 +19,7 @@ import numpy as np
 from ..data import iter_jsonl
 from ..errors import InputError
 from ..paths import atomic_output, atomic_write_text
-from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable, token_texts
+from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable, readable_tokens, token_texts
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
 _SUBWORD_MARKS = ("##", "Ġ", "▁")
@@ -143,8 +143,8 @@ class Explanation:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
             raise InputError(f"k must be an integer >= 0, got {k!r}")
         s = self._method_scores(method)
-        encoding = self.meta.get("token_encoding")
-        return [(readable(self.tokens[i], encoding), float(s[i])) for i in self.ranking(method)[:k]]
+        shown = readable_tokens(list(self.tokens), self.meta)
+        return [(shown[i], float(s[i])) for i in self.ranking(method)[:k]]
 
     # ------------------------------------------------------------- aggregation
     def word_groups(self) -> list[list[int]]:

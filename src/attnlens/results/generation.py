@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InputError
 from ..paths import atomic_write_text
 from .explanation import Explanation, _read_dicts
-from .tokentext import token_texts
+from .tokentext import BYTE_LEVEL, SENTENCEPIECE, token_texts
 
 __all__ = ["Generation", "load_generations"]
 
@@ -85,27 +85,44 @@ class Generation:
     def n_prompt(self) -> int:
         return len(self.prompt_ids)
 
+    def _pieces(self) -> list[str]:
+        """The text each generated token adds to the continuation: for byte-level and SentencePiece vocabularies
+        the text it spells (a character split over tokens whole at the token completing it, where decoding each
+        token alone gives U+FFFD for every part), else each token decoded."""
+        if self.meta.get("token_encoding") in (BYTE_LEVEL, SENTENCEPIECE):
+            return token_texts(self.generated_tokens, self.meta)
+        return list(self.generated)
+
     @property
     def text(self) -> str:
-        """The generated continuation as text."""
-        return "".join(self.generated)
+        """The generated continuation as text (``"".join`` of ``generated_token_text`` where the tokens spell
+        bytes or SentencePiece pieces, else of :attr:`generated`)."""
+        return "".join(self._pieces())
 
     @property
     def generated_offsets(self) -> list[tuple[int, int]]:
         """Each generated token's character span ``(start, end)`` in :attr:`text`: select a stretch of the answer
-        by characters, and :meth:`tokens_in` gives its steps."""
+        by characters, and :meth:`tokens_in` gives its steps (a token that holds only the first bytes of a
+        character has an empty span; the token completing it spans the character)."""
         spans, at = [], 0
-        for piece in self.generated:
+        for piece in self._pieces():
             spans.append((at, at + len(piece)))
             at += len(piece)
         return spans
 
     def tokens_in(self, start: int, end: int) -> list[int]:
-        """The steps whose generated token overlaps characters ``[start, end)`` of :attr:`text`."""
+        """The steps whose generated token overlaps characters ``[start, end)`` of :attr:`text`, with the tokens
+        holding the first bytes of a selected character (empty spans just before the token completing it)."""
         if not 0 <= start < end <= len(self.text):
             raise InputError(f"characters [{start}, {end}) are not a non-empty range of the {len(self.text)}-character "
                              "continuation")
-        return [t for t, (a, b) in enumerate(self.generated_offsets) if a < end and b > start]
+        spans = self.generated_offsets
+        chosen = {t for t, (a, b) in enumerate(spans) if a < end and b > start}
+        for t in range(len(spans) - 2, -1, -1):
+            a, b = spans[t]
+            if a == b and t + 1 in chosen and spans[t + 1][0] == a:
+                chosen.add(t)
+        return sorted(chosen)
 
     def step(self, t: int) -> Explanation:
         """Step ``t`` as an :class:`Explanation` of its ``n_prompt + t`` input tokens (any renderer takes it)."""
@@ -116,6 +133,8 @@ class Generation:
         meta = {**self.meta, "step": t, "target_token": self.generated[t]}
         if self.contrast_ids is not None:
             meta["contrast"] = self.contrast_ids[t]
+            if self.contrast is not None:
+                meta["contrast_token"] = self.contrast[t]
         return Explanation(
             text=self.prompt, tokens=self.tokens[:n], special=self.special[:n],
             target=self.generated_ids[t], predicted=self.predicted_ids[t],

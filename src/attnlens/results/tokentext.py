@@ -126,13 +126,25 @@ def readable(token: str, encoding: str | None) -> str:
     terminal escapes them)."""
     if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
         return token
-    text = token_text(token, encoding)
+    return _shown(token_text(token, encoding))
+
+
+def _shown(text: str) -> str:
+    """A token's text as shown: whitespace only made visible, else without the word-start space."""
     if not text.strip():
         return text.replace(" ", "␣")
     return text[1:] if text.startswith(" ") else text
 
 
 def readable_tokens(tokens: list[str], meta: dict[str, Any] | None) -> list[str]:
-    """Each of ``tokens`` as :func:`readable` shows it, by the encoding recorded in ``meta``."""
+    """Each of ``tokens`` (a sequence, in order) as :func:`readable` shows it, by the encoding recorded in
+    ``meta``; a character whose bytes are split over several tokens is shown whole on each of them (one token
+    alone would show ``\\xNN`` escapes)."""
     encoding = (meta or {}).get("token_encoding")
-    return [readable(t, encoding) for t in tokens]
+    if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
+        return list(tokens)
+    texts = token_texts(tokens, meta)
+    for i in range(len(texts) - 2, -1, -1):
+        if texts[i] == "" and texts[i + 1]:  # the first bytes of the character the next token completes
+            texts[i] = texts[i + 1][0]
+    return [_shown(text) for text in texts]

@@ -226,8 +226,9 @@ def _span(exp: Explained, span: object) -> str:
 
 def prediction_line(exp: Explained) -> str:
     """One-line summary of the prediction and of what is explained, e.g. ``predicted positive (0.930),
-    explaining positive``; QA: the explained answer span as text with its start and end probabilities;
-    multi-label: the labels with p > 0.5 (independent sigmoid probabilities) and the explained label."""
+    explaining positive`` (``explaining positive − negative`` against a contrast); QA: the explained answer span
+    as text with its start and end probabilities; multi-label: the labels with p > 0.5 (independent sigmoid
+    probabilities) and the explained label."""
     probs = exp.probabilities
     if exp.is_qa:
         p_start, p_end = (list(probs) + [float("nan")] * 2)[:2]
@@ -240,18 +241,23 @@ def prediction_line(exp: Explained) -> str:
         return probs[i] if 0 <= i < len(probs) else float("nan")
 
     target = int(exp.target)  # type: ignore[arg-type]
+    contrast = exp.meta.get("contrast")
+    against = "" if contrast is None else f" − {exp.label_name(int(contrast))}"
     if exp.is_multi_label:
         chosen = [int(i) for i in exp.predicted]  # type: ignore[union-attr]
         shown = ", ".join(f"{exp.label_name(i)} ({p(i):.3f})" for i in chosen) or "none"
         return f"predicted labels (p > 0.5 each, independent): {shown}; explaining {exp.label_name(target)} " \
-               f"(p {p(target):.3f})"
+               f"(p {p(target):.3f}){against}"
     predicted = int(exp.predicted)  # type: ignore[arg-type]
     if str(exp.meta.get("task", "")).endswith("-lm"):  # a language model's next token (probabilities: p(target))
         target_name = repr(exp.meta["target_token"]) if "target_token" in exp.meta else f"token #{target}"
         line = f"explaining next token {target_name} (p {p(0):.3f})"
+        if contrast is not None:
+            line += " − " + (repr(exp.meta["contrast_token"]) if "contrast_token" in exp.meta
+                             else f"token #{int(contrast)}")
         greedy = repr(exp.meta["predicted_token"]) if "predicted_token" in exp.meta else f"token #{predicted}"
         return line + (", the greedy choice" if predicted == target else f"; greedy choice: {greedy}")
-    line = f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}"
+    line = f"predicted {exp.label_name(predicted)} ({p(predicted):.3f}), explaining {exp.label_name(target)}{against}"
     if exp.meta.get("task") == "token" and "position" in exp.meta:
         unit = "word" if exp.meta.get("granularity") == "word" else "token"
         position = int(exp.meta["position"])

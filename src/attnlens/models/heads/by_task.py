@@ -37,7 +37,14 @@ def head_for(model: nn.Module, max_answer_length: int = 30) -> Head:
     classification or extractive QA (spans of at most ``max_answer_length`` tokens); anything else is an error."""
     name = type(model).__name__
     if name.endswith(CLASSIFICATION.model_suffix):
-        multi = getattr(model.config, "problem_type", None) == "multi_label_classification"
+        problem = getattr(model.config, "problem_type", None)
+        if problem == "regression" or (getattr(model.config, "num_labels", 2) == 1
+                                       and problem != "multi_label_classification"):
+            n = getattr(model.config, "num_labels", 1)
+            raise ModelError(f"{name} is a regression model ({n} output{'s' * (n != 1)}, problem_type "
+                             "'regression'): attnlens explains classifiers' class logits and probabilities, not "
+                             "regression outputs")
+        multi = problem == "multi_label_classification"
         return MULTI_LABEL if multi else CLASSIFICATION
     if name.endswith(QA.model_suffix):
         return qa_head(max_answer_length)

@@ -33,10 +33,13 @@ class LMHead(Head):
         self.decode = decode  # token id -> its text, to name the explained and predicted tokens
 
     def annotate(self, explanation: Any) -> None:
-        """The explained and the greedy next token as text (``meta["target_token"]``, ``"predicted_token"``)."""
+        """The explained and the greedy next token as text (``meta["target_token"]``, ``"predicted_token"``, and
+        ``"contrast_token"`` where a contrast is explained against)."""
         if self.decode is not None:
             explanation.meta["target_token"] = self.decode(int(explanation.target))
             explanation.meta["predicted_token"] = self.decode(int(explanation.predicted))
+            if explanation.meta.get("contrast") is not None:
+                explanation.meta["contrast_token"] = self.decode(int(explanation.meta["contrast"]))
 
     def matches(self, model_class: str) -> bool:
         """Whether ``model_class`` (a class or ``config.architectures`` name) is one of this head's models."""
