@@ -985,6 +985,10 @@ def test_context_benchmark_recomputes_a_record_of_another_example_or_model_under
     monkeypatch.setattr(lm, "name", "another-model")
     cb.run_context_benchmark(lm, [example], config, tmp_path)
     assert asked == [["loo"], ["loo"]]
+    half = Explainer(copy.deepcopy(lm.model).to(torch.bfloat16), lm.tokenizer, max_length=64)
+    monkeypatch.setattr(half, "name", "another-model")  # the same name, weights in another dtype
+    cb.run_context_benchmark(half, [example], config, tmp_path)
+    assert asked == [["loo"], ["loo"], ["loo"]]
 
 
 def test_cli_context_benchmark_refuses_a_folder_of_other_results(tmp_path, capsys):

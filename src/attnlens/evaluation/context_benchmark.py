@@ -77,13 +77,16 @@ def _lds(masks: np.ndarray, actual: np.ndarray, scores: np.ndarray) -> float:
     return rank_agreement(masks.astype(np.float64) @ scores, actual)
 
 
-def _truth_settings(config: ContextBenchmarkConfig, model: str, example: ContextExample) -> dict[str, Any]:
-    """What decides an example's ground truth: the ablation settings, the model and the example itself (a digest of
-    its context, query, answer and sources: an id names the same example only under the same data set settings,
-    e.g. the number of distractors)."""
+def _truth_settings(config: ContextBenchmarkConfig, ex: Explainer, example: ContextExample) -> dict[str, Any]:
+    """What decides an example's ground truth: the ablation settings, the model (its name and its weights' dtype)
+    and the example itself (a digest of its context, query, answer and sources: an id names the same example only
+    under the same data set settings, e.g. the number of distractors)."""
     text = json.dumps([example.context, example.query, example.answer, [[s.start, s.end] for s in example.sources]])
+    first = next(iter(ex.model.parameters()), None)
     return {"n_lds": config.n_lds, "keep_probability": config.keep_probability, "ablation": config.ablation,
-            "seed": config.seed, "model": model, "example": hashlib.sha256(text.encode()).hexdigest()[:16]}
+            "seed": config.seed, "model": ex.name,
+            "dtype": None if first is None else str(first.dtype).removeprefix("torch."),
+            "example": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
 
 def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenchmarkConfig,
@@ -97,7 +100,7 @@ def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenc
     methods it lacks, or ran with other options, are computed, and the stored ablations are reused: a method can
     join a finished run at the cost of its own scores and its top-k removals. ``identities``: the run's method
     identities when the caller has them (default: resolved here)."""
-    settings = _truth_settings(config, ex.name, example)
+    settings = _truth_settings(config, ex, example)
     previous = previous if previous and previous.get("truth", {}).get("settings") == settings else {}
     identities = identities if identities is not None else _identities(ex, config)
     kept = {m: r for m, r in previous.get("methods", {}).items()  # other methods of earlier runs stay
@@ -244,7 +247,7 @@ def run_context_benchmark(
         for e in examples:
             ext = (external or {}).get(e.id, {})
             old = done.get(e.id)
-            settings = _truth_settings(config, ex.name, e)
+            settings = _truth_settings(config, ex, e)
             if old is None or not _complete(old, config, [*wanted, *ext], identities, settings):
                 done[e.id] = evaluate_example(ex, e, config, ext, previous=old, identities=identities)
                 f.write(json.dumps(done[e.id]) + "\n")  # a later line for the same id supersedes an earlier one
