@@ -74,6 +74,7 @@ def test_terminal_html_and_plot(model_dir, tmp_path, capsys):
     "argv,message",
     [
         (["explain", "x", "--model", "/nonexistent/model"], "model directory not found"),
+        (["explain", "x", "--model", __file__], f"{__file__} is a file; a model is a directory holding"),
         (["explain", "--file", "/nonexistent.txt"], "no such file"),
         (["explain", "good", "--methods", "nope"], "unknown method 'nope'; available methods: rawatt"),
         (["explain", "good", "--target", "7"], "out of range"),
@@ -108,6 +109,21 @@ def test_bad_files(model_dir, tmp_path, capsys):
     bad.write_text('{"text": "ok"}\n{"review": "no text field"}\n', encoding="utf-8")
     assert main(["explain", "--model", model_dir, "--file", str(bad)]) == 2
     assert 'line 2: no "text"' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ({"text": "x", "text_a": "y", "text_b": "z"}, 'holds both "text" and "text_a"; give one text or one pair'),
+    ({"text": 5}, '"text" must be a string, got 5'),
+    ({"text": ["a", "b"]}, '"text" must be a string, got ["a", "b"]'),
+    ({"text_b": "only"}, '"text_b" without "text_a"; a pair needs both'),
+    ({"text_a": "a", "text_b": None}, '"text_b" must be a string, got null'),
+    ({"text": "   "}, "the text is empty or whitespace only"),
+])
+def test_a_json_line_that_is_not_one_text_or_one_pair_is_named(model_dir, tmp_path, capsys, line, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps(line) + "\n", encoding="utf-8")
+    assert main(["explain", "--model", model_dir, "--file", str(bad), "--methods", "rawatt"]) == 2
+    assert capsys.readouterr().err.strip() == f"attnlens: error: --file {bad}, line 2: {message}"
 
 
 def test_debug_shows_the_traceback(model_dir):

@@ -137,6 +137,10 @@ def test_targets_words_labels_and_display(tokenizer):
     words = multi.to_words()
     assert multi.tokens[multi.meta["position"]] == "loved" and words.tokens[words.meta["position"]] == "loved"
     assert not e.is_qa
+    with pytest.warns(UserWarning, match=r"input 0: the word 'The' occurs 2 times \(tokens 1, 4\); explaining the "
+                                         r"first, token 1"):
+        (twice,) = ex.explain("the movie was the best", ["rawatt"], target="The")
+    assert twice.meta["position"] == 1
 
 
 @pytest.mark.parametrize("target,message", [

@@ -49,14 +49,30 @@ def read_texts(path: str) -> list[Any]:
                 f"--file {path}, line {number}: {kind.format(lines[0][0])}; a file holds JSON Lines throughout "
                 "or plain text lines throughout"
             )
+        where = f"--file {path}, line {number}"
         if row is None:
             texts.append(line.strip())
-        elif isinstance(row.get("text"), str):
-            texts.append(row["text"])
-        elif isinstance(row.get("text_a"), str) and isinstance(row.get("text_b"), str):
-            texts.append((row["text_a"], row["text_b"]))
+            continue
+        pair = [k for k in ("text_a", "text_b") if k in row]
+        if "text" in row and pair:
+            raise InputError(f'{where}: holds both "text" and "{pair[0]}"; give one text or one pair')
+        if "text" in row:
+            value = row["text"]
+        elif pair:
+            value = [row.get("text_a"), row.get("text_b")]
+            if len(pair) < 2:
+                missing = "text_b" if pair == ["text_a"] else "text_a"
+                raise InputError(f'{where}: "{pair[0]}" without "{missing}"; a pair needs both')
         else:
-            raise InputError(f"--file {path}, line {number}: no \"text\" (or \"text_a\" and \"text_b\") field")
+            raise InputError(f'{where}: no "text" (or "text_a" and "text_b") field')
+        fields = ["text"] if "text" in row else ["text_a", "text_b"]
+        parts = [value] if "text" in row else value
+        bad = [(f, p) for f, p in zip(fields, parts, strict=True) if not isinstance(p, str)]
+        if bad:
+            raise InputError(f'{where}: "{bad[0][0]}" must be a string, got {json.dumps(bad[0][1])[:40]}')
+        if any(not p.strip() for p in parts):
+            raise InputError(f"{where}: the text is empty or whitespace only")
+        texts.append(value if "text" in row else (value[0], value[1]))
     return texts
 
 

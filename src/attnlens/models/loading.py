@@ -254,6 +254,9 @@ def load_pretrained(
             return model, tokenizer, shorthand
     looks_local = name.startswith((".", "/", "~")) or Path(name).exists()
     if looks_local and not Path(name).expanduser().is_dir():
+        if Path(name).expanduser().is_file():
+            raise ModelError(f"{name} is a file; a model is a directory holding config.json and its weights "
+                             "(a hub id or a shorthand such as smollm2 also works)")
         raise ModelError(f"model directory not found: {name}")
     check_model_dir(name)
     offline = cache_only(name)  # a hub id while the hub cannot be reached: the local cache, without retries

@@ -3,6 +3,7 @@ label, the token given by its position or by a word of the input."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -125,19 +126,27 @@ class TokenHead(Head):
 
 
 def _word_position(e: Any, word: str, index: int) -> int:
-    """The position of the first token of the first word of input ``e`` equal to ``word`` (case-insensitive)."""
+    """The position of the first token of the first word of input ``e`` equal to ``word`` (case-insensitive); a
+    warning where the word occurs more than once."""
     wanted = word.strip().lower()
     groups: dict[Any, list[int]] = {}
     for i, w in enumerate(e.word_ids or []):
         if w is not None and not e.special[i]:
             groups.setdefault((None if e.sequence_ids is None else e.sequence_ids[i], w), []).append(i)
     words = []
+    found: list[int] = []
     for (seq, _), positions in groups.items():
         source = e.text[seq or 0] if isinstance(e.text, list) else e.text
         text = source[e.offsets[positions[0]][0]:e.offsets[positions[-1]][1]] if e.offsets else ""
         if text.lower() == wanted:
-            return positions[0]
+            found.append(positions[0])
         words.append(text)
+    if found:
+        if len(found) > 1:
+            warnings.warn(f"input {index}: the word {word!r} occurs {len(found)} times (tokens "
+                          f"{', '.join(map(str, found))}); explaining the first, token {found[0]} (give a token "
+                          "position to explain another)", stacklevel=4)
+        return found[0]
     if not groups:
         raise InputError("words can be explained only with a fast tokenizer (it knows where words are): pass the "
                          "token position instead")
