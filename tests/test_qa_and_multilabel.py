@@ -111,6 +111,12 @@ def test_a_target_span_ending_before_it_starts_is_refused(qa):
     assert e.target == [4, 4]
 
 
+def test_one_text_given_to_a_qa_model_is_warned_of(qa):
+    with pytest.warns(UserWarning, match=r"reads \(question, context\) pairs, but input 1 is one text"):
+        pair, single = qa.explain([(QUESTION, CONTEXT), CONTEXT], methods=["rawatt"])
+    assert single.target[0] >= 1 and pair.target[0] > len(qa.tokenizer(QUESTION)["input_ids"]) - 1
+
+
 def test_qa_target_span_error_through_the_cli(qa, tmp_path, capsys):
     from attnlens.cli import main
 

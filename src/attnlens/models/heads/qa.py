@@ -3,6 +3,7 @@ the explained scalar start logit + end logit; the predicted span decoded as SQuA
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,6 +127,15 @@ class QAHead(Head):
         for i, (n, t) in enumerate(zip(lengths, targets, strict=True)):
             if max(t) >= n:
                 raise InputError(f"target span {t} of input {i} is beyond its {n} tokens")
+
+    def locate(self, encoded: list[Any], targets: list[Any]) -> list[Any]:
+        """The targets as they are; a warning where an input is one text rather than a (question, context) pair
+        (its answer is then sought in all of it)."""
+        single = [i for i, e in enumerate(encoded) if isinstance(e.text, str)]
+        if single:
+            warnings.warn(f"an extractive QA model reads (question, context) pairs, but input {single[0]} is one "
+                          "text: its answer is sought anywhere in it, without a question", stacklevel=4)
+        return super().locate(encoded, targets)
 
     def pending(self, targets: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         wanted = torch.tensor(targets, dtype=torch.long, device=device)
