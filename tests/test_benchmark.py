@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -459,3 +460,27 @@ def test_a_blank_text_is_refused_before_anything_is_written(tmp_path, blank):
         run_benchmark(FakeExplainer(), data, tmp_path / "out", methods="rawatt", metrics="aopc",
                       predict=linear_predict, progress=False, chunk_size=2)
     assert not (tmp_path / "out").exists()
+
+
+class _WarningExplainer(FakeExplainer):
+    """Warns of the last input of every call by its position in the call, as the encoder does of truncation."""
+
+    def explain(self, texts, methods, **kw):
+        warnings.warn(f"1 input(s) were truncated (input {len(texts) - 1}: 3 tokens dropped)", stacklevel=2)
+        if any("awful awful" in t for t in texts):
+            raise InputError(f"input {len(texts) - 1} is too long")
+        return super().explain(texts, methods, **kw)
+
+
+def test_warnings_and_errors_name_the_example_not_its_place_in_a_chunk(tmp_path):
+    data = dataset(5)
+    with pytest.warns(UserWarning) as caught:
+        run_benchmark(_WarningExplainer(), data, tmp_path, methods="rawatt", metrics="aopc", predict=linear_predict,
+                      progress=False, chunk_size=2)
+    named = {str(w.message) for w in caught if "truncated" in str(w.message)}
+    assert named == {f"1 input(s) were truncated (example {i}: 3 tokens dropped)" for i in ("1", "3", "4")}
+    bad = Dataset("toy", "dev", "classification", [*data.examples, Example("x9", "awful awful", 0)],
+                  ["negative", "positive"])
+    with pytest.raises(InputError, match=r"^example x9 is too long$"):
+        run_benchmark(_WarningExplainer(), bad, tmp_path / "bad", methods="rawatt", metrics="aopc",
+                      predict=linear_predict, progress=False, chunk_size=2)

@@ -25,7 +25,7 @@ LEAN = ["rawatt", "grads", "agrad", "cat", "attcat", "saliency", "inputxgradient
         "gae", "attgrads", "globenc", "alti", "decompx"]
 OPTIONS = {"attcat": {"alpha": "mean"}}
 # of the largest per-layer term: fused and eager attention round differently (a few float32 ulps in a layer's
-# output; eager attention takes its softmax in float32 whatever the model's dtype, so float64 does not help)
+# output; some types' eager attention takes its softmax in float32 whatever the model's dtype)
 TOLERANCE = 1e-5
 # rounding differences in the seventh digit partly cancel in signed sums (AttCAT over layers, CAT and input ×
 # gradient over dimensions), up to 1.5e-5 of the largest term on these types, and up to 4.5e-5 on CPUs whose
@@ -93,6 +93,19 @@ def test_every_method_scores_as_with_the_whole_maps(model_type, tokenizer):
     tolerance = LOOSER.get(model_type, TOLERANCE)
     _assert_same(lean, full, methods, tolerance)
     _assert_same(cls_lean, cls_full, ["attcat"], tolerance)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "gpt2"])
+def test_a_float64_model_keeps_float64_precision_without_the_whole_maps(model_type, tokenizer):
+    """These types' eager attention takes its softmax in the model's dtype: rows recomputed from the queries and
+    keys, and the received attention, agree with it to float64 rounding."""
+    ex = Explainer(make_model(model_type).double(), tokenizer)
+    methods = [m for m in LEAN if _applies(m, ex)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lean, full, modes = _explain_both(ex, TEXTS, methods, OPTIONS, batch_size=3)
+    assert modes == {capture.ROWS}
+    _assert_same(lean, full, methods, 1e-11)
 
 
 def _lm() -> Explainer:

@@ -218,7 +218,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         if ATTENTION_ROWS in keep:
             recorder.rows = torch.unique(cls if several is None else several)
         if ATTENTION_RECEIVED in keep:
-            m = token_mask.to(torch.float32)
+            m = token_mask.to(torch.float64)  # each use takes them in the model's dtype (a float64 one's too)
             recorder.received_weights = m / m.sum(1, keepdim=True).clamp_min(1.0)
         recorder.means = ATTENTION_MEANS in keep
         recorder.factors = ATTENTION_CHUNKS in keep

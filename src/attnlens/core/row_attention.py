@@ -147,9 +147,16 @@ def zero_padded(x: torch.Tensor, keys: int) -> torch.Tensor:
 
 def probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor,
                   causal: bool, scale: float) -> torch.Tensor:
-    """Softmax attention ``(B, H, q, K)`` of the query positions ``queries`` (float32 softmax, as eager)."""
+    """Softmax attention ``(B, H, q, K)`` of the query positions ``queries`` (the softmax in float32 at least,
+    as eager attention computes it; a float64 model's in float64)."""
     scores = masked_scores(query, key, mask, queries, causal, scale)
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.softmax(scores, dim=-1, dtype=softmax_dtype(query.dtype)).to(query.dtype)
+
+
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention probabilities are computed in: float32, or float64 for a float64 model (half-precision
+    models' eager attention takes its softmax in float32; a float64 model's would lose digits there)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _received(recorder: RowRecorder, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import time
 import warnings
@@ -520,6 +521,30 @@ def _pad_id(explainer: Any) -> int:
     return adapter_for(explainer.model).pad_token_id(getattr(explainer, "tokenizer", None), explainer.model.config)
 
 
+_INPUT = re.compile(r"\binput (\d+)\b")
+
+
+def _explain_examples(explainer: Any, ids: Sequence[str], texts: list[Any], methods: list[str],
+                      **kwargs: Any) -> list[Explanation]:
+    """``explainer.explain(texts, methods, **kwargs)`` for the examples ``ids``: its warnings and one-line errors
+    name an input by its position in this call ("input 3"), which is the example's position in its chunk; they
+    name the example instead ("example 1042")."""
+    def named(message: str) -> str:
+        return _INPUT.sub(lambda m: f"example {ids[int(m.group(1))]}" if int(m.group(1)) < len(ids)
+                          else m.group(0), message)
+
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            return explainer.explain(texts, methods, **kwargs)
+    except InputError as exc:
+        raise InputError(named(str(exc))) from None
+    finally:
+        for w in caught:  # after the recording block: shown as any other warning is
+            warnings.warn_explicit(named(str(w.message)), w.category, w.filename, w.lineno)
+
+
 def _explain_chunk(
     explainer: Any,
     dataset: Dataset,
@@ -548,8 +573,9 @@ def _explain_chunk(
     missing = [i for i in chunk if i not in main]
     if missing:
         targets = [wanted_target(i) for i in missing]
-        exps = explainer.explain(
-            [dataset[i].text for i in missing], list(methods), batch_size=batch_size,
+        exps = _explain_examples(
+            explainer, [dataset[i].id for i in missing], [dataset[i].text for i in missing], list(methods),
+            batch_size=batch_size,
             target=None if not gold_target else targets, target_kind=target_kind,
             options={k: v for k, v in (options or {}).items() if k in methods} or None,
         )
@@ -572,8 +598,9 @@ def _explain_chunk(
                 else:
                     todo.append((i, c))
         if todo:
-            exps = explainer.explain(
-                [dataset[i].text for i, _ in todo], list(kendall_methods), batch_size=batch_size,
+            exps = _explain_examples(
+                explainer, [dataset[i].id for i, _ in todo], [dataset[i].text for i, _ in todo],
+                list(kendall_methods), batch_size=batch_size,
                 target=[c for _, c in todo], target_kind=target_kind,
                 options={k: v for k, v in (options or {}).items() if k in kendall_methods} or None,
             )

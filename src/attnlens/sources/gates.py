@@ -54,6 +54,7 @@ from ..core.row_attention import (
     register_implementation,
     repeat_kv,
     softcaps,
+    softmax_dtype,
     unsupported,
 )
 from ..errors import InputError
@@ -115,7 +116,7 @@ def _softcapped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     scores = scores + log_gates.to(scores.dtype).reshape(1, -1, 1, k)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(value.dtype)
     return torch.matmul(probs, value).transpose(1, 2).contiguous()
 
 
