@@ -251,6 +251,31 @@ def test_chunked_reruns_equal_one_call(tokenizer):
         assert torch.all(a[~mask] == 0) and torch.all(a.transpose(1, 2)[~mask] == 0)
 
 
+def test_reruns_are_batched_within_the_memory_budget_with_the_same_scores(tokenizer, monkeypatch):
+    from attnlens.methods import valuezeroing as vz
+
+    model = make_model("llama")
+    assert vz.rows_within(model, 4 << 30, 1, 20) == vz.MAX_ROWS  # the cap where the budget is generous
+    few = vz.rows_within(model, 1 << 20, 2, 20)
+    assert 1 <= few < vz.MAX_ROWS and vz.rows_within(model, 1 << 10, 2, 20) == 1  # never none
+    seen = []
+    layer_matrices = vz.layer_matrices
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["max_rows"])
+        return layer_matrices(*args, **kwargs)
+
+    monkeypatch.setattr(vz, "layer_matrices", spy)
+    ex = Explainer(model, tokenizer)
+    wide = ex.explain(TEXTS, methods="valuezeroing")
+    dims = vz.model_dims(model)  # as if its rows were wide: the budget then holds a few rows at a time
+    monkeypatch.setattr(vz, "model_dims", lambda m: dataclasses.replace(dims, forward_vectors=10 ** 6))
+    tight = ex.explain(TEXTS, methods="valuezeroing")
+    assert seen[0] == vz.MAX_ROWS and 1 <= seen[1] < 64  # a few rows per rerun
+    for a, b in zip(wide, tight, strict=True):
+        np.testing.assert_allclose(a.scores["valuezeroing"], b.scores["valuezeroing"], rtol=1e-5, atol=1e-7)
+
+
 def test_model_unchanged_and_no_hooks_left(tokenizer):
     model = make_model("bert")
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -32,13 +32,14 @@ import torch
 from torch import nn
 
 from ..core.batch_state import BatchContext
+from ..core.memory import Storage, model_dims, pass_row_bytes
 from ..core.modelstate import without_cache
 from ..errors import ModelError
 from ..models.architectures import Layers, architecture_for
 from .decomposition.layers import ValueZeroedLayer
 from .registry import OWN_PASS, MethodOutput, check_flag, register
 
-MAX_ROWS = 2 ** 14  # token rows per batched layer rerun: bounds its memory (hidden and FFN activations)
+MAX_ROWS = 2 ** 14  # token rows per batched layer rerun at most (fewer where the budget says: rows_within)
 
 
 def _layers_of(model: nn.Module) -> Layers | None:
@@ -288,6 +289,26 @@ def _check_valuezeroing(rollout: bool = True) -> None:
     check_flag("valuezeroing", "rollout", rollout)
 
 
+def rows_within(model: nn.Module, budget: int, rows: int, n: int) -> int:
+    """Token rows one batched layer rerun may take (at most :data:`MAX_ROWS`, at least one) so that its
+    activations fit what ``budget`` bytes leave beside what value zeroing keeps for ``rows`` inputs of ``n``
+    tokens (every layer's input, one layer's maps: the estimate its refusal reads, :func:`value_zeroing_storage`).
+    A rerun token row holds a forward's vectors (the feed-forward's included) and, rerun whole, its attention row
+    in every head."""
+    dims = model_dims(model)
+    kept = rows * pass_row_bytes(dims, n, value_zeroing_storage())
+    # twice a row's vectors: the batch's outputs and cosine distances beside its activations, and the allocator's
+    # slack (a 118-token SmolLM2 prompt within 128 MiB peaked at 1.15 times the budget with once)
+    per_row = 2 * (dims.forward_vectors * dims.hidden + dims.heads * n) * max(dims.itemsize, 4)
+    return max(1, min(MAX_ROWS, (budget - kept) // max(1, per_row)))
+
+
+def value_zeroing_storage() -> Storage:
+    """What value zeroing's passes keep: eager forwards, one layer's maps at a time, every layer's input (the
+    layers are rerun from them)."""
+    return Storage(eager=True, maps=True, map_layers=1, hidden=True)
+
+
 @register(
     "valuezeroing",
     needs={OWN_PASS},
@@ -310,13 +331,16 @@ def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
     with torch.no_grad():
         if ctx.sequence is None:
             top = read if read.shape == cap.key_mask.shape else None
-            matrices = layer_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream, last_only=last_only,
-                                      last_rows=top)
+            max_rows = rows_within(ctx.model, ctx.budget_left(), *cap.key_mask.shape)
+            matrices = layer_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream, max_rows=max_rows,
+                                      last_only=last_only, last_rows=top)
         else:  # a generation's steps: the sequence's matrices hold every prefix's as their top-left block
             ids = ctx.sequence["input_ids"]
             top = read.any(0, keepdim=True) if read.shape[1] == ids.shape[1] else None
+            max_rows = rows_within(ctx.model, ctx.budget_left(), 1, ids.shape[1])
             whole = layer_matrices(ctx.model, ctx.sequence, ctx.sequence.get(
-                "attention_mask", torch.ones_like(ids)), ctx.stream, last_only=last_only, last_rows=top)
+                "attention_mask", torch.ones_like(ids)), ctx.stream, max_rows=max_rows, last_only=last_only,
+                last_rows=top)
             m = cap.key_mask
             matrices = (c * m[:, :, None].to(c.dtype) * m[:, None, :].to(c.dtype) for c in whole)
         # rolled out as the layers come (P^l = C^l P^{l-1}, rows normalised): two products held, not every layer's
