@@ -290,9 +290,11 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     kept += dims.activation_vectors * n * d * storage.layer_graph
     chunks = storage.factors or storage.chunked
     kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * chunks * _widening(dims)
-    # the decomposition methods that read chunks (GlobEnc, ALTI) hold one layer's per-head value vectors at a time:
-    # two float32 copies and one in float64, four float32s' worth (GlobEnc on BERT-base at 1,024 tokens)
-    kept += VALUE_VECTOR_COPIES * heads * n * d * (chunks and storage.hidden) * _widening(dims)
+    # the decomposition methods that read chunks (GlobEnc, ALTI) or rows (attention norm) hold one layer's per-head
+    # value vectors at a time: two float32 copies and one in float64, four float32s' worth (GlobEnc on BERT-base at
+    # 1,024 tokens; attention norm on MiniLM, 14 rows of 256 tokens: 20.8 MiB a row, 8.7 without them)
+    values = (chunks or storage.rows) and storage.hidden
+    kept += VALUE_VECTOR_COPIES * heads * n * d * values * _widening(dims)
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
     kept += n * d * (storage.embeddings + storage.embedding_grads)
     return (work + kept + _held_biases(dims, n)) * dims.itemsize
