@@ -194,8 +194,11 @@ def _run(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], to
             stack.enter_context(recording(recorder))
             if recompute and gradients:
                 stack.enter_context(recomputing(model, token_mask.shape[1]))
-        return _pass(model, adapter, inputs, token_mask, stream, targets, target_kind, gradients, head, answer_mask,
-                     keep, differentiate, sequence, cls, positions, mode, recorder)
+        try:
+            return _pass(model, adapter, inputs, token_mask, stream, targets, target_kind, gradients, head,
+                         answer_mask, keep, differentiate, sequence, cls, positions, mode, recorder)
+        finally:
+            recorder.release()
 
 
 def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,

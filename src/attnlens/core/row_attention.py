@@ -98,6 +98,13 @@ class RowRecorder:
     calls: int = 0
     done: bool = False  # the forward is over: a layer run again (recomputed for the backward) records nothing
 
+    def release(self) -> None:
+        """Drop the references to what the pass kept (whoever took the lists keeps them). A backward that
+        recomputes layers runs them in a copy of the context of their forward, which holds this recorder: kept
+        tensors that are in the graph would otherwise hold the graph, and the graph the recorder, in a cycle
+        through autograd that the garbage collector cannot see (the memory of every such pass, for good)."""
+        self.kept_rows, self.received, self.mean_maps, self.layer_factors = [], [], [], []
+
 
 _ACTIVE: ContextVar[RowRecorder | None] = ContextVar("attnlens_row_recorder", default=None)
 
