@@ -263,6 +263,16 @@ def test_an_input_over_the_budget_is_refused_before_anything_runs(monkeypatch):
     assert "attcat" in e.scores
 
 
+def test_a_refusal_never_offers_lengths_beyond_what_the_model_takes():
+    per_method = {"small": lambda n: n, "big": lambda n: 10 * n, "huge": lambda n: 1000 * n}
+    with pytest.raises(InputError) as got:
+        memory.refuse_over_budget(600, 5000, 600_000, per_method, model_longest=512)
+    assert "within it: small at every length the model takes (up to 512 tokens); big up to 500 tokens; huge up to " \
+        "5 tokens" in str(got.value)
+    with pytest.raises(InputError, match=r"within it: small up to 5,000 tokens; big up to 500 tokens"):
+        memory.refuse_over_budget(600, 5000, 600_000, per_method)
+
+
 def test_cli_refuses_over_the_budget_with_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(engine, "pass_row_bytes", lambda d, n, s: 2**27 if n >= 4 else 1)
     out = tmp_path / "e.json"

@@ -121,6 +121,7 @@ class PassCost:
     last_layer: frozenset[str] = frozenset()  # methods whose fused LRP pass keeps the last layer's factors alone
     # what methods hold beside the shared pass outside any Storage, bytes per row of n tokens (Method.own_memory)
     own_memories: dict[str, Callable[[int], int]] = field(default_factory=dict)
+    longest: int | None = None  # the most tokens the model takes (what a refusal's lengths are capped at)
 
     def storage(self, n: int) -> Storage | None:
         """The shared pass's storage at ``n`` tokens: recomputing layers where keeping them would not fit, or would
@@ -168,7 +169,7 @@ class PassCost:
 
     def refuse_over(self, n: int, budget: int, what: str = "an input") -> None:
         """An :class:`InputError` (one line) before anything runs when ``n`` tokens need more than ``budget``."""
-        refuse_over_budget(n, budget, self.total(n), self.alone, what)
+        refuse_over_budget(n, budget, self.total(n), self.alone, what, self.longest)
 
 
 def _own_pass_storage(spec: Method, logit_rows: int = 0, fused: bool = False) -> Storage:
@@ -227,7 +228,7 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
                         {spec.name: memories[spec.name]} if spec.name in memories else {}).total
 
     return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget, fusable(specs),
-                    last_layer_passes(settings, prefixes), memories)
+                    last_layer_passes(settings, prefixes), memories, getattr(runner, "max_length", None))
 
 
 def explain_all(

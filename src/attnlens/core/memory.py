@@ -414,17 +414,23 @@ def readable_size(size: float) -> str:
 
 
 def refuse_over_budget(n: int, budget: int, need: int, per_method: Mapping[str, Callable[[int], int]],
-                       what: str = "an input") -> None:
+                       what: str = "an input", model_longest: int | None = None) -> None:
     """Raise an :class:`InputError` (one line, before anything runs) when ``what`` of ``n`` tokens needs ``need``
     bytes, more than ``budget``: what it needs, and how long an input each method (``per_method``: its bytes as
-    a function of the length, run alone) could explain within the budget."""
+    a function of the length, run alone) could explain within the budget (``model_longest``: the most tokens
+    the model takes; a method that fits them is said to fit every input)."""
     if need <= budget:
         for_budget_share(need, budget)
         return
-    fits = []
+    fits, every = [], []
     for name, row_bytes in per_method.items():
         longest = longest_that_fits(budget, row_bytes)
-        fits.append(f"{name} up to {longest:,} tokens" if longest else f"{name} not even 1 token")
+        if model_longest is not None and longest >= model_longest:
+            every.append(name)
+        else:
+            fits.append(f"{name} up to {longest:,} tokens" if longest else f"{name} not even 1 token")
+    if every:
+        fits.insert(0, f"{', '.join(every)} at every length the model takes (up to {model_longest:,} tokens)")
     raise InputError(f"{what} of {n:,} tokens with {', '.join(per_method)} needs about {readable_size(need)}, more "
                      f"than the memory budget of {readable_size(budget)}; within it: {'; '.join(fits)} (name fewer "
                      "methods, shorten the input or raise --memory-budget / memory_budget=)")
