@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.answer_engine import check_lm, methods_within_budget, refuse_answer_over_budget
 from ..core.generation_engine import capped_new_tokens, eos_ids, greedy
-from ..core.memory import parse_budget
+from ..core.memory import parse_budget, readable_size
 from ..core.model_runner import ModelRunner
 from ..core.progress import ProgressCallback
 from ..errors import InputError, UnknownMethodError
@@ -96,9 +96,9 @@ def default_methods(job: CiteJob) -> list[str]:
     n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
     kept, left = methods_within_budget(job.runner, token, n, job.memory_budget, len(job.answer_ids))
     if left:
-        need = ", ".join(f"{m} about {v / 2**30:.1f} GiB" for m, v in left.items())
+        need = ", ".join(f"{m} about {readable_size(v)}" for m, v in left.items())
         warnings.warn(f"left out of the default methods at {n:,} tokens, over the memory budget of "
-                      f"{parse_budget(job.memory_budget) / 2**30:.1f} GiB: {need} (name them with a larger "
+                      f"{readable_size(parse_budget(job.memory_budget))}: {need} (name them with a larger "
                       "memory_budget / --memory-budget)", stacklevel=3)
     refused = {}
     for m in source:  # a default that cannot run on the model, or not at this length
@@ -127,9 +127,9 @@ def _check_source_passes(job: CiteJob, source_options: Mapping[str, Mapping[str,
         needs = list(spec.token_methods)
         _, left = methods_within_budget(job.runner, needs, n, job.memory_budget, len(job.answer_ids))
         if left:
-            need = ", ".join(f"{t} about {v / 2**30:.1f} GiB" for t, v in left.items())
+            need = ", ".join(f"{t} about {readable_size(v)}" for t, v in left.items())
             raise InputError(f"{m} runs {', '.join(needs)} over the prompt: at {n:,} tokens {need}, more than the "
-                             f"memory budget of {parse_budget(job.memory_budget) / 2**30:.1f} GiB (shorten the "
+                             f"memory budget of {readable_size(parse_budget(job.memory_budget))} (shorten the "
                              "context or raise --memory-budget / memory_budget=)")
 
 

@@ -44,7 +44,14 @@ import torch
 from torch import nn
 
 from ..core.batching import keeps_logits
-from ..core.memory import Storage, gradient_pass_storage, model_dims, parse_budget, pass_row_bytes
+from ..core.memory import (
+    Storage,
+    gradient_pass_storage,
+    model_dims,
+    parse_budget,
+    pass_row_bytes,
+    readable_size,
+)
 from ..core.modelstate import explaining
 from ..core.recomputing import recomputing
 from ..core.row_attention import (
@@ -254,8 +261,8 @@ def _check_after_budget(job: CiteJob, cut: int, tail: int, logit_rows: int, gate
     scores = 2 * dims.layers * dims.heads * tail * n * dims.itemsize  # the tail's attention and its gradient
     need = cache * (2 if gates > 1 else 1) + max(context, after + scores)  # a copy of the cache per gate
     if need > budget:
-        raise InputError(f"attngate over {n:,} tokens needs about {need / 2**30:.1f} GiB, more than the memory "
-                         f"budget of {budget / 2**30:.1f} GiB (shorten the context or raise --memory-budget / "
+        raise InputError(f"attngate over {n:,} tokens needs about {readable_size(need)}, more than the memory "
+                         f"budget of {readable_size(budget)} (shorten the context or raise --memory-budget / "
                          "memory_budget=)")
 
 
@@ -270,8 +277,8 @@ def _recomputes(job: CiteJob, n: int, logit_rows: int) -> bool:
         storage = dataclasses.replace(storage, recompute=False)
     need = pass_row_bytes(dims, n, storage)
     if need > budget:
-        raise InputError(f"attngate's forward + backward over {n:,} tokens needs about {need / 2**30:.1f} GiB, more "
-                         f"than the memory budget of {budget / 2**30:.1f} GiB (shorten the context or raise "
+        raise InputError(f"attngate's forward + backward over {n:,} tokens needs about {readable_size(need)}, more "
+                         f"than the memory budget of {readable_size(budget)} (shorten the context or raise "
                          "--memory-budget / memory_budget=)")
     return storage.recompute
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from ...core.attention_chunks import WholeMaps
 from ...core.batch_state import BatchContext
-from ...core.memory import model_dims, rows_that_fit
+from ...core.memory import model_dims, readable_size, rows_that_fit
 from ...errors import InputError, ModelError
 from ...lrp.rules import linear_weight
 from ...models.adapters import FIRST, LAST
@@ -356,8 +356,8 @@ def pass_maps(ctx: BatchContext) -> tuple[list[torch.Tensor], list[torch.Tensor]
         need = chunks.n_layers * rows * model_dims(ctx.model).heads * n * n * hidden[0].element_size()
         if need > ctx.budget_left():
             raise InputError(f"decompx bias='absdot' propagates every token's vectors through every layer's whole "
-                             f"attention maps, about {need / 2**30:.1f} GiB here, more than the "
-                             f"{ctx.budget_left() / 2**30:.1f} GiB the memory budget leaves; use bias='token' (the "
+                             f"attention maps, about {readable_size(need)} here, more than the "
+                             f"{readable_size(ctx.budget_left())} the memory budget leaves; use bias='token' (the "
                              "default) or a larger budget")
         maps = [torch.cat([a for _, a, _ in chunks.chunks(i)], 2) for i in range(chunks.n_layers)]
     return hidden, maps if ctx.sequence is None else [a[:1] for a in maps], real
@@ -409,7 +409,7 @@ def examples_per_pass(ctx: BatchContext, row_bytes: int, name: str) -> int:
     if row_bytes > left:
         n = ctx.inputs["input_ids"].shape[1]
         raise InputError(f"{name} keeps every stream's attention maps of this encoder-decoder: an input of {n:,} "
-                         f"tokens needs about {row_bytes / 2**30:.1f} GiB, more than the {left / 2**30:.1f} GiB the "
+                         f"tokens needs about {readable_size(row_bytes)}, more than the {readable_size(left)} the "
                          "memory budget leaves; shorten the input or raise the budget")
     return rows_that_fit(left, row_bytes)
 
