@@ -834,6 +834,27 @@ def test_the_mmap_threshold_is_set_on_glibc():
     assert allocator.set_mmap_threshold(allocator.MMAP_THRESHOLD)
 
 
+def test_free_heap_memory_is_released_between_a_benchmarks_explaining_and_scoring(monkeypatch, tmp_path):
+    import platform
+
+    from test_benchmark import METRICS, FakeExplainer, dataset, linear_predict
+
+    from attnlens.core import allocator
+    from attnlens.evaluation import runner
+
+    if platform.libc_ver()[0] == "glibc":
+        assert allocator.release_free_memory()
+    monkeypatch.setenv("ATTNLENS_KEEP_MALLOC", "1")
+    assert not allocator.release_free_memory()  # the allocator left as it is
+    calls = []
+    for name in ("_explain_chunk", "release_free_memory", "score_examples"):
+        real = getattr(runner, name)
+        monkeypatch.setattr(runner, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    runner.run_benchmark(FakeExplainer(), dataset(4), tmp_path, methods="rawatt", metrics=METRICS,
+                         predict=linear_predict, progress=False, chunk_size=2)
+    assert calls == ["_explain_chunk", "release_free_memory", "score_examples"] * 2
+
+
 @pytest.fixture(scope="module")
 def smollm2_sized() -> Explainer:
     """A causal LM with SmolLM2-135M's layers, heads and widths (and a small vocabulary), its weights on the meta

@@ -90,6 +90,20 @@ def for_layer_blocks(block: int) -> Iterator[None]:
         _threshold = before if set_mmap_threshold(before) else 0
 
 
+def release_free_memory() -> bool:
+    """Give the heaps' free blocks back to the system (glibc's ``malloc_trim(0)``), between two phases that each
+    plan within the memory budget: a benchmark's explanations, then the forwards that score them (MiniLM, 8
+    reviews of 256 tokens, GAE within 128 MiB: 161 MiB above the process's baseline without it, 122 MiB with
+    it). Whether it ran (``False`` off glibc, or with ``ATTNLENS_KEEP_MALLOC`` set)."""
+    if not sys.platform.startswith("linux") or os.environ.get("ATTNLENS_KEEP_MALLOC"):
+        return False
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # musl or another libc
+        return False
+    return True
+
+
 def _fix_threshold() -> None:
     global _threshold
     if _threshold is None and not os.environ.get("ATTNLENS_KEEP_MALLOC"):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.allocator import release_free_memory
 from ..core.memory import DEFAULT_BUDGET, parse_budget
 from ..data import Dataset
 from ..errors import InputError
@@ -410,6 +411,7 @@ def _work(
             items = _explain_chunk(explainer, dataset, chunk, method_ids, kendall_methods, cached, exp_path,
                                    config, n_classes, batch_size, explain_options, target_kind,
                                    gold=target == "gold")
+            release_free_memory()  # explaining and scoring each plan within the budget: not the one beside the other
             t1 = time.perf_counter()
             bar.set_postfix_str("scoring", refresh=True)
             scores = score_examples(items, method_ids, metric_ids, predict, config, class_specific)
