@@ -113,10 +113,10 @@ def test_bad_files(model_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize(("line", "message"), [
     ({"text": "x", "text_a": "y", "text_b": "z"}, 'holds both "text" and "text_a"; give one text or one pair'),
-    ({"text": 5}, '"text" must be a string, got 5'),
-    ({"text": ["a", "b"]}, '"text" must be a string, got ["a", "b"]'),
+    ({"text": 5}, "field 'text' is 5, not a text string"),
+    ({"text": ["a", "b"]}, "field 'text' is [\"a\", \"b\"], not a text string"),
     ({"text_b": "only"}, '"text_b" without "text_a"; a pair needs both'),
-    ({"text_a": "a", "text_b": None}, '"text_b" must be a string, got null'),
+    ({"text_a": "a", "text_b": None}, "field 'text_b' is null, not a text string"),
     ({"text": "   "}, "the text is empty or whitespace only"),
 ])
 def test_a_json_line_that_is_not_one_text_or_one_pair_is_named(model_dir, tmp_path, capsys, line, message):

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..data import row_text
 from ..errors import InputError, ModelError
 from ..paths import atomic_write_text, check_output_path
 from ..viz.safetext import terminal_safe
@@ -56,23 +57,15 @@ def read_texts(path: str) -> list[Any]:
         pair = [k for k in ("text_a", "text_b") if k in row]
         if "text" in row and pair:
             raise InputError(f'{where}: holds both "text" and "{pair[0]}"; give one text or one pair')
-        if "text" in row:
-            value = row["text"]
-        elif pair:
-            value = [row.get("text_a"), row.get("text_b")]
-            if len(pair) < 2:
-                missing = "text_b" if pair == ["text_a"] else "text_a"
-                raise InputError(f'{where}: "{pair[0]}" without "{missing}"; a pair needs both')
-        else:
+        if len(pair) == 1:
+            missing = "text_b" if pair == ["text_a"] else "text_a"
+            raise InputError(f'{where}: "{pair[0]}" without "{missing}"; a pair needs both')
+        if "text" not in row and not pair:
             raise InputError(f'{where}: no "text" (or "text_a" and "text_b") field')
-        fields = ["text"] if "text" in row else ["text_a", "text_b"]
-        parts = [value] if "text" in row else value
-        bad = [(f, p) for f, p in zip(fields, parts, strict=True) if not isinstance(p, str)]
-        if bad:
-            raise InputError(f'{where}: "{bad[0][0]}" must be a string, got {json.dumps(bad[0][1])[:40]}')
+        parts = [row_text(row, key, where) for key in (pair or ["text"])]
         if any(not p.strip() for p in parts):
             raise InputError(f"{where}: the text is empty or whitespace only")
-        texts.append(value if "text" in row else (value[0], value[1]))
+        texts.append(parts[0] if len(parts) == 1 else tuple(parts))
     return texts
 
 

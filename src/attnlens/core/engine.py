@@ -30,6 +30,7 @@ from .logit_rows import LogitRows
 from .memory import (
     DEFAULT_BUDGET,
     LRP_STORAGE,
+    VALUE_ZEROING_STORAGE,
     Dims,
     Storage,
     budget_chunks,
@@ -181,7 +182,7 @@ def _own_pass_storage(spec: Method, logit_rows: int = 0, fused: bool = False) ->
     if spec.lrp:
         return dataclasses.replace(LRP_STORAGE, logit_rows=logit_rows)
     if spec.per_token_passes:
-        return Storage(eager=True, maps=True, map_layers=1, hidden=True)
+        return VALUE_ZEROING_STORAGE
     return Storage(eager=not fused, backward=True, logit_rows=logit_rows)
 
 

@@ -67,6 +67,13 @@ def placement(model: nn.Module) -> tuple[str, torch.dtype | None]:
     return ("cpu", None) if param is None else (param.device.type, param.dtype)
 
 
+def weights_dtype(model: nn.Module) -> str | None:
+    """The dtype of ``model``'s parameters by name (``"float32"``), as results record it; ``None`` without
+    parameters."""
+    dtype = placement(model)[1]
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 def fused_implementation(model: nn.Module) -> str:
     """The attention implementation to run ``model``'s fused passes under: transformers' ``"sdpa"``, or
     :data:`FUSED_REPEATED_HEADS` for a grouped-query model in float32 on CUDA whose layers dispatch through

@@ -234,6 +234,9 @@ FULL_STORAGE = Storage(eager=True, backward=True, maps=True, map_grads=True, hid
 # epsilon 0, :func:`attnlens.lrp.lrp_pass` ``fused=True``): each layer recomputed in the backward, no maps,
 # the input embeddings and their gradient
 LRP_STORAGE = FULL_STORAGE
+# value zeroing's passes: eager forwards, one layer's maps at a time, and every layer's input (the layers are rerun
+# from them)
+VALUE_ZEROING_STORAGE = Storage(eager=True, maps=True, map_layers=1, hidden=True)
 FUSED_LRP_STORAGE = Storage(eager=False, backward=True, recompute=True, embeddings=True, embedding_grads=True)
 # the fused pass of a method reading the attention relevance (Chefer et al.'s rules): per layer the queries, keys
 # and values, and the modified gradient at the attention output, the relevance recomputed from them

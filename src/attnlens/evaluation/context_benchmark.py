@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.fused_attention import weights_dtype
 from ..errors import InputError
 from ..paths import atomic_write_text
 from ..sources.ablation import ablation_logprobs, full_logprob, random_masks, rank_agreement
@@ -82,10 +83,8 @@ def _truth_settings(config: ContextBenchmarkConfig, ex: Explainer, example: Cont
     and the example itself (a digest of its context, query, answer and sources: an id names the same example only
     under the same data set settings, e.g. the number of distractors)."""
     text = json.dumps([example.context, example.query, example.answer, [[s.start, s.end] for s in example.sources]])
-    first = next(iter(ex.model.parameters()), None)
     return {"n_lds": config.n_lds, "keep_probability": config.keep_probability, "ablation": config.ablation,
-            "seed": config.seed, "model": ex.name,
-            "dtype": None if first is None else str(first.dtype).removeprefix("torch."),
+            "seed": config.seed, "model": ex.name, "dtype": weights_dtype(ex.model),
             "example": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.allocator import release_free_memory
+from ..core.encoding import normalize_texts
+from ..core.fused_attention import weights_dtype
 from ..core.memory import DEFAULT_BUDGET, parse_budget
 from ..data import Dataset
 from ..errors import InputError
@@ -217,10 +219,10 @@ def run_benchmark(
             raise InputError(f"{name} must be a positive number, got {value}")
     if not len(dataset):
         raise InputError(f"dataset {dataset.name} has no examples")
-    blank = next((e for e in dataset if any(not isinstance(p, str) or not p.strip()
-                                            for p in ([e.text] if isinstance(e.text, str) else e.text))), None)
-    if blank is not None:  # found now, before anything is written (explaining would stop at its chunk)
-        raise InputError(f"dataset {dataset.name}: example {blank.id} has an empty or whitespace-only text")
+    try:  # the encoder's own checks, now, before anything is written (explaining would stop at its chunk)
+        normalize_texts([e.text for e in dataset])
+    except InputError as exc:
+        raise InputError(f"dataset {dataset.name}: {_by_example(str(exc), [e.id for e in dataset])}") from None
     if not qa:
         _check_labels(dataset, n_classes, need=target == "gold" or config.protocol == "attcat-code")
     if target_kind == "loss" and target != "gold" and config.protocol != "attcat-code":
@@ -509,10 +511,9 @@ def _applicable_methods(methods: Any, explainer: Any, resolve: Callable[[Any], l
 def _model_setup(explainer: Any) -> dict[str, Any]:
     """What else decides the scores of a model beside its name: the longest input (truncation), the weights'
     dtype and the explained attention stream. A resumed run must match them."""
-    parameters = getattr(explainer.model, "parameters", None)
-    first = next(iter(parameters()), None) if callable(parameters) else None
+    weights = callable(getattr(explainer.model, "parameters", None))  # a duck-typed explainer's model may have none
     return {"max_length": getattr(explainer, "max_length", None), "stream": getattr(explainer, "stream", None),
-            "dtype": None if first is None else str(first.dtype).removeprefix("torch.")}
+            "dtype": weights_dtype(explainer.model) if weights else None}
 
 
 def _pad_id(explainer: Any) -> int:
@@ -526,14 +527,19 @@ def _pad_id(explainer: Any) -> int:
 _INPUT = re.compile(r"\binput (\d+)\b")
 
 
+def _by_example(message: str, ids: Sequence[str]) -> str:
+    """``message`` with each "input K" (a position among the texts ``ids`` name) as "example ID"."""
+    return _INPUT.sub(lambda m: f"example {ids[int(m.group(1))]}" if int(m.group(1)) < len(ids) else m.group(0),
+                      message)
+
+
 def _explain_examples(explainer: Any, ids: Sequence[str], texts: list[Any], methods: list[str],
                       **kwargs: Any) -> list[Explanation]:
     """``explainer.explain(texts, methods, **kwargs)`` for the examples ``ids``: its warnings and one-line errors
     name an input by its position in this call ("input 3"), which is the example's position in its chunk; they
     name the example instead ("example 1042")."""
     def named(message: str) -> str:
-        return _INPUT.sub(lambda m: f"example {ids[int(m.group(1))]}" if int(m.group(1)) < len(ids)
-                          else m.group(0), message)
+        return _by_example(message, ids)
 
     caught: list[warnings.WarningMessage] = []
     try:

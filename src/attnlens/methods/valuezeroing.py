@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..core.batch_state import BatchContext
-from ..core.memory import Storage, model_dims, pass_row_bytes
+from ..core.memory import VALUE_ZEROING_STORAGE, model_dims, pass_row_bytes
 from ..core.modelstate import without_cache
 from ..errors import ModelError
 from ..models.architectures import Layers, architecture_for
@@ -292,21 +292,16 @@ def _check_valuezeroing(rollout: bool = True) -> None:
 def rows_within(model: nn.Module, budget: int, rows: int, n: int) -> int:
     """Token rows one batched layer rerun may take (at most :data:`MAX_ROWS`, at least one) so that its
     activations fit what ``budget`` bytes leave beside what value zeroing keeps for ``rows`` inputs of ``n``
-    tokens (every layer's input, one layer's maps: the estimate its refusal reads, :func:`value_zeroing_storage`).
+    tokens (every layer's input, one layer's maps: the estimate its refusal reads,
+    :data:`~attnlens.core.memory.VALUE_ZEROING_STORAGE`).
     A rerun token row holds a forward's vectors (the feed-forward's included) and, rerun whole, its attention row
     in every head."""
     dims = model_dims(model)
-    kept = rows * pass_row_bytes(dims, n, value_zeroing_storage())
+    kept = rows * pass_row_bytes(dims, n, VALUE_ZEROING_STORAGE)
     # twice a row's vectors: the batch's outputs and cosine distances beside its activations, and the allocator's
     # slack (a 118-token SmolLM2 prompt within 128 MiB peaked at 1.15 times the budget with once)
     per_row = 2 * (dims.forward_vectors * dims.hidden + dims.heads * n) * max(dims.itemsize, 4)
     return max(1, min(MAX_ROWS, (budget - kept) // max(1, per_row)))
-
-
-def value_zeroing_storage() -> Storage:
-    """What value zeroing's passes keep: eager forwards, one layer's maps at a time, every layer's input (the
-    layers are rerun from them)."""
-    return Storage(eager=True, maps=True, map_layers=1, hidden=True)
 
 
 @register(

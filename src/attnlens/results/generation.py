@@ -113,10 +113,11 @@ class Generation:
     def tokens_in(self, start: int, end: int) -> list[int]:
         """The steps whose generated token overlaps characters ``[start, end)`` of :attr:`text`, with the tokens
         holding the first bytes of a selected character (empty spans just before the token completing it)."""
-        if not 0 <= start < end <= len(self.text):
-            raise InputError(f"characters [{start}, {end}) are not a non-empty range of the {len(self.text)}-character "
-                             "continuation")
         spans = self.generated_offsets
+        length = spans[-1][1] if spans else 0  # of :attr:`text`
+        if not 0 <= start < end <= length:
+            raise InputError(f"characters [{start}, {end}) are not a non-empty range of the {length}-character "
+                             "continuation")
         chosen = {t for t, (a, b) in enumerate(spans) if a < end and b > start}
         for t in range(len(spans) - 2, -1, -1):
             a, b = spans[t]
