@@ -124,6 +124,22 @@ def test_the_estimate_counts_the_mask_each_sliding_window_layer_keeps_for_the_ba
     assert held <= estimated
 
 
+def test_the_estimate_counts_one_layers_per_head_value_vectors_where_rows_and_hidden_states_are_read():
+    """Attention norm (the explained rows and the hidden states, no chunks) forms each layer's per-head value
+    vectors, H × N × D of them, in VALUE_VECTOR_COPIES float32 copies: the estimate holds that term."""
+    dims = memory.Dims(layers=6, heads=12, hidden=384)
+    n = 256
+    rows_only = memory.Storage(eager=False, rows=True)
+    with_hidden = dataclasses.replace(rows_only, hidden=True)
+    hidden_only = memory.Storage(eager=False, hidden=True)
+    values = memory.VALUE_VECTOR_COPIES * 12 * n * 384 * 4
+    states = 7 * n * 384 * 4  # every layer's input and the last output
+    grown = memory.pass_row_bytes(dims, n, with_hidden) - memory.pass_row_bytes(dims, n, rows_only)
+    assert grown == states + values
+    assert memory.pass_row_bytes(dims, n, hidden_only) - memory.pass_row_bytes(dims, n, memory.Storage(eager=False)) \
+        == states  # without rows or chunks no value vectors are formed
+
+
 def test_the_estimate_counts_the_position_terms_each_deberta_layer_keeps_for_its_gathers():
     """DeBERTa-v2's layers each build their content-to-position and position-to-content terms, heads × N ×
     2·buckets values, before gathering them into N × N, and each gather keeps its input for the backward: with 128

@@ -243,6 +243,30 @@ def test_recomputed_layers_give_the_same_gradients(monkeypatch):
     _assert_same(recomputed, kept, methods)
 
 
+def test_a_recomputed_pass_lets_go_of_what_its_recorder_kept(monkeypatch):
+    """A recomputed layer runs in a copy of its forward's context, which holds the pass's recorder: once the pass
+    is done the recorder holds none of its tensors (kept rows, value vectors), or they and the graph would hold
+    each other beyond the pass."""
+    ex = _lm()
+    recorders = []
+
+    class Recorder(row_attention.RowRecorder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            recorders.append(self)
+
+    monkeypatch.setattr(capture, "RowRecorder", Recorder)
+    real = memory.pass_row_bytes
+    monkeypatch.setattr(engine_module, "pass_row_bytes",
+                        lambda d, n, s: 1 if s.recompute else (2**30 if s.backward else real(d, n, s)))
+    monkeypatch.setattr(memory, "pass_row_bytes",
+                        lambda d, n, s: 1 if s.recompute else (2**30 if s.backward else real(d, n, s)))
+    (e,) = ex.explain(TEXTS[:1], methods=["grads", "decompx"], memory_budget="256MiB")
+    assert recorders and np.abs(e.scores["grads"]).max() > 0
+    for r in recorders:
+        assert (r.kept_rows, r.received, r.mean_maps, r.layer_factors) == ([], [], [], [])
+
+
 def _peak_rss_growth(fn) -> int:
     """Bytes the process's peak resident size grew by while ``fn`` ran: the peak (``VmHWM``) is first reset to the
     current size (``/proc/self/clear_refs``; the ``ru_maxrss`` of a process keeps its parent's peak across exec)."""
