@@ -394,8 +394,9 @@ LONG = " ".join(["a long and winding review of a film"] * 12)  # within the 500 
                  "options": {"integratedgradients": {"n_steps": 200}}}),
     ("explain", {"model": "minilm", "texts": [LONG], "methods": ["kernelshap"],
                  "options": {"kernelshap": {"n_samples": 200_000, "perturbations_per_eval": 8}}}),
-    ("generate", {"model": "lm", "prompt": "the movie was", "max_new_tokens": 4, "methods": ["integratedgradients"],
-                  "options": {"integratedgradients": {"n_steps": 20_000}}}),
+    # each batch of 8 samples reports: the cancel lands within one batch, whatever the machine's speed
+    ("generate", {"model": "lm", "prompt": "the movie was", "max_new_tokens": 4, "methods": ["kernelshap"],
+                  "options": {"kernelshap": {"n_samples": 200_000, "perturbations_per_eval": 8}}}),
     ("attribute", {"model": "lm", "context": "the movie was great . the actors were bad . the end .",
                    "query": "was it good", "answer": " yes", "methods": ["contextcite"],
                    "options": {"contextcite": {"n_ablations": 200_000}}}),
