@@ -267,6 +267,49 @@ def test_a_recomputed_pass_lets_go_of_what_its_recorder_kept(monkeypatch):
         assert (r.kept_rows, r.received, r.mean_maps, r.layer_factors) == ([], [], [], [])
 
 
+def _live_graph_tensors() -> int:
+    """How many tensors that belong to an autograd graph Python's collector still finds alive."""
+    import gc
+
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is torch.Tensor and o.grad_fn is not None)
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_a_recomputed_pass_keeps_no_graph_alive_when_hidden_states_are_read(monkeypatch, kind):
+    """DecompX reads every layer's hidden states, which transformers collects in a context variable during the
+    forward: a recomputation carries attnlens' own variables only, or the collected states, their graph and its
+    checkpoints would hold each other after the pass, one pass's activations for every text explained."""
+    ex = Explainer(make_model(kind), make_tokenizer())
+    real = memory.pass_row_bytes
+    monkeypatch.setattr(engine_module, "pass_row_bytes",
+                        lambda d, n, s: 1 if s.recompute else (2**30 if s.backward else real(d, n, s)))
+    monkeypatch.setattr(memory, "pass_row_bytes",
+                        lambda d, n, s: 1 if s.recompute else (2**30 if s.backward else real(d, n, s)))
+    before = _live_graph_tensors()
+    for text in TEXTS:
+        (e,) = ex.explain([text], methods=["gae", "decompx"], memory_budget="256MiB")
+        assert np.abs(e.scores["gae"]).max() > 0
+    assert _live_graph_tensors() == before
+
+
+def test_every_attnlens_context_variable_is_carried_into_recomputed_layers():
+    """A recomputation carries the context variables whose names start with the project's prefix, and only them:
+    a variable named otherwise would be missing when a layer is recomputed in the backward."""
+    import ast
+    from pathlib import Path
+
+    import attnlens
+    from attnlens.models import recompute
+
+    names = []
+    for path in Path(attnlens.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ContextVar":
+                names.append(node.args[0].value)
+    assert len(names) >= 3 and all(n.startswith(recompute.OWN_PREFIX) for n in names), names
+
+
 def _peak_rss_growth(fn) -> int:
     """Bytes the process's peak resident size grew by while ``fn`` ran: the peak (``VmHWM``) is first reset to the
     current size (``/proc/self/clear_refs``; the ``ru_maxrss`` of a process keeps its parent's peak across exec)."""

@@ -3,9 +3,9 @@ for the passes whose activations would not fit the memory budget: the shared pas
 (:mod:`attnlens.core.capture`), AttnLRP's fused pass (:mod:`attnlens.lrp.relevance`), integrated gradients and the
 attention gates, each through :func:`attnlens.core.recomputing.recomputing`, which sets the C allocator for it.
 
-A layer is recomputed in the context (:mod:`contextvars`) its forward ran in: the recording attention and the
-LRP rules read their state from context variables, and on a GPU the backward, recomputations included, runs in
-autograd's own thread, where that state would otherwise be missing."""
+A layer is recomputed with attnlens' context variables (:mod:`contextvars`) as its forward saw them: the
+recording attention and the LRP rules read their state from context variables, and on a GPU the backward,
+recomputations included, runs in autograd's own thread, where that state would otherwise be missing."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+# the name every attnlens context variable starts with (what a recomputation carries)
+OWN_PREFIX = "attnlens_"
 
 
 @contextmanager
@@ -51,11 +54,33 @@ def recomputed_layers(model: nn.Module) -> Iterator[int]:
 
 def checkpointed(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)`` under non-reentrant checkpointing: its activations are not kept, and the
-    backward runs it again, in a copy of the context it ran in first (whichever thread the backward runs in)."""
+    backward runs it again with attnlens' own context variables as they were at the first run (whichever thread
+    the backward runs in).
+
+    Only attnlens' variables travel to the recomputation: another library's (transformers' output collector)
+    would hold the pass's hidden states, whose graph holds this checkpoint, a cycle through autograd that Python's
+    collector cannot see, so every pass would stay in memory."""
     from torch.utils.checkpoint import checkpoint
 
-    context = contextvars.copy_context()
-    return checkpoint(context.run, function, *args, use_reentrant=False, **kwargs)
+    carried = [(var, value) for var, value in contextvars.copy_context().items() if var.name.startswith(OWN_PREFIX)]
+    first = True
+
+    def run(*inner: Any, **named: Any) -> Any:
+        nonlocal first
+        if first:
+            first = False
+            return contextvars.copy_context().run(function, *inner, **named)
+        return contextvars.Context().run(_restored, carried, function, *inner, **named)
+
+    return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+
+def _restored(carried: list[tuple[contextvars.ContextVar[Any], Any]], function: Callable[..., Any], *args: Any,
+              **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` after setting ``carried`` variables (in a fresh context, which is dropped)."""
+    for var, value in carried:
+        var.set(value)
+    return function(*args, **kwargs)
 
 
 def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
