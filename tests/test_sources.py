@@ -61,6 +61,24 @@ def test_sentence_passage_and_line_sources_are_exact_spans():
     assert [(s.text, s.start, s.end) for s in lines] == [("a", 0, 1), ("b c", 5, 8), ("d", 10, 11)]
 
 
+@pytest.mark.parametrize("context", ["He said no.?!", "The answer is No.!? Really.!!", "It is 3.5 m.?!\n\nNext one.",
+                                     "  (a) first.  (b) second.\t"])
+def test_every_character_but_whitespace_is_in_one_sentence(context):
+    covered = np.zeros(len(context), dtype=int)
+    for s in split_sources(context, "sentence"):
+        assert context[s.start:s.end] == s.text
+        covered[s.start:s.end] += 1
+    assert all(covered[i] == 1 for i, c in enumerate(context) if not c.isspace()), covered
+
+
+def test_spans_may_be_numpy_integers_and_whitespace_only_spans_are_refused():
+    context = "the movie .   the plot ."
+    found = split_sources(context, [(np.int64(14), np.int64(24)), np.array([0, 11])])
+    assert [s.text for s in found] == ["the plot .", "the movie ."]  # the caller's order
+    with pytest.raises(InputError, match="source 0 .* is whitespace only"):
+        split_sources(context, [(11, 14)])
+
+
 def test_sentences_never_cross_a_blank_line():
     text = "First part without a stop\n\nsecond part. Third one."
     assert [s.text for s in split_sources(text)] == ["First part without a stop", "second part.", "Third one."]
@@ -584,6 +602,44 @@ def test_scores_keep_their_digits_at_any_scale(lm, capsys):
     assert "loo: +4e-05" in r.to_html() and "[0] +4e-05" in r.to_html()
 
 
+def test_the_terminal_view_prints_brackets_as_written(lm, capsys):
+    """Retrieved text holds brackets (citations, code, wiki markup): printed as written, never read as markup."""
+    from rich.console import Console
+
+    from attnlens.viz.sources import print_attribution
+
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False, per_token=True)
+    r.query, r.answer = "what [b]color[/b] is [/] it ?", " [red]blue[/red] is it"
+    r.sources[0] = replace(r.sources[0], text="the flag [bold]color[/bold] is [link=http://x]red[/link] [/] [1]")
+    r.meta["outside_share"] = {"loo": 0.0}
+    print_attribution(r, console=Console(width=300, color_system=None))
+    out = capsys.readouterr().out
+    for text in (r.query, r.answer, r.sources[0].text):
+        assert text in out
+
+
+def test_a_result_read_back_without_its_tokens_shows_its_per_token_rows(lm, capsys):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False, per_token=True)
+    back = ContextAttribution.from_dict(json.loads(json.dumps(r.to_dict(tokens=False))))
+    assert back.token_rows and not back.answer_tokens
+    back.show()
+    assert "answer token 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("first", "last", "span"), [
+    (0, 5, (0, 15)),  # every token: the whole answer
+    (0, 2, (0, 2)),  # two newline tokens: whitespace only, and explained
+    (2, 5, (2, 15)),
+    (4, 5, (10, 15)),  # " Paris" without its leading space
+])
+def test_the_explained_span_covers_every_explained_token(first, last, span):
+    from attnlens.sources.attribute import _explained_span
+
+    text = "\n\nAnswer: Paris"
+    offsets = [(0, 1), (1, 2), (2, 8), (8, 9), (9, 15)]
+    assert _explained_span(text, offsets, first, last) == span
+
+
 # ------------------------------------------------------------------------------------------------- CLI
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory) -> str:
@@ -634,6 +690,7 @@ def test_cli_cite_offsets_index_the_context_file_as_written(lm_dir, tmp_path, ca
     d = json.loads(capsys.readouterr().out)
     assert d["context"] == text and d["sources"][0]["text"] == "the movie was great ."
 
+
 @pytest.mark.parametrize("extra, message", [
     (["--query", " "], "the query is empty"),
     (["--context", " "], "the context is empty"),
@@ -651,6 +708,11 @@ def test_cli_cite_offsets_index_the_context_file_as_written(lm_dir, tmp_path, ca
     (["--methods", "attngate", "--options", '{"attngate": {"queries": "some"}}'], "queries must be one of all, after"),
     (["--methods", "contextcite", "--n-ablations", "8", "--options", '{"contextcite": {"n_ablations": 16}}'],
      "--n-ablations and --options both set contextcite's n_ablations"),
+    (["--methods", "contextcite", "--options", '{"contextcite": {"alpha": -1}}'], "alpha .* must be a number >= 0"),
+    (["--methods", "contextcite", "--options", '{"contextcite": {"seed": "a"}}'], "seed must be an integer >= 0"),
+    (["--methods", "contextcite", "--options", '{"contextcite": {"keep_probability": "0.5"}}'],
+     "keep_probability must be a number between 0 and 1"),
+    (["--methods", "attngate", "--options", '{"attngate": {"steps": 0}}'], "steps must be an integer >= 1"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(lm_dir, tmp_path, capsys, extra, message):
     out = tmp_path / "c.json"

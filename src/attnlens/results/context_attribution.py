@@ -47,7 +47,8 @@ class ContextAttribution:
         query: the query, as given.
         prompt: the prompt the model read (template and chat markup around context and query).
         answer: the continuation after ``prompt`` whose log-probability is explained.
-        sources: the sources, in context order.
+        sources: the sources, in context order for a mode (``"sentence"``, ...), in the caller's order for
+            spans or strings.
         scores: per method, one score per source (higher: the answer depends more on that source).
         token_scores: per token-level method, one score per prompt token (``prompt_tokens``).
         prompt_tokens: the prompt's tokens as text.

@@ -257,13 +257,24 @@ def prepare_job(
         raise InputError(f"prompt ({len(prompt.ids)} tokens) + answer ({len(ids)}) is longer than the model's "
                          f"maximum of {runner.max_length} tokens")
     first, last = _explained_tokens(answer_offsets, answer_span, len(answer_text))
-    explained = (answer_offsets[first][0], answer_offsets[last - 1][1])
-    while explained[0] < explained[1] and answer_text[explained[0]].isspace():  # a BPE token's leading space
-        explained = (explained[0] + 1, explained[1])
+    explained = _explained_span(answer_text, answer_offsets, first, last)
     return CiteJob(runner, context, found, prompt, token_sources(prompt, found), ids[:first], ids[first:last],
                    ablation, parse_budget(memory_budget), query=query, answer=answer_text,
                    answer_offsets=answer_offsets, answer_token_ids=ids, explained=explained,
                    generated=answer is None)
+
+
+def _explained_span(text: str, offsets: Sequence[tuple[int, int]], first: int, last: int) -> tuple[int, int]:
+    """The character span of ``text`` that answer tokens ``first:last`` cover: the whole answer when they are all
+    of its tokens; else from the first token's first character that is not a BPE token's leading space (a token
+    of whitespace only, such as a newline, is part of the span: its log-probability is explained too)."""
+    if first == 0 and last == len(offsets):
+        return 0, len(text)
+    start, end = offsets[first][0], offsets[last - 1][1]
+    token = text[start:offsets[first][1]]
+    if token.strip():
+        start += len(token) - len(token.lstrip())
+    return start, end
 
 
 TOKEN_PASS_FORWARDS = 3.0  # the token-level methods' pass, counted as forwards for progress (forward + backward)

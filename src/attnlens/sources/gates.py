@@ -311,8 +311,8 @@ def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after", steps: Any = 1
                "context, one backward over the positions after it per step.",
                "attention-gate gradient (first-order attention masking, after attribution patching: Nanda 2023, "
                "Kramár et al. 2024)",
-               forwards=lambda n, steps=1, **_: 1 + steps, check=_check, why_not=ungateable, gate=0.5,
-               queries="after", steps=1)
+               forwards=lambda n, steps=1, **_: 1 + steps, check=_check, why_not=ungateable, check_values=_checked,
+               gate=0.5, queries="after", steps=1)
 def attngate(job: CiteJob, gate: float = 0.5, queries: str = "after",
              steps: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
     points, queries = _checked(gate, queries, steps)

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from ..errors import InputError
 from ..results.context_attribution import Source
 
@@ -46,10 +48,14 @@ def _segmenter() -> Any:
 
 
 def _sentences(context: str) -> list[Source]:
+    """pysbd's sentences of each block, each running to where the next begins (the last to the block's end), so
+    every character of the context but whitespace is in one: pysbd leaves out some trailing punctuation
+    (``"He said no.?!"``: ``"?!"``), which would otherwise belong to no source and never be removed."""
     out: list[Source] = []
     for block in _blocks(context, r"\n\s*\n"):
-        for span in _segmenter().segment(block.text):
-            s = _trimmed(context, block.start + span.start, block.start + span.end)
+        starts = sorted({span.start for span in _segmenter().segment(block.text)} | {0})
+        for start, end in zip(starts, [*starts[1:], len(block.text)]):
+            s = _trimmed(context, block.start + start, block.start + end)
             if s is not None:
                 out.append(s)
     return out
@@ -90,15 +96,18 @@ def split_sources(context: str, sources: str | Sequence[Any] = "sentence") -> li
         return out
     spans = []
     for i, s in enumerate(sources):
-        if (not isinstance(s, Sequence) or isinstance(s, str) or len(s) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in s)):
+        if (not isinstance(s, Sequence | np.ndarray) or isinstance(s, str) or len(s) != 2
+                or not all(isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_) for v in s)):
             raise InputError(f"source {i} must be a (start, end) pair of character offsets, got {s!r:.60}")
-        start, end = s
+        start, end = int(s[0]), int(s[1])
         if not 0 <= start < end <= len(context):
             raise InputError(f"source {i} ({start}, {end}) is outside the context (0..{len(context)}) or empty")
+        if not context[start:end].strip():
+            raise InputError(f"source {i} ({start}, {end}) is whitespace only")
         spans.append((start, end, i))
     spans.sort()
     for (_, end_a, i), (start_b, _, j) in zip(spans, spans[1:]):
         if start_b < end_a:
             raise InputError(f"sources {i} and {j} overlap")
-    return [Source(context[start:end], start, end) for start, end in (tuple(s) for s in sources)]
+    spans.sort(key=lambda span: span[2])  # the caller's order
+    return [Source(context[start:end], start, end) for start, end, _ in spans]

@@ -36,38 +36,45 @@ def score_text(value: float, digits: int = 4) -> str:
 
 
 def print_attribution(a: Any, k: int | None = None, console: Any = None) -> None:
-    """The answer, then per method the sources from the highest score down (``k``: at most that many)."""
+    """The answer, then per method the sources from the highest score down (``k``: at most that many). The
+    context's, query's and answer's text is printed as written (never read as rich markup)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    def line(label: str, text: str) -> Text:
+        return Text.assemble((label, "bold"), " ", terminal_safe(text))
 
     console = console or Console()
-    console.print(f"[bold]Query:[/bold] {terminal_safe(a.query)}", highlight=False)
-    console.print(f"[bold]Answer:[/bold] {terminal_safe(a.answer)}", highlight=False)
+    console.print(line("Query:", a.query), highlight=False)
+    console.print(line("Answer:", a.answer), highlight=False)
     explained = a.meta.get("explained")
-    if explained and explained != [0, len(a.answer)]:
-        console.print(f"[bold]Explained:[/bold] {terminal_safe(a.meta.get('explained_text', ''))}", highlight=False)
+    if explained and list(explained) != [0, len(a.answer)]:
+        console.print(line("Explained:", a.meta.get("explained_text", "")), highlight=False)
     for m in a.methods:
-        table = Table(title=f"{m}", title_justify="left", show_lines=False)
+        table = Table(title=Text(terminal_safe(m, one_line=True)), title_justify="left", show_lines=False)
         table.add_column("#", justify="right")
         table.add_column("score", justify="right")
         table.add_column("source")
         for rank, (i, s, v) in enumerate(a.ranked(m)[: k or None], 1):
             text = s.text if len(s.text) <= 110 else s.text[:107] + "..."
-            table.add_row(str(rank), score_text(v), f"[{i}] {terminal_safe(text, one_line=True)}")
+            table.add_row(str(rank), score_text(v), Text(f"[{i}] {terminal_safe(text, one_line=True)}"))
         console.print(table)
         share = a.meta.get("outside_share", {}).get(m)
         if share is not None:
-            console.print(f"  share of {m}'s token scores outside every source (template, query, special "
-                          f"tokens): {share:.0%}", highlight=False)
+            console.print(Text(f"  share of {terminal_safe(m, one_line=True)}'s token scores outside every source "
+                               f"(template, query, special tokens): {share:.0%}"), highlight=False)
     if a.token_rows:
         table = Table(title="top source of each answer token", title_justify="left")
         table.add_column("token")
         for m in a.token_rows:
-            table.add_column(m, justify="right")
+            table.add_column(Text(terminal_safe(m, one_line=True)), justify="right")
         for row, step in enumerate(a.token_row_steps):
             cells = [f"[{int(np.argmax(v[row]))}] {score_text(float(np.max(v[row])), 3)}"
                      for v in a.token_rows.values()]
-            table.add_row(terminal_safe(repr(a.answer_tokens[step]), one_line=True), *cells)
+            # a result read back without its token-level part has the rows but not the answer's tokens
+            label = repr(a.answer_tokens[step]) if step < len(a.answer_tokens) else f"answer token {step}"
+            table.add_row(Text(terminal_safe(label, one_line=True)), *cells)
         console.print(table)
 
 
