@@ -787,6 +787,27 @@ def test_a_pass_planned_at_half_the_budget_or_more_sets_the_allocator(monkeypatc
     assert calls == [allocator.MMAP_THRESHOLD]
 
 
+def test_a_batch_filling_its_budget_maps_blocks_of_a_quarter_of_its_hidden_states_while_it_runs(monkeypatch):
+    """Given the size of one row's hidden states, a batch planned at half the budget or more runs with the blocks of
+    a quarter of its hidden states mapped on their own (blocks just below a fixed threshold left the heaps holding
+    freed blocks past the budget); the threshold before is back when the next batch is asked for."""
+    from attnlens.core import allocator
+
+    calls = []
+    monkeypatch.setattr(allocator, "set_mmap_threshold", lambda threshold=allocator.MMAP_THRESHOLD: calls.append(
+        threshold) or True)
+    monkeypatch.setattr(allocator, "_threshold", None)
+    hidden = 2**20  # one row's hidden states
+    chunks = memory.budget_chunks([10, 1, 10, 1], 2, 1000, lambda n: 300 if n == 10 else 10, lambda n: hidden)
+    assert next(chunks) == [1, 3]  # 20 of 1,000: the allocator is left alone
+    assert calls == []
+    assert next(chunks) == [0, 2]  # 600 of 1,000
+    assert calls == [2 * hidden // 4]
+    with pytest.raises(StopIteration):
+        next(chunks)
+    assert calls == [2 * hidden // 4, allocator.MMAP_THRESHOLD]
+
+
 def test_a_recomputed_pass_maps_blocks_of_a_quarter_of_a_layers_hidden_states(monkeypatch):
     """Within a pass that recomputes its layers, every block of a quarter of a layer's hidden states or more is
     mapped on its own (between MIN_THRESHOLD and MMAP_THRESHOLD); the threshold in force before is restored after."""
