@@ -15,7 +15,8 @@ hidden states and a few times that, and their holes in the heaps grew its reside
 (a ModernBERT-base-sized model's gradients over 2,048 tokens: 2.3 GiB resident for 0.27 GiB of tensors with an
 8 MiB threshold, 0.3 GiB with 3 MiB); within such a pass the threshold is a quarter of a layer's hidden states
 (:func:`for_layer_blocks`); so does a batch of explaining or scoring planned at :data:`BUDGET_SHARE` of the budget
-or more, with a quarter of the batch's hidden states (:func:`attnlens.core.memory.budget_chunks`). A fine-tuning step whose batch is split into micro-batches does the same with each
+or more, with a quarter of the batch's hidden states (:func:`attnlens.core.memory.budget_chunks`). A fine-tuning
+step whose batch is split into micro-batches does the same with each
 micro-batch's activations (MiniLM-L6, micro-batches of 15 × 256 tokens: 1.99 GiB at the second with an 8 MiB
 threshold, 1.51 GiB with 2 MiB, the first alone 1.43 GiB), and so runs under the same threshold. Off glibc nothing
 changes. Set ``ATTNLENS_KEEP_MALLOC=1`` to leave the allocator
