@@ -162,3 +162,25 @@ def test_flow_averages_the_normalised_flows_from_the_explained_rows(case: Case) 
         want += case.w[q] * flows / flows.sum()
     assert_matches(got, want, "flow")
     assert abs(got.sum() - 1) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+@pytest.mark.parametrize("stream", ["encoder", "decoder"])
+def test_an_encoder_decoder_qa_model_reads_the_span_rows_in_the_decoder_and_every_row_in_the_encoder(family, stream):
+    """An encoder-decoder QA head reads the decoder's states at the span's start and end: the decoder stream
+    explains those rows (half each), the encoder stream the mean over its real queries, as for classification
+    (no encoder position feeds the head)."""
+    tokenizer = make_tokenizer()
+    model = make_model(family, model_suffix="ForQuestionAnswering")
+    (e,) = Explainer(model, tokenizer, attention=stream).explain([(QUESTION, CONTEXT)], methods=["rawatt"],
+                                                                   target=(8, 12))
+    inputs = tokenizer(QUESTION, CONTEXT, return_tensors="pt", return_token_type_ids=False)
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=True)
+    maps = (out.encoder_attentions if stream == "encoder" else out.decoder_attentions)[-1][0].mean(0).double()
+    if stream == "encoder":
+        want = maps.mean(0)
+    else:  # decoder position i holds input token i - 1: the head reads rows 8 and 12, key k is token k - 1
+        rows = 0.5 * (maps[8] + maps[12])
+        want = torch.cat([rows[1:], rows.new_zeros(1)])
+    np.testing.assert_allclose(e.scores["rawatt"], want.numpy(), atol=1e-6)

@@ -273,7 +273,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     if targets is None:
         targets = head.predicted(logits, logit_mask, answer_mask)
     weights = head.query_weights(targets, stream_tensors.query_mask.shape[1])
-    if weights is not None:
+    if weights is not None and stream_tensors.head_queries:
         stream_tensors.query_weights = weights
     query_weights = stream_tensors.query_weights.to(logits.dtype)
     maps = list(stream_tensors.attentions)

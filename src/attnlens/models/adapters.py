@@ -37,6 +37,9 @@ class StreamTensors:
     key_mask: torch.Tensor  # (B, K) bool
     query_weights: torch.Tensor  # (B, Q)
     self_attention: bool
+    # whether the queries are the positions the task head reads (the rows a QA span or a token names); False for
+    # an encoder-decoder's encoder stream, whose rows are always the mean over its real queries
+    head_queries: bool = True
 
 
 def _one_hot(index: torch.Tensor, n: int) -> torch.Tensor:
@@ -191,6 +194,7 @@ class EncoderDecoderAdapter(Adapter):
                 key_mask=enc_mask,
                 query_weights=_uniform(enc_mask),
                 self_attention=True,
+                head_queries=False,
             )
         # Decoder position 0 holds the start token and position i the input token i - 1, so the real decoder
         # positions that can reach the head (at the last EOS) are 0 .. n-1: the same mask as the input's.
