@@ -138,3 +138,28 @@ def test_a_one_label_multi_label_classifier_is_still_a_classifier(tokenizer):
     model.config.problem_type = "multi_label_classification"
     model.config.num_labels = 1
     assert Explainer(model, tokenizer).head is MULTI_LABEL
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_decoder_classifier_padding_with_its_final_token_is_explained_where_its_head_reads(family):
+    """Fine-tuned with its EOS as padding, a decoder classifier reads the last token whose id is not the pad id:
+    the token before an input's final [SEP]. Every method explains that row: raw attention is the model's own row
+    there, and DecompX's shares and bias sum to the model's logit."""
+    from conftest import SEP
+
+    model = make_model(family)
+    model.config.pad_token_id = SEP
+    tokenizer = make_tokenizer()
+    ex = Explainer(model, tokenizer)
+    text = "good movie"
+    (e,) = ex.explain([text], methods=["rawatt", "decompx"])
+    inputs = tokenizer(text, return_tensors="pt")  # GPT-2 embeds token types too
+    assert inputs["input_ids"][0, -1] == SEP
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=True)
+    row = out.attentions[-1][0].mean(0)[-2].double().numpy()
+    np.testing.assert_allclose(e.scores["rawatt"], row, atol=1e-6)
+    logit = float(out.logits[0, e.target])
+    assert abs(e.scores["decompx"].sum() + e.meta["decompx"]["bias"] - logit) < 1e-4
+    batch = ex.explain([text, "the plot was boring but the actors were great"], methods=["rawatt"])
+    np.testing.assert_allclose(batch[0].scores["rawatt"], e.scores["rawatt"], atol=1e-6)

@@ -161,7 +161,8 @@ def run_capture(
                      else frozenset(differentiate) & keep)
     positions = head.explained_positions(targets)  # token classification: the explained token's row
     if positions is None:
-        cls = adapter.classification_index(inputs["input_ids"], token_mask, model.config)
+        cls = adapter.classification_index(inputs["input_ids"], token_mask, model.config,
+                                           skip_pad=head.finds_last_by_pad_id)
     else:
         cls = positions
     mode = capture_mode(model, adapter, stream, keep, positions is not None)

@@ -235,7 +235,8 @@ class _Seq2SeqSteps(EncoderDecoderAdapter):
     def __init__(self, positions: torch.Tensor) -> None:
         self.positions = positions
 
-    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
+    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any,
+                             skip_pad: bool = False) -> torch.Tensor:
         return self.positions.to(input_ids.device)
 
     def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:

@@ -99,10 +99,20 @@ class Adapter:
         """The module whose output is the input-token embeddings (hooked for gradient baselines)."""
         return model.get_input_embeddings()
 
-    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any) -> torch.Tensor:
-        """``(B,)`` position whose final state feeds the classification head (0 for ``MEAN``, which reads all)."""
+    def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any,
+                             skip_pad: bool = False) -> torch.Tensor:
+        """``(B,)`` position whose final state feeds the classification head (0 for ``MEAN``, which reads all).
+
+        ``skip_pad``: the head finds its last token as transformers' decoder classifiers do, the last whose id
+        is not ``config.pad_token_id`` (a model fine-tuned with its EOS as padding reads the token before an
+        input's final EOS); else the last real token."""
         if self.pooling == LAST:
-            return last_positions(token_mask)
+            pad = getattr(config, "pad_token_id", None)
+            if not skip_pad or pad is None:
+                return last_positions(token_mask)
+            kept = token_mask.bool() & (input_ids != int(pad))
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            return (positions * kept).argmax(1)  # as transformers' heads: position 0 when every id is the pad id
         if self.pooling == EOS:
             eos = config.eos_token_id
             is_eos = (input_ids == eos) & token_mask.bool()

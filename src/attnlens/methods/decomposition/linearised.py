@@ -278,8 +278,12 @@ def head_logit(ctx: BatchContext, h: torch.Tensor, anatomy: Anatomy, contrast: b
         example, position, label = read
         state = h[example, position]
     elif pooled_position(model) == LAST:  # each row's last token (a generation's steps: each its own, in the sequence)
-        last = last_positions(cap.key_mask.bool()).to(h.device)
-        state = h[0, last] if ctx.sequence is not None else h[torch.arange(h.shape[0], device=h.device), last]
+        if ctx.sequence is not None:  # each step's last token
+            state = h[0, last_positions(cap.key_mask.bool()).to(h.device)]
+        else:
+            last = ctx.adapter.classification_index(ctx.inputs["input_ids"], ctx.token_mask, model.config,
+                                                    skip_pad=ctx.head.finds_last_by_pad_id).to(h.device)
+            state = h[torch.arange(h.shape[0], device=h.device), last]
     else:
         state = h[:, 0]
     state = through_head(head_steps(ctx, anatomy), state)

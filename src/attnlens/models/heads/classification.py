@@ -25,6 +25,8 @@ class Head:
     model_suffix = "ForSequenceClassification"  # the HF model classes this head reads
     auto_class = "AutoModelForSequenceClassification"  # how from_pretrained loads one
     kind = "a sequence classifier"  # how messages name such a model
+    # a decoder family's head reads the last token whose id is not the pad id (transformers' decoder classifiers)
+    finds_last_by_pad_id = True
 
     def logits(self, outputs: Any) -> torch.Tensor:
         return outputs.logits

@@ -26,6 +26,7 @@ class LMHead(Head):
     model_suffix = "ForCausalLM"
     model_suffixes: tuple[str, ...] = ("ForCausalLM", "LMHeadModel")
     auto_class = "AutoModelForCausalLM"
+    finds_last_by_pad_id = False  # the next token is predicted at the last real token, whatever its id
     kind = "a causal language model"
 
     def __init__(self, vocab_size: int = 0, decode: Callable[[int], str] | None = None) -> None:
