@@ -43,9 +43,12 @@ IG = {"integratedgradients": {"n_steps": 4}}
 @pytest.fixture
 def restore_registry():
     """Undo registrations made by a test (the tables are module-level)."""
-    saved = dict(ARCHITECTURES), dict(LRP_SUPPORTED), dict(TINY)
+    from attnlens.models.architectures import _UNLISTED
+
+    tables = (ARCHITECTURES, LRP_SUPPORTED, TINY, _UNLISTED)
+    saved = [dict(t) for t in tables]
     yield
-    for table, old in zip((ARCHITECTURES, LRP_SUPPORTED, TINY), saved):
+    for table, old in zip(tables, saved):
         table.clear()
         table.update(old)
 
@@ -202,6 +205,61 @@ def test_unknown_types_fall_back_by_config_flags_and_bad_entries_are_refused(res
     assert "x" not in ARCHITECTURES
 
 
+def _unlisted(name: str, **extra) -> torch.nn.Module:
+    """A tiny sequence classifier of a transformers type attnlens has no entry for."""
+    import transformers
+    from conftest import PAD, V
+
+    torch.manual_seed(0)
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+    config = getattr(transformers, f"{name}Config")(vocab_size=V, num_labels=3, pad_token_id=PAD, **sizes, **extra,
+                                                    attn_implementation="eager")
+    return getattr(transformers, f"{name}ForSequenceClassification")(config).eval()
+
+
+@pytest.mark.parametrize(("name", "family", "row"), [("Starcoder2", "decoder", -1), ("BioGpt", "decoder", -1),
+                                                     ("RoFormer", "encoder", 0)])
+def test_a_type_without_an_entry_is_explained_where_a_test_pass_finds_its_head_reads(name, family, row, tokenizer,
+                                                                                      restore_registry):
+    """Causal language models do not say so in their config: a test pass finds a decoder's causal attention, and
+    its classifier is explained at the last token, an encoder's at the first, with one warning."""
+    model = _unlisted(name, **({"embedding_size": 32} if name == "RoFormer" else {}))
+    assert model.config.model_type not in ARCHITECTURES
+    with pytest.warns(UserWarning, match=f"has no attnlens entry: a test pass found a .*{family}"):
+        ex = Explainer(model, tokenizer)
+    assert ex.adapter.family == family
+    (e,) = ex.explain([TEXTS[0]], methods=["rawatt", "grads"])
+    inputs = tokenizer(TEXTS[0], return_tensors="pt")
+    inputs = {k: v for k, v in inputs.items() if k != "token_type_ids" or ex._takes_token_types}
+    out = model(**inputs, output_attentions=True)
+    last = out.attentions[-1]
+    (grad,) = torch.autograd.grad(out.logits[0, e.target], last)
+    np.testing.assert_allclose(e.scores["rawatt"], last[0].mean(0)[row].detach().numpy(), atol=1e-6)
+    np.testing.assert_allclose(e.scores["grads"], grad[0].mean(0)[row].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("XLNet", "a bidirectional encoder, whose classification head does not read"),
+    ("Funnel", r"its attention is not one 6 × 6 map per layer"),
+])
+def test_a_type_without_an_entry_that_no_generic_entry_explains_is_refused_in_one_line(name, message, tokenizer,
+                                                                                       restore_registry):
+    import transformers
+    from conftest import PAD, V
+
+    if name == "XLNet":
+        config = transformers.XLNetConfig(vocab_size=V, d_model=32, n_layer=2, n_head=4, d_inner=48, num_labels=3,
+                                          pad_token_id=PAD)
+        model = transformers.XLNetForSequenceClassification(config).eval()
+    else:
+        config = transformers.FunnelConfig(vocab_size=V, d_model=32, n_head=4, d_head=8, d_inner=48,
+                                           block_sizes=[1, 1], num_labels=3, pad_token_id=PAD)
+        model = transformers.FunnelForSequenceClassification(config).eval()
+    with pytest.raises(ModelError, match=message) as err:
+        Explainer(model, tokenizer)
+    assert "\n" not in str(err.value)
+
+
 def test_tiny_models_use_the_shared_token_ids():
     for model_type in ["bart", "t5", "gpt2"]:
         c = make_model(model_type).config
@@ -219,3 +277,21 @@ def test_a_model_that_cannot_switch_to_eager_attention_is_refused(tokenizer):
         with pytest.raises(ModelError, match="cannot switch to eager attention.*attn_implementation='eager'"):
             Explainer(model, tokenizer).explain(TEXTS, methods=["rawatt"])
     assert model.config._attn_implementation == "sdpa"  # left as it was
+
+
+def test_an_albert_of_several_layers_per_group_skips_only_the_methods_that_take_its_layers_one_by_one(tokenizer):
+    from transformers import AlbertForSequenceClassification
+
+    from attnlens import InputError
+
+    config = make_model("albert").config
+    config.inner_group_num = 2
+    torch.manual_seed(0)
+    model = AlbertForSequenceClassification(config).eval()
+    ex = Explainer(model, tokenizer)
+    with pytest.warns(UserWarning):
+        (e,) = ex.explain([TEXTS[0]], methods="all")
+    assert {"rawatt", "rollout", "grads", "attnlrp"} <= set(e.scores)
+    assert not {"valuezeroing", "decompx", "alti"} & set(e.scores)
+    with pytest.raises(InputError, match="inner_group_num"):
+        ex.explain([TEXTS[0]], methods=["valuezeroing"])

@@ -22,6 +22,7 @@ from .core.generation_engine import encode_prompt, explain_generation, token_ids
 from .core.memory import parse_budget
 from .core.model_runner import ModelRunner, takes_token_types
 from .core.progress import ProgressCallback
+from .core.unlisted import check_unlisted
 from .errors import InputError, ModelError
 from .models.adapters import Adapter
 from .models.architectures import adapter_for
@@ -81,12 +82,13 @@ class Explainer:
             raise ModelError(f"expected a PyTorch HuggingFace model, got {type(model).__name__}")
         if not callable(tokenizer) or not hasattr(tokenizer, "convert_ids_to_tokens"):
             raise ModelError(f"expected a HuggingFace tokenizer, got {type(tokenizer).__name__}")
+        check_unlisted(model)  # a type without an entry: a test pass learns which generic entry explains it
+        self.adapter: Adapter = adapter_for(model)  # an encoder-decoder type without one is refused here
         self.head = head_for(model, max_answer_length=max_answer_length)
         self.model = model
         self.tokenizer = tokenizer
         if isinstance(self.head, LMHead):  # a language model's explanations name their tokens
             self.head.decode = functools.partial(decode_token, tokenizer)
-        self.adapter: Adapter = adapter_for(model)
         self.adapter.check_model(model)
         self.stream = self.adapter.check_stream(attention)
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__

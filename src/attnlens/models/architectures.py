@@ -374,16 +374,30 @@ def _bert_like(prefix: str, head: tuple[tuple[str, str | None], ...] | None = No
 def _albert_layers(model: nn.Module) -> list[nn.Module]:
     """ALBERT's shared layers, one entry per layer applied (groups of one layer, as in every released model)."""
     config = model.config
-    if config.inner_group_num != 1:
-        raise ModelError(f"ALBERT with inner_group_num={config.inner_group_num} is not supported (only 1)")
+    why = _albert_no_rerun(config)
+    if why:
+        raise ModelError(why)
     groups = model.albert.encoder.albert_layer_groups
     n, g = config.num_hidden_layers, config.num_hidden_groups
     return [groups[int(i / (n / g))].albert_layers[0] for i in range(n)]
 
 
+def _albert_no_rerun(config: Any) -> str | None:
+    """Why an ALBERT's layers cannot be taken one by one: groups of several layers (``inner_group_num`` > 1)."""
+    if config.inner_group_num != 1:
+        return (f"this ALBERT applies {config.inner_group_num} layers per group (inner_group_num), and attnlens "
+                "takes its layers one per group, as in every released ALBERT")
+    return None
+
+
 _ALBERT_ANATOMY = Anatomy((("albert.pooler", "albert.pooler_activation"), ("classifier", None)),
                           output="attention.dense", ln1="attention.LayerNorm", ffn_in="ffn", act="activation",
                           ffn_out="ffn_output", ln2="full_layer_layer_norm")
+
+
+def _albert_anatomy(config: Any) -> Anatomy | None:
+    """ALBERT's anatomy where its layers can be taken one by one (:func:`_albert_no_rerun`), else none."""
+    return None if _albert_no_rerun(config) else _ALBERT_ANATOMY
 _ROBERTA_ANATOMY = _bert_like("roberta", (("classifier.dense", "tanh"), ("classifier.out_proj", None)))
 
 _MPNET_ANATOMY = Anatomy((("classifier.dense", "tanh"), ("classifier.out_proj", None)), output="attention.attn.o",
@@ -555,10 +569,10 @@ _ENTRIES: list[Architecture] = [
                  lrp=LRPSupport("DistilBERT", (Residual("TransformerBlock", "sa_layer_norm", "attention"),
                                                Residual("TransformerBlock", "output_layer_norm", "ffn"))),
                  layers=Layers("transformer.layer", "attention.v_lin")),
-    Architecture("albert", ENCODER, anatomy=_ALBERT_ANATOMY,
+    Architecture("albert", ENCODER, anatomy=_albert_anatomy,
                  lrp=LRPSupport("ALBERT", (Residual("AlbertAttention", "LayerNorm", "output_dropout"),
                                            Residual("AlbertLayer", "full_layer_layer_norm", "ffn_output"))),
-                 layers=Layers(_albert_layers, "attention.value")),
+                 layers=Layers(_albert_layers, "attention.value", no_rerun=_albert_no_rerun)),
     Architecture("electra", ENCODER, lrp=LRPSupport("ELECTRA", _BERT_RESIDUALS),
                  anatomy=_bert_like("electra", (("classifier.dense", "classifier.activation"),
                                                 ("classifier.out_proj", None))),
@@ -721,12 +735,24 @@ for _arch in _ENTRIES:
     register_architecture(_arch)
 
 
+# generic entries of types without one, as a test pass found them (attnlens.core.unlisted.check_unlisted)
+_UNLISTED: dict[str, Architecture] = {}
+
+
+def remember_unlisted(arch: Architecture) -> None:
+    """The generic entry a test pass found for ``arch.model_type``, a type without an entry of its own."""
+    _UNLISTED[arch.model_type] = arch
+
+
 def architecture_for(config: Any) -> Architecture:
-    """The entry of ``config.model_type``; an unknown type gets a generic one from its config flags (encoder,
-    or decoder when ``config.is_decoder``); an unknown encoder-decoder type is refused."""
+    """The entry of ``config.model_type``; an unknown type gets the generic one a test pass found for it
+    (:func:`attnlens.core.unlisted.check_unlisted`, which every explainer runs), else one from its config flags
+    (encoder, or decoder when ``config.is_decoder``); an unknown encoder-decoder type is refused."""
     model_type = getattr(config, "model_type", "")
     if model_type in ARCHITECTURES:
         return ARCHITECTURES[model_type]
+    if model_type in _UNLISTED:
+        return _UNLISTED[model_type]
     if getattr(config, "is_encoder_decoder", False):
         raise ModelError(
             f"encoder-decoder model type {model_type!r} has no adapter; supported: "
