@@ -46,6 +46,21 @@ def test_one_best_methods_with_a_documented_tie_rule(tmp_path):
     assert _results_table(summary).count("<td class=\"best\">") == 3  # a, b (aopc) and d (lodds)
 
 
+def test_a_metric_whose_best_is_inside_its_range_ranks_by_the_distance_to_it(tmp_path):
+    """The randomisation test's correlation is best at 0: -0.3 is no better than 0.3, and 0.02 beats both."""
+    from attnlens.evaluation.metrics import metric_info
+    from attnlens.viz.report import _results_table
+
+    summary = {"model": "m", "dataset": "d", "split": "dev", "n_examples": 3, "protocol": "paper",
+               "metrics": {"sanity": metric_info("sanity").to_dict()},
+               "results": {"a": {"sanity": -0.3}, "b": {"sanity": 0.02}, "c": {"sanity": 0.3}}}
+    assert best_methods(summary, "sanity") == ["b"]
+    write_tables(tmp_path, summary)
+    table = (tmp_path / "table.md").read_text()
+    assert "sanity →0" in table and "| b | **0.020** |" in table
+    assert "closer to 0 is better" in _results_table(summary)
+
+
 def test_each_metric_computes_its_own_curve():
     rows = {"x": [{"details": {"aopc": [0.0] * 11}}, {"details": {"aopc": [1.0] * 11}}, {"details": {"aopc": None}}],
             "y": []}

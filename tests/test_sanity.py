@@ -61,7 +61,7 @@ def test_cascade_goes_from_the_head_down(tmp_path):
     for m, c in curves.items():
         assert summary["results"][m]["sanity"] == pytest.approx(np.mean(c["spearman"])), m
         assert len(c["spearman"]) == len(c["spearman_abs"]) == 3
-    assert summary["metrics"]["sanity"]["lower_is_better"] is True
+    assert summary["metrics"]["sanity"]["toward_best"] is True and summary["metrics"]["sanity"]["best"] == 0.0
     assert "sanity" in (tmp_path / "out" / "table.md").read_text()
 
 

@@ -132,6 +132,9 @@ class MetricInfo:
     description: str
     level: str = "example"  # "example": mean of per-example values; "dataset": one value per method
     class_specific_only: bool = False  # undefined (n/a) for class-agnostic methods
+    # ranked by the distance to ``best``, which lies inside the range (a randomisation test's correlation: 0 is
+    # best, and -0.3 is no better than 0.3); ``lower_is_better`` is then False
+    toward_best: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         def finite(x: float) -> float | None:  # JSON has no infinities: unbounded is null
@@ -141,6 +144,7 @@ class MetricInfo:
             "range": [finite(self.range[0]), finite(self.range[1])],
             "best": finite(self.best),
             "lower_is_better": self.lower_is_better,
+            "toward_best": self.toward_best,
             "description": self.description,
         }
 
@@ -478,11 +482,11 @@ CONSISTENCY = MetricInfo(
 )
 
 SANITY = MetricInfo(
-    "sanity", (-1.0, 1.0), 0.0, True,
+    "sanity", (-1.0, 1.0), 0.0, False,
     "Model-parameter randomisation (Adebayo et al. 2018): Spearman ρ between the scores on the trained model and "
-    "on models randomised from the head down, layer by layer, averaged over the depths; lower is better "
+    "on models randomised from the head down, layer by layer, averaged over the depths; closer to 0 is better "
     "(curves per depth in the summary)",
-    level="dataset",
+    level="dataset", toward_best=True,
 )
 DATASET_METRICS = {"consistency": CONSISTENCY, "sanity": SANITY}  # one value per method, from the whole data set
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +86,28 @@ def summarize(
     return json_ready
 
 
+def ranking_key(info: Mapping[str, Any]) -> Callable[[float], float]:
+    """A metric's values ranked from best to worst by this key, ascending (``info``: the metric's entry in a
+    summary's ``metrics``): the distance to its ``best`` where it is ranked ``toward_best``, else the value, or
+    its negative where higher is better."""
+    if info.get("toward_best"):
+        best = float(info.get("best") or 0.0)
+        return lambda v: abs(v - best)
+    return (lambda v: v) if info.get("lower_is_better") else (lambda v: -v)
+
+
+def direction(info: Mapping[str, Any], short: bool = False) -> str:
+    """How a metric ranks, as the tables (``short``: an arrow) and legends say it."""
+    if info.get("toward_best"):
+        best = f"{float(info.get('best') or 0.0):g}"
+        return f"→{best}" if short else f"closer to {best}"
+    if short:
+        return "↓" if info.get("lower_is_better") else "↑"
+    return "lower" if info.get("lower_is_better") else "higher"
+
+
 def best_methods(summary: Mapping[str, Any], metric: str) -> list[str]:
-    """The methods with the best value of ``metric`` in ``summary`` (by its ``lower_is_better`` flag).
+    """The methods with the best value of ``metric`` in ``summary`` (:func:`ranking_key`).
 
     Tie rule: every method whose value equals the best one up to floating-point noise (relative and absolute
     tolerance 1e-12) is best; missing and non-finite values (n/a) never are. The tables (``table.md``,
@@ -97,9 +117,9 @@ def best_methods(summary: Mapping[str, Any], metric: str) -> list[str]:
     values = {m: r.get(metric) for m, r in (summary.get("results") or {}).items() if _is_number(r.get(metric))}
     if not values:
         return []
-    pick = min if info.get("lower_is_better") else max
-    best = pick(values.values())
-    return [m for m, v in values.items() if math.isclose(v, best, rel_tol=1e-12, abs_tol=1e-12)]
+    key = ranking_key(info)
+    best = min(key(v) for v in values.values())
+    return [m for m, v in values.items() if math.isclose(key(v), best, rel_tol=1e-12, abs_tol=1e-12)]
 
 
 def _is_number(v: Any) -> bool:
@@ -111,7 +131,7 @@ def write_tables(out_dir: str | Path, summary: dict[str, Any]) -> None:
     out = Path(out_dir)
     metrics = list(summary["metrics"])
     best = {n: best_methods(summary, n) for n in metrics}
-    arrows = {n: ("↓" if i["lower_is_better"] else "↑") for n, i in summary["metrics"].items()}
+    arrows = {n: direction(i, short=True) for n, i in summary["metrics"].items()}
     lines = [
         f"{summary['model']} on {summary['dataset']}/{summary['split']} ({summary['n_examples']} examples, "
         f"protocol {summary['protocol']}); best in bold.",

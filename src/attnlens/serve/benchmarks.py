@@ -13,6 +13,7 @@ from scipy import stats
 
 from ..errors import InputError
 from ..evaluation.results import read_rows
+from ..evaluation.summary import ranking_key
 from ..viz.report import EXPLANATIONS, SUMMARY, load_summary
 
 EXAMPLES = "examples.jsonl"
@@ -86,8 +87,8 @@ def read_results(name: str, folder: Path) -> dict[str, Any]:
         for metric, mean in by_metric.items():
             pairs = values[method][metric]
             low, high = interval([v for v, _ in pairs])
-            lower_better = bool((metrics.get(metric) or {}).get("lower_is_better", False))
-            ranked = sorted(pairs, key=lambda p: p[0], reverse=not lower_better)
+            key = ranking_key(metrics.get(metric) or {})
+            ranked = sorted(pairs, key=lambda p: key(p[0]))
             pick = lambda chosen: [{"index": i, "value": v, "text": texts.get(i)} for v, i in chosen]  # noqa: E731
             table[method][metric] = {"mean": mean, "low": low, "high": high, "n": len(pairs),
                                      "best": pick(ranked[:EXTREMES]), "worst": pick(ranked[::-1][:EXTREMES])}

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ..errors import InputError  # noqa: E402
-from ..evaluation.summary import best_methods  # noqa: E402  (the one tie rule, shared with the tables)
+from ..evaluation.summary import best_methods, direction  # noqa: E402  (the one tie rule, shared with the tables)
 from ..paths import atomic_output  # noqa: E402
 from .colors import (  # noqa: E402
     NEGATIVE_RGB,
@@ -436,7 +436,7 @@ def plot_metric_bars(
         ax.set_yticks(y, labels=[f"{m} ★" if m in best else m for m in methods], fontsize=8)
         ax.invert_yaxis()
         ax.axvline(0, color="#111827", lw=0.8)
-        arrow = "lower is better" if info.get("lower_is_better") else "higher is better"
+        arrow = f"{direction(info)} is better"
         ax.set_title(f"{metric} ({arrow})", fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         ax.margins(x=0.25)

@@ -83,7 +83,7 @@ def _facts(summary: Mapping[str, Any]) -> str:
 
 
 def _results_table(summary: Mapping[str, Any]) -> str:
-    from ..evaluation.summary import best_methods
+    from ..evaluation.summary import best_methods, direction
 
     results = summary.get("results") or {}
     methods = list(summary.get("methods") or results)
@@ -93,7 +93,7 @@ def _results_table(summary: Mapping[str, Any]) -> str:
     head = "<tr><th>method</th>"
     for m in metrics:
         info = infos.get(m, {})
-        arrow = "↓" if info.get("lower_is_better") else "↑"
+        arrow = direction(info, short=True)
         head += f'<th title="{_e(info.get("description", ""))}">{_e(m)} {arrow}</th>'
     head += "</tr>"
     rows = []
@@ -105,7 +105,7 @@ def _results_table(summary: Mapping[str, Any]) -> str:
             cells.append(f'<td class="best">{text}</td>' if method in best[m] else f"<td>{text}</td>")
         rows.append(f"<tr><th>{_e(method)}</th>{''.join(cells)}</tr>")
     legend = "".join(
-        f"<li><b>{_e(m)}</b> ({'lower' if infos[m].get('lower_is_better') else 'higher'} is better; range "
+        f"<li><b>{_e(m)}</b> ({direction(infos[m])} is better; range "
         f"{_e(_range(infos[m].get('range')))}, best {_e(_fmt(infos[m].get('best'), '.4g'))}): "
         f"{_e(infos[m].get('description', ''))}</li>"
         for m in metrics
