@@ -25,7 +25,7 @@ from attnlens import Explainer, InputError
 from attnlens.cli import main
 from attnlens.evaluation.results import read_rows
 from attnlens.serve import Limits, create_app
-from attnlens.serve.jobs import CANCELLED, DONE, QUEUED, JobQueue
+from attnlens.serve.jobs import CANCELLED, DONE, QUEUED, RUNNING, JobQueue
 from attnlens.testing.tiny_models import build_tiny
 from attnlens.viz.headview import decode_attentions
 
@@ -335,9 +335,10 @@ def test_queue_runs_one_job_at_a_time_whatever_its_model_in_order_and_cancels():
     third = queue.submit("a", "explain", "k3", blocking("third"))
     time.sleep(0.1)
     assert ran == ["first"] and second.state == other.state == QUEUED and queue.running()
-    assert queue.position(second) == 0 and queue.position(other) == 1 and queue.position(third) == 2
+    # ahead of each: the running job and those waiting before it
+    assert queue.position(second) == 1 and queue.position(other) == 2 and queue.position(third) == 3
     queue.cancel(second)  # waiting: never starts
-    assert second.state == CANCELLED and queue.position(other) == 0 and queue.position(third) == 1
+    assert second.state == CANCELLED and queue.position(other) == 1 and queue.position(third) == 2
     queue.cancel(first)  # running: stops at its next report
     assert first.future.result(timeout=10).state == CANCELLED
     assert other.future.result(timeout=10).result == "other"
@@ -597,3 +598,28 @@ def test_context_benchmarks_are_not_listed_and_errors_name_folders_not_paths(tmp
         with pytest.raises(InputError) as err:
             read_results(name, folder)
         assert str(tmp_path) not in str(err.value) and name in str(err.value)
+
+
+def test_a_job_shared_by_identical_requests_stops_only_when_every_request_gives_it_up():
+    queue = JobQueue()
+    gate, ran = threading.Event(), []
+
+    def compute(job):
+        ran.append(1)
+        while not gate.is_set():
+            job.report(0.5)
+            time.sleep(0.01)
+        return "done"
+
+    first = queue.submit("a", "explain", "k", compute)
+    time.sleep(0.05)
+    assert queue.submit("a", "explain", "k", compute) is first  # an identical request shares the job
+    queue.cancel(first)  # one of the two gives it up: the other's answer still comes
+    time.sleep(0.05)
+    assert first.state == RUNNING
+    queue.cancel(first)  # the other too: it stops
+    assert first.future.result(timeout=10).state == CANCELLED
+    again = queue.submit("a", "explain", "k", compute)  # asked anew after the cancel: computed, not the dead job
+    assert again is not first
+    gate.set()
+    assert again.future.result(timeout=10).result == "done" and len(ran) == 2

@@ -268,12 +268,14 @@ def test_benchmark_folder_sort_and_open_an_example(page, screenshots):
     assert page.eval_on_selector_all(aopc, "c => c.map(x => parseFloat(x.textContent))") == shown
     assert page.locator("#bench-curves svg").count() >= 1
     _shoot(page, screenshots, "serve-benchmark")
+    page.evaluate("() => { document.getElementById('model').value = 'markup'; onModel(); }")
     first = page.locator("#bench-examples button").first
     text = first.inner_text().split(" ", 4)[-1]
     first.click()
     page.wait_for_selector("body[data-explained]")
     assert page.get_attribute("body", "data-tab") == "explain"
     assert page.input_value("#text-a").strip() == text.strip()
+    assert page.input_value("#model") == "minilm-sst2"  # the benchmark's model, whichever was selected
 
 
 def test_labels_with_markup_are_shown_as_text(page):

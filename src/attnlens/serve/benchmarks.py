@@ -94,7 +94,15 @@ def read_results(name: str, folder: Path) -> dict[str, Any]:
                                      "best": pick(ranked[:EXTREMES]), "worst": pick(ranked[::-1][:EXTREMES])}
     keep = ("model", "dataset", "split", "n_examples", "n_planned", "accuracy", "protocol", "methods", "metrics",
             "curves")
-    return {"name": name, "confidence": CONFIDENCE, **{k: summary.get(k) for k in keep}, "table": table}
+    return {"name": name, "confidence": CONFIDENCE, **{k: summary.get(k) for k in keep}, "table": table,
+            "model_source": model_source(str(summary.get("model") or ""))}
+
+
+def model_source(name: str) -> str:
+    """The model a name stands for, as the page compares a benchmark's model with the served ones: a local path
+    made absolute, a hub id or shorthand as it is."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if name and path.exists() else name
 
 
 def check_roots(paths: list[str]) -> list[Path]:

@@ -15,6 +15,7 @@ from ..evaluation.metrics import EvalConfig, Item, score_examples
 from ..evaluation.perturb import ModelPredictor
 from ..methods.registry import get_method, list_methods
 from ..results.explanation import Explanation, explanations_json
+from .benchmarks import model_source
 from ..results.tokentext import encoding_meta
 from ..sources.attribute import defaults_for
 from ..sources.methods import SOURCE_METHODS
@@ -33,7 +34,8 @@ def model_facts(name: str, ex: Any) -> dict[str, Any]:
         spec = get_method(m)
         methods.append({"id": m, "summary": spec.summary, "class_specific": spec.class_specific,
                         "unsupported": spec.unsupported(ex.model, ex.stream, ex.head.task)})
-    return {"name": name, "task": ex.head.task, "kind": ex.head.kind, "labels": ex.labels,
+    return {"name": name, "source": model_source(str(ex.name)), "task": ex.head.task, "kind": ex.head.kind,
+            "labels": ex.labels,
             "language_model": ex.head.task in LANGUAGE_MODELS, "max_length": ex.max_length,
             "token_encoding": encoding_meta(ex.tokenizer).get("token_encoding"), "methods": methods,
             "source_methods": list(SOURCE_METHODS), "source_defaults": defaults_for(ex.model),

@@ -48,6 +48,7 @@ class Job:
     started: float | None = None
     seconds: float | None = None
     future: Future | None = None
+    holders: int = 1  # the requests answered by this job (an identical request under way shares it)
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def report(self, fraction: float, *_: Any) -> None:
@@ -100,7 +101,8 @@ class JobQueue:
                 job.seconds = 0.0
                 return job
             for job in reversed(self._jobs.values()):
-                if job.key == key and not job.finished:
+                if job.key == key and not job.finished and not job._cancel.is_set():
+                    job.holders += 1
                     return job
             job = self._new(model, kind, key)
             self._waiting.append(job.id)
@@ -174,12 +176,21 @@ class JobQueue:
         return self._jobs.get(job_id)
 
     def position(self, job: Job) -> int | None:
-        """How many jobs wait ahead of ``job`` (0: it is next), or None when it is not waiting."""
+        """How many jobs are ahead of ``job``, the one running included (0: it runs next), or None when it is not
+        waiting."""
         with self._lock:
-            return self._waiting.index(job.id) if job.id in self._waiting else None
+            if job.id not in self._waiting:
+                return None
+            running = sum(1 for j in self._jobs.values() if j.state == RUNNING)
+            return running + self._waiting.index(job.id)
 
     def cancel(self, job: Job) -> None:
-        """Stop ``job``: a waiting job never starts; a running one stops at its next progress report."""
+        """One of ``job``'s requests gives it up; with none left it stops: a waiting job never starts, a running
+        one stops at its next progress report. A job shared by identical requests goes on for the others."""
+        with self._lock:
+            job.holders -= 1
+            if job.holders > 0 or job.finished:
+                return
         job._cancel.set()
         if job.future is not None and job.future.cancel():  # still waiting in the executor
             with self._lock:

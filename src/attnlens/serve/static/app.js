@@ -721,6 +721,11 @@ function renderExamples() {
 }
 
 async function openExample(text, method) {
+  // the example is explained by the model the benchmark scored, or not at all: another model's heatmap beside the
+  // benchmark's value would show what the benchmark did not measure
+  const bench = state.bench, served = state.models.find((m) => m.source === bench.model_source || m.name === bench.model);
+  if (!served) throw new Error(`the benchmark's model (${bench.model}) is not served here: start attnlens serve with it to explain its examples`);
+  if ($("model").value !== served.name) { $("model").value = served.name; onModel(); }
   selectTab("explain");
   const pair = Array.isArray(text);
   if (pair && !Array.from($("input-kind").options).some((o) => o.value === "pair" && !o.hidden)) throw new Error("this model does not take sentence pairs");
