@@ -15,11 +15,11 @@ from ..evaluation.metrics import EvalConfig, Item, score_examples
 from ..evaluation.perturb import ModelPredictor
 from ..methods.registry import get_method, list_methods
 from ..results.explanation import Explanation, explanations_json
-from .benchmarks import model_source
 from ..results.tokentext import encoding_meta
 from ..sources.attribute import defaults_for
 from ..sources.methods import SOURCE_METHODS
 from ..viz.headview import encode_attentions, page_bytes
+from .benchmarks import model_source
 from .requests import AnswerRequest, AttributeRequest, ExplainRequest, GenerateRequest
 
 Report = Callable[[float], None]
