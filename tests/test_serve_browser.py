@@ -10,6 +10,7 @@ Skipped when Chromium is missing, except under ``CI=true`` (where .ci/run instal
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -351,3 +352,16 @@ def test_sources_of_an_answer(page, server, screenshots):
     assert [float(row[cells[0].index("loo")]) for row in cells[1:]] == pytest.approx(loo, rel=1e-3, abs=1e-12)
     assert result["answer"] in page.inner_text("#src-answer-line")
     _shoot(page, screenshots, "serve-sources")
+
+
+def test_a_language_models_next_token_is_named_with_its_probability(page, server):
+    page.select_option("#model", "tiny-lm")
+    page.fill("#text-a", "the capital of france is")
+    page.evaluate("document.body.removeAttribute('data-explained')")
+    page.click("#explain")
+    page.wait_for_selector("body[data-explained]")
+    (api,) = _api(server, "/api/explain", {"model": "tiny-lm", "texts": ["the capital of france is"],
+                                           "methods": ["rawatt"]})
+    shown = page.inner_text("#prediction")
+    assert shown.startswith("explaining next token " + json.dumps(api["meta"]["target_token"]))
+    assert f"(p = {api['probabilities'][0]:.3f})" in shown and "the greedy choice" in shown

@@ -266,9 +266,9 @@ def prediction_line(exp: Explained) -> str:
 
 
 def probabilities_line(exp: Explained) -> str:
-    """Every class's probability (multi-label: independent per label); empty for QA, whose start and end
-    probabilities :func:`prediction_line` gives."""
-    if exp.is_qa:
+    """Every class's probability (multi-label: independent per label); empty for QA and language models, whose
+    probabilities (start and end; the explained token's) :func:`prediction_line` gives."""
+    if exp.is_qa or str(exp.meta.get("task", "")).endswith("-lm"):
         return ""
     listed = ", ".join(f"{exp.label_name(i)}: {p:.3f}" for i, p in enumerate(exp.probabilities))
     return f"label probabilities (sigmoid, independent) {listed}" if exp.is_multi_label else f"probabilities {listed}"

@@ -263,15 +263,23 @@ function renderExplanation(exp) {
   const texts = tokenTexts(exp), methods = Object.keys(exp.scores);
   const pred = $("prediction");
   pred.replaceChildren();
-  const p = exp.probabilities || [];
-  if (state.facts.task === "qa" && Array.isArray(exp.predicted)) {
+  const p = exp.probabilities || [], meta = exp.meta || {};
+  if (meta.target_token !== undefined) {  // a language model's next token: its probabilities hold p(target) alone
+    const token = (t, id) => (t !== undefined ? JSON.stringify(t) : "token #" + id);
+    pred.append("explaining next token ", el("b", token(meta.target_token, exp.target)), ` (p = ${fmt(p[0])})`);
+    if (meta.contrast !== undefined && meta.contrast !== null) pred.append(" − ", el("b", token(meta.contrast_token, meta.contrast)));
+    pred.append(exp.predicted === exp.target ? ", the greedy choice" : "; greedy choice: ");
+    if (exp.predicted !== exp.target) pred.append(el("b", token(meta.predicted_token, exp.predicted)));
+  } else if (state.facts.task === "qa" && Array.isArray(exp.predicted)) {
     pred.append("answer ", el("b", texts.slice(exp.predicted[0], exp.predicted[1] + 1).join(" ")));
   } else if (!Array.isArray(exp.predicted)) {
     pred.append("predicted ", el("b", labelName(exp, exp.predicted)));
     if (p[exp.predicted] !== undefined) pred.append(` (p = ${fmt(p[exp.predicted])})`);
   }
-  pred.append(" · explained ", el("b", labelName(exp, exp.target)));
-  if (exp.meta && exp.meta.contrast !== undefined && exp.meta.contrast !== null) pred.append(" − ", el("b", labelName(exp, exp.meta.contrast)));
+  if (meta.target_token === undefined) {
+    pred.append(" · explained ", el("b", labelName(exp, exp.target)));
+    if (meta.contrast !== undefined && meta.contrast !== null) pred.append(" − ", el("b", labelName(exp, meta.contrast)));
+  }
   const rows = methods.map((m) => ({ name: m, values: exp.scores[m] }));
   renderHeatmap($("heatmap"), texts, exp.special, rows, (tr, row) => {
     const td = el("td", null, "faith");
