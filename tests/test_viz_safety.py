@@ -43,6 +43,20 @@ def test_terminal_safe_escapes_controls_visibly_and_keeps_the_rest():
     assert not UNSAFE.search(terminal_safe("".join(map(chr, range(0x2100)))))
 
 
+def test_html_views_show_bidi_controls_and_newline_tokens_visibly(model_dir, tmp_path):
+    """A bidi override in the input would make the page show other text than the tokens explained (the terminal
+    escapes it, the HTML views too); a newline token is shown as ``\\n``, not a blank cell."""
+    from attnlens.viz.safetext import html_safe
+
+    assert html_safe("<b>\u202e\n") == "&lt;b&gt;\\u202e\n" and html_safe("\n", one_line=True) == "\\n"
+    ex = Explainer.from_pretrained(str(model_dir))
+    (e,) = ex.explain(["good \u202egnihtyreve tuoba dab\u202c movie"], methods=["rawatt"])
+    page = explanations_html([e])
+    assert not UNSAFE.search(page) and "\\u202e" in page
+    e.tokens[2] = "\n"  # a tokenizer's newline token
+    assert '>\\n</span>' in explanations_html([e])
+
+
 def test_cli_terminal_output_carries_no_control_bytes(model_dir, capsys):
     text = f"the movie was good {ATTACK} [bold]really[/bold]"
     assert main(["explain", text, "--model", str(model_dir), "--methods", "rawatt,attcat"]) == 0

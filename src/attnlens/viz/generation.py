@@ -8,7 +8,6 @@ step's input and are drawn blank.
 
 from __future__ import annotations
 
-import html
 import io
 import json
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from rich.text import Text
 
 from ..errors import InputError
 from .colors import hex_color, normalized, shade, shown_tokens
-from .safetext import terminal_safe
+from .safetext import html_safe, terminal_safe
 
 
 def _methods(g: Any, methods: Sequence[str] | None) -> list[str]:
@@ -143,7 +142,7 @@ document.querySelectorAll("section.method").forEach(function (sec) {
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html_safe(value)
 
 
 def _method_section(g: Any, m: str) -> str:
@@ -158,10 +157,10 @@ def _method_section(g: Any, m: str) -> str:
         step = i - g.n_prompt
         if step >= 0:
             spans.append(f'<span class="{css} gen" data-step="{step}" title="{_e(_step_label(g, step))}">'
-                         f"{_e(tok)}</span>")
+                         f"{html_safe(tok, True)}</span>")
         else:
-            spans.append(f'<span class="{css}">{_e(tok)}</span>')
-    head = "".join(f'<th class="tokcol">{_e(t)}</th>' for t in shown)
+            spans.append(f'<span class="{css}">{html_safe(tok, True)}</span>')
+    head = "".join(f'<th class="tokcol">{html_safe(t, True)}</th>' for t in shown)
     body = []
     for t in range(n_steps):
         cells = []

@@ -4,7 +4,6 @@ heatmaps of layered methods (AttCAT Fig. 4). No scripts, no external files; ever
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,6 +25,7 @@ from .colors import (
     top_split,
     truncation_note,
 )
+from .safetext import html_safe
 
 TOP_K = 5
 
@@ -60,7 +60,7 @@ table.grid tr.sum > * { border-top: 2px solid #111827; }
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html_safe(value)
 
 
 def _token_spans(exp: Explained, scores: np.ndarray) -> str:
@@ -69,13 +69,13 @@ def _token_spans(exp: Explained, scores: np.ndarray) -> str:
     spans = []
     for i, tok in enumerate(shown_tokens(exp)):
         if exp.special[i]:
-            spans.append(f'<span class="tok special" title="special token">{_e(tok)}</span>')
+            spans.append(f'<span class="tok special" title="special token">{html_safe(tok, True)}</span>')
         else:
             color = hex_color(shade(norm[i]))
             marked = " (explained token)" if exp.meta.get("task") == "token" else " (answer)"
             tip = f"{float(scores[i]):+.4g}" + (marked if i in answer else "")
             css = "tok answer" if i in answer else "tok"
-            spans.append(f'<span class="{css}" style="background:{color}" title="{tip}">{_e(tok)}</span>')
+            spans.append(f'<span class="{css}" style="background:{color}" title="{tip}">{html_safe(tok, True)}</span>')
     return " ".join(spans)
 
 
@@ -108,7 +108,7 @@ def layer_heatmap_html(exp: Explained, method: str) -> str:
     if rows.shape[1] != len(exp.tokens):
         raise ValueError(f"{method}: layer scores have {rows.shape[1]} tokens, the explanation {len(exp.tokens)}")
     norms = normalized_layer_rows(rows, exp.special)
-    head = "<tr><th></th>" + "".join(f'<th class="tokcol">{_e(t)}</th>' for t in shown_tokens(exp))
+    head = "<tr><th></th>" + "".join(f'<th class="tokcol">{html_safe(t, True)}</th>' for t in shown_tokens(exp))
     head += "<th>max |s|</th></tr>"
     body = []
     for name, row, norm in zip(names, rows, norms, strict=True):

@@ -1,4 +1,4 @@
-"""Make user-supplied text safe to print on a terminal.
+"""Make user-supplied text safe to print on a terminal or to put in an HTML page.
 
 Input texts, tokens, label names, model paths and file names reach the terminal in the renderer, in the CLI's
 ``wrote PATH`` lines, in warnings and in error lines. A control character in any of them is a terminal command:
@@ -8,6 +8,8 @@ visible Python escape (``\\x1b``, ``\\x9b``, ``\\u202e``), so nothing is execute
 """
 
 from __future__ import annotations
+
+import html
 
 # Unicode bidi embeddings, overrides and isolates ("Trojan Source", CVE-2021-42574): they reorder displayed text.
 _BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]
@@ -24,3 +26,10 @@ def terminal_safe(text: object, one_line: bool = False) -> str:
     messages such as an error line or a table cell).
     """
     return str(text).translate(_ONE_LINE_TABLE if one_line else _TABLE)
+
+
+def html_safe(text: object, one_line: bool = False) -> str:
+    """``text`` for an HTML page: control and bidi characters as their visible escapes, as :func:`terminal_safe`
+    gives them (a bidi override would make the page show other text than the tokens explained), then
+    HTML-escaped, quotes included. ``one_line``: tab and newline too (a token of its own: ``\\n``)."""
+    return html.escape(terminal_safe(text, one_line), quote=True)

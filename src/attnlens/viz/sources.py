@@ -4,7 +4,6 @@ hover)."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +11,7 @@ import numpy as np
 
 from .colors import hex_color, normalized, shade
 from .html import page
-from .safetext import terminal_safe
+from .safetext import html_safe, terminal_safe
 
 __all__ = ["attribution_html", "print_attribution"]
 
@@ -26,7 +25,7 @@ table.ranked td.num { text-align: right; font-family: ui-monospace, monospace; }
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html_safe(value)
 
 
 def score_text(value: float, digits: int = 4) -> str:

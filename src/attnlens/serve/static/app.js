@@ -89,16 +89,23 @@ async function guarded(action) {
 function readable(token, encoding) {
   if (encoding === "byte-level") token = token.replace(/\u0120/g, " ").replace(/\u010a/g, "\u21b5").replace(/\u0109/g, "\u21e5");
   else if (encoding === "sentencepiece") token = token.replace(/\u2581/g, " ").replace(/<0x0A>/g, "\u21b5");
-  return token.replace(/\n/g, "\u21b5");
+  return visible(token);
+}
+// a token's text made visible: newline and tab as arrows, other control and bidi characters as their escapes (a
+// bidi override would make the page show other text than the tokens explained)
+function visible(text) {
+  return text.replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5")
+    .replace(/[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
 }
 function tokenTexts(exp) {
-  if (Array.isArray(exp.token_text)) return exp.token_text;
+  if (Array.isArray(exp.token_text)) return exp.token_text.map(visible);
   const encoding = exp.meta && exp.meta.token_encoding;
   return exp.tokens.map((t) => readable(t, encoding));
 }
+// green supports the target, red opposes it: the colours of attnlens' HTML and terminal views (viz/colors.py)
 function shade(value, max) {
   const a = max > 0 ? Math.min(1, Math.abs(value) / max) * 0.85 : 0;
-  return `rgba(${value >= 0 ? "220, 38, 38" : "37, 99, 235"}, ${a.toFixed(3)})`;
+  return `rgba(${value >= 0 ? "22, 163, 74" : "220, 38, 38"}, ${a.toFixed(3)})`;
 }
 function labelName(exp, index) {
   if (Array.isArray(index)) return "[" + index.join(", ") + "]";
@@ -466,8 +473,8 @@ async function generate() {
 // the text each prompt and generated token spells: the JSON's own when it gives it, else read from the token
 function generationTexts(g) {
   const enc = g.meta && g.meta.token_encoding;
-  const prompt = Array.isArray(g.prompt_token_text) ? g.prompt_token_text : g.prompt_tokens.map((t) => readable(t, enc));
-  const gen = Array.isArray(g.generated_token_text) ? g.generated_token_text : g.generated_tokens.map((t) => readable(t, enc));
+  const prompt = Array.isArray(g.prompt_token_text) ? g.prompt_token_text.map(visible) : g.prompt_tokens.map((t) => readable(t, enc));
+  const gen = Array.isArray(g.generated_token_text) ? g.generated_token_text.map(visible) : g.generated_tokens.map((t) => readable(t, enc));
   return prompt.concat(gen);
 }
 
