@@ -298,8 +298,10 @@ function renderExplanation(exp) {
   for (const m of methods) {
     const box = el("div");
     box.appendChild(el("b", m));
-    const order = exp.scores[m].map((v, j) => [v, j]).filter(([, j]) => !exp.special[j]).sort((x, y) => y[0] - x[0]);
+    // the tokens that support the target most: a token against it is never listed among them
+    const order = exp.scores[m].map((v, j) => [v, j]).filter(([v, j]) => !exp.special[j] && v > 0).sort((x, y) => y[0] - x[0]);
     for (const [v, j] of order.slice(0, 5)) box.appendChild(el("span", `${texts[j]}  ${v.toPrecision(3)}`));
+    if (!order.length) box.appendChild(el("span", "none above 0", "muted"));
     top.appendChild(box);
   }
   $("faithfulness").disabled = !(state.facts.task === "classification" && !(exp.meta && exp.meta.contrast !== undefined && exp.meta.contrast !== null));
