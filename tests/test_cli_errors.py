@@ -17,7 +17,7 @@ from conftest import MODELS, make_model, make_tokenizer, missing
 from transformers import BertConfig, BertForQuestionAnswering
 
 import attnlens
-from attnlens import Explainer, Explanation, list_methods, load_explanations
+from attnlens import Explainer, Explanation, InputError, list_methods, load_explanations
 from attnlens.cli import main
 
 LRP_MAPS = {"partiallrp", "transatt"}  # read one self-attention stream's attention relevance (not an encoder-decoder's)
@@ -188,10 +188,18 @@ def test_output_paths_where_no_file_can_be_created_are_refused_before_anything_i
     assert f"{option} {target} cannot be written: no file can be created in /proc" in _one_line_error(capsys, code)
     assert not out.exists()
 
+
 @pytest.mark.parametrize("text", ["", "   "])
 def test_empty_text_arguments(models, text, capsys):
     code = main(["explain", "good", text, "--model", models["bert"], "--methods", "rawatt"])
     assert "input 1 is empty or whitespace only" in _one_line_error(capsys, code)
+
+
+def test_a_pair_with_an_empty_text_names_which_one():
+    from attnlens.core.encoding import normalize_texts
+
+    with pytest.raises(InputError, match=r"^input 1's second text is empty or whitespace only$"):
+        normalize_texts(["good", ("fine", "  ")])
 
 
 @pytest.mark.parametrize("argv", [["explain", "good", "--top-k", "abc"], ["explain", "good", "--bogus"],

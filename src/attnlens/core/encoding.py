@@ -77,9 +77,10 @@ def normalize_texts(texts: TextInput | Sequence[TextInput]) -> list[str | list[s
             parts = list(t)
         else:
             raise InputError(f"input {i} is neither a string nor a pair of strings: {t!r:.80}")
-        for p in parts:
+        for k, p in enumerate(parts):
             if not p.strip():
-                raise InputError(f"input {i} is empty or whitespace only")
+                which = "" if len(parts) == 1 else f"'s {('first', 'second')[k]} text"
+                raise InputError(f"input {i}{which} is empty or whitespace only")
             try:
                 p.encode("utf-8")
             except UnicodeEncodeError:  # lone surrogates, e.g. undecodable bytes from a non-UTF-8 terminal
