@@ -83,7 +83,17 @@ def supported_markdown() -> str:
     for family, types in by_family.items():
         streams = {s for t in types for s in ARCHITECTURES[t.strip("`")].adapter.streams}
         lines.append(f"| {FAMILIES.get(family, family)} | {', '.join(types)} | {', '.join(sorted(streams))} |")
+    lines += ["", *UNLISTED.splitlines()]
     return "\n".join(lines) + "\n"
+
+
+UNLISTED = """A model of another type (not an encoder-decoder, which is refused) is tested before it is explained: one forward
+and backward over six tokens checks that each layer returns one map over the input, whether the attention is causal
+(a decoder, explained at its last token) or not (an encoder, explained at its first), and that a sequence
+classifier's logits read exactly that position. A model that passes is explained with the generic entry of its
+kind, with one warning (the methods that rerun or decompose layers need an entry of their own and are skipped,
+with their reason); one that does not is refused in one line, e.g. XLNet (a bidirectional model whose head reads
+its last token) or Funnel (which pools its sequence between layers)."""
 
 
 def matrix_markdown() -> str:
