@@ -87,7 +87,8 @@ def supported_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-UNLISTED = """A model of another type (not an encoder-decoder, which is refused) is tested before it is explained: one forward
+UNLISTED = """\
+A model of another type (not an encoder-decoder, which is refused) is tested before it is explained: one forward
 and backward over six tokens checks that each layer returns one map over the input, whether the attention is causal
 (a decoder, explained at its last token) or not (an encoder, explained at its first), and that a sequence
 classifier's logits read exactly that position. A model that passes is explained with the generic entry of its
