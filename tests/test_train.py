@@ -234,10 +234,35 @@ def test_frozen_layers_keep_their_weights_and_the_rest_trains(tmp_path, tiny_mod
     train(cfg, log=lambda _: None)
     before = BertForSequenceClassification.from_pretrained(tiny_model).state_dict()
     after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "o").state_dict()
-    for name, value in before.items():
-        frozen = name.startswith(("bert.embeddings.word_embeddings", "bert.encoder.layer.0."))
-        if name.startswith(("bert.embeddings.word_embeddings", "bert.encoder.layer.")):
+    for name, value in before.items():  # every embedding (word, position, token type, their norm) stays too
+        frozen = name.startswith(("bert.embeddings.", "bert.encoder.layer.0."))
+        if name.startswith(("bert.embeddings.", "bert.encoder.layer.")):
             assert torch.equal(value, after[name]) == frozen, name
     with pytest.raises(InputError, match="has 2 layers"):
         train(TrainConfig(model=tiny_model, out=str(tmp_path / "p"), data_file=data, progress=False,
                           freeze_layers=3), log=lambda _: None)
+
+
+@pytest.mark.parametrize(("family", "embeddings"), [
+    ("gpt2", ("transformer.wte.", "transformer.wpe.")),
+    ("bart", ("model.shared.", "model.encoder.embed_positions.", "model.encoder.layernorm_embedding.")),
+    ("albert", ("albert.embeddings.", "albert.encoder.embedding_hidden_mapping_in.")),
+])
+def test_freezing_stops_every_embedding_of_each_architecture(family, embeddings):
+    from conftest import make_model
+
+    from attnlens.train import freeze_lower_layers
+
+    model = make_model(family)
+    freeze_lower_layers(model, 0)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all(n.startswith(embeddings) for n in frozen), sorted(frozen)
+    assert {n for n, _ in model.named_parameters() if n.startswith(embeddings)} == frozen
+
+
+def test_a_max_length_beyond_the_models_positions_is_refused_before_training(tmp_path, tiny_model):
+    data = write_jsonl(tmp_path / "train.jsonl", sentences(8))
+    cfg = TrainConfig(model=tiny_model, out=str(tmp_path / "o"), data_file=data, max_length=4096, progress=False)
+    with pytest.raises(InputError, match=r"^--max-length 4096 is more than the \d+ tokens .* takes$"):
+        train(cfg, log=lambda _: None)
+    assert not (tmp_path / "o").exists()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .core.batching import scoring_chunks
+from .core.encoding import model_max_length
 from .core.memory import DEFAULT_BUDGET, parse_budget, readable_size
 from .core.modelstate import without_cache
 from .core.training_memory import TrainingMemory
@@ -65,7 +66,8 @@ class TrainConfig:
             ``text_a``+``text_b``, ``label``; labels may be integers or strings).
         limit: train on ``limit`` examples drawn with ``seed`` (default all); ``eval_limit`` likewise.
         epochs: passes over the training data (fractions allowed); warmup is a fraction of all steps.
-        max_length: truncate inputs to this many tokens (default 64; for QA 384, the length of each window).
+        max_length: truncate inputs to this many tokens (default 64, or fewer where the model takes fewer; for QA
+            384, the length of each window); more than the model takes is refused.
         doc_stride: QA only: tokens of context that consecutive windows over a long context share.
         reinit_head: allow replacing a classification head whose number of labels differs (off by default: a
             mismatch is an error, never a silent random head).
@@ -350,8 +352,10 @@ def check_training_memory(model: torch.nn.Module, cfg: TrainConfig, lengths: Seq
 
 
 def freeze_lower_layers(model: torch.nn.Module, n: int) -> int:
-    """Stop gradients of the input embeddings and the lowest ``n`` layers (their architecture entry's ``layers``);
-    returns the number of parameters left trainable. ``n`` larger than the depth is refused."""
+    """Stop gradients of the embeddings (every module with parameters that runs before the first layer: word,
+    position and token-type embeddings, their norm, a projection into the layers' width) and the lowest ``n``
+    layers (their architecture entry's ``layers``); returns the number of parameters left trainable. ``n`` larger
+    than the depth is refused."""
     spec = architecture_for(model.config).layers
     if spec is None:
         raise ModelError(f"--freeze-layers: attnlens does not know where the layers of model type "
@@ -360,10 +364,37 @@ def freeze_lower_layers(model: torch.nn.Module, n: int) -> int:
     layers = spec.modules(model, stream)
     if n > len(layers):
         raise InputError(f"--freeze-layers {n}: the model has {len(layers)} layers")
-    for module in [model.get_input_embeddings(), *layers[:n]]:
+    for module in [model.get_input_embeddings(), *_before_layer(model, layers[0]), *layers[:n]]:
         for p in module.parameters():
             p.requires_grad_(False)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class _FirstLayerReached(Exception):
+    pass
+
+
+def _before_layer(model: torch.nn.Module, first: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules holding parameters of their own that run before ``first`` does: one forward over three tokens,
+    stopped as the layer starts."""
+    ran: list[torch.nn.Module] = []
+    owners = [m for m in model.modules() if next(m.parameters(recurse=False), None) is not None]
+    handles = [m.register_forward_hook(lambda m, *_: ran.append(m)) for m in owners]
+
+    def stop(*_: object) -> None:
+        raise _FirstLayerReached
+
+    handles.append(first.register_forward_pre_hook(stop))
+    ids = torch.tensor([[1, 2, 3]], device=next(model.parameters()).device)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    except _FirstLayerReached:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return ran
 
 
 def seed_everything(seed: int) -> None:
@@ -513,6 +544,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         raise InputError(f"{cfg.dataset} is a question-answering data set: train it with "
                          "attnlens.train_qa.train_qa (attnlens train picks it)")
     resolve_model(cfg.model)  # a missing model directory fails before the data is read
+    given_length = cfg.max_length
     cfg = replace(cfg, max_length=cfg.max_length or 64)
     started = time.time()
     seed_everything(cfg.seed)
@@ -535,6 +567,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
 
     device = resolve_device(cfg.device or "auto")
     tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head)
+    longest = model_max_length(model, tokenizer, None)
+    if given_length is None:
+        cfg = replace(cfg, max_length=min(cfg.max_length, longest))
+    elif cfg.max_length > longest:  # a longer example would fail inside the first batch that holds one
+        raise InputError(f"--max-length {cfg.max_length} is more than the {longest} tokens {cfg.model} takes")
     seed_everything(cfg.seed)  # the new head's initialisation does not depend on what was loaded before
     if cfg.freeze_layers:
         trainable = freeze_lower_layers(model, cfg.freeze_layers)
