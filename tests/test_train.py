@@ -266,3 +266,12 @@ def test_a_max_length_beyond_the_models_positions_is_refused_before_training(tmp
     with pytest.raises(InputError, match=r"^--max-length 4096 is more than the \d+ tokens .* takes$"):
         train(cfg, log=lambda _: None)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_data_file_with_label_names_trains_with_the_default_fields(tmp_path, tiny_model):
+    rows = [{"text": t, "label": ["neg", "pos"][y]} for t, y in ((r["text"], r["label"]) for r in sentences(16))]
+    data = write_jsonl(tmp_path / "train.jsonl", rows)
+    metrics = train(TrainConfig(model=tiny_model, out=str(tmp_path / "o"), data_file=data, epochs=1, max_length=16,
+                                progress=False), log=lambda _: None)
+    saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "o").config.id2label
+    assert sorted(saved.values()) == ["neg", "pos"] and metrics

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -217,6 +218,14 @@ def is_qa(cfg: TrainConfig) -> bool:
     return spec is not None and spec.task == "qa"
 
 
+def _named_labels(path: str | os.PathLike[str] | None) -> bool:
+    """Whether a data file's first example has a label name (a string) rather than a class id."""
+    if path is None:
+        return False
+    first = next(iter_jsonl(path), None)
+    return first is not None and isinstance(first[1].get("label"), str)
+
+
 def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
     """The training and evaluation splits of ``cfg`` and the class names (if known)."""
     if cfg.dataset is not None:
@@ -230,7 +239,8 @@ def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
         names = list(train_ds.labels) or None
         return train, _subset(evaluation, cfg.eval_limit, cfg.seed), names
 
-    custom = cfg.text_field is not None or cfg.text_pair_field is not None or cfg.label_field != "label"
+    custom = (cfg.text_field is not None or cfg.text_pair_field is not None or cfg.label_field != "label"
+              or _named_labels(cfg.data_file))
     if custom:
         texts, raw = read_rows(cfg.data_file, cfg.text_field or "text", cfg.label_field, cfg.text_pair_field)
         labels, names = _label_ids(raw, None)
