@@ -345,6 +345,7 @@ def test_cli_generate_passes_ig_steps_precision_and_memory_budget(lm_dir, tmp_pa
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--chat"], "are for --generate"),
+    (["--max-new-tokens", "8"], "are for --generate"),  # the default value, given without --generate
     (["--generate", "--max-new-tokens", "0"], "at least 1"),
     (["--generate", "--target", " good", "--contrast", " bad film", "--methods", "grads"],
      "one contrast token per generated token"),
@@ -726,3 +727,20 @@ def test_greedy_decoding_holds_no_attention_map_nor_every_positions_logits(famil
             want.append(token)
             step = torch.tensor([[token]])
     assert ids[: len(want)] == want[: len(ids)]
+
+
+def test_a_head_view_of_an_encoder_decoders_generation_is_refused_before_generating(tokenizer, tmp_path,
+                                                                                    monkeypatch, capsys):
+    from attnlens.cli import main
+
+    path = tmp_path / "t5"
+    build_tiny("t5", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
+               task="seq2seq-lm").save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    capsys.readouterr()  # what saving it printed
+    monkeypatch.setattr(Explainer, "explain_generation", lambda *a, **k: pytest.fail("generated before refusing"))
+    code = main(["explain", "--model", str(path), "--generate", "--methods", "rawatt", "--head-view",
+                 str(tmp_path / "hv.html"), "the movie was"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "decoder-only models only" in err[0]
+    assert not (tmp_path / "hv.html").exists()

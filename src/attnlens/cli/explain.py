@@ -122,7 +122,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     gen = p.add_argument_group("generation (language models)")
     gen.add_argument("--generate", action="store_true", help="explain every token a language model generates after "
                      "each text (greedy); --target TEXT forces the continuation instead")
-    gen.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate (default 8)")
+    gen.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate (default 8)")
     gen.add_argument("--chat", action="store_true", help="put each prompt through the tokenizer's chat template")
     p.add_argument("--quiet", action="store_true", help="no progress bars, warnings or notices on stderr (errors "
                    "still print, one line)")
@@ -184,8 +184,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.max_length is not None and args.max_length < 2:
         raise InputError(f"--max-length must be at least 2 tokens, got {args.max_length}")
-    if not args.generate and (args.chat or args.max_new_tokens != 8):
+    if not args.generate and (args.chat or args.max_new_tokens is not None):
         raise InputError("--chat and --max-new-tokens are for --generate")
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 8
     if args.generate and args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.generate and args.words:
@@ -322,9 +324,10 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
                                           device=device, dtype=dtype)
     if args.head_view:  # its maps cover prompt + continuation: refused up front where the longest cannot fit
         from ..core.attention_view import check_attention_view
-        from ..core.generation_engine import encode_prompt, token_ids_of
+        from ..core.generation_engine import check_generation_view, encode_prompt, token_ids_of
         from ..viz.headview import page_bytes
 
+        check_generation_view(explainer.runner)
         continuation = args.max_new_tokens if args.target is None else len(
             token_ids_of(explainer.runner, args.target, "--target"))
         longest = len(encode_prompt(explainer.runner, prompts[0], args.chat)[0]) + continuation

@@ -411,14 +411,19 @@ def _check_count(name: str, value: Any) -> None:
         raise InputError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+def check_generation_view(runner: ModelRunner) -> None:
+    """:class:`InputError` where a generation's head view cannot be drawn (before anything is generated)."""
+    if isinstance(runner.head, Seq2SeqLMHead):
+        raise InputError("the head view of a generation shows one self-attention over prompt + continuation: "
+                         "decoder-only models only (an encoder-decoder's streams split them)")
+
+
 @torch.no_grad()
 def attention_maps(runner: ModelRunner, g: Generation, memory_budget: str | int | None = None,
                    beside: Beside | None = None) -> np.ndarray:
     """Attention probabilities ``(L, H, N, N)`` (float32) of the explained stream over the whole prompt +
     continuation of ``g`` (one forward pass), for the head view; refused in one line where they (and ``beside``)
     do not fit ``memory_budget`` (:func:`~attnlens.core.attention_view.whole_attention_maps`)."""
-    if isinstance(runner.head, Seq2SeqLMHead):
-        raise InputError("the head view of a generation shows one self-attention over prompt + continuation: "
-                         "decoder-only models only (an encoder-decoder's streams split them)")
+    check_generation_view(runner)
     inputs, mask = runner.inputs([g.prompt_ids + g.generated_ids])
     return whole_attention_maps(runner, inputs, mask, parse_budget(memory_budget), beside)
