@@ -145,6 +145,21 @@ def test_a_shard_of_another_run_is_refused(explainer, tmp_path):
                       chunk_size=CHUNK, progress=False, check_only=True)
 
 
+def test_shards_of_another_chunk_size_are_refused_and_one_process_completes_any_shards_work(explainer, tmp_path,
+                                                                                            single):
+    """Shards share out chunks: one cut into other chunks would leave examples in no shard's plan. A run of one
+    process may complete the run whatever its chunks."""
+    out = tmp_path / "par"
+    bench(explainer, out, shard=Shard(0, 2))
+    with pytest.raises(InputError, match=r"other settings \(chunk_size\)"):
+        run_benchmark(explainer, toy_dataset(), out, methods=METHODS, metrics=METRICS, config=CONFIG,
+                      chunk_size=CHUNK + 1, batch_size=2, eval_batch_size=8, progress=False, shard=Shard(1, 2))
+    done = run_benchmark(
+        explainer, toy_dataset(), out, methods=METHODS, metrics=METRICS, config=CONFIG, chunk_size=CHUNK + 1,
+        batch_size=2, eval_batch_size=8, progress=False)
+    assert done["timing"]["complete"] is True and done["n_examples"] == single[0]["n_examples"]
+
+
 def test_check_only_writes_nothing(explainer, tmp_path):
     assert bench(explainer, tmp_path / "x", check_only=True) is None
     assert not (tmp_path / "x").exists() and explainer.explained == 0

@@ -28,7 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .results import SHARDS_DIR, complete_examples, read_rows, read_run, results_lock, shard_dirs, target_key
+from .results import (
+    SHARDS_DIR,
+    complete_examples,
+    differing_settings,
+    read_rows,
+    read_run,
+    results_lock,
+    shard_dirs,
+    target_key,
+)
 
 QUIET_TABLE = "ATTNLENS_NO_TABLE"  # workers of launch() leave printing the table to the command that started them
 WORLD_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")  # as accelerate reads them
@@ -120,7 +129,7 @@ def merge_sources(out: Path, settings: dict[str, Any], methods: Sequence[str], c
             run = directory / "run.json"
             if run.exists():
                 prev = read_run(run)
-                if {"target": "predicted", **prev["settings"]} != settings:
+                if differing_settings(prev["settings"], settings):
                     raise InputError(f"{directory} holds results made with other settings; delete it or use "
                                      "--overwrite")
                 seconds += float(prev.get("seconds", 0.0))

@@ -53,9 +53,22 @@ class BenchmarkSettings:
     target_kind: str
     target: str = "predicted"
     model_setup: dict[str, Any] = dataclasses.field(default_factory=dict)  # the longest input, dtype, stream
+    # a shard's examples per chunk: the chunks shards share out (None: a run of one process, which has no plan to
+    # agree on with others)
+    chunk_size: int | None = None
 
     def key(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def differing_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The settings (``BenchmarkSettings.key()``, as JSON) in which a recorded run ``before`` differs from ``now``;
+    runs made before the target option explained the predicted class, and a shard's chunk size is compared with
+    another shard's only (a one-process run may complete any shards' work)."""
+    before = {"target": "predicted", **before}
+    if before.get("chunk_size") is None or now.get("chunk_size") is None:
+        before["chunk_size"] = now.get("chunk_size")
+    return [k for k in dict.fromkeys([*now, *before]) if before.get(k) != now.get(k)]
 
 
 # ------------------------------------------------------------------ JSON files

@@ -57,6 +57,7 @@ from .results import (
     append_rows,
     clear_results,
     complete_examples,
+    differing_settings,
     example_rows,
     explanation_cache,
     read_rows,
@@ -238,6 +239,7 @@ def run_benchmark(
         methods=method_ids, metrics=metric_ids, config=dataclasses.asdict(config),
         explain_options=dict(explain_options or {}), target_kind=target_kind, target=target,
         model_setup=model_setup,
+        chunk_size=chunk_size if run.shard is not None and run.shard.count > 1 else None,
     )
     if run.resume:  # the run to resume, and every process's part of it, must have been made with these settings
         _check_resumable(out)
@@ -327,9 +329,9 @@ def _check_settings(run_file: Path, settings: BenchmarkSettings, out: Path) -> f
         return 0.0
     prev = read_run(run_file)
     now = json.loads(json.dumps(settings.key()))
-    before = {"target": "predicted", **prev["settings"]}  # runs made before the target option
-    if before != now:
-        diff = [k for k in now if before.get(k) != now[k]]
+    diff = differing_settings(prev["settings"], now)
+    if diff:
+        before = prev["settings"]
         if "model_setup" in diff and isinstance(before.get("model_setup"), dict):  # name what changed within it
             was = before["model_setup"]
             diff[diff.index("model_setup")] = ", ".join(
