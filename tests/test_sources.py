@@ -1411,3 +1411,15 @@ def test_all_source_methods_leave_out_the_learned_ones():
     assert token == ["all"] and "at2" not in source and "at2lrp" not in source
     assert set(source) == set(SOURCE_METHODS) - {"at2", "at2lrp"} and {"loo", "contextcite", "attngate"} <= set(source)
     assert split_methods("at2lrp,loo") == ([], ["at2lrp", "loo"])
+
+
+def test_the_context_summary_table_says_when_methods_were_measured_on_other_examples():
+    from attnlens.evaluation.context_benchmark import markdown_table
+
+    cell = {"mean": 0.5, "ci95": 0.1}
+    summary = {"loo": {"lds": {**cell, "n": 4}, "seconds": {**cell, "n": 4}},
+               "at2": {"lds": {**cell, "n": 3}, "seconds": {**cell, "n": 3}}}
+    table = markdown_table(summary)
+    assert "| loo | 4 |" in table and "| at2 | 3 |" in table
+    assert "Not measured on the same examples: at2 (3) on fewer than the 4 of the others" in table
+    assert "Not measured" not in markdown_table({"loo": summary["loo"]})

@@ -184,17 +184,25 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[
 
 
 def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
-    """The summary as a Markdown table, methods by descending LDS."""
-    head = "| method | " + " | ".join(METRICS) + " |\n|---|" + "---|" * len(METRICS)
-    rows = []
+    """The summary as a Markdown table, methods by descending LDS, with the number of examples each was measured
+    on; where those differ (a method of an earlier run over other examples), a line under the table says so."""
+    head = "| method | n | " + " | ".join(METRICS) + " |\n|---|---:|" + "---|" * len(METRICS)
+    rows, counts = [], {}
     for m in sorted(summary, key=lambda k: -summary[k].get("lds", {}).get("mean", -9)):
         cells = []
         for metric in METRICS:
             v = summary[m].get(metric)
             cells.append("—" if v is None else (f"{v['mean']:.3f}" if metric == "seconds" or math.isnan(v["ci95"])
                                                  else f"{v['mean']:.3f} ± {v['ci95']:.3f}"))
-        rows.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join([head, *rows])
+        counts[m] = max((int(v.get("n", 0)) for v in summary[m].values()), default=0)
+        rows.append(f"| {m} | {counts[m]} | " + " | ".join(cells) + " |")
+    lines = [head, *rows]
+    if len(set(counts.values())) > 1:
+        most = max(counts.values())
+        fewer = ", ".join(f"{m} ({n})" for m, n in counts.items() if n < most)
+        lines += ["", f"Not measured on the same examples: {fewer} on fewer than the {most} of the others; compare "
+                      "methods over the examples they share (records.jsonl), or run them on the same examples."]
+    return "\n".join(lines)
 
 
 def _identities(ex: Explainer, config: ContextBenchmarkConfig) -> dict[str, dict[str, Any]]:
