@@ -91,7 +91,9 @@ def squad_context(
         context = "\n\n".join(texts)
         starts = np.cumsum([0] + [len(t) + 2 for t in texts])
         answer = qa["answers"][0]
-        offset = paragraph["context"].find(answer["text"])  # answer_start is the first occurrence in this copy
+        offset = int(answer.get("answer_start", -1))  # where SQuAD marks it: a text may occur more than once
+        if paragraph["context"][offset:offset + len(answer["text"])] != answer["text"]:
+            offset = paragraph["context"].find(answer["text"])  # a copy whose offsets do not fit its text
         lead = len(paragraph["context"]) - len(paragraph["context"].lstrip())
         at = int(starts[gold_passage]) + offset - lead
         found = split_sources(context, sources)
