@@ -219,10 +219,14 @@ def is_qa(cfg: TrainConfig) -> bool:
 
 
 def _named_labels(path: str | os.PathLike[str] | None) -> bool:
-    """Whether a data file's first example has a label name (a string) rather than a class id."""
-    if path is None:
+    """Whether a data file's first example has a label name (a string) rather than a class id (``False`` for a
+    file that cannot be read as JSON Lines: loading it says why)."""
+    if path is None or not Path(path).is_file():
         return False
-    first = next(iter_jsonl(path), None)
+    try:
+        first = next(iter_jsonl(path), None)
+    except InputError:
+        return False
     return first is not None and isinstance(first[1].get("label"), str)
 
 
