@@ -48,7 +48,8 @@ def applicability(name: str, *, head: bool = False, streams: tuple[str, ...] = (
             return ("the norm-based and decomposition methods need a layer anatomy attnlens knows (encoders: "
                     "BERT, RoBERTa, DeBERTa-v2, MPNet, ModernBERT, ...; pre-LN decoders: GPT-2, GPT-NeoX, Llama, "
                     f"Qwen, Gemma, Phi, OPT, ...; the encoders of BART, mBART, T5); this {model_type!r} model has "
-                    "none (docs/decomposition.md, 'Which models')")
+                    f"none{' in this configuration' if callable(architecture_for(config).anatomy) else ''} "
+                    "(docs/decomposition.md, 'Which models')")
         if head and anatomy.ffn is not None:
             return (f"{name} linearises each feed-forward network through its pieces; the architecture entry of "
                     f"model type {model_type!r} reads it as one module, which it does not decompose")
