@@ -460,7 +460,13 @@ def test_only_local_host_names_are_answered_when_bound_locally(served):
     app = create_app({"m": served["minilm"]}, allowed_hosts=["127.0.0.1", "localhost"])
     with TestClient(app, base_url="http://127.0.0.1") as c:
         assert c.get("/api/models").status_code == 200
-        assert c.get("/api/models", headers={"host": "evil.example"}).status_code == 400  # DNS rebinding
+        refused = c.get("/api/models", headers={"host": "evil.example:8000"})  # DNS rebinding
+        assert refused.status_code == 400 and "evil.example:8000" in refused.json()["error"]
+        assert refused.headers["x-content-type-options"] == "nosniff"
+        assert c.get("/api/models", headers={"host": "localhost:8000"}).status_code == 200
+    app = create_app({"m": served["minilm"]}, allowed_hosts=["127.0.0.1", "localhost", "[::1]"])
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        assert c.get("/api/models", headers={"host": "[::1]:8000"}).status_code == 200
 
 
 # ------------------------------------------------------------------------------ command line

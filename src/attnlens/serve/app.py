@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -50,6 +50,28 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class AllowedHosts:
+    """Answers only requests whose ``Host`` header names one of ``hosts`` (the port aside): a web page elsewhere
+    cannot reach a locally bound server through a name of its own that resolves to this machine (DNS rebinding).
+    Other requests get the one-line JSON error every refusal of the server gives."""
+
+    def __init__(self, app: ASGIApp, hosts: Sequence[str]) -> None:
+        self.app, self.hosts = app, {h.lower() for h in hosts}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = Headers(scope=scope).get("host", "").lower()
+        name = host[: host.index("]") + 1] if host.startswith("[") and "]" in host else host.split(":")[0]
+        if name in self.hosts:
+            await self.app(scope, receive, send)
+            return
+        response = error(f"this server answers requests to {', '.join(sorted(self.hosts))} only, not "
+                         f"{host or 'a request without a Host header'}", 400)
+        await response(scope, receive, send)
 
 
 async def _user_error(request: Request, exc: Exception) -> JSONResponse:
@@ -102,7 +124,7 @@ def create_app(
     state = ServeState(explainers, list(results), limits or Limits(), parse_budget(memory_budget))
     middleware = [Middleware(SecurityHeaders)]
     if allowed_hosts is not None:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+        middleware.append(Middleware(AllowedHosts, hosts=list(allowed_hosts)))
     app = Starlette(
         routes=ROUTES, middleware=middleware,
         exception_handlers={AttnLensError: _user_error, BodyTooLarge: _too_large, LookupError: _not_found,
