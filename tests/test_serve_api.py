@@ -629,3 +629,19 @@ def test_a_job_shared_by_identical_requests_stops_only_when_every_request_gives_
     assert again is not first
     gate.set()
     assert again.future.result(timeout=10).result == "done" and len(ran) == 2
+
+
+def test_the_attention_view_reports_after_its_forward_so_a_cancel_stops_it_there(served, monkeypatch):
+    from attnlens.serve import compute
+    from attnlens.serve.jobs import Cancelled
+
+    heard = []
+    data = compute.attention(served["minilm"], "a fine film", 2**30, heard.append)
+    assert heard == [0.6, 0.9] and data["tokens"]
+
+    def cancelled(fraction):
+        raise Cancelled()
+
+    monkeypatch.setattr(compute, "encode_attentions", lambda att: pytest.fail("encoded after the cancel"))
+    with pytest.raises(Cancelled):
+        compute.attention(served["minilm"], "a fine film", 2**30, cancelled)

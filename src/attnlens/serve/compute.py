@@ -114,12 +114,16 @@ def thumbnails(att: np.ndarray, size: int = THUMBNAIL) -> dict[str, Any]:
     return {"size": t, "values": q.reshape(-1).tolist()}
 
 
-def attention(ex: Any, text: Any, budget: int) -> dict[str, Any]:
+def attention(ex: Any, text: Any, budget: int, report: Report = lambda _fraction: None) -> dict[str, Any]:
     """The head and model views' data: tokens, the compact attention of every layer and head, thumbnails; refused
-    in one line where the maps, their encoding and the answer's text would not fit ``budget`` bytes."""
+    in one line where the maps, their encoding and the answer's text would not fit ``budget`` bytes. ``report``
+    hears the progress after the forward and after the encoding (a cancelled job stops there)."""
     tokens, special, att = ex.attention_maps(text, memory_budget=budget, beside=_answer_bytes)
+    report(0.6)
+    encoded = encode_attentions(att)
+    report(0.9)
     return {"tokens": tokens, "special": special, "meta": encoding_meta(ex.tokenizer), "stream": ex.stream,
-            "attention": encode_attentions(att), "thumbnails": thumbnails(att)}
+            "attention": encoded, "thumbnails": thumbnails(att)}
 
 
 def _answer_bytes(layers: int, heads: int, n: int) -> int:

@@ -71,7 +71,7 @@ class ServeState:
             model, text = attention_request(body, self.models, self.limits)
             ex = self.explainers[model]
             return self.jobs.submit(model, kind, f"attention:{model}:{text!r}",
-                                    lambda job: compute.attention(ex, text, budget))
+                                    lambda job: compute.attention(ex, text, budget, job.report))
         if kind == "generate":
             req = generate_request(body, self.models, self.limits)
             ex = self.explainers[req.model]
