@@ -224,6 +224,7 @@ def test_a_type_without_an_entry_is_explained_where_a_test_pass_finds_its_head_r
     """Causal language models do not say so in their config: a test pass finds a decoder's causal attention, and
     its classifier is explained at the last token, an encoder's at the first, with one warning."""
     model = _unlisted(name, **({"embedding_size": 32} if name == "RoFormer" else {}))
+    model.requires_grad_(False)  # frozen weights, as in an inference script: the test pass still takes gradients
     assert model.config.model_type not in ARCHITECTURES
     with pytest.warns(UserWarning, match=f"has no attnlens entry: a test pass found a .*{family}"):
         ex = Explainer(model, tokenizer)
@@ -231,6 +232,7 @@ def test_a_type_without_an_entry_is_explained_where_a_test_pass_finds_its_head_r
     (e,) = ex.explain([TEXTS[0]], methods=["rawatt", "grads"])
     inputs = tokenizer(TEXTS[0], return_tensors="pt")
     inputs = {k: v for k, v in inputs.items() if k != "token_type_ids" or ex._takes_token_types}
+    model.requires_grad_(True)  # the reference differentiates through the weights
     out = model(**inputs, output_attentions=True)
     last = out.attentions[-1]
     (grad,) = torch.autograd.grad(out.logits[0, e.target], last)

@@ -56,8 +56,14 @@ def check_unlisted(model: nn.Module) -> None:
     device = next(model.parameters()).device
     inputs = torch.tensor([ids], device=device)
     classifier = type(model).__name__.endswith("ForSequenceClassification")
+
+    def differentiable(module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+        # frozen weights leave the graph without a leaf: the embeddings' output becomes one
+        return output.requires_grad_(True) if classifier and not output.requires_grad else output
+
     try:
         with explaining(model, EAGER), torch.set_grad_enabled(classifier):
+            embeddings.register_forward_hook(differentiable)  # removed with the block
             out = model(input_ids=inputs, attention_mask=torch.ones_like(inputs), output_attentions=True,
                         output_hidden_states=classifier, return_dict=True)
             read = _positions_read(out) if classifier else None
