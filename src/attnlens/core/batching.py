@@ -27,8 +27,7 @@ def scoring_chunks(model: nn.Module, lengths: Sequence[int], batch_size: int, bu
     eager = implementation == EAGER or not runs_sdpa(model)
     storage = Storage(eager=eager, logit_rows=logit_positions, hidden=hidden)
     dims = model_dims(model)
-    return budget_chunks(lengths, batch_size, budget, lambda n: pass_row_bytes(dims, n, storage),
-                         lambda n: n * dims.hidden * dims.itemsize)
+    return budget_chunks(lengths, batch_size, budget, lambda n: pass_row_bytes(dims, n, storage), dims.hidden_bytes)
 
 
 def pad_batch(

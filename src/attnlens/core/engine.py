@@ -256,8 +256,7 @@ def explain_all(
     with explaining(runner.model):
         tracker.start()
         try:
-            for idx in budget_chunks(lengths, batch_size, memory_budget, cost.total,
-                                     lambda n: n * dims.hidden * dims.itemsize):
+            for idx in budget_chunks(lengths, batch_size, memory_budget, cost.total, dims.hidden_bytes):
                 batch = [encoded[i] for i in idx]
                 tracker.begin_batch(idx)
                 for i, exp in zip(idx, explain_batch(runner, batch, [targets[i] for i in idx], specs, method_options,

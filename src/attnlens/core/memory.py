@@ -122,6 +122,11 @@ class Dims:
         encoder-decoder."""
         return self.attentions or self.layers
 
+    def hidden_bytes(self, tokens: int) -> int:
+        """Bytes of one layer's hidden states over ``tokens`` tokens (a batch's: rows × padded length), the block
+        size the allocator's policy follows (:func:`~attnlens.core.allocator.for_layer_blocks`)."""
+        return tokens * self.hidden * self.itemsize
+
 
 def model_dims(model: Any) -> Dims:
     """Layers, heads and hidden size from the model's config (HF attribute maps cover GPT-2's and BART's names);

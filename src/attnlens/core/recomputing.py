@@ -20,5 +20,5 @@ def recomputing(model: nn.Module, tokens: int) -> Iterator[int]:
     from its input, and blocks of a quarter of a layer's hidden states or more go back to the system when freed.
     Yields how many layers were switched."""
     dims = model_dims(model)
-    with for_layer_blocks(tokens * dims.hidden * dims.itemsize), recomputed_layers(model) as switched:
+    with for_layer_blocks(dims.hidden_bytes(tokens)), recomputed_layers(model) as switched:
         yield switched

@@ -100,7 +100,7 @@ class RowRecorder:
 
     def release(self) -> None:
         """Drop the references to what the pass kept (whoever took the lists keeps them). A backward that
-        recomputes layers runs them in a copy of the context of their forward, which holds this recorder: kept
+        recomputes layers runs them with attnlens' context variables of their forward, which hold this recorder: kept
         tensors that are in the graph would otherwise hold the graph, and the graph the recorder, in a cycle
         through autograd that the garbage collector cannot see (the memory of every such pass, for good)."""
         self.kept_rows, self.received, self.mean_maps, self.layer_factors = [], [], [], []

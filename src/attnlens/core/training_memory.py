@@ -127,7 +127,7 @@ class TrainingMemory:
         rows = self.rows(longest, batch_size)
         if self.need(rows, longest) < BUDGET_SHARE * self.budget:
             return nullcontext()
-        return for_layer_blocks(rows * longest * self.dims.hidden * self.dims.itemsize)
+        return for_layer_blocks(self.dims.hidden_bytes(rows * longest))
 
     def micro_batches(self, lengths: Sequence[int]) -> Iterator[list[int]]:
         """Positions in ``lengths`` (one batch's examples): all of them in their order where the batch fits,

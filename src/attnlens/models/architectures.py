@@ -398,6 +398,8 @@ _ALBERT_ANATOMY = Anatomy((("albert.pooler", "albert.pooler_activation"), ("clas
 def _albert_anatomy(config: Any) -> Anatomy | None:
     """ALBERT's anatomy where its layers can be taken one by one (:func:`_albert_no_rerun`), else none."""
     return None if _albert_no_rerun(config) else _ALBERT_ANATOMY
+
+
 _ROBERTA_ANATOMY = _bert_like("roberta", (("classifier.dense", "tanh"), ("classifier.out_proj", None)))
 
 _MPNET_ANATOMY = Anatomy((("classifier.dense", "tanh"), ("classifier.out_proj", None)), output="attention.attn.o",
