@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -759,8 +760,10 @@ def test_smollm2_finds_the_passage_the_answer_came_from():
                "Gustave Eiffel, whose company designed and built it.\n\nThe Great Wall of China is a series of "
                "fortifications built across the northern borders of ancient Chinese states.\n\nMount Everest is "
                "the highest mountain above sea level, in the Himalayas.")
-    r = ex.attribute_context(context, "Who designed the Eiffel Tower?", answer="Gustave Eiffel designed it.",
-                             sources="passage", methods=["decompx", "attnlrp", "loo", "at2", "at2lrp"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="at2 weights")  # the shipped weights were fitted on this model
+        r = ex.attribute_context(context, "Who designed the Eiffel Tower?", answer="Gustave Eiffel designed it.",
+                                 sources="passage", methods=["decompx", "attnlrp", "loo", "at2", "at2lrp"])
     for m in ("decompx", "attnlrp", "loo", "at2", "at2lrp"):
         assert r.ranked(m)[0][0] == 0, (m, r.scores[m])
     assert r.prompt.startswith("<|im_start|>") and r.meta["chat_template"]
@@ -903,7 +906,8 @@ def test_an_interrupted_at2_fit_resumes_from_its_cache(lm, monkeypatch, tmp_path
 
 def test_at2_fit_recovers_weights_that_explain_the_ablations(lm, monkeypatch, tmp_path):
     """When ablation effects are exactly linear in the attention features, the fitted per-head weights predict
-    them; saved, they are loaded back for the same model and refused for another."""
+    them; saved, they are loaded back for the same model, read with a warning on another checkpoint of its
+    architecture and refused for another architecture."""
     from attnlens.sources import at2 as at2_module
     from attnlens.sources.attribute import prepare_job
 
@@ -923,9 +927,16 @@ def test_at2_fit_recovers_weights_that_explain_the_ablations(lm, monkeypatch, tm
         np.testing.assert_allclose(fitted @ feats, truth @ feats, rtol=0.05, atol=0.02)
     assert record["fit"]["r2"] > 0.99 and record["fit"]["cv_r2"] > 0.95 and record["fit"]["prompts"] == 4
     path = at2_module.save_weights(record, tmp_path / "w.json")
-    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False,
-                             options={"at2": {"weights": str(path)}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the model the weights were fitted on: no warning
+        r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False,
+                                 options={"at2": {"weights": str(path)}})
     np.testing.assert_allclose(r.scores["at2"], fitted @ at2_module.at2_features(jobs[0]), rtol=1e-9)
+    sibling = Explainer(make_lm(lm.model.config.model_type, seed=1), lm_tokenizer(), max_length=64)
+    with pytest.warns(UserWarning, match=r"fitted on other parameters of this architecture \(a sample of them "
+                      r"differs by \d+"):
+        sibling.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False,
+                                  options={"at2": {"weights": str(path)}})
     other = Explainer(make_lm("llama" if lm.model.config.model_type == "gpt2" else "gpt2"), lm_tokenizer(),
                       max_length=64)
     with pytest.raises(InputError, match="fitted on another model"):

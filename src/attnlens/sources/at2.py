@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,40 @@ def _fingerprint(model: torch.nn.Module) -> dict[str, Any]:
                                              "hidden_size", "vocab_size")}
 
 
+# how far (relative L2) the model's parameter sample may lie from the fitted one's before a warning: casting
+# SmolLM2 to bf16 moves it by 0.0009; another checkpoint of the same architecture, or another quantisation, more
+SAMPLE_TOLERANCE = 0.02
+
+
+def parameter_sample(model: torch.nn.Module, per_tensor: int = 4) -> list[float]:
+    """A few values spread over each of ``model``'s parameters, in registration order: cheap to take, and unlike
+    the configuration it tells two checkpoints of one architecture apart."""
+    out: list[float] = []
+    with torch.no_grad():
+        for p in model.parameters():
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // per_tensor)
+            out += flat[::step][:per_tensor].float().cpu().tolist()
+    return [float(f"{v:.6g}") for v in out]
+
+
+def _check_sample(data: Mapping[str, Any], model: torch.nn.Module, path: str | Path) -> None:
+    """Warn when weights fitted on one checkpoint are read on another of the same architecture."""
+    fitted = data.get("parameter_sample")
+    if fitted is None:
+        return
+    here = np.asarray(parameter_sample(model), dtype=np.float64)
+    fitted = np.asarray(fitted, dtype=np.float64)
+    if here.shape != fitted.shape:
+        gap = math.inf
+    else:
+        gap = float(np.linalg.norm(here - fitted) / max(np.linalg.norm(fitted), 1e-12))
+    if gap > SAMPLE_TOLERANCE:
+        warnings.warn(f"at2 weights {path} were fitted on other parameters of this architecture (a sample of them "
+                      f"differs by {gap:.1%}): its per-head weights may not suit this checkpoint; fit its own with "
+                      "`attnlens fit-at2`", stacklevel=4)
+
+
 def load_weights(runner: ModelRunner, path: str | Path | None = None,
                  methods: Sequence[str] = ()) -> dict[str, Any]:
     """AT2 weights for ``runner``'s model whose extra features are the source scores of ``methods`` (none for
@@ -126,6 +161,7 @@ def load_weights(runner: ModelRunner, path: str | Path | None = None,
             data = json.loads(candidate.read_text(encoding="utf-8"))
             if (data["fingerprint"] == _fingerprint(runner.model) and runner.name in data.get("names", [])
                     and list(data.get("methods", [])) == list(methods)):
+                _check_sample(data, runner.model, candidate.name)
                 return data
         with_methods = f" --with-methods {','.join(methods)}" if methods else ""
         raise InputError(f"no {name} weights ship for {runner.name}: fit them with `attnlens fit-at2 --model "
@@ -143,6 +179,7 @@ def load_weights(runner: ModelRunner, path: str | Path | None = None,
         fitted = ", ".join(data.get("methods", [])) or "attention alone"
         raise InputError(f"at2 weights {path} were fitted with features {fitted}; {method} reads "
                          f"{', '.join(['attention', *methods])}")
+    _check_sample(data, runner.model, path)
     return data
 
 
@@ -272,6 +309,7 @@ def fit_at2(
     extra = {"methods": list(methods), "method_weights": weights[layers * heads:].tolist()} if methods else {}
     return {
         "fingerprint": _fingerprint(runner.model),
+        "parameter_sample": parameter_sample(runner.model),
         "names": [runner.name],
         "weights": weights[: layers * heads].reshape(layers, heads).tolist(),
         **extra,
