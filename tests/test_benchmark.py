@@ -452,6 +452,35 @@ def test_gold_target_explains_the_label_but_tracks_the_prediction(tmp_path):
         bench(tmp_path / "x", target="label")
 
 
+class _NamedExplainer(FakeExplainer):
+    def __init__(self, labels):
+        super().__init__()
+        self.labels = labels
+
+
+def test_gold_labels_follow_the_models_class_names_not_the_data_sets_order(tmp_path):
+    """A checkpoint that names the data set's classes in another order is given gold labels renumbered by name,
+    with a warning; the same names in another case change nothing; other names are read as indices, with a
+    warning."""
+    data = dataset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        run_benchmark(_NamedExplainer(["NEGATIVE", "Positive"]), data, tmp_path / "same", methods="rawatt",
+                      metrics="aopc", predict=linear_predict, progress=False, target="gold")
+    with pytest.warns(UserWarning, match="the model orders its classes positive, negative, dataset toy negative, "
+                      "positive: gold labels are renumbered by name"):
+        run_benchmark(_NamedExplainer(["positive", "negative"]), data, tmp_path / "swapped", methods="rawatt",
+                      metrics="aopc", predict=linear_predict, progress=False, target="gold")
+    rows = [json.loads(x) for x in (tmp_path / "swapped" / "examples.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["method"] == "rawatt"]
+    assert [r["label"] for r in rows] == [1 - e.label for e in data.examples]
+    assert all(r["target"] == r["label"] for r in rows)
+    with pytest.warns(UserWarning, match="names its classes negative, positive, the model bad, good: gold labels "
+                      "are read as the model's class indices"):
+        run_benchmark(_NamedExplainer(["bad", "good"]), data, tmp_path / "other", methods="rawatt",
+                      metrics="aopc", predict=linear_predict, progress=False, target="gold")
+
+
 @pytest.mark.parametrize("blank", ["", "   ", ["a question", " "]])
 def test_a_blank_text_is_refused_before_anything_is_written(tmp_path, blank):
     examples = [*dataset(5).examples, Example("seven", blank, 1)]

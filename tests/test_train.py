@@ -275,3 +275,35 @@ def test_a_data_file_with_label_names_trains_with_the_default_fields(tmp_path, t
                                 progress=False), log=lambda _: None)
     saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "o").config.id2label
     assert sorted(saved.values()) == ["neg", "pos"] and metrics
+
+
+def test_a_checkpoint_keeps_its_class_names_and_the_data_is_numbered_as_its_head(tmp_path, tiny_model):
+    """Continuing a checkpoint whose head names the data's classes in another order: the data's labels are
+    numbered by name as the head numbers them and the names stay (renaming the head's rows would invert it);
+    integer labels keep the checkpoint's names too."""
+    named = [{"text": r["text"], "label": ["neg", "pos"][r["label"]]} for r in sentences(96)]
+    held = [{"text": r["text"], "label": ["neg", "pos"][r["label"]]} for r in sentences(40, seed=1)]
+    data, evaluation = write_jsonl(tmp_path / "train.jsonl", named), write_jsonl(tmp_path / "eval.jsonl", held)
+    common = dict(eval_file=evaluation, max_length=16, batch_size=8, seed=0, progress=False)
+    first = train(TrainConfig(model=tiny_model, out=str(tmp_path / "a"), data_file=data, epochs=6, lr=1e-2,
+                              **common), log=lambda _: None)
+    accuracy = first[first["eval_split"]]["accuracy"]
+    assert accuracy > 0.8
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "a")
+    assert model.config.id2label == {0: "neg", 1: "pos"}
+    with torch.no_grad():  # the same classifier with its classes in the other order
+        model.classifier.weight.copy_(model.classifier.weight.flip(0))
+        model.classifier.bias.copy_(model.classifier.bias.flip(0))
+    model.config.id2label, model.config.label2id = {0: "pos", 1: "neg"}, {"pos": 0, "neg": 1}
+    model.save_pretrained(tmp_path / "swapped")
+    AutoTokenizer.from_pretrained(tmp_path / "a").save_pretrained(tmp_path / "swapped")
+    logged: list[str] = []
+    again = train(TrainConfig(model=str(tmp_path / "swapped"), out=str(tmp_path / "b"), data_file=data, epochs=1,
+                              lr=1e-12, **common), log=logged.append)
+    assert again[again["eval_split"]]["accuracy"] == pytest.approx(accuracy)
+    assert any("numbered by name as the head numbers them" in line for line in logged)
+    assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "b").config.id2label == {0: "pos", 1: "neg"}
+    ids = write_jsonl(tmp_path / "ids.jsonl", sentences(16))
+    train(TrainConfig(model=str(tmp_path / "swapped"), out=str(tmp_path / "c"), data_file=ids, epochs=1,
+                      lr=1e-12, max_length=16, progress=False), log=lambda _: None)
+    assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "c").config.id2label == {0: "pos", 1: "neg"}

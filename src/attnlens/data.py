@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,30 @@ class Dataset:
     @property
     def gold(self) -> list[int | None]:
         return [e.label for e in self.examples]
+
+
+# a class name that only numbers its class (transformers' default ``LABEL_0``, or ``"0"``): it says nothing of what
+# the class means
+_NUMBERED = re.compile(r"(label[ _-]?)?\d+", re.IGNORECASE)
+
+
+def names_classes(names: Sequence[str]) -> bool:
+    """Whether ``names`` (class names in index order) say what the classes are: every one is given and none is
+    a bare number such as transformers' default ``LABEL_0``."""
+    return bool(names) and not any(_NUMBERED.fullmatch(str(n).strip()) for n in names)
+
+
+def class_order(data_names: Sequence[str], model_names: Sequence[str]) -> list[int] | None:
+    """Where each class of a data set is among a model's classes, matched by name (case and surrounding spaces
+    ignored): ``order[i]`` is the model's index of the data's class ``i``. ``None`` when either side only numbers
+    its classes or the two sides do not name the same classes."""
+    if not (names_classes(data_names) and names_classes(model_names)) or len(data_names) != len(model_names):
+        return None
+    index = {str(n).strip().casefold(): i for i, n in enumerate(model_names)}
+    order = [index.get(str(n).strip().casefold()) for n in data_names]
+    if None in order or len(set(order)) != len(order) or len(index) != len(model_names):
+        return None
+    return [int(i) for i in order]  # type: ignore[arg-type]
 
 
 def known_datasets() -> list[str]:

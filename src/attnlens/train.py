@@ -24,7 +24,7 @@ from .core.encoding import model_max_length
 from .core.memory import DEFAULT_BUDGET, parse_budget, readable_size
 from .core.modelstate import without_cache
 from .core.training_memory import TrainingMemory
-from .data import ALIASES, SPECS, Dataset, iter_jsonl, load_dataset, row_text
+from .data import ALIASES, SPECS, Dataset, class_order, iter_jsonl, load_dataset, names_classes, row_text
 from .errors import InputError, ModelError
 from .models.architectures import architecture_for
 from .models.hub import cache_only, not_cached_message
@@ -325,10 +325,19 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
     elif not has_head:
         print(terminal_safe(f"attnlens: {name} has no classification head; a new {num_labels}-label head is "
                             "trained from scratch"))
-    config.num_labels = num_labels
     names = label_names if label_names and len(label_names) == num_labels else None
-    config.id2label = {i: (names[i] if names else f"LABEL_{i}") for i in range(num_labels)}
-    config.label2id = {v: k for k, v in config.id2label.items()}
+    kept = has_head and config.num_labels == num_labels
+    head_names = [str(config.id2label.get(i, f"LABEL_{i}")) for i in range(num_labels)] if kept else []
+    if kept and names_classes(head_names) and (names is None or class_order(names, head_names) is not None):
+        pass  # the head keeps its names: the caller numbers the data's classes as the head does (class_order)
+    else:
+        if kept and names_classes(head_names) and names:
+            print(terminal_safe(f"attnlens: warning: {name} names its classes {', '.join(head_names)}, the data "
+                                f"{', '.join(names)}: the data's class i trains the head's row i, named as the data "
+                                "names it"))
+        config.num_labels = num_labels
+        config.id2label = {i: (names[i] if names else f"LABEL_{i}") for i in range(num_labels)}
+        config.label2id = {v: k for k, v in config.id2label.items()}
     return load_with_head(AutoModelForSequenceClassification, "sequence classification", name, source, config,
                           tokenizer, reinit_head)
 
@@ -581,6 +590,14 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
 
     device = resolve_device(cfg.device or "auto")
     tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head)
+    if label_names and len(label_names) == num_labels:
+        head_names = [str(model.config.id2label[i]) for i in range(num_labels)]
+        order = class_order(label_names, head_names)
+        if order is not None and order != list(range(num_labels)):
+            log(f"the head of {cfg.model} orders its classes {', '.join(head_names)}: the data's labels "
+                f"({', '.join(label_names)}) are numbered by name as the head numbers them")
+            train_split, eval_split = (replace(split, labels=[order[y] for y in split.labels])
+                                       for split in (train_split, eval_split))
     longest = model_max_length(model, tokenizer, None)
     if given_length is None:
         cfg = replace(cfg, max_length=min(cfg.max_length, longest))

@@ -33,7 +33,7 @@ from ..core.allocator import release_free_memory
 from ..core.encoding import normalize_texts
 from ..core.fused_attention import weights_dtype
 from ..core.memory import DEFAULT_BUDGET, parse_budget
-from ..data import Dataset
+from ..data import Dataset, class_order, names_classes
 from ..errors import InputError
 from ..models.architectures import adapter_for
 from ..paths import check_output_path
@@ -225,6 +225,7 @@ def run_benchmark(
     except InputError as exc:
         raise InputError(f"dataset {dataset.name}: {_by_example(str(exc), [e.id for e in dataset])}") from None
     if not qa:
+        dataset = _in_model_order(dataset, list(getattr(explainer, "labels", None) or []))
         _check_labels(dataset, n_classes, need=target == "gold" or config.protocol == "attcat-code")
     if target_kind == "loss" and target != "gold" and config.protocol != "attcat-code":
         raise InputError("target kind 'loss' is the loss of the gold label: use it with target 'gold' (--target gold)")
@@ -279,6 +280,32 @@ def run_benchmark(
 
 
 _RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(BenchmarkRun))
+
+
+def _in_model_order(dataset: Dataset, model_names: list[str]) -> Dataset:
+    """``dataset`` with its gold labels numbered as the model numbers its classes, matched by name (a checkpoint
+    may order them otherwise than the data set: ``positive`` first, MNLI's ``contradiction`` first), with a
+    warning when it renumbers them; a warning too when both name their classes, but not the same ones."""
+    if not dataset.labels or len(dataset.labels) != len(model_names):
+        return dataset
+    order = class_order(dataset.labels, model_names)
+    if order is None:
+        if names_classes(dataset.labels) and names_classes(model_names):
+            warnings.warn(f"dataset {dataset.name} names its classes {', '.join(dataset.labels)}, the model "
+                          f"{', '.join(model_names)}: gold labels are read as the model's class indices",
+                          stacklevel=3)
+        return dataset
+    if order == list(range(len(order))):
+        return dataset
+    warnings.warn(f"the model orders its classes {', '.join(model_names)}, dataset {dataset.name} "
+                  f"{', '.join(dataset.labels)}: gold labels are renumbered by name to the model's order",
+                  stacklevel=3)
+    examples = [e if e.label is None or not 0 <= e.label < len(order) else dataclasses.replace(e, label=order[e.label])
+                for e in dataset.examples]
+    names = [""] * len(order)
+    for i, name in enumerate(dataset.labels):
+        names[order[i]] = name
+    return dataclasses.replace(dataset, examples=examples, labels=names)
 
 
 def _check_labels(dataset: Dataset, n_classes: int, need: bool) -> None:
