@@ -111,6 +111,20 @@ def test_bad_files(model_dir, tmp_path, capsys):
     assert 'line 2: no "text"' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("separator", ["\x0c", "\u2028", "\u2029", "\x85", "\x0b", "\x1e"])
+def test_a_file_is_split_at_newlines_only(tmp_path, separator):
+    """Unicode line separators, form feeds and the like stay inside a text (str.splitlines breaks there)."""
+    from attnlens.cli.explain import read_texts
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text(f"the plot was thin{separator}but i loved it\r\nsecond review\rthird\n", encoding="utf-8")
+    assert read_texts(str(plain)) == [f"the plot was thin{separator}but i loved it", "second review", "third"]
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text("\n".join(json.dumps({"text": t}, ensure_ascii=False) for t in (f"a{separator}b", "c")) + "\n",
+                     encoding="utf-8")
+    assert read_texts(str(lines)) == [f"a{separator}b", "c"]
+
+
 @pytest.mark.parametrize(("line", "message"), [
     ({"text": "x", "text_a": "y", "text_b": "z"}, 'holds both "text" and "text_a"; give one text or one pair'),
     ({"text": 5}, "field 'text' is 5, not a text string"),

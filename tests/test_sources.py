@@ -17,7 +17,7 @@ from test_smollm2 import needs_llm
 from attnlens import Explainer, InputError
 from attnlens.cli import main
 from attnlens.core.answer_engine import answer_logprobs
-from attnlens.results.context_attribution import ContextAttribution, load_attributions
+from attnlens.results.context_attribution import ContextAttribution, load_attributions, save_attributions
 from attnlens.sources import DEFAULT_METHODS
 from attnlens.sources import methods as source_methods
 from attnlens.sources.ablation import ablated_context
@@ -519,6 +519,15 @@ def test_json_contract_and_round_trip(lm, tmp_path):
         np.testing.assert_array_equal(back.scores[m], r.scores[m])
         np.testing.assert_array_equal(back.token_scores.get(m, np.zeros(0)), r.token_scores.get(m, np.zeros(0)))
     assert r.ranked("loo")[0][2] == max(r.scores["loo"])
+
+
+def test_attributions_whose_texts_hold_unicode_line_separators_read_back(lm, tmp_path):
+    """JSON Lines split at newlines only: U+2028, U+0085 and form feeds stay inside a JSON string."""
+    context = "the movie was great .\u2028the plot is dull .\x0c i loved this film .\x85"
+    r = lm.attribute_context(context, QUERY, answer=ANSWER, methods=["rawatt"], chat=False)
+    save_attributions([r, r], tmp_path / "two.jsonl")
+    back = load_attributions(tmp_path / "two.jsonl")
+    assert len(back) == 2 and all(b.context == context for b in back)
 
 
 def test_a_generated_answer_is_the_greedy_continuation_without_the_end_token():

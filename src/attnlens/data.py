@@ -281,6 +281,18 @@ def _subset(ds: Dataset, limit: int | None, seed: int) -> Dataset:
     return ds
 
 
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def text_lines(text: str) -> list[str]:
+    """The lines of a file's text, split at ``\\n``, ``\\r\\n`` and ``\\r`` only: not at the other characters
+    :meth:`str.splitlines` breaks at (form feed, U+2028, U+0085, ...), which a text or a JSON string may hold."""
+    lines = _LINE_BREAK.split(text)
+    if lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
 def _open_text(path: Path):
     """The file as UTF-8 text (gzipped where its name ends in .gz); a leading byte-order mark is not read as text."""
     if path.suffix == ".gz":

@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..data import text_lines
 from ..errors import InputError
 from ..viz.safetext import terminal_safe
 from . import check_at_least, check_seed, method_options, placement
@@ -24,7 +25,7 @@ def load_examples(args: argparse.Namespace) -> list:
     if not path.is_file():
         raise InputError(f"--dataset {args.dataset}: with --task context give squad-context or an examples file")
     examples = []
-    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
+    for n, line in enumerate(text_lines(path.read_text(encoding="utf-8-sig")), 1):
         if line.strip():
             try:
                 examples.append(ContextExample.from_dict(json.loads(line)))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..data import row_text
+from ..data import row_text, text_lines
 from ..errors import InputError, ModelError
 from ..paths import atomic_write_text, check_output_path
 from ..viz.safetext import terminal_safe
@@ -33,7 +33,7 @@ def read_texts(path: str) -> list[Any]:
     document, is refused with the line to fix.
     """
     content = read_text_file(path, "--file")
-    lines = [(n, line) for n, line in enumerate(content.splitlines(), 1) if line.strip()]
+    lines = [(n, line) for n, line in enumerate(text_lines(content), 1) if line.strip()]
     if not lines:
         raise InputError(f"--file {path}: the file holds no texts")
     rows = [_json_object(line) for _, line in lines]

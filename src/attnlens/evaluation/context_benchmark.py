@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.fused_attention import weights_dtype
+from ..data import text_lines
 from ..errors import InputError
 from ..paths import atomic_write_text
 from ..sources.ablation import ablation_logprobs, full_logprob, random_masks, rank_agreement
@@ -62,7 +63,7 @@ def read_external(paths: Sequence[str | Path]) -> dict[str, dict[str, dict[str, 
     """``{example id: {method: {"scores", "seconds"}}}`` from peers' JSON Lines files."""
     found: dict[str, dict[str, dict[str, Any]]] = {}
     for path in paths:
-        for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), 1):
+        for n, line in enumerate(text_lines(Path(path).read_text(encoding="utf-8-sig")), 1):
             if not line.strip():
                 continue
             try:
@@ -241,7 +242,7 @@ def run_context_benchmark(
     path = out / "records.jsonl"
     done: dict[str, dict[str, Any]] = {}
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in text_lines(path.read_text(encoding="utf-8")):
             try:
                 r = json.loads(line)
                 done[r["id"]] = r

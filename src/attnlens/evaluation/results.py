@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data import Dataset, iter_jsonl
+from ..data import Dataset, iter_jsonl, text_lines
 from ..errors import InputError
 from ..results.explanation import Explanation
 
@@ -82,7 +82,7 @@ def read_rows(path: Path, repair: bool = True) -> list[dict[str, Any]]:
     end = raw.rfind(b"\n") + 1
     if end < len(raw):
         if not repair:
-            return [row for row in map(_object, raw[:end].decode("utf-8", "replace").splitlines()) if row]
+            return [row for row in map(_object, text_lines(raw[:end].decode("utf-8", "replace"))) if row]
         with path.open("r+b") as f:
             f.truncate(end)
     return [row for _, row in iter_jsonl(path, skip_bad=True)]

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..data import text_lines
 from ..errors import InputError
 
 __all__ = ["ContextAttribution", "Source", "load_attributions"]
@@ -188,7 +189,7 @@ def load_attributions(path: str | os.PathLike[str]) -> list[ContextAttribution]:
         items = data if isinstance(data, list) else [data]
     except json.JSONDecodeError:
         try:
-            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+            items = [json.loads(line) for line in text_lines(text) if line.strip()]
         except json.JSONDecodeError as err:
             raise InputError(f"{path}: not JSON or JSON Lines ({err})") from None
     return [ContextAttribution.from_dict(d) for d in items]
