@@ -116,6 +116,26 @@ def test_predict_proba_bad_ids(ex, ids):
         ex.predict_proba("some text")
 
 
+@pytest.mark.parametrize(("types", "masks", "message"), [
+    (None, [[1, 1, 1, 1]], r"attention_masks must give one list per sequence of input_ids \(2\), got 1"),
+    (None, [[1, 1, 1, 1], [1, 1, 1, 1]], r"attention_masks\[1\] must be a list as long as input_ids\[1\] \(3 tokens\)"),
+    (None, [[1, 1, 1, 1], [1, 7, 1]], r"attention_masks\[1\] holds 7; its values must be 0 or 1"),
+    ([[0, 0, 0, 0], [0, 5, 0]], None, r"token_type_ids\[1\] holds 5; its values must be 0 or 1"),
+    ([[0, 0, 0]], None, r"token_type_ids must give one list per sequence of input_ids \(2\), got 1"),
+    ([[0, 0, 0], None], None, r"token_type_ids\[0\] must be a list as long as input_ids\[0\] \(4 tokens\)"),
+])
+def test_predict_proba_refuses_masks_and_types_that_do_not_fit_the_ids(ex, types, masks, message):
+    """A mask longer than its sequence would un-hide the padding of a longer neighbour in the batch."""
+    with pytest.raises(InputError, match=f"^{message}$"):
+        ex.predict_proba([[2, 10, 11, 3], [2, 7, 3]], types, masks)
+
+
+def test_predict_proba_refuses_sequences_longer_than_the_model_takes(ex):
+    n = ex.runner.max_length + 1
+    with pytest.raises(InputError, match=rf"^input_ids\[0\] has {n} tokens, more than the {n - 1} the model takes$"):
+        ex.predict_proba([[2] + [10] * (n - 2) + [3]])
+
+
 def test_a_pair_truncated_to_nothing_of_one_text_is_refused(ex):
     question, context = "where is the movie set", " ".join(["the movie was good"] * 40)
     with pytest.raises(InputError, match=r"^input 0: truncation to 4 tokens leaves nothing of its first text"):

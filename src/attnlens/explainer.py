@@ -404,6 +404,13 @@ class Explainer:
             if not whole or len(ids) == 0 or min(ids) < 0 or max(ids) >= rows:
                 text = " (predict_proba takes token ids, not text)" if isinstance(ids, str) else ""
                 raise InputError(f"input_ids[{i}] must be a non-empty list of token ids in 0..{rows - 1}{text}")
+            if len(ids) > self.runner.max_length:
+                raise InputError(f"input_ids[{i}] has {len(ids)} tokens, more than the {self.runner.max_length} the "
+                                 "model takes")
+        types = int(getattr(self.model.config, "type_vocab_size", 0) or 0)  # 0: the model reads none
+        _check_aligned(input_ids, token_type_ids, "token_type_ids",
+                       range(types) if types and self.runner.token_types else None, optional_rows=True)
+        _check_aligned(input_ids, attention_masks, "attention_masks", (0, 1), optional_rows=False)
         runner = self.runner
         return predict_batches(runner.model, input_ids, runner.pad_id, runner.effective_batch_size(batch_size),
                                type_ids=token_type_ids, masks=attention_masks, with_types=runner.token_types,
@@ -427,3 +434,28 @@ class Explainer:
         ctx = engine.batch_context(self.runner, [e], "logit")
         att = whole_attention_maps(self.runner, ctx.inputs, ctx.token_mask, parse_budget(memory_budget), beside)
         return list(e.tokens), list(e.special), att
+
+
+def _check_aligned(input_ids: Sequence[Sequence[int]], rows: Sequence[Sequence[int] | None] | None, name: str,
+                   allowed: Sequence[int] | None, optional_rows: bool) -> None:
+    """``rows`` (token types or attention masks) give one list per sequence, as long as it, of integers among
+    ``allowed`` (any integers for ``None``); :class:`InputError` in one line otherwise."""
+    if rows is None:
+        return
+    if isinstance(rows, (str, bytes)) or len(rows) != len(input_ids):
+        n = len(rows) if isinstance(rows, Sequence) else "not a list"
+        raise InputError(f"{name} must give one list per sequence of input_ids ({len(input_ids)}), got {n}")
+    ok = None if allowed is None else {int(v) for v in allowed}
+    for i, (ids, row) in enumerate(zip(input_ids, rows)):
+        if row is None and optional_rows:
+            continue
+        if (row is None or isinstance(row, (str, bytes)) or not isinstance(row, Sequence)
+                or len(row) != len(ids)):
+            raise InputError(f"{name}[{i}] must be a list as long as input_ids[{i}] ({len(ids)} tokens)")
+        bad = [v for v in row if isinstance(v, bool) or not isinstance(v, (int, np.integer))
+               or (ok is not None and int(v) not in ok)]
+        if bad:
+            values = ("integers" if ok is None else f"0..{max(ok)}" if len(ok) > 2
+                      else " or ".join(map(str, sorted(ok))))
+            raise InputError(f"{name}[{i}] holds {bad[0]!r}; its values must be {values}")
+
