@@ -164,6 +164,17 @@ def test_answer_in_one_pass_equals_the_sum_of_its_tokens_rows(lm):
         np.testing.assert_allclose(one.scores[m], rows.scores[m].mean(0), atol=1e-6, err_msg=m)
 
 
+@pytest.mark.parametrize("methods", [["attcat"], ["attgrads"], ["attcat", "attgrads", "cat", "rawatt"]])
+def test_a_one_token_answer_is_explained_as_its_generation_step(lm, methods):
+    """Methods averaging over query rows (AttCAT's received attention, Grad-SAM) average over the rows the answer
+    can depend on: the answer's own last row, which feeds no explained logit, is not one of them."""
+    prompt = "the movie was really"
+    one = lm.explain_answer(prompt, " great", methods, target_kind="loss")
+    step = lm.explain_generation(prompt, methods, target=" great", target_kind="loss")
+    for m in methods:
+        np.testing.assert_allclose(one.scores[m], step.scores[m][0], rtol=1e-5, atol=1e-6, err_msg=m)
+
+
 def test_answer_logprobs_equal_each_prompt_alone_in_float64(lm):
     """Batched, left-padded, only the answer's positions projected: the same as each prompt run alone in float64
     (also with tokens hidden from attention)."""

@@ -221,8 +221,9 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
             raise ValueError("this head's explained rows follow its targets: resolve them before a rows pass")
         if ATTENTION_ROWS in keep:
             recorder.rows = torch.unique(cls if several is None else several)
-        if ATTENTION_RECEIVED in keep:
-            m = token_mask.to(torch.float64)  # each use takes them in the model's dtype (a float64 one's too)
+        if ATTENTION_RECEIVED in keep:  # each use takes them in the model's dtype (a float64 one's too)
+            m = (token_mask.bool() if targets is None else head.real_queries(token_mask.bool(), targets)).to(
+                torch.float64)
             recorder.received_weights = m / m.sum(1, keepdim=True).clamp_min(1.0)
         recorder.means = ATTENTION_MEANS in keep
         recorder.factors = ATTENTION_CHUNKS in keep
@@ -273,6 +274,9 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     logit_mask = logit_rows.mask(token_mask)
     if targets is None:
         targets = head.predicted(logits, logit_mask, answer_mask)
+    if stream_tensors.self_attention:  # the rows the explained value can depend on (a decoder's answer)
+        stream_tensors.query_mask = head.real_queries(stream_tensors.query_mask.bool(), targets).to(
+            stream_tensors.query_mask.dtype)
     weights = head.query_weights(targets, stream_tensors.query_mask.shape[1])
     if weights is not None and stream_tensors.head_queries:
         stream_tensors.query_weights = weights
