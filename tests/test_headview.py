@@ -61,6 +61,25 @@ def test_cli_writes_the_view_of_the_first_input(tmp_path):
     np.testing.assert_allclose(decode_attentions(data), att, atol=1e-5)
 
 
+def test_the_decoder_streams_maps_come_with_the_tokens_at_its_positions():
+    """BART's decoder reads the input shifted right: position 0 is the start token, position i input token i-1;
+    the tokens returned (the view's labels) are those, and the cross stream (rows and columns of other tokens)
+    is refused."""
+    import torch
+
+    model = make_model("bart")
+    text = "the movie was great"
+    tokens, special, att = Explainer(model, make_tokenizer(), attention="decoder").attention_maps(text)
+    (e,) = Explainer(model, make_tokenizer()).encode([text])
+    start = make_tokenizer().convert_ids_to_tokens(model.config.decoder_start_token_id)
+    assert tokens == [start, *e.tokens[:-1]] and special == [True, *e.special[:-1]]
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([e.ids]), output_attentions=True)
+    np.testing.assert_allclose(att, torch.stack(out.decoder_attentions)[:, 0].numpy(), atol=1e-6)
+    with pytest.raises(InputError, match="^the cross stream's maps have the decoder's positions as rows"):
+        Explainer(model, make_tokenizer(), attention="cross").attention_maps(text)
+
+
 def _dom(page: Path, tmp_path: Path) -> str:
     """The page's DOM after its scripts ran, from headless Chromium."""
     if CHROMIUM is None:

@@ -424,8 +424,10 @@ class Explainer:
                        ) -> tuple[list[str], list[bool], np.ndarray]:
         """Tokens, special flags and the attention probabilities ``(L, H, N, N)`` (float32) of the explained stream.
 
-        Rows and columns are the stream's query and key positions: the input tokens, except in BART's decoder
-        stream, whose position i holds input token i - 1 (position 0 is the decoder start token).
+        Rows and columns are the stream's query and key positions, and the tokens returned are the tokens there:
+        the input tokens, except in an encoder-decoder's decoder stream, whose position i holds input token i - 1
+        (position 0 is the decoder start token, returned as special). The cross stream, whose rows and columns
+        are different tokens, is refused.
 
         Every layer's and head's whole maps are kept, ``L × H × N²`` values: an input whose maps need more than
         ``memory_budget`` (default 4 GiB) is refused with an :class:`~attnlens.InputError` that says how long an
@@ -433,9 +435,13 @@ class Explainer:
         ``(layers, heads, tokens)``, checked with them (e.g. :func:`attnlens.viz.headview.page_bytes` for the
         page of :func:`~attnlens.viz.headview.attention_view_html`)."""
         (e,) = self.encode([text] if not isinstance(text, list) else [tuple(text)])
+        start = getattr(self.model.config, "decoder_start_token_id", None)
+        start_token = "<start>" if start is None else str(self.tokenizer.convert_ids_to_tokens(int(start)))
+        tokens, special = self.runner.adapter.position_tokens(list(e.tokens), list(e.special), self.stream,
+                                                              start_token)
         ctx = engine.batch_context(self.runner, [e], "logit")
         att = whole_attention_maps(self.runner, ctx.inputs, ctx.token_mask, parse_budget(memory_budget), beside)
-        return list(e.tokens), list(e.special), att
+        return tokens, special, att
 
 
 def _check_aligned(input_ids: Sequence[Sequence[int]], rows: Sequence[Sequence[int] | None] | None, name: str,

@@ -135,6 +135,12 @@ class Adapter:
         """Map the last axis from key positions to input-token positions (identity unless the stream is shifted)."""
         return values
 
+    def position_tokens(self, tokens: list[str], special: list[bool], stream: str,
+                        start_token: str) -> tuple[list[str], list[bool]]:
+        """The tokens at the stream's positions (rows and columns of its maps), and which are special: the input's,
+        unless the stream reads it shifted (``start_token``: the decoder start token's text)."""
+        return tokens, special
+
     def pad_token_id(self, tokenizer: Any, config: Any) -> int:
         """Id used to pad batches (the head of some families locates tokens by it)."""
         for value in (getattr(config, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None)):
@@ -230,6 +236,16 @@ class EncoderDecoderAdapter(Adapter):
                 self_attention=False,
             )
         raise InputError(f"unknown attention stream {stream!r}; choose one of {', '.join(self.streams)}")
+
+    def position_tokens(self, tokens: list[str], special: list[bool], stream: str,
+                        start_token: str) -> tuple[list[str], list[bool]]:
+        if stream == "cross":  # rows are decoder positions, columns input tokens: no one list labels both
+            raise InputError("the cross stream's maps have the decoder's positions as rows and the input's tokens "
+                             "as columns; the attention view shows one stream's self-attention: choose attention "
+                             "'encoder' or 'decoder'")
+        if stream == "decoder":
+            return [start_token, *tokens[:-1]], [True, *special[:-1]]
+        return tokens, special
 
     def keys_to_tokens(self, values: torch.Tensor, stream: str) -> torch.Tensor:
         if stream != "decoder":
