@@ -155,8 +155,30 @@ def test_html_stacks_methods_and_colours_tokens():
     assert ("not", f"background:{red}") in parser.cell_styles  # attcat's "not" = -max
 
 
+def _additive_exp() -> Explanation:
+    """make_exp with AttCAT's scores the sum of its layers, as AttCAT's are."""
+    exp = make_exp()
+    exp.scores["attcat"] = exp.layers["attcat"].sum(0)
+    return exp
+
+
+def test_layer_rows_give_sum_and_rollout_only_where_the_layers_add_up_to_the_scores():
+    """A method whose layers are each layer's own state (raw attention per layer, the rollout so far): a sum or
+    product row would contradict its scores."""
+    layers = np.array([[0.2, 0.8], [0.6, 0.4]])
+    names, rows = colors.layer_rows(layers, scores=np.array([0.6, 0.4]))  # the score is the last layer
+    assert names == ["L0", "L1"]
+    np.testing.assert_array_equal(rows, layers)
+    assert colors.layer_rows(layers, scores=np.array([0.8, 1.2]))[0] == ["L0", "L1", "sum", "rollout"]
+    exp = make_exp()  # its AttCAT scores are not its layers' sum
+    page = explanations_html(exp)
+    assert '<th class="row">L2</th>' in page and '<th class="row">sum</th>' not in page
+    fig = plots.plot_layer_heatmap(exp, "attcat")
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["L0", "L1", "L2"]
+
+
 def test_html_layer_heatmap_has_rows_per_layer_sum_and_rollout():
-    page = explanations_html(make_exp())
+    page = explanations_html(_additive_exp())
     for name in ("L0", "L1", "L2", "sum", "rollout"):
         assert f'<th class="row">{name}</th>' in page
     grid = page.split('class="grid"')[1]

@@ -113,22 +113,40 @@ def normalized(scores: np.ndarray, special: Sequence[bool] | None = None, floor:
     return s / peak if peak > 0 else np.zeros_like(s)
 
 
-def layer_rows(layers: np.ndarray) -> tuple[list[str], np.ndarray]:
-    """Rows of the layer x token heatmap (AttCAT Fig. 4): one per layer, then ``sum`` and ``rollout``.
+def layers_add_up(layers: np.ndarray, scores: np.ndarray | None) -> bool:
+    """Whether the per-layer scores add up to the method's scores (CAT, AttCAT: AttCAT Eq. 12); ``scores``
+    ``None``: assumed. Other methods' layers are each layer's own state (raw attention, the rollout so far)."""
+    if scores is None:
+        return True
+    total, s = np.asarray(layers, dtype=np.float64).sum(0), np.asarray(scores, dtype=np.float64)
+    if total.shape != s.shape:
+        return False
+    return bool(np.allclose(np.nan_to_num(total), np.nan_to_num(s), rtol=1e-4,
+                            atol=1e-6 * max(float(np.abs(np.nan_to_num(s)).max(initial=0.0)), 1e-12)))
+
+
+def layer_rows(layers: np.ndarray, scores: np.ndarray | None = None) -> tuple[list[str], np.ndarray]:
+    """Rows of the layer x token heatmap (AttCAT Fig. 4): one per layer, then ``sum`` and ``rollout`` where the
+    layers add up to the method's ``scores`` (:func:`layers_add_up`).
 
     ``sum`` adds the layers' scores (AttCAT Eq. 12); ``rollout`` multiplies them element-wise, the rollout
-    operation the AttCAT authors compare against.
+    operation the AttCAT authors compare against. For a method whose layers are each layer's own state the two
+    rows would mean nothing (the sum of a rollout's partial products is not its score): only the layers are given.
     """
     arr = np.asarray(layers, dtype=np.float64)
     if arr.ndim != 2 or arr.shape[0] == 0:
         raise InputError(f"layer scores must have shape (n_layers, n_tokens), got {arr.shape}")
-    names = [f"L{i}" for i in range(arr.shape[0])] + ["sum", "rollout"]
+    names = [f"L{i}" for i in range(arr.shape[0])]
+    if not layers_add_up(arr, scores):
+        return names, arr
     rows = np.vstack([arr, arr.sum(0, keepdims=True), arr.prod(0, keepdims=True)])
-    return names, rows
+    return names + ["sum", "rollout"], rows
 
 
-def normalized_layer_rows(rows: np.ndarray, special: Sequence[bool] | None = None) -> np.ndarray:
-    """The rows of :func:`layer_rows` (layers, ``sum``, ``rollout``) normalised to [-1, 1] with a noise floor.
+def normalized_layer_rows(rows: np.ndarray, special: Sequence[bool] | None = None,
+                          n_layers: int | None = None) -> np.ndarray:
+    """The rows of :func:`layer_rows` (``n_layers`` layers, then ``sum`` and ``rollout`` when there are more
+    rows; default: the last two rows are those) normalised to [-1, 1] with a noise floor.
 
     Every row is shown relative to its own largest magnitude, so a layer whose scores are small but real is
     still readable; but a layer row is divided by at least ``NOISE_RTOL`` x the example's largest layer
@@ -140,12 +158,13 @@ def normalized_layer_rows(rows: np.ndarray, special: Sequence[bool] | None = Non
     mask = np.zeros(rows.shape[1], dtype=bool) if special is None else np.asarray(special, dtype=bool)
     clean = np.where(mask, 0.0, np.nan_to_num(rows, nan=0.0, posinf=0.0, neginf=0.0))
     peaks = np.abs(clean).max(axis=1) if clean.shape[1] else np.zeros(len(rows))
-    n_layers = len(rows) - 2
+    n_layers = len(rows) - 2 if n_layers is None else n_layers
     scale = float(peaks[:n_layers].max())
     floors = np.full(len(rows), max(NOISE_RTOL * scale, NOISE_ATOL))
     layer_divisors = np.maximum(peaks[:n_layers], floors[:n_layers])
     noisy = bool((peaks[:n_layers] < floors[:n_layers]).any())
-    floors[-1] = float(np.prod(layer_divisors)) if noisy else 0.0
+    if len(rows) > n_layers:  # the rollout row
+        floors[-1] = float(np.prod(layer_divisors)) if noisy else 0.0
     return np.vstack([normalized(row, special, floor=f) for row, f in zip(rows, floors, strict=True)])
 
 

@@ -98,16 +98,17 @@ def _top_table(exp: Explained, methods: list[str], k: int) -> str:
 
 
 def layer_heatmap_html(exp: Explained, method: str) -> str:
-    """An HTML table: one row per layer plus ``sum`` and ``rollout``, one column per token (AttCAT Fig. 4).
+    """An HTML table: one row per layer plus, where the layers add up to the score, ``sum`` and ``rollout``; one
+    column per token (AttCAT Fig. 4).
 
     Each row is normalised by its own largest magnitude over non-special tokens; the last column gives that
     magnitude, so a row that is tiny in absolute terms (rollout, typically) is still visible as such. Rows of
     numerical noise stay blank (:func:`~attnlens.viz.colors.normalized_layer_rows`).
     """
-    names, rows = layer_rows(exp.layers[method])
+    names, rows = layer_rows(exp.layers[method], exp.scores.get(method))
     if rows.shape[1] != len(exp.tokens):
         raise ValueError(f"{method}: layer scores have {rows.shape[1]} tokens, the explanation {len(exp.tokens)}")
-    norms = normalized_layer_rows(rows, exp.special)
+    norms = normalized_layer_rows(rows, exp.special, len(exp.layers[method]))
     head = "<tr><th></th>" + "".join(f'<th class="tokcol">{html_safe(t, True)}</th>' for t in shown_tokens(exp))
     head += "<th>max |s|</th></tr>"
     body = []

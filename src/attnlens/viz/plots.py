@@ -200,7 +200,8 @@ def plot_layer_heatmap(
     annotate: bool | None = None,
     per_line: int = 40,
 ) -> Figure:
-    """Layer x token heatmap of a layered method (AttCAT Fig. 4): rows L0..L(n-1), ``sum`` and ``rollout``.
+    """Layer x token heatmap of a layered method (AttCAT Fig. 4): rows L0..L(n-1), then ``sum`` and ``rollout``
+    where the layers add up to the method's scores (CAT, AttCAT).
 
     Each row is normalised by its own largest magnitude, with a noise floor (rows of numerical noise stay
     blank, :func:`~attnlens.viz.colors.normalized_layer_rows`); the right-hand labels give that magnitude.
@@ -208,13 +209,16 @@ def plot_layer_heatmap(
     exp = _one(exp, words)
     if method not in exp.layers:
         raise InputError(f"method {method!r} has no per-layer scores here; layered: {', '.join(exp.layers) or 'none'}")
-    names, rows = layer_rows(exp.layers[method])
+    n_layers = len(exp.layers[method])
+    names, rows = layer_rows(exp.layers[method], exp.scores.get(method))
     if rows.shape[1] != len(exp.tokens):
         raise InputError(f"{method}: layer scores have {rows.shape[1]} tokens, the explanation {len(exp.tokens)}")
-    fig, axes = _blocks(exp, rows, names, per_line, annotate, 0.32, normalized_layer_rows(rows, exp.special))
+    fig, axes = _blocks(exp, rows, names, per_line, annotate, 0.32,
+                        normalized_layer_rows(rows, exp.special, n_layers))
     peaks = [float(np.abs(np.where(exp.special, 0.0, np.nan_to_num(r))).max()) for r in rows]
     for ax in axes:
-        ax.axhline(len(names) - 2.5, color="#111827", lw=1.2)
+        if len(names) > n_layers:
+            ax.axhline(n_layers - 0.5, color="#111827", lw=1.2)
         twin = ax.secondary_yaxis("right")
         twin.set_yticks(range(len(names)), labels=[f"{p:.2g}" for p in peaks], fontsize=7)
         twin.tick_params(length=0)
