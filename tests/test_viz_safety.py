@@ -57,6 +57,25 @@ def test_html_views_show_bidi_controls_and_newline_tokens_visibly(model_dir, tmp
     assert '>\\n</span>' in explanations_html([e])
 
 
+def test_plots_and_top_token_tables_show_newlines_spaces_and_bidi_controls_visibly(model_dir):
+    """Tick labels, titles and the top-token tables escape what the token views escape: a newline token reads
+    ``\\n``, a bidi override its escape (it would draw the title's text, or a probability, backwards), a token of
+    spaces ``␣``."""
+    ex = Explainer.from_pretrained(str(model_dir))
+    (e,) = ex.explain(["good \u202egnihtyreve tuoba dab\u202c movie"], methods=["rawatt"])
+    e.tokens[1], e.tokens[2] = "\n", " "
+    e.scores["rawatt"][1:3] = [0.9, 0.8]  # the two strongest tokens
+    fig = plots.plot_token_heatmap(e)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels[1] == "\\n" and not any(UNSAFE.search(t) or "\n" in t for t in labels)
+    title = fig.axes[0].get_title(loc="left")
+    assert "\\u202e" in title and "\u202e" not in title
+    page = explanations_html([e])
+    top = page.split('<table class="top">')[1].split("</table>")[0]
+    assert "\\n +0.9 · ␣ +0.8" in top
+    assert "\\n +0.9 · ␣ +0.8" in render_terminal(e, width=200)
+
+
 def test_cli_terminal_output_carries_no_control_bytes(model_dir, capsys):
     text = f"the movie was good {ATTACK} [bold]really[/bold]"
     assert main(["explain", text, "--model", str(model_dir), "--methods", "rawatt,attcat"]) == 0

@@ -65,8 +65,14 @@ def shown_tokens(exp: Explained) -> list[str]:
 
 def top_split(exp: Explained, method: str, k: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """The ``k`` highest positive and the ``k`` lowest negative tokens of ``method`` (shown tokens, scores)."""
-    ranked = exp.top_k(method, len(exp.tokens))  # tokens as a reader sees them
+    ranked = [(_visible(t), s) for t, s in exp.top_k(method, len(exp.tokens))]  # tokens as a reader sees them
     return [(t, s) for t, s in ranked if s > 0][:k], [(t, s) for t, s in reversed(ranked) if s < 0][:k]
+
+
+def _visible(token: str) -> str:
+    """A token or word of spaces only shows them (``␣``), as the token views do; other whitespace the views
+    escape."""
+    return token.replace(" ", "␣") if not token.strip() else token
 
 
 def select_methods(exp: Explained, methods: Sequence[str] | None) -> list[str]:

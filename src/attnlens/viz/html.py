@@ -92,7 +92,7 @@ def _top_table(exp: Explained, methods: list[str], k: int) -> str:
     body = []
     for m in methods:
         pos, neg = top_split(exp, m, k)
-        cell = lambda pairs: _e(" · ".join(f"{t} {s:+.3g}" for t, s in pairs) or "-")  # noqa: E731
+        cell = lambda pairs: html_safe(" · ".join(f"{t} {s:+.3g}" for t, s in pairs) or "-", True)  # noqa: E731
         body.append(f"<tr><td>{_e(m)}</td><td>{cell(pos)}</td><td>{cell(neg)}</td></tr>")
     return '<table class="top">' + head + "".join(body) + "</table>"
 

@@ -37,6 +37,7 @@ from .colors import (  # noqa: E402
     shown_tokens,
     text_of,
 )
+from .safetext import terminal_safe  # noqa: E402
 
 FORMATS = (".png", ".svg")
 # Same scale as the terminal and HTML views: red (-1) .. white (0) .. green (+1).
@@ -66,9 +67,11 @@ def _finish(fig: Figure, path: str | Path | None) -> Figure:
     return fig
 
 
-def _tex_safe(text: object) -> str:
-    """Text shown literally: matplotlib would read a pair of ``$`` as mathtext."""
-    return str(text).replace("$", r"\$")
+def _tex_safe(text: object, one_line: bool = True) -> str:
+    """Text shown literally: control characters and bidi overrides as visible escapes (as the terminal and HTML
+    views show them; an override would draw other text than the tokens explained), newlines too with
+    ``one_line``, and ``$`` escaped (matplotlib would read a pair as mathtext)."""
+    return terminal_safe(text, one_line=one_line).replace("$", r"\$")
 
 
 def _width(n_columns: int, per_column: float = 0.42, extra: float = 2.0) -> float:
@@ -95,7 +98,7 @@ def _heatmap(
     cmap = SCORE_CMAP.with_extremes(bad="#f3f4f6")
     ax.imshow(masked, cmap=cmap, vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_xticks(range(len(tokens)), labels=[_tex_safe(t) for t in tokens], rotation=60, ha="right", fontsize=9)
-    ax.set_yticks(range(len(row_names)), labels=list(row_names), fontsize=9)
+    ax.set_yticks(range(len(row_names)), labels=[_tex_safe(r) for r in row_names], fontsize=9)
     for label, sp in zip(ax.get_xticklabels(), special, strict=True):
         if sp:
             label.set_color("#9ca3af")
@@ -187,7 +190,7 @@ def plot_token_heatmap(
         raise InputError("nothing to plot: the explanation has no method scores")
     rows = np.vstack([np.asarray(exp.scores[m], dtype=np.float64) for m in chosen])
     fig, axes = _blocks(exp, rows, chosen, per_line, annotate, 0.45)
-    axes[0].set_title(_tex_safe(title or _short_title(exp)), fontsize=10, loc="left")
+    axes[0].set_title(_tex_safe(title or _short_title(exp), one_line=False), fontsize=10, loc="left")
     return _finish(fig, path)
 
 
@@ -223,7 +226,8 @@ def plot_layer_heatmap(
         twin.set_yticks(range(len(names)), labels=[f"{p:.2g}" for p in peaks], fontsize=7)
         twin.tick_params(length=0)
         twin.set_ylabel("max |score| of the row", fontsize=8)
-    axes[0].set_title(_tex_safe(title or f"{method} per layer  |  {_short_title(exp)}"), fontsize=10, loc="left")
+    axes[0].set_title(_tex_safe(title or f"{method} per layer  |  {_short_title(exp)}", one_line=False), fontsize=10,
+                      loc="left")
     return _finish(fig, path)
 
 
@@ -500,5 +504,6 @@ def plot_embedding(
 
 def _short_title(exp: Explained) -> str:
     text = text_of(exp)
+    text = terminal_safe(text, one_line=True)
     text = text if len(text) <= 90 else text[:87] + "..."
-    return f"{text}\n{prediction_line(exp)}"
+    return f"{text}\n{terminal_safe(prediction_line(exp), one_line=True)}"
