@@ -196,6 +196,21 @@ def test_target_kinds_differ_and_loss_needs_labels(tokenizer):
         ex.explain(text, methods=["agrad"], target_kind="loss")
 
 
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_single_texts_and_pairs_mix_in_one_call_of_an_encoder_decoder_classifier(tokenizer, family):
+    """Its head reads each row's last EOS and needs one EOS count per batch: batches never mix singles and pairs,
+    and each input is explained (and scored) as alone."""
+    ex = explainer(family, tokenizer)
+    inputs = ["the movie was great", ("a dull film", "i hated it"), "bad", ("good", "really good fun")]
+    together = ex.explain(inputs, methods=["grads"], batch_size=8)
+    for text, e in zip(inputs, together, strict=True):
+        (alone,) = ex.explain([text], methods=["grads"])
+        np.testing.assert_allclose(e.scores["grads"], alone.scores["grads"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(e.probabilities, alone.probabilities, atol=1e-6)
+    probs = ex.predict_proba([e.input_ids for e in together], batch_size=8)
+    np.testing.assert_allclose(probs, [e.probabilities for e in together], atol=1e-5)
+
+
 def test_sentence_pairs_pass_token_types(tokenizer):
     ex = explainer("bert", tokenizer)
     pair = ("the movie was great", "i loved it")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .core.batching import scoring_chunks
+from .core.batching import eos_groups, scoring_chunks
 from .core.encoding import model_max_length
 from .core.memory import DEFAULT_BUDGET, parse_budget, readable_size
 from .core.modelstate import without_cache
@@ -461,7 +461,9 @@ def predict(model, tokenizer, features, device: torch.device, batch_size: int = 
     model.eval()
     lengths = [len(f["input_ids"]) for f in features]
     preds = np.empty(len(features), dtype=np.int64)
-    for idx in scoring_chunks(model, lengths, batch_size, memory_budget, attention=None):  # as the model is set
+    groups = eos_groups(model, [f["input_ids"] for f in features])
+    for idx in scoring_chunks(model, lengths, batch_size, memory_budget, attention=None,  # as the model is set
+                              groups=groups):
         logits = model(**_batch(tokenizer, [features[i] for i in idx], device), **without_cache(model)).logits
         preds[idx] = logits.argmax(-1).cpu().numpy()
     return preds

@@ -15,19 +15,32 @@ from .memory import DEFAULT_BUDGET, Storage, budget_chunks, model_dims, pass_row
 from .modelstate import EAGER, attention_implementation, explaining, runs_sdpa, without_cache
 
 
+def eos_groups(model: nn.Module, ids: Sequence[Sequence[int]]) -> list[int] | None:
+    """For an encoder-decoder classifier (BART, T5, ...), whose head reads each row's last EOS and requires every
+    row of a batch to hold the same number of them (a sentence pair holds more than a single text): each
+    sequence's count, which a batch must not mix; ``None`` for other models."""
+    config = model.config
+    if not getattr(config, "is_encoder_decoder", False) or not type(model).__name__.endswith(
+            "ForSequenceClassification"):
+        return None
+    eos = getattr(config, "eos_token_id", None)
+    return [sum(1 for t in seq if t == eos) for seq in ids]
+
+
 def scoring_chunks(model: nn.Module, lengths: Sequence[int], batch_size: int, budget: int, *,
-                   attention: str | None = "sdpa", logit_positions: int = 0, hidden: bool = False
-                   ) -> Iterator[list[int]]:
+                   attention: str | None = "sdpa", logit_positions: int = 0, hidden: bool = False,
+                   groups: Sequence[int] | None = None) -> Iterator[list[int]]:
     """Indices of sequences of ``lengths``, shortest first, in batches of at most ``batch_size`` whose forward
     without gradients fits ``budget`` bytes: one layer's activations at a time, its attention maps where the model
     runs eager (``attention``; ``None``: the implementation the model is set to now, for forwards outside an
     ``explaining()`` block; or it has no fused attention), the logits of ``logit_positions`` positions per row
-    (0: all), every layer's hidden states (``hidden``)."""
+    (0: all), every layer's hidden states (``hidden``); no batch mixes two ``groups``."""
     implementation = attention if attention is not None else attention_implementation(model) or EAGER
     eager = implementation == EAGER or not runs_sdpa(model)
     storage = Storage(eager=eager, logit_rows=logit_positions, hidden=hidden)
     dims = model_dims(model)
-    return budget_chunks(lengths, batch_size, budget, lambda n: pass_row_bytes(dims, n, storage), dims.hidden_bytes)
+    return budget_chunks(lengths, batch_size, budget, lambda n: pass_row_bytes(dims, n, storage), dims.hidden_bytes,
+                         groups)
 
 
 def pad_batch(
@@ -107,7 +120,7 @@ def predict_batches(
     out: np.ndarray | None = None
     keeps = last_only and keeps_logits(model)
     chunks = scoring_chunks(model, [len(x) for x in ids], batch_size, memory_budget, attention=attention,
-                            logit_positions=1 if keeps else 0)
+                            logit_positions=1 if keeps else 0, groups=eos_groups(model, ids))
     with explaining(model, attention), torch.no_grad():
         for idx in chunks:
             types = None if type_ids is None else [type_ids[i] for i in idx]

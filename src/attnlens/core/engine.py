@@ -22,7 +22,7 @@ from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
 from ..version import __version__
 from .batch_state import TARGET_KINDS, BatchContext
-from .batching import keeps_logits
+from .batching import eos_groups, keeps_logits
 from .capture import planned_storage, run_capture
 from .encoding import Encoded
 from .fused_attention import FUSED
@@ -256,7 +256,8 @@ def explain_all(
     with explaining(runner.model):
         tracker.start()
         try:
-            for idx in budget_chunks(lengths, batch_size, memory_budget, cost.total, dims.hidden_bytes):
+            groups = eos_groups(runner.model, [e.ids for e in encoded])  # BART's head: one EOS count a batch
+            for idx in budget_chunks(lengths, batch_size, memory_budget, cost.total, dims.hidden_bytes, groups):
                 batch = [encoded[i] for i in idx]
                 tracker.begin_batch(idx)
                 for i, exp in zip(idx, explain_batch(runner, batch, [targets[i] for i in idx], specs, method_options,

@@ -454,9 +454,10 @@ def rows_that_fit(budget: int, row_bytes: int, cap: int | None = None) -> int:
 
 def budget_chunks(
     lengths: Sequence[int], batch_size: int, budget: int, row_bytes: Callable[[int], int],
-    block_bytes: Callable[[int], int] | None = None,
+    block_bytes: Callable[[int], int] | None = None, groups: Sequence[int] | None = None,
 ) -> Iterator[list[int]]:
-    """Indices shortest first, in batches of at most ``batch_size`` whose padded rows fit ``budget``.
+    """Indices shortest first, in batches of at most ``batch_size`` whose padded rows fit ``budget``; with
+    ``groups``, no batch mixes two groups (group by group, each shortest first).
 
     Short inputs keep the full ``batch_size``; long ones go in smaller batches (one at least), so memory follows
     the sequence length instead of a fixed count. ``block_bytes(n)``: one row's hidden states at ``n`` tokens;
@@ -466,11 +467,13 @@ def budget_chunks(
     128 MiB (88 MiB of tensors alive at most), left 130 MiB of freed blocks resident in the heaps with the fixed
     8 MiB threshold, which the batch's 7.9 MiB hidden states stayed just below, and none with it.
     """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    group = (lambda i: groups[i]) if groups is not None else (lambda i: 0)
+    order = sorted(range(len(lengths)), key=lambda i: (group(i), lengths[i]))
     chunk: list[int] = []
     for i in order:
-        # sorted: the newcomer is the longest, so it sets the padded length of the chunk
-        if chunk and (len(chunk) >= batch_size or (len(chunk) + 1) * row_bytes(lengths[i]) > budget):
+        # sorted: the newcomer is the longest of its group, so it sets the padded length of the chunk
+        if chunk and (len(chunk) >= batch_size or (len(chunk) + 1) * row_bytes(lengths[i]) > budget
+                      or group(i) != group(chunk[-1])):
             yield from _planned(chunk, lengths[chunk[-1]], budget, row_bytes, block_bytes)
             chunk = []
         chunk.append(i)
