@@ -359,6 +359,11 @@ def test_qa_precision_at_k_with_a_tiny_qa_model(tmp_path):
             assert row["metrics"]["precision_at_k"] == values[-1]
         assert summary["results"][m]["precision_at_k"] == pytest.approx(np.mean(values))
     assert summary["curves"]["precision_at_k"]["answer_tokens"] == pytest.approx(np.mean(sizes))
+    short = Explainer(ex.model, tok, max_length=16)  # cuts the context before "France"
+    with pytest.warns(UserWarning, match=r"1 question \(id a\) lost its gold answer to truncation"):
+        cut = run_benchmark(short, Dataset("squad", "dev", "qa", examples[:1]), tmp_path / "cut", methods="grads",
+                            progress=False, config=EvalConfig(precision_k=5))
+    assert cut["results"]["grads"]["precision_at_k"] is None  # left out, not counted as 0
     with pytest.raises(InputError, match="precision_at_k only"):
         run_benchmark(ex, ds, tmp_path / "x", methods="grads", metrics="aopc", progress=False)
     with pytest.raises(InputError, match="classification data set but the model is an extractive QA"):

@@ -648,11 +648,19 @@ def _explain_chunk(
                 cached[(i, "other", c)] = e
                 rows.append(e.to_dict())
             append_rows(exp_path, rows)
-    items = []
+    items, lost = [], []
     for i in chunk:
         answers = dataset[i].answers
         spans = answer_token_positions(main[i], answers) if answers else None  # unanswerable: no value
+        if spans == []:  # the answer was in the part of the context truncation cut off: no value either
+            lost.append(dataset[i].id)
+            spans = None
         items.append(Item(main[i], dataset[i].label, i, others[i], spans))
+    if lost:
+        warnings.warn(f"{len(lost)} question{'s' * (len(lost) > 1)} (id {', '.join(map(str, lost[:3]))}"
+                      f"{', …' * (len(lost) > 3)}) lost {'their' if len(lost) > 1 else 'its'} gold answer to "
+                      "truncation (the context was cut before it): precision_at_k leaves them out, as it does "
+                      "unanswerable questions", stacklevel=2)
     return items
 
 

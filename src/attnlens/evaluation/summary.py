@@ -150,7 +150,7 @@ def write_tables(out_dir: str | Path, summary: dict[str, Any]) -> None:
         pk = summary.get("curves", {}).get("precision_at_k", {})
         perfect = pk.get("perfect")
         lines += ["", f"precision_at_k is a count, not a fraction: gold-answer tokens among the top K = {pk.get('k')} "
-                  "tokens, averaged over the answerable questions" + (
+                  "tokens, averaged over the answerable questions whose answer survived truncation" + (
                       "" if perfect is None else f" (best reachable: {perfect:.3f})") + "."]
     atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
     with atomic_output(out / "table.csv") as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
