@@ -93,3 +93,22 @@ def test_errors(tmp_path):
         load_dataset(tmp_path / "missing.jsonl")
     with pytest.raises(InputError, match="positive"):
         load_dataset("sst2", limit=0)
+
+
+def test_options_and_rows_that_once_failed_inside_python(tmp_path, monkeypatch):
+    """A limit that is not a whole number, an unknown task, a row with a null label beside its label name: one
+    line each; a task given for a .json file is followed; ``~`` in ``root`` is the home folder."""
+    rows = tmp_path / "rows.json"  # JSON Lines, named .json
+    rows.write_text(json.dumps({"text": "good", "label": 1, "label_text": "positive"}) + "\n"
+                    + json.dumps({"text": "unknown", "label": None, "label_text": "?"}) + "\n"
+                    + json.dumps({"text": "bad", "label": 0, "label_text": "negative"}) + "\n")
+    ds = load_dataset(rows, task="classification")
+    assert [e.label for e in ds] == [1, None, 0] and ds.labels == ["negative", "positive"]
+    with pytest.raises(InputError, match=r"^limit must be a positive whole number of examples, got 2\.5$"):
+        load_dataset(rows, task="classification", limit=2.5)
+    with pytest.raises(InputError, match=r"^task must be one of classification, pair, qa .* got 'pairs'$"):
+        load_dataset(rows, task="pairs")
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "dev.jsonl").write_text(json.dumps({"text": "fine", "label": 1}) + "\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert [e.text for e in load_dataset("sst2", root="~", hub=False)] == ["fine"]

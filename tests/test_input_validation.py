@@ -414,3 +414,19 @@ def test_the_command_line_refuses_option_values_before_it_loads_a_model(argv, ca
     line = _cli_error([argv[0], "--model", str(tmp_path / "no-such-model"), *argv[1:]], capsys)
     assert "no-such-model" not in line and any(w in line for w in ("alpha", "n_steps", "layers", "n_samples"))
     assert not list(tmp_path.iterdir())
+
+
+def test_texts_from_any_iterable_and_files_with_a_byte_order_mark(ex, tmp_path):
+    """A numpy array of strings or a generator is a list of texts; what is no list of texts is named."""
+    (a, b) = ex.explain(np.array(["good movie", "bad movie"]), methods="rawatt")
+    assert (a.text, b.text) == ("good movie", "bad movie")
+    assert [e.text for e in ex.explain((t for t in ["good", "bad"]), methods="rawatt")] == ["good", "bad"]
+    with pytest.raises(InputError, match="^texts must be a string, a \\(text_a, text_b\\) pair or a list of them, "
+                                         "got int$"):
+        ex.explain(5, methods="rawatt")
+    with pytest.raises(InputError, match="^no texts to explain"):
+        ex.explain(t for t in [])
+    path = tmp_path / "bom.json"
+    path.write_text("\ufeff" + json.dumps([a.to_dict()]), encoding="utf-8")
+    (back,) = load_explanations(path)
+    assert back.text == "good movie"

@@ -89,6 +89,11 @@ def test_complete_checkpoints_still_load(classifier_dir):
         assert torch.equal(p, q), name  # exactly the saved weights, nothing re-initialised
 
 
+def test_a_misspelt_keyword_is_named_in_one_line(classifier_dir):
+    with pytest.raises(ModelError, match=r"unexpected keyword argument 'max_lenght' \(neither an attnlens option"):
+        Explainer.from_pretrained(classifier_dir, max_lenght=8)
+
+
 def test_train_still_trains_a_new_head_on_a_base_encoder(tmp_path, capsys):
     torch.manual_seed(0)
     base = save(BertModel(BertConfig(**BERT)), tmp_path / "base")

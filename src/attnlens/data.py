@@ -201,6 +201,9 @@ def class_order(data_names: Sequence[str], model_names: Sequence[str]) -> list[i
     return [int(i) for i in order]  # type: ignore[arg-type]
 
 
+TASKS = ("classification", "pair", "qa")  # what a data file holds
+
+
 def known_datasets() -> list[str]:
     """Names :func:`load_dataset` accepts (besides file paths)."""
     return list(SPECS)
@@ -209,7 +212,7 @@ def known_datasets() -> list[str]:
 def data_root(root: str | os.PathLike[str] | None = None) -> Path | None:
     """The local data folder: ``root``, else ``$ATTNLENS_DATA``; ``None`` when neither is given."""
     if root is not None:
-        return Path(root)
+        return Path(root).expanduser()
     env = os.environ.get(DATA_ENV)
     return Path(env).expanduser() if env else None
 
@@ -237,10 +240,12 @@ def load_dataset(
         task: for files: ``classification``, ``pair`` or ``qa`` (guessed from the content if ``None``).
         hub: whether to fall back to the HuggingFace hub (needs ``datasets`` and network access).
     """
-    if limit is not None and limit < 1:
-        raise InputError(f"--limit must be a positive number of examples, got {limit}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InputError(f"limit must be a positive whole number of examples, got {limit!r}")
+    if task not in (None, *TASKS):
+        raise InputError(f"task must be one of {', '.join(TASKS)} (or None to tell from the file), got {task!r}")
     key = str(name)
-    path = Path(key)
+    path = Path(key).expanduser()
     if key.lower() not in SPECS and key.lower() not in ALIASES and (path.suffix or path.exists()):
         if not path.is_file():
             raise InputError(f"data file {key} does not exist")
@@ -347,7 +352,7 @@ def _load_file(
     path: Path, *, task: str | None, name: str, split: str, labels: list[str] | None = None, part: str | None = None
 ) -> Dataset:
     stem = path.name[:-3] if path.name.endswith(".gz") else path.name
-    if stem.endswith(".json") or task == "qa":
+    if task == "qa" or (task is None and stem.endswith(".json")):
         with _open_text(path) as f:
             try:
                 doc = json.load(f)
@@ -367,7 +372,7 @@ def _load_file(
     if not labels:
         names = {}
         for _, row in iter_jsonl(path):  # label names, where rows carry them (MNLI's label_text)
-            if "label_text" in row and "label" in row:
+            if "label_text" in row and row.get("label") is not None:
                 names[int(row["label"])] = str(row["label_text"])
         labels = [names[i] for i in sorted(names)] if names and sorted(names) == list(range(len(names))) else []
     return Dataset(name, split, kind or "classification", examples, labels, str(path))

@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
     options = method_options(args.options) or None
     check_benchmark_options(args.methods, options)  # before the data and the model load
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit must be a positive number of examples, got {args.limit}")
     dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
     out = Path(args.out)
     if launched:  # one of the processes `accelerate launch` (or --processes) started: its rank is its shard

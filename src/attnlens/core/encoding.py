@@ -4,7 +4,7 @@ longest input a model takes."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -67,7 +67,12 @@ def normalize_texts(texts: TextInput | Sequence[TextInput]) -> list[str | list[s
     is_pair = isinstance(texts, tuple) and len(texts) == 2 and all(isinstance(t, str) for t in texts)
     if isinstance(texts, str) or is_pair:
         texts = [texts]
-    if not isinstance(texts, Sequence) or len(texts) == 0:
+    if not isinstance(texts, Sequence) and isinstance(texts, Iterable) and not isinstance(texts, (bytes, Mapping)):
+        texts = list(texts)  # a numpy array of strings, a generator
+    if not isinstance(texts, Sequence) or isinstance(texts, bytes):
+        raise InputError(f"texts must be a string, a (text_a, text_b) pair or a list of them, got "
+                         f"{type(texts).__name__}")
+    if len(texts) == 0:
         raise InputError("no texts to explain: pass a string, a (text_a, text_b) pair or a list of them")
     out: list[str | list[str]] = []
     for i, t in enumerate(texts):

@@ -84,6 +84,13 @@ def load_weights(auto: Any, name: str, **kwargs: Any) -> tuple[Any, dict[str, An
         state = "is empty (0 bytes)" if empty else "is corrupt or truncated"
         detail = str(exc).splitlines()[0] if isinstance(exc, SafetensorError) else "torch.load cannot read it"
         raise ModelError(f"could not load model {name}: {file} {state} ({detail})") from exc
+    except TypeError as exc:  # a keyword neither attnlens nor the model class takes (a typo: max_lenght=)
+        if "unexpected keyword argument" not in str(exc):
+            raise
+        word = str(exc).split("unexpected keyword argument")[-1].strip()
+        loader = getattr(auto, "__name__", "the model class")
+        raise ModelError(f"could not load model {name}: unexpected keyword argument {word} (neither an attnlens "
+                         f"option nor one {loader}.from_pretrained or the model takes)") from None
     except (OSError, RuntimeError) as exc:  # missing files, unknown hub id, no network, shape mismatches
         if isinstance(exc, OSError) and kwargs.get("local_files_only") and path is None and hub_unreachable():
             raise ModelError(not_cached_message(name)) from exc

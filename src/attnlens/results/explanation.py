@@ -405,6 +405,6 @@ def _read_dicts(path: str | Path) -> list[dict[str, Any]]:
 
 def _read_text(path: str | Path) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark an editor wrote is not text
     except UnicodeDecodeError:
         raise InputError(f"{path} is not a UTF-8 text file of attnlens explanations") from None
