@@ -107,6 +107,26 @@ def test_teacher_forcing_the_greedy_continuation_reproduces_it(lm):
     np.testing.assert_allclose(forced.probabilities, greedy.probabilities, atol=1e-7)
 
 
+def test_a_forced_step_names_the_greedy_token_where_the_model_disagreed(lm):
+    """The greedy choice as text (not an id) in the step's prediction line and JSON; the step views mark the steps
+    where the forced token is not it; small probabilities stay apart (not all 0.000)."""
+    from attnlens.viz.generation import render_generation
+
+    greedy = lm.explain_generation(PROMPT, max_new_tokens=2, methods="rawatt")
+    other = next(w for w in ("good", "bad", "film") if w != greedy.generated[0].strip())
+    g = lm.explain_generation(PROMPT, target=f" {other} {other}", methods="rawatt")
+    assert g.predicted == [lm.tokenizer.decode([i]) for i in g.predicted_ids]
+    assert g.predicted[0] == greedy.generated[0] != g.generated[0]
+    line = prediction_line(g.step(0))
+    assert f"greedy choice: {g.predicted[0]!r}" in line and "token #" not in line
+    assert f"(greedy {g.predicted[0]!r})" in render_generation(g, color=False, width=300)
+    assert Generation.from_dict(json.loads(json.dumps(g.to_dict()))).predicted == g.predicted
+    from attnlens.viz.colors import prob_text
+
+    assert (prob_text(2.3e-4), prob_text(1.9e-6), prob_text(0.25), prob_text(0.0)) == (
+        "2.3e-04", "1.9e-06", "0.250", "0.000")
+
+
 def test_forced_text_target_is_tokenized_without_special_tokens(lm, tokenizer):
     g = lm.explain_generation(PROMPT, target=" good film", methods="rawatt")
     assert g.generated_ids == tokenizer(" good film", add_special_tokens=False)["input_ids"]

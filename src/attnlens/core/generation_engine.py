@@ -194,7 +194,7 @@ def explain_generation(
         scores=scores, probabilities=probabilities, predicted_ids=predicted, contrast_ids=contrast_ids,
         contrast_probabilities=None if contrast_ids is None else contrast_probs,
         contrast=None if contrast_ids is None else [decode_token(runner.tokenizer, i) for i in contrast_ids],
-        forced=forced, meta=meta,
+        predicted=[decode_token(runner.tokenizer, i) for i in predicted], forced=forced, meta=meta,
     )
 
 

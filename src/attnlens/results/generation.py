@@ -43,6 +43,8 @@ class Generation:
         scores: method id -> ``(n_generated, n_prompt + n_generated)`` matrix; row ``t`` explains step ``t``.
         probabilities: the probability of each generated token at its step (given the tokens before it).
         predicted_ids: the model's greedy choice at each step (equal to ``generated_ids`` unless forced).
+        predicted: each greedy choice decoded as text (as ``generated``), or ``None`` (a Generation built with ids
+            alone).
         contrast_ids, contrast_probabilities: the contrast token of each step and its probability, or ``None``.
         contrast: each contrast token decoded as text (as ``generated``), or ``None``.
         forced: whether the continuation was given (teacher forcing) rather than generated greedily.
@@ -62,6 +64,7 @@ class Generation:
     contrast_ids: list[int] | None = None
     contrast_probabilities: list[float] | None = None
     contrast: list[str] | None = None
+    predicted: list[str] | None = None
     forced: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
     prompt_offsets: list[tuple[int, int] | None] | None = None
@@ -132,6 +135,8 @@ class Generation:
         t %= len(self.generated_ids)
         n = self.n_prompt + t
         meta = {**self.meta, "step": t, "target_token": self.generated[t]}
+        if self.predicted is not None and t < len(self.predicted):
+            meta["predicted_token"] = self.predicted[t]
         if self.contrast_ids is not None:
             meta["contrast"] = self.contrast_ids[t]
             if self.contrast is not None:
@@ -166,6 +171,7 @@ class Generation:
             "probabilities": self.probabilities,
             "contrast_probabilities": self.contrast_probabilities,
             "predicted_ids": self.predicted_ids,
+            "predicted": self.predicted,
             "forced": self.forced,
             "scores": {m: s.tolist() for m, s in self.scores.items()},
             "meta": self.meta,
@@ -183,7 +189,7 @@ class Generation:
                         for m, s in d["scores"].items()},
                 probabilities=list(d["probabilities"]), predicted_ids=list(d.get("predicted_ids") or []),
                 contrast_ids=d.get("contrast_ids"), contrast_probabilities=d.get("contrast_probabilities"),
-                contrast=d.get("contrast"),
+                contrast=d.get("contrast"), predicted=d.get("predicted"),
                 forced=bool(d.get("forced", False)), meta=dict(d.get("meta") or {}),
                 prompt_offsets=None if d.get("prompt_offsets") is None else [
                     None if o is None else (int(o[0]), int(o[1])) for o in d["prompt_offsets"]],

@@ -119,6 +119,12 @@ def normalized(scores: np.ndarray, special: Sequence[bool] | None = None, floor:
     return s / peak if peak > 0 else np.zeros_like(s)
 
 
+def prob_text(p: float) -> str:
+    """A probability as the views print it: three decimals, or two significant digits below 0.001 (``2.3e-04``),
+    so that two small probabilities stay apart."""
+    return f"{p:.3f}" if not 0 < p < 0.001 else f"{p:.1e}"
+
+
 def layers_add_up(layers: np.ndarray, scores: np.ndarray | None) -> bool:
     """Whether the per-layer scores add up to the method's scores (CAT, AttCAT: AttCAT Eq. 12); ``scores``
     ``None``: assumed. Other methods' layers are each layer's own state (raw attention, the rollout so far)."""
@@ -276,7 +282,7 @@ def prediction_line(exp: Explained) -> str:
     predicted = int(exp.predicted)  # type: ignore[arg-type]
     if str(exp.meta.get("task", "")).endswith("-lm"):  # a language model's next token (probabilities: p(target))
         target_name = repr(exp.meta["target_token"]) if "target_token" in exp.meta else f"token #{target}"
-        line = f"explaining next token {target_name} (p {p(0):.3f})"
+        line = f"explaining next token {target_name} (p {prob_text(p(0))})"
         if contrast is not None:
             line += " − " + (repr(exp.meta["contrast_token"]) if "contrast_token" in exp.meta
                              else f"token #{int(contrast)}")

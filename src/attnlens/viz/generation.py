@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import InputError
-from .colors import hex_color, normalized, shade, shown_tokens
+from .colors import hex_color, normalized, prob_text, shade, shown_tokens
 from .safetext import html_safe, terminal_safe
 
 
@@ -55,11 +55,14 @@ def _header(g: Any) -> str:
 
 
 def _step_label(g: Any, t: int) -> str:
-    label = f"{t}: {g.generated[t]!r} p={g.probabilities[t]:.3f}"
+    label = f"{t}: {g.generated[t]!r} p={prob_text(g.probabilities[t])}"
     if g.contrast_ids is not None and g.contrast_probabilities is not None:
         # a Generation built with ids alone shows them
         other = repr(g.contrast[t]) if g.contrast is not None else f"#{g.contrast_ids[t]}"
-        label += f" vs {other} p={g.contrast_probabilities[t]:.3f}"
+        label += f" vs {other} p={prob_text(g.contrast_probabilities[t])}"
+    if t < len(g.predicted_ids) and g.predicted_ids[t] != g.generated_ids[t]:  # forced where the model disagreed
+        greedy = repr(g.predicted[t]) if g.predicted is not None else f"#{g.predicted_ids[t]}"
+        label += f" (greedy {greedy})"
     return label
 
 
