@@ -140,9 +140,11 @@ def test_truncated_input_shows_what_was_explained_and_how_much_was_cut(model_dir
     assert '<p class="text">the movie was good but the</p>' in page
     assert "input truncated: 8 tokens beyond the model&#x27;s maximum length were cut" in page
     assert re.search(r"<summary>text not explained</summary><p class=\"cut\">plot was boring", page)
+    assert "input truncated: 8 tokens" in plots.plot_token_heatmap(exp).axes[0].get_title(loc="left")
     # an input that fits says nothing of the kind
     whole = Explainer.from_pretrained(model_dir).explain(TEXT, methods=["rawatt"])[0]
     assert "input truncated" not in render_terminal(whole, color=False) + explanations_html(whole)
+    assert "input truncated" not in plots.plot_token_heatmap(whole).axes[0].get_title(loc="left")
     assert f'<p class="text">{TEXT}</p>' in explanations_html(whole)
 
 

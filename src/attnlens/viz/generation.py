@@ -197,7 +197,7 @@ def generation_html(gens: Any, methods: Sequence[str] | None = None, title: str 
 # ------------------------------------------------------------------------------------------------ PNG / SVG
 def plot_generation(g: Any, method: str | None = None, path: str | Path | None = None) -> Any:
     """Step × token heatmap of one method (default: the first) as a matplotlib figure, saved to ``path``."""
-    from .plots import SCORE_CMAP, _finish, _tex_safe, _width, plt
+    from .plots import SCORE_CMAP, _colorbar, _finish, _tex_safe, _width, plt
 
     chosen = _methods(g, [method] if method else list(g.scores)[:1])
     if not chosen:
@@ -213,4 +213,5 @@ def plot_generation(g: Any, method: str | None = None, path: str | Path | None =
     ax.set_yticks(range(n_steps), labels=[_tex_safe(_step_label(g, t)) for t in range(n_steps)], fontsize=8)
     ax.axvline(g.n_prompt - 0.5, color="#111827", lw=1)
     ax.set_title(_tex_safe(f"{m}: {g.prompt[:60]!r} → {g.text[:40]!r}"), fontsize=9, loc="left")
+    _colorbar(fig, ax, "score / the step's max |score|")
     return _finish(fig, path)

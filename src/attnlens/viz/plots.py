@@ -36,6 +36,7 @@ from .colors import (  # noqa: E402
     select_methods,
     shown_tokens,
     text_of,
+    truncation_note,
 )
 from .safetext import terminal_safe  # noqa: E402
 
@@ -506,4 +507,6 @@ def _short_title(exp: Explained) -> str:
     text = text_of(exp)
     text = terminal_safe(text, one_line=True)
     text = text if len(text) <= 90 else text[:87] + "..."
-    return f"{text}\n{terminal_safe(prediction_line(exp), one_line=True)}"
+    note = truncation_note(exp)  # the title's text is the input's; say when the explanation covers less of it
+    return f"{text}\n{terminal_safe(prediction_line(exp), one_line=True)}" + (
+        f"\n{terminal_safe(note, one_line=True)}" if note else "")
