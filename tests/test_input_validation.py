@@ -430,3 +430,8 @@ def test_texts_from_any_iterable_and_files_with_a_byte_order_mark(ex, tmp_path):
     path.write_text("\ufeff" + json.dumps([a.to_dict()]), encoding="utf-8")
     (back,) = load_explanations(path)
     assert back.text == "good movie"
+
+
+def test_truncation_must_be_a_boolean(ex):
+    with pytest.raises(InputError, match="^truncation must be True or False, got 'no'$"):
+        ex.explain("good movie", methods="rawatt", truncation="no")

@@ -161,6 +161,8 @@ class Explainer:
     # --------------------------------------------------------------- encoding
     def encode(self, texts: TextInput | Sequence[TextInput], truncation: bool = True) -> list[Encoded]:
         """Tokenize inputs (no padding); over-long inputs are truncated with a warning or rejected."""
+        if not isinstance(truncation, (bool, np.bool_)):  # "no" would truncate
+            raise InputError(f"truncation must be True or False, got {truncation!r}")
         return encode(self.tokenizer, self.model, texts, self.max_length, truncation)
 
     # ---------------------------------------------------------------- explain
