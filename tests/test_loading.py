@@ -89,6 +89,15 @@ def test_complete_checkpoints_still_load(classifier_dir):
         assert torch.equal(p, q), name  # exactly the saved weights, nothing re-initialised
 
 
+@pytest.mark.parametrize(("family", "task"), [("bert", "token"), ("gpt2", "causal-lm")])
+def test_a_checkpoint_is_refused_as_another_tasks_model_even_where_its_weights_load(tmp_path, family, task):
+    """A sequence classifier's head loads under a token classifier's names (``classifier``); GPT-2's LM head is
+    tied to the embeddings: nothing is missing, yet the head would compute something it was not trained for."""
+    path = save(make_model(family), tmp_path / family)
+    with pytest.raises(ModelError, match=r"whose head was trained for another task .* \(task='classification'\)$"):
+        Explainer.from_pretrained(path, task=task)
+
+
 def test_a_misspelt_keyword_is_named_in_one_line(classifier_dir):
     with pytest.raises(ModelError, match=r"unexpected keyword argument 'max_lenght' \(neither an attnlens option"):
         Explainer.from_pretrained(classifier_dir, max_lenght=8)

@@ -112,8 +112,10 @@ class Explainer:
     ) -> Explainer:
         """Load a model and its tokenizer from a local directory (or a hub id when online), eager attention.
 
-        ``task`` is ``"classification"`` (``AutoModelForSequenceClassification``) or ``"qa"``
-        (``AutoModelForQuestionAnswering``); by default it follows the architecture the model's config names.
+        ``task`` is ``"classification"`` (``AutoModelForSequenceClassification``), ``"qa"``
+        (``AutoModelForQuestionAnswering``), ``"token"`` (``AutoModelForTokenClassification``), ``"causal-lm"``
+        or ``"seq2seq-lm"``; by default it follows the architecture the model's config names, and a checkpoint
+        whose config names another task's head is refused.
         ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``"auto"`` (the first of cuda, mps, cpu
         this machine has; default: where ``from_pretrained`` puts it, the CPU); ``dtype`` is ``"float32"``,
         ``"bfloat16"`` or ``"float16"`` (default: the checkpoint's). Explaining follows the model's device and

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelError
-from .heads import TASKS, task_of
+from .heads import TASKS, task_of, tasks_named
 from .hub import cache_only, hub_unreachable, not_cached_message
 from .quiet import quiet_transformers
 from .shorthands import is_shorthand, resolve_shorthand
@@ -148,6 +148,18 @@ def check_complete(model: Any, info: dict[str, Any], name: str, task: str) -> No
         advice = "attnlens explains sequence classifiers, token classifiers and extractive QA models"
     raise ModelError(f"cannot explain {name} as {wanted}: {what} {where} and would be random; "
                      f"{description}: {advice}")
+
+
+def check_task_head(config: Any, name: str, task: str) -> None:
+    """Refuse a checkpoint whose config names a head for another task, even where its weights load under the
+    asked head's names (a sequence classifier's ``classifier`` read as a token classifier's: every token through
+    a head trained on the pooled state)."""
+    named = tasks_named(list(getattr(config, "architectures", None) or []))
+    if named and task not in named:
+        description, _ = describe_checkpoint(config)
+        raise ModelError(f"cannot explain {name} as {TASKS[task].kind}: {description}, whose head was trained for "
+                         f"another task (its weights would load under the other head's names and compute something "
+                         f"else); load it without task= (task={named[0]!r})")
 
 
 def check_tokenizer_files(tokenizer: Any, name: str) -> None:
@@ -286,6 +298,7 @@ def load_pretrained(
         kind = TASKS[task or "classification"].kind  # task is None when the config itself would not load
         raise ModelError(f"could not load {name!r} as {kind}: {str(exc).splitlines()[0]}") from exc
     check_complete(model, info, name, task)
+    check_task_head(model.config, name, task)
     if target_device is not None:
         try:
             model.to(target_device)

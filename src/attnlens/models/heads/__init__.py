@@ -19,7 +19,7 @@ A contrast (:mod:`.contrast`) explains a target's logit minus another's; :func:`
 (:mod:`.by_task`).
 """
 
-from .by_task import GENERATION_HEADS, TASKS, head_for, task_of
+from .by_task import GENERATION_HEADS, TASKS, head_for, task_of, tasks_named
 from .classification import CLASSIFICATION, MULTI_LABEL, PREDICTED, TARGET_KINDS, Head, MultiLabelHead
 from .contrast import ContrastHead, with_contrast
 from .lm import CAUSAL_LM, SEQ2SEQ_LM, AnswerHead, LMHead, Seq2SeqLMHead, answer_labels, decode_token
@@ -29,4 +29,4 @@ from .token import TOKEN, TokenHead
 __all__ = ["CAUSAL_LM", "CLASSIFICATION", "GENERATION_HEADS", "MULTI_LABEL", "PREDICTED", "QA", "SEQ2SEQ_LM",
            "TARGET_KINDS", "TASKS", "TOKEN", "AnswerHead", "ContrastHead", "Head", "LMHead", "MultiLabelHead", "QAHead",
            "Seq2SeqLMHead", "TokenHead", "answer_labels", "best_spans", "context_positions", "decode_token",
-           "head_for", "qa_head", "task_of", "with_contrast"]
+           "head_for", "qa_head", "task_of", "tasks_named", "with_contrast"]

@@ -24,7 +24,12 @@ GENERATION_HEADS = (CAUSAL_LM, SEQ2SEQ_LM)
 
 def task_of(architectures: Sequence[str]) -> str:
     """The task whose model classes a config's ``architectures`` name (default ``"classification"``)."""
-    return next((t for t, h in TASKS.items() if any(_matches(h, a) for a in architectures)), "classification")
+    return next(iter(tasks_named(architectures)), "classification")
+
+
+def tasks_named(architectures: Sequence[str]) -> list[str]:
+    """The tasks whose model classes a config's ``architectures`` name (none for a base model, a masked LM ...)."""
+    return [t for t, h in TASKS.items() if any(_matches(h, a) for a in architectures)]
 
 
 def _matches(head: Head, model_class: str) -> bool:
