@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import itertools
 import json
@@ -70,6 +71,29 @@ def test_predicted_span_is_the_squad_span_inside_the_context(qa):
         p_start = torch.softmax(out.start_logits[0], 0)[best[0]]
         p_end = torch.softmax(out.end_logits[0], 0)[best[1]]
         np.testing.assert_allclose(e.probabilities, [float(p_start), float(p_end)], rtol=1e-5)
+
+
+def test_a_slow_tokenizer_without_token_types_reads_the_answer_from_the_context(qa, tmp_path):
+    """A slow tokenizer gives no sequence ids: the special tokens that separate a pair tell the context apart; a
+    pair they do not split in two (a literal separator in a text) is refused instead of read across it."""
+    import transformers
+    from conftest import VOCAB
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    slow = transformers.BertTokenizerLegacy(vocab_file=str(vocab), do_lower_case=True,
+                                            model_input_names=["input_ids", "attention_mask"])
+    assert not slow.is_fast
+    ex = Explainer(qa.model, slow)
+    (e,) = ex.explain([(QUESTION, CONTEXT)], methods=["rawatt"])
+    (f,) = qa.explain([(QUESTION, CONTEXT)], methods=["rawatt"])
+    assert e.token_type_ids is None and e.sequence_ids == f.sequence_ids
+    assert e.target == e.predicted and all(e.sequence_ids[i] == 1 for i in e.target)  # inside the context
+    from attnlens.models.heads import context_positions
+
+    joined = dataclasses.replace(ex.encode([(QUESTION, CONTEXT)])[0], sequence_ids=None)  # GPT-2: a + b, no marks
+    with pytest.raises(InputError, match="^this tokenizer marks neither which tokens are the context"):
+        context_positions(joined)
 
 
 def test_the_independent_argmaxes_are_not_the_answer(qa):

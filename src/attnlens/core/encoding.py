@@ -96,6 +96,25 @@ def normalize_texts(texts: TextInput | Sequence[TextInput]) -> list[str | list[s
     return out
 
 
+def _pair_runs(text: Any, special: Sequence[int]) -> list[int | None] | None:
+    """A slow tokenizer's sequence ids of a pair, where its special tokens split it into exactly two stretches of
+    text (``[CLS] a [SEP] b [SEP]``, ``<s> a </s></s> b </s>``); ``None`` for a single text or where they do not
+    (GPT-2 joins the two texts with nothing between them)."""
+    if isinstance(text, str):
+        return None
+    out: list[int | None] = []
+    runs, inside = 0, False
+    for flag in special:
+        if flag:
+            inside = False
+            out.append(None)
+        else:
+            if not inside:
+                runs, inside = runs + 1, True
+            out.append(runs - 1)
+    return out if runs == 2 else None
+
+
 def encode(
     tokenizer: Any, model: nn.Module, texts: TextInput | Sequence[TextInput], max_length: int, truncation: bool = True,
 ) -> list[Encoded]:
@@ -142,7 +161,7 @@ def encode(
                 special=[bool(x) for x in enc["special_tokens_mask"]],
                 tokens=tokenizer.convert_ids_to_tokens(ids),
                 word_ids=enc.word_ids() if fast else None,
-                sequence_ids=enc.sequence_ids() if fast else None,
+                sequence_ids=enc.sequence_ids() if fast else _pair_runs(text, enc["special_tokens_mask"]),
                 offsets=[tuple(o) for o in enc["offset_mapping"]] if fast else None,
                 dropped=dropped,
             )

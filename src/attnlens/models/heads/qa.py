@@ -191,6 +191,8 @@ def context_positions(e: Any) -> list[bool]:
             return [s == 1 and not sp for s, sp in zip(e.sequence_ids, e.special, strict=True)]
         if e.type_ids is not None and any(e.type_ids):
             return [t == 1 and not sp for t, sp in zip(e.type_ids, e.special, strict=True)]
+        raise InputError("this tokenizer marks neither which tokens are the context nor token types, so an answer "
+                         "could be read from the question: load the model's fast tokenizer (use_fast=True)")
     return [not sp for sp in e.special]
 
 
