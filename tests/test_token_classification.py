@@ -133,6 +133,8 @@ def test_targets_words_labels_and_display(tokenizer):
     page = explanations_html([e])
     assert page.count('class="tok answer"') == len(e.scores) and "(explained token)" in page
     assert "explained label of the outlined token" in page
+    (number,) = ex.explain("the movie 2 was good", ["rawatt"], target="2")  # a number is a word, not a position
+    assert number.meta["position"] == 3
     (multi,) = ex.explain("the movies loved it", ["rawatt"], target="loved")
     words = multi.to_words()
     assert multi.tokens[multi.meta["position"]] == "loved" and words.tokens[words.meta["position"]] == "loved"

@@ -65,9 +65,7 @@ class TokenHead(Head):
         return [self._pair(t, labels) for t in target]
 
     def _pair(self, t: Any, labels: list[str]) -> tuple[int | str, int]:
-        token, label = (t if isinstance(t, (tuple, list)) and len(t) == 2 else (t, None))
-        if isinstance(token, str) and token.strip().isdigit():
-            token = int(token)
+        token, label = (t if isinstance(t, (tuple, list)) and len(t) == 2 else (t, None))  # a string is a word
         if isinstance(token, bool) or not isinstance(token, (int, str, np.integer)) or (
                 not isinstance(token, str) and token < 0):
             raise InputError(f"the explained token is a position (>= 0) or a word of the input, got {token!r}")
