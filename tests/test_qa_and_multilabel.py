@@ -133,6 +133,11 @@ def test_a_target_span_ending_before_it_starts_is_refused(qa):
         assert "\n" not in str(info.value)
     (e,) = qa.explain([(QUESTION, CONTEXT)], methods=["attcat"], target=(4, 4))  # a one-token span is fine
     assert e.target == [4, 4]
+    for span in ([4, 6], np.array([4, 6]), torch.tensor([4, 6])):  # two integers are a span however given
+        (e,) = qa.explain([(QUESTION, CONTEXT)], methods=["attcat"], target=span)
+        assert e.target == [4, 6]
+    with pytest.raises(InputError, match="a QA target is a \\(start, end\\) pair of token positions"):
+        qa.explain([(QUESTION, CONTEXT)], methods=["attcat"], target=[(True, True)])
 
 
 def test_one_text_given_to_a_qa_model_is_warned_of(qa):

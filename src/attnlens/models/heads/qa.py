@@ -116,10 +116,13 @@ class QAHead(Head):
     def resolve_targets(self, target: Any, n: int, labels: list[str]) -> list[Any]:
         """A user target (``None``, a ``(start, end)`` pair, or one per input) as ``n`` checked spans,
         ``(PREDICTED, PREDICTED)`` for "the predicted span"."""
-        if target is None or (isinstance(target, tuple) and len(target) == 2
-                              and all(isinstance(x, (int, np.integer)) for x in target)):
+        if isinstance(target, (np.ndarray, torch.Tensor)):
+            target = target.tolist()
+        # two integers are one span, as a tuple or a list ([7, 9]): one per input would be spans, not integers
+        if target is None or (isinstance(target, (tuple, list)) and len(target) == 2
+                              and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in target)):
             return [_span(target)] * n
-        if not isinstance(target, Sequence) or len(target) != n:
+        if not isinstance(target, Sequence) or isinstance(target, str) or len(target) != n:
             raise InputError(f"target must be None, a (start, end) pair, or a list with one per input ({n} inputs)")
         return [_span(t) for t in target]
 
@@ -173,8 +176,8 @@ def _span(t: Any) -> tuple[int, int]:
     """One QA target: ``None`` (the predicted span) or a ``(start, end)`` pair with ``0 <= start <= end``."""
     if t is None:
         return (PREDICTED, PREDICTED)
-    if (isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, (int, np.integer)) for x in t)
-            and min(t) >= 0):
+    if (isinstance(t, (tuple, list)) and len(t) == 2
+            and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in t) and min(t) >= 0):
         if int(t[1]) < int(t[0]):
             raise InputError(f"QA target span {tuple(int(x) for x in t)} ends before it starts: "
                              "give (start, end) with end >= start")
