@@ -138,6 +138,9 @@ def test_targets_words_labels_and_display(tokenizer):
     (multi,) = ex.explain("the movies loved it", ["rawatt"], target="loved")
     words = multi.to_words()
     assert multi.tokens[multi.meta["position"]] == "loved" and words.tokens[words.meta["position"]] == "loved"
+    assert words.meta["token"] == "loved" and len(words.meta["predicted_labels"]) == len(words.tokens)
+    movies = words.tokens.index("movies")  # its first token's label, as NER reads a word
+    assert words.meta["predicted_labels"][movies] == multi.meta["predicted_labels"][multi.tokens.index("movie")]
     assert not e.is_qa
     with pytest.warns(UserWarning, match=r"input 0: the word 'The' occurs 2 times \(tokens 1, 4\); explaining the "
                                          r"first, token 1"):

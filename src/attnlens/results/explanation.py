@@ -250,6 +250,11 @@ class Explanation:
         meta.pop("token_encoding", None)  # words are text
         if "position" in meta:  # token classification: the explained token's word
             meta["position"] = word_of.get(int(meta["position"]), int(meta["position"]))
+            if "token" in meta and 0 <= meta["position"] < len(groups):
+                meta["token"] = self._word_text(groups[meta["position"]])
+        labels_by_token = meta.get("predicted_labels")
+        if isinstance(labels_by_token, list) and len(labels_by_token) == len(self.tokens):
+            meta["predicted_labels"] = [labels_by_token[g[0]] for g in groups]  # a word's label: its first token's
         return Explanation(
             text=self.text,
             tokens=[self._word_text(g) for g in groups],
