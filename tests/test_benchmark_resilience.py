@@ -236,12 +236,19 @@ def test_bad_benchmark_inputs_give_one_line_and_write_nothing(tiny, tmp_path, ca
 def test_huge_occlusion_max_stops_at_the_longest_input(tiny, tmp_path, capsys):
     out = tmp_path / "res"
     assert _bench(tiny, out, "--metrics", "occlusion", "--occlusion-max", "1000000000") == 0
-    assert "using 48" in capsys.readouterr().err  # the tiny tokenizer's maximum length
+    assert "using 48" not in capsys.readouterr().err  # --quiet: no notice
     summary = json.loads((out / "summary.json").read_text())
     assert summary["curves"]["occlusion"]["k"] == list(range(0, 49, 2))
     # counts above every input's length drop all real tokens: the curve is flat at its end
     top = summary["curves"]["occlusion"]["series"]["grads:top"]["accuracy"]
     assert len(set(top[-10:])) == 1
+    model, data = tiny
+    for metrics, said in (("occlusion", True), ("aopc", False)):  # a run that measures occlusion hears of it
+        assert main(["benchmark", "--model", str(model), "--dataset", str(data), "--methods", "grads",
+                     "--metrics", metrics, "--limit", "1", "--threads", "1", "--seed",
+                     "0", "--occlusion-max", "1000", "--out", str(tmp_path / metrics)]) == 0
+        assert ("--occlusion-max 1000 is more than the model's 48-token inputs; using 48" in capsys.readouterr().err
+                ) is said
 
 
 def test_api_refuses_bad_labels_and_options_before_writing(tmp_path):

@@ -112,7 +112,8 @@ def test_train_still_trains_a_new_head_on_a_base_encoder(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["train", "--model", base, "--data-file", str(data), "--out", str(out), "--no-progress",
                  "--batch-size", "4"]) == 0
-    assert "a new 2-label head is trained from scratch" in capsys.readouterr().out
+    assert "attnlens: " in (said := capsys.readouterr()).err and said.out == ""  # notices go to stderr
+    assert "a new 2-label head is trained from scratch" in said.err
     assert Explainer.from_pretrained(out).labels == ["LABEL_0", "LABEL_1"]  # the trained head is complete
 
 

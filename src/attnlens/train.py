@@ -38,7 +38,6 @@ from .models.loading import (
 from .models.quiet import quiet_transformers
 from .models.shorthands import MINILM_ALIASES, SMOLLM2_ALIASES, minilm_dir, smollm2_dir
 from .paths import atomic_directory, check_output_path
-from .viz.safetext import terminal_safe
 
 EVAL_SPLITS = {
     "sst2": "dev",
@@ -307,9 +306,11 @@ def load_config_and_tokenizer(name: str) -> tuple[str, Any, Any]:
     return source, config, tokenizer
 
 
-def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit_head: bool = False):
+def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit_head: bool = False,
+               log: Callable[[str], None] = print):
     """Tokenizer and classifier with ``num_labels`` outputs. A pretrained encoder gets a new (random) head, as
-    fine-tuning needs; a checkpoint whose head has another number of labels is refused unless ``reinit_head``."""
+    fine-tuning needs; a checkpoint whose head has another number of labels is refused unless ``reinit_head``.
+    ``log`` hears what is done to the head."""
     from transformers import AutoModelForSequenceClassification
 
     source, config, tokenizer = load_config_and_tokenizer(name)
@@ -320,11 +321,9 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
                 f"{name} has a classification head with {config.num_labels} labels but the data has "
                 f"{num_labels}; pass --reinit-head to replace the head with a new, untrained one"
             )
-        print(terminal_safe(f"attnlens: replacing the {config.num_labels}-label head of {name} by a new "
-                            f"{num_labels}-label head"))
+        log(f"replacing the {config.num_labels}-label head of {name} by a new {num_labels}-label head")
     elif not has_head:
-        print(terminal_safe(f"attnlens: {name} has no classification head; a new {num_labels}-label head is "
-                            "trained from scratch"))
+        log(f"{name} has no classification head; a new {num_labels}-label head is trained from scratch")
     names = label_names if label_names and len(label_names) == num_labels else None
     kept = has_head and config.num_labels == num_labels
     head_names = [str(config.id2label.get(i, f"LABEL_{i}")) for i in range(num_labels)] if kept else []
@@ -332,9 +331,8 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
         pass  # the head keeps its names: the caller numbers the data's classes as the head does (class_order)
     else:
         if kept and names_classes(head_names) and names:
-            print(terminal_safe(f"attnlens: warning: {name} names its classes {', '.join(head_names)}, the data "
-                                f"{', '.join(names)}: the data's class i trains the head's row i, named as the data "
-                                "names it"))
+            log(f"warning: {name} names its classes {', '.join(head_names)}, the data {', '.join(names)}: the "
+                "data's class i trains the head's row i, named as the data names it")
         config.num_labels = num_labels
         config.id2label = {i: (names[i] if names else f"LABEL_{i}") for i in range(num_labels)}
         config.label2id = {v: k for k, v in config.id2label.items()}
@@ -591,7 +589,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         log(f"warning: {empty} training text{'s are' if empty > 1 else ' is'} empty")
 
     device = resolve_device(cfg.device or "auto")
-    tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head)
+    tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head, log)
     if label_names and len(label_names) == num_labels:
         head_names = [str(model.config.id2label[i]) for i in range(num_labels)]
         order = class_order(label_names, head_names)

@@ -41,7 +41,6 @@ from .train import (
     seed_everything,
     training_budget,
 )
-from .viz.safetext import terminal_safe
 
 __all__ = [
     "MAX_ANSWER_TOKENS",
@@ -216,7 +215,7 @@ def predict_answers(
 
 
 # -------------------------------------------------------------------------------------------- model
-def load_qa_model(name: str, reinit_head: bool = False) -> tuple[Any, Any]:
+def load_qa_model(name: str, reinit_head: bool = False, log: Callable[[str], None] = print) -> tuple[Any, Any]:
     """Tokenizer and ``AutoModelForQuestionAnswering`` of ``name``. A model without a task head gets a new
     (random) QA head; a checkpoint with another task's head is refused unless ``reinit_head``."""
     from transformers import AutoModelForQuestionAnswering
@@ -230,9 +229,9 @@ def load_qa_model(name: str, reinit_head: bool = False) -> tuple[Any, Any]:
         if not reinit_head:
             raise ModelError(f"{name} has {what}, not an extractive-QA head (start and end logits); pass "
                              "--reinit-head to replace it with a new, untrained QA head")
-        print(terminal_safe(f"attnlens: replacing {what} of {name} by a new extractive-QA head"))
+        log(f"replacing {what} of {name} by a new extractive-QA head")
     elif not qa:
-        print(terminal_safe(f"attnlens: {name} has no QA head; a new one is trained from scratch"))
+        log(f"{name} has no QA head; a new one is trained from scratch")
     config.num_labels = 2
     return load_with_head(AutoModelForQuestionAnswering, "question answering", name, source, config, tokenizer,
                           reinit_head)
@@ -268,7 +267,7 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
     eval_split = load_qa_split("eval", cfg.eval_limit, cfg.seed)
 
     device = resolve_device(cfg.device or "auto")
-    tokenizer, model = load_qa_model(cfg.model, cfg.reinit_head)
+    tokenizer, model = load_qa_model(cfg.model, cfg.reinit_head, log)
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions is not None and cfg.max_length > positions:
         raise InputError(f"--max-length {cfg.max_length} is more than the {positions} positions of {cfg.model}")

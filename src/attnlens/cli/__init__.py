@@ -110,6 +110,17 @@ def method_options(text: str | None, flag: str = "--options") -> dict[str, dict[
     return options
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that gives an option's default where its text does not already say it, and where there is one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.default in (None, False, [], argparse.SUPPRESS) or "default" in text
+                or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def check_at_least(flag: str, value: int | None, least: int) -> None:
     """:class:`InputError` in one line when the integer option ``flag`` was given below ``least``."""
     if value is not None and value < least:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..viz.safetext import terminal_safe
-from . import add_placement_options, method_options, placement
+from . import DefaultsHelpFormatter, add_placement_options, method_options, placement
 from .explain import add_memory_options
 
 
@@ -28,7 +28,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="measure faithfulness / confidence / consistency of methods on a data set",
         description="Explain every example once, perturb it on token ids and score the methods. Results are "
         "written as they come (examples.jsonl); run the same command again to resume an interrupted run.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--model", required=True, help="model directory (or hub id when online)")
     p.add_argument("--task", choices=["classification", "context"], default="classification",
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data import load_dataset
     from ..evaluation import parallel
-    from ..evaluation.metrics import EvalConfig
+    from ..evaluation.metrics import EvalConfig, resolve_metrics
     from ..evaluation.results import clear_results
     from ..evaluation.runner import BenchmarkRun, check_benchmark_options, run_benchmark
     from ..explainer import Explainer
@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     occlusion_max = args.occlusion_max
     if occlusion_max > explainer.max_length:  # a count above an input's length drops all of it: stop there
         occlusion_max = explainer.max_length
-        if shard is None or shard.index == 0:
+        said = not args.quiet and (shard is None or shard.index == 0)
+        if said and "occlusion" in resolve_metrics(args.metrics):  # only a run that measures it hears of it
             print(f"attnlens: --occlusion-max {args.occlusion_max} is more than the model's {occlusion_max}-token "
                   f"inputs; using {occlusion_max}", file=sys.stderr)
     config = EvalConfig(

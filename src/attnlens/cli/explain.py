@@ -69,6 +69,13 @@ def read_texts(path: str) -> list[Any]:
     return texts
 
 
+def _runs_long(methods: str | None) -> bool:
+    """Whether the methods asked for include one that runs many passes (integrated gradients, value zeroing,
+    the perturbation baselines: "all" includes them): a progress bar even when stderr is not a terminal."""
+    names = {m.strip() for m in str(methods or "").split(",")}
+    return bool(names & {"all", "integratedgradients", "valuezeroing", "occlusion", "lime", "kernelshap"})
+
+
 def _json_object(line: str) -> dict[str, Any] | None:
     """The JSON object a line holds, or None when the line is not one."""
     try:
@@ -263,7 +270,8 @@ def run(args: argparse.Namespace) -> int:
         target_kind=args.target_kind,
         batch_size=args.batch_size,
         truncation=not args.no_truncation,
-        progress=not args.quiet and (len(texts) > args.batch_size or options is not None or sys.stderr.isatty()),
+        progress=not args.quiet and (len(texts) > args.batch_size or options is not None or sys.stderr.isatty()
+                                     or _runs_long(args.methods)),
         contrast=int(args.contrast) if args.contrast and args.contrast.lstrip("-").isdigit() else args.contrast,
         options=options,
         memory_budget=budget,

@@ -38,8 +38,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--allow-remote", action="store_true",
                    help="needed to bind a --host other than this machine: anyone who reaches it can run the models")
     p.add_argument("--open", action="store_true", help="open the page in the default browser")
-    p.add_argument("--max-chars", type=int, default=20_000, help="longest text a request may send (characters)")
-    p.add_argument("--max-texts", type=int, default=32, help="most texts one request may explain")
+    p.add_argument("--max-chars", type=int, default=20_000,
+                   help="longest text a request may send, in characters (default: 20000)")
+    p.add_argument("--max-texts", type=int, default=32, help="most texts one request may explain (default: 32)")
     p.add_argument("--attention", help="BART-like models: encoder (default), decoder or cross")
     p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens")
     p.add_argument("--memory-budget", metavar="SIZE",

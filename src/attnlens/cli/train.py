@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+from ..viz.safetext import terminal_safe
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -108,5 +111,14 @@ def run(args: argparse.Namespace) -> int:
         progress=not (args.no_progress or args.quiet),
         overwrite=args.overwrite,
     )
-    (train_qa if is_qa(cfg) else train)(cfg)
+    # what training says goes to stderr beside the progress bar, as every command's notices; --quiet drops it
+    (train_qa if is_qa(cfg) else train)(cfg, log=_silent if args.quiet else _notice)
     return 0
+
+
+def _notice(line: str) -> None:
+    print(terminal_safe(f"attnlens: {line}"), file=sys.stderr)
+
+
+def _silent(line: str) -> None:
+    """--quiet: no notices."""

@@ -77,6 +77,7 @@ def load_weights(auto: Any, name: str, **kwargs: Any) -> tuple[Any, dict[str, An
     path = check_model_dir(name)
     try:
         with quiet_transformers():
+            kwargs.pop("output_loading_info", None)  # always asked for: the completeness check reads it
             return auto.from_pretrained(name, output_loading_info=True, **kwargs)
     except (SafetensorError, pickle.UnpicklingError, EOFError) as exc:
         file = _weights_file(path)
