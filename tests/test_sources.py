@@ -60,6 +60,10 @@ def test_sentence_passage_and_line_sources_are_exact_spans():
     assert [(s.start, s.end) for s in passages] == [(0, 40), (42, 88)]
     lines = split_sources("a\n\n  b c \nd", "line")
     assert [(s.text, s.start, s.end) for s in lines] == [("a", 0, 1), ("b c", 5, 8), ("d", 10, 11)]
+    for newline in ("\r\n", "\r"):  # Windows and old Mac files
+        text = f"a b.{newline}c d.{newline}{newline}e f."
+        assert [s.text for s in split_sources(text, "line")] == ["a b.", "c d.", "e f."]
+        assert [s.text for s in split_sources(text, "passage")] == [f"a b.{newline}c d.", "e f."]
 
 
 @pytest.mark.parametrize("context", ["He said no.?!", "The answer is No.!? Really.!!", "It is 3.5 m.?!\n\nNext one.",

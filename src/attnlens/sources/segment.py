@@ -21,6 +21,9 @@ from ..results.context_attribution import Source
 __all__ = ["MODES", "Source", "split_sources"]
 
 MODES = ("sentence", "passage", "line")
+# a line ends at \n, \r\n or a lone \r (old Mac files); a passage at a line that holds only whitespace
+_LINE = r"(?:\r\n|\r|\n)"
+_PASSAGE = rf"{_LINE}\s*{_LINE}"
 
 
 def _trimmed(context: str, start: int, end: int) -> Source | None:
@@ -52,7 +55,7 @@ def _sentences(context: str) -> list[Source]:
     every character of the context but whitespace is in one: pysbd leaves out some trailing punctuation
     (``"He said no.?!"``: ``"?!"``), which would otherwise belong to no source and never be removed."""
     out: list[Source] = []
-    for block in _blocks(context, r"\n\s*\n"):
+    for block in _blocks(context, _PASSAGE):
         starts = sorted({span.start for span in _segmenter().segment(block.text)} | {0})
         for start, end in zip(starts, [*starts[1:], len(block.text)]):
             s = _trimmed(context, block.start + start, block.start + end)
@@ -73,9 +76,9 @@ def split_sources(context: str, sources: str | Sequence[Any] = "sentence") -> li
         if sources == "sentence":
             found = _sentences(context)
         elif sources == "passage":
-            found = _blocks(context, r"\n\s*\n")
+            found = _blocks(context, _PASSAGE)
         elif sources == "line":
-            found = _blocks(context, r"\n")
+            found = _blocks(context, _LINE)
         else:
             raise InputError(f"sources={sources!r}; choose one of {', '.join(MODES)}, or give a list of spans or "
                              "strings")
