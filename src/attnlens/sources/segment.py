@@ -22,7 +22,7 @@ __all__ = ["MODES", "Source", "split_sources"]
 
 MODES = ("sentence", "passage", "line")
 # a line ends at \n, \r\n or a lone \r (old Mac files); a passage at a line that holds only whitespace
-_LINE = r"(?:\r\n|\r|\n)"
+_LINE = r"(?:\r\n|\r(?!\n)|\n)"
 _PASSAGE = rf"{_LINE}\s*{_LINE}"
 
 
