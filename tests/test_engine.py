@@ -211,6 +211,18 @@ def test_single_texts_and_pairs_mix_in_one_call_of_an_encoder_decoder_classifier
     np.testing.assert_allclose(probs, [e.probabilities for e in together], atol=1e-5)
 
 
+def test_the_encoder_streams_mean_over_queries_is_exact_in_float64(tokenizer):
+    """BART's encoder stream reads the mean over the real query rows: weights 1/n built in float64, not rounded
+    to float32 (exact only for n a power of two)."""
+    model = make_model("bart").double()
+    ex = Explainer(model, tokenizer, attention="encoder")
+    for text in ["good", "a good movie"]:  # 3 and 5 tokens
+        (e,) = ex.explain([text], methods=["rawatt"])
+        with torch.no_grad():
+            att = model(input_ids=torch.tensor([e.input_ids]), output_attentions=True).encoder_attentions[-1][0]
+        np.testing.assert_allclose(e.scores["rawatt"], att.mean(0).mean(0).numpy(), rtol=0, atol=1e-14)
+
+
 def test_sentence_pairs_pass_token_types(tokenizer):
     ex = explainer("bert", tokenizer)
     pair = ("the movie was great", "i loved it")

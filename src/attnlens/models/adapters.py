@@ -47,7 +47,7 @@ def _one_hot(index: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _uniform(mask: torch.Tensor) -> torch.Tensor:
-    m = mask.float()
+    m = mask.double()  # 1/n exact to float64 (a float64 model's rows); each use casts to the model's dtype
     return m / m.sum(1, keepdim=True).clamp_min(1.0)
 
 
