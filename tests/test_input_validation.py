@@ -229,9 +229,10 @@ def test_train_says_which_classes_have_no_example_and_how_many_texts_are_empty(m
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["train", "--model", model_dir, "--data-file", str(data), "--no-progress", "--epochs", "1",
                  "--max-length", "8", "--reinit-head", "--eval-fraction", "0.25", "--out", str(tmp_path / "o")]) == 0
-    out = capsys.readouterr().out
-    assert "classes 1, 2 have no training example; the head has 4 classes" in out
-    assert re.search(r"\d+ training texts? (is|are) empty", out)  # class 0 trains, so empty texts do
+    said = capsys.readouterr()
+    assert "attnlens: warning: classes 1, 2 have no training example; the head has 4 classes" in said.err
+    assert re.search(r"\d+ training texts? (is|are) empty", said.err)  # class 0 trains, so empty texts do
+    assert "warning" not in said.out  # notices go to stderr
 
 def test_train_config_accepts_finite_values():
     TrainConfig(model="m", out="o", dataset="sst2", lr=1e-3, epochs=0.5, weight_decay=0.0, seed=2**32 - 1).validate()

@@ -134,6 +134,24 @@ def test_one_process_finishes_a_parallel_run(explainer, tmp_path, single):
             assert v is want is None or v == pytest.approx(want, rel=1e-5, abs=1e-9), (m, k)
 
 
+def test_a_merge_writes_the_runs_settings_before_any_results_file(explainer, tmp_path, monkeypatch):
+    """Another process of the run starting while a shard merges finds out/run.json beside the results files (it
+    refuses results files without one: the two processes raced)."""
+    from attnlens.evaluation import runner
+
+    out, seen = tmp_path / "run", []
+    original = runner.rewrite_rows
+
+    def rewrite(path, rows):
+        seen.append((path.name, (out / "run.json").exists()))
+        return original(path, rows)
+
+    monkeypatch.setattr(runner, "rewrite_rows", rewrite)
+    bench(explainer, out, shard=Shard(1, 2))
+    merged = [w for w in seen if w[0] in ("examples.jsonl", "explanations.jsonl")]
+    assert merged and all(exists for _, exists in merged)
+
+
 def test_a_shard_of_another_run_is_refused(explainer, tmp_path):
     out = tmp_path / "par"
     bench(explainer, out, shard=Shard(0, 2), stop_after=3)

@@ -472,10 +472,13 @@ def _finish(
     remaining = 0.0  # compute seconds of shards still being written (kept, merged again later)
     shards = shard_dirs(out)
     if shards:
+        seconds = _check_settings(run_file, settings, out)
+        # the settings before any results file: a process of the run that starts now finds a run to resume in
+        # out, not results files without their run.json (which it refuses)
+        _save_run(run_file, settings, seconds)
         merged = merge_sources(out, json.loads(json.dumps(settings.key())), method_ids, chunk_size)
         rewrite_rows(out / "examples.jsonl", merged.examples)
         rewrite_rows(out / "explanations.jsonl", merged.explanations)
-        seconds = _check_settings(run_file, settings, out)
         for d in merged.shards:  # everything in them is merged: remove the shards no process is writing
             spent = _check_settings(d / "run.json", settings, d)
             try:
