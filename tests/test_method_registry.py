@@ -146,3 +146,13 @@ def test_option_values_the_model_cannot_take_are_refused_before_any_pass(family,
     assert calls == []  # judged from the model and the options alone
     assert get_method(method).unsupported_options(model, "encoder" if family == "bart" else "self",
                                                   ex.head.task, get_method(method).options) is None
+
+
+def test_the_methods_that_run_many_passes_are_marked_and_bring_the_cli_progress_bar():
+    from attnlens.cli.explain import _runs_long
+    from attnlens.methods import get_method, list_methods
+
+    many = [m for m in list_methods() if get_method(m).many_passes]
+    assert many == ["integratedgradients", "valuezeroing", "occlusion", "lime", "kernelshap"]
+    assert _runs_long("all") and _runs_long("grads, integratedgradients")
+    assert not _runs_long("rawatt,attnlrp") and not _runs_long(None) and not _runs_long("nope")

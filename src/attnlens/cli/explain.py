@@ -70,10 +70,14 @@ def read_texts(path: str) -> list[Any]:
 
 
 def _runs_long(methods: str | None) -> bool:
-    """Whether the methods asked for include one that runs many passes (integrated gradients, value zeroing,
-    the perturbation baselines: "all" includes them): a progress bar even when stderr is not a terminal."""
+    """Whether the methods asked for include one that runs many passes per input (the registry's
+    ``many_passes``: integrated gradients, value zeroing, the perturbation baselines; "all" includes them): a
+    progress bar even when stderr is not a terminal. Unknown names are left to the explainer to refuse."""
+    from ..methods import get_method, list_methods
+
     names = {m.strip() for m in str(methods or "").split(",")}
-    return bool(names & {"all", "integratedgradients", "valuezeroing", "occlusion", "lime", "kernelshap"})
+    names = set(list_methods()) if "all" in names else names & set(list_methods())
+    return any(get_method(m).many_passes for m in names)
 
 
 def _json_object(line: str) -> dict[str, Any] | None:

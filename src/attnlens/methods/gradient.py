@@ -319,6 +319,7 @@ def _check_ig(n_steps: int | None = None, method: str = DEFAULT_RULE, tolerance:
 @register(
     "integratedgradients",
     needs={OWN_PASS},
+    many_passes=True,
     summary="Integrated gradients on the input token embeddings from a baseline of padding tokens.",
     citation="Sundararajan et al. 2017; Captum IntegratedGradients",
     check=_check_ig,

@@ -130,6 +130,7 @@ def _per_input(
 @register(
     "occlusion",
     needs={OWN_PASS},
+    many_passes=True,
     summary="Drop in the target when one token is replaced by the baseline token (Captum Occlusion).",
     citation="Zeiler & Fergus 2014; Captum Occlusion",
     check=_check_occlusion,
@@ -174,6 +175,7 @@ def _sampled(ctx: BatchContext, explainer: type, name: str, n_samples: int, base
 @register(
     "lime",
     needs={OWN_PASS},
+    many_passes=True,
     summary="LIME: a sparse linear model of the target over random token subsets (Captum Lime).",
     citation="Ribeiro et al. 2016; Captum Lime",
     check=_sampled_check("lime"),
@@ -186,6 +188,7 @@ def lime(ctx: BatchContext, n_samples: int = DEFAULT_SAMPLES, baseline: str = "a
 @register(
     "kernelshap",
     needs={OWN_PASS},
+    many_passes=True,
     summary="KernelSHAP: Shapley values of the tokens from a kernel-weighted regression (Captum KernelShap).",
     citation="Lundberg & Lee 2017; Captum KernelShap",
     check=_sampled_check("kernelshap"),

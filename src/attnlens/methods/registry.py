@@ -84,6 +84,8 @@ class Method:
     options: dict[str, Any] = field(default_factory=dict)
     # runs passes in proportion to the input's length (value zeroing: every layer once per token)
     per_token_passes: bool = False
+    # runs many forward passes per input (samples, integration steps, one per token): long enough to show progress
+    many_passes: bool = False
     # why the method cannot explain a model (model, stream, task) -> reason or None, beyond the checks below
     applies: Callable[[Any, str, str], str | None] | None = None
     # the captured tensors whose gradients it reads, when not all differentiable ones (AttCAT: hidden states only)
@@ -177,6 +179,7 @@ def register(
     lrp: bool = False,
     applies: Callable[[Any, str, str], str | None] | None = None,
     per_token_passes: bool = False,
+    many_passes: bool = False,
     differentiate: set[str] | frozenset[str] | None = None,
     logits_only: bool = False,
     forward: Callable[[Any], Any] | None = None,
@@ -200,7 +203,8 @@ def register(
     lacks, a layer index past its depth) cannot explain it, raised as an :class:`InputError` before any pass runs.
     ``own_memory(model, stream, n)``: the bytes per input of ``n`` tokens the method holds beside the shared pass
     in work of its own (DecompX's pass over every stream of an encoder-decoder, attention flow's graph; 0 where
-    none), counted in the budget before any pass runs.
+    none), counted in the budget before any pass runs. ``many_passes``: it runs many forward passes per input
+    (samples, integration steps; ``per_token_passes`` implies it), so a command shows its progress.
     """
     if forward is not None and OWN_PASS not in needs:
         raise ValueError(f"method {name!r}: forward= is for methods that run their own pass (OWN_PASS)")
@@ -228,6 +232,7 @@ def register(
             options=_option_defaults(name, compute),
             applies=applies,
             per_token_passes=per_token_passes,
+            many_passes=many_passes or per_token_passes,
             differentiate=None if differentiate is None else frozenset(differentiate),
             logits_only=logits_only,
             forward=forward,
