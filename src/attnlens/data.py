@@ -286,7 +286,9 @@ def _subset(ds: Dataset, limit: int | None, seed: int) -> Dataset:
     return ds
 
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# a line ends at \n, \r\n or a lone \r (old Mac files); never a \r then a \n apart, even in a longer pattern
+LINE_BREAK = r"(?:\r\n|\r(?!\n)|\n)"
+_LINE_BREAK = re.compile(LINE_BREAK)
 
 
 def text_lines(text: str) -> list[str]:

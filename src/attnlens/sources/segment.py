@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
+from ..data import LINE_BREAK
 from ..errors import InputError
 from ..results.context_attribution import Source
 
 __all__ = ["MODES", "Source", "split_sources"]
 
 MODES = ("sentence", "passage", "line")
-# a line ends at \n, \r\n or a lone \r (old Mac files); a passage at a line that holds only whitespace
-_LINE = r"(?:\r\n|\r(?!\n)|\n)"
-_PASSAGE = rf"{_LINE}\s*{_LINE}"
+# a passage ends at a line that holds only whitespace
+_PASSAGE = rf"{LINE_BREAK}\s*{LINE_BREAK}"
 
 
 def _trimmed(context: str, start: int, end: int) -> Source | None:
@@ -78,7 +78,7 @@ def split_sources(context: str, sources: str | Sequence[Any] = "sentence") -> li
         elif sources == "passage":
             found = _blocks(context, _PASSAGE)
         elif sources == "line":
-            found = _blocks(context, _LINE)
+            found = _blocks(context, LINE_BREAK)
         else:
             raise InputError(f"sources={sources!r}; choose one of {', '.join(MODES)}, or give a list of spans or "
                              "strings")
