@@ -327,10 +327,10 @@ def load_model(name: str, num_labels: int, label_names: list[str] | None, reinit
     names = label_names if label_names and len(label_names) == num_labels else None
     kept = has_head and config.num_labels == num_labels
     head_names = [str(config.id2label.get(i, f"LABEL_{i}")) for i in range(num_labels)] if kept else []
-    if kept and names_classes(head_names) and (names is None or class_order(names, head_names) is not None):
-        pass  # the head keeps its names: the caller numbers the data's classes as the head does (class_order)
-    else:
-        if kept and names_classes(head_names) and names:
+    named_head = kept and names_classes(head_names)
+    # a head that names the data's classes keeps its names: the caller numbers the data's classes as it does
+    if not (named_head and (names is None or class_order(names, head_names) is not None)):
+        if named_head and names:
             log(f"warning: {name} names its classes {', '.join(head_names)}, the data {', '.join(names)}: the "
                 "data's class i trains the head's row i, named as the data names it")
         config.num_labels = num_labels
