@@ -1566,26 +1566,36 @@ def test_fused_pass_is_attnlrp_with_epsilon_zero_or_chefer_only():
             lrp_pass(model, padded_batch(), 0, fused=True, **kwargs)
 
 
+@pytest.mark.parametrize("last_layer_only", [False, True])
 @pytest.mark.parametrize("fused", [False, True])
-def test_a_pass_leaves_nothing_alive_behind(fused):
-    """After each rule set's pass (and the joint one) no pass state survives, so its maps and activations are
-    freed: the state is held by the graph's nodes only weakly (a cycle through autograd's C++ nodes is beyond
-    Python's collector, and every explanation would keep its pass's memory)."""
+def test_a_pass_leaves_nothing_alive_behind(fused, last_layer_only):
+    """After each rule set's pass (and the joint one) no pass state and no tensor of its graph survives, so its
+    maps and activations are freed, also when the backward stops at the last layer and leaves the recomputed
+    layers below it unrun (their checkpoints hold the patched forwards, which hold the state: a cycle through
+    autograd's C++ nodes is beyond Python's collector, and every explanation would keep its pass's memory)."""
     import gc
 
     from attnlens.lrp.state import PassState
 
-    def alive() -> int:
+    def alive() -> tuple[int, int]:
         gc.collect()
-        return sum(isinstance(o, PassState) for o in gc.get_objects())
+        objects = gc.get_objects()
+        return (sum(isinstance(o, PassState) for o in objects),
+                sum(1 for o in objects if type(o) is torch.Tensor and o.grad_fn is not None))
 
     model = strong("llama")
+    lrp_pass(model, padded_batch(), [0, 1, 2], fused=fused)  # a fused pass leaves a few tensors until the next one
     before = alive()
+    assert before[0] == 0
     for rules in ("chefer", "chefer-lrp", "attnlrp", "cp"):
-        lrp_pass(model, padded_batch(), [0, 1, 2], rules=rules, fused=fused and rules in ("chefer", "attnlrp"),
-                 inputs_relevance=rules not in ("chefer", "chefer-lrp"))
-        assert alive() == before, rules
-    lrp_passes(model, padded_batch(), [0, 1, 2], fused=fused)
+        for _ in range(2):  # nothing accumulates from one pass to the next
+            # a fused AttnLRP pass keeps no probabilities, so it has no last layer's to stop at
+            fusable = ("chefer",) if last_layer_only else ("chefer", "attnlrp")
+            lrp_pass(model, padded_batch(), [0, 1, 2], rules=rules, fused=fused and rules in fusable,
+                     inputs_relevance=rules not in ("chefer", "chefer-lrp") and not last_layer_only,
+                     last_layer_only=last_layer_only)
+            assert alive() == before, rules
+    lrp_passes(model, padded_batch(), [0, 1, 2], fused=fused, last_layer_only=last_layer_only)
     assert alive() == before
 
 

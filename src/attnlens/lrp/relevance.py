@@ -268,6 +268,7 @@ def _run(
                       last_factors_only=last_layer_only and not joint, chunk_reader=chunk_reader)
     results = []
     with contextlib.ExitStack() as stack:
+        stack.callback(state.release)  # last out: after the model is restored
         stack.enter_context(torch.enable_grad())
         stack.enter_context(lrp_mode(model, state))
         extra = dict(forward_kwargs or {})

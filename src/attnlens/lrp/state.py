@@ -66,6 +66,17 @@ class PassState:
     # ``(layer, first query row, A (B, H, q, K), R(A) there)``, K the keys the chunk's rows see
     chunk_reader: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None
 
+    def release(self) -> None:
+        """Let go of every tensor and reader the pass recorded (each field rebound, so a result that shares one of
+        its containers keeps it). Called once the pass is done: layers recomputed in the backward hold the patched
+        forwards, which hold this state, so whatever the backward left unrun (the layers below the last, when it
+        stops there) would otherwise keep the state, and the state the graph, in a cycle through autograd's nodes
+        that Python's collector cannot see."""
+        self.probs, self.softmax_inputs, self.other_softmaxes, self.position_inputs = [], [], [], []
+        self.embedding_sum = self.word_embeddings = self.decoder_sum = self.last_output = None
+        self.branches, self.factors, self.output_grads, self.layer_index = {}, {}, {}, {}
+        self.chunk_reader = None
+
     def logits(self, outputs: Any) -> Any:
         """The model's outputs with ``logit_cap`` applied to their logits under the identity rule."""
         if self.logit_cap is not None:
