@@ -277,6 +277,71 @@ def test_alti_matches_loop(bert_case):
     assert abs(want.sum() - 1) < 1e-5  # row-normalised contributions rolled out stay a distribution
 
 
+@pytest.mark.parametrize("blocks", [1, 2, 3, 20])
+def test_quadratic_forms_batched_per_key_match_the_elementwise_products_and_each_pair(blocks):
+    """Σ_hk a^h_ij a^k_ij G_j[h, k] as batched products per key, in any number of blocks of keys (more blocks than
+    keys too), equals the elementwise products and the pair-by-pair ‖Σ_h a^h_ij g^h_j‖² in float64."""
+    from attnlens.methods.decomposition import pair_norms
+
+    gen = torch.Generator().manual_seed(2)
+    b, h, r, n, d = 2, 4, 3, 7, 6
+    a = torch.rand(b, h, r, n, generator=gen)  # float32, as the chunks come
+    g = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    want = torch.zeros(b, r, n, dtype=torch.float64)
+    for e in range(b):
+        for i in range(r):
+            for j in range(n):
+                want[e, i, j] = sum(float(a[e, k, i, j]) * g[e, k, j] for k in range(h)).pow(2).sum()
+    gram = pair_norms.gram_matrices(g)
+    batched = pair_norms._quadratic_batched(a, gram, blocks=blocks)
+    assert batched.dtype == torch.float64
+    torch.testing.assert_close(batched, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pair_norms._quadratic_elementwise(a.double(), gram), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pair_norms.quadratic_rows(a, gram), want, rtol=1e-12, atol=1e-12)
+
+
+def test_norm_rows_with_the_residual_terms_of_every_position_match_each_pair():
+    """‖Σ_h a^h_ij g^h_j + δ_ij m_i‖² at rows placed anywhere in the sequence, from the residual at the rows or
+    from its terms computed once for every position (:class:`ResidualTerms`), equals the pair-by-pair norm."""
+    from attnlens.methods.decomposition import pair_norms
+
+    gen = torch.Generator().manual_seed(3)
+    b, h, n, d = 2, 3, 8, 5
+    at = torch.tensor([6, 1, 3])
+    a = torch.rand(b, h, len(at), n, generator=gen, dtype=torch.float64)
+    g = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    m_all = torch.randn(b, n, d, generator=gen, dtype=torch.float64)
+    want = torch.zeros(b, len(at), n, dtype=torch.float64)
+    for e in range(b):
+        for r, i in enumerate(at.tolist()):
+            for j in range(n):
+                z = sum(a[e, k, r, j] * g[e, k, j] for k in range(h)) + (m_all[e, i] if j == i else 0)
+                want[e, r, j] = (z * z).sum()
+    gram = pair_norms.gram_matrices(g)
+    terms = pair_norms.ResidualTerms.of(g, m_all)
+    torch.testing.assert_close(pair_norms.norm_rows(a, g, gram, terms, at), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pair_norms.norm_rows(a, g, gram, m_all[:, at], at), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["globenc", "attnnorm"])
+def test_norms_on_the_accelerator_path_equal_the_cpu_path(monkeypatch, tokenizer, method):
+    """GlobEnc and attention norm with the quadratic forms batched per key over every key (what an accelerator
+    runs) give the scores of the elementwise products over the keys in use, on a causal LM (whose chunks' later
+    keys are zero) and an encoder."""
+    from attnlens.methods.decomposition import pair_norms
+
+    for family in ("llama", "bert"):
+        ex = Explainer(make_model(family), tokenizer)
+        text = [TEXTS[0]]
+        want = ex.explain(text, methods=[method])[0]
+        with monkeypatch.context() as m:
+            m.setattr(pair_norms, "quadratic_rows", lambda a, gram: pair_norms._quadratic_batched(a, gram, 3))
+            m.setattr(pair_norms, "_keys_to_compute", lambda a, at: a.shape[-1])
+            got = ex.explain(text, methods=[method])[0]
+        np.testing.assert_allclose(got.scores[method], want.scores[method], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(got.layers[method], want.layers[method], rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("path", ["compiled", "blocks"])
 @pytest.mark.parametrize("layout", ["encoder", "causal", "unordered"])
 def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch, layout, path):

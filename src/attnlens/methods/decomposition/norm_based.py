@@ -40,7 +40,7 @@ from .layers import (
     value_terms,
     value_vectors,
 )
-from .pair_norms import Mixing, alti_rows, gram_matrices, norm_matrix, norm_rows, row_normalised
+from .pair_norms import Mixing, ResidualTerms, alti_rows, gram_matrices, norm_matrix, norm_rows, row_normalised
 
 ATTNNORM_VARIANTS = ("attn", "attn_res", "attn_res_ln")
 
@@ -275,10 +275,11 @@ class _GlobEncRows(_ChunkedLayers):
             ln1, ln2 = self.mods["ln1"], self.mods["ln2"]
             transform = functools.partial(_through_both, ln1=ln1, ln2=ln2)
             scale = 1 / (rows.out.std1 * rows.out.std2)
-        if self.g is None:  # f as the summands take it is the same for every chunk of the layer
+        if self.g is None:  # f, and the residual's terms, as the summands take them: once per layer
             self.g = transform(rows.f).double()
             self.gram = gram_matrices(self.g)
-        m = norm_rows(rows.attn, self.g, self.gram, transform(rows.x).double(), rows.at)
+            self.residual = ResidualTerms.of(self.g, transform(self.x))
+        m = norm_rows(rows.attn, self.g, self.gram, self.residual, rows.at)
         m = m.clamp_min(0).sqrt().to(rows.x.dtype)
         return m if scale is None else m * scale
 

@@ -17,6 +17,8 @@ from .layers import Layer
 # (2^19 to 2^23 tried; 12x faster than one (B, rows, N, D) einsum of 2^24 elements); on an accelerator, where each
 # block's kernels are launched from Python, the chunk size of the recomputed maps (row_attention.chunk_elements)
 _ALTI_BLOCK = 2**21
+# blocks of keys of GlobEnc's and attention norm's quadratic forms on an accelerator (_quadratic_batched)
+_QUADRATIC_BLOCKS = 2
 
 
 @dataclass
@@ -38,9 +40,19 @@ def gram_matrices(g: torch.Tensor) -> torch.Tensor:
 
 
 def quadratic_rows(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
-    """``(B, R, N)``: Σ_hk a^h_ij a^k_ij G_j[h, k] for ``a`` ``(B, H, R, N)`` and the symmetric ``gram``
-    ``(B, N, H, H)``, as H(H+1)/2 elementwise products over the rows (a batched ``H × H`` product per key moves the
-    data around more than it computes: five times slower at H = 9)."""
+    """``(B, R, N)`` in float64: Σ_hk a^h_ij a^k_ij G_j[h, k] for ``a`` ``(B, H, R, N)`` and the symmetric ``gram``
+    ``(B, N, H, H)`` (float64).
+
+    On the CPU as H(H+1)/2 elementwise products over the rows (a batched ``H × H`` product per key moves the data
+    around more than it computes there: five times slower at H = 9). On an accelerator each of those products is a
+    kernel launched from Python, so there it is one batched product per key, ``(B·N, R, H) @ (B·N, H, H)``, and a
+    sum: a few kernels per block of keys (:func:`_quadratic_batched`)."""
+    if a.device.type == "cpu":
+        return _quadratic_elementwise(a.double(), gram)
+    return _quadratic_batched(a, gram)
+
+
+def _quadratic_elementwise(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     g = gram.permute(0, 2, 3, 1)  # (B, H, H, N): G[h, k] over the keys
     heads = a.shape[1]
     out = torch.zeros_like(a[:, 0])
@@ -52,6 +64,20 @@ def quadratic_rows(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _quadratic_batched(a: torch.Tensor, gram: torch.Tensor, blocks: int = _QUADRATIC_BLOCKS) -> torch.Tensor:
+    """:func:`quadratic_rows` as ``(a_j G_j) · a_j`` per key j, the keys in ``blocks`` blocks: each block's
+    key-major float64 copy of ``a`` and its product hold four float32s per element of the block, so two blocks
+    hold as much as one float64 copy of the whole ``a`` (what the elementwise products hold)."""
+    b, _, r, n = a.shape
+    out = torch.empty(b, r, n, dtype=torch.float64, device=a.device)
+    step = max(1, -(-n // blocks))
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        ak = a[..., s:e].permute(0, 3, 2, 1).to(torch.float64, memory_format=torch.contiguous_format)  # (B, K, R, H)
+        out[..., s:e] = torch.matmul(ak, gram[:, s:e]).mul_(ak).sum(-1).transpose(1, 2)
+    return out
+
+
 def keys_used(a: torch.Tensor, at: torch.Tensor) -> int:
     """How many leading keys the rows of ``a`` ``(B, H, R, N)`` (positions ``at``) involve: up to the last key any
     row attends to or is (a causal chunk's rows attend to no key after their last one; their terms are 0 there)."""
@@ -59,18 +85,44 @@ def keys_used(a: torch.Tensor, at: torch.Tensor) -> int:
     return max(int(attended[-1]) + 1 if len(attended) else 0, int(at.max()) + 1 if len(at) else 0)
 
 
-def norm_rows(a: torch.Tensor, g: torch.Tensor, gram: torch.Tensor, m: torch.Tensor | None,
+def _keys_to_compute(a: torch.Tensor, at: torch.Tensor) -> int:
+    """The leading keys :func:`norm_rows` computes: :func:`keys_used` on the CPU; every key on an accelerator,
+    where finding the last attended key waits for the device (once per chunk) and costs more than the zero terms
+    after it."""
+    return keys_used(a, at) if a.device.type == "cpu" else a.shape[-1]
+
+
+@dataclass
+class ResidualTerms:
+    """What the residual adds to :func:`norm_rows` at each position i of a layer, computed once per layer:
+    ``cross`` ``(B, H, N)`` = ⟨g^h_i, m_i⟩ and ``square`` ``(B, N)`` = ‖m_i‖², float64."""
+
+    cross: torch.Tensor
+    square: torch.Tensor
+
+    @classmethod
+    def of(cls, g: torch.Tensor, m: torch.Tensor) -> ResidualTerms:
+        """From per-head vectors ``g`` ``(B, H, N, D)`` and the residual ``m`` ``(B, N, D)`` at every position."""
+        m = m.double()
+        return cls(torch.einsum("bhnd,bnd->bhn", g, m), (m * m).sum(-1))
+
+
+def norm_rows(a: torch.Tensor, g: torch.Tensor, gram: torch.Tensor, m: torch.Tensor | ResidualTerms | None,
                at: torch.Tensor) -> torch.Tensor:
     """``(B, R, N)`` in float64: ‖Σ_h α^h_ij g^h_j (+ δ_ij m_i)‖² at the query rows of ``a`` ``(B, H, R, N)``,
-    whose positions are ``at`` ``(R,)``, with ``g`` ``(B, H, N, D)``, its :func:`gram_matrices` and the residual ``m``
-    ``(B, R, D)`` at those rows (``None``: no residual). Keys after :func:`keys_used` give 0 without being
-    computed."""
-    stop = keys_used(a, at)
+    whose positions are ``at`` ``(R,)``, with ``g`` ``(B, H, N, D)``, its :func:`gram_matrices` and the residual:
+    ``m`` ``(B, R, D)`` at those rows, or its :class:`ResidualTerms` at every position (``None``: no residual).
+    On the CPU, keys after :func:`keys_used` give 0 without being computed."""
+    stop = _keys_to_compute(a, at)
     sq = a.new_zeros(a.shape[0], a.shape[2], a.shape[3], dtype=torch.float64)
-    sq[..., :stop] = quadratic_rows(a[..., :stop].double(), gram[:, :stop])
+    sq[..., :stop] = quadratic_rows(a[..., :stop], gram[:, :stop])
     if m is not None:
         rows = torch.arange(a.shape[2], device=a.device)
-        diag = 2 * torch.einsum("bhr,bhrd,brd->br", a[:, :, rows, at].double(), g[:, :, at], m) + (m * m).sum(-1)
+        own = a[:, :, rows, at].double()  # (B, H, R): each row's weights on its own position
+        if isinstance(m, ResidualTerms):
+            diag = 2 * (own * m.cross[:, :, at]).sum(1) + m.square[:, at]
+        else:
+            diag = 2 * torch.einsum("bhr,bhrd,brd->br", own, g[:, :, at], m) + (m * m).sum(-1)
         sq[:, rows, at] += diag
     return sq
 
