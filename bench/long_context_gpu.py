@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import statistics
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +139,9 @@ def one_run(ex: Any, method: str, prompt: list[int], answer: list[int], budget: 
 
 
 def timed_case(bench: Bench, ex: Any, model: str, method: str, prompt: list[int], answer: list[int],
-               budget: str | None = None, options: dict | None = None) -> None:
-    """Warm-up, then timed runs; one row recorded."""
+               budget: str | None = None, options: dict | None = None,
+               finish: Callable[[dict], None] | None = None) -> None:
+    """Warm-up, then timed runs; one row recorded (``finish`` adds to it first)."""
     import torch
 
     row: dict = {"model": model, "method": method, "tokens": len(prompt), "answer_tokens": len(answer)}
@@ -152,7 +155,10 @@ def timed_case(bench: Bench, ex: Any, model: str, method: str, prompt: list[int]
         sync()
         warm = time.perf_counter() - start
         if "refused" in found:
-            bench.record({**row, **found})
+            row.update(found)
+            if finish is not None:
+                finish(row)
+            bench.record(row)
             return
         runs = []
         if warm > 10:  # long enough that start-up costs do not matter: the first run is the timing
@@ -175,6 +181,8 @@ def timed_case(bench: Bench, ex: Any, model: str, method: str, prompt: list[int]
     finally:
         if bench.device.startswith("cuda"):
             torch.cuda.empty_cache()
+    if finish is not None:
+        finish(row)
     bench.record(row)
 
 
@@ -182,11 +190,11 @@ def timed_case(bench: Bench, ex: Any, model: str, method: str, prompt: list[int]
 def _paths() -> Any:
     """Within the block, which paths the passes took: ``fused_lrp`` (an LRP pass ran fused) and ``recomputed``
     (the shared pass recomputed its layers in the backward), counted over both devices."""
-    from attnlens.core import capture
+    from attnlens.core import recomputing
     from attnlens.methods import lrp_methods
 
     found = {"fused_lrp": 0, "recomputed": 0}
-    real_pass, real_recomputed = lrp_methods.lrp_pass, capture.recomputed_layers
+    real_pass, real_recomputed = lrp_methods.lrp_pass, recomputing.recomputed_layers
 
     def lrp_pass(*args: Any, **kwargs: Any) -> Any:
         found["fused_lrp"] += bool(kwargs.get("fused"))
@@ -196,11 +204,11 @@ def _paths() -> Any:
         found["recomputed"] += 1
         return real_recomputed(model)
 
-    lrp_methods.lrp_pass, capture.recomputed_layers = lrp_pass, recomputed
+    lrp_methods.lrp_pass, recomputing.recomputed_layers = lrp_pass, recomputed
     try:
         yield found
     finally:
-        lrp_methods.lrp_pass, capture.recomputed_layers = real_pass, real_recomputed
+        lrp_methods.lrp_pass, recomputing.recomputed_layers = real_pass, real_recomputed
 
 
 def agreement(bench: Bench, model_dir: Path, text: str, n: int) -> None:
@@ -263,40 +271,61 @@ def agreement(bench: Bench, model_dir: Path, text: str, n: int) -> None:
 
 
 def run_one(args: argparse.Namespace, case: dict) -> None:
-    """One case in a fresh process, so that its peak holds nothing of another case's."""
+    """One case in a fresh process, so that its peak holds nothing of another case's: its row on the last line of
+    stdout."""
+    bench = Bench(args.out / "cases", args.device, quiet=True)
+    run_cases(bench, args, case["model"], [case])
+    print(json.dumps(bench.results[-1]), flush=True)
+
+
+def run_cases(bench: Bench, args: argparse.Namespace, model: str, cases: list[dict]) -> None:
+    """``cases`` of one model, one after another in this process on one model built once. Each row records the
+    memory allocated when it started (``start_gib``): where that is the weights' (``weights_gib``), nothing of an
+    earlier case was left and its peak is its own."""
     import torch
 
-    bench = Bench(args.out / "cases", args.device, quiet=True)
     text = args.text.read_text(encoding="utf-8")
-    if case["model"] == "smollm2":
+    if model == "smollm2":
         ex = build(args.model_dir, args.device, torch.float32)
     else:
         longest = max(args.big_lengths) + args.answer
         ex = build(args.model_dir, args.device, torch.bfloat16,
                    {**args.big_overrides, "max_position_embeddings": longest})
-    prompt, answer = prompt_ids(ex, text, case["tokens"], args.answer)
     cuda = args.device.startswith("cuda")
     if cuda and args.no_math_sdp:  # a call that would fall back to the math kernel fails, naming itself
         torch.backends.cuda.enable_math_sdp(False)
-    if cuda and args.snapshot:
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
     weights = torch.cuda.memory_allocated() / 2**30 if cuda else None
-    timed_case(bench, ex, case["model"], case["method"], prompt, answer, budget=case["budget"])
-    row = bench.results[-1]
-    if weights is not None and "peak_gib" in row and case["method"] != "plain":
-        from attnlens.core.memory import DEFAULT_BUDGET, parse_budget
+    for case in cases:
+        if time.perf_counter() - bench.start > args.deadline:
+            bench.record({**case, "answer_tokens": args.answer, "skipped": "deadline"})
+            continue
+        prompt, answer = prompt_ids(ex, text, case["tokens"], args.answer)
+        gc.collect()
+        if cuda and args.snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+        start = torch.cuda.memory_allocated() / 2**30 if cuda else None
 
-        budget = (parse_budget(case["budget"]) if case["budget"] else DEFAULT_BUDGET) / 2**30
-        row["weights_gib"] = weights
-        # the promise: a run's peak stays within the budget and the weights, plus 10%
-        row["within_promise"] = row["peak_gib"] <= 1.1 * (budget + weights)
-    if cuda and args.snapshot:
-        name = f"snapshot_{case['model']}_{case['method']}_{case['tokens']}.pickle"
-        torch.cuda.memory._dump_snapshot(str(args.out / name))
-        row["snapshot"] = name
-        summary = args.out / name.replace(".pickle", ".peak.txt")
-        summary.write_text(snapshot_peak(args.out / name), encoding="utf-8")
-    print(json.dumps(row), flush=True)
+        def finish(row: dict, case: dict = case, start: float | None = start) -> None:
+            if start is not None:
+                row["weights_gib"], row["start_gib"] = weights, start
+            if weights is not None and "peak_gib" in row and case["method"] != "plain":
+                from attnlens.core.memory import DEFAULT_BUDGET, parse_budget
+
+                budget = (parse_budget(case["budget"]) if case["budget"] else DEFAULT_BUDGET) / 2**30
+                # the promise: a run's peak stays within the budget and the weights, plus 10%
+                row["within_promise"] = row["peak_gib"] <= 1.1 * (budget + weights)
+            if cuda and args.snapshot:
+                name = f"snapshot_{model}_{case['method']}_{case['tokens']}.pickle"
+                torch.cuda.memory._dump_snapshot(str(args.out / name))
+                torch.cuda.memory._record_memory_history(enabled=None)
+                row["snapshot"] = name
+                summary = args.out / name.replace(".pickle", ".peak.txt")
+                summary.write_text(snapshot_peak(args.out / name), encoding="utf-8")
+
+        timed_case(bench, ex, model, case["method"], prompt, answer, budget=case["budget"], finish=finish)
+    del ex
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 def _stack(frames: list[dict], depth: int = 7) -> str:
@@ -394,7 +423,7 @@ def main() -> None:
     p.add_argument("--text", type=Path, required=True, help="plain text for the prompts")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8176])
+    p.add_argument("--lengths", type=int, nargs="*", default=[1024, 2048, 4096, 8176])
     p.add_argument("--methods", nargs="+", default=["plain", *FAST, *HEAVY])
     p.add_argument("--agree-length", type=int, default=96, help="prompt tokens of the GPU-against-CPU check (0: skip)")
     p.add_argument("--slow-length", type=int, default=2048)
@@ -412,6 +441,9 @@ def main() -> None:
     p.add_argument("--snapshot", action="store_true",
                    help="write each case's CUDA memory snapshot (torch.cuda.memory._dump_snapshot) to OUT, and a "
                         "summary of what is alive at its peak")
+    p.add_argument("--in-process", action="store_true",
+                   help="run each model's cases one after another in one process (each row's start_gib says whether "
+                        "an earlier case left memory behind)")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
 
@@ -435,6 +467,12 @@ def main() -> None:
         if args.slow_length:
             cases += [("smollm2", m, args.slow_length, None) for m in ["plain", *SLOW]]
         cases += [("llama-1b", m, n, args.big_budget) for n in args.big_lengths for m in args.big_methods]
+        if args.in_process:  # each model's cases in one process (no start-up per case: cheaper on a lent machine)
+            for model in dict.fromkeys(c[0] for c in cases):
+                mine = [{"model": m, "method": method, "tokens": n, "budget": budget}
+                        for m, method, n, budget in cases if m == model]
+                run_cases(bench, args, model, mine)
+            return
         for model, method, n, budget in cases:
             row = {"model": model, "method": method, "tokens": n, "answer_tokens": args.answer}
             left = args.deadline - (time.perf_counter() - bench.start)
