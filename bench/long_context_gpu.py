@@ -13,7 +13,9 @@ On ``--device`` (default ``cuda``):
 4. **1B table**: a Llama of 1.07B parameters (hidden 2048, 16 layers, 32 heads, 8 key/value heads, MLP 8192, the
    SmolLM2 tokenizer's vocabulary) in bfloat16 at ``--big-lengths`` tokens, with ``--big-budget``.
 
-Each case of the tables runs in a fresh process, so that its peak holds nothing of another case's: once to warm
+Each case of the tables runs in a fresh process, so that its peak holds nothing of another case's (``--in-process``:
+each model's cases one after another in one process, each row with the memory allocated when it started,
+``start_gib``, beside the weights' ``weights_gib``; much cheaper where a process takes seconds to start): once to warm
 up, then timed (the median of three where the warm-up took under two seconds; the first run itself where it took
 over ten). ``peak_gib`` is ``torch.cuda.max_memory_allocated`` over all its runs, the weights included
 (``weights_gib``); ``within_promise`` says whether it stayed within the memory budget and the weights, plus 10%.
