@@ -13,9 +13,10 @@ from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
 from test_architectures import ZOO
 from transformers.models.gptj.modeling_gptj import GPTJAttention
 
-from attnlens import Explainer
+from attnlens import Explainer, InputError
 from attnlens.core import capture, memory, row_attention
 from attnlens.core import engine as engine_module
+from attnlens.errors import ModelError
 from attnlens.methods import registry
 from attnlens.testing.tiny_models import build_tiny
 
@@ -539,3 +540,37 @@ def test_decompx_holds_the_attention_through_fused_attention_or_chunks_as_the_wh
     _assert_same(lean, full, ["decompx"])
     for a, b in zip(lean, full, strict=True):
         assert float(a.meta["decompx"]["bias"]) == pytest.approx(float(b.meta["decompx"]["bias"]), abs=1e-5)
+
+
+def test_no_method_keeps_its_pass_alive_after_explaining(monkeypatch):
+    """Every method, with its passes recomputing their layers (the long-input paths), leaves no tensor of an
+    autograd graph and no LRP pass state alive once it returned, however often it runs: a cycle through autograd's
+    nodes would keep each call's activations, and a series of explanations would outgrow any budget."""
+    import gc
+
+    from attnlens.lrp.state import PassState
+
+    def alive() -> tuple[int, int]:
+        gc.collect()
+        objects = gc.get_objects()
+        return (sum(isinstance(o, PassState) for o in objects),
+                sum(1 for o in objects if type(o) is torch.Tensor and o.grad_fn is not None))
+
+    ex = Explainer(make_model("llama"), make_tokenizer())
+    real = memory.pass_row_bytes
+    for module in (engine_module, memory):
+        monkeypatch.setattr(module, "pass_row_bytes",
+                            lambda d, n, s: 1 if s.recompute else (2**30 if s.backward else real(d, n, s)))
+    ex.explain(TEXTS[:1], methods=["partiallrp"], memory_budget="256MiB")  # one-off allocations of a first pass
+    before = alive()
+    ran = []
+    for method in registry.list_methods():
+        for _ in range(2):
+            try:
+                ex.explain(TEXTS[:1], methods=[method], memory_budget="256MiB")
+            except (InputError, ModelError):  # not for this model
+                break
+        else:
+            ran.append(method)
+        assert alive() == before, method
+    assert {"partiallrp", "attnlrp", "transatt", "attcat", "grads", "gae", "globenc", "integratedgradients"} <= set(ran)
