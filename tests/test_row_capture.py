@@ -574,3 +574,47 @@ def test_no_method_keeps_its_pass_alive_after_explaining(monkeypatch):
             ran.append(method)
         assert alive() == before, method
     assert {"partiallrp", "attnlrp", "transatt", "attcat", "grads", "gae", "globenc", "integratedgradients"} <= set(ran)
+
+
+@pytest.mark.parametrize("family", ["bart", "mbart", "opt", "llama"])
+def test_recomputed_layers_run_in_eval_mode(family):
+    """transformers checkpoints a layer only while its own training flag is set, and BART's, mBART's and OPT's
+    layers apply dropout by that flag: under recomputation their outputs and gradients are those of the model in
+    eval mode, with a graph and without, and the flags are back afterwards."""
+    from attnlens.models.recompute import recomputed_layers
+
+    model = build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP).double()
+    assert any(getattr(m, "dropout", 0) for m in model.modules()) or family == "llama"
+    ids = torch.tensor([[CLS, *range(5, 30), SEP]])
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:  # the logits and their gradient at the embedding table
+        with torch.enable_grad():
+            logits = model(input_ids=ids, use_cache=False).logits
+            (grad,) = torch.autograd.grad(logits.sum(), model.get_input_embeddings().weight)
+        return logits.detach(), grad
+
+    want, want_grad = run()
+    with recomputed_layers(model) as switched:
+        assert switched > 0
+        for _ in range(2):
+            got, got_grad = run()
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got_grad, want_grad, rtol=1e-10, atol=1e-12)
+        with torch.no_grad():
+            torch.testing.assert_close(model(input_ids=ids, use_cache=False).logits, want, rtol=1e-12, atol=1e-12)
+    assert all(not m.training for m in model.modules())
+
+
+def test_integrated_gradients_with_recomputed_layers_of_a_model_with_dropout(monkeypatch):
+    """Integrated gradients on BART, its layers recomputed in the backward (a budget only that fits), equals the run
+    that keeps the activations: no dropout in the recomputed layers."""
+    ex = Explainer(make_model("bart").double(), make_tokenizer())
+    options = {"integratedgradients": {"n_steps": 8}}
+    want = ex.explain(TEXTS[:1], methods=["integratedgradients"], options=options)[0]
+    real = memory.pass_row_bytes
+    for module in (engine_module, memory):
+        monkeypatch.setattr(module, "pass_row_bytes",
+                            lambda d, n, s: 1 if s.recompute else (2**30 if s.backward else real(d, n, s)))
+    got = ex.explain(TEXTS[:1], methods=["integratedgradients"], options=options, memory_budget="256MiB")[0]
+    np.testing.assert_allclose(got.scores["integratedgradients"], want.scores["integratedgradients"],
+                               rtol=1e-9, atol=1e-12)
