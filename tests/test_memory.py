@@ -986,3 +986,23 @@ def test_live_tensor_peak_counts_what_is_alive_at_once():
         z.backward()
     assert held == 4000 + 4  # exp's result (kept for the backward) and the sum
     assert live.peak >= held
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "t5", "albert"])
+def test_the_feed_forward_probe_leaves_nothing_alive(family):
+    """Counting what a feed-forward saves runs a probe with gradients; its activation functions save their own
+    outputs (tanh, ReLU), and nothing of the probe may outlive the count (a cycle through autograd would keep it,
+    the first layer's weights with it, for as long as the process runs)."""
+    import gc
+
+    from attnlens.models.feed_forward import feed_forward_saved_vectors
+
+    def graph_tensors() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o) is torch.Tensor and o.grad_fn is not None)
+
+    before = graph_tensors()
+    model = make_model(family)
+    hidden = getattr(model.config, "hidden_size", None) or model.config.d_model
+    assert feed_forward_saved_vectors(model, hidden, torch.float32) > 0
+    assert graph_tensors() == before

@@ -77,11 +77,21 @@ def saved_storages(parameters: Iterable[torch.Tensor]) -> Iterator[dict[int, int
     skipped = {p.untyped_storage().data_ptr() for p in parameters}
     saved: dict[int, int] = {}
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    held: list[torch.Tensor] = []  # alive as in a real pass, until the block ends: no address is reused
+
+    def pack(tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in skipped:
             saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
+        # held here, not by the graph: an operation that saves its own output (tanh, ReLU) would otherwise hold it
+        # through its own node, a cycle through autograd that Python's collector cannot free
+        held.append(tensor)
 
-    with saved_tensors_hooks(pack, lambda tensor: tensor):
-        yield saved
+    def unpack(_: None) -> torch.Tensor:
+        raise RuntimeError("saved_storages records sizes only; no backward runs through its block")
+
+    try:
+        with saved_tensors_hooks(pack, unpack):
+            yield saved
+    finally:
+        held.clear()
