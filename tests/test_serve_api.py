@@ -367,6 +367,19 @@ def test_the_cache_of_results_is_bounded_in_bytes_and_a_dropped_result_says_so()
     assert job.future.result(timeout=10).state == DONE and alone.cached("k") == big
 
 
+def test_jobs_and_the_cache_keep_a_digest_of_each_request_not_its_texts():
+    """A request's key holds every text it sent; the queue keeps hundreds of jobs and the cache's bound counts
+    results only, so what both keep of a key is a fixed-size digest, and equal requests still meet."""
+    queue = JobQueue()
+    long_key = "explain:" + "a review of twenty thousand characters " * 500
+    first = queue.submit("m", "attention", long_key, lambda job: [1, 2, 3])
+    assert first.future.result(timeout=10).state == DONE
+    again = queue.submit("m", "attention", long_key, lambda job: [4])
+    assert again.cached and again.result == [1, 2, 3] and queue.cached(long_key) == [1, 2, 3]
+    assert queue.cached(long_key + " ") is None
+    assert all(len(job.key) == 64 for job in (first, again))
+
+
 def test_the_memory_budget_bounds_every_computation_of_the_server(served):
     """Within 64 MiB the attention view of a long text and its explanation by attention flow are refused in one
     line before the model runs; a short text is explained."""

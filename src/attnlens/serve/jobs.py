@@ -9,6 +9,7 @@ for any error (the model is left as it was). A job cancelled while it waits neve
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 import time
@@ -74,6 +75,12 @@ class Job:
         return out
 
 
+def digest(key: str) -> str:
+    """What a job and the cache keep of a request's key: its SHA-256, so that requests holding long texts (a key
+    holds every text) keep a few dozen bytes each, not their texts, outside the cache's byte bound."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class JobQueue:
     """One FIFO worker for every model, the jobs it ran (the latest ``keep``) and a cache of at most ``cache_size``
     results taking at most ``cache_bytes`` together (the newest is kept whatever its size, until the next comes).
@@ -92,6 +99,7 @@ class JobQueue:
     def submit(self, model: str, kind: str, key: str, compute: Callable[[Job], Any]) -> Job:
         """A job computing ``compute(job)`` (on ``model``) in the queue; a result cached under ``key`` (or a job
         with that key still under way) is answered without computing again."""
+        key = digest(key)
         with self._lock:
             if key in self._cache:
                 result, notes, _ = self._cache[key]
@@ -149,14 +157,14 @@ class JobQueue:
     def cached(self, key: str) -> Any:
         """The cached result under ``key``, or None."""
         with self._lock:
-            hit = self._cache.get(key)
+            hit = self._cache.get(digest(key))
             return None if hit is None else hit[0]
 
     def remember(self, key: str, result: Any) -> None:
         """Cache ``result`` under ``key`` (a by-product of another job, e.g. the explanations faithfulness needs)."""
         size = approximate_bytes(result)
         with self._lock:
-            self._store(key, result, [], size)
+            self._store(digest(key), result, [], size)
 
     def _store(self, key: str, result: Any, notes: list[str], size: int) -> None:
         """Cache ``result`` (``size`` bytes) under ``key``, the lock held; let the oldest go beyond the bounds."""
