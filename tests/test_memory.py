@@ -217,6 +217,18 @@ def test_accelerators_recompute_attention_in_larger_chunks():
                                         memory.RULE_CHUNK_COPIES, row_attention.BACKWARD_CHUNK_ELEMENTS)):
         extra = pass_row_bytes(dims, n, storage) - pass_row_bytes(dataclasses.replace(dims, device="cpu"), n, storage)
         assert extra == copies * (row_attention.DEVICE_CHUNK_ELEMENTS - cpu_chunk) * dims.itemsize
+    # received attention (AttCAT) and head means (flow): reduced from recomputed chunks on an accelerator, by one
+    # more fused attention on a CPU
+    for storage in (Storage(eager=False, received=True), Storage(eager=False, means=True)):
+        extra = pass_row_bytes(dims, n, storage) - pass_row_bytes(dataclasses.replace(dims, device="cpu"), n, storage)
+        assert extra == memory.REDUCED_CHUNK_COPIES * row_attention.DEVICE_CHUNK_ELEMENTS * dims.itemsize
+    # ALTI's hidden-size wide block of vectors on an accelerator (its compiled loop writes none on a CPU)
+    from attnlens.methods import get_method
+
+    alti = get_method("alti").own_memory
+    assert alti(make_model("gpt2"), "encoder", n) == 0
+    assert alti(make_model("gpt2").to("meta"), "encoder", 8) == 8 * 8 * dims.hidden * 4
+    assert alti(make_model("gpt2").to("meta"), "encoder", n) == row_attention.DEVICE_CHUNK_ELEMENTS * 4
 
 
 def test_row_estimates_grow_with_length_and_fit():

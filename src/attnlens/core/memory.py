@@ -55,6 +55,9 @@ FORWARD_LAYER_VECTORS = 4
 # chunks of recomputed probabilities alive at once while a method reads every layer's maps chunk by chunk
 # (scores, probabilities, their gradient and the reduction's temporaries; attention_chunks.py)
 CHUNK_COPIES = 8
+# chunks alive at once while received attention or head means are reduced from recomputed probabilities (the
+# scores, the probabilities and their mean over heads; row_attention._received / _head_means)
+REDUCED_CHUNK_COPIES = 3
 # the same in the backward of a fused LRP pass under Chefer et al.'s rules (scores, probabilities, their gradient,
 # the softmax's ratio, the scores' gradient and a temporary; lrp/state.py)
 RULE_CHUNK_COPIES = 6
@@ -304,6 +307,11 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     kept += dims.activation_vectors * n * d * storage.layer_graph
     chunks = storage.factors or storage.chunked
     kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * chunks * _widening(dims)
+    # received attention and head means recomputed chunk by chunk in the forward: on a CPU mostly by one more fused
+    # attention (a chunk of 2^20 where a mask rules it out), on an accelerator always, in chunks of 2^24
+    reduced = (storage.received or storage.means) and not chunks and dims.device != "cpu"
+    kept += REDUCED_CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * reduced \
+        * _widening(dims)
     # the decomposition methods that read chunks (GlobEnc, ALTI) or rows (attention norm) hold one layer's per-head
     # value vectors at a time: two float32 copies and one in float64, four float32s' worth (GlobEnc on BERT-base at
     # 1,024 tokens; attention norm on MiniLM, 14 rows of 256 tokens: 20.8 MiB a row, 8.7 without them)

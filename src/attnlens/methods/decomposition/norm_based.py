@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ...core.batch_state import BatchContext
+from ...core.memory import model_dims
 from ...errors import InputError
 from ...models.architectures import architecture_for
 from ...models.layer_modules import module_at
@@ -40,7 +41,16 @@ from .layers import (
     value_terms,
     value_vectors,
 )
-from .pair_norms import Mixing, ResidualTerms, alti_rows, gram_matrices, norm_matrix, norm_rows, row_normalised
+from .pair_norms import (
+    Mixing,
+    ResidualTerms,
+    alti_block,
+    alti_rows,
+    gram_matrices,
+    norm_matrix,
+    norm_rows,
+    row_normalised,
+)
 
 ATTNNORM_VARIANTS = ("attn", "attn_res", "attn_res_ln")
 
@@ -341,12 +351,18 @@ def globenc(ctx: BatchContext, normalize: bool | None = None) -> MethodOutput:
     return MethodOutput(layers[:, -1], layers)
 
 
-def _alti_plus_pass_bytes(model: Any, stream: str, n: int) -> int:
-    """On an encoder-decoder's decoder and cross streams ALTI runs ALTI+'s pass of its own over every stream: its
-    bytes per input of ``n`` tokens, whose decoder reads as many (a generation's fewer: an upper bound)."""
+def _alti_own_bytes(model: Any, stream: str, n: int) -> int:
+    """ALTI's bytes per input of ``n`` tokens beside the shared pass. On an encoder-decoder's decoder and cross
+    streams, ALTI+'s pass of its own over every stream, whose decoder reads as many tokens (a generation's fewer:
+    an upper bound). On an accelerator, the block of vectors t_ij it forms, hidden-size wide
+    (:func:`~attnlens.methods.decomposition.pair_norms.alti_rows`): on short inputs more than the chunks of
+    probabilities the shared estimate counts."""
     if stream in ("decoder", "cross") and getattr(model.config, "is_encoder_decoder", False):
         return stream_pass_bytes(model, n, n)
-    return 0
+    dims = model_dims(model)
+    if dims.device == "cpu":  # a compiled loop, nothing written to memory
+        return 0
+    return min(alti_block(dims.device), n * n * dims.hidden) * max(dims.itemsize, 4)
 
 
 @register(
@@ -354,7 +370,7 @@ def _alti_plus_pass_bytes(model: Any, stream: str, n: int) -> int:
     needs={ATTENTION_CHUNKS, HIDDEN},
     class_specific=False,
     applies=applicability("alti", streams=("encoder", "decoder", "cross")),
-    own_memory=_alti_plus_pass_bytes,
+    own_memory=_alti_own_bytes,
     summary="ALTI: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = LN1(z_ij), y_i = LN1's output (pre-LN "
     "decoders: T_i(x_j) = z_ij, y_i the residual stream after attention), rows normalised to 1, rolled out over "
     "layers; s_j = (C^L···C^1)[c, j]. Encoder-decoders' decoder and cross streams: ALTI+, the target prefix's and "
