@@ -45,7 +45,8 @@ def recomputed_layers(model: nn.Module) -> Iterator[int]:
             own = m.__dict__.get("forward")
             # an instance's own forward (an LRP rule's) bypasses the class's checkpointing; the class's runs the
             # layer as it is where no gradient is taken
-            m.forward = partial(_recomputed, m, own) if own is not None else partial(_as_built_without_graph, m, m.forward)
+            m.forward = (partial(_recomputed, m, own) if own is not None
+                         else partial(_as_built_without_graph, m, m.forward))
         yield len(layers)
     finally:
         for m, (values, training) in zip(layers, saved, strict=True):
