@@ -132,12 +132,29 @@ def test_a_file_is_split_at_newlines_only(tmp_path, separator):
     ({"text_b": "only"}, '"text_b" without "text_a"; a pair needs both'),
     ({"text_a": "a", "text_b": None}, "field 'text_b' is null, not a text string"),
     ({"text": "   "}, "the text is empty or whitespace only"),
+    ({"hypothesis": "h"}, '"hypothesis" without "premise"; a pair needs both'),
+    ({"premise": "p", "hypothesis": "h", "question1": "q", "question2": "r"},
+     "holds two pairs (premise/hypothesis and question1/question2); give one"),
+    ({"label": 1}, 'no "text" field (or a pair: text_a/text_b, premise/hypothesis, question1/question2, '
+                   'sentence1/sentence2)'),
 ])
 def test_a_json_line_that_is_not_one_text_or_one_pair_is_named(model_dir, tmp_path, capsys, line, message):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps(line) + "\n", encoding="utf-8")
     assert main(["explain", "--model", model_dir, "--file", str(bad), "--methods", "rawatt"]) == 2
     assert capsys.readouterr().err.strip() == f"attnlens: error: --file {bad}, line 2: {message}"
+
+
+def test_a_file_names_its_pairs_as_data_sets_do(tmp_path):
+    """``--file`` reads a sentence pair under any of the field names ``load_dataset`` reads (MNLI's premise and
+    hypothesis, QQP's question1 and question2, ...), in the file's order."""
+    from attnlens.cli.explain import read_texts
+    from attnlens.data import PAIR_KEYS
+
+    rows = [{a: f"first {a}", b: f"second {b}", "label": 0} for a, b in PAIR_KEYS] + [{"text": "alone"}]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
+    assert read_texts(str(path)) == [(f"first {a}", f"second {b}") for a, b in PAIR_KEYS] + ["alone"]
 
 
 def test_debug_shows_the_traceback(model_dir):

@@ -347,7 +347,8 @@ def row_text(row: dict[str, Any], key: str, where: str) -> str:
 
 
 _TEXT_KEYS = ("text", "sentence", "content", "review")
-_PAIR_KEYS = (("text_a", "text_b"), ("premise", "hypothesis"), ("question1", "question2"), ("sentence1", "sentence2"))
+# the field names of a sentence pair in a JSON Lines row, first and second text (load_dataset, explain --file)
+PAIR_KEYS = (("text_a", "text_b"), ("premise", "hypothesis"), ("question1", "question2"), ("sentence1", "sentence2"))
 
 
 def _load_file(
@@ -391,7 +392,7 @@ def _row_example(row: dict[str, Any], lineno: int, path: Path) -> tuple[Example,
         except (TypeError, ValueError):
             raise InputError(f"{path}:{lineno}: label must be an integer class id, got {label!r}") from None
     where = f"{path}:{lineno}"
-    for a, b in _PAIR_KEYS:
+    for a, b in PAIR_KEYS:
         if a in row and b in row:
             return Example(ident, [row_text(row, a, where), row_text(row, b, where)], label), "pair"
     for k in _TEXT_KEYS:
@@ -402,7 +403,7 @@ def _row_example(row: dict[str, Any], lineno: int, path: Path) -> tuple[Example,
             return Example(ident, text, label), "classification"
     raise InputError(
         f"{path}:{lineno}: a row needs 'text' (or {', '.join(_TEXT_KEYS[1:])}) or a pair "
-        f"({', '.join('/'.join(p) for p in _PAIR_KEYS)}); got keys {sorted(row)}"
+        f"({', '.join('/'.join(p) for p in PAIR_KEYS)}); got keys {sorted(row)}"
     )
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..data import row_text, text_lines
+from ..data import PAIR_KEYS, row_text, text_lines
 from ..errors import InputError, ModelError
 from ..paths import atomic_write_text, check_output_path
 from ..viz.safetext import terminal_safe
@@ -26,7 +26,8 @@ def default_model() -> str | None:
 
 
 def read_texts(path: str) -> list[Any]:
-    """Texts from a file: one per line, or JSON Lines with ``text`` or ``text_a`` + ``text_b`` per line.
+    """Texts from a file: one per line, or JSON Lines with ``text`` or a sentence pair per line (``text_a`` +
+    ``text_b``, or the other field names :data:`attnlens.data.PAIR_KEYS` lists, as ``load_dataset`` reads).
 
     The file is JSON Lines when its first non-blank line is a JSON object, plain text lines otherwise (so a
     text such as ``{braces} are fun`` is a text); a file that mixes both, or holds one multi-line JSON
@@ -54,15 +55,19 @@ def read_texts(path: str) -> list[Any]:
         if row is None:
             texts.append(line.strip())
             continue
-        pair = [k for k in ("text_a", "text_b") if k in row]
-        if "text" in row and pair:
-            raise InputError(f'{where}: holds both "text" and "{pair[0]}"; give one text or one pair')
-        if len(pair) == 1:
-            missing = "text_b" if pair == ["text_a"] else "text_a"
-            raise InputError(f'{where}: "{pair[0]}" without "{missing}"; a pair needs both')
-        if "text" not in row and not pair:
-            raise InputError(f'{where}: no "text" (or "text_a" and "text_b") field')
-        parts = [row_text(row, key, where) for key in (pair or ["text"])]
+        named = [k for keys in PAIR_KEYS for k in keys if k in row]
+        pairs = [keys for keys in PAIR_KEYS if all(k in row for k in keys)]
+        if "text" in row and named:
+            raise InputError(f'{where}: holds both "text" and "{named[0]}"; give one text or one pair')
+        if len(pairs) > 1:
+            raise InputError(f'{where}: holds two pairs ({" and ".join("/".join(p) for p in pairs)}); give one')
+        half = next(((a, b) for a, b in PAIR_KEYS if (a in row) != (b in row)), None)
+        if half is not None:
+            there, missing = half if half[0] in row else half[::-1]
+            raise InputError(f'{where}: "{there}" without "{missing}"; a pair needs both')
+        if "text" not in row and not pairs:
+            raise InputError(f'{where}: no "text" field (or a pair: {", ".join("/".join(p) for p in PAIR_KEYS)})')
+        parts = [row_text(row, key, where) for key in (pairs[0] if pairs else ("text",))]
         if any(not p.strip() for p in parts):
             raise InputError(f"{where}: the text is empty or whitespace only")
         texts.append(parts[0] if len(parts) == 1 else tuple(parts))
@@ -105,7 +110,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "generates) with attention-based (and gradient) methods.",
     )
     p.add_argument("texts", nargs="*", help="texts to explain (or use --file)")
-    p.add_argument("--file", help="JSON Lines with text (or text_a + text_b) per line when the first non-blank line "
+    p.add_argument("--file", help="JSON Lines with text (or a pair: text_a + text_b, premise + hypothesis, "
+                   "question1 + question2, sentence1 + sentence2) per line when the first non-blank line "
                    "is a JSON object, else one text per line; a file mixing both is refused")
     p.add_argument("--model", help="HF model directory, hub id or shorthand (default: $ATTNLENS_MODEL)")
     p.add_argument("--methods", default="all", help="comma-separated method ids, or 'all' (default: every method "
