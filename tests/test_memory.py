@@ -1018,3 +1018,21 @@ def test_the_feed_forward_probe_leaves_nothing_alive(family):
     hidden = getattr(model.config, "hidden_size", None) or model.config.d_model
     assert feed_forward_saved_vectors(model, hidden, torch.float32) > 0
     assert graph_tensors() == before
+
+
+@pytest.mark.parametrize(("family", "recomputes"), [("albert", False), ("llama", True), ("bert", True)])
+def test_a_pass_recomputes_its_layers_only_where_the_model_can(family, recomputes):
+    """ALBERT's one shared layer is none of transformers' checkpointing layers: a backward over it keeps every
+    layer's activations whatever the budget, so the estimate must count them, not a recomputation that would not
+    happen."""
+    from attnlens.core.memory import fitting
+    from attnlens.models.recompute import recomputable
+
+    model = make_model(family)
+    dims = model_dims(model)
+    assert dims.recomputable is recomputable(model) is recomputes
+    fused = Storage(eager=False, backward=True)
+    planned = fitting(dims, 512, fused, budget=1)
+    assert planned.recompute is recomputes
+    assert pass_row_bytes(dims, 512, planned) == pass_row_bytes(dims, 512, dataclasses.replace(fused,
+                                                                                                recompute=recomputes))

@@ -131,7 +131,7 @@ class PassCost:
             return None
         storage = fitting(self.dims, n, self.shared_storage, self.budget)
         if (self.own_storages or self.own_memories) and storage.backward and not storage.eager \
-                and not storage.recompute:
+                and not storage.recompute and self.dims.recomputable:
             held = pass_row_bytes(self.dims, n, storage)
             if held + self._own(n, self._left(held)) > self.budget:
                 return dataclasses.replace(storage, recompute=True)

@@ -24,9 +24,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
+
 from ..errors import InputError, ModelError
 from ..models.architectures import PositionTerms, architecture_for
 from ..models.feed_forward import feed_forward_saved_vectors
+from ..models.recompute import recomputable
 from . import row_attention
 from .allocator import BUDGET_SHARE, for_budget_share, for_layer_blocks
 
@@ -118,6 +121,9 @@ class Dims:
     # H x N x N maps per attention an eager backward keeps beside the probabilities (soft-capped scores, Gemma 2's:
     # the tanh keeps its output)
     score_maps: int = 0
+    # whether a backward can recompute the model's layers instead of keeping their activations (transformers'
+    # checkpointing layers: models.recompute.recomputable; ALBERT's shared layer is none)
+    recomputable: bool = True
 
     @property
     def maps(self) -> int:
@@ -162,7 +168,8 @@ def model_dims(model: Any) -> Dims:
         activation = max(activation, math.ceil(LAYER_VECTORS + ffn))
         forward = max(forward, math.ceil(FORWARD_LAYER_VECTORS + ffn))
     return Dims(layers + decoder, heads, hidden, itemsize, logits, device, layers + 2 * decoder,
-                *_extra_maps(cfg), score_maps=capped, activation_vectors=activation, forward_vectors=forward)
+                *_extra_maps(cfg), score_maps=capped, activation_vectors=activation, forward_vectors=forward,
+                recomputable=isinstance(model, nn.Module) and recomputable(model))
 
 
 def _extra_maps(config: Any) -> tuple[int, int, int, PositionTerms]:
@@ -370,10 +377,10 @@ def forward_row_bytes(dims: Dims, n: int) -> int:
 
 
 def fitting(dims: Dims, n: int, storage: Storage, budget: int) -> Storage:
-    """``storage``, recomputing layers in the backward when that is possible (fused attention) and keeping their
-    activations would not fit ``budget`` for one row of ``n`` tokens (recomputation costs about one more
-    forward)."""
-    if storage.backward and not storage.eager and pass_row_bytes(dims, n, storage) > budget:
+    """``storage``, recomputing layers in the backward when that is possible (fused attention, a model whose layers
+    can be recomputed) and keeping their activations would not fit ``budget`` for one row of ``n`` tokens
+    (recomputation costs about one more forward)."""
+    if storage.backward and not storage.eager and dims.recomputable and pass_row_bytes(dims, n, storage) > budget:
         return dataclasses.replace(storage, recompute=True)
     return storage
 

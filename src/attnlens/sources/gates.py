@@ -32,7 +32,6 @@ attention computes it, which ``queries="after"`` keeps to a few rows (``queries=
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -66,7 +65,6 @@ from ..core.row_attention import (
 )
 from ..errors import InputError
 from ..models.heads import AnswerHead
-from ..models.recompute import recomputable
 from .ablation import CiteJob
 from .methods import source_method
 
@@ -272,9 +270,7 @@ def _recomputes(job: CiteJob, n: int, logit_rows: int) -> bool:
     fit."""
     model = job.runner.model
     dims, budget = model_dims(model), parse_budget(job.memory_budget)
-    storage = gradient_pass_storage(dims, n, budget, True, logit_rows)
-    if storage.recompute and not recomputable(model):  # no layer to switch: the pass keeps every activation
-        storage = dataclasses.replace(storage, recompute=False)
+    storage = gradient_pass_storage(dims, n, budget, True, logit_rows)  # recomputing only where it can
     need = pass_row_bytes(dims, n, storage)
     if need > budget:
         raise InputError(f"attngate's forward + backward over {n:,} tokens needs about {readable_size(need)}, more "
