@@ -28,7 +28,8 @@ at the traced peak grouped by their Python stacks (``.peak.txt``, small enough t
 where the snapshot does not).
 
 Run: ``python bench/long_context_gpu.py --model-dir DIR --text FILE --out OUT [--device cuda]`` where ``DIR``
-holds SmolLM2's ``config.json`` and tokenizer files and ``FILE`` is plain text long enough for the longest prompt.
+holds SmolLM2's ``config.json`` and tokenizer files and ``FILE`` is plain text long enough for the longest prompt
+(``bench/gpu_inputs.py OUT`` writes both, offline).
 """
 
 from __future__ import annotations
