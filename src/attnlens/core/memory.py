@@ -312,13 +312,12 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     kept += storage.rule_vectors * n * d
     kept += storage.square_matrices * n * n
     kept += dims.activation_vectors * n * d * storage.layer_graph
+    chunk = min(row_attention.chunk_elements(dims.device), heads * n * n) * _widening(dims)  # one chunk's values
     chunks = storage.factors or storage.chunked
-    kept += CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * chunks * _widening(dims)
     # received attention and head means recomputed chunk by chunk in the forward: on a CPU mostly by one more fused
     # attention (a chunk of 2^20 where a mask rules it out), on an accelerator always, in chunks of 2^24
     reduced = (storage.received or storage.means) and not chunks and dims.device != "cpu"
-    kept += REDUCED_CHUNK_COPIES * min(row_attention.chunk_elements(dims.device), heads * n * n) * reduced \
-        * _widening(dims)
+    kept += (CHUNK_COPIES * chunks + REDUCED_CHUNK_COPIES * reduced) * chunk
     # the decomposition methods that read chunks (GlobEnc, ALTI) or rows (attention norm) hold one layer's per-head
     # value vectors at a time: two float32 copies and one in float64, four float32s' worth (GlobEnc on BERT-base at
     # 1,024 tokens; attention norm on MiniLM, 14 rows of 256 tokens: 20.8 MiB a row, 8.7 without them)
