@@ -147,8 +147,11 @@ def test_default_is_the_adaptive_trapezoid_and_n_steps_alone_is_fixed(ex):
     schedule = [4, 7, 13, 25, 49, 97, 193]  # trapezoid counts: n -> 2n - 1
     for e in ex.explain(TEXTS, methods=[IG]):
         assert e.meta[IG]["relative_gap"] <= 0.01 and e.meta[IG]["n_steps"] in schedule
+        assert e.meta[IG]["tolerance"] == 0.01  # the default the options leave as None, recorded as applied
     (e,) = ex.explain(TEXTS[0], methods=[IG], options={IG: {"n_steps": 3}})
-    assert e.meta[IG]["n_steps"] == 3
+    assert e.meta[IG]["n_steps"] == 3 and "tolerance" not in e.meta[IG]
+    (e,) = ex.explain(TEXTS[0], methods=[IG], options={IG: {"n_steps": 3, "tolerance": 0.2}})
+    assert e.meta[IG]["tolerance"] == 0.2
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])

@@ -205,3 +205,24 @@ def test_from_pretrained_detects_the_task_and_cli_explains_a_token(tokenizer, tm
     assert d["meta"]["position"] == 2 and d["target"] == LABELS.index("I-PER") and d["meta"]["task"] == "token"
     assert cli_main(["explain", "--model", str(tmp_path), "--methods", "rawatt", "the movie"]) == 2
     assert "pass the explained token as --token" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("token", "position"), [("word:2024", 3), ("1", 1), ("movie", 2)])
+def test_cli_token_reads_digits_as_a_position_and_word_prefix_as_a_word(tokenizer, tmp_path, token, position):
+    model = token_model("bert")
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    out = tmp_path / "out.json"
+    code = cli_main(["explain", "--model", str(tmp_path), "--methods", "rawatt", "--token", token, "--format",
+                     "json", "--out", str(out), "the movie 2024 was good"])
+    assert code == 0
+    (d,) = json.loads(out.read_text())
+    assert d["meta"]["position"] == position
+
+
+def test_cli_token_word_prefix_without_a_word_is_refused(tokenizer, tmp_path, capsys):
+    model = token_model("bert")
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert cli_main(["explain", "--model", str(tmp_path), "--methods", "rawatt", "--token", "word:", "the movie"]) == 2
+    assert "names no word" in capsys.readouterr().err

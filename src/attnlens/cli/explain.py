@@ -74,6 +74,20 @@ def read_texts(path: str) -> list[Any]:
     return texts
 
 
+
+WORD_PREFIX = "word:"
+
+
+def _token_choice(token: str) -> int | str:
+    """``--token``: digits are a position among the tokens, ``word:W`` the word ``W`` (digits too), any other text
+    a word of the input."""
+    if token.startswith(WORD_PREFIX):
+        word = token[len(WORD_PREFIX):]
+        if not word.strip():
+            raise InputError(f"--token {token!r} names no word; pass --token word:W with the word after the colon")
+        return word
+    return int(token) if token.strip().isdigit() else token
+
 def _runs_long(methods: str | None) -> bool:
     """Whether the methods asked for include one that runs many passes per input (the registry's
     ``many_passes``: integrated gradients, value zeroing, the perturbation baselines; "all" includes them): a
@@ -119,7 +133,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--target", help="class index or label name to explain (default: the predicted class); QA models: "
                    "START,END token positions of the answer span")
     p.add_argument("--token", help="token classifiers (NER): the token whose label is explained, as a position among "
-                   "the tokens or a word of the input; --target then names the label (default: the predicted one)")
+                   "the tokens or a word of the input (word:W for a word made of digits, e.g. word:2024); --target "
+                   "then names the label (default: the predicted one)")
     p.add_argument("--target-kind", default="logit", choices=["logit", "probability", "loss"])
     p.add_argument("--attention", help="BART-like models: encoder (default), decoder or cross")
     p.add_argument("--format", default="terminal", choices=FORMATS)
@@ -268,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         if args.token is None:
             raise InputError("this is a token classifier: pass the explained token as --token POSITION or --token WORD "
                              "(and its label as --target, default: the predicted label)")
-        target = (int(args.token) if args.token.strip().isdigit() else args.token, target)
+        target = (_token_choice(args.token), target)
     elif args.token is not None:
         raise InputError(f"--token is for token classifiers; this model is {explainer.head.kind}")
     # the view first: an input whose maps the budget cannot hold is refused before the explanations run

@@ -333,12 +333,12 @@ def integratedgradients(
 
     Completeness (Sundararajan et al. 2017) gives a check: ``delta = Σ attributions - (F(x) - F(x'))`` (Captum's
     convergence delta), recorded per input in the explanation's meta with ``relative_gap = |delta| / |F(x) -
-    F(x')|`` and the steps used. With a ``tolerance``, each input starts at ``n_steps`` (default 4) points and
-    about doubles them until its relative gap is at most ``tolerance`` or ``max_steps`` would be passed (a
-    warning names the inputs that did not converge); nested rules (trapezoid, left, right) reuse their earlier
-    evaluations. ``n_steps`` alone: a fixed count. Neither: ``tolerance=0.01`` from 4 points.
-    ``internal_batch_size``: rows (input × point) per forward+backward; default: as many as the memory budget
-    allows at this batch's length.
+    F(x')|``, the steps used and the ``tolerance`` applied (absent with a fixed count). With a ``tolerance``, each
+    input starts at ``n_steps`` (default 4) points and about doubles them until its relative gap is at most
+    ``tolerance`` or ``max_steps`` would be passed (a warning names the inputs that did not converge); nested
+    rules (trapezoid, left, right) reuse their earlier evaluations. ``n_steps`` alone: a fixed count. Neither:
+    ``tolerance=0.01`` from 4 points. ``internal_batch_size``: rows (input × point) per forward+backward;
+    default: as many as the memory budget allows at this batch's length.
     """
     _check_ig_options(n_steps, internal_batch_size, tolerance, max_steps, method)
     with contextlib.ExitStack() as stack:
@@ -426,6 +426,8 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
                       "as steps grow means the model's output is rough along the straight path from the baseline "
                       "(common in LLMs): read those attributions with care", stacklevel=3)
     meta = {"delta": delta.detach(), "relative_gap": gaps.detach(), "n_steps": used}
+    if tolerance is not None:  # the tolerance applied, also where the options left it to the default
+        meta["tolerance"] = torch.full((n_ex,), float(tolerance), dtype=torch.float64)
     return MethodOutput(attr, space="tokens", meta=meta)
 
 
