@@ -38,6 +38,9 @@ class Capture:
         hidden_grads: their gradients, or ``None``.
         embeddings: ``(B, N, D)`` output of the input-embedding module (token space), or ``None``.
         embedding_grads: its gradient, or ``None``.
+        decoder_embeddings: an encoder-decoder's decoder-input embeddings ``(B, M, D)`` where ``embeddings`` are
+            kept (the encoder's), or ``None``.
+        decoder_embedding_grads: their gradient, or ``None``.
         query_mask: ``(B, Q)`` real (non-padding) query positions.
         key_mask: ``(B, K)`` real key positions.
         query_weights: ``(B, Q)`` weights of the explained query row(s): one-hot at the classification position,
@@ -72,6 +75,8 @@ class Capture:
     hidden_grads: list[torch.Tensor] | None = None
     embeddings: torch.Tensor | None = None
     embedding_grads: torch.Tensor | None = None
+    decoder_embeddings: torch.Tensor | None = None
+    decoder_embedding_grads: torch.Tensor | None = None
     attention_rows: list[torch.Tensor] | None = None
     attention_row_grads: list[torch.Tensor] | None = None
     row_weights: torch.Tensor | None = None
@@ -92,7 +97,8 @@ class Capture:
         own."""
         held: dict[int, int] = {}
         for name in ("attentions", "attention_grads", "attention_rows", "attention_row_grads", "attention_received",
-                     "attention_means", "hidden", "hidden_grads", "embeddings", "embedding_grads"):
+                     "attention_means", "hidden", "hidden_grads", "embeddings", "embedding_grads", "decoder_embeddings",
+                     "decoder_embedding_grads"):
             value = getattr(self, name)
             for t in [] if value is None else (value if isinstance(value, list) else [value]):
                 held[t.data_ptr()] = t.numel() * t.element_size()

@@ -229,19 +229,29 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         recorder.factors = ATTENTION_CHUNKS in keep
         recorder.factor_grads = gradients and ATTENTION_CHUNKS in differentiate
 
-    def keep_embeddings(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
-        # The embedding output is the graph's leaf when the parameters are frozen; make it require grad so
-        # the backward reaches attention and hidden states either way.
-        if "embeddings" not in store:
-            if torch.is_grad_enabled() and not output.requires_grad:
-                output.requires_grad_(True)
-            store["embeddings"] = output
-        return output
+    embedding = adapter.embedding_module(model)
+    decoder_embedding = adapter.decoder_embedding_module(model)
+    # where one module embeds both, its first call is the encoder's and its second the decoder's
+    order = ("embeddings", "decoder_embeddings") if decoder_embedding is embedding else ("embeddings",)
+
+    def kept_as(names: tuple[str, ...]) -> Any:
+        def keep_embeddings(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+            # The embedding output is the graph's leaf when the parameters are frozen; make it require grad so
+            # the backward reaches attention and hidden states either way.
+            name = next((n for n in names if n not in store), None)
+            if name is not None:
+                if torch.is_grad_enabled() and not output.requires_grad:
+                    output.requires_grad_(True)
+                store[name] = output
+            return output
+        return keep_embeddings
 
     # a language model's logits only at the positions the head reads (where the model can)
     logit_rows = LogitRows.of(model, head, token_mask, targets)
     hooked = gradients or EMBEDDINGS in keep
-    handle = adapter.embedding_module(model).register_forward_hook(keep_embeddings) if hooked else None
+    handles = [embedding.register_forward_hook(kept_as(order))] if hooked else []
+    if hooked and decoder_embedding is not None and decoder_embedding is not embedding:
+        handles.append(decoder_embedding.register_forward_hook(kept_as(("decoder_embeddings",))))
     try:
         with torch.set_grad_enabled(gradients):
             kwargs = dict(inputs if sequence is None else sequence, **logit_rows.model_kwargs(),
@@ -259,7 +269,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
                 outputs = model(**kwargs, output_attentions=True, output_hidden_states=HIDDEN in keep,
                                 return_dict=True)
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
     views = RowViews(token_mask.shape[0])
     if sequence is not None:  # the batch's rows are prefixes of the one sequence that ran
@@ -289,7 +299,8 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         ATTENTION_ROWS: maps,
         ATTENTION_CHUNKS: [views.view(o) if sequence is not None else o for o in outputs_kept],
         HIDDEN: list(stream_tensors.hidden),
-        EMBEDDINGS: [store["embeddings"]] if "embeddings" in store else [],
+        # the encoder's input embeddings, then an encoder-decoder's decoder inputs'
+        EMBEDDINGS: [store[k] for k in ("embeddings", "decoder_embeddings") if k in store],
     }
 
     def kept(kind: str, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -305,6 +316,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         self_attention=stream_tensors.self_attention,
         hidden=kept(HIDDEN, recorded[HIDDEN]),
         embeddings=embeddings[0] if embeddings else None,
+        decoder_embeddings=embeddings[1] if embeddings and len(embeddings) > 1 else None,
         attention_rows=kept(ATTENTION_ROWS, recorded[ATTENTION_ROWS]),
         logit_rows=logit_rows,
     )
@@ -346,6 +358,8 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         capture.hidden_grads = grads_of(HIDDEN)
         embedding_grads = grads_of(EMBEDDINGS)
         capture.embedding_grads = embedding_grads[0] if embedding_grads else None
+        if embedding_grads and len(embedding_grads) > 1:
+            capture.decoder_embedding_grads = embedding_grads[1]
     if ATTENTION_CHUNKS in keep:
         grads = None
         if gradients and ATTENTION_CHUNKS in differentiate:

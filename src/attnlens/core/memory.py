@@ -131,6 +131,12 @@ class Dims:
         encoder-decoder."""
         return self.attentions or self.layers
 
+    @property
+    def input_streams(self) -> int:
+        """The embedded inputs a pass reads: an encoder-decoder's encoder tokens and decoder inputs (two), else
+        one."""
+        return 2 if self.attentions > self.layers else 1
+
     def hidden_bytes(self, tokens: int) -> int:
         """Bytes of one layer's hidden states over ``tokens`` tokens (a batch's: rows × padded length), the block
         size the allocator's policy follows (:func:`~attnlens.core.allocator.for_layer_blocks`)."""
@@ -324,7 +330,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
     values = (chunks or storage.rows) and storage.hidden
     kept += VALUE_VECTOR_COPIES * heads * n * d * values * _widening(dims)
     kept += (layers + 1) * n * d * (storage.hidden + storage.hidden_grads)
-    kept += n * d * (storage.embeddings + storage.embedding_grads)
+    kept += dims.input_streams * n * d * (storage.embeddings + storage.embedding_grads)
     return (work + kept + _held_biases(dims, n)) * dims.itemsize
 
 

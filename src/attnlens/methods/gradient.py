@@ -141,7 +141,9 @@ def saliency(ctx: BatchContext, engine: str = "shared", abs: bool = True) -> Met
     # (BERT & co.), the gradient w.r.t. the embedding sums to ~0 over dimensions, so the signed sum says nothing.
     _check_saliency(engine, abs)
     grads = _captum_gradients(ctx, multiply=False) if engine == "captum" else ctx.capture.embedding_grads
-    return MethodOutput((grads.abs() if abs else grads).sum(-1), space="tokens")
+    decoder = ctx.capture.decoder_embedding_grads if engine == "shared" else None
+    return MethodOutput((grads.abs() if abs else grads).sum(-1), space="tokens",
+                        meta=_decoder_share(None if decoder is None else decoder.abs() if abs else decoder))
 
 
 @register(
@@ -156,7 +158,19 @@ def inputxgradient(ctx: BatchContext, engine: str = "shared") -> MethodOutput:
     if engine == "captum":
         return MethodOutput(_captum_gradients(ctx, multiply=True).sum(-1), space="tokens")
     cap = ctx.capture
-    return MethodOutput((cap.embedding_grads * cap.embeddings).sum(-1), space="tokens")
+    decoder = None
+    if cap.decoder_embeddings is not None and cap.decoder_embedding_grads is not None:
+        decoder = cap.decoder_embedding_grads * cap.decoder_embeddings
+    return MethodOutput((cap.embedding_grads * cap.embeddings).sum(-1), space="tokens", meta=_decoder_share(decoder))
+
+
+def _decoder_share(per_dimension: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+    """``{"decoder_inputs": (B,)}``: an encoder-decoder's decoder inputs' share (``(B, M, D)`` summed over their
+    positions and dimensions; positions after the explained one contribute zero), reported beside the encoder
+    tokens' scores; ``None`` for single-stream models."""
+    if per_dimension is None:
+        return None
+    return {"decoder_inputs": per_dimension.sum((1, 2)).detach()}
 
 
 def check_baseline(baseline: str) -> None:

@@ -99,6 +99,11 @@ class Adapter:
         """The module whose output is the input-token embeddings (hooked for gradient baselines)."""
         return model.get_input_embeddings()
 
+    def decoder_embedding_module(self, model: nn.Module) -> nn.Module | None:
+        """An encoder-decoder's module whose output is the decoder inputs' embeddings (its second call where the
+        encoder's and the decoder's are one module); ``None`` for single-stream families."""
+        return None
+
     def classification_index(self, input_ids: torch.Tensor, token_mask: torch.Tensor, config: Any,
                              skip_pad: bool = False) -> torch.Tensor:
         """``(B,)`` position whose final state feeds the classification head (0 for ``MEAN``, which reads all).
@@ -198,6 +203,14 @@ class EncoderDecoderAdapter(Adapter):
         if encoder is not None and hasattr(encoder, "get_input_embeddings"):
             return encoder.get_input_embeddings()
         return model.get_input_embeddings()
+
+    def decoder_embedding_module(self, model: nn.Module) -> nn.Module | None:
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        if decoder is None and hasattr(model, "model"):
+            decoder = model.model.get_decoder()
+        if decoder is not None and hasattr(decoder, "get_input_embeddings"):
+            return decoder.get_input_embeddings()
+        return None
 
     def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
         enc_mask = token_mask.bool()
