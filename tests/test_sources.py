@@ -592,6 +592,7 @@ def test_a_generated_answer_that_stops_inside_a_character_keeps_whole_characters
 @pytest.mark.parametrize("kwargs, message", [
     (dict(query=""), "the query is empty"),
     (dict(answer=""), "the answer is empty"),
+    (dict(answer="\n "), "the answer is empty"),  # as the command line refuses it
     (dict(methods=["nosuch"]), "nosuch"),
     (dict(ablation="zero"), "ablation='zero'"),
     (dict(options={"loo": {"n": 3}}), "loo has no option n"),

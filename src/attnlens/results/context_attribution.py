@@ -58,7 +58,8 @@ class ContextAttribution:
         answer_tokens: the answer's tokens as text; ``answer_offsets``: their character spans in ``answer``.
         token_rows: with ``per_token=True``, per method one row of source scores per explained answer token
             (``(len(token_row_steps), n_sources)``), each explaining that token's log-probability alone;
-            ``token_row_steps``: the index in ``answer_tokens`` of each row's token.
+            ``token_row_steps``: the index in ``answer_tokens`` of each row's token (in the JSON form also its
+            character span of ``answer``, ``token_rows["spans"]``).
         meta: the model, the explained part of the answer (``explained``: a character span of ``answer``), its
             log-probability (``answer_logprob``), per method the share of the token scores outside every source
             (``outside_share``) and the seconds it took (``seconds``), and the options used.
@@ -119,6 +120,8 @@ class ContextAttribution:
         if self.token_rows:
             out["token_rows"] = {"steps": list(self.token_row_steps),
                                  "scores": {m: v.tolist() for m, v in self.token_rows.items()}}
+            if self.answer_offsets:  # each row's token as a character span of the answer
+                out["token_rows"]["spans"] = [list(self.answer_offsets[k]) for k in self.token_row_steps]
         if tokens:
             out["tokens"] = {
                 "prompt_token_text": self.prompt_tokens,

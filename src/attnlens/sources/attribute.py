@@ -27,7 +27,7 @@ from ..errors import InputError, UnknownMethodError
 from ..methods import check_option_owners, get_method, list_methods, resolve_methods
 from ..results.context_attribution import ContextAttribution
 from ..version import __version__
-from .ablation import ABLATIONS, CiteJob
+from .ablation import ABLATIONS, CiteJob, full_logprob
 from .methods import SOURCE_METHODS, check_source_options
 from .prompt import Prompt, build_prompt, token_sources
 from .segment import split_sources
@@ -182,9 +182,37 @@ def _answer_offsets(runner: ModelRunner, ids: list[int]) -> tuple[str, list[tupl
     return text, spans
 
 
+def completing_spans(offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A tokenizer's character spans (``offset_mapping``) with each character whose bytes are split over several
+    tokens given whole to the token that completes it, and empty spans (at the character) to the tokens before
+    it, as :func:`_answer_offsets` gives a generated answer's: the spans then never overlap. (A byte-level
+    tokenizer gives each of an emoji's byte tokens the emoji's span, ``(k, k + 1)`` three or four times.) Tokens
+    without text keep their ``(0, 0)``."""
+    n = len(offsets)
+    later: list[int | None] = [None] * n  # the first character any later token with text starts at
+    first: int | None = None
+    for k in range(n - 1, -1, -1):
+        later[k] = first
+        a, b = offsets[k]
+        if b > a:
+            first = a if first is None else min(first, a)
+    out: list[tuple[int, int]] = []
+    done = 0
+    for k, (a, b) in enumerate(offsets):
+        if b <= a:
+            out.append((a, b))
+            continue
+        start = max(a, done)
+        end = max(start, b if later[k] is None else min(b, later[k]))  # a later token completes what it starts
+        out.append((start, end))
+        done = end
+    return out
+
+
 def _answer_ids(runner: ModelRunner, answer: str) -> list[int]:
-    if not isinstance(answer, str) or not answer:
-        raise InputError("the answer is empty: give the text the model answered, or none to generate it")
+    if not isinstance(answer, str) or not answer.strip():
+        raise InputError("the answer is empty (or only whitespace): give the text the model answered, or none to "
+                         "generate it")
     ids = [int(i) for i in runner.tokenizer(answer, add_special_tokens=False)["input_ids"]]
     if not ids:
         raise InputError(f"the answer {answer!r} tokenizes to nothing")
@@ -202,7 +230,13 @@ def _explained_tokens(offsets: list[tuple[int, int]], span: tuple[int, int] | No
     if not 0 <= start < end <= n_chars:
         raise InputError(f"answer_span ({start}, {end}) is empty or outside the answer (0..{n_chars})")
     hit = [k for k, (a, b) in enumerate(offsets) if a < end and b > start]
-    return hit[0], hit[-1] + 1
+    if not hit:
+        raise InputError(f"answer_span ({start}, {end}) covers none of the answer tokens' characters")
+    first = hit[0]
+    # the tokens that spell the first bytes of the first character (empty spans at it) are explained with it
+    while first > 0 and offsets[first - 1][0] == offsets[first - 1][1] == offsets[first][0]:
+        first -= 1
+    return first, hit[-1] + 1
 
 
 def prepare_job(
@@ -235,33 +269,60 @@ def prepare_job(
     if len(prompt.ids) >= runner.max_length:
         raise InputError(f"the prompt has {len(prompt.ids)} tokens: no room for an answer within the model's "
                          f"maximum of {runner.max_length}")
+    owners = token_sources(prompt, found)
+    _warn_about_tokens(runner, prompt, found, owners)
     if answer is None:
         if before_generating is not None:
-            before_generating(CiteJob(runner, context, found, prompt, token_sources(prompt, found), [],
+            before_generating(CiteJob(runner, context, found, prompt, owners, [],
                                       [next(iter(eos_ids(runner)), 0)], ablation, parse_budget(memory_budget),
                                       query=query))
         ids = greedy(runner, prompt.ids, capped_new_tokens(runner, len(prompt.ids), max_new_tokens))
         eos = eos_ids(runner)
         while ids and ids[-1] in eos:  # the end-of-turn token is not part of the answer
             ids = ids[:-1]
-        ids = _whole_characters(runner, ids)
         if not ids:
             raise InputError("the model answered nothing (its first token ends the turn): give an answer")
+        ids = _whole_characters(runner, ids)
+        if not ids:
+            raise InputError("the generated answer stops inside its first character: raise max_new_tokens "
+                             "(--max-new-tokens) or give an answer")
         answer_text, answer_offsets = _answer_offsets(runner, ids)
     else:  # the caller's text, with the tokenizer's character spans in it
         ids = _answer_ids(runner, answer)
         answer_text = answer
-        answer_offsets = [(int(a), int(b)) for a, b in runner.tokenizer(answer, add_special_tokens=False,
-                                                                    return_offsets_mapping=True)["offset_mapping"]]
+        answer_offsets = completing_spans([(int(a), int(b)) for a, b in runner.tokenizer(
+            answer, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]])
     if len(prompt.ids) + len(ids) > runner.max_length:
         raise InputError(f"prompt ({len(prompt.ids)} tokens) + answer ({len(ids)}) is longer than the model's "
                          f"maximum of {runner.max_length} tokens")
     first, last = _explained_tokens(answer_offsets, answer_span, len(answer_text))
     explained = _explained_span(answer_text, answer_offsets, first, last)
-    return CiteJob(runner, context, found, prompt, token_sources(prompt, found), ids[:first], ids[first:last],
+    return CiteJob(runner, context, found, prompt, owners, ids[:first], ids[first:last],
                    ablation, parse_budget(memory_budget), query=query, answer=answer_text,
                    answer_offsets=answer_offsets, answer_token_ids=ids, explained=explained,
                    generated=answer is None)
+
+
+def _warn_about_tokens(runner: ModelRunner, prompt: Prompt, sources: Sequence[Any], owners: Sequence[int]) -> None:
+    """Warn where the tokens do not map onto the sources as a reader would expect: a source that holds no token of
+    its own (a span inside a word: its characters belong to a token of another source or of none), which the
+    methods reading tokens score 0; text of the context that the tokenizer reads as a special token (chat markup
+    such as ``<|im_end|>``), which the model then reads as that control token."""
+    held = set(owners)
+    empty = [i for i in range(len(sources)) if i not in held]
+    if empty:
+        shown = ", ".join(f"{i} ({sources[i].start}, {sources[i].end})" for i in empty[:5])
+        warnings.warn(f"source{'s' * (len(empty) > 1)} {shown}{', ...' if len(empty) > 5 else ''} hold no token of "
+                      "their own (a token belongs to the source holding its first non-space character): the "
+                      "methods that read tokens (all but loo and contextcite) score them 0", stacklevel=5)
+    tokenizer = runner.tokenizer
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    # a special token spelled in the text (not the unknown token standing for a word the vocabulary lacks)
+    marked = [prompt.text[a:b] for (a, b), i, k in zip(prompt.offsets, prompt.ids, owners, strict=True)
+              if k >= 0 and i in special and prompt.text[a:b].strip() == tokenizer.convert_ids_to_tokens(i)]
+    if marked:
+        warnings.warn(f"the context holds text the tokenizer reads as special tokens ({', '.join(sorted(set(marked)))})"
+                      ": the model reads control tokens there", stacklevel=5)
 
 
 def _explained_span(text: str, offsets: Sequence[tuple[int, int]], first: int, last: int) -> tuple[int, int]:
@@ -428,6 +489,8 @@ def attribute_context(
     first = len(job.prefix_ids)
     steps = list(range(first, first + len(job.answer_ids))) if per_token else []
     scores, token_scores, figures = score_job(job, methods, options, _part(progress, 0, 1 + len(steps)))
+    if figures["answer_logprob"] is None:  # source methods that read no log-probability of the whole prompt
+        figures["answer_logprob"] = full_logprob(job)
     rows: dict[str, np.ndarray] = {}
     if per_token:  # each explained answer token on its own: one more attribution per token
         per_step = [score_job(replace(job, prefix_ids=job.answer_token_ids[:k], answer_ids=[job.answer_token_ids[k]],
@@ -447,10 +510,11 @@ def attribute_context(
         **figures,
         "attnlens": __version__,
     }
+    shown = completing_spans(prompt.offsets)  # the sources were assigned by the tokenizer's own spans
     return ContextAttribution(
         context=context, query=query, prompt=prompt.text, answer=job.answer, sources=job.sources, scores=scores,
-        token_scores=token_scores, prompt_tokens=[prompt.text[a:b] for a, b in prompt.offsets],
-        token_offsets=list(prompt.offsets), token_source=job.token_source,
+        token_scores=token_scores, prompt_tokens=[prompt.text[a:b] for a, b in shown],
+        token_offsets=shown, token_source=job.token_source,
         answer_tokens=[job.answer[a:b] for a, b in job.answer_offsets], answer_offsets=job.answer_offsets,
         token_rows=rows, token_row_steps=steps, meta=meta,
     )

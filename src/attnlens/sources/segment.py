@@ -9,6 +9,7 @@ found in the context in order. Spans exclude surrounding whitespace and never ov
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -50,13 +51,26 @@ def _segmenter() -> Any:
     return pysbd.Segmenter(language="en", clean=False, char_span=True)
 
 
+# punctuation that closes what precedes it: terminal marks, closing brackets and quotes (not opening ones)
+_CLOSING = ("Po", "Pe", "Pf")
+
+
+def _past_closing_punctuation(text: str, start: int) -> int:
+    """``start`` moved past the closing punctuation written right after the sentence before it (no space
+    between): pysbd ends ``"He said no.?!"`` after ``"no."`` and begins the next sentence at ``"?!"``."""
+    while 0 < start < len(text) and not text[start - 1].isspace() and unicodedata.category(text[start]) in _CLOSING:
+        start += 1
+    return start
+
+
 def _sentences(context: str) -> list[Source]:
     """pysbd's sentences of each block, each running to where the next begins (the last to the block's end), so
-    every character of the context but whitespace is in one: pysbd leaves out some trailing punctuation
-    (``"He said no.?!"``: ``"?!"``), which would otherwise belong to no source and never be removed."""
+    every character of the context but whitespace is in one; closing punctuation that pysbd leaves out of a
+    sentence (``"He said no.?!"``: ``"?!"``) stays in it, instead of beginning the next one."""
     out: list[Source] = []
     for block in _blocks(context, _PASSAGE):
-        starts = sorted({span.start for span in _segmenter().segment(block.text)} | {0})
+        found = {_past_closing_punctuation(block.text, span.start) for span in _segmenter().segment(block.text)}
+        starts = sorted({start for start in found if start < len(block.text)} | {0})
         for start, end in zip(starts, [*starts[1:], len(block.text)]):
             s = _trimmed(context, block.start + start, block.start + end)
             if s is not None:

@@ -50,14 +50,16 @@ def token_source_scores(job: CiteJob, methods: Sequence[str], options: Mapping[s
                          memory_budget=job.memory_budget, progress=progress)
     elapsed = time.perf_counter() - start
     out.answer_logprob = exp.meta.get("answer_logprob")
+    n_input = n_prompt + len(job.prefix_ids)  # the answer's tokens before the explained ones are read too
     for m, s in exp.scores.items():
         tok = np.asarray(s[:n_prompt], dtype=np.float64)
         out.token_scores[m] = tok
         per_source = np.zeros(len(job.sources))
         np.add.at(per_source, src_index[inside], tok[inside])
         out.scores[m] = per_source
-        mass = np.abs(tok).sum()
-        out.outside[m] = float(np.abs(tok[~inside]).sum() / mass) if mass > 0 else 0.0
+        # outside every source: template, query, special tokens, and the answer's tokens before the explained ones
+        mass = float(np.abs(np.asarray(s[:n_input], dtype=np.float64)).sum())
+        out.outside[m] = (mass - float(np.abs(tok[inside]).sum())) / mass if mass > 0 else 0.0
         out.seconds[m] = elapsed / len(exp.scores)  # one shared pass: its time split evenly
         if m in exp.meta:
             out.meta[m] = exp.meta[m]
