@@ -210,3 +210,29 @@ def test_a_generation_steps_words_are_what_whitespace_separates(lm_explainer):
     assert words.tokens == spelled.split()
     assert len(words.tokens) < len(step.tokens)  # "café's" and the emoji's byte tokens are one word each
     np.testing.assert_allclose(words.scores["rawatt"].sum(), step.scores["rawatt"].sum())
+
+
+def test_words_of_a_tokenizer_whose_word_ids_run_on_are_what_whitespace_separates():
+    """transformers 5's Llama (and Gemma) tokenizers do not pre-split on spaces: every token gets word id 0, so the
+    words are read from the whitespace between the tokens' spans; the word scores sum their tokens'."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE(byte_fallback=True))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    bpe.train_from_iterator(["the capital of France is Paris", "a charming cafe"] * 10,
+                            trainers.BpeTrainer(vocab_size=320, special_tokens=specials))
+    spec = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["merges"]]
+    tokenizer = transformers.LlamaTokenizer(vocab=spec["vocab"], merges=merges)
+    tokenizer.pad_token = "<unk>"
+    text = "the capital of France is Paris, a charming cafe"
+    assert set(tokenizer(text).word_ids()) - {None} == {0}  # the tokenizer's word ids run on
+    model = build_tiny("llama", vocab_size=len(tokenizer), pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    (exp,) = Explainer(model, tokenizer).explain(text, methods="rawatt")
+    words = exp.to_words()
+    assert [w for w, s in zip(words.tokens, words.special, strict=True) if not s] == text.split()
+    np.testing.assert_allclose(words.scores["rawatt"].sum(), exp.scores["rawatt"].sum())
+    real = [i for i, s in zip(words.word_ids, words.special, strict=True) if not s]
+    assert real == list(range(len(real)))  # one index per word

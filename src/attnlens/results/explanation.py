@@ -161,7 +161,8 @@ class Explanation:
             if self.word_ids is not None:
                 seq = self.sequence_ids[i] if self.sequence_ids is not None else 0
                 key = (seq, self.word_ids[i])
-                joins = last_key is not None and key == last_key and self.word_ids[i] is not None
+                joins = (last_key is not None and key == last_key and self.word_ids[i] is not None
+                         and not self._space_before(i, seq))
             elif encoding in (BYTE_LEVEL, SENTENCEPIECE):  # no alignment (a generation's tokens): words are what
                 # whitespace separates, read from the text each token spells; a token of whitespace alone (a space
                 # or newline before a word the vocabulary spells without its space) goes with the word after it
@@ -179,17 +180,33 @@ class Explanation:
             last_key = key
         return groups
 
+    def _space_before(self, i: int, seq: Any) -> bool:
+        """Whether whitespace of the input separates token ``i`` from the token before it (in its own span's start
+        or between the two spans): a word boundary, also where the tokenizer's word ids run on across it (a
+        SentencePiece tokenizer that does not pre-split, e.g. transformers 5's Llama and Gemma tokenizers, gives
+        every token word id 0)."""
+        if self.offsets is None or i == 0:
+            return False
+        source = self.text[seq or 0] if isinstance(self.text, list) else self.text
+        (_, end), (start, stop) = self.offsets[i - 1], self.offsets[i]
+        gap = source[min(end, start):start]  # between the two spans
+        lead = source[start:start + 1] if stop > start else ""  # the token's first character
+        return any(c.isspace() for c in gap) or lead.isspace()
+
     def _group_word_ids(self, groups: list[list[int]]) -> list[int | None]:
-        """Each word's index: the tokenizer's word id of its first token where the tokenizer aligned them, else
-        its position among the words of its sequence; ``None`` for special tokens."""
+        """Each word's index: the tokenizer's word id of its first token where the tokenizer aligned them (one
+        word id per word), else its position among the words of its sequence; ``None`` for special tokens."""
         out: list[int | None] = []
         count, seq = 0, None
+        firsts = [(None if self.sequence_ids is None else self.sequence_ids[g[0]], self.word_ids[g[0]])
+                  for g in groups if not self.special[g[0]]] if self.word_ids is not None else []
+        aligned = self.word_ids is not None and len(set(firsts)) == len(firsts)
         for g in groups:
             if self.special[g[0]]:
                 out.append(None)
                 continue
-            if self.word_ids is not None:
-                out.append(self.word_ids[g[0]])
+            if aligned:
+                out.append(self.word_ids[g[0]])  # type: ignore[index]
                 continue
             here = None if self.sequence_ids is None else self.sequence_ids[g[0]]
             if here != seq:
