@@ -19,6 +19,7 @@ from attnlens.results.tokentext import (
     readable,
     token_encoding,
     token_text,
+    token_texts,
 )
 from attnlens.testing.tiny_models import build_tiny
 from attnlens.viz.generation import generation_html, render_generation
@@ -236,3 +237,13 @@ def test_words_of_a_tokenizer_whose_word_ids_run_on_are_what_whitespace_separate
     np.testing.assert_allclose(words.scores["rawatt"].sum(), exp.scores["rawatt"].sum())
     real = [i for i, s in zip(words.word_ids, words.special, strict=True) if not s]
     assert real == list(range(len(real)))  # one index per word
+
+
+@pytest.mark.parametrize(("tokens", "texts"), [
+    (["Ġ", "ðŁ", "į", "°", "Ġb"], [" ", "", "", "🍰", " b"]),  # whole, to the token completing it
+    (["a", "ðŁ", "ĩ", "</s>"], ["a", "\\xf0\\x9f", "\\x87", "</s>"]),  # cut off: each byte on its own token
+    (["ðŁ", "Ġb"], ["\\xf0\\x9f", " b"]),
+    (["Ã", "©", "Ã"], ["", "é", "\\xc3"]),
+])
+def test_bytes_that_never_complete_a_character_stay_on_their_tokens(tokens, texts):
+    assert token_texts(tokens, {"token_encoding": BYTE_LEVEL}) == texts

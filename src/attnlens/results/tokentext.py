@@ -14,7 +14,6 @@ Maltese letter, and a WordPiece token containing it must stay as it is.
 
 from __future__ import annotations
 
-import codecs
 import re
 from functools import lru_cache
 from typing import Any
@@ -96,11 +95,38 @@ def token_texts(tokens: list[str], meta: dict[str, Any] | None) -> list[str]:
     encoding = (meta or {}).get("token_encoding")
     if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
         return list(tokens)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
-    texts = [decoder.decode(_token_bytes(t, encoding)) for t in tokens]
-    if texts:
-        texts[-1] += decoder.decode(b"", final=True)
+    pieces = [_token_bytes(t, encoding) for t in tokens]
+    data = b"".join(pieces)
+    owner = [k for k, piece in enumerate(pieces) for _ in piece]  # the token each byte comes from
+    texts = [""] * len(tokens)
+    i = 0
+    while i < len(data):
+        size = _sequence_length(data[i])
+        chunk = data[i:i + size]
+        try:
+            char = chunk.decode("utf-8") if size else None
+        except UnicodeDecodeError:
+            char = None
+        if char is not None and len(chunk) == size:
+            texts[owner[i + size - 1]] += char  # whole, to the token holding its last byte
+            i += size
+        else:  # a byte that never completes a character stays, escaped, on the token that holds it
+            texts[owner[i]] += f"\\x{data[i]:02x}"
+            i += 1
     return texts
+
+
+def _sequence_length(lead: int) -> int:
+    """The length of the UTF-8 sequence a byte begins (0: a byte that begins none)."""
+    if lead < 0x80:
+        return 1
+    if 0xC2 <= lead <= 0xDF:
+        return 2
+    if 0xE0 <= lead <= 0xEF:
+        return 3
+    if 0xF0 <= lead <= 0xF4:
+        return 4
+    return 0
 
 
 def _token_bytes(token: str, encoding: str) -> bytes:
