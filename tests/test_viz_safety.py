@@ -43,6 +43,20 @@ def test_terminal_safe_escapes_controls_visibly_and_keeps_the_rest():
     assert not UNSAFE.search(terminal_safe("".join(map(chr, range(0x2100)))))
 
 
+def test_terminal_shows_zero_width_joiners_and_keeps_the_rest_of_the_line(model_dir):
+    """Rich and the terminal measure an emoji family joined by U+200D differently, which cropped the tokens after
+    it: the terminal shows zero-width characters as escapes (the HTML keeps them: a browser joins the family)."""
+    from attnlens.viz.safetext import html_safe
+    from attnlens.viz.terminal import render_terminal
+
+    assert terminal_safe("👩\u200d👧\u200b") == "👩\\u200d👧\\u200b" and html_safe("👩\u200d👧") == "👩\u200d👧"
+    ex = Explainer.from_pretrained(str(model_dir))
+    (e,) = ex.explain(["good movie"], methods=["rawatt"])
+    e.tokens[2] = "👩\u200d👩\u200d👧"
+    shown = render_terminal(e, color=False, width=200)
+    assert "good 👩\\u200d👩\\u200d👧 [SEP]" in shown and "\u200d" not in shown
+
+
 def test_html_views_show_bidi_controls_and_newline_tokens_visibly(model_dir, tmp_path):
     """A bidi override in the input would make the page show other text than the tokens explained (the terminal
     escapes it, the HTML views too); a newline token is shown as ``\\n``, not a blank cell."""

@@ -17,19 +17,25 @@ _BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]
 _UNSAFE = [c for c in range(0x20) if c not in (0x09, 0x0A)] + [0x7F, *range(0x80, 0xA0), *_BIDI]
 _TABLE = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _UNSAFE}
 _ONE_LINE_TABLE = {**_TABLE, 0x09: "\\t", 0x0A: "\\n"}
+# zero-width joiners, non-joiners, spaces and marks: a terminal and rich's cell widths disagree over the text around
+# them (an emoji family joined by U+200D), so a table of tokens loses its end; shown as escapes there (not in HTML)
+_ZERO_WIDTH = {c: f"\\u{c:04x}" for c in (0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF)}
+_TERMINAL = ({**_TABLE, **_ZERO_WIDTH}, {**_ONE_LINE_TABLE, **_ZERO_WIDTH})
 
 
 def terminal_safe(text: object, one_line: bool = False) -> str:
-    """``str(text)`` with every terminal control character replaced by its visible escape (``ESC`` -> ``\\x1b``).
+    """``str(text)`` with every terminal control character replaced by its visible escape (``ESC`` -> ``\\x1b``),
+    and the zero-width joiners and spaces too (``\\u200d``).
 
     Tab and newline are kept unless ``one_line`` (then they become ``\\t`` and ``\\n`` too, for one-line
     messages such as an error line or a table cell).
     """
-    return str(text).translate(_ONE_LINE_TABLE if one_line else _TABLE)
+    return str(text).translate(_TERMINAL[1] if one_line else _TERMINAL[0])
 
 
 def html_safe(text: object, one_line: bool = False) -> str:
     """``text`` for an HTML page: control and bidi characters as their visible escapes, as :func:`terminal_safe`
     gives them (a bidi override would make the page show other text than the tokens explained), then
-    HTML-escaped, quotes included. ``one_line``: tab and newline too (a token of its own: ``\\n``)."""
-    return html.escape(terminal_safe(text, one_line), quote=True)
+    HTML-escaped, quotes included; zero-width characters are kept (a browser joins an emoji family as the text
+    means). ``one_line``: tab and newline too (a token of its own: ``\\n``)."""
+    return html.escape(str(text).translate(_ONE_LINE_TABLE if one_line else _TABLE), quote=True)
