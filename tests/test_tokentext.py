@@ -213,9 +213,10 @@ def test_a_generation_steps_words_are_what_whitespace_separates(lm_explainer):
     np.testing.assert_allclose(words.scores["rawatt"].sum(), step.scores["rawatt"].sum())
 
 
-def test_words_of_a_tokenizer_whose_word_ids_run_on_are_what_whitespace_separates():
-    """transformers 5's Llama (and Gemma) tokenizers do not pre-split on spaces: every token gets word id 0, so the
-    words are read from the whitespace between the tokens' spans; the word scores sum their tokens'."""
+@pytest.fixture(scope="module")
+def llama_tokenizer():
+    """transformers 5's LlamaTokenizer (a Metaspace pre-tokenizer that does not split, ``▁`` prepended to the
+    start of a text) over a byte-fallback BPE trained here."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -228,6 +229,34 @@ def test_words_of_a_tokenizer_whose_word_ids_run_on_are_what_whitespace_separate
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["merges"]]
     tokenizer = transformers.LlamaTokenizer(vocab=spec["vocab"], merges=merges)
     tokenizer.pad_token = "<unk>"
+    return tokenizer
+
+
+def test_a_continuation_is_tokenized_as_it_follows_the_prompt(llama_tokenizer, byte_tokenizer):
+    """A SentencePiece tokenizer marks the start of a text as a word start: ``"Paris"`` alone reads ``"▁Paris"``
+    (``" Paris"``). A forced continuation, a contrast and a cited answer are read as they continue the prompt:
+    glued to it unless they begin with a space."""
+    from attnlens.core.encoding import continuation_encoding
+
+    tok = llama_tokenizer
+    prompt = tok("the capital of France is", add_special_tokens=False)["input_ids"]
+    glued, spaced = continuation_encoding(tok, "Paris")[0], continuation_encoding(tok, " Paris")[0]
+    assert not tok.convert_ids_to_tokens(glued)[0].startswith("▁")
+    assert tok.convert_ids_to_tokens(spaced)[0].startswith("▁")
+    assert tok.decode(prompt + glued).endswith("isParis") and tok.decode(prompt + spaced).endswith("is Paris")
+    assert continuation_encoding(byte_tokenizer, "Paris")[0] == byte_tokenizer("Paris")["input_ids"]
+    model = build_tiny("llama", vocab_size=len(tok), pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                       task="causal-lm")
+    ex = Explainer(model, tok)
+    for target in ("Paris", " Paris"):
+        g = ex.explain_generation("the capital of France is", target=target, methods="rawatt")
+        assert g.text == target
+
+
+def test_words_of_a_tokenizer_whose_word_ids_run_on_are_what_whitespace_separates(llama_tokenizer):
+    """transformers 5's Llama (and Gemma) tokenizers do not pre-split on spaces: every token gets word id 0, so the
+    words are read from the whitespace between the tokens' spans; the word scores sum their tokens'."""
+    tokenizer = llama_tokenizer
     text = "the capital of France is Paris, a charming cafe"
     assert set(tokenizer(text).word_ids()) - {None} == {0}  # the tokenizer's word ids run on
     model = build_tiny("llama", vocab_size=len(tokenizer), pad_token_id=0, bos_token_id=1, eos_token_id=2)

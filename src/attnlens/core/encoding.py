@@ -223,3 +223,59 @@ def spans_in(tokenizer: Any, rendered: str, ids: Sequence[int], start: int, end:
         if b > a:
             spans[shift + k] = (a - start, b - start)
     return spans
+
+
+WORD_MARK = "\u2581"  # SentencePiece's word-start mark
+
+
+def continuation_encoding(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """``text`` tokenized as it continues a prompt (no special tokens): ids and character spans.
+
+    A SentencePiece tokenizer that marks the start of every text as a word start (Llama's and Mistral's
+    ``prepend_scheme="first"``, or a normalizer prepending ``▁``) would read ``"Paris"`` as ``"▁Paris"``, i.e.
+    ``" Paris"``: where ``text`` does not begin with whitespace, it is tokenized without that mark, as the
+    tokenizer reads it after a prompt. Tokenizers that mark every word (T5's ``prepend_scheme="always"``) and
+    those without the mark are used as they are."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = [int(i) for i in enc["input_ids"]]
+    offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+    if not ids or text[:1].isspace() or not getattr(tokenizer, "is_fast", False):
+        return ids, offsets
+    if not str(tokenizer.convert_ids_to_tokens(ids[0])).startswith(WORD_MARK):
+        return ids, offsets
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    if not _drop_start_mark(spec):
+        return ids, offsets
+    glued = Tokenizer.from_str(json.dumps(spec)).encode(text, add_special_tokens=False)
+    if not glued.ids:
+        return ids, offsets
+    return [int(i) for i in glued.ids], [(int(a), int(b)) for a, b in glued.offsets]
+
+
+def _drop_start_mark(spec: dict[str, Any]) -> bool:
+    """Remove, in a tokenizer's JSON ``spec``, the ``▁`` it prepends to the start of a text (a Metaspace
+    pre-tokenizer's ``prepend_scheme="first"``, a ``Prepend("▁")`` normalizer); whether anything changed."""
+    changed = False
+
+    def visit(node: Any) -> Any:
+        nonlocal changed
+        if isinstance(node, dict):
+            if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+                node["prepend_scheme"] = "never"
+                changed = True
+            if node.get("type") == "Prepend" and node.get("prepend") == WORD_MARK:
+                changed = True
+                return None
+            for key in ("normalizers", "pretokenizers"):
+                if isinstance(node.get(key), list):
+                    node[key] = [n for n in (visit(x) for x in node[key]) if n is not None]
+        return node
+
+    for key in ("normalizer", "pre_tokenizer"):
+        if spec.get(key) is not None:
+            spec[key] = visit(spec[key])
+    return changed

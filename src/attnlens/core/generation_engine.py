@@ -37,7 +37,7 @@ from . import engine
 from .attention_view import Beside, whole_attention_maps
 from .batch_state import BatchContext
 from .batching import keeps_logits
-from .encoding import Encoded, encode, spans_in
+from .encoding import Encoded, continuation_encoding, encode, spans_in
 from .fused_attention import FUSED
 from .memory import (
     lrp_step_bytes,
@@ -393,10 +393,14 @@ def prompt_offsets(runner: ModelRunner, prompt: str, chat: bool,
 
 
 def token_ids_of(runner: ModelRunner, value: str | Sequence[int], what: str) -> list[int]:
-    """A forced continuation or contrast as token ids: text (tokenized without special tokens) or ids."""
+    """A forced continuation or contrast as token ids: text (tokenized without special tokens; a decoder-only
+    model's as it continues the prompt, :func:`~attnlens.core.encoding.continuation_encoding`) or ids."""
     rows = runner.model.get_input_embeddings().num_embeddings
     if isinstance(value, str):
-        ids = list(runner.tokenizer(value, add_special_tokens=False)["input_ids"])
+        if isinstance(runner.head, Seq2SeqLMHead):  # the decoder's text starts here
+            ids = list(runner.tokenizer(value, add_special_tokens=False)["input_ids"])
+        else:
+            ids = continuation_encoding(runner.tokenizer, value)[0]
         if not ids:
             raise InputError(f"{what}={value!r} tokenizes to nothing: give the text of at least one token")
         return [int(i) for i in ids]

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..core.batching import predict_batches
+from ..core.encoding import continuation_encoding
 from ..core.memory import DEFAULT_BUDGET
 from ..errors import InputError, ModelError
 from ..results.explanation import Explanation
@@ -87,7 +88,7 @@ class NextTokenPredictor:
 
 def first_token(tokenizer: Any, text: str) -> int:
     """The id of the first token of ``text`` tokenized as a continuation (no special tokens)."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = continuation_encoding(tokenizer, text)[0]
     if not ids:
         raise InputError(f"{text!r} tokenizes to nothing; give a continuation with at least one token")
     return int(ids[0])

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..core.answer_engine import check_lm, methods_within_budget, refuse_answer_over_budget
+from ..core.encoding import continuation_encoding
 from ..core.generation_engine import capped_new_tokens, eos_ids, greedy
 from ..core.memory import parse_budget, readable_size
 from ..core.model_runner import ModelRunner
@@ -213,7 +214,7 @@ def _answer_ids(runner: ModelRunner, answer: str) -> list[int]:
     if not isinstance(answer, str) or not answer.strip():
         raise InputError("the answer is empty (or only whitespace): give the text the model answered, or none to "
                          "generate it")
-    ids = [int(i) for i in runner.tokenizer(answer, add_special_tokens=False)["input_ids"]]
+    ids = continuation_encoding(runner.tokenizer, answer)[0]  # as it continues the prompt
     if not ids:
         raise InputError(f"the answer {answer!r} tokenizes to nothing")
     return ids
@@ -290,8 +291,7 @@ def prepare_job(
     else:  # the caller's text, with the tokenizer's character spans in it
         ids = _answer_ids(runner, answer)
         answer_text = answer
-        answer_offsets = completing_spans([(int(a), int(b)) for a, b in runner.tokenizer(
-            answer, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]])
+        answer_offsets = completing_spans(continuation_encoding(runner.tokenizer, answer)[1])
     if len(prompt.ids) + len(ids) > runner.max_length:
         raise InputError(f"prompt ({len(prompt.ids)} tokens) + answer ({len(ids)}) is longer than the model's "
                          f"maximum of {runner.max_length} tokens")
