@@ -276,3 +276,16 @@ def test_words_of_a_tokenizer_whose_word_ids_run_on_are_what_whitespace_separate
 ])
 def test_bytes_that_never_complete_a_character_stay_on_their_tokens(tokens, texts):
     assert token_texts(tokens, {"token_encoding": BYTE_LEVEL}) == texts
+
+
+def test_a_generations_step_labels_show_the_characters_their_tokens_spell(lm_explainer):
+    """Decoded alone, each token of an emoji's bytes reads U+FFFD; the steps' labels (views, ``target_token``)
+    show the character on each of them."""
+    g = lm_explainer.explain_generation(TEXT, target=" ok 🙂", methods="rawatt")
+    emoji = g.tokens_in(len(g.text) - 1, len(g.text))
+    assert len(emoji) > 1 and all("\ufffd" in g.generated[t] for t in emoji[:-1])
+    assert [g.step_labels[t] for t in emoji] == ["🙂"] * len(emoji)
+    assert g.step(emoji[0]).meta["target_token"] == "🙂"
+    shown = render_generation(g, color=False)
+    assert "\ufffd" not in shown and f"{emoji[0]}: '🙂'" in shown
+    assert "\ufffd" not in generation_html(g)

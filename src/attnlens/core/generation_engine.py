@@ -31,7 +31,7 @@ from ..methods.registry import GRADIENTS, OWN_PASS
 from ..models.adapters import EncoderDecoderAdapter, StreamTensors
 from ..models.heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
 from ..results.generation import Generation
-from ..results.tokentext import encoding_meta
+from ..results.tokentext import BYTE_LEVEL, SENTENCEPIECE, encoding_meta, token_texts
 from ..version import __version__
 from . import engine
 from .attention_view import Beside, whole_attention_maps
@@ -193,9 +193,18 @@ def explain_generation(
         generated_ids=generated, generated=[decode_token(runner.tokenizer, i) for i in generated],
         scores=scores, probabilities=probabilities, predicted_ids=predicted, contrast_ids=contrast_ids,
         contrast_probabilities=None if contrast_ids is None else contrast_probs,
-        contrast=None if contrast_ids is None else [decode_token(runner.tokenizer, i) for i in contrast_ids],
-        predicted=[decode_token(runner.tokenizer, i) for i in predicted], forced=forced, meta=meta,
+        contrast=None if contrast_ids is None else [_alone(runner.tokenizer, i, meta) for i in contrast_ids],
+        predicted=[_alone(runner.tokenizer, i, meta) for i in predicted], forced=forced, meta=meta,
     )
+
+
+def _alone(tokenizer: Any, token_id: int, meta: Mapping[str, Any]) -> str:
+    """A token that stands alone (a greedy choice or a contrast) as text: decoded, or, where that gives U+FFFD
+    for bytes that complete no character on their own, the bytes it spells as ``\\xNN`` escapes."""
+    text = decode_token(tokenizer, token_id)
+    if "\ufffd" not in text or meta.get("token_encoding") not in (BYTE_LEVEL, SENTENCEPIECE):
+        return text
+    return token_texts([str(tokenizer.convert_ids_to_tokens(int(token_id)))], dict(meta))[0]
 
 
 def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, budget: int, gradients: bool,

@@ -43,10 +43,10 @@ class Generation:
         scores: method id -> ``(n_generated, n_prompt + n_generated)`` matrix; row ``t`` explains step ``t``.
         probabilities: the probability of each generated token at its step (given the tokens before it).
         predicted_ids: the model's greedy choice at each step (equal to ``generated_ids`` unless forced).
-        predicted: each greedy choice decoded as text (as ``generated``), or ``None`` (a Generation built with ids
-            alone).
+        predicted: each greedy choice decoded as text (as ``generated``; a token holding only some bytes of a
+            character as their ``\\xNN`` escapes), or ``None`` (a Generation built with ids alone).
         contrast_ids, contrast_probabilities: the contrast token of each step and its probability, or ``None``.
-        contrast: each contrast token decoded as text (as ``generated``), or ``None``.
+        contrast: each contrast token decoded as text (as ``predicted``), or ``None``.
         forced: whether the continuation was given (teacher forcing) rather than generated greedily.
         meta: how it was made (model, target kind, chat template, method options, ...).
     """
@@ -97,6 +97,17 @@ class Generation:
         return list(self.generated)
 
     @property
+    def step_labels(self) -> list[str]:
+        """Each generated token as its step is labelled (views, ``step(t).meta["target_token"]``): the text it
+        spells, a character split over tokens shown whole on each of them (decoded alone, each part reads
+        U+FFFD), else each token decoded."""
+        texts = self._pieces()
+        for t in range(len(texts) - 2, -1, -1):
+            if texts[t] == "" and texts[t + 1]:  # the first bytes of the character the next token completes
+                texts[t] = texts[t + 1][0]
+        return texts
+
+    @property
     def text(self) -> str:
         """The generated continuation as text (``"".join`` of ``generated_token_text`` where the tokens spell
         bytes or SentencePiece pieces, else of :attr:`generated`)."""
@@ -134,7 +145,7 @@ class Generation:
             raise InputError(f"step {t} is out of range: {len(self.generated_ids)} tokens were generated")
         t %= len(self.generated_ids)
         n = self.n_prompt + t
-        meta = {**self.meta, "step": t, "target_token": self.generated[t]}
+        meta = {**self.meta, "step": t, "target_token": self.step_labels[t]}
         if self.predicted is not None and t < len(self.predicted):
             meta["predicted_token"] = self.predicted[t]
         if self.contrast_ids is not None:

@@ -55,7 +55,7 @@ def _header(g: Any) -> str:
 
 
 def _step_label(g: Any, t: int) -> str:
-    label = f"{t}: {g.generated[t]!r} p={prob_text(g.probabilities[t])}"
+    label = f"{t}: {g.step_labels[t]!r} p={prob_text(g.probabilities[t])}"
     if g.contrast_ids is not None and g.contrast_probabilities is not None:
         # a Generation built with ids alone shows them
         other = repr(g.contrast[t]) if g.contrast is not None else f"#{g.contrast_ids[t]}"
