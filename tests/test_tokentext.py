@@ -15,6 +15,7 @@ from attnlens import Explainer, Explanation
 from attnlens.results.tokentext import (
     BYTE_LEVEL,
     SENTENCEPIECE,
+    byte_spans,
     decode_byte_level,
     readable,
     token_encoding,
@@ -289,3 +290,22 @@ def test_a_generations_step_labels_show_the_characters_their_tokens_spell(lm_exp
     shown = render_generation(g, color=False)
     assert "\ufffd" not in shown and f"{emoji[0]}: '🙂'" in shown
     assert "\ufffd" not in generation_html(g)
+
+
+def test_byte_spans_cover_every_character_a_token_takes_bytes_of():
+    meta = {"token_encoding": BYTE_LEVEL}
+    tokens = ["ĠðŁ", "ĩ", "«", "ðŁ", "ĩ", "·", "!"]  # " 🇫🇷!" with the space and 🇫's first bytes in one token
+    assert token_texts(tokens, meta) == [" ", "", "🇫", "", "", "🇷", "!"]
+    assert byte_spans(tokens, meta) == [(0, 2), (1, 2), (1, 2), (2, 3), (2, 3), (2, 3), (3, 4)]
+    assert byte_spans(["a", "##b"], {}) is None
+
+
+def test_tokens_in_a_character_include_the_token_holding_its_first_bytes_beside_other_text():
+    from attnlens import Generation
+
+    tokens = ["ĠðŁ", "ĩ", "«", "ðŁ", "ĩ", "·", "!"]  # " 🇫🇷!": the space and 🇫's first bytes in one token
+    g = Generation(prompt="x", prompt_tokens=["x"], prompt_ids=[0], prompt_special=[False], generated_tokens=tokens,
+                   generated_ids=list(range(1, 8)), generated=["\ufffd"] * 7, meta={"token_encoding": BYTE_LEVEL})
+    assert g.text == " 🇫🇷!"
+    assert g.tokens_in(1, 2) == [0, 1, 2] and g.tokens_in(2, 3) == [3, 4, 5] and g.tokens_in(0, 1) == [0]
+    assert g.tokens_in(3, 4) == [6]

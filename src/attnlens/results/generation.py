@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InputError
 from ..paths import atomic_write_text
 from .explanation import Explanation, _read_dicts
-from .tokentext import BYTE_LEVEL, SENTENCEPIECE, token_texts
+from .tokentext import BYTE_LEVEL, SENTENCEPIECE, byte_spans, token_texts
 
 __all__ = ["Generation", "load_generations"]
 
@@ -133,6 +133,9 @@ class Generation:
             raise InputError(f"characters [{start}, {end}) are not a non-empty range of the {length}-character "
                              "continuation")
         chosen = {t for t, (a, b) in enumerate(spans) if a < end and b > start}
+        held = byte_spans(self.generated_tokens, self.meta)
+        if held is not None:  # every token holding a byte of a selected character (" 🇫": a space and two bytes)
+            chosen |= {t for t, (a, b) in enumerate(held) if a < end and b > start}
         for t in range(len(spans) - 2, -1, -1):
             a, b = spans[t]
             if a == b and t + 1 in chosen and spans[t + 1][0] == a:

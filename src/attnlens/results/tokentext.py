@@ -95,10 +95,32 @@ def token_texts(tokens: list[str], meta: dict[str, Any] | None) -> list[str]:
     encoding = (meta or {}).get("token_encoding")
     if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
         return list(tokens)
+    return _spelled(tokens, encoding)[0]
+
+
+def byte_spans(tokens: list[str], meta: dict[str, Any] | None) -> list[tuple[int, int]] | None:
+    """For byte-level and SentencePiece tokens (a sequence, in order): the span of the joined
+    :func:`token_texts` that each token's bytes take part in, the characters it only begins included (so the
+    spans of a character's tokens overlap); ``None`` for other vocabularies."""
+    encoding = (meta or {}).get("token_encoding")
+    if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
+        return None
+    return _spelled(tokens, encoding)[1]
+
+
+def _spelled(tokens: list[str], encoding: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """Each token's text (a character whole to the token holding its last byte; bytes that never complete one
+    escaped on their own token) and the span of the joined text its bytes take part in."""
     pieces = [_token_bytes(t, encoding) for t in tokens]
     data = b"".join(pieces)
     owner = [k for k, piece in enumerate(pieces) for _ in piece]  # the token each byte comes from
     texts = [""] * len(tokens)
+    at = 0  # characters of the joined text so far
+    spans: list[list[int]] = [[-1, -1] for _ in tokens]
+
+    def touch(k: int, start: int, end: int) -> None:
+        spans[k] = [start if spans[k][0] < 0 else spans[k][0], end]
+
     i = 0
     while i < len(data):
         size = _sequence_length(data[i])
@@ -109,11 +131,22 @@ def token_texts(tokens: list[str], meta: dict[str, Any] | None) -> list[str]:
             char = None
         if char is not None and len(chunk) == size:
             texts[owner[i + size - 1]] += char  # whole, to the token holding its last byte
+            for k in sorted({owner[j] for j in range(i, i + size)}):
+                touch(k, at, at + 1)
+            at += 1
             i += size
         else:  # a byte that never completes a character stays, escaped, on the token that holds it
-            texts[owner[i]] += f"\\x{data[i]:02x}"
+            escape = f"\\x{data[i]:02x}"
+            texts[owner[i]] += escape
+            touch(owner[i], at, at + len(escape))
+            at += len(escape)
             i += 1
-    return texts
+    done = 0
+    out = []
+    for start, end in spans:  # a token without bytes: an empty span where the text stands
+        out.append((start, end) if start >= 0 else (done, done))
+        done = max(done, end)
+    return texts, out
 
 
 def _sequence_length(lead: int) -> int:
