@@ -309,3 +309,15 @@ def test_tokens_in_a_character_include_the_token_holding_its_first_bytes_beside_
     assert g.text == " 🇫🇷!"
     assert g.tokens_in(1, 2) == [0, 1, 2] and g.tokens_in(2, 3) == [3, 4, 5] and g.tokens_in(0, 1) == [0]
     assert g.tokens_in(3, 4) == [6]
+
+
+def test_words_and_spans_keep_a_decomposed_accent_the_tokenizer_strips():
+    """An uncased BERT tokenizer strips accents: a decomposed one (``e`` + U+0301) falls outside every token's
+    span, though it belongs to the letter before it."""
+    from conftest import make_model, make_tokenizer
+
+    (e,) = Explainer(make_model("bert"), make_tokenizer()).explain("in cafe\u0301 today", methods="rawatt")
+    assert e.offsets[2] == (3, 7)  # "cafe" without its accent
+    assert e.span_text((2, 2)) == "cafe\u0301" and e.span_text((1, 2)) == "in cafe\u0301"
+    words = e.to_words()
+    assert [w for w, s in zip(words.tokens, words.special, strict=True) if not s] == ["in", "cafe\u0301", "today"]

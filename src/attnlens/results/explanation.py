@@ -9,6 +9,7 @@ layers`` never change meaning.
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,7 +108,7 @@ class Explanation:
             source = self.text[seq or 0] if isinstance(self.text, list) else self.text
             lo, hi = self.offsets[start][0], max(self.offsets[i][1] for i in group)
             if hi > lo:
-                return source[lo:hi]
+                return source[lo:_past_marks(source, hi)]
         words = [_strip_mark(self.tokens[i], first=True) if _is_continuation(self.tokens[i]) else " " + self.tokens[i]
                  for i in group]
         return "".join(words).strip()
@@ -220,7 +221,7 @@ class Explanation:
             seq = self.sequence_ids[group[0]] if self.sequence_ids is not None else 0
             source = self.text[seq or 0] if isinstance(self.text, list) else self.text
             start = min(self.offsets[i][0] for i in group)
-            end = max(self.offsets[i][1] for i in group)
+            end = _past_marks(source, max(self.offsets[i][1] for i in group))
             if end > start:  # byte-level tokenizers' offsets take in the space before a word
                 return source[start:end].strip() or source[start:end]
         encoding = self.meta.get("token_encoding")
@@ -430,3 +431,11 @@ def _read_text(path: str | Path) -> str:
         return Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark an editor wrote is not text
     except UnicodeDecodeError:
         raise InputError(f"{path} is not a UTF-8 text file of attnlens explanations") from None
+
+
+def _past_marks(text: str, end: int) -> int:
+    """``end`` moved past the combining marks that follow it: a tokenizer that strips accents (BERT uncased) leaves
+    a decomposed accent (``"e\\u0301"``) out of every token's span, though it belongs to the letter before it."""
+    while end < len(text) and unicodedata.combining(text[end]):
+        end += 1
+    return end
