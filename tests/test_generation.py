@@ -765,3 +765,11 @@ def test_a_head_view_of_an_encoder_decoders_generation_is_refused_before_generat
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "decoder-only models only" in err[0]
     assert not (tmp_path / "hv.html").exists()
+
+
+def test_the_unknown_token_is_ranked_in_a_generation_as_in_an_explanation(lm):
+    """``[UNK]`` stands for text of the prompt (a word the vocabulary lacks): not special, as ``explain`` keeps it."""
+    g = lm.explain_generation("the movie zzzq was", max_new_tokens=2, methods="rawatt")
+    unk = [i for i, t in enumerate(g.prompt_tokens) if t == "[UNK]"]
+    assert unk and not any(g.prompt_special[i] for i in unk)
+    assert g.prompt_special[0]  # [CLS] is

@@ -19,7 +19,7 @@ from ..models.heads import AnswerHead, LMHead, Seq2SeqLMHead, answer_labels, dec
 from ..results.explanation import Explanation
 from . import engine
 from .batching import keeps_logits
-from .encoding import Encoded
+from .encoding import Encoded, special_ids
 from .memory import Storage, model_dims, parse_budget, pass_row_bytes, shared_pass_row_bytes
 from .model_runner import ModelRunner
 from .modelstate import explaining
@@ -64,8 +64,8 @@ def explain_answer(
     answer_runner = _answer_runner(runner, len(answer_ids))
     specs, method_options = engine.select_methods(answer_runner, methods, engine.ANSWER, target_kind, options)
     ids = prompt_ids + answer_ids
-    special_ids = set(getattr(runner.tokenizer, "all_special_ids", []) or [])
-    encoded = Encoded(text=text, ids=ids, type_ids=None, special=[i in special_ids for i in ids],
+    specials = special_ids(runner.tokenizer)
+    encoded = Encoded(text=text, ids=ids, type_ids=None, special=[i in specials for i in ids],
                       tokens=runner.tokenizer.convert_ids_to_tokens(ids), word_ids=None, sequence_ids=None,
                       offsets=None if offsets is None else [tuple(o) for o in offsets])
     (exp,) = engine.explain_all(answer_runner, [encoded], [answer_labels(len(prompt_ids), answer_ids)], specs,

@@ -279,3 +279,11 @@ def _drop_start_mark(spec: dict[str, Any]) -> bool:
         if spec.get(key) is not None:
             spec[key] = visit(spec[key])
     return changed
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    """The ids of the tokenizer's special tokens, as ``return_special_tokens_mask`` marks them in an encoded text:
+    not the unknown token, which stands for text of the input (a word the vocabulary lacks) and is ranked."""
+    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return ids - ({int(unk)} if unk is not None else set())

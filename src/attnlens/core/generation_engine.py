@@ -37,7 +37,7 @@ from . import engine
 from .attention_view import Beside, whole_attention_maps
 from .batch_state import BatchContext
 from .batching import keeps_logits
-from .encoding import Encoded, continuation_encoding, encode, spans_in
+from .encoding import Encoded, continuation_encoding, encode, spans_in, special_ids
 from .fused_attention import FUSED
 from .memory import (
     lrp_step_bytes,
@@ -120,10 +120,10 @@ def explain_generation(
     size = _steps_per_batch(runner, specs, len(prompt_ids) + len(generated) + (1 if seq2seq else 0), size,
                             budget, gradients, one_pass=one_pass)
 
-    special_ids = set(getattr(runner.tokenizer, "all_special_ids", []) or [])
+    specials = special_ids(runner.tokenizer)
     ids = prompt_ids + generated
     tokens = runner.tokenizer.convert_ids_to_tokens(ids)
-    special = [i in special_ids for i in ids]
+    special = [i in specials for i in ids]
     n_prompt, n_steps = len(prompt_ids), len(generated)
     # decoder-only: step t is the prefix prompt + generated[:t]; seq2seq: the prompt (the decoder is added below)
     steps = [Encoded(text=prompt, ids=ids[: n_prompt + t], type_ids=None, special=special[: n_prompt + t],
