@@ -18,6 +18,7 @@ from attnlens.results.tokentext import (
     byte_spans,
     decode_byte_level,
     readable,
+    readable_tokens,
     token_encoding,
     token_text,
     token_texts,
@@ -321,3 +322,22 @@ def test_words_and_spans_keep_a_decomposed_accent_the_tokenizer_strips():
     assert e.span_text((2, 2)) == "cafe\u0301" and e.span_text((1, 2)) == "in cafe\u0301"
     words = e.to_words()
     assert [w for w, s in zip(words.tokens, words.special, strict=True) if not s] == ["in", "cafe\u0301", "today"]
+
+
+def test_tokens_added_as_text_to_a_byte_level_vocabulary_read_as_text(byte_tokenizer, tmp_path):
+    """``tokenizer.add_tokens(["naïve"])`` stores the token as text; read in the byte alphabet (where ``ï`` is a
+    byte) it would be mojibake."""
+    import copy
+
+    tokenizer = copy.deepcopy(byte_tokenizer)
+    tokenizer.add_tokens(["naïve", "Ünïcode"])
+    model = build_tiny("gpt2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, task="causal-lm")
+    (e,) = Explainer(model, tokenizer).explain("the naïve Ünïcode charm", methods="rawatt")
+    assert "naïve" in e.tokens and e.meta["text_tokens"] == ["naïve", "Ünïcode"]
+    assert "".join(e.token_text) == "the naïve Ünïcode charm"
+    assert "naïve" in readable_tokens(e.tokens, e.meta)
+    e.save(tmp_path / "e.json")
+    back = Explanation.load(tmp_path / "e.json")
+    assert back.token_text == e.token_text
+    assert "text_tokens" not in e.to_words().meta

@@ -266,6 +266,7 @@ class Explanation:
                                  for span in (self.target, self.predicted))
         meta = {**self.meta, "granularity": "word", "word_aggregation": aggregation}
         meta.pop("token_encoding", None)  # words are text
+        meta.pop("text_tokens", None)
         if "position" in meta:  # token classification: the explained token's word
             meta["position"] = word_of.get(int(meta["position"]), int(meta["position"]))
             if "token" in meta and 0 <= meta["position"] < len(groups):

@@ -50,10 +50,35 @@ def token_encoding(tokenizer: Any) -> str | None:
         return None
 
 
-def encoding_meta(tokenizer: Any) -> dict[str, str]:
-    """The explanation metadata entry recording the tokenizer's encoding (``{}`` for WordPiece and the like)."""
+def encoding_meta(tokenizer: Any) -> dict[str, Any]:
+    """The explanation metadata entries recording the tokenizer's encoding (``{}`` for WordPiece and the like):
+    ``token_encoding``, and for a byte-level vocabulary with tokens added as text that its byte alphabet would
+    misread (``"naïve"``: ``ï`` is a byte there), those tokens (``text_tokens``)."""
     encoding = token_encoding(tokenizer)
-    return {"token_encoding": encoding} if encoding else {}
+    if not encoding:
+        return {}
+    out: dict[str, Any] = {"token_encoding": encoding}
+    if encoding == BYTE_LEVEL:
+        misread = sorted(t for t in _added_tokens(tokenizer) if _alphabet_bytes(t) is not None
+                         and _alphabet_bytes(t) != t.encode("utf-8"))
+        if misread:
+            out["text_tokens"] = misread
+    return out
+
+
+def _added_tokens(tokenizer: Any) -> list[str]:
+    try:
+        return [str(t) for t in tokenizer.get_added_vocab()]
+    except Exception:  # noqa: BLE001 (a tokenizer that cannot list them adds none we know of)
+        return []
+
+
+def _alphabet_bytes(token: str) -> bytes | None:
+    """The bytes a token spells in GPT-2's byte alphabet, or ``None`` when a character lies outside it."""
+    byte_of = _byte_of()
+    if not all(c in byte_of for c in token):
+        return None
+    return bytes(byte_of[c] for c in token)
 
 
 def decode_byte_level(token: str) -> str:
@@ -95,7 +120,7 @@ def token_texts(tokens: list[str], meta: dict[str, Any] | None) -> list[str]:
     encoding = (meta or {}).get("token_encoding")
     if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
         return list(tokens)
-    return _spelled(tokens, encoding)[0]
+    return _spelled(tokens, encoding, (meta or {}).get("text_tokens", ()))[0]
 
 
 def byte_spans(tokens: list[str], meta: dict[str, Any] | None) -> list[tuple[int, int]] | None:
@@ -105,13 +130,16 @@ def byte_spans(tokens: list[str], meta: dict[str, Any] | None) -> list[tuple[int
     encoding = (meta or {}).get("token_encoding")
     if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
         return None
-    return _spelled(tokens, encoding)[1]
+    return _spelled(tokens, encoding, (meta or {}).get("text_tokens", ()))[1]
 
 
-def _spelled(tokens: list[str], encoding: str) -> tuple[list[str], list[tuple[int, int]]]:
+def _spelled(tokens: list[str], encoding: str,
+             text_tokens: Any = ()) -> tuple[list[str], list[tuple[int, int]]]:
     """Each token's text (a character whole to the token holding its last byte; bytes that never complete one
-    escaped on their own token) and the span of the joined text its bytes take part in."""
-    pieces = [_token_bytes(t, encoding) for t in tokens]
+    escaped on their own token) and the span of the joined text its bytes take part in. ``text_tokens``: tokens
+    added to a byte-level vocabulary as text (their UTF-8, not alphabet bytes)."""
+    as_text = set(text_tokens or ())
+    pieces = [t.encode("utf-8") if t in as_text else _token_bytes(t, encoding) for t in tokens]
     data = b"".join(pieces)
     owner = [k for k, piece in enumerate(pieces) for _ in piece]  # the token each byte comes from
     texts = [""] * len(tokens)
