@@ -175,6 +175,21 @@ def test_output_paths_that_cannot_be_written(option, tmp_path, capsys):
 
 
 
+@pytest.mark.parametrize("option", ["--out", "--html"])
+def test_an_output_that_is_the_input_file_is_refused_and_the_file_kept(option, tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a good movie\n")
+    fmt = ["--format", "jsonl"] if option == "--out" else []
+    code = main(["explain", "--file", str(texts), "--model", "/nonexistent/model", *fmt, option, str(texts)])
+    assert f"{option} {texts} is the --file file this command reads" in _one_line_error(capsys, code)
+    context = tmp_path / "context.txt"
+    context.write_text("The tower is in Paris.")
+    code = main(["cite", "--context-file", str(context), "--query", "Where?", "--model", "/nonexistent/model",
+                 "--format", "json", "--out", str(context)])
+    assert f"--out {context} is the --context-file file this command reads" in _one_line_error(capsys, code)
+    assert texts.read_text() == "a good movie\n" and context.read_text() == "The tower is in Paris."
+
+
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be created")
 @pytest.mark.parametrize("option", ["--html", "--head-view", "--plot"])
 def test_output_paths_where_no_file_can_be_created_are_refused_before_anything_is_written(option, tmp_path,

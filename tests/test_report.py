@@ -81,6 +81,14 @@ def test_report_cli_writes_page_with_tables_and_figures(results, capsys):
     assert "alert(1)" in page and "alert(2)" not in page
 
 
+@pytest.mark.parametrize("name", ["summary.json", "explanations.jsonl"])
+def test_an_output_that_is_a_results_file_is_refused_and_the_file_kept(results, name, capsys):
+    before = (results / name).read_bytes()
+    assert main(["report", str(results), "--out", str(results / name)]) == 2
+    assert "is a file of the results" in capsys.readouterr().err
+    assert (results / name).read_bytes() == before
+
+
 def test_default_output_path_and_no_examples(results):
     assert main(["report", str(results), "--examples", "0"]) == 0
     page = (results / "report.html").read_text()

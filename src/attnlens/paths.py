@@ -45,6 +45,18 @@ def check_output_path(path: str | os.PathLike[str], option: str, *, directory: b
     return p
 
 
+def check_not_an_input(output: str | os.PathLike[str] | None, option: str,
+                       inputs: dict[str, str | os.PathLike[str] | None]) -> None:
+    """:class:`InputError` where the output ``output`` (named ``option``) is one of the command's input files
+    (``{option: path}``): writing it would destroy what the command reads."""
+    if output is None:
+        return
+    target = Path(output).expanduser().resolve()
+    for name, path in inputs.items():
+        if path is not None and str(path) != "-" and Path(path).expanduser().resolve() == target:
+            raise InputError(f"{option} {output} is the {name} file this command reads; give another output file")
+
+
 def _make_parents(target: Path) -> None:
     """``target``'s missing parent folders, created; :class:`InputError` in one line where a part of the way is a
     file."""

@@ -88,7 +88,7 @@ def _answer_span(value: str | None) -> tuple[int, int] | None:
 def run(args: argparse.Namespace) -> int:
     from .. import Explainer
     from ..core.memory import parse_budget
-    from ..paths import atomic_write_text, check_output_path
+    from ..paths import atomic_write_text, check_not_an_input, check_output_path
     from ..sources.attribute import check_options, split_methods
 
     token_methods, source_methods = split_methods(args.methods)  # a typo fails before anything loads
@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "html" and args.out is None:
         args.out = "cite.html"
     out = None if args.out is None else check_output_path(args.out, "--out", directory=False)
+    check_not_an_input(args.out, "--out", {"--context-file": args.context_file})
     context = args.context if args.context_file is None else read_text_file(args.context_file, "--context-file")
     if not context or not context.strip():
         raise InputError("the context is empty: give the text the answer should be attributed to")

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..data import PAIR_KEYS, row_text, text_lines
 from ..errors import InputError, ModelError
-from ..paths import atomic_write_text, check_output_path
+from ..paths import atomic_write_text, check_not_an_input, check_output_path
 from ..viz.safetext import terminal_safe
 from . import add_placement_options, method_options, placement, read_text_file
 
@@ -237,6 +237,7 @@ def check_args(args: argparse.Namespace) -> None:
             continue
         option = "--" + name.replace("_", "-")
         path = check_output_path(value, option, directory=False).resolve()
+        check_not_an_input(value, option, {"--file": args.file})
         if path in seen:
             raise InputError(f"{seen[path]} and {option} both name {value}; give each its own file")
         seen[path] = option

@@ -236,6 +236,10 @@ def write_report(results_dir: str | Path, out: str | Path | None = None, example
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
         raise InputError(f"--examples must be an integer >= 0, got {examples!r}")
     path = check_output_path(out, "--out", directory=False) if out is not None else Path(results_dir) / "report.html"
+    folder = Path(results_dir).expanduser().resolve()
+    target = path.expanduser().resolve()
+    if target.exists() and folder in target.parents and target.suffix.lower() not in (".html", ".htm"):
+        raise InputError(f"--out {out} is a file of the results in {results_dir}; give another output file")
     html_text = report_html(results_dir, examples=examples)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, html_text)
