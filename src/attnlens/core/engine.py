@@ -362,8 +362,19 @@ def compute_batch(
                     layers * key_mask[:, None, :], runner.stream)
             scores = scores * mask
             layers = None if layers is None else layers * mask[:, None, :]
+            _warn_if_not_finite(spec.name, scores, runner)
             out[spec.name] = (scores, layers)
     return ctx, out
+
+
+def _warn_if_not_finite(method: str, scores: torch.Tensor, runner: ModelRunner) -> None:
+    """A warning where a method's scores overflowed or divided 0 by 0 (they are written as they are, ``inf`` or
+    ``nan``, and a JSON reader may refuse them): most often a half-precision model's range."""
+    bad = ~torch.isfinite(scores)
+    if bool(bad.any()):
+        dtype = str(next(runner.model.parameters()).dtype).removeprefix("torch.")
+        warnings.warn(f"{method}: {int(bad.sum())} of its scores are not finite (inf or nan) with this {dtype} model; "
+                      "load it in float32 (--dtype float32) to explain it", stacklevel=2)
 
 
 def explain_batch(

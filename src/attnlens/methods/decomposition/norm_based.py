@@ -290,8 +290,9 @@ class _GlobEncRows(_ChunkedLayers):
             self.gram = gram_matrices(self.g)
             self.residual = ResidualTerms.of(self.g, transform(self.x))
         m = norm_rows(rows.attn, self.g, self.gram, self.residual, rows.at)
-        m = m.clamp_min(0).sqrt().to(rows.x.dtype)
-        return m if scale is None else m * scale
+        # at least float32: the unnormalised product over the layers overflows half precision (MiniLM in float16)
+        m = m.clamp_min(0).sqrt().to(torch.promote_types(rows.x.dtype, torch.float32))
+        return m if scale is None else m * scale.to(m.dtype)
 
     def normalised(self, m: torch.Tensor) -> torch.Tensor:
         pre_ln = self.anatomy.pre_ln
