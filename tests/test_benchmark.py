@@ -196,6 +196,7 @@ def test_attcat_code_protocol_explains_the_gold_class(tmp_path):
     summary, _ = bench(tmp_path, config=EvalConfig(protocol="attcat-code", occlusion_counts=(0, 1)))
     rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]
     assert all(r["target"] == r["label"] for r in rows)
+    assert json.loads((tmp_path / "run.json").read_text())["settings"]["target"] == "gold"  # as it is done
     assert any(r["target"] != r["predicted"] for r in rows)
     assert len(summary["curves"]["aopc"]["grads"]["fractions"]) == 9
     vals = [r["metrics"]["aopc"] for r in rows if r["method"] == "grads"]

@@ -339,3 +339,10 @@ def test_options_reach_the_methods(models, tmp_path, capsys):
     (got,) = load_explanations(out)
     for method in ("globenc", "integratedgradients"):
         np.testing.assert_allclose(got.scores[method], want.scores[method], rtol=1e-5, atol=1e-6)
+
+
+def test_the_attcat_code_protocol_refuses_explaining_the_predicted_class(tmp_path, capsys):
+    code = main(["benchmark", "--model", "/nonexistent/model", "--dataset", "sst2", "--protocol", "attcat-code",
+                 "--target", "predicted", "--out", str(tmp_path / "run")])
+    assert "--protocol attcat-code explains the gold label" in _one_line_error(capsys, code)
+    assert not (tmp_path / "run").exists()

@@ -55,9 +55,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--occlusion-drop", choices=["mask", "delete"], default="mask",
                    help="drop tokens by attention mask 0 (as Karpekov & Miller, 'Is Attention Truly All We Need?', "
                    "2023) or by deleting them")
-    p.add_argument("--target", choices=["predicted", "gold"], default="predicted",
-                   help="explain the predicted class or the gold label (Karpekov & Miller 2023 explain the gold "
-                   "label)")
+    p.add_argument("--target", choices=["predicted", "gold"],
+                   help="explain the predicted class (default) or the gold label (Karpekov & Miller 2023 explain the "
+                   "gold label; --protocol attcat-code always does)")
     p.add_argument("--target-kind", choices=["logit", "probability", "loss"], default="logit",
                    help="explain the logit, the probability, or the loss (log-probability) of the target")
     p.add_argument("--k", type=int, default=20,
@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
     if args.occlusion_step < 1 or args.occlusion_max < 0:
         raise InputError("--occlusion-step must be >= 1 and --occlusion-max >= 0")
+    _target(args)  # before the model loads
     check_output_path(args.out, "--out", directory=True)
     from ..core.memory import parse_budget
 
@@ -188,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         methods=methods, metrics=args.metrics, config=config,
         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, chunk_size=args.chunk_size,
         resume=not args.overwrite, progress=not args.quiet and (shard is None or shard.index == 0),
-        explain_options=options, model_name=args.model, target=args.target, target_kind=args.target_kind,
+        explain_options=options, model_name=args.model, target=_target(args), target_kind=args.target_kind,
         memory_budget=budget,
     )
     if args.processes > 1:  # check everything here, once, then start the processes (they each load the model)
@@ -221,3 +222,14 @@ def run(args: argparse.Namespace) -> int:
     print(terminal_safe(f"{summary['n_examples']} examples in {t.get('seconds', 0):.1f} s; results in {out}/",
                         one_line=True))
     return 0
+
+
+def _target(args: argparse.Namespace) -> str:
+    """What the benchmark explains: ``--target``, the predicted class by default; the gold label under the
+    AttCAT code's protocol, which explains it (an explicit ``--target predicted`` is refused there)."""
+    if args.protocol == "attcat-code":
+        if args.target == "predicted":
+            raise InputError("--protocol attcat-code explains the gold label, as the AttCAT code does: leave out "
+                             "--target or give --target gold")
+        return "gold"
+    return args.target or "predicted"

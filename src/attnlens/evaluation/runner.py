@@ -214,6 +214,8 @@ def run_benchmark(
         )
     if config is None or config.pad_token_id is None:
         config = dataclasses.replace(config or EvalConfig(), pad_token_id=_pad_id(explainer))
+    if config.protocol == "attcat-code":  # the AttCAT code explains the gold label: recorded as it is done
+        target = "gold"
     for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                         ("chunk_size", chunk_size)):
         if not isinstance(value, int) or value < 1:
