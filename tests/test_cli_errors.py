@@ -346,3 +346,17 @@ def test_the_attcat_code_protocol_refuses_explaining_the_predicted_class(tmp_pat
                  "--target", "predicted", "--out", str(tmp_path / "run")])
     assert "--protocol attcat-code explains the gold label" in _one_line_error(capsys, code)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("extra", [["--hard"], ["--sources", "sentence"], ["--lds-ablations", "8"],
+                                   ["--external", "peers.jsonl"], ["--write-examples", "ex.jsonl"]])
+def test_context_benchmark_options_are_refused_for_classification(extra, tmp_path, capsys):
+    code = main(["benchmark", "--model", "/nonexistent/model", "--dataset", "sst2", *extra, "--out",
+                 str(tmp_path / "run")])
+    assert "is an option of --task context" in _one_line_error(capsys, code)
+
+
+def test_a_missing_external_scores_file_is_one_line(tmp_path, capsys):
+    code = main(["benchmark", "--task", "context", "--model", "/nonexistent/model", "--dataset", "squad-context",
+                 "--external", str(tmp_path / "nosuch.jsonl"), "--out", str(tmp_path / "run")])
+    assert "nosuch.jsonl: cannot be read" in _one_line_error(capsys, code)

@@ -99,8 +99,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+# the options of --task context, with their defaults: refused when set for another task, where they do nothing
+CONTEXT_OPTIONS = {"sources": "passage", "distractors": 3, "hard": False, "lds_ablations": 32, "ablation": "remove",
+                   "external": [], "write_examples": None}
+
+
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.task != "context":
+        for name, default in CONTEXT_OPTIONS.items():
+            if getattr(args, name) != default:
+                raise InputError(f"--{name.replace('_', '-')} is an option of --task context; this is --task "
+                                 f"{args.task}")
     if args.task == "context":
         from .benchmark_context import run_context
 

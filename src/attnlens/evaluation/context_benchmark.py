@@ -63,7 +63,11 @@ def read_external(paths: Sequence[str | Path]) -> dict[str, dict[str, dict[str, 
     """``{example id: {method: {"scores", "seconds"}}}`` from peers' JSON Lines files."""
     found: dict[str, dict[str, dict[str, Any]]] = {}
     for path in paths:
-        for n, line in enumerate(text_lines(Path(path).read_text(encoding="utf-8-sig")), 1):
+        try:
+            text = Path(path).read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as err:
+            raise InputError(f"--external {path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+        for n, line in enumerate(text_lines(text), 1):
             if not line.strip():
                 continue
             try:
