@@ -197,6 +197,8 @@ def test_two_processes_equal_one(tmp_path, monkeypatch, capsys):
               "aopc,lodds,kendall", "--chunk-size", str(CHUNK), "--batch-size", "2", "--quiet", "--threads", "1"]
     assert main([*common, "--out", str(tmp_path / "one")]) == 0
     capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "shard"), "--shard", "0/2"]) == 0
+    assert "shard" not in capsys.readouterr().err  # --quiet: no notices
     monkeypatch.setenv("PYTHONPATH", str(SRC))  # the workers import this checkout
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     assert main([*common, "--out", str(tmp_path / "two"), "--processes", "2"]) == 0

@@ -222,9 +222,10 @@ def run(args: argparse.Namespace) -> int:
     assert summary is not None
     if shard is not None:
         state = "complete" if summary["timing"].get("complete") else "partial: the other shards merge when they end"
-        print(terminal_safe(f"attnlens: shard {shard.index}/{shard.count} done; {summary['n_examples']} of "
-                            f"{summary['n_planned']} examples merged into {out}/ ({state})", one_line=True),
-              file=sys.stderr)
+        if not args.quiet:  # a notice
+            print(terminal_safe(f"attnlens: shard {shard.index}/{shard.count} done; {summary['n_examples']} of "
+                                f"{summary['n_planned']} examples merged into {out}/ ({state})", one_line=True),
+                  file=sys.stderr)
         if not summary["timing"].get("complete") or os.environ.get(parallel.QUIET_TABLE):
             return 0
     print(terminal_safe((out / "table.md").read_text(encoding="utf-8")))
