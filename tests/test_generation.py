@@ -292,7 +292,7 @@ def test_a_target_that_is_its_own_contrast_is_refused_or_warned(tokenizer, lm):
     with pytest.raises(InputError, match="input 2: the target is the contrast"):
         ex.explain(["good", "bad"], methods="grads", target=[0, 1], contrast=1)
     predicted = ex.explain("good", methods="grads")[0].target
-    with pytest.warns(UserWarning, match=f"the explained class {predicted} is the contrast"):
+    with pytest.warns(UserWarning, match=f"input 'good': the explained class {predicted} is the contrast"):
         (e,) = ex.explain("good", methods="grads", contrast=predicted)
     assert not np.any(e.scores["grads"])
     good, bad = [lm.tokenizer.convert_tokens_to_ids(w) for w in ("good", "bad")]

@@ -77,8 +77,9 @@ class ContrastHead:
         predicted class, explained by default, is the contrast itself (every score is then 0)."""
         explanation.target, explanation.meta["contrast"] = explanation.target
         if explanation.target == explanation.meta["contrast"]:
-            warnings.warn(f"the explained class {explanation.target} is the contrast: target − contrast is 0, and so "
-                          "is every score (name another --target / target=)", stacklevel=2)
+            text = explanation.text if isinstance(explanation.text, str) else " / ".join(explanation.text)
+            warnings.warn(f"input {text!r:.60}: the explained class {explanation.target} is the contrast: target − "
+                          "contrast is 0, and so is every score (name another --target / target=)", stacklevel=2)
         self.base.annotate(explanation)
 
 
