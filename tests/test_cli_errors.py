@@ -360,3 +360,8 @@ def test_a_missing_external_scores_file_is_one_line(tmp_path, capsys):
     code = main(["benchmark", "--task", "context", "--model", "/nonexistent/model", "--dataset", "squad-context",
                  "--external", str(tmp_path / "nosuch.jsonl"), "--out", str(tmp_path / "run")])
     assert "nosuch.jsonl: cannot be read" in _one_line_error(capsys, code)
+
+
+def test_token_with_generate_is_refused(capsys):
+    code = main(["explain", "--model", "/nonexistent/model", "--generate", "--token", "1", "The capital is"])
+    assert "--token names the explained token of a token classifier" in _one_line_error(capsys, code)

@@ -222,6 +222,9 @@ def check_args(args: argparse.Namespace) -> None:
         args.max_new_tokens = 8
     if args.generate and args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.generate and args.token is not None:
+        raise InputError("--token names the explained token of a token classifier; --generate explains each "
+                         "generated token")
     if args.generate and args.words:
         raise InputError("--words is not available with --generate (scores are per token)")
     if args.target_kind == "loss" and args.target is None and not args.generate:
