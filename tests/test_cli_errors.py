@@ -365,3 +365,9 @@ def test_a_missing_external_scores_file_is_one_line(tmp_path, capsys):
 def test_token_with_generate_is_refused(capsys):
     code = main(["explain", "--model", "/nonexistent/model", "--generate", "--token", "1", "The capital is"])
     assert "--token names the explained token of a token classifier" in _one_line_error(capsys, code)
+
+
+def test_an_occlusion_max_below_its_step_is_refused(tmp_path, capsys):
+    code = main(["benchmark", "--model", "/nonexistent/model", "--dataset", "sst2", "--occlusion-max", "1",
+                 "--occlusion-step", "2", "--out", str(tmp_path / "run")])
+    assert "--occlusion-max 1 is below --occlusion-step 2" in _one_line_error(capsys, code)

@@ -132,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
     if args.occlusion_step < 1 or args.occlusion_max < 0:
         raise InputError("--occlusion-step must be >= 1 and --occlusion-max >= 0")
+    if 0 < args.occlusion_max < args.occlusion_step:
+        raise InputError(f"--occlusion-max {args.occlusion_max} is below --occlusion-step {args.occlusion_step}: the "
+                         "occlusion curves would drop no token (give a larger --occlusion-max, or 0 for none)")
     _target(args)  # before the model loads
     check_output_path(args.out, "--out", directory=True)
     from ..core.memory import parse_budget
