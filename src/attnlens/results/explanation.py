@@ -105,7 +105,7 @@ class Explanation:
         seqs = {None if self.sequence_ids is None else self.sequence_ids[i] for i in group}
         if self.offsets is not None and len(seqs) == 1 and not any(self.special[i] for i in group):
             seq = seqs.pop()
-            source = self.text[seq or 0] if isinstance(self.text, list) else self.text
+            source = self._sequence_text(seq)
             lo, hi = self.offsets[start][0], max(self.offsets[i][1] for i in group)
             if hi > lo:
                 return source[lo:_past_marks(source, hi)]
@@ -181,6 +181,10 @@ class Explanation:
             last_key = key
         return groups
 
+    def _sequence_text(self, seq: Any) -> str:
+        """The input text that tokens of sequence ``seq`` (a pair's 0 or 1; ``None`` alone) are located in."""
+        return self.text[seq or 0] if isinstance(self.text, list) else self.text
+
     def _space_before(self, i: int, seq: Any) -> bool:
         """Whether whitespace of the input separates token ``i`` from the token before it (in its own span's start
         or between the two spans): a word boundary, also where the tokenizer's word ids run on across it (a
@@ -188,7 +192,7 @@ class Explanation:
         every token word id 0)."""
         if self.offsets is None or i == 0:
             return False
-        source = self.text[seq or 0] if isinstance(self.text, list) else self.text
+        source = self._sequence_text(seq)
         (_, end), (start, stop) = self.offsets[i - 1], self.offsets[i]
         gap = source[min(end, start):start]  # between the two spans
         lead = source[start:start + 1] if stop > start else ""  # the token's first character
@@ -219,7 +223,7 @@ class Explanation:
     def _word_text(self, group: list[int]) -> str:
         if self.offsets is not None and not self.special[group[0]]:
             seq = self.sequence_ids[group[0]] if self.sequence_ids is not None else 0
-            source = self.text[seq or 0] if isinstance(self.text, list) else self.text
+            source = self._sequence_text(seq)
             start = min(self.offsets[i][0] for i in group)
             end = _past_marks(source, max(self.offsets[i][1] for i in group))
             if end > start:  # byte-level tokenizers' offsets take in the space before a word

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InputError
 from ..paths import atomic_write_text
 from .explanation import Explanation, _read_dicts
-from .tokentext import BYTE_LEVEL, SENTENCEPIECE, byte_spans, token_texts
+from .tokentext import BYTE_LEVEL, SENTENCEPIECE, byte_spans, token_texts, whole_on_each
 
 __all__ = ["Generation", "load_generations"]
 
@@ -101,11 +101,7 @@ class Generation:
         """Each generated token as its step is labelled (views, ``step(t).meta["target_token"]``): the text it
         spells, a character split over tokens shown whole on each of them (decoded alone, each part reads
         U+FFFD), else each token decoded."""
-        texts = self._pieces()
-        for t in range(len(texts) - 2, -1, -1):
-            if texts[t] == "" and texts[t + 1]:  # the first bytes of the character the next token completes
-                texts[t] = texts[t + 1][0]
-        return texts
+        return whole_on_each(self._pieces())
 
     @property
     def text(self) -> str:

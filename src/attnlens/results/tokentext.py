@@ -59,8 +59,8 @@ def encoding_meta(tokenizer: Any) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {"token_encoding": encoding}
     if encoding == BYTE_LEVEL:
-        misread = sorted(t for t in _added_tokens(tokenizer) if _alphabet_bytes(t) is not None
-                         and _alphabet_bytes(t) != t.encode("utf-8"))
+        spelled = {t: _alphabet_bytes(t) for t in _added_tokens(tokenizer)}
+        misread = sorted(t for t, b in spelled.items() if b is not None and b != t.encode("utf-8"))
         if misread:
             out["text_tokens"] = misread
     return out
@@ -230,8 +230,14 @@ def readable_tokens(tokens: list[str], meta: dict[str, Any] | None) -> list[str]
     encoding = (meta or {}).get("token_encoding")
     if encoding not in (BYTE_LEVEL, SENTENCEPIECE):
         return list(tokens)
-    texts = token_texts(tokens, meta)
+    return [_shown(text) for text in whole_on_each(token_texts(tokens, meta))]
+
+
+def whole_on_each(texts: list[str]) -> list[str]:
+    """:func:`token_texts` with a character split over several tokens shown whole on each of them: the tokens
+    holding only its first bytes (``""``) take the character the next token completes."""
+    texts = list(texts)
     for i in range(len(texts) - 2, -1, -1):
         if texts[i] == "" and texts[i + 1]:  # the first bytes of the character the next token completes
             texts[i] = texts[i + 1][0]
-    return [_shown(text) for text in texts]
+    return texts

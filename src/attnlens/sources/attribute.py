@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..core.answer_engine import check_lm, methods_within_budget, refuse_answer_over_budget
-from ..core.encoding import continuation_encoding
+from ..core.encoding import continuation_encoding, special_ids
 from ..core.generation_engine import capped_new_tokens, eos_ids, greedy
 from ..core.memory import parse_budget, readable_size
 from ..core.model_runner import ModelRunner
@@ -315,11 +315,9 @@ def _warn_about_tokens(runner: ModelRunner, prompt: Prompt, sources: Sequence[An
         warnings.warn(f"source{'s' * (len(empty) > 1)} {shown}{', ...' if len(empty) > 5 else ''} hold no token of "
                       "their own (a token belongs to the source holding its first non-space character): the "
                       "methods that read tokens (all but loo and contextcite) score them 0", stacklevel=5)
-    tokenizer = runner.tokenizer
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    # a special token spelled in the text (not the unknown token standing for a word the vocabulary lacks)
+    special = special_ids(runner.tokenizer)  # not the unknown token, which stands for a word the vocabulary lacks
     marked = [prompt.text[a:b] for (a, b), i, k in zip(prompt.offsets, prompt.ids, owners, strict=True)
-              if k >= 0 and i in special and prompt.text[a:b].strip() == tokenizer.convert_ids_to_tokens(i)]
+              if k >= 0 and i in special]
     if marked:
         warnings.warn(f"the context holds text the tokenizer reads as special tokens ({', '.join(sorted(set(marked)))})"
                       ": the model reads control tokens there", stacklevel=5)
