@@ -307,3 +307,23 @@ def test_a_checkpoint_keeps_its_class_names_and_the_data_is_numbered_as_its_head
     train(TrainConfig(model=str(tmp_path / "swapped"), out=str(tmp_path / "c"), data_file=ids, epochs=1,
                       lr=1e-12, max_length=16, progress=False), log=lambda _: None)
     assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "c").config.id2label == {0: "pos", 1: "neg"}
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--data-file", "{data}", "--eval-file", "{data}", "--eval-fraction", "0.3"], "--eval-fraction"),
+    (["--data-file", "{data}", "--split", "dev"], "--split"),
+    (["--data-file", "{data}", "--eval-split", "test"], "--eval-split"),
+    (["--data-file", "{data}", "--doc-stride", "64"], "--doc-stride"),
+    (["--dataset", "sst2", "--text-field", "sentence"], "--text-field"),
+    (["--dataset", "sst2", "--label-field", "y"], "--label-field"),
+    (["--dataset", "sst2", "--eval-fraction", "0.3"], "--eval-fraction"),
+    (["--dataset", "sst2", "--eval-file", "{data}", "--eval-split", "test"], "--eval-split"),
+])
+def test_options_the_data_would_leave_unused_are_refused(tmp_path, tiny_model, capsys, extra, flag):
+    data = write_jsonl(tmp_path / "train.jsonl", sentences(8))
+    argv = ["train", "--model", tiny_model, "--out", str(tmp_path / "o"), "--no-progress",
+            *(a.format(data=data) for a in extra)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"attnlens: error: {flag} would be ignored") and "\n" not in err, err
+    assert not (tmp_path / "o").exists()

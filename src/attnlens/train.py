@@ -229,6 +229,33 @@ def _named_labels(path: str | os.PathLike[str] | None) -> bool:
     return first is not None and isinstance(first[1].get("label"), str)
 
 
+def _check_options(cfg: TrainConfig) -> None:
+    """Options that the chosen data would leave unused are refused rather than ignored."""
+    unused: list[tuple[str, str]] = []
+    if cfg.doc_stride != TrainConfig.doc_stride:
+        unused.append(("--doc-stride", "it windows long contexts of --dataset squad only"))
+    if cfg.dataset is not None:
+        for flag, value, default in (("--text-field", cfg.text_field, None),
+                                     ("--text-pair-field", cfg.text_pair_field, None),
+                                     ("--label-field", cfg.label_field, TrainConfig.label_field)):
+            if value != default:
+                unused.append((flag, f"it names a field of --data-file rows; --dataset {cfg.dataset} has its own"))
+        if cfg.eval_fraction != TrainConfig.eval_fraction:
+            unused.append(("--eval-fraction", f"--dataset {cfg.dataset} is evaluated on its evaluation split"))
+        if cfg.eval_file is not None and cfg.eval_split is not None:
+            unused.append(("--eval-split", "--eval-file is evaluated instead"))
+    else:
+        if cfg.split != TrainConfig.split:
+            unused.append(("--split", "it names a split of --dataset; --data-file is read whole"))
+        if cfg.eval_split is not None:
+            unused.append(("--eval-split", "it names a split of --dataset; give --eval-file or --eval-fraction"))
+        if cfg.eval_file is not None and cfg.eval_fraction != TrainConfig.eval_fraction:
+            unused.append(("--eval-fraction", "--eval-file is evaluated instead of a held-out part of --data-file"))
+    if unused:
+        flag, why = unused[0]
+        raise InputError(f"{flag} would be ignored: {why}; leave it out")
+
+
 def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
     """The training and evaluation splits of ``cfg`` and the class names (if known)."""
     if cfg.dataset is not None:
@@ -566,6 +593,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     if is_qa(cfg):
         raise InputError(f"{cfg.dataset} is a question-answering data set: train it with "
                          "attnlens.train_qa.train_qa (attnlens train picks it)")
+    _check_options(cfg)
     resolve_model(cfg.model)  # a missing model directory fails before the data is read
     given_length = cfg.max_length
     cfg = replace(cfg, max_length=cfg.max_length or 64)
