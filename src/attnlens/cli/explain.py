@@ -148,7 +148,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="inputs per batch (default 32)")
     p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens (at least 2)")
     p.add_argument("--no-truncation", action="store_true", help="fail on over-long inputs instead of cutting them")
-    p.add_argument("--top-k", type=int, default=5, help="tokens per method in the terminal table (default 5)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="tokens per method in the terminal table of a classifier's explanations (default 5)")
     p.add_argument("--contrast", help="explain target - contrast: a class index or label name; with --generate, "
                    "the contrast continuation as text (one token per explained token)")
     gen = p.add_argument_group("generation (language models)")
@@ -210,8 +211,14 @@ OUTPUTS = ("out", "html", "plot", "head_view")  # the options that name a file t
 
 def check_args(args: argparse.Namespace) -> None:
     """Refuse every option mistake with one line, before the model loads and before anything is written."""
-    if args.top_k < 1:
-        raise InputError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.top_k is not None:
+        if args.top_k < 1:
+            raise InputError(f"--top-k must be at least 1, got {args.top_k}")
+        if args.generate or args.format != "terminal":
+            raise InputError("--top-k sets the terminal table of top tokens, which only --format terminal without "
+                             "--generate prints")
+    else:
+        args.top_k = 5
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.max_length is not None and args.max_length < 2:
