@@ -739,6 +739,9 @@ def test_cli_cite_offsets_index_the_context_file_as_written(lm_dir, tmp_path, ca
     (["--methods", "contextcite", "--options", '{"contextcite": {"keep_probability": "0.5"}}'],
      "keep_probability must be a number between 0 and 1"),
     (["--methods", "attngate", "--options", '{"attngate": {"steps": 0}}'], "steps must be an integer >= 1"),
+    (["--max-new-tokens", "4"], "--max-new-tokens bounds a generated answer: leave it out with --answer"),
+    (["--methods", "attngate,at2,attnlrp", "--ablation", "mask"],
+     "--ablation sets how loo and contextcite take a source out"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(lm_dir, tmp_path, capsys, extra, message):
     out = tmp_path / "c.json"

@@ -52,10 +52,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="use the tokenizer's chat template (default when it has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="no chat template: the plain prompt")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="longest generated answer (default: 64)")
-    p.add_argument("--ablation", default="remove", choices=["remove", "mask"],
-                   help="how ablations take a source out: remove its characters and re-tokenize (default), or mask "
-                        "its tokens from attention")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="longest generated answer (default: 64); not with --answer")
+    p.add_argument("--ablation", default=None, choices=["remove", "mask"],
+                   help="how loo and contextcite take a source out: remove its characters and re-tokenize (default), "
+                        "or mask its tokens from attention")
     p.add_argument("--n-ablations", type=int, default=None, help="contextcite: random ablations (default: 64)")
     p.add_argument("--at2-weights", default=None,
                    help="at2 or at2lrp: a weights file from `attnlens fit-at2` (default: the weights shipped for "
@@ -90,11 +91,20 @@ def run(args: argparse.Namespace) -> int:
     from ..core.memory import parse_budget
     from ..paths import atomic_write_text, check_not_an_input, check_output_path
     from ..sources.attribute import check_options, split_methods
+    from ..sources.methods import SOURCE_METHODS
 
     token_methods, source_methods = split_methods(args.methods)  # a typo fails before anything loads
     budget = parse_budget(args.memory_budget)
     span = _answer_span(args.answer_span)
-    check_at_least("--max-new-tokens", args.max_new_tokens, 1)
+    if args.max_new_tokens is not None:
+        check_at_least("--max-new-tokens", args.max_new_tokens, 1)
+        if args.answer is not None:
+            raise InputError("--max-new-tokens bounds a generated answer: leave it out with --answer")
+    else:
+        args.max_new_tokens = 64
+    if args.ablation is not None and not any(SOURCE_METHODS[m].ablates for m in source_methods):
+        raise InputError("--ablation sets how loo and contextcite take a source out: add one of them to --methods")
+    args.ablation = args.ablation or "remove"
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
     if args.format == "terminal" and args.out is not None:

@@ -34,7 +34,8 @@ class SourceMethod:
     :class:`~attnlens.errors.InputError` before any method of the job runs when its options or the memory budget
     rule it out; ``why_not(model)``: why the method cannot run on a model at all, or ``None`` where it can;
     ``check_values(**options)``: raises :class:`~attnlens.errors.InputError` for option values no model is needed
-    to judge (called when a request's options are checked, before anything is loaded)."""
+    to judge (called when a request's options are checked, before anything is loaded); ``ablates``: whether its
+    scores come from forwards with sources taken out (the ``ablation`` setting applies to it)."""
 
     name: str
     compute: Callable[..., tuple[np.ndarray, dict[str, Any]]]
@@ -47,6 +48,7 @@ class SourceMethod:
     check: Callable[..., None] | None = None
     why_not: Callable[[Any], str | None] | None = None
     check_values: Callable[..., None] | None = None
+    ablates: bool = False
 
     def unsupported(self, model: Any) -> str | None:
         """Why this method cannot run on ``model``, or ``None`` where it can (as
@@ -60,13 +62,13 @@ SOURCE_METHODS: dict[str, SourceMethod] = {}
 def source_method(name: str, summary: str, citation: str, forwards: Callable[..., int],
                   identity: Callable[..., dict[str, Any]] | None = None, token_methods: tuple[str, ...] = (),
                   check: Callable[..., None] | None = None, why_not: Callable[[Any], str | None] | None = None,
-                  check_values: Callable[..., None] | None = None,
+                  check_values: Callable[..., None] | None = None, ablates: bool = False,
                   **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a source-level method under ``name`` (its keyword defaults are ``options``)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         SOURCE_METHODS[name] = SourceMethod(name, fn, summary, citation, forwards, options, identity, token_methods,
-                                          check, why_not, check_values)
+                                          check, why_not, check_values, ablates)
         return fn
 
     return wrap
@@ -101,7 +103,7 @@ def check_source_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
 
 @source_method("loo", "Leave one out: the drop of the answer's log-probability when the source alone is removed.",
                "leave-one-out ablation (e.g. Cohen-Wang et al. 2024's baseline)",
-               forwards=lambda n, **_: n + 1)
+               forwards=lambda n, **_: n + 1, ablates=True)
 def loo(job: CiteJob) -> tuple[np.ndarray, dict[str, Any]]:
     n = len(job.sources)
     keep = ~np.eye(n, dtype=bool)
@@ -133,7 +135,7 @@ def _contextcite_values(n_ablations: Any = 64, keep_probability: Any = 0.5, alph
 @source_method("contextcite", "ContextCite: random ablations and a sparse linear surrogate (Lasso) of the answer's "
                "log-probability; a source's score is its coefficient.", "Cohen-Wang et al. 2024 (NeurIPS)",
                forwards=lambda n, n_ablations=64, **_: int(n_ablations), check_values=_contextcite_values,
-               n_ablations=64, keep_probability=0.5, alpha=0.01, seed=0)
+               ablates=True, n_ablations=64, keep_probability=0.5, alpha=0.01, seed=0)
 def contextcite(job: CiteJob, n_ablations: int = 64, keep_probability: float = 0.5, alpha: float = 0.01,
                 seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
     from sklearn.linear_model import Lasso
