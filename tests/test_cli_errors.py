@@ -374,3 +374,22 @@ def test_an_occlusion_max_below_its_step_is_refused(tmp_path, capsys):
     code = main(["benchmark", "--model", "/nonexistent/model", "--dataset", "sst2", "--occlusion-max", "1",
                  "--occlusion-step", "2", "--out", str(tmp_path / "run")])
     assert "--occlusion-max 1 is below --occlusion-step 2" in _one_line_error(capsys, code)
+
+
+def test_a_split_of_a_data_file_is_refused(tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"text": "good", "label": 1}\n')
+    code = main(["benchmark", "--model", "/nonexistent/model", "--dataset", str(data), "--split", "dev", "--out",
+                 str(tmp_path / "run")])
+    assert "--split names a split of a known data set" in _one_line_error(capsys, code)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("extra", [["--split", "fit"], ["--hard"], ["--sources", "sentence"], ["--distractors", "1"]])
+def test_squad_context_build_options_are_refused_with_an_examples_file(extra, tmp_path, capsys):
+    examples = tmp_path / "examples.jsonl"
+    examples.write_text("")
+    code = main(["benchmark", "--task", "context", "--model", "/nonexistent/model", "--dataset", str(examples),
+                 "--methods", "loo", *extra, "--out", str(tmp_path / "run")])
+    assert f"{extra[0]} chooses how squad-context builds its examples" in _one_line_error(capsys, code)
+    assert not (tmp_path / "run").exists()

@@ -327,3 +327,12 @@ def test_options_the_data_would_leave_unused_are_refused(tmp_path, tiny_model, c
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"attnlens: error: {flag} would be ignored") and "\n" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_file_given_as_dataset_is_refused_rather_than_evaluated_on_itself(tmp_path, tiny_model, capsys):
+    data = write_jsonl(tmp_path / "train.jsonl", sentences(8))
+    assert main(["train", "--model", tiny_model, "--dataset", data, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"attnlens: error: --dataset {data} is a file: give it as --data-file (evaluated on --eval-file or "
+                   "a held-out --eval-fraction)"), err
+    assert not (tmp_path / "o").exists()

@@ -217,6 +217,14 @@ def data_root(root: str | os.PathLike[str] | None = None) -> Path | None:
     return Path(env).expanduser() if env else None
 
 
+def names_a_file(name: str | os.PathLike[str]) -> bool:
+    """Whether :func:`load_dataset` reads ``name`` as a file (a path with a suffix, or one that exists) rather
+    than as a known data set's name; a file has no splits."""
+    key = str(name)
+    path = Path(key).expanduser()
+    return key.lower() not in SPECS and key.lower() not in ALIASES and bool(path.suffix or path.exists())
+
+
 def load_dataset(
     name: str | os.PathLike[str],
     split: str | None = None,
@@ -246,7 +254,7 @@ def load_dataset(
         raise InputError(f"task must be one of {', '.join(TASKS)} (or None to tell from the file), got {task!r}")
     key = str(name)
     path = Path(key).expanduser()
-    if key.lower() not in SPECS and key.lower() not in ALIASES and (path.suffix or path.exists()):
+    if names_a_file(key):
         if not path.is_file():
             raise InputError(f"data file {key} does not exist")
         ds = _load_file(path, task=task, name=path.name, split=split or path.stem)

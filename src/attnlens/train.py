@@ -24,7 +24,17 @@ from .core.encoding import model_max_length
 from .core.memory import DEFAULT_BUDGET, parse_budget, readable_size
 from .core.modelstate import without_cache
 from .core.training_memory import TrainingMemory
-from .data import ALIASES, SPECS, Dataset, class_order, iter_jsonl, load_dataset, names_classes, row_text
+from .data import (
+    ALIASES,
+    SPECS,
+    Dataset,
+    class_order,
+    iter_jsonl,
+    load_dataset,
+    names_a_file,
+    names_classes,
+    row_text,
+)
 from .errors import InputError, ModelError
 from .models.architectures import architecture_for
 from .models.hub import cache_only, not_cached_message
@@ -231,6 +241,9 @@ def _named_labels(path: str | os.PathLike[str] | None) -> bool:
 
 def _check_options(cfg: TrainConfig) -> None:
     """Options that the chosen data would leave unused are refused rather than ignored."""
+    if cfg.dataset is not None and names_a_file(cfg.dataset):  # it would be read as both splits
+        raise InputError(f"--dataset {cfg.dataset} is a file: give it as --data-file (evaluated on --eval-file or a "
+                         "held-out --eval-fraction)")
     unused: list[tuple[str, str]] = []
     if cfg.doc_stride != TrainConfig.doc_stride:
         unused.append(("--doc-stride", "it windows long contexts of --dataset squad only"))

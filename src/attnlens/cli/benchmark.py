@@ -100,6 +100,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 # the options of --task context, with their defaults: refused when set for another task, where they do nothing
+BUILD_OPTIONS = ("sources", "distractors", "hard")  # how squad-context builds its examples
 CONTEXT_OPTIONS = {"sources": "passage", "distractors": 3, "hard": False, "lds_ablations": 32, "ablation": "remove",
                    "external": [], "write_examples": None}
 
@@ -112,12 +113,20 @@ def run(args: argparse.Namespace) -> int:
                 raise InputError(f"--{name.replace('_', '-')} is an option of --task context; this is --task "
                                  f"{args.task}")
     if args.task == "context":
+        from ..sources.squad import SQUAD_CONTEXT
+
+        if args.dataset not in SQUAD_CONTEXT:  # an examples file: its prompts and sources are built already
+            built = ["--split"] * (args.split is not None) + [
+                f"--{name}" for name in BUILD_OPTIONS if getattr(args, name) != CONTEXT_OPTIONS[name]]
+            if built:
+                raise InputError(f"{built[0]} chooses how squad-context builds its examples; those of "
+                                 f"{args.dataset} are read as they are: leave it out")
         from .benchmark_context import run_context
 
         return run_context(args)
     import torch
 
-    from ..data import load_dataset
+    from ..data import load_dataset, names_a_file
     from ..evaluation import parallel
     from ..evaluation.metrics import EvalConfig, resolve_metrics
     from ..evaluation.results import clear_results
@@ -161,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
     check_benchmark_options(args.methods, options)  # before the data and the model load
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit must be a positive number of examples, got {args.limit}")
+    if args.split is not None and names_a_file(args.dataset):
+        raise InputError(f"--split names a split of a known data set; --dataset {args.dataset} is a file, read "
+                         "whole: leave --split out")
     dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
     out = Path(args.out)
     if launched:  # one of the processes `accelerate launch` (or --processes) started: its rank is its shard

@@ -15,9 +15,9 @@ from . import check_at_least, check_seed, method_options, placement
 
 def load_examples(args: argparse.Namespace) -> list:
     """The examples of ``--dataset``: ``squad-context`` built from SQuAD v1.1 dev, or a JSON Lines file."""
-    from ..sources.squad import ContextExample, squad_context
+    from ..sources.squad import SQUAD_CONTEXT, ContextExample, squad_context
 
-    if args.dataset in ("squad-context", "squad_context"):
+    if args.dataset in SQUAD_CONTEXT:
         split = args.split or "eval"
         return squad_context(split, args.limit or 100, distractors=args.distractors, hard=args.hard,
                              sources=args.sources, seed=args.seed, root=args.data_root)

@@ -26,6 +26,9 @@ __all__ = ["SPLITS", "ContextExample", "squad_context"]
 SPLITS = tuple(SQUAD_PARTS)
 
 
+SQUAD_CONTEXT = ("squad-context", "squad_context")  # the names of the examples built here from SQuAD v1.1 dev
+
+
 @dataclass
 class ContextExample:
     """One context-attribution example (the JSON Lines record of ``--examples`` files)."""
