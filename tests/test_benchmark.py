@@ -145,6 +145,21 @@ def test_resume_after_interruption_gives_identical_totals(tmp_path):
     assert len(rows) == 44 and len({(r["index"], r["method"]) for r in rows}) == 44
 
 
+def test_resume_takes_a_garbled_row_out_and_computes_it_again(tmp_path):
+    full, _ = bench(tmp_path / "full")
+    part_dir = tmp_path / "part"
+    bench(part_dir, stop_after=5)
+    path = part_dir / "examples.jsonl"
+    lines = path.read_text().splitlines()
+    lines[3] = lines[3][:20] + "#garbled#"  # changed outside attnlens
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match="1 line is not a results row"):
+        resumed, _ = bench(part_dir)
+    assert resumed["results"] == full["results"] and resumed["curves"] == full["curves"]
+    rows = [json.loads(x) for x in path.read_text().splitlines()]  # every line a row again
+    assert len(rows) == 44 and len({(r["index"], r["method"]) for r in rows}) == 44
+
+
 def test_explanations_cached_but_metrics_missing_are_reused(tmp_path):
     bench(tmp_path)
     (tmp_path / "examples.jsonl").unlink()

@@ -84,14 +84,25 @@ def test_each_metric_computes_its_own_curve():
     assert set(CURVES) <= set(METRICS)
 
 
-def test_results_rows_skip_bad_lines_and_cut_a_torn_one(tmp_path):
+def test_results_rows_take_bad_lines_out_of_the_file_and_cut_a_torn_one(tmp_path):
     f = tmp_path / "examples.jsonl"
-    f.write_bytes(b'{"index": 0}\n[1, 2]\nnot json\n\n{"index": 1}\n{"index": 2, "meth')
-    assert read_rows(f) == [{"index": 0}, {"index": 1}]
-    assert f.read_bytes().endswith(b'{"index": 1}\n')  # the torn line is cut off the file
+    content = b'{"index": 0}\n[1, 2]\nnot json\n\n{"index": 1}\n{"index": 2, "meth'
+    f.write_bytes(content)
     with pytest.raises(InputError, match=r"line 2: expected a JSON object"):
         list(iter_jsonl(f))
     assert [n for n, _ in iter_jsonl(f, skip_bad=True)] == [1, 5]
+    assert read_rows(f, repair=False) == [{"index": 0}, {"index": 1}]
+    assert f.read_bytes() == content  # another process's file is left as it is
+    with pytest.warns(UserWarning, match=r"examples.jsonl: 2 lines are not a results row"):
+        assert read_rows(f) == [{"index": 0}, {"index": 1}]
+    assert f.read_bytes() == b'{"index": 0}\n{"index": 1}\n'
+
+
+def test_results_rows_cut_a_torn_line_without_a_warning(tmp_path, recwarn):
+    f = tmp_path / "examples.jsonl"
+    f.write_bytes(b'{"index": 0}\n{"index": 1, "meth')
+    assert read_rows(f) == [{"index": 0}]
+    assert f.read_bytes() == b'{"index": 0}\n' and not recwarn.list
 
 
 def test_one_ranking_with_reverse():

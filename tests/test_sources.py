@@ -1092,6 +1092,25 @@ def test_context_benchmark_recomputes_a_record_of_another_example_or_model_under
     assert asked == [["loo"], ["loo"], ["loo"]]
 
 
+def test_context_benchmark_cuts_a_torn_record_and_computes_that_example_again(lm, tmp_path, monkeypatch):
+    from attnlens.evaluation import context_benchmark as cb
+    from attnlens.sources.squad import ContextExample
+
+    config = cb.ContextBenchmarkConfig(methods=["loo"], n_lds=8)
+    examples = [ContextExample(f"x{i}", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=0)
+                for i in (1, 2)]
+    cb.run_context_benchmark(lm, examples[:1], config, tmp_path)
+    path = tmp_path / "records.jsonl"
+    with path.open("a") as f:  # a write torn by an interruption
+        f.write('{"id": "x2", "meth')
+    asked = _methods_scored(cb, monkeypatch)
+    cb.run_context_benchmark(lm, examples, config, tmp_path)
+    assert asked == [["loo"]]  # x2 only
+    assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["x1", "x2"]
+    cb.run_context_benchmark(lm, examples, config, tmp_path)
+    assert asked == [["loo"]]  # both records read back whole
+
+
 def test_cli_context_benchmark_refuses_a_folder_of_other_results(tmp_path, capsys):
     (tmp_path / "run.json").write_text("{}")
     code = main(["benchmark", "--task", "context", "--dataset", "squad-context", "--model", "/nonexistent/model",

@@ -37,6 +37,7 @@ from ..sources.ablation import ablation_logprobs, full_logprob, random_masks, ra
 from ..sources.attribute import prepare_job, score_job
 from ..sources.methods import method_identity
 from ..sources.squad import ContextExample
+from .results import read_rows
 
 if TYPE_CHECKING:
     from ..explainer import Explainer
@@ -245,13 +246,9 @@ def run_context_benchmark(
     out.mkdir(parents=True, exist_ok=True)
     path = out / "records.jsonl"
     done: dict[str, dict[str, Any]] = {}
-    if path.is_file():
-        for line in text_lines(path.read_text(encoding="utf-8")):
-            try:
-                r = json.loads(line)
-                done[r["id"]] = r
-            except (ValueError, KeyError):
-                continue  # a line torn by an interruption is recomputed
+    for r in read_rows(path):  # a line torn by an interruption is cut off, and its example computed again
+        if isinstance(r.get("id"), str):
+            done[r["id"]] = r
     start = time.perf_counter()
     wanted = [*config.methods]
     identities = _identities(ex, config)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data import Dataset, iter_jsonl, text_lines
+from ..data import Dataset, text_lines
 from ..errors import InputError
 from ..results.explanation import Explanation
 
@@ -73,19 +73,24 @@ def differing_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]
 
 # ------------------------------------------------------------------ JSON files
 def read_rows(path: Path, repair: bool = True) -> list[dict[str, Any]]:
-    """Complete lines of a results JSONL file; a torn last line (interrupted write) is cut off the file (left in
-    place with ``repair=False``: a file another process may be appending to), and a line that is not a JSON object
-    is skipped."""
+    """Complete lines of a results JSONL file. A torn last line (interrupted write) is cut off the file, and any
+    other line that is not a JSON object is taken out of it with a warning (both are left in place with
+    ``repair=False``: a file another process may be appending to); the rows of such lines are computed again."""
     if not path.exists():
         return []
     raw = path.read_bytes()
     end = raw.rfind(b"\n") + 1
-    if end < len(raw):
-        if not repair:
-            return [row for row in map(_object, text_lines(raw[:end].decode("utf-8", "replace"))) if row]
+    lines = [line for line in text_lines(raw[:end].decode("utf-8", "replace")) if line.strip()]
+    rows = [row for row in map(_object, lines) if row is not None]
+    if repair and end < len(raw):
         with path.open("r+b") as f:
             f.truncate(end)
-    return [row for _, row in iter_jsonl(path, skip_bad=True)]
+    if repair and len(rows) < len(lines):
+        bad = len(lines) - len(rows)
+        warnings.warn(f"{path}: {bad} line{'s are' if bad > 1 else ' is'} not a results row (the file was changed "
+                      "outside attnlens?); left out, and their rows computed again", stacklevel=2)
+        rewrite_rows(path, rows)
+    return rows
 
 
 def _object(line: str) -> dict[str, Any] | None:
