@@ -145,6 +145,27 @@ def test_resume_after_interruption_gives_identical_totals(tmp_path):
     assert len(rows) == 44 and len({(r["index"], r["method"]) for r in rows}) == 44
 
 
+def test_an_interrupted_run_summarises_the_examples_it_finished(tmp_path):
+    full, _ = bench(tmp_path / "full")
+
+    class Interrupted(FakeExplainer):
+        def explain(self, texts, methods, **kwargs):
+            if self.explained >= 12:  # the third chunk (each explains 3 examples and their other class)
+                raise KeyboardInterrupt
+            return super().explain(texts, methods, **kwargs)
+
+    logged = []
+    with pytest.raises(KeyboardInterrupt):
+        bench(tmp_path / "part", explainer=Interrupted(), log=logged.append)
+    partial = json.loads((tmp_path / "part" / "summary.json").read_text())
+    assert partial["timing"]["complete"] is False and partial["timing"]["interrupted"] is True
+    assert partial["n_examples"] == 6 and partial["n_planned"] == 11
+    assert logged == [f"interrupted: wrote {tmp_path / 'part'}/summary.json (6 of 11 examples); run the same "
+                      "command again to finish"]
+    resumed, _ = bench(tmp_path / "part")
+    assert resumed["results"] == full["results"] and resumed["timing"]["complete"] is True
+
+
 def test_resume_takes_a_garbled_row_out_and_computes_it_again(tmp_path):
     full, _ = bench(tmp_path / "full")
     part_dir = tmp_path / "part"

@@ -1111,6 +1111,32 @@ def test_context_benchmark_cuts_a_torn_record_and_computes_that_example_again(lm
     assert asked == [["loo"]]  # both records read back whole
 
 
+def test_an_interrupted_context_benchmark_summarises_the_examples_it_finished(lm, tmp_path, monkeypatch):
+    from attnlens.evaluation import context_benchmark as cb
+    from attnlens.sources.squad import ContextExample
+
+    config = cb.ContextBenchmarkConfig(methods=["loo"], n_lds=8)
+    examples = [ContextExample(f"x{i}", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=0)
+                for i in (1, 2, 3)]
+    real = cb.score_job
+
+    def interrupt_the_second(job, methods, options):
+        if calls.append(1) or len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(job, methods, options)
+
+    calls: list[int] = []
+    monkeypatch.setattr(cb, "score_job", interrupt_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        cb.run_context_benchmark(lm, examples, config, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["examples"] == 1 and summary["planned"] == 3 and summary["complete"] is False
+    assert summary["metrics"]["loo"]["lds"]["n"] == 1
+    monkeypatch.setattr(cb, "score_job", real)
+    whole = cb.run_context_benchmark(lm, examples, config, tmp_path)
+    assert whole["examples"] == 3 and "complete" not in whole
+
+
 def test_cli_context_benchmark_refuses_a_folder_of_other_results(tmp_path, capsys):
     (tmp_path / "run.json").write_text("{}")
     code = main(["benchmark", "--task", "context", "--dataset", "squad-context", "--model", "/nonexistent/model",

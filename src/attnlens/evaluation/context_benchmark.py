@@ -252,21 +252,34 @@ def run_context_benchmark(
     start = time.perf_counter()
     wanted = [*config.methods]
     identities = _identities(ex, config)
-    with path.open("a", encoding="utf-8") as f:
-        for e in examples:
-            ext = (external or {}).get(e.id, {})
-            old = done.get(e.id)
-            settings = _truth_settings(config, ex, e)
-            if old is None or not _complete(old, config, [*wanted, *ext], identities, settings):
-                done[e.id] = evaluate_example(ex, e, config, ext, previous=old, identities=identities)
-                f.write(json.dumps(done[e.id]) + "\n")  # a later line for the same id supersedes an earlier one
-                f.flush()
-            if progress is not None:
-                progress(1)
-    records = [done[e.id] for e in examples]
+    finished: list[ContextExample] = []
+    try:
+        with path.open("a", encoding="utf-8") as f:
+            for e in examples:
+                ext = (external or {}).get(e.id, {})
+                old = done.get(e.id)
+                settings = _truth_settings(config, ex, e)
+                if old is None or not _complete(old, config, [*wanted, *ext], identities, settings):
+                    done[e.id] = evaluate_example(ex, e, config, ext, previous=old, identities=identities)
+                    f.write(json.dumps(done[e.id]) + "\n")  # a later line for the same id supersedes an earlier one
+                    f.flush()
+                finished.append(e)
+                if progress is not None:
+                    progress(1)
+    except KeyboardInterrupt:  # the examples finished so far are summarised; the same command finishes the run
+        _write_summary(ex, config, out, [done[e.id] for e in finished], len(examples), start)
+        raise
+    return _write_summary(ex, config, out, [done[e.id] for e in finished], len(examples), start)
+
+
+def _write_summary(ex: Explainer, config: ContextBenchmarkConfig, out: Path, records: list[dict[str, Any]],
+                   planned: int, start: float) -> dict[str, Any]:
+    """``summary.json`` and ``summary.md`` of ``records`` (of ``planned`` examples: fewer after an interruption)."""
     summary = {"model": ex.name, "examples": len(records), "methods": list(config.methods),
                "n_lds": config.n_lds, "ablation": config.ablation, "seconds": round(time.perf_counter() - start, 1),
                "metrics": summarize(records)}
+    if len(records) < planned:
+        summary.update(planned=planned, complete=False)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     atomic_write_text(out / "summary.md", markdown_table(summary["metrics"]) + "\n")
     return summary

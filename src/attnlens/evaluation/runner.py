@@ -266,8 +266,12 @@ def run_benchmark(
         with results_lock(out):
             if not run.resume:
                 clear_results(out)
-            timing, cached = _work(explainer, dataset, out, shard_dirs(out), chunks(len(dataset), chunk_size),
-                                   progress=run.progress, **work)
+            try:
+                timing, cached = _work(explainer, dataset, out, shard_dirs(out), chunks(len(dataset), chunk_size),
+                                       progress=run.progress, **work)
+            except KeyboardInterrupt:
+                _summarize_interrupted(out, settings, run.log)
+                raise
             return _finish(explainer, dataset, out, timing, cached, **finish)
     _check_settings(out / "run.json", settings, out)  # a merge into out must not mix runs
     mine = shard.directory(out)
@@ -381,6 +385,16 @@ def _check_resumable(out: Path) -> None:
     if found:
         raise InputError(f"{out} holds {', '.join(found)} but no run.json: not a run of this benchmark to resume; "
                          "use another --out or --overwrite")
+
+
+def _summarize_interrupted(out: Path, settings: BenchmarkSettings, log: Callable[[str], None] | None) -> None:
+    """An interrupted run summarises the examples it finished (``complete: false``; no data-set metrics), so
+    ``summary.json`` and the report show them; running the same command again finishes the run."""
+    seconds = read_run(out / "run.json")["seconds"]
+    summary = summarize(out, settings, timing={"seconds": seconds, "complete": False, "interrupted": True})
+    if log is not None:
+        log(f"interrupted: wrote {out}/summary.json ({summary['n_examples']} of {summary['n_planned']} examples); "
+            "run the same command again to finish")
 
 
 def _save_run(run_file: Path, settings: BenchmarkSettings, seconds: float) -> float:
