@@ -162,3 +162,31 @@ def test_debug_shows_the_traceback(model_dir):
 
     with pytest.raises(InputError):
         main(["--debug", "explain", "good", "--model", model_dir, "--methods", "nope"])
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "html"])
+def test_out_dash_writes_the_document_to_standard_output(model_dir, tmp_path, capsys, monkeypatch, fmt):
+    monkeypatch.chdir(tmp_path)
+    assert main(["explain", "the movie was great", "--model", model_dir, "--methods", "rawatt", "--format", fmt,
+                 "--out", "-"]) == 0
+    captured = capsys.readouterr()
+    assert list(tmp_path.iterdir()) == [] and "wrote" not in captured.err
+    if fmt == "html":
+        assert captured.out.lstrip().startswith("<!DOCTYPE html>") and "rawatt" in captured.out
+    else:
+        doc = json.loads(captured.out)
+        assert (doc[0] if fmt == "json" else doc)["text"] == "the movie was great"
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", "good", "--html", "-"], ["explain", "good", "--plot", "-"],
+    ["benchmark", "--dataset", "sst2", "--out", "-"], ["train", "--dataset", "sst2", "--out", "-"],
+    ["report", "results", "--out", "-"],
+])
+def test_dash_is_refused_where_an_output_must_be_a_file_or_folder(tmp_path, capsys, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    assert main([*argv, "--model", str(tmp_path / "none")] if argv[0] != "report" else argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnlens: error:") and " -: give a " in err and "\n" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]

@@ -675,7 +675,8 @@ def lm_dir(tmp_path_factory) -> str:
     return str(path)
 
 
-def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys):
+def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     ctx = tmp_path / "ctx.txt"
     ctx.write_text(CONTEXT, encoding="utf-8")
     base = ["cite", "--model", lm_dir, "--context-file", str(ctx), "--query", QUERY, "--answer", ANSWER,
@@ -688,6 +689,11 @@ def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys):
     assert "inputxgradient" in out and "loo" in out and "[0] the movie was great" in out
     assert main([*base, "--format", "html", "--out", str(tmp_path / "c.html")]) == 0
     assert 'class="src"' in (tmp_path / "c.html").read_text(encoding="utf-8")
+    capsys.readouterr()
+    for fmt in ("html", "json"):  # "-": standard output
+        assert main([*base, "--format", fmt, "--out", "-"]) == 0
+        assert ('class="src"' if fmt == "html" else '"sources"') in capsys.readouterr().out
+    assert not (tmp_path / "-").exists()
     gated = ["--methods", "attngate,contextcite", "--options",
              '{"attngate": {"queries": "all", "gate": 1.0}, "contextcite": {"n_ablations": 8}}']
     assert main([*base[:-2], *gated, "--format", "json"]) == 0

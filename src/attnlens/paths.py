@@ -12,6 +12,8 @@ from pathlib import Path
 
 from .errors import InputError
 
+STDOUT = "-"  # an output path that means standard output, where a command takes it (explain and cite --out)
+
 
 def check_output_path(path: str | os.PathLike[str], option: str, *, directory: bool) -> Path:
     """``path`` if it can be written as a file (``directory=False``) or a folder; else an :class:`InputError`.
@@ -24,6 +26,9 @@ def check_output_path(path: str | os.PathLike[str], option: str, *, directory: b
     """
     if not str(path).strip():
         raise InputError(f"{option}: the path is empty")
+    if str(path) == STDOUT:
+        raise InputError(f"{option} -: give a {'directory' if directory else 'file'} name; standard output is not "
+                         "one here")
     p = Path(path).expanduser()
     if p.exists():
         if directory and not p.is_dir():
@@ -49,7 +54,7 @@ def check_not_an_input(output: str | os.PathLike[str] | None, option: str,
                        inputs: dict[str, str | os.PathLike[str] | None]) -> None:
     """:class:`InputError` where the output ``output`` (named ``option``) is one of the command's input files
     (``{option: path}``): writing it would destroy what the command reads."""
-    if output is None:
+    if output is None or str(output) == STDOUT:
         return
     target = Path(output).expanduser().resolve()
     for name, path in inputs.items():

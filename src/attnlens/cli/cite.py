@@ -65,8 +65,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help='method options as JSON, e.g. \'{"attngate": {"queries": "all"}, "contextcite": '
                         '{"n_ablations": 32}}\'')
     p.add_argument("--format", default="terminal", choices=FORMATS, help="output format (default: terminal)")
-    p.add_argument("--out", help="output file (html default: cite.html; json default: standard output); refused with "
-                                    "--format terminal")
+    p.add_argument("--out", help="output file, '-' for standard output (html default: cite.html; json default: "
+                                    "standard output); refused with --format terminal")
     p.add_argument("--top", type=int, default=5, help="terminal: sources shown per method (default: 5)")
     p.add_argument("--memory-budget", default=None, help="memory the passes may plan for, e.g. 4GB (default 4GiB)")
     p.add_argument("--per-token", action="store_true",
@@ -89,7 +89,7 @@ def _answer_span(value: str | None) -> tuple[int, int] | None:
 def run(args: argparse.Namespace) -> int:
     from .. import Explainer
     from ..core.memory import parse_budget
-    from ..paths import atomic_write_text, check_not_an_input, check_output_path
+    from ..paths import STDOUT, atomic_write_text, check_not_an_input, check_output_path
     from ..sources.attribute import check_options, split_methods
     from ..sources.methods import SOURCE_METHODS
 
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         check_options(args.methods, options)
     if args.format == "html" and args.out is None:
         args.out = "cite.html"
-    out = None if args.out is None else check_output_path(args.out, "--out", directory=False)
+    out = None if args.out in (None, STDOUT) else check_output_path(args.out, "--out", directory=False)
     check_not_an_input(args.out, "--out", {"--context-file": args.context_file})
     context = args.context if args.context_file is None else read_text_file(args.context_file, "--context-file")
     if not context or not context.strip():
@@ -157,11 +157,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
         return 0
     if args.format == "html":
-        assert out is not None
-        atomic_write_text(out, result.to_html())
-        print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
+        if out is None:
+            sys.stdout.write(result.to_html())
+        else:
+            atomic_write_text(out, result.to_html())
+            print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
         return 0
     result.show(k=args.top)
-    if out is not None:
-        atomic_write_text(out, json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n")
     return 0

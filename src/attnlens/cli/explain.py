@@ -12,7 +12,7 @@ from typing import Any
 
 from ..data import PAIR_KEYS, row_text, text_lines
 from ..errors import InputError, ModelError
-from ..paths import atomic_write_text, check_not_an_input, check_output_path
+from ..paths import STDOUT, atomic_write_text, check_not_an_input, check_output_path
 from ..viz.safetext import terminal_safe
 from . import add_placement_options, method_options, placement, read_text_file
 
@@ -138,8 +138,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--target-kind", default="logit", choices=["logit", "probability", "loss"])
     p.add_argument("--attention", help="BART-like models: encoder (default), decoder or cross")
     p.add_argument("--format", default="terminal", choices=FORMATS)
-    p.add_argument("--out", help="output file of --format html/json/jsonl (default: stdout, or explanations.html "
-                   "for html); refused with --format terminal, where --html PATH writes a page beside the view")
+    p.add_argument("--out", help="output file of --format html/json/jsonl, '-' for standard output (default: "
+                   "standard output, or explanations.html for html); refused with --format terminal, where --html "
+                   "PATH writes a page beside the view")
     p.add_argument("--html", metavar="PATH", help="also write an HTML page (with --format terminal/json/jsonl)")
     p.add_argument("--plot", metavar="PATH", help="also save a token heatmap of the first input (.png or .svg)")
     p.add_argument("--head-view", metavar="PATH", help="also write an interactive attention view (layer x head) of "
@@ -243,7 +244,7 @@ def check_args(args: argparse.Namespace) -> None:
     seen: dict[Path, str] = {}
     for name in OUTPUTS:
         value = getattr(args, name)
-        if value is None:
+        if value is None or (name == "out" and value == STDOUT):  # --out -: the document to standard output
             continue
         option = "--" + name.replace("_", "-")
         path = check_output_path(value, option, directory=False).resolve()
@@ -323,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         if args.format == "json":
             payload = json.dumps(explanations_json(exps), indent=1)
             _write(args.out, payload + "\n")
-        elif args.out:
+        elif args.out and args.out != STDOUT:
             save_explanations(exps, args.out)
         else:
             for e in exps:
@@ -419,13 +420,13 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
 
 def _wrote(args: argparse.Namespace, path: str) -> None:
     """Say on stderr that ``path`` was written (stdout may carry the explanations), unless ``--quiet``."""
-    if not args.quiet:
+    if not args.quiet and path != STDOUT:
         print(f"wrote {terminal_safe(path, one_line=True)}", file=sys.stderr)
 
 
 def _write(path: str | None, text: str) -> None:
     """``text`` to the file ``path`` (atomically: Ctrl-C leaves no half-written file), else to stdout."""
-    if path:
+    if path and path != STDOUT:
         atomic_write_text(path, text)
     else:
         sys.stdout.write(text)
