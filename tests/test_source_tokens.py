@@ -19,8 +19,9 @@ from transformers import PreTrainedTokenizerFast
 
 from attnlens import Explainer, InputError
 from attnlens.core.answer_engine import answer_logprobs
+from attnlens.core.encoding import completing_spans
 from attnlens.sources import attribute
-from attnlens.sources.attribute import completing_spans, prepare_job
+from attnlens.sources.attribute import prepare_job
 from attnlens.sources.segment import split_sources
 from attnlens.testing.tiny_models import build_tiny
 
@@ -168,3 +169,12 @@ def test_special_token_text_in_the_context_is_warned_about():
         warnings.simplefilter("error")
         ex.attribute_context("the movie was great .", "was it good ?", answer="it was", methods=["rawatt"],
                              chat=False)
+
+
+def test_prompt_offsets_give_a_split_character_to_the_token_that_completes_it_as_generated_offsets_do(byte_lm):
+    text = "🍰 東京 ok"
+    g = byte_lm.explain_generation(text, methods=["rawatt"], target=text, chat=False)
+    assert g.text == text
+    prompt = [(a, b) for a, b in g.prompt_offsets]  # no special tokens: every token has a span
+    assert prompt == [tuple(o) for o in g.generated_offsets]
+    assert "".join(_spelled(text, prompt)) == text and prompt[:4] == [(0, 0), (0, 0), (0, 0), (0, 1)]

@@ -225,6 +225,33 @@ def spans_in(tokenizer: Any, rendered: str, ids: Sequence[int], start: int, end:
     return spans
 
 
+def completing_spans(offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A tokenizer's character spans (``offset_mapping``) with each character whose bytes are split over several
+    tokens given whole to the token that completes it, and empty spans (at the character) to the tokens before
+    it, as a generated continuation's are (:attr:`attnlens.Generation.generated_offsets`): the spans then never
+    overlap. (A byte-level tokenizer gives each of an emoji's byte tokens the emoji's span, ``(k, k + 1)`` three or
+    four times.) Tokens without text keep their ``(0, 0)``."""
+    n = len(offsets)
+    later: list[int | None] = [None] * n  # the first character any later token with text starts at
+    first: int | None = None
+    for k in range(n - 1, -1, -1):
+        later[k] = first
+        a, b = offsets[k]
+        if b > a:
+            first = a if first is None else min(first, a)
+    out: list[tuple[int, int]] = []
+    done = 0
+    for k, (a, b) in enumerate(offsets):
+        if b <= a:
+            out.append((a, b))
+            continue
+        start = max(a, done)
+        end = max(start, b if later[k] is None else min(b, later[k]))  # a later token completes what it starts
+        out.append((start, end))
+        done = end
+    return out
+
+
 WORD_MARK = "\u2581"  # SentencePiece's word-start mark
 
 

@@ -37,7 +37,7 @@ from . import engine
 from .attention_view import Beside, whole_attention_maps
 from .batch_state import BatchContext
 from .batching import keeps_logits
-from .encoding import Encoded, continuation_encoding, encode, spans_in, special_ids
+from .encoding import Encoded, completing_spans, continuation_encoding, encode, spans_in, special_ids
 from .fused_attention import FUSED
 from .memory import (
     lrp_step_bytes,
@@ -392,13 +392,25 @@ def prompt_offsets(runner: ModelRunner, prompt: str, chat: bool,
     ``None`` where the tokenizer cannot give offsets."""
     tokenizer = runner.tokenizer
     if not chat:
-        return spans_in(tokenizer, prompt, prompt_ids, 0, len(prompt), add_special_tokens=True)
+        return _completed(spans_in(tokenizer, prompt, prompt_ids, 0, len(prompt), add_special_tokens=True))
     rendered = str(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                  tokenize=False))
     start = rendered.find(prompt)
     if start < 0:  # the template rewrote the message: no verbatim span to point into
         return None
-    return spans_in(tokenizer, rendered, prompt_ids, start, start + len(prompt), add_special_tokens=False)
+    return _completed(spans_in(tokenizer, rendered, prompt_ids, start, start + len(prompt), add_special_tokens=False))
+
+
+def _completed(spans: list[tuple[int, int] | None] | None) -> list[tuple[int, int] | None] | None:
+    """``spans`` with each character split over several byte tokens given to the token that completes it (empty
+    spans before it), as :attr:`~attnlens.Generation.generated_offsets` gives the continuation's."""
+    if spans is None:
+        return None
+    held = [k for k, span in enumerate(spans) if span is not None]
+    out = list(spans)
+    for k, span in zip(held, completing_spans([spans[k] for k in held])):
+        out[k] = span
+    return out
 
 
 def token_ids_of(runner: ModelRunner, value: str | Sequence[int], what: str) -> list[int]:

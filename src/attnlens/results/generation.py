@@ -36,7 +36,8 @@ class Generation:
         generated: each generated token decoded as text (``" Paris"``), as the tokenizer decodes it alone.
         prompt_offsets: each prompt token's character span ``(start, end)`` in ``prompt`` (``None`` for special and
             chat-template tokens), or ``None`` where the tokenizer gives no offsets; ``generated_offsets`` gives
-            the spans of the generated tokens in :attr:`text`.
+            the spans of the generated tokens in :attr:`text`. In both, a character whose bytes are split over
+            several tokens is spanned by the token that completes it; the tokens before it have empty spans.
 
     The JSON form (:meth:`to_dict`) also gives ``prompt_token_text`` and ``generated_token_text``: the text of each
     token of ``prompt_tokens`` and ``generated_tokens`` (:func:`attnlens.results.tokentext.token_text`).

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..core.answer_engine import check_lm, methods_within_budget, refuse_answer_over_budget
-from ..core.encoding import continuation_encoding, special_ids
+from ..core.encoding import completing_spans, continuation_encoding, special_ids
 from ..core.generation_engine import capped_new_tokens, eos_ids, greedy
 from ..core.memory import parse_budget, readable_size
 from ..core.model_runner import ModelRunner
@@ -181,33 +181,6 @@ def _answer_offsets(runner: ModelRunner, ids: list[int]) -> tuple[str, list[tupl
         spans.append((prev, end))
         prev = end
     return text, spans
-
-
-def completing_spans(offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """A tokenizer's character spans (``offset_mapping``) with each character whose bytes are split over several
-    tokens given whole to the token that completes it, and empty spans (at the character) to the tokens before
-    it, as :func:`_answer_offsets` gives a generated answer's: the spans then never overlap. (A byte-level
-    tokenizer gives each of an emoji's byte tokens the emoji's span, ``(k, k + 1)`` three or four times.) Tokens
-    without text keep their ``(0, 0)``."""
-    n = len(offsets)
-    later: list[int | None] = [None] * n  # the first character any later token with text starts at
-    first: int | None = None
-    for k in range(n - 1, -1, -1):
-        later[k] = first
-        a, b = offsets[k]
-        if b > a:
-            first = a if first is None else min(first, a)
-    out: list[tuple[int, int]] = []
-    done = 0
-    for k, (a, b) in enumerate(offsets):
-        if b <= a:
-            out.append((a, b))
-            continue
-        start = max(a, done)
-        end = max(start, b if later[k] is None else min(b, later[k]))  # a later token completes what it starts
-        out.append((start, end))
-        done = end
-    return out
 
 
 def _answer_ids(runner: ModelRunner, answer: str) -> list[int]:
