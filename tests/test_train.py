@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -188,7 +189,14 @@ def test_classification_metrics_by_hand():
         "recall": round(2 / 3, 4),
         "f1": round(2 / 3, 4),
         "n": 5,
+        "positive_class": 1,
     }
+    # the class named "positive" is the positive one, whatever its id; else class 1, by name
+    flipped = classification_metrics([1 - g for g in gold], [1 - p for p in pred], 2, ["positive", "negative"])
+    assert {k: flipped[k] for k in ("precision", "recall", "f1")} == {k: m[k] for k in ("precision", "recall", "f1")}
+    assert flipped["positive_class"] == "positive"
+    tp_of_b = classification_metrics([0, 0, 1], [0, 1, 1], 2, ["a", "b"])
+    assert tp_of_b["positive_class"] == "b" and tp_of_b["precision"] == 0.5 and tp_of_b["recall"] == 1.0
     macro = classification_metrics([0, 1, 2, 2], [0, 2, 2, 2], 3)
     # per class precision 1, 0, 2/3; recall 1, 0, 1
     assert macro["precision"] == round((1 + 0 + 2 / 3) / 3, 4) and macro["recall"] == round(2 / 3, 4)
@@ -336,3 +344,83 @@ def test_a_file_given_as_dataset_is_refused_rather_than_evaluated_on_itself(tmp_
     assert err == (f"attnlens: error: --dataset {data} is a file: give it as --data-file (evaluated on --eval-file or "
                    "a held-out --eval-fraction)"), err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"dataset": "sst2", "split": "dev"}, "the training split dev and the evaluation split dev share their examples"),
+    ({"dataset": "sst2", "split": "validation"}, "the training split dev and the evaluation split dev share"),
+    ({"dataset": "imdb", "split": "sample2000"}, "the training split sample2000 and the evaluation split test share"),
+])
+def test_evaluating_on_the_training_split_is_refused(cfg, message):
+    with pytest.raises(InputError, match=message):
+        load_splits(TrainConfig(model="x", out="y", **cfg))
+
+
+def test_an_eval_file_that_is_the_data_file_is_refused(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", sentences(8))
+    with pytest.raises(InputError, match="--eval-file .* is the --data-file"):
+        load_splits(TrainConfig(model="x", out="y", data_file=data, eval_file=str(tmp_path / "." / "d.jsonl")))
+
+
+@pytest.mark.parametrize("train_labels, eval_labels, message", [
+    (["neg", "pos"], [0, 1], r"labels are class ids, but the training labels are names \(neg, pos\)"),
+    ([0, 1], ["neg", "pos"], r"labels are names \('neg'\), but the training labels are class ids"),
+    (["pos", 0, 1], None, r"labels mix class ids \(0\) and names \('pos'\)"),
+])
+def test_labels_whose_class_would_be_a_guess_are_refused(tmp_path, train_labels, eval_labels, message):
+    rows = [{"text": r["text"], "label": train_labels[i % len(train_labels)]} for i, r in enumerate(sentences(12))]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cfg = {"text_field": "text"}  # read as rows with named fields, as string labels are
+    if eval_labels is not None:
+        cfg["eval_file"] = write_jsonl(tmp_path / "e.jsonl", [{"text": "good", "label": y} for y in eval_labels])
+    with pytest.raises(InputError, match=message):
+        load_splits(TrainConfig(model="x", out="y", data_file=data, **cfg))
+
+
+def test_an_evaluation_label_beyond_the_named_classes_is_refused(tmp_path, tiny_model, capsys):
+    rows = [{**r, "label_text": ["negative", "positive"][r["label"]]} for r in sentences(12)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    evaluation = write_jsonl(tmp_path / "e.jsonl", [{"text": "good film", "label": 1}, {"text": "bad", "label": 5}])
+    assert main(["train", "--model", tiny_model, "--data-file", data, "--eval-file", evaluation, "--reinit-head",
+                 "--no-progress", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"attnlens: error: {evaluation}: label 5 is not a class of the data, whose classes are "
+                   "0 (negative), 1 (positive)"), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_one_step_under_warmup_is_refused(tmp_path, tiny_model):
+    data = write_jsonl(tmp_path / "d.jsonl", sentences(10))
+    cfg = TrainConfig(model=tiny_model, out=str(tmp_path / "o"), data_file=data, batch_size=64, warmup=0.9,
+                      progress=False)
+    with pytest.raises(InputError, match="would leave that step at learning rate 0"):
+        train(cfg, log=lambda _: None)
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_naming_the_models_own_folder_is_refused(tmp_path, tiny_model):
+    data = write_jsonl(tmp_path / "d.jsonl", sentences(10))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in Path(tiny_model).iterdir())
+    with pytest.raises(InputError, match="is the folder of --model: saving would write over the model"):
+        train(TrainConfig(model=tiny_model, out=tiny_model + "/", data_file=data, overwrite=True, progress=False),
+              log=lambda _: None)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in Path(tiny_model).iterdir()) == before
+
+
+def test_overwrite_replaces_the_earlier_models_files_and_keeps_others(tmp_path, tiny_model):
+    data = write_jsonl(tmp_path / "d.jsonl", sentences(16))
+    out = tmp_path / "o"
+    out.mkdir()
+    for name in ("config.json", "metrics.json", "chat_template.jinja", "vocab.txt", "model-00001-of-00002.safetensors"):
+        (out / name).write_text("{}")
+    (out / "notes.md").write_text("mine")
+    train(TrainConfig(model=tiny_model, out=str(out), data_file=data, max_length=16, overwrite=True, progress=False),
+          log=lambda _: None)
+    names = {p.name for p in out.iterdir()}
+    assert "chat_template.jinja" not in names and "model-00001-of-00002.safetensors" not in names
+    assert {"config.json", "metrics.json", "model.safetensors", "notes.md", "tokenizer.json"} <= names
+    assert (out / "notes.md").read_text() == "mine"
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir() if p.is_file()} == {
+        p.name: oct(0o666 & ~mask) for p in out.iterdir() if p.is_file()}

@@ -172,6 +172,7 @@ def test_another_tasks_head_needs_reinit_head(tmp_path, capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--split", "dev"], "--split: --dataset squad trains on the articles at even positions"),
     (["--eval-file", "x.jsonl"], "--eval-file"),
+    (["--eval-fraction", "0.5"], "--eval-fraction: --dataset squad trains on the articles at even positions"),
     (["--max-length", "48", "--doc-stride", "48"], "--doc-stride 48 must be less than --max-length 48"),
     (["--doc-stride", "0"], "--doc-stride must be >= 1"),
 ])

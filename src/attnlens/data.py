@@ -45,6 +45,12 @@ class DatasetSpec:
     labels: tuple[str, ...] = ()
     hub: tuple[str, str | None] | None = None  # (path, config) for datasets.load_dataset
     hub_splits: dict[str, str] = field(default_factory=dict)  # our split name -> hub split name
+    part_of: dict[str, str] = field(default_factory=dict)  # a split drawn from another -> that split
+
+    def same_examples(self, a: str, b: str) -> bool:
+        """Whether splits ``a`` and ``b`` share examples (the same split, or one drawn from the other)."""
+        a, b = SPLIT_ALIASES.get(a, a), SPLIT_ALIASES.get(b, b)
+        return self.part_of.get(a, a) == self.part_of.get(b, b)
 
 
 def _cands(stem: str) -> tuple[str, ...]:
@@ -80,6 +86,7 @@ SPECS: dict[str, DatasetSpec] = {
         "imdb", "classification", "imdb",
         {"test": _cands("test"), "train": _cands("train"), "sample2000": _cands("test_sample2000_seed0")},
         "test", ("negative", "positive"), ("imdb", None), {"test": "test", "train": "train"},
+        part_of={"sample2000": "test"},
     ),
     "yelp_polarity": DatasetSpec(
         "yelp_polarity", "classification", "yelp_polarity",

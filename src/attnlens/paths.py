@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -91,11 +91,16 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_directory(path: str | os.PathLike[str], last: str | None = None) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike[str], last: str | None = None,
+                     replaces: Callable[[str], bool] | None = None) -> Iterator[Path]:
     """A temporary folder beside ``path`` for the block to fill; when the block ends its entries are moved into
     ``path`` (created if missing), each in one step, the file named ``last`` at the end (and removed from ``path``
     before the others move, so that a folder holding it is a finished save); when the block raises (Ctrl-C
-    included) the temporary folder is removed and ``path`` is left as it was."""
+    included) the temporary folder is removed and ``path`` is left as it was.
+
+    ``replaces(name)``: whether an entry already in ``path`` belongs to what the block writes (an earlier save),
+    so that it is removed when the new entries move in, even where the new save has no file of that name; other
+    entries stay. Moved files get the usual mode (``0o666`` less the umask), whatever the writer gave them."""
     target = Path(path).expanduser()
     _make_parents(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
@@ -104,7 +109,14 @@ def atomic_directory(path: str | os.PathLike[str], last: str | None = None) -> I
         target.mkdir(exist_ok=True)
         if last is not None:
             (target / last).unlink(missing_ok=True)
+        if replaces is not None:
+            for old in target.iterdir():
+                if replaces(old.name) and not (staging / old.name).exists():
+                    shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+        mode = 0o666 & ~_umask()
         for item in sorted(staging.iterdir(), key=lambda f: f.name == last):
+            if item.is_file():
+                os.chmod(item, mode)
             if item.is_dir() and (target / item.name).is_dir():
                 shutil.rmtree(target / item.name)
             os.replace(item, target / item.name)

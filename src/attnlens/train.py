@@ -5,6 +5,7 @@ decay), seeded, with a progress bar; evaluates accuracy / precision / recall / F
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
@@ -185,18 +186,32 @@ def read_rows(
     return texts, labels
 
 
-def _label_ids(raw: Sequence[Any], names: list[str] | None) -> tuple[list[int], list[str] | None]:
-    """Integer class ids; string labels are mapped to ids by sorted name (or by ``names`` when given)."""
-    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
+def _label_ids(raw: Sequence[Any], names: list[str] | None, where: str,
+               evaluation: bool = False) -> tuple[list[int], list[str] | None]:
+    """Integer class ids; string labels are mapped to ids by sorted name (or by ``names``, the training labels'
+    names, for ``evaluation`` rows). Ids where the training labels are names, names where they are ids, and ids
+    mixed with names are refused: which class a label means would be a guess."""
+    ids = [(isinstance(v, (int, np.integer)) and not isinstance(v, bool)) or (isinstance(v, str)
+                                                                              and v.lstrip("-").isdigit())
+           for v in raw]
+    if all(ids):
+        if names is not None:
+            raise InputError(f"{where}: labels are class ids, but the training labels are names ({', '.join(names)}):"
+                             " give these as names too")
         return [int(v) for v in raw], names
-    if all(isinstance(v, str) and v.lstrip("-").isdigit() for v in raw):
-        return [int(v) for v in raw], names
+    if any(ids):
+        first = raw[ids.index(True)]
+        raise InputError(f"{where}: labels mix class ids ({first!r}) and names ({raw[ids.index(False)]!r}): give "
+                         "every label the same way")
+    if evaluation and names is None:
+        raise InputError(f"{where}: labels are names ({raw[0]!r}), but the training labels are class ids: give these "
+                         "as class ids too")
     values = [str(v) for v in raw]
     names = names or sorted(set(values))
     index = {n: i for i, n in enumerate(names)}
     unknown = sorted(set(values) - set(index))
     if unknown:
-        raise InputError(f"labels {unknown} are not among the training labels {names}")
+        raise InputError(f"{where}: labels {unknown} are not among the training labels {names}")
     return [index[v] for v in values], names
 
 
@@ -274,6 +289,11 @@ def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
     if cfg.dataset is not None:
         train_ds = load_dataset(cfg.dataset, cfg.split)
         eval_name = cfg.eval_split or EVAL_SPLITS.get(train_ds.name, "dev")
+        spec = SPECS.get(train_ds.name)
+        if not cfg.eval_file and spec is not None and spec.same_examples(train_ds.split, eval_name):
+            raise InputError(f"--dataset {cfg.dataset}: the training split {train_ds.split} and the evaluation split "
+                             f"{eval_name} share their examples, so the metrics would be measured on training data: "
+                             "give another --split or --eval-split")
         train = _subset(_from_dataset(train_ds), cfg.limit, cfg.seed)
         if cfg.eval_file:
             evaluation = _from_dataset(load_dataset(cfg.eval_file))
@@ -286,15 +306,18 @@ def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
               or _named_labels(cfg.data_file))
     if custom:
         texts, raw = read_rows(cfg.data_file, cfg.text_field or "text", cfg.label_field, cfg.text_pair_field)
-        labels, names = _label_ids(raw, None)
+        labels, names = _label_ids(raw, None, str(cfg.data_file))
         data = Split("train", texts, labels, str(cfg.data_file))
     else:
         ds = load_dataset(cfg.data_file)
         data, names = _from_dataset(ds), list(ds.labels) or None
+    if cfg.eval_file and Path(cfg.eval_file).expanduser().resolve() == Path(cfg.data_file).expanduser().resolve():
+        raise InputError(f"--eval-file {cfg.eval_file} is the --data-file: the metrics would be measured on training "
+                         "data; give another file, or leave --eval-file out to hold out part of the data")
     if cfg.eval_file:
         if custom:
             texts, raw = read_rows(cfg.eval_file, cfg.text_field or "text", cfg.label_field, cfg.text_pair_field)
-            ids, _ = _label_ids(raw, names)
+            ids, _ = _label_ids(raw, names, str(cfg.eval_file), evaluation=True)
             evaluation = Split("eval", texts, ids, str(cfg.eval_file))
         else:
             evaluation = _from_dataset(load_dataset(cfg.eval_file))
@@ -326,6 +349,15 @@ def resolve_model(name: str) -> str:
         raise ModelError(f"model directory {name} does not exist")
     check_model_dir(name)  # a directory that holds no saved model
     return name
+
+
+def check_model_and_out(cfg: TrainConfig) -> None:
+    """A missing model directory fails before the data is read, and an ``out`` that is the model's own folder is
+    refused: the save would write over the model the run starts from."""
+    source = Path(resolve_model(cfg.model)).expanduser()
+    if source.is_dir() and source.resolve() == Path(cfg.out).expanduser().resolve():
+        raise InputError(f"--out {cfg.out} is the folder of --model: saving would write over the model the run starts "
+                         "from; give another --out")
 
 
 def load_config_and_tokenizer(name: str) -> tuple[str, Any, Any]:
@@ -507,24 +539,30 @@ def predict(model, tokenizer, features, device: torch.device, batch_size: int = 
     return preds
 
 
-def classification_metrics(gold: Sequence[int], pred: Sequence[int], num_labels: int) -> dict[str, float]:
-    """Accuracy, precision, recall and F1 (binary for two classes with class 1 positive, else macro)."""
+def classification_metrics(gold: Sequence[int], pred: Sequence[int], num_labels: int,
+                           names: Sequence[str] | None = None) -> dict[str, Any]:
+    """Accuracy, precision, recall and F1: macro averages over the classes, or for two classes those of the
+    positive class, which ``positive_class`` names: the class named ``positive`` where ``names`` (the classes'
+    names, by id) has one, else class 1."""
     from sklearn.metrics import accuracy_score, precision_recall_fscore_support
 
-    average = "binary" if num_labels == 2 else "macro"
-    p, r, f, _ = precision_recall_fscore_support(
-        gold,
-        pred,
-        average=average,
-        labels=list(range(num_labels)) if average == "macro" else None,
-        zero_division=0,
-    )
+    scores: dict[str, Any] = {}
+    if num_labels == 2:
+        lowered = [str(n).lower() for n in names or ()]
+        positive = lowered.index("positive") if "positive" in lowered else 1
+        p, r, f, _ = precision_recall_fscore_support(gold, pred, average="binary", pos_label=positive,
+                                                     labels=[0, 1], zero_division=0)
+        scores["positive_class"] = str(names[positive]) if names else positive
+    else:
+        p, r, f, _ = precision_recall_fscore_support(gold, pred, average="macro", labels=list(range(num_labels)),
+                                                     zero_division=0)
     return {
         "accuracy": round(float(accuracy_score(gold, pred)), 4),
         "precision": round(float(p), 4),
         "recall": round(float(r), 4),
         "f1": round(float(f), 4),
         "n": len(gold),
+        **scores,
     }
 
 
@@ -558,6 +596,9 @@ def optimise(
     steps_per_epoch = math.ceil(n_examples / cfg.batch_size)
     total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     warmup_steps = round(cfg.warmup * total_steps)
+    if total_steps == 1 and warmup_steps:  # a linear warmup runs its first step at learning rate 0
+        raise InputError(f"--warmup {cfg.warmup} of a run of one step would leave that step at learning rate 0: give "
+                         "--warmup 0, or more steps (--epochs, a smaller --batch-size)")
     optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -607,30 +648,33 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
         raise InputError(f"{cfg.dataset} is a question-answering data set: train it with "
                          "attnlens.train_qa.train_qa (attnlens train picks it)")
     _check_options(cfg)
-    resolve_model(cfg.model)  # a missing model directory fails before the data is read
+    check_model_and_out(cfg)
     given_length = cfg.max_length
     cfg = replace(cfg, max_length=cfg.max_length or 64)
     started = time.time()
     seed_everything(cfg.seed)
     train_split, eval_split, label_names = load_splits(cfg)
     num_labels = max(max(train_split.labels), max(eval_split.labels)) + 1
-    if label_names and len(label_names) >= num_labels:
+    if label_names and num_labels > len(label_names):  # the data set names its classes: an id beyond is a mistake
+        split = eval_split if max(eval_split.labels) >= len(label_names) else train_split
+        raise InputError(f"{split.source or split.name}: label {max(split.labels)} is not a class of the data, whose "
+                         f"classes are {', '.join(f'{i} ({n})' for i, n in enumerate(label_names))}")
+    if label_names:
         num_labels = len(label_names)
     if num_labels < 2 or len(set(train_split.labels)) < 2:
         raise InputError("the training data must hold at least two classes")
     if min(train_split.labels + eval_split.labels) < 0:
         raise InputError(f"{train_split.source or 'the data'}: labels must be class ids >= 0, got "
                          f"{min(train_split.labels + eval_split.labels)}")
-    unseen = sorted(set(range(num_labels)) - set(train_split.labels))
+    device = resolve_device(cfg.device or "auto")
+    tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head, log)
+    unseen = sorted(set(range(num_labels)) - set(train_split.labels))  # after the head is known to fit them
     if unseen:
         log(f"warning: classes {', '.join(map(str, unseen[:8]))}{' …' * (len(unseen) > 8)} have no training "
             f"example; the head has {num_labels} classes (class ids are positions: 0..{num_labels - 1})")
     empty = sum(not (t if isinstance(t, str) else "".join(t)).strip() for t in train_split.texts)
     if empty:
         log(f"warning: {empty} training text{'s are' if empty > 1 else ' is'} empty")
-
-    device = resolve_device(cfg.device or "auto")
-    tokenizer, model = load_model(cfg.model, num_labels, label_names, cfg.reinit_head, log)
     if label_names and len(label_names) == num_labels:
         head_names = [str(model.config.id2label[i]) for i in range(num_labels)]
         order = class_order(label_names, head_names)
@@ -667,10 +711,12 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     train_seconds = time.time() - started
 
     preds = predict(model, tokenizer, eval_features, device, cfg.eval_batch_size, training_budget(cfg))
-    scores = classification_metrics(eval_split.labels, preds.tolist(), num_labels)
+    names = [str(model.config.id2label[i]) for i in range(num_labels)]
+    scores = classification_metrics(eval_split.labels, preds.tolist(), num_labels, names)
+    of = f"of class {scores['positive_class']}" if "positive_class" in scores else "macro"
     log(
         f"{eval_split.name}: accuracy {scores['accuracy']:.4f}  precision {scores['precision']:.4f}  "
-        f"recall {scores['recall']:.4f}  F1 {scores['f1']:.4f}  (n={scores['n']})"
+        f"recall {scores['recall']:.4f}  F1 {scores['f1']:.4f}  ({of}; n={scores['n']})"
     )
 
     out = Path(cfg.out)
@@ -709,13 +755,23 @@ def save_trained(model: Any, tokenizer: Any, metrics: dict[str, Any], out: Path,
                  log: Callable[[str], None]) -> dict[str, Any]:
     """Save model, tokenizer and ``metrics.json`` to ``out`` atomically (``metrics.json`` written last marks a
     finished save); returns ``metrics``."""
-    with atomic_directory(out, last="metrics.json") as staging:
+    with atomic_directory(out, last="metrics.json", replaces=_saved_model_file) as staging:
         with quiet_transformers():  # its shard-writing bar: the line below reports the save
             model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     log(f"saved model, tokenizer and metrics.json to {out}")
     return metrics
+
+
+# what a saved model and tokenizer consist of: an earlier save's files that the new one lacks are removed with it
+SAVED_MODEL_FILES = ("config.json", "generation_config.json", "metrics.json", "model*.safetensors*",
+                     "pytorch_model*.bin*", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json",
+                     "added_tokens.json", "chat_template*", "spiece.model", "sentencepiece*.model", "*.tiktoken")
+
+
+def _saved_model_file(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in SAVED_MODEL_FILES)
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -30,12 +30,12 @@ from .evaluation.squad import squad_scores
 from .models.loading import resolve_device
 from .train import (
     TrainConfig,
+    check_model_and_out,
     check_training_memory,
     freeze_lower_layers,
     load_config_and_tokenizer,
     load_with_head,
     optimise,
-    resolve_model,
     run_record,
     save_trained,
     seed_everything,
@@ -242,7 +242,7 @@ def _check_options(cfg: TrainConfig) -> None:
     given = [flag for flag, value, default in (
         ("--split", cfg.split, "train"), ("--eval-split", cfg.eval_split, None), ("--eval-file", cfg.eval_file, None),
         ("--text-field", cfg.text_field, None), ("--text-pair-field", cfg.text_pair_field, None),
-        ("--label-field", cfg.label_field, "label"),
+        ("--label-field", cfg.label_field, "label"), ("--eval-fraction", cfg.eval_fraction, 0.1),
     ) if value != default]
     if given:
         raise InputError(f"{', '.join(given)}: --dataset {cfg.dataset} trains on the articles at even positions of "
@@ -260,7 +260,7 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
     cfg.validate()
     cfg = replace(cfg, max_length=cfg.max_length or QA_MAX_LENGTH)
     _check_options(cfg)
-    resolve_model(cfg.model)  # a missing model directory fails before the data is read
+    check_model_and_out(cfg)
     started = time.time()
     seed_everything(cfg.seed)
     train_split = load_qa_split("fit", cfg.limit, cfg.seed)
