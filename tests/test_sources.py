@@ -879,8 +879,11 @@ def test_at2_fit_weighs_every_prompt_the_same_and_skips_prompts_without_effects(
     for job in jobs[:3]:
         feats = at2_module.at2_features(job)
         assert np.corrcoef(fitted @ feats, truth @ feats)[0, 1] > 0.9
-    with pytest.raises(InputError, match="changed the answer"):
-        at2_module.fit_at2(lm.runner, jobs[4:], n_ablations=8)
+    flat_jobs = [prepare_job(lm.runner, flat, q, answer=ANSWER, chat=False) for q in (QUERY, QUERY + " again")]
+    with pytest.raises(InputError, match="changed the answer's log-probability in the prompts of fewer than two"):
+        at2_module.fit_at2(lm.runner, flat_jobs, n_ablations=8)
+    with pytest.raises(InputError, match="needs the prompts of at least two questions"):
+        at2_module.fit_at2(lm.runner, jobs[:1], n_ablations=8)
 
 
 def test_at2_fit_holds_out_a_question_with_all_its_source_splits(lm, monkeypatch):
@@ -919,23 +922,29 @@ def test_an_interrupted_at2_fit_resumes_from_its_cache(lm, monkeypatch, tmp_path
         return keep.astype(float) @ np.linspace(2.0, -1.0, keep.shape[1])
 
     monkeypatch.setattr(at2_module, "ablation_logprobs", linear)
-    jobs = [prepare_job(lm.runner, c, QUERY, answer=ANSWER, chat=False) for c in (CONTEXT, CONTEXT + " more .")]
-    first = at2_module.fit_at2(lm.runner, jobs[:1], n_ablations=8, cache=tmp_path / "parts")
-    assert len(calls) == 1 and len(list((tmp_path / "parts").glob("*.npz"))) == 1
+    jobs = [prepare_job(lm.runner, c, QUERY, answer=ANSWER, chat=False)
+            for c in (CONTEXT, CONTEXT + " more .", CONTEXT + " and more .")]
+    first = at2_module.fit_at2(lm.runner, jobs[:2], n_ablations=8, cache=tmp_path / "parts")
+    assert len(calls) == 2 and len(list((tmp_path / "parts").glob("*.npz"))) == 2
 
     def boom(*args, **kwargs):
         raise AssertionError("a cached prompt was computed again")
 
     monkeypatch.setattr(at2_module, "at2_features", boom)
-    again = at2_module.fit_at2(lm.runner, jobs[:1], n_ablations=8, cache=tmp_path / "parts")
-    assert again["weights"] == first["weights"] and len(calls) == 1
-    assert first["fit"]["prompts_from_cache"] == 0 and again["fit"]["prompts_from_cache"] == 1
+    again = at2_module.fit_at2(lm.runner, jobs[:2], n_ablations=8, cache=tmp_path / "parts")
+    assert again["weights"] == first["weights"] and len(calls) == 2
+    assert first["fit"]["prompts_from_cache"] == 0 and again["fit"]["prompts_from_cache"] == 2
     monkeypatch.undo()
     monkeypatch.setattr(at2_module, "ablation_logprobs", linear)
     at2_module.fit_at2(lm.runner, jobs, n_ablations=8, cache=tmp_path / "parts")  # only the new prompt runs
-    assert len(calls) == 2 and len(list((tmp_path / "parts").glob("*.npz"))) == 2
-    at2_module.fit_at2(lm.runner, jobs[:1], n_ablations=6, cache=tmp_path / "parts")  # other ablations: recomputed
-    assert len(calls) == 3
+    assert len(calls) == 3 and len(list((tmp_path / "parts").glob("*.npz"))) == 3
+    at2_module.fit_at2(lm.runner, jobs[:2], n_ablations=6, cache=tmp_path / "parts")  # other ablations: recomputed
+    assert len(calls) == 5
+    for part in (tmp_path / "parts").glob("*.npz"):  # damaged outside attnlens: computed again, with a warning
+        part.write_bytes(part.read_bytes()[:40])
+    with pytest.warns(UserWarning, match="cannot be read: its prompt is computed again"):
+        again = at2_module.fit_at2(lm.runner, jobs[:2], n_ablations=6, cache=tmp_path / "parts")
+    assert len(calls) == 7 and again["fit"]["prompts_from_cache"] == 0
 
 
 def test_at2_fit_recovers_weights_that_explain_the_ablations(lm, monkeypatch, tmp_path):
@@ -978,6 +987,62 @@ def test_at2_fit_recovers_weights_that_explain_the_ablations(lm, monkeypatch, tm
                                 options={"at2": {"weights": str(path)}})
     with pytest.raises(InputError, match="no AT2 weights ship for"):
         lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["weights"][0].__setitem__(0, float("nan")), "some weights are not finite numbers"),
+    (lambda d: d["weights"][0].__setitem__(0, "x"), "not an attnlens AT2 weights file"),
+    (lambda d: d["weights"][0].append(1.0), "not an attnlens AT2 weights file"),
+    (lambda d: d.pop("weights"), "not an attnlens AT2 weights file"),
+    (lambda d: d.__setitem__("weights", [1.0, 2.0]), r"weights of shape \(2,\)"),
+    (lambda d: d.__setitem__("method_weights", [[1.0]]), "not an attnlens AT2 weights file"),
+])
+def test_a_malformed_at2_weights_file_is_one_line(lm, tmp_path, change, message):
+    config = lm.model.config
+    from attnlens.sources import at2 as at2_module
+
+    record = {"fingerprint": at2_module._fingerprint(lm.model), "names": [lm.name],
+              "weights": np.ones((config.num_hidden_layers, config.num_attention_heads)).tolist()}
+    change(record)
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(record))
+    with pytest.raises(InputError, match=message):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False,
+                             options={"at2": {"weights": str(path)}})
+    path.write_text("[1, 2]")
+    with pytest.raises(InputError, match="not an attnlens AT2 weights file"):
+        lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False,
+                             options={"at2": {"weights": str(path)}})
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prompts", "5000"], r"--prompts 5000: the fit articles give 1,0\d\d prompts with passage sources \(half"),
+    (["--distractors", "100000"], "--distractors 100000: no prompt of the fit articles can hold that many"),
+    (["--prompts", "2"], "--prompts 2: these prompts ask one question; .* give at least 4 prompts"),
+    (["--cache", "w.json"], "--cache w.json is the --out file"),
+])
+def test_cli_fit_at2_refuses_what_it_cannot_fit_before_loading(tmp_path, capsys, monkeypatch, extra, message):
+    monkeypatch.chdir(tmp_path)
+    code = main(["fit-at2", "--model", str(tmp_path / "none"), "--out", "w.json", *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("attnlens: error:") and "\n" not in err, err
+    import re
+
+    assert re.search(message, err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_cli_fit_at2_refuses_to_write_over_its_squad_file(tmp_path, capsys):
+    from attnlens.data import squad_file
+
+    source = squad_file()
+    root = tmp_path / "data"
+    (root / source.parent.name).mkdir(parents=True)
+    copy_ = root / source.parent.name / source.name
+    copy_.write_bytes(source.read_bytes())
+    code = main(["fit-at2", "--model", str(tmp_path / "none"), "--data-root", str(root), "--out", str(copy_)])
+    assert code == 2 and "is the SQuAD file this command reads" in capsys.readouterr().err
+    assert copy_.read_bytes() == source.read_bytes()
 
 
 # ------------------------------------------------------------------------------------------- benchmark

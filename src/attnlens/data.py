@@ -349,7 +349,7 @@ def iter_jsonl(
                         continue
                     raise InputError(f"{where}, line {lineno}: expected a JSON object")
                 yield lineno, row
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # EOFError: a gzip file cut short
         raise InputError(f"{where}: cannot read it ({exc})") from None
 
 
@@ -371,11 +371,13 @@ def _load_file(
 ) -> Dataset:
     stem = path.name[:-3] if path.name.endswith(".gz") else path.name
     if task == "qa" or (task is None and stem.endswith(".json")):
-        with _open_text(path) as f:
-            try:
+        try:
+            with _open_text(path) as f:
                 doc = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path} is not a SQuAD-style JSON file: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path} is not a SQuAD-style JSON file: {exc}") from None
+        except (OSError, EOFError, UnicodeDecodeError) as exc:  # not gzip, cut short, not UTF-8
+            raise InputError(f"{path}: cannot read it ({exc})") from None
         return Dataset(name, split, "qa", squad_examples(doc, source=str(path), part=part), [], str(path))
     examples: list[Example] = []
     kind = task
@@ -455,11 +457,13 @@ def squad_file(root: str | os.PathLike[str] | None = None, name: str = "squad") 
 def squad_articles(root: str | os.PathLike[str] | None = None, name: str = "squad") -> list[dict[str, Any]]:
     """The ``data`` list (articles, in file order) of the local SQuAD dev file (see :func:`squad_file`)."""
     path = squad_file(root, name)
-    with _open_text(path) as f:
-        try:
+    try:
+        with _open_text(path) as f:
             doc = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path} is not a SQuAD-style JSON file: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not a SQuAD-style JSON file: {exc}") from None
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # not gzip, cut short, not UTF-8
+        raise InputError(f"{path}: cannot read it ({exc})") from None
     if "data" not in doc:
         raise InputError(f"{path} is not SQuAD JSON: no 'data' key")
     return doc["data"]

@@ -3,6 +3,7 @@ of writing a file (atomically, so that an interrupted run leaves nothing half-wr
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -136,3 +137,12 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 digest of a file's bytes (hex), read in blocks: what a record names its input file by."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

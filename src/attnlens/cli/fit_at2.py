@@ -49,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from ..core.memory import parse_budget
+    from ..data import squad_file
+    from ..errors import InputError
     from ..explainer import Explainer
-    from ..paths import check_output_path
+    from ..paths import check_not_an_input, check_output_path, file_sha256
     from ..sources.at2 import fit_at2, save_weights
     from ..sources.attribute import prepare_job
     from ..sources.squad import squad_context
@@ -65,13 +67,28 @@ def run(args: argparse.Namespace) -> int:
     out = check_output_path(args.out, "--out", directory=False)
     cache = Path(args.cache) if args.cache else out.with_name(out.name + ".parts")
     check_output_path(cache, "--cache", directory=True)
+    if cache.expanduser().resolve() == out.expanduser().resolve():
+        raise InputError(f"--cache {args.cache} is the --out file: give the cache its own folder")
     budget = parse_budget(args.memory_budget)
+    data = squad_file(args.data_root)
+    check_not_an_input(args.out, "--out", {"SQuAD": data})
     modes = ["passage", "sentence"] if args.sources == "both" else [args.sources]
     examples = []
     for i, mode in enumerate(modes):
         n = args.prompts // len(modes) + (1 if i < args.prompts % len(modes) else 0)
-        examples += squad_context("fit", n, distractors=args.distractors, sources=mode, seed=args.seed,
-                                  root=args.data_root)
+        built = squad_context("fit", n, distractors=args.distractors, sources=mode, seed=args.seed,
+                              root=args.data_root)
+        if len(built) < n:  # the fit articles hold fewer prompts of this kind
+            if not built:
+                raise InputError(f"--distractors {args.distractors}: no prompt of the fit articles can hold that many "
+                                 "distractor paragraphs")
+            raise InputError(f"--prompts {args.prompts}: the fit articles give {len(built):,} prompts with {mode} "
+                             f"sources{' (half of --prompts each)' if len(modes) > 1 else ''}; ask for fewer")
+        examples += built
+    if len({(e.query, e.answer) for e in examples}) < 2:
+        raise InputError(f"--prompts {args.prompts}: these prompts ask {'one question' if examples else 'nothing'}; "
+                         "the ridge penalty is chosen on held-out questions: give at least "
+                         f"{2 * len(modes)} prompts")
     device, dtype = placement(args)
     ex = Explainer.from_pretrained(args.model, device=device, dtype=dtype)
     jobs = [prepare_job(ex.runner, e.context, e.query, answer=e.answer, sources=[(s.start, s.end) for s in e.sources],
@@ -80,11 +97,15 @@ def run(args: argparse.Namespace) -> int:
         record = fit_at2(ex.runner, jobs, n_ablations=args.n_ablations, seed=args.seed, progress=bar.update,
                          cache=cache, methods=extra)
     record["fit"].update({"data": "SQuAD v1.1 dev, articles at even positions", "sources": args.sources,
-                          "distractors": args.distractors})
+                          "distractors": args.distractors, "data_file": data.name,
+                          "data_sha256": file_sha256(data), "examples": [e.id for e in examples]})
     save_weights(record, out)
     if args.cache is None:  # the default folder served this run only
         shutil.rmtree(cache, ignore_errors=True)
     fit = record["fit"]
+    def num(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
     print(f"wrote {terminal_safe(out, one_line=True)} ({len(jobs)} prompts, ridge alpha {fit['alpha']:.3g}; on "
-          f"held-out prompts: LDS {fit['cv_lds']:.3f}, R² {fit['cv_r2']:.3f}; R² in sample {fit['r2']:.3f})")
+          f"held-out prompts: LDS {num(fit['cv_lds'])}, R² {num(fit['cv_r2'])}; R² in sample {num(fit['r2'])})")
     return 0

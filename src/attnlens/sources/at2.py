@@ -20,6 +20,7 @@ import json
 import math
 import time
 import warnings
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,8 +171,9 @@ def load_weights(runner: ModelRunner, path: str | Path | None = None,
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         fingerprint = data["fingerprint"]
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, TypeError) as err:
         raise InputError(f"at2 weights {path}: not an attnlens AT2 weights file ({err})") from None
+    _check_values(data, path)
     if fingerprint != _fingerprint(runner.model):
         raise InputError(f"at2 weights {path} were fitted on another model ({fingerprint}), not on "
                          f"{_fingerprint(runner.model)}")
@@ -193,6 +195,21 @@ def _features(job: CiteJob, methods: Sequence[str]) -> np.ndarray:
     except InputError as err:  # e.g. over the memory budget: say which source method needed it
         raise InputError(f"at2 with {', '.join(methods)} reads their scores: {err}") from None
     return np.vstack([feats, *(extra[m][None, :] for m in methods)])
+
+
+def _check_values(data: Mapping[str, Any], path: str | Path) -> None:
+    """:class:`InputError` unless ``data`` holds its weights as finite numbers: a grid of ``weights`` (one row
+    per layer) and a list of ``method_weights``."""
+    try:
+        heads = np.asarray(data["weights"], dtype=np.float64)
+        extra = np.asarray(data.get("method_weights", []), dtype=np.float64)
+    except (KeyError, ValueError, TypeError) as err:
+        raise InputError(f"at2 weights {path}: not an attnlens AT2 weights file (weights: {err})") from None
+    if heads.ndim != 2 or extra.ndim != 1 or heads.size == 0:
+        raise InputError(f"at2 weights {path}: not an attnlens AT2 weights file (weights of shape {heads.shape}, "
+                         f"method_weights of shape {extra.shape}; a layers × heads grid and a list)")
+    if not (np.isfinite(heads).all() and np.isfinite(extra).all()):
+        raise InputError(f"at2 weights {path}: some weights are not finite numbers (NaN or infinite)")
 
 
 def _flat_weights(data: Mapping[str, Any]) -> np.ndarray:
@@ -262,8 +279,9 @@ def fit_at2(
     ``cache``: a folder keeping each prompt's features and ablation results as it is done, so an interrupted fit
     started again with the same prompts and settings redoes only the prompts it had not finished (the extra
     methods' scores are kept apart, so adding a method reuses the attention features and ablations)."""
-    if not jobs:
-        raise InputError("fit_at2 needs at least one training prompt")
+    if len({(job.context, job.query, job.answer) for job in jobs}) < 2:
+        raise InputError("fit_at2 needs the prompts of at least two questions: the ridge penalty is chosen on "
+                         "held-out questions")
     xs, ys, questions, start, cached = [], [], [], time.perf_counter(), 0
     question_of: dict[tuple[str, str, str], int] = {}
     folder = None if cache is None else Path(cache)
@@ -275,8 +293,8 @@ def fit_at2(
                                          job.prefix_ids, job.answer_ids, job.token_source, job.ablation,
                                          masks.tolist()]).encode()).hexdigest()[:24]
         path = None if folder is None else folder / f"{key}.npz"
-        if path is not None and path.is_file():
-            done = np.load(path)
+        done = None if path is None else _load_npz(path, "feats", "y")
+        if done is not None:
             feats, y = done["feats"], done["y"]
             cached += 1
         else:
@@ -295,8 +313,9 @@ def fit_at2(
             questions.append(question_of.setdefault((job.context, job.query, job.answer), len(question_of)))
         if progress is not None:
             progress(1)
-    if not ys:
-        raise InputError("fit_at2: no training prompt's ablations changed the answer's log-probability")
+    if len(set(questions)) < 2:
+        raise InputError("fit_at2: the ablations changed the answer's log-probability in the prompts of fewer than "
+                         "two questions, too few to choose the ridge penalty on held-out questions: give more prompts")
     groups = np.concatenate([np.full(len(y), k) for k, y in enumerate(ys)])
     together = np.concatenate([np.full(len(y), q) for q, y in zip(questions, ys)])
     x, y = np.vstack(xs), np.concatenate(ys)
@@ -314,8 +333,9 @@ def fit_at2(
         "weights": weights[: layers * heads].reshape(layers, heads).tolist(),
         **extra,
         "fit": {"prompts": len(jobs), "n_ablations": n_ablations, "keep_probability": keep_probability,
-                "seed": seed, "alpha": alpha, "r2": float(1 - residual @ residual / (y @ y)), "cv_r2": cv_r2,
-                "cv_lds": cv_lds, "weighting": "inverse variance per prompt",
+                "seed": seed, "alpha": alpha, "r2": float(1 - residual @ residual / (y @ y)),
+                "cv_r2": cv_r2 if math.isfinite(cv_r2) else None,
+                "cv_lds": cv_lds if math.isfinite(cv_lds) else None, "weighting": "inverse variance per prompt",
                 "seconds": round(time.perf_counter() - start, 1), "prompts_from_cache": cached},
         "attnlens": __version__,
     }
@@ -324,13 +344,28 @@ def fit_at2(
 def _method_features(job: CiteJob, methods: Sequence[str], cached: Path | None) -> np.ndarray:
     """``(len(methods), n_sources)``: the methods' source scores, read from or written beside a prompt's cache."""
     path = None if cached is None else cached.with_name(f"{cached.stem}.{'+'.join(methods)}.npz")
-    if path is not None and path.is_file():
-        return np.load(path)["scores"]
+    done = None if path is None else _load_npz(path, "scores")
+    if done is not None:
+        return done["scores"]
     found = token_source_scores(job, methods).scores
     scores = np.vstack([found[m] for m in methods])
     if path is not None:
         _save_npz(path, scores=scores)
     return scores
+
+
+def _load_npz(path: Path, *keys: str) -> dict[str, np.ndarray] | None:
+    """The arrays ``keys`` of a cached prompt, or ``None`` where there is none; a file that cannot be read (damaged
+    or changed outside attnlens) is removed and its prompt computed again."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as done:
+            return {k: done[k] for k in keys}
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile):
+        warnings.warn(f"the fit cache {path} cannot be read: its prompt is computed again", stacklevel=3)
+        path.unlink(missing_ok=True)
+        return None
 
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:
@@ -376,4 +411,4 @@ def _grouped_alpha(x: np.ndarray, y: np.ndarray, groups: np.ndarray, together: n
 
 def save_weights(record: dict[str, Any], path: str | Path) -> Path:
     """Write an AT2 weights record as JSON (atomically)."""
-    return atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+    return atomic_write_text(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
