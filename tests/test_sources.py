@@ -715,6 +715,11 @@ def test_cli_cite_offsets_index_the_context_file_as_written(lm_dir, tmp_path, ca
     assert [text[s["start"]:s["end"]] for s in d["sources"]] == [
         "the movie was great .", "the plot is dull .", "the actors were charming ."]
     assert [s["text"] for s in d["sources"]] == [text[s["start"]:s["end"]] for s in d["sources"]]
+    page = tmp_path / "crlf.html"
+    assert main(["cite", "--model", lm_dir, "--context-file", str(ctx), "--query", QUERY, "--answer", ANSWER,
+                 "--no-chat", "--methods", "loo", "--sources", "line", "--format", "html", "--out", str(page)]) == 0
+    html_text = page.read_bytes().decode("utf-8")
+    assert "\\x0d" not in html_text and "the movie was great .</span>\r\n" in html_text  # line breaks, not escapes
 
     ctx.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))  # a byte-order mark is not part of the text
     assert main(["cite", "--model", lm_dir, "--context-file", str(ctx), "--query", QUERY, "--answer", ANSWER,

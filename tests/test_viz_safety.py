@@ -63,6 +63,8 @@ def test_html_views_show_bidi_controls_and_newline_tokens_visibly(model_dir, tmp
     from attnlens.viz.safetext import html_safe
 
     assert html_safe("<b>\u202e\n") == "&lt;b&gt;\\u202e\n" and html_safe("\n", one_line=True) == "\\n"
+    # a page reads a carriage return as a line break (a context with Windows line endings); a token shows it
+    assert html_safe("a\r\nb\rc\x1b") == "a\r\nb\rc\\x1b" and html_safe("\r\n", one_line=True) == "\\x0d\\n"
     ex = Explainer.from_pretrained(str(model_dir))
     (e,) = ex.explain(["good \u202egnihtyreve tuoba dab\u202c movie"], methods=["rawatt"])
     page = explanations_html([e])

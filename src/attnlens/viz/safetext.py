@@ -21,6 +21,10 @@ _ONE_LINE_TABLE = {**_TABLE, 0x09: "\\t", 0x0A: "\\n"}
 # them (an emoji family joined by U+200D), so a table of tokens loses its end; shown as escapes there (not in HTML)
 _ZERO_WIDTH = {c: f"\\u{c:04x}" for c in (0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF)}
 _TERMINAL = ({**_TABLE, **_ZERO_WIDTH}, {**_ONE_LINE_TABLE, **_ZERO_WIDTH})
+# an HTML page reads a carriage return as the line break it is (a lone CR, or CR LF as one); on a terminal it
+# would overwrite the line
+_HTML = {c: v for c, v in _TABLE.items() if c != 0x0D}
+_ONE_LINE_HTML = _ONE_LINE_TABLE
 
 
 def terminal_safe(text: object, one_line: bool = False) -> str:
@@ -37,5 +41,6 @@ def html_safe(text: object, one_line: bool = False) -> str:
     """``text`` for an HTML page: control and bidi characters as their visible escapes, as :func:`terminal_safe`
     gives them (a bidi override would make the page show other text than the tokens explained), then
     HTML-escaped, quotes included; zero-width characters are kept (a browser joins an emoji family as the text
-    means). ``one_line``: tab and newline too (a token of its own: ``\\n``)."""
-    return html.escape(str(text).translate(_ONE_LINE_TABLE if one_line else _TABLE), quote=True)
+    means), and so is a carriage return (a line break there, as a file with Windows line endings means it).
+    ``one_line``: tab, newline and carriage return too (a token of its own: ``\\n``)."""
+    return html.escape(str(text).translate(_ONE_LINE_HTML if one_line else _HTML), quote=True)
