@@ -178,3 +178,26 @@ def test_prompt_offsets_give_a_split_character_to_the_token_that_completes_it_as
     prompt = [(a, b) for a, b in g.prompt_offsets]  # no special tokens: every token has a span
     assert prompt == [tuple(o) for o in g.generated_offsets]
     assert "".join(_spelled(text, prompt)) == text and prompt[:4] == [(0, 0), (0, 0), (0, 0), (0, 1)]
+
+
+def test_a_generated_answer_tokenized_otherwise_as_text_warns_and_its_ids_explain_it_again(byte_lm, monkeypatch):
+    tokenizer = byte_lm.tokenizer
+    split = tokenizer.convert_tokens_to_ids(["Ġ", "i", "s"])  # " is", one token when read as text
+    assert tokenizer(" is", add_special_tokens=False)["input_ids"] != split
+    monkeypatch.setattr(attribute, "greedy", lambda *a, **k: list(split))
+    with pytest.warns(UserWarning, match="is tokenized otherwise when its text is read again"):
+        generated = byte_lm.attribute_context(CONTEXT, QUERY, methods=["loo"], chat=False)
+    assert generated.answer == " is" and generated.meta["answer_ids"] == split
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = byte_lm.attribute_context(CONTEXT, QUERY, answer=generated.meta["answer_ids"], methods=["loo"],
+                                          chat=False)
+        as_text = byte_lm.attribute_context(CONTEXT, QUERY, answer=" is", methods=["loo"], chat=False)
+    assert again.answer == " is" and again.meta["generated"] is False
+    assert again.meta["answer_logprob"] == pytest.approx(generated.meta["answer_logprob"], rel=1e-6)
+    np.testing.assert_allclose(again.scores["loo"], generated.scores["loo"], rtol=1e-5, atol=1e-6)
+    assert as_text.meta["answer_ids"] != split
+    assert as_text.meta["answer_logprob"] != pytest.approx(generated.meta["answer_logprob"], rel=1e-3)
+    with pytest.raises(InputError, match="answer must be text or a non-empty list of token ids"):
+        byte_lm.attribute_context(CONTEXT, QUERY, answer=[10**9], methods=["loo"], chat=False)

@@ -317,7 +317,7 @@ class Explainer:
         context: str,
         query: str,
         *,
-        answer: str | None = None,
+        answer: str | Sequence[int] | None = None,
         sources: str | Sequence[Any] = "sentence",
         methods: str | Sequence[str] | None = None,
         template: str | None = None,
@@ -336,7 +336,9 @@ class Explainer:
             context: the text given to the model (retrieved passages, a report, a chat history).
             query: the question.
             answer: the answer to attribute (the continuation after the prompt; default: generated greedily,
-                at most ``max_new_tokens`` tokens, without the end-of-turn token).
+                at most ``max_new_tokens`` tokens, without the end-of-turn token), as text or as token ids (a
+                generated answer's ``meta["answer_ids"]``: a text may be tokenized otherwise than the model
+                generated it, which a warning says).
             sources: ``"sentence"`` (default), ``"passage"`` (blank-line-separated blocks), ``"line"``, or a list
                 of ``(start, end)`` character spans of the context, or of strings found in it in order.
             methods: token-level methods (any of :func:`attnlens.list_methods`, their token scores summed per

@@ -193,6 +193,14 @@ def _answer_ids(runner: ModelRunner, answer: str) -> list[int]:
     return ids
 
 
+def _given_ids(runner: ModelRunner, answer: Any) -> list[int]:
+    rows = runner.model.get_input_embeddings().num_embeddings
+    if (isinstance(answer, Sequence) and answer and all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, bool) and 0 <= i < rows for i in answer)):
+        return [int(i) for i in answer]
+    raise InputError(f"answer must be text or a non-empty list of token ids in 0..{rows - 1}, got {answer!r:.60}")
+
+
 def _explained_tokens(offsets: list[tuple[int, int]], span: tuple[int, int] | None, n_chars: int) -> tuple[int, int]:
     """The answer tokens ``[i, j)`` overlapping the character span ``span`` of the answer (all: ``None``)."""
     if span is None:
@@ -218,7 +226,7 @@ def prepare_job(
     context: str,
     query: str,
     *,
-    answer: str | None = None,
+    answer: str | Sequence[int] | None = None,
     sources: str | Sequence[Any] = "sentence",
     template: str | None = None,
     chat: bool | None = None,
@@ -261,6 +269,11 @@ def prepare_job(
             raise InputError("the generated answer stops inside its first character: raise max_new_tokens "
                              "(--max-new-tokens) or give an answer")
         answer_text, answer_offsets = _answer_offsets(runner, ids)
+    elif not isinstance(answer, str):  # token ids (a generated answer's meta["answer_ids"]): read as generated
+        ids = _given_ids(runner, answer)
+        answer_text, answer_offsets = _answer_offsets(runner, ids)
+        if not answer_text.strip():
+            raise InputError("the answer's token ids spell only whitespace: give the ids of the answer's text")
     else:  # the caller's text, with the tokenizer's character spans in it
         ids = _answer_ids(runner, answer)
         answer_text = answer
@@ -432,7 +445,7 @@ def attribute_context(
     context: str,
     query: str,
     *,
-    answer: str | None = None,
+    answer: str | Sequence[int] | None = None,
     sources: str | Sequence[Any] = "sentence",
     methods: str | Sequence[str] | None = None,
     template: str | None = None,
@@ -469,11 +482,16 @@ def attribute_context(
                     for i, k in enumerate(steps)]
         rows = {m: np.vstack([r[m] for r in per_step]) for m in scores}
     prompt = job.prompt
+    if job.generated and continuation_encoding(runner.tokenizer, job.answer)[0] != job.answer_token_ids:
+        warnings.warn(f"the generated answer {job.answer!r:.40} is tokenized otherwise when its text is read again: "
+                      "the scores explain the generated tokens (meta answer_ids; pass them as answer= to explain "
+                      "them again), the same text as answer= explains the other tokens", stacklevel=3)
     meta = {
         "model": runner.name,
         "context_start": prompt.context_start,
         "chat_template": prompt.chat,
         "generated": job.generated,
+        "answer_ids": list(job.answer_token_ids),
         "explained": list(job.explained),
         "explained_text": job.answer[job.explained[0]:job.explained[1]],
         "target": "sum of the explained answer tokens' log-probabilities",
