@@ -414,12 +414,13 @@ def test_overwrite_replaces_the_earlier_models_files_and_keeps_others(tmp_path, 
     for name in ("config.json", "metrics.json", "chat_template.jinja", "vocab.txt", "model-00001-of-00002.safetensors"):
         (out / name).write_text("{}")
     (out / "notes.md").write_text("mine")
+    (out / "tokenizer_notes.txt").write_text("mine too")
     train(TrainConfig(model=tiny_model, out=str(out), data_file=data, max_length=16, overwrite=True, progress=False),
           log=lambda _: None)
     names = {p.name for p in out.iterdir()}
     assert "chat_template.jinja" not in names and "model-00001-of-00002.safetensors" not in names
     assert {"config.json", "metrics.json", "model.safetensors", "notes.md", "tokenizer.json"} <= names
-    assert (out / "notes.md").read_text() == "mine"
+    assert (out / "notes.md").read_text() == "mine" and (out / "tokenizer_notes.txt").read_text() == "mine too"
     mask = os.umask(0)
     os.umask(mask)
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir() if p.is_file()} == {

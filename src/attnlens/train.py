@@ -765,9 +765,12 @@ def save_trained(model: Any, tokenizer: Any, metrics: dict[str, Any], out: Path,
 
 
 # what a saved model and tokenizer consist of: an earlier save's files that the new one lacks are removed with it
-SAVED_MODEL_FILES = ("config.json", "generation_config.json", "metrics.json", "model*.safetensors*",
-                     "pytorch_model*.bin*", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json",
-                     "added_tokens.json", "chat_template*", "spiece.model", "sentencepiece*.model", "*.tiktoken")
+SAVED_MODEL_FILES = ("config.json", "generation_config.json", "metrics.json", "model.safetensors",
+                     "model-*-of-*.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                     "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json", "tokenizer.json",
+                     "tokenizer_config.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
+                     "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                     "spiece.model", "sentencepiece.bpe.model", "*.tiktoken")
 
 
 def _saved_model_file(name: str) -> bool:
