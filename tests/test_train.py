@@ -425,3 +425,15 @@ def test_overwrite_replaces_the_earlier_models_files_and_keeps_others(tmp_path, 
     os.umask(mask)
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir() if p.is_file()} == {
         p.name: oct(0o666 & ~mask) for p in out.iterdir() if p.is_file()}
+
+
+def test_an_eval_file_may_name_the_data_sets_classes(tmp_path):
+    rows = [{"text": "a fine film", "label": "positive"}, {"text": "dull", "label": "negative"}, {"text": "ok",
+                                                                                                    "label": 1}]
+    evaluation = write_jsonl(tmp_path / "e.jsonl", rows)
+    _, eval_split, names = load_splits(TrainConfig(model="x", out="y", dataset="sst2", limit=8, eval_file=evaluation))
+    assert names == ["negative", "positive"] and eval_split.labels == [1, 0, 1]
+    write_jsonl(tmp_path / "e.jsonl", [{"text": "meh", "label": "neutral"}])
+    with pytest.raises(InputError, match="label must be an integer class id or one of negative, positive, got "
+                                         "'neutral'"):
+        load_splits(TrainConfig(model="x", out="y", dataset="sst2", limit=8, eval_file=evaluation))

@@ -241,6 +241,7 @@ def load_dataset(
     root: str | os.PathLike[str] | None = None,
     task: str | None = None,
     hub: bool = True,
+    labels: Sequence[str] | None = None,
 ) -> Dataset:
     """Load a data set by name (see :func:`known_datasets`) or from a file of the same shape.
 
@@ -254,6 +255,8 @@ def load_dataset(
         root: local data folder (default: see :func:`data_root`).
         task: for files: ``classification``, ``pair`` or ``qa`` (guessed from the content if ``None``).
         hub: whether to fall back to the HuggingFace hub (needs ``datasets`` and network access).
+        labels: for files: the classes' names by id, so that rows may give a label by its name (a named data
+            set's rows read its own names).
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InputError(f"limit must be a positive whole number of examples, got {limit!r}")
@@ -264,7 +267,8 @@ def load_dataset(
     if names_a_file(key):
         if not path.is_file():
             raise InputError(f"data file {key} does not exist")
-        ds = _load_file(path, task=task, name=path.name, split=split or path.stem)
+        ds = _load_file(path, task=task, name=path.name, split=split or path.stem,
+                        labels=list(labels) if labels else None)
         return _subset(ds, limit, seed)
     spec = SPECS.get(ALIASES.get(key.lower(), key.lower()))
     if spec is None:
@@ -382,7 +386,7 @@ def _load_file(
     examples: list[Example] = []
     kind = task
     for lineno, row in iter_jsonl(path):
-        ex, row_kind = _row_example(row, lineno, path)
+        ex, row_kind = _row_example(row, lineno, path, labels)
         if kind in (None, "classification", "pair") and kind not in (None, row_kind):
             raise InputError(f"{path}:{lineno}: expected a {kind} row, got {sorted(row)}")
         kind = row_kind
@@ -398,16 +402,20 @@ def _load_file(
     return Dataset(name, split, kind or "classification", examples, labels, str(path))
 
 
-def _row_example(row: dict[str, Any], lineno: int, path: Path) -> tuple[Example, str]:
+def _row_example(row: dict[str, Any], lineno: int, path: Path,
+                 names: Sequence[str] | None = None) -> tuple[Example, str]:
     ident = str(row.get("id", row.get("idx", lineno - 1)))
     label = row.get("label")
+    wanted = "an integer class id" + (f" or one of {', '.join(names)}" if names else "")
     if isinstance(label, bool) or (isinstance(label, float) and not label.is_integer()):
-        raise InputError(f"{path}:{lineno}: label must be an integer class id, got {label!r}")
+        raise InputError(f"{path}:{lineno}: label must be {wanted}, got {label!r}")
+    if names and isinstance(label, str) and label in names:  # a class by its name
+        label = list(names).index(label)
     if label is not None:
         try:
             label = int(label)
         except (TypeError, ValueError):
-            raise InputError(f"{path}:{lineno}: label must be an integer class id, got {label!r}") from None
+            raise InputError(f"{path}:{lineno}: label must be {wanted}, got {label!r}") from None
     where = f"{path}:{lineno}"
     for a, b in PAIR_KEYS:
         if a in row and b in row:

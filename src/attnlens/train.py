@@ -295,8 +295,8 @@ def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
                              f"{eval_name} share their examples, so the metrics would be measured on training data: "
                              "give another --split or --eval-split")
         train = _subset(_from_dataset(train_ds), cfg.limit, cfg.seed)
-        if cfg.eval_file:
-            evaluation = _from_dataset(load_dataset(cfg.eval_file))
+        if cfg.eval_file:  # its labels: class ids, or the data set's class names
+            evaluation = _from_dataset(load_dataset(cfg.eval_file, labels=train_ds.labels))
         else:
             evaluation = _from_dataset(load_dataset(cfg.dataset, eval_name))
         names = list(train_ds.labels) or None
