@@ -341,3 +341,20 @@ def test_tokens_added_as_text_to_a_byte_level_vocabulary_read_as_text(byte_token
     back = Explanation.load(tmp_path / "e.json")
     assert back.token_text == e.token_text
     assert "text_tokens" not in e.to_words().meta
+
+
+def test_a_decomposed_accent_the_pre_tokenizer_splits_off_stays_in_its_word(byte_tokenizer):
+    """A byte-level pre-tokenizer splits a combining mark off its letter (``"e"``, ``"\\u0301"``, ``"t\\u00e9"``
+    are three of its words); a reader sees one word, its accent once, and the word's score is its tokens' sum."""
+    model = build_tiny("gpt2", vocab_size=len(byte_tokenizer), pad_token_id=byte_tokenizer.pad_token_id,
+                       bos_token_id=byte_tokenizer.eos_token_id, eos_token_id=byte_tokenizer.eos_token_id,
+                       task="causal-lm")
+    text = "x e\u0301t\u00e9 y"
+    (e,) = Explainer(model, byte_tokenizer).explain(text, methods="rawatt")
+    assert len(set(e.word_ids[1:-1])) > 3  # the tokenizer's own words part the accent
+    words = e.to_words()
+    shown = [w for w, s in zip(words.tokens, words.special, strict=True) if not s]
+    assert shown == ["x", "e\u0301t\u00e9", "y"]
+    groups = [g for g in e.word_groups() if not e.special[g[0]]]
+    assert words.scores["rawatt"][[not s for s in words.special]][1] == pytest.approx(
+        float(e.scores["rawatt"][groups[1]].sum()))

@@ -162,7 +162,8 @@ class Explanation:
             if self.word_ids is not None:
                 seq = self.sequence_ids[i] if self.sequence_ids is not None else 0
                 key = (seq, self.word_ids[i])
-                joins = (last_key is not None and key == last_key and self.word_ids[i] is not None
+                joins = (last_key is not None and (key == last_key and self.word_ids[i] is not None
+                                                   or last_key[0] == seq and self._across_mark(i, seq))
                          and not self._space_before(i, seq))
             elif encoding in (BYTE_LEVEL, SENTENCEPIECE):  # no alignment (a generation's tokens): words are what
                 # whitespace separates, read from the text each token spells; a token of whitespace alone (a space
@@ -197,6 +198,18 @@ class Explanation:
         gap = source[min(end, start):start]  # between the two spans
         lead = source[start:start + 1] if stop > start else ""  # the token's first character
         return any(c.isspace() for c in gap) or lead.isspace()
+
+    def _across_mark(self, i: int, seq: Any) -> bool:
+        """Whether token ``i`` continues the word before it across a combining mark, where the tokenizer's word ids
+        part them: it starts with the mark (a decomposed accent that a byte-level pre-tokenizer splits off its
+        letter: ``"e"``, ``"\u0301"``), or comes right after one (``"t\u00e9"`` after it)."""
+        if self.offsets is None or i == 0:
+            return False
+        source = self._sequence_text(seq)
+        (_, end), (start, stop) = self.offsets[i - 1], self.offsets[i]
+        starts = stop > start and unicodedata.combining(source[start]) > 0
+        follows = 0 < end == start and unicodedata.combining(source[end - 1]) > 0
+        return starts or follows
 
     def _group_word_ids(self, groups: list[list[int]]) -> list[int | None]:
         """Each word's index: the tokenizer's word id of its first token where the tokenizer aligned them (one
