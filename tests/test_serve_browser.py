@@ -365,3 +365,50 @@ def test_a_language_models_next_token_is_named_with_its_probability(page, server
     shown = page.inner_text("#prediction")
     assert shown.startswith("explaining next token " + json.dumps(api["meta"]["target_token"]))
     assert f"(p = {api['probabilities'][0]:.3f})" in shown and "the greedy choice" in shown
+
+
+def _hold(page, marker):
+    """Hold the page's request that queues a job whose request holds ``marker``; returns the list the held route
+    lands in (release it with ``held[0].continue_()``)."""
+    held = []
+
+    def route(r):
+        if marker in (r.request.post_data or "") and not held:
+            held.append(r)
+        else:
+            r.continue_()
+
+    page.route("**/api/jobs", route)
+    return held
+
+
+def _wait_until(page, done, what):
+    for _ in range(600):
+        if done():
+            return
+        page.wait_for_timeout(50)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_late_reply_never_draws_over_a_newer_request(page, server):
+    late = "a text whose explanation answers late"
+    held = _hold(page, late)
+    page.fill("#text-a", late)
+    page.click("#explain")
+    _wait_until(page, lambda: held, "the held request")
+    _explain(page, SENTENCE)  # the newer request: drawn
+    shown = _titles(page, "rawatt")
+    assert [t.rsplit(": ", 1)[0] for t in shown][1:3] == ["the", "plot"]
+    held[0].continue_()
+    page.wait_for_selector("body[data-dropped='1']")  # the late reply arrived, and was dropped
+    assert _titles(page, "rawatt") == shown
+
+    page.unroute("**/api/jobs")  # faithfulness measured for SENTENCE, answered after another text is explained
+    held = _hold(page, '"kind":"faithfulness"')
+    page.evaluate("document.body.removeAttribute('data-dropped')")
+    page.click("#faithfulness")
+    _wait_until(page, lambda: held, "the held measurement")
+    _explain(page, "another text entirely")
+    held[0].continue_()
+    page.wait_for_selector("body[data-dropped='1']")
+    assert page.locator("#heatmap td.faith svg").count() == 0  # no AOPC of SENTENCE under another text

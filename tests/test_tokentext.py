@@ -358,3 +358,16 @@ def test_a_decomposed_accent_the_pre_tokenizer_splits_off_stays_in_its_word(byte
     groups = [g for g in e.word_groups() if not e.special[g[0]]]
     assert words.scores["rawatt"][[not s for s in words.special]][1] == pytest.approx(
         float(e.scores["rawatt"][groups[1]].sum()))
+
+
+def test_the_explorers_attention_answer_spells_each_token_as_the_heatmap_does(byte_tokenizer):
+    from attnlens.core.memory import parse_budget
+    from attnlens.serve.compute import attention
+
+    model = build_tiny("gpt2", vocab_size=len(byte_tokenizer), pad_token_id=byte_tokenizer.pad_token_id,
+                       bos_token_id=byte_tokenizer.eos_token_id, eos_token_id=byte_tokenizer.eos_token_id,
+                       task="causal-lm")
+    ex = Explainer(model, byte_tokenizer)
+    answer = attention(ex, TEXT, parse_budget("1GiB"))
+    (e,) = ex.explain(TEXT, methods="rawatt")
+    assert answer["token_text"] == e.token_text and "".join(answer["token_text"]) == TEXT

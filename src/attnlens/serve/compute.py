@@ -15,7 +15,7 @@ from ..evaluation.metrics import EvalConfig, Item, score_examples
 from ..evaluation.perturb import ModelPredictor
 from ..methods.registry import get_method, list_methods
 from ..results.explanation import Explanation, explanations_json
-from ..results.tokentext import encoding_meta
+from ..results.tokentext import encoding_meta, token_texts
 from ..sources.attribute import defaults_for
 from ..sources.methods import SOURCE_METHODS
 from ..viz.headview import encode_attentions, page_bytes
@@ -122,8 +122,9 @@ def attention(ex: Any, text: Any, budget: int, report: Report = lambda _fraction
     report(0.6)
     encoded = encode_attentions(att)
     report(0.9)
-    return {"tokens": tokens, "special": special, "meta": encoding_meta(ex.tokenizer), "stream": ex.stream,
-            "attention": encoded, "thumbnails": thumbnails(att)}
+    meta = encoding_meta(ex.tokenizer)
+    return {"tokens": tokens, "token_text": token_texts(tokens, meta), "special": special, "meta": meta,
+            "stream": ex.stream, "attention": encoded, "thumbnails": thumbnails(att)}
 
 
 def _answer_bytes(layers: int, heads: int, n: int) -> int:

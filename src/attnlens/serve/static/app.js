@@ -78,6 +78,18 @@ async function runJob(kind, request, label) {
   return job.result;
 }
 
+// Each view draws the reply to its latest request only: a reply that arrives after a newer request of the view
+// (or after the page drew a reply it held) is dropped, never drawn over the newer one.
+const latest = {};
+function ticket(view) {
+  const n = (latest[view] = (latest[view] || 0) + 1);
+  return () => {
+    if (latest[view] === n) return true;
+    document.body.dataset.dropped = Number(document.body.dataset.dropped || 0) + 1;  // the page's tests wait on it
+    return false;
+  };
+}
+
 async function guarded(action) {
   try { await action(); } catch (err) {
     if (err instanceof Cancelled) showError("cancelled");
@@ -257,7 +269,11 @@ function explainRequest(words) {
 
 async function explain() {
   const req = explainRequest($("words").checked);
+  const current = ticket("explain");
+  ticket("faithfulness");  // a measurement under way belongs to the explanation shown before
+  ticket("inside");
   const [exp] = await runJob("explain", req, "explaining");
+  if (!current()) return;
   state.exp = exp;
   state.expRequest = req;
   state.faith = results.get("faithfulness " + JSON.stringify(Object.assign({}, req, { words: false }))) || null;
@@ -333,7 +349,10 @@ function fillFaith(td, method) {
 
 async function faithfulness() {
   const req = Object.assign({}, state.expRequest, { words: false });
-  state.faith = await runJob("faithfulness", req, "measuring faithfulness");
+  const current = ticket("faithfulness");
+  const faith = await runJob("faithfulness", req, "measuring faithfulness");
+  if (!current()) return;
+  state.faith = faith;
   for (const tr of $("heatmap").querySelectorAll("tr")) fillFaith(tr.querySelector("td.faith"), tr.dataset.method);
 }
 
@@ -349,7 +368,10 @@ async function showInside() {
   const text = exp.text;
   const key = JSON.stringify([state.expRequest.model, text]);
   if (state.attentionText === key) return;
-  state.attention = await runJob("attention", { model: state.expRequest.model, text }, "reading attention");
+  const current = ticket("inside");
+  const attention = await runJob("attention", { model: state.expRequest.model, text }, "reading attention");
+  if (!current()) return;
+  state.attention = attention;
   state.attentionText = key;
   const a = state.attention.attention;
   setOptions($("hv-layer"), Array.from({ length: a.layers }, (_, l) => [l, "layer " + l]));
@@ -426,7 +448,8 @@ async function drawHeadView() {
   const l = Number($("hv-layer").value), h = Number($("hv-head").value), limit = Number($("hv-links").value);
   const n = state.attention.attention.n, m = await headMatrix(l, h);
   for (const c of $("model-view").querySelectorAll("canvas")) c.classList.toggle("chosen", +c.dataset.layer === l && +c.dataset.head === h);
-  const texts = state.attention.tokens.map((t) => readable(t, state.attention.meta.token_encoding));
+  const a = state.attention;
+  const texts = Array.isArray(a.token_text) ? a.token_text.map(visible) : a.tokens.map((t) => readable(t, a.meta.token_encoding));
   // the strongest links only: at 512 tokens a line per pair would be 262,144 lines
   const order = Array.from(m.keys()).filter((k) => m[k] > 0).sort((x, y) => m[y] - m[x]).slice(0, limit);
   const max = order.length ? m[order[0]] : 1, rowH = 16, width = 260, height = n * rowH;
@@ -465,13 +488,16 @@ async function generate() {
   if (!req.methods.length) throw new Error("choose at least one method");
   if ($("force").value) req.target = $("force").value;
   if ($("gen-contrast").value) req.contrast = $("gen-contrast").value;
+  const current = ticket("generate");
   const [g] = await runJob("generate", req, "generating and explaining");
+  if (!current()) return;
   state.gen = g;
   state.genModel = req.model;
   state.genRange = null;
   renderGeneration();
 }
 
+const PART = "\u00b7";  // a generated token that holds only the first bytes of a character
 // the text each prompt and generated token spells: the JSON's own when it gives it, else read from the token
 function generationTexts(g) {
   const enc = g.meta && g.meta.token_encoding;
@@ -487,8 +513,10 @@ function renderGeneration() {
   const shown = generationTexts(g);
   g.prompt_tokens.forEach((t, i) => { if (!g.prompt_special[i]) answer.appendChild(el("span", shown[i], "tok prompt")); });
   let anchor = null;
-  g.generated.forEach((text, t) => {
-    const chip = el("span", text, "tok gen");
+  g.generated_ids.forEach((_, t) => {
+    // each step's token as the continuation spells it: a character split over several tokens shows on the one
+    // that completes it, the tokens of its first bytes as a dot
+    const chip = el("span", shown[g.prompt_tokens.length + t] || PART, "tok gen");
     chip.dataset.step = t;
     chip.title = `step ${t}: p = ${fmt(g.probabilities[t])}`;
     chip.onmousedown = (ev) => {
@@ -527,7 +555,8 @@ function chooseSteps(t0, t1) {
 function stepCaption(g, t0, t1) {
   const enc = g.meta && g.meta.token_encoding;
   const bpe = enc === "byte-level" || enc === "sentencepiece";  // their decoded tokens carry their own spaces
-  const chosen = g.generated.slice(t0, t1 + 1).join(bpe ? "" : " ");
+  const texts = generationTexts(g).slice(g.prompt_tokens.length + t0, g.prompt_tokens.length + t1 + 1);
+  const chosen = texts.join(bpe ? "" : " ") || "(the first bytes of a character)";
   const cap = $("step-caption");
   cap.replaceChildren(t0 === t1 ? `step ${t0}: ` : `steps ${t0}–${t1}: `, el("b", chosen));
   return cap;
@@ -571,10 +600,12 @@ async function attribute() {
     sources: $("src-kind").value, methods: chosenMethods($("src-methods")), max_new_tokens: Number($("src-max-new").value) };
   if (!req.methods.length) throw new Error("choose at least one method");
   if ($("src-answer").value.trim()) req.answer = $("src-answer").value;
+  const current = ticket("attribute");
   const result = await runJob("attribute", req, "attributing the answer");
+  if (!current()) return;
   $("sources-out").hidden = false;
   const line = $("src-answer-line");
-  line.replaceChildren("answer ", el("b", result.answer));
+  line.replaceChildren("answer ", el("b", visible(result.answer)));
   const methods = Object.keys(result.sources.length ? result.sources[0].scores : {});
   const head = el("tr");
   head.append(el("th", "#"), el("th", "source"), ...methods.map((m) => el("th", m)));
@@ -587,7 +618,7 @@ async function attribute() {
   }
   result.sources.forEach((s, i) => {
     const tr = el("tr");
-    tr.append(el("td", i, "num"), el("td", s.text, "text"));
+    tr.append(el("td", i, "num"), el("td", visible(s.text), "text"));
     for (const m of methods) {
       const td = el("td", sig(s.scores[m]), top[m] === i ? "num top" : "num");
       td.style.backgroundColor = shade(s.scores[m], max[m]);
@@ -727,7 +758,7 @@ function renderExamples() {
     for (const [kind, list] of [["best", c.best], ["worst", c.worst]]) {
       for (const ex of list) {
         const text = Array.isArray(ex.text) ? ex.text.join(" ‖ ") : ex.text;
-        const button = el("button", `${kind} ${fmt(ex.value)} · #${ex.index} ${text ?? "(text not stored)"}`);
+        const button = el("button", `${kind} ${fmt(ex.value)} · #${ex.index} ${text === null || text === undefined ? "(text not stored)" : visible(text)}`);
         button.disabled = ex.text === null || ex.text === undefined;
         button.onclick = () => guarded(() => openExample(ex.text, m));
         col.appendChild(button);
@@ -746,7 +777,9 @@ async function openExample(text, method) {
   selectTab("explain");
   const pair = Array.isArray(text);
   if (pair && !Array.from($("input-kind").options).some((o) => o.value === "pair" && !o.hidden)) throw new Error("this model does not take sentence pairs");
+  const shown = (kind) => Array.from($("input-kind").options).some((o) => o.value === kind && !o.hidden);
   if (pair) $("input-kind").value = state.facts.task === "qa" ? "qa" : "pair";
+  else if (shown("text")) $("input-kind").value = "text";  // a pair chosen before would send [text, ""]
   onInputKind();
   $("text-a").value = pair ? text[0] : text;
   $("text-b").value = pair ? text[1] : "";
