@@ -371,3 +371,17 @@ def test_the_explorers_attention_answer_spells_each_token_as_the_heatmap_does(by
     answer = attention(ex, TEXT, parse_budget("1GiB"))
     (e,) = ex.explain(TEXT, methods="rawatt")
     assert answer["token_text"] == e.token_text and "".join(answer["token_text"]) == TEXT
+
+
+def test_an_encoder_decoders_output_never_joins_the_last_input_word(byte_tokenizer):
+    model = build_tiny("bart", vocab_size=len(byte_tokenizer), pad_token_id=byte_tokenizer.pad_token_id,
+                       bos_token_id=byte_tokenizer.eos_token_id, eos_token_id=byte_tokenizer.eos_token_id,
+                       task="seq2seq-lm")
+    g = Explainer(model, byte_tokenizer).explain_generation("the cafe charm", methods=["inputxgradient"],
+                                                            target="charming cafe")
+    step = g.step(2)
+    assert not step.token_text[g.n_prompt][:1].isspace()  # the output's first token has no space before it
+    groups = [grp for grp in step.word_groups() if not step.special[grp[0]]]
+    assert all(max(grp) < g.n_prompt or min(grp) >= g.n_prompt for grp in groups)  # no word spans both texts
+    words = step.to_words()
+    assert [w for w, s in zip(words.tokens, words.special, strict=True) if not s][:3] == ["the", "cafe", "charm"]

@@ -167,14 +167,15 @@ class Explanation:
                          and not self._space_before(i, seq))
             elif encoding in (BYTE_LEVEL, SENTENCEPIECE):  # no alignment (a generation's tokens): words are what
                 # whitespace separates, read from the text each token spells; a token of whitespace alone (a space
-                # or newline before a word the vocabulary spells without its space) goes with the word after it
-                key = (None, None)
+                # or newline before a word the vocabulary spells without its space) goes with the word after it.
+                # A new sequence (an encoder-decoder's output after its input) starts a new word.
+                key = (None if self.sequence_ids is None else self.sequence_ids[i], None)
                 before = text[i - 1] if i else ""
-                joins = (bool(groups) and last_key is not None and not text[i][:1].isspace()
+                joins = (bool(groups) and last_key == key and not text[i][:1].isspace()
                          and (not before[-1:].isspace() or not before.strip()))
             else:  # slow tokenizer: fall back on subword markers
-                key = (None, None)
-                joins = bool(groups) and last_key is not None and _is_continuation(tok)
+                key = (None if self.sequence_ids is None else self.sequence_ids[i], None)
+                joins = bool(groups) and last_key == key and _is_continuation(tok)
             if joins:
                 groups[-1].append(i)
             else:

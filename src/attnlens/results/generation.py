@@ -152,12 +152,15 @@ class Generation:
             meta["contrast"] = self.contrast_ids[t]
             if self.contrast is not None:
                 meta["contrast_token"] = self.contrast[t]
+        # an encoder-decoder's output is a text of its own after its input (sequence 1): no word runs across them
+        seq2seq = self.meta.get("task") == "seq2seq-lm"
         return Explanation(
             text=self.prompt, tokens=self.tokens[:n], special=self.special[:n],
             target=self.generated_ids[t], predicted=self.predicted_ids[t],
             probabilities=[self.probabilities[t]],
             scores={m: s[t, :n].copy() for m, s in self.scores.items()},
             input_ids=(self.prompt_ids + self.generated_ids)[:n], meta=meta,
+            sequence_ids=[0] * self.n_prompt + [1] * t if seq2seq else None,
         )
 
     # ------------------------------------------------------------------ JSON
