@@ -131,3 +131,13 @@ def test_decoder_without_pad_token_falls_back_to_single_inputs():
         exps = ex.explain(["the movie was great", "bad"], methods=["rawatt"], batch_size=8)
     assert any("pad_token_id" in str(w.message) for w in caught)
     assert len(exps) == 2
+
+
+def test_not_a_number_scores_rank_last_and_an_explanation_equals_itself():
+    scores = np.array([0.0, 0.5, np.nan, np.inf, -0.8, np.nan, 0.2, 0.0])
+    exp = Explanation("t", ["[CLS]", "a", "b", "c", "d", "e", "f", "[SEP]"], [True] + [False] * 6 + [True], 0, 0,
+                      [1.0], {"m": scores})
+    assert exp.ranking("m") == [3, 1, 6, 4, 2, 5]
+    assert exp.ranking("m", reverse=True) == [4, 6, 1, 3, 2, 5]
+    assert [t for t, _ in exp.top_k("m", 2)] == ["c", "a"]
+    assert exp == exp and exp == Explanation.from_dict(exp.to_dict())

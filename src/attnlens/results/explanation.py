@@ -9,6 +9,7 @@ layers`` never change meaning.
 from __future__ import annotations
 
 import json
+import math
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -121,12 +122,16 @@ class Explanation:
         return self.scores[method]
 
     def ranking(self, method: str, reverse: bool = False) -> list[int]:
-        """Positions of the non-special tokens, highest score first (``reverse``: lowest first); ties keep
-        token order. The one ranking of attnlens: top-k, the metrics and the benchmark all use it."""
+        """Positions of the non-special tokens, highest score first (``reverse``: lowest first; NaN scores last
+        either way); ties keep token order. The one ranking of attnlens: top-k, the metrics and the benchmark all
+        use it."""
         s = self._method_scores(method)
         candidates = [i for i, sp in enumerate(self.special) if not sp]
         sign = 1.0 if reverse else -1.0
-        return sorted(candidates, key=lambda i: sign * float(s[i]))
+        # a score that is not a number (NaN: the engine warns of them) ranks last either way; sorting by NaN
+        # keys would leave the order arbitrary
+        return sorted(candidates, key=lambda i: (math.isnan(float(s[i])), sign * float(s[i]) if not
+                                                 math.isnan(float(s[i])) else 0.0))
 
     @property
     def token_text(self) -> list[str]:
@@ -373,8 +378,7 @@ class Explanation:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Explanation):
             return NotImplemented
-        a, b = self.to_dict(), other.to_dict()
-        return a == b
+        return json.dumps(self.to_dict(), sort_keys=True) == json.dumps(other.to_dict(), sort_keys=True)  # NaN == NaN
 
     # -------------------------------------------------------------- rendering
     def show(self, methods: Sequence[str] | None = None, **kwargs: Any) -> None:
