@@ -141,3 +141,39 @@ def test_not_a_number_scores_rank_last_and_an_explanation_equals_itself():
     assert exp.ranking("m", reverse=True) == [4, 6, 1, 3, 2, 5]
     assert [t for t, _ in exp.top_k("m", 2)] == ["c", "a"]
     assert exp == exp and exp == Explanation.from_dict(exp.to_dict())
+
+
+def _pair_dict():
+    return Explanation(["the movie", "was dull"], ["[CLS]", "the", "movie", "[SEP]", "was", "dull", "[SEP]"],
+                       [True, False, False, True, False, False, True], 0, 0, [0.3, 0.7],
+                       {"m": np.arange(7.0)}, layers={"m": np.ones((2, 7))}, word_ids=[None, 0, 1, None, 0, 1, None],
+                       sequence_ids=[None, 0, 0, None, 1, 1, None],
+                       offsets=[(0, 0), (0, 3), (4, 9), (0, 0), (0, 3), (4, 8), (0, 0)]).to_dict()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.__setitem__("special", d["special"][:4]), "'special' must be a list of 7 booleans"),
+    (lambda d: d.__setitem__("special", ["false"] * 7), "'special' must be a list of 7 booleans"),
+    (lambda d: d["scores"].__setitem__("m", list(range(9))), r"scores\[.m.\] has shape \(9,\)"),
+    (lambda d: d["layers"].__setitem__("m", [[1.0] * 6] * 2), r"layers\['m'\] has shape \(2, 6\)"),
+    (lambda d: d.__setitem__("tokens", "[CLS]the"), "'tokens' must be a list of strings"),
+    (lambda d: d.__setitem__("offsets", d["offsets"][:3]), "'offsets' must be a list of 7"),
+    (lambda d: d.__setitem__("target", "positive"), "invalid literal"),
+    (lambda d: d.__setitem__("probabilities", None), "'probabilities' must be a list of numbers"),
+    (lambda d: d.__setitem__("meta", [1]), "'meta' must be an object"),
+    (lambda d: d.__setitem__("scores", [1.0]), "'scores' and 'layers' must map methods"),
+])
+def test_a_malformed_explanation_is_refused_in_one_line(change, message):
+    d = _pair_dict()
+    change(d)
+    with pytest.raises(InputError, match="not an attnlens explanation: .*" + message):
+        Explanation.from_dict(d)
+
+
+def test_a_pair_file_without_sequence_ids_reads_each_sides_offsets_in_its_own_text():
+    d = _pair_dict()
+    words = Explanation.from_dict(d).to_words().tokens
+    del d["sequence_ids"]
+    old = Explanation.from_dict(d)
+    assert old.sequence_ids == [None, 0, 0, None, 1, 1, None] and old.to_words().tokens == words
+    assert words == ["[CLS]", "the", "movie", "[SEP]", "was", "dull", "[SEP]"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,8 +213,8 @@ class Explanation:
             return False
         source = self._sequence_text(seq)
         (_, end), (start, stop) = self.offsets[i - 1], self.offsets[i]
-        starts = stop > start and unicodedata.combining(source[start]) > 0
-        follows = 0 < end == start and unicodedata.combining(source[end - 1]) > 0
+        starts = stop > start and start < len(source) and unicodedata.combining(source[start]) > 0
+        follows = 0 < end == start <= len(source) and unicodedata.combining(source[end - 1]) > 0
         return starts or follows
 
     def _group_word_ids(self, groups: list[list[int]]) -> list[int | None]:
@@ -345,23 +345,69 @@ class Explanation:
         missing = [k for k in ("text", "tokens", "special", "target", "predicted", "probabilities") if k not in d]
         if missing:
             raise InputError(f"not an attnlens explanation: missing keys {', '.join(missing)}")
-        offsets = d.get("offsets")
+        try:
+            return cls._checked(d)
+        except (TypeError, ValueError, AttributeError) as err:
+            raise InputError(f"not an attnlens explanation: {err}") from None
+
+    @classmethod
+    def _checked(cls, d: dict[str, Any]) -> Explanation:
+        """:meth:`from_dict`'s work: every per-token array as long as ``tokens`` and of its type, else a
+        ``ValueError`` naming the key (a shorter ``special`` would leave tokens out of every ranking)."""
+        tokens = d["tokens"]
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise ValueError("'tokens' must be a list of strings")
+        n = len(tokens)
+
+        def per_token(key: str, value: Any, check: Callable[[Any], bool], what: str) -> list[Any] | None:
+            if value is None:
+                return None
+            if not isinstance(value, list) or len(value) != n or not all(map(check, value)):
+                raise ValueError(f"{key!r} must be a list of {n} {what} (one per token)")
+            return value
+
+        special = [bool(x) for x in per_token("special", d["special"] if d["special"] is not None else False,
+                                               lambda x: x in (True, False) and not
+                                               isinstance(x, float), "booleans") or []]
+        number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+        optional_int = lambda x: x is None or (isinstance(x, int) and not isinstance(x, bool))  # noqa: E731
+        word_ids = per_token("word_ids", d.get("word_ids"), optional_int, "word ids or nulls")
+        sequence_ids = per_token("sequence_ids", d.get("sequence_ids"), optional_int, "sequence ids or nulls")
+        offsets = per_token("offsets", d.get("offsets"),
+                            lambda o: isinstance(o, list) and len(o) == 2 and all(map(number, o)), "[start, end] pairs")
+        input_ids = per_token("input_ids", d.get("input_ids"), optional_int, "token ids")
+        token_type_ids = per_token("token_type_ids", d.get("token_type_ids"), optional_int, "token type ids")
+        text = d["text"]
+        if not (isinstance(text, str) or isinstance(text, list) and len(text) == 2
+                and all(isinstance(t, str) for t in text)):
+            raise ValueError("'text' must be a string, or a pair of strings")
+        if isinstance(text, list) and offsets is not None and sequence_ids is None:
+            sequence_ids = _pair_sequence_ids(special)  # offsets index each side's own text
+            if 1 not in sequence_ids:  # no separator to tell the sides apart: the offsets cannot be placed
+                sequence_ids, offsets = None, None
+        probabilities = d["probabilities"]
+        if not isinstance(probabilities, list) or not all(map(number, probabilities)):
+            raise ValueError("'probabilities' must be a list of numbers")
+        scores, layers = d.get("scores", {}), d.get("layers", {})
+        if not isinstance(scores, dict) or not isinstance(layers, dict):
+            raise ValueError("'scores' and 'layers' must map methods to their values")
+        arrays = {m: np.asarray(v, dtype=np.float64) for m, v in scores.items()}
+        for m, a in arrays.items():
+            if a.shape != (n,):
+                raise ValueError(f"scores[{m!r}] has shape {a.shape}, not one value per token ({n})")
+        layered = {m: np.asarray(v, dtype=np.float64) for m, v in layers.items()}
+        for m, a in layered.items():
+            if a.ndim != 2 or a.shape[1] != n:
+                raise ValueError(f"layers[{m!r}] has shape {a.shape}, not one row of {n} values per layer")
+        meta = d.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise ValueError("'meta' must be an object")
         return cls(
-            text=d["text"],
-            tokens=list(d["tokens"]),
-            special=[bool(x) for x in d["special"]],
-            target=_ints(d["target"]),
-            predicted=_ints(d["predicted"]),
-            probabilities=[float(p) for p in d["probabilities"]],
-            scores={m: np.asarray(s, dtype=np.float64) for m, s in d.get("scores", {}).items()},
-            layers={m: np.asarray(s, dtype=np.float64) for m, s in d.get("layers", {}).items()},
-            labels=d.get("labels"),
-            word_ids=d.get("word_ids"),
-            sequence_ids=d.get("sequence_ids"),
-            offsets=None if offsets is None else [tuple(o) for o in offsets],
-            input_ids=d.get("input_ids"),
-            token_type_ids=d.get("token_type_ids"),
-            meta=dict(d.get("meta") or {}),
+            text=text, tokens=list(tokens), special=list(special), target=_ints(d["target"]),
+            predicted=_ints(d["predicted"]), probabilities=[float(p) for p in probabilities], scores=arrays,
+            layers=layered, labels=d.get("labels"), word_ids=word_ids, sequence_ids=sequence_ids,
+            offsets=None if offsets is None else [(int(a), int(b)) for a, b in offsets], input_ids=input_ids,
+            token_type_ids=token_type_ids, meta=dict(meta),
         )
 
     def save(self, path: str | Path) -> None:
@@ -454,6 +500,23 @@ def _read_text(path: str | Path) -> str:
         return Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark an editor wrote is not text
     except UnicodeDecodeError:
         raise InputError(f"{path} is not a UTF-8 text file of attnlens explanations") from None
+
+
+def _pair_sequence_ids(special: Sequence[bool]) -> list[int | None]:
+    """A sentence pair's sequence ids read from its special tokens, for a file that does not give them: the
+    tokens after the first run of special tokens that follows text belong to the second text (``[CLS] a [SEP] b
+    [SEP]``, ``<s> a </s></s> b </s>``); special tokens belong to none."""
+    out: list[int | None] = []
+    seq, seen_text = 0, False
+    for i, sp in enumerate(special):
+        if sp:
+            out.append(None)
+            if seen_text and seq == 0 and (i + 1 == len(special) or not special[i + 1]):
+                seq = 1
+            continue
+        seen_text = True
+        out.append(seq)
+    return out
 
 
 def _past_marks(text: str, end: int) -> int:
