@@ -177,3 +177,11 @@ def test_a_pair_file_without_sequence_ids_reads_each_sides_offsets_in_its_own_te
     old = Explanation.from_dict(d)
     assert old.sequence_ids == [None, 0, 0, None, 1, 1, None] and old.to_words().tokens == words
     assert words == ["[CLS]", "the", "movie", "[SEP]", "was", "dull", "[SEP]"]
+
+
+def test_words_cannot_be_aggregated_again_otherwise():
+    exp = Explanation.from_dict(_pair_dict())
+    words = exp.to_words("max")
+    assert words.to_words("max") is words
+    with pytest.raises(InputError, match="these are words already, their scores aggregated by max"):
+        words.to_words()

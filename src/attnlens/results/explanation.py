@@ -260,7 +260,11 @@ class Explanation:
         """
         if aggregation not in WORD_AGGREGATIONS:
             raise InputError(f"unknown aggregation {aggregation!r}; choose one of {', '.join(WORD_AGGREGATIONS)}")
-        if self.meta.get("granularity") == "word":
+        if self.meta.get("granularity") == "word":  # already words: their scores cannot be aggregated otherwise
+            done = self.meta.get("word_aggregation", "sum")
+            if aggregation != done:
+                raise InputError(f"these are words already, their scores aggregated by {done}: aggregate the "
+                                 f"token-level explanation by {aggregation} instead")
             return self
         groups = self.word_groups()
 

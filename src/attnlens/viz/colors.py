@@ -97,7 +97,9 @@ def prepare(exps: Explained | Sequence[Explained], words: bool) -> list[Explaine
     exps = list(exps)
     if not all(map(_is_explanation, exps)):
         raise InputError("expected Explanation objects")
-    return [e.to_words() for e in exps] if words else exps
+    if not words:
+        return exps
+    return [e if e.meta.get("granularity") == "word" else e.to_words() for e in exps]  # words stay as aggregated
 
 
 def _is_explanation(x: object) -> bool:
