@@ -644,12 +644,25 @@ def test_the_terminal_view_prints_brackets_as_written(lm, capsys):
         assert text in out
 
 
-def test_a_result_read_back_without_its_tokens_shows_its_per_token_rows(lm, capsys):
+def test_a_result_read_back_without_its_tokens_keeps_and_shows_its_per_token_rows(lm, capsys, tmp_path):
     r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False, per_token=True)
-    back = ContextAttribution.from_dict(json.loads(json.dumps(r.to_dict(tokens=False))))
+    written = json.loads(json.dumps(r.to_dict(tokens=False)))
+    back = ContextAttribution.from_dict(written)
     assert back.token_rows and not back.answer_tokens
+    assert back.to_dict() == written  # the rows' spans too
+    assert back.row_spans == r.row_spans and len(r.row_spans) == len(r.token_row_steps)
     back.show()
-    assert "answer token 0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "answer token 0" not in out
+    for a, b in r.row_spans:
+        assert repr(r.answer[a:b]) in out
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(written).encode())
+    assert load_attributions(tmp_path / "bom.json")[0].to_dict() == written
+    (tmp_path / "latin.json").write_bytes(b"\xe9")
+    for path, message in ((tmp_path / "none.json", "no such file"), (tmp_path, "it is a folder"),
+                          (tmp_path / "latin.json", "not a UTF-8 text file")):
+        with pytest.raises(InputError, match=message):
+            load_attributions(path)
 
 
 @pytest.mark.parametrize(("first", "last", "span"), [

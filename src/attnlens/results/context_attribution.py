@@ -58,8 +58,8 @@ class ContextAttribution:
         answer_tokens: the answer's tokens as text; ``answer_offsets``: their character spans in ``answer``.
         token_rows: with ``per_token=True``, per method one row of source scores per explained answer token
             (``(len(token_row_steps), n_sources)``), each explaining that token's log-probability alone;
-            ``token_row_steps``: the index in ``answer_tokens`` of each row's token (in the JSON form also its
-            character span of ``answer``, ``token_rows["spans"]``).
+            ``token_row_steps``: the index in ``answer_tokens`` of each row's token; ``token_row_spans``: its
+            character span of ``answer`` (the JSON's ``token_rows["spans"]``).
         meta: the model, the explained part of the answer (``explained``: a character span of ``answer``), its
             log-probability (``answer_logprob``), per method the share of the token scores outside every source
             (``outside_share``) and the seconds it took (``seconds``), and the options used.
@@ -80,6 +80,7 @@ class ContextAttribution:
     meta: dict[str, Any] = field(default_factory=dict)
     token_rows: dict[str, np.ndarray] = field(default_factory=dict)
     token_row_steps: list[int] = field(default_factory=list)
+    token_row_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def methods(self) -> list[str]:
@@ -120,8 +121,9 @@ class ContextAttribution:
         if self.token_rows:
             out["token_rows"] = {"steps": list(self.token_row_steps),
                                  "scores": {m: v.tolist() for m, v in self.token_rows.items()}}
-            if self.answer_offsets:  # each row's token as a character span of the answer
-                out["token_rows"]["spans"] = [list(self.answer_offsets[k]) for k in self.token_row_steps]
+            spans = self.row_spans
+            if spans:  # each row's token as a character span of the answer
+                out["token_rows"]["spans"] = [list(span) for span in spans]
         if tokens:
             out["tokens"] = {
                 "prompt_token_text": self.prompt_tokens,
@@ -132,6 +134,14 @@ class ContextAttribution:
                 "answer_offsets": [list(o) for o in self.answer_offsets],
             }
         return out
+
+    @property
+    def row_spans(self) -> list[tuple[int, int]]:
+        """Each per-token row's token as a character span of ``answer`` (empty without rows, or where neither the
+        answer's token spans nor the rows' own are known)."""
+        if self.answer_offsets:
+            return [tuple(self.answer_offsets[k]) for k in self.token_row_steps]  # type: ignore[misc]
+        return list(self.token_row_spans)
 
     def to_json(self, tokens: bool = False) -> str:
         return json.dumps(self.to_dict(tokens), ensure_ascii=False)
@@ -153,6 +163,7 @@ class ContextAttribution:
                 token_rows={m: np.asarray(v, dtype=float) for m, v in (d.get("token_rows") or {}).get(
                     "scores", {}).items()},
                 token_row_steps=[int(k) for k in (d.get("token_rows") or {}).get("steps", [])],
+                token_row_spans=[(int(a), int(b)) for a, b in (d.get("token_rows") or {}).get("spans", [])],
             )
         except (KeyError, TypeError, ValueError) as err:
             raise InputError(f"not an attnlens context attribution: {err}") from None
@@ -184,7 +195,14 @@ def save_attributions(items: list[ContextAttribution], path: str | os.PathLike[s
 def load_attributions(path: str | os.PathLike[str]) -> list[ContextAttribution]:
     """Read attributions written by :meth:`ContextAttribution.save` or ``attnlens cite --format json``
     (a JSON object or a list of them, or JSON Lines)."""
-    text = Path(path).read_text(encoding="utf-8").strip()
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig").strip()  # a byte-order mark an editor wrote is not text
+    except FileNotFoundError:
+        raise InputError(f"cannot read {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"cannot read {path}: it is a folder") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not a UTF-8 text file of attnlens attributions") from None
     if not text:
         raise InputError(f"{path} holds no attributions")
     try:

@@ -68,11 +68,15 @@ def print_attribution(a: Any, k: int | None = None, console: Any = None) -> None
         table.add_column("token")
         for m in a.token_rows:
             table.add_column(Text(terminal_safe(m, one_line=True)), justify="right")
+        spans = a.row_spans
         for row, step in enumerate(a.token_row_steps):
             cells = [f"[{int(np.argmax(v[row]))}] {score_text(float(np.max(v[row])), 3)}"
                      for v in a.token_rows.values()]
-            # a result read back without its token-level part has the rows but not the answer's tokens
-            label = repr(a.answer_tokens[step]) if step < len(a.answer_tokens) else f"answer token {step}"
+            # a result read back without its token-level part has the rows and their spans, not every token
+            if step < len(a.answer_tokens):
+                label = repr(a.answer_tokens[step])
+            else:
+                label = repr(a.answer[slice(*spans[row])]) if row < len(spans) else f"answer token {step}"
             table.add_row(Text(terminal_safe(label, one_line=True)), *cells)
         console.print(table)
 
