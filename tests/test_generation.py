@@ -773,3 +773,26 @@ def test_the_unknown_token_is_ranked_in_a_generation_as_in_an_explanation(lm):
     unk = [i for i, t in enumerate(g.prompt_tokens) if t == "[UNK]"]
     assert unk and not any(g.prompt_special[i] for i in unk)
     assert g.prompt_special[0]  # [CLS] is
+
+
+def test_a_generation_file_with_arrays_of_other_lengths_is_refused_in_one_line(tmp_path):
+    from attnlens import Generation
+    from attnlens.results.generation import load_generations
+
+    g = Generation(prompt="a b", prompt_tokens=["a", "b"], prompt_ids=[5, 6], prompt_special=[False, False],
+                   generated_tokens=["c", "d"], generated_ids=[7, 8], generated=["c", "d"],
+                   scores={"m": np.ones((2, 4))}, probabilities=[0.5, 0.4], predicted_ids=[7, 8])
+    d = g.to_dict()
+    for key, value, message in (("probabilities", [0.5], "'probabilities' holds 1 entries, not 2"),
+                                ("prompt_special", [False], "'prompt_special' holds 1 entries, not 2"),
+                                ("scores", {"m": [[1.0] * 3] * 2}, r"scores\['m'\] has shape \(2, 3\)")):
+        bad = {**d, key: value}
+        (tmp_path / "g.json").write_text(json.dumps(bad))
+        with pytest.raises(InputError, match=message):
+            load_generations(tmp_path / "g.json")
+    greedy = {k: v for k, v in d.items() if k != "predicted_ids"}
+    assert Generation.from_dict(greedy).predicted_ids == [7, 8]
+    with pytest.raises(InputError, match="'predicted_ids' is missing"):
+        Generation.from_dict({**greedy, "forced": True})
+    with pytest.raises(InputError, match="no 'prompt'"):
+        Generation.from_dict({"text": "x"})

@@ -156,7 +156,7 @@ def test_predict_proba_equals_a_direct_call(ex):
 def test_loading_files_that_are_not_explanations(ex, tmp_path):
     binary = tmp_path / "x.bin"
     binary.write_bytes(bytes(range(256)))
-    with pytest.raises(InputError, match="is not a UTF-8 text file of attnlens explanations"):
+    with pytest.raises(InputError, match="is not a UTF-8 text file of attnlens results"):
         Explanation.load(binary)
     with pytest.raises(InputError, match="is not a UTF-8 text file"):
         load_explanations(binary)
@@ -436,3 +436,13 @@ def test_texts_from_any_iterable_and_files_with_a_byte_order_mark(ex, tmp_path):
 def test_truncation_must_be_a_boolean(ex):
     with pytest.raises(InputError, match="^truncation must be True or False, got 'no'$"):
         ex.explain("good movie", methods="rawatt", truncation="no")
+
+
+def test_loading_a_missing_file_or_a_folder_is_one_line(tmp_path):
+    from attnlens import Explanation, load_generations
+
+    for load in (Explanation.load, load_explanations, load_generations):
+        with pytest.raises(InputError, match="no such file"):
+            load(tmp_path / "none.json")
+    with pytest.raises(InputError, match="it is a folder"):
+        Explanation.load(tmp_path)

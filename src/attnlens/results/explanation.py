@@ -502,8 +502,12 @@ def _read_dicts(path: str | Path) -> list[dict[str, Any]]:
 def _read_text(path: str | Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark an editor wrote is not text
+    except FileNotFoundError:
+        raise InputError(f"cannot read {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"cannot read {path}: it is a folder") from None
     except UnicodeDecodeError:
-        raise InputError(f"{path} is not a UTF-8 text file of attnlens explanations") from None
+        raise InputError(f"{path} is not a UTF-8 text file of attnlens results") from None
 
 
 def _pair_sequence_ids(special: Sequence[bool]) -> list[int | None]:

@@ -193,15 +193,28 @@ class Generation:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Generation:
+        if not isinstance(d, Mapping) or "prompt" not in d:
+            raise InputError("not an attnlens generation explanation: no 'prompt' (an explanation of a classifier "
+                             "is read by load_explanations)")
         try:
+            steps, n_prompt = len(d["generated_ids"]), len(d["prompt_ids"])
+            lengths = {"prompt_tokens": n_prompt, "prompt_special": n_prompt, "generated_tokens": steps,
+                       "generated": steps, "probabilities": steps, "predicted_ids": steps, "contrast_ids": steps,
+                       "contrast_probabilities": steps, "prompt_offsets": n_prompt}
+            for key, n in lengths.items():
+                if d.get(key) is not None and len(d[key]) != n:
+                    raise ValueError(f"{key!r} holds {len(d[key])} entries, not {n}")
+            scores = {m: np.asarray(s, dtype=float) for m, s in d["scores"].items()}
+            for m, a in scores.items():
+                if a.shape != (steps, n_prompt + steps):
+                    raise ValueError(f"scores[{m!r}] has shape {a.shape}, not one row of the {n_prompt + steps} "
+                                     f"tokens per step ({steps})")
             return cls(
                 prompt=d["prompt"], prompt_tokens=list(d["prompt_tokens"]), prompt_ids=list(d["prompt_ids"]),
                 prompt_special=[bool(x) for x in d["prompt_special"]],
                 generated_tokens=list(d["generated_tokens"]), generated_ids=list(d["generated_ids"]),
-                generated=list(d["generated"]),
-                scores={m: np.asarray(s, dtype=float).reshape(len(d["generated_ids"]), -1)
-                        for m, s in d["scores"].items()},
-                probabilities=list(d["probabilities"]), predicted_ids=list(d.get("predicted_ids") or []),
+                generated=list(d["generated"]), scores=scores,
+                probabilities=list(d["probabilities"]), predicted_ids=_predicted_ids(d),
                 contrast_ids=d.get("contrast_ids"), contrast_probabilities=d.get("contrast_probabilities"),
                 contrast=d.get("contrast"), predicted=d.get("predicted"),
                 forced=bool(d.get("forced", False)), meta=dict(d.get("meta") or {}),
@@ -249,6 +262,16 @@ class Generation:
         from ..viz.generation import plot_generation
 
         return plot_generation(self, method, path)
+
+
+def _predicted_ids(d: Mapping[str, Any]) -> list[int]:
+    """The greedy choice of each step; a file without them that generated greedily (not ``forced``) chose each
+    token it holds, and one that was forced cannot tell."""
+    if d.get("predicted_ids") is not None:
+        return list(d["predicted_ids"])
+    if d.get("forced"):
+        raise ValueError("'predicted_ids' is missing: a forced continuation does not say the model's own choices")
+    return list(d["generated_ids"])
 
 
 def load_generations(path: str | Path) -> list[Generation]:
