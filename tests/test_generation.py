@@ -796,3 +796,14 @@ def test_a_generation_file_with_arrays_of_other_lengths_is_refused_in_one_line(t
         Generation.from_dict({**greedy, "forced": True})
     with pytest.raises(InputError, match="no 'prompt'"):
         Generation.from_dict({"text": "x"})
+
+
+def test_a_wordpiece_continuation_reads_as_words():
+    from attnlens import Generation
+
+    g = Generation(prompt="it was", prompt_tokens=["it", "was"], prompt_ids=[5, 6], prompt_special=[False, False],
+                   generated_tokens=["un", "##bel", "##ie", "##va", "##bly", "good"], generated_ids=list(range(7, 13)),
+                   generated=["un", "##bel", "##ie", "##va", "##bly", "good"], scores={"m": np.zeros((6, 8))},
+                   probabilities=[0.5] * 6, predicted_ids=list(range(7, 13)))
+    assert g.text == " unbelievably good"
+    assert g.tokens_in(1, 13) == [0, 1, 2, 3, 4] and g.tokens_in(14, 18) == [5]

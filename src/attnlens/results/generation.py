@@ -92,9 +92,13 @@ class Generation:
     def _pieces(self) -> list[str]:
         """The text each generated token adds to the continuation: for byte-level and SentencePiece vocabularies
         the text it spells (a character split over tokens whole at the token completing it, where decoding each
-        token alone gives U+FFFD for every part), else each token decoded."""
+        token alone gives U+FFFD for every part); for WordPiece vocabularies a word's pieces joined (``##`` marks
+        dropped) and a space before each word; else each token decoded."""
         if self.meta.get("token_encoding") in (BYTE_LEVEL, SENTENCEPIECE):
             return token_texts(self.generated_tokens, self.meta)
+        if any(t.startswith("##") for t in self.generated_tokens):  # WordPiece: "un", "##bel" spell "unbel"
+            return [t[2:] if t.startswith("##") else " " + text for t, text in zip(self.generated_tokens,
+                                                                                   self.generated, strict=True)]
         return list(self.generated)
 
     @property
