@@ -96,9 +96,10 @@ class Generation:
         dropped) and a space before each word; else each token decoded."""
         if self.meta.get("token_encoding") in (BYTE_LEVEL, SENTENCEPIECE):
             return token_texts(self.generated_tokens, self.meta)
-        if any(t.startswith("##") for t in self.generated_tokens):  # WordPiece: "un", "##bel" spell "unbel"
-            return [t[2:] if t.startswith("##") else " " + text for t, text in zip(self.generated_tokens,
-                                                                                   self.generated, strict=True)]
+        pieces = [isinstance(t, str) and t.startswith("##") for t in self.generated_tokens]
+        if any(pieces):  # WordPiece: "un", "##bel" spell "unbel"
+            return [t[2:] if piece else " " + text
+                    for t, text, piece in zip(self.generated_tokens, self.generated, pieces, strict=True)]
         return list(self.generated)
 
     @property
