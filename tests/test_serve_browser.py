@@ -412,3 +412,10 @@ def test_a_late_reply_never_draws_over_a_newer_request(page, server):
     held[0].continue_()
     page.wait_for_selector("body[data-dropped='1']")
     assert page.locator("#heatmap td.faith svg").count() == 0  # no AOPC of SENTENCE under another text
+
+
+def test_a_note_of_a_computation_that_succeeded_is_not_shown_as_an_error(page):
+    _explain(page, "the movie " * 300)  # truncated at the model's window: a note, and the heatmap
+    expect(page.locator("#note")).to_contain_text("truncated")
+    assert page.locator("#error").is_hidden()
+    assert page.locator("#heatmap tr[data-method]").count() > 0

@@ -44,6 +44,14 @@ function showError(message) {
   const box = $("error");
   box.hidden = !message;
   box.textContent = message || "";
+  if (message) showNote(null);
+}
+
+// what a computation that succeeded warns of (truncation, unknown tokens): beside the result, not as an error
+function showNote(message) {
+  const box = $("note");
+  box.hidden = !message;
+  box.textContent = message || "";
 }
 
 function showStatus(text, progress) {
@@ -56,6 +64,7 @@ function showStatus(text, progress) {
 // Queue a computation, follow its progress, return its result (or throw Cancelled / its one-line error).
 async function runJob(kind, request, label) {
   const key = kind + " " + JSON.stringify(request);
+  showNote(null);  // a held reply's notes were shown when it came
   if (results.has(key)) return results.get(key);
   showError(null);
   showStatus(label + " …", 0);
@@ -73,7 +82,7 @@ async function runJob(kind, request, label) {
   }
   if (job.state === "cancelled") throw new Cancelled("cancelled");
   if (job.state !== "done") throw new Error(job.error || "the computation failed");
-  if (job.warnings && job.warnings.length) showError("note: " + job.warnings.join("\n"));
+  if (job.warnings && job.warnings.length) showNote("note: " + job.warnings.join("\n"));
   results.set(key, job.result);
   return job.result;
 }
