@@ -419,3 +419,11 @@ def test_a_note_of_a_computation_that_succeeded_is_not_shown_as_an_error(page):
     expect(page.locator("#note")).to_contain_text("truncated")
     assert page.locator("#error").is_hidden()
     assert page.locator("#heatmap tr[data-method]").count() > 0
+
+
+def test_a_failed_explanation_hides_the_earlier_inputs_heatmap(page):
+    _explain(page)
+    page.fill("#text-a", "x" * 20_001)  # beyond the server's longest text
+    page.click("#explain")
+    expect(page.locator("#error")).to_contain_text("at most 20000 per text")
+    assert page.locator("#explain-out").is_hidden()  # the heatmap shown was the earlier input's

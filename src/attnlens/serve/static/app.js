@@ -99,6 +99,16 @@ function ticket(view) {
   };
 }
 
+// A view's result, or, where its computation fails, the view's earlier output hidden under the error (it would
+// read as the new input's)
+async function replacing(output, pending, current) {
+  try { return await pending; } catch (err) {
+    if (!current()) return new Promise(() => {});  // a newer request's view stays: this one ends here, unseen
+    if (!(err instanceof Cancelled)) $(output).hidden = true;
+    throw err;
+  }
+}
+
 async function guarded(action) {
   try { await action(); } catch (err) {
     if (err instanceof Cancelled) showError("cancelled");
@@ -281,7 +291,7 @@ async function explain() {
   const current = ticket("explain");
   ticket("faithfulness");  // a measurement under way belongs to the explanation shown before
   ticket("inside");
-  const [exp] = await runJob("explain", req, "explaining");
+  const [exp] = await replacing("explain-out", runJob("explain", req, "explaining"), current);
   if (!current()) return;
   state.exp = exp;
   state.expRequest = req;
@@ -498,7 +508,7 @@ async function generate() {
   if ($("force").value) req.target = $("force").value;
   if ($("gen-contrast").value) req.contrast = $("gen-contrast").value;
   const current = ticket("generate");
-  const [g] = await runJob("generate", req, "generating and explaining");
+  const [g] = await replacing("generate-out", runJob("generate", req, "generating and explaining"), current);
   if (!current()) return;
   state.gen = g;
   state.genModel = req.model;
@@ -610,7 +620,7 @@ async function attribute() {
   if (!req.methods.length) throw new Error("choose at least one method");
   if ($("src-answer").value.trim()) req.answer = $("src-answer").value;
   const current = ticket("attribute");
-  const result = await runJob("attribute", req, "attributing the answer");
+  const result = await replacing("sources-out", runJob("attribute", req, "attributing the answer"), current);
   if (!current()) return;
   $("sources-out").hidden = false;
   const line = $("src-answer-line");
