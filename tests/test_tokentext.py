@@ -385,3 +385,14 @@ def test_an_encoder_decoders_output_never_joins_the_last_input_word(byte_tokeniz
     assert all(max(grp) < g.n_prompt or min(grp) >= g.n_prompt for grp in groups)  # no word spans both texts
     words = step.to_words()
     assert [w for w, s in zip(words.tokens, words.special, strict=True) if not s][:3] == ["the", "cafe", "charm"]
+
+
+def test_byte_level_word_offsets_cut_the_word_without_its_space(byte_tokenizer):
+    model = build_tiny("gpt2", vocab_size=len(byte_tokenizer), pad_token_id=byte_tokenizer.pad_token_id,
+                       bos_token_id=byte_tokenizer.eos_token_id, eos_token_id=byte_tokenizer.eos_token_id,
+                       task="causal-lm")
+    (e,) = Explainer(model, byte_tokenizer).explain(TEXT, methods="rawatt")
+    words = e.to_words()
+    for word, (a, b), special in zip(words.tokens, words.offsets, words.special, strict=True):
+        if not special:
+            assert TEXT[a:b] == word, (word, TEXT[a:b])

@@ -239,14 +239,27 @@ class Explanation:
             count += 1
         return out
 
+    def _word_span(self, group: list[int]) -> tuple[int, int]:
+        """A word's character span: its tokens' spans joined, with the combining marks after it (a tokenizer that
+        strips accents leaves them out of every token) and without the whitespace around it (byte-level
+        tokenizers' spans take in the space before a word), as for WordPiece words; a word of whitespace alone
+        keeps it."""
+        start, end = min(self.offsets[i][0] for i in group), max(self.offsets[i][1] for i in group)
+        if self.special[group[0]]:
+            return start, end
+        source = self._sequence_text(self.sequence_ids[group[0]] if self.sequence_ids is not None else 0)
+        end = _past_marks(source, end)
+        text = source[start:end]
+        if text.strip():
+            start, end = start + len(text) - len(text.lstrip()), end - (len(text) - len(text.rstrip()))
+        return start, end
+
     def _word_text(self, group: list[int]) -> str:
         if self.offsets is not None and not self.special[group[0]]:
-            seq = self.sequence_ids[group[0]] if self.sequence_ids is not None else 0
-            source = self._sequence_text(seq)
-            start = min(self.offsets[i][0] for i in group)
-            end = _past_marks(source, max(self.offsets[i][1] for i in group))
-            if end > start:  # byte-level tokenizers' offsets take in the space before a word
-                return source[start:end].strip() or source[start:end]
+            start, end = self._word_span(group)
+            if end > start:
+                return self._sequence_text(self.sequence_ids[group[0]] if self.sequence_ids is not None
+                                           else 0)[start:end]
         encoding = self.meta.get("token_encoding")
         if encoding in (BYTE_LEVEL, SENTENCEPIECE):  # the word's pieces (and bytes), read as text
             word = readable("".join(self.tokens[i] for i in group), encoding)
@@ -283,9 +296,7 @@ class Explanation:
                     cols.append(np.take_along_axis(v, np.expand_dims(idx, -1), -1)[..., 0])
             return np.stack(cols, -1).astype(np.float64)
 
-        offsets = None
-        if self.offsets is not None:
-            offsets = [(min(self.offsets[i][0] for i in g), max(self.offsets[i][1] for i in g)) for g in groups]
+        offsets = None if self.offsets is None else [self._word_span(g) for g in groups]
         target, predicted = self.target, self.predicted
         word_of = {i: k for k, g in enumerate(groups) for i in g}
         if self.is_qa:  # spans are token positions: map them to word positions
