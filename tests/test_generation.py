@@ -807,3 +807,14 @@ def test_a_wordpiece_continuation_reads_as_words():
                    probabilities=[0.5] * 6, predicted_ids=list(range(7, 13)))
     assert g.text == " unbelievably good"
     assert g.tokens_in(1, 13) == [0, 1, 2, 3, 4] and g.tokens_in(14, 18) == [5]
+
+
+def test_a_step_carries_its_own_figures():
+    from attnlens import Generation
+
+    g = Generation(prompt="a b", prompt_tokens=["a", "b"], prompt_ids=[5, 6], prompt_special=[False, False],
+                   generated_tokens=["c", "d"], generated_ids=[7, 8], generated=["c", "d"],
+                   scores={"integratedgradients": np.ones((2, 4))}, probabilities=[0.5, 0.4], predicted_ids=[7, 8],
+                   meta={"integratedgradients": {"delta": [0.1, 0.2], "n_steps": [8, 16], "tolerance": 0.01}})
+    assert g.step(1).meta["integratedgradients"] == {"delta": 0.2, "n_steps": 16, "tolerance": 0.01}
+    assert g.meta["integratedgradients"]["delta"] == [0.1, 0.2]  # the generation's own stay whole

@@ -151,6 +151,11 @@ class Generation:
         t %= len(self.generated_ids)
         n = self.n_prompt + t
         meta = {**self.meta, "step": t, "target_token": self.step_labels[t]}
+        steps = len(self.generated_ids)
+        for m in self.scores:  # a method's figures per step (integrated gradients' delta, ...): this step's
+            figures = meta.get(m)
+            if isinstance(figures, dict):
+                meta[m] = {k: v[t] if isinstance(v, list) and len(v) == steps else v for k, v in figures.items()}
         if self.predicted is not None and t < len(self.predicted):
             meta["predicted_token"] = self.predicted[t]
         if self.contrast_ids is not None:
