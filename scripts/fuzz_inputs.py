@@ -741,10 +741,12 @@ def explain_cases() -> list[Case]:
                           ("--batch-size", "abc", "error"), ("--batch-size", "100000", "ok"),
                           ("--max-length", "0", "error"), ("--max-length", "1", "error"),
                           ("--max-length", "-5", "error"), ("--max-length", "100000", "ok"),
-                          ("--max-length", "3", "ok"), ("--top-k", "abc", "error"), ("--top-k", "1000", "ok")]:
+                          ("--max-length", "3", "ok"), ("--top-k", "abc", "error"), ("--top-k", "1000", "error")]:
         c.append(cli(f"explain/{opt[2:]}={val}", [*XJ, opt, val, "good movie"], exp,
                      out_file("o.jsonl", max_tokens=3 if val == "3" else None) if exp == "ok" else None,
                      quick=val in ("0", "abc")))
+    c.append(cli("explain/top-k=1000-terminal", [*X, "--top-k", "1000", "good movie"], "ok",
+                 stdout_has("attcat"), owner="cli"))  # a table beyond the tokens there are (json: refused above)
     c.append(cli("explain/top-k=-1", [*X, "--top-k", "-1", "good movie"], "either",
                  stdout_has(absent=("top -1",)), owner="cli", quick=True))
     c.append(cli("explain/top-k=0", [*X, "--top-k", "0", "good movie"], "either", stdout_has(absent=("top 0",)),
