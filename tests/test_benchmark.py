@@ -483,10 +483,28 @@ def test_the_predictors_forwards_build_no_key_value_cache():
     np.testing.assert_allclose(probabilities, want, atol=1e-6)
 
 
-def test_gold_target_explains_the_label_but_tracks_the_prediction(tmp_path):
+def test_gold_target_explains_the_label_and_tracks_its_probability(tmp_path):
     summary, _ = bench(tmp_path, target="gold")
     rows = [json.loads(x) for x in (tmp_path / "examples.jsonl").read_text().splitlines()]
     assert all(r["target"] == r["label"] for r in rows) and any(r["target"] != r["predicted"] for r in rows)
+    # AOPC of grads by hand: delete the gold class's top tokens, track p(gold), where the prediction differs too
+    data = dataset()
+    for r in rows:
+        if r["method"] != "grads" or r["target"] == r["predicted"]:
+            continue
+        ids = [CLS, *(VOCAB[w] for w in data[r["index"]].text.split()), SEP]
+        sign = 1.0 if r["target"] == 1 else -1.0
+        w = np.array([sign * WEIGHT.get(t, 0.0) for t in ids])
+        order = sorted(range(1, len(ids) - 1), key=lambda i: -w[i])
+        n = len(ids) - 2
+
+        def p_target(kept, target=r["target"]):
+            p = p1(kept)
+            return p if target == 1 else 1 - p
+
+        drops = [p_target(ids) - p_target([t for i, t in enumerate(ids)
+                                           if i not in order[:int(np.round(k / 10 * n))]]) for k in range(11)]
+        assert r["metrics"]["aopc"] == pytest.approx(np.mean(drops)), r["index"]
     assert json.loads((tmp_path / "run.json").read_text())["settings"]["target"] == "gold"
     with pytest.raises(InputError, match="other settings"):
         bench(tmp_path)  # same directory, other target

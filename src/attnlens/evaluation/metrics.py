@@ -94,6 +94,8 @@ class Item:
         index: position in the data set (seeds the random occlusion strategy).
         other: class -> explanation of that class, for Kendall τ.
         answer_tokens: token positions of the gold answer, for precision@K.
+        scored: the class whose probability the deletion metrics track where it is not the prediction: the
+            explained gold label (``--target gold``); ``None``: the prediction ŷ.
     """
 
     exp: Explanation
@@ -101,6 +103,7 @@ class Item:
     index: int = 0
     other: dict[int, Explanation] = field(default_factory=dict)
     answer_tokens: list[int] | None = None
+    scored: int | None = None
 
     @property
     def base(self) -> Variant:
@@ -193,9 +196,12 @@ class Metric:
 
     # helpers
     def scored_class(self, item: Item, probs: Mapping[Variant, np.ndarray]) -> int:
-        """The class whose probability is tracked: ŷ (paper) or the gold label (attcat-code)."""
+        """The class whose probability is tracked: the explained class (paper: ŷ, or the gold label where that is
+        what was explained: the ranking deleted is that class's), or the gold label (attcat-code)."""
         if self.config.protocol == "attcat-code" and item.label is not None:
             return int(item.label)
+        if item.scored is not None:
+            return int(item.scored)
         return int(np.argmax(probs[item.base]))
 
 

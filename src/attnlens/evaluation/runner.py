@@ -674,7 +674,9 @@ def _explain_chunk(
         if spans == []:  # the answer was in the part of the context truncation cut off: no value either
             lost.append(dataset[i].id)
             spans = None
-        items.append(Item(main[i], dataset[i].label, i, others[i], spans))
+        # --target gold: the deletion metrics track the class explained (a QA target is a span: no class)
+        scored = int(main[i].target) if gold and not isinstance(main[i].target, (list, tuple)) else None
+        items.append(Item(main[i], dataset[i].label, i, others[i], spans, scored))
     if lost:
         warnings.warn(f"{len(lost)} question{'s' * (len(lost) > 1)} (id {', '.join(map(str, lost[:3]))}"
                       f"{', …' * (len(lost) > 3)}) lost {'their' if len(lost) > 1 else 'its'} gold answer to "
