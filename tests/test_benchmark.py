@@ -166,6 +166,29 @@ def test_an_interrupted_run_summarises_the_examples_it_finished(tmp_path):
     assert resumed["results"] == full["results"] and resumed["timing"]["complete"] is True
 
 
+class _RefusesLater(FakeExplainer):
+    """Refuses the third chunk's inputs, as an input with no token left after truncation is refused."""
+
+    def explain(self, texts, methods, **kwargs):
+        if self.explained >= 12:
+            raise InputError("example 7 has no token to explain after truncation")
+        return super().explain(texts, methods, **kwargs)
+
+
+def test_a_refused_run_leaves_the_results_folder_as_it_was(tmp_path):
+    full, _ = bench(tmp_path / "full")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "full").iterdir() if p.is_file()}
+    with pytest.raises(InputError, match="no token to explain"):
+        bench(tmp_path / "full", explainer=_RefusesLater(), resume=False)  # --overwrite, then refused
+    after = {p.name: p.read_bytes() for p in (tmp_path / "full").iterdir() if p.is_file()}
+    assert after == before and not list((tmp_path / "full").glob(".replaced.*"))
+    with pytest.raises(InputError, match="no token to explain"):
+        bench(tmp_path / "fresh", explainer=_RefusesLater())
+    assert not [p.name for p in (tmp_path / "fresh").iterdir() if not p.name.startswith(".")]
+    again, _ = bench(tmp_path / "fresh")  # the corrected command is not refused as other settings
+    assert again["results"] == full["results"]
+
+
 def test_resume_takes_a_garbled_row_out_and_computes_it_again(tmp_path):
     full, _ = bench(tmp_path / "full")
     part_dir = tmp_path / "part"

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..data import Dataset, text_lines
-from ..errors import InputError
+from ..errors import AttnLensError, InputError
 from ..results.explanation import Explanation
 
 try:  # POSIX advisory locks; elsewhere the results directory is not locked
@@ -128,6 +129,36 @@ def clear_results(out: Path) -> None:
     for name in FILES:
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def replacing_results(out: Path, resume: bool) -> Iterator[None]:
+    """Within the block a run writes its results to ``out`` (over those there unless ``resume``). Where it stops on
+    a refusal (:class:`~attnlens.errors.AttnLensError`: an input the run cannot explain), ``out`` is left as it
+    was: the results it was to replace come back, and a run into a folder without results leaves none (its
+    ``run.json`` would refuse the corrected command as other settings). An interruption keeps what was written,
+    to resume."""
+    had = bool(shard_dirs(out)) or any((out / name).exists() for name in FILES)
+    aside = None
+    if not resume:
+        if had:  # set aside, not deleted, until the run has shown it can be made
+            aside = Path(tempfile.mkdtemp(prefix=".replaced.", dir=out))
+            for name in (*FILES, SHARDS_DIR):
+                if (out / name).exists():
+                    os.replace(out / name, aside / name)
+        had = False
+    try:
+        yield
+    except AttnLensError:
+        if not had:
+            clear_results(out)
+            if aside is not None:
+                for item in aside.iterdir():
+                    os.replace(item, out / item.name)
+        raise
+    finally:
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -62,6 +62,7 @@ from .results import (
     explanation_cache,
     read_rows,
     read_run,
+    replacing_results,
     results_lock,
     rewrite_rows,
     shard_dirs,
@@ -264,11 +265,10 @@ def run_benchmark(
     shard = run.shard
     if shard is None or shard.count == 1:
         with results_lock(out):
-            if not run.resume:
-                clear_results(out)
             try:
-                timing, cached = _work(explainer, dataset, out, shard_dirs(out), chunks(len(dataset), chunk_size),
-                                       progress=run.progress, **work)
+                with replacing_results(out, run.resume):
+                    timing, cached = _work(explainer, dataset, out, shard_dirs(out), chunks(len(dataset), chunk_size),
+                                           progress=run.progress, **work)
             except KeyboardInterrupt:
                 _summarize_interrupted(out, settings, run.log)
                 raise
@@ -390,6 +390,8 @@ def _check_resumable(out: Path) -> None:
 def _summarize_interrupted(out: Path, settings: BenchmarkSettings, log: Callable[[str], None] | None) -> None:
     """An interrupted run summarises the examples it finished (``complete: false``; no data-set metrics), so
     ``summary.json`` and the report show them; running the same command again finishes the run."""
+    if not (out / "run.json").is_file():  # stopped before the run began
+        return
     seconds = read_run(out / "run.json")["seconds"]
     summary = summarize(out, settings, timing={"seconds": seconds, "complete": False, "interrupted": True})
     if log is not None:
