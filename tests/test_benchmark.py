@@ -393,6 +393,10 @@ def test_qa_precision_at_k_with_a_tiny_qa_model(tmp_path):
         Example("c", ["Who ruled Mars?", ctx], None, []),  # unanswerable (SQuAD v2)
     ]
     ds = Dataset("squad_v2", "dev", "qa", examples)
+    for wrong in ({"target": "gold"}, {"config": EvalConfig(protocol="attcat-code")}):  # it explains its own span
+        with pytest.raises(InputError, match="a QA model is benchmarked on the answer span it predicts"):
+            run_benchmark(ex, ds, tmp_path / "x", methods="grads", progress=False, **wrong)
+    assert not (tmp_path / "x").exists()
     summary = run_benchmark(ex, ds, tmp_path, methods="all", progress=False, config=EvalConfig(precision_k=5))
     assert list(summary["metrics"]) == ["precision_at_k"]
     assert {"partiallrp", "transatt", "decompx", "attcat"} <= set(summary["methods"])  # every method applies

@@ -215,6 +215,9 @@ def run_benchmark(
         )
     if config is None or config.pad_token_id is None:
         config = dataclasses.replace(config or EvalConfig(), pad_token_id=_pad_id(explainer))
+    if qa and (target == "gold" or config.protocol == "attcat-code"):  # its explained span is the predicted one
+        raise InputError("a QA model is benchmarked on the answer span it predicts: target 'gold' (--target gold) "
+                         "and protocol 'attcat-code' are for classifiers")
     if config.protocol == "attcat-code":  # the AttCAT code explains the gold label: recorded as it is done
         target = "gold"
     for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
