@@ -146,3 +146,17 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def read_utf8(path: str | os.PathLike[str], what: str) -> str:
+    """The text of a UTF-8 file of ``what`` (e.g. ``"attnlens results"``), a leading byte-order mark left out (an
+    editor wrote it, it is not text); :class:`InputError` in one line for a missing file, a folder, or bytes that
+    are not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise InputError(f"cannot read {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"cannot read {path}: it is a folder") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not a UTF-8 text file of {what}") from None

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..data import text_lines
 from ..errors import InputError
+from ..paths import atomic_write_text, read_utf8
 
 __all__ = ["ContextAttribution", "Source", "load_attributions"]
 
@@ -187,22 +187,13 @@ class ContextAttribution:
 
 def save_attributions(items: list[ContextAttribution], path: str | os.PathLike[str], tokens: bool = True) -> None:
     """Write attributions as JSON Lines (one per line), atomically (nothing half-written on interruption)."""
-    from ..paths import atomic_write_text
-
     atomic_write_text(path, "".join(a.to_json(tokens) + "\n" for a in items))
 
 
 def load_attributions(path: str | os.PathLike[str]) -> list[ContextAttribution]:
     """Read attributions written by :meth:`ContextAttribution.save` or ``attnlens cite --format json``
     (a JSON object or a list of them, or JSON Lines)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig").strip()  # a byte-order mark an editor wrote is not text
-    except FileNotFoundError:
-        raise InputError(f"cannot read {path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"cannot read {path}: it is a folder") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path} is not a UTF-8 text file of attnlens attributions") from None
+    text = read_utf8(path, "attnlens attributions").strip()
     if not text:
         raise InputError(f"{path} holds no attributions")
     try:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..data import iter_jsonl
 from ..errors import InputError
-from ..paths import atomic_output, atomic_write_text
+from ..paths import atomic_output, atomic_write_text, read_utf8
 from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable, readable_tokens, token_texts
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
@@ -511,14 +511,7 @@ def _read_dicts(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _read_text(path: str | Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark an editor wrote is not text
-    except FileNotFoundError:
-        raise InputError(f"cannot read {path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"cannot read {path}: it is a folder") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path} is not a UTF-8 text file of attnlens results") from None
+    return read_utf8(path, "attnlens results")
 
 
 def _pair_sequence_ids(special: Sequence[bool]) -> list[int | None]:
