@@ -154,7 +154,8 @@ def test_truncated_input_shows_what_was_explained_and_how_much_was_cut(model_dir
     assert "input truncated: 8 tokens" in out and "boring" not in out
     page = explanations_html(exp)
     assert '<p class="text">the movie was good but the</p>' in page
-    assert "input truncated: 8 tokens beyond the model&#x27;s maximum length were cut" in page
+    assert ("input truncated: 8 tokens beyond the longest input (the model&#x27;s, or the max_length set) were "
+            "cut") in page
     assert re.search(r"<summary>text not explained</summary><p class=\"cut\">plot was boring", page)
     assert "input truncated: 8 tokens" in plots.plot_token_heatmap(exp).axes[0].get_title(loc="left")
     # an input that fits says nothing of the kind

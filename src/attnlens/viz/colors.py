@@ -234,8 +234,8 @@ def truncation_note(exp: Explained) -> str | None:
     if n <= 0:
         return None
     return (
-        f"input truncated: {n} token{'s' if n != 1 else ''} beyond the model's maximum length were cut and are "
-        "not explained"
+        f"input truncated: {n} token{'s' if n != 1 else ''} beyond the longest input (the model's, or the "
+        "max_length set) were cut and are not explained"
     )
 
 
