@@ -112,8 +112,12 @@ def atomic_directory(path: str | os.PathLike[str], last: str | None = None,
             (target / last).unlink(missing_ok=True)
         if replaces is not None:
             for old in target.iterdir():
-                if replaces(old.name) and not (staging / old.name).exists():
-                    shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+                if not replaces(old.name) or (staging / old.name).exists():
+                    continue
+                if old.is_dir() and not old.is_symlink():
+                    shutil.rmtree(old)
+                else:
+                    old.unlink()
         mode = 0o666 & ~_umask()
         for item in sorted(staging.iterdir(), key=lambda f: f.name == last):
             if item.is_file():

@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if 0 < args.occlusion_max < args.occlusion_step:
         raise InputError(f"--occlusion-max {args.occlusion_max} is below --occlusion-step {args.occlusion_step}: the "
                          "occlusion curves would drop no token (give a larger --occlusion-max, or 0 for none)")
-    _target(args)  # before the model loads
+    target = _target(args)  # before the model loads
     check_output_path(args.out, "--out", directory=True)
     from ..core.memory import parse_budget
 
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         methods=methods, metrics=args.metrics, config=config,
         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, chunk_size=args.chunk_size,
         resume=not args.overwrite, progress=not args.quiet and (shard is None or shard.index == 0),
-        explain_options=options, model_name=args.model, target=_target(args), target_kind=args.target_kind,
+        explain_options=options, model_name=args.model, target=target, target_kind=args.target_kind,
         memory_budget=budget,
     )
     if args.processes > 1:  # check everything here, once, then start the processes (they each load the model)

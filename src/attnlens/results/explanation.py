@@ -128,10 +128,13 @@ class Explanation:
         s = self._method_scores(method)
         candidates = [i for i, sp in enumerate(self.special) if not sp]
         sign = 1.0 if reverse else -1.0
-        # a score that is not a number (NaN: the engine warns of them) ranks last either way; sorting by NaN
-        # keys would leave the order arbitrary
-        return sorted(candidates, key=lambda i: (math.isnan(float(s[i])), sign * float(s[i]) if not
-                                                 math.isnan(float(s[i])) else 0.0))
+        def key(i: int) -> tuple[bool, float]:
+            # a score that is not a number (NaN: the engine warns of them) ranks last either way; sorting by NaN
+            # keys would leave the order arbitrary
+            value = float(s[i])
+            return (True, 0.0) if math.isnan(value) else (False, sign * value)
+
+        return sorted(candidates, key=key)
 
     @property
     def token_text(self) -> list[str]:

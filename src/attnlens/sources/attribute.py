@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.answer_engine import check_lm, methods_within_budget, refuse_answer_over_budget
 from ..core.encoding import completing_spans, continuation_encoding, special_ids
-from ..core.generation_engine import capped_new_tokens, eos_ids, greedy
+from ..core.generation_engine import capped_new_tokens, eos_ids, greedy, token_ids_of
 from ..core.memory import parse_budget, readable_size
 from ..core.model_runner import ModelRunner
 from ..core.progress import ProgressCallback
@@ -193,14 +193,6 @@ def _answer_ids(runner: ModelRunner, answer: str) -> list[int]:
     return ids
 
 
-def _given_ids(runner: ModelRunner, answer: Any) -> list[int]:
-    rows = runner.model.get_input_embeddings().num_embeddings
-    if (isinstance(answer, Sequence) and answer and all(
-            isinstance(i, (int, np.integer)) and not isinstance(i, bool) and 0 <= i < rows for i in answer)):
-        return [int(i) for i in answer]
-    raise InputError(f"answer must be text or a non-empty list of token ids in 0..{rows - 1}, got {answer!r:.60}")
-
-
 def _explained_tokens(offsets: list[tuple[int, int]], span: tuple[int, int] | None, n_chars: int) -> tuple[int, int]:
     """The answer tokens ``[i, j)`` overlapping the character span ``span`` of the answer (all: ``None``)."""
     if span is None:
@@ -270,7 +262,7 @@ def prepare_job(
                              "(--max-new-tokens) or give an answer")
         answer_text, answer_offsets = _answer_offsets(runner, ids)
     elif not isinstance(answer, str):  # token ids (a generated answer's meta["answer_ids"]): read as generated
-        ids = _given_ids(runner, answer)
+        ids = token_ids_of(runner, answer, "answer")
         answer_text, answer_offsets = _answer_offsets(runner, ids)
         if not answer_text.strip():
             raise InputError("the answer's token ids spell only whitespace: give the ids of the answer's text")
