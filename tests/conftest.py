@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import NoReturn
 
-import pytest
-import torch
-from transformers import BertTokenizerFast
+# Triton kernels (what CUDA GPUs run) run in Triton's interpreter on the CPU. It is chosen when Triton is
+# imported, which importing transformers' models does, so it is set before any import below.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from attnlens.testing.tiny_models import build_tiny
+from pathlib import Path  # noqa: E402
+from typing import NoReturn  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import BertTokenizerFast  # noqa: E402
+
+from attnlens.testing.tiny_models import build_tiny  # noqa: E402
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 torch.set_num_threads(1)

@@ -5,6 +5,8 @@ batch and padding invariance, model safety and the cases they do not apply to.""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import make_model, randomise_biases_and_norms
+from conftest import make_model, missing, randomise_biases_and_norms
 
 from attnlens import Explainer, InputError
 from attnlens.errors import ModelError
@@ -300,6 +302,28 @@ def test_quadratic_forms_batched_per_key_match_the_elementwise_products_and_each
     torch.testing.assert_close(pair_norms.quadratic_rows(a, gram), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.usefixtures("_triton_kernel_rebuilt")
+@pytest.mark.parametrize(("heads", "rows", "keys"), [(9, 37, 50), (32, 9, 20), (1, 1, 1)])
+def test_quadratic_forms_in_the_triton_kernel_match_each_pair(monkeypatch, heads, rows, keys):
+    """The Triton kernel's Σ_hk a^h_ij a^k_ij G_j[h, k] over several tiles of keys and rows (SmolLM2's 9 heads, the
+    1B Llama's 32, one of each) equals the pair-by-pair ‖Σ_h a^h_ij g^h_j‖² in float64, and the norms route to it
+    where it applies."""
+    from attnlens.methods.decomposition import pair_norms, triton_kernels
+
+    _interpreted_triton(monkeypatch)
+    gen = torch.Generator().manual_seed(3)
+    a = torch.rand(2, heads, rows, keys, generator=gen)  # float32, as the chunks come
+    g = torch.randn(2, heads, keys, 5, generator=gen, dtype=torch.float64)
+    want = torch.einsum("bhrk,bhkd->brkd", a.double(), g).pow(2).sum(-1)
+    gram = pair_norms.gram_matrices(g)
+    got = triton_kernels.quadratic_rows(a, gram)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    calls = []
+    monkeypatch.setattr(triton_kernels, "quadratic_rows", _spy(triton_kernels.quadratic_rows, calls))
+    assert torch.equal(pair_norms.quadratic_rows(a, gram), got) and calls
+
+
 def test_norm_rows_with_the_residual_terms_of_every_position_match_each_pair():
     """‖Σ_h a^h_ij g^h_j + δ_ij m_i‖² at rows placed anywhere in the sequence, from the residual at the rows or
     from its terms computed once for every position (:class:`ResidualTerms`), equals the pair-by-pair norm."""
@@ -323,11 +347,13 @@ def test_norm_rows_with_the_residual_terms_of_every_position_match_each_pair():
     torch.testing.assert_close(pair_norms.norm_rows(a, g, gram, m_all[:, at], at), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("method", ["globenc", "attnnorm"])
-def test_norms_on_the_accelerator_path_equal_the_cpu_path(monkeypatch, tokenizer, method):
-    """GlobEnc and attention norm with the quadratic forms batched per key over every key (what an accelerator
-    runs) give the scores of the elementwise products over the keys in use, on a causal LM (whose chunks' later
-    keys are zero) and an encoder."""
+@pytest.mark.usefixtures("_triton_kernel_rebuilt")
+@pytest.mark.parametrize(("method", "path"), [("globenc", "batched"), ("attnnorm", "batched"), ("globenc", "triton"),
+                                              ("attnnorm", "triton"), ("alti", "triton")])
+def test_norms_on_the_accelerator_path_equal_the_cpu_path(monkeypatch, tokenizer, method, path):
+    """GlobEnc, attention norm and ALTI as accelerators compute them (the quadratic forms batched per key over
+    every key; CUDA's Triton kernels) give the scores of the CPU's paths (the elementwise products over the keys
+    in use; ALTI's compiled loop), on a causal LM (whose chunks' later keys are zero) and an encoder."""
     from attnlens.methods.decomposition import pair_norms
 
     for family in ("llama", "bert"):
@@ -335,14 +361,45 @@ def test_norms_on_the_accelerator_path_equal_the_cpu_path(monkeypatch, tokenizer
         text = [TEXTS[0]]
         want = ex.explain(text, methods=[method])[0]
         with monkeypatch.context() as m:
-            m.setattr(pair_norms, "quadratic_rows", lambda a, gram: pair_norms._quadratic_batched(a, gram, 3))
+            if path == "triton":
+                calls = _interpreted_triton(m)
+                m.setattr(pair_norms.triton_kernels, "quadratic_rows",
+                          _spy(pair_norms.triton_kernels.quadratic_rows, calls))
+            else:
+                m.setattr(pair_norms, "quadratic_rows", lambda a, gram: pair_norms._quadratic_batched(a, gram, 3))
             m.setattr(pair_norms, "_keys_to_compute", lambda a, at: a.shape[-1])
             got = ex.explain(text, methods=[method])[0]
-        np.testing.assert_allclose(got.scores[method], want.scores[method], rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(got.layers[method], want.layers[method], rtol=1e-6, atol=1e-7)
+            assert path != "triton" or calls
+        # ALTI's distances summed in another order: float32 rounding, to 1e-6 of the largest score
+        atol = 1e-6 * np.abs(want.scores[method]).max() if method == "alti" else 1e-7
+        np.testing.assert_allclose(got.scores[method], want.scores[method], rtol=1e-6, atol=atol)
+        np.testing.assert_allclose(got.layers[method], want.layers[method], rtol=1e-6, atol=atol)
 
 
-@pytest.mark.parametrize("path", ["compiled", "blocks"])
+def _interpreted_triton(monkeypatch):
+    """Route ALTI's distances through the Triton kernel, run by Triton's interpreter on the CPU."""
+    from attnlens.methods.decomposition import triton_kernels
+
+    if importlib.util.find_spec("triton") is None:
+        missing("triton (a development dependency on Linux x86-64) is not installed")
+    assert os.environ.get("TRITON_INTERPRET") == "1"  # set by conftest before Triton's import
+    triton_kernels._kernels.cache_clear()
+    monkeypatch.setattr(triton_kernels, "applies", lambda *t: True)
+    calls = []
+    monkeypatch.setattr(triton_kernels, "alti_distances", _spy(triton_kernels.alti_distances, calls))
+    return calls
+
+
+@pytest.fixture
+def _triton_kernel_rebuilt():
+    from attnlens.methods.decomposition import triton_kernels
+
+    yield
+    triton_kernels._kernels.cache_clear()
+
+
+@pytest.mark.usefixtures("_triton_kernel_rebuilt")
+@pytest.mark.parametrize("path", ["compiled", "blocks", "triton"])
 @pytest.mark.parametrize("layout", ["encoder", "causal", "unordered"])
 def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch, layout, path):
     """ALTI's c_ij = max(0, ‖y_i‖₁ − ‖y_i − Σ_h a^h_ij g^h_j − δ_ij m_i‖₁) from its blocks of keys (two keys
@@ -371,20 +428,55 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
                 want[e, i, j] = max(0.0, float(y[e, i].abs().sum() - (y[e, i] - t).abs().sum()))
     monkeypatch.setattr(pair_norms, "_ALTI_BLOCK", 2 * r * d)
     calls = []
-    if path == "blocks":  # the batched products accelerators use, here on the CPU
+    if path == "blocks":  # the batched products accelerators without Triton use, here on the CPU
         monkeypatch.setattr(pair_norms.alti_kernel, "applies", lambda *t: False)
+    elif path == "triton":  # the kernel CUDA GPUs run
+        calls = _interpreted_triton(monkeypatch)
     else:
         monkeypatch.setattr(pair_norms.alti_kernel, "distances", _spy(pair_norms.alti_kernel.distances, calls))
     got = pair_norms.alti_rows(a, g.transpose(1, 2).contiguous(), m, y, at)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    assert len(calls) == (path == "compiled")
+    assert len(calls) == (path != "blocks")
     # in float32, the precision the models run in, to float32's rounding
     got32 = pair_norms.alti_rows(*(x.float() for x in (a, g.transpose(1, 2).contiguous(), m, y)), at)
     torch.testing.assert_close(got32.double(), want, rtol=1e-5, atol=1e-5)
     assert (want > 0).float().mean() > 0.15 and (want == 0).any()  # both sides of the clamp occur
 
 
-@pytest.mark.parametrize("path", ["compiled", "blocks"])
+@pytest.mark.usefixtures("_triton_kernel_rebuilt")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_alti_triton_kernel_over_several_tiles_matches_each_pair(monkeypatch, dtype):
+    """The Triton kernel over more keys, rows and channels than one tile holds (two examples, a key-major ``g``
+    with extra keys, ``dist`` with extra keys): every pair at or after its key's first row gets
+    ‖Σ_h a^h_ij g^h_j + δ_ij m_i − y_i‖₁ (float64 reference from the same inputs; half-precision inputs summed in
+    float32), and the pairs before it, including whole tiles of rows the kernel skips, keep what ``dist`` held."""
+    from attnlens.methods.decomposition import triton_kernels
+
+    _interpreted_triton(monkeypatch)
+    monkeypatch.setattr(triton_kernels, "_KEYS", 8)
+    monkeypatch.setattr(triton_kernels, "_ROWS", 16)
+    monkeypatch.setattr(triton_kernels, "_CHANNELS", 32)
+    gen = torch.Generator().manual_seed(2)
+    b, h, r, n, d = 2, 3, 37, 50, 70
+    a = torch.rand(b, h, r, n, generator=gen, dtype=torch.float64).to(dtype).double()  # representable in dtype
+    g = torch.randn(b, n + 3, h, d, generator=gen, dtype=torch.float64).to(dtype).double()
+    y, m = (torch.randn(b, r, d, generator=gen, dtype=torch.float64).to(dtype).double() for _ in range(2))
+    at = torch.randint(0, n, (r,), generator=gen)
+    first = torch.cat([torch.zeros(10, dtype=torch.int64), torch.full((20,), 17), torch.full((20,), r)])
+    t = torch.einsum("bhrk,bkhd->bkrd", a, g[:, :n]).clone()
+    t[:, at, torch.arange(r)] += m
+    full = (t - y[:, None]).abs().sum(-1)  # (B, N, R)
+    dist = torch.full((b, n + 2, r), -7.0, dtype=torch.float32 if dtype == torch.bfloat16 else dtype)
+    triton_kernels.alti_distances(*(x.to(dtype) for x in (a, g, y, m)), at, first, dist)
+    want = torch.full((b, n + 2, r), -7.0, dtype=torch.float64)
+    for k in range(n):
+        want[:, k, first[k]:] = full[:, k, first[k]:]
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(dist.double(), want, rtol=tol, atol=tol * float(full.max()))
+
+
+@pytest.mark.usefixtures("_triton_kernel_rebuilt")
+@pytest.mark.parametrize("path", ["compiled", "blocks", "triton"])
 def test_alti_rows_with_a_single_key(monkeypatch, path):
     """One row and one key (a one-token sequence, a decoder's first position alone): the distance is written
     beside ‖y‖₁, not over it (an aliased buffer gave 0)."""
@@ -392,6 +484,8 @@ def test_alti_rows_with_a_single_key(monkeypatch, path):
 
     if path == "blocks":
         monkeypatch.setattr(pair_norms.alti_kernel, "applies", lambda *t: False)
+    elif path == "triton":
+        _interpreted_triton(monkeypatch)
     gen = torch.Generator().manual_seed(1)
     a = torch.rand(2, 3, 1, 1, generator=gen, dtype=torch.float64)
     g = torch.randn(2, 1, 3, 4, generator=gen, dtype=torch.float64)

@@ -169,22 +169,33 @@ def test_the_rows_are_the_maps_rows_and_received_their_column_means():
         np.testing.assert_allclose(received.double(), mean, atol=1e-6)
 
 
+@pytest.mark.parametrize("multiple", [1, 8])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(("batch", "rows"), [(1, 1), (1, 11), (3, 3)])
-def test_received_attention_from_the_fused_kernel_is_the_column_sum(causal, dtype, batch, rows):
+def test_received_attention_from_the_fused_kernel_is_the_column_sum(monkeypatch, causal, dtype, batch, rows,
+                                                                     multiple):
     """The received attention taken from one more fused attention (the keys attending over the queries) equals
     the weighted column sums of the probabilities, in float64: for one row, a generation's prefixes (more
-    weight columns than the head size) and a batch of sequences."""
+    weight columns than the head size) and a batch of sequences; with the head size as it is (the CPU's kernel)
+    and padded to a multiple of 8 (CUDA's)."""
+    monkeypatch.setattr(row_attention, "_head_size_multiple", lambda device: multiple)  # 8: what CUDA runs
     g = torch.Generator().manual_seed(0)
     b, h, n, d = batch, 3, 40, 4
     query, key, value = (torch.randn(b, h, n, d, generator=g, dtype=dtype) * 2 for _ in range(3))
     lengths = torch.randint(1, n + 1, (rows,), generator=g)
     weights = (torch.arange(n)[None] < lengths[:, None]).to(dtype)
     weights = weights / weights.sum(1, keepdim=True)
-    op = row_attention._fused_cpu(query, key, value, None, 0.0)
-    _, lse = op(query, key, value, 0.0, causal, scale=0.5)
-    got = row_attention._received_fused(op, weights, query, key, lse, causal, 0.5)
+    op = row_attention._fused_with_normalisers(query, key, value, None, 0.0)
+    _, lse = op(query, key, value, causal, 0.5)
+    widths = []
+
+    def spied(q, k, v, *args):
+        widths.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return op(q, k, v, *args)
+
+    got = row_attention._received_fused(spied, weights, query, key, lse, causal, 0.5)
+    assert widths and all(w[0] % multiple == 0 and len(set(w)) == 1 for w in widths)
     scores = torch.matmul(query.double(), key.double().transpose(2, 3)) * 0.5
     if causal:
         scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
@@ -196,11 +207,12 @@ def test_received_attention_from_the_fused_kernel_is_the_column_sum(causal, dtyp
 
 def test_the_fused_kernel_stands_in_only_where_it_computes_the_same_attention():
     x = torch.zeros(1, 2, 5, 4)
-    assert row_attention._fused_cpu(x, x, x, None, 0.0) is not None
-    assert row_attention._fused_cpu(x, x, x, torch.ones(1, 1, 5, 5, dtype=torch.bool), 0.0) is None
-    assert row_attention._fused_cpu(x, x, x, None, 0.1) is None
-    assert row_attention._fused_cpu(x, x, torch.zeros(1, 2, 5, 3), None, 0.0) is None
-    assert row_attention._fused_cpu(x, torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 6, 4), None, 0.0) is None
+    assert row_attention._fused_with_normalisers(x, x, x, None, 0.0) is not None
+    assert row_attention._fused_with_normalisers(x, x, x, torch.ones(1, 1, 5, 5, dtype=torch.bool), 0.0) is None
+    assert row_attention._fused_with_normalisers(x, x, x, None, 0.1) is None
+    assert row_attention._fused_with_normalisers(x, x, torch.zeros(1, 2, 5, 3), None, 0.0) is None
+    assert row_attention._fused_with_normalisers(x, torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 6, 4), None, 0.0) is None
+    assert row_attention._fused_with_normalisers(x.half(), x.half(), x.half(), None, 0.0) is None
 
 
 def test_received_attention_of_one_unpadded_sequence_is_its_column_mean(monkeypatch):

@@ -16,7 +16,7 @@ per layer rather than ``H × N × N``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -182,18 +182,43 @@ def _received(recorder: RowRecorder, query: torch.Tensor, key: torch.Tensor, mas
     return total
 
 
-def _fused_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-               dropout: float) -> Any:
-    """PyTorch's fused CPU attention kernel, which also returns each query row's log-normaliser, where it can run
-    this layer (CPU, no mask beyond causality, no dropout, one head size, float32 or float64: the normaliser
-    rides on the queries in their dtype); ``None`` otherwise."""
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    fits = (query.device.type == "cpu" and mask is None and dropout == 0.0 and query.shape == key.shape
-            and value.shape == query.shape and query.dtype in (torch.float32, torch.float64))
-    return op if fits else None
+def _fused_with_normalisers(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                            dropout: float) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """The fused attention kernel SDPA runs for this layer, called so that it also returns each query row's
+    log-normaliser: PyTorch's fused CPU kernel (float32 or float64) or, on CUDA in float32, the memory-efficient
+    kernel. Only where no mask goes beyond causality, without dropout and with one head size (the normaliser
+    rides on the queries in their dtype); ``None`` otherwise. The callable takes ``(query, key, value, causal,
+    scale)`` and returns ``(output, log_normalisers)``."""
+    fits = (mask is None and dropout == 0.0 and query.shape == key.shape and value.shape == query.shape)
+    if not fits:
+        return None
+    if query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64):
+        cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+        if cpu is None:
+            return None
+        return lambda q, k, v, causal, scale: cpu(q, k, v, 0.0, causal, scale=scale)[:2]
+    if query.device.type == "cuda" and query.dtype == torch.float32:
+        efficient = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
+        if efficient is None:
+            return None
+
+        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+            out, lse = efficient(q, k, v, None, True, 0.0, causal, scale=scale)[:2]
+            return out, lse[..., : q.shape[2]]  # the kernel pads the normalisers to a multiple of 32 rows
+
+        return run
+    return None
 
 
-def _received_fused(op: Any, weights: torch.Tensor, query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
+def _head_size_multiple(device: torch.device) -> int:
+    """What the head size of :func:`_received_fused`'s attention is rounded up to: CUDA's memory-efficient kernel
+    takes multiples of 8 (of 4 in float32; 8 keeps the rows aligned either way)."""
+    return 1 if device.type == "cpu" else 8
+
+
+def _received_fused(op: Callable[..., tuple[torch.Tensor, torch.Tensor]], weights: torch.Tensor,
+                    query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
                     causal: bool, scale: float) -> torch.Tensor:
     """``(B', K)``: as :func:`_received`, from one more fused attention instead of every probability.
 
@@ -207,6 +232,10 @@ def _received_fused(op: Any, weights: torch.Tensor, query: torch.Tensor, key: to
     ones = query.new_ones(b, h, n, 1)
     keys = torch.cat([key * scale, ones], -1)
     queries = torch.cat([query, -lse.to(query.dtype)[..., None]], -1)
+    multiple = _head_size_multiple(query.device)
+    if (d + 1) % multiple:  # zeros after the normaliser's dimension add nothing to the logits
+        d = -(-(d + 1) // multiple) * multiple - 1
+        keys, queries = (nn.functional.pad(x, (0, d + 1 - x.shape[-1])) for x in (keys, queries))
     # values: every output row's weights over the one sequence, or each sequence's own row
     columns = weights.T[None, None].expand(b, h, n, rows) if b == 1 else weights[:, None, :, None].expand(b, h, n, 1)
     if causal:
@@ -217,7 +246,7 @@ def _received_fused(op: Any, weights: torch.Tensor, query: torch.Tensor, key: to
         for start in range(0, columns.shape[-1], d + 1):
             block = columns[..., start: start + d + 1]
             values = torch.nn.functional.pad(block.to(query.dtype), (0, d + 1 - block.shape[-1])).contiguous()
-            out, norm = op(keys, queries, values, 0.0, causal, scale=1.0)
+            out, norm = op(keys, queries, values, causal, 1.0)
             parts.append(out[..., : block.shape[-1]].to(exact) * norm.to(exact).exp()[..., None])
     total = torch.cat(parts, -1)  # (B, H, K, columns)
     if causal:
@@ -257,10 +286,10 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     causal, scale = causal_and_scale(module, query, attention_mask, is_causal, scaling)
     fused = None
     if recorder.received_weights is not None and record and not recorder.means:
-        fused = _fused_cpu(query, key, value, attention_mask, dropout)
+        fused = _fused_with_normalisers(query, key, value, attention_mask, dropout)
     lse = None
-    if fused is not None:  # the same kernel SDPA runs on CPU, with the rows' log-normalisers for the received sums
-        out, lse = fused(query, key, value, 0.0, causal, scale=scale)
+    if fused is not None:  # the kernel SDPA runs, with the rows' log-normalisers for the received sums
+        out, lse = fused(query, key, value, causal, scale)
     else:
         out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                          dropout_p=dropout, scale=scale, is_causal=causal)

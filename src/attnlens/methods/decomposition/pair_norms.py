@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.row_attention import chunk_elements
-from . import alti_kernel
+from . import alti_kernel, triton_kernels
 from .layers import Layer
 
 # elements of ALTI's block of vectors t_ij (keys x rows x D): 8 MiB in float32, measured fastest on 2 CPU cores
@@ -44,9 +44,12 @@ def quadratic_rows(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     ``(B, N, H, H)`` (float64).
 
     On the CPU as H(H+1)/2 elementwise products over the rows (a batched ``H × H`` product per key moves the data
-    around more than it computes there: five times slower at H = 9). On an accelerator each of those products is a
-    kernel launched from Python, so there it is one batched product per key, ``(B·N, R, H) @ (B·N, H, H)``, and a
-    sum: a few kernels per block of keys (:func:`_quadratic_batched`)."""
+    around more than it computes there: five times slower at H = 9). On a CUDA GPU one Triton kernel reads each
+    weight once (:mod:`~attnlens.methods.decomposition.triton_kernels`). On other accelerators each of those
+    products would be a kernel launched from Python, so there it is one batched product per key,
+    ``(B·N, R, H) @ (B·N, H, H)``, and a sum: a few kernels per block of keys (:func:`_quadratic_batched`)."""
+    if triton_kernels.applies(a, gram):
+        return triton_kernels.quadratic_rows(a, gram)
     if a.device.type == "cpu":
         return _quadratic_elementwise(a.double(), gram)
     return _quadratic_batched(a, gram)
@@ -155,15 +158,16 @@ def alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tensor
     ``(B, R, D)`` there.
 
     On the CPU (float32 / float64) a compiled loop forms each t a few rows at a time in cache and reduces it at
-    once (:mod:`~attnlens.methods.alti_kernel`). Elsewhere the vectors t are formed a block of keys at a time
-    (every example's) as one batched product over the keys, ``(B·keys, R, H) @ (B·keys, H, D)``, into a reused
-    buffer of :func:`alti_block` elements (small enough to stay in cache while its distances are taken). Either
-    way only the pairs that need it are computed: a row neither attending to a key nor placed there has t = 0, a
-    distance of ‖y_i‖₁ and so 0, so each key is computed from the first row that needs it on (a causal chunk's
-    earlier rows attend to no later key), and no key after the last one any row needs."""
+    once (:mod:`~attnlens.methods.decomposition.alti_kernel`); on a CUDA GPU a Triton kernel forms a tile of
+    them in registers (:mod:`~attnlens.methods.decomposition.triton_kernels`). Elsewhere the vectors t are formed
+    a block of keys at a time (every example's) as one batched product over the keys,
+    ``(B·keys, R, H) @ (B·keys, H, D)``, into a reused buffer of :func:`alti_block` elements (small enough to
+    stay in cache while its distances are taken). Either way only the pairs that need it are computed: a row
+    neither attending to a key nor placed there has t = 0, a distance of ‖y_i‖₁ and so 0, so each key is computed
+    from the first row that needs it on (a causal chunk's earlier rows attend to no later key), and no key after
+    the last one any row needs."""
     b, h, r, n = a.shape
     d = g.shape[-1]
-    stop = keys_used(a, at)
     norms = torch.linalg.vector_norm(y, ord=1, dim=-1)  # (B, R)
     # (B, keys, R): ‖y_i‖₁ where t_ij = 0; a copy, never a view of ``norms`` (with one key the expanded view is
     # already contiguous, and writing the distances into it would overwrite the norms)
@@ -171,12 +175,18 @@ def alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tensor
     # per row the last key it needs (the last it attends to in any example and head, or its own position), as a
     # running maximum: the rows a block starting at key k needs begin at the first whose value reaches k
     last = torch.where(a.ne(0).any(1).any(0), torch.arange(n, device=a.device), -1).amax(-1)
-    needed = torch.maximum(last, at).cummax(0).values.tolist()
+    needed = torch.maximum(last, at).cummax(0).values
+    if triton_kernels.applies(a, g, y, m):  # CUDA: one Triton kernel, no vectors t written to memory, no wait
+        first = torch.searchsorted(needed, torch.arange(n, device=a.device))  # R past the last key needed
+        triton_kernels.alti_distances(a, g, y, m, at, first, dist)
+        return (norms.unsqueeze(-1) - dist.transpose(1, 2)).clamp_min(0)
+    stop = keys_used(a, at)
     ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
     if alti_kernel.applies(ak, g, y, m):  # CPU: one compiled loop, no vectors t written to memory
-        first = torch.searchsorted(torch.tensor(needed), torch.arange(stop))
+        first = torch.searchsorted(needed, torch.arange(stop))
         alti_kernel.distances(ak, g, y, m, at, first, dist)
         return (norms.unsqueeze(-1) - dist.transpose(1, 2)).clamp_min(0)
+    needed = needed.tolist()
     positions = at.tolist()
     keys = max(1, min(stop, alti_block(a.device) // max(1, b * r * d)))  # keys per block, every example's at once
     buffer = a.new_empty(b * keys * r * d)
