@@ -70,6 +70,17 @@ def test_terminal_html_and_plot(model_dir, tmp_path, capsys):
     assert "<script>alert" not in page and "&lt;script&gt;" in page
 
 
+def test_top_k_sets_the_html_table_too(model_dir, tmp_path, capsys):
+    """``--top-k`` sizes the HTML page's table of top tokens as it does the terminal's, with ``--html`` and with
+    ``--format html``."""
+    for extra in (["--html", str(tmp_path / "a.html")], ["--format", "html", "--out", str(tmp_path / "b.html")]):
+        assert main(["explain", "the movie was great and long", "--model", model_dir, "--methods", "rollout",
+                     "--top-k", "2", *extra]) == 0
+        page = (tmp_path / extra[-1].rsplit("/", 1)[-1]).read_text()
+        assert "top 2 for" in page and "top 5 for" not in page
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

@@ -614,6 +614,16 @@ def test_html_shades_sources_and_escapes_text(lm):
     assert "loo: " in page and "rawatt: " in page
 
 
+@pytest.mark.parametrize("count", [50, 51, 52])
+def test_a_page_of_many_attributions_draws_fifty_and_counts_the_rest(lm, count):
+    from attnlens.viz.sources import SHOWN_ATTRIBUTIONS, attribution_html
+
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False)
+    page = attribution_html([r] * count)
+    assert page.count('<section class="example">') == min(count, SHOWN_ATTRIBUTIONS) == 50
+    assert (f"{count - 50} more not shown" in page) == (count > 50) and "0 more not shown" not in page
+
+
 def test_scores_keep_their_digits_at_any_scale(lm, capsys):
     from rich.console import Console
 

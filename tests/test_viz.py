@@ -48,10 +48,54 @@ def make_exp(text: str = f"not a good film {XSS}") -> Explanation:
 
 
 # ------------------------------------------------------------------ colours
-def test_normalized_ignores_special_tokens_and_nan():
+def test_normalized_ignores_special_tokens_and_keeps_nan_apart():
     norm = colors.normalized(np.array([5.0, -0.8, np.nan, 0.4]), [True, False, False, False])
-    np.testing.assert_allclose(norm, [0.0, -1.0, 0.0, 0.5])
+    np.testing.assert_allclose(norm, [0.0, -1.0, np.nan, 0.5])
     assert not colors.normalized(np.zeros(3)).any()
+    assert colors.shade(np.nan) == colors.NAN_RGB not in (colors.shade(0.0), colors.shade(1.0), colors.shade(-1.0))
+
+
+def test_infinite_scores_are_drawn_full_and_the_others_relative_to_the_largest_finite_one():
+    """+inf is full green and -inf full red (as their rank says), and the finite scores keep their shades
+    relative to the largest finite one, not blown to full colour."""
+    norm = colors.normalized(np.array([0.0, np.inf, 2.0, -1.0, -np.inf, 0.0]), [True] + [False] * 4 + [True])
+    np.testing.assert_allclose(norm, [0.0, 1.0, 1.0, -0.5, -1.0, 0.0])
+    exp = Explanation(text="a b c d", tokens=["[CLS]", "a", "b", "c", "d", "[SEP]"], special=[True] + [False] * 4
+                      + [True], target=1, predicted=1, probabilities=[0.2, 0.8], labels=["neg", "pos"],
+                      scores={"m": np.array([0.0, 1e30, 1e-30, 0.0, np.inf, 0.0])})
+    page = explanations_html(exp)
+    colours = dict((tip, colour) for colour, tip in re.findall(r'style="background:(#\w+)" title="([^"]+)"', page))
+    assert colours["+inf"] == colours["+1e+30"] == colors.hex_color(colors.POSITIVE_RGB)
+    assert colours["+1e-30"] == "#ffffff" and "inf at full intensity" in page
+
+
+def test_nan_scores_are_grey_and_read_nan_in_every_view(tmp_path):
+    """A NaN score is neither drawn nor printed as a zero: grey in the token views and the layer grid, ``nan`` in
+    the grid's and the plot's numbers, and the page's legend says so."""
+    exp = Explanation(text="a b c", tokens=["[CLS]", "a", "b", "c", "[SEP]"], special=[True, False, False, False, True],
+                      target=1, predicted=1, probabilities=[0.2, 0.8], labels=["neg", "pos"],
+                      scores={"m": np.array([0.0, np.nan, 0.5, -1.0, 0.0])},
+                      layers={"m": np.array([[0.0, np.nan, 0.2, -0.5, 0.0], [0.0, 0.1, 0.3, -0.5, 0.0]])})
+    grey = colors.hex_color(colors.NAN_RGB)
+    page = explanations_html(exp)
+    cells = re.findall(r'style="background:(#\w+)" title="([^"]+)">([^<]*)<', page)
+    assert (grey, "+nan", "a") in cells and (grey, "+nan", "nan") in cells
+    assert not any(tip == "+nan" and colour != grey for colour, tip, _ in cells)
+    assert "not a number" in page
+    assert "48;2;{};{};{}m".format(*colors.NAN_RGB) in render_terminal(exp, color=True)  # token a's background
+    fig = plots.plot_token_heatmap(exp, annotate=True)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts[0] == "nan" and "0.00" not in texts
+    assert [p.get_facecolor()[:3] for p in fig.axes[0].patches] == [tuple(c / 255 for c in colors.NAN_RGB)]
+
+
+def test_tied_negative_tokens_are_listed_in_token_order_as_the_positive_ones():
+    exp = Explanation(text="a b c d e", tokens=["[CLS]", "a", "b", "c", "d", "e", "[SEP]"],
+                      special=[True] + [False] * 5 + [True], target=1, predicted=1, probabilities=[0.2, 0.8],
+                      labels=["neg", "pos"], scores={"m": np.array([0.0, -0.5, -0.5, -0.5, 0.5, 0.5, 0.0])})
+    pos, neg = colors.top_split(exp, "m", 1)
+    assert pos == [("d", 0.5)] and neg == [("a", -0.5)]
+    assert colors.top_split(exp, "m", 5)[1] == [("a", -0.5), ("b", -0.5), ("c", -0.5)]
 
 
 def test_shade_endpoints():

@@ -142,7 +142,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "standard output, or explanations.html for html); refused with --format terminal, where --html "
                    "PATH writes a page beside the view")
     p.add_argument("--html", metavar="PATH", help="also write an HTML page (with --format terminal/json/jsonl)")
-    p.add_argument("--plot", metavar="PATH", help="also save a token heatmap of the first input (.png or .svg)")
+    p.add_argument("--plot", metavar="PATH", help="also save a token heatmap of the first input (.png or .svg): "
+                   "a row per method; with --generate, the step x token heatmap of the first method")
     p.add_argument("--head-view", metavar="PATH", help="also write an interactive attention view (layer x head) of "
                    "the first input as HTML")
     p.add_argument("--words", action="store_true", help="aggregate subword scores to words (sum)")
@@ -150,7 +151,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens (at least 2)")
     p.add_argument("--no-truncation", action="store_true", help="fail on over-long inputs instead of cutting them")
     p.add_argument("--top-k", type=int, default=None,
-                   help="tokens per method in the terminal table of a classifier's explanations (default 5)")
+                   help="tokens per method in the table of top tokens (terminal and HTML; default 5)")
     p.add_argument("--contrast", help="explain target - contrast: a class index or label name; with --generate, "
                    "the contrast continuation as text (one token per explained token)")
     gen = p.add_argument_group("generation (language models)")
@@ -215,9 +216,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.top_k is not None:
         if args.top_k < 1:
             raise InputError(f"--top-k must be at least 1, got {args.top_k}")
-        if args.generate or args.format != "terminal":
-            raise InputError("--top-k sets the terminal table of top tokens, which only --format terminal without "
-                             "--generate prints")
+        if args.generate or args.format == "json":
+            raise InputError("--top-k sets the tables of top tokens, which --format terminal and html print "
+                             "(not --generate)")
     else:
         args.top_k = 5
     if args.batch_size < 1:
@@ -343,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
     if html_path:
         from ..viz.html import explanations_html
 
-        _write(html_path, explanations_html(exps, title=f"attnlens: {model}"))
+        _write(html_path, explanations_html(exps, title=f"attnlens: {model}", k=args.top_k))
         _wrote(args, html_path)
     return 0
 

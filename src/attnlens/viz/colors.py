@@ -1,8 +1,8 @@
 """Shared helpers of the renderers: method selection, score normalisation and the green/red colour scale.
 
 The colour scale follows AttCAT Fig. 5: green supports the explained class, red opposes it, and the shade's
-intensity is ``|score|`` divided by the largest ``|score|`` of the same method on the same example (special
-tokens excluded, since they are never ranked).
+intensity is ``|score|`` divided by the largest finite ``|score|`` of the same method on the same example (special
+tokens excluded, since they are never ranked). An infinite score is drawn at full intensity, a NaN in grey.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..results.tokentext import readable_tokens
 POSITIVE_RGB = (22, 163, 74)  # green
 NEGATIVE_RGB = (220, 38, 38)  # red
 NEUTRAL_RGB = (255, 255, 255)
+NAN_RGB = (156, 163, 175)  # grey: a score that is not a number (neither white, a zero, nor a colour)
 # Noise floors of the normalisation: a row is divided by at least NOISE_ATOL, and a layer row by at least
 # NOISE_RTOL x the largest |score| of any layer of the example (float32 sums carry relative errors ~1e-7).
 NOISE_ATOL = 1e-12
@@ -55,6 +56,8 @@ class Explained(Protocol):
 
     def top_k(self, method: str, k: int = 5) -> list[tuple[str, float]]: ...
 
+    def ranking(self, method: str, reverse: bool = False) -> list[int]: ...
+
     def to_words(self, aggregation: str = "sum") -> Explained: ...
 
 
@@ -66,7 +69,9 @@ def shown_tokens(exp: Explained) -> list[str]:
 def top_split(exp: Explained, method: str, k: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """The ``k`` highest positive and the ``k`` lowest negative tokens of ``method`` (shown tokens, scores)."""
     ranked = [(_visible(t), s) for t, s in exp.top_k(method, len(exp.tokens))]  # tokens as a reader sees them
-    return [(t, s) for t, s in ranked if s > 0][:k], [(t, s) for t, s in reversed(ranked) if s < 0][:k]
+    shown, scores = shown_tokens(exp), exp.scores[method]
+    lowest = [(_visible(shown[i]), float(scores[i])) for i in exp.ranking(method, reverse=True)]  # ties in order
+    return [(t, s) for t, s in ranked if s > 0][:k], [(t, s) for t, s in lowest if s < 0][:k]
 
 
 def _visible(token: str) -> str:
@@ -108,17 +113,20 @@ def _is_explanation(x: object) -> bool:
 
 
 def normalized(scores: np.ndarray, special: Sequence[bool] | None = None, floor: float = NOISE_ATOL) -> np.ndarray:
-    """Scores divided by their largest magnitude over non-special tokens, so values lie in [-1, 1].
+    """Scores divided by their largest finite magnitude over non-special tokens, so values lie in [-1, 1].
 
-    Special tokens get 0 (they are drawn dimmed, not coloured); NaN counts as 0. The divisor is at least
-    ``floor``, so a row of numerical noise (all ``|s|`` far below the floor) stays blank instead of being blown
-    up to full colour; an all-zero row stays zero.
+    Special tokens get 0 (they are drawn dimmed, not coloured); ±inf gets ±1 (full colour) and NaN stays NaN
+    (drawn grey, :func:`shade`). The divisor is at least ``floor``, so a row of numerical noise (all ``|s|`` far
+    below the floor) stays blank instead of being blown up to full colour; an all-zero row stays zero.
     """
-    s = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    s = np.asarray(scores, dtype=np.float64)
     if special is not None:
         s = np.where(np.asarray(special, dtype=bool), 0.0, s)
-    peak = max(float(np.abs(s).max()) if s.size else 0.0, floor)
-    return s / peak if peak > 0 else np.zeros_like(s)
+    finite = np.isfinite(s)
+    peak = max(float(np.abs(s[finite]).max()) if finite.any() else 0.0, floor)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scaled = s / peak if peak > 0 else np.zeros_like(s)
+    return np.where(finite, scaled, np.sign(s))  # sign: ±inf -> ±1, NaN -> NaN
 
 
 def prob_text(p: float) -> str:
@@ -183,8 +191,10 @@ def normalized_layer_rows(rows: np.ndarray, special: Sequence[bool] | None = Non
 
 
 def shade(value: float) -> tuple[int, int, int]:
-    """RGB colour of a normalised score in [-1, 1]: white at 0, full green at +1, full red at -1."""
-    v = float(np.clip(np.nan_to_num(value), -1.0, 1.0))
+    """RGB colour of a normalised score in [-1, 1]: white at 0, full green at +1, full red at -1; grey for NaN."""
+    if np.isnan(value):
+        return NAN_RGB
+    v = float(np.clip(value, -1.0, 1.0))
     target = POSITIVE_RGB if v >= 0 else NEGATIVE_RGB
     t = abs(v)
     return tuple(round(n + (c - n) * t) for n, c in zip(NEUTRAL_RGB, target, strict=True))  # type: ignore[return-value]

@@ -197,7 +197,7 @@ def generation_html(gens: Any, methods: Sequence[str] | None = None, title: str 
 # ------------------------------------------------------------------------------------------------ PNG / SVG
 def plot_generation(g: Any, method: str | None = None, path: str | Path | None = None) -> Any:
     """Step × token heatmap of one method (default: the first) as a matplotlib figure, saved to ``path``."""
-    from .plots import SCORE_CMAP, _colorbar, _finish, _tex_safe, _width, plt
+    from .plots import SCORE_CMAP, _colorbar, _finish, _tex_safe, _width, mark_nan, plt
 
     chosen = _methods(g, [method] if method else list(g.scores)[:1])
     if not chosen:
@@ -209,6 +209,7 @@ def plot_generation(g: Any, method: str | None = None, path: str | Path | None =
     fig, ax = plt.subplots(figsize=(_width(n_tokens), 1.4 + 0.35 * n_steps), layout="constrained")
     ax.imshow(np.ma.masked_array(rows, mask=hidden), cmap=SCORE_CMAP.with_extremes(bad="#f3f4f6"), vmin=-1, vmax=1,
               aspect="auto", interpolation="nearest")
+    mark_nan(ax, rows, hidden)
     ax.set_xticks(range(n_tokens), labels=[_tex_safe(t) for t in shown_tokens(g)], rotation=60, ha="right", fontsize=8)
     ax.set_yticks(range(n_steps), labels=[_tex_safe(_step_label(g, t)) for t in range(n_steps)], fontsize=8)
     ax.axvline(g.n_prompt - 0.5, color="#111827", lw=1)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .colors import (
+    NAN_RGB,
     Explained,
     answer_positions,
     explained_text,
@@ -97,6 +98,22 @@ def _top_table(exp: Explained, methods: list[str], k: int) -> str:
     return '<table class="top">' + head + "".join(body) + "</table>"
 
 
+def _non_finite_note(items: list[Explained], methods: Sequence[str] | None) -> str:
+    """The legend's word on scores that are not finite, where some shown score is not: infinite ones are drawn
+    at full intensity, relative to the largest finite one; NaN in grey."""
+    values = [np.asarray(e.scores[m], dtype=np.float64) for e in items for m in select_methods(e, methods)]
+    notes = []
+    if any(np.isinf(v).any() for v in values):
+        notes.append("&plusmn;inf at full intensity (the others relative to the largest finite score)")
+    if any(np.isnan(v).any() for v in values):
+        notes.append(f'<span class="tok" style="background:{hex_color(NAN_RGB)}">grey</span>: not a number (unranked)')
+    return "; " + "; ".join(notes) if notes else ""
+
+
+def _grid_value(v: float) -> str:
+    return "nan" if np.isnan(v) else f"{v:+.2f}"
+
+
 def layer_heatmap_html(exp: Explained, method: str) -> str:
     """An HTML table: one row per layer plus, where the layers add up to the score, ``sum`` and ``rollout``; one
     column per token (AttCAT Fig. 4).
@@ -120,7 +137,7 @@ def layer_heatmap_html(exp: Explained, method: str) -> str:
                 cells.append('<td class="special"></td>')
             else:
                 color = hex_color(shade(norm[i]))
-                cells.append(f'<td style="background:{color}" title="{float(v):+.4g}">{norm[i]:+.2f}</td>')
+                cells.append(f'<td style="background:{color}" title="{float(v):+.4g}">{_grid_value(norm[i])}</td>')
         css = ' class="sum"' if name == "sum" else ""
         body.append(f'<tr{css}><th class="row">{_e(name)}</th>{"".join(cells)}<td>{peak:.3g}</td></tr>')
     return '<div class="scroll"><table class="grid">' + head + "".join(body) + "</table></div>"
@@ -195,10 +212,11 @@ def explanations_html(
     explained = "explained answer span (outlined)" if any(e.is_qa for e in items) else (
         "explained label of the outlined token" if any(e.meta.get("task") == "token" for e in items)
         else "explained class")
+    unusual = _non_finite_note(items, methods)
     intro = (
         f'<h1>{_e(title)}</h1>\n<p class="meta">Green supports the {explained}, red opposes it; shade = '
         "|score| relative to the largest of the same method on the same example. "
-        'Hover a token for its score. <span class="legend"></span> &minus;1 &hellip; +1</p>'
+        f'Hover a token for its score. <span class="legend"></span> &minus;1 &hellip; +1{unusual}</p>'
     )
     sections = [_example(e, i, methods, k) for i, e in enumerate(items)]
     return page(title, intro + "\n" + "\n".join(sections))

@@ -18,16 +18,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ..errors import InputError  # noqa: E402
 from ..evaluation.summary import best_methods, direction  # noqa: E402  (the one tie rule, shared with the tables)
 from ..paths import atomic_output  # noqa: E402
 from .colors import (  # noqa: E402
+    NAN_RGB,
     NEGATIVE_RGB,
     POSITIVE_RGB,
     Explained,
     answer_positions,
+    hex_color,
     layer_rows,
     normalized,
     normalized_layer_rows,
@@ -98,6 +101,7 @@ def _heatmap(
     masked = np.ma.masked_array(norm, mask=np.broadcast_to(np.asarray(special, bool), norm.shape))
     cmap = SCORE_CMAP.with_extremes(bad="#f3f4f6")
     ax.imshow(masked, cmap=cmap, vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+    mark_nan(ax, norm, np.broadcast_to(np.asarray(special, bool), norm.shape))
     ax.set_xticks(range(len(tokens)), labels=[_tex_safe(t) for t in tokens], rotation=60, ha="right", fontsize=9)
     ax.set_yticks(range(len(row_names)), labels=[_tex_safe(r) for r in row_names], fontsize=9)
     for label, sp in zip(ax.get_xticklabels(), special, strict=True):
@@ -117,6 +121,13 @@ def _heatmap(
                         fontsize=6.5,
                         color="white" if abs(norm[r, c]) > 0.6 else "#111827",
                     )
+
+
+def mark_nan(ax, norm: np.ndarray, hidden: np.ndarray) -> None:
+    """Paint the cells whose score is not a number (and not ``hidden``) in their own grey: imshow would draw them
+    as the pale grey of special tokens."""
+    for r, c in zip(*np.nonzero(np.isnan(norm) & ~hidden), strict=True):
+        ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, facecolor=hex_color(NAN_RGB), edgecolor="none"))
 
 
 def _colorbar(fig: Figure, ax, label: str) -> None:

@@ -105,13 +105,20 @@ def _ranked_table(a: Any, k: int) -> str:
     return f'<table class="top ranked">{"".join(rows)}</table>'
 
 
+SHOWN_ATTRIBUTIONS = 50  # attributions drawn on one page; the rest are counted
+
+
 def attribution_html(items: Sequence[Any], methods: Sequence[str] | None = None) -> str:
     """One standalone page: for each attribution, the query, the answer, and per method the context with its
     sources shaded by that method's scores (hover a source for every method's score), and the top sources."""
     body = ["<h1>Which part of the context did the answer come from?</h1>",
             '<p class="meta">Sources shaded by score (green: the answer depends on it; red: against it); '
-            'hover a source for every method\'s score. <span class="legend"></span></p>']
+            'hover a source for every method\'s score. <span class="legend"></span> &minus;1 &hellip; +1, '
+            "relative to the method's largest |score| over the sources</p>"]
     for n, a in enumerate(items):
+        if n == SHOWN_ATTRIBUTIONS:
+            body.append(f'<p class="meta">{len(items) - n} more not shown</p>')
+            break
         shown = [m for m in (methods or a.methods) if m in a.scores]
         body.append('<section class="example">')
         body.append(f"<h2>Query: {_e(a.query)}</h2>")
@@ -128,8 +135,5 @@ def attribution_html(items: Sequence[Any], methods: Sequence[str] | None = None)
                 body.append(f'<p class="meta">share of the token scores outside every source: {share:.0%}</p>')
             body.append("</details>")
         body.append("</section>")
-        if n > 50:
-            body.append(f'<p class="meta">{len(items) - n - 1} more not shown</p>')
-            break
     return page("attnlens: context attribution", "\n".join(body)).replace("</style>", EXTRA_STYLE + "</style>", 1)
 
