@@ -297,3 +297,30 @@ def test_bad_report_inputs_give_one_line(tiny, tmp_path, capsys):
     assert main(["report", str(res), "--out", str(tmp_path / "new" / "r.html")]) == 0
     assert "<html" in (tmp_path / "new" / "r.html").read_text().lower()
 
+
+
+def test_a_data_file_may_give_labels_by_the_models_class_names(tmp_path, capsys):
+    """Rows that give ``"positive"`` / ``"negative"`` are read by the model's ``id2label``; a name the model does
+    not have, and names against a model that only numbers its classes, are one line each."""
+    model = make_model("bert")
+    model.config.id2label, model.config.label2id = {0: "negative", 1: "positive"}, {"negative": 0, "positive": 1}
+    model.save_pretrained(tmp_path / "named")
+    make_tokenizer().save_pretrained(tmp_path / "named")
+    named = [{"text": r["text"], "label": ["negative", "positive"][r["label"]]} for r in ROWS]
+    data = _jsonl(tmp_path / "named.jsonl", named)
+    base = ["benchmark", "--dataset", str(data), "--methods", "rawatt", "--metrics", "aopc", "--quiet",
+            "--threads", "1"]
+    assert main([*base, "--model", str(tmp_path / "named"), "--out", str(tmp_path / "a")]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "a" / "examples.jsonl").read_text().splitlines()]
+    assert [r["label"] for r in rows if r["method"] == "rawatt"] == [r["label"] for r in ROWS]
+    _jsonl(data, [*named, {"text": "so so", "label": "neutral"}])
+    assert main([*base, "--model", str(tmp_path / "named"), "--out", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "label must be an integer class id or one of negative, positive, got 'neutral'")
+    make_model("bert").save_pretrained(tmp_path / "numbered")
+    make_tokenizer().save_pretrained(tmp_path / "numbered")
+    capsys.readouterr()
+    assert main([*base, "--model", str(tmp_path / "numbered"), "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"got {named[0]['label']!r}: the model names its classes LABEL_0, LABEL_1, so give class ids" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()

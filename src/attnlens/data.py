@@ -402,6 +402,10 @@ def _load_file(
     return Dataset(name, split, kind or "classification", examples, labels, str(path))
 
 
+class LabelNamesWithoutClasses(InputError):
+    """A data file's row gives its label by a class name, and no class names were given to read it by."""
+
+
 def _row_example(row: dict[str, Any], lineno: int, path: Path,
                  names: Sequence[str] | None = None) -> tuple[Example, str]:
     ident = str(row.get("id", row.get("idx", lineno - 1)))
@@ -415,7 +419,8 @@ def _row_example(row: dict[str, Any], lineno: int, path: Path,
         try:
             label = int(label)
         except (TypeError, ValueError):
-            raise InputError(f"{path}:{lineno}: label must be {wanted}, got {label!r}") from None
+            error = LabelNamesWithoutClasses if isinstance(label, str) and not names else InputError
+            raise error(f"{path}:{lineno}: label must be {wanted}, got {label!r}") from None
     where = f"{path}:{lineno}"
     for a, b in PAIR_KEYS:
         if a in row and b in row:

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         return run_context(args)
     import torch
 
-    from ..data import load_dataset, names_a_file
+    from ..data import LabelNamesWithoutClasses, load_dataset, names_a_file
     from ..evaluation import parallel
     from ..evaluation.metrics import EvalConfig, resolve_metrics
     from ..evaluation.results import clear_results
@@ -173,7 +173,10 @@ def run(args: argparse.Namespace) -> int:
     if args.split is not None and names_a_file(args.dataset):
         raise InputError(f"--split names a split of a known data set; --dataset {args.dataset} is a file, read "
                          "whole: leave --split out")
-    dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
+    try:
+        dataset = load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root)
+    except LabelNamesWithoutClasses as exc:  # rows name their classes: read them by the model's names, below
+        dataset, names_error = None, exc
     out = Path(args.out)
     if launched:  # one of the processes `accelerate launch` (or --processes) started: its rank is its shard
         cpu = device.type == "cpu" if device is not None else not torch.cuda.is_available()
@@ -190,8 +193,11 @@ def run(args: argparse.Namespace) -> int:
             args.overwrite = False
     explainer = Explainer.from_pretrained(
         args.model, attention=args.attention, max_length=args.max_length,
-        task="qa" if dataset.task == "qa" else None, device=None if args.processes > 1 else device, dtype=dtype,
+        task="qa" if dataset is not None and dataset.task == "qa" else None,
+        device=None if args.processes > 1 else device, dtype=dtype,
     )
+    if dataset is None:
+        dataset = _by_class_names(args, list(getattr(explainer, "labels", None) or []), names_error)
     methods: Any = args.methods
     if args.no_lrp and methods == "all":
         methods = list_methods(include_lrp=False)
@@ -259,3 +265,15 @@ def _target(args: argparse.Namespace) -> str:
                              "--target or give --target gold")
         return "gold"
     return args.target or "predicted"
+
+
+def _by_class_names(args: argparse.Namespace, names: list[str], error: InputError) -> Any:
+    """The data file read with its rows' labels given by the model's class names; ``error`` (the row that gave
+    a name) where the model only numbers its classes."""
+    from ..data import load_dataset, names_classes
+
+    if not names_classes(names):
+        raise InputError(f"{error}: the model names its classes {', '.join(names) or 'not at all'}, so give "
+                         "class ids") from None
+    return load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root,
+                        labels=names)
