@@ -658,3 +658,17 @@ def test_the_attention_view_reports_after_its_forward_so_a_cancel_stops_it_there
     monkeypatch.setattr(compute, "encode_attentions", lambda att: pytest.fail("encoded after the cancel"))
     with pytest.raises(Cancelled):
         compute.attention(served["minilm"], "a fine film", 2**30, cancelled)
+
+
+def test_numbers_json_cannot_write_travel_marked_and_the_rest_as_plain_json():
+    """A result with a NaN or infinite score is answered (not a 500), each such number as ``{"$float": ...}``;
+    a finite result is written exactly as plain JSON."""
+    from attnlens.serve.routes import ResultResponse
+
+    body = {"scores": {"m": [0.5, float("nan"), float("inf"), -float("inf")]}, "tokens": ["NaN", "a"]}
+    text = ResultResponse(body).body.decode()
+    parsed = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in the JSON"))
+    assert parsed["scores"]["m"] == [0.5, {"$float": "NaN"}, {"$float": "Infinity"}, {"$float": "-Infinity"}]
+    assert parsed["tokens"] == ["NaN", "a"]  # a token that reads NaN stays a string
+    finite = {"scores": {"m": [0.5, 1e-30]}, "text": "é"}
+    assert json.loads(ResultResponse(finite).body) == finite

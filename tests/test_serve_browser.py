@@ -427,3 +427,32 @@ def test_a_failed_explanation_hides_the_earlier_inputs_heatmap(page):
     page.click("#explain")
     expect(page.locator("#error")).to_contain_text("at most 20000 per text")
     assert page.locator("#explain-out").is_hidden()  # the heatmap shown was the earlier input's
+
+
+def test_scores_that_are_not_finite_are_shown_as_such(page):
+    """A NaN score is grey and reads NaN (not a white 0.000), an infinite one is drawn full, and the other tokens
+    keep their shades relative to the largest finite score: the server writes such numbers as
+    ``{"$float": ...}``, which the page reads back as numbers."""
+    text = "a text whose scores are not all finite"
+
+    def route(r):
+        response = r.fetch()
+        body = response.json()
+        result = body.get("result") if isinstance(body, dict) else None
+        if result and text in json.dumps(result):
+            scores = result[0]["scores"]["rawatt"]
+            scores[1], scores[2] = {"$float": "NaN"}, {"$float": "Infinity"}
+        r.fulfill(response=response, json=body)
+
+    page.route("**/api/jobs**", route)
+    try:
+        _explain(page, text)
+    finally:
+        page.unroute("**/api/jobs**")
+    titles = _titles(page, "rawatt")
+    assert titles[1].endswith(": NaN") and titles[2].endswith(": Infinity")
+    colours = page.eval_on_selector_all("#heatmap tr[data-method='rawatt'] td.cell",
+                                        "cells => cells.map(c => getComputedStyle(c).backgroundColor)")
+    assert colours[1] == "rgb(156, 163, 175)" and colours[2] == "rgba(22, 163, 74, 0.85)"
+    finite = colours[3:-1]  # the other words ([SEP] last): the largest finite score full, the others lighter
+    assert "rgba(22, 163, 74, 0.85)" in finite and len(set(finite)) > 1

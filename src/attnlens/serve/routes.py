@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,30 @@ from .jobs import CANCELLED, DONE, Job
 from .state import ServeState
 
 STATIC = Path(__file__).parent / "static"
+NON_FINITE = "$float"  # {"$float": "NaN" | "Infinity" | "-Infinity"}: a number JSON cannot write
+
+
+class ResultResponse(JSONResponse):
+    """JSON where each number that is not finite (a NaN score, an overflowed one) is written as
+    ``{"$float": "NaN"}``, ``"Infinity"`` or ``"-Infinity"``: JSON has no such numbers, and a score must not be
+    dropped or turned into another number. The page reads them back as numbers."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        except ValueError:  # some number is not finite: only then is the result walked
+            text = json.dumps(_marked(content), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return text.encode("utf-8")
+
+
+def _marked(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return {NON_FINITE: "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+    if isinstance(value, dict):
+        return {k: _marked(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_marked(v) for v in value]
+    return value
 
 
 def error(message: str, status: int = 400) -> JSONResponse:
@@ -64,7 +89,7 @@ async def _answer(job: Job) -> Response:
             if not job.future.cancelled():
                 raise  # the client went away
     if job.state == DONE:
-        return JSONResponse(job.result)
+        return ResultResponse(job.result)
     if job.state == CANCELLED:
         return error("the computation was cancelled", 409)
     return error(job.error or "the computation failed", job.status)
@@ -96,7 +121,7 @@ async def submit_job(request: Request) -> Response:
                          '"attribute", "request": {...}}')
     state = _state(request)
     job = state.submit(str(body.get("kind")), body["request"])
-    return JSONResponse(job.to_dict(state.jobs.position(job)), status_code=200 if job.finished else 202)
+    return ResultResponse(job.to_dict(state.jobs.position(job)), status_code=200 if job.finished else 202)
 
 
 def _job(request: Request) -> Job:
@@ -108,7 +133,7 @@ def _job(request: Request) -> Job:
 
 async def job_status(request: Request) -> Response:
     job = _job(request)
-    return JSONResponse(job.to_dict(_state(request).jobs.position(job)))
+    return ResultResponse(job.to_dict(_state(request).jobs.position(job)))
 
 
 async def cancel_job(request: Request) -> Response:

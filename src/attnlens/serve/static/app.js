@@ -29,13 +29,29 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const fmt = (v, d = 3) => (v === null || v === undefined || Number.isNaN(v) ? "n/a" : Number(v).toFixed(d));
 // significant digits, whatever the scale (scores of about 1e-4 stay apart instead of all reading 0.000)
 const sig = (v, d = 4) => (v === null || v === undefined || Number.isNaN(v) ? "n/a" : String(Number(Number(v).toPrecision(d))));
+// a score as written: NaN says so (it is a score that is not a number, not a missing one)
+const scoreText = (v) => (Number.isNaN(v) ? "NaN" : sig(v));
 
 // ------------------------------------------------------------------ server
+// a number JSON cannot write (a NaN or infinite score) comes as {"$float": "NaN" | "Infinity" | "-Infinity"}
+function numbers(key, v) {
+  return v !== null && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 1
+    && typeof v["$float"] === "string" ? Number(v["$float"]) : v;
+}
+// the largest finite |value| (an infinite score is drawn full, relative to nothing)
+function peak(values, skip) {
+  let max = 0;
+  for (let j = 0; j < values.length; j++) {
+    const v = values[j];
+    if (!(skip && skip[j]) && Number.isFinite(v)) max = Math.max(max, Math.abs(v));
+  }
+  return max;
+}
 async function api(path, options) {
   const init = Object.assign({ headers: { "content-type": "application/json" } }, options || {});
   const response = await fetch(path, init);
   let body;
-  try { body = await response.json(); } catch (e) { body = { error: "the server answered " + response.status }; }
+  try { body = JSON.parse(await response.text(), numbers); } catch (e) { body = { error: "the server answered " + response.status }; }
   if (!response.ok && response.status !== 202) throw new Error(body.error || "the server answered " + response.status);
   return body;
 }
@@ -135,7 +151,8 @@ function tokenTexts(exp) {
 }
 // green supports the target, red opposes it: the colours of attnlens' HTML and terminal views (viz/colors.py)
 function shade(value, max) {
-  const a = max > 0 ? Math.min(1, Math.abs(value) / max) * 0.85 : 0;
+  if (Number.isNaN(value)) return "rgb(156, 163, 175)";  // grey: not a number (as the HTML and terminal views)
+  const a = !Number.isFinite(value) ? 0.85 : max > 0 ? Math.min(1, Math.abs(value) / max) * 0.85 : 0;
   return `rgba(${value >= 0 ? "22, 163, 74" : "220, 38, 38"}, ${a.toFixed(3)})`;
 }
 function labelName(exp, index) {
@@ -164,8 +181,7 @@ function renderHeatmap(table, texts, special, rows, extra) {
     const th = el("th", row.name, "method");
     if (row.title) th.title = row.title;
     tr.appendChild(th);
-    let max = 0;
-    for (let j = 0; j < row.values.length; j++) if (!special[j]) max = Math.max(max, Math.abs(row.values[j]));
+    const max = peak(row.values, special);
     if (dense) {
       const td = el("td", null, "strip");
       td.appendChild(rowStrip(texts, special, row.values, max));
@@ -173,7 +189,7 @@ function renderHeatmap(table, texts, special, rows, extra) {
     } else {
       for (let j = 0; j < texts.length; j++) {
         const td = el("td", texts[j], special[j] ? "cell special" : "cell");
-        td.title = `${texts[j]}: ${(row.values[j] || 0).toPrecision(4)}`;
+        td.title = `${texts[j]}: ${scoreText(row.values[j])}`;
         if (!special[j] && j < row.values.length) td.style.backgroundColor = shade(row.values[j], max);
         tr.appendChild(td);
       }
@@ -194,7 +210,7 @@ function rowStrip(texts, special, values, max) {
   }
   canvas.onmousemove = (ev) => {
     const j = Math.min(texts.length - 1, Math.floor(ev.offsetX / CELL));
-    canvas.title = `${texts[j]}: ${(values[j] || 0).toPrecision(4)}`;
+    canvas.title = `${texts[j]}: ${scoreText(values[j])}`;
   };
   return canvas;
 }
@@ -632,14 +648,14 @@ async function attribute() {
   const max = {}, top = {};
   for (const m of methods) {
     const values = result.sources.map((s) => s.scores[m]);
-    max[m] = Math.max(1e-12, ...values.map(Math.abs));
-    top[m] = values.indexOf(Math.max(...values));
+    max[m] = Math.max(1e-12, peak(values));
+    top[m] = values.reduce((best, v, i) => (!Number.isNaN(v) && (best < 0 || v > values[best]) ? i : best), -1);
   }
   result.sources.forEach((s, i) => {
     const tr = el("tr");
     tr.append(el("td", i, "num"), el("td", visible(s.text), "text"));
     for (const m of methods) {
-      const td = el("td", sig(s.scores[m]), top[m] === i ? "num top" : "num");
+      const td = el("td", scoreText(s.scores[m]), top[m] === i ? "num top" : "num");
       td.style.backgroundColor = shade(s.scores[m], max[m]);
       tr.appendChild(td);
     }
