@@ -396,3 +396,17 @@ def test_byte_level_word_offsets_cut_the_word_without_its_space(byte_tokenizer):
     for word, (a, b), special in zip(words.tokens, words.offsets, words.special, strict=True):
         if not special:
             assert TEXT[a:b] == word, (word, TEXT[a:b])
+
+
+def test_a_word_of_a_newline_and_spaces_keeps_its_newline_in_the_word_view():
+    """Words read from byte-level tokens (a generation step's have no offsets): a word of whitespace only, one
+    token of a newline and the indentation after it (SmolLM2's ``"ĊĠ"``), shows as the token does, ``"\n␣"``,
+    not as ``"␣"`` (its newline stripped)."""
+    from attnlens.viz.colors import shown_tokens
+
+    e = Explanation(text="lait:\n  the", tokens=["l", "ait", ":", "ĊĠ", "Ġthe"], special=[False] * 5, target=0,
+                    predicted=0, probabilities=[1.0], labels=["x"], scores={"m": np.arange(5.0)},
+                    word_ids=[0, 0, 0, 1, 2], meta={"token_encoding": BYTE_LEVEL})
+    words = e.to_words()
+    assert words.tokens == ["lait:", "\n␣", "the"] and shown_tokens(words)[1:] == shown_tokens(e)[3:]
+    np.testing.assert_array_equal(words.scores["m"], [3.0, 3.0, 4.0])

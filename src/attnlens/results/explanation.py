@@ -21,7 +21,7 @@ import numpy as np
 from ..data import iter_jsonl
 from ..errors import InputError
 from ..paths import atomic_output, atomic_write_text, read_utf8
-from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable, readable_tokens, token_texts
+from .tokentext import BYTE_LEVEL, SENTENCEPIECE, readable, readable_tokens, token_text, token_texts
 
 WORD_AGGREGATIONS = ("sum", "mean", "max", "absmax")
 _SUBWORD_MARKS = ("##", "Ġ", "▁")
@@ -265,8 +265,11 @@ class Explanation:
                                            else 0)[start:end]
         encoding = self.meta.get("token_encoding")
         if encoding in (BYTE_LEVEL, SENTENCEPIECE):  # the word's pieces (and bytes), read as text
-            word = readable("".join(self.tokens[i] for i in group), encoding)
-            return word.strip() or word  # without the whitespace token it may start with
+            pieces = "".join(self.tokens[i] for i in group)
+            word = readable(pieces, encoding)
+            # without the whitespace token it may start with; a word of whitespace only is shown whole (a newline
+            # and the spaces after it: "\n␣", whose newline a strip would drop)
+            return word.strip() if token_text(pieces, encoding).strip() else word
         return "".join(_strip_mark(self.tokens[i], first=(j == 0)) for j, i in enumerate(group))
 
     def to_words(self, aggregation: str = "sum") -> Explanation:
