@@ -200,7 +200,7 @@ def test_save_and_load_round_trip(lm, tmp_path):
     assert step.target == g.generated_ids[-1]
     from attnlens.viz.terminal import render_terminal
 
-    assert f"explaining next token {g.generated[-1]!r} (p {g.probabilities[-1]:.3f})" in render_terminal(step)
+    assert f"explaining next token {g.step_labels[-1]!r} (p {g.probabilities[-1]:.3f})" in render_terminal(step)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

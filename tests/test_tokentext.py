@@ -15,6 +15,7 @@ from attnlens import Explainer, Explanation
 from attnlens.results.tokentext import (
     BYTE_LEVEL,
     SENTENCEPIECE,
+    WORDPIECE,
     byte_spans,
     decode_byte_level,
     readable,
@@ -24,6 +25,7 @@ from attnlens.results.tokentext import (
     token_texts,
 )
 from attnlens.testing.tiny_models import build_tiny
+from attnlens.viz.colors import shown_tokens
 from attnlens.viz.generation import generation_html, render_generation
 from attnlens.viz.terminal import render_terminal
 
@@ -87,7 +89,7 @@ def sp_tokenizer() -> PreTrainedTokenizerFast:
 def test_the_tokenizer_says_how_it_spells(byte_tokenizer, sp_tokenizer, tokenizer):
     assert token_encoding(byte_tokenizer) == BYTE_LEVEL
     assert token_encoding(sp_tokenizer) == SENTENCEPIECE
-    assert token_encoding(tokenizer) is None  # WordPiece
+    assert token_encoding(tokenizer) == WORDPIECE
 
 
 def test_sentencepiece_explanations_show_words_without_marks(sp_tokenizer):
@@ -149,10 +151,27 @@ def test_a_generation_shows_the_text_of_its_tokens(lm_explainer):
         assert "Ã" not in shown and "Ġ" not in shown
 
 
-def test_wordpiece_explanations_are_unchanged(tokenizer):
+def test_wordpiece_explanations_show_their_tokens_as_they_are(tokenizer):
     model = build_tiny("bert", vocab_size=tokenizer.vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     exp = Explainer(model, tokenizer).explain("the cat", methods="rawatt")[0]
-    assert "token_encoding" not in exp.meta
+    assert exp.meta["token_encoding"] == WORDPIECE and shown_tokens(exp) == exp.tokens
+
+
+def test_a_wordpiece_generation_spaces_its_words_whether_or_not_a_piece_continues_one(tokenizer):
+    """A WordPiece language model's continuation reads as words (``" very good film"``), its character offsets
+    and ``tokens_in`` the same whichever tokens come later (they were joined without spaces unless some token
+    was a ``##`` piece)."""
+    model = build_tiny("bart", vocab_size=tokenizer.vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                       task="seq2seq-lm")
+    ex = Explainer(model, tokenizer)
+    plain = ex.explain_generation("the movie was", methods=["rawatt"], target=" very good film")
+    pieced = ex.explain_generation("the movie was", methods=["rawatt"], target=" very good films")
+    assert plain.generated_tokens == ["very", "good", "film"] and pieced.generated_tokens[-1] == "##s"
+    assert plain.text == " very good film" and pieced.text == " very good films"
+    # each word's span is its own characters, not the space put before it
+    assert plain.generated_offsets == pieced.generated_offsets[:3] == [(1, 5), (6, 10), (11, 15)]
+    assert pieced.generated_offsets[3] == (15, 16) and pieced.text[15:16] == "s"
+    assert plain.tokens_in(6, 10) == pieced.tokens_in(6, 10) == [1] and plain.tokens_in(5, 6) == []
 
 
 def test_the_json_gives_each_token_its_text_and_top_k_speaks_text(lm_explainer, byte_tokenizer):
@@ -402,8 +421,6 @@ def test_a_word_of_a_newline_and_spaces_keeps_its_newline_in_the_word_view():
     """Words read from byte-level tokens (a generation step's have no offsets): a word of whitespace only, one
     token of a newline and the indentation after it (SmolLM2's ``"ĊĠ"``), shows as the token does, ``"\n␣"``,
     not as ``"␣"`` (its newline stripped)."""
-    from attnlens.viz.colors import shown_tokens
-
     e = Explanation(text="lait:\n  the", tokens=["l", "ait", ":", "ĊĠ", "Ġthe"], special=[False] * 5, target=0,
                     predicted=0, probabilities=[1.0], labels=["x"], scores={"m": np.arange(5.0)},
                     word_ids=[0, 0, 0, 1, 2], meta={"token_encoding": BYTE_LEVEL})

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InputError
 from ..paths import atomic_write_text
 from .explanation import Explanation, _read_dicts
-from .tokentext import BYTE_LEVEL, SENTENCEPIECE, byte_spans, token_texts, whole_on_each
+from .tokentext import BYTE_LEVEL, SENTENCEPIECE, WORDPIECE, byte_spans, token_texts, whole_on_each
 
 __all__ = ["Generation", "load_generations"]
 
@@ -96,11 +96,18 @@ class Generation:
         dropped) and a space before each word; else each token decoded."""
         if self.meta.get("token_encoding") in (BYTE_LEVEL, SENTENCEPIECE):
             return token_texts(self.generated_tokens, self.meta)
-        pieces = [isinstance(t, str) and t.startswith("##") for t in self.generated_tokens]
-        if any(pieces):  # WordPiece: "un", "##bel" spell "unbel"
+        pieces = self._wordpiece_continues()
+        if pieces is not None:  # WordPiece: "un", "##bel" spell " unbel"
             return [t[2:] if piece else " " + text
                     for t, text, piece in zip(self.generated_tokens, self.generated, pieces, strict=True)]
         return list(self.generated)
+
+    def _wordpiece_continues(self) -> list[bool] | None:
+        """For a WordPiece vocabulary (recorded, or seen in a file written without the record: a ``##`` piece),
+        whether each generated token continues a word; ``None`` for other vocabularies."""
+        pieces = [isinstance(t, str) and t.startswith("##") for t in self.generated_tokens]
+        encoding = self.meta.get("token_encoding")
+        return pieces if encoding == WORDPIECE or (encoding is None and any(pieces)) else None
 
     @property
     def step_labels(self) -> list[str]:
@@ -120,9 +127,11 @@ class Generation:
         """Each generated token's character span ``(start, end)`` in :attr:`text`: select a stretch of the answer
         by characters, and :meth:`tokens_in` gives its steps (a token that holds only the first bytes of a
         character has an empty span; the token completing it spans the character)."""
+        continues = self._wordpiece_continues()
         spans, at = [], 0
-        for piece in self._pieces():
-            spans.append((at, at + len(piece)))
+        for i, piece in enumerate(self._pieces()):
+            space = continues is not None and not continues[i]  # the space put before a WordPiece word
+            spans.append((at + int(space), at + len(piece)))
             at += len(piece)
         return spans
 

@@ -20,6 +20,7 @@ from typing import Any
 
 BYTE_LEVEL = "byte-level"
 SENTENCEPIECE = "sentencepiece"
+WORDPIECE = "wordpiece"  # "##" marks a piece that continues a word; a token without it starts one
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _BYTE_RUN = re.compile(r"(?:<0x[0-9A-Fa-f]{2}>)+")
 
@@ -40,18 +41,21 @@ def _byte_of() -> dict[str, int]:
 
 def token_encoding(tokenizer: Any) -> str | None:
     """``"byte-level"`` when the tokenizer spells bytes as GPT-2's printable alphabet (its ``Ġa`` reads ``" a"``),
-    ``"sentencepiece"`` when ``▁`` marks a word's start (its ``▁a`` reads ``a``), else ``None`` (WordPiece: its
-    tokens are shown as they are)."""
+    ``"sentencepiece"`` when ``▁`` marks a word's start (its ``▁a`` reads ``a``), ``"wordpiece"`` when ``##``
+    marks a word's continuation (``a ##b`` reads ``ab``: its tokens are shown as they are, and a generation's
+    words are spaced), else ``None`` (tokens shown and joined as they are)."""
     try:
         if tokenizer.convert_tokens_to_string(["Ġa"]) == " a":
             return BYTE_LEVEL
-        return SENTENCEPIECE if tokenizer.convert_tokens_to_string(["▁a"]).strip() == "a" else None
+        if tokenizer.convert_tokens_to_string(["▁a"]).strip() == "a":
+            return SENTENCEPIECE
+        return WORDPIECE if tokenizer.convert_tokens_to_string(["a", "##b"]) == "ab" else None
     except Exception:  # noqa: BLE001 (a tokenizer that cannot say is shown as its tokens are)
         return None
 
 
 def encoding_meta(tokenizer: Any) -> dict[str, Any]:
-    """The explanation metadata entries recording the tokenizer's encoding (``{}`` for WordPiece and the like):
+    """The explanation metadata entries recording the tokenizer's encoding (``{}`` where it is none of the three):
     ``token_encoding``, and for a byte-level vocabulary with tokens added as text that its byte alphabet would
     misread (``"naïve"``: ``ï`` is a byte there), those tokens (``text_tokens``)."""
     encoding = token_encoding(tokenizer)
