@@ -393,3 +393,30 @@ def test_squad_context_build_options_are_refused_with_an_examples_file(extra, tm
                  "--methods", "loo", *extra, "--out", str(tmp_path / "run")])
     assert f"{extra[0]} chooses how squad-context builds its examples" in _one_line_error(capsys, code)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("target", ["5", "-1,3", "5-6", "[5,6]", "positive"])
+def test_a_qa_target_that_is_not_a_span_says_how_to_write_one(models, target, capsys):
+    code = main(["explain", "was it great", "the movie was great", "--model", models["qa"], "--methods", "rawatt",
+                 f"--target={target}"])
+    assert _one_line_error(capsys, code).endswith(
+        f"--target {target}: a QA model's target is the answer span as START,END, two token positions from 0 "
+        "(e.g. --target 5,7)")
+
+
+def test_a_file_of_squad_style_rows_explains_question_and_context(models, tmp_path, capsys):
+    rows = tmp_path / "qa.jsonl"
+    rows.write_text(json.dumps({"question": "was it great", "context": "the movie was great"}) + "\n")
+    out = tmp_path / "qa.json"
+    assert main(["explain", "--file", str(rows), "--model", models["qa"], "--methods", "rawatt", "--format", "json",
+                 "--out", str(out), "--quiet"]) == 0
+    assert json.loads(out.read_text())[0]["text"] == ["was it great", "the movie was great"]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", ["bert", "qa"])
+def test_generate_on_a_model_that_does_not_generate_says_to_leave_it_out(models, name, capsys):
+    code = main(["explain", "the movie", "--model", models[name], "--generate", "--methods", "rawatt"])
+    err = _one_line_error(capsys, code)
+    assert "--generate needs a language model" in err and err.endswith("leave --generate out to explain its "
+                                                                       "predictions")

@@ -147,7 +147,7 @@ def test_a_file_is_split_at_newlines_only(tmp_path, separator):
     ({"premise": "p", "hypothesis": "h", "question1": "q", "question2": "r"},
      "holds two pairs (premise/hypothesis and question1/question2); give one"),
     ({"label": 1}, 'no "text" field (or a pair: text_a/text_b, premise/hypothesis, question1/question2, '
-                   'sentence1/sentence2)'),
+                   'sentence1/sentence2, question/context)'),
 ])
 def test_a_json_line_that_is_not_one_text_or_one_pair_is_named(model_dir, tmp_path, capsys, line, message):
     bad = tmp_path / "bad.jsonl"

@@ -226,3 +226,12 @@ def test_cli_token_word_prefix_without_a_word_is_refused(tokenizer, tmp_path, ca
     tokenizer.save_pretrained(tmp_path)
     assert cli_main(["explain", "--model", str(tmp_path), "--methods", "rawatt", "--token", "word:", "the movie"]) == 2
     assert "names no word" in capsys.readouterr().err
+
+
+def test_cli_token_refuses_a_negative_position(tokenizer, tmp_path, capsys):
+    model = token_model("bert")
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert cli_main(["explain", "--model", str(tmp_path), "--methods", "rawatt", "--token=-1", "the movie"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--token -1: a position counts the tokens from 0 (use word:-1 for the word)")

@@ -367,7 +367,8 @@ def row_text(row: dict[str, Any], key: str, where: str) -> str:
 
 _TEXT_KEYS = ("text", "sentence", "content", "review")
 # the field names of a sentence pair in a JSON Lines row, first and second text (load_dataset, explain --file)
-PAIR_KEYS = (("text_a", "text_b"), ("premise", "hypothesis"), ("question1", "question2"), ("sentence1", "sentence2"))
+PAIR_KEYS = (("text_a", "text_b"), ("premise", "hypothesis"), ("question1", "question2"), ("sentence1", "sentence2"),
+             ("question", "context"))  # the last: a QA input, as SQuAD names its fields
 
 
 def _load_file(

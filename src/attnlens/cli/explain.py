@@ -86,7 +86,11 @@ def _token_choice(token: str) -> int | str:
         if not word.strip():
             raise InputError(f"--token {token!r} names no word; pass --token word:W with the word after the colon")
         return word
+    if re.fullmatch(r"\s*-\d+\s*", token):
+        raise InputError(f"--token {token}: a position counts the tokens from 0 (use word:{token.strip()} for the "
+                         "word)")
     return int(token) if token.strip().isdigit() else token
+
 
 def _runs_long(methods: str | None) -> bool:
     """Whether the methods asked for include one that runs many passes per input (the registry's
@@ -299,6 +303,9 @@ def run(args: argparse.Namespace) -> int:
         target = (_token_choice(args.token), target)
     elif args.token is not None:
         raise InputError(f"--token is for token classifiers; this model is {explainer.head.kind}")
+    if explainer.head.task == "qa" and target is not None and not isinstance(target, tuple):
+        raise InputError(f"--target {args.target}: a QA model's target is the answer span as START,END, two token "
+                         "positions from 0 (e.g. --target 5,7)")
     # the view first: an input whose maps the budget cannot hold is refused before the explanations run
     head_page = _head_view_page(explainer, texts[0], model, budget) if args.head_view else None
     exps = explainer.explain(
@@ -368,6 +375,11 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
         raise InputError("--generate continues single texts, not sentence pairs")
     explainer = Explainer.from_pretrained(model, attention=args.attention, max_length=args.max_length,
                                           device=device, dtype=dtype)
+    from ..models.heads import LMHead
+
+    if not isinstance(explainer.head, LMHead):
+        raise InputError(f"--generate needs a language model (…ForCausalLM, …ForConditionalGeneration); {model} is "
+                         f"{explainer.head.kind}: leave --generate out to explain its predictions")
     if args.head_view:  # its maps cover prompt + continuation: refused up front where the longest cannot fit
         from ..core.attention_view import check_attention_view
         from ..core.generation_engine import check_generation_view, encode_prompt, token_ids_of

@@ -167,7 +167,7 @@ def encode(
             )
         )
     if too_long:
-        detail = ", ".join(f"input {i}: {d} tokens" for i, d in too_long[:5])
+        detail = ", ".join(f"input {i}: {d} token{'' if d == 1 else 's'}" for i, d in too_long[:5])
         more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
         warnings.warn(
             f"{len(too_long)} input(s) longer than {max_length} tokens were truncated ({detail}{more} "
