@@ -139,6 +139,7 @@ def test_methods_named_explicitly_still_refuse(models, capsys):
         (["--top-k", "3", "--generate"], "--top-k sets the tables of top tokens, which --format terminal and html "
                                             "print (not --generate)"),
         (["--top-k", "3", "--format", "json"], "--top-k sets the tables of top tokens"),
+        (["--top-k", "3", "--format", "jsonl"], "--top-k sets the tables of top tokens"),
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
         (["--batch-size", "-1"], "--batch-size must be at least 1, got -1"),
         (["--max-length", "1"], "--max-length must be at least 2 tokens, got 1"),

@@ -220,7 +220,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.top_k is not None:
         if args.top_k < 1:
             raise InputError(f"--top-k must be at least 1, got {args.top_k}")
-        if args.generate or args.format == "json":
+        if args.generate or args.format not in ("terminal", "html"):
             raise InputError("--top-k sets the tables of top tokens, which --format terminal and html print "
                              "(not --generate)")
     else:
