@@ -21,7 +21,7 @@ from test_benchmark import CONFIG, METRICS, FakeExplainer, bench, dataset, linea
 
 from attnlens.cli import main
 from attnlens.errors import InputError
-from attnlens.evaluation.results import LOCK_FILE, results_lock
+from attnlens.evaluation.results import LOCK_FILE, read_rows, results_lock
 from attnlens.evaluation.runner import run_benchmark
 
 TESTS = Path(__file__).resolve().parent
@@ -324,3 +324,55 @@ def test_a_data_file_may_give_labels_by_the_models_class_names(tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert f"got {named[0]['label']!r}: the model names its classes LABEL_0, LABEL_1, so give class ids" in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def _snapshot(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != LOCK_FILE}
+
+
+def test_starting_over_in_processes_never_clears_a_folder_another_run_is_writing(tiny, tmp_path, capsys):
+    """``--overwrite --processes 2`` on a folder another benchmark holds is refused in one line before anything is
+    cleared, and so is each launched process's clearing (rank 0 takes the lock, every rank hears the refusal and
+    ends: none waits for the others)."""
+    from attnlens.evaluation import parallel
+
+    out = tmp_path / "res"
+    assert _bench(tiny, out) == 0
+    before = _snapshot(out)
+    capsys.readouterr()
+    proc = _holder(out)
+    try:
+        assert _bench(tiny, out, "--overwrite", "--processes", "2") == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"being written by another benchmark (pid {proc.pid})" in err
+        model, data = tiny
+        argv = ["benchmark", "--model", str(model), "--dataset", str(data), "--methods", "grads,attcat", "--metrics",
+                "aopc", "--quiet", "--out", str(out), "--overwrite", "--processes", "1", "--threads", "1"]
+        start = time.perf_counter()
+        with pytest.raises(InputError, match="2 of 2 benchmark processes failed"):
+            parallel.launch(argv, 2, 1)  # the processes --processes 2 starts, each told to start over
+        assert time.perf_counter() - start < 120
+        assert _snapshot(out) == before
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_row_written_twice_is_kept_once_with_a_warning(tiny, tmp_path):
+    """Rows of an example and method already in ``examples.jsonl`` (the file changed outside attnlens) are left
+    out when the run is resumed: the means count each example once."""
+    out = tmp_path / "res"
+    assert _bench(tiny, out) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    lines = (out / "examples.jsonl").read_text().splitlines(keepends=True)
+    with (out / "examples.jsonl").open("a") as f:
+        f.writelines(lines[:3])
+    copy = tmp_path / "copy.jsonl"
+    copy.write_text((out / "examples.jsonl").read_text())
+    with pytest.warns(UserWarning, match=r"3 rows of an example and method already there .* the first of each is kept"):
+        assert read_rows(copy) == [json.loads(x) for x in lines]
+    assert copy.read_text().splitlines(keepends=True) == lines  # repaired
+    assert _bench(tiny, out) == 0
+    assert (out / "examples.jsonl").read_text().splitlines(keepends=True) == lines
+    again = json.loads((out / "summary.json").read_text())
+    assert again["results"] == summary["results"] and again["n_examples"] == summary["n_examples"]

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import LabelNamesWithoutClasses, load_dataset, names_a_file
     from ..evaluation import parallel
     from ..evaluation.metrics import EvalConfig, resolve_metrics
-    from ..evaluation.results import clear_results
+    from ..evaluation.results import clear_results, results_lock
     from ..evaluation.runner import BenchmarkRun, check_benchmark_options, run_benchmark
     from ..explainer import Explainer
     from ..methods import list_methods
@@ -187,9 +187,17 @@ def run(args: argparse.Namespace) -> int:
         if device is None or device.type != "cpu":
             device = own_device  # the launcher's: cuda:LOCAL_RANK on GPUs
         if args.overwrite:  # rank 0 clears the run, the others wait for it before anything is read
+            refusal = None
             if shard.index == 0:
-                clear_results(out)
-            parallel.barrier()
+                out.mkdir(parents=True, exist_ok=True)
+                try:
+                    with results_lock(out):  # never under a run writing it
+                        clear_results(out)
+                except InputError as exc:
+                    refusal = str(exc)
+            refusal = parallel.from_first(refusal)  # every process hears whether rank 0 cleared it
+            if refusal:
+                raise InputError(refusal)
             args.overwrite = False
     explainer = Explainer.from_pretrained(
         args.model, attention=args.attention, max_length=args.max_length,
@@ -225,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.processes > 1:  # check everything here, once, then start the processes (they each load the model)
         run_benchmark(explainer, dataset, out, dataclasses.replace(run, check_only=True))
+        out.mkdir(parents=True, exist_ok=True)
+        with results_lock(out):  # a run writing out now is refused here, before the processes start
+            pass
         del explainer
         # the workers run the same command (the last value of an option wins), on the CPU unless --device says
         argv = [*args.argv, "--processes", "1", "--threads", str(threads), "--device", args.device or "cpu"]

@@ -179,11 +179,16 @@ def join_launched(cpu: bool) -> tuple[Shard, Any]:
     return Shard(state.process_index, state.num_processes), state.device
 
 
-def barrier() -> None:
-    """Wait for every launched process (after rank 0 cleared a run started over)."""
-    from accelerate import PartialState
+def from_first(value: Any) -> Any:
+    """``value`` as the first launched process (rank 0) has it, in every process; each waits for rank 0 to get
+    here (after it cleared a run started over, or failed to)."""
+    import torch.distributed as dist
 
-    PartialState().wait_for_everyone()
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def leave_group() -> None:
@@ -225,4 +230,5 @@ def launch(argv: Sequence[str], processes: int, threads: int) -> float:
     return time.perf_counter() - start
 
 
-__all__ = ["Merged", "Shard", "chunks", "join_launched", "launch", "launched_world_size", "merge_sources", "shard_lock"]
+__all__ = ["Merged", "Shard", "chunks", "from_first", "join_launched", "launch", "launched_world_size", "merge_sources",
+           "shard_lock"]

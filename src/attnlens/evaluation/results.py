@@ -83,6 +83,7 @@ def read_rows(path: Path, repair: bool = True) -> list[dict[str, Any]]:
     end = raw.rfind(b"\n") + 1
     lines = [line for line in text_lines(raw[:end].decode("utf-8", "replace")) if line.strip()]
     rows = [row for row in map(_object, lines) if row is not None]
+    unique = _first_of_each(rows)
     if repair and end < len(raw):
         with path.open("r+b") as f:
             f.truncate(end)
@@ -90,8 +91,28 @@ def read_rows(path: Path, repair: bool = True) -> list[dict[str, Any]]:
         bad = len(lines) - len(rows)
         warnings.warn(f"{path}: {bad} line{'s are' if bad > 1 else ' is'} not a results row (the file was changed "
                       "outside attnlens?); left out, and their rows computed again", stacklevel=2)
-        rewrite_rows(path, rows)
-    return rows
+    if repair and len(unique) < len(rows):
+        extra = len(rows) - len(unique)
+        warnings.warn(f"{path}: {extra} row{'s' if extra > 1 else ''} of an example and method already there "
+                      "(the file was changed outside attnlens?); the first of each is kept", stacklevel=2)
+    if repair and len(unique) < len(lines):
+        rewrite_rows(path, unique)
+    return unique
+
+
+def _first_of_each(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` without the later rows of an example and method already there (``examples.jsonl``'s rows: one per
+    ``index`` and ``method``, the baseline's method ``null``); rows without an ``index`` are kept as they are."""
+    seen: set[tuple[Any, Any]] = set()
+    kept = []
+    for row in rows:
+        if "index" in row and "method" in row:
+            key = (json.dumps(row["index"]), json.dumps(row["method"]))
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(row)
+    return kept
 
 
 def _object(line: str) -> dict[str, Any] | None:
