@@ -162,8 +162,13 @@ def test_an_interrupted_run_summarises_the_examples_it_finished(tmp_path):
     assert partial["n_examples"] == 6 and partial["n_planned"] == 11
     assert logged == [f"interrupted: wrote {tmp_path / 'part'}/summary.json (6 of 11 examples); run the same "
                       "command again to finish"]
+    assert "(6 of 11 examples, partial: resume to complete, protocol" in (tmp_path / "part" / "table.md").read_text()
+    aside = tmp_path / "part" / ".replaced.killed"  # what a run started over and killed set aside
+    aside.mkdir()
+    (aside / "examples.jsonl").write_text("{}\n")
     resumed, _ = bench(tmp_path / "part")
     assert resumed["results"] == full["results"] and resumed["timing"]["complete"] is True
+    assert "(11 examples, protocol" in (tmp_path / "part" / "table.md").read_text() and not aside.exists()
 
 
 class _RefusesLater(FakeExplainer):
@@ -601,3 +606,10 @@ def test_warnings_and_errors_name_the_example_not_its_place_in_a_chunk(tmp_path)
     with pytest.raises(InputError, match=r"^example x9 is too long$"):
         run_benchmark(_WarningExplainer(), bad, tmp_path / "bad", methods="rawatt", metrics="aopc",
                       predict=linear_predict, progress=False, chunk_size=2)
+
+
+def test_starting_over_clears_the_report_of_the_results_it_replaces(tmp_path):
+    bench(tmp_path)
+    (tmp_path / "report.html").write_text("<p>rollout</p>")  # attnlens report's page of the old results
+    bench(tmp_path, resume=False)
+    assert not (tmp_path / "report.html").exists() and (tmp_path / "summary.json").exists()

@@ -34,7 +34,8 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 FORMAT_VERSION = 1
-FILES = ("examples.jsonl", "explanations.jsonl", "sanity.jsonl", "summary.json", "table.md", "table.csv", "run.json")
+FILES = ("examples.jsonl", "explanations.jsonl", "sanity.jsonl", "summary.json", "table.md", "table.csv", "run.json",
+         "report.html")  # the last: attnlens report's page of these results
 LOCK_FILE = ".lock"
 SHARDS_DIR = "shards"  # one results directory per process of a data-parallel run
 
@@ -159,6 +160,8 @@ def replacing_results(out: Path, resume: bool) -> Iterator[None]:
     was: the results it was to replace come back, and a run into a folder without results leaves none (its
     ``run.json`` would refuse the corrected command as other settings). An interruption keeps what was written,
     to resume."""
+    for stale in out.glob(".replaced.*"):  # set aside by a run killed before it ended: nobody restores it now
+        shutil.rmtree(stale, ignore_errors=True)
     had = bool(shard_dirs(out)) or any((out / name).exists() for name in FILES)
     aside = None
     if not resume:

@@ -132,8 +132,10 @@ def write_tables(out_dir: str | Path, summary: dict[str, Any]) -> None:
     metrics = list(summary["metrics"])
     best = {n: best_methods(summary, n) for n in metrics}
     arrows = {n: direction(i, short=True) for n, i in summary["metrics"].items()}
+    done, planned = summary["n_examples"], summary.get("n_planned", summary["n_examples"])
+    count = f"{done} examples" if done == planned else f"{done} of {planned} examples, partial: resume to complete"
     lines = [
-        f"{summary['model']} on {summary['dataset']}/{summary['split']} ({summary['n_examples']} examples, "
+        f"{summary['model']} on {summary['dataset']}/{summary['split']} ({count}, "
         f"protocol {summary['protocol']}); best in bold.",
         "",
         "| method | " + " | ".join(f"{n} {arrows[n]}" for n in metrics) + " |",
