@@ -376,3 +376,34 @@ def test_a_row_written_twice_is_kept_once_with_a_warning(tiny, tmp_path):
     assert (out / "examples.jsonl").read_text().splitlines(keepends=True) == lines
     again = json.loads((out / "summary.json").read_text())
     assert again["results"] == summary["results"] and again["n_examples"] == summary["n_examples"]
+
+
+def test_ctrl_c_on_a_run_in_processes_merges_and_summarises_what_they_finished(tiny, tmp_path):
+    """Ctrl-C (SIGINT to the process group) on ``--processes 2``: each process merges the examples it finished,
+    ``summary.json`` covers every merged example (``interrupted``), the command says so once, and the same command
+    finishes the run."""
+    model, _ = tiny
+    data = _jsonl(tmp_path / "many.jsonl", ROWS * 40)
+    out = tmp_path / "res"
+    argv = [sys.executable, "-m", "attnlens.cli", "benchmark", "--model", str(model), "--dataset", str(data),
+            "--methods", "grads,integratedgradients", "--metrics", "aopc", "--chunk-size", "1", "--threads", "1",
+            "--out", str(out), "--processes", "2"]
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and sum(
+            len((d / "examples.jsonl").read_text().splitlines()) for d in (out / "shards").glob("*")
+            if (d / "examples.jsonl").is_file()) < 6:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["timing"]["interrupted"] is True and 0 < summary["n_examples"] < len(ROWS) * 40
+    rows = [json.loads(x) for x in (out / "examples.jsonl").read_text().splitlines()]
+    assert summary["n_examples"] == len({r["index"] for r in rows})
+    lines = [x for x in err.splitlines() if "interrupted" in x]
+    assert len([x for x in lines if "wrote" in x]) == 1 and len(lines) == 2, err
+    assert subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600).returncode == 0
+    assert json.loads((out / "summary.json").read_text())["n_examples"] == len(ROWS) * 40

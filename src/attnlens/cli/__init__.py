@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -72,7 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"attnlens: error: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("attnlens: interrupted", file=sys.stderr)
+        from ..evaluation.parallel import QUIET_TABLE
+
+        if not os.environ.get(QUIET_TABLE):  # a process `benchmark --processes` started: the command says it once
+            print("attnlens: interrupted", file=sys.stderr)
         return 130
     finally:
         warnings.formatwarning = format_warning

@@ -229,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, chunk_size=args.chunk_size,
         resume=not args.overwrite, progress=not args.quiet and (shard is None or shard.index == 0),
         explain_options=options, model_name=args.model, target=target, target_kind=args.target_kind,
-        memory_budget=budget,
+        # the run's own lines: only an interruption's (the table and the results folder are printed below)
+        memory_budget=budget, log=None if args.quiet or os.environ.get(parallel.QUIET_TABLE) else _interrupted,
     )
     if args.processes > 1:  # check everything here, once, then start the processes (they each load the model)
         run_benchmark(explainer, dataset, out, dataclasses.replace(run, check_only=True))
@@ -239,7 +240,14 @@ def run(args: argparse.Namespace) -> int:
         del explainer
         # the workers run the same command (the last value of an option wins), on the CPU unless --device says
         argv = [*args.argv, "--processes", "1", "--threads", str(threads), "--device", args.device or "cpu"]
-        wall = parallel.launch(argv, args.processes, threads)
+        try:
+            wall = parallel.launch(argv, args.processes, threads)
+        except KeyboardInterrupt:  # each process merged what it finished; the last one summarised it all
+            if (out / "summary.json").is_file():
+                done = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+                _notice(f"interrupted: wrote {out}/summary.json ({done['n_examples']} of {done['n_planned']} "
+                        "examples); run the same command again to finish")
+            raise
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
         print(terminal_safe((out / "table.md").read_text(encoding="utf-8")))
         print(terminal_safe(f"{summary['n_examples']} examples in {wall:.1f} s with {args.processes} processes "
@@ -288,3 +296,13 @@ def _by_class_names(args: argparse.Namespace, names: list[str], error: InputErro
                          "class ids") from None
     return load_dataset(args.dataset, args.split, limit=args.limit, seed=args.seed, root=args.data_root,
                         labels=names)
+
+
+def _notice(message: str) -> None:
+    """A line of the run's progress on standard error (an interrupted run's summary)."""
+    print(terminal_safe(f"attnlens: {message}", one_line=True), file=sys.stderr)
+
+
+def _interrupted(message: str) -> None:
+    if message.startswith("interrupted"):
+        _notice(message)

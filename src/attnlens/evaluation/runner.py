@@ -278,12 +278,19 @@ def run_benchmark(
             return _finish(explainer, dataset, out, timing, cached, **finish)
     _check_settings(out / "run.json", settings, out)  # a merge into out must not mix runs
     mine = shard.directory(out)
-    with shard_lock(mine):
-        if not run.resume:
-            clear_results(mine)
-        others = [out, *(d for d in shard_dirs(out) if d != mine)]
-        timing, _ = _work(explainer, dataset, mine, others, chunks(len(dataset), chunk_size, shard),
-                          progress=run.progress, **work)
+    try:
+        with shard_lock(mine):
+            if not run.resume:
+                clear_results(mine)
+            others = [out, *(d for d in shard_dirs(out) if d != mine)]
+            timing, _ = _work(explainer, dataset, mine, others, chunks(len(dataset), chunk_size, shard),
+                              progress=run.progress, **work)
+    except KeyboardInterrupt:  # merge what this process finished; the last one to get here summarises it all
+        with results_lock(out, wait=True):
+            if (out / "run.json").is_file() or shard_dirs(out):
+                _merge_shards(out, settings, method_ids, chunk_size)
+            _summarize_interrupted(out, settings, run.log)
+        raise
     with results_lock(out, wait=True):  # one merge at a time; each one takes in everything complete so far
         return _finish(explainer, dataset, out, timing, None, **finish)
 
@@ -390,6 +397,37 @@ def _check_resumable(out: Path) -> None:
                          "use another --out or --overwrite")
 
 
+def _merge_shards(out: Path, settings: BenchmarkSettings, method_ids: list[str], chunk_size: int
+                  ) -> tuple[dict[tuple[int, str, Any], Explanation], float]:
+    """Merge every complete example of ``out``'s shards into its files (we hold ``out``'s lock) and remove the
+    shards no process is writing. Returns the explanations of the merged examples and the compute seconds of the
+    shards left (still being written; merged again later)."""
+    run_file = out / "run.json"
+    remaining = 0.0
+    seconds = _check_settings(run_file, settings, out)
+    # the settings before any results file: a process of the run that starts now finds a run to resume in out,
+    # not results files without their run.json (which it refuses)
+    _save_run(run_file, settings, seconds)
+    merged = merge_sources(out, json.loads(json.dumps(settings.key())), method_ids, chunk_size)
+    rewrite_rows(out / "examples.jsonl", merged.examples)
+    rewrite_rows(out / "explanations.jsonl", merged.explanations)
+    for d in merged.shards:  # everything in them is merged: remove the shards no process is writing
+        spent = _check_settings(d / "run.json", settings, d)
+        try:
+            with results_lock(d):
+                spent = _check_settings(d / "run.json", settings, d)
+                if not merged.unchanged(d):  # its process appended a chunk after we read it: merged later
+                    raise InputError(f"{d} changed while merging")
+                shutil.rmtree(d)
+            seconds += spent
+        except InputError:  # its process is still at work
+            remaining += spent
+    _save_run(run_file, settings, seconds)
+    if not shard_dirs(out):
+        shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
+    return explanation_cache(merged.explanations), remaining
+
+
 def _summarize_interrupted(out: Path, settings: BenchmarkSettings, log: Callable[[str], None] | None) -> None:
     """An interrupted run summarises the examples it finished (``complete: false``; no data-set metrics), so
     ``summary.json`` and the report show them; running the same command again finishes the run."""
@@ -491,30 +529,8 @@ def _finish(
     ``cached``: the explanations of every example when they are all in ``out`` already (a single-process run)."""
     run_file = out / "run.json"
     remaining = 0.0  # compute seconds of shards still being written (kept, merged again later)
-    shards = shard_dirs(out)
-    if shards:
-        seconds = _check_settings(run_file, settings, out)
-        # the settings before any results file: a process of the run that starts now finds a run to resume in
-        # out, not results files without their run.json (which it refuses)
-        _save_run(run_file, settings, seconds)
-        merged = merge_sources(out, json.loads(json.dumps(settings.key())), method_ids, chunk_size)
-        rewrite_rows(out / "examples.jsonl", merged.examples)
-        rewrite_rows(out / "explanations.jsonl", merged.explanations)
-        for d in merged.shards:  # everything in them is merged: remove the shards no process is writing
-            spent = _check_settings(d / "run.json", settings, d)
-            try:
-                with results_lock(d):
-                    spent = _check_settings(d / "run.json", settings, d)
-                    if not merged.unchanged(d):  # its process appended a chunk after we read it: merged later
-                        raise InputError(f"{d} changed while merging")
-                    shutil.rmtree(d)
-                seconds += spent
-            except InputError:  # its process is still at work
-                remaining += spent
-        _save_run(run_file, settings, seconds)
-        if not shard_dirs(out):
-            shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
-        cached = explanation_cache(merged.explanations)
+    if shard_dirs(out):
+        cached, remaining = _merge_shards(out, settings, method_ids, chunk_size)
     complete = len(complete_examples(read_rows(out / "examples.jsonl"), method_ids)) == len(dataset)
     t2 = time.perf_counter()
     consist = None
