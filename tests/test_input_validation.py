@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -446,3 +447,19 @@ def test_loading_a_missing_file_or_a_folder_is_one_line(tmp_path):
             load(tmp_path / "none.json")
     with pytest.raises(InputError, match="it is a folder"):
         Explanation.load(tmp_path)
+
+
+def test_predict_proba_warns_of_a_pair_given_without_its_token_types(ex):
+    """A sentence pair's ids without their segment ids read the second text as segment 0 (other probabilities
+    than the explanation's): a warning says so; with the type ids of ``encode`` the probabilities are the
+    explanation's."""
+    (enc,) = ex.encode([("the movie was good", "a boring plot")])
+    assert enc.type_ids is not None and max(enc.type_ids) == 1
+    with pytest.warns(UserWarning, match=r"input_ids\[0\] holds a sentence pair but no token_type_ids were given"):
+        ex.predict_proba([enc.ids])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        typed = ex.predict_proba([enc.ids], [enc.type_ids])
+        ex.predict_proba([ex.encode(["the movie"])[0].ids])  # one text: nothing to say
+    (exp,) = ex.explain([("the movie was good", "a boring plot")], methods="rawatt")
+    np.testing.assert_allclose(typed[0], exp.probabilities, rtol=1e-5, atol=1e-6)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -420,6 +421,14 @@ class Explainer:
                        range(types) if types and self.runner.token_types else None, optional_rows=True)
         _check_aligned(input_ids, attention_masks, "attention_masks", (0, 1), optional_rows=False)
         runner = self.runner
+        sep = getattr(self.tokenizer, "sep_token_id", None)
+        if token_type_ids is None and types > 1 and runner.token_types and sep is not None:
+            pairs = [i for i, ids in enumerate(input_ids) if list(ids).count(sep) >= 2]
+            if pairs:  # the model would read the second text as the first segment's: other probabilities
+                more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
+                warnings.warn(f"input_ids[{pairs[0]}]{more} holds a sentence pair but no token_type_ids were given: "
+                              "its second text is read as segment 0; pass the type_ids of Explainer.encode",
+                              stacklevel=2)
         return predict_batches(runner.model, input_ids, runner.pad_id, runner.effective_batch_size(batch_size),
                                type_ids=token_type_ids, masks=attention_masks, with_types=runner.token_types,
                                probabilities=runner.head.probabilities, memory_budget=parse_budget(memory_budget))
