@@ -384,13 +384,22 @@ def table(results: list[dict]) -> str:
     for model in dict.fromkeys(r["model"] for r in results if "case" not in r):
         rows = [r for r in results if r["model"] == model and "case" not in r]
         lengths = sorted({r["tokens"] for r in rows})
-        plain = {r["tokens"]: r.get("seconds") for r in rows if r["method"] == "plain"}
+        # each case's ratio is to the plain pass timed last before it at its length (a group of cases run later,
+        # value zeroing and integrated gradients, has a plain pass of its own)
+        plain_of: dict[int, float] = {}
+        last: dict[int, float] = {}
+        for i, r in enumerate(rows):
+            if r["method"] == "plain" and r.get("seconds"):
+                last[r["tokens"]] = r["seconds"]
+            elif r["tokens"] in last:
+                plain_of[i] = last[r["tokens"]]
         lines += [f"\n{model}\n", "| method | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
                   "|---|" + "---|" * len(lengths)]
         for method in dict.fromkeys(r["method"] for r in rows):
             cells = []
             for n in lengths:
-                r = next((r for r in rows if r["method"] == method and r["tokens"] == n), None)
+                found = [(i, r) for i, r in enumerate(rows) if r["method"] == method and r["tokens"] == n]
+                i, r = found[0] if found else (None, None)
                 if r is None:
                     cells.append("—")
                 elif "refused" in r:
@@ -399,8 +408,11 @@ def table(results: list[dict]) -> str:
                     cells.append("not run (time)")
                 elif "error" in r:
                     cells.append(f"failed: {r['error'][:50]}")
+                elif method == "plain":  # every plain pass at this length, in the order they ran
+                    cells.append(f"{r.get('peak_gib', float('nan')):.2f} GiB, "
+                                 + " / ".join(f"{q['seconds']:.3f} s" for _, q in found if q.get("seconds")))
                 else:
-                    ratio = f", {r['seconds'] / plain[n]:.1f}×" if plain.get(n) and method != "plain" else ""
+                    ratio = f", {r['seconds'] / plain_of[i]:.1f}×" if i in plain_of else ""
                     ratio += f" ({r['steps']} steps)" if "steps" in r else ""
                     cells.append(f"{r.get('peak_gib', float('nan')):.2f} GiB, {r['seconds']:.3f} s{ratio}")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
