@@ -10,7 +10,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from long_context_gpu import snapshot_peak  # noqa: E402
+from long_context_gpu import snapshot_peak, table  # noqa: E402
 
 
 def _frames(line: int, where: str = "/site/attnlens/core/engine.py") -> list[dict]:
@@ -38,3 +38,15 @@ def test_the_peak_holds_what_was_alive_then_grouped_by_stack(tmp_path):
     assert "6.0 MiB in    2 blocks: engine.py:10:run" in lines[2]
     assert "engine.py:30" not in text  # freed or allocated after the peak: not in it
     assert lines[-1].endswith("8.0 MiB: sdpa.py:20:run")
+
+
+def test_each_ratio_is_to_the_plain_pass_timed_before_it_and_the_table_shows_every_plain_pass():
+    """Cases run in groups, each after a plain pass of its own at the same length: a case's ratio divides by the
+    plain pass before it, and the plain row shows each of them (one value shown and another divided by misled)."""
+    rows = [{"model": "m", "method": "plain", "tokens": 8, "seconds": 0.2, "peak_gib": 1.0},
+            {"model": "m", "method": "grads", "tokens": 8, "seconds": 0.4, "peak_gib": 1.0},
+            {"model": "m", "method": "plain", "tokens": 8, "seconds": 0.1, "peak_gib": 1.0},
+            {"model": "m", "method": "valuezeroing", "tokens": 8, "seconds": 1.0, "peak_gib": 1.0}]
+    text = table(rows)
+    assert "| plain | 1.00 GiB, 0.200 s / 0.100 s |" in text
+    assert "| grads | 1.00 GiB, 0.400 s, 2.0× |" in text and "| valuezeroing | 1.00 GiB, 1.000 s, 10.0× |" in text
