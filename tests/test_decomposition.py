@@ -475,6 +475,42 @@ def test_alti_triton_kernel_over_several_tiles_matches_each_pair(monkeypatch, dt
     torch.testing.assert_close(dist.double(), want, rtol=tol, atol=tol * float(full.max()))
 
 
+def test_a_triton_kernel_that_cannot_run_warns_once_and_the_norms_are_computed_otherwise(monkeypatch):
+    """A GPU or Triton release the kernels do not support (a compile or launch error) is one warning; ALTI's
+    distances and the quadratic forms are then computed as elsewhere, with the same values, and the kernels are
+    not tried again."""
+    from types import SimpleNamespace
+
+    from attnlens.methods.decomposition import pair_norms, triton_kernels
+
+    class Unsupported:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                raise RuntimeError("PassManager::run failed\nmore detail")
+            return run
+
+    monkeypatch.setattr(triton_kernels, "_failure", None)
+    unsupported = SimpleNamespace(alti=Unsupported(), quadratic=Unsupported())
+    monkeypatch.setattr(triton_kernels, "_kernels", lambda: unsupported)
+    monkeypatch.setattr(triton_kernels, "applies", lambda *t: triton_kernels._failure is None)
+    gen = torch.Generator().manual_seed(4)
+    a = torch.rand(1, 3, 4, 6, generator=gen, dtype=torch.float64)
+    g = torch.randn(1, 6, 3, 5, generator=gen, dtype=torch.float64)
+    m, y = (torch.randn(1, 4, 5, generator=gen, dtype=torch.float64) for _ in range(2))
+    at = torch.tensor([2, 3, 4, 5])
+    monkeypatch.setattr(triton_kernels, "applies", lambda *t: False)
+    want = pair_norms.alti_rows(a, g, m, y, at)
+    monkeypatch.setattr(triton_kernels, "applies", lambda *t: triton_kernels._failure is None)
+    with pytest.warns(UserWarning, match=r"Triton kernels cannot run here \(RuntimeError: PassManager::run failed\)"):
+        got = pair_norms.alti_rows(a, g, m, y, at)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    gram = pair_norms.gram_matrices(g.transpose(1, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not tried again: no second warning
+        pair_norms.quadratic_rows(a.float(), gram)
+        pair_norms.alti_rows(a, g, m, y, at)
+
+
 @pytest.mark.usefixtures("_triton_kernel_rebuilt")
 @pytest.mark.parametrize("path", ["compiled", "blocks", "triton"])
 def test_alti_rows_with_a_single_key(monkeypatch, path):

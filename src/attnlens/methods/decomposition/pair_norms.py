@@ -49,7 +49,10 @@ def quadratic_rows(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     products would be a kernel launched from Python, so there it is one batched product per key,
     ``(B·N, R, H) @ (B·N, H, H)``, and a sum: a few kernels per block of keys (:func:`_quadratic_batched`)."""
     if triton_kernels.applies(a, gram):
-        return triton_kernels.quadratic_rows(a, gram)
+        try:
+            return triton_kernels.quadratic_rows(a, gram)
+        except triton_kernels.KernelFailed:  # warned once; computed as other accelerators do
+            pass
     if a.device.type == "cpu":
         return _quadratic_elementwise(a.double(), gram)
     return _quadratic_batched(a, gram)
@@ -178,8 +181,11 @@ def alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tensor
     needed = torch.maximum(last, at).cummax(0).values
     if triton_kernels.applies(a, g, y, m):  # CUDA: one Triton kernel, no vectors t written to memory, no wait
         first = torch.searchsorted(needed, torch.arange(n, device=a.device))  # R past the last key needed
-        triton_kernels.alti_distances(a, g, y, m, at, first, dist)
-        return (norms.unsqueeze(-1) - dist.transpose(1, 2)).clamp_min(0)
+        try:
+            triton_kernels.alti_distances(a, g, y, m, at, first, dist)
+            return (norms.unsqueeze(-1) - dist.transpose(1, 2)).clamp_min(0)
+        except triton_kernels.KernelFailed:  # warned once: computed below as elsewhere, from fresh distances
+            dist = norms.unsqueeze(1).expand(b, n, r).clone(memory_format=torch.contiguous_format)
     stop = keys_used(a, at)
     ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
     if alti_kernel.applies(ak, g, y, m):  # CPU: one compiled loop, no vectors t written to memory

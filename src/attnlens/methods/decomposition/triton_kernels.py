@@ -17,6 +17,7 @@ Triton ships with PyTorch's CUDA builds; where it cannot be imported the callers
 from __future__ import annotations
 
 import functools
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -105,11 +106,32 @@ def _kernels() -> Any:
     return SimpleNamespace(alti=alti, quadratic=quadratic)
 
 
+class KernelFailed(RuntimeError):
+    """A kernel could not be compiled or launched here; the caller computes with PyTorch operations instead."""
+
+
+_failure: str | None = None  # why the kernels failed in this process (then they are not tried again)
+
+
 def applies(*tensors: torch.Tensor) -> bool:
-    """Whether the kernels compute for these tensors: on one CUDA device, floating point, Triton importable."""
+    """Whether the kernels compute for these tensors: on one CUDA device, floating point, Triton importable, and
+    no kernel failed to compile or launch in this process."""
     device = tensors[0].device
     return (device.type == "cuda" and all(t.device == device and t.dtype in _FLOATS for t in tensors)
-            and _kernels() is not None)
+            and _failure is None and _kernels() is not None)
+
+
+def _launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+    """Run ``kernel``; a kernel that fails to compile or launch (a GPU or Triton release it does not support) is
+    a one-time warning and :class:`KernelFailed`, after which :func:`applies` is false."""
+    global _failure
+    try:
+        kernel[grid](*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - Triton raises many kinds; the PyTorch path computes the same
+        _failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        warnings.warn(f"attnlens' Triton kernels cannot run here ({_failure}); the pair norms are computed with "
+                      "PyTorch operations instead (same scores, slower)", stacklevel=3)
+        raise KernelFailed(_failure) from exc
 
 
 def alti_distances(a: torch.Tensor, g: torch.Tensor, y: torch.Tensor, m: torch.Tensor, at: torch.Tensor,
@@ -133,9 +155,9 @@ def alti_distances(a: torch.Tensor, g: torch.Tensor, y: torch.Tensor, m: torch.T
     at = at.to(device=a.device, dtype=torch.int64).contiguous()
     first = first.to(device=a.device, dtype=torch.int64).contiguous()
     grid = (b, -(-n // _KEYS), -(-r // _ROWS))
-    _kernels().alti[grid](a, g, y, m, at, first, dist, heads, r, n, g.shape[-1], g.shape[1], dist.shape[1],
-                          acc_type=tl.float64 if wide else tl.float32, block_k=_KEYS, block_r=_ROWS,
-                          block_d=channels, num_warps=_WARPS)
+    _launch(_kernels().alti, grid, a, g, y, m, at, first, dist, heads, r, n, g.shape[-1], g.shape[1], dist.shape[1],
+            acc_type=tl.float64 if wide else tl.float32, block_k=_KEYS, block_r=_ROWS, block_d=channels,
+            num_warps=_WARPS)
 
 
 def quadratic_rows(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
@@ -150,5 +172,6 @@ def quadratic_rows(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     block_h = max(2, 1 << (heads - 1).bit_length())
     block_r = max(1, _QUAD_TILE // (_QUAD_KEYS * block_h))
     grid = (b, -(-n // _QUAD_KEYS), -(-r // block_r))
-    _kernels().quadratic[grid](a, gram, out, heads, r, n, block_k=_QUAD_KEYS, block_r=block_r, block_h=block_h)
+    _launch(_kernels().quadratic, grid, a, gram, out, heads, r, n, block_k=_QUAD_KEYS, block_r=block_r,
+            block_h=block_h)
     return out
