@@ -383,11 +383,12 @@ def test_ctrl_c_on_a_run_in_processes_merges_and_summarises_what_they_finished(t
     ``summary.json`` covers every merged example (``interrupted``), the command says so once, and the same command
     finishes the run."""
     model, _ = tiny
-    data = _jsonl(tmp_path / "many.jsonl", ROWS * 40)
+    data = _jsonl(tmp_path / "many.jsonl", ROWS * 80)
     out = tmp_path / "res"
     argv = [sys.executable, "-m", "attnlens.cli", "benchmark", "--model", str(model), "--dataset", str(data),
             "--methods", "grads,integratedgradients", "--metrics", "aopc", "--chunk-size", "1", "--threads", "1",
-            "--out", str(out), "--processes", "2"]
+            "--out", str(out), "--processes", "2",  # each example slow enough that the run is under way when stopped
+            "--options", json.dumps({"integratedgradients": {"n_steps": 400, "tolerance": None}})]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -396,14 +397,15 @@ def test_ctrl_c_on_a_run_in_processes_merges_and_summarises_what_they_finished(t
             len((d / "examples.jsonl").read_text().splitlines()) for d in (out / "shards").glob("*")
             if (d / "examples.jsonl").is_file()) < 6:
         time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be stopped"
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["timing"]["interrupted"] is True and 0 < summary["n_examples"] < len(ROWS) * 40
+    assert summary["timing"]["interrupted"] is True and 0 < summary["n_examples"] < len(ROWS) * 80
     rows = [json.loads(x) for x in (out / "examples.jsonl").read_text().splitlines()]
     assert summary["n_examples"] == len({r["index"] for r in rows})
     lines = [x for x in err.splitlines() if "interrupted" in x]
     assert len([x for x in lines if "wrote" in x]) == 1 and len(lines) == 2, err
     assert subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600).returncode == 0
-    assert json.loads((out / "summary.json").read_text())["n_examples"] == len(ROWS) * 40
+    assert json.loads((out / "summary.json").read_text())["n_examples"] == len(ROWS) * 80
