@@ -390,8 +390,11 @@ def test_ctrl_c_on_a_run_in_processes_merges_and_summarises_what_they_finished(t
             "--out", str(out), "--processes", "2",  # each example slow enough that the run is under way when stopped
             "--options", json.dumps({"integratedgradients": {"n_steps": 400, "tolerance": None}})]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
+    # a job started in the background has SIGINT ignored, and Python then never turns it into KeyboardInterrupt:
+    # the command gets it as a terminal's Ctrl-C would deliver it
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     deadline = time.time() + 120
     while time.time() < deadline and sum(
             len((d / "examples.jsonl").read_text().splitlines()) for d in (out / "shards").glob("*")
