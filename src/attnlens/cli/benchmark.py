@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -240,11 +241,13 @@ def run(args: argparse.Namespace) -> int:
         del explainer
         # the workers run the same command (the last value of an option wins), on the CPU unless --device says
         argv = [*args.argv, "--processes", "1", "--threads", str(threads), "--device", args.device or "cpu"]
+        started = time.time()
         try:
             wall = parallel.launch(argv, args.processes, threads)
         except KeyboardInterrupt:  # each process merged what it finished; the last one summarised it all
-            if (out / "summary.json").is_file():
-                done = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+            summary_file = out / "summary.json"
+            if summary_file.is_file() and summary_file.stat().st_mtime >= started:  # not an earlier run's
+                done = json.loads(summary_file.read_text(encoding="utf-8"))
                 _notice(f"interrupted: wrote {out}/summary.json ({done['n_examples']} of {done['n_planned']} "
                         "examples); run the same command again to finish")
             raise

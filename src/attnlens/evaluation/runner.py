@@ -287,7 +287,7 @@ def run_benchmark(
                               progress=run.progress, **work)
     except KeyboardInterrupt:  # merge what this process finished; the last one to get here summarises it all
         with results_lock(out, wait=True):
-            if (out / "run.json").is_file() or shard_dirs(out):
+            if shard_dirs(out):
                 _merge_shards(out, settings, method_ids, chunk_size)
             _summarize_interrupted(out, settings, run.log)
         raise

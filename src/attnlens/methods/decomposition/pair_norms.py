@@ -184,8 +184,8 @@ def alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tensor
         try:
             triton_kernels.alti_distances(a, g, y, m, at, first, dist)
             return (norms.unsqueeze(-1) - dist.transpose(1, 2)).clamp_min(0)
-        except triton_kernels.KernelFailed:  # warned once: computed below as elsewhere, from fresh distances
-            dist = norms.unsqueeze(1).expand(b, n, r).clone(memory_format=torch.contiguous_format)
+        except triton_kernels.KernelFailed:  # warned once; it failed before it ran, so dist is as it was
+            pass
     stop = keys_used(a, at)
     ak = a[:, :, :, :stop].permute(0, 3, 2, 1).contiguous()  # (B, keys, R, H)
     if alti_kernel.applies(ak, g, y, m):  # CPU: one compiled loop, no vectors t written to memory
