@@ -54,8 +54,6 @@ class Explained(Protocol):
 
     def span_text(self, span: Sequence[int] | None = None) -> str: ...
 
-    def top_k(self, method: str, k: int = 5) -> list[tuple[str, float]]: ...
-
     def ranking(self, method: str, reverse: bool = False) -> list[int]: ...
 
     def to_words(self, aggregation: str = "sum") -> Explained: ...
@@ -68,10 +66,10 @@ def shown_tokens(exp: Explained) -> list[str]:
 
 def top_split(exp: Explained, method: str, k: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """The ``k`` highest positive and the ``k`` lowest negative tokens of ``method`` (shown tokens, scores)."""
-    ranked = [(_visible(t), s) for t, s in exp.top_k(method, len(exp.tokens))]  # tokens as a reader sees them
-    shown, scores = shown_tokens(exp), exp.scores[method]
-    lowest = [(_visible(shown[i]), float(scores[i])) for i in exp.ranking(method, reverse=True)]  # ties in order
-    return [(t, s) for t, s in ranked if s > 0][:k], [(t, s) for t, s in lowest if s < 0][:k]
+    order, lowest = exp.ranking(method), exp.ranking(method, reverse=True)  # ties in token order either way
+    shown, scores = shown_tokens(exp), exp.scores[method]  # tokens as a reader sees them
+    pairs = lambda ranked: [(_visible(shown[i]), float(scores[i])) for i in ranked]  # noqa: E731
+    return [(t, s) for t, s in pairs(order) if s > 0][:k], [(t, s) for t, s in pairs(lowest) if s < 0][:k]
 
 
 def _visible(token: str) -> str:
