@@ -429,6 +429,30 @@ def test_a_failed_explanation_hides_the_earlier_inputs_heatmap(page):
     assert page.locator("#explain-out").is_hidden()  # the heatmap shown was the earlier input's
 
 
+def test_a_word_that_stands_twice_is_listed_with_its_occurrence(page):
+    """Two tokens of one text in a method's top list read ``best#1`` and ``best#2``, as in the terminal and HTML
+    views, never the same string twice."""
+    text = "the best of the best"
+
+    def route(r):
+        response = r.fetch()
+        body = response.json()
+        result = body.get("result") if isinstance(body, dict) else None
+        if result and text in json.dumps(result):
+            scores = result[0]["scores"]["rawatt"]  # [CLS] the best of the best [SEP]
+            scores[:] = [0.0, 0.1, 0.3, 0.05, 0.1, 0.2, 0.0]
+        r.fulfill(response=response, json=body)
+
+    page.route("**/api/jobs**", route)
+    try:
+        _explain(page, text)
+    finally:
+        page.unroute("**/api/jobs**")
+    listed = page.eval_on_selector_all("#top-tokens div", "boxes => boxes.map(b => b.innerText)")
+    shown = next(b for b in listed if b.startswith("rawatt")).split("\n")[1:]
+    assert [line.split()[0] for line in shown] == ["best#1", "best#2", "the#1", "the#2", "of"]
+
+
 def test_scores_that_are_not_finite_are_shown_as_such(page):
     """A NaN score is grey and reads NaN (not a white 0.000), an infinite one is drawn full, and the other tokens
     keep their shades relative to the largest finite score: the server writes such numbers as

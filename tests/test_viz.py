@@ -98,6 +98,19 @@ def test_tied_negative_tokens_are_listed_in_token_order_as_the_positive_ones():
     assert colors.top_split(exp, "m", 5)[1] == [("a", -0.5), ("b", -0.5), ("c", -0.5)]
 
 
+def test_a_text_that_stands_twice_is_listed_with_its_occurrence_in_every_view():
+    exp = Explanation(text="the best of the best", tokens=["[CLS]", "the", "best", "of", "the", "best", "[SEP]"],
+                      special=[True] + [False] * 5 + [True], target=1, predicted=1, probabilities=[0.2, 0.8],
+                      labels=["neg", "pos"], scores={"m": np.array([0.0, -0.1, 0.3, 0.05, -0.2, 0.2, 0.0])})
+    pos, neg = colors.top_split(exp, "m", 5)
+    assert pos == [("best#1", 0.3), ("best#2", 0.2), ("of", 0.05)]
+    assert neg == [("the#2", -0.2), ("the#1", -0.1)]
+    assert "best#1" in render_terminal(exp) and "best#2" in explanations_html(exp)
+    alone = Explanation(text="a b", tokens=["[CLS]", "a", "b", "[SEP]"], special=[True, False, False, True],
+                        target=1, predicted=1, probabilities=[0.2, 0.8], scores={"m": np.array([0, 1.0, 2, 0])})
+    assert colors.top_split(alone, "m", 5)[0] == [("b", 2.0), ("a", 1.0)]  # a text that stands once keeps its form
+
+
 def test_shade_endpoints():
     assert colors.shade(0.0) == (255, 255, 255)
     assert colors.shade(1.0) == colors.POSITIVE_RGB

@@ -155,7 +155,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens (at least 2)")
     p.add_argument("--no-truncation", action="store_true", help="fail on over-long inputs instead of cutting them")
     p.add_argument("--top-k", type=int, default=None,
-                   help="tokens per method in the table of top tokens (terminal and HTML; default 5)")
+                   help="tokens per method in the table of top tokens (terminal and HTML; default 5; a text that "
+                        "stands twice is listed with its occurrence: best#1, best#2)")
     p.add_argument("--contrast", help="explain target - contrast: a class index or label name; with --generate, "
                    "the contrast continuation as text (one token per explained token)")
     gen = p.add_argument_group("generation (language models)")

@@ -67,9 +67,27 @@ def shown_tokens(exp: Explained) -> list[str]:
 def top_split(exp: Explained, method: str, k: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """The ``k`` highest positive and the ``k`` lowest negative tokens of ``method`` (shown tokens, scores)."""
     order, lowest = exp.ranking(method), exp.ranking(method, reverse=True)  # ties in token order either way
-    shown, scores = shown_tokens(exp), exp.scores[method]  # tokens as a reader sees them
-    pairs = lambda ranked: [(_visible(shown[i]), float(scores[i])) for i in ranked]  # noqa: E731
+    shown, scores = told_apart(exp), exp.scores[method]  # tokens as a reader sees them
+    pairs = lambda ranked: [(shown[i], float(scores[i])) for i in ranked]  # noqa: E731
     return [(t, s) for t, s in pairs(order) if s > 0][:k], [(t, s) for t, s in pairs(lowest) if s < 0][:k]
+
+
+def told_apart(exp: Explained) -> list[str]:
+    """Each token as the top-token lists show it: as a reader sees it, and where the same text stands more than
+    once among the ranked (non-special) tokens, followed by which occurrence it is (``best#1``, ``best#2``), so
+    that two entries of one list are never the same string."""
+    shown = [_visible(t) for t in shown_tokens(exp)]
+    ranked = [i for i, sp in enumerate(exp.special) if not sp]
+    counts: dict[str, int] = {}
+    for i in ranked:
+        counts[shown[i]] = counts.get(shown[i], 0) + 1
+    seen: dict[str, int] = {}
+    labels = list(shown)
+    for i in ranked:
+        if counts[shown[i]] > 1:
+            seen[shown[i]] = seen.get(shown[i], 0) + 1
+            labels[i] = f"{shown[i]}#{seen[shown[i]]}"
+    return labels
 
 
 def _visible(token: str) -> str:

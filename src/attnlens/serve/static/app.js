@@ -344,14 +344,14 @@ function renderExplanation(exp) {
     fillFaith(td, row.name);
     tr.appendChild(td);
   });
-  const top = $("top-tokens");
+  const top = $("top-tokens"), listed = toldApart(texts, exp.special);
   top.replaceChildren();
   for (const m of methods) {
     const box = el("div");
     box.appendChild(el("b", m));
     // the tokens that support the target most: a token against it is never listed among them
     const order = exp.scores[m].map((v, j) => [v, j]).filter(([v, j]) => !exp.special[j] && v > 0).sort((x, y) => y[0] - x[0]);
-    for (const [v, j] of order.slice(0, 5)) box.appendChild(el("span", `${texts[j]}  ${v.toPrecision(3)}`));
+    for (const [v, j] of order.slice(0, 5)) box.appendChild(el("span", `${listed[j]}  ${v.toPrecision(3)}`));
     if (!order.length) box.appendChild(el("span", "none above 0", "muted"));
     top.appendChild(box);
   }
@@ -360,6 +360,14 @@ function renderExplanation(exp) {
   state.attentionText = null;
   $("heatmap").getBoundingClientRect();  // the layout belongs to the task measured
   return performance.now() - t0;
+}
+
+// the top-token lists' labels: a text standing more than once among the ranked tokens gets its occurrence
+// ("best#1", "best#2"), as the terminal and HTML views list it
+function toldApart(texts, special) {
+  const counts = {}, seen = {};
+  texts.forEach((t, j) => { if (!special[j]) counts[t] = (counts[t] || 0) + 1; });
+  return texts.map((t, j) => (special[j] || counts[t] < 2 ? t : `${t}#${(seen[t] = (seen[t] || 0) + 1)}`));
 }
 
 function sparkline(levels, fractions) {
