@@ -486,6 +486,16 @@ def test_seq2seq_greedy_runs_one_decoder_token_per_step_with_the_tokens_of_the_w
     assert ids == want[1:]
 
 
+def test_seq2seq_step_ranks_only_the_sequence_its_stream_scores(s2s):
+    g = s2s.explain_generation(PROMPT, target=" good film .", methods=["rawatt"])
+    p = len(g.prompt_ids)
+    step = g.step(2)  # the prompt and the first two generated tokens
+    scored = range(p, p + 2) if s2s.stream == "decoder" else [i for i in range(p) if not g.prompt_special[i]]
+    assert sorted(step.ranking("rawatt")) == sorted(scored)
+    assert len(step.top_k("rawatt", 50)) == len(scored)
+    assert step.tokens == g.tokens[: p + 2]  # every token is still shown
+
+
 def test_seq2seq_forcing_and_contrast(s2s):
     linear = _s2s_methods(s2s, LINEAR)
     greedy = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=linear)

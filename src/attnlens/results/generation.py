@@ -154,7 +154,12 @@ class Generation:
         return sorted(chosen)
 
     def step(self, t: int) -> Explanation:
-        """Step ``t`` as an :class:`Explanation` of its ``n_prompt + t`` input tokens (any renderer takes it)."""
+        """Step ``t`` as an :class:`Explanation` of its ``n_prompt + t`` input tokens (any renderer takes it).
+
+        An encoder-decoder's scores cover one of its two sequences: the prompt (``attention="encoder"`` or
+        ``"cross"``) or the continuation before the step (``"decoder"``). The step flags the other sequence's
+        tokens as ``special``: they are shown, but never ranked (``top_k``, ``ranking``, the views' top-token
+        lists), since no method scored them."""
         if not -len(self.generated_ids) <= t < len(self.generated_ids):
             raise InputError(f"step {t} is out of range: {len(self.generated_ids)} tokens were generated")
         t %= len(self.generated_ids)
@@ -173,8 +178,12 @@ class Generation:
                 meta["contrast_token"] = self.contrast[t]
         # an encoder-decoder's output is a text of its own after its input (sequence 1): no word runs across them
         seq2seq = self.meta.get("task") == "seq2seq-lm"
+        special = list(self.special[:n])
+        if seq2seq:  # the sequence the stream does not score is never ranked
+            scored = range(self.n_prompt, n) if self.meta.get("attention") == "decoder" else range(self.n_prompt)
+            special = [sp or i not in scored for i, sp in enumerate(special)]
         return Explanation(
-            text=self.prompt, tokens=self.tokens[:n], special=self.special[:n],
+            text=self.prompt, tokens=self.tokens[:n], special=special,
             target=self.generated_ids[t], predicted=self.predicted_ids[t],
             probabilities=[self.probabilities[t]],
             scores={m: s[t, :n].copy() for m, s in self.scores.items()},
