@@ -4,7 +4,9 @@ result's JSON contract and the ``attnlens cite`` command, on tiny random languag
 from __future__ import annotations
 
 import copy
+import html
 import json
+import re
 import warnings
 from dataclasses import replace
 
@@ -518,6 +520,23 @@ def test_per_token_rows_add_up_to_the_answer_and_equal_each_tokens_own_attributi
     span = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"], chat=False, answer_span=(3, 12),
                                 per_token=True)
     assert span.token_row_steps == [1, 2] and "token_rows" not in was.to_dict()
+
+
+def test_the_html_page_shows_each_answer_tokens_top_source(lm):
+    r = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["inputxgradient", "loo"], chat=False,
+                             per_token=True)
+    page = r.to_html()
+    table = page.split('class="top ranked token-rows">', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", table)
+    assert [html.unescape(label) for label, _ in rows] == [repr(t) for t in r.answer_tokens]
+    for row, (_, cells) in enumerate(rows):
+        shown = re.findall(r'<td class="num" title="([^"]*)">\[(\d+)\] ([^<]+)</td>', cells)
+        for m, (title, index, score) in zip(r.token_rows, shown, strict=True):
+            best = int(np.argmax(r.token_rows[m][row]))
+            assert int(index) == best and html.unescape(title) == r.sources[best].text
+            assert float(score) == pytest.approx(r.token_rows[m][row, best], rel=1e-2)
+    assert "token-rows" not in lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo"],
+                                                    chat=False).to_html()
 
 
 def test_json_contract_and_round_trip(lm, tmp_path):

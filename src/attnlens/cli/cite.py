@@ -70,8 +70,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=5, help="terminal: sources shown per method (default: 5)")
     p.add_argument("--memory-budget", default=None, help="memory the passes may plan for, e.g. 4GB (default 4GiB)")
     p.add_argument("--per-token", action="store_true",
-                   help="also attribute each answer token on its own (JSON token_rows; terminal: each token's top "
-                        "source per method); one more attribution per token")
+                   help="also attribute each answer token on its own (JSON token_rows; terminal and HTML: each "
+                        "token's top source per method); one more attribution per token")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     add_placement_options(p)
     return p

@@ -68,17 +68,29 @@ def print_attribution(a: Any, k: int | None = None, console: Any = None) -> None
         table.add_column("token")
         for m in a.token_rows:
             table.add_column(Text(terminal_safe(m, one_line=True)), justify="right")
-        spans = a.row_spans
-        for row, step in enumerate(a.token_row_steps):
-            cells = [f"[{int(np.argmax(v[row]))}] {score_text(float(np.max(v[row])), 3)}"
-                     for v in a.token_rows.values()]
-            # a result read back without its token-level part has the rows and their spans, not every token
-            if step < len(a.answer_tokens):
-                label = repr(a.answer_tokens[step])
-            else:
-                label = repr(a.answer[slice(*spans[row])]) if row < len(spans) else f"answer token {step}"
+        for row, label in enumerate(_row_labels(a)):
+            cells = [f"[{i}] {score_text(v, 3)}" for i, v in (_top_source(a, m, row) for m in a.token_rows)]
             table.add_row(Text(terminal_safe(label, one_line=True)), *cells)
         console.print(table)
+
+
+def _row_labels(a: Any) -> list[str]:
+    """Each per-token row's answer token, as ``repr`` spells it (``' Paris'``)."""
+    spans, labels = a.row_spans, []
+    for row, step in enumerate(a.token_row_steps):
+        # a result read back without its token-level part has the rows and their spans, not every token
+        if step < len(a.answer_tokens):
+            labels.append(repr(a.answer_tokens[step]))
+        else:
+            labels.append(repr(a.answer[slice(*spans[row])]) if row < len(spans) else f"answer token {step}")
+    return labels
+
+
+def _top_source(a: Any, method: str, row: int) -> tuple[int, float]:
+    """The source a per-token row of ``method`` scores highest (the first of tied ones) and its score."""
+    values = a.token_rows[method][row]
+    best = int(np.argmax(values))
+    return best, float(values[best])
 
 
 def _context_html(a: Any, method: str) -> str:
@@ -105,6 +117,22 @@ def _ranked_table(a: Any, k: int) -> str:
     return f'<table class="top ranked">{"".join(rows)}</table>'
 
 
+def _token_rows_table(a: Any) -> str:
+    """Per explained answer token (``per_token=True``), each method's top source and its score; hover a cell for
+    the source's text."""
+    head = "<tr><th>answer token</th>" + "".join(f"<th>{_e(m)}</th>" for m in a.token_rows) + "</tr>"
+    rows = [head]
+    for row, label in enumerate(_row_labels(a)):
+        cells = []
+        for m in a.token_rows:
+            i, v = _top_source(a, m, row)
+            text = a.sources[i].text if i < len(a.sources) else ""
+            cells.append(f'<td class="num" title="{_e(text)}">[{i}] {score_text(v, 3)}</td>')
+        rows.append(f"<tr><td>{_e(label)}</td>{''.join(cells)}</tr>")
+    return ('<p class="meta">top source of each answer token (its own log-probability explained)</p>'
+            f'<table class="top ranked token-rows">{"".join(rows)}</table>')
+
+
 SHOWN_ATTRIBUTIONS = 50  # attributions drawn on one page; the rest are counted
 
 
@@ -127,6 +155,8 @@ def attribution_html(items: Sequence[Any], methods: Sequence[str] | None = None)
             body.append(f'<p class="meta">log-probability of the explained answer: '
                         f'{float(a.meta["answer_logprob"]):.3f}; model {_e(a.meta.get("model", ""))}</p>')
         body.append(_ranked_table(a, min(3, len(a.sources))))
+        if a.token_rows:
+            body.append(_token_rows_table(a))
         for j, m in enumerate(shown):
             body.append(f"<details{' open' if j == 0 else ''}><summary>{_e(m)}</summary>")
             body.append(_context_html(a, m))
