@@ -11,7 +11,7 @@ import torch
 from conftest import CLS, DATA, PAD, SEP, V, make_model, make_tokenizer, needs
 from transformers import AutoModelForQuestionAnswering
 
-from attnlens import Explainer
+from attnlens import Explainer, InputError
 from attnlens.cli import main
 from attnlens.data import Example, load_dataset, squad_articles
 from attnlens.evaluation.squad import exact_match, normalize_answer, span_f1, squad_scores
@@ -181,6 +181,22 @@ def test_cli_errors_are_one_line(tmp_path, tiny_qa, capsys, extra, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("attnlens: error:") and "\n" not in err and message in err
+
+
+@pytest.mark.parametrize("name, value", [("split", "dev"), ("eval_split", "train"), ("eval_file", "x.jsonl"),
+                                         ("text_field", "t"), ("text_pair_field", "u"), ("label_field", "y"),
+                                         ("eval_fraction", 0.5)])
+def test_every_classification_option_away_from_its_default_is_refused_by_the_python_api(tmp_path, tiny_qa,
+                                                                                     name, value):
+    from dataclasses import replace
+
+    from attnlens.train import TrainConfig
+    from attnlens.train_qa import train_qa
+
+    config = TrainConfig(model=tiny_qa, out=str(tmp_path / "o"), dataset="squad")
+    with pytest.raises(InputError, match=f"^--{name.replace('_', '-')}: --dataset squad trains on"):
+        train_qa(replace(config, **{name: value}))
+    assert not (tmp_path / "o").exists()
 
 
 def test_squad_v2_and_squad_files_are_refused(tmp_path, tiny_qa, capsys):

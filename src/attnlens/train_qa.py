@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -237,13 +237,16 @@ def load_qa_model(name: str, reinit_head: bool = False, log: Callable[[str], Non
                           reinit_head)
 
 
+# TrainConfig's fields of classification data: a QA run refuses any of them set away from its default
+CLASSIFICATION_OPTIONS = ("split", "eval_split", "eval_file", "text_field", "text_pair_field", "label_field",
+                          "eval_fraction")
+
+
 def _check_options(cfg: TrainConfig) -> None:
     """Options of classification data that would change what a QA run trains or evaluates on are refused."""
-    given = [flag for flag, value, default in (
-        ("--split", cfg.split, "train"), ("--eval-split", cfg.eval_split, None), ("--eval-file", cfg.eval_file, None),
-        ("--text-field", cfg.text_field, None), ("--text-pair-field", cfg.text_pair_field, None),
-        ("--label-field", cfg.label_field, "label"), ("--eval-fraction", cfg.eval_fraction, 0.1),
-    ) if value != default]
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    given = ["--" + name.replace("_", "-") for name in CLASSIFICATION_OPTIONS
+             if getattr(cfg, name) != defaults[name]]
     if given:
         raise InputError(f"{', '.join(given)}: --dataset {cfg.dataset} trains on the articles at even positions of "
                          "SQuAD v1.1 dev and evaluates on those at odd positions; leave out these options")
