@@ -279,6 +279,24 @@ def test_benchmark_folder_sort_and_open_an_example(page, screenshots):
     assert page.input_value("#model") == "minilm-sst2"  # the benchmark's model, whichever was selected
 
 
+def test_the_open_tab_is_in_the_address_and_a_reload_opens_it_again(page, server):
+    page.click("nav button[data-tab=bench]")
+    page.wait_for_selector("#bench-table tr td")
+    assert page.evaluate("location.hash") == "#bench"
+    page.reload()
+    page.wait_for_selector("body[data-ready]")
+    page.wait_for_selector("#bench-table tr td")  # opened as a click on it opens it: the folders are listed
+    assert page.get_attribute("body", "data-tab") == "bench" and page.is_hidden("#tab-explain")
+    page.evaluate("location.hash = '#sources'")  # an address edited by hand (or Back) switches the tab
+    page.wait_for_selector("body[data-tab=sources]")
+    assert page.input_value("#model") == "tiny-lm"  # switched to the served language model, as a click does
+    page.evaluate("location.hash = '#no-such-tab'")  # names no tab: the page stays as it is
+    assert page.get_attribute("body", "data-tab") == "sources"
+    page.reload()  # and opens on the first tab
+    page.wait_for_selector("body[data-ready]")
+    assert page.is_visible("#tab-explain") and page.is_hidden("#tab-sources")
+
+
 def test_labels_with_markup_are_shown_as_text(page):
     page.select_option("#model", "markup")
     assert XSS in page.inner_text("#target")

@@ -836,6 +836,8 @@ function selectTab(name) {
   for (const b of $("tabs").querySelectorAll("button")) b.setAttribute("aria-selected", String(b.dataset.tab === name));
   for (const s of document.querySelectorAll("section.tab")) s.hidden = s.id !== "tab-" + name;
   document.body.dataset.tab = name;
+  // the open tab is in the address (#sources): a reload or a shared link opens it again
+  if (location.hash !== "#" + name) history.replaceState(null, "", "#" + name);
 }
 
 async function start() {
@@ -872,7 +874,16 @@ async function start() {
   }
   const lm = state.facts.language_model;
   if (lm) $("input-kind").value = "prompt";
+  window.addEventListener("hashchange", openTabOfAddress);
+  openTabOfAddress();
   document.body.dataset.ready = "1";
+}
+
+// the tab the address names (#generate), opened as a click on it would; an address naming no tab leaves the page
+function openTabOfAddress() {
+  const name = decodeURIComponent(location.hash.slice(1));
+  const button = [...$("tabs").querySelectorAll("button")].find((b) => b.dataset.tab === name);
+  if (button && document.body.dataset.tab !== name) button.click();
 }
 
 // the browser test measures rendering through this
