@@ -111,6 +111,38 @@ def test_a_text_that_stands_twice_is_listed_with_its_occurrence_in_every_view():
     assert colors.top_split(alone, "m", 5)[0] == [("b", 2.0), ("a", 1.0)]  # a text that stands once keeps its form
 
 
+def test_a_16_colour_terminal_keeps_the_order_of_the_shades_in_steps_of_emphasis():
+    import io
+
+    from rich.console import Console
+
+    from attnlens.viz.terminal import explanation_renderable, token_style
+
+    scores = [0.05, -0.05, 0.2, -0.2, 0.5, -0.5, 1.0, -1.0]
+    words = [f"w{i}" for i in range(len(scores))]
+    exp = Explanation(text=" ".join(words), tokens=["[CLS]", *words, "[SEP]"], special=[True, *[False] * 8, True],
+                      target=1, predicted=1, probabilities=[0.2, 0.8], scores={"m": np.array([0.0, *scores, 0.0])})
+
+    def printed(system):
+        out = io.StringIO()
+        Console(file=out, force_terminal=True, color_system=system, width=200).print(explanation_renderable(exp))
+        return out.getvalue()
+
+    standard = printed("standard")
+    assert "48;2;" not in standard and "38;2;" not in standard  # no 24-bit colour where 16 colours are promised
+    styles = [token_style(v, few_colours=True) for v in scores]
+    for weaker, stronger in ((0, 2), (2, 4), (4, 6)):  # each step adds emphasis, for and against
+        for sign in (0, 1):
+            a, b = styles[weaker + sign], styles[stronger + sign]
+            assert (a.bgcolor, a.bold, a.color) != (b.bgcolor, b.bold, b.color)
+    assert styles[0] == token_style(0.0, few_colours=True)  # below the first step: as unscored
+    assert styles[2].color.name == "green" and styles[3].color.name == "red" and not styles[2].bold
+    assert styles[4].bold and styles[6].bgcolor.name == "green" and styles[7].bgcolor.name == "red"
+    for step, word in ((styles[4], "w4"), (styles[7], "w7")):  # drawn with its own step's codes
+        assert step.render(word, color_system=Console(color_system="standard").color_system) in standard
+    assert "48;2;" in printed("truecolor")
+
+
 def test_shade_endpoints():
     assert colors.shade(0.0) == (255, 255, 255)
     assert colors.shade(1.0) == colors.POSITIVE_RGB

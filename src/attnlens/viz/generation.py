@@ -24,6 +24,7 @@ from rich.text import Text
 from ..errors import InputError
 from .colors import hex_color, normalized, prob_text, shade, shown_tokens
 from .safetext import html_safe, terminal_safe
+from .terminal import ShadedTokens
 
 
 def _methods(g: Any, methods: Sequence[str] | None) -> list[str]:
@@ -77,18 +78,10 @@ def generation_renderable(g: Any, methods: Sequence[str] | None = None) -> Group
         rows = step_rows(g, m)
         shown = shown_tokens(g)
         for t in range(len(g.generated_ids)):
-            line = Text()
-            for i in range(g.n_prompt + t):
-                tok = terminal_safe(shown[i], one_line=True)
-                if i:
-                    line.append(" ")
-                if g.special[i]:
-                    line.append(tok, style=Style(dim=True))
-                else:
-                    r, gr, b = shade(rows[t, i])
-                    line.append(tok, style=Style(color="black", bgcolor=f"rgb({r},{gr},{b})"))
-            line.append(" → ")
-            line.append(terminal_safe(shown[g.n_prompt + t], one_line=True), style=Style(bold=True, underline=True))
+            tail = Text(" → ")
+            tail.append(terminal_safe(shown[g.n_prompt + t], one_line=True), style=Style(bold=True, underline=True))
+            line = ShadedTokens([(shown[i], None if g.special[i] else float(rows[t, i]), False)
+                                 for i in range(g.n_prompt + t)], tail)
             grid.add_row(Text(terminal_safe(_step_label(g, t), one_line=True)), line)
         parts += [Text(m, style="bold magenta"), grid, Text("")]
     return Group(*parts)

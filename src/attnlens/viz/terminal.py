@@ -1,7 +1,8 @@
 """Coloured token heatmaps in the terminal (rich): a line of shaded tokens per method, then a top-token table.
 
 Positive scores are shaded green, negative red; the shade's intensity is the score's magnitude relative to the
-largest one of the same method on the same example (AttCAT Fig. 5). Special tokens are dimmed.
+largest one of the same method on the same example (AttCAT Fig. 5); a 16-colour terminal shows it in four steps
+of emphasis instead (:class:`ShadedTokens`). Special tokens are dimmed.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 
-from rich.console import Console, Group
+import numpy as np
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
 from rich.rule import Rule
 from rich.style import Style
 from rich.table import Table
@@ -39,20 +42,70 @@ def _safe(text: object) -> Text:
     return Text(terminal_safe(text, one_line=True))
 
 
-def _token_line(exp: Explained, method: str) -> Text:
+# 16-colour terminals have one green and one red: the shade's intensity becomes four steps of emphasis instead
+# (none, coloured text, bold coloured text, coloured background), upper bounds of |normalised score|
+STEPS = (1 / 8, 3 / 8, 5 / 8)
+
+
+class ShadedTokens:
+    """A line of tokens shaded by their normalised scores, drawn for the console it is printed on: a background
+    shade (truecolor and 256-colour terminals), or on 16-colour terminals four steps of emphasis (:data:`STEPS`),
+    so that the order of the shades is kept either way. Special tokens are dimmed.
+
+    Args:
+        cells: ``(text, normalised score, underline)`` per token; a score of ``None`` marks a special token.
+        tail: text printed after the tokens (a generation step's explained token).
+    """
+
+    def __init__(self, cells: Sequence[tuple[str, float | None, bool]], tail: Text | None = None) -> None:
+        self.cells = list(cells)
+        self.tail = tail
+
+    def text(self, color_system: str | None) -> Text:
+        """The line as rich text for a console of that colour system (``"standard"``/``"windows"``: 16 colours)."""
+        few = color_system in ("standard", "windows")
+        line = Text()
+        for i, (tok, value, underline) in enumerate(self.cells):
+            if i:
+                line.append(" ")
+            line.append(terminal_safe(tok, one_line=True), style=token_style(value, underline, few))
+        if self.tail is not None:
+            line.append_text(self.tail)
+        return line
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.text(console.color_system)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.text(console.color_system))
+
+
+def token_style(value: float | None, underline: bool = False, few_colours: bool = False) -> Style:
+    """The style of one token: dimmed when special (``value`` ``None``); else black on the shade of ``value``
+    (a normalised score), or with ``few_colours`` the emphasis step :data:`STEPS` puts it on (NaN: a grey
+    background)."""
+    if value is None:
+        return Style(dim=True)
+    if not few_colours:
+        r, g, b = shade(value)
+        return Style(color="black", bgcolor=f"rgb({r},{g},{b})", underline=underline)
+    if np.isnan(value):
+        return Style(color="black", bgcolor="bright_black", underline=underline)
+    colour, size = ("green" if value >= 0 else "red"), abs(float(value))
+    if size < STEPS[0]:
+        return Style(underline=underline)
+    if size < STEPS[1]:
+        return Style(color=colour, underline=underline)
+    if size < STEPS[2]:
+        return Style(color=colour, bold=True, underline=underline)
+    return Style(color="black", bgcolor=colour, bold=True, underline=underline)
+
+
+def _token_line(exp: Explained, method: str) -> ShadedTokens:
     norm = normalized(exp.scores[method], exp.special)
     answer = answer_positions(exp)  # QA: the explained span is underlined
-    line = Text()
-    for i, (raw, v) in enumerate(zip(shown_tokens(exp), norm, strict=True)):
-        tok = terminal_safe(raw, one_line=True)
-        if i:
-            line.append(" ")
-        if exp.special[i]:
-            line.append(tok, style=Style(dim=True))
-        else:
-            r, g, b = shade(v)
-            line.append(tok, style=Style(color="black", bgcolor=f"rgb({r},{g},{b})", underline=i in answer))
-    return line
+    return ShadedTokens([(raw, None if exp.special[i] else float(v), i in answer)
+                         for i, (raw, v) in enumerate(zip(shown_tokens(exp), norm, strict=True))])
 
 
 def _top_cell(pairs: list[tuple[str, float]]) -> Text:
