@@ -447,18 +447,15 @@ def test_a_failed_explanation_hides_the_earlier_inputs_heatmap(page):
     assert page.locator("#explain-out").is_hidden()  # the heatmap shown was the earlier input's
 
 
-def test_a_word_that_stands_twice_is_listed_with_its_occurrence(page):
-    """Two tokens of one text in a method's top list read ``best#1`` and ``best#2``, as in the terminal and HTML
-    views, never the same string twice."""
-    text = "the best of the best"
-
+def _explain_with_rawatt_scores(page, text, edit):
+    """Explain ``text`` on the page with the server's raw-attention scores of it changed by ``edit`` (the list of
+    the reply's scores, edited in place) on their way to the page."""
     def route(r):
         response = r.fetch()
         body = response.json()
         result = body.get("result") if isinstance(body, dict) else None
         if result and text in json.dumps(result):
-            scores = result[0]["scores"]["rawatt"]  # [CLS] the best of the best [SEP]
-            scores[:] = [0.0, 0.1, 0.3, 0.05, 0.1, 0.2, 0.0]
+            edit(result[0]["scores"]["rawatt"])
         r.fulfill(response=response, json=body)
 
     page.route("**/api/jobs**", route)
@@ -466,6 +463,15 @@ def test_a_word_that_stands_twice_is_listed_with_its_occurrence(page):
         _explain(page, text)
     finally:
         page.unroute("**/api/jobs**")
+
+
+def test_a_word_that_stands_twice_is_listed_with_its_occurrence(page):
+    """Two tokens of one text in a method's top list read ``best#1`` and ``best#2``, as in the terminal and HTML
+    views, never the same string twice."""
+    def edit(scores):  # [CLS] the best of the best [SEP]
+        scores[:] = [0.0, 0.1, 0.3, 0.05, 0.1, 0.2, 0.0]
+
+    _explain_with_rawatt_scores(page, "the best of the best", edit)
     listed = page.eval_on_selector_all("#top-tokens div", "boxes => boxes.map(b => b.innerText)")
     shown = next(b for b in listed if b.startswith("rawatt")).split("\n")[1:]
     assert [line.split()[0] for line in shown] == ["best#1", "best#2", "the#1", "the#2", "of"]
@@ -475,22 +481,10 @@ def test_scores_that_are_not_finite_are_shown_as_such(page):
     """A NaN score is grey and reads NaN (not a white 0.000), an infinite one is drawn full, and the other tokens
     keep their shades relative to the largest finite score: the server writes such numbers as
     ``{"$float": ...}``, which the page reads back as numbers."""
-    text = "a text whose scores are not all finite"
+    def edit(scores):
+        scores[1], scores[2] = {"$float": "NaN"}, {"$float": "Infinity"}
 
-    def route(r):
-        response = r.fetch()
-        body = response.json()
-        result = body.get("result") if isinstance(body, dict) else None
-        if result and text in json.dumps(result):
-            scores = result[0]["scores"]["rawatt"]
-            scores[1], scores[2] = {"$float": "NaN"}, {"$float": "Infinity"}
-        r.fulfill(response=response, json=body)
-
-    page.route("**/api/jobs**", route)
-    try:
-        _explain(page, text)
-    finally:
-        page.unroute("**/api/jobs**")
+    _explain_with_rawatt_scores(page, "a text whose scores are not all finite", edit)
     titles = _titles(page, "rawatt")
     assert titles[1].endswith(": NaN") and titles[2].endswith(": Infinity")
     colours = page.eval_on_selector_all("#heatmap tr[data-method='rawatt'] td.cell",
