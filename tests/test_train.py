@@ -156,6 +156,22 @@ def test_sst2_limit_uses_dev_for_evaluation():
     assert names == ["negative", "positive"]
 
 
+def test_the_data_folder_is_read_from_data_root_without_the_environment(monkeypatch, tmp_path, tiny_model, capsys):
+    from conftest import DATA
+
+    monkeypatch.delenv("ATTNLENS_DATA", raising=False)
+    argv = ["train", "--model", tiny_model, "--dataset", "sst2", "--limit", "8", "--eval-limit", "4",
+            "--batch-size", "8", "--max-length", "16", "--quiet", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2  # no folder at all: one line naming both ways
+    err = capsys.readouterr().err.strip()
+    assert "--data-root DIR" in err and "$ATTNLENS_DATA" in err and "\n" not in err
+    assert main([*argv, "--data-root", str(DATA)]) == 0  # the option that line names exists
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert metrics["train_examples"] == 8 and metrics["eval_split"] == "dev"
+    cfg = TrainConfig(model="x", out="y", dataset="sst2", limit=5, eval_limit=3, data_root=str(DATA))
+    assert [len(split.texts) for split in load_splits(cfg)[:2]] == [5, 3]
+
+
 def test_head_with_other_label_count_is_refused(tmp_path, tiny_model):
     rows = [{"text": r["text"], "label": i % 3} for i, r in enumerate(sentences(30))]
     data = write_jsonl(tmp_path / "three.jsonl", rows)

@@ -71,6 +71,7 @@ class TrainConfig:
         dataset: a known data set name (``sst2``, ``imdb``, ``mnli``, ...; ``squad`` fine-tunes an extractive
             QA model, see :mod:`attnlens.train_qa`); or use ``data_file``.
         data_file: a JSONL file (optionally gzipped) of training rows.
+        data_root: the local data folder ``dataset`` is read from (default: ``$ATTNLENS_DATA``).
         eval_file: a JSONL file of evaluation rows; default: the data set's evaluation split, or for a
             ``data_file`` a held-out ``eval_fraction`` of it.
         text_field, text_pair_field, label_field: field names in ``data_file`` rows (default: ``text`` /
@@ -93,6 +94,7 @@ class TrainConfig:
     out: str
     dataset: str | None = None
     data_file: str | None = None
+    data_root: str | None = None
     eval_file: str | None = None
     split: str = "train"
     eval_split: str | None = None
@@ -287,7 +289,7 @@ def _check_options(cfg: TrainConfig) -> None:
 def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
     """The training and evaluation splits of ``cfg`` and the class names (if known)."""
     if cfg.dataset is not None:
-        train_ds = load_dataset(cfg.dataset, cfg.split)
+        train_ds = load_dataset(cfg.dataset, cfg.split, root=cfg.data_root)
         eval_name = cfg.eval_split or EVAL_SPLITS.get(train_ds.name, "dev")
         spec = SPECS.get(train_ds.name)
         if not cfg.eval_file and spec is not None and spec.same_examples(train_ds.split, eval_name):
@@ -298,7 +300,7 @@ def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
         if cfg.eval_file:  # its labels: class ids, or the data set's class names
             evaluation = _from_dataset(load_dataset(cfg.eval_file, labels=train_ds.labels))
         else:
-            evaluation = _from_dataset(load_dataset(cfg.dataset, eval_name))
+            evaluation = _from_dataset(load_dataset(cfg.dataset, eval_name, root=cfg.data_root))
         names = list(train_ds.labels) or None
         return train, _subset(evaluation, cfg.eval_limit, cfg.seed), names
 

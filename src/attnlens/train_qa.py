@@ -266,8 +266,8 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
     check_model_and_out(cfg)
     started = time.time()
     seed_everything(cfg.seed)
-    train_split = load_qa_split("fit", cfg.limit, cfg.seed)
-    eval_split = load_qa_split("eval", cfg.eval_limit, cfg.seed)
+    train_split = load_qa_split("fit", cfg.limit, cfg.seed, root=cfg.data_root)
+    eval_split = load_qa_split("eval", cfg.eval_limit, cfg.seed, root=cfg.data_root)
 
     device = resolve_device(cfg.device or "auto")
     tokenizer, model = load_qa_model(cfg.model, cfg.reinit_head, log)

@@ -25,6 +25,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     data.add_argument("--dataset", help="data set name (sst2, imdb, yelp_polarity, amazon_polarity, mnli, qqp; "
                       "squad for extractive QA)")
     data.add_argument("--data-file", help="JSONL file (optionally .gz) of training rows")
+    p.add_argument("--data-root", default=None,
+                   help="local data folder --dataset is read from (default: $ATTNLENS_DATA)")
     p.add_argument(
         "--eval-file",
         help="JSONL file of evaluation rows (default: the data set's evaluation split, "
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         dataset=args.dataset,
         data_file=args.data_file,
+        data_root=args.data_root,
         eval_file=args.eval_file,
         split=args.split,
         eval_split=args.eval_split,
