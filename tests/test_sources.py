@@ -744,6 +744,21 @@ def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys, monkeypatch):
     assert d["meta"]["options"]["contextcite"]["n_ablations"] == 8
 
 
+def test_cli_cite_shows_a_bar_at_a_terminal_and_nothing_under_quiet(lm_dir, tmp_path, capsys, monkeypatch):
+    import sys
+
+    base = ["cite", "--model", lm_dir, "--context", CONTEXT, "--query", QUERY, "--answer", ANSWER, "--no-chat",
+            "--methods", "loo", "--format", "json", "--out", str(tmp_path / "c.json")]
+    assert main(base) == 0  # not a terminal: no bar, the file named
+    assert capsys.readouterr().err.strip().splitlines() == [f"wrote {tmp_path / 'c.json'}"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(base) == 0
+    assert "%|" in capsys.readouterr().err  # at a terminal: a progress bar
+    assert main([*base, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert json.loads((tmp_path / "c.json").read_text())["answer"] == ANSWER
+
+
 def test_cli_cite_offsets_index_the_context_file_as_written(lm_dir, tmp_path, capsys):
     """A context file with Windows line endings is read as it is: the JSON's context is the file's text and each
     source's offsets select its text there."""
@@ -793,6 +808,7 @@ def test_cli_cite_offsets_index_the_context_file_as_written(lm_dir, tmp_path, ca
      "keep_probability must be a number between 0 and 1"),
     (["--methods", "attngate", "--options", '{"attngate": {"steps": 0}}'], "steps must be an integer >= 1"),
     (["--max-new-tokens", "4"], "--max-new-tokens bounds a generated answer: leave it out with --answer"),
+    (["--progress", "--quiet"], "--progress shows a bar that --quiet turns off"),
     (["--methods", "attngate,at2,attnlrp", "--ablation", "mask"],
      "--ablation sets how loo and contextcite take a source out"),
 ])

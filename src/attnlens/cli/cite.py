@@ -72,7 +72,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--per-token", action="store_true",
                    help="also attribute each answer token on its own (JSON token_rows; terminal and HTML: each "
                         "token's top source per method); one more attribution per token")
-    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    p.add_argument("--progress", action="store_true",
+                   help="show a progress bar also where stderr is not a terminal (default: at a terminal)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, warnings or notices on stderr (errors "
+                   "still print, one line)")
     add_placement_options(p)
     return p
 
@@ -105,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ablation is not None and not any(SOURCE_METHODS[m].ablates for m in source_methods):
         raise InputError("--ablation sets how loo and contextcite take a source out: add one of them to --methods")
     args.ablation = args.ablation or "remove"
+    if args.progress and args.quiet:
+        raise InputError("--progress shows a bar that --quiet turns off: give one of them")
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
     if args.format == "terminal" and args.out is not None:
@@ -146,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     result = explainer.attribute_context(
         context, args.query, answer=args.answer, sources=args.sources, methods=args.methods, template=args.template,
         chat=args.chat, answer_span=span, max_new_tokens=args.max_new_tokens, ablation=args.ablation,
-        options=options, memory_budget=budget, progress=args.progress, per_token=args.per_token,
+        options=options, memory_budget=budget, progress=not args.quiet and (args.progress or sys.stderr.isatty()), per_token=args.per_token,
     )
     if args.format == "json":
         text = json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n"
@@ -154,14 +159,16 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         else:
             atomic_write_text(out, text)
-            print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
+            if not args.quiet:
+                print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
         return 0
     if args.format == "html":
         if out is None:
             sys.stdout.write(result.to_html())
         else:
             atomic_write_text(out, result.to_html())
-            print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
+            if not args.quiet:
+                print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
         return 0
     result.show(k=args.top)
     return 0
