@@ -151,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     result = explainer.attribute_context(
         context, args.query, answer=args.answer, sources=args.sources, methods=args.methods, template=args.template,
         chat=args.chat, answer_span=span, max_new_tokens=args.max_new_tokens, ablation=args.ablation,
-        options=options, memory_budget=budget, progress=not args.quiet and (args.progress or sys.stderr.isatty()), per_token=args.per_token,
+        options=options, memory_budget=budget, progress=not args.quiet and (args.progress or sys.stderr.isatty()),
+        per_token=args.per_token,
     )
     if args.format == "json":
         text = json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n"
