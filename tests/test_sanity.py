@@ -66,15 +66,16 @@ def test_cascade_goes_from_the_head_down(tmp_path):
 
 
 def test_sanity_values_are_the_rank_correlations_of_re_explanations(tmp_path):
-    """The head step recomputed by hand: randomise the classifier's weights as documented, explain again for the
-    same targets, average Spearman's ρ over the examples."""
+    """The head step recomputed by hand: randomise the weights of the classifier and of the pooler it reads (the
+    head's modules in the model's order) as documented, explain again for the same targets, average Spearman's ρ
+    over the examples."""
     model, _, ex, summary = _run(tmp_path, methods=["saliency"])
     original = ex.explain(TEXTS, ["saliency"])
     std = model.config.initializer_range
     gen = torch.Generator().manual_seed(0)  # EvalConfig's default seed
     saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
-        for p in model.classifier.parameters():
+        for p in [*model.classifier.parameters(), *model.bert.pooler.parameters()]:
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
     try:
@@ -99,6 +100,18 @@ def test_rank_correlation_is_undefined_for_constant_scores():
 def test_blocks_are_found_for_decoders_and_encoder_decoders():
     assert [n for n, _ in randomisation_blocks(make_model("gpt2"))] == ["head", "layer 2", "layer 1"]
     assert [n for n, _ in randomisation_blocks(make_model("bart"), "encoder")] == ["head", "layer 2", "layer 1"]
+
+
+@pytest.mark.parametrize("family, between", [("bert", "bert.pooler.dense"), ("albert", "albert.pooler")])
+def test_the_head_step_redraws_what_lies_between_the_last_layer_and_the_classifier(family, between):
+    model = make_model(family)
+    named = dict(model.named_modules())
+    head = randomisation_blocks(model)[0]
+    assert head[0] == "head" and any(m is named[between] for m in head[1])  # the pooler the classifier reads
+    every = [m for _, modules in randomisation_blocks(model) for m in modules]
+    redrawn = {id(p) for m in every for p in m.parameters()}
+    kept = [n for n, p in model.named_parameters() if p.dim() >= 2 and id(p) not in redrawn]
+    assert kept and all("embedding" in n for n in kept), kept  # only the embeddings stay trained
 
 
 def test_a_type_without_known_layers_is_refused_before_writing(tmp_path, entry_without_layers):

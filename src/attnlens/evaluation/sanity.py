@@ -1,7 +1,8 @@
 """Model-parameter randomisation test (Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018).
 
-Cascading randomisation: the classifier head's weights are re-drawn first, then those of the top layer, the
-layer below, ... down to the first layer (each step keeps the earlier ones randomised). After each step the same
+Cascading randomisation: the classifier head's weights are re-drawn first (with what lies between the last layer
+and it, such as BERT's pooler), then those of the top layer, the layer below, ... down to the first layer (each
+step keeps the earlier ones randomised); the embeddings stay trained. After each step the same
 examples are explained again, for the same target classes, and each method's scores are compared with its
 scores on the trained model by Spearman's rank correlation over the real non-special tokens (signed scores, and
 their absolute values as Adebayo et al. also report). A method whose explanation stays the same as the model is
@@ -31,8 +32,10 @@ from .metrics import SANITY
 def randomisation_blocks(model: torch.nn.Module, stream: str = "self") -> list[tuple[str, list[torch.nn.Module]]]:
     """The cascade's steps, top first: ``("head", modules)`` then ``("layer L", [layer]) … ("layer 1", …)``.
 
-    The head is every module holding parameters outside the base model (the classifier); the layers are those of
-    the model's architecture entry (``layers``). Raises :class:`InputError` for a type without that entry."""
+    The head is every module holding parameters outside the base model (the classifier) and every module of the
+    base model after its last layer that holds a weight matrix (BERT's pooler, which the classifier reads); the
+    layers are those of the model's architecture entry (``layers``). Raises :class:`InputError` for a type without
+    that entry."""
     spec = architecture_for(model.config).layers
     if spec is None or spec.path(stream) is None:
         raise InputError(f"the sanity metric randomises layer by layer and does not know where the layers of model "
@@ -40,9 +43,22 @@ def randomisation_blocks(model: torch.nn.Module, stream: str = "self") -> list[t
     layers = spec.modules(model, stream)
     base = model.base_model
     head = [m for name, m in model.named_children() if m is not base and any(True for _ in m.parameters())]
+    head += _after_the_layers(model, spec)
     blocks: list[tuple[str, list[torch.nn.Module]]] = [("head", head)] if head else []
     blocks += [(f"layer {i + 1}", [layers[i]]) for i in reversed(range(len(layers)))]
     return blocks
+
+
+def _after_the_layers(model: torch.nn.Module, spec: Any) -> list[torch.nn.Module]:
+    """The base model's modules after its last layer (of every attention stream) that hold a weight matrix of their
+    own, embeddings excepted: transformers registers a model's modules in the order its forward runs them, so
+    these lie between the layers and the head (a pooler)."""
+    streams = [s for s in ("self", "encoder", "decoder", "cross") if spec.path(s) is not None]
+    inside = {id(m) for s in streams for layer in spec.modules(model, s) for m in layer.modules()}
+    modules = [m for _, m in model.base_model.named_modules()]
+    last = max((i for i, m in enumerate(modules) if id(m) in inside), default=len(modules))
+    return [m for m in modules[last + 1:] if id(m) not in inside and not isinstance(m, torch.nn.Embedding)
+            and any(p.dim() >= 2 for p in m.parameters(recurse=False))]
 
 
 @contextmanager
