@@ -165,3 +165,23 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def write_output(path: str | None, text: str) -> None:
+    """``text`` to the file ``path`` (atomically: Ctrl-C leaves no half-written file), else (``None`` or ``-``) to
+    standard output."""
+    from ..paths import STDOUT, atomic_write_text
+
+    if path and path != STDOUT:
+        atomic_write_text(path, text)
+    else:
+        sys.stdout.write(text)
+
+
+def say_written(args: argparse.Namespace, path: str | None) -> None:
+    """Say on stderr that the file ``path`` was written (stdout may carry the output), unless ``--quiet`` or the
+    output went to standard output."""
+    from ..paths import STDOUT
+
+    if not args.quiet and path and path != STDOUT:
+        print(f"wrote {terminal_safe(path, one_line=True)}", file=sys.stderr)

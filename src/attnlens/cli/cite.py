@@ -14,8 +14,15 @@ import re
 import sys
 
 from ..errors import InputError
-from ..viz.safetext import terminal_safe
-from . import add_placement_options, check_at_least, method_options, placement, read_text_file
+from . import (
+    add_placement_options,
+    check_at_least,
+    method_options,
+    placement,
+    read_text_file,
+    say_written,
+    write_output,
+)
 
 FORMATS = ("terminal", "html", "json")
 
@@ -92,7 +99,7 @@ def _answer_span(value: str | None) -> tuple[int, int] | None:
 def run(args: argparse.Namespace) -> int:
     from .. import Explainer
     from ..core.memory import parse_budget
-    from ..paths import STDOUT, atomic_write_text, check_not_an_input, check_output_path
+    from ..paths import STDOUT, check_not_an_input, check_output_path
     from ..sources.attribute import check_options, split_methods
     from ..sources.methods import SOURCE_METHODS
 
@@ -154,22 +161,10 @@ def run(args: argparse.Namespace) -> int:
         options=options, memory_budget=budget, progress=not args.quiet and (args.progress or sys.stderr.isatty()),
         per_token=args.per_token,
     )
-    if args.format == "json":
-        text = json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n"
-        if out is None:
-            sys.stdout.write(text)
-        else:
-            atomic_write_text(out, text)
-            if not args.quiet:
-                print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
-        return 0
-    if args.format == "html":
-        if out is None:
-            sys.stdout.write(result.to_html())
-        else:
-            atomic_write_text(out, result.to_html())
-            if not args.quiet:
-                print(f"wrote {terminal_safe(out, one_line=True)}", file=sys.stderr)
+    if args.format in ("json", "html"):
+        write_output(out, json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n"
+                     if args.format == "json" else result.to_html())
+        say_written(args, out)
         return 0
     result.show(k=args.top)
     return 0

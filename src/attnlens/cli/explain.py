@@ -12,9 +12,8 @@ from typing import Any
 
 from ..data import PAIR_KEYS, row_text, text_lines
 from ..errors import InputError, ModelError
-from ..paths import STDOUT, atomic_write_text, check_not_an_input, check_output_path
-from ..viz.safetext import terminal_safe
-from . import add_placement_options, method_options, placement, read_text_file
+from ..paths import STDOUT, check_not_an_input, check_output_path
+from . import add_placement_options, method_options, placement, read_text_file, say_written, write_output
 
 FORMATS = ("terminal", "html", "json", "jsonl")
 MODEL_ENV = "ATTNLENS_MODEL"
@@ -332,28 +331,28 @@ def run(args: argparse.Namespace) -> int:
     elif args.format in ("json", "jsonl"):
         if args.format == "json":
             payload = json.dumps(explanations_json(exps), indent=1)
-            _write(args.out, payload + "\n")
+            write_output(args.out, payload + "\n")
         elif args.out and args.out != STDOUT:
             save_explanations(exps, args.out)
         else:
             for e in exps:
                 sys.stdout.write(json.dumps(e.to_dict()) + "\n")
         if args.out:
-            _wrote(args, args.out)
+            say_written(args, args.out)
     if args.plot:
         from ..viz.plots import plot_token_heatmap
 
         plot_token_heatmap(exps[0], path=args.plot)
-        _wrote(args, args.plot)
+        say_written(args, args.plot)
     if head_page is not None:
-        _write(args.head_view, head_page)
-        _wrote(args, args.head_view)
+        write_output(args.head_view, head_page)
+        say_written(args, args.head_view)
     html_path = args.out if args.format == "html" else args.html
     if html_path:
         from ..viz.html import explanations_html
 
-        _write(html_path, explanations_html(exps, title=f"attnlens: {model}", k=args.top_k))
-        _wrote(args, html_path)
+        write_output(html_path, explanations_html(exps, title=f"attnlens: {model}", k=args.top_k))
+        say_written(args, html_path)
     return 0
 
 
@@ -410,37 +409,25 @@ def _run_generation(args: argparse.Namespace, prompts: list[Any], model: str, *,
         for g in gens:
             g.show()
     elif args.format == "json":
-        _write(args.out, json.dumps([g.to_dict() for g in gens], indent=1) + "\n")
+        write_output(args.out, json.dumps([g.to_dict() for g in gens], indent=1) + "\n")
     elif args.format == "jsonl":
-        _write(args.out, "".join(json.dumps(g.to_dict()) + "\n" for g in gens))
+        write_output(args.out, "".join(json.dumps(g.to_dict()) + "\n" for g in gens))
     if args.format in ("json", "jsonl") and args.out:
-        _wrote(args, args.out)
+        say_written(args, args.out)
     if args.plot:
         from ..viz.generation import plot_generation
 
         plot_generation(gens[0], path=args.plot)
-        _wrote(args, args.plot)
+        say_written(args, args.plot)
     if head_page is not None:
-        _write(args.head_view, head_page)
-        _wrote(args, args.head_view)
+        write_output(args.head_view, head_page)
+        say_written(args, args.head_view)
     html_path = args.out if args.format == "html" else args.html
     if html_path:
         from ..viz.generation import generation_html
 
-        _write(html_path, generation_html(gens, title=f"attnlens: {model}"))
-        _wrote(args, html_path)
+        write_output(html_path, generation_html(gens, title=f"attnlens: {model}"))
+        say_written(args, html_path)
     return 0
 
 
-def _wrote(args: argparse.Namespace, path: str) -> None:
-    """Say on stderr that ``path`` was written (stdout may carry the explanations), unless ``--quiet``."""
-    if not args.quiet and path != STDOUT:
-        print(f"wrote {terminal_safe(path, one_line=True)}", file=sys.stderr)
-
-
-def _write(path: str | None, text: str) -> None:
-    """``text`` to the file ``path`` (atomically: Ctrl-C leaves no half-written file), else to stdout."""
-    if path and path != STDOUT:
-        atomic_write_text(path, text)
-    else:
-        sys.stdout.write(text)
