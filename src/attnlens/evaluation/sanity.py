@@ -53,8 +53,7 @@ def _after_the_layers(model: torch.nn.Module, spec: Any) -> list[torch.nn.Module
     """The base model's modules after its last layer (of every attention stream) that hold a weight matrix of their
     own, embeddings excepted: transformers registers a model's modules in the order its forward runs them, so
     these lie between the layers and the head (a pooler)."""
-    streams = [s for s in ("self", "encoder", "decoder", "cross") if spec.path(s) is not None]
-    inside = {id(m) for s in streams for layer in spec.modules(model, s) for m in layer.modules()}
+    inside = {id(m) for s in spec.streams for layer in spec.modules(model, s) for m in layer.modules()}
     modules = [m for _, m in model.base_model.named_modules()]
     last = max((i for i, m in enumerate(modules) if id(m) in inside), default=len(modules))
     return [m for m in modules[last + 1:] if id(m) not in inside and not isinstance(m, torch.nn.Embedding)

@@ -234,6 +234,11 @@ class Layers:
         return self.layers.get(stream) if isinstance(self.layers, dict) else (
             self.layers if stream == "self" else None)
 
+    @property
+    def streams(self) -> tuple[str, ...]:
+        """The attention streams whose layers this entry locates (``("self",)`` for single-stream models)."""
+        return tuple(self.layers) if isinstance(self.layers, dict) else ("self",)
+
     def modules(self, model: nn.Module, stream: str = "self") -> list[nn.Module]:
         """One module per layer application of stream ``stream``, in depth order."""
         if callable(self.layers):
