@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -355,6 +356,59 @@ def test_frozen_model_still_gets_gradients(tokenizer):
         p.requires_grad_(False)
     (e,) = Explainer(model, tokenizer).explain("the movie was great", methods=["attcat", "saliency"])
     assert np.abs(e.scores["attcat"]).max() > 0 and np.abs(e.scores["saliency"]).max() > 0
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_gradient_methods_inside_a_no_grad_block(tokenizer, mode):
+    ex = explainer("bert", tokenizer)
+    methods = ["attcat", "inputxgradient", "attnlrp", "rollout"]
+    free = ex.explain(TEXTS, methods=methods)
+    with mode():
+        inside = ex.explain(TEXTS, methods=methods)
+        assert not torch.is_grad_enabled()  # the caller's mode is back after the call
+    for a, b in zip(free, inside, strict=True):
+        for m in methods:
+            np.testing.assert_array_equal(a.scores[m], b.scores[m])
+
+
+def test_threads_sharing_a_model_take_turns(tokenizer):
+    """A call on the model from a second thread (through another explainer) waits for the first call to end, so
+    neither runs on the other's switched attention, patched forwards or hooks."""
+    model = make_model("bert", attn="sdpa")
+    first, second = Explainer(model, tokenizer), Explainer(model, tokenizer)
+    methods = ["attnlrp", "rawatt", "inputxgradient", "occlusion"]
+    texts = ["the movie was great", "i hated this boring plot"]
+    want = [first.explain(t, methods=methods)[0].scores for t in texts]
+    before = _snapshot(model)
+    got, forwards_of_second = {}, []
+
+    def run(ex, i):
+        got[i] = ex.explain(texts[i], methods=methods)[0].scores
+
+    other = threading.Thread(target=run, args=(second, 1))
+
+    def pause_in_first_pass(_module, _args):
+        if threading.current_thread() is other:
+            forwards_of_second.append(bool(paused))
+        elif not paused:  # the first call's first forward: let the other thread try to run meanwhile
+            paused.append(True)
+            other.start()
+            other.join(timeout=0.5)
+            paused.append(len(forwards_of_second))
+
+    paused: list = []
+    handle = model.get_input_embeddings().register_forward_pre_hook(pause_in_first_pass)
+    try:
+        run(first, 0)
+        other.join()
+    finally:
+        handle.remove()
+    assert paused[1] == 0, "the second thread ran a forward inside the first thread's call"
+    assert forwards_of_second  # it ran after
+    for i in range(2):
+        for m in methods:
+            np.testing.assert_allclose(got[i][m], want[i][m], rtol=1e-6, atol=1e-9)
+    _assert_same(before, _snapshot(model))
 
 
 def test_attention_only_requests_build_no_graph(tokenizer, monkeypatch):

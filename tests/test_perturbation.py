@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import random
 
 import numpy as np
 import pytest
@@ -212,3 +213,20 @@ def test_perturbation_methods_beat_random_orderings_on_the_reference_model(minil
         orders = [list(np.argsort(-np.where(e.special, -np.inf, e.scores[m]), kind="stable")) for e in exps]
         aopc = _mean_prob_drop(model, tok, exps, orders)
         assert aopc > random_aopc + 0.1, (m, aopc, random_aopc)
+
+
+def test_sampling_methods_leave_the_global_random_streams_alone(tokenizer):
+    ex = Explainer(make_model("bert"), tokenizer)
+    methods = ["lime", "kernelshap"]
+    options = {m: {"n_samples": 20} for m in methods}
+    first = ex.explain(TEXTS[0], methods=methods, options=options)[0]  # scikit-learn's first import draws too
+    np.random.seed(0)
+    random.seed(0)
+    torch.manual_seed(0)
+    numpy_state, python_state, torch_state = np.random.get_state()[1].copy(), random.getstate(), torch.get_rng_state()
+    again = ex.explain(TEXTS[0], methods=methods, options=options)[0]
+    np.testing.assert_array_equal(np.random.get_state()[1], numpy_state)
+    assert random.getstate() == python_state
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    for m in methods:
+        np.testing.assert_array_equal(first.scores[m], again.scores[m])

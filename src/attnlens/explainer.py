@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from .core.encoding import Encoded, TextInput, encode, model_max_length
 from .core.generation_engine import encode_prompt, explain_generation, token_ids_of
 from .core.memory import parse_budget
 from .core.model_runner import ModelRunner, takes_token_types
+from .core.modelstate import model_lock
 from .core.progress import ProgressCallback
 from .core.unlisted import check_unlisted
 from .errors import InputError, ModelError
@@ -35,6 +37,17 @@ from .results.generation import Generation
 from .sources.attribute import attribute_context
 
 __all__ = ["Encoded", "Explainer", "TextInput"]
+
+
+@contextmanager
+def _running(model: nn.Module, grad: bool = True) -> Iterator[None]:
+    """The block of an :class:`Explainer` call that runs the model: it holds the model's lock (calls on one model
+    from other threads wait for it) and runs with autograd on whatever the caller's mode (``torch.no_grad()``,
+    ``torch.inference_mode()``): the gradient methods need it, and the passes that need no graph turn it off
+    themselves (``grad=False``: a call that needs none). A block, not a wrapper, so that warnings keep pointing at
+    the caller's line."""
+    with model_lock(model), torch.inference_mode(False), (torch.enable_grad() if grad else torch.no_grad()):
+        yield
 
 
 class Explainer:
@@ -59,7 +72,9 @@ class Explainer:
     target is the highest-scoring label (any label can be explained with ``target=``).
 
     The model is never modified: it runs in eval mode with eager attention while explaining, and its flags and
-    attention implementation are restored afterwards (also on errors).
+    attention implementation are restored afterwards (also on errors). Calls that run the model from several
+    threads, through one explainer or several sharing a model, run one after another. They run with autograd on
+    also inside ``torch.no_grad()`` or ``torch.inference_mode()``, which gradient methods need.
 
     A model object cannot tell whether its task head was trained: one built from a checkpoint without that head
     (``AutoModelForSequenceClassification.from_pretrained`` of a base encoder or a language model) has a random
@@ -212,19 +227,20 @@ class Explainer:
         Returns:
             One :class:`Explanation` per input, in input order.
         """
-        runner = self.runner
-        if contrast is not None:
-            runner = runner.with_head(with_contrast(self.head, contrast, self.labels))
-        specs, method_options = engine.select_methods(runner, methods, target, target_kind, options,
-                                                      contrast is not None)
-        budget = parse_budget(memory_budget)
-        encoded = self.encode(texts, truncation=truncation)
-        engine.warn_per_token_methods(specs, methods, [len(e.ids) for e in encoded])
-        targets = runner.head.locate(encoded, runner.head.resolve_targets(target, len(encoded), self.labels))
-        runner.head.check_targets([len(e.ids) for e in encoded], targets)
-        size = runner.effective_batch_size(batch_size)
-        return engine.explain_all(runner, encoded, targets, specs, method_options, target_kind, size, progress,
-                                  budget)
+        with _running(self.model):
+            runner = self.runner
+            if contrast is not None:
+                runner = runner.with_head(with_contrast(self.head, contrast, self.labels))
+            specs, method_options = engine.select_methods(runner, methods, target, target_kind, options,
+                                                          contrast is not None)
+            budget = parse_budget(memory_budget)
+            encoded = self.encode(texts, truncation=truncation)
+            engine.warn_per_token_methods(specs, methods, [len(e.ids) for e in encoded])
+            targets = runner.head.locate(encoded, runner.head.resolve_targets(target, len(encoded), self.labels))
+            runner.head.check_targets([len(e.ids) for e in encoded], targets)
+            size = runner.effective_batch_size(batch_size)
+            return engine.explain_all(runner, encoded, targets, specs, method_options, target_kind, size, progress,
+                                      budget)
 
     def explain_generation(
         self,
@@ -270,9 +286,10 @@ class Explainer:
             ``(n_generated, n_prompt + n_generated)``,
             row t explaining generated token t over the tokens before it (zeros after).
         """
-        return explain_generation(self.runner, prompt, methods, max_new_tokens=max_new_tokens, target=target,
-                                  contrast=contrast, chat=chat, target_kind=target_kind, batch_size=batch_size,
-                                  options=options, memory_budget=memory_budget, progress=progress)
+        with _running(self.model):
+            return explain_generation(self.runner, prompt, methods, max_new_tokens=max_new_tokens, target=target,
+                                      contrast=contrast, chat=chat, target_kind=target_kind, batch_size=batch_size,
+                                      options=options, memory_budget=memory_budget, progress=progress)
 
     def explain_answer(
         self,
@@ -303,15 +320,16 @@ class Explainer:
             and Grad-SAM, average over the rows up to the last that predicts an answer token: a one-token
             answer's scores equal its step's).
         """
-        runner = self.runner
-        if isinstance(prompt, str):
-            prompt_ids, _ = encode_prompt(runner, prompt, chat)
-        else:
-            prompt_ids = token_ids_of(runner, list(prompt), "prompt")
-        answer_ids = token_ids_of(runner, answer, "answer")
-        return explain_answer(runner, prompt_ids, answer_ids, methods, target_kind=target_kind, options=options,
-                              memory_budget=memory_budget, progress=progress,
-                              text=prompt if isinstance(prompt, str) else "")
+        with _running(self.model):
+            runner = self.runner
+            if isinstance(prompt, str):
+                prompt_ids, _ = encode_prompt(runner, prompt, chat)
+            else:
+                prompt_ids = token_ids_of(runner, list(prompt), "prompt")
+            answer_ids = token_ids_of(runner, answer, "answer")
+            return explain_answer(runner, prompt_ids, answer_ids, methods, target_kind=target_kind, options=options,
+                                  memory_budget=memory_budget, progress=progress,
+                                  text=prompt if isinstance(prompt, str) else "")
 
     def attribute_context(
         self,
@@ -369,10 +387,11 @@ class Explainer:
             sources (in ``context``) and answer tokens (in ``answer``), and ``meta`` (the share of each method's
             token scores outside every source, seconds per method, the answer's log-probability).
         """
-        return attribute_context(self.runner, context, query, answer=answer, sources=sources, methods=methods,
-                                 template=template, chat=chat, answer_span=answer_span, max_new_tokens=max_new_tokens,
-                                 ablation=ablation, options=options, memory_budget=memory_budget, progress=progress,
-                                 per_token=per_token)
+        with _running(self.model):
+            return attribute_context(self.runner, context, query, answer=answer, sources=sources,
+                                     methods=methods, template=template, chat=chat, answer_span=answer_span,
+                                     max_new_tokens=max_new_tokens, ablation=ablation, options=options,
+                                     memory_budget=memory_budget, progress=progress, per_token=per_token)
 
     def compute_batch(
         self, batch: list[Encoded], targets: list[Any], specs: list[Any], method_options: dict[str, dict[str, Any]],
@@ -383,8 +402,9 @@ class Explainer:
         Padding positions are exactly zero; a negative target is the predicted one. Used by :meth:`explain`
         (see :mod:`attnlens.core.engine`); public for tests and evaluation code.
         """
-        return engine.compute_batch(self.runner, batch, targets, specs, method_options, target_kind, gradients,
-                                    memory_budget=parse_budget(memory_budget))
+        with _running(self.model):
+            return engine.compute_batch(self.runner, batch, targets, specs, method_options, target_kind, gradients,
+                                        memory_budget=parse_budget(memory_budget))
 
     # ------------------------------------------------------------ prediction
     def predict_proba(
@@ -429,9 +449,10 @@ class Explainer:
                 warnings.warn(f"input_ids[{pairs[0]}]{more} holds a sentence pair but no token_type_ids were given: "
                               "its second text is read as segment 0; pass the type_ids of Explainer.encode",
                               stacklevel=2)
-        return predict_batches(runner.model, input_ids, runner.pad_id, runner.effective_batch_size(batch_size),
-                               type_ids=token_type_ids, masks=attention_masks, with_types=runner.token_types,
-                               probabilities=runner.head.probabilities, memory_budget=parse_budget(memory_budget))
+        with _running(self.model):
+            return predict_batches(runner.model, input_ids, runner.pad_id, runner.effective_batch_size(batch_size),
+                                   type_ids=token_type_ids, masks=attention_masks, with_types=runner.token_types,
+                                   probabilities=runner.head.probabilities, memory_budget=parse_budget(memory_budget))
 
     @torch.no_grad()
     def attention_maps(self, text: TextInput, memory_budget: str | int | None = None,
@@ -449,14 +470,15 @@ class Explainer:
         input fits, before the model runs. ``beside``: the bytes the caller will hold beside the maps, by
         ``(layers, heads, tokens)``, checked with them (e.g. :func:`attnlens.viz.headview.page_bytes` for the
         page of :func:`~attnlens.viz.headview.attention_view_html`)."""
-        (e,) = self.encode([text] if not isinstance(text, list) else [tuple(text)])
-        start = getattr(self.model.config, "decoder_start_token_id", None)
-        start_token = "<start>" if start is None else str(self.tokenizer.convert_ids_to_tokens(int(start)))
-        tokens, special = self.runner.adapter.position_tokens(list(e.tokens), list(e.special), self.stream,
-                                                              start_token)
-        ctx = engine.batch_context(self.runner, [e], "logit")
-        att = whole_attention_maps(self.runner, ctx.inputs, ctx.token_mask, parse_budget(memory_budget), beside)
-        return tokens, special, att
+        with _running(self.model, grad=False):
+            (e,) = self.encode([text] if not isinstance(text, list) else [tuple(text)])
+            start = getattr(self.model.config, "decoder_start_token_id", None)
+            start_token = "<start>" if start is None else str(self.tokenizer.convert_ids_to_tokens(int(start)))
+            tokens, special = self.runner.adapter.position_tokens(list(e.tokens), list(e.special), self.stream,
+                                                                  start_token)
+            ctx = engine.batch_context(self.runner, [e], "logit")
+            att = whole_attention_maps(self.runner, ctx.inputs, ctx.token_mask, parse_budget(memory_budget), beside)
+            return tokens, special, att
 
 
 def _check_aligned(input_ids: Sequence[Sequence[int]], rows: Sequence[Sequence[int] | None] | None, name: str,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,6 +17,35 @@ from .fused_attention import FUSED, fused_implementation
 EAGER = "eager"
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _HF_HOOK_FLAG = "_output_capturing_hooks_installed"  # transformers >= 5 hooks modules lazily to record outputs
+
+
+_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: nn.Module) -> threading.RLock:
+    """The lock that lets one thread at a time run attnlens on ``model`` (re-entrant: a call holding it may enter
+    it again). A pass switches the model's attention implementation, patches forwards and installs hooks for its
+    duration; two threads doing so on one model would record each other's switches as the original and remove
+    each other's hooks. Every :func:`explaining` block holds it, and :class:`~attnlens.Explainer`'s calls hold it
+    from start to end, so calls on one model from several threads (through one explainer or several) run one
+    after another."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
+
+
+def _forget_locks() -> None:
+    """In a forked child only the forking thread runs: a lock another thread held at the fork would never be
+    released there, so the child starts with none."""
+    global _LOCKS_GUARD
+    _LOCKS_GUARD = threading.Lock()
+    _LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks)
 
 
 def attention_implementation(model: nn.Module) -> str | None:
@@ -71,8 +103,15 @@ def explaining(model: nn.Module, implementation: str = EAGER) -> Iterator[nn.Mod
     implementation afterwards, also when the block raises. Hooks added meanwhile are removed. Parameters are
     never modified: attnlens differentiates with :func:`torch.autograd.grad` w.r.t. activations, so no ``.grad``
     is written and ``requires_grad`` is untouched. Third-party deprecation notices about the arguments attnlens
-    passes are kept out of the user's output meanwhile (:func:`attnlens.models.quiet.quiet_third_party`).
+    passes are kept out of the user's output meanwhile (:func:`attnlens.models.quiet.quiet_third_party`). The
+    block holds :func:`model_lock`: other threads' blocks on ``model`` wait for it to end.
     """
+    with model_lock(model), _explaining(model, implementation):
+        yield model
+
+
+@contextmanager
+def _explaining(model: nn.Module, implementation: str) -> Iterator[nn.Module]:
     modules = dict(model.named_modules())
     training = {name: m.training for name, m in modules.items()}
     hooks = {name: {d: set(getattr(m, d, {}) or {}) for d in _HOOK_DICTS} for name, m in modules.items()}
@@ -125,8 +164,9 @@ def last_token_head(model: nn.Module) -> Iterator[nn.Module]:
     if config is None or getattr(config, "pad_token_id", 0) is not None:
         yield model
         return
-    config.pad_token_id = NO_TOKEN_ID
-    try:
-        yield model
-    finally:
-        config.pad_token_id = None
+    with model_lock(model):
+        config.pad_token_id = NO_TOKEN_ID
+        try:
+            yield model
+        finally:
+            config.pad_token_id = None

@@ -19,6 +19,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask,
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 
+from ..core.modelstate import model_lock
 from ..errors import InputError, ModelError
 from ..models.architectures import LRP_SUPPORTED, LRPSupport, architecture_for
 from ..models.norms import as_layer_norm, is_layer_norm
@@ -210,7 +211,14 @@ def residual_sites(model: nn.Module) -> list[tuple[nn.LayerNorm, nn.Module]]:
 @contextmanager
 def lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     """Within the block, ``model(...)`` runs the LRP forward and records into ``state``; afterwards the model is
-    exactly as before (also when the block raises)."""
+    exactly as before (also when the block raises). The block holds the model's
+    :func:`~attnlens.core.modelstate.model_lock`."""
+    with model_lock(model), _lrp_mode(model, state):
+        yield
+
+
+@contextmanager
+def _lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
     check_supported(model)
     check_rules(state.rules)
     if running_state() is not None:

@@ -27,9 +27,12 @@ and in a batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from captum.attr import KernelShap, Lime, Occlusion
 
@@ -151,6 +154,21 @@ def _occlude(forward: Any, x: torch.Tensor, base: torch.Tensor, per_eval: int) -
                                         perturbations_per_eval=per_eval)
 
 
+@contextmanager
+def _own_randomness(seed: int) -> Iterator[None]:
+    """Captum samples from torch's global generator: seeded with ``seed`` for the block. Its surrogate's
+    scikit-learn fit (LIME) draws from NumPy's global generator, and scikit-learn's first import from Python's.
+    All three are restored afterwards: the caller's random streams go on as if the method had not run."""
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+
+
 def _sampled(ctx: BatchContext, explainer: type, name: str, n_samples: int, baseline: str,
              perturbations_per_eval: int | None, seed: int) -> MethodOutput:
     _sampled_check(name)(n_samples, baseline, perturbations_per_eval, seed)
@@ -160,9 +178,7 @@ def _sampled(ctx: BatchContext, explainer: type, name: str, n_samples: int, base
         if x.shape[1] == 1 and explainer is KernelShap:  # one player: its Shapley value is the occlusion drop
             return _occlude(forward, x, base, per_eval)  # (Captum's sampler divides by zero there)
         mask = torch.arange(x.shape[1], device=x.device)[None, :, None].expand_as(x)
-        # Captum samples from torch's global generator: seed it per input (and restore it afterwards)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with _own_randomness(seed):
             return explainer(forward).attribute(x, baselines=base, feature_mask=mask, n_samples=n_samples,
                                                 perturbations_per_eval=per_eval)
 
