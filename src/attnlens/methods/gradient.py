@@ -18,7 +18,6 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-from captum.attr import InputXGradient, Saliency
 
 from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
@@ -109,6 +108,8 @@ def _sequence_forward(ctx: BatchContext, base_ids: torch.Tensor) -> tuple[Callab
 
 def _captum_gradients(ctx: BatchContext, multiply: bool) -> torch.Tensor:
     """Captum's Saliency (signed) or InputXGradient on the token embeddings: ``(B, N, D)``."""
+    from captum.attr import InputXGradient, Saliency  # Captum's import takes a while: only where it runs
+
     forward, embeddings, extra = embedding_forward(ctx)
     embeddings.requires_grad_(True)
     with torch.enable_grad():

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from captum.attr import KernelShap, Lime, Occlusion
 
 from ..core.batch_state import BatchContext
 from ..core.memory import forward_row_bytes, model_dims, rows_that_fit
@@ -149,6 +148,8 @@ def occlusion(ctx: BatchContext, baseline: str = "auto", perturbations_per_eval:
 
 def _occlude(forward: Any, x: torch.Tensor, base: torch.Tensor, per_eval: int) -> torch.Tensor:
     """Captum's Occlusion of one token (all D features of a position) at a time."""
+    from captum.attr import Occlusion  # Captum's import takes a while: only where it runs
+
     window = (1, x.shape[-1])
     return Occlusion(forward).attribute(x, sliding_window_shapes=window, strides=window, baselines=base,
                                         perturbations_per_eval=per_eval)
@@ -169,10 +170,13 @@ def _own_randomness(seed: int) -> Iterator[None]:
         random.setstate(python_state)
 
 
-def _sampled(ctx: BatchContext, explainer: type, name: str, n_samples: int, baseline: str,
-             perturbations_per_eval: int | None, seed: int) -> MethodOutput:
+def _sampled(ctx: BatchContext, name: str, n_samples: int, baseline: str, perturbations_per_eval: int | None,
+             seed: int) -> MethodOutput:
+    from captum.attr import KernelShap, Lime  # Captum's import takes a while: only where it runs
+
     _sampled_check(name)(n_samples, baseline, perturbations_per_eval, seed)
     per_eval = _per_eval(ctx, perturbations_per_eval, name)
+    explainer = {"lime": Lime, "kernelshap": KernelShap}[name]
 
     def attribute(forward: Any, x: torch.Tensor, base: torch.Tensor, b: int) -> torch.Tensor:
         if x.shape[1] == 1 and explainer is KernelShap:  # one player: its Shapley value is the occlusion drop
@@ -198,7 +202,7 @@ def _sampled(ctx: BatchContext, explainer: type, name: str, n_samples: int, base
 )
 def lime(ctx: BatchContext, n_samples: int = DEFAULT_SAMPLES, baseline: str = "auto",
          perturbations_per_eval: int | None = None, seed: int = 0) -> MethodOutput:
-    return _sampled(ctx, Lime, "lime", n_samples, baseline, perturbations_per_eval, seed)
+    return _sampled(ctx, "lime", n_samples, baseline, perturbations_per_eval, seed)
 
 
 @register(
@@ -211,4 +215,4 @@ def lime(ctx: BatchContext, n_samples: int = DEFAULT_SAMPLES, baseline: str = "a
 )
 def kernelshap(ctx: BatchContext, n_samples: int = DEFAULT_SAMPLES, baseline: str = "auto",
                perturbations_per_eval: int | None = None, seed: int = 0) -> MethodOutput:
-    return _sampled(ctx, KernelShap, "kernelshap", n_samples, baseline, perturbations_per_eval, seed)
+    return _sampled(ctx, "kernelshap", n_samples, baseline, perturbations_per_eval, seed)

@@ -69,7 +69,7 @@ def _weights_file(path: Path | None) -> str:
     return "the weights file"
 
 
-def load_weights(auto: Any, name: str, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+def load_weights(auto: Any, name: str, /, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
     """``auto.from_pretrained(name, **kwargs)`` and its loading info (missing and mismatched keys); unreadable
     weights raise a one-line :class:`ModelError`."""
     from safetensors import SafetensorError
@@ -260,6 +260,9 @@ def load_pretrained(
 
     if task not in (None, *TASKS):
         raise InputError(f"task={task!r}; choose {' or '.join(map(repr, TASKS))}")
+    if "attn_implementation" in model_kwargs:
+        raise InputError("attnlens loads models with eager attention and switches each pass to the attention it "
+                         "needs; leave out attn_implementation=")
     target_device = resolve_device(device)  # a device this machine lacks is refused before anything loads
     if dtype is not None:
         if {"dtype", "torch_dtype"} & set(model_kwargs):

@@ -144,10 +144,15 @@ class ContextAttribution:
         return list(self.token_row_spans)
 
     def to_json(self, tokens: bool = False) -> str:
+        """:meth:`to_dict` as one line of JSON (non-ASCII characters kept as they are); ``tokens`` as there
+        (:meth:`save` writes them by default)."""
         return json.dumps(self.to_dict(tokens), ensure_ascii=False)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ContextAttribution:
+        """The attribution a :meth:`to_dict` (or ``attnlens cite --format json``) dictionary describes; the
+        token-level fields stay empty where it has none. :class:`~attnlens.InputError` (one line) for a
+        dictionary of another kind."""
         try:
             sources = [Source(s["text"], int(s["start"]), int(s["end"])) for s in d["sources"]]
             methods = list(d["sources"][0]["scores"]) if d["sources"] else []

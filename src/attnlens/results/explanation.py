@@ -448,17 +448,28 @@ class Explanation:
         return json.dumps(self.to_dict(), sort_keys=True) == json.dumps(other.to_dict(), sort_keys=True)  # NaN == NaN
 
     # -------------------------------------------------------------- rendering
-    def show(self, methods: Sequence[str] | None = None, **kwargs: Any) -> None:
-        """Print a coloured token heatmap to the terminal (positive green, negative red)."""
+    def show(self, methods: Sequence[str] | None = None, *, words: bool = False, console: Any = None,
+             k: int | None = None) -> None:
+        """Print a coloured token heatmap to the terminal (positive green, negative red): one row per method
+        (default: all) and its ``k`` top tokens (default 5); ``words`` merges sub-word tokens into words;
+        ``console``: a ``rich.console.Console`` to print to (default: standard output)."""
         from ..viz.terminal import print_explanations
 
-        print_explanations([self], methods=methods, **kwargs)
+        print_explanations([self], methods=methods, words=words, console=console, **_top(k))
 
-    def to_html(self, methods: Sequence[str] | None = None, **kwargs: Any) -> str:
-        """A self-contained HTML page with this explanation's token heatmaps."""
+    def to_html(self, methods: Sequence[str] | None = None, *, title: str | None = None, words: bool = False,
+                k: int | None = None) -> str:
+        """A self-contained HTML page with this explanation's token heatmaps: one row per method (default: all)
+        and its ``k`` top tokens (default 5); ``words`` merges sub-word tokens into words; ``title`` heads the
+        page."""
         from ..viz.html import explanations_html
 
-        return explanations_html([self], methods=methods, **kwargs)
+        return explanations_html([self], methods=methods, title=title, words=words, **_top(k))
+
+
+def _top(k: int | None) -> dict[str, int]:
+    """``k`` as the views' keyword, where given (each view has its default)."""
+    return {} if k is None else {"k": k}
 
 
 def _ints(value: Any) -> int | list[int]:

@@ -272,17 +272,19 @@ class Generation:
         return mine == theirs
 
     # ------------------------------------------------------------------ display
-    def show(self, methods: Sequence[str] | None = None, **kwargs: Any) -> None:
-        """Step × token heatmaps in the terminal (one per method)."""
+    def show(self, methods: Sequence[str] | None = None, *, console: Any = None) -> None:
+        """Step × token heatmaps in the terminal (one per method; default: all); ``console``: a
+        ``rich.console.Console`` to print to (default: standard output)."""
         from ..viz.generation import show_generation
 
-        show_generation(self, methods, **kwargs)
+        show_generation(self, methods, console)
 
-    def to_html(self, methods: Sequence[str] | None = None, **kwargs: Any) -> str:
-        """A standalone HTML page: the continuation, and hovering a generated token shows its step's scores."""
+    def to_html(self, methods: Sequence[str] | None = None, *, title: str | None = None) -> str:
+        """A standalone HTML page: the continuation, and hovering a generated token shows its step's scores (one
+        section per method; default: all); ``title`` heads the page."""
         from ..viz.generation import generation_html
 
-        return generation_html(self, methods, **kwargs)
+        return generation_html(self, methods, title)
 
 
     def plot(self, method: str | None = None, path: str | Path | None = None) -> Any:
