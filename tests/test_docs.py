@@ -98,6 +98,27 @@ def test_readme_is_a_landing_page():
     assert "../shared" not in install and "make" not in install  # `pip install` needs no checkout
 
 
+def test_readme_links_hold_where_the_readme_is_shown_alone():
+    """PyPI shows the README without the repository beside it, so its links are absolute; each one into the docs
+    site or the repository names a page or file that exists here (the docs site is built with directory URLs)."""
+    urls = {"docs_url": "https://attnlens.github.io/attnlens/",
+            "raw_url": "https://raw.githubusercontent.com/attnlens/attnlens/main/",
+            "blob_url": "https://github.com/attnlens/attnlens/blob/main/"}
+    project = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'Documentation = "{urls["docs_url"]}"' in project
+    targets = re.findall(r"\]\(([^)\s]+)\)", README)
+    assert targets
+    for target in targets:
+        assert target.startswith("https://"), f"a relative link breaks on PyPI: {target}"
+        path = target.split("#")[0]
+        if path.startswith(urls["docs_url"]):
+            page = path[len(urls["docs_url"]):].rstrip("/")
+            assert (DOCS / f"{page}.md").is_file() or (DOCS / page / "index.md").is_file(), target
+        for repo in (urls["raw_url"], urls["blob_url"]):
+            if path.startswith(repo):
+                assert (ROOT / path[len(repo):]).is_file(), target
+
+
 def test_every_page_is_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
