@@ -3,6 +3,7 @@ and explained; the entries' facts (pooling, position offset, LRP support) reach 
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -297,3 +298,22 @@ def test_an_albert_of_several_layers_per_group_skips_only_the_methods_that_take_
     assert not {"valuezeroing", "decompx", "alti"} & set(e.scores)
     with pytest.raises(InputError, match="inner_group_num"):
         ex.explain([TEXTS[0]], methods=["valuezeroing"])
+
+
+def test_an_entry_with_a_field_of_the_wrong_kind_is_refused_at_registration():
+    with pytest.raises(ModelError, match=r"Architecture 'roformer': adapter is a str, not Adapter"):
+        register_architecture(Architecture("roformer", "encoder"))
+    assert "roformer" not in ARCHITECTURES
+
+
+def test_an_entry_naming_modules_the_model_lacks_is_one_line(tokenizer, monkeypatch):
+    bert = ARCHITECTURES["bert"]
+    monkeypatch.setitem(ARCHITECTURES, "bert", dataclasses.replace(
+        bert, layers=dataclasses.replace(bert.layers, layers="encoder.layers")))
+    ex = Explainer(make_model("bert"), tokenizer)
+    with pytest.raises(ModelError, match=r"no module at 'encoder.layers', which the 'bert' entry's layers name"):
+        ex.explain("the movie was great", methods=["valuezeroing"])
+    anatomy = dataclasses.replace(bert.anatomy, output="attention.output.dens")
+    monkeypatch.setitem(ARCHITECTURES, "bert", dataclasses.replace(bert, anatomy=anatomy))
+    with pytest.raises(ModelError, match=r"no module at .attention.output.dens., which its architecture entry names"):
+        ex.explain("the movie was great", methods=["globenc"])

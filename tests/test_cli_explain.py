@@ -201,3 +201,37 @@ def test_dash_is_refused_where_an_output_must_be_a_file_or_folder(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert err.startswith("attnlens: error:") and " -: give a " in err and "\n" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
+
+
+PLUGIN = '''
+from attnlens import register
+from attnlens.methods.registry import HIDDEN, MethodOutput
+
+
+@register("hiddennorm", needs={HIDDEN}, summary="The last hidden state's norm.", citation="-")
+def hiddennorm(ctx, scale: float = 1.0):
+    return MethodOutput(scale * ctx.capture.hidden[-1].norm(dim=-1), space="tokens")
+'''
+
+
+def test_a_method_of_ones_own_runs_from_the_command_line_through_the_plugins_variable(model_dir, tmp_path, capsys,
+                                                                                       monkeypatch):
+    from attnlens.methods import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    plugin = tmp_path / "my_methods.py"
+    plugin.write_text(PLUGIN, encoding="utf-8")
+    argv = ["explain", "--model", model_dir, "--methods", "hiddennorm,rawatt", "--options",
+            '{"hiddennorm": {"scale": 2}}', "--format", "json", "the movie was great"]
+    assert main(argv) == 2
+    assert "unknown method 'hiddennorm'" in capsys.readouterr().err
+    monkeypatch.setenv("ATTNLENS_PLUGINS", str(plugin))
+    assert main(argv) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert set(row["scores"]) == {"hiddennorm", "rawatt"} and min(row["scores"]["hiddennorm"][1:-1]) > 0
+    assert main(argv) == 0  # a second command in the process finds the plugin imported
+    capsys.readouterr()
+    monkeypatch.setenv("ATTNLENS_PLUGINS", f"{plugin},no_such_module_here")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "$ATTNLENS_PLUGINS names no_such_module_here, which does not import" in err

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
 from conftest import make_model
 
-from attnlens import Explainer, InputError
+from attnlens import Explainer, InputError, MethodError
 from attnlens.methods import get_method, list_methods, registry
 from attnlens.methods.registry import ATTENTION, MethodOutput, register
 
@@ -156,3 +157,85 @@ def test_the_methods_that_run_many_passes_are_marked_and_bring_the_cli_progress_
     assert many == ["integratedgradients", "valuezeroing", "occlusion", "lime", "kernelshap"]
     assert _runs_long("all") and _runs_long("grads, integratedgradients")
     assert not _runs_long("rawatt,attnlrp") and not _runs_long(None) and not _runs_long("nope")
+
+
+# ------------------------------------------------------------------------------------------ methods of one's own
+@pytest.fixture
+def own_methods(monkeypatch):
+    """A registry a test may add to, as it was afterwards."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    return registry
+
+
+def _hidden(ctx) -> torch.Tensor:
+    return ctx.capture.hidden[-1][..., 0]
+
+
+@pytest.mark.parametrize(("returns", "match"), [
+    (lambda ctx: MethodOutput(_hidden(ctx)[:, :1]), r"scores of shape \(2, 1\); expected \(2, \d+\)"),
+    (lambda ctx: MethodOutput(_hidden(ctx).T), r"scores of shape \(\d+, 2\); expected \(2, \d+\)"),
+    (lambda ctx: MethodOutput(_hidden(ctx), layers=_hidden(ctx)), r"layers of shape \(2, \d+\); expected \(2, layers"),
+    (lambda ctx: MethodOutput(_hidden(ctx), space="key"), r"space='key'; it is one of 'keys', 'tokens'"),
+    (lambda ctx: MethodOutput(_hidden(ctx), meta={"gap": 1.5}), r"meta\['gap'\] of float; each meta value"),
+    (lambda ctx: MethodOutput(_hidden(ctx).bool()), r"scores as a torch.bool tensor"),
+    (lambda ctx: _hidden(ctx), r"a Tensor; a method returns a MethodOutput"),
+    (lambda ctx: MethodOutput(_hidden(ctx).numpy()), r"scores as a ndarray"),
+])
+def test_a_registered_methods_output_that_does_not_fit_the_batch_is_one_error(own_methods, tokenizer, returns, match):
+    own_methods.register("mine", needs={registry.HIDDEN}, summary="mine", citation="-")(returns)
+    ex = Explainer(make_model("bert"), tokenizer)
+    with pytest.raises(MethodError, match=r"^method 'mine' returned " + match):
+        ex.explain(["the movie was great", "bad"], methods=["mine"], batch_size=2)
+
+
+def test_a_registered_method_that_raises_is_named(own_methods, tokenizer):
+    def broken(ctx):
+        return 1 / 0
+
+    own_methods.register("broken", needs={registry.HIDDEN}, summary="-", citation="-")(broken)
+    with pytest.raises(MethodError, match=r"^method 'broken' failed: ZeroDivisionError: division by zero$"):
+        Explainer(make_model("bert"), tokenizer).explain("the movie was great", methods=["broken"])
+
+
+@pytest.mark.parametrize("name", [3, "", "a,b", "all", "my method"])
+def test_a_method_name_that_cannot_be_requested_is_refused(own_methods, name):
+    with pytest.raises(ValueError, match="a method's name is a non-empty string"):
+        own_methods.register(name, needs={registry.HIDDEN}, summary="-", citation="-")(lambda ctx: None)
+
+
+def test_a_method_function_without_the_batch_context_is_refused(own_methods):
+    with pytest.raises(ValueError, match=r"takes the batch context first"):
+        own_methods.register("mine", needs={registry.HIDDEN}, summary="-", citation="-")(lambda: None)
+
+
+def test_a_method_that_leaves_nan_on_padding_gives_zeros_there_and_no_warning(own_methods, tokenizer):
+    def padded_nan(ctx):
+        return MethodOutput(torch.where(ctx.token_mask.bool(), _hidden(ctx), torch.nan), space="tokens")
+
+    own_methods.register("padnan", needs={registry.HIDDEN}, summary="-", citation="-")(padded_nan)
+    ex = Explainer(make_model("bert"), tokenizer)
+    batch = ex.encode(["the movie was great", "bad"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, out = ex.compute_batch(batch, [-1, -1], [get_method("padnan")], {})
+    scores, _ = out["padnan"]
+    assert bool(torch.isfinite(scores).all()) and bool((scores[1, len(batch[1].ids):] == 0).all())
+
+
+def test_a_method_that_is_nan_on_tokens_is_said_to_be_at_fault_in_a_float32_model(own_methods, tokenizer):
+    own_methods.register("nan", needs={registry.HIDDEN}, summary="-", citation="-")(
+        lambda ctx: MethodOutput(_hidden(ctx) * torch.nan))
+    with pytest.warns(UserWarning, match=r"nan: \d+ of its scores are not finite \(inf or nan\) \(the method's own"):
+        Explainer(make_model("bert"), tokenizer).explain("the movie was great", methods=["nan"])
+
+
+def test_the_same_function_registered_again_replaces_itself_and_another_is_refused(own_methods):
+    def mine(ctx):
+        return MethodOutput(_hidden(ctx))
+
+    for _ in range(2):  # a notebook cell run twice
+        own_methods.register("mine", needs={registry.HIDDEN}, summary="-", citation="-")(mine)
+    with pytest.raises(ValueError, match="method 'mine' is registered twice"):
+        own_methods.register("mine", needs={registry.HIDDEN}, summary="-", citation="-")(lambda ctx: None)
+    with pytest.raises(ValueError, match="method 'rawatt' is registered twice"):
+        own_methods.register("rawatt", needs={registry.HIDDEN}, summary="-", citation="-")(mine)

@@ -9,7 +9,7 @@ Example (a hub id needs the hub; a local model directory works offline)::
     print(exps[0].top_k("attcat", 3))  # the three tokens with the highest scores, as (token, score)
 """
 
-from .errors import AttnLensError, InputError, ModelError, UnknownMethodError
+from .errors import AttnLensError, InputError, MethodError, ModelError, UnknownMethodError
 from .explainer import Explainer
 from .methods import get_method, list_methods, register
 from .models.architectures import Architecture, register_adapter, register_architecture
@@ -26,6 +26,7 @@ __all__ = [
     "Explanation",
     "Generation",
     "InputError",
+    "MethodError",
     "ModelError",
     "UnknownMethodError",
     "get_method",

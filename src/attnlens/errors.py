@@ -15,6 +15,11 @@ class ModelError(AttnLensError, TypeError):
     """A model or tokenizer that attnlens cannot explain (wrong head, vocabulary mismatch, ...)."""
 
 
+class MethodError(AttnLensError, RuntimeError):
+    """A registered method (one of your own, :func:`attnlens.register`) failed, or returned scores that do not fit
+    the batch it was given; the message names the method."""
+
+
 class UnknownMethodError(InputError, KeyError):
     """A method id that is not in the registry."""
 

@@ -22,6 +22,7 @@ from ..viz.safetext import terminal_safe
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
 SUBCOMMANDS = ["explain", "cite", "benchmark", "fit-at2", "train", "report", "serve"]
+PLUGINS = "ATTNLENS_PLUGINS"  # modules or .py files every command imports first: methods and architectures of one's own
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 warnings.showwarning = _show_warning
             if getattr(args, "quiet", False):
                 warnings.simplefilter("ignore")
+            load_plugins()
             return int(args._run(args) or 0)
     except (AttnLensError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
         if args.debug:
@@ -80,6 +82,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         warnings.formatwarning = format_warning
+
+
+def load_plugins() -> None:
+    """Import what ``$ATTNLENS_PLUGINS`` names (comma-separated module names, or paths of ``.py`` files), once per
+    process: modules that register methods (:func:`attnlens.register`) or architectures of one's own, so that
+    every command can name them. :class:`InputError` (one line) for one that does not import."""
+    for entry in filter(None, (e.strip() for e in os.environ.get(PLUGINS, "").split(","))):
+        try:
+            if entry.endswith(".py"):
+                _import_file(entry)
+            else:
+                importlib.import_module(entry)
+        except Exception as exc:
+            detail = str(exc).splitlines()[0] if str(exc) else ""
+            raise InputError(f"${PLUGINS} names {entry}, which does not import ({type(exc).__name__}"
+                             + (f": {detail}" if detail else "") + ")") from exc
+
+
+def _import_file(path: str) -> None:
+    """Run the module file ``path`` once per process (a second call finds it in ``sys.modules``)."""
+    import importlib.util
+    from pathlib import Path
+
+    file = Path(path).expanduser().resolve()
+    name = f"attnlens_plugin_{abs(hash(str(file))):x}"
+    if name in sys.modules:
+        return
+    if not file.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
 
 
 def add_placement_options(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:

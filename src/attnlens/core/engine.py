@@ -10,14 +10,14 @@ import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
-from ..errors import InputError
+from ..errors import AttnLensError, InputError, MethodError
 from ..methods import check_option_owners, get_method, resolve_methods
 from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp, fused_over_prefixes, last_layer_passes
-from ..methods.registry import GRADIENTS, LAYER_GRAPH, OWN_PASS, Method, capture_request
+from ..methods.registry import GRADIENTS, LAYER_GRAPH, OWN_PASS, SPACES, Method, MethodOutput, capture_request
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
 from ..version import __version__
@@ -349,7 +349,8 @@ def compute_batch(
             if tracker is not None:
                 tracker.begin_method(planned_passes(opts) if OWN_PASS in spec.needs else step)
             with torch.set_grad_enabled(OWN_PASS in spec.needs):  # capture-only methods need no graph
-                result = spec.compute(ctx, **opts)
+                result = _run_method(spec, ctx, opts)
+            _check_output(spec.name, result, rows, n, capture.key_mask.shape[-1])
             if tracker is not None:
                 tracker.advance(float("inf"))  # the step is done: whatever it did not report
             if result.meta:
@@ -360,11 +361,56 @@ def compute_batch(
                 scores = runner.adapter.keys_to_tokens(scores * key_mask, runner.stream)
                 layers = None if layers is None else runner.adapter.keys_to_tokens(
                     layers * key_mask[:, None, :], runner.stream)
-            scores = scores * mask
-            layers = None if layers is None else layers * mask[:, None, :]
+            keep = mask.bool()  # padding is 0 whatever the method left there (a nan times 0 stays nan)
+            scores = torch.where(keep, scores, 0)
+            layers = None if layers is None else torch.where(keep[:, None, :], layers, 0)
             _warn_if_not_finite(spec.name, scores, runner)
             out[spec.name] = (scores, layers)
     return ctx, out
+
+
+def _run_method(spec: Any, ctx: BatchContext, options: Mapping[str, Any]) -> MethodOutput:
+    """``spec.compute(ctx, **options)``. An exception from a method registered outside attnlens becomes one
+    :class:`MethodError` line that names it (attnlens's own raise theirs as they are)."""
+    try:
+        return spec.compute(ctx, **options)
+    except AttnLensError:
+        raise
+    except Exception as err:
+        if getattr(spec.compute, "__module__", "").startswith("attnlens."):
+            raise
+        detail = str(err).splitlines()[0] if str(err) else ""
+        raise MethodError(f"method {spec.name!r} failed: {type(err).__name__}"
+                          + (f": {detail}" if detail else "")) from err
+
+
+def _check_output(method: str, result: Any, rows: int, tokens: int, keys: int) -> None:
+    """:class:`MethodError` where ``result`` is not a :class:`MethodOutput` whose scores are ``(rows, width)``
+    (``width``: the batch's ``tokens`` or ``keys``, as its ``space`` says), whose layers are ``(rows, L,
+    width)`` and whose meta holds one value per input: a wrong shape would otherwise be broadcast over the batch
+    or read as other inputs' scores."""
+    def fail(what: str) -> NoReturn:
+        raise MethodError(f"method {method!r} returned {what}")
+
+    if not isinstance(result, MethodOutput):
+        fail(f"a {type(result).__name__}; a method returns a MethodOutput (attnlens.methods.registry)")
+    if result.space not in SPACES:
+        fail(f"space={result.space!r}; it is one of {', '.join(map(repr, SPACES))}")
+    width = tokens if result.space == "tokens" else keys
+    for name, value, shape in (("scores", result.scores, (rows, width)), ("layers", result.layers, None)):
+        if name == "layers" and value is None:
+            continue
+        if not torch.is_tensor(value) or value.is_complex() or value.dtype == torch.bool:
+            kind = f"{value.dtype} tensor" if torch.is_tensor(value) else type(value).__name__
+            fail(f"{name} as a {kind}; they are a real-valued torch tensor")
+        if shape is None and (value.dim() != 3 or value.shape[0] != rows or value.shape[2] != width):
+            fail(f"layers of shape {tuple(value.shape)}; expected ({rows}, layers, {width})")
+        if shape is not None and tuple(value.shape) != shape:
+            fail(f"scores of shape {tuple(value.shape)}; expected {shape} (inputs × {result.space} of the batch)")
+    for key, value in (result.meta or {}).items():
+        if not torch.is_tensor(value) or tuple(value.shape) != (rows,):
+            got = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+            fail(f"meta[{key!r}] of {got}; each meta value is a tensor of one value per input, ({rows},)")
 
 
 def _warn_if_not_finite(method: str, scores: torch.Tensor, runner: ModelRunner) -> None:
@@ -372,9 +418,13 @@ def _warn_if_not_finite(method: str, scores: torch.Tensor, runner: ModelRunner) 
     ``nan``, and a JSON reader may refuse them): most often a half-precision model's range."""
     bad = ~torch.isfinite(scores)
     if bool(bad.any()):
-        dtype = str(next(runner.model.parameters()).dtype).removeprefix("torch.")
-        warnings.warn(f"{method}: {int(bad.sum())} of its scores are not finite (inf or nan) with this {dtype} model; "
-                      "load it in float32 (--dtype float32) to explain it", stacklevel=2)
+        dtype = next(runner.model.parameters()).dtype
+        if dtype in (torch.float16, torch.bfloat16):
+            why = (f" with this {str(dtype).removeprefix('torch.')} model; load it in float32 (--dtype float32) to "
+                   "explain it")
+        else:
+            why = " (the method's own arithmetic: it divided 0 by 0 or overflowed)"
+        warnings.warn(f"{method}: {int(bad.sum())} of its scores are not finite (inf or nan){why}", stacklevel=2)
 
 
 def explain_batch(

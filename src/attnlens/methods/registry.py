@@ -50,6 +50,7 @@ CAPTURED = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_M
 # what the backward can reach
 DIFFERENTIABLE = frozenset({ATTENTION, ATTENTION_ROWS, ATTENTION_CHUNKS, HIDDEN, EMBEDDINGS})
 NEEDS = CAPTURED | {GRADIENTS, OWN_PASS, LAYER_GRAPH}
+SPACES = ("keys", "tokens")  # what the last axis of a MethodOutput's scores runs over
 
 
 @dataclass
@@ -189,6 +190,19 @@ def register(
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
+    ``compute(ctx, **options)`` gets the batch's :class:`~attnlens.core.batch_state.BatchContext` and returns a
+    :class:`MethodOutput` of the whole batch (checked: a result that does not fit the batch, or an exception from
+    a method defined outside attnlens, is one :class:`~attnlens.MethodError` line that names it). ``name`` is
+    how users request it (no commas or spaces; not ``"all"``); registering a name again is refused unless it is
+    the same function again (a notebook cell run twice replaces it). ``needs``: what the shared pass keeps for
+    it, from :mod:`attnlens.methods.registry` (``ATTENTION``, ``ATTENTION_ROWS``, ``ATTENTION_RECEIVED``,
+    ``ATTENTION_MEANS``, ``ATTENTION_CHUNKS``, ``HIDDEN``, ``EMBEDDINGS``, ``GRADIENTS``, ``LAYER_GRAPH``; or
+    ``OWN_PASS`` for a method that runs passes of its own; docs/architecture.md says what each keeps).
+    ``summary`` and ``citation``: one line each, shown by ``list_methods`` and the explorer.
+    ``class_specific=False``: the scores do not depend on the explained target (raw attention), so a contrast is
+    refused. ``self_attention_only``: it reads one self-attention stream (an encoder-decoder's cross stream is
+    refused). ``lrp``: it runs an LRP pass (``attnlens.lrp``).
+
     ``applies(model, stream, task)`` returns why the method cannot explain such a model (``None``: it can); a
     request for ``"all"`` skips the method there, a named request raises the reason as an :class:`InputError`.
 
@@ -206,6 +220,9 @@ def register(
     none), counted in the budget before any pass runs. ``many_passes``: it runs many forward passes per input
     (samples, integration steps; ``per_token_passes`` implies it), so a command shows its progress.
     """
+    if not isinstance(name, str) or not name or name == "all" or any(c in name for c in ", \t\n"):
+        raise ValueError(f"a method's name is a non-empty string without commas or spaces, other than 'all' (which "
+                         f"requests every method); got {name!r}")
     if forward is not None and OWN_PASS not in needs:
         raise ValueError(f"method {name!r}: forward= is for methods that run their own pass (OWN_PASS)")
     bad = set(needs) - NEEDS
@@ -218,8 +235,9 @@ def register(
                          "differentiable needs")
 
     def deco(compute: Callable[..., MethodOutput]) -> Callable[..., MethodOutput]:
-        if name in _REGISTRY:
-            raise ValueError(f"method {name!r} is registered twice")
+        old = _REGISTRY.get(name)
+        if old is not None and _origin(old.compute) != _origin(compute):  # the same function again: a notebook
+            raise ValueError(f"method {name!r} is registered twice")    # cell run again replaces it
         _REGISTRY[name] = Method(
             name=name,
             compute=compute,
@@ -261,9 +279,17 @@ def check_integer(method: str, name: str, value: object, minimum: int | None = N
         raise InputError(f"{method} {name} must be an integer{bound}, got {value!r}")
 
 
+def _origin(compute: Callable[..., Any]) -> tuple[str, str]:
+    """Where a method's function was defined (its module and qualified name)."""
+    return getattr(compute, "__module__", ""), getattr(compute, "__qualname__", repr(compute))
+
+
 def _option_defaults(name: str, compute: Callable[..., MethodOutput]) -> dict[str, Any]:
     """``{option: default}`` from the parameters of ``compute`` after the first (the batch context)."""
-    params = list(inspect.signature(compute).parameters.values())[1:]
+    every = list(inspect.signature(compute).parameters.values())
+    if not every or every[0].kind not in (every[0].POSITIONAL_ONLY, every[0].POSITIONAL_OR_KEYWORD):
+        raise ValueError(f"method {name!r}: its function takes the batch context first (def {name}(ctx, ...))")
+    params = every[1:]
     for p in params:
         if p.default is inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
             raise ValueError(f"method {name!r}: option {p.name!r} needs a default value and a name")

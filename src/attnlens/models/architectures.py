@@ -248,6 +248,9 @@ class Layers:
             raise ModelError(f"{model.config.model_type!r} has no {stream!r} attention stream")
         root: Any = model.base_model
         for name in path.split("."):
+            if not hasattr(root, name):
+                raise ModelError(f"{type(model.base_model).__name__} has no module at {path!r}, which the "
+                                 f"{model.config.model_type!r} entry's layers name (attnlens.register_architecture)")
             root = getattr(root, name)
         return list(root)
 
@@ -702,6 +705,16 @@ LRP_SUPPORTED: dict[str, str] = {}
 
 def register_architecture(arch: Architecture) -> None:
     """Describe ``arch.model_type`` (replacing any earlier entry of that type)."""
+    fields = (("model_type", arch.model_type, str), ("adapter", arch.adapter, Adapter),
+              ("layers", arch.layers, (Layers, type(None))), ("lrp", arch.lrp, (LRPSupport, type(None))))
+    for field_name, value, kind in fields:
+        if not isinstance(value, kind):
+            expected = kind.__name__ if isinstance(kind, type) else f"{kind[0].__name__} or None"
+            raise ModelError(f"Architecture {arch.model_type!r}: {field_name} is a {type(value).__name__}, not "
+                             f"{expected} (e.g. attnlens.models.adapters.ENCODER)")
+    if not isinstance(arch.anatomy, Anatomy) and arch.anatomy is not None and not callable(arch.anatomy):
+        raise ModelError(f"Architecture {arch.model_type!r}: anatomy is a {type(arch.anatomy).__name__}, not an "
+                         "Anatomy, a function of the config giving one, or None")
     pooling = arch.pooling
     if isinstance(pooling, str) and pooling not in POOLINGS:
         raise ModelError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")

@@ -15,14 +15,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ModelError
 from .architectures import Anatomy
 
 _FEED_FORWARD_PARTS = ("ffn", "moe", "ffn_in", "act", "ffn_out", "gate")
 
 
 def module_at(obj: Any, path: str) -> Any:
-    """The attribute at dotted ``path`` of ``obj`` (``"mlp.down_proj"``; list indices as names: ``"layer.0"``)."""
-    return functools.reduce(getattr, path.split("."), obj)
+    """The attribute at dotted ``path`` of ``obj`` (``"mlp.down_proj"``; list indices as names: ``"layer.0"``).
+    :class:`ModelError` (one line) where the path does not lead anywhere: an architecture entry naming a module
+    this model lacks."""
+    try:
+        return functools.reduce(getattr, path.split("."), obj)
+    except AttributeError:
+        raise ModelError(f"{type(obj).__name__} has no module at {path!r}, which its architecture entry names "
+                         "(attnlens.register_architecture)") from None
 
 
 def linear_rows(weight: torch.Tensor, rows: Any, bias: torch.Tensor | None) -> nn.Linear:
