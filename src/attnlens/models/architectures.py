@@ -704,7 +704,12 @@ LRP_SUPPORTED: dict[str, str] = {}
 
 
 def register_architecture(arch: Architecture) -> None:
-    """Describe ``arch.model_type`` (replacing any earlier entry of that type)."""
+    """Describe ``arch.model_type`` (replacing any earlier entry of that type).
+
+    The entry is trusted as given: a model type without one gets a test pass before it is explained
+    (:mod:`attnlens.core.unlisted`), a type with one does not. Give a causal decoder a decoder adapter
+    (``DECODER``): read as an encoder, it would be explained at its first token, which sees nothing else.
+    Fields of the wrong kind are refused here; module paths that the model lacks, when a method reads them."""
     fields = (("model_type", arch.model_type, str), ("adapter", arch.adapter, Adapter),
               ("layers", arch.layers, (Layers, type(None))), ("lrp", arch.lrp, (LRPSupport, type(None))))
     for field_name, value, kind in fields:
