@@ -488,3 +488,18 @@ def test_all_skips_methods_that_do_not_apply_but_explicit_requests_fail(tokenize
     with pytest.warns(UserWarning, match="rollout"):
         (c,) = cross.explain("the movie was great", methods="all", options={"integratedgradients": {"n_steps": 4}})
     assert "rollout" not in c.scores and "gae" not in c.scores and "agrad" in c.scores
+
+
+def test_methods_of_many_passes_give_the_heaps_free_blocks_back(tokenizer, monkeypatch):
+    """Perturbed batches sized by each input's length leave holes in the C allocator's heaps, which a session of
+    inputs of varied lengths would keep (MiniLM, occlusion and LIME over 40 lengths: +358 MB resident); the engine
+    gives them back after each such method."""
+    from attnlens.core import engine
+
+    released = []
+    monkeypatch.setattr(engine, "release_free_memory", lambda: released.append(True) or True)
+    ex = explainer("bert", tokenizer)
+    ex.explain(TEXTS, methods=["rawatt", "grads"])
+    assert not released
+    ex.explain(TEXTS, methods=["rawatt", "occlusion"])
+    assert released

@@ -21,6 +21,7 @@ from ..methods.registry import GRADIENTS, LAYER_GRAPH, OWN_PASS, SPACES, Method,
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
 from ..version import __version__
+from .allocator import release_free_memory
 from .batch_state import TARGET_KINDS, BatchContext
 from .batching import eos_groups, keeps_logits
 from .capture import planned_storage, run_capture
@@ -350,6 +351,8 @@ def compute_batch(
                 tracker.begin_method(planned_passes(opts) if OWN_PASS in spec.needs else step)
             with torch.set_grad_enabled(OWN_PASS in spec.needs):  # capture-only methods need no graph
                 result = _run_method(spec, ctx, opts)
+            if spec.many_passes:  # batches of perturbed inputs sized by each input's length leave holes in the
+                release_free_memory()  # heaps that a session of varied lengths would keep growing (allocator.py)
             _check_output(spec.name, result, rows, n, capture.key_mask.shape[-1])
             if tracker is not None:
                 tracker.advance(float("inf"))  # the step is done: whatever it did not report
