@@ -317,3 +317,18 @@ def test_an_entry_naming_modules_the_model_lacks_is_one_line(tokenizer, monkeypa
     monkeypatch.setitem(ARCHITECTURES, "bert", dataclasses.replace(bert, anatomy=anatomy))
     with pytest.raises(ModelError, match=r"no module at .attention.output.dens., which its architecture entry names"):
         ex.explain("the movie was great", methods=["globenc"])
+
+
+def test_an_entry_of_ones_own_of_the_wrong_family_is_refused(tokenizer, monkeypatch):
+    """An entry registered outside attnlens is trusted in all but its family, which a test pass checks: a causal
+    decoder read as an encoder would be explained at its first token."""
+    monkeypatch.setitem(ARCHITECTURES, "gpt2", Architecture("gpt2", ENCODER))
+    with pytest.raises(ModelError, match=r"'gpt2' entry .* is an encoder entry, but a test pass found causal "
+                                         r"attention: register it with attnlens.models.adapters.DECODER"):
+        Explainer(make_model("gpt2"), tokenizer)
+    monkeypatch.setitem(ARCHITECTURES, "bert", Architecture("bert", DECODER))
+    with pytest.raises(ModelError, match=r"found bidirectional attention: register it with .*ENCODER"):
+        Explainer(make_model("bert"), tokenizer)
+    monkeypatch.setitem(ARCHITECTURES, "gpt2", Architecture("gpt2", DECODER))
+    (e,) = Explainer(make_model("gpt2"), tokenizer).explain("the movie was great", methods=["rawatt"])
+    assert e.scores["rawatt"][-1] != 0

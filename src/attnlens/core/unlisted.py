@@ -25,7 +25,7 @@ from torch import nn
 
 from ..errors import ModelError
 from ..models.adapters import DECODER, ENCODER
-from ..models.architectures import ARCHITECTURES, Architecture, remember_unlisted
+from ..models.architectures import ARCHITECTURES, Architecture, is_built_in, remember_unlisted
 from .modelstate import EAGER, explaining
 
 __all__ = ["check_unlisted"]
@@ -41,7 +41,11 @@ def check_unlisted(model: nn.Module) -> None:
     not. Types with an entry are left alone."""
     config = model.config
     model_type = getattr(config, "model_type", "")
-    if model_type in ARCHITECTURES or getattr(config, "is_encoder_decoder", False):
+    entry = ARCHITECTURES.get(model_type)
+    if getattr(config, "is_encoder_decoder", False) or (entry is not None and is_built_in(entry)):
+        return
+    if entry is not None:
+        _check_registered_family(model, entry)
         return
     name = f"model type {model_type!r} has no attnlens entry"
     try:
@@ -91,6 +95,35 @@ def check_unlisted(model: nn.Module) -> None:
     warnings.warn(f"{name}: a test pass found {kind}, explained at its {'last' if causal else 'first'} token with "
                   "a generic entry (methods that rerun or decompose layers are skipped; "
                   "attnlens.models.architectures.register_architecture adds an entry)", stacklevel=3)
+
+
+def _check_registered_family(model: nn.Module, entry: Architecture) -> None:
+    """An entry registered outside attnlens is trusted in all but its family, which one forward over a few tokens
+    tells: a causal decoder read as an encoder would be explained at its first token, which sees nothing else,
+    and an encoder read as a decoder at its last. :class:`ModelError` (one line) when the family disagrees; a model
+    whose maps this test cannot read is left to its entry."""
+    if entry.family not in ("encoder", "decoder"):
+        return
+    vocabulary = int(getattr(model.config, "vocab_size", 0) or 0)
+    pad = getattr(model.config, "pad_token_id", None)
+    ids = [i for i in range(4, vocabulary) if i != pad][:PROBE_TOKENS]
+    if len(ids) < PROBE_TOKENS:
+        return
+    inputs = torch.tensor([ids], device=next(model.parameters()).device)
+    try:
+        with explaining(model, EAGER), torch.no_grad():
+            maps = model(input_ids=inputs, attention_mask=torch.ones_like(inputs), output_attentions=True,
+                         return_dict=True).attentions
+    except Exception:  # noqa: BLE001 - the entry's own passes say what fails, as they do for any entry
+        return
+    n = PROBE_TOKENS
+    if not maps or any(a.dim() != 4 or tuple(a.shape[-2:]) != (n, n) for a in maps):
+        return
+    causal = all(bool((torch.triu(a[0].float(), diagonal=1) == 0).all()) for a in maps)
+    if causal != (entry.family == "decoder"):
+        found, give = ("causal attention", "DECODER") if causal else ("bidirectional attention", "ENCODER")
+        raise ModelError(f"the {entry.model_type!r} entry registered for {type(model).__name__} is an {entry.family} "
+                         f"entry, but a test pass found {found}: register it with attnlens.models.adapters.{give}")
 
 
 def _positions_read(out: object) -> list[int]:

@@ -706,10 +706,11 @@ LRP_SUPPORTED: dict[str, str] = {}
 def register_architecture(arch: Architecture) -> None:
     """Describe ``arch.model_type`` (replacing any earlier entry of that type).
 
-    The entry is trusted as given: a model type without one gets a test pass before it is explained
-    (:mod:`attnlens.core.unlisted`), a type with one does not. Give a causal decoder a decoder adapter
-    (``DECODER``): read as an encoder, it would be explained at its first token, which sees nothing else.
-    Fields of the wrong kind are refused here; module paths that the model lacks, when a method reads them."""
+    An entry of one's own is trusted in all but its family: before a model of its type is explained, a test pass
+    over a few tokens checks that a ``DECODER`` entry's model attends causally and an ``ENCODER`` entry's
+    bidirectionally (:mod:`attnlens.core.unlisted`; a causal decoder read as an encoder would be explained at its
+    first token, which sees nothing else). Fields of the wrong kind are refused here; module paths that the model
+    lacks, when a method reads them."""
     fields = (("model_type", arch.model_type, str), ("adapter", arch.adapter, Adapter),
               ("layers", arch.layers, (Layers, type(None))), ("lrp", arch.lrp, (LRPSupport, type(None))))
     for field_name, value, kind in fields:
@@ -758,6 +759,11 @@ def register_adapter(model_type: str, adapter: Adapter) -> None:
 
 for _arch in _ENTRIES:
     register_architecture(_arch)
+
+
+def is_built_in(arch: Architecture) -> bool:
+    """Whether ``arch`` is attnlens's own entry of its type (tested with the library), not one registered since."""
+    return any(arch is entry for entry in _ENTRIES)
 
 
 # generic entries of types without one, as a test pass found them (attnlens.core.unlisted.check_unlisted)
