@@ -291,7 +291,18 @@ def test_examples_run(page, stand_ins, tmp_path, monkeypatch, capsys):
     for hub_id, local in stand_ins.items():
         code = code.replace(f'"{hub_id}"', repr(local))
     monkeypatch.chdir(tmp_path)
+    from attnlens.methods import registry
+    from attnlens.models import architectures
+
+    # a page's methods and architectures of its own stay with the page
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    tables = [(table, dict(table)) for table in (architectures.ARCHITECTURES, architectures.LRP_SUPPORTED)]
     namespace: dict = {"__name__": "__docs__"}
-    exec(compile(code, _rel(page), "exec"), namespace)
+    try:
+        exec(compile(code, _rel(page), "exec"), namespace)
+    finally:
+        for table, saved in tables:
+            table.clear()
+            table.update(saved)
     check = CHECKS.get(_rel(page))
     assert check is None or check(namespace, tmp_path), f"{_rel(page)}: its examples gave unexpected results"
