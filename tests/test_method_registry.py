@@ -239,3 +239,29 @@ def test_the_same_function_registered_again_replaces_itself_and_another_is_refus
         own_methods.register("mine", needs={registry.HIDDEN}, summary="-", citation="-")(lambda ctx: None)
     with pytest.raises(ValueError, match="method 'rawatt' is registered twice"):
         own_methods.register("rawatt", needs={registry.HIDDEN}, summary="-", citation="-")(mine)
+
+
+def test_what_the_progress_callback_raises_through_a_method_of_ones_own_comes_out_as_it_is(own_methods, tokenizer):
+    """A caller stops a run by raising from its progress callback (serve cancels a job so): the exception reaches
+    it unchanged, not as the method's failure."""
+    class Stop(Exception):
+        pass
+
+    reports, inside = [], []
+
+    def slow(ctx):
+        for _ in range(3):
+            inside.append(True)
+            ctx.progress(0.1)
+        return MethodOutput(_hidden(ctx))
+
+    def stop(*_report):
+        reports.append(True)
+        if inside:  # the method's own report
+            raise Stop
+
+    own_methods.register("slow", needs={registry.HIDDEN}, summary="-", citation="-", many_passes=True)(slow)
+    ex = Explainer(make_model("bert"), tokenizer)
+    with pytest.raises(Stop):
+        ex.explain("the movie was great", methods=["slow"], progress=stop)
+    assert len(inside) == 1

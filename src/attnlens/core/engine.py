@@ -374,17 +374,36 @@ def compute_batch(
 
 def _run_method(spec: Any, ctx: BatchContext, options: Mapping[str, Any]) -> MethodOutput:
     """``spec.compute(ctx, **options)``. An exception from a method registered outside attnlens becomes one
-    :class:`MethodError` line that names it (attnlens's own raise theirs as they are)."""
+    :class:`MethodError` line that names it (attnlens's own raise theirs as they are), except what the progress
+    callback raised through it: a caller stopping the run (``serve`` cancelling a job) gets its own exception."""
+    if getattr(spec.compute, "__module__", "").startswith("attnlens."):
+        return spec.compute(ctx, **options)
+    progress, raised = ctx.progress, []
+    if progress is not None:
+        def report(fraction: float) -> Any:
+            try:
+                return progress(fraction)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+
+        ctx.progress = report
     try:
         return spec.compute(ctx, **options)
     except AttnLensError:
         raise
     except Exception as err:
-        if getattr(spec.compute, "__module__", "").startswith("attnlens."):
-            raise
+        chain, seen = err, set()
+        while chain is not None and id(chain) not in seen:  # the callback's exception, or one raised from it
+            if any(chain is r for r in raised):
+                raise
+            seen.add(id(chain))
+            chain = chain.__cause__ or chain.__context__
         detail = str(err).splitlines()[0] if str(err) else ""
         raise MethodError(f"method {spec.name!r} failed: {type(err).__name__}"
                           + (f": {detail}" if detail else "")) from err
+    finally:
+        ctx.progress = progress
 
 
 def _check_output(method: str, result: Any, rows: int, tokens: int, keys: int) -> None:
