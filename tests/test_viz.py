@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from html.parser import HTMLParser
@@ -10,6 +11,7 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
+from rich.console import Console
 
 from attnlens.errors import InputError
 from attnlens.results.explanation import Explanation
@@ -463,3 +465,16 @@ def test_sentence_pair_and_show(capsys):
     exp.show(methods=["rawatt"])  # Explanation.show prints through print_explanations
     out = capsys.readouterr().out
     assert "rawatt" in out and "attcat" not in out and "a premise <i> [SEP] a hypothesis" in out
+
+
+def test_the_views_of_a_result_name_their_options():
+    exp = make_exp()
+    page = exp.to_html(methods=["rawatt"], title="My <page>", k=1)
+    assert "My &lt;page&gt;" in page and "My <page>" not in page
+    buffer = io.StringIO()
+    exp.show(methods=["rawatt"], console=Console(file=buffer, width=100), k=1)
+    assert "rawatt" in buffer.getvalue()
+    with pytest.raises(TypeError, match="bogus"):
+        exp.show(bogus=1)
+    with pytest.raises(TypeError, match="bogus"):
+        exp.to_html(bogus=1)
