@@ -19,6 +19,7 @@ an entry of their own and are skipped), with one warning that says so; one that 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,12 +54,9 @@ def check_unlisted(model: nn.Module) -> None:
     except (NotImplementedError, AttributeError) as err:
         raise ModelError(f"{name}, and its input embeddings cannot be found ({err})") from None
     vocabulary = int(getattr(config, "vocab_size", 0) or getattr(embeddings, "num_embeddings", 0))
-    pad = getattr(config, "pad_token_id", None)
-    ids = [i for i in range(4, vocabulary) if i != pad][:PROBE_TOKENS]
-    if len(ids) < PROBE_TOKENS:
+    inputs = _probe_inputs(model, vocabulary)
+    if inputs is None:
         raise ModelError(f"{name}, and its vocabulary of {vocabulary} ids is too small to test it")
-    device = next(model.parameters()).device
-    inputs = torch.tensor([ids], device=device)
     classifier = type(model).__name__.endswith("ForSequenceClassification")
 
     def differentiable(module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
@@ -78,12 +76,12 @@ def check_unlisted(model: nn.Module) -> None:
                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
     n = PROBE_TOKENS
     maps = getattr(out, "attentions", None)
-    shapes = [tuple(a.shape) for a in maps or ()]
-    if not shapes or any(len(s) != 4 or s[-2:] != (n, n) for s in shapes):
+    causal = _causal(maps)
+    if causal is None:
+        shapes = [tuple(a.shape) for a in maps or ()]
         found = f"layer shapes {shapes[:2]}" if shapes else "none returned"
         raise ModelError(f"{name}, and its attention is not one {n} × {n} map per layer over a {n}-token input "
                          f"({found}), which every attnlens method reads")
-    causal = all(bool((torch.triu(a.detach()[0].float(), diagonal=1) == 0).all()) for a in maps)
     where = n - 1 if causal else 0
     kind = "a causal decoder" if causal else "a bidirectional encoder"
     if read is not None and read != [where]:
@@ -104,26 +102,37 @@ def _check_registered_family(model: nn.Module, entry: Architecture) -> None:
     whose maps this test cannot read is left to its entry."""
     if entry.family not in ("encoder", "decoder"):
         return
-    vocabulary = int(getattr(model.config, "vocab_size", 0) or 0)
-    pad = getattr(model.config, "pad_token_id", None)
-    ids = [i for i in range(4, vocabulary) if i != pad][:PROBE_TOKENS]
-    if len(ids) < PROBE_TOKENS:
+    inputs = _probe_inputs(model, int(getattr(model.config, "vocab_size", 0) or 0))
+    if inputs is None:
         return
-    inputs = torch.tensor([ids], device=next(model.parameters()).device)
     try:
         with explaining(model, EAGER), torch.no_grad():
             maps = model(input_ids=inputs, attention_mask=torch.ones_like(inputs), output_attentions=True,
                          return_dict=True).attentions
     except Exception:  # noqa: BLE001 - the entry's own passes say what fails, as they do for any entry
         return
-    n = PROBE_TOKENS
-    if not maps or any(a.dim() != 4 or tuple(a.shape[-2:]) != (n, n) for a in maps):
-        return
-    causal = all(bool((torch.triu(a[0].float(), diagonal=1) == 0).all()) for a in maps)
-    if causal != (entry.family == "decoder"):
+    causal = _causal(maps)
+    if causal is not None and causal != (entry.family == "decoder"):
         found, give = ("causal attention", "DECODER") if causal else ("bidirectional attention", "ENCODER")
         raise ModelError(f"the {entry.model_type!r} entry registered for {type(model).__name__} is an {entry.family} "
                          f"entry, but a test pass found {found}: register it with attnlens.models.adapters.{give}")
+
+
+def _probe_inputs(model: nn.Module, vocabulary: int) -> torch.Tensor | None:
+    """``(1, PROBE_TOKENS)`` ids of ordinary tokens (past the first few ids, which are often special; not the pad
+    id) on the model's device; ``None`` where the vocabulary has too few."""
+    pad = getattr(model.config, "pad_token_id", None)
+    ids = [i for i in range(4, vocabulary) if i != pad][:PROBE_TOKENS]
+    return torch.tensor([ids], device=next(model.parameters()).device) if len(ids) == PROBE_TOKENS else None
+
+
+def _causal(maps: Any) -> bool | None:
+    """Whether every layer's map of the probe attends causally (its upper triangle is 0); ``None`` where the maps
+    are not one ``n × n`` map per layer over the ``n`` probe tokens."""
+    n = PROBE_TOKENS
+    if not maps or any(a.dim() != 4 or tuple(a.shape[-2:]) != (n, n) for a in maps):
+        return None
+    return all(bool((torch.triu(a.detach()[0].float(), diagonal=1) == 0).all()) for a in maps)
 
 
 def _positions_read(out: object) -> list[int]:
