@@ -25,3 +25,10 @@ class UnknownMethodError(InputError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
+
+
+def exception_line(exc: BaseException) -> str:
+    """A foreign exception in one line: its type and the first line of its message (the type alone without one),
+    for the one-line errors that name what went wrong inside a model, a plugin or a method of one's own."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text.strip() else type(exc).__name__

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import IO, Any, NoReturn
 
 from .. import __version__
-from ..errors import AttnLensError, InputError
+from ..errors import AttnLensError, InputError, exception_line
 from ..viz.safetext import terminal_safe
 
 # Subcommand modules under attnlens.cli; each defines add_parser(subparsers) and run(args) -> int.
@@ -95,9 +95,7 @@ def load_plugins() -> None:
             else:
                 importlib.import_module(entry)
         except Exception as exc:
-            detail = str(exc).splitlines()[0] if str(exc) else ""
-            raise InputError(f"${PLUGINS} names {entry}, which does not import ({type(exc).__name__}"
-                             + (f": {detail}" if detail else "") + ")") from exc
+            raise InputError(f"${PLUGINS} names {entry}, which does not import ({exception_line(exc)})") from exc
 
 
 def _import_file(path: str) -> None:

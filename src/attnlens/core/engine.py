@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from ..errors import AttnLensError, InputError, MethodError
+from ..errors import AttnLensError, InputError, MethodError, exception_line
 from ..methods import check_option_owners, get_method, resolve_methods
 from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp, fused_over_prefixes, last_layer_passes
 from ..methods.registry import GRADIENTS, LAYER_GRAPH, OWN_PASS, SPACES, Method, MethodOutput, capture_request
@@ -399,9 +399,7 @@ def _run_method(spec: Any, ctx: BatchContext, options: Mapping[str, Any]) -> Met
                 raise
             seen.add(id(chain))
             chain = chain.__cause__ or chain.__context__
-        detail = str(err).splitlines()[0] if str(err) else ""
-        raise MethodError(f"method {spec.name!r} failed: {type(err).__name__}"
-                          + (f": {detail}" if detail else "")) from err
+        raise MethodError(f"method {spec.name!r} failed: {exception_line(err)}") from err
     finally:
         ctx.progress = progress
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ModelError
+from ..errors import ModelError, exception_line
 from ..models.adapters import DECODER, ENCODER
 from ..models.architectures import ARCHITECTURES, Architecture, is_built_in, remember_unlisted
 from .modelstate import EAGER, explaining
@@ -72,8 +72,7 @@ def check_unlisted(model: nn.Module) -> None:
     except ModelError:
         raise
     except Exception as err:  # noqa: BLE001 - any failure of a foreign model's forward is this one line
-        raise ModelError(f"{name}, and a test pass over {PROBE_TOKENS} tokens failed "
-                         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+        raise ModelError(f"{name}, and a test pass over {PROBE_TOKENS} tokens failed ({exception_line(err)})") from None
     n = PROBE_TOKENS
     maps = getattr(out, "attentions", None)
     causal = _causal(maps)
