@@ -416,17 +416,20 @@ def _check_output(method: str, result: Any, rows: int, tokens: int, keys: int) -
         fail(f"a {type(result).__name__}; a method returns a MethodOutput (attnlens.methods.registry)")
     if result.space not in SPACES:
         fail(f"space={result.space!r}; it is one of {', '.join(map(repr, SPACES))}")
-    width = tokens if result.space == "tokens" else keys
-    for name, value, shape in (("scores", result.scores, (rows, width)), ("layers", result.layers, None)):
-        if name == "layers" and value is None:
-            continue
+    def real_tensor(name: str, value: Any) -> None:
         if not torch.is_tensor(value) or value.is_complex() or value.dtype == torch.bool:
             kind = f"{value.dtype} tensor" if torch.is_tensor(value) else type(value).__name__
             fail(f"{name} as a {kind}; they are a real-valued torch tensor")
-        if shape is None and (value.dim() != 3 or value.shape[0] != rows or value.shape[2] != width):
-            fail(f"layers of shape {tuple(value.shape)}; expected ({rows}, layers, {width})")
-        if shape is not None and tuple(value.shape) != shape:
-            fail(f"scores of shape {tuple(value.shape)}; expected {shape} (inputs × {result.space} of the batch)")
+
+    width = tokens if result.space == "tokens" else keys
+    real_tensor("scores", result.scores)
+    if tuple(result.scores.shape) != (rows, width):
+        fail(f"scores of shape {tuple(result.scores.shape)}; expected {(rows, width)} (inputs × {result.space} of "
+             "the batch)")
+    if result.layers is not None:
+        real_tensor("layers", result.layers)
+        if result.layers.dim() != 3 or result.layers.shape[0] != rows or result.layers.shape[2] != width:
+            fail(f"layers of shape {tuple(result.layers.shape)}; expected ({rows}, layers, {width})")
     for key, value in (result.meta or {}).items():
         if not torch.is_tensor(value) or tuple(value.shape) != (rows,):
             got = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
