@@ -200,10 +200,6 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     print(f"attnlens: warning: {terminal_safe(message, one_line=True)}", file=file or sys.stderr)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
-
-
 def write_output(path: str | None, text: str) -> None:
     """``text`` to the file ``path`` (atomically: Ctrl-C leaves no half-written file), else (``None`` or ``-``) to
     standard output."""
@@ -222,3 +218,7 @@ def say_written(args: argparse.Namespace, path: str | None) -> None:
 
     if not args.quiet and path and path != STDOUT:
         print(f"wrote {terminal_safe(path, one_line=True)}", file=sys.stderr)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
