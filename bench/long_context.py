@@ -30,7 +30,7 @@ import resource  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from peak import measured  # noqa: E402
+from peak import machine, measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMDB = ROOT.parent / "shared" / "data" / "imdb" / "test.jsonl.gz"
@@ -236,9 +236,10 @@ def main() -> None:
                                    {k: v for k, v in (args.options or {}).items() if k == method} or None,
                                    args.memory_budget if method != "plain" else None, args.repeat, args.paired))
             print(json.dumps(results[-1]), flush=True)
-    out_json.write_text(json.dumps({"answer_tokens": args.answer, "mode": args.mode,
+    cpu = None if args.from_log else machine()  # a log's cases may come from another machine
+    out_json.write_text(json.dumps({"answer_tokens": args.answer, "mode": args.mode, "machine": cpu,
                                     "memory_budget": args.memory_budget, "results": results}, indent=1) + "\n")
-    out_md.write_text(table(results))
+    out_md.write_text(table(results) + (f"\nMeasured on {cpu}.\n" if cpu else ""))
     plot(results, out_png)
     print(table(results))
 

@@ -12,6 +12,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def machine() -> str:
+    """The CPU a run measured on, in words: its model name, logical cores, vector extensions and PyTorch's
+    version (time ratios depend on it: a CPU with faster matrix products shortens the plain pass more than the
+    methods' loops)."""
+    import platform
+
+    import torch
+
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+        name = next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name"))
+        flags = next(line for line in text.splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        pass
+    vector = "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "no AVX2"
+    return f"{name}, {os.cpu_count()} logical cores, {vector}, torch {torch.__version__}"
+
+
 def measured(script: str, args: list[str], timeout: float, record: dict) -> dict:
     """``record`` updated with ``peak_gib`` and the case's JSON result, or with ``error`` (a timeout, a crash)."""
     cmd = ["/usr/bin/time", "-f", "%M", sys.executable, script, *args]

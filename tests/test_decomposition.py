@@ -20,6 +20,7 @@ from attnlens import Explainer, InputError
 from attnlens.errors import ModelError
 from attnlens.methods import registry
 from attnlens.methods.decomposition import decompx_logits
+from attnlens.methods.decomposition.layers import head_maps
 from attnlens.models.architectures import ARCHITECTURES, register_architecture
 
 NORM = ["attnnorm", "globenc", "alti", "decompx"]
@@ -354,13 +355,14 @@ def test_norms_on_the_accelerator_path_equal_the_cpu_path(monkeypatch, tokenizer
     """GlobEnc, attention norm and ALTI as accelerators compute them (the quadratic forms batched per key over
     every key; CUDA's Triton kernels) give the scores of the CPU's paths (the elementwise products over the keys
     in use; ALTI's compiled loop), on a causal LM (whose chunks' later keys are zero) and an encoder."""
-    from attnlens.methods.decomposition import pair_norms
+    from attnlens.methods.decomposition import alti_hinge, pair_norms
 
     for family in ("llama", "bert"):
         ex = Explainer(make_model(family), tokenizer)
         text = [TEXTS[0]]
         want = ex.explain(text, methods=[method])[0]
         with monkeypatch.context() as m:
+            m.setattr(alti_hinge, "applies", lambda *t: False)  # on the CPU only: the vectors' factors unread
             if path == "triton":
                 calls = _interpreted_triton(m)
                 m.setattr(pair_norms.triton_kernels, "quadratic_rows",
@@ -374,6 +376,34 @@ def test_norms_on_the_accelerator_path_equal_the_cpu_path(monkeypatch, tokenizer
         atol = 1e-6 * np.abs(want.scores[method]).max() if method == "alti" else 1e-7
         np.testing.assert_allclose(got.scores[method], want.scores[method], rtol=1e-6, atol=atol)
         np.testing.assert_allclose(got.layers[method], want.layers[method], rtol=1e-6, atol=atol)
+
+
+@pytest.mark.parametrize("family", ["bert", "llama", "gemma2", "gpt2", "phi"])
+def test_alti_from_each_heads_value_vectors_and_map_equals_alti_from_the_vectors(monkeypatch, tokenizer, family):
+    """ALTI computed from each head's value vectors and map (a product of matrices and the hinge correction)
+    gives the scores of ALTI computed from the vectors themselves, on a post-LN encoder, pre-LN decoders (a norm
+    after the attention branch: Gemma 2; a fused projection with biases: GPT-2; a parallel block: Phi), biases
+    and norm scales random; where the factors do not give the vectors, the vectors are read as they are."""
+    from attnlens.methods.decomposition import alti_hinge, norm_based
+
+    ex = Explainer(randomise_biases_and_norms(make_model(family)), tokenizer)
+    calls = []
+    monkeypatch.setattr(alti_hinge, "contributions", _spy(alti_hinge.contributions, calls))
+    got = ex.explain([TEXTS[0]], methods=["alti"])[0]
+    assert calls  # every layer's factors matched its vectors
+    with monkeypatch.context() as m:
+        m.setattr(norm_based._AltiRows, "_low_rank", lambda self, maps, g: None)
+        calls.clear()
+        want = ex.explain([TEXTS[0]], methods=["alti"])[0]
+        assert not calls
+    with monkeypatch.context() as m:  # maps that are not the heads': refused by the check, the vectors read
+        m.setattr(norm_based, "head_maps", lambda mods, heads, like: 2 * head_maps(mods, heads, like))
+        calls.clear()
+        wrong = ex.explain([TEXTS[0]], methods=["alti"])[0]
+        assert not calls
+    atol = 1e-6 * np.abs(want.layers["alti"]).max()
+    np.testing.assert_allclose(got.layers["alti"], want.layers["alti"], rtol=1e-5, atol=atol)
+    np.testing.assert_allclose(wrong.layers["alti"], want.layers["alti"], rtol=0, atol=0)
 
 
 def _interpreted_triton(monkeypatch):
@@ -399,14 +429,15 @@ def _triton_kernel_rebuilt():
 
 
 @pytest.mark.usefixtures("_triton_kernel_rebuilt")
-@pytest.mark.parametrize("path", ["compiled", "blocks", "triton"])
+@pytest.mark.parametrize("path", ["compiled", "blocks", "triton", "low rank", "low rank, few sorted"])
 @pytest.mark.parametrize("layout", ["encoder", "causal", "unordered"])
 def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch, layout, path):
     """ALTI's c_ij = max(0, ‖y_i‖₁ − ‖y_i − Σ_h a^h_ij g^h_j − δ_ij m_i‖₁) from its blocks of keys (two keys
     each, so the rows' own keys fall in different blocks, keys after the last attended one skipped, and in a
-    block the rows before the first that attends to or sits on one of its keys skipped) equals the pair-by-pair
-    formula in float64."""
-    from attnlens.methods.decomposition import pair_norms
+    block the rows before the first that attends to or sits on one of its keys skipped), or from the vectors'
+    factors as a product of matrices and a hinge correction (over each row's channels sorted by |y|, or, past
+    the sorted ones, over every channel), equals the pair-by-pair formula in float64."""
+    from attnlens.methods.decomposition import alti_hinge, pair_norms
 
     gen = torch.Generator().manual_seed(0)
     b, h, r, n, d = 2, 3, 4, 9, 5
@@ -417,8 +448,11 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
         a = a * (torch.arange(n)[None, :] <= at[:, None])
     else:  # keys no row attends to, one of them a row's own (its residual still counts there)
         a[..., 6:] = 0
-    g = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(b, h, n, 2, generator=gen, dtype=torch.float64)  # each head's vectors of rank 2
+    maps = torch.randn(h, 2, d, generator=gen, dtype=torch.float64)
+    g = torch.einsum("bhje,hed->bhjd", v, maps)
     y = 2 * torch.randn(b, r, d, generator=gen, dtype=torch.float64)
+    y[0, 1, 2] = 0.0  # a channel at 0, where sign(y) is taken as +1
     m = 0.5 * y + 0.1 * torch.randn(b, r, d, generator=gen, dtype=torch.float64)  # a row's own key contributes
     want = torch.zeros(b, r, n, dtype=torch.float64)
     for e in range(b):
@@ -432,13 +466,26 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
         monkeypatch.setattr(pair_norms.alti_kernel, "applies", lambda *t: False)
     elif path == "triton":  # the kernel CUDA GPUs run
         calls = _interpreted_triton(monkeypatch)
+    elif path.startswith("low rank"):
+        monkeypatch.setattr(pair_norms.alti_kernel, "distances", None)  # never reached
+        monkeypatch.setattr(alti_hinge, "contributions", _spy(alti_hinge.contributions, calls))
+        if path.endswith("few sorted"):
+            monkeypatch.setattr(alti_hinge, "_SORTED", 2)
     else:
         monkeypatch.setattr(pair_norms.alti_kernel, "distances", _spy(pair_norms.alti_kernel.distances, calls))
-    got = pair_norms.alti_rows(a, g.transpose(1, 2).contiguous(), m, y, at)
+
+    def computed(*tensors: torch.Tensor) -> torch.Tensor:
+        a_, g_, m_, y_, v_, maps_ = tensors
+        key_major = g_.transpose(1, 2).contiguous()
+        if path.startswith("low rank"):  # the vectors in their factors alone
+            return pair_norms.alti_rows(a_, None, m_, y_, at, alti_hinge.LowRank.of(v_, maps_, key_major))
+        return pair_norms.alti_rows(a_, key_major, m_, y_, at)
+
+    got = computed(a, g, m, y, v, maps)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert len(calls) == (path != "blocks")
     # in float32, the precision the models run in, to float32's rounding
-    got32 = pair_norms.alti_rows(*(x.float() for x in (a, g.transpose(1, 2).contiguous(), m, y)), at)
+    got32 = computed(*(x.float() for x in (a, g, m, y, v, maps)))
     torch.testing.assert_close(got32.double(), want, rtol=1e-5, atol=1e-5)
     assert (want > 0).float().mean() > 0.15 and (want == 0).any()  # both sides of the clamp occur
 

@@ -168,6 +168,14 @@ def head_outputs(mods: dict[str, nn.Module], v: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bjhv,dhv->bhjd", v, w.view(w.shape[0], v.shape[2], v.shape[3]))
 
 
+def head_maps(mods: dict[str, nn.Module], heads: int, like: torch.Tensor) -> torch.Tensor:
+    """``(H, d_h, D)``: each head's map W^h with f^h = v^h W^h as :func:`attention_sum`'s summands take them (its
+    slice of the output projection, times the gain of a norm after the attention branch), in ``like``'s dtype."""
+    w = linear_weight(mods["output"])  # (D, H·d_h)
+    maps = w.T.reshape(heads, w.shape[1] // heads, w.shape[0]).to(like.dtype)
+    return maps * rms_gain(mods["post_attn_norm"], like) if "post_attn_norm" in mods else maps
+
+
 def value_terms(mods: dict[str, nn.Module], a: torch.Tensor, heads: int, spec: Layers
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(f, v)`` of the value projection's input ``a``: each head's outputs f^h = v^h W_O^h ``(B, H, N, D)``

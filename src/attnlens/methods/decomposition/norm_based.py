@@ -24,6 +24,7 @@ from ..registry import (
     check_flag,
     register,
 )
+from . import alti_hinge
 from .alti_plus import alti_plus
 from .layers import (
     LayerOutput,
@@ -32,6 +33,7 @@ from .layers import (
     attention_sum,
     check_layer,
     final_norm,
+    head_maps,
     head_outputs,
     layer_blocks,
     layer_output,
@@ -314,14 +316,33 @@ class _AltiRows(_ChunkedLayers):
 
     def begin(self, j: int, heads: int) -> None:
         super().begin(j, heads)
-        self.g = None
+        self.g: torch.Tensor | None = None
+        self.low_rank: alti_hinge.LowRank | None = None
 
     def matrix(self, rows: _LayerRows) -> torch.Tensor:
         summand = (lambda v: v) if self.anatomy.pre_ln else functools.partial(ln_part, ln=self.mods["ln1"])
-        if self.g is None:  # LN1 is linear per summand, so it commutes with the attention sum; key-major
-            self.g = summand(rows.f).transpose(1, 2).contiguous()
+        if self.g is None and self.low_rank is None:  # LN1 is linear per summand: it commutes with the sum
+            g = summand(rows.f).transpose(1, 2).contiguous()  # key-major
+            self.low_rank = self._low_rank(summand(head_maps(self.mods, rows.f.shape[1], rows.f)), g)
+            self.g = g if self.low_rank is None else None  # the factors hold the vectors themselves
         std1 = rows.out.std1 if rows.out.std1 is not None else rows.x.new_ones(*rows.x.shape[:2], 1)
-        return alti_rows(rows.attn / std1[:, None], self.g, summand(rows.x) / std1, rows.out.y1, rows.at)
+        return alti_rows(rows.attn / std1[:, None], self.g, summand(rows.x) / std1, rows.out.y1, rows.at,
+                         self.low_rank)
+
+    def _low_rank(self, maps: torch.Tensor, g: torch.Tensor) -> alti_hinge.LowRank | None:
+        """The layer's vectors ``g`` ``(B, N, H, D)`` in factors, ``g[b, j, h] = v[b, h, j] @ maps[h]``, where
+        the contributions are computed from them (:func:`~attnlens.methods.decomposition.alti_hinge.applies`),
+        checked on a few keys (``None`` where they do not give the vectors: those are then read as they are)."""
+        v = self.v.to(maps.dtype)
+        if v.shape[-1] != maps.shape[1] or not alti_hinge.applies(g, v, maps):
+            return None
+        few = g[:, :_CHECKED_ROWS]
+        got = torch.einsum("bhje,hed->bjhd", v[:, :, :_CHECKED_ROWS], maps)
+        scale = few.abs().amax().clamp_min(torch.finfo(few.dtype).tiny)
+        tol = 1e-4 if few.dtype == torch.float32 else 1e-10
+        if (got - few).abs().amax() > tol * scale:
+            return None
+        return alti_hinge.LowRank.of(v, maps, g)
 
 
 @register(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.row_attention import chunk_elements
-from . import alti_kernel, triton_kernels
+from . import alti_hinge, alti_kernel, triton_kernels
 from .layers import Layer
 
 # elements of ALTI's block of vectors t_ij (keys x rows x D): 8 MiB in float32, measured fastest on 2 CPU cores
@@ -154,21 +154,29 @@ def alti_block(device: torch.device | str) -> int:
     return _ALTI_BLOCK if torch.device(device).type == "cpu" else chunk_elements(device)
 
 
-def alti_rows(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor, y: torch.Tensor, at: torch.Tensor
-               ) -> torch.Tensor:
+def alti_rows(a: torch.Tensor, g: torch.Tensor | None, m: torch.Tensor, y: torch.Tensor, at: torch.Tensor,
+               low_rank: alti_hinge.LowRank | None = None) -> torch.Tensor:
     """``(B, R, N)``: max(0, ‖y_i‖₁ − ‖y_i − t_ij‖₁) with t_ij = Σ_h a^h_ij g^h_j + δ_ij m_i, at the query rows of
     ``a`` ``(B, H, R, N)`` (positions ``at``), ``g`` ``(B, N, H, D)`` (key-major), the residual ``m`` and ``y``
     ``(B, R, D)`` there.
 
-    On the CPU (float32 / float64) a compiled loop forms each t a few rows at a time in cache and reduces it at
-    once (:mod:`~attnlens.methods.decomposition.alti_kernel`); on a CUDA GPU a Triton kernel forms a tile of
-    them in registers (:mod:`~attnlens.methods.decomposition.triton_kernels`). Elsewhere the vectors t are formed
+    ``low_rank``: the vectors g in factors (:class:`~attnlens.methods.decomposition.alti_hinge.LowRank`; ``g``
+    may then be ``None``); on the CPU (float32 / float64) the contributions are then a product of matrices of
+    ``d_h`` features and a correction the pairs with large weights need
+    (:mod:`~attnlens.methods.decomposition.alti_hinge`). Without them, on the CPU a compiled loop forms each t a
+    few rows at a time in cache and reduces it at once (:mod:`~attnlens.methods.decomposition.alti_kernel`); on a
+    CUDA GPU a Triton kernel forms a tile of them in registers
+    (:mod:`~attnlens.methods.decomposition.triton_kernels`). Elsewhere the vectors t are formed
     a block of keys at a time (every example's) as one batched product over the keys,
     ``(B·keys, R, H) @ (B·keys, H, D)``, into a reused buffer of :func:`alti_block` elements (small enough to
     stay in cache while its distances are taken). Either way only the pairs that need it are computed: a row
     neither attending to a key nor placed there has t = 0, a distance of ‖y_i‖₁ and so 0, so each key is computed
     from the first row that needs it on (a causal chunk's earlier rows attend to no later key), and no key after
     the last one any row needs."""
+    if low_rank is not None and alti_hinge.applies(a, y, m, low_rank.v, low_rank.maps, low_rank.gc):
+        return alti_hinge.contributions(a, low_rank, m, y, at, keys_used(a, at))
+    if g is None:
+        raise ValueError("alti_rows needs the vectors g where their factors are not read")
     b, h, r, n = a.shape
     d = g.shape[-1]
     norms = torch.linalg.vector_norm(y, ord=1, dim=-1)  # (B, R)
