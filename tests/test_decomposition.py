@@ -378,6 +378,29 @@ def test_norms_on_the_accelerator_path_equal_the_cpu_path(monkeypatch, tokenizer
         np.testing.assert_allclose(got.layers[method], want.layers[method], rtol=1e-6, atol=atol)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_alti_from_the_vectors_factors_gives_no_finite_score_where_the_output_is_not_finite(bad):
+    """A row whose output y holds a NaN or an infinity gets NaN contributions from the factors, as from the vectors
+    (not the zeros a comparison with NaN would leave); the other rows are unchanged."""
+    from attnlens.methods.decomposition import alti_hinge, pair_norms
+
+    gen = torch.Generator().manual_seed(3)
+    b, h, r, n, d = 1, 2, 3, 5, 4
+    a = torch.rand(b, h, r, n, generator=gen, dtype=torch.float64)
+    v = torch.randn(b, h, n, 2, generator=gen, dtype=torch.float64)
+    maps = torch.randn(h, 2, d, generator=gen, dtype=torch.float64)
+    g = torch.einsum("bhje,hed->bjhd", v, maps).contiguous()
+    y = torch.randn(b, r, d, generator=gen, dtype=torch.float64)
+    m = torch.randn(b, r, d, generator=gen, dtype=torch.float64)
+    at = torch.tensor([2, 3, 4])
+    fine = pair_norms.alti_rows(a, None, m, y, at, alti_hinge.LowRank.of(v, maps, g))
+    y[0, 1, 2] = bad
+    got = pair_norms.alti_rows(a, None, m, y, at, alti_hinge.LowRank.of(v, maps, g))
+    old = pair_norms.alti_rows(a, g, m, y, at)
+    assert torch.isnan(got[0, 1]).all() and not torch.isfinite(old[0, 1]).all()
+    torch.testing.assert_close(got[0, [0, 2]], fine[0, [0, 2]], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("family", ["bert", "llama", "gemma2", "gpt2", "phi"])
 def test_alti_from_each_heads_value_vectors_and_map_equals_alti_from_the_vectors(monkeypatch, tokenizer, family):
     """ALTI computed from each head's value vectors and map (a product of matrices and the hinge correction)

@@ -11,8 +11,9 @@ vectors of low rank, ``g^h_j = v^h_j W^h`` (``d_h`` value features through the h
 projection), ``⟨s_i, g^h_j⟩ = ⟨W^h s_i, v^h_j⟩``, one matrix product of ``d_h`` (not ``D``) features per head. The
 second, the hinge, is nonzero only in channels where ``|t_ijc| > |y_ic|``; as ``|t_ijc| ≤ β_ij = Σ_h |a^h_ij|
 max_c |g^h_jc|``, only the channels with ``|y_ic| < β_ij`` (a prefix of row i's channels sorted by ``|y|``) need
-it, and for most pairs (small weights) there are none. A row's own position (its residual), and a pair whose prefix
-is long, are computed over every channel.
+it, and for most pairs (small weights) there are none. A few channels where a layer's vectors are largest get a
+bound of their own (so that they do not loosen every other channel's). A row's own position (its residual), and a
+pair whose bound passes the row's sorted channels, are computed over every channel.
 
 The same numbers as :mod:`~attnlens.methods.decomposition.alti_kernel` computes (``‖y_i‖₁ − ‖y_i − t_ij‖₁`` at
 once), without its cancellation: the difference of two norms of ``D`` numbers each rounds to the norms' scale,
@@ -98,7 +99,7 @@ def _compiled() -> Any:
                         for h in range(heads):
                             t += ak[b, k, i, h] * g[b, k, c, h]
                         s += abs(y[b, i, c]) - abs(y[b, i, c] - t)
-                    out[b, k, i] = max(s, 0.0)
+                    out[b, k, i] = 0.0 if s < 0 else s  # a NaN stays one
                     continue
                 value = 0.0
                 beta = 0.0  # bounds |t_c| in every channel but the outliers
@@ -140,7 +141,7 @@ def _compiled() -> Any:
                                 if e > 0:
                                     hinge += e
                     value -= 2 * hinge
-                out[b, k, i] = max(value, 0.0)
+                out[b, k, i] = 0.0 if value < 0 else value
 
     options = {"nogil": True}
     try:
@@ -188,4 +189,5 @@ def contributions(a: torch.Tensor, low: LowRank, m: torch.Tensor, y: torch.Tenso
             jobs = [pool.submit(loop, *arrays, own, result, s, min(items, s + step)) for s in range(0, items, step)]
             for job in jobs:
                 job.result()
-    return out.transpose(1, 2)
+    # a row whose output is not finite has no finite contribution (the loop's comparisons would skip its channels)
+    return out.transpose(1, 2).masked_fill(~torch.isfinite(y).all(-1, keepdim=True), float("nan"))
