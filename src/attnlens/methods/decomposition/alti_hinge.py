@@ -23,15 +23,14 @@ where the linear part and the hinge round to the contribution's own.
 from __future__ import annotations
 
 import functools
-import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-_DTYPES = (torch.float32, torch.float64)
+from . import alti_kernel
+
 _OUTLIERS = 8  # channels whose bound is kept apart (a few channels carry most of a layer's largest values)
 _PEAK_BLOCK = 2**20  # elements of the vectors read at once for the bounds
 _SORTED = 64  # each row's smallest channels sorted by |y|; a pair whose prefix is longer reads every channel
@@ -120,7 +119,7 @@ def _compiled() -> Any:
                             e = (t if y[b, i, c] >= 0 else -t) - abs(y[b, i, c])
                             if e > 0:
                                 hinge += e
-                    else:
+                    else:  # the same sum as above, over fewer channels (written out: a call costs here)
                         for q in range(last):
                             if ys[b, i, q] >= beta:
                                 break
@@ -153,9 +152,7 @@ def _compiled() -> Any:
 def applies(*tensors: torch.Tensor) -> bool:
     """Whether :func:`contributions` computes for these tensors: on the CPU, one float32 or float64 dtype for all,
     numba importable."""
-    dtype = tensors[0].dtype
-    return (dtype in _DTYPES and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
-            and _compiled() is not None)
+    return alti_kernel.compilable(*tensors) and _compiled() is not None
 
 
 def contributions(a: torch.Tensor, low: LowRank, m: torch.Tensor, y: torch.Tensor, at: torch.Tensor,
@@ -177,17 +174,6 @@ def contributions(a: torch.Tensor, low: LowRank, m: torch.Tensor, y: torch.Tenso
     arrays = [x.detach().contiguous().numpy() for x in (ak, lin, low.peak, low.peak_all, low.outliers, ys, order, y,
                                                          low.gc, m)]
     own = at.to(torch.int64).contiguous().numpy()
-    loop = _compiled()
-    result = out.numpy()
-    items = b * keys
-    threads = max(1, min(torch.get_num_threads(), items))
-    if threads == 1:
-        loop(*arrays, own, result, 0, items)
-    else:
-        step = math.ceil(items / threads)
-        with ThreadPoolExecutor(threads) as pool:
-            jobs = [pool.submit(loop, *arrays, own, result, s, min(items, s + step)) for s in range(0, items, step)]
-            for job in jobs:
-                job.result()
+    alti_kernel.split_between_threads(_compiled(), [*arrays, own, out.numpy()], b * keys)
     # a row whose output is not finite has no finite contribution (the loop's comparisons would skip its channels)
     return out.transpose(1, 2).masked_fill(~torch.isfinite(y).all(-1, keepdim=True), float("nan"))

@@ -92,11 +92,27 @@ def _compiled() -> Any:
 
 
 def applies(*tensors: torch.Tensor) -> bool:
-    """Whether :func:`distances` computes for these tensors: on the CPU, one float32 or float64 dtype for all,
-    numba importable."""
+    """Whether :func:`distances` computes for these tensors: :func:`compilable` ones, numba importable."""
+    return compilable(*tensors) and _compiled() is not None
+
+
+def compilable(*tensors: torch.Tensor) -> bool:
+    """Whether a compiled loop reads these tensors: on the CPU, one float32 or float64 dtype for all."""
     dtype = tensors[0].dtype
-    return (dtype in _DTYPES and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
-            and _compiled() is not None)
+    return dtype in _DTYPES and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+
+
+def split_between_threads(loop: Any, args: list[Any], items: int) -> None:
+    """``loop(*args, start, stop)`` over ``[0, items)``, split into one range per thread torch uses (the loop
+    releases the GIL)."""
+    threads = max(1, min(torch.get_num_threads(), items))
+    if threads == 1:
+        loop(*args, 0, items)
+        return
+    step = math.ceil(items / threads)
+    with ThreadPoolExecutor(threads) as pool:
+        for done in [pool.submit(loop, *args, s, min(items, s + step)) for s in range(0, items, step)]:
+            done.result()
 
 
 def distances(ak: torch.Tensor, g: torch.Tensor, y: torch.Tensor, m: torch.Tensor, at: torch.Tensor,
@@ -115,12 +131,4 @@ def distances(ak: torch.Tensor, g: torch.Tensor, y: torch.Tensor, m: torch.Tenso
     arrays = [x.detach().contiguous().numpy() for x in (ak, g[:, :keys], y, m)]
     index = [x.detach().to(torch.int64).contiguous().numpy() for x in (at, first)]
     out = dist.detach().numpy()  # shares the caller's tensor's memory
-    items = b * keys
-    threads = max(1, min(torch.get_num_threads(), items))
-    if threads == 1:
-        loop(*arrays, *index, out, 0, items)
-        return
-    step = math.ceil(items / threads)
-    with ThreadPoolExecutor(threads) as pool:
-        for done in [pool.submit(loop, *arrays, *index, out, s, min(items, s + step)) for s in range(0, items, step)]:
-            done.result()
+    split_between_threads(loop, [*arrays, *index, out], b * keys)
