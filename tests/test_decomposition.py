@@ -378,6 +378,31 @@ def test_norms_on_the_accelerator_path_equal_the_cpu_path(monkeypatch, tokenizer
         np.testing.assert_allclose(got.layers[method], want.layers[method], rtol=1e-6, atol=atol)
 
 
+def test_alti_from_the_vectors_factors_keeps_float32_precision_beside_a_large_output():
+    """With a row output of a large L1 norm (a decoder's massive activation channels) and small contributions,
+    float32 ALTI from the factors stays within 1e-6 of the largest contribution of the float64 result, where the
+    difference of the two L1 norms loses digits at the norms' scale."""
+    from attnlens.methods.decomposition import alti_hinge, pair_norms
+
+    gen = torch.Generator().manual_seed(4)
+    b, h, r, n, d = 1, 3, 6, 40, 64
+    a = torch.softmax(4 * torch.randn(b, h, r, n, generator=gen, dtype=torch.float64), -1)
+    v = torch.randn(b, h, n, 8, generator=gen, dtype=torch.float64)
+    maps = 0.1 * torch.randn(h, 8, d, generator=gen, dtype=torch.float64)
+    g = torch.einsum("bhje,hed->bjhd", v, maps).contiguous()
+    y = torch.randn(b, r, d, generator=gen, dtype=torch.float64)
+    y[..., :2] = 3e3  # two massive channels
+    m = torch.randn(b, r, d, generator=gen, dtype=torch.float64)
+    at = torch.arange(30, 36)
+    want = pair_norms.alti_rows(a, g, m, y, at)
+    f32 = [x.float() for x in (a, v, maps, g, m, y)]
+    got = pair_norms.alti_rows(f32[0], None, f32[4], f32[5], at, alti_hinge.LowRank.of(f32[1], f32[2], f32[3]))
+    vectors = pair_norms.alti_rows(f32[0], f32[3], f32[4], f32[5], at)
+    scale = want.abs().max()
+    assert (got.double() - want).abs().max() < 1e-6 * scale
+    assert (vectors.double() - want).abs().max() > 1e-5 * scale  # what the norms' difference loses
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_alti_from_the_vectors_factors_gives_no_finite_score_where_the_output_is_not_finite(bad):
     """A row whose output y holds a NaN or an infinity gets NaN contributions from the factors, as from the vectors
