@@ -300,7 +300,9 @@ def test_quadratic_forms_batched_per_key_match_the_elementwise_products_and_each
     assert batched.dtype == torch.float64
     torch.testing.assert_close(batched, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(pair_norms._quadratic_elementwise(a.double(), gram), want, rtol=1e-12, atol=1e-12)
+    assert pair_norms.quadratic_kernel.applies(a, gram)  # the CPU's compiled loop
     torch.testing.assert_close(pair_norms.quadratic_rows(a, gram), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pair_norms.quadratic_rows(a.double(), gram), want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.usefixtures("_triton_kernel_rebuilt")

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import alti_kernel
+from .compiled import compilable, split_between_threads
 
 _OUTLIERS = 8  # channels whose bound is kept apart (a few channels carry most of a layer's largest values)
 _PEAK_BLOCK = 2**20  # elements of the vectors read at once for the bounds
@@ -152,7 +152,7 @@ def _compiled() -> Any:
 def applies(*tensors: torch.Tensor) -> bool:
     """Whether :func:`contributions` computes for these tensors: on the CPU, one float32 or float64 dtype for all,
     numba importable."""
-    return alti_kernel.compilable(*tensors) and _compiled() is not None
+    return compilable(*tensors) and _compiled() is not None
 
 
 def contributions(a: torch.Tensor, low: LowRank, m: torch.Tensor, y: torch.Tensor, at: torch.Tensor,
@@ -174,6 +174,6 @@ def contributions(a: torch.Tensor, low: LowRank, m: torch.Tensor, y: torch.Tenso
     arrays = [x.detach().contiguous().numpy() for x in (ak, lin, low.peak, low.peak_all, low.outliers, ys, order, y,
                                                          low.gc, m)]
     own = at.to(torch.int64).contiguous().numpy()
-    alti_kernel.split_between_threads(_compiled(), [*arrays, own, out.numpy()], b * keys)
+    split_between_threads(_compiled(), [*arrays, own, out.numpy()], b * keys)
     # a row whose output is not finite has no finite contribution (the loop's comparisons would skip its channels)
     return out.transpose(1, 2).masked_fill(~torch.isfinite(y).all(-1, keepdim=True), float("nan"))

@@ -11,14 +11,12 @@ numba) and releases the GIL, so the keys are split between as many Python thread
 from __future__ import annotations
 
 import functools
-import math
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
-_DTYPES = (torch.float32, torch.float64)
+from .compiled import compilable, split_between_threads
 
 
 @functools.cache
@@ -92,27 +90,9 @@ def _compiled() -> Any:
 
 
 def applies(*tensors: torch.Tensor) -> bool:
-    """Whether :func:`distances` computes for these tensors: :func:`compilable` ones, numba importable."""
+    """Whether :func:`distances` computes for these tensors: :func:`~.compiled.compilable` ones, numba
+    importable."""
     return compilable(*tensors) and _compiled() is not None
-
-
-def compilable(*tensors: torch.Tensor) -> bool:
-    """Whether a compiled loop reads these tensors: on the CPU, one float32 or float64 dtype for all."""
-    dtype = tensors[0].dtype
-    return dtype in _DTYPES and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
-
-
-def split_between_threads(loop: Any, args: list[Any], items: int) -> None:
-    """``loop(*args, start, stop)`` over ``[0, items)``, split into one range per thread torch uses (the loop
-    releases the GIL)."""
-    threads = max(1, min(torch.get_num_threads(), items))
-    if threads == 1:
-        loop(*args, 0, items)
-        return
-    step = math.ceil(items / threads)
-    with ThreadPoolExecutor(threads) as pool:
-        for done in [pool.submit(loop, *args, s, min(items, s + step)) for s in range(0, items, step)]:
-            done.result()
 
 
 def distances(ak: torch.Tensor, g: torch.Tensor, y: torch.Tensor, m: torch.Tensor, at: torch.Tensor,

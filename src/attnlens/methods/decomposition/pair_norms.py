@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.row_attention import chunk_elements
-from . import alti_hinge, alti_kernel, triton_kernels
+from . import alti_hinge, alti_kernel, quadratic_kernel, triton_kernels
 from .layers import Layer
 
 # elements of ALTI's block of vectors t_ij (keys x rows x D): 8 MiB in float32, measured fastest on 2 CPU cores
@@ -43,7 +43,8 @@ def quadratic_rows(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     """``(B, R, N)`` in float64: Σ_hk a^h_ij a^k_ij G_j[h, k] for ``a`` ``(B, H, R, N)`` and the symmetric ``gram``
     ``(B, N, H, H)`` (float64).
 
-    On the CPU as H(H+1)/2 elementwise products over the rows (a batched ``H × H`` product per key moves the data
+    On the CPU as H(H+1)/2 elementwise products over the rows, in one compiled loop
+    (:mod:`~attnlens.methods.decomposition.quadratic_kernel`; a batched ``H × H`` product per key moves the data
     around more than it computes there: five times slower at H = 9). On a CUDA GPU one Triton kernel reads each
     weight once (:mod:`~attnlens.methods.decomposition.triton_kernels`). On other accelerators each of those
     products would be a kernel launched from Python, so there it is one batched product per key,
@@ -53,6 +54,8 @@ def quadratic_rows(a: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
             return triton_kernels.quadratic_rows(a, gram)
         except triton_kernels.KernelFailed:  # warned once; computed as other accelerators do
             pass
+    if quadratic_kernel.applies(a, gram):
+        return quadratic_kernel.quadratic_rows(a, gram)
     if a.device.type == "cpu":
         return _quadratic_elementwise(a.double(), gram)
     return _quadratic_batched(a, gram)
