@@ -61,7 +61,7 @@ def embedding_leaf(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], Any
 def setup(limit: int | None, batch_size: int) -> tuple[list[str], Any, list[list[Any]]]:
     """The SST-2 dev texts, the reference model's explainer and its length-sorted batches; prints the header line
     every speed benchmark starts with."""
-    import platform
+    from peak import machine
 
     from attnlens import Explainer
 
@@ -70,8 +70,7 @@ def setup(limit: int | None, batch_size: int) -> tuple[list[str], Any, list[list
     batches = engine_batches(ex, texts, batch_size)
     n_tokens = sum(len(e.ids) for b in batches for e in b)
     print(f"model {MODEL.name}; {len(texts)} sentences, {n_tokens / len(texts):.1f} tokens on average; "
-          f"batch {batch_size}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.machine()}")
+          f"batch {batch_size}; {torch.get_num_threads()} threads; {machine()}")
     return texts, ex, batches
 
 

@@ -59,11 +59,12 @@ class LowRank:
             g = g.detach()
             largest = torch.maximum(g.amax(dim=(0, 1, 2)), -g.amin(dim=(0, 1, 2)))  # (D,) max |g| per channel
             outliers = largest.topk(min(_OUTLIERS, largest.shape[0] - 1)).indices.sort().values
-            peak_all = torch.maximum(g.amax(-1), -g.amin(-1))
+            peak_all = g.new_empty(g.shape[:-1])
             peak = torch.empty_like(peak_all)
             step = max(1, _PEAK_BLOCK // max(1, g[:, :1].numel()))
-            for s in range(0, g.shape[1], step):
+            for s in range(0, g.shape[1], step):  # both bounds from one |g| of the block
                 block = g[:, s: s + step].abs()
+                peak_all[:, s: s + step] = block.amax(-1)
                 block[..., outliers] = 0
                 peak[:, s: s + step] = block.amax(-1)
             return cls(v.detach().contiguous(), maps.detach(), g.transpose(2, 3).contiguous(), outliers, peak,
