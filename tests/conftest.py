@@ -8,6 +8,7 @@ import os
 # imported, which importing transformers' models does, so it is set before any import below.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
@@ -133,3 +134,18 @@ def minilm_sst2():
     if not path.is_dir():
         missing(f"reference model not found at {path}")
     return Explainer.from_pretrained(path)
+
+
+def peak_rss_growth(fn: Callable[[], object]) -> int:
+    """Bytes the process's peak resident size grew by while ``fn`` ran: the peak (``VmHWM``) is first reset to the
+    current size (``/proc/self/clear_refs``; the ``ru_maxrss`` of a process keeps its parent's peak across exec)."""
+
+    def hwm() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = hwm()
+    fn()
+    return hwm() - before

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer
+from conftest import CLS, PAD, SEP, V, make_model, make_tokenizer, peak_rss_growth
 from test_architectures import ZOO
 from transformers.models.gptj.modeling_gptj import GPTJAttention
 
@@ -323,21 +323,6 @@ def test_every_attnlens_context_variable_is_carried_into_recomputed_layers():
     assert len(names) >= 3 and all(n.startswith(recompute.OWN_PREFIX) for n in names), names
 
 
-def _peak_rss_growth(fn) -> int:
-    """Bytes the process's peak resident size grew by while ``fn`` ran: the peak (``VmHWM``) is first reset to the
-    current size (``/proc/self/clear_refs``; the ``ru_maxrss`` of a process keeps its parent's peak across exec)."""
-
-    def hwm() -> int:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
-
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = hwm()
-    fn()
-    return hwm() - before
-
-
 def test_the_estimate_bounds_what_the_kept_tensors_take():
     """What the capture holds (its tensors' bytes) stays within the estimate of the storage it planned, for the
     rows capture and the whole-maps one, on a sequence long enough for the maps to dominate."""
@@ -409,7 +394,7 @@ def _rows_and_maps_growth() -> tuple[dict[str, int], dict[str, int]]:
         specs = [registry.get_method(method)]
         if name == "maps":
             capture.capture_mode = lambda *a, **k: capture.FULL_MAPS
-        grown[name] = _peak_rss_growth(lambda s=specs: ex.compute_batch([e], [-1], s, {}))
+        grown[name] = peak_rss_growth(lambda s=specs: ex.compute_batch([e], [-1], s, {}))
         estimates[name] = memory.pass_row_bytes(dims, n, engine_module.pass_cost(ex, specs).storage(n))
         capture.capture_mode = planned
     return grown, estimates

@@ -352,3 +352,59 @@ def test_float32_scores_match_the_model_in_float64_on_real_sentences(minilm_sst2
     for a, b in zip(single, double, strict=True):
         np.testing.assert_allclose(a.layers["valuezeroing"], b.layers["valuezeroing"], rtol=0, atol=1e-5)
         np.testing.assert_allclose(a.scores["valuezeroing"], b.scores["valuezeroing"], rtol=0, atol=1e-5)
+
+
+def _generation_growth() -> tuple[int, int]:
+    """Value zeroing over a 24-step generation after a ~900-token prompt (one batch of steps), in this process:
+    its peak-RSS growth and the estimate for one row of that length. Run in a fresh process (the peak only
+    grows)."""
+    from conftest import CLS, SEP, make_tokenizer, peak_rss_growth
+
+    from attnlens.core.memory import VALUE_ZEROING_STORAGE, model_dims, pass_row_bytes
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
+                                      pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP)
+    tokenizer = make_tokenizer()
+    tokenizer.model_max_length = 4096
+    ex = Explainer(transformers.LlamaForCausalLM(config).eval(), tokenizer, max_length=4096)
+    prompt = " ".join([TEXTS[1]] * 70)
+    target = " good but bad" * 8
+    ex.explain_generation(TEXTS[0], methods=["valuezeroing"], target=" good but")  # warm-up
+    n = len(ex.encode([prompt])[0].ids) + 24
+    assert 800 < n < 1100
+    grown = peak_rss_growth(lambda: ex.explain_generation(prompt, methods=["valuezeroing"], target=target,
+                                                          batch_size=24, memory_budget="4GiB"))
+    return grown, pass_row_bytes(model_dims(ex.model), n, VALUE_ZEROING_STORAGE)
+
+
+def test_value_zeroing_over_a_generation_holds_one_rollout_whatever_the_number_of_steps():
+    """Measured in a fresh process: the steps of a generation read their rows from one ``N x N`` rollout of the
+    sequence, so a batch of 24 steps stays within the estimate for one row (a rollout per step would hold 24
+    times the square matrices)."""
+    import multiprocessing
+
+    # resident memory depends on how the allocator's heaps happened to be reused: the lower of two fresh processes
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        grown, estimate = pool.apply(_generation_growth)
+    if grown > estimate * 1.1 + 32 * 2**20:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            grown = min(grown, pool.apply(_generation_growth)[0])
+    assert grown <= estimate * 1.1 + 32 * 2**20, (grown, estimate)
+
+
+def test_generation_steps_whose_keys_are_not_a_prefix_are_refused_in_one_line():
+    """The steps' rows are read from the sequence's rollout only where each step's keys are the sequence's real
+    positions up to its own: keys with a hole (or beyond the sequence's real ones) are refused, not misread."""
+    from attnlens.errors import ModelError
+    from attnlens.methods.valuezeroing import _check_prefixes
+
+    sequence = torch.tensor([[1, 1, 1, 1, 1]])
+    _check_prefixes(torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]), sequence)
+    _check_prefixes(torch.tensor([[0, 1, 1, 0, 0]]), torch.tensor([[0, 1, 1, 1, 1]]))  # a padded first position
+    for keys in ([[1, 0, 1, 0, 0]], [[0, 1, 1, 0, 0]]):
+        with pytest.raises(ModelError, match="not a prefix") as err:
+            _check_prefixes(torch.tensor(keys), sequence)
+        assert "\n" not in str(err.value)

@@ -289,6 +289,26 @@ def _check_valuezeroing(rollout: bool = True) -> None:
     check_flag("valuezeroing", "rollout", rollout)
 
 
+def _check_prefixes(key_mask: torch.Tensor, sequence_mask: torch.Tensor) -> None:
+    """Raise a :class:`ModelError` unless every step's keys ``key_mask`` ``(B, N)`` are the sequence's real positions
+    ``sequence_mask`` ``(1, N)`` up to some position: the steps' matrices are then blocks of the sequence's."""
+    positions = torch.arange(key_mask.shape[1], device=key_mask.device)
+    ends = torch.where(key_mask.bool(), positions, -1).amax(1, keepdim=True)  # each step's last key
+    if not torch.equal(key_mask.bool(), sequence_mask.bool() & (positions <= ends)):
+        raise ModelError("valuezeroing: a generation step's keys are not a prefix of the generated sequence's "
+                         "positions, so its matrices are not blocks of the sequence's")
+
+
+def _prefix_rows(query_weights: torch.Tensor, key_mask: torch.Tensor) -> Any:
+    """The explained rows ``(B, N)`` of each step read from the sequence's rollout ``(1, N, N)``. Under causal
+    masking row i of every layer's matrix is 0 beyond i, so the rollout of a prefix is the top-left block of the
+    sequence's and a step's row is the sequence's row at its position (its keys' entries; the others are 0): one
+    ``N x N`` rollout serves every step, where one per step would hold the batch's steps times as much."""
+    def read(joint: torch.Tensor) -> torch.Tensor:
+        return (query_weights.to(joint.dtype) @ joint[0]) * key_mask.to(joint.dtype)
+    return read
+
+
 def rows_within(model: nn.Module, budget: int, rows: int, n: int) -> int:
     """Token rows one batched layer rerun may take (at most :data:`MAX_ROWS`, at least one) so that its
     activations fit what ``budget`` bytes leave beside what value zeroing keeps for ``rows`` inputs of ``n``
@@ -329,21 +349,22 @@ def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
             max_rows = rows_within(ctx.model, ctx.budget_left(), *cap.key_mask.shape)
             matrices = layer_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream, max_rows=max_rows,
                                       last_only=last_only, last_rows=top)
+            read_rows = cap.row
         else:  # a generation's steps: the sequence's matrices hold every prefix's as their top-left block
             ids = ctx.sequence["input_ids"]
+            sequence_mask = ctx.sequence.get("attention_mask", torch.ones_like(ids))
+            _check_prefixes(cap.key_mask, sequence_mask)
             top = read.any(0, keepdim=True) if read.shape[1] == ids.shape[1] else None
             max_rows = rows_within(ctx.model, ctx.budget_left(), 1, ids.shape[1])
-            whole = layer_matrices(ctx.model, ctx.sequence, ctx.sequence.get(
-                "attention_mask", torch.ones_like(ids)), ctx.stream, max_rows=max_rows, last_only=last_only,
-                last_rows=top)
-            m = cap.key_mask
-            matrices = (c * m[:, :, None].to(c.dtype) * m[:, None, :].to(c.dtype) for c in whole)
+            matrices = layer_matrices(ctx.model, ctx.sequence, sequence_mask, ctx.stream, max_rows=max_rows,
+                                      last_only=last_only, last_rows=top)
+            read_rows = _prefix_rows(cap.query_weights, cap.key_mask)
         # rolled out as the layers come (P^l = C^l P^{l-1}, rows normalised): two products held, not every layer's
         rows, joint = [], None
         for c in matrices:
             c = c.div_(c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny))
             joint = c if joint is None or not rollout else c @ joint
-            rows.append(cap.row(joint.to(cap.query_weights.dtype)))
+            rows.append(read_rows(joint.to(cap.query_weights.dtype)))
             del c
     if not rollout:
         return MethodOutput(rows[-1])
