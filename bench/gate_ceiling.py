@@ -14,10 +14,15 @@ distractor paragraphs, sentence sources, the gold answer forced, SmolLM2-135M-In
 - ``attngate`` (its derivative at half-open gates) and ``contextcite32`` (Lasso on 32 real removals of their
   own), against the same 32 ablations.
 
-Writes ``bench/data/gate_ceiling.jsonl`` (one record per example, resumed on a rerun) and
-``bench/data/gate_ceiling.md``.
+``--queries all`` measures the same for gates on every query, the context's own positions included
+(``attngate``'s ``queries="all"``): its exact counterpart hides the dropped sources from every position (the
+``"mask"`` ablation: every token kept, positions kept, the sources' keys masked out), and its derivative is taken
+with every query gated.
 
-Run: ``python bench/gate_ceiling.py [--split fit] [--limit 24]``.
+Writes ``bench/data/gate_ceiling.jsonl`` (``gate_ceiling_all.jsonl`` with ``--queries all``; one record per
+example, resumed on a rerun) and the table beside it (``.md``).
+
+Run: ``python bench/gate_ceiling.py [--split fit] [--limit 24] [--queries after|all] [--fits 32,64,128]``.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT_JSONL, OUT_MD = ROOT / "bench" / "data" / "gate_ceiling.jsonl", ROOT / "bench" / "data" / "gate_ceiling.md"
+DATA = ROOT / "bench" / "data"
 OWN_SEED = 12345  # the masks the surrogates are fitted on (the LDS masks are the benchmark's)
 FITS = (32, 64, 128)
 
@@ -70,7 +75,17 @@ def hidden_logprobs(job, masks: np.ndarray) -> np.ndarray:
     return np.array(out)
 
 
-def run_example(runner, e) -> dict:
+def masked_logprobs(job, masks: np.ndarray) -> np.ndarray:
+    """The answer's log-probability with the sources a mask drops hidden from the attention of every position (the
+    ``"mask"`` ablation)."""
+    import dataclasses
+
+    from attnlens.sources.ablation import ablation_logprobs
+
+    return ablation_logprobs(dataclasses.replace(job, ablation="mask"), masks)
+
+
+def run_example(runner, e, queries: str = "after", fits: tuple[int, ...] = FITS) -> dict:
     from sklearn.linear_model import Lasso
 
     from attnlens.sources import gates
@@ -82,10 +97,11 @@ def run_example(runner, e) -> dict:
     n = len(e.sources)
     masks = random_masks(32, n, 0.5, zlib.crc32(e.id.encode()))  # the benchmark's LDS ablations (seed 0)
     actual = ablation_logprobs(job, masks)
-    own = random_masks(max(FITS), n, 0.5, OWN_SEED)
-    hidden_eval, hidden_own = hidden_logprobs(job, masks), hidden_logprobs(job, own)
+    own = random_masks(max(fits), n, 0.5, OWN_SEED)
+    hide = hidden_logprobs if queries == "after" else masked_logprobs
+    hidden_eval, hidden_own = hide(job, masks), hide(job, own)
     removed_own = ablation_logprobs(job, own[:32])
-    gate, _ = gates.source_gate_gradients(job, 0.5, "after")
+    gate, _ = gates.source_gate_gradients(job, 0.5, queries)
 
     def lasso(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return Lasso(alpha=0.01).fit(x.astype(np.float64), y).coef_
@@ -93,16 +109,18 @@ def run_example(runner, e) -> dict:
     lds = {"hidden": rank_agreement(hidden_eval, actual),
            "contextcite32": rank_agreement(masks @ lasso(own[:32], removed_own), actual),
            "attngate": rank_agreement(masks @ gate, actual)}
-    for m in FITS:
+    for m in fits:
         lds[f"hidden_fit_{m}"] = rank_agreement(masks @ lasso(own[:m], hidden_own[:m]), actual)
     return {"id": e.id, "n_sources": n, "lds": lds}
 
 
-def summary(records: list[dict]) -> str:
+def summary(records: list[dict], queries: str = "after") -> str:
     keys = list(records[0]["lds"])
-    lines = [f"Examples: {len(records)} (sentence sources, gold paragraph + 2 distractors). LDS against 32 real "
-             "removals per example; the difference to ContextCite-32 paired over the examples (mean ± 95% "
-             "interval):", "", "| scores | mean LDS | median LDS | − contextcite32 |", "|---|---|---|---|"]
+    hiding = ("hidden from the positions after the context" if queries == "after"
+              else "hidden from every position (the mask ablation), gates on every query")
+    lines = [f"Examples: {len(records)} (sentence sources, gold paragraph + 2 distractors); sources {hiding}. LDS "
+             "against 32 real removals per example; the difference to ContextCite-32 paired over the examples "
+             "(mean ± 95% interval):", "", "| scores | mean LDS | median LDS | − contextcite32 |", "|---|---|---|---|"]
     for key in keys:
         v = np.array([r["lds"][key] for r in records])
         d = v - np.array([r["lds"]["contextcite32"] for r in records])
@@ -116,24 +134,30 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--split", default="fit", choices=["fit", "eval"])
     p.add_argument("--limit", type=int, default=24)
+    p.add_argument("--queries", default="after", choices=["after", "all"],
+                   help="the positions the sources are hidden from and gated for")
+    p.add_argument("--fits", default=",".join(map(str, FITS)),
+                   help="how many hidden-source variants each surrogate is fitted to (at least 32)")
     args = p.parse_args()
+    stem = "gate_ceiling" if args.queries == "after" else "gate_ceiling_all"
+    out_jsonl, out_md = DATA / f"{stem}.jsonl", DATA / f"{stem}.md"
     from attnlens import Explainer
     from attnlens.sources.squad import squad_context
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    records = [json.loads(x) for x in OUT_JSONL.read_text().splitlines()] if OUT_JSONL.exists() else []
+    records = [json.loads(x) for x in out_jsonl.read_text().splitlines()] if out_jsonl.exists() else []
     done = {r["id"] for r in records}
     runner = Explainer.from_pretrained("smollm2").runner
     for e in squad_context(args.split, args.limit, distractors=2, sources="sentence"):
         if e.id in done:
             continue
-        rec = run_example(runner, e)
+        rec = run_example(runner, e, args.queries, tuple(int(m) for m in args.fits.split(",")))
         print(json.dumps(rec), flush=True)
         records.append(rec)
-        with OUT_JSONL.open("a") as f:
+        with out_jsonl.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-    OUT_MD.write_text(summary(records))
-    print(summary(records))
+    out_md.write_text(summary(records, args.queries))
+    print(summary(records, args.queries))
 
 
 if __name__ == "__main__":

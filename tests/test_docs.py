@@ -119,6 +119,19 @@ def test_readme_links_hold_where_the_readme_is_shown_alone():
                 assert (ROOT / path[len(repo):]).is_file(), target
 
 
+def test_every_data_file_and_script_the_docs_name_exists():
+    """A figure's data file (``bench/data/...``) or the script that measures it, named on any page, is in the
+    repository: a reader can open or rerun it."""
+    named = set()
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        named |= {m.rstrip(".") for m in re.findall(r"bench/data/[A-Za-z0-9_.-]+", text)}
+        named |= set(re.findall(r"(?:bench|scripts)/[a-z0-9_]+\.py", text))
+    assert len(named) > 20
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, missing
+
+
 def test_every_page_is_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
