@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from ..errors import InputError, ModelError
 from ..methods.lrp_methods import ATTENTION_READERS
-from ..methods.registry import GRADIENTS, OWN_PASS
+from ..methods.registry import GRADIENTS, LAYER_GRAPH, OWN_PASS
 from ..models.adapters import EncoderDecoderAdapter, StreamTensors
 from ..models.heads import ContrastHead, LMHead, Seq2SeqLMHead, decode_token
 from ..results.generation import Generation
@@ -40,6 +40,7 @@ from .batching import keeps_logits
 from .encoding import Encoded, completing_spans, continuation_encoding, encode, spans_in, special_ids
 from .fused_attention import FUSED
 from .memory import (
+    layer_graph_step_bytes,
     lrp_step_bytes,
     model_dims,
     parse_budget,
@@ -214,7 +215,8 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
     gradients a forward keeps little: ``size``. A sequence whose single step does not fit is refused up front."""
     cost = _refuse_long(runner, specs, n, size, budget, one_pass)
     lrp = [s.name for s in specs if s.lrp] if one_pass else []
-    if not gradients and not lrp:
+    layer_graph = one_pass and any(LAYER_GRAPH in s.needs for s in specs)
+    if not gradients and not lrp and not layer_graph:
         return size
     first = cost.total(n)
     if not one_pass:
@@ -223,6 +225,8 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
     if lrp:  # the LRP pass's rows come from one batched backward too (one backward per row where it runs fused)
         fused = all(name in cost.fusable and cost.own_storage(name, n).recompute for name in lrp)
         step += lrp_step_bytes(cost.dims, n, size, any(name in ATTENTION_READERS for name in lrp), fused)
+    if layer_graph:  # each step's cotangent through every rebuilt layer (DecompX over the sequence)
+        step += layer_graph_step_bytes(cost.dims, n)
     return max(1, min(size, 1 + (budget - first) // step)) if step else rows_that_fit(budget, first, size)
 
 

@@ -210,6 +210,8 @@ class Storage:
     ``map_layers``: likewise the layers whose whole maps are held at once (1: a layer's maps read and dropped
     before the next layer's, as value zeroing reads them);
     ``rule_vectors``: hidden-size vectors per token an LRP pass's rules hold beside that (measured);
+    ``held_vectors``: hidden-size vectors per token a method holds beside its passes (integrated gradients over
+    a generation's steps: each step's sums, :attr:`attnlens.methods.registry.Method.step_vectors`);
     ``square_matrices``: ``n × n`` matrices a method holds per row beside the pass (value zeroing: the layer's
     matrix as it is filled, its masked and normalised copies, the rollout so far, the new product and the
     allocator's slack between them: six measured, 0.92–0.98 of a 256 MiB budget in live tensors at the longest
@@ -236,6 +238,7 @@ class Storage:
     factor_layers: int = 0
     map_layers: int = 0
     rule_vectors: int = 0
+    held_vectors: int = 0
     square_matrices: int = 0
     layer_graph: bool = False  # one layer's backward activations beside what is kept (registry.LAYER_GRAPH)
     chunked: bool = False  # a method reads the kept whole maps a chunk of query rows at a time (eager passes)
@@ -243,7 +246,7 @@ class Storage:
     def __or__(self, other: Storage) -> Storage:
         """What one pass serving both keeps (eager if either needs it)."""
         def union(f: str, a: Any, b: Any) -> Any:
-            if f in ("rows", "rule_vectors", "square_matrices"):
+            if f in ("rows", "rule_vectors", "held_vectors", "square_matrices"):
                 return max(a, b)
             if f in ("logit_rows", "factor_layers", "map_layers"):  # 0 is every position / layer
                 return 0 if 0 in (a, b) else max(a, b)
@@ -315,7 +318,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
                           + heads * storage.rows * n * (1 + storage.row_grads)
                           + n * storage.received + n * n * storage.means)
     kept += (storage.factor_layers or attentions) * n * d * (2 * storage.factors + 3 * storage.factor_grads)
-    kept += storage.rule_vectors * n * d
+    kept += (storage.rule_vectors + storage.held_vectors) * n * d
     kept += storage.square_matrices * n * n
     kept += dims.activation_vectors * n * d * storage.layer_graph
     chunk = min(row_attention.chunk_elements(dims.device), heads * n * n) * _widening(dims)  # one chunk's values
@@ -415,6 +418,15 @@ def step_gradient_bytes(dims: Dims, n: int, storage: Storage = FULL_STORAGE) -> 
     kept += n * dims.hidden * storage.embedding_grads
     backward = storage.logit_positions(n) * dims.logits + dims.activation_vectors * n * dims.hidden
     return (kept + backward) * dims.itemsize
+
+
+def layer_graph_step_bytes(dims: Dims, n: int) -> int:
+    """Bytes each further step adds to a batch of generation steps whose method takes its backward one rebuilt
+    layer at a time (``registry.LAYER_GRAPH``: DecompX) over their one ``n``-token sequence: every step carries its
+    own cotangent through the layer, so the layer's vector-Jacobian product holds each step's activation
+    gradients, and the step keeps its gradients at the layer's input, at its first layer's value vectors and at
+    the input (four hidden-size vectors per token)."""
+    return (dims.activation_vectors + 4) * n * dims.hidden * dims.itemsize
 
 
 def lrp_step_bytes(dims: Dims, n: int, steps: int, attention_relevance: bool, fused: bool = False) -> int:

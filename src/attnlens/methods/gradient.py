@@ -216,6 +216,9 @@ TYPICAL_STEPS = 20  # what the default schedule took on average (for the progres
 # a gap still open at 49 is a rough path, not a quadrature error (SmolLM2's next-token logit jumps by ~16 over
 # 0.005 of the straight path from its baseline, and 193 points left its gap at 48x the gain).
 DEFAULT_MAX_STEPS = 64
+# over a generation's steps each step holds its (N, D) gradient sums, their new part and a copy while they are
+# updated (Method.step_vectors: counted in the budget)
+STEP_VECTORS = 3
 GAP_FLOOR = 1e-4  # |F(x) - F(baseline)| below this counts as this when the gap is made relative
 
 
@@ -335,6 +338,7 @@ def _check_ig(n_steps: int | None = None, method: str = DEFAULT_RULE, tolerance:
     "integratedgradients",
     needs={OWN_PASS},
     many_passes=True,
+    step_vectors=STEP_VECTORS,
     summary="Integrated gradients on the input token embeddings from a baseline of padding tokens.",
     citation="Sundararajan et al. 2017; Captum IntegratedGradients",
     check=_check_ig,
@@ -375,8 +379,18 @@ def _ig_storage(ctx: BatchContext) -> Storage:
     where keeping its activations would not fit what the budget leaves; the engine's estimate decides alike."""
     fused = ctx.sequence is None and runs_sdpa(ctx.model)
     logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) and ctx.sequence is None else 0
-    return gradient_pass_storage(model_dims(ctx.model), ctx.token_mask.shape[1], ctx.budget_left(), fused,
+    return gradient_pass_storage(model_dims(ctx.model), ctx.token_mask.shape[1], _budget_for_passes(ctx), fused,
                                  logit_rows)
+
+
+def _budget_for_passes(ctx: BatchContext) -> int:
+    """What the batch's budget leaves for the passes: beside the shared pass's tensors and, over a generation's
+    steps, each step's sums (:data:`STEP_VECTORS`)."""
+    if ctx.sequence is None:
+        return ctx.budget_left()
+    dims = model_dims(ctx.model)
+    held = STEP_VECTORS * ctx.token_mask.numel() * dims.hidden * dims.itemsize
+    return max(1, ctx.budget_left() - held)
 
 
 def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: float | None, max_steps: int,
@@ -388,6 +402,7 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
         if ctx.progress is not None:
             ctx.progress(rows / n_ex)
 
+    path = None  # a generation's x − x', shared by its rows
     if ctx.sequence is None:
         forward, x, extra = embedding_forward(ctx)
         with torch.no_grad():
@@ -404,6 +419,7 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
             ends = row_values(torch.cat([x1, base1]))
         gain = ends[0] - ends[1]
         x, base = x1.expand(n_ex, *x1.shape[1:]), base1.expand(n_ex, *base1.shape[1:])
+        path = (x1 - base1)[0]  # (N, D): every row's x − x' (its positions past the row get no gradient)
 
         def weighted(active: torch.Tensor, alphas: np.ndarray, weights: np.ndarray) -> torch.Tensor:
             return _sequence_weighted_gradients(row_values, x1, base1, active, alphas, weights, chunk, progress)
@@ -420,11 +436,13 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
         if previous is not None and _nested(method, previous):  # new rule = old rule / 2 + the new nodes
             old = set(np.round(quadrature(method, previous)[0], 12))
             new = np.array([i for i, a in enumerate(np.round(alphas, 12)) if a not in old])
-            sums[active] = sums[active] / 2 + weighted(active, alphas[new], weights[new])
+            # in place: a generation's rows hold one (N, D) sum each, and a copy more at a time
+            sums.index_copy_(0, active, sums.index_select(0, active).mul_(0.5).add_(
+                weighted(active, alphas[new], weights[new])))
         else:
-            sums[active] = weighted(active, alphas, weights)
+            sums.index_copy_(0, active, weighted(active, alphas, weights))
         used[active.cpu()] = steps
-        delta[active] = ((x[active] - base[active]) * sums[active]).sum((1, 2)) - gain[active]
+        delta[active] = _completeness(x, base, path, sums, active) - gain[active]
         gap = delta[active].abs() / gain[active].abs().clamp_min(GAP_FLOOR)
         if tolerance is None:
             break
@@ -432,7 +450,7 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
         if not len(active) or next_count(method, steps) > max_steps:
             break
         previous, steps = steps, next_count(method, steps)
-    attr = ((x - base) * sums).sum(-1).detach()
+    attr = (((x - base) * sums).sum(-1) if path is None else torch.einsum("nd,bnd->bn", path, sums)).detach()
     gaps = delta.abs() / gain.abs().clamp_min(GAP_FLOOR)
     if tolerance is not None and bool((gaps > tolerance).any()):
         warnings.warn(f"integratedgradients: {int((gaps > tolerance).sum())} of {n_ex} inputs did not reach "
@@ -446,7 +464,16 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
     return MethodOutput(attr, space="tokens", meta=meta)
 
 
+def _completeness(x: torch.Tensor, base: torch.Tensor, path: torch.Tensor | None, sums: torch.Tensor,
+                  active: torch.Tensor) -> torch.Tensor:
+    """``Σ (x − x') · Σ w ∇F`` of the rows ``active``: ``(len(active),)``; ``path`` (a generation's ``(N, D)``
+    x − x', shared by its rows) spares the rows' copies of it."""
+    if path is None:
+        return ((x[active] - base[active]) * sums[active]).sum((1, 2))
+    return torch.einsum("nd,bnd->b", path, sums.index_select(0, active))
+
+
 def _rows_in_budget(ctx: BatchContext, n_tokens: int, storage: Storage) -> int:
     """Rows per forward+backward keeping ``storage`` that fit in what the batch's budget leaves beside the shared
     pass's tensors."""
-    return rows_that_fit(ctx.budget_left(), pass_row_bytes(model_dims(ctx.model), n_tokens, storage))
+    return rows_that_fit(_budget_for_passes(ctx), pass_row_bytes(model_dims(ctx.model), n_tokens, storage))

@@ -87,6 +87,9 @@ class Method:
     per_token_passes: bool = False
     # runs many forward passes per input (samples, integration steps, one per token): long enough to show progress
     many_passes: bool = False
+    # hidden-size vectors per token it holds for each step of a generation explained in one batch (integrated
+    # gradients: each step's gradient sums), beside its passes
+    step_vectors: int = 0
     # why the method cannot explain a model (model, stream, task) -> reason or None, beyond the checks below
     applies: Callable[[Any, str, str], str | None] | None = None
     # the captured tensors whose gradients it reads, when not all differentiable ones (AttCAT: hidden states only)
@@ -181,6 +184,7 @@ def register(
     applies: Callable[[Any, str, str], str | None] | None = None,
     per_token_passes: bool = False,
     many_passes: bool = False,
+    step_vectors: int = 0,
     differentiate: set[str] | frozenset[str] | None = None,
     logits_only: bool = False,
     forward: Callable[[Any], Any] | None = None,
@@ -219,6 +223,8 @@ def register(
     in work of its own (DecompX's pass over every stream of an encoder-decoder, attention flow's graph; 0 where
     none), counted in the budget before any pass runs. ``many_passes``: it runs many forward passes per input
     (samples, integration steps; ``per_token_passes`` implies it), so a command shows its progress.
+    ``step_vectors``: hidden-size vectors per token it holds beside its passes for each step of a generation it
+    explains in one batch (counted in the budget).
     """
     if not isinstance(name, str) or not name or name == "all" or any(c in name for c in ", \t\n"):
         raise ValueError(f"a method's name is a non-empty string without commas or spaces, other than 'all' (which "
@@ -251,6 +257,7 @@ def register(
             applies=applies,
             per_token_passes=per_token_passes,
             many_passes=many_passes or per_token_passes,
+            step_vectors=step_vectors,
             differentiate=None if differentiate is None else frozenset(differentiate),
             logits_only=logits_only,
             forward=forward,
