@@ -33,7 +33,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from peak import ROOT, measured, write_records  # noqa: E402
+from peak import ROOT, machine, measured, write_records  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 OUT = ROOT / "bench" / "data" / "allocator_policy.md"
@@ -110,8 +110,9 @@ def main() -> None:
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     out = Path(args.out)
     write_records(out, rows)
-    out.write_text(table(rows), encoding="utf-8")
-    print(table(rows))
+    text = table(rows) + f"\nMeasured on {machine()}.\n"
+    out.write_text(text, encoding="utf-8")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from peak import ROOT, process_status, write_records  # noqa: E402
+from peak import ROOT, machine, process_status, write_records  # noqa: E402
 
 METHODS = ("rawatt", "rollout", "grads", "agrad", "attcat", "gae", "saliency", "inputxgradient", "attnnorm",
            "globenc", "alti", "decompx", "valuezeroing", "integratedgradients", "attnlrp", "partiallrp", "transatt")
@@ -170,6 +170,7 @@ def main() -> None:
         else:
             lines.append(f"| {r['method']} | {r['prompt_tokens']:,} | {r['peak_mib']:.0f} | {r['ratio']:.2f} | "
                          f"{'yes' if r['within'] else '**no**'} | {r['seconds']:.1f} |")
+    lines += ["", f"Measured on {machine()}."]
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 
