@@ -10,13 +10,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import NoReturn  # noqa: E402
+from typing import TYPE_CHECKING, NoReturn  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import BertTokenizerFast  # noqa: E402
 
 from attnlens.testing.tiny_models import build_tiny  # noqa: E402
+
+if TYPE_CHECKING:
+    from attnlens import Explainer
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 torch.set_num_threads(1)
@@ -149,3 +152,22 @@ def peak_rss_growth(fn: Callable[[], object]) -> int:
     before = hwm()
     fn()
     return hwm() - before
+
+
+def long_llama(hidden: int, heads: int) -> Explainer:
+    """An explainer of a 2-layer random Llama causal LM of ``hidden`` channels and ``heads`` heads (feed-forward
+    twice as wide, two key-value heads) that takes 4,096 positions, with the test tokenizer: inputs long enough
+    for memory to be measured, in one thread."""
+    import transformers
+
+    from attnlens import Explainer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=V, hidden_size=hidden, intermediate_size=2 * hidden,
+                                      num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=2,
+                                      max_position_embeddings=4096, pad_token_id=PAD, bos_token_id=CLS,
+                                      eos_token_id=SEP)
+    tokenizer = make_tokenizer()
+    tokenizer.model_max_length = 4096
+    return Explainer(transformers.LlamaForCausalLM(config).eval(), tokenizer, max_length=4096)

@@ -496,17 +496,9 @@ def test_layer_graph_step_bytes_bound_what_each_decompx_step_holds():
 def _decompx_generation_growth() -> tuple[int, int]:
     """DecompX's peak-RSS growth over a 32-step generation (see the test above), and the budget, in this
     process."""
-    import transformers
-    from conftest import peak_rss_growth
+    from conftest import long_llama, peak_rss_growth
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                                      pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP)
-    tokenizer = make_tokenizer()
-    tokenizer.model_max_length = 4096
-    ex = Explainer(transformers.LlamaForCausalLM(config).eval(), tokenizer, max_length=4096)
+    ex = long_llama(128, 4)
     prompt = " ".join(["not very bad , i really didn ' t like this film"] * 70)
     target = " good but bad the" * 8
     ex.explain_generation("the movie was", methods=["decompx"], target=" good but")  # warm-up

@@ -358,18 +358,11 @@ def _generation_growth() -> tuple[int, int]:
     """Value zeroing over a 24-step generation after a ~900-token prompt (one batch of steps), in this process:
     its peak-RSS growth and the estimate for one row of that length. Run in a fresh process (the peak only
     grows)."""
-    from conftest import CLS, SEP, make_tokenizer, peak_rss_growth
+    from conftest import long_llama, peak_rss_growth
 
     from attnlens.core.memory import VALUE_ZEROING_STORAGE, model_dims, pass_row_bytes
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
-                                      pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP)
-    tokenizer = make_tokenizer()
-    tokenizer.model_max_length = 4096
-    ex = Explainer(transformers.LlamaForCausalLM(config).eval(), tokenizer, max_length=4096)
+    ex = long_llama(32, 2)
     prompt = " ".join([TEXTS[1]] * 70)
     target = " good but bad" * 8
     ex.explain_generation(TEXTS[0], methods=["valuezeroing"], target=" good but")  # warm-up
