@@ -510,17 +510,25 @@ def _decompx_generation_growth() -> tuple[int, int]:
 
 def test_integrated_gradients_over_a_generation_counts_each_steps_sums():
     """Integrated gradients over a generation's steps holds each step's ``(N, D)`` gradient sums beside its
-    passes: the estimate grows by ``step_vectors`` hidden-size vectors per token for each step of the batch."""
+    passes: the first step's are in the refusal's estimate, and each further step's ``step_vectors`` hidden-size
+    vectors per token decide how many steps a batch takes."""
+    from attnlens.core.generation_engine import _steps_per_batch
+
     ex = _lm_explainer()
     dims = model_dims(ex.model)
     spec = registry.get_method("integratedgradients")
     assert spec.step_vectors >= 2
-    budget = memory.parse_budget("4GiB")
     n = 120
+    per_step = spec.step_vectors * n * dims.hidden * dims.itemsize
+    budget = memory.parse_budget("4GiB")
     one, many = (engine.pass_cost(ex.runner, [spec], budget, prefixes=True, steps=k).total(n) for k in (1, 16))
-    assert many - one == 15 * spec.step_vectors * n * dims.hidden * dims.itemsize
-    rows = engine.pass_cost(ex.runner, [spec], budget).total(n)  # one input's passes: no steps
-    assert rows <= one
+    assert many == one  # the refusal counts one step: a sequence is refused only when a single step does not fit
+    bare = dataclasses.replace(spec, step_vectors=0)
+    assert one - engine.pass_cost(ex.runner, [bare], budget, prefixes=True, steps=1).total(n) == per_step
+    for extra in (0, 3, 7):
+        fits = one + extra * per_step + per_step // 2
+        assert _steps_per_batch(ex.runner, [spec], n, 16, fits, False, one_pass=True) == 1 + extra
+    assert _steps_per_batch(ex.runner, [spec], n, 16, budget, False, one_pass=True) == 16
 
 
 def test_lrp_rows_must_reach_the_kept_logits():

@@ -213,10 +213,10 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
     fused = not prefixes and runs_sdpa(runner.model)  # integrated gradients' passes (methods/gradient.py)
     own = {s.name: _own_pass_storage(s, prefix_logits if prefixes and s.lrp else logit_rows, fused) for s in specs
            if OWN_PASS in s.needs}
-    if prefixes:  # what a method holds for each step of the batch beside its passes
+    if prefixes:  # what a method holds for the batch's first step beside its passes (each further step's:
+        # generation_engine._steps_per_batch)
         step_vectors = {s.name: s.step_vectors for s in specs}
-        own = {name: dataclasses.replace(storage, held_vectors=step_vectors[name] * max(1, steps))
-               for name, storage in own.items()}
+        own = {name: dataclasses.replace(storage, held_vectors=step_vectors[name]) for name, storage in own.items()}
     settings = {s.name: {**s.options, **(options or {}).get(s.name, {})} for s in specs}
 
     def fusable(group: list[Method]) -> frozenset[str]:

@@ -40,6 +40,7 @@ from .batching import keeps_logits
 from .encoding import Encoded, completing_spans, continuation_encoding, encode, spans_in, special_ids
 from .fused_attention import FUSED
 from .memory import (
+    held_step_bytes,
     layer_graph_step_bytes,
     lrp_step_bytes,
     model_dims,
@@ -216,7 +217,8 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
     cost = _refuse_long(runner, specs, n, size, budget, one_pass)
     lrp = [s.name for s in specs if s.lrp] if one_pass else []
     layer_graph = one_pass and any(LAYER_GRAPH in s.needs for s in specs)
-    if not gradients and not lrp and not layer_graph:
+    held = max((s.step_vectors for s in specs), default=0) if one_pass else 0
+    if not gradients and not lrp and not layer_graph and not held:
         return size
     first = cost.total(n)
     if not one_pass:
@@ -227,6 +229,7 @@ def _steps_per_batch(runner: ModelRunner, specs: list[Any], n: int, size: int, b
         step += lrp_step_bytes(cost.dims, n, size, any(name in ATTENTION_READERS for name in lrp), fused)
     if layer_graph:  # each step's cotangent through every rebuilt layer (DecompX over the sequence)
         step += layer_graph_step_bytes(cost.dims, n)
+    step += held_step_bytes(cost.dims, n, held)  # what a method holds for each step (integrated gradients' sums)
     return max(1, min(size, 1 + (budget - first) // step)) if step else rows_that_fit(budget, first, size)
 
 

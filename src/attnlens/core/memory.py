@@ -429,6 +429,13 @@ def layer_graph_step_bytes(dims: Dims, n: int) -> int:
     return (dims.activation_vectors + 4) * n * dims.hidden * dims.itemsize
 
 
+def held_step_bytes(dims: Dims, n: int, vectors: int) -> int:
+    """Bytes a method holds beside its passes for each step of a generation over an ``n``-token sequence:
+    ``vectors`` hidden-size vectors per token (:attr:`attnlens.methods.registry.Method.step_vectors`; integrated
+    gradients' running sums)."""
+    return vectors * n * dims.hidden * dims.itemsize
+
+
 def lrp_step_bytes(dims: Dims, n: int, steps: int, attention_relevance: bool, fused: bool = False) -> int:
     """Bytes each further step adds to an eager LRP pass over the ``n``-token sequence of a generation's ``steps``
     prefixes, whose rows' relevances come from one batched backward (:func:`attnlens.models.prefixes.row_gradients`):

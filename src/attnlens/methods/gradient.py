@@ -22,7 +22,14 @@ import torch
 from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
-from ..core.memory import Storage, gradient_pass_storage, model_dims, pass_row_bytes, rows_that_fit
+from ..core.memory import (
+    Storage,
+    gradient_pass_storage,
+    held_step_bytes,
+    model_dims,
+    pass_row_bytes,
+    rows_that_fit,
+)
 from ..core.modelstate import attention_switched, runs_sdpa, without_cache
 from ..core.recomputing import recomputing
 from ..errors import InputError
@@ -388,8 +395,8 @@ def _budget_for_passes(ctx: BatchContext) -> int:
     steps, each step's sums (:data:`STEP_VECTORS`)."""
     if ctx.sequence is None:
         return ctx.budget_left()
-    dims = model_dims(ctx.model)
-    held = STEP_VECTORS * ctx.token_mask.numel() * dims.hidden * dims.itemsize
+    rows, n = ctx.token_mask.shape
+    held = rows * held_step_bytes(model_dims(ctx.model), n, STEP_VECTORS)
     return max(1, ctx.budget_left() - held)
 
 
