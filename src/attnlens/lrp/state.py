@@ -230,9 +230,34 @@ def attend_fused_chefer(state: PassState, module: nn.Module, query: torch.Tensor
 
 def attend_fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                  scale: float, causal: bool = False) -> torch.Tensor:
-    """AttnLRP's attention (ε = 0) through fused attention: ``(B, H, Q, d)``, no probabilities kept
-    (:class:`_FusedAttention`). ``mask``: SDPA's mask (boolean, or additive), ``causal``: no mask but causality."""
+    """AttnLRP's attention (ε = 0) through fused attention: ``(B, H, Q, d)``, no probabilities kept.
+    ``mask``: SDPA's mask (boolean, or additive), ``causal``: no mask but causality.
+
+    Every rule of the attention is its true gradient scaled (:class:`_FusedAttention`), so where PyTorch runs a
+    fused kernel for these inputs (its backward keeps the output and the rows' log-sum-exp, nothing ``N × N``)
+    that kernel's own backward serves, the gradients scaled at Q, K (¼) and V (½): no forward recomputed in
+    the backward. Where it would fall back to its unfused math (which keeps the probabilities for its
+    backward), :class:`_FusedAttention` recomputes the attention in its backward instead."""
+    if _fused_kernel(query, key, value, mask, scale, causal):
+        return nn.functional.scaled_dot_product_attention(
+            rules.sum_rule(query, 0.0, 0.25), rules.sum_rule(key, 0.0, 0.25), rules.sum_rule(value, 0.0, 0.5),
+            attn_mask=mask, scale=scale, is_causal=causal)
     return _FusedAttention.apply(query, key, value, mask, scale, causal)
+
+
+def _fused_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                  scale: float, causal: bool) -> bool:
+    """Whether PyTorch's attention runs a fused kernel (not its math fallback) on these inputs."""
+    from torch.nn.attention import SDPBackend
+
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return False
+    try:
+        backend = choose(query, key, value, mask, 0.0, causal, scale=scale)
+    except (RuntimeError, TypeError):
+        return False
+    return backend not in (int(SDPBackend.MATH), int(SDPBackend.ERROR))
 
 
 def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
