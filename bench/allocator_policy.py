@@ -11,11 +11,12 @@ case in a fresh process:
 - ``fixed_1MiB`` / ``fixed_512KiB``: glibc's threshold fixed by its environment variable
   (``MALLOC_MMAP_THRESHOLD_``) and attnlens's policy off.
 
-The cases: AGrad on SmolLM2 explaining a 16-token answer after 4,096 prompt tokens (``bench/long_context.py``,
-peak resident memory of the process); raw attention on a T5-base-sized classifier, ``grads`` on a
-ModernBERT-base-sized one and a Flan-T5-base-sized one within 1 GiB, and ``grads`` on a 12 × 768 Llama-sized one
-within 256 MiB, each at the longest input its budget admits (``bench/budget_promise.py``, resident memory beyond
-the process's before the call, random weights). Seconds are the call's alone (the model loaded before).
+The cases: AGrad on SmolLM2 explaining a 16-token answer after 4,096 prompt tokens and AttnLRP after 2,048 (the
+median of three runs in the process) (``bench/long_context.py``, peak resident memory of the process); raw
+attention on a T5-base-sized classifier, ``grads`` on a ModernBERT-base-sized one and a Flan-T5-base-sized one
+within 1 GiB, and ``grads`` on a 12 × 768 Llama-sized one within 256 MiB, each at the longest input its budget
+admits (``bench/budget_promise.py``, resident memory beyond the process's before the call, random weights).
+Seconds are the call's alone (the model loaded before).
 
 Writes ``bench/data/allocator_policy.md`` and its records (``.jsonl``).
 
@@ -47,6 +48,8 @@ POLICIES = {
 CASES = {
     "agrad_smollm2_4k": ("long_context.py", ["--mode", "answer", "--one", "agrad", "4096", "16"],
                          ("glibc", "attnlens", "fixed_1MiB"), "process"),
+    "attnlrp_smollm2_2k": ("long_context.py", ["--mode", "answer", "--repeat", "3", "--one", "attnlrp", "2048",
+                                               "16"], ("glibc", "attnlens", "fixed_1MiB"), "process"),
     "rawatt_t5_base_1GiB": ("budget_promise.py", ["--one", "t5-base", "rawatt", "--budget", "1GiB"],
                             ("glibc", "attnlens"), "growth"),
     "grads_modernbert_base_1GiB": ("budget_promise.py", ["--one", "modernbert-base", "grads", "--budget", "1GiB",
@@ -77,7 +80,7 @@ def run(case: str, policy: str, timeout: float) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["Peak: for `agrad_smollm2_4k` the process's peak resident memory (model and all, GiB); for the others "
+    lines = ["Peak: for the SmolLM2 cases the process's peak resident memory (model and all, GiB); for the others "
              "the resident memory beyond the process's before the call (GiB) and its ratio to the budget. "
              "Seconds: the call's; `time × first`: against the case's first policy.", "",
              "| case | policy | tokens | peak GiB | peak / budget | seconds | time × first |",
