@@ -211,7 +211,8 @@ class Storage:
     before the next layer's, as value zeroing reads them);
     ``rule_vectors``: hidden-size vectors per token an LRP pass's rules hold beside that (measured);
     ``held_vectors``: hidden-size vectors per token a method holds beside its passes (integrated gradients over
-    a generation's steps: each step's sums, :attr:`attnlens.methods.registry.Method.step_vectors`);
+    a generation's steps: the first step's sums, :attr:`attnlens.methods.registry.Method.step_vectors`; each
+    further step's: :func:`held_step_bytes`);
     ``square_matrices``: ``n × n`` matrices a method holds per row beside the pass (value zeroing: the layer's
     matrix as it is filled, its masked and normalised copies, the rollout so far, the new product and the
     allocator's slack between them: six measured, 0.92–0.98 of a 256 MiB budget in live tensors at the longest
