@@ -449,7 +449,7 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
         else:
             sums.index_copy_(0, active, weighted(active, alphas, weights))
         used[active.cpu()] = steps
-        delta[active] = _completeness(x, base, path, sums, active) - gain[active]
+        delta[active] = _token_products(x, base, path, sums, active).sum(-1) - gain[active]  # completeness
         gap = delta[active].abs() / gain[active].abs().clamp_min(GAP_FLOOR)
         if tolerance is None:
             break
@@ -457,7 +457,7 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
         if not len(active) or next_count(method, steps) > max_steps:
             break
         previous, steps = steps, next_count(method, steps)
-    attr = (((x - base) * sums).sum(-1) if path is None else torch.einsum("nd,bnd->bn", path, sums)).detach()
+    attr = _token_products(x, base, path, sums).detach()
     gaps = delta.abs() / gain.abs().clamp_min(GAP_FLOOR)
     if tolerance is not None and bool((gaps > tolerance).any()):
         warnings.warn(f"integratedgradients: {int((gaps > tolerance).sum())} of {n_ex} inputs did not reach "
@@ -471,13 +471,18 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
     return MethodOutput(attr, space="tokens", meta=meta)
 
 
-def _completeness(x: torch.Tensor, base: torch.Tensor, path: torch.Tensor | None, sums: torch.Tensor,
-                  active: torch.Tensor) -> torch.Tensor:
-    """``Σ (x − x') · Σ w ∇F`` of the rows ``active``: ``(len(active),)``; ``path`` (a generation's ``(N, D)``
-    x − x', shared by its rows) spares the rows' copies of it."""
-    if path is None:
-        return ((x[active] - base[active]) * sums[active]).sum((1, 2))
-    return torch.einsum("nd,bnd->b", path, sums.index_select(0, active))
+def _token_products(x: torch.Tensor, base: torch.Tensor, path: torch.Tensor | None, sums: torch.Tensor,
+                    rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``(x − x') · Σ w ∇F`` per token, ``(rows, N)``, of the rows ``rows`` (default: all): the attributions,
+    whose sum over the tokens is the completeness check's. ``path`` (a generation's ``(N, D)`` x − x', shared by
+    its rows) spares the rows' copies of it."""
+    if rows is not None:
+        sums = sums.index_select(0, rows)
+    if path is not None:
+        return torch.einsum("nd,bnd->bn", path, sums)
+    if rows is not None:
+        x, base = x[rows], base[rows]
+    return ((x - base) * sums).sum(-1)
 
 
 def _rows_in_budget(ctx: BatchContext, n_tokens: int, storage: Storage) -> int:
