@@ -483,13 +483,9 @@ def test_layer_graph_step_bytes_bound_what_each_decompx_step_holds():
     """Measured in a fresh process: DecompX over 32 steps of a generation after a ~900-token prompt, within a
     96 MiB budget that holds a few steps per batch, grows the peak RSS by at most the budget's promise (a batch
     of every step held several times the budget)."""
-    import multiprocessing
+    from conftest import growth_in_fresh_processes
 
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        grown, budget = pool.apply(_decompx_generation_growth)
-    if grown > 1.1 * budget + 16 * 2**20:  # the allocator's heaps: the lower of two fresh processes
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            grown = min(grown, pool.apply(_decompx_generation_growth)[0])
+    grown, budget = growth_in_fresh_processes(_decompx_generation_growth, lambda b: 1.1 * b + 16 * 2**20)
     assert grown <= 1.1 * budget + 16 * 2**20, (grown, budget)
 
 

@@ -377,14 +377,9 @@ def test_value_zeroing_over_a_generation_holds_one_rollout_whatever_the_number_o
     """Measured in a fresh process: the steps of a generation read their rows from one ``N x N`` rollout of the
     sequence, so a batch of 24 steps stays within the estimate for one row (a rollout per step would hold 24
     times the square matrices)."""
-    import multiprocessing
+    from conftest import growth_in_fresh_processes
 
-    # resident memory depends on how the allocator's heaps happened to be reused: the lower of two fresh processes
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        grown, estimate = pool.apply(_generation_growth)
-    if grown > estimate * 1.1 + 32 * 2**20:
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            grown = min(grown, pool.apply(_generation_growth)[0])
+    grown, estimate = growth_in_fresh_processes(_generation_growth, lambda e: e * 1.1 + 32 * 2**20)
     assert grown <= estimate * 1.1 + 32 * 2**20, (grown, estimate)
 
 
