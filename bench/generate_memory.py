@@ -20,12 +20,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its O
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from peak import ROOT, machine, process_status  # noqa: E402
+from peak import ROOT, machine, measured, process_status  # noqa: E402
 
 LENGTHS = (2048, 4096, 8100)
 
@@ -73,14 +71,10 @@ def main() -> None:
         print(json.dumps(case(args.one, args.new_tokens)))
         return
     results = []
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     for n in args.lengths:
-        cmd = [sys.executable, __file__, "--one", str(n), "--new-tokens", str(args.new_tokens)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-            found = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (subprocess.TimeoutExpired, ValueError, IndexError) as err:
-            found = {"prompt_tokens": n, "error": str(err)[-200:]}
+        # the case's own peak (growth beyond the process before the call) replaces the process's whole one
+        found = measured(__file__, ["--one", str(n), "--new-tokens", str(args.new_tokens)], args.timeout,
+                         {"prompt_tokens": n})
         results.append(found)
         print(json.dumps(found), flush=True)
     text = ("SmolLM2-135M-Instruct generating greedily after a prompt of IMDB reviews; each length in a fresh "
