@@ -9,7 +9,10 @@ process loads the model, warms up on a short generation, resets the peak (Linux 
 Reported: the prompt's length, the peak resident memory beyond what the process held before the call (the
 model's weights are outside it), its ratio to the budget, and whether it keeps the promise: peak ≤ 1.1 × (budget
 + weights) − weights. The model is a Llama of random weights (``--layers`` layers, hidden size 256, 4 heads, 2
-key-value heads, a 2,001-word vocabulary): memory does not depend on the weights. Attention flow is left out by
+key-value heads, a 2,001-word vocabulary): memory does not depend on the weights. The processes start with
+glibc's mmap threshold fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_``), where attnlens's own policy
+(``attnlens.core.allocator``) does not set it: the peaks count the tensors more than how the heaps happened to be
+reused, and may read lower than under glibc's default. Attention flow is left out by
 default (its maximum flows over the longest sequences take longer than a case's timeout).
 
 Run: ``python bench/generation_budget.py [--methods rawatt,...] [--budget 256MiB] [--steps 16]
