@@ -4,9 +4,12 @@ Figures: the time of ``partiallrp + transatt + attnlrp`` (one shared capture pas
 LRP forward in the chefer layout with a backward for each rule set: ``"chefer"`` for partiallrp and transatt,
 ``"attnlrp"`` for attnlrp, ``lrp_passes``) divided by the time of one plain forward + backward over the same
 batches (gradient of the target logits w.r.t. the embeddings, eager attention), one LRP pass alone of each rule
-set and the joint one, and attention flow's seconds per sentence.
+set and the joint one, the ``"attnlrp"`` pass fused with every layer's activations kept
+(``lrp_pass(..., fused=True, recompute=False)``), ``attnlrp`` alone through the engine (which runs that fused pass
+where the model allows it), and attention flow's seconds per sentence. ``--out F`` also writes them to ``F``
+(JSON).
 
-Run: ``OMP_WAIT_POLICY=PASSIVE python bench/lrp_flow_speed.py [model_dir] [--n N] [--batch-size 32]``
+Run: ``OMP_WAIT_POLICY=PASSIVE python bench/lrp_flow_speed.py [model_dir] [--n N] [--batch-size 32] [--out F]``
 (default: ``../shared/models/minilm-sst2`` on the SST-2 dev set).
 
 ``--flow-lengths`` times attention flow alone on long inputs instead: seconds per example at 32/128/256/512
@@ -35,6 +38,7 @@ from pathlib import Path
 import numpy as np  # noqa: E402
 import torch
 from common import MODEL, SHARED, SST2_DEV, batch_inputs, engine_batches, plain_forward_backward, read_texts, timed
+from peak import machine
 
 from attnlens import Explainer
 from attnlens.core.forked import usable_cores
@@ -57,8 +61,10 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
     specs = [get_method(m) for m in LRP_METHODS]
     opts = {s.name: s.check_options({}) for s in specs}
     flow_spec, raw_spec = get_method("flow"), get_method("rawatt")
-    totals = dict.fromkeys(("plain", "lrp_pass", "lrp_pass_chefer", "lrp_passes", "lrp_methods", "flow",
-                            "forward_only"), 0.0)
+    attnlrp = [get_method("attnlrp")]
+    attnlrp_opts = {"attnlrp": attnlrp[0].check_options({})}
+    totals = dict.fromkeys(("plain", "lrp_pass", "lrp_pass_chefer", "lrp_passes", "lrp_pass_fused", "attnlrp_method",
+                            "lrp_methods", "flow", "forward_only"), 0.0)
     n_flow = 0
     for i, batch in enumerate([batches[0]] + batches):  # the first run is a warm-up
         inputs = batch_inputs(ex, batch)
@@ -69,6 +75,8 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
             "lrp_pass": timed(lrp_pass, model, inputs, targets),
             "lrp_pass_chefer": timed(lrp_pass, model, inputs, targets, rules="chefer", inputs_relevance=False),
             "lrp_passes": timed(lrp_passes, model, inputs, targets),
+            "lrp_pass_fused": timed(lrp_pass, model, inputs, targets, fused=True, recompute=False),
+            "attnlrp_method": timed(ex.compute_batch, batch, [-1] * len(batch), attnlrp, attnlrp_opts),
             "lrp_methods": timed(ex.compute_batch, batch, [-1] * len(batch), specs, opts),
         }
         if n_flow < flow_texts:
@@ -90,6 +98,8 @@ def run(model_dir: str | Path, texts: list[str], batch_size: int = 32, flow_text
         "lrp_pass_ratio": totals["lrp_pass"] / totals["plain"],
         "lrp_pass_chefer_ratio": totals["lrp_pass_chefer"] / totals["plain"],
         "lrp_passes_joint_ratio": totals["lrp_passes"] / totals["plain"],
+        "lrp_pass_fused_ratio": totals["lrp_pass_fused"] / totals["plain"],
+        "attnlrp_method_ratio": totals["attnlrp_method"] / totals["plain"],
         "lrp_methods_s": totals["lrp_methods"],
         "lrp_methods_ratio": totals["lrp_methods"] / totals["plain"],
         # flow's own cost: the engine call with flow minus the same call with an attention-only method
@@ -199,6 +209,7 @@ def main() -> None:
     parser.add_argument("--data", default=str(SST2_DEV), help="JSONL file with a 'text' field")
     parser.add_argument("--n", type=int, default=None, help="use the first N texts (default: all)")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--out", help="also write the figures to this JSON file")
     parser.add_argument("--flow-lengths", action="store_true",
                         help="time attention flow alone at 32-512 tokens against the previous implementation")
     parser.add_argument("--no-old", action="store_true", help="with --flow-lengths: skip the previous implementation")
@@ -209,8 +220,11 @@ def main() -> None:
         return
     texts = read_texts(args.data, args.n)
     figures = run(args.model_dir, texts, args.batch_size)
+    figures["machine"] = machine()
     for key, value in figures.items():
         print(f"{key:28s} {value:.4g}" if isinstance(value, float) else f"{key:28s} {value}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

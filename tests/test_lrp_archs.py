@@ -1473,9 +1473,9 @@ UNFUSED = ("deberta", "deberta-v2", "mpnet", "gpt_neo", "gptj", "gemma2", "bloom
 
 @pytest.mark.parametrize("family", ALL_LRP)
 def test_fused_attnlrp_equals_the_eager_pass(family):
-    """AttnLRP (ε = 0) through fused attention, each layer recomputed in the backward, gives the eager pass's input
-    relevances, padded batch included; the probabilities are kept only where the model's attention cannot be
-    fused (its own attention code, float32 scores, a score cap)."""
+    """AttnLRP (ε = 0) through fused attention, each layer recomputed in the backward or its activations kept,
+    gives the eager pass's input relevances, padded batch included; the probabilities are kept only where the
+    model's attention cannot be fused (its own attention code, float32 scores, a score cap)."""
     from attnlens.lrp import runs_fused
 
     model = strong(family, biases=True)
@@ -1486,6 +1486,9 @@ def test_fused_attnlrp_equals_the_eager_pass(family):
     torch.testing.assert_close(fused.input_relevance, eager.input_relevance, rtol=0, atol=1e-5 * scale)
     torch.testing.assert_close(fused.word_relevance, eager.word_relevance, rtol=0, atol=1e-5 * scale)
     torch.testing.assert_close(fused.target, eager.target, rtol=1e-5, atol=1e-6)
+    kept = lrp_pass(model, inputs, targets, fused=True, recompute=False)
+    torch.testing.assert_close(kept.input_relevance, fused.input_relevance, rtol=0, atol=1e-6 * scale)
+    torch.testing.assert_close(kept.word_relevance, fused.word_relevance, rtol=0, atol=1e-6 * scale)
     assert (len(fused.attentions) == 0) == runs_fused(model)
     assert runs_fused(model) == (family not in UNFUSED)
     one = {k: v[:1] for k, v in inputs.items()}  # no padding: causality alone masks a decoder's attention

@@ -589,13 +589,15 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
 
     ex = _lm_explainer()
     texts = ["the movie was good but boring and far too long " * 3, "fun"]
-    eager = ex.explain(texts, ["attnlrp", "rawatt"])
+    with monkeypatch.context() as unfused:  # AttnLRP's own pass runs fused wherever the model allows
+        unfused.setattr(lrp_methods, "runs_fused", lambda model: False)
+        eager = ex.explain(texts, ["attnlrp", "rawatt"])
     prompt, target = "the movie was good but boring and", " far too long for a film"
     eager_steps = ex.explain_generation(prompt, ["attnlrp", "partiallrp"], target=target)
     eager_transatt = ex.explain_generation(prompt, ["transatt"], target=target)
     seen = _spy_lrp(monkeypatch)
-    always = lambda dims, n, budget, fusable, rows=0: (memory.FUSED_LRP_STORAGE if fusable  # noqa: E731
-                                                        else memory.LRP_STORAGE)
+    always = lambda dims, n, budget, fusable, rows=0, **_: (memory.FUSED_LRP_STORAGE if fusable  # noqa: E731
+                                                            else memory.LRP_STORAGE)
     monkeypatch.setattr(lrp_methods, "lrp_storage", always)
     fused = ex.explain(texts, ["attnlrp", "rawatt"])
     assert seen == [True]
@@ -644,6 +646,53 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
     assert joint == [False] and seen == []
     for m in ("attnlrp", "partiallrp"):
         np.testing.assert_allclose(both.scores[m], eager_steps.scores[m], atol=1e-6)
+
+
+def test_attnlrp_keeps_the_layers_activations_while_they_fit_the_budget(monkeypatch):
+    """AttnLRP's own pass runs fused (no maps) and keeps every layer's activations, as a plain backward does, while
+    they fit the budget (the default one too), and recomputes each layer in its backward beyond that; the estimate
+    takes the same decision, and both give the eager pass's scores."""
+    import transformers
+
+    from attnlens.lrp import relevance
+    from attnlens.methods import lrp_methods
+
+    torch.manual_seed(0)  # long enough that the budget's 64 MiB minimum decides between the passes
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=V,
+                                      max_position_embeddings=1024, pad_token_id=PAD, bos_token_id=CLS,
+                                      eos_token_id=SEP)
+    tokenizer = make_tokenizer()
+    tokenizer.model_max_length = 1024
+    ex = Explainer(transformers.LlamaForCausalLM(config).eval(), tokenizer, max_length=1024)
+    text = " ".join(["the movie was good but boring and far too long"] * 90)
+    n = len(ex.tokenizer(text)["input_ids"])
+    dims = model_dims(ex.model)
+    need = {name: memory.pass_row_bytes(dims, n, dataclasses.replace(storage, logit_rows=1)) for name, storage in
+            [("eager", memory.LRP_STORAGE), ("recompute", memory.FUSED_LRP_STORAGE),
+             ("kept", dataclasses.replace(memory.FUSED_LRP_STORAGE, recompute=False))]}
+    assert need["recompute"] < need["kept"] < need["eager"]
+    with monkeypatch.context() as unfused:
+        unfused.setattr(lrp_methods, "runs_fused", lambda model: False)
+        eager = ex.explain([text], ["attnlrp"])[0].scores["attnlrp"]
+    calls: list[tuple[bool, bool]] = []
+    real_pass, real_recomputing = lrp_methods.lrp_pass, relevance.recomputing
+    monkeypatch.setattr(lrp_methods, "lrp_pass", lambda *a, **k: calls.append((k["fused"], k["recompute"]))
+                        or real_pass(*a, **k))
+    recomputed: list[int] = []
+    monkeypatch.setattr(relevance, "recomputing", lambda *a: recomputed.append(1) or real_recomputing(*a))
+    spec = [registry.get_method("attnlrp")]
+    for budget, recompute in [(None, False), (need["kept"], False), (need["kept"] - 1, True)]:
+        calls.clear()
+        recomputed.clear()
+        cost = engine.pass_cost(ex.runner, spec, memory.parse_budget(budget))
+        assert cost.own_storage("attnlrp", n).recompute == recompute
+        scores = ex.explain([text], ["attnlrp"], memory_budget=budget)[0].scores["attnlrp"]
+        assert calls == [(True, recompute)] and len(recomputed) == recompute
+        np.testing.assert_allclose(scores, eager, rtol=0, atol=1e-5 * np.abs(eager).max())
+    # beside Chefer et al.'s rules (one forward serves both) the joint pass recomputes its layers
+    both = engine.pass_cost(ex.runner, [*spec, registry.get_method("transatt")], need["kept"])
+    assert both.own_storage("attnlrp", n).recompute
 
 
 def test_partiallrp_over_a_generation_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
@@ -740,7 +789,7 @@ def test_lrp_methods_reading_attention_relevance_run_fused_where_the_eager_pass_
     seen = []
     real = lrp_methods.lrp_passes
     monkeypatch.setattr(lrp_methods, "lrp_passes", lambda *a, **k: seen.append(k["fused"]) or real(*a, **k))
-    always = lambda dims, n, budget, fusable, rows=0, attention=False: (  # noqa: E731
+    always = lambda dims, n, budget, fusable, rows=0, attention=False, **_: (  # noqa: E731
         memory.lrp_storage(dims, n, 0, fusable, rows, attention))
     monkeypatch.setattr(lrp_methods, "lrp_storage", always)
     monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)
@@ -782,11 +831,21 @@ def test_the_estimate_of_attnlrp_follows_the_fused_pass():
     cost = engine.pass_cost(ex.runner, spec, budget)
     logits = ex.runner.head.logit_positions_per_input  # the next token's position only
     assert logits == 1
-    assert cost.own_storage("attnlrp", n - 64) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
-    assert cost.own_storage("attnlrp", n) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=logits)
-    assert cost.own(n) < memory.pass_row_bytes(dims, n, memory.LRP_STORAGE) // 4
+    # AttnLRP's own pass runs fused, short inputs too: every layer's activations kept while they fit (less than
+    # the eager pass would keep), each layer recomputed beyond
+    kept = dataclasses.replace(memory.FUSED_LRP_STORAGE, recompute=False, logit_rows=logits)
+    assert memory.pass_row_bytes(dims, 64, kept) < memory.pass_row_bytes(dims, 64, memory.LRP_STORAGE)
+    assert cost.own_storage("attnlrp", 64) == cost.own_storage("attnlrp", n) == kept
+    m = next(m for m in range(n, 1 << 16, 64) if memory.pass_row_bytes(dims, m, kept) > budget)
+    assert cost.own_storage("attnlrp", m - 64) == kept
+    assert cost.own_storage("attnlrp", m) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=logits)
+    assert cost.own(m) < memory.pass_row_bytes(dims, m, memory.LRP_STORAGE) // 4
     other = engine.pass_cost(ex.runner, spec, budget, {"attnlrp": {"epsilon": 1e-3}})
     assert other.own_storage("attnlrp", n) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
+    # beside PartialLRP under AttnLRP's rules, which reads the pass's maps: the eager pass while it fits
+    maps = engine.pass_cost(ex.runner, [*spec, registry.get_method("partiallrp")], budget,
+                            {"partiallrp": {"rules": "attnlrp"}})
+    assert maps.own_storage("attnlrp", 64) == dataclasses.replace(memory.LRP_STORAGE, logit_rows=logits)
     # beside a method reading the attention relevance, that one keeps what recomputes it
     both = engine.pass_cost(ex.runner, [*spec, registry.get_method("transatt")], budget)
     assert both.own_storage("attnlrp", n) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=logits)

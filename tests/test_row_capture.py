@@ -504,7 +504,7 @@ def test_chunks_of_an_unpadded_causal_input_skip_the_keys_no_row_sees(monkeypatc
     assert not trimmed
     monkeypatch.setattr(row_attention, "CHUNK_ELEMENTS", 64)  # chunks of a few rows
     monkeypatch.setattr("attnlens.core.row_attention.BACKWARD_CHUNK_ELEMENTS", 64)
-    monkeypatch.setattr(lrp_methods, "lrp_storage", lambda dims, n, budget, fusable, rows=0, attention=False:
+    monkeypatch.setattr(lrp_methods, "lrp_storage", lambda dims, n, budget, fusable, rows=0, attention=False, **_:
                         memory.lrp_storage(dims, n, 0, fusable, rows, attention))  # the fused LRP pass
     (chunked,) = ex.explain([text], methods, options=every_layer)
     assert any(trimmed) and not all(trimmed)

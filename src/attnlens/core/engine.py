@@ -16,7 +16,13 @@ import torch
 
 from ..errors import AttnLensError, InputError, MethodError, exception_line
 from ..methods import check_option_owners, get_method, resolve_methods
-from ..methods.lrp_methods import ATTENTION_READERS, fused_lrp, fused_over_prefixes, last_layer_passes
+from ..methods.lrp_methods import (
+    ATTENTION_READERS,
+    fused_lrp,
+    fused_over_prefixes,
+    kept_activation_passes,
+    last_layer_passes,
+)
 from ..methods.registry import GRADIENTS, LAYER_GRAPH, OWN_PASS, SPACES, Method, MethodOutput, capture_request
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
@@ -124,6 +130,7 @@ class PassCost:
     # what methods hold beside the shared pass outside any Storage, bytes per row of n tokens (Method.own_memory)
     own_memories: dict[str, Callable[[int], int]] = field(default_factory=dict)
     longest: int | None = None  # the most tokens the model takes (what a refusal's lengths are capped at)
+    kept: frozenset[str] = frozenset()  # methods whose fused LRP pass keeps every layer's activations where they fit
 
     def storage(self, n: int) -> Storage | None:
         """The shared pass's storage at ``n`` tokens: recomputing layers where keeping them would not fit, or would
@@ -163,7 +170,7 @@ class PassCost:
         storage = self.own_storages[name]
         if name in self.fusable:
             return lrp_storage(self.dims, n, left, True, storage.logit_rows, name in ATTENTION_READERS,
-                               name in self.last_layer)
+                               name in self.last_layer, name in self.kept)
         return fitting(self.dims, n, storage, left)  # fused passes recompute layers where needed
 
     def total(self, n: int) -> int:
@@ -231,10 +238,12 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
     def alone(spec: Method) -> Callable[[int], int]:
         return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},
                         budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]}, prefixes),
-                        {spec.name: memories[spec.name]} if spec.name in memories else {}).total
+                        {spec.name: memories[spec.name]} if spec.name in memories else {},
+                        kept=kept_activation_passes({spec.name: settings[spec.name]}, prefixes)).total
 
     return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget, fusable(specs),
-                    last_layer_passes(settings, prefixes), memories, getattr(runner, "max_length", None))
+                    last_layer_passes(settings, prefixes), memories, getattr(runner, "max_length", None),
+                    kept_activation_passes(settings, prefixes))
 
 
 def explain_all(

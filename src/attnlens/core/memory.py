@@ -215,8 +215,10 @@ class Storage:
     further step's: :func:`held_step_bytes`);
     ``square_matrices``: ``n × n`` matrices a method holds per row beside the pass (value zeroing: the layer's
     matrix as it is filled, its masked and normalised copies, the rollout so far, the new product and the
-    allocator's slack between them: six measured, 0.92–0.98 of a 256 MiB budget in live tensors at the longest
-    length it admits on a 4-layer Llama; four left it at 1.04, none at 1.12–1.19).
+    allocator's slack between them: seven. Six measured 0.92–0.98 of a 256 MiB budget in live tensors at the
+    longest length it admits on a 4-layer Llama (four left it at 1.04, none at 1.12–1.19), but resident memory
+    under glibc's default heap policy reached 1.07–1.11 there, at the edge of the promise; the seventh is that
+    slack).
     """
 
     eager: bool = True
@@ -261,12 +263,12 @@ class Storage:
 
 FULL_STORAGE = Storage(eager=True, backward=True, maps=True, map_grads=True, hidden=True, hidden_grads=True)
 # an LRP pass: eager, every layer's maps and their gradients (the attention relevance) kept; fused (AttnLRP with
-# epsilon 0, :func:`attnlens.lrp.lrp_pass` ``fused=True``): each layer recomputed in the backward, no maps,
-# the input embeddings and their gradient
+# epsilon 0, :func:`attnlens.lrp.lrp_pass` ``fused=True``): each layer recomputed in the backward (or, where they
+# fit, its activations kept: ``recompute=False``, lrp_storage), no maps, the input embeddings and their gradient
 LRP_STORAGE = FULL_STORAGE
 # value zeroing's passes: eager forwards, one layer's maps at a time, and every layer's input (the layers are rerun
 # from them)
-VALUE_ZEROING_STORAGE = Storage(eager=True, maps=True, map_layers=1, hidden=True, square_matrices=6)
+VALUE_ZEROING_STORAGE = Storage(eager=True, maps=True, map_layers=1, hidden=True, square_matrices=7)
 FUSED_LRP_STORAGE = Storage(eager=False, backward=True, recompute=True, embeddings=True, embedding_grads=True)
 # the fused pass of a method reading the attention relevance (Chefer et al.'s rules): per layer the queries, keys
 # and values, and the modified gradient at the attention output, the relevance recomputed from them
@@ -280,12 +282,24 @@ FUSED_LAST_LAYER_STORAGE = Storage(eager=False, backward=True, recompute=True, f
 
 
 def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool, logit_rows: int = 0,
-                attention: bool = False, last_layer: bool = False) -> Storage:
+                attention: bool = False, last_layer: bool = False, keep_activations: bool = False) -> Storage:
     """What an LRP pass over one row of ``n`` tokens holds, a language model's logits at ``logit_rows``
     positions (0: all): the eager pass where it fits ``budget``, else the fused one when the pass can run fused
-    (``fusable``; it costs about one more forward), keeping what recomputes the attention relevance when the
-    method reads it (``attention``): the last layer's alone where the pass stops there (``last_layer``)."""
+    (``fusable``; each layer recomputed in its backward, about one more forward), keeping what recomputes the
+    attention relevance when the method reads it (``attention``): the last layer's alone where the pass stops
+    there (``last_layer``).
+
+    With ``keep_activations`` (AttnLRP's own pass over a batch of inputs,
+    :func:`attnlens.methods.lrp_methods.kept_activation_passes`) a fusable pass always runs fused: it keeps every
+    layer's activations as a plain backward does (no maps, so less than the eager pass in memory and, from a few
+    hundred tokens, in time) where they fit ``budget`` or the model's layers cannot be recomputed, and recomputes
+    each layer beyond."""
     eager = dataclasses.replace(LRP_STORAGE, logit_rows=logit_rows)
+    if fusable and keep_activations:
+        kept = dataclasses.replace(FUSED_LRP_STORAGE, recompute=False, logit_rows=logit_rows)
+        if not dims.recomputable or pass_row_bytes(dims, n, kept) <= budget:
+            return kept
+        return dataclasses.replace(FUSED_LRP_STORAGE, logit_rows=logit_rows)
     if fusable and pass_row_bytes(dims, n, eager) > budget:
         fused = FUSED_RELEVANCE_STORAGE if attention else FUSED_LRP_STORAGE
         return dataclasses.replace(FUSED_LAST_LAYER_STORAGE if attention and last_layer else fused,

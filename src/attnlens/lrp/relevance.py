@@ -123,6 +123,7 @@ def lrp_pass(
     progress: Callable[[float], None] | None = None,
     last_layer_only: bool = False,
     chunk_reader: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+    recompute: bool = True,
 ) -> LRPResult:
     """Run one LRP pass over a padded batch of a stock HF model whose architecture entry declares LRP support.
 
@@ -156,8 +157,8 @@ def lrp_pass(
         inputs_relevance: also propagate to the input embeddings (``input_relevance``, ``word_relevance``);
             without it the backward stops at the first layer's attention probabilities, which is all that
             PartialLRP and TransAtt read (the first layer's query/key/value projections are not run backward).
-        fused: compute the attention with PyTorch's fused attention and recompute each layer in the backward
-            instead of keeping its activations (:func:`~attnlens.lrp.state.attend_fused`): no ``N × N``
+        fused: compute the attention with PyTorch's fused attention (:func:`~attnlens.lrp.state.attend_fused`),
+            by default recomputing each layer in the backward instead of keeping its activations: no ``N × N``
             probabilities are kept, so the memory grows linearly with the length; the input relevances are those
             of the eager pass (to rounding), ``attentions`` and ``attention_relevance`` are empty. AttnLRP with
             ``epsilon=0`` (over ``rows``: one backward per row), or Chefer et al.'s rules (``"chefer"``,
@@ -196,7 +197,7 @@ def lrp_pass(
                          "alone: with attention_relevance, without inputs_relevance or track_softmax")
     (result,) = _run(model, inputs, targets, target_kind, head, (rules,), epsilon, track_softmax, rows,
                      inputs_relevance, fused and runs_fused(model), forward_kwargs, logit_mask, attention_relevance,
-                     progress, last_layer_only, chunk_reader)
+                     progress, last_layer_only, chunk_reader, recompute)
     return result
 
 
@@ -251,6 +252,7 @@ def _run(
     progress: Callable[[float], None] | None = None,
     last_layer_only: bool = False,
     chunk_reader: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+    recompute: bool = True,
 ) -> list[LRPResult]:
     """One forward (in the first rule set's layout) and one backward per rule set; see :func:`lrp_pass`. Only
     the attnlrp backward of a joint pass reads the input relevance whatever ``inputs_relevance``, and a backward
@@ -273,8 +275,9 @@ def _run(
         stack.enter_context(lrp_mode(model, state))
         extra = dict(forward_kwargs or {})
         if fused:  # after lrp_mode, which puts every module in eval mode
-            tokens = max((t.shape[1] for t in inputs.values() if torch.is_tensor(t) and t.dim() >= 2), default=0)
-            stack.enter_context(recomputing(model, tokens))
+            if recompute:
+                tokens = max((t.shape[1] for t in inputs.values() if torch.is_tensor(t) and t.dim() >= 2), default=0)
+                stack.enter_context(recomputing(model, tokens))
             extra.update(without_cache(model))
         outputs = state.logits(model(**inputs, **extra))
         logits = head.logits(outputs)

@@ -20,7 +20,15 @@ from ..core.attention_chunks import AttentionChunks
 from ..core.batch_state import BatchContext
 from ..core.batching import keeps_logits
 from ..core.logit_rows import LogitRows
-from ..core.memory import LRP_STORAGE, lrp_step_bytes, lrp_storage, model_dims, pass_row_bytes
+from ..core.memory import (
+    FUSED_LRP_STORAGE,
+    LRP_STORAGE,
+    Storage,
+    lrp_step_bytes,
+    lrp_storage,
+    model_dims,
+    pass_row_bytes,
+)
 from ..core.row_attention import zero_padded
 from ..errors import InputError, ModelError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
@@ -99,6 +107,20 @@ def fused_over_prefixes(model: Any, settings: Mapping[str, Mapping[str, Any]]) -
     return frozenset(found)
 
 
+def kept_activation_passes(settings: Mapping[str, Mapping[str, Any]], prefixes: bool = False) -> frozenset[str]:
+    """The LRP methods of ``settings`` whose pass, where it can run fused, always does and keeps every layer's
+    activations where they fit the budget instead of recomputing each layer in its backward
+    (:func:`attnlens.core.memory.lrp_storage` ``keep_activations``): AttnLRP's own pass (its rules, ε = 0) over a
+    batch of inputs, read by no other method (not the joint pass with Chefer et al.'s rules, not PartialLRP under
+    AttnLRP's rules, which reads the maps), and not over a generation's prefixes (``prefixes``)."""
+    keys = _pass_keys(settings)
+    key = keys.get("attnlrp")
+    shared = key in {k for name, k in keys.items() if name != "attnlrp"}
+    if prefixes or key != ("attnlrp", 0.0) or shared or _joint(key, keys):
+        return frozenset()
+    return frozenset({"attnlrp"})
+
+
 def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
     """The batch's LRP pass for these settings, run once and cached in ``ctx.cache["lrp"]``.
 
@@ -136,11 +158,13 @@ def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
         # R(A) only where a method of the batch (all of them, when no plan says which) reads it from this pass
         read = not ctx.plan or any(name in ATTENTION_READERS for name, k in _planned_passes(ctx).items() if k == key)
         last = _last_layer_only(ctx, key)
-        fused = _runs_fused(ctx, [key])
+        storage = _fused_storage(ctx, [key])
+        fused = storage is not None
         cache[key] = lrp_pass(*args, head=ctx.head, rules=rules, epsilon=epsilon, rows=rows,
                               inputs_relevance=rules in ATTNLRP_RULES and not last, fused=fused,
                               attention_relevance=read, progress=ctx.progress if one else None,
-                              last_layer_only=last, chunk_reader=_in_pass_reader(ctx, key, fused), **reading)
+                              last_layer_only=last, chunk_reader=_in_pass_reader(ctx, key, fused),
+                              recompute=storage is None or storage.recompute, **reading)
     return cache[key]
 
 
@@ -219,30 +243,39 @@ def _check_attnlrp(input: str = "embeddings", rules: str = "attnlrp", epsilon: f
 
 
 def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
-    """Whether this batch's pass serving ``keys`` ((rule set, epsilon) pairs: two for the joint pass) runs fused:
-    its rules can, every planned method reading it may (:func:`fused_lrp`, as the engine's estimate asks), and the
-    eager pass would not fit the memory budget (the decision the estimate makes,
+    """Whether this batch's pass serving ``keys`` ((rule set, epsilon) pairs: two for the joint pass) runs fused
+    (:func:`_fused_storage`)."""
+    return _fused_storage(ctx, keys) is not None
+
+
+def _fused_storage(ctx: BatchContext, keys: list[tuple[str, float]]) -> Storage | None:
+    """What this batch's pass serving ``keys`` holds where it runs fused; ``None`` where it runs eager. It runs
+    fused where its rules can, every planned method reading it may (:func:`fused_lrp`, as the engine's estimate
+    asks), and the eager pass would not fit the memory budget, or always for AttnLRP's own pass, which then keeps
+    the layers' activations where they fit (:func:`kept_activation_passes`; the decision the estimate makes,
     :func:`attnlens.core.memory.lrp_storage`). Over a generation's steps: where the eager pass with its steps'
     batched products would not fit what the budget leaves (whatever the estimate chose, so a batch never runs
-    eager beyond it)."""
+    eager beyond it), each layer recomputed."""
     one = ctx.sequence is not None  # a generation's steps: AttnLRP's or PartialLRP's pass of its own runs fused
-    if one:
-        planned = _planned_passes(ctx)
-        if len(keys) != 1 or not any(planned[name] == keys[0] for name in fused_over_prefixes(ctx.model, ctx.plan)):
-            return False
+    planned = _planned_passes(ctx)
+    if one and (len(keys) != 1 or not any(planned[name] == keys[0]
+                                          for name in fused_over_prefixes(ctx.model, ctx.plan))):
+        return None
     if not all(_fusable_rules(*key) for key in keys) or not runs_fused(ctx.model):
-        return False
-    if any(key in keys and not fused_lrp(ctx.model, name, ctx.plan) for name, key in _planned_passes(ctx).items()):
-        return False
+        return None
+    if any(key in keys and not fused_lrp(ctx.model, name, ctx.plan) for name, key in planned.items()):
+        return None
     rows, n = ctx.token_mask.shape
     dims = model_dims(ctx.model)
     if one:  # the eager pass over the sequence and its steps' batched products, beside what the shared pass keeps
         eager = dataclasses.replace(LRP_STORAGE, logit_rows=rows + 1 if keeps_logits(ctx.model) else 0)
         step = lrp_step_bytes(dims, n, rows, keys[0][0] in CHEFER)  # PartialLRP's pass keeps its R(A) per step
-        return pass_row_bytes(dims, n, eager) + rows * step > ctx.budget_left()
+        return FUSED_LRP_STORAGE if pass_row_bytes(dims, n, eager) + rows * step > ctx.budget_left() else None
     budget = ctx.budget_left() // max(1, rows)  # beside what the shared pass keeps, as the estimate plans it
     logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) else 0  # as the engine estimates
-    return lrp_storage(dims, n, budget, True, logit_rows).recompute
+    keep = len(keys) == 1 and any(planned.get(name) == keys[0] for name in kept_activation_passes(ctx.plan))
+    storage = lrp_storage(dims, n, budget, True, logit_rows, keep_activations=keep)
+    return None if storage.eager else storage
 
 
 def _planned_passes(ctx: BatchContext) -> dict[str, tuple[str, float]]:
