@@ -9,7 +9,10 @@ case in a fresh process:
   threshold as large blocks are freed);
 - ``attnlens``: attnlens's policy (the default);
 - ``fixed_1MiB`` / ``fixed_512KiB``: glibc's threshold fixed by its environment variable
-  (``MALLOC_MMAP_THRESHOLD_``) and attnlens's policy off.
+  (``MALLOC_MMAP_THRESHOLD_``) and attnlens's policy off;
+- ``attnlens_thp``: attnlens's policy, glibc asked to back its blocks with transparent huge pages
+  (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, glibc 2.35 and later; where the kernel grants them, a mapped
+  block is faulted in 2 MiB at a time instead of 4 KiB).
 
 The cases: AGrad on SmolLM2 explaining a 16-token answer after 4,096 prompt tokens and AttnLRP after 2,048 (the
 median of three runs in the process) (``bench/long_context.py``, peak resident memory of the process); raw
@@ -20,7 +23,8 @@ Seconds are the call's alone (the model loaded before).
 
 Writes ``bench/data/allocator_policy.md`` and its records (``.jsonl``).
 
-Run: ``python bench/allocator_policy.py [--cases agrad_smollm2_4k,...]``.
+Run: ``python bench/allocator_policy.py [--cases agrad_smollm2_4k,...] [--policies glibc,attnlens,...]``
+(``--policies``: these instead of each case's own).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ POLICIES = {
     "attnlens": {},
     "fixed_1MiB": {"ATTNLENS_KEEP_MALLOC": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20)},
     "fixed_512KiB": {"ATTNLENS_KEEP_MALLOC": "1", "MALLOC_MMAP_THRESHOLD_": str(2**19)},
+    "attnlens_thp": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
 }
 # name: (script, its arguments, the policies to compare, what the peak means)
 CASES = {
@@ -50,6 +55,8 @@ CASES = {
                          ("glibc", "attnlens", "fixed_1MiB"), "process"),
     "attnlrp_smollm2_2k": ("long_context.py", ["--mode", "answer", "--repeat", "3", "--one", "attnlrp", "2048",
                                                "16"], ("glibc", "attnlens", "fixed_1MiB"), "process"),
+    "attnlrp_smollm2_1k": ("long_context.py", ["--mode", "answer", "--repeat", "3", "--one", "attnlrp", "1024",
+                                               "16"], ("glibc", "attnlens", "attnlens_thp"), "process"),
     "rawatt_t5_base_1GiB": ("budget_promise.py", ["--one", "t5-base", "rawatt", "--budget", "1GiB"],
                             ("glibc", "attnlens"), "growth"),
     "grads_modernbert_base_1GiB": ("budget_promise.py", ["--one", "modernbert-base", "grads", "--budget", "1GiB",
@@ -101,6 +108,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--policies", default=None, help="comma-separated policies instead of each case's own")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
@@ -108,7 +116,9 @@ def main() -> None:
     for case in args.cases.split(","):
         if case not in CASES:
             raise SystemExit(f"unknown case {case!r}; one of {', '.join(CASES)}")
-        for policy in CASES[case][2]:
+        for policy in args.policies.split(",") if args.policies else CASES[case][2]:
+            if policy not in POLICIES:
+                raise SystemExit(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
             rows.append(run(case, policy, args.timeout))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     out = Path(args.out)

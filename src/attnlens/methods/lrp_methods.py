@@ -74,7 +74,7 @@ def _fusable_rules(rules: str, epsilon: float) -> bool:
 
 def fused_lrp(model: Any, name: str, settings: Mapping[str, Mapping[str, Any]]) -> bool:
     """Whether method ``name``'s LRP pass may run fused (:func:`attnlens.lrp.lrp_pass` ``fused=True``: no maps
-    kept, layers recomputed) with its ``settings``: AttnLRP with its own rules and epsilon 0, PartialLRP and
+    kept) with its ``settings``: AttnLRP with its own rules and epsilon 0, PartialLRP and
     TransAtt with Chefer et al.'s rules (only that fused pass keeps what recomputes the attention relevance), on a
     model whose attention the pass can fuse."""
     if name not in ("attnlrp", *ATTENTION_READERS):
