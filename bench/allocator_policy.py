@@ -57,6 +57,8 @@ CASES = {
                                                "16"], ("glibc", "attnlens", "fixed_1MiB"), "process"),
     "attnlrp_smollm2_1k": ("long_context.py", ["--mode", "answer", "--repeat", "3", "--one", "attnlrp", "1024",
                                                "16"], ("glibc", "attnlens", "attnlens_thp"), "process"),
+    "attcat_smollm2_2k": ("long_context.py", ["--mode", "answer", "--repeat", "3", "--one", "attcat", "2048",
+                                              "16"], ("glibc", "attnlens"), "process"),
     "rawatt_t5_base_1GiB": ("budget_promise.py", ["--one", "t5-base", "rawatt", "--budget", "1GiB"],
                             ("glibc", "attnlens"), "growth"),
     "grads_modernbert_base_1GiB": ("budget_promise.py", ["--one", "modernbert-base", "grads", "--budget", "1GiB",
