@@ -1623,6 +1623,10 @@ def test_a_pass_leaves_nothing_alive_behind(fused, last_layer_only):
                      inputs_relevance=rules not in ("chefer", "chefer-lrp") and not last_layer_only,
                      last_layer_only=last_layer_only)
             assert alive() == before, rules
+    if fused and not last_layer_only:  # the fused AttnLRP pass keeping every layer's activations
+        for _ in range(2):
+            lrp_pass(model, padded_batch(), [0, 1, 2], fused=True, recompute=False)
+            assert alive() == before
     lrp_passes(model, padded_batch(), [0, 1, 2], fused=fused, last_layer_only=last_layer_only)
     assert alive() == before
 
