@@ -249,10 +249,12 @@ def _runs_fused(ctx: BatchContext, keys: list[tuple[str, float]]) -> bool:
 
 
 def _fused_storage(ctx: BatchContext, keys: list[tuple[str, float]]) -> Storage | None:
-    """What this batch's pass serving ``keys`` holds where it runs fused; ``None`` where it runs eager. It runs
-    fused where its rules can, every planned method reading it may (:func:`fused_lrp`, as the engine's estimate
-    asks), and the eager pass would not fit the memory budget, or always for AttnLRP's own pass, which then keeps
-    the layers' activations where they fit (:func:`kept_activation_passes`; the decision the estimate makes,
+    """``None`` where this batch's pass serving ``keys`` runs eager; where it runs fused, a fused storage whose
+    ``recompute`` says whether its backward recomputes each layer (only that is read from it: what else the pass
+    keeps, such as the factors of Chefer et al.'s rules, is the engine's estimate to count). It runs fused where
+    its rules can, every planned method reading it may (:func:`fused_lrp`, as the engine's estimate asks), and the
+    eager pass would not fit the memory budget, or always for AttnLRP's own pass, which then keeps the layers'
+    activations where they fit (:func:`kept_activation_passes`; the decision the estimate makes,
     :func:`attnlens.core.memory.lrp_storage`). Over a generation's steps: where the eager pass with its steps'
     batched products would not fit what the budget leaves (whatever the estimate chose, so a batch never runs
     eager beyond it), each layer recomputed."""
