@@ -14,8 +14,12 @@ maps and page of ``--head-view`` at the longest input they fit) and ``scoring`` 
 :data:`SCORED_TOKENS` tokens, one more than the largest batch the budget holds (at most 64), scored as the
 faithfulness metrics score perturbed inputs).
 
+``--kept`` measures AttnLRP at the other limit its estimate draws: the longest input at which its pass keeps every
+layer's activations (what its rules save, counted on the model), where one more token would have it recompute
+each layer in the backward.
+
 Run: ``python bench/budget_promise.py [--models t5-base,bart-base,bert-base,llama] [--methods rawatt,...,headview,
-scoring] [--budget 1GiB] [--out bench/data/budget_promise.md]``.
+scoring] [--budget 1GiB] [--kept] [--out bench/data/budget_promise.md]``.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def build(kind: str, vocab: int) -> tuple[object, int]:
     raise SystemExit(f"unknown model {kind!r}; one of {', '.join(MODELS)}")
 
 
-def one(kind: str, method: str, budget_text: str, max_tokens: int) -> dict:
+def one(kind: str, method: str, budget_text: str, max_tokens: int, kept: bool = False) -> dict:
     """The case, in this process."""
     import time
     import warnings
@@ -116,7 +120,12 @@ def one(kind: str, method: str, budget_text: str, max_tokens: int) -> dict:
         return other_work(kind, method, model, tok, budget, min(positions, max_tokens))
     probe = Explainer(model.eval(), tok, max_length=positions)
     cost = engine.pass_cost(probe.runner, [get_method(method)], budget)
-    n = min(longest_that_fits(budget, cost.total), positions, max_tokens)
+    if kept:  # the longest input whose pass keeps the layers' activations (a longer one recomputes them)
+        def total(m: int) -> int:
+            return budget + 1 if cost.own_storage(method, m).recompute else cost.total(m)
+    else:
+        total = cost.total
+    n = min(longest_that_fits(budget, total), positions, max_tokens)
     ex = Explainer(model, tok, max_length=n)
     text = " ".join(["the film is a quiet , moving portrait of a family"] * (n // 8 + 2))
     assert len(ex.encode(text)[0].ids) == n
@@ -135,7 +144,8 @@ def one(kind: str, method: str, budget_text: str, max_tokens: int) -> dict:
     peak = process_status("VmHWM") - before
     return {"model": kind, "method": method, "tokens": n, "budget_gib": budget / 2**30,
             "estimate_gib": cost.total(n) / 2**30, "peak_gib": peak / 2**30, "ratio": peak / budget,
-            "seconds": time.perf_counter() - start, "refused": refused}
+            "seconds": time.perf_counter() - start, "refused": refused,
+            "recomputed": cost.own_storage(method, n).recompute if method in cost.own_storages else None}
 
 
 def other_work(kind: str, what: str, model: object, tok: object, budget: int, longest: int) -> dict:
@@ -195,11 +205,13 @@ def main() -> None:
     parser.add_argument("--budget", default="1GiB")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--kept", action="store_true",
+                        help="AttnLRP at the longest input whose pass keeps every layer's activations")
     parser.add_argument("--out", required=True, help="the Markdown table; the records go beside it as .jsonl")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # internal: MODEL METHOD in this process
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one, args.budget, args.max_tokens)))
+        print(json.dumps(one(*args.one, args.budget, args.max_tokens, args.kept)))
         return
     from peak import measured
 
@@ -210,12 +222,15 @@ def main() -> None:
                 continue
             record = {"model": kind, "method": method}
             out = measured(__file__, ["--one", kind, method, "--budget", args.budget, "--max-tokens",
-                                      str(args.max_tokens), "--out", args.out], args.timeout, record)
+                                      str(args.max_tokens), "--out", args.out, *(["--kept"] if args.kept else [])],
+                           args.timeout, record)
             rows.append(out)
             print(json.dumps(out), file=sys.stderr, flush=True)
     out = Path(args.out)
     write_records(out, rows)
-    lines = [f"Budget {args.budget}; the longest input the estimate admits (at most {args.max_tokens:,} tokens); "
+    limit = ("the longest input at which the pass keeps every layer's activations" if args.kept
+             else "the longest input the estimate admits")
+    lines = [f"Budget {args.budget}; {limit} (at most {args.max_tokens:,} tokens); "
              "peak = resident memory beyond the process's before the call.", "",
              "| model | method | tokens | estimate GiB | peak GiB | peak / budget | seconds |",
              "|---|---|---|---|---|---|---|"]

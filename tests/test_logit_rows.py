@@ -12,6 +12,8 @@ from conftest import CLS, PAD, SEP, V
 from attnlens import Explainer
 from attnlens.core.encoding import Encoded
 from attnlens.core.logit_rows import LogitRows
+from attnlens.core.memory import model_dims
+from attnlens.methods.lrp_methods import kept_pass_dims
 from attnlens.methods.registry import get_method
 from attnlens.models.heads import CAUSAL_LM, AnswerHead, answer_labels
 from attnlens.testing.tiny_models import build_tiny
@@ -147,6 +149,8 @@ def test_an_lrp_pass_serves_as_the_shared_forward(family, method, tokenizer):
     explanation is the one computed beside a shared pass (a method that needs one runs with it): same scores,
     probabilities, prediction; for a whole answer and for next tokens with given targets."""
     ex = Explainer(_lm(family), tokenizer)
+    # what AttnLRP's fused pass keeps is counted once per model, on two short probes: not a pass over the inputs
+    kept_pass_dims(ex.model, model_dims(ex.model))
     calls = _forwards(ex.model)
     prompt = ex.tokenizer(TEXTS[2])["input_ids"]
     alone = ex.explain_answer(prompt, [7, 8, 9], [method])

@@ -25,6 +25,7 @@ from attnlens.core.memory import (
     shared_pass_row_bytes,
 )
 from attnlens.methods import gradient, registry
+from attnlens.methods.lrp_methods import kept_pass_dims
 from attnlens.models.heads import AnswerHead
 from attnlens.testing.tiny_models import TINY, build_tiny
 
@@ -649,7 +650,7 @@ def test_attnlrp_runs_fused_where_the_eager_pass_would_not_fit(monkeypatch):
 
 
 def test_attnlrp_keeps_the_layers_activations_while_they_fit_the_budget(monkeypatch):
-    """AttnLRP's own pass runs fused (no maps) and keeps every layer's activations, as a plain backward does, while
+    """AttnLRP's own pass runs fused (no maps) and keeps every layer's activations (what its rules save) while
     they fit the budget (the default one too), and recomputes each layer in its backward beyond that; the estimate
     takes the same decision, and both give the eager pass's scores."""
     import transformers
@@ -667,10 +668,10 @@ def test_attnlrp_keeps_the_layers_activations_while_they_fit_the_budget(monkeypa
     ex = Explainer(transformers.LlamaForCausalLM(config).eval(), tokenizer, max_length=1024)
     text = " ".join(["the movie was good but boring and far too long"] * 90)
     n = len(ex.tokenizer(text)["input_ids"])
-    dims = model_dims(ex.model)
+    dims = kept_pass_dims(ex.model, model_dims(ex.model))  # what the kept pass's rules save, counted
     need = {name: memory.pass_row_bytes(dims, n, dataclasses.replace(storage, logit_rows=1)) for name, storage in
             [("eager", memory.LRP_STORAGE), ("recompute", memory.FUSED_LRP_STORAGE),
-             ("kept", dataclasses.replace(memory.FUSED_LRP_STORAGE, recompute=False))]}
+             ("kept", memory.KEPT_LRP_STORAGE)]}
     assert need["recompute"] < need["kept"] < need["eager"]
     with monkeypatch.context() as unfused:
         unfused.setattr(lrp_methods, "runs_fused", lambda model: False)
@@ -821,6 +822,43 @@ def test_lrp_methods_reading_attention_relevance_run_fused_where_the_eager_pass_
                 np.testing.assert_allclose(a.layers[m], b.layers[m], rtol=0, atol=1e-5 * top, err_msg=m)
 
 
+@pytest.mark.parametrize("family", ["bert", "modernbert", "gpt2", "llama", "qwen3", "mixtral", "phi"])
+def test_the_kept_attnlrp_pass_is_estimated_from_what_its_forward_saves(family):
+    """What AttnLRP's fused pass keeps per token and layer is counted on the model's own layers: the estimate of
+    the pass that keeps them covers every byte autograd saves in a real pass over a longer input (parameters
+    aside), its per-layer part within 10% of them (the classifier's head saves a little more, masks grow), and it
+    is less than a plain backward's floor."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    from attnlens.lrp import lrp_pass
+
+    model = make_model(family)
+    dims = model_dims(model)
+    counted = kept_pass_dims(model, dims)
+    assert 0 < counted.lrp_vectors < dims.activation_vectors
+    n = 48
+    ids = torch.randint(5, V, (2, n), generator=torch.Generator().manual_seed(0))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with saved_tensors_hooks(pack, lambda tensor: tensor):
+        lrp_pass(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, 1, fused=True,
+                 recompute=False)
+    per_row = sum(saved.values()) / 2
+    layers = counted.layers * counted.lrp_vectors * n * counted.hidden * counted.itemsize
+    assert 0.9 * per_row <= layers <= 1.1 * per_row
+    assert memory.pass_row_bytes(counted, n, memory.KEPT_LRP_STORAGE) >= per_row
+    # a plain backward's count where the model's pass cannot be counted
+    assert memory.pass_row_bytes(dims, n, memory.KEPT_LRP_STORAGE) > memory.pass_row_bytes(
+        counted, n, memory.KEPT_LRP_STORAGE)
+
+
 def test_the_estimate_of_attnlrp_follows_the_fused_pass():
     ex = _lm_explainer()
     budget = memory.parse_budget("64MiB")
@@ -833,10 +871,12 @@ def test_the_estimate_of_attnlrp_follows_the_fused_pass():
     assert logits == 1
     # AttnLRP's own pass runs fused, short inputs too: every layer's activations kept while they fit (less than
     # the eager pass would keep), each layer recomputed beyond
-    kept = dataclasses.replace(memory.FUSED_LRP_STORAGE, recompute=False, logit_rows=logits)
+    kept = dataclasses.replace(memory.KEPT_LRP_STORAGE, logit_rows=logits)
     assert memory.pass_row_bytes(dims, 64, kept) < memory.pass_row_bytes(dims, 64, memory.LRP_STORAGE)
     assert cost.own_storage("attnlrp", 64) == cost.own_storage("attnlrp", n) == kept
-    m = next(m for m in range(n, 1 << 16, 64) if memory.pass_row_bytes(dims, m, kept) > budget)
+    counted = kept_pass_dims(ex.model, dims)  # what the kept pass's rules save, counted on the model
+    assert 0 < counted.lrp_vectors < dims.activation_vectors
+    m = next(m for m in range(n, 1 << 16, 64) if memory.pass_row_bytes(counted, m, kept) > budget)
     assert cost.own_storage("attnlrp", m - 64) == kept
     assert cost.own_storage("attnlrp", m) == dataclasses.replace(memory.FUSED_LRP_STORAGE, logit_rows=logits)
     assert cost.own(m) < memory.pass_row_bytes(dims, m, memory.LRP_STORAGE) // 4

@@ -21,6 +21,7 @@ from ..methods.lrp_methods import (
     fused_lrp,
     fused_over_prefixes,
     kept_activation_passes,
+    kept_pass_dims,
     last_layer_passes,
 )
 from ..methods.registry import GRADIENTS, LAYER_GRAPH, OWN_PASS, SPACES, Method, MethodOutput, capture_request
@@ -225,6 +226,9 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
         step_vectors = {s.name: s.step_vectors for s in specs}
         own = {name: dataclasses.replace(storage, held_vectors=step_vectors[name]) for name, storage in own.items()}
     settings = {s.name: {**s.options, **(options or {}).get(s.name, {})} for s in specs}
+    # AttnLRP's own pass, alone or beside the others: what its rules keep, counted on the model
+    if any(kept_activation_passes({name: opts}, prefixes) for name, opts in settings.items()):
+        dims = kept_pass_dims(runner.model, dims)
 
     def fusable(group: list[Method]) -> frozenset[str]:
         if prefixes:  # over a generation's prefixes AttnLRP's and PartialLRP's own passes run fused (a backward

@@ -124,6 +124,9 @@ class Dims:
     # whether a backward can recompute the model's layers instead of keeping their activations (transformers'
     # checkpointing layers: models.recompute.recomputable; ALBERT's shared layer is none)
     recomputable: bool = True
+    # hidden-size vectors per token and layer AttnLRP's fused forward keeps for a backward that does not recompute
+    # the layers, counted on the model (attnlens.lrp.kept.kept_vectors; 0: not counted, activation_vectors taken)
+    lrp_vectors: float = 0.0
 
     @property
     def maps(self) -> int:
@@ -244,6 +247,8 @@ class Storage:
     held_vectors: int = 0
     square_matrices: int = 0
     layer_graph: bool = False  # one layer's backward activations beside what is kept (registry.LAYER_GRAPH)
+    # the backward keeps what an LRP forward's rules save (Dims.lrp_vectors per token and layer, where counted)
+    rule_activations: bool = False
     chunked: bool = False  # a method reads the kept whole maps a chunk of query rows at a time (eager passes)
 
     def __or__(self, other: Storage) -> Storage:
@@ -270,6 +275,8 @@ LRP_STORAGE = FULL_STORAGE
 # from them)
 VALUE_ZEROING_STORAGE = Storage(eager=True, maps=True, map_layers=1, hidden=True, square_matrices=7)
 FUSED_LRP_STORAGE = Storage(eager=False, backward=True, recompute=True, embeddings=True, embedding_grads=True)
+# the same keeping every layer's activations, what its rules save (AttnLRP's own pass where they fit: lrp_storage)
+KEPT_LRP_STORAGE = dataclasses.replace(FUSED_LRP_STORAGE, recompute=False, rule_activations=True)
 # the fused pass of a method reading the attention relevance (Chefer et al.'s rules): per layer the queries, keys
 # and values, and the modified gradient at the attention output, the relevance recomputed from them
 FUSED_RELEVANCE_STORAGE = FUSED_LRP_STORAGE | Storage(factors=True, factor_grads=True, chunked_rules=True)
@@ -291,12 +298,13 @@ def lrp_storage(dims: Dims, n: int, budget: int, fusable: bool, logit_rows: int 
 
     With ``keep_activations`` (AttnLRP's own pass over a batch of inputs,
     :func:`attnlens.methods.lrp_methods.kept_activation_passes`) a fusable pass always runs fused: it keeps every
-    layer's activations as a plain backward does (no maps, so less than the eager pass in memory and, from a few
-    hundred tokens, in time) where they fit ``budget`` or the model's layers cannot be recomputed, and recomputes
-    each layer beyond."""
+    layer's activations (no maps, so less than the eager pass in memory and, from a few hundred tokens, in time)
+    where they fit ``budget`` or the model's layers cannot be recomputed, and recomputes each layer beyond. What
+    it keeps is what the rules save, counted on the model where ``dims.lrp_vectors`` holds the count
+    (:func:`attnlens.methods.lrp_methods.kept_pass_dims`), else a plain backward's activations."""
     eager = dataclasses.replace(LRP_STORAGE, logit_rows=logit_rows)
     if fusable and keep_activations:
-        kept = dataclasses.replace(FUSED_LRP_STORAGE, recompute=False, logit_rows=logit_rows)
+        kept = dataclasses.replace(KEPT_LRP_STORAGE, logit_rows=logit_rows)
         if not dims.recomputable or pass_row_bytes(dims, n, kept) <= budget:
             return kept
         return dataclasses.replace(FUSED_LRP_STORAGE, logit_rows=logit_rows)
@@ -318,7 +326,10 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         else:
             # the whole maps a pass keeps are the probabilities the backward reads: counted once, with what is kept
             kept_all = storage.maps and not storage.map_layers
-            work = layers * dims.activation_vectors * n * d
+            if storage.rule_activations and dims.lrp_vectors:  # counted exactly: one layer's working set beside
+                work = math.ceil((layers * dims.lrp_vectors + dims.forward_vectors) * n * d)
+            else:
+                work = layers * dims.activation_vectors * n * d
             work += _eager_backward_maps(dims, n, kept_all) if storage.eager else 0
             work += layers * (dims.layer_mask_maps * n * n + _position_values(dims, n))
         work += LOGIT_COPIES * storage.logit_positions(n) * dims.logits

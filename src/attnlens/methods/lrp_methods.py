@@ -23,6 +23,7 @@ from ..core.logit_rows import LogitRows
 from ..core.memory import (
     FUSED_LRP_STORAGE,
     LRP_STORAGE,
+    Dims,
     Storage,
     lrp_step_bytes,
     lrp_storage,
@@ -32,6 +33,7 @@ from ..core.memory import (
 from ..core.row_attention import zero_padded
 from ..errors import InputError, ModelError
 from ..lrp import LRPResult, lrp_pass, lrp_passes, runs_fused
+from ..lrp.kept import kept_vectors
 from ..lrp.relevance import JOINT, check_settings
 from ..lrp.state import CHEFER
 from ..models.architectures import architecture_for
@@ -119,6 +121,14 @@ def kept_activation_passes(settings: Mapping[str, Mapping[str, Any]], prefixes: 
     if prefixes or key != ("attnlrp", 0.0) or shared or _joint(key, keys):
         return frozenset()
     return frozenset({"attnlrp"})
+
+
+def kept_pass_dims(model: Any, dims: Dims) -> Dims:
+    """``dims`` with what AttnLRP's fused forward keeps per token and layer counted on ``model``
+    (:func:`attnlens.lrp.kept.kept_vectors`), for the estimate of a pass that keeps the layers' activations
+    (:func:`kept_activation_passes`); unchanged where it cannot be counted."""
+    vectors = kept_vectors(model, dims.layers, dims.hidden)
+    return dims if vectors is None else dataclasses.replace(dims, lrp_vectors=vectors)
 
 
 def shared_lrp(ctx: BatchContext, rules: str, epsilon: float) -> LRPResult:
@@ -276,7 +286,8 @@ def _fused_storage(ctx: BatchContext, keys: list[tuple[str, float]]) -> Storage 
     budget = ctx.budget_left() // max(1, rows)  # beside what the shared pass keeps, as the estimate plans it
     logit_rows = ctx.head.logit_positions_per_input if keeps_logits(ctx.model) else 0  # as the engine estimates
     keep = len(keys) == 1 and any(planned.get(name) == keys[0] for name in kept_activation_passes(ctx.plan))
-    storage = lrp_storage(dims, n, budget, True, logit_rows, keep_activations=keep)
+    storage = lrp_storage(kept_pass_dims(ctx.model, dims) if keep else dims, n, budget, True, logit_rows,
+                          keep_activations=keep)
     return None if storage.eager else storage
 
 
