@@ -326,7 +326,7 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         else:
             # the whole maps a pass keeps are the probabilities the backward reads: counted once, with what is kept
             kept_all = storage.maps and not storage.map_layers
-            if storage.rule_activations and dims.lrp_vectors:  # counted exactly: one layer's working set beside
+            if storage.rule_activations and dims.lrp_vectors:  # what the rules save, counted; one layer's working set
                 work = math.ceil((layers * dims.lrp_vectors + dims.forward_vectors) * n * d)
             else:
                 work = layers * dims.activation_vectors * n * d
