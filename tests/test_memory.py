@@ -859,6 +859,31 @@ def test_the_kept_attnlrp_pass_is_estimated_from_what_its_forward_saves(family):
         counted, n, memory.KEPT_LRP_STORAGE)
 
 
+def test_counting_what_attnlrp_keeps_leaves_the_model_as_it_was(monkeypatch):
+    """The count runs the LRP forward on two probes once per model: the model keeps its mode, attention
+    implementation and hooks, no parameter gets a gradient, the global random state is untouched; where a probe
+    fails the estimate takes a plain backward's count."""
+    from attnlens.lrp import kept
+
+    model = make_model("llama").train()
+    implementation = model.config._attn_implementation
+    hooks = len(model._forward_hooks) + len(model._forward_pre_hooks)
+    state = torch.get_rng_state()
+    dims = model_dims(model)
+    first = kept_pass_dims(model, dims)
+    assert 0 < first.lrp_vectors < dims.activation_vectors
+    assert model.training and all(m.training for m in model.modules())
+    assert model.config._attn_implementation == implementation
+    assert len(model._forward_hooks) + len(model._forward_pre_hooks) == hooks
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), state)
+    monkeypatch.setattr(kept, "_saved", lambda *a: pytest.fail("counted again"))
+    assert kept_pass_dims(model, dims) == first  # once per model
+    other = make_model("llama", seed=1)
+    monkeypatch.setattr(kept, "_saved", lambda *a: None)
+    assert kept_pass_dims(other, dims) == dims  # not counted: the plain backward's count stays
+
+
 def test_the_estimate_of_attnlrp_follows_the_fused_pass():
     ex = _lm_explainer()
     budget = memory.parse_budget("64MiB")
