@@ -1496,24 +1496,27 @@ def test_fused_attnlrp_equals_the_eager_pass(family):
                                lrp_pass(model, one, 0).input_relevance, rtol=0, atol=1e-5 * scale)
 
 
-def test_fused_attnlrp_takes_the_kernels_own_backward_where_it_has_one(monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_fused_attnlrp_takes_the_kernels_own_backward_where_it_has_one(monkeypatch, family):
     """Where PyTorch runs a fused attention kernel, AttnLRP's fused pass takes that kernel's backward (its
     gradients scaled): each layer's attention runs twice (the forward and the layer's recomputation), not a third
     time in its backward; where the kernel would fall back to the math path the attention is recomputed in the
-    backward instead, with the same relevances."""
+    backward instead, with the same relevances. With grouped key heads (Mistral's) the kernel reads them as they
+    are, and the pass keeps no copy per query head."""
     from attnlens.lrp import state
 
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    model = strong("llama", biases=True).double()
+                        lambda *a, **k: calls.append(a[1].shape[1]) or real(*a, **k))  # key heads
+    model = strong(family, biases=True).double()
     layers = model.config.num_hidden_layers
     inputs, targets = padded_batch(), [0, 1, 2]
     kernel = lrp_pass(model, inputs, targets, fused=True)
     assert len(calls) == 2 * layers
+    assert set(calls) == {model.config.num_key_value_heads}
     calls.clear()
-    monkeypatch.setattr(state, "_fused_kernel", lambda *a: False)
+    monkeypatch.setattr(state, "_fused_kernel", lambda *a, **k: False)
     recomputed = lrp_pass(model, inputs, targets, fused=True)
     assert len(calls) == 3 * layers
     torch.testing.assert_close(kernel.input_relevance, recomputed.input_relevance, rtol=1e-10, atol=1e-12)

@@ -78,9 +78,8 @@ def lrp_attention(module, query, key, value, attention_mask, scaling=None, dropo
         if state.rules in CHEFER:
             out = attend_fused_chefer(state, module, query, key, value, groups, attention_mask, scaling, causal)
             return out.transpose(1, 2).contiguous(), None
-        if groups > 1:
-            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        return attend_fused(query, key, value, attention_mask, scaling, causal).transpose(1, 2).contiguous(), None
+        out = attend_fused(query, key, value, attention_mask, scaling, causal, groups)
+        return out.transpose(1, 2).contiguous(), None
     if state.float32_scores:  # attend casts the probabilities back to the values' dtype
         query, key = query.to(torch.float32), key.to(torch.float32)
     groups = getattr(module, "num_key_value_groups", 1)

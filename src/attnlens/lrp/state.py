@@ -229,32 +229,39 @@ def attend_fused_chefer(state: PassState, module: nn.Module, query: torch.Tensor
 
 
 def attend_fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                 scale: float, causal: bool = False) -> torch.Tensor:
+                 scale: float, causal: bool = False, groups: int = 1) -> torch.Tensor:
     """AttnLRP's attention (ε = 0) through fused attention: ``(B, H, Q, d)``, no probabilities kept.
-    ``mask``: SDPA's mask (boolean, or additive), ``causal``: no mask but causality.
+    ``mask``: SDPA's mask (boolean, or additive), ``causal``: no mask but causality; ``key`` and ``value`` one per
+    key head, each serving ``groups`` query heads (grouped-query attention).
 
     Every rule of the attention is its true gradient scaled (:class:`_FusedAttention`), so where PyTorch runs a
     fused kernel for these inputs (its backward keeps the output and the rows' log-sum-exp, nothing ``N × N``)
     that kernel's own backward serves, the gradients scaled at Q, K (¼) and V (½): no forward recomputed in
-    the backward. Where it would fall back to its unfused math (which keeps the probabilities for its
-    backward), :class:`_FusedAttention` recomputes the attention in its backward instead."""
-    if _fused_kernel(query, key, value, mask, scale, causal):
+    the backward. With grouped heads the kernel reads each key head for its group (``enable_gqa``), so the pass
+    keeps the key heads, not a copy per query head. Where it would fall back to its unfused math (which keeps
+    the probabilities for its backward), :class:`_FusedAttention` recomputes the attention in its backward
+    instead."""
+    grouped = groups > 1 and _fused_kernel(query, key, value, mask, scale, causal, grouped=True)
+    if groups > 1 and not grouped:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    if grouped or _fused_kernel(query, key, value, mask, scale, causal):
         return nn.functional.scaled_dot_product_attention(
             rules.sum_rule(query, 0.0, 0.25), rules.sum_rule(key, 0.0, 0.25), rules.sum_rule(value, 0.0, 0.5),
-            attn_mask=mask, scale=scale, is_causal=causal)
+            attn_mask=mask, scale=scale, is_causal=causal, **({"enable_gqa": True} if grouped else {}))
     return _FusedAttention.apply(query, key, value, mask, scale, causal)
 
 
 def _fused_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                  scale: float, causal: bool) -> bool:
-    """Whether PyTorch's attention runs a fused kernel (not its math fallback) on these inputs."""
+                  scale: float, causal: bool, grouped: bool = False) -> bool:
+    """Whether PyTorch's attention runs a fused kernel (not its math fallback) on these inputs (``grouped``: with
+    fewer key heads than query heads, read through ``enable_gqa``, which PyTorch 2.5 and later take)."""
     from torch.nn.attention import SDPBackend
 
     choose = getattr(torch, "_fused_sdp_choice", None)
     if choose is None:
         return False
     try:
-        backend = choose(query, key, value, mask, 0.0, causal, scale=scale)
+        backend = choose(query, key, value, mask, 0.0, causal, scale=scale, **({"enable_gqa": True} if grouped else {}))
     except (RuntimeError, TypeError):
         return False
     return backend not in (int(SDPBackend.MATH), int(SDPBackend.ERROR))
