@@ -55,6 +55,10 @@ CASES = {
                          ("glibc", "attnlens", "fixed_1MiB"), "process"),
     "attnlrp_smollm2_2k": ("long_context.py", ["--mode", "answer", "--repeat", "3", "--one", "attnlrp", "2048",
                                                "16"], ("glibc", "attnlens", "fixed_1MiB"), "process"),
+    # within 2 GiB its activations do not fit: each layer recomputed in the backward
+    "attnlrp_smollm2_2k_recomputed": ("long_context.py", ["--mode", "answer", "--repeat", "3", "--memory-budget",
+                                                          "2GiB", "--one", "attnlrp", "2048", "16"],
+                                      ("glibc", "attnlens", "fixed_1MiB", "attnlens_thp"), "process"),
     "attnlrp_smollm2_1k": ("long_context.py", ["--mode", "answer", "--repeat", "3", "--one", "attnlrp", "1024",
                                                "16"], ("glibc", "attnlens", "attnlens_thp"), "process"),
     "attcat_smollm2_2k": ("long_context.py", ["--mode", "answer", "--repeat", "3", "--one", "attcat", "2048",
