@@ -14,9 +14,10 @@ maps and page of ``--head-view`` at the longest input they fit) and ``scoring`` 
 :data:`SCORED_TOKENS` tokens, one more than the largest batch the budget holds (at most 64), scored as the
 faithfulness metrics score perturbed inputs).
 
-``--kept`` measures AttnLRP at the other limit its estimate draws: the longest input at which its pass keeps every
-layer's activations (what its rules save, counted on the model), where one more token would have it recompute
-each layer in the backward.
+``--kept`` measures a method whose backward keeps the layers' activations where they fit (AttnLRP's own pass, the
+gradient methods' shared pass with fused attention) at the other limit its estimate draws: the longest input at
+which its pass keeps every layer's activations (what its forward saves, counted on the model), where one more
+token would have it recompute each layer in the backward.
 
 Run: ``python bench/budget_promise.py [--models t5-base,bart-base,bert-base,llama] [--methods rawatt,...,headview,
 scoring] [--budget 1GiB] [--kept] [--out bench/data/budget_promise.md]``.
@@ -122,7 +123,7 @@ def one(kind: str, method: str, budget_text: str, max_tokens: int, kept: bool = 
     cost = engine.pass_cost(probe.runner, [get_method(method)], budget)
     if kept:  # the longest input whose pass keeps the layers' activations (a longer one recomputes them)
         def total(m: int) -> int:
-            return budget + 1 if cost.own_storage(method, m).recompute else cost.total(m)
+            return budget + 1 if _recomputes(cost, method, m) else cost.total(m)
     else:
         total = cost.total
     n = min(longest_that_fits(budget, total), positions, max_tokens)
@@ -145,7 +146,14 @@ def one(kind: str, method: str, budget_text: str, max_tokens: int, kept: bool = 
     return {"model": kind, "method": method, "tokens": n, "budget_gib": budget / 2**30,
             "estimate_gib": cost.total(n) / 2**30, "peak_gib": peak / 2**30, "ratio": peak / budget,
             "seconds": time.perf_counter() - start, "refused": refused,
-            "recomputed": cost.own_storage(method, n).recompute if method in cost.own_storages else None}
+            "recomputed": _recomputes(cost, method, n)}
+
+
+def _recomputes(cost: object, method: str, n: int) -> bool | None:
+    """Whether the pass of ``method`` (its own, else the shared one) recomputes the layers at ``n`` tokens
+    (``None``: no backward)."""
+    storage = cost.own_storage(method, n) if method in cost.own_storages else cost.storage(n)
+    return None if storage is None or not storage.backward else storage.recompute
 
 
 def other_work(kind: str, what: str, model: object, tok: object, budget: int, longest: int) -> dict:
@@ -206,7 +214,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--kept", action="store_true",
-                        help="AttnLRP at the longest input whose pass keeps every layer's activations")
+                        help="the longest input whose pass keeps every layer's activations")
     parser.add_argument("--out", required=True, help="the Markdown table; the records go beside it as .jsonl")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # internal: MODEL METHOD in this process
     args = parser.parse_args()

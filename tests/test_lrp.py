@@ -11,9 +11,11 @@ from conftest import CLS, ENCODERS, PAD, SEP, V, make_model
 from torch import nn
 
 from attnlens import Explainer
+from attnlens.core import engine
 from attnlens.core.memory import model_dims
 from attnlens.errors import AttnLensError, InputError, ModelError
 from attnlens.lrp import lrp_pass, rules, supports
+from attnlens.methods import get_method
 from attnlens.methods.lrp_methods import kept_pass_dims
 from attnlens.models.heads import QAHead, TokenHead
 from attnlens.testing.tiny_models import build_tiny
@@ -545,11 +547,13 @@ def test_shared_pass_runs_once_per_batch(tokenizer):
     # forwards of the model per batch: the capture pass, then one LRP forward per rule set, except that the
     # chefer and attnlrp rule sets (partiallrp/transatt's and attnlrp's defaults) share one
     model = make_model("bert")
-    # what AttnLRP's fused pass keeps is counted once per model, on two short probes: not a pass over the inputs
+    # what AttnLRP's fused pass and the shared pass keep is counted once per model, on two short probes: not a
+    # pass over the inputs
     kept_pass_dims(model, model_dims(model))
+    ex = Explainer(model, tokenizer)
+    engine.pass_cost(ex.runner, [get_method(m) for m in ("partiallrp", "transatt")])
     forwards = []
     model.register_forward_hook(lambda *_: forwards.append(1))
-    ex = Explainer(model, tokenizer)
 
     def run(methods, **options):
         forwards.clear()

@@ -1516,7 +1516,7 @@ def test_fused_attnlrp_takes_the_kernels_own_backward_where_it_has_one(monkeypat
     assert len(calls) == 2 * layers
     assert set(calls) == {model.config.num_key_value_heads}
     calls.clear()
-    monkeypatch.setattr(state, "_fused_kernel", lambda *a, **k: False)
+    monkeypatch.setattr(state, "fused_kernel", lambda *a, **k: False)
     recomputed = lrp_pass(model, inputs, targets, fused=True)
     assert len(calls) == 3 * layers
     torch.testing.assert_close(kernel.input_relevance, recomputed.input_relevance, rtol=1e-10, atol=1e-12)

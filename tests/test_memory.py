@@ -320,23 +320,24 @@ def test_the_estimate_follows_what_the_capture_keeps():
     llama = _lm_explainer()
     rows = _storage_of(llama, ["rawatt", "agrad"])  # fused attention, the explained rows and their gradients
     # a next token's logits are computed at the last position only
-    assert rows == memory.Storage(eager=False, backward=True, rows=1, row_grads=True, logit_rows=1)
-    assert _storage_of(llama, ["attcat"]) == memory.Storage(eager=False, backward=True, rows=1, received=True,
-                                                           hidden=True, hidden_grads=True, logit_rows=1)
-    assert _storage_of(llama, ["saliency"]) == memory.Storage(eager=False, backward=True, embeddings=True,
-                                                             embedding_grads=True, logit_rows=1)
+    assert rows == memory.Storage(eager=False, recorded=True, backward=True, rows=1, row_grads=True, logit_rows=1)
+    assert _storage_of(llama, ["attcat"]) == memory.Storage(eager=False, recorded=True, backward=True, rows=1,
+                                                           received=True, hidden=True, hidden_grads=True, logit_rows=1)
+    assert _storage_of(llama, ["saliency"]) == memory.Storage(eager=False, recorded=True, backward=True,
+                                                             embeddings=True, embedding_grads=True, logit_rows=1)
     means = _storage_of(llama, ["flow", "rawatt"])  # flow reads head means: fused attention, N x N per layer
-    assert means == memory.Storage(eager=False, rows=1, means=True, logit_rows=1)
+    assert means == memory.Storage(eager=False, recorded=True, rows=1, means=True, logit_rows=1)
     # rollout recomputes the maps from each layer's queries and keys; GAE also keeps values and output gradients
-    assert _storage_of(llama, ["rollout"]) == memory.Storage(eager=False, factors=True, logit_rows=1)
-    assert _storage_of(llama, ["gae"]) == memory.Storage(eager=False, backward=True, factors=True,
+    assert _storage_of(llama, ["rollout"]) == memory.Storage(eager=False, recorded=True, factors=True, logit_rows=1)
+    assert _storage_of(llama, ["gae"]) == memory.Storage(eager=False, recorded=True, backward=True, factors=True,
                                                         factor_grads=True, logit_rows=1)
     # attnnorm reads the explained rows and the hidden states: fused attention
-    assert _storage_of(llama, ["attnnorm", "rawatt"]) == memory.Storage(eager=False, rows=1, hidden=True,
-                                                                        logit_rows=1)
+    assert _storage_of(llama, ["attnnorm", "rawatt"]) == memory.Storage(eager=False, recorded=True, rows=1,
+                                                                        hidden=True, logit_rows=1)
     # decompx recomputes the maps chunk by chunk and rebuilds one layer's linearised graph at a time
-    assert _storage_of(llama, ["decompx", "rawatt"]) == memory.Storage(eager=False, rows=1, factors=True,
-                                                                       hidden=True, layer_graph=True, logit_rows=1)
+    assert _storage_of(llama, ["decompx", "rawatt"]) == memory.Storage(eager=False, recorded=True, rows=1,
+                                                                       factors=True, hidden=True, layer_graph=True,
+                                                                       logit_rows=1)
     full = memory.Storage(eager=True, maps=True, hidden=True, logit_rows=1)  # every head's whole map kept
     dims = model_dims(llama.model)
     n = 4096
@@ -875,11 +876,72 @@ def test_counting_what_attnlrp_keeps_leaves_the_model_as_it_was(monkeypatch):
     assert len(model._forward_hooks) + len(model._forward_pre_hooks) == hooks
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(torch.get_rng_state(), state)
-    monkeypatch.setattr(kept, "_saved", lambda *a: pytest.fail("counted again"))
+    monkeypatch.setattr(kept, "_count", lambda *a: pytest.fail("counted again"))
     assert kept_pass_dims(model, dims) == first  # once per model
     other = make_model("llama", seed=1)
-    monkeypatch.setattr(kept, "_saved", lambda *a: None)
+    monkeypatch.setattr(kept, "_count", lambda *a: None)
     assert kept_pass_dims(other, dims) == dims  # not counted: the plain backward's count stays
+
+
+@pytest.mark.parametrize("method", ["attcat", "saliency"])
+@pytest.mark.parametrize("family", ["bert", "albert", "modernbert", "gpt2", "gpt_neox", "llama", "qwen3", "mixtral",
+                                    "phi", "opt"])
+def test_the_kept_shared_pass_is_estimated_from_what_its_forward_saves(family, method):
+    """What the gradient methods' shared pass with fused attention keeps per token and layer is counted on the
+    model's own layers, for what the pass keeps (rows, received attention, embeddings): over a padded batch, the
+    per-layer part of the estimate lies within 10% of every byte autograd saves in the real pass (parameters
+    aside), and the whole estimate covers them."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    model = make_model(family)
+    ex = Explainer(model, make_tokenizer())
+    cost = engine.pass_cost(ex.runner, [registry.get_method(method)])
+    dims = cost.dims
+    assert cost.shared_storage.recorded and dims.capture_vectors > 0
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with saved_tensors_hooks(pack, lambda tensor: tensor):  # a padded batch: the attention runs with a mask
+        got = ex.explain(["good " * 40, "bad " * 37], methods=[method])
+    n = max(len(e.tokens) for e in got)
+    per_row = sum(saved.values()) / 2
+    layers = dims.layers * dims.capture_vectors * n * dims.hidden * dims.itemsize
+    assert 0.9 * per_row <= layers <= 1.1 * per_row
+    assert not cost.storage(n).recompute and memory.pass_row_bytes(dims, n, cost.storage(n)) >= per_row
+
+
+def test_counting_what_the_shared_pass_keeps_leaves_the_model_as_it_was(monkeypatch):
+    """The count runs the shared pass's forward on two probes once per model and kept tensors: the model keeps
+    its mode, attention implementation and hooks, no parameter gets a gradient, the global random state is
+    untouched; where a probe fails the estimate takes a plain backward's floor."""
+    from attnlens.core import capture_kept
+
+    model = make_model("llama").train()
+    ex = Explainer(model, make_tokenizer())
+    implementation = model.config._attn_implementation
+    hooks = len(model._forward_hooks) + len(model._forward_pre_hooks)
+    state = torch.get_rng_state()
+    specs = [registry.get_method("attcat")]
+    first = engine.pass_cost(ex.runner, specs).dims
+    assert 0 < first.capture_vectors < first.activation_vectors
+    assert model.training and all(m.training for m in model.modules())
+    assert model.config._attn_implementation == implementation
+    assert len(model._forward_hooks) + len(model._forward_pre_hooks) == hooks
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), state)
+    monkeypatch.setattr(capture_kept, "_count", lambda *a: pytest.fail("counted again"))
+    assert engine.pass_cost(ex.runner, specs).dims == first  # once per model and kept tensors
+    monkeypatch.setattr(capture_kept, "_count", lambda *a: None)
+    saliency = engine.pass_cost(ex.runner, [registry.get_method("saliency")])  # other kept tensors: counted anew
+    assert saliency.dims == dataclasses.replace(first, capture_vectors=0.0)
+    assert memory.pass_row_bytes(saliency.dims, 64, saliency.storage(64)) == memory.pass_row_bytes(
+        first, 64, dataclasses.replace(saliency.storage(64), recorded=False))  # the floor's estimate
 
 
 def test_the_estimate_of_attnlrp_follows_the_fused_pass():

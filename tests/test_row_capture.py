@@ -213,6 +213,9 @@ def test_the_fused_kernel_stands_in_only_where_it_computes_the_same_attention():
     assert row_attention._fused_with_normalisers(x, x, torch.zeros(1, 2, 5, 3), None, 0.0) is None
     assert row_attention._fused_with_normalisers(x, torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 6, 4), None, 0.0) is None
     assert row_attention._fused_with_normalisers(x.half(), x.half(), x.half(), None, 0.0) is None
+    one = torch.zeros(1, 1, 5, 4)  # a key head serving both query heads: the CPU's kernel reads it as it is
+    assert row_attention._fused_with_normalisers(x, one, one, None, 0.0) is not None
+    assert row_attention._fused_with_normalisers(torch.zeros(1, 3, 5, 4), x, x, None, 0.0) is None
 
 
 def test_received_attention_of_one_unpadded_sequence_is_its_column_mean(monkeypatch):
@@ -226,12 +229,60 @@ def test_received_attention_of_one_unpadded_sequence_is_its_column_mean(monkeypa
     _assert_same(lean, full, ["attcat"])
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_grouped_key_heads_are_read_as_they_are_with_the_scores_of_repeated_heads(monkeypatch, padded):
+    """A grouped-query model's rows pass gives each attention kernel its key heads as they are (no copy per query
+    head for the backward to keep) where the kernel takes them, with the scores of the pass that repeats them and
+    of the whole maps; with a padded batch (a mask) and without (the kernel returning the normalisers)."""
+    model = build_tiny("qwen2", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
+                       task="causal-lm")
+    ex = Explainer(model, make_tokenizer())
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    texts = TEXTS if padded else TEXTS[2:]
+    methods = ["grads", "agrad", "attcat", "saliency"]
+    heads: list[int] = []  # the key heads each layer's attention kernel took in the rows pass
+    layer: list[bool] = []  # within a layer's row attention, outside its received attention's kernel calls
+    sdpa, fused = torch.nn.functional.scaled_dot_product_attention, row_attention._fused_with_normalisers
+    rows, received = row_attention.row_attention, row_attention._received_fused
+
+    def within(function, inside):
+        def run(*a, **kw):
+            layer.append(inside)
+            try:
+                return function(*a, **kw)
+            finally:
+                layer.pop()
+        return run
+
+    def spy(function):
+        return lambda q, k, *a, **kw: (layer[-1:] == [True] and heads.append(k.shape[1])) or function(q, k, *a, **kw)
+
+    def spied_normalisers(*a):
+        op = fused(*a)
+        return None if op is None else spy(op)
+
+    monkeypatch.setattr(row_attention, "row_attention", within(rows, True))
+    monkeypatch.setattr(row_attention, "_received_fused", within(received, False))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy(sdpa))
+    monkeypatch.setattr(row_attention, "_fused_with_normalisers", spied_normalisers)
+    lean, full, modes = _explain_both(ex, texts, methods, OPTIONS)
+    assert modes == {capture.ROWS}
+    assert heads and set(heads) == {model.config.num_key_value_heads}
+    _assert_same(lean, full, methods, LOOSER["qwen2"])
+    monkeypatch.setattr(row_attention, "fused_kernel", lambda *a, **k: False)
+    heads.clear()
+    repeated = ex.explain(texts, methods=methods, options=OPTIONS)
+    assert heads and set(heads) == {model.config.num_attention_heads}
+    _assert_same(lean, repeated, methods, LOOSER["qwen2"])
+
+
 def test_recomputed_layers_give_the_same_gradients(monkeypatch):
     """Under a budget the activations would not fit, the backward recomputes each layer (one more call of each
     layer's attention) and the scores are unchanged."""
     ex = _lm()
     texts = TEXTS[:2]
     methods = ["agrad", "attcat", "saliency"]
+    ex.explain(texts, methods=methods)  # what the pass keeps is counted on the model once, before the counted runs
     calls = []
     attention = row_attention.row_attention
 

@@ -101,8 +101,9 @@ def planned_storage(model: nn.Module, adapter: Adapter, stream: str, keep: Colle
     grads = frozenset(differentiate) & keep if gradients else frozenset()
     attention = keep & {ATTENTION, ATTENTION_ROWS, ATTENTION_RECEIVED, ATTENTION_MEANS, ATTENTION_CHUNKS}
     if capture_mode(model, adapter, stream, keep, positions_known) == ROWS:
-        return Storage(eager=False, backward=bool(grads), rows=rows_per_input * int(ATTENTION_ROWS in keep),
-                       row_grads=ATTENTION_ROWS in grads, received=ATTENTION_RECEIVED in keep,
+        return Storage(eager=False, backward=bool(grads), recorded=True,
+                       rows=rows_per_input * int(ATTENTION_ROWS in keep), row_grads=ATTENTION_ROWS in grads,
+                       received=ATTENTION_RECEIVED in keep,
                        means=ATTENTION_MEANS in keep, factors=ATTENTION_CHUNKS in keep,
                        factor_grads=ATTENTION_CHUNKS in grads,
                        hidden=HIDDEN in keep, hidden_grads=HIDDEN in grads, embeddings=EMBEDDINGS in keep,

@@ -32,6 +32,7 @@ from .allocator import release_free_memory
 from .batch_state import TARGET_KINDS, BatchContext
 from .batching import eos_groups, keeps_logits
 from .capture import planned_storage, run_capture
+from .capture_kept import capture_pass_dims
 from .encoding import Encoded
 from .fused_attention import FUSED
 from .logit_rows import LogitRows
@@ -239,13 +240,22 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
     memories = {s.name: functools.partial(s.own_memory, runner.model, runner.stream) for s in specs
                 if s.own_memory is not None}
 
-    def alone(spec: Method) -> Callable[[int], int]:
-        return PassCost(dims, shared([spec]), {spec.name: own[spec.name]} if spec.name in own else {}, {},
-                        budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]}, prefixes),
-                        {spec.name: memories[spec.name]} if spec.name in memories else {},
-                        kept=kept_activation_passes({spec.name: settings[spec.name]}, prefixes)).total
+    def counted(storage: Storage | None) -> Dims:  # what the shared pass's forward keeps, counted on the model
+        return capture_pass_dims(runner.model, runner.adapter, dims, storage)
 
-    return PassCost(dims, shared(specs), own, {s.name: alone(s) for s in specs}, budget, fusable(specs),
+    def alone(spec: Method) -> Callable[[int], int]:
+        @functools.cache
+        def cost() -> PassCost:  # built when a refusal asks (a method's own pass may be counted on the model)
+            storage = shared([spec])
+            return PassCost(counted(storage), storage, {spec.name: own[spec.name]} if spec.name in own else {}, {},
+                            budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]}, prefixes),
+                            {spec.name: memories[spec.name]} if spec.name in memories else {},
+                            kept=kept_activation_passes({spec.name: settings[spec.name]}, prefixes))
+
+        return lambda n: cost().total(n)
+
+    storage = shared(specs)
+    return PassCost(counted(storage), storage, own, {s.name: alone(s) for s in specs}, budget, fusable(specs),
                     last_layer_passes(settings, prefixes), memories, getattr(runner, "max_length", None),
                     kept_activation_passes(settings, prefixes))
 

@@ -127,6 +127,9 @@ class Dims:
     # hidden-size vectors per token and layer AttnLRP's fused forward keeps for a backward that does not recompute
     # the layers, counted on the model (attnlens.lrp.kept.kept_vectors; 0: not counted, activation_vectors taken)
     lrp_vectors: float = 0.0
+    # the same for the shared pass's fused forward (the rows-capture attention), counted on the model
+    # (attnlens.core.capture_kept.capture_vectors; 0: not counted, activation_vectors taken)
+    capture_vectors: float = 0.0
 
     @property
     def maps(self) -> int:
@@ -249,6 +252,9 @@ class Storage:
     layer_graph: bool = False  # one layer's backward activations beside what is kept (registry.LAYER_GRAPH)
     # the backward keeps what an LRP forward's rules save (Dims.lrp_vectors per token and layer, where counted)
     rule_activations: bool = False
+    # the pass runs the rows-capture attention (attnlens.core.capture's rows mode): its backward keeps what that
+    # forward saves (Dims.capture_vectors per token and layer, where counted)
+    recorded: bool = False
     chunked: bool = False  # a method reads the kept whole maps a chunk of query rows at a time (eager passes)
 
     def __or__(self, other: Storage) -> Storage:
@@ -326,8 +332,10 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         else:
             # the whole maps a pass keeps are the probabilities the backward reads: counted once, with what is kept
             kept_all = storage.maps and not storage.map_layers
-            if storage.rule_activations and dims.lrp_vectors:  # what the rules save, counted; one layer's working set
-                work = math.ceil((layers * dims.lrp_vectors + dims.forward_vectors) * n * d)
+            # what the LRP rules or the rows-capture forward save, counted on the model; one layer's working set
+            counted = dims.lrp_vectors if storage.rule_activations else dims.capture_vectors * storage.recorded
+            if counted:
+                work = math.ceil((layers * counted + dims.forward_vectors) * n * d)
             else:
                 work = layers * dims.activation_vectors * n * d
             work += _eager_backward_maps(dims, n, kept_all) if storage.eager else 0

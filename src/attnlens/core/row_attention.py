@@ -118,6 +118,33 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(b, kv, groups, n, d).reshape(b, kv * groups, n, d)
 
 
+def grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(B, H, q, m)`` times ``y`` ``(B, KV, m, p)`` per head: ``(B, H, q, p)``, where each of the ``KV``
+    heads of ``y`` serves ``H / KV`` consecutive heads of ``x`` (:func:`repeat_kv`'s order), without repeating
+    ``y`` (so a backward keeps the key heads, not a copy per query head)."""
+    b, h, q, m = x.shape
+    kv = y.shape[1]
+    if kv == h:
+        return torch.matmul(x, y)
+    return torch.matmul(x.reshape(b, kv, (h // kv) * q, m), y).reshape(b, h, q, y.shape[-1])
+
+
+def fused_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                 scale: float, causal: bool, grouped: bool = False) -> bool:
+    """Whether PyTorch's attention runs a fused kernel (not its math fallback) on these inputs (``grouped``: with
+    fewer key heads than query heads, read through ``enable_gqa``, which PyTorch 2.5 and later take)."""
+    from torch.nn.attention import SDPBackend
+
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return False
+    try:
+        backend = choose(query, key, value, mask, 0.0, causal, scale=scale, **({"enable_gqa": True} if grouped else {}))
+    except (RuntimeError, TypeError):
+        return False
+    return backend not in (int(SDPBackend.MATH), int(SDPBackend.ERROR))
+
+
 def _masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor, causal: bool
                    ) -> torch.Tensor:
     """``scores`` ``(B, H, q, K)`` of the query positions ``queries`` with the layer's mask applied as eager
@@ -136,8 +163,9 @@ def _masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, queries: tor
 def masked_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor,
                   causal: bool, scale: float) -> torch.Tensor:
     """The softmax's input ``(B, H, q, K)`` at the query positions ``queries``: ``q Kᵀ · scale`` with the mask
-    applied as eager attention applies it."""
-    scores = torch.matmul(query[:, :, queries], key.transpose(2, 3)) * scale
+    applied as eager attention applies it (``key`` one per key head, each serving its group of query heads, or
+    one per query head)."""
+    scores = grouped_matmul(query[:, :, queries], key.transpose(2, 3)) * scale
     return _masked_scores(scores, mask, queries, causal)
 
 
@@ -186,18 +214,20 @@ def _fused_with_normalisers(query: torch.Tensor, key: torch.Tensor, value: torch
                             dropout: float) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
     """The fused attention kernel SDPA runs for this layer, called so that it also returns each query row's
     log-normaliser: PyTorch's fused CPU kernel (float32 or float64) or, on CUDA in float32, the memory-efficient
-    kernel. Only where no mask goes beyond causality, without dropout and with one head size (the normaliser
-    rides on the queries in their dtype); ``None`` otherwise. The callable takes ``(query, key, value, causal,
-    scale)`` and returns ``(output, log_normalisers)``."""
-    fits = (mask is None and dropout == 0.0 and query.shape == key.shape and value.shape == query.shape)
+    kernel. Only where no mask goes beyond causality, without dropout, with one head size (the normaliser
+    rides on the queries in their dtype) and as many keys as queries; the CPU's kernel takes key heads that each
+    serve a group of query heads, CUDA's one key head per query head; ``None`` otherwise. The callable takes
+    ``(query, key, value, causal, scale)`` and returns ``(output, log_normalisers)``."""
+    fits = mask is None and dropout == 0.0 and key.shape == value.shape and query.shape[0] == key.shape[0]
+    fits = fits and query.shape[2:] == key.shape[2:] and query.shape[1] % key.shape[1] == 0
     if not fits:
         return None
-    if query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64):
+    if query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64):  # takes grouped key heads
         cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
         if cpu is None:
             return None
         return lambda q, k, v, causal, scale: cpu(q, k, v, 0.0, causal, scale=scale)[:2]
-    if query.device.type == "cuda" and query.dtype == torch.float32:
+    if query.device.type == "cuda" and query.dtype == torch.float32 and query.shape == key.shape:
         efficient = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
         if efficient is None:
             return None
@@ -282,22 +312,28 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     recorder.calls += record
     groups = getattr(module, "num_key_value_groups", 1)
     own_key, own_value = key, value  # one per key head (grouped-query attention)
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     causal, scale = causal_and_scale(module, query, attention_mask, is_causal, scaling)
-    fused = None
-    if recorder.received_weights is not None and record and not recorder.means:
-        fused = _fused_with_normalisers(query, key, value, attention_mask, dropout)
+    normalisers = recorder.received_weights is not None and record and not recorder.means
+    # grouped key heads read as they are where the kernel takes them, so the backward keeps no copy per query head
+    grouped = groups > 1 and fused_kernel(query, key, value, attention_mask, scale, causal, grouped=True)
+    if grouped and normalisers and _fused_with_normalisers(query, key, value, attention_mask, dropout) is None \
+            and _fused_with_normalisers(query, query, query, attention_mask, dropout) is not None:
+        grouped = False  # the kernel returning the normalisers would run with a key head per query head (CUDA's)
+    if groups > 1 and not grouped:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    fused = _fused_with_normalisers(query, key, value, attention_mask, dropout) if normalisers else None
     lse = None
     if fused is not None:  # the kernel SDPA runs, with the rows' log-normalisers for the received sums
         out, lse = fused(query, key, value, causal, scale)
     else:
         out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                         dropout_p=dropout, scale=scale, is_causal=causal)
+                                                         dropout_p=dropout, scale=scale, is_causal=causal,
+                                                         **({"enable_gqa": True} if grouped else {}))
     if recorder.rows is not None:
         rows = recorder.rows.to(query.device)
         probs = probabilities(query, key, attention_mask, rows, causal, scale)
         # the kept rows produce their positions' outputs, so the target's gradient reaches them
-        out = out.index_copy(2, rows, torch.matmul(probs, value))
+        out = out.index_copy(2, rows, grouped_matmul(probs, value))
         if record:
             recorder.kept_rows.append(probs)
     if recorder.factors and record:
@@ -315,7 +351,8 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
             received = torch.einsum("bq,bqk->bk", weights.to(query.dtype),
                                     recorder.mean_maps[-1].expand(len(weights), -1, -1))
         elif lse is not None:
-            received = _received_fused(fused, weights, query.detach(), key.detach(), lse.detach(), causal, scale)
+            heads = repeat_kv(key.detach(), query.shape[1] // key.shape[1])  # no graph: a temporary
+            received = _received_fused(fused, weights, query.detach(), heads, lse.detach(), causal, scale)
         else:
             received = _received(recorder, query, key, attention_mask, causal, scale)
         recorder.received.append(received)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.row_attention import LayerFactors, chunk_elements, keys_seen, masked_scores
+from ..core.row_attention import LayerFactors, chunk_elements, fused_kernel, keys_seen, masked_scores
 from . import rules
 
 ATTN_NAME = "attnlens_lrp"  # the attention implementation an LRP forward runs (registered by attnlens.lrp.patch)
@@ -241,30 +241,14 @@ def attend_fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     keeps the key heads, not a copy per query head. Where it would fall back to its unfused math (which keeps
     the probabilities for its backward), :class:`_FusedAttention` recomputes the attention in its backward
     instead."""
-    grouped = groups > 1 and _fused_kernel(query, key, value, mask, scale, causal, grouped=True)
+    grouped = groups > 1 and fused_kernel(query, key, value, mask, scale, causal, grouped=True)
     if groups > 1 and not grouped:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    if grouped or _fused_kernel(query, key, value, mask, scale, causal):
+    if grouped or fused_kernel(query, key, value, mask, scale, causal):
         return nn.functional.scaled_dot_product_attention(
             rules.sum_rule(query, 0.0, 0.25), rules.sum_rule(key, 0.0, 0.25), rules.sum_rule(value, 0.0, 0.5),
             attn_mask=mask, scale=scale, is_causal=causal, **({"enable_gqa": True} if grouped else {}))
     return _FusedAttention.apply(query, key, value, mask, scale, causal)
-
-
-def _fused_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                  scale: float, causal: bool, grouped: bool = False) -> bool:
-    """Whether PyTorch's attention runs a fused kernel (not its math fallback) on these inputs (``grouped``: with
-    fewer key heads than query heads, read through ``enable_gqa``, which PyTorch 2.5 and later take)."""
-    from torch.nn.attention import SDPBackend
-
-    choose = getattr(torch, "_fused_sdp_choice", None)
-    if choose is None:
-        return False
-    try:
-        backend = choose(query, key, value, mask, 0.0, causal, scale=scale, **({"enable_gqa": True} if grouped else {}))
-    except (RuntimeError, TypeError):
-        return False
-    return backend not in (int(SDPBackend.MATH), int(SDPBackend.ERROR))
 
 
 def attend(state: PassState, scores: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
