@@ -8,8 +8,8 @@ case in a fresh process:
 - ``glibc``: the allocator as it is (``ATTNLENS_KEEP_MALLOC=1``: attnlens leaves it alone; glibc raises its
   threshold as large blocks are freed);
 - ``attnlens``: attnlens's policy (the default);
-- ``fixed_1MiB`` / ``fixed_512KiB``: glibc's threshold fixed by its environment variable
-  (``MALLOC_MMAP_THRESHOLD_``) and attnlens's policy off;
+- ``fixed_512KiB`` / ``fixed_1MiB`` / ``fixed_4MiB`` / ``fixed_8MiB``: glibc's threshold fixed by its
+  environment variable (``MALLOC_MMAP_THRESHOLD_``) and attnlens's policy off;
 - ``attnlens_thp``: attnlens's policy, glibc asked to back its blocks with transparent huge pages
   (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, glibc 2.35 and later; where the kernel grants them, a mapped
   block is faulted in 2 MiB at a time instead of 4 KiB).
@@ -48,6 +48,8 @@ POLICIES = {
     "attnlens": {},
     "fixed_1MiB": {"ATTNLENS_KEEP_MALLOC": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20)},
     "fixed_512KiB": {"ATTNLENS_KEEP_MALLOC": "1", "MALLOC_MMAP_THRESHOLD_": str(2**19)},
+    "fixed_4MiB": {"ATTNLENS_KEEP_MALLOC": "1", "MALLOC_MMAP_THRESHOLD_": str(2**22)},
+    "fixed_8MiB": {"ATTNLENS_KEEP_MALLOC": "1", "MALLOC_MMAP_THRESHOLD_": str(2**23)},
     "attnlens_thp": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
 }
 # name: (script, its arguments, the policies to compare, what the peak means)

@@ -245,7 +245,7 @@ def pass_cost(runner: ModelRunner, specs: list[Method], budget: int = DEFAULT_BU
 
     def alone(spec: Method) -> Callable[[int], int]:
         @functools.cache
-        def cost() -> PassCost:  # built when a refusal asks (a method's own pass may be counted on the model)
+        def cost() -> PassCost:  # built when a refusal asks: its shared pass alone is counted on the model then
             storage = shared([spec])
             return PassCost(counted(storage), storage, {spec.name: own[spec.name]} if spec.name in own else {}, {},
                             budget, fusable([spec]), last_layer_passes({spec.name: settings[spec.name]}, prefixes),
