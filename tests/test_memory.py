@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -823,22 +825,12 @@ def test_lrp_methods_reading_attention_relevance_run_fused_where_the_eager_pass_
                 np.testing.assert_allclose(a.layers[m], b.layers[m], rtol=0, atol=1e-5 * top, err_msg=m)
 
 
-@pytest.mark.parametrize("family", ["bert", "modernbert", "gpt2", "llama", "qwen3", "mixtral", "phi"])
-def test_the_kept_attnlrp_pass_is_estimated_from_what_its_forward_saves(family):
-    """What AttnLRP's fused pass keeps per token and layer is counted on the model's own layers: the estimate of
-    the pass that keeps them covers every byte autograd saves in a real pass over a longer input (parameters
-    aside), its per-layer part within 10% of them (the classifier's head saves a little more, masks grow), and the
-    count is less than a plain backward's floor."""
+@contextmanager
+def _saving(model: torch.nn.Module) -> Iterator[dict[int, int]]:
+    """Within the block, the bytes of every distinct storage autograd saves, by address, ``model``'s parameters
+    aside (the tensors stay with the graph, as in a real pass)."""
     from torch.autograd.graph import saved_tensors_hooks
 
-    from attnlens.lrp import lrp_pass
-
-    model = make_model(family)
-    dims = model_dims(model)
-    counted = kept_pass_dims(model, dims)
-    assert 0 < counted.lrp_vectors < dims.activation_vectors
-    n = 48
-    ids = torch.randint(5, V, (2, n), generator=torch.Generator().manual_seed(0))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -848,9 +840,27 @@ def test_the_kept_attnlrp_pass_is_estimated_from_what_its_forward_saves(family):
             saved[storage.data_ptr()] = storage.nbytes()
         return tensor
 
+    with saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield saved
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert", "gpt2", "llama", "qwen3", "mixtral", "phi"])
+def test_the_kept_attnlrp_pass_is_estimated_from_what_its_forward_saves(family):
+    """What AttnLRP's fused pass keeps per token and layer is counted on the model's own layers: the estimate of
+    the pass that keeps them covers every byte autograd saves in a real pass over a longer input (parameters
+    aside), its per-layer part within 10% of them (the classifier's head saves a little more, masks grow), and the
+    count is less than a plain backward's floor."""
+    from attnlens.lrp import lrp_pass
+
+    model = make_model(family)
+    dims = model_dims(model)
+    counted = kept_pass_dims(model, dims)
+    assert 0 < counted.lrp_vectors < dims.activation_vectors
+    n = 48
+    ids = torch.randint(5, V, (2, n), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # a padded batch: its attention runs with a mask, as the count's probe does
-    with saved_tensors_hooks(pack, lambda tensor: tensor):
+    with _saving(model) as saved:
         lrp_pass(model, {"input_ids": ids, "attention_mask": mask}, 1, fused=True, recompute=False)
     per_row = sum(saved.values()) / 2
     layers = counted.layers * counted.lrp_vectors * n * counted.hidden * counted.itemsize
@@ -891,23 +901,12 @@ def test_the_kept_shared_pass_is_estimated_from_what_its_forward_saves(family, m
     model's own layers, for what the pass keeps (rows, received attention, embeddings): over a padded batch, the
     per-layer part of the estimate lies within 10% of every byte autograd saves in the real pass (parameters
     aside), and the whole estimate covers them."""
-    from torch.autograd.graph import saved_tensors_hooks
-
     model = make_model(family)
     ex = Explainer(model, make_tokenizer())
     cost = engine.pass_cost(ex.runner, [registry.get_method(method)])
     dims = cost.dims
     assert cost.shared_storage.recorded and dims.capture_vectors > 0
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with saved_tensors_hooks(pack, lambda tensor: tensor):  # a padded batch: the attention runs with a mask
+    with _saving(model) as saved:  # a padded batch: the attention runs with a mask
         got = ex.explain(["good " * 40, "bad " * 37], methods=[method])
     n = max(len(e.tokens) for e in got)
     per_row = sum(saved.values()) / 2
