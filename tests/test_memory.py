@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -868,6 +869,21 @@ def test_the_kept_attnlrp_pass_is_estimated_from_what_its_forward_saves(family):
     assert memory.pass_row_bytes(counted, n, memory.KEPT_LRP_STORAGE) >= per_row
 
 
+def _left_as_it_was(model: torch.nn.Module, count: Callable[[], Any]) -> Any:
+    """``count()``, checked to leave ``model`` (in training mode) as it was: its modules' mode, its attention
+    implementation and hooks, no parameter's gradient, and the global random state."""
+    implementation = model.config._attn_implementation
+    hooks = len(model._forward_hooks) + len(model._forward_pre_hooks)
+    state = torch.get_rng_state()
+    got = count()
+    assert model.training and all(m.training for m in model.modules())
+    assert model.config._attn_implementation == implementation
+    assert len(model._forward_hooks) + len(model._forward_pre_hooks) == hooks
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), state)
+    return got
+
+
 def test_counting_what_attnlrp_keeps_leaves_the_model_as_it_was(monkeypatch):
     """The count runs the LRP forward on two probes once per model: the model keeps its mode, attention
     implementation and hooks, no parameter gets a gradient, the global random state is untouched; where a probe
@@ -875,17 +891,9 @@ def test_counting_what_attnlrp_keeps_leaves_the_model_as_it_was(monkeypatch):
     from attnlens.lrp import kept
 
     model = make_model("llama").train()
-    implementation = model.config._attn_implementation
-    hooks = len(model._forward_hooks) + len(model._forward_pre_hooks)
-    state = torch.get_rng_state()
     dims = model_dims(model)
-    first = kept_pass_dims(model, dims)
+    first = _left_as_it_was(model, lambda: kept_pass_dims(model, dims))
     assert 0 < first.lrp_vectors < dims.activation_vectors
-    assert model.training and all(m.training for m in model.modules())
-    assert model.config._attn_implementation == implementation
-    assert len(model._forward_hooks) + len(model._forward_pre_hooks) == hooks
-    assert all(p.grad is None for p in model.parameters())
-    assert torch.equal(torch.get_rng_state(), state)
     monkeypatch.setattr(kept, "_count", lambda *a: pytest.fail("counted again"))
     assert kept_pass_dims(model, dims) == first  # once per model
     other = make_model("llama", seed=1)
@@ -923,17 +931,9 @@ def test_counting_what_the_shared_pass_keeps_leaves_the_model_as_it_was(monkeypa
 
     model = make_model("llama").train()
     ex = Explainer(model, make_tokenizer())
-    implementation = model.config._attn_implementation
-    hooks = len(model._forward_hooks) + len(model._forward_pre_hooks)
-    state = torch.get_rng_state()
     specs = [registry.get_method("attcat")]
-    first = engine.pass_cost(ex.runner, specs).dims
+    first = _left_as_it_was(model, lambda: engine.pass_cost(ex.runner, specs).dims)
     assert 0 < first.capture_vectors < first.activation_vectors
-    assert model.training and all(m.training for m in model.modules())
-    assert model.config._attn_implementation == implementation
-    assert len(model._forward_hooks) + len(model._forward_pre_hooks) == hooks
-    assert all(p.grad is None for p in model.parameters())
-    assert torch.equal(torch.get_rng_state(), state)
     monkeypatch.setattr(capture_kept, "_count", lambda *a: pytest.fail("counted again"))
     assert engine.pass_cost(ex.runner, specs).dims == first  # once per model and kept tensors
     monkeypatch.setattr(capture_kept, "_count", lambda *a: None)
