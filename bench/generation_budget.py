@@ -16,8 +16,11 @@ reused, and may read lower than under glibc's default; ``--glibc-default`` leave
 process has it. Attention flow is left out by
 default (its maximum flows over the longest sequences take longer than a case's timeout).
 
+``--kept`` takes instead the longest prompt whose shared pass keeps every layer's activations (what its forward
+saves, counted on the model), the other limit the estimate draws for the gradient methods.
+
 Run: ``python bench/generation_budget.py [--methods rawatt,...] [--budget 256MiB] [--steps 16]
-[--glibc-default] [--out bench/data/generation_budget.md]``.
+[--glibc-default] [--kept] [--out bench/data/generation_budget.md]``.
 """
 
 from __future__ import annotations
@@ -70,10 +73,11 @@ def _explain(ex: object, method: str, prompt: str, steps: int, budget: object) -
     return ex.explain_generation(prompt, [method], target=" " + _words(steps), memory_budget=budget, options=options)
 
 
-def longest(method: str, budget: str, steps: int, layers: int, max_tokens: int) -> int:
+def longest(method: str, budget: str, steps: int, layers: int, max_tokens: int, kept: bool = False) -> int:
     """The longest prompt (tokens, at most ``max_tokens``) whose ``steps``-token continuation the estimate
     admits, in this process: the estimate alone decides, as ``explain_generation`` does before any pass runs
-    (:func:`attnlens.core.engine.pass_cost` over the steps' prefixes, refused in one line beyond it)."""
+    (:func:`attnlens.core.engine.pass_cost` over the steps' prefixes, refused in one line beyond it). ``kept``:
+    the longest whose shared pass also keeps every layer's activations (a longer one recomputes them)."""
     from attnlens import InputError
     from attnlens.core import engine
     from attnlens.core.memory import parse_budget
@@ -87,6 +91,9 @@ def longest(method: str, budget: str, steps: int, layers: int, max_tokens: int) 
         mid = (lo + hi + 1) // 2
         try:
             cost.refuse_over(mid + steps, limit, what="a generation")
+            storage = cost.storage(mid + steps)
+            if kept and (storage is None or not storage.backward or storage.recompute):
+                raise InputError("recomputed")
             lo = mid
         except InputError:
             hi = mid - 1
@@ -141,12 +148,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--glibc-default", action="store_true",
                         help="start the processes with glibc's own mmap policy instead of a 64 KiB threshold")
+    parser.add_argument("--kept", action="store_true",
+                        help="the longest prompt whose shared pass keeps every layer's activations instead")
     parser.add_argument("--out", default=str(ROOT / "bench" / "data" / "generation_budget.md"))
     parser.add_argument("--longest", metavar="METHOD", help=argparse.SUPPRESS)  # internal: the probe
     parser.add_argument("--one", nargs=2, metavar=("METHOD", "PROMPT"), help=argparse.SUPPRESS)  # internal
     args = parser.parse_args()
     if args.longest:
-        print(longest(args.longest, args.budget, args.steps, args.layers, args.max_tokens))
+        print(longest(args.longest, args.budget, args.steps, args.layers, args.max_tokens, args.kept))
         return
     if args.one:
         print(json.dumps(one(args.one[0], args.budget, args.steps, args.layers, int(args.one[1]))))
@@ -156,7 +165,8 @@ def main() -> None:
     rows = []
     for method in args.methods.split(","):
         try:
-            prompt = int(_child([*common, "--longest", method], args.timeout, args.glibc_default))
+            prompt = int(_child([*common, "--longest", method, *(["--kept"] if args.kept else [])], args.timeout,
+                                args.glibc_default))
             row = json.loads(_child([*common, "--one", method, str(prompt)], args.timeout, args.glibc_default))
         except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
             row = {"method": method, "error": str(err)[:200]}
@@ -164,9 +174,10 @@ def main() -> None:
         print(json.dumps(row), file=sys.stderr, flush=True)
     out = Path(args.out)
     write_records(out, rows)
+    limit = ("whose shared pass keeps every layer's activations" if args.kept else "the estimate admits")
     lines = [f"A {args.layers}-layer Llama (hidden size 256, random weights), budget {args.budget}, a "
-             f"{args.steps}-token continuation explained step by step after the longest prompt the estimate "
-             f"admits (at most {args.max_tokens:,} tokens). Peak: resident memory beyond the process's before the "
+             f"{args.steps}-token continuation explained step by step after the longest prompt {limit} "
+             f"(at most {args.max_tokens:,} tokens). Peak: resident memory beyond the process's before the "
              "call; the promise: at most 1.1 × (budget + weights) − weights. The processes start with "
              + ("glibc's own mmap policy." if args.glibc_default else "glibc's mmap threshold at 64 KiB."), "",
              "| method | prompt tokens | peak MiB | peak / budget | within the promise | seconds |",

@@ -98,6 +98,20 @@ def test_batch_of_steps_equals_step_by_step(lm):
         np.testing.assert_allclose(batched.scores[m], single.scores[m], atol=1e-5, rtol=1e-4, err_msg=m)
 
 
+def test_the_heaps_are_trimmed_between_batches_of_steps(lm, monkeypatch):
+    """Steps in several batches: the heaps' freed blocks go back to the system after every batch but the last,
+    before the next batch's pass over a longer sequence (none after a single batch)."""
+    from attnlens.core import generation_engine
+
+    trimmed = []
+    monkeypatch.setattr(generation_engine, "release_free_memory", lambda: trimmed.append(1) or True)
+    lm.explain_generation(PROMPT, max_new_tokens=5, methods=["grads"], batch_size=2)
+    assert len(trimmed) == 2  # batches of 2, 2 and 1 steps
+    trimmed.clear()
+    lm.explain_generation(PROMPT, max_new_tokens=5, methods=["grads"], batch_size=16)
+    assert not trimmed
+
+
 def test_teacher_forcing_the_greedy_continuation_reproduces_it(lm):
     greedy = lm.explain_generation(PROMPT, max_new_tokens=4, methods=FAST)
     forced = lm.explain_generation(PROMPT, target=greedy.generated_ids, methods=FAST)

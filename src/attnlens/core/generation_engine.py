@@ -34,6 +34,7 @@ from ..results.generation import Generation
 from ..results.tokentext import BYTE_LEVEL, SENTENCEPIECE, encoding_meta, token_texts
 from ..version import __version__
 from . import engine
+from .allocator import release_free_memory
 from .attention_view import Beside, whole_attention_maps
 from .batch_state import BatchContext
 from .batching import keeps_logits
@@ -178,6 +179,9 @@ def explain_generation(
             if contrast_ids is not None:
                 contrast_probs[t] = float(probs[b, contrast_ids[t]])
         tracker.end_batch()
+        if first + size < n_steps:  # the next batch's pass, over a longer sequence, plans within the budget again:
+            del ctx, out  # this batch's capture goes first, and the heaps' freed blocks go back to the system
+            release_free_memory()  # (allocator.py; blocks of the lengths this pass used fit the next one's badly)
     tracker.close()
 
     meta = {

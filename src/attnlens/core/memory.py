@@ -332,10 +332,16 @@ def pass_row_bytes(dims: Dims, n: int, storage: Storage) -> int:
         else:
             # the whole maps a pass keeps are the probabilities the backward reads: counted once, with what is kept
             kept_all = storage.maps and not storage.map_layers
-            # what the LRP rules or the rows-capture forward save, counted on the model; one layer's working set
-            counted = dims.lrp_vectors if storage.rule_activations else dims.capture_vectors * storage.recorded
-            if counted:
-                work = math.ceil((layers * counted + dims.forward_vectors) * n * d)
+            # what the LRP rules or the rows-capture forward save, counted on the model, and beside it one layer's
+            # working set: the LRP pass's forward's (its budget promise held at 0.59-0.85 of the budget); the rows
+            # pass's backward's, a plain layer's activations' gradients (or those of what the layer keeps, where
+            # more) and the working vectors of a recomputing pass (a 4-layer Llama's generation steps after 2,650
+            # tokens, saliency's, held 12 more vectors than a forward's working set)
+            if storage.rule_activations and dims.lrp_vectors:
+                work = math.ceil((layers * dims.lrp_vectors + dims.forward_vectors) * n * d)
+            elif storage.recorded and dims.capture_vectors:
+                working = max(dims.activation_vectors, dims.capture_vectors) + RECOMPUTE_WORKING_VECTORS
+                work = math.ceil((layers * dims.capture_vectors + working) * n * d)
             else:
                 work = layers * dims.activation_vectors * n * d
             work += _eager_backward_maps(dims, n, kept_all) if storage.eager else 0
