@@ -59,6 +59,14 @@ def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return list(seen.values())
 
 
+def taking_gradients(embedded: torch.Tensor) -> torch.Tensor:
+    """``embedded`` (an embedding's output), made to take gradients where autograd records: with frozen
+    parameters it is the graph's leaf, and the pass's backward reaches the attention and hidden states from it."""
+    if torch.is_grad_enabled() and not embedded.requires_grad:
+        embedded.requires_grad_(True)
+    return embedded
+
+
 def _without_hidden_states(outputs: Any) -> Any:
     """``outputs`` of a pass run without ``output_hidden_states``, with empty tuples where the adapters read
     hidden states (``hidden_states``, ``encoder_hidden_states``, ...)."""
@@ -241,9 +249,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
             # the backward reaches attention and hidden states either way.
             name = next((n for n in names if n not in store), None)
             if name is not None:
-                if torch.is_grad_enabled() and not output.requires_grad:
-                    output.requires_grad_(True)
-                store[name] = output
+                store[name] = taking_gradients(output)
             return output
         return keep_embeddings
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..models.adapters import Adapter
+from .capture import taking_gradients
 from .memory import Dims, Storage
 from .modelstate import attention_switched, explaining, without_cache
 from .row_attention import RowRecorder, recording, registered, rows_unsupported
@@ -84,12 +85,7 @@ def _count(model: nn.Module, adapter: Adapter, storage: Storage) -> float | None
 @contextmanager
 def _embeddings_taking_gradients(module: nn.Module) -> Iterator[None]:
     """Within the block, ``module``'s output takes gradients, as the shared pass's embeddings hook makes it."""
-    def hook(_: nn.Module, __: object, output: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and not output.requires_grad:
-            output.requires_grad_(True)
-        return output
-
-    handle = module.register_forward_hook(hook)
+    handle = module.register_forward_hook(lambda _, __, output: taking_gradients(output))
     try:
         yield
     finally:
