@@ -540,6 +540,29 @@ def test_alti_rows_in_blocks_of_keys_match_each_pair_computed_alone(monkeypatch,
     assert (want > 0).float().mean() > 0.15 and (want == 0).any()  # both sides of the clamp occur
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_compiled_loops_threads_take_every_item_once(monkeypatch, threads):
+    """The items of a compiled loop are shared between the threads torch uses, interleaved: each is computed
+    exactly once, with more threads than items too, and the threads are started once for every call."""
+    import threading
+
+    from attnlens.methods.decomposition import compiled
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    seen: list[tuple[int, threading.Thread]] = []
+
+    def loop(out: list, start: int, stop: int, step: int) -> None:
+        assert step == min(threads, stop)
+        out.extend((item, threading.current_thread()) for item in range(start, stop, step))
+
+    for items in (1, 2, 5, 64, 2, 64):
+        before = len(seen)
+        compiled.split_between_threads(loop, [seen], items)
+        assert sorted(item for item, _ in seen[before:]) == list(range(items))
+    pool = {thread for _, thread in seen} - {threading.main_thread()}  # one item alone runs where it is called
+    assert not pool if threads == 1 else 0 < len(pool) <= threads
+
+
 @pytest.mark.usefixtures("_triton_kernel_rebuilt")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_alti_triton_kernel_over_several_tiles_matches_each_pair(monkeypatch, dtype):

@@ -39,22 +39,22 @@ _SORTED = 64  # each row's smallest channels sorted by |y|; a pair whose prefix 
 @dataclass
 class LowRank:
     """One layer's per-head vectors in factors, ``g[b, j, h] = v[b, h, j] @ maps[h]``: the value vectors ``v``
-    ``(B, H, N, d_h)``, the heads' maps ``(H, d_h, D)``, the vectors themselves channel-major ``gc``
-    ``(B, N, D, H)`` (a channel's heads side by side, as the correction reads them), the ``outliers`` ``(E,)``:
+    ``(B, H, N, d_h)``, the heads' maps ``(H, d_h, D)``, the vectors themselves key-major ``g`` ``(B, N, H, D)``
+    (a key's heads side by side, as the correction reads them), the ``outliers`` ``(E,)``:
     the channels where the vectors are largest, ``peak`` ``(B, N, H)`` = max_c |g[b, j, h, c]| over the other
     channels and ``peak_all`` over every channel."""
 
     v: torch.Tensor
     maps: torch.Tensor
-    gc: torch.Tensor
+    g: torch.Tensor
     outliers: torch.Tensor
     peak: torch.Tensor
     peak_all: torch.Tensor
 
     @classmethod
     def of(cls, v: torch.Tensor, maps: torch.Tensor, g: torch.Tensor) -> LowRank:
-        """From the factors and the vectors ``g`` ``(B, N, H, D)`` they give (read a block of keys at a time: no
-        copy of ``g`` beside the channel-major one)."""
+        """From the factors and the vectors ``g`` ``(B, N, H, D)`` they give (kept as they are, contiguous; the
+        bounds read a block of keys at a time)."""
         with torch.no_grad():
             g = g.detach()
             largest = torch.maximum(g.amax(dim=(0, 1, 2)), -g.amin(dim=(0, 1, 2)))  # (D,) max |g| per channel
@@ -67,8 +67,7 @@ class LowRank:
                 peak_all[:, s: s + step] = block.amax(-1)
                 block[..., outliers] = 0
                 peak[:, s: s + step] = block.amax(-1)
-            return cls(v.detach().contiguous(), maps.detach(), g.transpose(2, 3).contiguous(), outliers, peak,
-                       peak_all)
+            return cls(v.detach().contiguous(), maps.detach(), g.contiguous(), outliers, peak, peak_all)
 
 
 @functools.cache
@@ -81,24 +80,29 @@ def _compiled() -> Any:
 
     def loop(ak: np.ndarray, lin: np.ndarray, peak: np.ndarray, peak_all: np.ndarray, outliers: np.ndarray,
              ys: np.ndarray, order: np.ndarray, y: np.ndarray, g: np.ndarray, m: np.ndarray, at: np.ndarray,
-             out: np.ndarray, start: int, stop: int) -> None:
-        # items = (example, key) pairs in [start, stop), key-major so that a key's vectors g (channel-major:
-        # g[b, k, c, h]) stay in cache over the rows; out[b, k, i] = max(0, ‖y_i‖₁ − ‖y_i − t_ik‖₁)
+             out: np.ndarray, start: int, stop: int, step: int) -> None:
+        # items = (example, key) pairs, every step-th of [start, stop), key-major so that a key's vectors g
+        # (g[b, k, h, c]) stay in cache over the rows; out[b, k, i] = max(0, ‖y_i‖₁ − ‖y_i − t_ik‖₁). Where every
+        # channel is read, t is formed head by head over the channels (contiguous: vectorised), then reduced.
         keys, rows, heads = ak.shape[1], ak.shape[2], ak.shape[3]
-        d = g.shape[2]
+        d = g.shape[3]
         w = np.empty(heads, dtype=ak.dtype)
+        t = np.empty(d, dtype=ak.dtype)
         last = ys.shape[2] - 1
-        for item in range(start, stop):
+        for item in range(start, stop, step):
             b = item // keys
             k = item % keys
             for i in range(rows):
                 if at[i] == k:  # t includes the residual: every channel, |y| − |y − t| as it stands
+                    for c in range(d):
+                        t[c] = m[b, i, c]
+                    for h in range(heads):
+                        x = ak[b, k, i, h]
+                        for c in range(d):
+                            t[c] += x * g[b, k, h, c]
                     s = 0.0
                     for c in range(d):
-                        t = m[b, i, c]
-                        for h in range(heads):
-                            t += ak[b, k, i, h] * g[b, k, c, h]
-                        s += abs(y[b, i, c]) - abs(y[b, i, c] - t)
+                        s += abs(y[b, i, c]) - abs(y[b, i, c] - t[c])
                     out[b, k, i] = 0.0 if s < 0 else s  # a NaN stays one
                     continue
                 value = 0.0
@@ -114,30 +118,32 @@ def _compiled() -> Any:
                     hinge = 0.0
                     if beta > ys[b, i, last]:  # beyond the sorted channels: every channel
                         for c in range(d):
-                            t = 0.0
-                            for h in range(heads):
-                                t += w[h] * g[b, k, c, h]
-                            e = (t if y[b, i, c] >= 0 else -t) - abs(y[b, i, c])
-                            if e > 0:
-                                hinge += e
-                    else:  # the same sum as above, over fewer channels (written out: a call costs here)
+                            t[c] = 0.0
+                        for h in range(heads):
+                            x = w[h]
+                            for c in range(d):
+                                t[c] += x * g[b, k, h, c]
+                        for c in range(d):
+                            e = (t[c] if y[b, i, c] >= 0 else -t[c]) - abs(y[b, i, c])
+                            hinge += e if e > 0 else 0.0
+                    else:  # the same sum over fewer channels, one at a time (written out: a call costs here)
                         for q in range(last):
                             if ys[b, i, q] >= beta:
                                 break
                             c = order[b, i, q]
-                            t = 0.0
+                            tc = 0.0
                             for h in range(heads):
-                                t += w[h] * g[b, k, c, h]
-                            e = (t if y[b, i, c] >= 0 else -t) - abs(y[b, i, c])
+                                tc += w[h] * g[b, k, h, c]
+                            e = (tc if y[b, i, c] >= 0 else -tc) - abs(y[b, i, c])
                             if e > 0:
                                 hinge += e
                         for c in outliers:  # those with β ≤ |y| < β_all (the ones below β were summed)
                             size = abs(y[b, i, c])
                             if beta <= size < beta_all:
-                                t = 0.0
+                                tc = 0.0
                                 for h in range(heads):
-                                    t += w[h] * g[b, k, c, h]
-                                e = (t if y[b, i, c] >= 0 else -t) - size
+                                    tc += w[h] * g[b, k, h, c]
+                                e = (tc if y[b, i, c] >= 0 else -tc) - size
                                 if e > 0:
                                     hinge += e
                     value -= 2 * hinge
@@ -173,8 +179,9 @@ def contributions(a: torch.Tensor, low: LowRank, m: torch.Tensor, y: torch.Tenso
         ys, order = y.abs().topk(min(_SORTED, y.shape[-1]), dim=-1, largest=False, sorted=True)
         out = a.new_zeros(b, n, r)
     arrays = [x.detach().contiguous().numpy() for x in (ak, lin, low.peak, low.peak_all, low.outliers, ys, order, y,
-                                                         low.gc, m)]
+                                                         low.g, m)]
     own = at.to(torch.int64).contiguous().numpy()
     split_between_threads(_compiled(), [*arrays, own, out.numpy()], b * keys)
     # a row whose output is not finite has no finite contribution (the loop's comparisons would skip its channels)
-    return out.transpose(1, 2).masked_fill(~torch.isfinite(y).all(-1, keepdim=True), float("nan"))
+    broken = ~torch.isfinite(y).all(-1, keepdim=True)
+    return out.transpose(1, 2).masked_fill(broken, float("nan")) if bool(broken.any()) else out.transpose(1, 2)

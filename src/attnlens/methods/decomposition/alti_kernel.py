@@ -28,12 +28,13 @@ def _compiled() -> Any:
         return None
 
     def loop(ak: np.ndarray, g: np.ndarray, y: np.ndarray, m: np.ndarray, at: np.ndarray, first: np.ndarray,
-             dist: np.ndarray, start: int, stop: int) -> None:
-        # items = (example, key) pairs in [start, stop); dist[b, k, i] = ‖Σ_h ak[b,k,i,h] g[b,k,h] + δ m[b,i] − y[b,i]‖₁
+             dist: np.ndarray, start: int, stop: int, step: int) -> None:
+        # items = (example, key) pairs, every step-th of [start, stop);
+        # dist[b, k, i] = ‖Σ_h ak[b,k,i,h] g[b,k,h] + δ m[b,i] − y[b,i]‖₁
         keys, rows, heads = ak.shape[1], ak.shape[2], ak.shape[3]
         d = g.shape[3]
         t = np.empty((4, d), dtype=g.dtype)
-        for item in range(start, stop):
+        for item in range(start, stop, step):
             b = item // keys
             k = item % keys
             for i0 in range(first[k], rows, 4):

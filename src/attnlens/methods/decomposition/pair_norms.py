@@ -176,7 +176,7 @@ def alti_rows(a: torch.Tensor, g: torch.Tensor | None, m: torch.Tensor, y: torch
     neither attending to a key nor placed there has t = 0, a distance of ‖y_i‖₁ and so 0, so each key is computed
     from the first row that needs it on (a causal chunk's earlier rows attend to no later key), and no key after
     the last one any row needs."""
-    if low_rank is not None and alti_hinge.applies(a, y, m, low_rank.v, low_rank.maps, low_rank.gc):
+    if low_rank is not None and alti_hinge.applies(a, y, m, low_rank.v, low_rank.maps, low_rank.g):
         return alti_hinge.contributions(a, low_rank, m, y, at, keys_used(a, at))
     if g is None:
         raise ValueError("alti_rows needs the vectors g where their factors are not read")

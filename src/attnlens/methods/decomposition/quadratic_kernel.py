@@ -25,11 +25,12 @@ def _compiled() -> Any:
     except ImportError:  # pragma: no cover - numba is a dependency; a platform without its wheels falls back
         return None
 
-    def loop(a: np.ndarray, gram: np.ndarray, out: np.ndarray, start: int, stop: int) -> None:
-        # items = (example, row) pairs in [start, stop); out[b, i, k] = Σ_hh' a[b,h,i,k] a[b,h',i,k] G[b,h,h',k]
+    def loop(a: np.ndarray, gram: np.ndarray, out: np.ndarray, start: int, stop: int, step: int) -> None:
+        # items = (example, row) pairs, every step-th of [start, stop);
+        # out[b, i, k] = Σ_hh' a[b,h,i,k] a[b,h',i,k] G[b,h,h',k]
         heads, rows, keys = a.shape[1], a.shape[2], out.shape[2]
         inner = np.empty(keys, dtype=np.float64)
-        for item in range(start, stop):
+        for item in range(start, stop, step):
             b = item // rows
             i = item % rows
             for k in range(keys):
