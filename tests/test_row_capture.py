@@ -469,32 +469,42 @@ def test_rows_capture_holds_far_less_than_the_maps():
     assert grown["maps"] > 4 * max(grown["rows"], grown["chunks"]), grown
 
 
-def test_rows_carried_down_equal_the_matrix_products():
+@pytest.mark.parametrize("narrow", [False, True])
+def test_rows_carried_down_equal_the_matrix_products(narrow):
     """Row c of every layer's rollout and GAE relevance, carried down layer by layer in chunks of query rows,
-    equals the row of the matrix products (float64, random attention and gradients)."""
+    equals the row of the matrix products (float64, random causal attention and gradients), with chunks as wide
+    as the maps or (``narrow``) stopping after the last key their rows see."""
     from attnlens.core.attention_chunks import WholeMaps
     from attnlens.methods.attention import carried_rows, propagate, rollout_matrices
 
     gen = torch.Generator().manual_seed(0)
-    maps = [torch.rand(2, 3, 7, 7, generator=gen, dtype=torch.float64).softmax(-1) for _ in range(4)]
-    grads = [torch.randn(2, 3, 7, 7, generator=gen, dtype=torch.float64) for _ in range(4)]
+    later = torch.ones(7, 7, dtype=torch.bool).triu(1)
+    maps = [torch.rand(2, 3, 7, 7, generator=gen, dtype=torch.float64).masked_fill(later, -torch.inf).softmax(-1)
+            for _ in range(4)]
+    grads = [torch.randn(2, 3, 7, 7, generator=gen, dtype=torch.float64).masked_fill(later, 0) for _ in range(4)]
     weights = torch.zeros(2, 7, dtype=torch.float64)
     weights[0, 6], weights[1, 2:5] = 1.0, 1 / 3
+    widths = []
 
     class Chunked(WholeMaps):  # three query rows at a time
-        def chunks(self, layer, gradients=False):
+        def chunks(self, layer, gradients=False, narrow=False):
             for start in range(0, 7, 3):
-                yield start, self.maps[layer][:, :, start: start + 3], self.grads[layer][:, :, start: start + 3]
+                keys = min(7, start + 3) if narrow else 7
+                widths.append(keys)
+                yield (start, self.maps[layer][:, :, start: start + 3, :keys],
+                       self.grads[layer][:, :, start: start + 3, :keys])
 
     def rows_of(products):
         return torch.stack([torch.einsum("bq,bqk->bk", weights, p) for p in products], 1)
 
-    got = carried_rows(weights, Chunked(maps, grads), lambda j, s, a, g: a.mean(1), mix=0.5, keep=0.5)
+    got = carried_rows(weights, Chunked(maps, grads), lambda j, s, a, g: a.mean(1), mix=0.5, keep=0.5,
+                       narrow=narrow)
     torch.testing.assert_close(got, rows_of(propagate(rollout_matrices(maps))), rtol=1e-12, atol=1e-12)
     bars = [(g * a).clamp_min(0).mean(1) for a, g in zip(maps, grads, strict=True)]
     got = carried_rows(weights, Chunked(maps, grads), lambda j, s, a, g: (g * a).clamp_min(0).mean(1), mix=1.0,
-                       keep=1.0, gradients=True)
+                       keep=1.0, gradients=True, narrow=narrow)
     torch.testing.assert_close(got, rows_of(propagate(bars, residual=True)), rtol=1e-12, atol=1e-12)
+    assert (min(widths) < 7) == narrow
 
 
 def test_recomputed_chunks_are_the_maps_and_their_gradients():
@@ -512,6 +522,9 @@ def test_recomputed_chunks_are_the_maps_and_their_gradients():
     for layer, (maps, grads) in enumerate(zip(whole.maps, whole.grads, strict=True)):
         parts = list(chunks.chunks(layer, gradients=True))
         assert len(parts) > 1
+        # the padded batch's mask: every chunk as wide as the maps, narrow or not
+        assert all(p[1].shape[-1] == q[1].shape[-1] == maps.shape[-1]
+                   for p, q in zip(parts, chunks.chunks(layer, gradients=True, narrow=True), strict=True))
         a = torch.cat([p[1] for p in parts], 2)
         g = torch.cat([p[2] for p in parts], 2)
         # Llama's eager attention rounds its softmax to float32 even here, where the recomputed chunks (as fused
@@ -543,9 +556,13 @@ def test_chunks_of_an_unpadded_causal_input_skip_the_keys_no_row_sees(monkeypatc
     from attnlens.methods import lrp_methods
 
     trimmed = []
-    real = attention_chunks.zero_padded
-    monkeypatch.setattr(attention_chunks, "zero_padded",
-                        lambda x, keys: trimmed.append(x.shape[-1] < keys) or real(x, keys))
+    real = attention_chunks.keys_seen
+
+    def seen(stop: int, keys: int, causal: bool, mask: torch.Tensor | None) -> int:
+        trimmed.append(real(stop, keys, causal, mask) < keys)
+        return real(stop, keys, causal, mask)
+
+    monkeypatch.setattr(attention_chunks, "keys_seen", seen)
     ex, text = _lm(), "the movie was good but boring and far too long"
     methods = ["rollout", "gae", "attgrads", "transatt", "partiallrp"]
     every_layer = {"partiallrp": {"layers": True}}

@@ -31,8 +31,11 @@ class AttentionChunks(ABC):
     n_layers: int
 
     @abstractmethod
-    def chunks(self, layer: int, gradients: bool = False) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
-        """Layer ``layer``'s (0 = the lowest) chunks; ``gradients``: with ``∇A``."""
+    def chunks(self, layer: int, gradients: bool = False, narrow: bool = False
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+        """Layer ``layer``'s (0 = the lowest) chunks; ``gradients``: with ``∇A``. ``narrow``: a chunk may stop
+        after the last key its rows can see (``(B, H, q, K')``, ``K' ≤ K``: every later key has probability and
+        gradient 0 there), for a reader that takes the missing keys as zeros."""
 
     @abstractmethod
     def tensors(self) -> list[torch.Tensor]:
@@ -52,7 +55,8 @@ class WholeMaps(AttentionChunks):
         self.maps, self.grads = maps, grads
         self.n_layers = len(maps)
 
-    def chunks(self, layer: int, gradients: bool = False) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    def chunks(self, layer: int, gradients: bool = False, narrow: bool = False
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
         if gradients and self.grads is None:
             raise ValueError("the pass kept no attention gradients")
         yield 0, self.maps[layer], self.grads[layer] if gradients else None
@@ -94,7 +98,8 @@ class RecomputedChunks(AttentionChunks):
             return torch.matmul(self.output_grads[layer][:, :, start:stop].to(value.dtype),
                                 value[:, :, :keys].transpose(2, 3))
 
-    def chunks(self, layer: int, gradients: bool = False) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    def chunks(self, layer: int, gradients: bool = False, narrow: bool = False
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
         f = self.factors[layer]
         if gradients and (self.output_grads is None or f.value is None):
             raise ValueError("the pass kept no attention gradients")
@@ -109,10 +114,11 @@ class RecomputedChunks(AttentionChunks):
                 stop = min(n, start + step)
                 queries = torch.arange(start, stop, device=f.query.device)
                 seen = keys_seen(stop, k, f.causal, f.mask)  # computed on the keys the rows see, zero after
-                a = zero_padded(probabilities(f.query, key[:, :, :seen], f.mask, queries, f.causal, f.scale), k)
+                width = seen if narrow else k
+                a = zero_padded(probabilities(f.query, key[:, :, :seen], f.mask, queries, f.causal, f.scale), width)
                 if a.shape[0] != self.rows:
                     a = a.expand(self.rows, *a.shape[1:])
-                g = zero_padded(self.gradient_rows(layer, start, stop, seen).to(a.dtype), k) if gradients else None
+                g = zero_padded(self.gradient_rows(layer, start, stop, seen).to(a.dtype), width) if gradients else None
                 yield start, a, g
 
     def tensors(self) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ import torch
 
 from ..core.attention_chunks import AttentionChunks
 from ..core.batch_state import BatchContext, Capture
+from ..core.row_attention import zero_padded
 from .registry import ATTENTION_CHUNKS, ATTENTION_ROWS, GRADIENTS, MethodOutput, register
 
 
@@ -67,17 +68,19 @@ class RowCarrier:
         return j == (self.layer if self.open else self.done - 1)
 
     def add(self, j: int, start: int, m: torch.Tensor) -> None:
-        """Rows ``start …`` of ``M^j`` ``(B, q, N)``."""
+        """Rows ``start …`` of ``M^j`` ``(B, q, N')``: its first ``N' ≤ N`` columns (the rest 0)."""
         if not self.expects(j):
             raise ValueError(f"layer {j}'s chunks arrived while the carrier expects layer "
                              f"{self.layer if self.open else self.done - 1}'s: the layers go top down, one at a time")
         if self._product is None:
             if self._rows is None:
-                self._rows = self.weights.new_zeros(self.weights.shape[0], self.n_layers, m.shape[-1], dtype=m.dtype)
+                self._rows = self.weights.new_zeros(*self.weights.shape[:1], self.n_layers, self.weights.shape[-1],
+                                                    dtype=m.dtype)
             self._rows[:, j] = self.weights.to(m.dtype)
             self._product = torch.zeros_like(self._rows[:, j:])
             self.layer = j
-        self._product += torch.einsum("bsq,bqk->bsk", self._rows[:, j:, start: start + m.shape[1]], m)
+        self._product[..., : m.shape[-1]] += torch.einsum("bsq,bqk->bsk", self._rows[:, j:, start: start + m.shape[1]],
+                                                          m)
 
     def end(self, scale: torch.Tensor | None = None) -> None:
         """Close the layer whose chunks arrived, ``M^j`` divided by ``scale`` ``(B,)`` if given."""
@@ -108,12 +111,14 @@ class RowCarrier:
 
 
 def carried_rows(weights: torch.Tensor, maps: AttentionChunks, reduce: Reduce, *, mix: float, keep: float,
-                 gradients: bool = False, divisor: Callable[[int], torch.Tensor | None] | None = None
-                 ) -> torch.Tensor:
+                 gradients: bool = False, divisor: Callable[[int], torch.Tensor | None] | None = None,
+                 narrow: bool = False) -> torch.Tensor:
     """``(B, L, N)``: row ``weights`` ``(B, N)`` of ``P^l = M̂^l···M̂^1`` for every layer l, where
     ``M̂^j = mix·M^j + keep·I`` and ``M^j`` is built chunk by chunk of query rows by ``reduce`` from ``maps``
     (``gradients``: with ``∇A``). ``divisor(j)``: after layer j's chunks, ``(B,)`` numbers ``M^j`` is divided by
-    (known only once every row was seen, e.g. its largest row sum), or ``None``.
+    (known only once every row was seen, e.g. its largest row sum), or ``None``. ``narrow``: ``reduce`` works on
+    chunks that stop after the last key their rows see (:meth:`AttentionChunks.chunks`); a causal chunk's later
+    keys are then never formed (on average half of them).
 
     Rollout (``mix = keep = 0.5``, the head mean), GAE's rule (``mix = keep = 1``: ``P^l = P^{l-1} + M^l P^{l-1}``)
     and plain products (``keep = 0``: GlobEnc, ALTI). Only rows of the products are read, so each layer's row is
@@ -121,7 +126,7 @@ def carried_rows(weights: torch.Tensor, maps: AttentionChunks, reduce: Reduce, *
     ``N × N`` product is formed: ``L(L+1)/2`` products of a row with a map."""
     carrier = RowCarrier(weights, maps.n_layers, mix=mix, keep=keep)
     for j in reversed(range(maps.n_layers)):
-        for start, a, g in maps.chunks(j, gradients):
+        for start, a, g in maps.chunks(j, gradients, narrow):
             carrier.add(j, start, reduce(j, start, a, g))  # M^j at those rows (B, q, K)
         carrier.end(divisor(j) if divisor is not None else None)
     return carrier.rows()
@@ -164,7 +169,7 @@ def rawatt(ctx: BatchContext) -> MethodOutput:
 def rollout(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
     # row c of the rollout up to each layer
-    layers = carried_rows(cap.query_weights, cap.map_chunks(), _head_mean, mix=0.5, keep=0.5)
+    layers = carried_rows(cap.query_weights, cap.map_chunks(), _head_mean, mix=0.5, keep=0.5, narrow=True)
     return MethodOutput(layers[:, -1], layers)
 
 
@@ -194,10 +199,15 @@ def attgrads(ctx: BatchContext) -> MethodOutput:
     per_layer = []
     for layer in range(maps.n_layers):
         total = None
-        for start, a, g in maps.chunks(layer, gradients=True):
+        for start, a, g in maps.chunks(layer, gradients=True, narrow=True):  # a causal chunk's first keys alone
             m = mask[:, start: start + a.shape[2]].to(a.dtype)
             part = torch.einsum("bq,bqk->bk", m, (a * g.clamp_min(0)).mean(1))
-            total = part if total is None else total + part
+            if total is None:
+                total = part
+                continue
+            if total.shape[-1] < part.shape[-1]:  # the chunks widen down the rows
+                total = zero_padded(total, part.shape[-1])
+            total[..., : part.shape[-1]] += part
         per_layer.append(total / count.to(total.dtype))
     layers = torch.stack(per_layer, 1)
     return MethodOutput(layers.mean(1), layers)
@@ -226,5 +236,5 @@ def gae(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
     # row c of R after each layer, carried down (no N x N product)
     layers = carried_rows(cap.query_weights, cap.map_chunks(), _positive_gradient_weighted, mix=1.0, keep=1.0,
-                          gradients=True)
+                          gradients=True, narrow=True)
     return MethodOutput(layers[:, -1], layers)

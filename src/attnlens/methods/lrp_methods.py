@@ -344,8 +344,9 @@ class _LayersFrom(AttentionChunks):
         self.maps, self.start = maps, start
         self.n_layers = maps.n_layers - start
 
-    def chunks(self, layer: int, gradients: bool = False) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
-        return self.maps.chunks(layer + self.start, gradients)
+    def chunks(self, layer: int, gradients: bool = False, narrow: bool = False
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+        return self.maps.chunks(layer + self.start, gradients, narrow)
 
     def tensors(self) -> list[torch.Tensor]:
         return self.maps.tensors()
