@@ -154,9 +154,9 @@ def _masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, queries: tor
         if m.dtype == torch.bool:
             return scores.masked_fill(~m, torch.finfo(scores.dtype).min)
         return scores + m
-    if causal:
+    if causal:  # in place: the scores are the caller's own product
         keys = torch.arange(scores.shape[-1], device=scores.device)
-        return scores.masked_fill(keys[None, :] > queries[:, None], torch.finfo(scores.dtype).min)
+        return scores.masked_fill_(keys[None, :] > queries[:, None], torch.finfo(scores.dtype).min)
     return scores
 
 
@@ -165,7 +165,7 @@ def masked_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | N
     """The softmax's input ``(B, H, q, K)`` at the query positions ``queries``: ``q Kᵀ · scale`` with the mask
     applied as eager attention applies it (``key`` one per key head, each serving its group of query heads, or
     one per query head)."""
-    scores = grouped_matmul(query[:, :, queries], key.transpose(2, 3)) * scale
+    scores = grouped_matmul(query[:, :, queries] * scale, key.transpose(2, 3))  # scaled on the q rows, not q × K
     return _masked_scores(scores, mask, queries, causal)
 
 

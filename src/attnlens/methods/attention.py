@@ -137,7 +137,7 @@ def _head_mean(layer: int, start: int, a: torch.Tensor, g: torch.Tensor | None) 
 
 
 def _positive_gradient_weighted(layer: int, start: int, a: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-    return (g * a).clamp_min(0).mean(1)  # GAE's Ā = E_h (∇A ⊙ A)⁺
+    return torch.mul(g, a).clamp_min_(0).mean(1)  # GAE's Ā = E_h (∇A ⊙ A)⁺
 
 
 def _stack_explained(capture: Capture, rows: list[torch.Tensor]) -> torch.Tensor:
@@ -201,7 +201,7 @@ def attgrads(ctx: BatchContext) -> MethodOutput:
         total = None
         for start, a, g in maps.chunks(layer, gradients=True, narrow=True):  # a causal chunk's first keys alone
             m = mask[:, start: start + a.shape[2]].to(a.dtype)
-            part = torch.einsum("bq,bqk->bk", m, (a * g.clamp_min(0)).mean(1))
+            part = torch.einsum("bq,bqk->bk", m, g.clamp_min(0).mul_(a).mean(1))
             if total is None:
                 total = part
                 continue
