@@ -563,6 +563,37 @@ def test_the_compiled_loops_threads_take_every_item_once(monkeypatch, threads):
     assert not pool if threads == 1 else 0 < len(pool) <= threads
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX-only")
+def test_the_compiled_loops_start_their_threads_afresh_in_a_forked_child(monkeypatch):
+    """A process forked after the loops' threads were started (they do not come along) runs its loops on threads
+    of its own: every item computed, nothing waiting on the parent's threads."""
+    import signal
+    import time
+
+    from attnlens.methods.decomposition import compiled
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+
+    def loop(out: list, start: int, stop: int, step: int) -> None:
+        out.extend(range(start, stop, step))
+
+    def slow(out: list, start: int, stop: int, step: int) -> None:
+        time.sleep(0.05)  # both threads started, and both idle once done
+
+    compiled.split_between_threads(slow, [[]], 8)
+    pid = os.fork()
+    if pid == 0:  # the child: its exit status tells the parent what happened
+        signal.alarm(20)  # a loop waiting forever on threads that are not there
+        try:
+            seen: list[int] = []
+            compiled.split_between_threads(loop, [seen], 8)
+            os._exit(0 if sorted(seen) == list(range(8)) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 @pytest.mark.usefixtures("_triton_kernel_rebuilt")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_alti_triton_kernel_over_several_tiles_matches_each_pair(monkeypatch, dtype):

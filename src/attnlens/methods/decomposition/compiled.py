@@ -12,8 +12,18 @@ import torch
 
 DTYPES = (torch.float32, torch.float64)
 
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (process id, threads): a forked child makes its own
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # per thread count, started once per process
 _POOLS_LOCK = threading.Lock()
+
+
+def _forget_pools() -> None:
+    """In a forked child: the parent's threads did not come along (nor may its lock be free); start afresh."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
 
 
 def compilable(*tensors: torch.Tensor) -> bool:
@@ -25,11 +35,10 @@ def compilable(*tensors: torch.Tensor) -> bool:
 def _pool(threads: int) -> ThreadPoolExecutor:
     """The threads the loops run on, started once per process (a layer's loop runs in a few milliseconds: starting
     threads for each took a tenth of ALTI's time at 512 tokens)."""
-    key = (os.getpid(), threads)
     with _POOLS_LOCK:
-        pool = _POOLS.get(key)
+        pool = _POOLS.get(threads)
         if pool is None:
-            pool = _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="attnlens-loop")
+            pool = _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="attnlens-loop")
         return pool
 
 
