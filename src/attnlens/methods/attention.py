@@ -74,8 +74,8 @@ class RowCarrier:
                              f"{self.layer if self.open else self.done - 1}'s: the layers go top down, one at a time")
         if self._product is None:
             if self._rows is None:
-                self._rows = self.weights.new_zeros(*self.weights.shape[:1], self.n_layers, self.weights.shape[-1],
-                                                    dtype=m.dtype)
+                b, n = self.weights.shape
+                self._rows = self.weights.new_zeros(b, self.n_layers, n, dtype=m.dtype)
             self._rows[:, j] = self.weights.to(m.dtype)
             self._product = torch.zeros_like(self._rows[:, j:])
             self.layer = j
