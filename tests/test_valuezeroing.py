@@ -189,14 +189,14 @@ def test_layers_with_a_known_anatomy_are_not_rerun_per_token(model_type, tokeniz
     asked = []
     real_zeroed = decomposition.ValueZeroedLayer.zeroed
     monkeypatch.setattr(decomposition.ValueZeroedLayer, "zeroed",
-                        lambda self, e, rows, keys: asked.append(self.attn[e][:, rows].shape[1]) or
-                        real_zeroed(self, e, rows, keys))
+                        lambda self, e, rows, *keys, **kw: asked.append(self.attn[e][:, rows].shape[1]) or
+                        real_zeroed(self, e, rows, *keys, **kw))
     ex.explain(TEXTS, "valuezeroing", batch_size=3, options={"valuezeroing": {"rollout": False}})
     assert asked == [n] * len(TEXTS) + [1] * len(TEXTS)  # every row of the check's one zeroing, then each explained row
     monkeypatch.undo()
     # a recomputation that does not zero as the model does is caught by the check, and the layer is rerun
     real = decomposition.ValueZeroedLayer.zeroed
-    monkeypatch.setattr(decomposition.ValueZeroedLayer, "zeroed", lambda self, *a: real(self, *a) + 0.1)
+    monkeypatch.setattr(decomposition.ValueZeroedLayer, "zeroed", lambda self, *a, **kw: real(self, *a, **kw) + 0.1)
     caught = []
     trusted = valuezeroing._trusted
     monkeypatch.setattr(valuezeroing, "_trusted", lambda *a: caught.append(trusted(*a)) or caught[-1])
@@ -396,3 +396,33 @@ def test_generation_steps_whose_keys_are_not_a_prefix_are_refused_in_one_line():
         with pytest.raises(ModelError, match="not a prefix") as err:
             _check_prefixes(torch.tensor(keys), sequence)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "modernbert", "gptj", "bert", "gpt2"])
+def test_inputs_longer_than_a_key_block_match_the_reruns_in_float64(model_type, tokenizer, monkeypatch):
+    """The zeroed outputs of an input of several blocks of keys, a group of rows at a time (one row at a time with
+    few rows per batch), equal the whole model rerun once per (layer, zeroed token), in float64: a gated
+    feed-forward's projections read through their RMSNorm (llama) or LayerNorm (modernbert), a parallel layer's
+    output minus the zeroed share (gptj) and the feed-forward run at each changed sum (bert, gpt2) are exact."""
+    from attnlens.methods import valuezeroing as vz
+    from attnlens.methods.decomposition import value_zeroed
+
+    monkeypatch.setattr(vz, "KEY_BLOCK", 8)
+    monkeypatch.setattr(value_zeroed, "SHARING_ROWS_PER_HEAD", 1)  # the tiny models' few rows use projections too
+    finished = []
+    finish = value_zeroed.NormedProjection.finish
+    monkeypatch.setattr(value_zeroed.NormedProjection, "finish", lambda s, *a: finished.append(1) or finish(s, *a))
+    model = build(model_type).double()
+    text = " ".join(["the movie was good , not very bad"] * 3)
+    _, want, _ = naive_scores(model, tokenizer, text)
+    assert want.shape[-1] > 3 * vz.KEY_BLOCK
+    enc = tokenizer(text, return_tensors="pt")
+    inputs = {k: v for k, v in enc.items() if k in inspect.signature(model.forward).parameters}
+    mask = enc["attention_mask"].bool()
+    # Llama's RMSNorm takes its statistics in float32 even in a float64 model, and so does the reference
+    rounding = {"rtol": 1e-5, "atol": 1e-9} if model_type == "llama" else {"rtol": 1e-9, "atol": 1e-14}
+    for max_rows in (vz.MAX_ROWS, vz.KEY_BLOCK + 3, 5):
+        with torch.no_grad():
+            got = np.stack([c[0].numpy() for c in value_zeroing_matrices(model, inputs, mask, max_rows=max_rows)])
+        np.testing.assert_allclose(got, want, **rounding)
+    assert bool(finished) == (model_type in ("llama", "modernbert"))  # the gated feed-forwards took the projections

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..models.layer_modules import linear_weight
 from ..models.norms import rms_eps, rms_gain
 
 
@@ -195,12 +196,6 @@ def gated(gate: torch.Tensor, up: torch.Tensor, constant_gate: bool = False) -> 
     if constant_gate:
         return gate.detach() * up
     return sum_rule(gate * up, 0.0, 0.5)
-
-
-def linear_weight(module: nn.Module) -> torch.Tensor:
-    """The ``(out, in)`` weight of an ``nn.Linear`` or of transformers' ``Conv1D`` (GPT-2), which stores it
-    transposed: ``Conv1D(x) = x @ W + b = F.linear(x, W.T, b)``."""
-    return module.weight if isinstance(module, nn.Linear) else module.weight.T
 
 
 def linear(module: nn.Module, x: torch.Tensor, eps: float) -> torch.Tensor:

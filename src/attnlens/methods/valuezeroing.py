@@ -36,10 +36,17 @@ from ..core.memory import VALUE_ZEROING_STORAGE, model_dims, pass_row_bytes
 from ..core.modelstate import without_cache
 from ..errors import ModelError
 from ..models.architectures import Layers, architecture_for
-from .decomposition.layers import ValueZeroedLayer
+from .decomposition.value_zeroed import ValueZeroedLayer
 from .registry import OWN_PASS, MethodOutput, check_flag, register
 
 MAX_ROWS = 2 ** 14  # token rows per batched layer rerun at most (fewer where the budget says: rows_within)
+# keys zeroed per block of a recomputed layer: the rows attending to them share each head's projected values (a
+# block's worth), and under causal masking a block on the diagonal computes about KEY_BLOCK² / 2 pairs in vain
+KEY_BLOCK = 64
+# (row, key) pairs recomputed at once at most: each pair's feed-forward vectors pass through several elementwise
+# steps, which run from the cache when a batch's are a few MiB (on SmolLM2's layers 2,048 pairs took about half
+# the time per pair of 16,384)
+PAIRS_AT_ONCE = 2048
 
 
 def _layers_of(model: nn.Module) -> Layers | None:
@@ -155,28 +162,26 @@ def _joined_maps(found: list[Any], b: int, n: int) -> torch.Tensor | None:
 def _zeroed_distances(layer: ValueZeroedLayer, max_rows: int, rows: torch.Tensor | None = None) -> torch.Tensor:
     """``(B, N, N)``: the cosine distance between each row's recomputed output and its output with each key's value
     vector zeroed (:class:`~attnlens.methods.decomposition.ValueZeroedLayer`), 0 where no head of the row attends
-    to the key; at most ``max_rows`` (row, key) vectors at once. ``rows`` ``(B, N)``: only these rows (the others
-    0)."""
+    to the key; at most ``max_rows`` (and :data:`PAIRS_AT_ONCE`) (row, key) vectors at once: blocks of
+    :data:`KEY_BLOCK` keys, each with the rows that attend to any of them in groups. ``rows`` ``(B, N)``: only
+    these rows (the others 0)."""
     b, _, n, _ = layer.attn.shape
     y = layer.output.to(torch.promote_types(layer.output.dtype, torch.float32))
     attends = layer.attn.ne(0).any(1)  # (B, N, N): the pairs a zeroing changes
     if rows is not None:
         attends = attends & rows[:, :, None]
-    positions = torch.arange(n, device=attends.device)
     out = torch.zeros(b, n, n, dtype=y.dtype, device=y.device)
+    width = max(1, min(KEY_BLOCK, max_rows))
     for e in range(b):
-        last_key = torch.where(attends[e], positions, -1).amax(-1)  # per row, the last key it attends to
-        needed = torch.nonzero(last_key >= 0).flatten()  # the rows that attend to any key
-        last, at = last_key[needed].tolist(), 0
-        while at < len(needed):  # groups of rows, each with the keys up to the last its rows attend to
-            keys, stop = last[at] + 1, at + 1
-            while stop < len(needed) and (stop + 1 - at) * max(keys, last[stop] + 1) <= max_rows:
-                keys = max(keys, last[stop] + 1)
-                stop += 1
-            group = needed[at:stop]
-            zeroed = layer.zeroed(e, group, keys).to(y.dtype)
-            out[e, group, :keys] = cosine_distance(zeroed, y[e, group, None])
-            at = stop
+        read = torch.nonzero(attends[e].any(0)).flatten().tolist()  # the keys any row attends to (not padding)
+        if not read:
+            continue
+        for start in range(read[0], read[-1] + 1, width):
+            stop = min(read[-1] + 1, start + width)
+            needed = torch.nonzero(attends[e, :, start:stop].any(-1)).flatten()  # under causal masking: i ≥ start
+            for group in needed.split(max(1, min(max_rows, PAIRS_AT_ONCE) // (stop - start))):
+                zeroed = layer.zeroed(e, group, stop, start, sharing=len(needed)).to(y.dtype)
+                out[e, group, start:stop] = cosine_distance(zeroed, y[e, group, None])
     return out * attends.to(out.dtype)
 
 

@@ -32,6 +32,12 @@ def module_at(obj: Any, path: str) -> Any:
                          "(attnlens.register_architecture)") from None
 
 
+def linear_weight(module: nn.Module) -> torch.Tensor:
+    """The ``(out, in)`` weight of an ``nn.Linear`` or of transformers' ``Conv1D`` (GPT-2), which stores it
+    transposed: ``Conv1D(x) = x @ W + b = F.linear(x, W.T, b)``."""
+    return module.weight if isinstance(module, nn.Linear) else module.weight.T
+
+
 def linear_rows(weight: torch.Tensor, rows: Any, bias: torch.Tensor | None) -> nn.Linear:
     """An ``nn.Linear`` viewing the output ``rows`` of a projection's ``weight`` ``(out, in)``, with ``bias`` (the
     rows' own, already selected) or none."""
@@ -80,8 +86,34 @@ def run_feed_forward(mods: dict[str, nn.Module], y: torch.Tensor) -> FeedForward
         return FeedForwardOutput(out[0] if isinstance(out, tuple) else out)
     if "gate" in mods:
         pre, up = mods["gate_up"](y).chunk(2, dim=-1) if "gate_up" in mods else (mods["gate"](y), mods["ffn_in"](y))
-        act = mods["act"](pre)
-        return FeedForwardOutput(mods["ffn_out"](act * up), pre, act)
-    pre = mods["ffn_in"](y)
+        return _after_first(mods, pre, up)
+    return _after_first(mods, mods["ffn_in"](y), None)
+
+
+def _after_first(mods: dict[str, nn.Module], pre: torch.Tensor, up: torch.Tensor | None) -> FeedForwardOutput:
     act = mods["act"](pre)
-    return FeedForwardOutput(mods["ffn_out"](act), pre, act)
+    return FeedForwardOutput(mods["ffn_out"](act if up is None else act * up), pre, act)
+
+
+def first_projection(mods: dict[str, nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The feed-forward's first projections as one ``(out, in)`` weight and its bias (``None``: none): a gated
+    feed-forward's gate rows, then ``ffn_in``'s; ``ffn_in``'s alone; ``None`` for a feed-forward run as one module
+    or as experts. :func:`feed_forward_after_first` finishes the feed-forward from their output."""
+    if "ffn" in mods or "moe" in mods:
+        return None
+    parts = [mods["gate"], mods["ffn_in"]] if "gate" in mods else [mods["ffn_in"]]
+    weight = torch.cat([linear_weight(m).detach() for m in parts])
+    biases = [m.bias for m in parts]
+    if all(b is None for b in biases):
+        return weight, None
+    return weight, torch.cat([torch.zeros(linear_weight(m).shape[0], dtype=weight.dtype, device=weight.device)
+                              if b is None else b.detach() for m, b in zip(parts, biases, strict=True)])
+
+
+def feed_forward_after_first(mods: dict[str, nn.Module], first: torch.Tensor) -> FeedForwardOutput:
+    """The feed-forward whose first projections gave ``first`` (their outputs side by side, as
+    :func:`first_projection` orders them), finished as :func:`run_feed_forward` finishes it."""
+    if "gate" in mods:
+        pre, up = first.chunk(2, dim=-1)
+        return _after_first(mods, pre, up)
+    return _after_first(mods, first, None)

@@ -18,14 +18,16 @@ output is checked against the captured h^l, so a wrong anatomy is an error, neve
 The modules: :mod:`.layers` (each layer recomputed from the model's modules, and checked), :mod:`.pair_norms`
 (each source token's norm at each row), :mod:`.norm_based` (attnnorm, GlobEnc, ALTI), :mod:`.alti_plus` (ALTI+ on
 encoder-decoders), :mod:`.linearised` (the network DecompX differentiates), :mod:`.decompx` and
-:mod:`.decompx_seq2seq`. Importing the package registers the four methods in that order.
+:mod:`.decompx_seq2seq`; :mod:`.value_zeroed` (a layer's output with each attended token's value vector zeroed, for
+value zeroing). Importing the package registers the four methods in that order.
 """
 
 from . import norm_based  # noqa: F401  (registers attnnorm, globenc, alti)
 from .decompx import BIAS_MODES, decompx_logits, decompx_token_scores
 from .decompx_seq2seq import seq2seq_decompx
-from .layers import Layer, ValueZeroedLayer, model_layers
+from .layers import Layer, model_layers
 from .norm_based import ATTNNORM_VARIANTS
+from .value_zeroed import ValueZeroedLayer
 
 __all__ = ["ATTNNORM_VARIANTS", "BIAS_MODES", "Layer", "ValueZeroedLayer", "decompx_logits", "decompx_token_scores",
            "model_layers", "seq2seq_decompx"]

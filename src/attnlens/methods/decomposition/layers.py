@@ -14,10 +14,9 @@ from ...core.attention_chunks import WholeMaps
 from ...core.batch_state import BatchContext
 from ...core.memory import model_dims, readable_size, rows_that_fit
 from ...errors import InputError, ModelError
-from ...lrp.rules import linear_weight
 from ...models.adapters import FIRST, LAST
 from ...models.architectures import Anatomy, Layers, architecture_for
-from ...models.layer_modules import feed_forward_modules, linear_rows, module_at, run_feed_forward
+from ...models.layer_modules import feed_forward_modules, linear_rows, linear_weight, module_at, run_feed_forward
 from ...models.norms import as_layer_norm, rms_eps, rms_gain
 
 
@@ -245,72 +244,6 @@ def layer_output(mods: dict[str, nn.Module], anatomy: Anatomy, x: torch.Tensor, 
     pre2 = y1 + ffn
     return LayerOutput(mods["ln2"](pre2), y1, theta, layer_norm_std(mods["ln1"], pre1),
                        layer_norm_std(mods["ln2"], pre2))
-
-
-@dataclass
-class ValueZeroedLayer:
-    """A layer recomputed from its pieces (its :class:`Anatomy`) at its input ``x`` ``(B, N, D)`` and attention
-    ``attn`` ``(B, H, N, N)``, for value zeroing.
-
-    Zeroing key j's value vector leaves every attention weight as it is (the weights do not read the values), so
-    it removes exactly Σ_h A^h_ij f^h_j from row i's attention branch (f: the head's value vector through the
-    output projection, the value bias included). The layer's output with it zeroed is then its post-attention part
-    (the branch's own norm, Gemma 2's, the residual, norms, FFN) at that changed branch: nothing of the attention is
-    rerun, and a pair with A_ij = 0 in every head is not changed at all. ``output`` is the layer's output
-    recomputed the same way (compare with the model's before trusting the rest)."""
-
-    mods: dict[str, nn.Module]
-    anatomy: Anatomy
-    x: torch.Tensor
-    attn: torch.Tensor
-    f: torch.Tensor
-    pre1: torch.Tensor
-    output: torch.Tensor
-    branch: torch.Tensor | None = None  # the attention branch before a norm of its own (Gemma 2's), else None
-
-    @staticmethod
-    def applies(model: nn.Module) -> bool:
-        """Whether :meth:`of` recomputes ``model``'s layers: a known anatomy whose zeroed outputs are a function of
-        the attention branch alone (not experts, which route each vector; not an encoder-decoder's layers)."""
-        anatomy = anatomy_of(model)
-        return not (anatomy is None or anatomy.moe or architecture_for(model.config).family == "encoder-decoder")
-
-    @classmethod
-    def of(cls, model: nn.Module, block: nn.Module, x: torch.Tensor, attn: torch.Tensor) -> ValueZeroedLayer | None:
-        """The layer ``block`` of ``model`` at input ``x`` and attention ``attn``, or ``None`` where it does not
-        apply (:meth:`applies`)."""
-        if not ValueZeroedLayer.applies(model):
-            return None
-        anatomy = anatomy_of(model)
-        entry = architecture_for(model.config)
-        mods = layer_parts(block, model, anatomy)
-        f, v = value_terms(mods, mods["ln1"](x) if anatomy.pre_ln else x, attn.shape[1], entry.layers)
-        # the branch Σ_h (A^h v^h) W_O^h + b alone (no residual), once; a norm of its own (Gemma 2's) applies to it
-        # before the residual sum, and the zeroing changes the branch inside that norm, so the branch is kept
-        without_norm = {k: m for k, m in mods.items() if k != "post_attn_norm"}
-        branch = attention_sum(without_norm, torch.zeros_like(x), attn, f, v)[0]
-        norm = mods.get("post_attn_norm")
-        pre1 = x + (branch if norm is None else norm(branch))
-        return cls(mods, anatomy, x, attn, f, pre1, layer_output(mods, anatomy, x, pre1, ratio=False).got,
-                   None if norm is None else branch)
-
-    def reproduces(self, want: torch.Tensor, real: torch.Tensor) -> bool:
-        """Whether :attr:`output` is the model's layer output ``want`` at the ``real`` rows, to the rounding
-        :func:`check_layer` allows."""
-        err, tol = output_error(self.output, want.to(self.output.dtype), real)
-        return err <= tol
-
-    def zeroed(self, example: int, rows: slice | torch.Tensor, keys: int) -> torch.Tensor:
-        """``(R, keys, D)``: the layer's output at ``rows`` (a slice or positions) of ``example`` with the value
-        vector of each of the first ``keys`` positions zeroed (one at a time)."""
-        a = self.attn[example][:, rows, :keys].to(self.f.dtype)  # (H, R, K)
-        delta = torch.bmm(a.permute(2, 1, 0), self.f[example, :, :keys].transpose(0, 1)).transpose(0, 1)  # (R, K, D)
-        x = self.x[example][rows, None].expand_as(delta)
-        if self.branch is None:
-            pre = self.pre1[example][rows, None] - delta
-        else:  # x + N(branch − δ)
-            pre = x + self.mods["post_attn_norm"](self.branch[example][rows, None] - delta)
-        return layer_output(self.mods, self.anatomy, x, pre, ratio=False).got
 
 
 def output_error(got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> tuple[float, float]:
