@@ -3,7 +3,10 @@ layer recomputed from its pieces (the post-attention part at every changed sum, 
 anatomy is known) and each layer rerun once per zeroed token (as it runs on the other types), beside a plain
 forward + backward, with the largest difference between the two paths' scores.
 
-Run: ``python bench/valuezeroing_paths.py [--tokens 256] [--answer 16]``; writes
+``--dtype bfloat16`` (or ``float16``): both paths in that precision, each compared with float32's scores (the
+recomputed path in float32, run first in the same process): how far from float32 each one's per-layer rows are.
+
+Run: ``python bench/valuezeroing_paths.py [--tokens 256] [--answer 16] [--dtype float32]``; writes
 ``bench/data/valuezeroing_paths.{json,md}`` (``--tag T``: ``valuezeroing_paths_T``).
 """
 
@@ -28,6 +31,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256, help="prompt tokens (IMDB test reviews)")
     parser.add_argument("--answer", type=int, default=16, help="tokens of the forced answer")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the precision both paths run in (others than float32: compared with float32's scores)")
     parser.add_argument("--tag", default="", help="suffix of the output files")
     args = parser.parse_args()
 
@@ -36,7 +41,12 @@ def main() -> None:
     from attnlens import Explainer
     from attnlens.methods.decomposition import ValueZeroedLayer
 
-    ex = Explainer.from_pretrained("smollm2")
+    reference = None
+    if args.dtype != "float32":
+        ex = Explainer.from_pretrained("smollm2")
+        prompt, answer = _ids(ex, args.tokens, args.answer)
+        reference = np.asarray(ex.explain_answer(prompt, answer, ["valuezeroing"]).layers["valuezeroing"], float)
+    ex = Explainer.from_pretrained("smollm2", dtype=args.dtype)
     prompt, answer = _ids(ex, args.tokens, args.answer)
     _one_run(ex, "plain", args.tokens, prompt, answer, "answer", None, None)  # warm-up
     start = time.perf_counter()
@@ -46,7 +56,7 @@ def main() -> None:
     def run() -> tuple[float, np.ndarray]:
         start = time.perf_counter()
         exp = ex.explain_answer(prompt, answer, ["valuezeroing"])
-        return time.perf_counter() - start, np.asarray(exp.layers["valuezeroing"])
+        return time.perf_counter() - start, np.asarray(exp.layers["valuezeroing"], float)
 
     recomputed, layers = run()
     applies = ValueZeroedLayer.applies
@@ -60,11 +70,20 @@ def main() -> None:
     result = {"prompt_tokens": args.tokens, "answer_tokens": args.answer, "plain_seconds": plain,
               "recomputed_seconds": recomputed, "rerun_seconds": rerun, "max_score_difference": diff,
               "largest_score": largest, "same_top_token": bool(layers[-1].argmax() == rerun_layers[-1].argmax()),
-              "machine": machine()}
+              "dtype": args.dtype, "machine": machine()}
+    if reference is not None:  # each path's largest distance from float32, per layer's largest float32 score
+        scale = np.abs(reference).max(-1, keepdims=True)
+        result["recomputed_from_float32"] = float((np.abs(layers - reference) / scale).max())
+        result["rerun_from_float32"] = float((np.abs(rerun_layers - reference) / scale).max())
     name = "valuezeroing_paths" + (f"_{args.tag}" if args.tag else "")
     (ROOT / "bench" / "data" / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    against = [] if reference is None else [
+        "",
+        f"Largest difference from float32's per-layer rows (each layer's largest float32 score = 1): recomputed "
+        f"{result['recomputed_from_float32']:.4f}, rerun {result['rerun_from_float32']:.4f}."]
     text = "\n".join([
-        f"SmolLM2, a {args.tokens}-token prompt and a {args.answer}-token answer (one explanation of the answer).",
+        f"SmolLM2 in {args.dtype}, a {args.tokens}-token prompt and a {args.answer}-token answer (one explanation of "
+        "the answer).",
         "",
         "| path | seconds | × plain forward + backward |",
         "|---|---|---|",
@@ -74,6 +93,7 @@ def main() -> None:
         "",
         f"Largest difference between the two paths' scores (every layer's row): {diff:.1e} (largest score "
         f"{largest:.3f}); the same top token: {'yes' if result['same_top_token'] else 'no'}.",
+        *against,
         "",
         f"Measured on {result['machine']}.",
         "",

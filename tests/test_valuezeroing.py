@@ -426,3 +426,40 @@ def test_inputs_longer_than_a_key_block_match_the_reruns_in_float64(model_type, 
             got = np.stack([c[0].numpy() for c in value_zeroing_matrices(model, inputs, mask, max_rows=max_rows)])
         np.testing.assert_allclose(got, want, **rounding)
     assert bool(finished) == (model_type in ("llama", "modernbert"))  # the gated feed-forwards took the projections
+
+
+@pytest.mark.parametrize("model_type", ["llama", "bert"])
+def test_half_precision_layers_are_recomputed_within_their_rounding(model_type, tokenizer, monkeypatch):
+    """In bfloat16 a recomputed layer's zeroing differs from a rerun's by the rounding of that precision, which the
+    check allows: the layers are recomputed, not rerun per token, and the scores are as close to float32's as the
+    reruns' are. A zeroing that is off by more than rounding (one that removes twice the token's share) is still
+    caught."""
+    from attnlens.methods import decomposition, valuezeroing
+
+    want = Explainer(build(model_type), tokenizer).explain(TEXTS, "valuezeroing")
+    ex = Explainer(build(model_type).to(torch.bfloat16), tokenizer)
+    checks = []
+    trusted = valuezeroing._trusted
+    monkeypatch.setattr(valuezeroing, "_trusted", lambda *a: checks.append(trusted(*a)) or checks[-1])
+    recomputed = ex.explain(TEXTS, "valuezeroing")
+    n_layers = len(architecture_for(ex.model.config).layers.modules(ex.model, "self"))
+    assert checks == [True] * n_layers
+    monkeypatch.setattr(decomposition.ValueZeroedLayer, "applies", staticmethod(lambda model: False))
+    rerun = ex.explain(TEXTS, "valuezeroing")
+    monkeypatch.undo()
+
+    def gap(got):
+        return max(float(np.abs(g.scores["valuezeroing"] - w.scores["valuezeroing"]).max()
+                         / np.abs(w.scores["valuezeroing"]).max()) for g, w in zip(got, want, strict=True))
+
+    assert gap(recomputed) <= max(2 * gap(rerun), 0.02)
+    checks.clear()
+    real = decomposition.ValueZeroedLayer.zeroed
+    monkeypatch.setattr(valuezeroing, "_trusted", lambda *a: checks.append(trusted(*a)) or checks[-1])
+
+    def twice(self, e, rows, *a, **kw):
+        return 2 * real(self, e, rows, *a, **kw) - self.output[e][rows][:, None]
+
+    monkeypatch.setattr(decomposition.ValueZeroedLayer, "zeroed", twice)
+    ex.explain(TEXTS, "valuezeroing")
+    assert checks == [False] * n_layers
