@@ -143,7 +143,7 @@ class ValueZeroedLayer:
         """The feed-forward's projections through their norm, where they give this layer's output at every row."""
         if "gate" not in self.mods:
             # one input projection: it saves one product of two, and its elementwise steps cost about as much (an
-            # ungated MiniLM at 64-256 tokens ran 10-30% slower with it); a gated one saves two of three
+            # ungated MiniLM at 64-256 tokens ran 10-50% slower with it); a gated one saves two of three
             return None
         norm = self.mods["ln2" if self.anatomy.pre_ln else "ln1"]
         projection = NormedProjection.of(self.mods, norm, torch.promote_types(self.f.dtype, torch.float32))
