@@ -463,3 +463,17 @@ def test_half_precision_layers_are_recomputed_within_their_rounding(model_type, 
     monkeypatch.setattr(decomposition.ValueZeroedLayer, "zeroed", twice)
     ex.explain(TEXTS, "valuezeroing")
     assert checks == [False] * n_layers
+
+
+@pytest.mark.parametrize("rollout", [True, False])
+def test_progress_moves_as_each_layer_is_computed(tokenizer, rollout):
+    """A long value zeroing shows its progress layer by layer, not only when the whole input is done."""
+    model = build("llama")
+    ex = Explainer(model, tokenizer)
+    n_layers = len(architecture_for(model.config).layers.modules(model, "self"))
+    fractions: list[float] = []
+    ex.explain(TEXTS[:1], methods=["valuezeroing"], options={"valuezeroing": {"rollout": rollout}},
+               progress=lambda fraction, _done: fractions.append(fraction))
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+    # the shared pass, then each layer value zeroing computes (the last one alone without the rollout)
+    assert len(set(fractions)) == 1 + (n_layers if rollout else 1)

@@ -24,7 +24,7 @@ cross-attention, whose queries and keys are different positions (no square matri
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -196,7 +196,8 @@ def value_zeroing_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], to
 
 def layer_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
                    stream: str = "self", max_rows: int = MAX_ROWS, last_only: bool = False,
-                   last_rows: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+                   last_rows: torch.Tensor | None = None,
+                   progress: Callable[[float], None] | None = None) -> Iterator[torch.Tensor]:
     """C^l ``(B, N, N)`` per layer of attention stream ``stream``, bottom layer first, each computed when the
     iterator reaches it (a layer's maps are dropped before the next layer's are read): ``C[b, i, j]`` = cosine
     distance between position i's output of layer l and its output with the value vector of position j zeroed
@@ -205,7 +206,8 @@ def layer_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask
     last layer's rows that are read (the explained ones: every other layer's rows feed the rollout, that layer's
     only through them); its other rows are 0.
 
-    The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows."""
+    The (example, zeroed position) copies of one layer run as batches of at most ``max_rows`` token rows.
+    ``progress``: called with the share of the work done (1 / the layers computed) as each layer's matrix is."""
     spec = _layers_of(model)
     # read only for fused projections: where the values are among the queries and keys
     heads = getattr(model.config, "num_attention_heads", 1)
@@ -263,6 +265,8 @@ def layer_matrices(model: nn.Module, inputs: dict[str, torch.Tensor], token_mask
         recomputed = None  # this layer's maps go before the next layer's are read
         m = real.to(c.dtype)
         rows = m if top is None else m * top.to(c.dtype)
+        if progress is not None:
+            progress(1 / (1 if last_only else len(depths)))
         yield c.clamp_min_(0.0).mul_(rows[:, :, None]).mul_(m[:, None, :])
 
 
@@ -359,7 +363,7 @@ def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
             top = read if read.shape == cap.key_mask.shape else None
             max_rows = rows_within(ctx.model, ctx.budget_left(), *cap.key_mask.shape)
             matrices = layer_matrices(ctx.model, ctx.inputs, cap.key_mask, ctx.stream, max_rows=max_rows,
-                                      last_only=last_only, last_rows=top)
+                                      last_only=last_only, last_rows=top, progress=ctx.progress)
             read_rows = cap.row
         else:  # a generation's steps: the sequence's matrices hold every prefix's as their top-left block
             ids = ctx.sequence["input_ids"]
@@ -368,7 +372,7 @@ def valuezeroing(ctx: BatchContext, rollout: bool = True) -> MethodOutput:
             top = read.any(0, keepdim=True) if read.shape[1] == ids.shape[1] else None
             max_rows = rows_within(ctx.model, ctx.budget_left(), 1, ids.shape[1])
             matrices = layer_matrices(ctx.model, ctx.sequence, sequence_mask, ctx.stream, max_rows=max_rows,
-                                      last_only=last_only, last_rows=top)
+                                      last_only=last_only, last_rows=top, progress=ctx.progress)
             read_rows = _prefix_rows(cap.query_weights, cap.key_mask)
         # rolled out as the layers come (P^l = C^l P^{l-1}, rows normalised): two products held, not every layer's
         rows, joint = [], None
