@@ -12,7 +12,6 @@ import torch
 
 from ..core.attention_chunks import AttentionChunks
 from ..core.batch_state import BatchContext, Capture
-from ..core.row_attention import zero_padded
 from .registry import ATTENTION_CHUNKS, ATTENTION_ROWS, GRADIENTS, MethodOutput, register
 
 
@@ -79,8 +78,8 @@ class RowCarrier:
             self._rows[:, j] = self.weights.to(m.dtype)
             self._product = torch.zeros_like(self._rows[:, j:])
             self.layer = j
-        self._product[..., : m.shape[-1]] += torch.einsum("bsq,bqk->bsk", self._rows[:, j:, start: start + m.shape[1]],
-                                                          m)
+        rows = self._rows[:, j:, start: start + m.shape[1]]
+        self._product[..., : m.shape[-1]] += torch.einsum("bsq,bqk->bsk", rows, m)
 
     def end(self, scale: torch.Tensor | None = None) -> None:
         """Close the layer whose chunks arrived, ``M^j`` divided by ``scale`` ``(B,)`` if given."""
@@ -203,11 +202,8 @@ def attgrads(ctx: BatchContext) -> MethodOutput:
             m = mask[:, start: start + a.shape[2]].to(a.dtype)
             part = torch.einsum("bq,bqk->bk", m, g.clamp_min(0).mul_(a).mean(1))
             if total is None:
-                total = part
-                continue
-            if total.shape[-1] < part.shape[-1]:  # the chunks widen down the rows
-                total = zero_padded(total, part.shape[-1])
-            total[..., : part.shape[-1]] += part
+                total = part.new_zeros(part.shape[0], cap.key_mask.shape[1])
+            total[..., : part.shape[-1]] += part  # the chunks widen down the rows
         per_layer.append(total / count.to(total.dtype))
     layers = torch.stack(per_layer, 1)
     return MethodOutput(layers.mean(1), layers)
