@@ -1407,10 +1407,11 @@ def test_at2_fit_with_a_token_method_learns_its_weight_beside_the_heads(lm, monk
 
 # ------------------------------------------------------------------------------------------- attngate
 def _gated_logprob_by_hand(ex: Explainer, ids: list[int], owner: np.ndarray, answer: list[int],
-                           gates: np.ndarray, first_row: int = 0) -> float:
+                           gates: np.ndarray, first_row: int = 0, window: int | None = None) -> float:
     """The answer's log-probability with each source's keys weighted by its gate (``gates``: one per source, or
     ``(heads, sources)``: one per head and source), by eager attention with an additive float mask (log g on the
-    source's keys) in float64; only the queries from ``first_row`` on are gated."""
+    source's keys) in float64; only the queries from ``first_row`` on are gated. ``window``: each query sees the
+    ``window`` positions up to its own alone (a sliding window)."""
     from attnlens.core.modelstate import explaining
 
     model = copy.deepcopy(ex.model).double()
@@ -1421,6 +1422,8 @@ def _gated_logprob_by_hand(ex: Explainer, ids: list[int], owner: np.ndarray, ans
         for s, g in enumerate(row):
             bias[h, first_row:, np.nonzero(owner == s)[0]] = float(np.log(g))
     mask = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1) + bias
+    if window is not None:
+        mask += torch.full((n, n), float("-inf"), dtype=torch.float64).tril(-window)
     with torch.no_grad(), explaining(model):
         logits = model(input_ids=torch.tensor([ids + answer]), attention_mask=mask[None]).logits[0]
     logp = logits.log_softmax(-1)
@@ -1467,7 +1470,16 @@ def test_attngate_on_softcapped_attention_is_the_derivative_of_the_gated_logprob
         source_gate_gradients(job, 0.5, queries="all")
 
 
-def _check_gate_derivatives(ex: Explainer, queries: str, step: float = 1e-2) -> None:
+@pytest.mark.parametrize("queries", ["all", "after"])
+def test_attngate_over_a_prompt_longer_than_the_sliding_window_is_the_derivative_of_the_gated_logprob(queries):
+    """Mistral's cache keeps only its sliding window's last positions (8 here, shorter than the prompt), so the
+    queries after the context see fewer keys than the prompt has: the gates of the keys kept are theirs."""
+    model = _short_window_mistral()
+    _check_gate_derivatives(Explainer(model, lm_tokenizer(), max_length=64), queries,
+                            window=model.config.sliding_window)
+
+
+def _check_gate_derivatives(ex: Explainer, queries: str, step: float = 1e-2, window: int | None = None) -> None:
     from attnlens.sources.attribute import prepare_job
     from attnlens.sources.gates import source_gate_gradients
 
@@ -1475,9 +1487,10 @@ def _check_gate_derivatives(ex: Explainer, queries: str, step: float = 1e-2) -> 
     owner = np.array(job.token_source)
     first_row = 0 if queries == "all" else _after_context(owner)
     assert queries == "all" or 0 < first_row < len(job.prompt.ids)
+    assert window is None or window < first_row or queries == "all" and window < len(job.prompt.ids) / 3
 
     def by_hand(gates: np.ndarray) -> float:
-        return _gated_logprob_by_hand(ex, job.prompt.ids, owner, job.answer_ids, gates, first_row)
+        return _gated_logprob_by_hand(ex, job.prompt.ids, owner, job.answer_ids, gates, first_row, window)
 
     for gate in (0.5, 1.0):
         scores, logprob = source_gate_gradients(job, gate, queries=queries)
@@ -1538,6 +1551,79 @@ def test_integrated_attngate_is_the_mean_of_the_derivatives_at_each_gate(lm, que
     alone = [source_gate_gradients(job, g, queries=queries)[0] for g in (0.125, 0.375, 0.625, 0.875)]
     np.testing.assert_allclose(r.scores["attngate"], np.mean(alone, 0), rtol=1e-5, atol=1e-7)
     assert r.meta["methods"]["attngate"]["gates"] == [0.125, 0.375, 0.625, 0.875]
+
+
+GATED = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "gemma2", "phi3", "opt", "mistral-window8")
+
+
+@pytest.mark.parametrize("per", ["source", "head"])
+@pytest.mark.parametrize("family", GATED)
+def test_attngate_gate_values_in_one_batch_match_each_value_alone(family, per, monkeypatch):
+    """With the queries after the context gated, the gate values of ``steps`` run as one batch on copies of the
+    context's keys and values (the softcapped attention of Gemma 2 and a cache that drops positions outside a
+    sliding window included): the derivatives equal those of each value run alone, whatever the batch size."""
+    from attnlens.sources import gates
+    from attnlens.sources.attribute import prepare_job
+
+    model = _short_window_mistral() if family == "mistral-window8" else make_lm(family)
+    ex = Explainer(model, lm_tokenizer(), max_length=64)
+    job = prepare_job(ex.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    values = [0.125, 0.375, 0.625, 0.875]
+    alone = [gates.source_gate_gradients(job, g, queries="after", per=per) for g in values]
+    batches = []
+    real = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: batches.append(len(kw["input_ids"])) or real(*a, **kw))
+    together, logprob = gates.source_gate_gradients(job, values, queries="after", per=per)
+    assert batches == [1, 4]  # the context, then every gate value at once
+    np.testing.assert_allclose(together, np.mean([a for a, _ in alone], 0), rtol=1e-5, atol=1e-7)
+    assert logprob == pytest.approx(alone[0][1], rel=1e-6)
+    monkeypatch.setattr(gates, "_after_group", lambda *a: 3)  # a budget that holds three values per pass
+    batches.clear()
+    again, _ = gates.source_gate_gradients(job, values, queries="after", per=per)
+    assert batches == [1, 3, 1]
+    np.testing.assert_allclose(again, together, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("group", [1, 8])
+@pytest.mark.parametrize("steps", [1, 4])
+def test_attngate_alone_reads_the_answer_logprob_from_its_own_batch(lm, monkeypatch, steps, group):
+    """Asked for alone, ``attngate`` adds open gates (the model as it is) to its batch of gate values for the
+    answer's log-probability the result reports, instead of a forward of the whole prompt: the same value as the
+    ablation forwards give, and the same scores."""
+    from attnlens.sources import ablation, gates
+
+    reference = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo", "attngate"], chat=False,
+                                     options={"attngate": {"steps": steps}})
+    monkeypatch.setattr(gates, "_after_group", lambda *a: group)
+    monkeypatch.setattr(ablation, "answer_logprobs", lambda *a, **kw: pytest.fail("a forward of the whole prompt"))
+    alone = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False,
+                                 options={"attngate": {"steps": steps}})
+    assert alone.meta["answer_logprob"] == pytest.approx(reference.meta["answer_logprob"], rel=1e-5)
+    np.testing.assert_allclose(alone.scores["attngate"], reference.scores["attngate"], rtol=1e-5, atol=1e-7)
+
+
+def test_attngate_batches_as_many_gate_values_as_the_budget_holds(lm, monkeypatch):
+    """The batch of gate values shrinks with the memory budget, down to one value per pass; a budget that holds
+    not even one is refused before any pass."""
+    from attnlens.sources import gates
+    from attnlens.sources.attribute import prepare_job
+
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
+    cut = gates.after_context(job)
+    n = len(job.prompt.ids) + len(job.answer_ids)
+    monkeypatch.setattr(gates, "pass_row_bytes", lambda dims, tokens, storage: 2**24 * tokens)
+    dims = gates.model_dims(lm.model)
+    cache = 2 * dims.layers * n * dims.hidden * dims.itemsize
+    step = 2**24 * (n - cut) + 2 * dims.layers * dims.heads * (n - cut) * n * dims.itemsize
+    sizes = []
+    for held in (8, 5, 2, 1):
+        budget = cache * (1 + held) + max(2**24 * cut, held * step)
+        sizes.append(gates._after_group(replace(job, memory_budget=budget), cut, n - cut, len(job.answer_ids) + 1,
+                                        8))
+    assert sizes == [8, 5, 2, 1]
+    with pytest.raises(InputError, match=r"^attngate over \d+ tokens needs about"):
+        gates._after_group(replace(job, memory_budget=cache * 2 + max(2**24 * cut, step) - 1), cut, n - cut,
+                           len(job.answer_ids) + 1, 8)
 
 
 @pytest.mark.parametrize("queries", ["all", "after"])

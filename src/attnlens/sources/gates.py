@@ -71,7 +71,7 @@ from .methods import source_method
 __all__ = ["IMPLEMENTATION", "gated_attention", "gating", "source_gate_gradients", "ungateable"]
 
 IMPLEMENTATION = "attnlens_gates"  # the name it is registered under in transformers' attention interfaces
-_LOG_GATES: ContextVar[torch.Tensor | None] = ContextVar("attnlens_log_gates", default=None)
+_LOG_GATES: ContextVar[tuple[torch.Tensor, bool] | None] = ContextVar("attnlens_log_gates", default=None)
 
 
 def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -79,26 +79,32 @@ def gated_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
                     is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """One attention layer (transformers' attention-interface signature) by SDPA with the active per-key log-gates
     (:func:`gating`) added to every query's logits. Returns ``(B, Q, H, d)`` outputs and no probabilities."""
-    log_gates = _LOG_GATES.get()
+    active = _LOG_GATES.get()
     softcap = kwargs.get("softcap")
     bad = [k for k in unsupported(kwargs) if k != "softcap"]
-    if log_gates is None or bad:
+    if active is None or bad:
         raise RowAttentionUnsupported(f"gated attention with {', '.join(bad) or 'no gates'}")
-    if log_gates.dim() >= 2:  # one row of gates per layer (and head)
-        layer = getattr(module, "layer_idx", None)
-        if layer is None or layer >= len(log_gates):
-            raise RowAttentionUnsupported("per-layer gates on attention modules that do not know their layer")
-        log_gates = log_gates[layer]
+    log_gates, batched = active
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     b, h, n, _ = query.shape
     keys = key.shape[2]
-    if log_gates.shape[-1] != keys or (log_gates.dim() == 2 and log_gates.shape[0] != h):
+    if batched and log_gates.shape[0] != b:
+        raise RowAttentionUnsupported(f"{log_gates.shape[0]} rows of gates for a batch of {b}")
+    if log_gates.dim() - batched >= 2:  # one row of gates per layer (and head)
+        layer = getattr(module, "layer_idx", None)
+        if layer is None or layer >= log_gates.shape[int(batched)]:
+            raise RowAttentionUnsupported("per-layer gates on attention modules that do not know their layer")
+        log_gates = log_gates[:, layer] if batched else log_gates[layer]
+    if kwargs.get("sliding_window") is not None and keys < log_gates.shape[-1]:
+        log_gates = log_gates[..., -keys:]  # a cache that keeps a sliding window holds the last positions alone
+    if log_gates.shape[-1] != keys or (log_gates.dim() - batched == 2 and log_gates.shape[-2] != h):
         raise RowAttentionUnsupported(f"gates of shape {tuple(log_gates.shape)} for {h} heads and {keys} keys")
+    log_gates = log_gates.reshape(b if batched else 1, -1, keys)  # (batch or 1, heads or 1, keys)
     causal, scale = causal_and_scale(module, query, attention_mask, is_causal, scaling)
     if softcap is not None:
         return _softcapped(query, key, value, attention_mask, log_gates, scale, causal, float(softcap)), None
-    gates = (log_gates / scale).to(key.dtype).reshape(1, -1, keys, 1).expand(b, h, keys, 1)
+    gates = (log_gates / scale).to(key.dtype)[..., None].expand(b, h, keys, 1)
     query = torch.cat([query, query.new_ones(b, h, n, 1)], -1)
     key = torch.cat([key, gates], -1)
     value = torch.cat([value, value.new_zeros(b, h, keys, 1)], -1)  # fused kernels take one head size
@@ -120,7 +126,7 @@ def _softcapped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
         mask = torch.ones(q, k, dtype=torch.bool, device=scores.device).tril(k - q)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    scores = scores + log_gates.to(scores.dtype).reshape(1, -1, 1, k)
+    scores = scores + log_gates.to(scores.dtype)[:, :, None]
     probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(value.dtype)
     return torch.matmul(probs, value).transpose(1, 2).contiguous()
 
@@ -147,11 +153,11 @@ def registered() -> str:
 
 
 @contextmanager
-def gating(log_gates: torch.Tensor) -> Iterator[None]:
+def gating(log_gates: torch.Tensor, batched: bool = False) -> Iterator[None]:
     """Within the block, :func:`gated_attention` adds ``log_gates`` ``(K,)`` to every query's logits of each key,
     in every layer (``(L, K)``: row ``l`` in layer ``l``; ``(L, H, K)``: row ``[l, h]`` in head ``h`` of layer
-    ``l``)."""
-    token = _LOG_GATES.set(log_gates)
+    ``l``). ``batched``: ``log_gates`` has one more, leading axis, one entry per input of the batch."""
+    token = _LOG_GATES.set((log_gates, batched))
     try:
         yield
     finally:
@@ -163,7 +169,7 @@ QUERIES = ("all", "after")
 
 
 def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: str = "all",
-                          per: str = "source") -> tuple[np.ndarray, float]:
+                          per: str = "source", record_open: bool = False) -> tuple[np.ndarray, float]:
     """``(∂ log p / ∂ g_s for every source, log p)`` with every source's gate at ``gate``; with several gates, the
     mean of the derivatives at each (every source's gate at that value) and ``log p`` at the first.
 
@@ -171,10 +177,17 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
     ``(L, n_sources)``; ``"head"`` one per layer, head and source, ``(L, H, n_sources)`` (sums over the extra axes
     give the coarser gates' derivatives). ``queries``: ``"all"`` gates the attention of every query; ``"after"``
     only that of the queries after the last source token (the query, the template and the answer): the context
-    runs once without a graph (once for all gates) and each backward covers only those few positions."""
+    runs once without a graph (once for all gates), and the gate values run as one batch (as many as the memory
+    budget holds) whose backward covers only those few positions.
+
+    ``record_open``: with ``queries="after"``, the answer's log-probability with every gate open (the model as it
+    is, ``job.cache["full"]``, which the other methods and the result read) is computed in the same batch where
+    the job does not hold it yet."""
     points = [float(gate)] if isinstance(gate, (int, float)) else [float(g) for g in gate]
     if not points or not all(0.0 < g <= 1.0 for g in points):
         raise InputError(f"attngate needs gate values in (0, 1], got {points}")
+    opened = record_open and queries == "after" and "full" not in job.cache
+    values = points + [1.0] if opened and 1.0 not in points else points
     model = job.runner.model
     if per not in GRANULARITIES or queries not in QUERIES:
         raise InputError(f"per must be one of {', '.join(GRANULARITIES)} and queries one of {', '.join(QUERIES)}; "
@@ -190,44 +203,54 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
     k = len(job.answer_ids)
     keep = {"logits_to_keep": k + 1} if keeps_logits(model) else {}
     inputs = torch.tensor([ids], device=device)
-    cut, recompute = _plan(job, queries, len(points))
+    cut, recompute, group = _plan(job, queries, len(values))
     context_cache = None
     if cut:  # the context's keys and values, once, without a graph
         with torch.no_grad(), explaining(model, "sdpa"):
             context_cache = model(input_ids=inputs[:, :cut], use_cache=True,
                                   **({"logits_to_keep": 1} if keep else {})).past_key_values
     grads, logprobs = [], []
-    for step, g in enumerate(points):
-        log_gate = torch.full((*rows, len(job.sources)), math.log(g), dtype=torch.float32, device=device,
-                              requires_grad=True)
-        per_token = torch.zeros(*rows, len(ids), dtype=torch.float32, device=device)
+    for start in range(0, len(values), group):  # a batch of gate values per pass
+        batch = values[start:start + group]
+        size = len(batch)
+        log_gate = torch.tensor([math.log(g) for g in batch], dtype=torch.float32, device=device)
+        log_gate = log_gate.reshape(size, *[1] * len(rows), 1).repeat(1, *rows, len(job.sources)).requires_grad_(True)
+        per_token = torch.zeros(size, *rows, len(ids), dtype=torch.float32, device=device)
         per_token[..., inside.to(device)] = log_gate[..., owner[inside].to(device)]
         cache: dict[str, Any] = {"use_cache": False}
         if context_cache is not None:  # each pass appends its positions to the cache: all but the last use a copy
-            last = step == len(points) - 1
-            cache = {"past_key_values": context_cache if last else copy.deepcopy(context_cache), "use_cache": True}
-        with torch.enable_grad(), explaining(model, registered()), gating(per_token), \
+            past = context_cache if start + size == len(values) else copy.deepcopy(context_cache)
+            if size > 1:
+                past.batch_repeat_interleave(size)
+            cache = {"past_key_values": past, "use_cache": True}
+        with torch.enable_grad(), explaining(model, registered()), gating(per_token, batched=True), \
                 (recomputing(model, inputs.shape[1] - cut) if recompute else nullcontext()):
             try:
-                logits = model(input_ids=inputs[:, cut:], **cache, **keep).logits[0]
+                logits = model(input_ids=inputs[:, cut:].expand(size, -1), **cache, **keep).logits
             except RowAttentionUnsupported as err:
                 raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo "
                                  "or contextcite") from None
             # the answer's log-probability as the ablation forwards read it (the last position predicts nothing)
-            answer = logits[None, -(k + 1):].float()
-            labels = torch.tensor([[*job.answer_ids, -1]], device=answer.device)
-            logprob = AnswerHead(job.runner.head.vocab_size).scalar(answer, labels, "loss", labels >= 0)[0]
-            (grad,) = torch.autograd.grad(logprob, log_gate)
-        grads.append(grad / g)  # d/dg = d/d(log g) / g
-        logprobs.append(float(logprob.detach()))
-    return torch.stack(grads).mean(0).double().cpu().numpy(), logprobs[0]
+            answer = logits[:, -(k + 1):].float()
+            labels = torch.tensor([[*job.answer_ids, -1]], device=answer.device).expand(size, -1)
+            logprob = AnswerHead(job.runner.head.vocab_size).scalar(answer, labels, "loss", labels >= 0)
+            wanted = max(0, min(size, len(points) - start))  # the open gates added for job.cache are not derived
+            if wanted:  # the batch's inputs do not interact: one backward of the sum gives each its derivatives
+                (grad,) = torch.autograd.grad(logprob[:wanted].sum(), log_gate)
+                gate = torch.tensor(batch[:wanted], dtype=grad.dtype, device=device)
+                grads.append(grad[:wanted] / gate.reshape(wanted, *[1] * (grad.dim() - 1)))  # d/dg = d/d(log g) / g
+        logprobs += logprob.detach().tolist()
+    if opened:
+        job.cache["full"] = logprobs[values.index(1.0)]
+    return torch.cat(grads).mean(0).double().cpu().numpy(), logprobs[0]
 
 
-def _plan(job: CiteJob, queries: str, gates: int = 1) -> tuple[int, bool]:
-    """``(cut, recompute)`` of the gated passes (one per gate value): the first gated query (0: every query is)
-    and whether the backward recomputes each layer; :class:`InputError` when the passes would not fit the memory
-    budget, or would gate every query of a model whose softcapped attention then runs eager over the whole
-    prompt."""
+def _plan(job: CiteJob, queries: str, gates: int = 1) -> tuple[int, bool, int]:
+    """``(cut, recompute, group)`` of the gated passes: the first gated query (0: every query is), whether the
+    backward recomputes each layer, and how many gate values one pass takes as a batch (with
+    ``queries="after"``, as many as the memory budget holds; every query gated: one); :class:`InputError` when
+    one gate value's pass would not fit the memory budget, or would gate every query of a model whose softcapped
+    attention then runs eager over the whole prompt."""
     if queries == "all" and softcaps(job.runner.model):
         raise InputError(f"attngate with queries='all' cannot gate {type(job.runner.model).__name__}'s softcapped "
                          "attention over the whole prompt; use queries='after' (the default)")
@@ -235,9 +258,8 @@ def _plan(job: CiteJob, queries: str, gates: int = 1) -> tuple[int, bool]:
     logit_rows = len(job.answer_ids) + 1 if keeps_logits(job.runner.model) else 0
     if queries == "after":
         cut = after_context(job)
-        _check_after_budget(job, cut, n - cut, logit_rows, gates)
-        return cut, False
-    return 0, _recomputes(job, n, logit_rows)
+        return cut, False, _after_group(job, cut, n - cut, logit_rows, gates)
+    return 0, _recomputes(job, n, logit_rows), 1
 
 
 def after_context(job: CiteJob) -> int:
@@ -247,21 +269,26 @@ def after_context(job: CiteJob) -> int:
     return min(last + 1, len(job.prompt.ids) + len(job.prefix_ids) - 1)
 
 
-def _check_after_budget(job: CiteJob, cut: int, tail: int, logit_rows: int, gates: int = 1) -> None:
-    """:class:`InputError` when the ``queries="after"`` passes would not fit the memory budget: a fused forward
-    over the ``cut`` context tokens that keeps every layer's keys and values, then a forward + backward over the
-    ``tail`` positions after it, whose queries attend to all keys."""
+def _after_group(job: CiteJob, cut: int, tail: int, logit_rows: int, gates: int = 1) -> int:
+    """How many of ``gates`` gate values one ``queries="after"`` pass takes as a batch within the memory budget:
+    a fused forward over the ``cut`` context tokens that keeps every layer's keys and values, then per batch a
+    forward + backward over the ``tail`` positions after it for each gate value, on a copy of those keys and
+    values per value, whose queries attend to all keys. :class:`InputError` when not even one fits."""
     dims, budget = model_dims(job.runner.model), parse_budget(job.memory_budget)
     n = cut + tail
     cache = 2 * dims.layers * n * dims.hidden * dims.itemsize  # keys and values (fewer with grouped queries)
     context = pass_row_bytes(dims, cut, Storage(eager=False, logit_rows=1))
     after = pass_row_bytes(dims, tail, Storage(eager=False, backward=True, logit_rows=logit_rows))
     scores = 2 * dims.layers * dims.heads * tail * n * dims.itemsize  # the tail's attention and its gradient
-    need = cache * (2 if gates > 1 else 1) + max(context, after + scores)  # a copy of the cache per gate
-    if need > budget:
-        raise InputError(f"attngate over {n:,} tokens needs about {readable_size(need)}, more than the memory "
+
+    def need(size: int) -> int:  # the context's cache, and its copies for a batch of ``size`` while others follow
+        return cache * (1 + size if gates > 1 else 1) + max(context, size * (after + scores))
+
+    if need(1) > budget:
+        raise InputError(f"attngate over {n:,} tokens needs about {readable_size(need(1))}, more than the memory "
                          f"budget of {readable_size(budget)} (shorten the context or raise --memory-budget / "
                          "memory_budget=)")
+    return next(size for size in range(gates, 0, -1) if need(size) <= budget)
 
 
 def _recomputes(job: CiteJob, n: int, logit_rows: int) -> bool:
@@ -298,7 +325,7 @@ def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after", steps: Any = 1
     """attngate's options, the model and the memory, before any method of the job runs."""
     points, queries = _checked(gate, queries, steps)
     check_gateable(job.runner.model)
-    _plan(job, queries, len(points))
+    _plan(job, queries, len(points) + 1)  # with the open gates it may add (record_open)
 
 
 @source_method("attngate", "Attention gates: the derivative of the answer's log-probability with respect to a gate "
@@ -312,5 +339,5 @@ def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after", steps: Any = 1
 def attngate(job: CiteJob, gate: float = 0.5, queries: str = "after",
              steps: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
     points, queries = _checked(gate, queries, steps)
-    scores, logprob = source_gate_gradients(job, points, queries)
+    scores, logprob = source_gate_gradients(job, points, queries, record_open=True)
     return scores, ({"gated_logprob": logprob} if steps == 1 else {"gates": points})
