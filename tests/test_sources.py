@@ -1585,19 +1585,21 @@ def test_attngate_gate_values_in_one_batch_match_each_value_alone(family, per, m
 
 
 @pytest.mark.parametrize("group", [1, 8])
-@pytest.mark.parametrize("steps", [1, 4])
-def test_attngate_alone_reads_the_answer_logprob_from_its_own_batch(lm, monkeypatch, steps, group):
-    """Asked for alone, ``attngate`` adds open gates (the model as it is) to its batch of gate values for the
-    answer's log-probability the result reports, instead of a forward of the whole prompt: the same value as the
-    ablation forwards give, and the same scores."""
+@pytest.mark.parametrize("options", [{}, {"steps": 4}, {"gate": 1.0}, {"gate": 1.0, "queries": "all"}],
+                         ids=["half-open", "four-steps", "open", "open-every-query"])
+def test_attngate_alone_reads_the_answer_logprob_from_its_own_passes(lm, monkeypatch, options, group):
+    """Asked for alone, ``attngate`` gives the answer's log-probability the result reports from its own passes
+    instead of a forward of the whole prompt: at open gates, its gated pass; else one more forward of the
+    positions after the context on the context's cached keys and values. The same value as the ablation forwards
+    give, and the same scores."""
     from attnlens.sources import ablation, gates
 
     reference = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo", "attngate"], chat=False,
-                                     options={"attngate": {"steps": steps}})
+                                     options={"attngate": options})
     monkeypatch.setattr(gates, "_after_group", lambda *a: group)
     monkeypatch.setattr(ablation, "answer_logprobs", lambda *a, **kw: pytest.fail("a forward of the whole prompt"))
     alone = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["attngate"], chat=False,
-                                 options={"attngate": {"steps": steps}})
+                                 options={"attngate": options})
     assert alone.meta["answer_logprob"] == pytest.approx(reference.meta["answer_logprob"], rel=1e-5)
     np.testing.assert_allclose(alone.scores["attngate"], reference.scores["attngate"], rtol=1e-5, atol=1e-7)
 
@@ -1614,7 +1616,8 @@ def test_attngate_batches_as_many_gate_values_as_the_budget_holds(lm, monkeypatc
     monkeypatch.setattr(gates, "pass_row_bytes", lambda dims, tokens, storage: 2**24 * tokens)
     dims = gates.model_dims(lm.model)
     cache = 2 * dims.layers * n * dims.hidden * dims.itemsize
-    step = 2**24 * (n - cut) + 2 * dims.layers * dims.heads * (n - cut) * n * dims.itemsize
+    step = (2**24 * (n - cut) + 2 * dims.layers * dims.heads * (n - cut) * n * dims.itemsize
+            + 2 * dims.layers * n * (dims.hidden + dims.heads) * dims.itemsize)
     sizes = []
     for held in (8, 5, 2, 1):
         budget = cache * (1 + held) + max(2**24 * cut, held * step)

@@ -180,19 +180,20 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
     runs once without a graph (once for all gates), and the gate values run as one batch (as many as the memory
     budget holds) whose backward covers only those few positions.
 
-    ``record_open``: with ``queries="after"``, the answer's log-probability with every gate open (the model as it
-    is, ``job.cache["full"]``, which the other methods and the result read) is computed in the same batch where
-    the job does not hold it yet."""
+    ``record_open``: where the job does not hold the answer's log-probability of the model as it is yet
+    (``job.cache["full"]``, which the other methods and the result read), keep it: the log-probability at open
+    gates where one of ``gate`` is 1, else, with ``queries="after"``, from one more forward of the positions after
+    the context on its cached keys and values (no graph)."""
     points = [float(gate)] if isinstance(gate, (int, float)) else [float(g) for g in gate]
     if not points or not all(0.0 < g <= 1.0 for g in points):
         raise InputError(f"attngate needs gate values in (0, 1], got {points}")
-    opened = record_open and queries == "after" and "full" not in job.cache
-    values = points + [1.0] if opened and 1.0 not in points else points
     model = job.runner.model
     if per not in GRANULARITIES or queries not in QUERIES:
         raise InputError(f"per must be one of {', '.join(GRANULARITIES)} and queries one of {', '.join(QUERIES)}; "
                          f"got per={per!r}, queries={queries!r}")
     check_gateable(model)
+    record = record_open and "full" not in job.cache
+    open_pass = record and queries == "after" and 1.0 not in points
     ids = job.prompt.ids + job.prefix_ids + job.answer_ids
     owner = torch.as_tensor(job.token_source + [-1] * (len(ids) - len(job.token_source)))
     inside = owner >= 0
@@ -203,15 +204,24 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
     k = len(job.answer_ids)
     keep = {"logits_to_keep": k + 1} if keeps_logits(model) else {}
     inputs = torch.tensor([ids], device=device)
-    cut, recompute, group = _plan(job, queries, len(values))
+    cut, recompute, group = _plan(job, queries, len(points), open_pass)
     context_cache = None
     if cut:  # the context's keys and values, once, without a graph
         with torch.no_grad(), explaining(model, "sdpa"):
             context_cache = model(input_ids=inputs[:, :cut], use_cache=True,
                                   **({"logits_to_keep": 1} if keep else {})).past_key_values
+    head = AnswerHead(job.runner.head.vocab_size)
+    labels = torch.tensor([[*job.answer_ids, -1]], device=device)
+
+    def answer_logprob(logits: torch.Tensor) -> torch.Tensor:
+        """``(B,)``: the answer's log-probability as the ablation forwards read it (the last position predicts
+        nothing)."""
+        rows_labels = labels.expand(len(logits), -1)
+        return head.scalar(logits[:, -(k + 1):].float(), rows_labels, "loss", rows_labels >= 0)
+
     grads, logprobs = [], []
-    for start in range(0, len(values), group):  # a batch of gate values per pass
-        batch = values[start:start + group]
+    for start in range(0, len(points), group):  # a batch of gate values per pass
+        batch = points[start:start + group]
         size = len(batch)
         log_gate = torch.tensor([math.log(g) for g in batch], dtype=torch.float32, device=device)
         log_gate = log_gate.reshape(size, *[1] * len(rows), 1).repeat(1, *rows, len(job.sources)).requires_grad_(True)
@@ -219,7 +229,8 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
         per_token[..., inside.to(device)] = log_gate[..., owner[inside].to(device)]
         cache: dict[str, Any] = {"use_cache": False}
         if context_cache is not None:  # each pass appends its positions to the cache: all but the last use a copy
-            past = context_cache if start + size == len(values) else copy.deepcopy(context_cache)
+            last = start + size == len(points) and not open_pass
+            past = context_cache if last else copy.deepcopy(context_cache)
             if size > 1:
                 past.batch_repeat_interleave(size)
             cache = {"past_key_values": past, "use_cache": True}
@@ -230,27 +241,28 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
             except RowAttentionUnsupported as err:
                 raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo "
                                  "or contextcite") from None
-            # the answer's log-probability as the ablation forwards read it (the last position predicts nothing)
-            answer = logits[:, -(k + 1):].float()
-            labels = torch.tensor([[*job.answer_ids, -1]], device=answer.device).expand(size, -1)
-            logprob = AnswerHead(job.runner.head.vocab_size).scalar(answer, labels, "loss", labels >= 0)
-            wanted = max(0, min(size, len(points) - start))  # the open gates added for job.cache are not derived
-            if wanted:  # the batch's inputs do not interact: one backward of the sum gives each its derivatives
-                (grad,) = torch.autograd.grad(logprob[:wanted].sum(), log_gate)
-                gate = torch.tensor(batch[:wanted], dtype=grad.dtype, device=device)
-                grads.append(grad[:wanted] / gate.reshape(wanted, *[1] * (grad.dim() - 1)))  # d/dg = d/d(log g) / g
+            logprob = answer_logprob(logits)
+            # the batch's inputs do not interact: one backward of the sum gives each its derivatives
+            (grad,) = torch.autograd.grad(logprob.sum(), log_gate)
+        at = torch.tensor(batch, dtype=grad.dtype, device=device).reshape(size, *[1] * (grad.dim() - 1))
+        grads.append(grad / at)  # d/dg = d/d(log g) / g
         logprobs += logprob.detach().tolist()
-    if opened:
-        job.cache["full"] = logprobs[values.index(1.0)]
+    if open_pass:  # the model as it is: the positions after the context on its keys and values, no gates
+        with torch.no_grad(), explaining(model, "sdpa"):
+            logits = model(input_ids=inputs[:, cut:], past_key_values=context_cache, use_cache=True, **keep).logits
+        job.cache["full"] = float(answer_logprob(logits)[0])
+    elif record and 1.0 in points:
+        job.cache["full"] = logprobs[points.index(1.0)]
     return torch.cat(grads).mean(0).double().cpu().numpy(), logprobs[0]
 
 
-def _plan(job: CiteJob, queries: str, gates: int = 1) -> tuple[int, bool, int]:
+def _plan(job: CiteJob, queries: str, gates: int = 1, open_pass: bool = False) -> tuple[int, bool, int]:
     """``(cut, recompute, group)`` of the gated passes: the first gated query (0: every query is), whether the
     backward recomputes each layer, and how many gate values one pass takes as a batch (with
     ``queries="after"``, as many as the memory budget holds; every query gated: one); :class:`InputError` when
     one gate value's pass would not fit the memory budget, or would gate every query of a model whose softcapped
-    attention then runs eager over the whole prompt."""
+    attention then runs eager over the whole prompt. ``open_pass``: a forward of the positions after the context
+    at open gates follows."""
     if queries == "all" and softcaps(job.runner.model):
         raise InputError(f"attngate with queries='all' cannot gate {type(job.runner.model).__name__}'s softcapped "
                          "attention over the whole prompt; use queries='after' (the default)")
@@ -258,7 +270,7 @@ def _plan(job: CiteJob, queries: str, gates: int = 1) -> tuple[int, bool, int]:
     logit_rows = len(job.answer_ids) + 1 if keeps_logits(job.runner.model) else 0
     if queries == "after":
         cut = after_context(job)
-        return cut, False, _after_group(job, cut, n - cut, logit_rows, gates)
+        return cut, False, _after_group(job, cut, n - cut, logit_rows, gates, open_pass)
     return 0, _recomputes(job, n, logit_rows), 1
 
 
@@ -269,20 +281,25 @@ def after_context(job: CiteJob) -> int:
     return min(last + 1, len(job.prompt.ids) + len(job.prefix_ids) - 1)
 
 
-def _after_group(job: CiteJob, cut: int, tail: int, logit_rows: int, gates: int = 1) -> int:
+def _after_group(job: CiteJob, cut: int, tail: int, logit_rows: int, gates: int = 1,
+                 open_pass: bool = False) -> int:
     """How many of ``gates`` gate values one ``queries="after"`` pass takes as a batch within the memory budget:
     a fused forward over the ``cut`` context tokens that keeps every layer's keys and values, then per batch a
     forward + backward over the ``tail`` positions after it for each gate value, on a copy of those keys and
-    values per value, whose queries attend to all keys. :class:`InputError` when not even one fits."""
+    values per value (the context's own kept while another pass follows: ``open_pass`` or more values), whose
+    queries attend to all keys. :class:`InputError` when not even one fits."""
     dims, budget = model_dims(job.runner.model), parse_budget(job.memory_budget)
     n = cut + tail
     cache = 2 * dims.layers * n * dims.hidden * dims.itemsize  # keys and values (fewer with grouped queries)
     context = pass_row_bytes(dims, cut, Storage(eager=False, logit_rows=1))
     after = pass_row_bytes(dims, tail, Storage(eager=False, backward=True, logit_rows=logit_rows))
     scores = 2 * dims.layers * dims.heads * tail * n * dims.itemsize  # the tail's attention and its gradient
+    # what the fused attention keeps for its backward: every head's keys and values with the gates' column
+    gated = 2 * dims.layers * n * (dims.hidden + dims.heads) * dims.itemsize
 
-    def need(size: int) -> int:  # the context's cache, and its copies for a batch of ``size`` while others follow
-        return cache * (1 + size if gates > 1 else 1) + max(context, size * (after + scores))
+    def need(size: int) -> int:
+        copies = 1 + size if gates > 1 or open_pass else 1
+        return cache * copies + max(context, size * (after + scores + gated))
 
     if need(1) > budget:
         raise InputError(f"attngate over {n:,} tokens needs about {readable_size(need(1))}, more than the memory "
@@ -325,7 +342,7 @@ def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after", steps: Any = 1
     """attngate's options, the model and the memory, before any method of the job runs."""
     points, queries = _checked(gate, queries, steps)
     check_gateable(job.runner.model)
-    _plan(job, queries, len(points) + 1)  # with the open gates it may add (record_open)
+    _plan(job, queries, len(points), open_pass=queries == "after" and 1.0 not in points)  # see record_open
 
 
 @source_method("attngate", "Attention gates: the derivative of the answer's log-probability with respect to a gate "
