@@ -893,11 +893,15 @@ def test_at2_rows_from_the_fused_pass_equal_the_eager_maps_rows(lm):
     job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, chat=False)
     ids = job.prompt.ids + job.answer_ids
     rows = torch.arange(len(job.prompt.ids) - 1, len(ids) - 1)
-    fused, eager = _answer_rows(lm.runner, ids, rows), _answer_rows(lm.runner, ids, rows, rows_path=False)
+    k = len(job.answer_ids)
+    (fused, fused_logits), (eager, eager_logits) = (_answer_rows(lm.runner, ids, rows, path, answer=k)
+                                                    for path in (True, False))
     assert len(fused) == len(eager) == lm.model.config.num_hidden_layers
     for f, e in zip(fused, eager):
         assert f.shape == e.shape == (lm.model.config.num_attention_heads, len(rows), len(ids))
         torch.testing.assert_close(f, e, rtol=1e-5, atol=1e-6)
+    assert fused_logits.shape == eager_logits.shape == (1, k + 1, lm.model.config.vocab_size)
+    torch.testing.assert_close(fused_logits, eager_logits, rtol=1e-5, atol=1e-5)
 
 
 def test_at2_fit_on_noise_finds_nothing_on_held_out_prompts():
@@ -1602,6 +1606,28 @@ def test_attngate_alone_reads_the_answer_logprob_from_its_own_passes(lm, monkeyp
                                  options={"attngate": options})
     assert alone.meta["answer_logprob"] == pytest.approx(reference.meta["answer_logprob"], rel=1e-5)
     np.testing.assert_allclose(alone.scores["attngate"], reference.scores["attngate"], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-rows", "eager-maps"])
+def test_at2_alone_reads_the_answer_logprob_from_its_own_forward(lm, monkeypatch, tmp_path, fused):
+    """Asked for alone, ``at2`` gives the answer's log-probability the result reports from its own forward of the
+    whole prompt (its logits at the answer's positions), not from another forward: the value the ablation
+    forwards give."""
+    from attnlens.sources import ablation, at2
+
+    config = lm.model.config
+    weights = np.random.default_rng(0).normal(size=(config.num_hidden_layers, config.num_attention_heads))
+    path = at2.save_weights({"fingerprint": at2._fingerprint(lm.model), "names": [lm.name],
+                             "weights": weights.tolist()}, tmp_path / "w.json")
+    options = {"at2": {"weights": str(path)}}
+    reference = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["loo", "at2"], chat=False,
+                                     options=options)
+    if not fused:
+        monkeypatch.setattr(at2, "rows_unsupported", lambda model: "eager")
+    monkeypatch.setattr(ablation, "answer_logprobs", lambda *a, **kw: pytest.fail("a forward of the whole prompt"))
+    alone = lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["at2"], chat=False, options=options)
+    assert alone.meta["answer_logprob"] == pytest.approx(reference.meta["answer_logprob"], rel=1e-5)
+    np.testing.assert_allclose(alone.scores["at2"], reference.scores["at2"], rtol=1e-5, atol=1e-7)
 
 
 def test_attngate_batches_as_many_gate_values_as_the_budget_holds(lm, monkeypatch):

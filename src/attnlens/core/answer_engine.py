@@ -152,6 +152,15 @@ REUSE_SHARE = 0.25  # the share of the prompts' tokens a shared beginning must s
 FUSED_FORWARD = Storage(eager=False, logit_rows=1)  # what a forward without a graph holds (no maps, one logit row)
 
 
+def answer_logprob(runner: ModelRunner, logits: torch.Tensor, answer: Sequence[int]) -> torch.Tensor:
+    """``(B,)``: the log-probability of ``answer`` (its tokens' log-probabilities summed) read from ``logits``
+    ``(B, P, V)`` whose last ``len(answer) + 1`` positions are those of the prompt's last token and the answer's
+    (the last predicts nothing): as every forward of attnlens that explains or ablates an answer reads it."""
+    k = len(answer)
+    labels = torch.tensor([[*answer, -1]], device=logits.device).expand(len(logits), -1)
+    return AnswerHead(runner.head.vocab_size).scalar(logits[:, -(k + 1):], labels, "loss", labels >= 0)
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many tokens ``a`` and ``b`` begin with in common."""
     n = min(len(a), len(b))
@@ -210,7 +219,6 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
               position_ids=torch.arange(top, device=device)[None], past_key_values=probe, use_cache=True,
               logits_to_keep=1)
         held = [(layer.keys, layer.values) for layer in probe.layers]  # (1, heads, top, head size) each
-    head = AnswerHead(runner.head.vocab_size)
     out = np.zeros(len(prompts), dtype=np.float64)
     previous: list[tuple[torch.Tensor, torch.Tensor]] = []
     for group, (start, from_ref) in zip(groups, plans, strict=True):
@@ -231,9 +239,8 @@ def _shared_prefix_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]
                          values[:, :, :start].expand(len(group), -1, -1, -1), index)
         logits = model(input_ids=ids.to(device), position_ids=positions.to(device),
                        attention_mask=seen.to(device), past_key_values=cache, use_cache=True,
-                       logits_to_keep=k + 1).logits[:, -(k + 1):]
-        labels = torch.tensor([[*answer, -1]] * len(group), device=device)  # the last position reads nothing
-        out[group] = head.scalar(logits, labels, "loss", torch.ones_like(labels)).double().cpu().numpy()
+                       logits_to_keep=k + 1).logits
+        out[group] = answer_logprob(runner, logits, answer).double().cpu().numpy()
         last = len(group) - 1
         keep = torch.cat([torch.arange(start), torch.arange(start + width - len(rests[last]), start + width)])
         keep = keep.to(device)  # the last prompt's own positions, then the answer's
@@ -277,7 +284,6 @@ def _batched_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]], ans
                       masks: Sequence[Sequence[int] | None] | None, budget: int, batch_size: int,
                       progress: Any) -> np.ndarray:
     """:func:`answer_logprobs` in left-padded, length-sorted batches that fit ``budget``."""
-    head = AnswerHead(runner.head.vocab_size)
     k = len(answer)
     dims = model_dims(runner.model)
     keeps = keeps_logits(runner.model)
@@ -303,9 +309,8 @@ def _batched_logprobs(runner: ModelRunner, prompts: Sequence[Sequence[int]], ans
         positions = (torch.cumsum(real, 1) - 1).clamp_min(0)  # a hidden token keeps its position
         logits = runner.model(input_ids=ids.to(runner.device), attention_mask=attention.to(runner.device),
                               position_ids=positions.to(runner.device),
-                              **({"logits_to_keep": k + 1} if keeps else {})).logits[:, -(k + 1):]
-        labels = torch.tensor([[*answer, -1]] * len(idx), device=logits.device)  # last position reads nothing
-        out[idx] = head.scalar(logits, labels, "loss", real).double().cpu().numpy()
+                              **({"logits_to_keep": k + 1} if keeps else {})).logits
+        out[idx] = answer_logprob(runner, logits, answer).double().cpu().numpy()
         first += len(idx)
         if progress is not None:
             progress(len(idx))

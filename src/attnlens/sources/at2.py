@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.answer_engine import answer_logprob
 from ..core.batching import keeps_logits
 from ..core.model_runner import ModelRunner
 from ..core.modelstate import explaining
@@ -69,25 +70,29 @@ def at2_features(job: CiteJob) -> np.ndarray:
     rows = torch.arange(first, first + len(job.answer_ids))
     owner = torch.as_tensor(job.token_source + [-1] * (len(ids) - len(job.token_source)))
     inside = owner >= 0
-    per_layer = [layer.float().mean(1).cpu() for layer in _answer_rows(runner, ids, rows)]  # (H, N) each
+    found, logits = _answer_rows(runner, ids, rows, answer=len(job.answer_ids))
+    if "full" not in job.cache:  # the answer's log-probability of the model as it is, for the result and others
+        job.cache["full"] = float(answer_logprob(runner, logits, job.answer_ids)[0])
+    per_layer = [layer.float().mean(1).cpu() for layer in found]  # (H, N) each
     feats = torch.zeros(len(per_layer), per_layer[0].shape[0], len(job.sources))
     for layer, mean in enumerate(per_layer):
         feats[layer].index_add_(1, owner[inside], mean[:, inside])
     return feats.reshape(-1, len(job.sources)).double().numpy()
 
 
-def _answer_rows(runner: ModelRunner, ids: list[int], rows: torch.Tensor,
-                 rows_path: bool = True) -> list[torch.Tensor]:
-    """Per attention layer, the attention rows ``rows`` of every head over all keys: ``(H, R, N)``."""
+def _answer_rows(runner: ModelRunner, ids: list[int], rows: torch.Tensor, rows_path: bool = True,
+                 answer: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per attention layer, the attention rows ``rows`` of every head over all keys: ``(H, R, N)``; and the
+    logits of the last ``answer + 1`` positions (at least the last one)."""
     model = runner.model
     inputs = torch.tensor([ids], device=runner.device)
-    keep = {"logits_to_keep": 1} if keeps_logits(model) else {}
+    keep = {"logits_to_keep": answer + 1} if keeps_logits(model) else {}
     if rows_path and not rows_unsupported(model):
         recorder = RowRecorder(rows=rows.to(runner.device))
         try:
             with explaining(model, registered()), recording(recorder):
-                model(input_ids=inputs, use_cache=False, **keep)
-            return [r[0] for r in recorder.kept_rows]
+                logits = model(input_ids=inputs, use_cache=False, **keep).logits
+            return [r[0] for r in recorder.kept_rows], logits[:, -(answer + 1):]
         except RowAttentionUnsupported:
             pass  # a feature the fused path does not reproduce: the eager maps below
     found: list[torch.Tensor] = []
@@ -102,11 +107,11 @@ def _answer_rows(runner: ModelRunner, ids: list[int], rows: torch.Tensor,
     with explaining(model):  # eager attention: the weights exist
         handles = [m.register_forward_hook(read) for m in modules]
         try:
-            model(input_ids=inputs, use_cache=False, **keep)
+            logits = model(input_ids=inputs, use_cache=False, **keep).logits
         finally:
             for h in handles:
                 h.remove()
-    return found
+    return found, logits[:, -(answer + 1):]
 
 
 def _fingerprint(model: torch.nn.Module) -> dict[str, Any]:

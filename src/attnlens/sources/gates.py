@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..core.answer_engine import answer_logprob
 from ..core.batching import keeps_logits
 from ..core.memory import (
     Storage,
@@ -64,7 +65,6 @@ from ..core.row_attention import (
     unsupported,
 )
 from ..errors import InputError
-from ..models.heads import AnswerHead
 from .ablation import CiteJob
 from .methods import source_method
 
@@ -210,15 +210,6 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
         with torch.no_grad(), explaining(model, "sdpa"):
             context_cache = model(input_ids=inputs[:, :cut], use_cache=True,
                                   **({"logits_to_keep": 1} if keep else {})).past_key_values
-    head = AnswerHead(job.runner.head.vocab_size)
-    labels = torch.tensor([[*job.answer_ids, -1]], device=device)
-
-    def answer_logprob(logits: torch.Tensor) -> torch.Tensor:
-        """``(B,)``: the answer's log-probability as the ablation forwards read it (the last position predicts
-        nothing)."""
-        rows_labels = labels.expand(len(logits), -1)
-        return head.scalar(logits[:, -(k + 1):].float(), rows_labels, "loss", rows_labels >= 0)
-
     grads, logprobs = [], []
     for start in range(0, len(points), group):  # a batch of gate values per pass
         batch = points[start:start + group]
@@ -241,7 +232,7 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
             except RowAttentionUnsupported as err:
                 raise InputError(f"attngate cannot gate {type(model).__name__}'s attention ({err}); use at2, loo "
                                  "or contextcite") from None
-            logprob = answer_logprob(logits)
+            logprob = answer_logprob(job.runner, logits[:, -(k + 1):].float(), job.answer_ids)
             # the batch's inputs do not interact: one backward of the sum gives each its derivatives
             (grad,) = torch.autograd.grad(logprob.sum(), log_gate)
         at = torch.tensor(batch, dtype=grad.dtype, device=device).reshape(size, *[1] * (grad.dim() - 1))
@@ -250,7 +241,7 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
     if open_pass:  # the model as it is: the positions after the context on its keys and values, no gates
         with torch.no_grad(), explaining(model, "sdpa"):
             logits = model(input_ids=inputs[:, cut:], past_key_values=context_cache, use_cache=True, **keep).logits
-        job.cache["full"] = float(answer_logprob(logits)[0])
+        job.cache["full"] = float(answer_logprob(job.runner, logits, job.answer_ids)[0])
     elif record and 1.0 in points:
         job.cache["full"] = logprobs[points.index(1.0)]
     return torch.cat(grads).mean(0).double().cpu().numpy(), logprobs[0]
