@@ -339,10 +339,12 @@ def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after", steps: Any = 1
 @source_method("attngate", "Attention gates: the derivative of the answer's log-probability with respect to a gate "
                "on the attention the question and answer pay to the source (every layer and head), at half-open "
                "gates (or averaged along the gates' path from closed to open, steps > 1); one forward of the "
-               "context, one backward over the positions after it per step.",
+               "context, then one forward and backward of the positions after it for every step at once.",
                "attention-gate gradient (first-order attention masking, after attribution patching: Nanda 2023, "
                "Kramár et al. 2024)",
-               forwards=lambda n, steps=1, **_: 1 + steps, check=_check, why_not=ungateable, check_values=_checked,
+               # the context's forward + the batched pass after it (queries="all": a whole pass per step)
+               forwards=lambda n, steps=1, queries="after", **_: 2 if queries == "after" else steps,
+               check=_check, why_not=ungateable, check_values=_checked,
                gate=0.5, queries="after", steps=1)
 def attngate(job: CiteJob, gate: float = 0.5, queries: str = "after",
              steps: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
