@@ -193,7 +193,7 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
                          f"got per={per!r}, queries={queries!r}")
     check_gateable(model)
     record = record_open and "full" not in job.cache
-    open_pass = record and queries == "after" and 1.0 not in points
+    open_pass = record and _opens_after(queries, points)
     ids = job.prompt.ids + job.prefix_ids + job.answer_ids
     owner = torch.as_tensor(job.token_source + [-1] * (len(ids) - len(job.token_source)))
     inside = owner >= 0
@@ -245,6 +245,12 @@ def source_gate_gradients(job: CiteJob, gate: float | Sequence[float], queries: 
     elif record and 1.0 in points:
         job.cache["full"] = logprobs[points.index(1.0)]
     return torch.cat(grads).mean(0).double().cpu().numpy(), logprobs[0]
+
+
+def _opens_after(queries: str, points: Sequence[float]) -> bool:
+    """Whether the answer's log-probability at open gates (``record_open``) takes a pass of its own: the positions
+    after the context once more, where the queries after it are gated and no gate value is 1."""
+    return queries == "after" and 1.0 not in points
 
 
 def _plan(job: CiteJob, queries: str, gates: int = 1, open_pass: bool = False) -> tuple[int, bool, int]:
@@ -333,7 +339,7 @@ def _check(job: CiteJob, gate: Any = 0.5, queries: Any = "after", steps: Any = 1
     """attngate's options, the model and the memory, before any method of the job runs."""
     points, queries = _checked(gate, queries, steps)
     check_gateable(job.runner.model)
-    _plan(job, queries, len(points), open_pass=queries == "after" and 1.0 not in points)  # see record_open
+    _plan(job, queries, len(points), open_pass=_opens_after(queries, points))  # the most attngate may run
 
 
 @source_method("attngate", "Attention gates: the derivative of the answer's log-probability with respect to a gate "
