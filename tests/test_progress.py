@@ -6,7 +6,8 @@ import pytest
 from conftest import make_model, make_tokenizer
 
 from attnlens import Explainer
-from attnlens.core.progress import ExplainProgress, input_cost, planned_passes
+from attnlens.core.progress import ExplainProgress, input_cost, method_passes, planned_passes
+from attnlens.methods.registry import get_method
 
 SHORT = ["good", "bad", "fine", "dull"]
 LONG = ["the plot was boring but the actors were charming and the film is great i loved it",
@@ -74,3 +75,38 @@ def test_bar_announces_ig_and_counts_inputs(ex, capsys):
 def test_no_bar_by_default(ex, capsys):
     ex.explain(SHORT, methods=["rawatt", "integratedgradients"], options={"integratedgradients": {"n_steps": 2}})
     assert capsys.readouterr().err == ""
+
+
+def test_a_plan_of_the_length_weights_each_input_by_its_whole_work():
+    p = ExplainProgress([10, 40], 16, {"slow": lambda n: n / 10})
+    work = [w * (1 + n / 10) for w, n in zip(p.weights, [10, 40])]
+    assert sum(work) == pytest.approx(2)
+    assert work[1] / work[0] == pytest.approx(input_cost(40, 16) * 5 / (input_cost(10, 16) * 2))
+    assert "slow: the work of about 5 forward+backward passes over 2 inputs, ~" in p.announce()
+
+
+def test_value_zeroing_plans_work_that_grows_with_the_length():
+    from attnlens.methods.valuezeroing import planned_passes as vz_passes
+
+    model = make_model("llama")
+    assert vz_passes(model, 400, {}) == pytest.approx(4 * vz_passes(model, 100, {}))
+    assert vz_passes(model, 100, {"rollout": False}) < vz_passes(model, 100, {})
+    plan = method_passes(get_method("valuezeroing"), model, {"rollout": True})
+    assert plan(400) == pytest.approx(vz_passes(model, 400, {}))
+    assert method_passes(get_method("integratedgradients"), model, {"n_steps": 12})(400) == 12
+
+
+@pytest.mark.parametrize("method", ["valuezeroing", "occlusion"])
+def test_a_method_whose_work_grows_with_the_length_holds_its_share_of_the_bar(ex, method):
+    calls = []
+    text = " ".join(LONG)
+    exp = ex.explain(text, methods=["rawatt", method], progress=lambda f, n: calls.append((f, n)))
+    fractions = [f for f, _ in calls]
+    assert fractions == sorted(fractions) and calls[-1] == (pytest.approx(1.0), 1)
+    # the shared pass and rawatt are a small part of the planned work: the method's own reports move the rest
+    n = len(exp[0].tokens)
+    plan = method_passes(get_method(method), ex.model, get_method(method).options)(n)
+    assert plan > 2
+    assert fractions[0] == pytest.approx(0.5 / (1 + plan))  # the shared pass: half of the step it shares
+    assert fractions[1] == pytest.approx(1 / (1 + plan))  # with rawatt's half: one pass of 1 + plan
+    assert any(fractions[1] < f < 1 for f in fractions)  # the method's own reports move the rest

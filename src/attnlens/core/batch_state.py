@@ -190,8 +190,9 @@ class BatchContext:
         cache: scratch space shared by the methods of this batch (e.g. one LRP pass for several LRP methods).
         memory_budget: bytes a method running its own passes may plan for (integrated gradients sizes its
             internal batches from it).
-        progress: called by long-running methods with the passes over the whole batch done since the last call
-            (fractions allowed), so progress moves inside a batch; ``None``: nobody listens.
+        progress: called by long-running methods with the share of their work on the batch done since the last
+            call (the shares of one method sum to 1 at most), so progress moves inside a batch; ``None``: nobody
+            listens.
         meta: per-method, per-input figures the methods reported (:attr:`MethodOutput.meta`), filled by the engine.
         plan: the batch's methods and their options (defaults merged), set by the engine before any runs: a
             method whose pass could serve another's too reads what the others will ask for (the LRP passes).

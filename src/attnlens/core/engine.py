@@ -51,7 +51,7 @@ from .memory import (
 )
 from .model_runner import ModelRunner
 from .modelstate import explaining, runs_sdpa, without_cache
-from .progress import ExplainProgress, ProgressCallback, planned_passes
+from .progress import ExplainProgress, ProgressCallback, method_passes
 
 ANSWER = "answer"  # select_methods' target for a whole answer (core/answer_engine.py)
 
@@ -278,7 +278,8 @@ def explain_all(
     cost = pass_cost(runner, specs, memory_budget, method_options)
     if lengths:  # the longest input runs alone at worst: refuse before anything runs if even that does not fit
         cost.refuse_over(max(lengths), memory_budget)
-    own = {s.name: planned_passes(method_options.get(s.name, {})) for s in specs if OWN_PASS in s.needs}
+    own = {s.name: method_passes(s, runner.model, method_options.get(s.name, {})) for s in specs
+           if OWN_PASS in s.needs}
     tracker = ExplainProgress(lengths, dims.hidden, own, bar=progress is True,
                               callback=progress if callable(progress) else None)
     with explaining(runner.model):
@@ -369,13 +370,16 @@ def compute_batch(
         # the shared pass and the capture-only methods plan one pass over the batch together
         step = 1.0 / (1 + len(capture_only))
         if tracker is not None:
-            tracker.begin_method(step)
-            tracker.advance(step)
+            tracker.begin_step(step)
+            tracker.advance(1.0)
             ctx.progress = tracker.advance
         for spec in specs:
             opts = method_options.get(spec.name, {})
             if tracker is not None:
-                tracker.begin_method(planned_passes(opts) if OWN_PASS in spec.needs else step)
+                if OWN_PASS in spec.needs:
+                    tracker.begin_method(spec.name)
+                else:
+                    tracker.begin_step(step)
             with torch.set_grad_enabled(OWN_PASS in spec.needs):  # capture-only methods need no graph
                 result = _run_method(spec, ctx, opts)
             if spec.many_passes:  # batches of perturbed inputs sized by each input's length leave holes in the

@@ -51,7 +51,7 @@ from .memory import (
 )
 from .model_runner import ModelRunner
 from .modelstate import explaining
-from .progress import ExplainProgress, ProgressCallback, planned_passes
+from .progress import ExplainProgress, ProgressCallback, method_passes
 
 __all__ = ["explain_generation", "greedy", "attention_maps", "encode_prompt", "token_ids_of"]
 
@@ -139,8 +139,8 @@ def explain_generation(
     probabilities, predicted, contrast_probs = [0.0] * n_steps, [0] * n_steps, [0.0] * n_steps
     figures: dict[str, dict[str, list[Any]]] = {}  # per-step figures a method reports (IG's completeness gap)
     tracker = ExplainProgress([n_prompt + t for t in range(n_steps)], model_dims(runner.model).hidden,
-                              {s.name: planned_passes(method_options.get(s.name, {})) for s in specs
-                               if OWN_PASS in s.needs},
+                              {s.name: method_passes(s, runner.model, method_options.get(s.name, {}))
+                               for s in specs if OWN_PASS in s.needs},
                               bar=progress is True, callback=progress if callable(progress) else None,
                               desc="explaining steps", unit="steps")
     tracker.start()

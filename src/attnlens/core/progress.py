@@ -2,19 +2,21 @@
 batches and its ETA holds when inputs come shortest first (the engine sorts them by length).
 
 An input of ``n`` tokens costs :func:`input_cost` per pass; a batch plans one pass for the shared capture and its
-methods plus the passes of the methods that run their own (``n_steps`` for integrated gradients). The bar counts
-that cost, normalised to the number of inputs, and shows the inputs finished beside it.
+methods plus the work of the methods that run their own, in passes (:func:`method_passes`: ``n_steps`` for
+integrated gradients, about one per token for value zeroing). The bar counts that cost, normalised to the number
+of inputs, and shows the inputs finished beside it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
 
 UNITS = 1000  # bar units per input of average cost
 ProgressCallback = Callable[[float, int], None]  # (fraction of the estimated work done, inputs finished)
+Plan = Callable[[int], float]  # an own-pass method's work on an input of n tokens, in passes over it
 
 
 def input_cost(n_tokens: int, hidden: int) -> float:
@@ -23,7 +25,7 @@ def input_cost(n_tokens: int, hidden: int) -> float:
     return float(n_tokens) * (6 * hidden + n_tokens)
 
 
-def planned_passes(options: dict[str, Any]) -> float:
+def planned_passes(options: Mapping[str, Any]) -> float:
     """Passes over its batch a method that runs its own plans: its ``n_steps`` option when it has one (an
     adaptive run may take more or fewer; the bar is topped up or capped per batch), else one."""
     steps = options.get("n_steps")
@@ -35,28 +37,45 @@ def planned_passes(options: dict[str, Any]) -> float:
     return float(steps) if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 1.0
 
 
+def method_passes(method: Any, model: Any, options: Mapping[str, Any]) -> Plan:
+    """``n ↦`` the planned work of own-pass ``method`` (a registered :class:`~attnlens.methods.registry.Method`)
+    with ``options`` on an input of ``n`` tokens, in passes: its ``passes`` estimate where it has one (at least
+    a tenth of a pass), else :func:`planned_passes`."""
+    estimate = getattr(method, "passes", None)
+    if estimate is None:
+        fixed = planned_passes(options)
+        return lambda n: fixed
+    return lambda n: max(0.1, float(estimate(model, n, options)))
+
+
 class ExplainProgress:
     """Reports the work of one ``explain`` call to a tqdm bar and/or a callback.
 
     Args:
         lengths: token counts of the inputs.
         hidden: the model's hidden size (for :func:`input_cost`).
-        own_passes: planned passes of each method that runs its own, by method id.
+        own_passes: the planned work of each method that runs its own, by method id: passes per input, or a
+            :data:`Plan` of the input's length.
         bar: show a tqdm bar (on stderr unless ``file`` is given).
         callback: called with (fraction of the estimated work done, inputs finished) after every update.
         desc, unit: the bar's label and what it counts (a generation's steps are its inputs).
+
+    A batch's steps are announced with :meth:`begin_step` (the shared pass, a method reading it) or
+    :meth:`begin_method` (one that runs its own), and each reports the share of its work done with :meth:`advance`.
     """
 
     def __init__(
-        self, lengths: Sequence[int], hidden: int, own_passes: dict[str, float], *, bar: bool = False,
+        self, lengths: Sequence[int], hidden: int, own_passes: Mapping[str, float | Plan], *, bar: bool = False,
         callback: ProgressCallback | None = None, file: Any = None, desc: str = "explaining", unit: str = "inputs",
     ) -> None:
-        costs = [input_cost(n, hidden) for n in lengths]
-        total = sum(costs) or 1.0
-        self.weights = [len(costs) * c / total for c in costs]  # sums to the number of inputs
+        plans = {m: p if callable(p) else (lambda n, p=p: float(p)) for m, p in own_passes.items()}
+        self.lengths = list(lengths)
+        self.own = [{m: plan(n) for m, plan in plans.items()} for n in self.lengths]  # per input, per method
+        costs = [input_cost(n, hidden) for n in self.lengths]
+        total = sum(c * (1.0 + sum(own.values())) for c, own in zip(costs, self.own, strict=True)) or 1.0
         self.n_inputs = len(costs)
-        self.own_passes = dict(own_passes)
-        self.passes = 1.0 + sum(self.own_passes.values())  # per input: the shared pass + the own passes
+        # one pass over input i, in inputs of average work: the whole work sums to the number of inputs
+        self.weights = [self.n_inputs * c / total for c in costs]
         self.done = 0.0
         self.finished = 0
         self.callback = callback
@@ -65,15 +84,28 @@ class ExplainProgress:
         self.bar = tqdm(total=self.n_inputs * UNITS, disable=not bar, desc=desc, file=file,
                         bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
         self._postfix()
-        self._batch_weight = 0.0
-        self._budget = 0.0  # what the current method may still advance
+        self._batch: list[int] = []
+        self._batch_start = 0.0
+        self._step = 0.0  # the work of the current step
+        self._left = 0.0  # the share of it not reported yet
 
     def announce(self) -> str | None:
-        """A line stating the planned passes of methods that run their own, and their share of the work."""
-        if not self.own_passes or not self.n_inputs:
+        """A line stating the planned work of methods that run their own, and their share of the work."""
+        if not self.own or not self.n_inputs:
             return None
-        parts = [f"{m}: {p:g} passes x {self.n_inputs} {self.unit} = {p * self.n_inputs:g} forward+backward passes, "
-                 f"~{p / self.passes:.0%} of the work" for m, p in self.own_passes.items() if p > 1]
+        parts = []
+        for m in self.own[0]:
+            planned = [own[m] for own in self.own]
+            if max(planned) <= 1:
+                continue
+            share = sum(w * p for w, p in zip(self.weights, planned, strict=True)) / self.n_inputs
+            total = sum(planned)
+            if min(planned) == max(planned):
+                parts.append(f"{m}: {planned[0]:g} passes x {self.n_inputs} {self.unit} = {total:g} forward+backward "
+                             f"passes, ~{share:.0%} of the work")
+            else:
+                parts.append(f"{m}: the work of about {total:.0f} forward+backward passes over {self.n_inputs} "
+                             f"{self.unit}, ~{share:.0%} of the work")
         return "; ".join(parts) or None
 
     def start(self) -> None:
@@ -83,23 +115,29 @@ class ExplainProgress:
 
     # -- per batch
     def begin_batch(self, indices: Sequence[int]) -> None:
-        self._batch_weight = sum(self.weights[i] for i in indices)
+        self._batch = list(indices)
         self._batch_start = self.done
-        self._batch_size = len(indices)
 
-    def begin_method(self, passes: float) -> None:
-        """The next step of the batch is worth ``passes`` passes over it."""
-        self._budget = passes
+    def begin_step(self, passes: float) -> None:
+        """The next step of the batch is worth ``passes`` passes over each of its inputs."""
+        self._step = passes * sum(self.weights[i] for i in self._batch)
+        self._left = 1.0
 
-    def advance(self, passes: float) -> None:
-        """``passes`` passes over the batch are done (capped by the current step's plan)."""
-        step = min(max(passes, 0.0), self._budget)
-        self._budget -= step
-        self._move(self._batch_weight * step / self.passes)
+    def begin_method(self, name: str) -> None:
+        """The next step of the batch is own-pass method ``name``'s work, as planned."""
+        self._step = sum(self.weights[i] * self.own[i].get(name, 1.0) for i in self._batch)
+        self._left = 1.0
+
+    def advance(self, share: float) -> None:
+        """A ``share`` of the current step's work is done (the step's shares are capped at the whole)."""
+        step = min(max(share, 0.0), self._left)
+        self._left -= step
+        self._move(self._step * step)
 
     def end_batch(self) -> None:
-        self.finished += self._batch_size
-        self._move(self._batch_start + self._batch_weight - self.done)  # top up what the plan did not cover
+        self.finished += len(self._batch)
+        work = sum(self.weights[i] * (1.0 + sum(self.own[i].values())) for i in self._batch)
+        self._move(self._batch_start + work - self.done)  # top up what the plan did not cover
 
     def _move(self, amount: float) -> None:
         self.done = min(self.done + max(amount, 0.0), float(self.n_inputs))

@@ -405,9 +405,11 @@ def _integrated(ctx: BatchContext, n_steps: int | None, method: str, tolerance: 
     base_ids = baseline_ids(ctx, baseline)
     n_ex = ctx.token_mask.shape[0]
 
-    def progress(rows: int) -> None:
+    planned = n_steps or TYPICAL_STEPS  # the progress bar's plan (an adaptive run may take more or fewer)
+
+    def progress(rows: int) -> None:  # rows of points evaluated: one pass per n_ex of them
         if ctx.progress is not None:
-            ctx.progress(rows / n_ex)
+            ctx.progress(rows / (n_ex * planned))
 
     path = None  # a generation's x − x', shared by its rows
     if ctx.sequence is None:

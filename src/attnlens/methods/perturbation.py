@@ -133,6 +133,7 @@ def _per_input(
     "occlusion",
     needs={OWN_PASS},
     many_passes=True,
+    passes=lambda model, n, options: (n + 1) / 3,  # a forward per token and one of the input, ~⅓ pass each
     summary="Drop in the target when one token is replaced by the baseline token (Captum Occlusion).",
     citation="Zeiler & Fergus 2014; Captum Occlusion",
     check=_check_occlusion,
@@ -170,6 +171,12 @@ def _own_randomness(seed: int) -> Iterator[None]:
         random.setstate(python_state)
 
 
+def _sampled_passes(model: Any, n: int, options: Any) -> float:
+    """A sampling method's work on one input, in passes: a forward per sample, about a third of a pass each."""
+    samples = options.get("n_samples")
+    return (samples if isinstance(samples, int) and samples > 0 else DEFAULT_SAMPLES) / 3
+
+
 def _sampled(ctx: BatchContext, name: str, n_samples: int, baseline: str, perturbations_per_eval: int | None,
              seed: int) -> MethodOutput:
     from captum.attr import KernelShap, Lime  # Captum's import takes a while: only where it runs
@@ -196,6 +203,7 @@ def _sampled(ctx: BatchContext, name: str, n_samples: int, baseline: str, pertur
     "lime",
     needs={OWN_PASS},
     many_passes=True,
+    passes=_sampled_passes,
     summary="LIME: a sparse linear model of the target over random token subsets (Captum Lime).",
     citation="Ribeiro et al. 2016; Captum Lime",
     check=_sampled_check("lime"),
@@ -209,6 +217,7 @@ def lime(ctx: BatchContext, n_samples: int = DEFAULT_SAMPLES, baseline: str = "a
     "kernelshap",
     needs={OWN_PASS},
     many_passes=True,
+    passes=_sampled_passes,
     summary="KernelSHAP: Shapley values of the tokens from a kernel-weighted regression (Captum KernelShap).",
     citation="Lundberg & Lee 2017; Captum KernelShap",
     check=_sampled_check("kernelshap"),

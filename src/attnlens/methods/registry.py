@@ -110,6 +110,9 @@ class Method:
     # every stream of an encoder-decoder, a graph): ``own_memory(model, stream, n)`` (0 where none), so the
     # budget is judged with it before any pass runs
     own_memory: Callable[[Any, str, int], int] | None = None
+    # the work of an own-pass method on one input of ``n`` tokens, in forward+backward passes of the model over it:
+    # ``passes(model, n, options)`` (the progress bar's plan); ``None``: its ``n_steps`` option, or one pass
+    passes: Callable[[Any, int, Mapping[str, Any]], float] | None = None
 
     @property
     def captured(self) -> frozenset[str]:
@@ -191,6 +194,7 @@ def register(
     check: Callable[..., None] | None = None,
     fits: Callable[[Any, str, str, Mapping[str, Any]], str | None] | None = None,
     own_memory: Callable[[Any, str, int], int] | None = None,
+    passes: Callable[[Any, int, Mapping[str, Any]], float] | None = None,
 ) -> Callable[[Callable[..., MethodOutput]], Callable[..., MethodOutput]]:
     """Decorator that adds ``compute`` to the registry under ``name``.
 
@@ -224,13 +228,17 @@ def register(
     none), counted in the budget before any pass runs. ``many_passes``: it runs many forward passes per input
     (samples, integration steps; ``per_token_passes`` implies it), so a command shows its progress.
     ``step_vectors``: hidden-size vectors per token it holds beside its passes for each step of a generation it
-    explains in one batch (counted in the budget).
+    explains in one batch (counted in the budget). ``passes(model, n, options)``: for an ``OWN_PASS`` method, its
+    work on one input of ``n`` tokens in forward+backward passes of the model over it (the progress bar's plan;
+    default: its ``n_steps`` option, or one).
     """
     if not isinstance(name, str) or not name or name == "all" or any(c in name for c in ", \t\n"):
         raise ValueError(f"a method's name is a non-empty string without commas or spaces, other than 'all' (which "
                          f"requests every method); got {name!r}")
     if forward is not None and OWN_PASS not in needs:
         raise ValueError(f"method {name!r}: forward= is for methods that run their own pass (OWN_PASS)")
+    if passes is not None and OWN_PASS not in needs:
+        raise ValueError(f"method {name!r}: passes= is for methods that run their own pass (OWN_PASS)")
     bad = set(needs) - NEEDS
     if bad:
         raise ValueError(f"unknown needs {bad}; known: {sorted(NEEDS)}")
@@ -264,6 +272,7 @@ def register(
             check=check,
             fits=fits,
             own_memory=own_memory,
+            passes=passes,
         )
         return compute
 
