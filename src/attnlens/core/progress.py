@@ -85,7 +85,7 @@ class ExplainProgress:
                         bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
         self._postfix()
         self._batch: list[int] = []
-        self._batch_start = 0.0
+        self._batch_start = self._batch_end = 0.0
         self._step = 0.0  # the work of the current step
         self._left = 0.0  # the share of it not reported yet
 
@@ -117,6 +117,8 @@ class ExplainProgress:
     def begin_batch(self, indices: Sequence[int]) -> None:
         self._batch = list(indices)
         self._batch_start = self.done
+        end = self.done + sum(self.weights[i] * (1.0 + sum(self.own[i].values())) for i in self._batch)
+        self._batch_end = float(self.n_inputs) if self._close(end, self.n_inputs) else end
 
     def begin_step(self, passes: float) -> None:
         """The next step of the batch is worth ``passes`` passes over each of its inputs."""
@@ -136,15 +138,22 @@ class ExplainProgress:
 
     def end_batch(self) -> None:
         self.finished += len(self._batch)
-        work = sum(self.weights[i] * (1.0 + sum(self.own[i].values())) for i in self._batch)
-        self._move(self._batch_start + work - self.done)  # top up what the plan did not cover
+        self._reach(self._batch_end)  # top up what the plan did not cover
 
     def _move(self, amount: float) -> None:
-        self.done = min(self.done + max(amount, 0.0), float(self.n_inputs))
+        self._reach(self.done + max(amount, 0.0))
+
+    def _reach(self, done: float) -> None:
+        if self._close(done, self._batch_end):  # the batch's shares summed, up to rounding
+            done = self._batch_end
+        self.done = min(max(self.done, done), float(self.n_inputs))
         self._postfix()
         self.bar.update(min(round(self.done * UNITS), self.bar.total) - self.bar.n)
         if self.callback is not None:
             self.callback(self.done / max(self.n_inputs, 1), self.finished)
+
+    def _close(self, a: float, b: float) -> bool:
+        return abs(a - b) <= 1e-9 * max(1, self.n_inputs)
 
     def _postfix(self) -> None:
         if not self.bar.disable:
