@@ -1756,3 +1756,32 @@ def test_the_context_summary_table_says_when_methods_were_measured_on_other_exam
     assert "| loo | 4 |" in table and "| at2 | 3 |" in table
     assert "Not measured on the same examples: at2 (3) on fewer than the 4 of the others" in table
     assert "Not measured" not in markdown_table({"loo": summary["loo"]})
+
+
+def test_value_zeroing_in_a_citation_holds_its_share_of_the_progress(lm, monkeypatch):
+    """The token-level work is planned with the passes of the methods that run their own (value zeroing's grow
+    with the length), so the progress it reports before the ablations start is its share of the whole."""
+    from attnlens.core.progress import method_passes
+    from attnlens.methods.registry import get_method
+    from attnlens.sources.attribute import TOKEN_PASS_FORWARDS, prepare_job, token_forwards
+
+    job = prepare_job(lm.runner, CONTEXT, QUERY, answer=ANSWER, sources="sentence")
+    n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
+    vz = get_method("valuezeroing")
+    plan = method_passes(vz, lm.model, vz.options)(n)
+    assert token_forwards(job, ["valuezeroing", "rawatt"], {}) == pytest.approx(TOKEN_PASS_FORWARDS * (1 + plan))
+    assert token_forwards(job, ["rawatt"], {}) == TOKEN_PASS_FORWARDS and token_forwards(job, [], {}) == 0
+    reports: list[float] = []
+    at_ablations: list[float] = []
+    real = source_methods.ablation_logprobs
+
+    def ablations(job, keep, *args, **kwargs):
+        at_ablations.append(reports[-1])
+        return real(job, keep, *args, **kwargs)
+
+    monkeypatch.setattr(source_methods, "ablation_logprobs", ablations)
+    lm.attribute_context(CONTEXT, QUERY, answer=ANSWER, methods=["valuezeroing", "loo"], chat=False,
+                         progress=lambda f, d: reports.append(f))
+    before = TOKEN_PASS_FORWARDS * (1 + plan)  # the token-level work, then loo's forwards: one per source and one
+    assert at_ablations[0] == pytest.approx(before / (before + len(job.sources) + 1))
+    assert reports[-1] == pytest.approx(1.0)

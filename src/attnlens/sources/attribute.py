@@ -23,9 +23,10 @@ from ..core.encoding import completing_spans, continuation_encoding, special_ids
 from ..core.generation_engine import capped_new_tokens, eos_ids, greedy, token_ids_of
 from ..core.memory import parse_budget, readable_size
 from ..core.model_runner import ModelRunner
-from ..core.progress import ProgressCallback
+from ..core.progress import ProgressCallback, method_passes
 from ..errors import InputError, UnknownMethodError
 from ..methods import check_option_owners, get_method, list_methods, resolve_methods
+from ..methods.registry import OWN_PASS
 from ..results.context_attribution import ContextAttribution
 from ..version import __version__
 from .ablation import ABLATIONS, CiteJob, full_logprob
@@ -317,15 +318,29 @@ def _explained_span(text: str, offsets: Sequence[tuple[int, int]], first: int, l
 TOKEN_PASS_FORWARDS = 3.0  # the token-level methods' pass, counted as forwards for progress (forward + backward)
 
 
+def token_forwards(job: CiteJob, token_methods: Sequence[str], options: Mapping[str, Mapping[str, Any]]) -> float:
+    """The token-level methods' work on the job's whole sequence, in forwards for progress: their shared pass
+    (:data:`TOKEN_PASS_FORWARDS`) and the passes of those that run their own
+    (:func:`~attnlens.core.progress.method_passes`: value zeroing's grow with the length)."""
+    if not token_methods:
+        return 0.0
+    n = len(job.prompt.ids) + len(job.prefix_ids) + len(job.answer_ids)
+    own = [get_method(m) for m in resolve_methods(list(token_methods)) if OWN_PASS in get_method(m).needs]
+    model = job.runner.model
+    return TOKEN_PASS_FORWARDS * (1.0 + sum(method_passes(m, model, {**m.options, **options.get(m.name, {})})(n)
+                                            for m in own))
+
+
 @contextmanager
 def _progress(job: CiteJob, token_methods: Sequence[str], methods: Sequence[str],
-              options: Mapping[str, Mapping[str, Any]],
+              options: Mapping[str, Mapping[str, Any]], token_options: Mapping[str, Mapping[str, Any]],
               progress: bool | ProgressCallback) -> Iterator[tuple[bool | ProgressCallback, Callable[[str], None]]]:
     """Within the block, the progress of one job's methods: ``(token_progress, advance)``.
 
     ``progress=True`` shows a bar of the source methods' forwards (the token-level pass shows its own); a callable
     is called with (fraction of the job's work done, jobs finished: 0, then 1), that work counted in forwards: the
-    token-level pass as :data:`TOKEN_PASS_FORWARDS`, each source method as many as it plans. ``token_progress``
+    token-level methods as :func:`token_forwards` (with their ``token_options``), each source method as many as
+    it plans. ``token_progress``
     goes to the token-level pass; the ablation forwards move the progress as their batches finish
     (``job.progress``), and ``advance(method)`` tops it up to what the method planned once it is done (forwards
     it did not need, and methods that do not report them)."""
@@ -334,7 +349,7 @@ def _progress(job: CiteJob, token_methods: Sequence[str], methods: Sequence[str]
         yield progress, lambda method: None
         return
     planned = {m: int(SOURCE_METHODS[m].forwards(len(job.sources), **options[m])) for m in methods}
-    before = TOKEN_PASS_FORWARDS if token_methods else 0.0
+    before = token_forwards(job, token_methods, token_options)
     total = max(before + sum(planned.values()), 1.0)
     bar = None
     if progress is True:
@@ -397,7 +412,8 @@ def score_job(
     outside: dict[str, float] = {}
     method_meta: dict[str, Any] = {}
     logprob = None
-    with _progress(job, token_methods, source_methods, source_options, progress) as (token_progress, advance):
+    with _progress(job, token_methods, source_methods, source_options, options, progress) as (token_progress,
+                                                                                               advance):
         if token_methods:
             shared = token_source_scores(job, token_methods, options, token_progress)
             scores, token_scores, outside = dict(shared.scores), shared.token_scores, shared.outside
