@@ -69,9 +69,8 @@ class ExplainProgress:
         callback: ProgressCallback | None = None, file: Any = None, desc: str = "explaining", unit: str = "inputs",
     ) -> None:
         plans = {m: p if callable(p) else (lambda n, p=p: float(p)) for m, p in own_passes.items()}
-        self.lengths = list(lengths)
-        self.own = [{m: plan(n) for m, plan in plans.items()} for n in self.lengths]  # per input, per method
-        costs = [input_cost(n, hidden) for n in self.lengths]
+        self.own = [{m: plan(n) for m, plan in plans.items()} for n in lengths]  # per input, per method
+        costs = [input_cost(n, hidden) for n in lengths]
         total = sum(c * (1.0 + sum(own.values())) for c, own in zip(costs, self.own, strict=True)) or 1.0
         self.n_inputs = len(costs)
         # one pass over input i, in inputs of average work: the whole work sums to the number of inputs
