@@ -82,6 +82,7 @@ def test_spans_may_be_numpy_integers_and_whitespace_only_spans_are_refused():
     context = "the movie .   the plot ."
     found = split_sources(context, [(np.int64(14), np.int64(24)), np.array([0, 11])])
     assert [s.text for s in found] == ["the plot .", "the movie ."]  # the caller's order
+    assert split_sources(context, np.array([[14, 24], [0, 11]])) == found  # one array of spans
     with pytest.raises(InputError, match="source 0 .* is whitespace only"):
         split_sources(context, [(11, 14)])
 
@@ -570,7 +571,12 @@ def test_a_generated_answer_is_the_greedy_continuation_without_the_end_token():
     prompt = build_prompt(ex.tokenizer, CONTEXT, QUERY, chat=False)
     g = ex.explain_generation(prompt.text, ["rawatt"], max_new_tokens=4)
     assert g.generated_ids[-1] != SEP and r.meta["generated"]
-    assert r.answer == ex.tokenizer.decode(g.generated_ids, clean_up_tokenization_spaces=False)
+    def decode(ids):
+        return ex.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+
+    # the text the generated tokens add after the prompt's (WordPiece joins words with a space)
+    assert decode(prompt.ids) + r.answer == decode(prompt.ids + g.generated_ids)
+    assert r.answer == " " + decode(g.generated_ids)
     assert "".join(r.answer_tokens).replace(" ", "") == r.answer.replace(" ", "")
     silent = Explainer(make_lm("gpt2", seed=0), lm_tokenizer(), max_length=64)  # answers [SEP] at once
     with pytest.raises(InputError, match="the model answered nothing"):
@@ -617,6 +623,10 @@ def test_a_generated_answer_that_stops_inside_a_character_keeps_whole_characters
     (dict(options={"loo": {"n": 3}}), "loo has no option n"),
     (dict(options={"attcat": {}}), "options given for 'attcat'"),
     (dict(context="the movie " * 200), "longer than the model's maximum|no room for an answer"),
+    (dict(template=5), "the template must be a string"),
+    (dict(answer=None, max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
+    (dict(answer=None, max_new_tokens=-3), "max_new_tokens must be an integer >= 1, got -3"),
+    (dict(answer=None, max_new_tokens=2.5), "max_new_tokens must be an integer >= 1, got 2.5"),
 ])
 def test_bad_input_is_one_clear_error(lm, kwargs, message):
     args = {"context": CONTEXT, "query": QUERY, "answer": ANSWER, "methods": ["loo"], "chat": False, **kwargs}
@@ -783,6 +793,15 @@ def test_cli_cite_offsets_index_the_context_file_as_written(lm_dir, tmp_path, ca
                  "--no-chat", "--methods", "loo", "--sources", "line", "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["context"] == text and d["sources"][0]["text"] == "the movie was great ."
+
+
+def test_cli_cite_template_reads_newline_and_tab_escapes(lm_dir, capsys):
+    r"""A template typed on one command line writes its line breaks as ``\n`` (as ``--help`` shows the default)."""
+    assert main(["cite", "--model", lm_dir, "--context", CONTEXT, "--query", QUERY, "--answer", ANSWER, "--no-chat",
+                 "--methods", "loo", "--template", r"Context: {context}\n\tQuery: {query} \\n \x",
+                 "--format", "json"]) == 0
+    prompt = json.loads(capsys.readouterr().out)["prompt"]
+    assert prompt.endswith(f"Context: {CONTEXT}\n\tQuery: {QUERY} \\n \\x")
 
 
 @pytest.mark.parametrize("extra, message", [

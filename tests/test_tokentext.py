@@ -274,6 +274,32 @@ def test_a_continuation_is_tokenized_as_it_follows_the_prompt(llama_tokenizer, b
         assert g.text == target
 
 
+@pytest.mark.parametrize("given", ["ids", "generated"])
+def test_a_cited_answer_keeps_the_leading_space_its_first_token_spells(llama_tokenizer, given, monkeypatch):
+    """Decoded alone, a SentencePiece tokenizer drops the leading space of a text's first word (``▁Par`` reads
+    ``Par``); a cited answer given as token ids, or generated, reads as it continues the prompt: its text is
+    exactly the continuation explained, and giving that text back explains the same tokens."""
+    from attnlens.sources import attribute
+
+    tok = llama_tokenizer
+    model = build_tiny("llama", vocab_size=len(tok), pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                       task="causal-lm")
+    ex = Explainer(model, tok)
+    from attnlens.core.encoding import continuation_encoding
+
+    ids = continuation_encoding(tok, " Paris is")[0]
+    assert tok.convert_ids_to_tokens(ids)[0].startswith("▁") and not tok.decode(ids).startswith(" ")
+    context, query = "the capital of France is Paris. a charming cafe", "the capital of France?"
+    if given == "generated":
+        monkeypatch.setattr(attribute, "greedy", lambda runner, prompt, n: list(ids))
+    r = ex.attribute_context(context, query, answer=ids if given == "ids" else None, methods=["loo"], chat=False)
+    assert r.answer == " Paris is" and r.answer_tokens[0].startswith(" ") and "".join(r.answer_tokens) == r.answer
+    assert r.answer_offsets[0][0] == 0 and r.answer_offsets[-1][1] == len(r.answer) and r.meta["answer_ids"] == ids
+    assert tok.decode(tok(r.prompt)["input_ids"] + ids).endswith(r.prompt[-10:] + r.answer)
+    again = ex.attribute_context(context, query, answer=r.answer, methods=["loo"], chat=False)
+    assert again.meta["answer_ids"] == ids and again.meta["answer_logprob"] == pytest.approx(r.meta["answer_logprob"])
+
+
 def test_words_of_a_tokenizer_whose_word_ids_run_on_are_what_whitespace_separates(llama_tokenizer):
     """transformers 5's Llama (and Gemma) tokenizers do not pre-split on spaces: every token gets word id 0, so the
     words are read from the whitespace between the tokens' spans; the word scores sum their tokens'."""

@@ -53,7 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "contextcite, at2, at2lrp, attngate; 'all' (default: attngate,attnlrp,loo, leaving out with a "
                         "warning those over --memory-budget at the prompt's length or that cannot run on the model)")
     p.add_argument("--template", help="the user message around {context} and {query}, each once (filled in as "
-                                      "they are; other text, braces included, stays as written; default: "
+                                      "they are; other text, braces included, stays as written, but \\n, \\t "
+                                      "and \\\\ are read as a newline, a tab and a backslash; default: "
                                       "'Context: {context}\\n\\nQuery: {query}')")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
@@ -106,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     token_methods, source_methods = split_methods(args.methods)  # a typo fails before anything loads
     budget = parse_budget(args.memory_budget)
     span = _answer_span(args.answer_span)
+    if args.template is not None:
+        args.template = unescape(args.template)
     if args.max_new_tokens is not None:
         check_at_least("--max-new-tokens", args.max_new_tokens, 1)
         if args.answer is not None:
@@ -168,3 +171,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     result.show(k=args.top)
     return 0
+
+
+ESCAPES = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """``text`` with ``\\n``, ``\\t`` and ``\\\\`` read as a newline, a tab and a backslash (a template typed on
+    one command line); any other backslash stays as written."""
+    return re.sub(r"\\[nt\\]", lambda m: ESCAPES[m.group(0)], text)

@@ -170,13 +170,27 @@ def _whole_characters(runner: ModelRunner, ids: list[int]) -> list[int]:
     return ids  # more unfinished tokens than a character has: the text's own U+FFFD
 
 
-def _answer_offsets(runner: ModelRunner, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
-    """The text of ``ids`` and each token's character span in it (by decoding growing prefixes; a token that
-    begins a character a later token completes gets an empty span, and the completing token the character)."""
+ANCHOR_TOKENS = 8  # the prompt's last tokens, decoded before an answer's so that it reads as it continues them
+
+
+def _answer_offsets(runner: ModelRunner, ids: list[int], before: Sequence[int] = ()
+                    ) -> tuple[str, list[tuple[int, int]]]:
+    """The text of ``ids`` as it continues the tokens ``before`` (the prompt's), and each token's character span
+    in it (by decoding growing prefixes; a token that begins a character a later token completes gets an empty
+    span, and the completing token the character).
+
+    The answer is decoded after the last :data:`ANCHOR_TOKENS` of ``before``, less their own text: a tokenizer
+    whose decoder strips the leading space of a text's first word (Llama's and Mistral's SentencePiece ``▁``)
+    would drop the answer's own leading space if it were decoded alone. Where those tokens' text is not a prefix
+    of the longer one (they end inside a character the answer completes), the answer is decoded alone."""
+    anchor = list(before[-ANCHOR_TOKENS:])
+    lead = _decode(runner, anchor) if anchor else ""
+    if anchor and not all(_decode(runner, anchor + ids[:k]).startswith(lead) for k in range(1, len(ids) + 1)):
+        anchor, lead = [], ""
     spans, prev = [], 0
     text = ""
     for k in range(1, len(ids) + 1):
-        text = _decode(runner, ids[:k])
+        text = _decode(runner, anchor + ids[:k])[len(lead):]
         # a character whose bytes are not complete yet belongs to the token that completes it
         end = max(len(text.rstrip(REPLACEMENT)) if k < len(ids) else len(text), prev)
         spans.append((prev, end))
@@ -235,6 +249,8 @@ def prepare_job(
     one-token answer (the shortest there can be) before the model generates; it raises to refuse."""
     if ablation not in ABLATIONS:
         raise InputError(f"ablation={ablation!r}; choose one of {', '.join(ABLATIONS)}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     check_lm(runner)  # before a classifier is asked to generate an answer
     found = split_sources(context, sources)
     if not found:
@@ -261,10 +277,10 @@ def prepare_job(
         if not ids:
             raise InputError("the generated answer stops inside its first character: raise max_new_tokens "
                              "(--max-new-tokens) or give an answer")
-        answer_text, answer_offsets = _answer_offsets(runner, ids)
+        answer_text, answer_offsets = _answer_offsets(runner, ids, prompt.ids)
     elif not isinstance(answer, str):  # token ids (a generated answer's meta["answer_ids"]): read as generated
         ids = token_ids_of(runner, answer, "answer")
-        answer_text, answer_offsets = _answer_offsets(runner, ids)
+        answer_text, answer_offsets = _answer_offsets(runner, ids, prompt.ids)
         if not answer_text.strip():
             raise InputError("the answer's token ids spell only whitespace: give the ids of the answer's text")
     else:  # the caller's text, with the tokenizer's character spans in it

@@ -65,6 +65,9 @@ def build_prompt(tokenizer: Any, context: str, query: str, template: str | None 
     message, through the chat template when ``chat``. :class:`InputError` for an empty query, a template without
     both fields, or a chat template that does not keep the context verbatim."""
     template = DEFAULT_TEMPLATE if template is None else template
+    if not isinstance(template, str):
+        raise InputError(f"the template must be a string with {{context}} and {{query}} once each, got "
+                         f"{type(template).__name__}")
     if not isinstance(query, str) or not query.strip():
         raise InputError("the query is empty: give the question the answer responds to")
     if template.count("{context}") != 1 or template.count("{query}") != 1:

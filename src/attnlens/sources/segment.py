@@ -97,6 +97,8 @@ def split_sources(context: str, sources: str | Sequence[Any] = "sentence") -> li
             raise InputError(f"sources={sources!r}; choose one of {', '.join(MODES)}, or give a list of spans or "
                              "strings")
         return found
+    if hasattr(sources, "tolist") and not isinstance(sources, Sequence):  # a NumPy array (or tensor) of spans
+        sources = sources.tolist()
     if not isinstance(sources, Sequence) or not sources:
         raise InputError("sources must be a mode or a non-empty list of (start, end) spans or strings")
     if all(isinstance(s, str) for s in sources):
