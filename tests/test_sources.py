@@ -154,8 +154,9 @@ def test_answer_in_one_pass_equals_the_sum_of_its_tokens_rows(lm):
     """The answer's summed log-probability explained in one pass equals, for methods linear in the explained
     value, the sum of the generation's per-token rows (and the mean for attention-row methods)."""
     prompt = "the movie was really"
-    one = lm.explain_answer(prompt, " great , i loved it", ["inputxgradient", "attnlrp", "decompx", "rawatt", "alti"])
-    rows = lm.explain_generation(prompt, ["inputxgradient", "attnlrp", "rawatt", "alti"], target=" great , i loved it",
+    rowwise = ["rawatt", "alti", "grads", "agrad"]
+    one = lm.explain_answer(prompt, " great , i loved it", ["inputxgradient", "attnlrp", "decompx", *rowwise])
+    rows = lm.explain_generation(prompt, ["inputxgradient", "attnlrp", *rowwise], target=" great , i loved it",
                                  target_kind="loss")
     decompx = lm.explain_generation(prompt, ["decompx"], target=" great , i loved it",
                                     options={"decompx": {"contrast": True}})  # z_t − Σ p z: log p linearised
@@ -167,7 +168,7 @@ def test_answer_in_one_pass_equals_the_sum_of_its_tokens_rows(lm):
                    ("decompx", decompx.scores["decompx"])):
         total = ref.sum(0)
         np.testing.assert_allclose(one.scores[m], total, atol=1e-5 * np.abs(total).max(), err_msg=m)
-    for m in ("rawatt", "alti"):  # the explained rows' mean
+    for m in rowwise:  # the explained rows' mean (each row's keys up to its own position: the later ones 0)
         np.testing.assert_allclose(one.scores[m], rows.scores[m].mean(0), atol=1e-6, err_msg=m)
 
 

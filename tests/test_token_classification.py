@@ -235,3 +235,21 @@ def test_cli_token_refuses_a_negative_position(tokenizer, tmp_path, capsys):
     assert cli_main(["explain", "--model", str(tmp_path), "--methods", "rawatt", "--token=-1", "the movie"]) == 2
     assert capsys.readouterr().err.strip().endswith(
         "--token -1: a position counts the tokens from 0 (use word:-1 for the word)")
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_grads_scores_no_key_a_causal_row_cannot_see(model_type, tokenizer):
+    """Under causal masking row p attends to no later key: the attention entry there has a gradient (the value the
+    row would read) but no effect the model can have, so Grads scores those tokens 0, and the others as the
+    gradient at row p. AGrad and GAE multiply by the attention, 0 there."""
+    model = token_model(model_type)
+    model.config._attn_implementation = "eager"  # the reference's maps
+    ex = Explainer(model, tokenizer)
+    text, position = TEXTS[1], 4
+    (e,) = ex.explain(text, ["grads", "agrad", "gae"], target=position)
+    ref = reference(model, tokenizer, text, position, None)
+    for m in ("grads", "agrad", "gae"):
+        assert np.all(e.scores[m][position + 1:] == 0), m
+        np.testing.assert_allclose(e.scores[m][: position + 1], ref[m][: position + 1], atol=1e-5, rtol=1e-4,
+                                   err_msg=m)
+    assert np.abs(ref["grads"][position + 1:]).max() > 1e-3  # the gradient there is not 0 by itself

@@ -327,8 +327,9 @@ class Explainer:
             An :class:`Explanation` over prompt + answer tokens: ``target`` is the answer's token span
             ``[start, end)``, ``probabilities`` each answer token's probability, ``meta["answer_logprob"]`` their
             summed log-probability. For methods linear in the explained value, the scores equal the sum over
-            the answer's tokens of :meth:`explain_generation`'s rows (methods averaging over query rows, AttCAT
-            and Grad-SAM, average over the rows up to the last that predicts an answer token: a one-token
+            the answer's tokens of :meth:`explain_generation`'s rows; methods reading the answer's own attention
+            rows (raw attention, Grads, AGrad, ALTI) take their mean, and methods averaging over query rows
+            (AttCAT, Grad-SAM) average over the rows up to the last that predicts an answer token (a one-token
             answer's scores equal its step's).
         """
         with _running(self.model):

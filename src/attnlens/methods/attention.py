@@ -175,13 +175,21 @@ def rollout(ctx: BatchContext) -> MethodOutput:
 @register(
     "grads",
     needs={ATTENTION_ROWS, GRADIENTS},
-    summary="Gradient of the target w.r.t. the last layer's attention, row c, mean over heads: E_h ∇A^L[c, j].",
+    summary="Gradient of the target w.r.t. the last layer's attention, row c, mean over heads: E_h ∇A^L[c, j]; "
+            "0 at keys row c attends to in no head (masked: later tokens under causal masking, padding).",
     citation="AttCAT paper (Qiang et al. 2022), baseline 'Grads'",
 )
 def grads(ctx: BatchContext) -> MethodOutput:
     cap = ctx.capture
-    layers = _stack_explained(cap, [g.mean(1) for g in cap.attention_row_grads])
+    layers = _stack_explained(cap, [_seen(a, g.mean(1)) for a, g in zip(cap.attention_rows, cap.attention_row_grads)])
     return MethodOutput(layers[:, -1], layers)
+
+
+def _seen(a: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``m`` ``(B, R, K)`` with 0 at the keys that rows ``a`` ``(B, H, R, K)`` attend to in no head: keys masked for
+    the row (a later token under causal masking, padding, outside a sliding window). Their attention entry has a
+    gradient (the value the row would read there) but no effect the model can have, so it scores nothing."""
+    return torch.where(a.ne(0).any(1), m, 0)
 
 
 @register(
