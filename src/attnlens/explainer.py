@@ -315,7 +315,8 @@ class Explainer:
         progress: bool | ProgressCallback = False,
     ) -> Explanation:
         """Explain a language model's answer as a whole: the sum of the answer tokens' log-probabilities after
-        ``prompt`` (``target_kind="logit"``: of their logits), one pass per method for the whole answer.
+        ``prompt`` (``target_kind="logit"``: of their logits; ``"probability"``: the product of their
+        probabilities, the answer's probability), one pass per method for the whole answer.
 
         Args:
             prompt: text (with the tokenizer's special tokens; ``chat``: through its chat template) or token ids.
