@@ -249,10 +249,12 @@ def _explicit_llama(model, ids, target):
     return r_x0.sum(-1), r_a
 
 
-def _explicit_gpt2(model, ids, target):
+def _explicit_gpt2(model, ids, target, types=None, parts=False):
+    """``types``: token types, looked up in the word table too (as GPT-2 does); ``parts``: return the relevance
+    of the word lookup alone and of the types' lookup, each its share ``x · R_x0 / x0`` of the sum's."""
     tr, blk = model.transformer, model.transformer.h[0]
     n, h = ids.shape[0], model.config.n_head
-    x0 = tr.wte.weight[ids] + tr.wpe.weight[:n]
+    x0 = tr.wte.weight[ids] + tr.wpe.weight[:n] + (0 if types is None else tr.wte.weight[types])
     n1 = blk.ln_1(x0)
     qkv = blk.attn.c_attn(n1)
     q, k, v = (split(t, h) for t in qkv.split(model.config.n_embd, dim=-1))
@@ -281,6 +283,9 @@ def _explicit_gpt2(model, ids, target):
     r_q, r_k, r_v, r_a, _ = causal_attention_rel(q, k, v, scale, r_ctx)
     r_qkv = torch.cat([merge(r_q), merge(r_k), merge(r_v)], -1)
     r_x0 = r_x0 + ln_rel(x0, blk.ln_1, n1, lin(n1, blk.attn.c_attn.weight.T, qkv, r_qkv))
+    if parts:
+        share = r_x0 / x0
+        return (tr.wte.weight[ids] * share).sum(-1), (tr.wte.weight[types] * share).sum(-1)
     return r_x0.sum(-1), r_a
 
 
@@ -853,6 +858,20 @@ def test_whole_pass_equals_explicit_rule_by_rule_propagation(family):
         # the relative positions do take relevance (ALiBi's slopes, 1/16 and 1/256 per position, take little)
         assert abs(float(expected[2])) > (1e-5 if family == "bloom" else 1e-3)
     assert res.input_relevance.abs().max() > 1e-3
+
+
+def test_word_relevance_is_the_tokens_lookup_where_token_types_use_the_same_table():
+    """GPT-2 (and GPT-Neo) look token types up in the word table, after the tokens: ``input="word"`` is the
+    relevance of the tokens' lookup, not of the types'."""
+    model = _one_layer("gpt2")
+    ids, types = torch.tensor([2, 7, 13, 21, 5, 3]), torch.tensor([0, 0, 0, 1, 1, 1])
+    inputs = {"input_ids": ids[None], "token_type_ids": types[None],
+              "attention_mask": torch.ones(1, 6, dtype=torch.long)}
+    with torch.no_grad():
+        word, typed = _explicit_gpt2(model, ids, 1, types, parts=True)
+    res = lrp_pass(model, inputs, 1)
+    torch.testing.assert_close(res.word_relevance[0], word, rtol=1e-8, atol=1e-10)
+    assert (word - typed).abs().max() > 1e-3
 
 
 # ---------------------------------------------------------------- conservation

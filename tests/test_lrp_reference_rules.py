@@ -117,10 +117,10 @@ def test_attnlrp_refuses_chefer_rules(rules, tokenizer):
     assert np.isfinite(e.scores["attnlrp"]).all()
 
 
-@pytest.mark.parametrize("epsilon", [1e-3, -1.0, float("nan"), "0.1", True])
+@pytest.mark.parametrize("epsilon", [1e-3, -1.0, float("nan"), float("inf"), "0.1", True])
 def test_epsilon_refused_where_it_means_nothing(epsilon, tokenizer):
     ex = Explainer(make_model("bert"), tokenizer)
-    match = "not 'chefer'" if epsilon == 1e-3 else "epsilon must be a number >= 0"
+    match = "not 'chefer'" if epsilon == 1e-3 else "epsilon must be a finite number >= 0"
     with pytest.raises(InputError, match=match):
         ex.explain(TEXTS[:1], methods=["partiallrp"], options={"partiallrp": {"epsilon": epsilon}})
 

@@ -432,6 +432,17 @@ def test_each_generated_token_equals_its_own_pass(family):
     assert (gen.scores["attnlrp"][:, len(ids):] == 0).all()  # the generated columns: the encoder never reads them
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_generation_explained_on_the_cross_stream_by_attnlrp_alone_is_the_encoders(family):
+    """Alone, AttnLRP's pass serves the batch without attention maps: the decoder's length is read from its other
+    outputs, and the scores are the encoder's, as on the encoder stream."""
+    model = seq2seq(family, "seq2seq-lm")
+    encoder = Explainer(model, make_tokenizer()).explain_generation(TEXTS[0], max_new_tokens=3, methods=["attnlrp"])
+    cross = Explainer(model, make_tokenizer(), attention="cross").explain_generation(
+        TEXTS[0], max_new_tokens=3, methods=["attnlrp"])
+    torch.testing.assert_close(torch.as_tensor(cross.scores["attnlrp"]), torch.as_tensor(encoder.scores["attnlrp"]))
+
+
 def _qa_model(family: str) -> torch.nn.Module:
     """A bias-free extractive QA encoder-decoder in float64 (the span head's bias zeroed too)."""
     torch.manual_seed(0)

@@ -262,7 +262,7 @@ class _Seq2SeqSteps(EncoderDecoderAdapter):
     def select(self, outputs: Any, stream: str, token_mask: torch.Tensor, cls: torch.Tensor) -> StreamTensors:
         if stream == "encoder":
             return super().select(outputs, stream, token_mask, cls)
-        n_decoder = outputs.cross_attentions[0].shape[2]
+        n_decoder = _decoder_length(outputs)
         rows = torch.arange(n_decoder, device=cls.device)[None, :] <= cls[:, None]
         one_hot = torch.nn.functional.one_hot(cls, n_decoder).float()
         if stream == "decoder":  # keys: the decoder input (start token + continuation) up to the step
@@ -277,6 +277,15 @@ class _Seq2SeqSteps(EncoderDecoderAdapter):
 
     def keys_to_tokens(self, values: torch.Tensor, stream: str) -> torch.Tensor:
         return values  # decoder stream: the token space is the decoder input itself (see _seq2seq_batch)
+
+
+def _decoder_length(outputs: Any) -> int:
+    """The decoder positions of a seq2seq pass's outputs: its cross-attention's queries, or, where the pass kept no
+    attention (an LRP pass serving the capture alone), its decoder states' or logits' positions."""
+    for maps in (getattr(outputs, "cross_attentions", None), getattr(outputs, "decoder_hidden_states", None)):
+        if maps:
+            return int(maps[0].shape[-2 if maps is outputs.cross_attentions else 1])
+    return int(outputs.logits.shape[1])
 
 
 def _seq2seq_batch(runner: ModelRunner, prompt: Encoded, generated: list[int], rows: list[int],

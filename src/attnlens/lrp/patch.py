@@ -255,8 +255,11 @@ def _lrp_mode(model: nn.Module, state: PassState) -> Iterator[None]:
 
         return hook
 
-    def grab_word(_m, _inp, out: torch.Tensor) -> torch.Tensor:
-        # a leaf for the word embeddings, so relevance reaches them even if the weights are frozen
+    def grab_word(_m, _inp, out: torch.Tensor) -> torch.Tensor | None:
+        # a leaf for the word embeddings, so relevance reaches them even if the weights are frozen; the pass's
+        # first lookup is the tokens' (GPT-2 and GPT-Neo look their token types up in the same table after it)
+        if state.word_embeddings is not None:
+            return None
         leaf = out.detach().requires_grad_(True)
         state.word_embeddings = leaf
         return leaf

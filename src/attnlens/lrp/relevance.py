@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,10 +97,11 @@ class LRPResult:
 
 
 def check_settings(rules: object, epsilon: object) -> None:
-    """:class:`InputError` unless ``rules`` names a rule set and ``epsilon`` is a number >= 0 it can use."""
+    """:class:`InputError` unless ``rules`` names a rule set and ``epsilon`` is a finite number >= 0 it can use (an
+    infinite one would divide every relevance away)."""
     check_rules(rules)
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon >= 0:
-        raise InputError(f"LRP epsilon must be a number >= 0, got {epsilon!r}")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 <= epsilon < math.inf:
+        raise InputError(f"LRP epsilon must be a finite number >= 0, got {epsilon!r}")
     if epsilon and rules in CHEFER:
         raise InputError(f"LRP epsilon applies to rules 'attnlrp' and 'cp', not {rules!r} (whose z+ rule has none)")
 
