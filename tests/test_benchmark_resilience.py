@@ -15,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import make_model, make_tokenizer
 from test_benchmark import CONFIG, METRICS, FakeExplainer, bench, dataset, linear_predict
@@ -412,3 +413,33 @@ def test_ctrl_c_on_a_run_in_processes_merges_and_summarises_what_they_finished(t
     assert len([x for x in lines if "wrote" in x]) == 1 and len(lines) == 2, err
     assert subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600).returncode == 0
     assert json.loads((out / "summary.json").read_text())["n_examples"] == len(ROWS) * 80
+
+
+def test_non_finite_scores_stop_the_run_in_one_line_naming_the_method_and_example(tmp_path):
+    """A NaN has no place in the order the deletion metrics remove tokens by: the run stops before anything of
+    the chunk is written, naming the method and the example."""
+    from attnlens.errors import MethodError
+
+    class NaNExplainer(FakeExplainer):
+        def explain(self, texts, methods, **kw):
+            out = super().explain(texts, methods, **kw)
+            for e in out:
+                if "grads" in e.scores:
+                    e.scores["grads"] = np.where(np.arange(len(e.tokens)) == 1, np.nan, e.scores["grads"])
+            return out
+
+    with pytest.raises(MethodError, match=r"method 'grads' gave example .* non-finite scores"):
+        bench(tmp_path, explainer=NaNExplainer())
+    assert not (tmp_path / "examples.jsonl").is_file() or not (tmp_path / "examples.jsonl").read_text().strip()
+
+
+@pytest.mark.parametrize("line", ['{"note": "checked by hand"}', '{"index": 1, "method": "attcat", "metrics": {}}',
+                                  '{"index": true, "method": null}'])
+def test_a_line_that_is_no_example_row_is_taken_out_with_a_warning_and_the_results_stay(tmp_path, line):
+    summary, _ = bench(tmp_path)
+    path = tmp_path / "examples.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([line, *lines]) + "\n")
+    with pytest.warns(UserWarning, match="not a results row"):
+        again, _ = bench(tmp_path)
+    assert again["metrics"] == summary["metrics"] and path.read_text().splitlines() == lines

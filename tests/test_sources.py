@@ -1160,6 +1160,41 @@ def test_context_benchmark_metrics_against_direct_ablations(lm, tmp_path):
     assert again["metrics"]["peer"]["lds"]["mean"] == summary["metrics"]["peer"]["lds"]["mean"]
 
 
+def test_context_benchmark_takes_a_peers_new_scores_and_writes_strict_json(lm, tmp_path):
+    """A peer's file that changed is scored again on resuming; one example's summary and records are JSON every
+    parser reads (no NaN: an interval of one value is null); two examples under one id are refused."""
+    from attnlens.evaluation.context_benchmark import ContextBenchmarkConfig, run_context_benchmark
+    from attnlens.sources.squad import ContextExample
+
+    example = ContextExample("x1", CONTEXT, QUERY, ANSWER, split_sources(CONTEXT, "sentence"), gold=2)
+    config = ContextBenchmarkConfig(methods=["loo"], n_lds=8)
+    wrong = {"x1": {"peer": {"scores": [0.0, 0.0, 0.0, 1.0], "seconds": float("nan")}}}  # none given: null on disk
+    first = run_context_benchmark(lm, [example], config, tmp_path, external=wrong)
+    assert first["metrics"]["peer"]["gold_hit"]["mean"] == 0.0
+    right = {"x1": {"peer": {"scores": [0.0, 0.0, 1.0, 0.0], "seconds": 0.1}}}
+    again = run_context_benchmark(lm, [example], config, tmp_path, external=right)
+    assert again["metrics"]["peer"]["gold_hit"]["mean"] == 1.0 and again["metrics"]["peer"]["seconds"]["mean"] == 0.1
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+
+    summary = strict((tmp_path / "summary.json").read_text())
+    assert summary["metrics"]["loo"]["lds"]["ci95"] is None
+    assert [strict(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()][0]["methods"]["peer"][
+        "seconds"] is None
+    with pytest.raises(InputError, match="two examples have the id 'x1'"):
+        run_context_benchmark(lm, [example, example], config, tmp_path / "dup")
+
+
+def test_external_scores_must_be_finite_numbers(tmp_path):
+    from attnlens.evaluation.context_benchmark import read_external
+
+    path = tmp_path / "peer.jsonl"
+    path.write_text('{"id": "x1", "method": "peer", "scores": [0, 5, NaN]}\n')
+    with pytest.raises(InputError, match="line 1: scores that are not finite numbers"):
+        read_external([path])
+
+
 def test_squad_context_splits_articles_by_parity_and_is_deterministic():
     from conftest import DATA, missing
 

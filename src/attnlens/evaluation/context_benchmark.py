@@ -77,6 +77,8 @@ def read_external(paths: Sequence[str | Path]) -> dict[str, dict[str, dict[str, 
                     "scores": [float(v) for v in d["scores"]], "seconds": float(d.get("seconds", math.nan))}
             except (ValueError, KeyError, TypeError) as err:
                 raise InputError(f"{path} line {n}: not an {{id, method, scores, seconds}} record ({err})") from None
+            if not all(math.isfinite(v) for v in found[str(d["id"])][str(d["method"])]["scores"]):
+                raise InputError(f"{path} line {n}: scores that are not finite numbers (NaN or inf) cannot be ranked")
     return found
 
 
@@ -159,7 +161,7 @@ def evaluate_example(ex: Explainer, example: ContextExample, config: ContextBenc
             "top1_drop": float(full - removed[tops[m][0]]),
             "top3_drop": float(full - removed[tops[m][1]]),
             "lds": _lds(masks, actual, s),
-            "gold_hit": float(int(np.argmax(s)) == example.gold),
+            "gold_hit": float(int(np.argsort(-s, kind="stable")[0]) == example.gold),  # the top-1 removed
             "seconds": float(seconds.get(m, math.nan)),
             "options": identities.get(m, {}),
         }
@@ -184,8 +186,8 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[
         out[m] = {}
         for metric, vs in metrics.items():
             a = np.asarray(vs)
-            half = 1.96 * a.std(ddof=1) / math.sqrt(len(a)) if len(a) > 1 else math.nan
-            out[m][metric] = {"mean": float(a.mean()), "ci95": float(half), "n": len(a)}
+            half = float(1.96 * a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else None  # null in JSON
+            out[m][metric] = {"mean": float(a.mean()), "ci95": half, "n": len(a)}
     return out
 
 
@@ -198,8 +200,8 @@ def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
         cells = []
         for metric in METRICS:
             v = summary[m].get(metric)
-            cells.append("—" if v is None else (f"{v['mean']:.3f}" if metric == "seconds" or math.isnan(v["ci95"])
-                                                 else f"{v['mean']:.3f} ± {v['ci95']:.3f}"))
+            cells.append("—" if v is None else (f"{v['mean']:.3f}" if metric == "seconds" or v["ci95"] is None
+                                                 or math.isnan(v["ci95"]) else f"{v['mean']:.3f} ± {v['ci95']:.3f}"))
         counts[m] = max((int(v.get("n", 0)) for v in summary[m].values()), default=0)
         rows.append(f"| {m} | {counts[m]} | " + " | ".join(cells) + " |")
     lines = [head, *rows]
@@ -218,11 +220,15 @@ def _identities(ex: Explainer, config: ContextBenchmarkConfig) -> dict[str, dict
 
 
 def _complete(record: Mapping[str, Any], config: ContextBenchmarkConfig, methods: Sequence[str],
-              identities: Mapping[str, Mapping[str, Any]], settings: Mapping[str, Any]) -> bool:
-    """Whether ``record`` already holds every method, with this run's options and ground-truth ``settings``."""
+              identities: Mapping[str, Mapping[str, Any]], settings: Mapping[str, Any],
+              external: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
+    """Whether ``record`` already holds every method, with this run's options and ground-truth ``settings``, and
+    each ``external`` method with the scores its file gives now."""
     if record.get("truth", {}).get("settings") != settings:
         return False
     have = record.get("methods", {})
+    if any(m not in have or have[m].get("scores") != list(r["scores"]) for m, r in (external or {}).items()):
+        return False
     return all(m in have and (m not in config.methods or have[m].get("options") == identities[m]) for m in methods)
 
 
@@ -242,6 +248,11 @@ def run_context_benchmark(
     (``n_lds``, keep probability, ablation, seed), another model or another example under the same id (other
     distractors, sources or data) are recomputed whole. The summary covers every method the records
     hold."""
+    seen: set[str] = set()
+    for e in examples:  # results are kept by id: two examples under one id would be one of them twice
+        if e.id in seen:
+            raise InputError(f"two examples have the id {e.id!r}: give each example an id of its own")
+        seen.add(e.id)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "records.jsonl"
@@ -259,9 +270,9 @@ def run_context_benchmark(
                 ext = (external or {}).get(e.id, {})
                 old = done.get(e.id)
                 settings = _truth_settings(config, ex, e)
-                if old is None or not _complete(old, config, [*wanted, *ext], identities, settings):
+                if old is None or not _complete(old, config, [*wanted, *ext], identities, settings, ext):
                     done[e.id] = evaluate_example(ex, e, config, ext, previous=old, identities=identities)
-                    f.write(json.dumps(done[e.id]) + "\n")  # a later line for the same id supersedes an earlier one
+                    f.write(json.dumps(_nulls(done[e.id])) + "\n")  # a later line for an id supersedes an earlier one
                     f.flush()
                 finished.append(e)
                 if progress is not None:
@@ -270,6 +281,18 @@ def run_context_benchmark(
         _write_summary(ex, config, out, [done[e.id] for e in finished], len(examples), start)
         raise
     return _write_summary(ex, config, out, [done[e.id] for e in finished], len(examples), start)
+
+
+def _nulls(value: Any) -> Any:
+    """``value`` with every float that is not finite as ``None`` (``null`` in JSON: an LDS without variation, a
+    peer's missing seconds), so that every reader of the records parses them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _nulls(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nulls(v) for v in value]
+    return value
 
 
 def _write_summary(ex: Explainer, config: ContextBenchmarkConfig, out: Path, records: list[dict[str, Any]],

@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +74,18 @@ def differing_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]
 
 
 # ------------------------------------------------------------------ JSON files
-def read_rows(path: Path, repair: bool = True) -> list[dict[str, Any]]:
+def read_rows(path: Path, repair: bool = True, row: Callable[[dict[str, Any]], bool] | None = None
+              ) -> list[dict[str, Any]]:
     """Complete lines of a results JSONL file. A torn last line (interrupted write) is cut off the file, and any
-    other line that is not a JSON object is taken out of it with a warning (both are left in place with
-    ``repair=False``: a file another process may be appending to); the rows of such lines are computed again."""
+    other line that is not a JSON object (or one ``row`` refuses, e.g. :func:`is_example_row`) is taken out of it
+    with a warning (both are left in place with ``repair=False``: a file another process may be appending to); the
+    rows of such lines are computed again."""
     if not path.exists():
         return []
     raw = path.read_bytes()
     end = raw.rfind(b"\n") + 1
     lines = [line for line in text_lines(raw[:end].decode("utf-8", "replace")) if line.strip()]
-    rows = [row for row in map(_object, lines) if row is not None]
+    rows = [r for r in map(_object, lines) if r is not None and (row is None or row(r))]
     unique = _first_of_each(rows)
     if repair and end < len(raw):
         with path.open("r+b") as f:
@@ -99,6 +101,15 @@ def read_rows(path: Path, repair: bool = True) -> list[dict[str, Any]]:
     if repair and len(unique) < len(lines):
         rewrite_rows(path, unique)
     return unique
+
+
+def is_example_row(row: dict[str, Any]) -> bool:
+    """Whether ``row`` is a row of ``examples.jsonl``: an example's index and a method's metrics, or (method
+    ``null``) the example's baseline."""
+    index = row.get("index")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0 or "method" not in row:
+        return False
+    return "baseline" in row if row["method"] is None else isinstance(row.get("metrics"), dict) and bool(row["metrics"])
 
 
 def _first_of_each(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -29,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..core.allocator import release_free_memory
 from ..core.encoding import normalize_texts
 from ..core.fused_attention import weights_dtype
 from ..core.memory import DEFAULT_BUDGET, parse_budget
 from ..data import Dataset, class_order, names_classes
-from ..errors import InputError
+from ..errors import InputError, MethodError
 from ..models.architectures import adapter_for
 from ..paths import check_output_path
 from ..results.explanation import Explanation
@@ -60,6 +62,7 @@ from .results import (
     differing_settings,
     example_rows,
     explanation_cache,
+    is_example_row,
     read_rows,
     read_run,
     replacing_results,
@@ -468,7 +471,7 @@ def _work(
     kendall_methods = [m for m in method_ids if class_specific[m]] if "kendall" in metric_ids else []
 
     ex_path, exp_path = work_dir / "examples.jsonl", work_dir / "explanations.jsonl"
-    rows = read_rows(ex_path)
+    rows = read_rows(ex_path, row=is_example_row)
     done = complete_examples(rows, method_ids)
     if len(done) * (len(method_ids) + 1) != len(rows):  # drop lines of half-written examples
         rows = [r for r in rows if r["index"] in done]
@@ -476,7 +479,7 @@ def _work(
     wanted = {i for chunk in plan for i in chunk}
     exp_rows = read_rows(exp_path)
     for src in sources:  # other processes may be appending to these: read complete lines, repair nothing
-        done |= complete_examples(read_rows(src / "examples.jsonl", repair=False), method_ids)
+        done |= complete_examples(read_rows(src / "examples.jsonl", repair=False, row=is_example_row), method_ids)
         exp_rows += read_rows(src / "explanations.jsonl", repair=False)
     cached = explanation_cache([r for r in exp_rows if (r.get("meta") or {}).get("example_index") in wanted])
 
@@ -531,7 +534,7 @@ def _finish(
     remaining = 0.0  # compute seconds of shards still being written (kept, merged again later)
     if shard_dirs(out):
         cached, remaining = _merge_shards(out, settings, method_ids, chunk_size)
-    complete = len(complete_examples(read_rows(out / "examples.jsonl"), method_ids)) == len(dataset)
+    complete = len(complete_examples(read_rows(out / "examples.jsonl", row=is_example_row), method_ids)) == len(dataset)
     t2 = time.perf_counter()
     consist = None
     if "consistency" in metric_ids and complete:
@@ -622,6 +625,17 @@ def _explain_examples(explainer: Any, ids: Sequence[str], texts: list[Any], meth
             warnings.warn_explicit(named(str(w.message)), w.category, w.filename, w.lineno)
 
 
+def _check_finite(exps: Sequence[Explanation], ids: Sequence[Any]) -> None:
+    """:class:`MethodError` where a method gave an example non-finite scores: the deletion metrics rank tokens by
+    them, and a NaN has no place in that order (nothing is written for the chunk)."""
+    for e, example in zip(exps, ids, strict=True):
+        for method, scores in e.scores.items():
+            if not np.isfinite(np.asarray(scores, dtype=float)).all():
+                raise MethodError(f"method {method!r} gave example {example!r} non-finite scores (NaN or inf), which "
+                                  "a benchmark cannot rank: leave the method out, or run it in float32 if the "
+                                  "model runs in half precision")
+
+
 def _explain_chunk(
     explainer: Any,
     dataset: Dataset,
@@ -656,6 +670,7 @@ def _explain_chunk(
             target=None if not gold_target else targets, target_kind=target_kind,
             options={k: v for k, v in (options or {}).items() if k in methods} or None,
         )
+        _check_finite(exps, [dataset[i].id for i in missing])
         rows = []
         for i, e in zip(missing, exps):
             e.meta = {**e.meta, "example_index": i, "example_id": dataset[i].id, "benchmark_role": "explained"}
@@ -681,6 +696,7 @@ def _explain_chunk(
                 target=[c for _, c in todo], target_kind=target_kind,
                 options={k: v for k, v in (options or {}).items() if k in kendall_methods} or None,
             )
+            _check_finite(exps, [dataset[i].id for i, _ in todo])
             rows = []
             for (i, c), e in zip(todo, exps):
                 e.meta = {**e.meta, "example_index": i, "example_id": dataset[i].id, "benchmark_role": "other"}

@@ -15,7 +15,15 @@ from typing import Any
 
 from ..paths import atomic_output, atomic_write_text
 from .metrics import CURVES, METRICS, EvalConfig, mean_or_none, metric_info
-from .results import FORMAT_VERSION, BenchmarkSettings, complete_examples, finite, jsonable, read_rows
+from .results import (
+    FORMAT_VERSION,
+    BenchmarkSettings,
+    complete_examples,
+    finite,
+    is_example_row,
+    jsonable,
+    read_rows,
+)
 
 
 def summarize(
@@ -29,7 +37,7 @@ def summarize(
 
     ``consist`` and ``sanity``: the data-set metrics' results (:mod:`.metrics` consistency, :mod:`.sanity`)."""
     out = Path(out_dir)
-    rows = read_rows(out / "examples.jsonl")
+    rows = read_rows(out / "examples.jsonl", row=is_example_row)
     done = complete_examples(rows, settings.methods)
     rows = [r for r in rows if r["index"] in done]
     config = EvalConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.config.items()})
