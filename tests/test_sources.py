@@ -172,6 +172,24 @@ def test_answer_in_one_pass_equals_the_sum_of_its_tokens_rows(lm):
         np.testing.assert_allclose(one.scores[m], rows.scores[m].mean(0), atol=1e-6, err_msg=m)
 
 
+def test_an_explained_answer_is_shown_drawn_and_aggregated_to_words(lm, capsys):
+    """An answer's target is its token span ``[start, end)``, not a QA span: the views outline its tokens and say
+    what is explained, and its words cover the same tokens."""
+    from attnlens.viz.colors import answer_positions, prediction_line
+
+    e = lm.explain_answer("the movie was really", " great , i loved it", ["inputxgradient"])
+    start, end = e.target
+    assert e.is_answer and not e.is_qa and answer_positions(e) == set(range(start, end))
+    line = prediction_line(e)
+    assert line.startswith("explaining the answer ") and f"(tokens {start}-{end - 1})" in line
+    e.show()
+    assert "explaining the answer" in capsys.readouterr().out
+    assert "explained answer span (outlined)" in e.to_html()
+    words = e.to_words()
+    assert words.is_answer and words.tokens[words.target[0]:words.target[1]] == ["great", ",", "i", "loved", "it"]
+    np.testing.assert_allclose(words.scores["inputxgradient"].sum(), e.scores["inputxgradient"].sum(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("methods", [["attcat"], ["attgrads"], ["attcat", "attgrads", "cat", "rawatt"]])
 def test_a_one_token_answer_is_explained_as_its_generation_step(lm, methods):
     """Methods averaging over query rows (AttCAT's received attention, Grad-SAM) average over the rows the answer

@@ -453,3 +453,16 @@ def test_a_word_of_a_newline_and_spaces_keeps_its_newline_in_the_word_view():
     words = e.to_words()
     assert words.tokens == ["lait:", "\n␣", "the"] and shown_tokens(words)[1:] == shown_tokens(e)[3:]
     np.testing.assert_array_equal(words.scores["m"], [3.0, 3.0, 4.0])
+
+
+def test_an_unknown_token_a_byte_level_tokenizer_never_writes_for_text_is_special(tokenizer):
+    """A byte-level BPE spells any text: its ``unk_token`` (SmolLM2's ``<|endoftext|>``) is a control token and is
+    never ranked; a WordPiece ``[UNK]`` stands for a word of the input and is."""
+    from attnlens.core.encoding import special_ids
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["the cafe charm ends here"] * 5, vocab_size=280, min_frequency=1,
+                            special_tokens=["<|endoftext|>", "<eos>"])
+    byte_level = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, unk_token="<|endoftext|>", eos_token="<eos>")
+    assert byte_level.unk_token_id in special_ids(byte_level)
+    assert tokenizer.unk_token_id not in special_ids(tokenizer) and tokenizer.cls_token_id in special_ids(tokenizer)

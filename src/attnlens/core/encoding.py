@@ -310,7 +310,12 @@ def _drop_start_mark(spec: dict[str, Any]) -> bool:
 
 def special_ids(tokenizer: Any) -> set[int]:
     """The ids of the tokenizer's special tokens, as ``return_special_tokens_mask`` marks them in an encoded text:
-    not the unknown token, which stands for text of the input (a word the vocabulary lacks) and is ranked."""
+    not the unknown token, which stands for text of the input (a word the vocabulary lacks) and is ranked, unless
+    the tokenizer never writes it for text (a byte-level BPE without an unknown token, whose ``unk_token`` is a
+    control token such as SmolLM2's ``<|endoftext|>``)."""
     ids = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
     unk = getattr(tokenizer, "unk_token_id", None)
-    return ids - ({int(unk)} if unk is not None else set())
+    backend = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    if unk is None or (type(backend).__name__ == "BPE" and getattr(backend, "unk_token", "") is None):
+        return ids
+    return ids - {int(unk)}

@@ -84,7 +84,14 @@ class Explanation:
     @property
     def is_qa(self) -> bool:
         """Whether this explains an extractive QA model (its target is a ``[start, end]`` token span)."""
-        return self.meta.get("task") == "qa" or (isinstance(self.target, list) and not self.is_multi_label)
+        return self.meta.get("task") == "qa" or (isinstance(self.target, list) and not self.is_multi_label
+                                                  and not self.is_answer)
+
+    @property
+    def is_answer(self) -> bool:
+        """Whether this explains a language model's answer as a whole (:meth:`Explainer.explain_answer`: its
+        target is the answer's token span ``[start, end)``, its end excluded)."""
+        return str(self.meta.get("task", "")).endswith("-lm") and isinstance(self.target, list)
 
     @property
     def is_multi_label(self) -> bool:
@@ -308,6 +315,9 @@ class Explanation:
         if self.is_qa:  # spans are token positions: map them to word positions
             target, predicted = ([word_of.get(int(i), int(i)) for i in span]  # type: ignore[union-attr]
                                  for span in (self.target, self.predicted))
+        elif self.is_answer:  # [start, end): the words of its first and last tokens
+            start, end = (int(i) for i in self.target)  # type: ignore[union-attr]
+            target = [word_of.get(start, start), word_of.get(end - 1, end - 1) + 1]
         meta = {**self.meta, "granularity": "word", "word_aggregation": aggregation}
         meta.pop("token_encoding", None)  # words are text
         meta.pop("text_tokens", None)

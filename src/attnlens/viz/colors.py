@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InputError
-from ..results.tokentext import readable_tokens
+from ..results.tokentext import readable_tokens, token_texts
 
 POSITIVE_RGB = (22, 163, 74)  # green
 NEGATIVE_RGB = (220, 38, 38)  # red
@@ -46,6 +46,9 @@ class Explained(Protocol):
 
     @property
     def is_qa(self) -> bool: ...
+
+    @property
+    def is_answer(self) -> bool: ...
 
     @property
     def is_multi_label(self) -> bool: ...
@@ -270,6 +273,9 @@ def answer_positions(exp: Explained) -> set[int]:
     for sequence classifiers)."""
     if "position" in exp.meta and exp.meta.get("task") == "token":
         return {int(exp.meta["position"])}
+    if exp.is_answer:  # a language model's answer: [start, end), its end excluded
+        start, end = exp.target  # type: ignore[misc]
+        return set(range(int(start), int(end)))
     if not exp.is_qa:
         return set()
     start, end = exp.target  # type: ignore[misc]
@@ -289,6 +295,12 @@ def prediction_line(exp: Explained) -> str:
     as text with its start and end probabilities; multi-label: the labels with p > 0.5 (independent sigmoid
     probabilities) and the explained label."""
     probs = exp.probabilities
+    if exp.is_answer:  # probabilities: each answer token's
+        start, end = (int(i) for i in exp.target)  # type: ignore[union-attr]
+        logprob = exp.meta.get("answer_logprob")
+        told = "" if logprob is None else f", log-probability {float(logprob):.3f}"
+        spelled = "".join(token_texts(exp.tokens[start:end], exp.meta))  # as the tokens spell it, spaces included
+        return f"explaining the answer {spelled!r} (tokens {start}-{end - 1}){told}"
     if exp.is_qa:
         p_start, p_end = (list(probs) + [float("nan")] * 2)[:2]
         line = f"answer: {_span(exp, exp.target)}, p(start) {p_start:.3f}, p(end) {p_end:.3f}"

@@ -209,7 +209,7 @@ def explanations_html(
     """
     items = prepare(exps, words)
     title = title or "attnlens explanations"
-    explained = "explained answer span (outlined)" if any(e.is_qa for e in items) else (
+    explained = "explained answer span (outlined)" if any(e.is_qa or e.is_answer for e in items) else (
         "explained label of the outlined token" if any(e.meta.get("task") == "token" for e in items)
         else "explained class")
     unusual = _non_finite_note(items, methods)
