@@ -228,6 +228,14 @@ def test_generate_click_and_select_answer_tokens(page, server, screenshots):
     page.wait_for_selector("body[data-step='2-2']")
     expect(page.locator("#stretch-answer")).to_be_hidden()  # one step: nothing to explain as a stretch
 
+    page.fill("#force", "paris [SEP] .")  # a special token inside the continuation is shown as one, not shaded
+    page.click("#generate")
+    expect(page.locator("#answer span.gen")).to_have_count(3)
+    page.locator("#answer span.gen").nth(2).click()
+    page.wait_for_selector("body[data-step='2-2']")
+    classes = page.eval_on_selector_all("#gen-heatmap tr[data-method='agrad'] td.cell",
+                                        "cs => cs.map(c => c.className)")
+    assert classes[-1] == "cell special" and classes[-2] == "cell"  # [SEP] after "paris"
     page.fill("#force", "paris .")
     page.click("#generate")
     expect(page.locator("#answer span.gen")).to_have_count(2)

@@ -580,7 +580,7 @@ function chooseSteps(t0, t1) {
   for (const chip of $("answer").querySelectorAll("span.gen")) chip.classList.toggle("chosen", +chip.dataset.step >= t0 && +chip.dataset.step <= t1);
   const n = g.prompt_tokens.length + t1;  // the tokens before the last chosen step
   const tokens = generationTexts(g).slice(0, n);
-  const special = g.prompt_special.concat(g.generated_tokens.map(() => false)).slice(0, n);
+  const special = generationSpecial(g).slice(0, n);
   const rows = Object.keys(g.scores).map((m) => {
     const values = new Array(n).fill(0);
     for (let t = t0; t <= t1; t++) for (let j = 0; j < n; j++) values[j] += g.scores[m][t][j];
@@ -593,6 +593,13 @@ function chooseSteps(t0, t1) {
   $("stretch-answer").hidden = t0 === t1 || Boolean(g.contrast_ids);
   document.body.dataset.step = `${t0}-${t1}`;
   delete document.body.dataset.stretch;
+}
+
+// Which of prompt + continuation are special tokens (an end-of-text token inside a forced continuation, too), as the
+// Python views read them: never shaded, nor counted in a row's colour scale.
+function generationSpecial(g) {
+  const generated = (g.meta && g.meta.generated_special) || g.generated_tokens.map(() => false);
+  return g.prompt_special.concat(generated);
 }
 
 function stepCaption(g, t0, t1) {
@@ -615,7 +622,7 @@ async function explainStretch() {
   const [exp] = await runJob("answer", req, "explaining the stretch as one answer");
   if (state.gen !== g || state.genRange[0] !== t0 || state.genRange[1] !== t1) return;  // another stretch since
   const n = g.prompt_tokens.length + t1;  // the last answer token explains nothing: the same columns as the sum
-  const special = g.prompt_special.concat(g.generated_tokens.map(() => false)).slice(0, n);
+  const special = generationSpecial(g).slice(0, n);
   const rows = Object.keys(exp.scores).map((m) => ({ name: m, values: exp.scores[m].slice(0, n), title: "" }));
   renderHeatmap($("gen-heatmap"), generationTexts(g).slice(0, n), special, rows);
   stepCaption(g, t0, t1).append(" — the stretch explained as one answer");
