@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 import numpy as np
+import tokenizers.models
 from torch import nn
 
 from ..errors import InputError, ModelError
@@ -316,6 +317,6 @@ def special_ids(tokenizer: Any) -> set[int]:
     ids = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
     unk = getattr(tokenizer, "unk_token_id", None)
     backend = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
-    if unk is None or (type(backend).__name__ == "BPE" and getattr(backend, "unk_token", "") is None):
+    if unk is None or (isinstance(backend, tokenizers.models.BPE) and backend.unk_token is None):
         return ids
     return ids - {int(unk)}

@@ -282,10 +282,10 @@ class _Seq2SeqSteps(EncoderDecoderAdapter):
 def _decoder_length(outputs: Any) -> int:
     """The decoder positions of a seq2seq pass's outputs: its cross-attention's queries, or, where the pass kept no
     attention (an LRP pass serving the capture alone), its decoder states' or logits' positions."""
-    for maps in (getattr(outputs, "cross_attentions", None), getattr(outputs, "decoder_hidden_states", None)):
-        if maps:
-            return int(maps[0].shape[-2 if maps is outputs.cross_attentions else 1])
-    return int(outputs.logits.shape[1])
+    cross, states = getattr(outputs, "cross_attentions", None), getattr(outputs, "decoder_hidden_states", None)
+    if cross:
+        return int(cross[0].shape[2])  # (B, H, decoder positions, encoder positions)
+    return int(states[0].shape[1] if states else outputs.logits.shape[1])
 
 
 def _seq2seq_batch(runner: ModelRunner, prompt: Encoded, generated: list[int], rows: list[int],

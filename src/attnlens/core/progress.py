@@ -71,10 +71,12 @@ class ExplainProgress:
         plans = {m: p if callable(p) else (lambda n, p=p: float(p)) for m, p in own_passes.items()}
         self.own = [{m: plan(n) for m, plan in plans.items()} for n in lengths]  # per input, per method
         costs = [input_cost(n, hidden) for n in lengths]
-        total = sum(c * (1.0 + sum(own.values())) for c, own in zip(costs, self.own, strict=True)) or 1.0
+        passes = [1.0 + sum(own.values()) for own in self.own]  # per input: the shared pass and the own work
+        total = sum(c * p for c, p in zip(costs, passes, strict=True)) or 1.0
         self.n_inputs = len(costs)
         # one pass over input i, in inputs of average work: the whole work sums to the number of inputs
         self.weights = [self.n_inputs * c / total for c in costs]
+        self.work = [w * p for w, p in zip(self.weights, passes, strict=True)]  # each input's, summing to n_inputs
         self.done = 0.0
         self.finished = 0
         self.callback = callback
@@ -116,7 +118,7 @@ class ExplainProgress:
     def begin_batch(self, indices: Sequence[int]) -> None:
         self._batch = list(indices)
         self._batch_start = self.done
-        end = self.done + sum(self.weights[i] * (1.0 + sum(self.own[i].values())) for i in self._batch)
+        end = self.done + sum(self.work[i] for i in self._batch)
         self._batch_end = float(self.n_inputs) if self._close(end, self.n_inputs) else end
 
     def begin_step(self, passes: float) -> None:

@@ -37,7 +37,7 @@ from ..sources.ablation import ablation_logprobs, full_logprob, random_masks, ra
 from ..sources.attribute import prepare_job, score_job
 from ..sources.methods import method_identity
 from ..sources.squad import ContextExample
-from .results import read_rows
+from .results import jsonable, read_rows
 
 if TYPE_CHECKING:
     from ..explainer import Explainer
@@ -201,7 +201,7 @@ def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
         for metric in METRICS:
             v = summary[m].get(metric)
             cells.append("—" if v is None else (f"{v['mean']:.3f}" if metric == "seconds" or v["ci95"] is None
-                                                 or math.isnan(v["ci95"]) else f"{v['mean']:.3f} ± {v['ci95']:.3f}"))
+                                                 else f"{v['mean']:.3f} ± {v['ci95']:.3f}"))
         counts[m] = max((int(v.get("n", 0)) for v in summary[m].values()), default=0)
         rows.append(f"| {m} | {counts[m]} | " + " | ".join(cells) + " |")
     lines = [head, *rows]
@@ -272,7 +272,7 @@ def run_context_benchmark(
                 settings = _truth_settings(config, ex, e)
                 if old is None or not _complete(old, config, [*wanted, *ext], identities, settings, ext):
                     done[e.id] = evaluate_example(ex, e, config, ext, previous=old, identities=identities)
-                    f.write(json.dumps(_nulls(done[e.id])) + "\n")  # a later line for an id supersedes an earlier one
+                    f.write(json.dumps(jsonable(done[e.id])) + "\n")  # a later line for an id supersedes an earlier one
                     f.flush()
                 finished.append(e)
                 if progress is not None:
@@ -281,18 +281,6 @@ def run_context_benchmark(
         _write_summary(ex, config, out, [done[e.id] for e in finished], len(examples), start)
         raise
     return _write_summary(ex, config, out, [done[e.id] for e in finished], len(examples), start)
-
-
-def _nulls(value: Any) -> Any:
-    """``value`` with every float that is not finite as ``None`` (``null`` in JSON: an LDS without variation, a
-    peer's missing seconds), so that every reader of the records parses them."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _nulls(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nulls(v) for v in value]
-    return value
 
 
 def _write_summary(ex: Explainer, config: ContextBenchmarkConfig, out: Path, records: list[dict[str, Any]],

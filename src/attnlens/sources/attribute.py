@@ -185,12 +185,13 @@ def _answer_offsets(runner: ModelRunner, ids: list[int], before: Sequence[int] =
     of the longer one (they end inside a character the answer completes), the answer is decoded alone."""
     anchor = list(before[-ANCHOR_TOKENS:])
     lead = _decode(runner, anchor) if anchor else ""
-    if anchor and not all(_decode(runner, anchor + ids[:k]).startswith(lead) for k in range(1, len(ids) + 1)):
-        anchor, lead = [], ""
+    decoded = [_decode(runner, anchor + ids[:k]) for k in range(1, len(ids) + 1)]
+    if anchor and not all(t.startswith(lead) for t in decoded):
+        lead, decoded = "", [_decode(runner, ids[:k]) for k in range(1, len(ids) + 1)]
     spans, prev = [], 0
     text = ""
-    for k in range(1, len(ids) + 1):
-        text = _decode(runner, anchor + ids[:k])[len(lead):]
+    for k, full in enumerate(decoded, 1):
+        text = full[len(lead):]
         # a character whose bytes are not complete yet belongs to the token that completes it
         end = max(len(text.rstrip(REPLACEMENT)) if k < len(ids) else len(text), prev)
         spans.append((prev, end))
