@@ -28,6 +28,18 @@ def save_tiny_lm(path: Path) -> Path:
     return path
 
 
+def save_tiny_seq2seq(path: Path) -> Path:
+    """A 2+2-layer random BART over MiniLM's WordPiece vocabulary."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(MINILM)
+    model = build_tiny("bart", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, task="seq2seq-lm")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def make_results(explainer: Explainer, out: Path, n: int = 6) -> Path:
     """A benchmark results folder: ``n`` SST-2 dev sentences, two methods, AOPC and comprehensiveness."""
     from attnlens.data import load_dataset

@@ -510,6 +510,23 @@ def test_seq2seq_step_ranks_only_the_sequence_its_stream_scores(s2s):
     assert step.tokens == g.tokens[: p + 2]  # every token is still shown
 
 
+def test_seq2seq_views_draw_the_sequence_a_stream_does_not_score_blank(s2s):
+    from attnlens.viz.generation import generation_html, render_generation, step_rows
+
+    g = s2s.explain_generation(PROMPT, target=" good film .", methods=["rawatt"])
+    p, t = len(g.prompt_ids), 2
+    unscored = [i < p for i in range(p + t)] if s2s.stream == "decoder" else [i >= p for i in range(p + t)]
+    assert g.unscored[: p + t] == [u or sp for u, sp in zip(unscored, g.special[: p + t])]
+    assert g.step(t).special == g.unscored[: p + t]
+    assert not step_rows(g, "rawatt")[t, : p + t][np.asarray(unscored)].any()
+    colors = json.loads(re.search(r'data-colors="([^"]*)"', generation_html(g)).group(1).replace("&quot;", '"'))
+    assert [c is None for c in colors[t][: p + t]] == g.unscored[: p + t]  # no colour: no score
+    cells = re.findall(r"<tr><th class=\"row\">.*?</tr>", generation_html(g))[t]
+    assert cells.count('title="') == sum(not u for u in g.unscored[: p + t])  # a score shown on scored cells
+    drawn = [x for x in render_generation(g, width=400).splitlines() if f"{t}: " in x][0]
+    assert "48;2;255;255;255" not in drawn  # a zero score's shade: an unscored token is drawn without one
+
+
 def test_seq2seq_forcing_and_contrast(s2s):
     linear = _s2s_methods(s2s, LINEAR)
     greedy = s2s.explain_generation(PROMPT, max_new_tokens=3, methods=linear)
@@ -549,6 +566,39 @@ def test_seq2seq_mistakes(tokenizer):
         Explainer(model, tokenizer, attention="decoder").explain_generation(PROMPT, methods="rawatt,saliency")
     with pytest.raises(ModelError, match="use explain_generation"):
         Explainer(model, tokenizer).explain(PROMPT, methods="rawatt")
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_seq2seq_starts_from_the_token_generate_starts_from(family, tokenizer):
+    """``model.generate`` reads the decoder's start token from the generation config first: a greedy continuation
+    and its explained steps start from the same token (and one set there alone is enough)."""
+    model = build_tiny(family, vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
+    model.generation_config.decoder_start_token_id = CLS  # the config says otherwise
+    assert model.config.decoder_start_token_id != CLS
+    ex = Explainer(model, tokenizer, attention="decoder")
+    g = ex.explain_generation(PROMPT, max_new_tokens=4, methods=["rawatt"])
+    inputs = {k: v for k, v in tokenizer(PROMPT, return_tensors="pt").items() if k != "token_type_ids"}
+    want = model.generate(**inputs, max_new_tokens=4, do_sample=False, num_beams=1)[0].tolist()
+    assert want[0] == CLS and g.generated_ids == want[1:len(g.generated_ids) + 1]
+    with torch.no_grad():  # the explained probabilities are those of the continuation after that start token
+        logits = model(**inputs, decoder_input_ids=torch.tensor([[CLS, *g.generated_ids[:-1]]])).logits[0]
+    expected = logits.softmax(-1)[range(len(g.generated_ids)), g.generated_ids]
+    assert g.probabilities == pytest.approx(expected.tolist(), rel=1e-5)
+    model.config.decoder_start_token_id = None
+    assert ex.explain_generation(PROMPT, max_new_tokens=2, methods=["rawatt"]).generated_ids == want[1:3]
+
+
+def test_seq2seq_length_messages_speak_of_the_decoders_window(tokenizer):
+    """An encoder-decoder's prompt goes to the encoder: the continuation alone is limited by the decoder's window."""
+    model = build_tiny("bart", vocab_size=V, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, task="seq2seq-lm")
+    ex = Explainer(model, tokenizer, attention="decoder")
+    room = ex.max_length - 1
+    with pytest.warns(UserWarning, match=f"decoder's window of {ex.max_length} positions holds after its start token: "
+                                         f"generating at most {room}"):
+        ex.explain_generation(PROMPT, max_new_tokens=room + 5, methods=["rawatt"])
+    with pytest.raises(InputError, match=rf"continuation \({room + 1} tokens\) does not fit the decoder's window"):
+        ex.explain_generation(PROMPT, target=[CLS + 1] * (room + 1), methods=["rawatt"])
+    assert len(ex.explain_generation(PROMPT * 3, target=[CLS + 1] * room, methods=["rawatt"]).generated_ids) == room
 
 
 def test_chat_prompt_goes_through_the_template(lm):

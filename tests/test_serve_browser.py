@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI, make_model, make_tokenizer, missing
-from serve_support import FAST, MINILM, ServerThread, make_results, save_tiny_lm
+from serve_support import FAST, MINILM, ServerThread, make_results, save_tiny_lm, save_tiny_seq2seq
 
 from attnlens import Explainer
 
@@ -48,7 +48,9 @@ def server(tmp_path_factory):
     from attnlens.serve import create_app
 
     app = create_app({"minilm-sst2": minilm, "tiny-lm": Explainer.from_pretrained(save_tiny_lm(tmp / "lm")),
-                      "markup": Explainer(labelled, make_tokenizer())}, results=[tmp / "results"])
+                      "markup": Explainer(labelled, make_tokenizer()),
+                      "tiny-s2s": Explainer.from_pretrained(save_tiny_seq2seq(tmp / "s2s"), attention="decoder")},
+                     results=[tmp / "results"])
     with ServerThread(app) as srv:
         yield srv
 
@@ -248,6 +250,27 @@ def test_generate_click_and_select_answer_tokens(page, server, screenshots):
     chips.nth(1).click(modifiers=["Shift"])
     page.wait_for_selector("body[data-step='0-1']")
     expect(page.locator("#stretch-answer")).to_be_hidden()  # a contrast: no single answer to explain
+
+
+def test_an_encoder_decoders_generation_shades_only_the_sequence_its_stream_scores(page, server):
+    """Served with its decoder's own attention, an encoder-decoder scores the continuation before each step: the
+    prompt's tokens are shown without a shade, as special tokens are, and left out of each row's colour scale."""
+    page.click("nav button[data-tab=generate]")
+    page.select_option("#model", "tiny-s2s")
+    page.fill("#prompt", "the capital of france is")
+    page.fill("#force", "paris is big")
+    page.click("#generate")
+    expect(page.locator("#answer span.gen")).to_have_count(3)
+    page.locator("#answer span.gen").nth(2).click()
+    page.wait_for_selector("body[data-step='2-2']")
+    g = _api(server, "/api/generate", {"model": "tiny-s2s", "prompt": "the capital of france is",
+                                       "target": "paris is big", "methods": ["agrad"], "chat": False})[0]
+    n_prompt = len(g["prompt_tokens"])
+    classes = page.eval_on_selector_all("#gen-heatmap tr[data-method='agrad'] td.cell",
+                                        "cs => cs.map(c => c.className)")
+    assert classes == ["cell special"] * n_prompt + ["cell", "cell"]  # the prompt: no score at any step
+    shown = [float(t.rsplit(": ", 1)[1]) for t in _titles(page, "agrad", "#gen-heatmap")[n_prompt:]]
+    assert shown == pytest.approx(g["scores"]["agrad"][2][n_prompt:n_prompt + 2], rel=1e-3, abs=1e-9)
 
 
 def test_benchmark_folder_sort_and_open_an_example(page, screenshots):

@@ -882,7 +882,7 @@ def test_a_classifier_is_refused_before_it_is_asked_for_an_answer(tokenizer):
     from attnlens.errors import ModelError
 
     ex = Explainer(make_model("bert"), tokenizer)
-    with pytest.raises(ModelError, match="needs a decoder-only language model"):
+    with pytest.raises(ModelError, match="^attributing an answer to its context needs a decoder-only language model"):
         ex.attribute_context("Bob signed it. Alice watched.", "Who signed?")
 
 

@@ -27,10 +27,11 @@ from .modelstate import explaining
 __all__ = ["answer_logprobs", "check_lm", "explain_answer"]
 
 
-def check_lm(runner: ModelRunner) -> None:
-    """:class:`ModelError` unless the model is a decoder-only language model (answers are its continuations)."""
+def check_lm(runner: ModelRunner, what: str = "explaining an answer") -> None:
+    """:class:`ModelError` unless the model is a decoder-only language model (answers are its continuations);
+    ``what`` names the work in the message."""
     if not isinstance(runner.head, LMHead) or isinstance(runner.head, Seq2SeqLMHead):
-        raise ModelError(f"explaining an answer needs a decoder-only language model (…ForCausalLM); {runner.name} "
+        raise ModelError(f"{what} needs a decoder-only language model (…ForCausalLM); {runner.name} "
                          f"is {runner.head.kind}")
 
 

@@ -116,6 +116,9 @@ def explain_generation(
     # a decoder-only model reads prompt + continuation; an encoder-decoder's decoder reads start + continuation
     longest = len(generated) + 1 if seq2seq else len(prompt_ids) + len(generated)
     if longest > runner.max_length:
+        if seq2seq:
+            raise InputError(f"the continuation ({len(generated)} tokens) does not fit the decoder's window of "
+                             f"{runner.max_length} positions (its start token + at most {runner.max_length - 1})")
         raise InputError(f"prompt ({len(prompt_ids)} tokens) + continuation ({len(generated)}) is longer than the "
                          f"model's maximum of {runner.max_length} tokens")
 
@@ -305,11 +308,14 @@ def _seq2seq_batch(runner: ModelRunner, prompt: Encoded, generated: list[int], r
 
 
 def _decoder_start(runner: ModelRunner) -> int:
-    start = getattr(runner.model.config, "decoder_start_token_id", None)
-    if start is None:
-        raise ModelError(f"{type(runner.model).__name__} has no decoder_start_token_id in its config: set it to "
-                         "generate")
-    return int(start)
+    """The token an encoder-decoder's continuation starts from, as ``model.generate`` reads it: the generation
+    config's ``decoder_start_token_id``, else the model config's."""
+    for source in (getattr(runner.model, "generation_config", None), runner.model.config):
+        start = getattr(source, "decoder_start_token_id", None)
+        if start is not None:
+            return int(start[0] if isinstance(start, (list, tuple)) else start)
+    raise ModelError(f"{type(runner.model).__name__} has no decoder_start_token_id in its generation config or "
+                     "config: set it to generate")
 
 
 def room_to_generate(runner: ModelRunner, n_prompt: int) -> int:
@@ -325,8 +331,10 @@ def capped_new_tokens(runner: ModelRunner, n_prompt: int, max_new_tokens: int) -
     line (a continuation past the window would have positions the model never learnt)."""
     room = room_to_generate(runner, n_prompt)
     if 1 <= room < max_new_tokens:
-        warnings.warn(f"max_new_tokens={max_new_tokens} is more than the model's window of {runner.max_length} tokens "
-                      f"leaves after the {n_prompt}-token prompt: generating at most {room}", stacklevel=4)
+        after = ("the decoder's window of {} positions holds after its start token" if isinstance(runner.head,
+                 Seq2SeqLMHead) else "the model's window of {} tokens leaves after the " + f"{n_prompt}-token prompt")
+        warnings.warn(f"max_new_tokens={max_new_tokens} is more than {after.format(runner.max_length)}: generating at "
+                      f"most {room}", stacklevel=4)
         return room
     return max_new_tokens
 

@@ -86,6 +86,16 @@ class Generation:
         return self.prompt_special + list(self.meta.get("generated_special", [False] * len(self.generated_ids)))
 
     @property
+    def unscored(self) -> list[bool]:
+        """Flags of :attr:`tokens` that no step scores: the special tokens and, of an encoder-decoder, the sequence
+        its attention stream does not read (the prompt for ``attention="decoder"``, the continuation for
+        ``"encoder"`` and ``"cross"``). The views draw them blank, as they draw a step's later tokens."""
+        if self.meta.get("task") != "seq2seq-lm":
+            return self.special
+        decoder = self.meta.get("attention") == "decoder"
+        return [sp or (i < self.n_prompt) == decoder for i, sp in enumerate(self.special)]
+
+    @property
     def n_prompt(self) -> int:
         return len(self.prompt_ids)
 
@@ -178,10 +188,7 @@ class Generation:
                 meta["contrast_token"] = self.contrast[t]
         # an encoder-decoder's output is a text of its own after its input (sequence 1): no word runs across them
         seq2seq = self.meta.get("task") == "seq2seq-lm"
-        special = list(self.special[:n])
-        if seq2seq:  # the sequence the stream does not score is never ranked
-            scored = range(self.n_prompt, n) if self.meta.get("attention") == "decoder" else range(self.n_prompt)
-            special = [sp or i not in scored for i, sp in enumerate(special)]
+        special = self.unscored[:n]  # the sequence an encoder-decoder's stream does not score is never ranked
         return Explanation(
             text=self.prompt, tokens=self.tokens[:n], special=special,
             target=self.generated_ids[t], predicted=self.predicted_ids[t],

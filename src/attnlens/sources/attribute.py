@@ -252,7 +252,7 @@ def prepare_job(
         raise InputError(f"ablation={ablation!r}; choose one of {', '.join(ABLATIONS)}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    check_lm(runner)  # before a classifier is asked to generate an answer
+    check_lm(runner, "attributing an answer to its context")  # before a classifier is asked to generate one
     found = split_sources(context, sources)
     if not found:
         raise InputError("the context has no sources to attribute to (only whitespace between separators?)")

@@ -1,9 +1,10 @@
 """Step × token views of an explained generation (:class:`attnlens.results.generation.Generation`): terminal, HTML
 (hover a generated token to see its step's scores on the text before it) and PNG/SVG.
 
-Each step's row is normalised on its own (by its largest |score| over the non-special tokens before the step),
-with the same green/red scale as the classifier views; the tokens at and after the step are not part of the
-step's input and are drawn blank.
+Each step's row is normalised on its own (by its largest |score| over the scored tokens before the step), with
+the same green/red scale as the classifier views; the tokens at and after the step are not part of the step's
+input and are drawn blank, as are the tokens no step scores (special tokens, and the sequence an encoder-decoder's
+attention stream does not read).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def _methods(g: Any, methods: Sequence[str] | None) -> list[str]:
 
 def step_rows(g: Any, method: str) -> np.ndarray:
     """``(n_generated, n_tokens)`` rows of ``method`` normalised to [-1, 1], each over the tokens before its step
-    (special tokens and the step's own and later tokens 0)."""
-    special = np.asarray(g.special, dtype=bool)
+    (unscored tokens (:attr:`~attnlens.results.generation.Generation.unscored`) and the step's own and later tokens
+    0)."""
+    special = np.asarray(g.unscored, dtype=bool)
     rows = np.zeros_like(np.asarray(g.scores[method], dtype=np.float64))
     for t in range(rows.shape[0]):
         n = g.n_prompt + t
@@ -76,11 +78,11 @@ def generation_renderable(g: Any, methods: Sequence[str] | None = None) -> Group
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
         rows = step_rows(g, m)
-        shown = shown_tokens(g)
+        shown, unscored = shown_tokens(g), g.unscored
         for t in range(len(g.generated_ids)):
             tail = Text(" → ")
             tail.append(terminal_safe(shown[g.n_prompt + t], one_line=True), style=Style(bold=True, underline=True))
-            line = ShadedTokens([(shown[i], None if g.special[i] else float(rows[t, i]), False)
+            line = ShadedTokens([(shown[i], None if unscored[i] else float(rows[t, i]), False)
                                  for i in range(g.n_prompt + t)], tail)
             grid.add_row(Text(terminal_safe(_step_label(g, t), one_line=True)), line)
         parts += [Text(m, style="bold magenta"), grid, Text("")]
@@ -144,7 +146,8 @@ def _e(value: object) -> str:
 def _method_section(g: Any, m: str) -> str:
     rows = step_rows(g, m)
     n_steps, n_tokens = rows.shape
-    colors = [[hex_color(shade(rows[t, i])) if i < g.n_prompt + t and not g.special[i] else None
+    unscored = g.unscored
+    colors = [[hex_color(shade(rows[t, i])) if i < g.n_prompt + t and not unscored[i] else None
                for i in range(n_tokens)] for t in range(n_steps)]
     spans = []
     shown = shown_tokens(g)
@@ -161,7 +164,7 @@ def _method_section(g: Any, m: str) -> str:
     for t in range(n_steps):
         cells = []
         for i in range(n_tokens):
-            if i < g.n_prompt + t and not g.special[i]:
+            if i < g.n_prompt + t and not unscored[i]:
                 cells.append(f'<td style="background:{hex_color(shade(rows[t, i]))}" '
                              f'title="{float(g.scores[m][t, i]):+.4g}"></td>')
             else:
@@ -198,7 +201,8 @@ def plot_generation(g: Any, method: str | None = None, path: str | Path | None =
     m = chosen[0]
     rows = step_rows(g, m)
     n_steps, n_tokens = rows.shape
-    hidden = np.array([[i >= g.n_prompt + t or g.special[i] for i in range(n_tokens)] for t in range(n_steps)])
+    unscored = g.unscored
+    hidden = np.array([[i >= g.n_prompt + t or unscored[i] for i in range(n_tokens)] for t in range(n_steps)])
     fig, ax = plt.subplots(figsize=(_width(n_tokens), 1.4 + 0.35 * n_steps), layout="constrained")
     ax.imshow(np.ma.masked_array(rows, mask=hidden), cmap=SCORE_CMAP.with_extremes(bad="#f3f4f6"), vmin=-1, vmax=1,
               aspect="auto", interpolation="nearest")

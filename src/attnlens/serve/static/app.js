@@ -595,11 +595,16 @@ function chooseSteps(t0, t1) {
   delete document.body.dataset.stretch;
 }
 
-// Which of prompt + continuation are special tokens (an end-of-text token inside a forced continuation, too), as the
-// Python views read them: never shaded, nor counted in a row's colour scale.
+// Which of prompt + continuation no step scores, as the Python views read them (never shaded, nor counted in a
+// row's colour scale): special tokens (an end-of-text token inside a forced continuation, too) and, of an
+// encoder-decoder, the sequence its attention stream does not read (the prompt for the decoder's own attention).
 function generationSpecial(g) {
-  const generated = (g.meta && g.meta.generated_special) || g.generated_tokens.map(() => false);
-  return g.prompt_special.concat(generated);
+  const meta = g.meta || {};
+  const generated = meta.generated_special || g.generated_tokens.map(() => false);
+  const special = g.prompt_special.concat(generated);
+  if (meta.task !== "seq2seq-lm") return special;
+  const decoder = meta.attention === "decoder", nPrompt = g.prompt_tokens.length;
+  return special.map((sp, i) => sp || (i < nPrompt) === decoder);
 }
 
 function stepCaption(g, t0, t1) {
