@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PAD, V, make_model, make_tokenizer
+from conftest import PAD, V, make_model, make_tokenizer, randomise_biases_and_norms
 from transformers import BertConfig, BertForQuestionAnswering
 
 import attnlens
@@ -163,3 +163,55 @@ def test_a_decoder_classifier_padding_with_its_final_token_is_explained_where_it
     assert abs(e.scores["decompx"].sum() + e.meta["decompx"]["bias"] - logit) < 1e-4
     batch = ex.explain([text, "the plot was boring but the actors were great"], methods=["rawatt"])
     np.testing.assert_allclose(batch[0].scores["rawatt"], e.scores["rawatt"], atol=1e-6)
+
+
+# ------------------------------------------------------------------- causal models: the rows after the head's
+def _without_final_sep(tokenizer):
+    """The tiny tokenizer writing ``[CLS] text`` (no ``[SEP]`` appended): a text then ends where it is cut."""
+    import copy
+
+    from tokenizers.processors import TemplateProcessing
+
+    tok = copy.deepcopy(tokenizer)
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", 2)])
+    return tok
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])  # whole maps, and the rows a pass with fused attention keeps
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("task", ["token", "qa", "classifier-before-eos"])
+def test_a_causal_models_scores_ignore_the_tokens_after_the_rows_its_head_reads(family, task, attn):
+    """Under causal attention the rows a head reads (a token's label, a QA span, a classifier's row before a final
+    end-of-text token when the pad id is that token) compute nothing from the tokens after them: the input cut
+    right after those rows has the same explained value, and every deterministic method the same scores on the
+    tokens they share (Grad-SAM and AttCAT average over query rows: the rows after feed nothing the head reads)."""
+    from conftest import SEP
+
+    tokenizer = make_tokenizer()
+    if task == "token":
+        model = make_model(family, num_labels=3, model_suffix="ForTokenClassification", seed=1, attn=attn)
+        full, cut, target, shared = "the movie was good and i loved it", "the movie was good", (4, 1), 5
+    elif task == "qa":
+        model = make_model(family, model_suffix="ForQuestionAnswering", seed=1, attn=attn)
+        question = "was it good ?"
+        full, cut = (question, "the movie was good and i loved it"), (question, "the movie was good")
+        target = (8, 9)  # "was good" in the context: [CLS] was it good ? [SEP] the movie was good ...
+        assert tokenizer.convert_ids_to_tokens(tokenizer(*cut)["input_ids"])[8:10] == ["was", "good"]
+        shared = 10
+    else:
+        model = make_model(family, num_labels=3, seed=1, attn=attn)
+        model.config.pad_token_id = SEP  # the head reads the row before the first [SEP]
+        tokenizer = _without_final_sep(tokenizer)
+        full, cut, target, shared = "the movie was good [SEP]", "the movie was good", 1, 5
+    model = randomise_biases_and_norms(model.double(), seed=1)
+    ex = Explainer(model, tokenizer)
+    methods = [m for m in attnlens.list_methods() if m not in ("lime", "kernelshap")
+               and not attnlens.get_method(m).unsupported(model, ex.stream, ex.head.task)]
+    assert {"attcat", "attgrads"} <= set(methods)
+    options = {"integratedgradients": {"n_steps": 8}}
+    a, b = (ex.explain(t, methods, target=target, options=options)[0] for t in (full, cut))
+    assert a.tokens[:shared] == b.tokens[:shared] and a.tokens[shared:] != b.tokens[shared:]
+    if task != "qa":  # the same explained value (a QA model's probabilities are over every position)
+        assert a.probabilities == pytest.approx(b.probabilities, rel=1e-9)
+    for m in methods:
+        assert a.scores[m][:shared] == pytest.approx(b.scores[m][:shared], rel=1e-6, abs=1e-12), m

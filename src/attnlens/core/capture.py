@@ -190,6 +190,22 @@ def run_capture(
                 keep, differentiate, sequence, cls, positions, FULL_MAPS)
 
 
+def read_queries(head: Head, adapter: Adapter, stream: str, query_mask: torch.Tensor, targets: torch.Tensor | None,
+                 rows: torch.Tensor) -> torch.Tensor:
+    """``(B, Q)`` the query rows the explained value can depend on, of the real ones in ``query_mask`` (what the
+    methods averaging over query rows average over: AttCAT's received attention, Grad-SAM): under causal
+    attention none after the last row the head reads (``Head.last_read_row`` of ``rows``, the row each example's
+    head reads). A decoder's token label, QA span or answer, or its classifier's row before a final end-of-text
+    token, reads nothing the rows after it compute."""
+    if not adapter.causal(stream):
+        return query_mask
+    last = head.last_read_row(targets, rows)
+    if last is None:
+        return query_mask
+    index = torch.arange(query_mask.shape[1], device=query_mask.device)
+    return query_mask & (index[None, :] <= last.to(query_mask.device)[:, None])
+
+
 def _run(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], token_mask: torch.Tensor,
          stream: str, targets: torch.Tensor | None, target_kind: str, gradients: bool, head: Head,
          answer_mask: torch.Tensor | None, keep: frozenset[str], differentiate: frozenset[str],
@@ -231,8 +247,7 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
         if ATTENTION_ROWS in keep:
             recorder.rows = torch.unique(cls if several is None else several)
         if ATTENTION_RECEIVED in keep:  # each use takes them in the model's dtype (a float64 one's too)
-            m = (token_mask.bool() if targets is None else head.real_queries(token_mask.bool(), targets)).to(
-                torch.float64)
+            m = read_queries(head, adapter, stream, token_mask.bool(), targets, cls).to(torch.float64)
             recorder.received_weights = m / m.sum(1, keepdim=True).clamp_min(1.0)
         recorder.means = ATTENTION_MEANS in keep
         recorder.factors = ATTENTION_CHUNKS in keep
@@ -292,8 +307,8 @@ def _pass(model: nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], t
     if targets is None:
         targets = head.predicted(logits, logit_mask, answer_mask)
     if stream_tensors.self_attention:  # the rows the explained value can depend on (a decoder's answer)
-        stream_tensors.query_mask = head.real_queries(stream_tensors.query_mask.bool(), targets).to(
-            stream_tensors.query_mask.dtype)
+        stream_tensors.query_mask = read_queries(head, adapter, stream, stream_tensors.query_mask.bool(), targets,
+                                                 cls).to(stream_tensors.query_mask.dtype)
     weights = head.query_weights(targets, stream_tensors.query_mask.shape[1])
     if weights is not None and stream_tensors.head_queries:
         stream_tensors.query_weights = weights

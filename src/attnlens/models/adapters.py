@@ -92,6 +92,11 @@ class Adapter:
         choices = ", ".join(self.streams if self.streams != ("self",) else ("self", self.family))
         raise InputError(f"attention={stream!r} is not available for {self.family} models; choose one of {choices}")
 
+    def causal(self, stream: str) -> bool:
+        """Whether ``stream``'s query rows attend causally (row i reads the positions up to i), so that the rows
+        after the last one a head reads feed nothing it reads."""
+        return False
+
     def check_model(self, model: nn.Module) -> None:
         """:class:`ModelError` if ``model`` lacks what this family's streams read (nothing to check by default)."""
 
@@ -178,6 +183,9 @@ class DecoderAdapter(EncoderAdapter):
     pooling = LAST
     head_reads_pad_id = True
 
+    def causal(self, stream: str) -> bool:
+        return True
+
 
 class EncoderDecoderAdapter(Adapter):
     """BART-like encoder-decoders: the classifier reads the decoder state at the last EOS."""
@@ -187,6 +195,9 @@ class EncoderDecoderAdapter(Adapter):
     default_stream = "encoder"
     pooling = EOS
     poolings = (EOS,)
+
+    def causal(self, stream: str) -> bool:
+        return stream == "decoder"
 
     def check_model(self, model: nn.Module) -> None:
         """An encoder-decoder type's encoder-only classes (``T5ForTokenClassification``, ``T5EncoderModel``) have no

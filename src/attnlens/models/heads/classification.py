@@ -127,11 +127,12 @@ class Head:
         positions = self.explained_positions(targets)
         return None if positions is None else torch.nn.functional.one_hot(positions, n_queries)
 
-    def real_queries(self, query_mask: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
-        """``(B, Q)`` the query rows the explained value can depend on, of the real (non-padding) ones in
-        ``query_mask``: what the methods averaging over query rows average over (AttCAT's received attention,
-        Grad-SAM). Every real row, except where a head knows some rows feed nothing it reads."""
-        return query_mask
+    def last_read_row(self, targets: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+        """``(B,)`` the last query row whose state the explained value reads, given ``rows``, the one row per
+        example a head reads (:meth:`explained_positions`, else where the architecture's head reads); ``None``:
+        not known. Under causal attention the rows after it feed nothing the head reads, and the methods
+        averaging over query rows (AttCAT's received attention, Grad-SAM) leave them out."""
+        return rows
 
     # the explained query rows depend on the targets, so a pass keeping only some rows needs them resolved first
     rows_from_targets = False

@@ -137,16 +137,6 @@ class AnswerHead(LMHead):
         index = torch.arange(targets.shape[1], device=targets.device).expand_as(targets)
         return torch.where(targets >= 0, index, torch.full_like(index, -1)).max(1).values
 
-    def real_queries(self, query_mask: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
-        """The real rows up to the last that predicts an answer token: under causal attention the rows after it
-        (the answer's last token) feed no explained logit, and a step of :func:`explain_generation` does not
-        have them, so an answer of one token is explained as that step is."""
-        last = self.explained_positions(targets)
-        if last is None:
-            return query_mask
-        index = torch.arange(query_mask.shape[1], device=query_mask.device)
-        return query_mask & (index[None, :] <= last.to(query_mask.device)[:, None])
-
     def query_weights(self, targets: torch.Tensor | None, n_queries: int) -> torch.Tensor | None:
         if targets is None:
             return None

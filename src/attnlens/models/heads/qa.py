@@ -94,6 +94,10 @@ class QAHead(Head):
         """The span's start and end: the rows whose states the head reads."""
         return targets
 
+    def last_read_row(self, targets: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+        """The later of the span's start and end rows."""
+        return None if targets is None else targets.max(1).values
+
     def query_weights(self, targets: torch.Tensor | None, n_queries: int) -> torch.Tensor | None:
         """Half on the span's start row, half on its end row (the whole weight on one row for a one-token span):
         the attention methods read the rows the start and end logits are read from."""
