@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ENCODERS, FAMILIES, make_model
 
-from attnlens import Explainer, list_methods
+from attnlens import Explainer, InputError, list_methods
 from attnlens.core.capture import run_capture
 from attnlens.core.engine import batch_context
 from attnlens.methods import registry
@@ -195,6 +195,17 @@ def test_target_kinds_differ_and_loss_needs_labels(tokenizer):
 
     with pytest.raises(InputError, match="labels"):
         ex.explain(text, methods=["agrad"], target_kind="loss")
+    with pytest.raises(InputError, match="^target_kind='loss' explains the loss against given labels"):
+        ex.explain([text, text], methods=["agrad"], target=[1, None], target_kind="loss")  # one left to predict
+
+
+def test_a_token_classifiers_loss_needs_the_tokens_label(tokenizer):
+    ex = Explainer(make_model("bert", num_labels=3, model_suffix="ForTokenClassification"), tokenizer)
+    text = "a charming journey"
+    with pytest.raises(InputError, match=r"a token classifier's as a \(token, label\) pair\)$"):
+        ex.explain(text, methods=["agrad"], target=2, target_kind="loss")
+    (e,) = ex.explain(text, methods=["agrad"], target=(2, 1), target_kind="loss")
+    assert e.target == 1 and e.meta["position"] == 2
 
 
 @pytest.mark.parametrize("family", ["bart", "t5"])

@@ -355,6 +355,28 @@ def test_benchmark_refuses_a_multi_label_model(multi, tmp_path):
     assert not (tmp_path / "run.json").exists()
 
 
+@pytest.mark.parametrize("dataset", ["sst2", "squad"])
+def test_benchmark_refuses_a_token_classifier_up_front_and_names_it(tmp_path, dataset):
+    from attnlens.data import Dataset, Example
+    from attnlens.evaluation.runner import run_benchmark
+
+    model = make_model("bert", num_labels=3, model_suffix="ForTokenClassification")
+    ds = (Dataset("sst2", "dev", "classification", [Example("a", TEXT, 1, None)]) if dataset == "sst2"
+          else Dataset("squad", "dev", "qa", [Example("q", ["q?", TEXT], None, [])]))
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="^the benchmark scores sequence classifiers and extractive QA models; "
+                                         "this model is a token classifier$"):
+        run_benchmark(Explainer(model, make_tokenizer()), ds, out, methods="attcat", progress=False)
+    assert not out.exists()
+
+
+def test_serve_faithfulness_names_a_multi_label_model(multi):
+    from attnlens.serve import compute
+
+    with pytest.raises(InputError, match="this model is a multi-label classifier$"):
+        compute.faithfulness(multi, multi.explain([TEXT], ["rawatt"]), ("aopc",), None, 1 << 30)
+
+
 # ------------------------------------------------------------------ precision@K
 def test_precision_at_k_is_a_documented_count_everywhere(tmp_path):
     from attnlens.evaluation import EvalConfig, precision_at_k

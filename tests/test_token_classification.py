@@ -253,3 +253,30 @@ def test_grads_scores_no_key_a_causal_row_cannot_see(model_type, tokenizer):
         np.testing.assert_allclose(e.scores[m][: position + 1], ref[m][: position + 1], atol=1e-5, rtol=1e-4,
                                    err_msg=m)
     assert np.abs(ref["grads"][position + 1:]).max() > 1e-3  # the gradient there is not 0 by itself
+
+
+@pytest.mark.parametrize("trim_offsets", [False, True])
+def test_a_word_is_found_where_the_tokenizer_counts_the_space_before_it_in_its_offsets(trim_offsets):
+    """A byte-level tokenizer that keeps offsets untrimmed (GPT-2's) spans " lives" for the token "Ġlives": the
+    word is still "lives"."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["john lives in paris , the capital of france ."] * 5, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"]))
+    tok.post_processor = processors.ByteLevel(trim_offsets=trim_offsets)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    model = build_tiny("gpt2", vocab_size=len(fast), pad_token_id=fast.pad_token_id, bos_token_id=0,
+                       eos_token_id=0, num_labels=len(LABELS), model_suffix="ForTokenClassification")
+    ex = Explainer(model, fast)
+    text = "john lives in paris"
+    tokens = fast.convert_ids_to_tokens(fast(text)["input_ids"])
+    for word in ("john", "lives", "in", "paris", "Paris"):
+        (e,) = ex.explain(text, ["rawatt"], target=word)
+        assert fast.convert_tokens_to_string([e.meta["token"]]).strip() == word.lower()
+        assert tokens[e.meta["position"]] == e.meta["token"]
+    with pytest.raises(InputError, match="has no word 'rome'; its words: john lives in paris$"):
+        ex.explain(text, ["rawatt"], target="rome")

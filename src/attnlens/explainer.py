@@ -249,6 +249,7 @@ class Explainer:
             engine.warn_per_token_methods(specs, methods, [len(e.ids) for e in encoded])
             targets = runner.head.locate(encoded, runner.head.resolve_targets(target, len(encoded), self.labels))
             runner.head.check_targets([len(e.ids) for e in encoded], targets)
+            engine.check_loss_labels(target_kind, targets)
             size = runner.effective_batch_size(batch_size)
             return engine.explain_all(runner, encoded, targets, specs, method_options, target_kind, size, progress,
                                       budget)

@@ -25,6 +25,7 @@ from ..methods.lrp_methods import (
     last_layer_passes,
 )
 from ..methods.registry import GRADIENTS, LAYER_GRAPH, OWN_PASS, SPACES, Method, MethodOutput, capture_request
+from ..models.heads import PREDICTED
 from ..results.explanation import Explanation
 from ..results.tokentext import encoding_meta
 from ..version import __version__
@@ -101,6 +102,14 @@ def select_methods(
     if target_kind == "loss" and target is None:
         raise InputError("target_kind='loss' explains the loss against given labels: pass them as target=")
     return specs, method_options
+
+
+def check_loss_labels(target_kind: str, targets: Sequence[Any]) -> None:
+    """``target_kind="loss"`` is the loss against given labels: a resolved target left to the model's prediction
+    (a ``None`` among per-input targets, a token classifier's token without its label) is refused."""
+    if target_kind == "loss" and any(PREDICTED in (t if isinstance(t, (tuple, list)) else (t,)) for t in targets):
+        raise InputError("target_kind='loss' explains the loss against given labels: pass every input's label as "
+                         "target= (a token classifier's as a (token, label) pair)")
 
 
 LONG_INPUT = 128  # tokens from which a method running a pass per token is worth a notice under "all"

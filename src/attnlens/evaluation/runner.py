@@ -190,13 +190,15 @@ def run_benchmark(
     run = dataclasses.replace(run or BenchmarkRun(), **overrides)
     methods, metrics, config, target, target_kind = run.methods, run.metrics, run.config, run.target, run.target_kind
     batch_size, eval_batch_size, chunk_size = run.batch_size, run.eval_batch_size, run.chunk_size
-    model_task = getattr(getattr(explainer, "head", None), "task", "classification")
+    head = getattr(explainer, "head", None)
+    model_task = getattr(head, "task", "classification")
+    kind = getattr(head, "kind", "a sequence classifier")
+    if model_task not in ("classification", "qa"):
+        raise InputError(f"the benchmark scores sequence classifiers and extractive QA models; this model is {kind}")
     qa = dataset.task == "qa"
     if qa != (model_task == "qa"):
-        raise InputError(
-            f"dataset {dataset.name} is {'a QA' if qa else 'a classification'} data set but the model is "
-            f"{'an extractive QA model' if model_task == 'qa' else 'a sequence classifier'}"
-        )
+        raise InputError(f"dataset {dataset.name} is {'a QA' if qa else 'a classification'} data set but the model "
+                         f"is {kind}")
     if getattr(getattr(explainer, "head", None), "multi_label", False):
         raise InputError("the benchmark scores single-label classifiers; this model is multi-label "
                          "(config.problem_type='multi_label_classification')")

@@ -202,6 +202,7 @@ class MultiLabelHead(Head):
 
     multi_label = True
     threshold = 0.5
+    kind = "a multi-label classifier"
 
     def values(self, logits: torch.Tensor, kind: str, token_mask: torch.Tensor) -> torch.Tensor:
         """Per-label values: logits, sigmoid probabilities or log-sigmoid (minus the label's BCE loss when

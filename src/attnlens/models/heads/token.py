@@ -135,7 +135,8 @@ def _word_position(e: Any, word: str, index: int) -> int:
     found: list[int] = []
     for (seq, _), positions in groups.items():
         source = e.text[seq or 0] if isinstance(e.text, list) else e.text
-        text = source[e.offsets[positions[0]][0]:e.offsets[positions[-1]][1]] if e.offsets else ""
+        # a byte-level or SentencePiece token's offsets may hold the space before its word
+        text = source[e.offsets[positions[0]][0]:e.offsets[positions[-1]][1]].strip() if e.offsets else ""
         if text.lower() == wanted:
             found.append(positions[0])
         words.append(text)
