@@ -30,6 +30,7 @@ UNBOUNDED = "64GiB"
 # (model, examples per batch, tokens, budgets)
 CASES = (
     ("minilm", 32, 256, ("4GiB", "2GiB", "1GiB")),
+    ("minilm", 8, 16, ("512MiB",)),  # the states and the update alone: the word embeddings' copies set the peak
     ("bert-base", 8, 512, ("3GiB",)),
     ("gpt2", 8, 512, ("3GiB",)),
     ("llama", 8, 1024, ("3GiB",)),

@@ -514,3 +514,39 @@ def test_methods_of_many_passes_give_the_heaps_free_blocks_back(tokenizer, monke
     assert not released
     ex.explain(TEXTS, methods=["rawatt", "occlusion"])
     assert released
+
+
+@pytest.mark.parametrize("family", ["gemma2", "mistral"])
+def test_a_float64_model_with_a_sliding_window_explains_a_padded_batch_as_each_input_alone(family, tokenizer):
+    """transformers' eager attention takes the softmax in float32, where a float64 model's mask is -inf: a padded
+    query whose whole window is padding gets NaN, which the next layer carries into the real rows. Inputs whose
+    lengths lie half a window or more apart never share a batch."""
+    from attnlens.core.batching import attention_window, batch_groups
+
+    model = make_model(family).double()
+    model.config.sliding_window = 3
+    assert attention_window(model.config) == 3
+    ex = Explainer(model, tokenizer)
+    texts = ["i didn ' t like this boring film , the plot was dull and the actors awful", "good movie"]
+    methods = ["rawatt", "inputxgradient", "valuezeroing"]
+    together = ex.explain(texts, methods=methods)
+    for text, batched in zip(texts, together):
+        (alone,) = ex.explain(text, methods=methods)
+        assert batched.probabilities == pytest.approx(alone.probabilities, rel=1e-9)
+        for m in methods:
+            assert np.isfinite(batched.scores[m]).all()
+            np.testing.assert_allclose(batched.scores[m], alone.scores[m], rtol=1e-7, atol=1e-12)
+    ids = [[1] * 19, [1] * 4, [1] * 5]
+    assert batch_groups(model, ids) == [(0, 19), (0, 4), (0, 5)]  # windows of 3: one length per half window
+    assert batch_groups(model.float(), ids) is None  # float32 masks stay finite: any lengths share a batch
+
+
+def test_scores_that_are_not_finite_are_blamed_on_the_model_where_its_own_output_is_not(tokenizer):
+    from attnlens.core.engine import _warn_if_not_finite
+
+    ex = explainer("bert", tokenizer)
+    scores = torch.tensor([[0.1, float("nan")]])
+    with pytest.warns(UserWarning, match=r"rawatt: 1 of its scores are not finite .*\(the model's own output is not "):
+        _warn_if_not_finite("rawatt", scores, ex.runner, torch.tensor([[float("nan"), 0.0]]))
+    with pytest.warns(UserWarning, match=r"the method's own arithmetic"):
+        _warn_if_not_finite("rawatt", scores, ex.runner, torch.tensor([[1.0, 0.0]]))

@@ -1045,11 +1045,19 @@ def test_an_interrupted_at2_fit_resumes_from_its_cache(lm, monkeypatch, tmp_path
     assert len(calls) == 3 and len(list((tmp_path / "parts").glob("*.npz"))) == 3
     at2_module.fit_at2(lm.runner, jobs[:2], n_ablations=6, cache=tmp_path / "parts")  # other ablations: recomputed
     assert len(calls) == 5
+    other = make_lm(lm.model.config.model_type, seed=1)  # another checkpoint: its prompts computed again
+    at2_module.fit_at2(Explainer(other, lm_tokenizer(), max_length=64).runner, jobs[:2], n_ablations=6,
+                       cache=tmp_path / "parts")
+    assert len(calls) == 7
+    at2_module.fit_at2(Explainer(other.double(), lm_tokenizer(), max_length=64).runner, jobs[:2], n_ablations=6,
+                       cache=tmp_path / "parts")  # the same weights in another precision: computed again
+    assert len(calls) == 9
+    calls.clear()
     for part in (tmp_path / "parts").glob("*.npz"):  # damaged outside attnlens: computed again, with a warning
         part.write_bytes(part.read_bytes()[:40])
     with pytest.warns(UserWarning, match="cannot be read: its prompt is computed again"):
         again = at2_module.fit_at2(lm.runner, jobs[:2], n_ablations=6, cache=tmp_path / "parts")
-    assert len(calls) == 7 and again["fit"]["prompts_from_cache"] == 0
+    assert len(calls) == 2 and again["fit"]["prompts_from_cache"] == 0
 
 
 def test_at2_fit_recovers_weights_that_explain_the_ablations(lm, monkeypatch, tmp_path):
@@ -1101,6 +1109,9 @@ def test_at2_fit_recovers_weights_that_explain_the_ablations(lm, monkeypatch, tm
     (lambda d: d.pop("weights"), "not an attnlens AT2 weights file"),
     (lambda d: d.__setitem__("weights", [1.0, 2.0]), r"weights of shape \(2,\)"),
     (lambda d: d.__setitem__("method_weights", [[1.0]]), "not an attnlens AT2 weights file"),
+    (lambda d: d.__setitem__("weights", np.asarray(d["weights"]).reshape(1, -1).tolist()),  # as many, one row
+     r"a grid of 1 × \d+ head weights and 0 method weights, where the model's \d+ layers"),
+    (lambda d: d.__setitem__("method_weights", [1.0]), r"and 1 method weights, where the model's .* 0 method\(s\)"),
 ])
 def test_a_malformed_at2_weights_file_is_one_line(lm, tmp_path, change, message):
     config = lm.model.config
@@ -1123,7 +1134,9 @@ def test_a_malformed_at2_weights_file_is_one_line(lm, tmp_path, change, message)
 @pytest.mark.parametrize("extra, message", [
     (["--prompts", "5000"], r"--prompts 5000: the fit articles give 1,0\d\d prompts with passage sources \(half"),
     (["--distractors", "100000"], "--distractors 100000: no prompt of the fit articles can hold that many"),
-    (["--prompts", "2"], "--prompts 2: these prompts ask one question; .* give at least 4 prompts"),
+    (["--prompts", "2"], r"--prompts 2: the ridge penalty .* give at least 4 prompts \(half with passage, half"),
+    (["--prompts", "1"], r"--prompts 1: the ridge penalty is chosen on held-out questions: give at least 4 prompts"),
+    (["--prompts", "1", "--sources", "sentence"], r"--prompts 1: .*give at least 2 prompts$"),
     (["--cache", "w.json"], "--cache w.json is the --out file"),
 ])
 def test_cli_fit_at2_refuses_what_it_cannot_fit_before_loading(tmp_path, capsys, monkeypatch, extra, message):

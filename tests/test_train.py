@@ -216,6 +216,11 @@ def test_classification_metrics_by_hand():
     macro = classification_metrics([0, 1, 2, 2], [0, 2, 2, 2], 3)
     # per class precision 1, 0, 2/3; recall 1, 0, 1
     assert macro["precision"] == round((1 + 0 + 2 / 3) / 3, 4) and macro["recall"] == round(2 / 3, 4)
+    assert "macro_classes" not in macro
+    perfect = classification_metrics([0, 0, 2, 2, 0], [0, 0, 2, 2, 0], 3)  # class 1 in neither: not averaged
+    assert (perfect["precision"], perfect["recall"], perfect["f1"], perfect["macro_classes"]) == (1.0, 1.0, 1.0, [0, 2])
+    wrong = classification_metrics([0, 0, 2], [0, 1, 2], 3)  # class 1 predicted, never true: precision 0 for it
+    assert wrong["precision"] == round((1 + 0 + 1) / 3, 4) and "macro_classes" not in wrong
 
 
 def test_sentence_pairs_are_encoded_as_pairs(tmp_path, tiny_model):
@@ -370,6 +375,21 @@ def test_a_file_given_as_dataset_is_refused_rather_than_evaluated_on_itself(tmp_
 def test_evaluating_on_the_training_split_is_refused(cfg, message):
     with pytest.raises(InputError, match=message):
         load_splits(TrainConfig(model="x", out="y", **cfg))
+
+
+@pytest.mark.parametrize("cfg, eval_file", [
+    ({"dataset": "sst2", "split": "train"}, "sst2/train.jsonl.gz"),
+    ({"dataset": "mnli", "split": "dev_matched"}, "mnli/dev_matched_textfooler1000.jsonl"),
+    ({"dataset": "imdb", "split": "sample2000"}, "imdb/test.jsonl.gz"),  # drawn from the test split
+])
+def test_an_eval_file_holding_the_training_splits_examples_is_refused(cfg, eval_file):
+    from conftest import DATA, missing
+
+    path = DATA / eval_file
+    if not path.is_file():
+        missing(f"{path} is not here")
+    with pytest.raises(InputError, match=f"--eval-file .* holds the examples of the training split {cfg['split']}"):
+        load_splits(TrainConfig(model="x", out="y", eval_file=str(path), **cfg))
 
 
 def test_an_eval_file_that_is_the_data_file_is_refused(tmp_path):

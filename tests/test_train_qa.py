@@ -61,6 +61,17 @@ def test_window_labels_point_at_the_gold_characters(answer):
     assert holding >= 1 and holding < len(windows.features)
 
 
+def test_a_window_too_short_for_its_stride_after_the_question_is_refused_in_one_line():
+    tok = make_tokenizer()
+    example = qa_example("charming")
+    n_question = len(tok(example.text[0], add_special_tokens=False)["input_ids"])
+    room = 16 - n_question - 3  # [CLS] question [SEP] context [SEP]
+    make_windows(tok, [example], max_length=16, doc_stride=room - 1)
+    with pytest.raises(InputError, match=rf"^with --max-length 16, a window leaves {room} tokens of context after the "
+                                         rf"longest question \({n_question} tokens\).*more than --doc-stride {room} "):
+        make_windows(tok, [example], max_length=16, doc_stride=room)
+
+
 def test_windows_share_doc_stride_tokens_and_cover_the_context():
     tok = make_tokenizer()
     windows = make_windows(tok, [qa_example("charming")], max_length=16, doc_stride=4)
@@ -152,6 +163,16 @@ def test_two_steps_on_real_squad_write_a_qa_model_explainer_loads(tmp_path, tiny
 
 
 @needs_squad
+def test_the_default_window_is_cut_to_a_model_that_takes_fewer_tokens(tmp_path, tiny_qa):
+    out = tmp_path / "o"
+    argv = ["train", "--model", tiny_qa, "--dataset", "squad", "--limit", "2", "--eval-limit", "2", "--out", str(out),
+            "--quiet"]
+    assert main(argv) == 0  # a 64-position model: windows of 64 tokens sharing 21 (a third), not 384 and 128
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["max_len"] == 64 and metrics["doc_stride"] == 21
+
+
+@needs_squad
 def test_another_tasks_head_needs_reinit_head(tmp_path, capsys):
     classifier = tmp_path / "clf"
     make_model("bert").save_pretrained(classifier)
@@ -175,6 +196,8 @@ def test_another_tasks_head_needs_reinit_head(tmp_path, capsys):
     (["--eval-fraction", "0.5"], "--eval-fraction: --dataset squad trains on the articles at even positions"),
     (["--max-length", "48", "--doc-stride", "48"], "--doc-stride 48 must be less than --max-length 48"),
     (["--doc-stride", "0"], "--doc-stride must be >= 1"),
+    (["--max-length", "24", "--doc-stride", "8", "--limit", "40"],  # questions too long for such windows
+     "a window leaves"),
 ])
 def test_cli_errors_are_one_line(tmp_path, tiny_qa, capsys, extra, message):
     argv = ["train", "--model", tiny_qa, "--dataset", "squad", "--out", str(tmp_path / "o"), *extra]
@@ -212,6 +235,7 @@ def test_squad_v2_and_squad_files_are_refused(tmp_path, tiny_qa, capsys):
 @needs_squad
 def test_max_length_beyond_the_models_positions(tmp_path, tiny_qa, capsys):
     argv = ["train", "--model", tiny_qa, "--dataset", "squad", "--limit", "2", "--eval-limit", "2",
-            "--out", str(tmp_path / "o")]
-    assert main(argv) == 2  # default 384 tokens per window; the tiny model has 64 positions
+            "--out", str(tmp_path / "o"), "--max-length", "384"]
+    assert main(argv) == 2  # the tiny model has 64 positions
     assert "--max-length 384 is more than the 64 positions" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -177,7 +177,7 @@ def test_states_beyond_the_budget_are_refused_in_one_line(monkeypatch, tmp_path,
     assert main(["train", "--model", tiny_dir, "--data-file", data, "--memory-budget", "64MiB", "--out", str(out),
                  "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "gradients and optimiser moments alone" in err and "--freeze-layers" in err and "\n" not in err
+    assert "gradients, optimiser moments and update alone" in err and "--freeze-layers" in err and "\n" not in err
     assert not out.exists()
 
 

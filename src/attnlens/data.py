@@ -297,6 +297,18 @@ def load_dataset(
     raise InputError(f"no local file for {spec.name}/{split}; looked for {', '.join(tried) or 'no data folder'}")
 
 
+def split_files(name: str, split: str, root: str | os.PathLike[str] | None = None) -> set[Path]:
+    """The local files (resolved) of split ``split`` of the known data set ``name`` and of every split sharing its
+    examples (:meth:`DatasetSpec.same_examples`): the files an evaluation of a model trained on it must not read."""
+    spec = SPECS.get(ALIASES.get(name.lower(), name.lower()))
+    base = data_root(root)
+    if spec is None or base is None:
+        return set()
+    split = SPLIT_ALIASES.get(split, split)
+    return {(base / spec.folder / f).resolve() for other in spec.files if spec.same_examples(split, other)
+            for f in spec.files[other] if (base / spec.folder / f).is_file()}
+
+
 def _subset(ds: Dataset, limit: int | None, seed: int) -> Dataset:
     if limit is None or limit >= len(ds.examples):
         return ds

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .core.batching import eos_groups, scoring_chunks
+from .core.batching import batch_groups, scoring_chunks
 from .core.encoding import model_max_length
 from .core.memory import DEFAULT_BUDGET, parse_budget, readable_size
 from .core.modelstate import without_cache
@@ -35,6 +35,7 @@ from .data import (
     names_a_file,
     names_classes,
     row_text,
+    split_files,
 )
 from .errors import InputError, ModelError
 from .models.architectures import architecture_for
@@ -296,6 +297,11 @@ def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
             raise InputError(f"--dataset {cfg.dataset}: the training split {train_ds.split} and the evaluation split "
                              f"{eval_name} share their examples, so the metrics would be measured on training data: "
                              "give another --split or --eval-split")
+        if cfg.eval_file and Path(cfg.eval_file).expanduser().resolve() in split_files(cfg.dataset, train_ds.split,
+                                                                                        cfg.data_root):
+            raise InputError(f"--eval-file {cfg.eval_file} holds the examples of the training split {train_ds.split} "
+                             f"of {train_ds.name}: the metrics would be measured on training data; give another file "
+                             "or --eval-split")
         train = _subset(_from_dataset(train_ds), cfg.limit, cfg.seed)
         if cfg.eval_file:  # its labels: class ids, or the data set's class names
             evaluation = _from_dataset(load_dataset(cfg.eval_file, labels=train_ds.labels))
@@ -533,7 +539,7 @@ def predict(model, tokenizer, features, device: torch.device, batch_size: int = 
     model.eval()
     lengths = [len(f["input_ids"]) for f in features]
     preds = np.empty(len(features), dtype=np.int64)
-    groups = eos_groups(model, [f["input_ids"] for f in features])
+    groups = batch_groups(model, [f["input_ids"] for f in features])
     for idx in scoring_chunks(model, lengths, batch_size, memory_budget, attention=None,  # as the model is set
                               groups=groups):
         logits = model(**_batch(tokenizer, [features[i] for i in idx], device), **without_cache(model)).logits
@@ -543,9 +549,10 @@ def predict(model, tokenizer, features, device: torch.device, batch_size: int = 
 
 def classification_metrics(gold: Sequence[int], pred: Sequence[int], num_labels: int,
                            names: Sequence[str] | None = None) -> dict[str, Any]:
-    """Accuracy, precision, recall and F1: macro averages over the classes, or for two classes those of the
-    positive class, which ``positive_class`` names: the class named ``positive`` where ``names`` (the classes'
-    names, by id) has one, else class 1."""
+    """Accuracy, precision, recall and F1: macro averages over the classes that occur in ``gold`` or ``pred``
+    (``macro_classes`` lists them where some class occurs in neither: a class the sample lacks has no precision or
+    recall to average), or for two classes those of the positive class, which ``positive_class`` names: the class
+    named ``positive`` where ``names`` (the classes' names, by id) has one, else class 1."""
     from sklearn.metrics import accuracy_score, precision_recall_fscore_support
 
     scores: dict[str, Any] = {}
@@ -556,8 +563,10 @@ def classification_metrics(gold: Sequence[int], pred: Sequence[int], num_labels:
                                                      labels=[0, 1], zero_division=0)
         scores["positive_class"] = str(names[positive]) if names else positive
     else:
-        p, r, f, _ = precision_recall_fscore_support(gold, pred, average="macro", labels=list(range(num_labels)),
-                                                     zero_division=0)
+        present = sorted({int(g) for g in gold} | {int(q) for q in pred})
+        p, r, f, _ = precision_recall_fscore_support(gold, pred, average="macro", labels=present, zero_division=0)
+        if len(present) < num_labels:
+            scores["macro_classes"] = present
     return {
         "accuracy": round(float(accuracy_score(gold, pred)), 4),
         "precision": round(float(p), 4),

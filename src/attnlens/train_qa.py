@@ -139,9 +139,18 @@ def make_windows(tokenizer: Any, examples: Sequence[Example], max_length: int, d
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError("QA training needs a fast tokenizer (it maps tokens to characters with offsets); "
                          f"{type(tokenizer).__name__} is not one")
+    questions = [e.text[0].lstrip() for e in examples]
+    # a window holds what the longest question and the special tokens leave of max_length, and must hold more
+    # context than the stride it shares with the next (the tokenizer's Rust side panics otherwise)
+    longest = max((len(ids) for ids in tokenizer(questions, add_special_tokens=False)["input_ids"]), default=0)
+    room = max_length - longest - tokenizer.num_special_tokens_to_add(pair=True)
+    if room <= doc_stride:
+        raise InputError(f"with --max-length {max_length}, a window leaves {max(room, 0)} tokens of context after the "
+                         f"longest question ({longest} tokens) and the special tokens: more than --doc-stride "
+                         f"{doc_stride} are needed; raise --max-length or lower --doc-stride")
     try:
         enc = tokenizer(
-            [e.text[0].lstrip() for e in examples], [e.text[1] for e in examples], truncation="only_second",
+            questions, [e.text[1] for e in examples], truncation="only_second",
             max_length=max_length, stride=doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True,
         )
     except Exception as exc:  # the tokenizer's own error: a question longer than a window, a stride too long
@@ -261,6 +270,7 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
     """Fine-tune ``cfg.model`` for extractive QA on the even articles of SQuAD v1.1 dev, evaluate exact match
     and F1 on the odd ones, save model, tokenizer and ``metrics.json`` to ``cfg.out``; return the metrics."""
     cfg.validate()
+    given_length = cfg.max_length
     cfg = replace(cfg, max_length=cfg.max_length or QA_MAX_LENGTH)
     _check_options(cfg)
     check_model_and_out(cfg)
@@ -273,7 +283,13 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
     tokenizer, model = load_qa_model(cfg.model, cfg.reinit_head, log)
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions is not None and cfg.max_length > positions:
-        raise InputError(f"--max-length {cfg.max_length} is more than the {positions} positions of {cfg.model}")
+        if given_length is not None:
+            raise InputError(f"--max-length {cfg.max_length} is more than the {positions} positions of {cfg.model}")
+        # the default window, on a model that takes fewer tokens (and the default stride, a third of it)
+        default_stride = next(f.default for f in fields(TrainConfig) if f.name == "doc_stride")
+        stride = positions // 3 if cfg.doc_stride == default_stride else cfg.doc_stride
+        cfg = replace(cfg, max_length=positions, doc_stride=stride)
+        _check_options(cfg)
     seed_everything(cfg.seed)  # the new head's initialisation does not depend on what was loaded before
     if cfg.freeze_layers:
         trainable = freeze_lower_layers(model, cfg.freeze_layers)

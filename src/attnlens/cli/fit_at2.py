@@ -73,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     data = squad_file(args.data_root)
     check_not_an_input(args.out, "--out", {"SQuAD": data})
     modes = ["passage", "sentence"] if args.sources == "both" else [args.sources]
+    if args.prompts < 2 * len(modes):  # each kind's prompts come from squad_context, which builds at least one
+        raise InputError(f"--prompts {args.prompts}: the ridge penalty is chosen on held-out questions: give at least "
+                         f"{2 * len(modes)} prompts" + (" (half with passage, half with sentence sources)"
+                                                        if len(modes) > 1 else ""))
     examples = []
     for i, mode in enumerate(modes):
         n = args.prompts // len(modes) + (1 if i < args.prompts % len(modes) else 0)

@@ -48,9 +48,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the training data (default: 1)")
     p.add_argument("--lr", type=float, default=6e-5, help="peak learning rate of AdamW (default: 6e-5)")
     p.add_argument("--max-length", type=int, default=None,
-                   help="truncate inputs to this many tokens (default: 64; squad: 384 per window)")
+                   help="truncate inputs to this many tokens (default: 64; squad: 384 per window; at most the "
+                   "model's positions)")
     p.add_argument("--doc-stride", type=int, default=128,
-                   help="squad: tokens of context shared by consecutive windows over a long context (default: 128)")
+                   help="squad: tokens of context shared by consecutive windows over a long context (default: 128; a "
+                   "third of a window cut to the model's positions)")
     p.add_argument("--batch-size", type=int, default=32, help="training batch size (default: 32)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: 0.01)")
     p.add_argument("--warmup", type=float, default=0.06, help="linear warmup, fraction of all steps (default: 0.06)")

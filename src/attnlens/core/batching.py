@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,9 +28,34 @@ def eos_groups(model: nn.Module, ids: Sequence[Sequence[int]]) -> list[int] | No
     return [sum(1 for t in seq if t == eos) for seq in ids]
 
 
+def attention_window(config: object) -> int | None:
+    """The shortest window, in tokens, of a model that attends within windows (a sliding window: Mistral, Qwen2,
+    Gemma 2, Phi-3; ModernBERT's local attention; GPT-Neo's local layers); ``None`` for full attention."""
+    sizes = [getattr(config, name, None) for name in ("local_attention", "window_size")]
+    if getattr(config, "use_sliding_window", True) is not False:  # Qwen2 names a window it may leave unused
+        sizes.append(getattr(config, "sliding_window", None))
+    sizes = [v for v in sizes if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return min(sizes) if sizes else None
+
+
+def batch_groups(model: nn.Module, ids: Sequence[Sequence[int]]) -> list[tuple[int, int]] | None:
+    """Keys of the sequences ``ids`` no batch may mix (``budget_chunks``' ``groups``); ``None`` where any may share a
+    batch. An encoder-decoder classifier's EOS count (:func:`eos_groups`), and, for a float64 model that attends
+    within windows, lengths half a window or more apart: the shorter one's padding would fill a padded query's whole
+    window, and transformers' eager attention, which takes the softmax in float32, turns the float64 mask into
+    ``-inf`` and such a row into NaN, which the next layer carries into the real rows (0 × NaN)."""
+    eos = eos_groups(model, ids)
+    window = attention_window(model.config) if next(model.parameters()).dtype == torch.float64 else None
+    if eos is None and window is None:
+        return None
+    width = max(1, window // 2) if window is not None else None  # a local window reaches half of it each way
+    return [(eos[i] if eos is not None else 0, len(seq) // width if width is not None else 0)
+            for i, seq in enumerate(ids)]
+
+
 def scoring_chunks(model: nn.Module, lengths: Sequence[int], batch_size: int, budget: int, *,
                    attention: str | None = "sdpa", logit_positions: int = 0, hidden: bool = False,
-                   groups: Sequence[int] | None = None) -> Iterator[list[int]]:
+                   groups: Sequence[Any] | None = None) -> Iterator[list[int]]:
     """Indices of sequences of ``lengths``, shortest first, in batches of at most ``batch_size`` whose forward
     without gradients fits ``budget`` bytes: one layer's activations at a time, its attention maps where the model
     runs eager (``attention``; ``None``: the implementation the model is set to now, for forwards outside an
@@ -120,7 +146,7 @@ def predict_batches(
     out: np.ndarray | None = None
     keeps = last_only and keeps_logits(model)
     chunks = scoring_chunks(model, [len(x) for x in ids], batch_size, memory_budget, attention=attention,
-                            logit_positions=1 if keeps else 0, groups=eos_groups(model, ids))
+                            logit_positions=1 if keeps else 0, groups=batch_groups(model, ids))
     with explaining(model, attention), torch.no_grad():
         for idx in chunks:
             types = None if type_ids is None else [type_ids[i] for i in idx]

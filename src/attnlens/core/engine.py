@@ -31,7 +31,7 @@ from ..results.tokentext import encoding_meta
 from ..version import __version__
 from .allocator import release_free_memory
 from .batch_state import TARGET_KINDS, BatchContext
-from .batching import eos_groups, keeps_logits
+from .batching import batch_groups, keeps_logits
 from .capture import planned_storage, run_capture
 from .capture_kept import capture_pass_dims
 from .encoding import Encoded
@@ -294,7 +294,7 @@ def explain_all(
     with explaining(runner.model):
         tracker.start()
         try:
-            groups = eos_groups(runner.model, [e.ids for e in encoded])  # BART's head: one EOS count a batch
+            groups = batch_groups(runner.model, [e.ids for e in encoded])  # BART's EOS count; float64 windows
             for idx in budget_chunks(lengths, batch_size, memory_budget, cost.total, dims.hidden_bytes, groups):
                 batch = [encoded[i] for i in idx]
                 tracker.begin_batch(idx)
@@ -407,7 +407,7 @@ def compute_batch(
             keep = mask.bool()  # padding is 0 whatever the method left there (a nan times 0 stays nan)
             scores = torch.where(keep, scores, 0)
             layers = None if layers is None else torch.where(keep[:, None, :], layers, 0)
-            _warn_if_not_finite(spec.name, scores, runner)
+            _warn_if_not_finite(spec.name, scores, runner, capture.logits)
             out[spec.name] = (scores, layers)
     return ctx, out
 
@@ -476,13 +476,17 @@ def _check_output(method: str, result: Any, rows: int, tokens: int, keys: int) -
             fail(f"meta[{key!r}] of {got}; each meta value is a tensor of one value per input, ({rows},)")
 
 
-def _warn_if_not_finite(method: str, scores: torch.Tensor, runner: ModelRunner) -> None:
+def _warn_if_not_finite(method: str, scores: torch.Tensor, runner: ModelRunner,
+                        logits: torch.Tensor | None = None) -> None:
     """A warning where a method's scores overflowed or divided 0 by 0 (they are written as they are, ``inf`` or
-    ``nan``, and a JSON reader may refuse them): most often a half-precision model's range."""
+    ``nan``, and a JSON reader may refuse them): most often a half-precision model's range, or the model's own
+    output not finite (``logits``, those of the pass the method read)."""
     bad = ~torch.isfinite(scores)
     if bool(bad.any()):
         dtype = next(runner.model.parameters()).dtype
-        if dtype in (torch.float16, torch.bfloat16):
+        if logits is not None and not bool(torch.isfinite(logits.detach()).all()):
+            why = " (the model's own output is not finite for these inputs)"
+        elif dtype in (torch.float16, torch.bfloat16):
             why = (f" with this {str(dtype).removeprefix('torch.')} model; load it in float32 (--dtype float32) to "
                    "explain it")
         else:

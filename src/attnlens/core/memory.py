@@ -539,7 +539,7 @@ def rows_that_fit(budget: int, row_bytes: int, cap: int | None = None) -> int:
 
 def budget_chunks(
     lengths: Sequence[int], batch_size: int, budget: int, row_bytes: Callable[[int], int],
-    block_bytes: Callable[[int], int] | None = None, groups: Sequence[int] | None = None,
+    block_bytes: Callable[[int], int] | None = None, groups: Sequence[Any] | None = None,
 ) -> Iterator[list[int]]:
     """Indices shortest first, in batches of at most ``batch_size`` whose padded rows fit ``budget``; with
     ``groups``, no batch mixes two groups (group by group, each shortest first).

@@ -9,11 +9,15 @@ beside the states is split into micro-batches whose gradients add up to the batc
 weighted by its share of the batch), so the update is the one the whole batch gives, up to rounding and the random
 dropout masks drawn.
 
-Peak RSS of one step beyond the loaded model (CPU, float32, batches of one length, default attention) against
-:meth:`TrainingMemory.need`: MiniLM-L6 32 × 256 tokens 3.56 GiB (estimate 3.9), 8 × 512 2.69 (2.9); BERT-base
-4 × 512 3.54 (4.8); GPT-2 4 × 512 4.19 (5.2); a 12-layer Llama of width 768, which has no attention dropout,
-4 × 512 1.75 (2.2); with one 8-token example (the states and the update alone) 3.1-3.5 × the trainable parameters'
-bytes. ``bench/training_memory.py`` measures steps within budgets.
+The update also holds temporaries the size of the largest trainable tensor (:data:`LARGEST_COPIES`), and the
+backward writes the word embeddings' gradient once more before adding it to the held one
+(:data:`EMBEDDING_GRADIENT_COPIES`): for models whose word embeddings are most of their parameters these set the
+peak of short steps. Peak RSS of one step beyond the loaded model (CPU, float32, batches of one length, default
+attention) against :meth:`TrainingMemory.need`: MiniLM-L6 32 × 256 tokens 3.56 GiB (estimate 3.9), 8 × 512 2.69
+(2.9); BERT-base 4 × 512 3.54 (4.8); GPT-2 4 × 512 4.19 (5.2); a 12-layer Llama of width 768, which has no
+attention dropout, 4 × 512 1.75 (2.2). Steps over 8 × 16 tokens (the states and the update alone): MiniLM-L6
+382 MiB (estimate 483), a 4-layer BERT of width 256 (word embeddings 71 % of its parameters) 245 (262), a 4-layer
+GPT-2 of width 256 216 (258). ``bench/training_memory.py`` measures steps within budgets.
 """
 
 from __future__ import annotations
@@ -31,6 +35,13 @@ from .modelstate import EAGER, attention_implementation, runs_sdpa
 
 STATE_COPIES = 3  # per trainable parameter: its gradient and AdamW's two moments
 UPDATE_COPIES = 1  # the optimiser's update: one parameter-sized temporary beside the states
+# beyond those, copies of the largest trainable tensor (the word embeddings, typically) a step holds at its peak: the
+# update's per-tensor temporaries on a CPU (its square root and quotient) and heap blocks of their size that the
+# allocator keeps; measured 0.75-2.4 beyond the states and one parameter-sized temporary (MiniLM-L6, a 4-layer BERT
+# and a 4-layer GPT-2 of width 256, whose word embeddings are 52-71 % of their parameters)
+LARGEST_COPIES = 3
+# the backward of the word embeddings writes a dense gradient of their size before it is added to the held one
+EMBEDDING_GRADIENT_COPIES = 1
 DROPOUT_MASK_BYTES = 1  # a dropout mask holds one byte per value (bool)
 TRAINED_BIAS_MAPS = 1  # maps per attention the backward of a model with score biases holds beyond the rest (T5's)
 # config fields of the dropout on attention probabilities, by model family (T5's dropout_rate covers them too)
@@ -68,13 +79,18 @@ class TrainingMemory:
     update_bytes: int
     dims: Dims
     maps: bool
+    gradient_bytes: int = 0
 
     @classmethod
     def of(cls, model: nn.Module, budget: int) -> TrainingMemory:
         """The plan of ``model`` (its trainable parameters as they are now) within ``budget`` bytes."""
-        trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        return cls(budget, STATE_COPIES * trainable, UPDATE_COPIES * trainable, model_dims(model),
-                   materialises_maps(model))
+        sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+        trainable, largest = sum(sizes), max(sizes, default=0)
+        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        word = getattr(embeddings, "weight", None)
+        embedding = word.numel() * word.element_size() if word is not None and word.requires_grad else 0
+        return cls(budget, STATE_COPIES * trainable, UPDATE_COPIES * trainable + LARGEST_COPIES * largest,
+                   model_dims(model), materialises_maps(model), EMBEDDING_GRADIENT_COPIES * embedding)
 
     def row_bytes(self, n: int) -> int:
         """Activations one example of ``n`` tokens holds through the step's forward and backward."""
@@ -90,12 +106,13 @@ class TrainingMemory:
 
     @property
     def activation_budget(self) -> int:
-        """Bytes left for a micro-batch's activations once the states are held."""
-        return self.budget - self.state_bytes
+        """Bytes left for a micro-batch's activations once the states (and the embeddings' gradient the backward
+        writes) are held."""
+        return self.budget - self.state_bytes - self.gradient_bytes
 
     def need(self, rows: int, n: int) -> int:
         """Bytes a step over ``rows`` examples padded to ``n`` tokens holds at its peak."""
-        return self.state_bytes + max(rows * self.row_bytes(n), self.update_bytes)
+        return self.state_bytes + max(rows * self.row_bytes(n) + self.gradient_bytes, self.update_bytes)
 
     def check(self, longest: int, what: str = "training") -> None:
         """Refuse (one line, before anything runs) when one example of ``longest`` tokens cannot be trained on within
@@ -105,8 +122,8 @@ class TrainingMemory:
         states = readable_size(self.state_bytes)
         if self.state_bytes + self.update_bytes > self.budget:
             raise InputError(f"{what} needs about {readable_size(self.state_bytes + self.update_bytes)} for the "
-                             f"trainable parameters' gradients and optimiser moments alone, more than the memory "
-                             f"budget of {readable_size(self.budget)} (raise --memory-budget or train fewer "
+                             f"trainable parameters' gradients, optimiser moments and update alone, more than the "
+                             f"memory budget of {readable_size(self.budget)} (raise --memory-budget or train fewer "
                              "parameters with --freeze-layers N)")
         fits = longest_that_fits(self.activation_budget, self.row_bytes)
         raise InputError(f"{what} on examples of {longest:,} tokens needs about "

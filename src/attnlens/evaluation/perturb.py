@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.batching import eos_groups, pad_batch, predict_batches, scoring_chunks
+from ..core.batching import batch_groups, pad_batch, predict_batches, scoring_chunks
 from ..core.memory import DEFAULT_BUDGET
 from ..core.modelstate import EAGER, explaining, without_cache
 from ..errors import InputError
@@ -130,7 +130,7 @@ class ModelPredictor:
         """Batches of variants with every layer's hidden states kept, within the budget."""
         for idx in scoring_chunks(self.model, [len(v) for v in variants], self.batch_size, self.memory_budget,
                                   attention=self._attention, hidden=True,
-                                  groups=eos_groups(self.model, [v.input_ids for v in variants])):
+                                  groups=batch_groups(self.model, [v.input_ids for v in variants])):
             chosen = [variants[i] for i in idx]
             with_types = self.takes_token_types and all(v.token_type_ids is not None for v in chosen)
             inputs, _ = pad_batch(

@@ -186,6 +186,13 @@ def load_weights(runner: ModelRunner, path: str | Path | None = None,
         fitted = ", ".join(data.get("methods", [])) or "attention alone"
         raise InputError(f"at2 weights {path} were fitted with features {fitted}; {method} reads "
                          f"{', '.join(['attention', *methods])}")
+    grid = np.shape(data["weights"])
+    want = (fingerprint["num_hidden_layers"], fingerprint["num_attention_heads"])
+    known = all(isinstance(v, int) for v in want)  # a configuration naming its layers and heads
+    if (known and grid != want) or np.size(data.get("method_weights", [])) != len(methods):
+        raise InputError(f"at2 weights {path}: a grid of {grid[0]} × {grid[1]} head weights and "
+                         f"{np.size(data.get('method_weights', []))} method weights, where the model's "
+                         f"{want[0]} layers × {want[1]} heads and {len(methods)} method(s) need as many")
     _check_sample(data, runner.model, path)
     return data
 
@@ -292,11 +299,14 @@ def fit_at2(
     folder = None if cache is None else Path(cache)
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
+    # the model's parameters and dtype are part of a cached prompt's key: another checkpoint at the same path, or
+    # the same one in another precision, computes its prompts again
+    weights_key = [parameter_sample(runner.model), str(next(runner.model.parameters()).dtype)]
     for k, job in enumerate(jobs):
         masks = random_masks(n_ablations, len(job.sources), keep_probability, seed + k)
-        key = hashlib.sha256(json.dumps([job.runner.name, _fingerprint(job.runner.model), job.prompt.ids,
-                                         job.prefix_ids, job.answer_ids, job.token_source, job.ablation,
-                                         masks.tolist()]).encode()).hexdigest()[:24]
+        key = hashlib.sha256(json.dumps([job.runner.name, _fingerprint(job.runner.model), *weights_key,
+                                         job.prompt.ids, job.prefix_ids, job.answer_ids, job.token_source,
+                                         job.ablation, masks.tolist()]).encode()).hexdigest()[:24]
         path = None if folder is None else folder / f"{key}.npz"
         done = None if path is None else _load_npz(path, "feats", "y")
         if done is not None:
