@@ -332,3 +332,42 @@ def test_an_entry_of_ones_own_of_the_wrong_family_is_refused(tokenizer, monkeypa
     monkeypatch.setitem(ARCHITECTURES, "gpt2", Architecture("gpt2", DECODER))
     (e,) = Explainer(make_model("gpt2"), tokenizer).explain("the movie was great", methods=["rawatt"])
     assert e.scores["rawatt"][-1] != 0
+
+
+@pytest.mark.parametrize("model_type, variant", [(t, "tiny") for t in ZOO if t != "mixtral"]  # its experts: float32
+                         + [("deberta-v2", "released")])
+def test_a_type_is_said_to_normalise_its_word_embeddings_exactly_where_its_output_forgets_their_length(model_type,
+                                                                                                   variant):
+    """Scaling the word embeddings (as the gradient methods hook them) leaves the logits unchanged exactly where the
+    architecture entry says the embeddings go straight into a normalisation; there input × gradient is refused in
+    one line (it sums to 0), and under "all" left out with a warning. ``released``: DeBERTa-v2 as DeBERTa-v3 ships
+    (no positions or token types added to the word embeddings)."""
+    model = make_model(model_type)
+    if variant == "released":
+        model.config.position_biased_input, model.config.type_vocab_size = False, 0
+        model = type(model)(model.config).eval()
+    model = model.double()
+    tok = make_tokenizer()
+    ex = Explainer(model, tok)
+    ids = torch.tensor([tok("the movie was good and i loved it")["input_ids"]])
+    kwargs = {"decoder_input_ids": ids} if model.config.is_encoder_decoder else {}
+    scale = {"by": 1.0}
+    hook = ex.adapter.embedding_module(model).register_forward_hook(lambda m, a, out: out * scale["by"])
+    with torch.no_grad():
+        plain = model(input_ids=ids, **kwargs).logits
+        scale["by"] = 1.7
+        scaled = model(input_ids=ids, **kwargs).logits
+    hook.remove()
+    forgets = float((plain - scaled).abs().max() / plain.abs().max()) < 1e-3
+    assert architecture_for(model.config).normalises_embeddings(model.config) == forgets
+    if forgets:
+        from attnlens.errors import InputError
+
+        with pytest.raises(InputError, match=r"^inputxgradient sums to 0 on model type .*use saliency"):
+            ex.explain(TEXTS[0], methods=["inputxgradient"])
+        with pytest.warns(UserWarning, match="inputxgradient"):
+            (e,) = ex.explain(TEXTS[0], methods="all", options=IG)
+        assert "inputxgradient" not in e.scores and "saliency" in e.scores
+    else:
+        (e,) = ex.explain(TEXTS[0], methods=["inputxgradient"])
+        assert np.abs(e.scores["inputxgradient"]).max() > 1e-6

@@ -33,6 +33,7 @@ from ..core.memory import (
 from ..core.modelstate import attention_switched, runs_sdpa, without_cache
 from ..core.recomputing import recomputing
 from ..errors import InputError
+from ..models.architectures import architecture_for
 from ..models.prefixes import last_token_rows
 from .registry import EMBEDDINGS, GRADIENTS, OWN_PASS, MethodOutput, check_flag, check_integer, register
 
@@ -154,12 +155,22 @@ def saliency(ctx: BatchContext, engine: str = "shared", abs: bool = True) -> Met
                         meta=_decoder_share(None if decoder is None else decoder.abs() if abs else decoder))
 
 
+def _reads_the_embeddings_length(model: torch.nn.Module, stream: str, task: str) -> str | None:
+    """Why input × gradient says nothing of a model whose word embeddings go straight into a normalisation."""
+    if architecture_for(model.config).normalises_embeddings(model.config):
+        return (f"inputxgradient sums to 0 on model type {model.config.model_type!r}: its word embeddings go straight "
+                "into a normalisation, so its output does not change with their length (e · ∇e = 0); use saliency, "
+                "integratedgradients or attnlrp")
+    return None
+
+
 @register(
     "inputxgradient",
     needs={EMBEDDINGS, GRADIENTS},
     summary="Input embeddings × their gradient, summed over dimensions.",
     citation="Shrikumar et al. 2016; Captum InputXGradient",
     check=_check_engine,
+    applies=_reads_the_embeddings_length,
 )
 def inputxgradient(ctx: BatchContext, engine: str = "shared") -> MethodOutput:
     _check_engine(engine)

@@ -301,10 +301,20 @@ class Architecture:
     # the content-to-position score terms each attention layer builds before gathering them into N x N (DeBERTa's),
     # a function of the config; None: the type builds none
     position_terms: Callable[[Any], PositionTerms] | None = None
+    # whether the word embeddings go straight into a normalisation, which forgets their scale (BLOOM's and
+    # ModernBERT's embedding LayerNorm; DeBERTa's where it adds no positions or token types): the model's output
+    # does not change with the embeddings' length, so input x gradient sums to 0 there; a function of the config
+    # for types where it depends on the config
+    normalised_embeddings: bool | Callable[[Any], bool] = False
 
     @property
     def family(self) -> str:
         return self.adapter.family
+
+    def normalises_embeddings(self, config: Any) -> bool:
+        """Whether this model's word embeddings reach nothing but a normalisation (see ``normalised_embeddings``)."""
+        value = self.normalised_embeddings
+        return bool(value(config) if callable(value) else value)
 
     def pooling_for(self, config: Any) -> str:
         """Where this model's head reads (:data:`attnlens.models.adapters.POOLINGS`)."""
@@ -444,6 +454,12 @@ def _deberta_position_terms(config: Any) -> PositionTerms:
         return PositionTerms(count, span, grows=True)
     buckets = getattr(config, "position_buckets", -1)
     return PositionTerms(count, buckets if buckets > 0 else span)
+
+
+def _deberta_normalised(config: Any) -> bool:
+    """DeBERTa's embeddings add positions and token types only where the config says so; without either, the
+    word embeddings go straight into its LayerNorm (the released DeBERTa and DeBERTa-v3 checkpoints)."""
+    return not getattr(config, "position_biased_input", True) and not getattr(config, "type_vocab_size", 0)
 
 
 def _deberta_anatomy(config: Any) -> Anatomy | None:
@@ -591,13 +607,13 @@ _ENTRIES: list[Architecture] = [
                  lrp=_roberta_lrp("XLM-RoBERTa"), layers=_BERT_LAYERS),
     Architecture("camembert", ENCODER, position_offset=True, anatomy=_ROBERTA_ANATOMY, lrp=_roberta_lrp("CamemBERT"),
                  layers=_BERT_LAYERS),
-    Architecture("deberta", ENCODER, anatomy=_deberta_anatomy,
+    Architecture("deberta", ENCODER, anatomy=_deberta_anatomy, normalised_embeddings=_deberta_normalised,
                  layers=Layers("encoder.layer", "attention.self.in_proj", fused=3, per_head=True,
                                value_bias="attention.self.v_bias", shared=("relative_pos", "rel_embeddings")),
                  lrp=LRPSupport("DeBERTa", _BERT_RESIDUALS, forwards=(
                      ("DisentangledSelfAttention", "deberta_v1_attention"), ("ContextPooler", "deberta_pooler"))),
                  bias_maps=4, mask_maps=11, layer_mask_maps=4, position_terms=_deberta_position_terms),
-    Architecture("deberta-v2", ENCODER, anatomy=_deberta_v2_anatomy,
+    Architecture("deberta-v2", ENCODER, anatomy=_deberta_v2_anatomy, normalised_embeddings=_deberta_normalised,
                  layers=Layers("encoder.layer", "attention.self.value_proj", shared=("relative_pos", "rel_embeddings")),
                  lrp=LRPSupport("DeBERTa-v2", _BERT_RESIDUALS, forwards=(
                      ("DisentangledSelfAttention", "deberta_attention"), ("ContextPooler", "deberta_pooler"),
@@ -610,6 +626,7 @@ _ENTRIES: list[Architecture] = [
     Architecture("ernie", ENCODER, anatomy=_bert_like("ernie"), lrp=LRPSupport("ERNIE", _BERT_RESIDUALS),
                  layers=_BERT_LAYERS),
     Architecture("modernbert", ENCODER, pooling=_modernbert_pooling, anatomy=_MODERNBERT_ANATOMY,
+                 normalised_embeddings=True,
                  layers=Layers("layers", "attn.Wqkv", fused=3),
                  lrp=LRPSupport("ModernBERT", blocks=(PreNorm("ModernBertEncoderLayer", "attn_norm", "attn", "mlp_norm",
                                                               "mlp"),),
@@ -678,7 +695,7 @@ _ENTRIES: list[Architecture] = [
                  lrp=LRPSupport("OPT", forwards=(("OPTDecoderLayer", "opt_layer"),), own_sums=True,
                                 embedding_input="decoder.layers.0"),  # positions are added inline before it
                  layers=Layers("decoder.layers", "self_attn.v_proj"), anatomy=_opt_anatomy),
-    Architecture("bloom", DECODER,
+    Architecture("bloom", DECODER, normalised_embeddings=True,
                  lrp=LRPSupport("BLOOM", forwards=(("BloomAttention", "bloom_attention"), ("BloomMLP", "bloom_mlp"),
                                                    ("BloomGelu", "activation")),
                                 own_sums=True, embedding_input=None),  # word embeddings, then their LayerNorm
