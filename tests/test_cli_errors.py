@@ -137,7 +137,7 @@ def test_methods_named_explicitly_still_refuse(models, capsys):
         (["--top-k", "-1"], "--top-k must be at least 1, got -1"),
         (["--top-k", "0"], "--top-k must be at least 1, got 0"),
         (["--top-k", "3", "--generate"], "--top-k sets the tables of top tokens, which --format terminal and html "
-                                            "print (not --generate)"),
+                                            "and the --html page print (not --generate)"),
         (["--top-k", "3", "--format", "json"], "--top-k sets the tables of top tokens"),
         (["--top-k", "3", "--format", "jsonl"], "--top-k sets the tables of top tokens"),
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
@@ -358,6 +358,30 @@ def test_context_benchmark_options_are_refused_for_classification(extra, tmp_pat
     code = main(["benchmark", "--model", "/nonexistent/model", "--dataset", "sst2", *extra, "--out",
                  str(tmp_path / "run")])
     assert "is an option of --task context" in _one_line_error(capsys, code)
+
+
+@pytest.mark.parametrize("extra", [["--metrics", "aopc"], ["--processes", "2"], ["--protocol", "attcat-code"],
+                                   ["--target", "gold"], ["--batch-size", "4"], ["--shard", "0/2"], ["--k", "5"]])
+def test_classification_benchmark_options_are_refused_for_context(extra, tmp_path, capsys):
+    code = main(["benchmark", "--task", "context", "--model", "/nonexistent/model", "--dataset", "squad-context",
+                 "--methods", "loo", *extra, "--out", str(tmp_path / "run")])
+    assert _one_line_error(capsys, code).endswith(f"{extra[0]} is an option of the classification and QA benchmark; "
+                                                  "--task context does not read it: leave it out")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_context_benchmark_writes_nothing_before_its_model_loads(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text('{"id": "kept"}\n')
+    code = main(["benchmark", "--task", "context", "--model", "/nonexistent/model", "--dataset", "squad-context",
+                 "--methods", "loo", "--limit", "1", "--overwrite", "--write-examples", str(tmp_path / "ex.jsonl"),
+                 "--out", str(run)])
+    _one_line_error(capsys, code)
+    assert (run / "records.jsonl").read_text() == '{"id": "kept"}\n' and not (tmp_path / "ex.jsonl").exists()
+    code = main(["benchmark", "--task", "context", "--model", "/nonexistent/model", "--dataset", "squad-context",
+                 "--methods", "loo", "--write-examples", str(tmp_path), "--out", str(tmp_path / "other")])
+    assert "--write-examples" in _one_line_error(capsys, code) and not (tmp_path / "other").exists()
 
 
 def test_a_missing_external_scores_file_is_one_line(tmp_path, capsys):

@@ -73,8 +73,9 @@ def test_terminal_html_and_plot(model_dir, tmp_path, capsys):
 
 def test_top_k_sets_the_html_table_too(model_dir, tmp_path, capsys):
     """``--top-k`` sizes the HTML page's table of top tokens as it does the terminal's, with ``--html`` and with
-    ``--format html``."""
-    for extra in (["--html", str(tmp_path / "a.html")], ["--format", "html", "--out", str(tmp_path / "b.html")]):
+    ``--format html``, and beside JSON."""
+    for extra in (["--html", str(tmp_path / "a.html")], ["--format", "html", "--out", str(tmp_path / "b.html")],
+                  ["--format", "json", "--out", str(tmp_path / "c.json"), "--html", str(tmp_path / "c.html")]):
         assert main(["explain", "the movie was great and long", "--model", model_dir, "--methods", "rollout",
                      "--top-k", "2", *extra]) == 0
         page = (tmp_path / extra[-1].rsplit("/", 1)[-1]).read_text()

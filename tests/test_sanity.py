@@ -167,3 +167,22 @@ def test_an_interrupted_sanity_run_explains_only_the_depths_it_lacks(tmp_path):
     restarted = run_benchmark(ex, _dataset(), tmp_path / "out", methods=METHODS, metrics="sanity,aopc",
                               progress=False, resume=False)
     assert restarted["sanity"] == full["sanity"]
+
+
+@pytest.mark.parametrize("metrics", ["sanity", "consistency", "sanity,consistency"])
+def test_data_set_metrics_alone_measure_every_example_and_resume_as_complete(tmp_path, metrics):
+    """A run of data-set metrics alone writes each method's row with no per-example metric: those rows are results,
+    not lines to repair, so the run is complete and a second run finds every example done."""
+    import warnings
+
+    ex = Explainer(make_model("bert"), _tokenizer())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no line is taken out as "not a results row"
+        summary = run_benchmark(ex, _dataset(), tmp_path / "out", methods=["rawatt", "saliency"], metrics=metrics,
+                                progress=False)
+    assert summary["n_examples"] == len(TEXTS) and summary["timing"]["complete"]
+    for name in metrics.split(","):
+        assert set(summary[name]["methods"] if name == "sanity" else summary[name]) >= {"rawatt", "saliency"}
+    again = run_benchmark(ex, _dataset(), tmp_path / "out", methods=["rawatt", "saliency"], metrics=metrics,
+                          progress=False)
+    assert again["n_examples"] == len(TEXTS) and again["timing"]["complete"]

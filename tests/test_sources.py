@@ -746,6 +746,19 @@ def lm_dir(tmp_path_factory) -> str:
     return str(path)
 
 
+def test_cli_context_benchmark_refuses_a_folder_another_run_is_writing(lm_dir, tmp_path, capsys):
+    from attnlens.evaluation.results import results_lock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with results_lock(out):  # another benchmark holds the folder
+        code = main(["benchmark", "--task", "context", "--dataset", "squad-context", "--model", lm_dir,
+                     "--methods", "loo", "--limit", "1", "--lds-ablations", "4", "--quiet", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "is being written by another benchmark (pid" in err and "\n" not in err
+    assert not list(out.iterdir())  # nothing written there
+
+
 def test_cli_cite_json_terminal_and_html(lm_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ctx = tmp_path / "ctx.txt"

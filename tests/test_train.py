@@ -392,6 +392,15 @@ def test_an_eval_file_holding_the_training_splits_examples_is_refused(cfg, eval_
         load_splits(TrainConfig(model="x", out="y", eval_file=str(path), **cfg))
 
 
+@pytest.mark.parametrize("option", ["data_file", "eval_file"])
+def test_a_missing_data_or_eval_file_is_named_as_a_file(tmp_path, option):
+    data = write_jsonl(tmp_path / "d.jsonl", sentences(8))
+    cfg = {"data_file": data, option: str(tmp_path / "nosuch")}
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(InputError, match=rf"^{flag} .*nosuch does not exist \(or is not a file\)$"):
+        load_splits(TrainConfig(model="x", out="y", **cfg))
+
+
 def test_an_eval_file_that_is_the_data_file_is_refused(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", sentences(8))
     with pytest.raises(InputError, match="--eval-file .* is the --data-file"):

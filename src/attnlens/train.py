@@ -289,6 +289,9 @@ def _check_options(cfg: TrainConfig) -> None:
 
 def load_splits(cfg: TrainConfig) -> tuple[Split, Split, list[str] | None]:
     """The training and evaluation splits of ``cfg`` and the class names (if known)."""
+    for option, path in (("--data-file", cfg.data_file), ("--eval-file", cfg.eval_file)):
+        if path is not None and not Path(path).expanduser().is_file():  # not read as a data set's name
+            raise InputError(f"{option} {path} does not exist (or is not a file)")
     if cfg.dataset is not None:
         train_ds = load_dataset(cfg.dataset, cfg.split, root=cfg.data_root)
         eval_name = cfg.eval_split or EVAL_SPLITS.get(train_ds.name, "dev")

@@ -60,7 +60,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="explain the predicted class (default) or the gold label (Karpekov & Miller 2023 explain the "
                    "gold label; --protocol attcat-code always does)")
     p.add_argument("--target-kind", choices=["logit", "probability", "loss"], default="logit",
-                   help="explain the logit, the probability, or the loss (log-probability) of the target")
+                   help="explain the logit, the probability, or the loss (log-probability) of the target; the loss "
+                   "is against the gold label: with --target gold")
     p.add_argument("--k", type=int, default=20,
                    help="K of precision@K (QA): the count of gold-answer tokens among the top K")
     p.add_argument("--attention", default=None, help="BART-like models: encoder, decoder or cross")
@@ -104,6 +105,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 BUILD_OPTIONS = ("sources", "distractors", "hard")  # how squad-context builds its examples
 CONTEXT_OPTIONS = {"sources": "passage", "distractors": 3, "hard": False, "lds_ablations": 32, "ablation": "remove",
                    "external": [], "write_examples": None}
+# the options of the classification and QA benchmark, with their defaults: --task context reads none of them
+CLASSIFICATION_OPTIONS = {"no_lrp": False, "metrics": None, "protocol": "paper", "occlusion_max": 40,
+                          "occlusion_step": 2, "occlusion_drop": "mask", "target": None, "target_kind": "logit",
+                          "k": 20, "attention": None, "max_length": None, "batch_size": 32, "eval_batch_size": 64,
+                          "chunk_size": 16, "threads": None, "processes": 1, "shard": None}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
                                  f"{args.task}")
     if args.task == "context":
         from ..sources.squad import SQUAD_CONTEXT
+
+        given = [name for name, default in CLASSIFICATION_OPTIONS.items() if getattr(args, name) != default]
+        if given:
+            raise InputError(f"--{given[0].replace('_', '-')} is an option of the classification and QA benchmark; "
+                             "--task context does not read it: leave it out")
 
         if args.dataset not in SQUAD_CONTEXT:  # an examples file: its prompts and sources are built already
             built = ["--split"] * (args.split is not None) + [

@@ -44,8 +44,9 @@ def run_context(args: argparse.Namespace) -> int:
         read_external,
         run_context_benchmark,
     )
+    from ..evaluation.results import results_lock
     from ..explainer import Explainer
-    from ..paths import atomic_write_text, check_output_path
+    from ..paths import atomic_write_text, check_not_an_input, check_output_path
     from ..sources.attribute import split_methods
 
     check_at_least("--limit", args.limit, 1)
@@ -61,20 +62,28 @@ def run_context(args: argparse.Namespace) -> int:
     if not args.overwrite and (out / "summary.json").exists() and not (out / "records.jsonl").exists():
         raise InputError(f"--out {args.out} holds a summary.json but no records.jsonl: not a context benchmark to "
                          "resume; use another --out or --overwrite")
+    if args.write_examples:
+        check_output_path(args.write_examples, "--write-examples", directory=False)
+        inputs = {f"--external {e}": e for e in args.external}
+        if Path(args.dataset).expanduser().exists():
+            inputs["--dataset"] = args.dataset
+        check_not_an_input(args.write_examples, "--write-examples", inputs)
     external = read_external(args.external)
     examples = load_examples(args)
-    if args.write_examples:
-        atomic_write_text(args.write_examples, "".join(json.dumps(e.to_dict()) + "\n" for e in examples))
-    if args.overwrite and (out / "records.jsonl").exists():
-        (out / "records.jsonl").unlink()
-    device, dtype = placement(args)
-    ex = Explainer.from_pretrained(args.model, device=device, dtype=dtype)
     config = ContextBenchmarkConfig(methods=[*token, *source], options=options, n_lds=args.lds_ablations,
                                     ablation=args.ablation, seed=args.seed,
                                     memory_budget=None if args.memory_budget is None else
                                     parse_budget(args.memory_budget))
-    with tqdm(total=len(examples), desc="examples", disable=args.quiet, unit="ex") as bar:
-        summary = run_context_benchmark(ex, examples, config, out, external=external, progress=bar.update)
+    device, dtype = placement(args)
+    ex = Explainer.from_pretrained(args.model, device=device, dtype=dtype)  # before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    with results_lock(out):  # one run writes a folder at a time
+        if args.write_examples:
+            atomic_write_text(args.write_examples, "".join(json.dumps(e.to_dict()) + "\n" for e in examples))
+        if args.overwrite and (out / "records.jsonl").exists():
+            (out / "records.jsonl").unlink()
+        with tqdm(total=len(examples), desc="examples", disable=args.quiet, unit="ex") as bar:
+            summary = run_context_benchmark(ex, examples, config, out, external=external, progress=bar.update)
     print(markdown_table(summary["metrics"]))
     print(f"wrote {terminal_safe(out / 'summary.json', one_line=True)}")
     return 0

@@ -220,9 +220,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.top_k is not None:
         if args.top_k < 1:
             raise InputError(f"--top-k must be at least 1, got {args.top_k}")
-        if args.generate or args.format not in ("terminal", "html"):
-            raise InputError("--top-k sets the tables of top tokens, which --format terminal and html print "
-                             "(not --generate)")
+        if args.generate or (args.format not in ("terminal", "html") and not args.html):
+            raise InputError("--top-k sets the tables of top tokens, which --format terminal and html and the --html "
+                             "page print (not --generate)")
     else:
         args.top_k = 5
     if args.batch_size < 1:

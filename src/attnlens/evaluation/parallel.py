@@ -32,7 +32,7 @@ from .results import (
     SHARDS_DIR,
     complete_examples,
     differing_settings,
-    is_example_row,
+    example_row_of,
     read_rows,
     read_run,
     results_lock,
@@ -137,7 +137,7 @@ def merge_sources(out: Path, settings: dict[str, Any], methods: Sequence[str], c
         mine = directory == out  # we hold out's lock; a shard may still be appended to by its process
         if not mine:
             read[directory] = _sizes(directory)  # before reading: a later append makes the shard "changed"
-        rows = read_rows(directory / "examples.jsonl", repair=mine, row=is_example_row)
+        rows = read_rows(directory / "examples.jsonl", repair=mine, row=example_row_of(settings.get("metrics")))
         complete = complete_examples(rows, methods) - set(by_index)
         for r in rows:
             if r["index"] in complete:

@@ -27,6 +27,7 @@ import numpy as np
 from ..data import Dataset, text_lines
 from ..errors import AttnLensError, InputError
 from ..results.explanation import Explanation
+from .metrics import DATASET_METRICS
 
 try:  # POSIX advisory locks; elsewhere the results directory is not locked
     import fcntl
@@ -61,6 +62,10 @@ class BenchmarkSettings:
 
     def key(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def example_row(self, row: dict[str, Any]) -> bool:
+        """:func:`is_example_row` for this run's ``examples.jsonl``."""
+        return example_row_of(self.metrics)(row)
 
 
 def differing_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -103,13 +108,23 @@ def read_rows(path: Path, repair: bool = True, row: Callable[[dict[str, Any]], b
     return unique
 
 
-def is_example_row(row: dict[str, Any]) -> bool:
+def is_example_row(row: dict[str, Any], per_example: bool = True) -> bool:
     """Whether ``row`` is a row of ``examples.jsonl``: an example's index and a method's metrics, or (method
-    ``null``) the example's baseline."""
+    ``null``) the example's baseline. ``per_example``: the run measures metrics per example, so a method's row
+    holds some (a run of data-set metrics alone, ``sanity`` or ``consistency``, writes them empty)."""
     index = row.get("index")
     if isinstance(index, bool) or not isinstance(index, int) or index < 0 or "method" not in row:
         return False
-    return "baseline" in row if row["method"] is None else isinstance(row.get("metrics"), dict) and bool(row["metrics"])
+    if row["method"] is None:
+        return "baseline" in row
+    return isinstance(row.get("metrics"), dict) and (bool(row["metrics"]) or not per_example)
+
+
+def example_row_of(metrics: Sequence[str] | None) -> Callable[[dict[str, Any]], bool]:
+    """:func:`is_example_row` for a run measuring ``metrics``: its method rows hold some metric unless it measures
+    data-set metrics alone (``None``: not known, so they hold some)."""
+    per_example = metrics is None or any(m not in DATASET_METRICS for m in metrics)
+    return lambda row: is_example_row(row, per_example)
 
 
 def _first_of_each(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

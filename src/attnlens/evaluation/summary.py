@@ -20,7 +20,6 @@ from .results import (
     BenchmarkSettings,
     complete_examples,
     finite,
-    is_example_row,
     jsonable,
     read_rows,
 )
@@ -37,7 +36,7 @@ def summarize(
 
     ``consist`` and ``sanity``: the data-set metrics' results (:mod:`.metrics` consistency, :mod:`.sanity`)."""
     out = Path(out_dir)
-    rows = read_rows(out / "examples.jsonl", row=is_example_row)
+    rows = read_rows(out / "examples.jsonl", row=settings.example_row)
     done = complete_examples(rows, settings.methods)
     rows = [r for r in rows if r["index"] in done]
     config = EvalConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.config.items()})
