@@ -16,28 +16,26 @@ MINILM = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "min
 FAST = ["rawatt", "rollout", "agrad", "gae", "attcat", "inputxgradient"]
 
 
-def save_tiny_lm(path: Path) -> Path:
-    """A 2-layer random GPT-2 language model over MiniLM's WordPiece vocabulary (its tokens read as words)."""
+def _save_tiny(family: str, task: str, path: Path) -> Path:
+    """A 2-layer random ``task`` model of ``family`` over MiniLM's WordPiece vocabulary (its tokens read as words)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(MINILM)
-    model = build_tiny("gpt2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                       bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, task="causal-lm")
+    model = build_tiny(family, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, task=task)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_tiny_lm(path: Path) -> Path:
+    """A random GPT-2 language model over MiniLM's vocabulary."""
+    return _save_tiny("gpt2", "causal-lm", path)
 
 
 def save_tiny_seq2seq(path: Path) -> Path:
-    """A 2+2-layer random BART over MiniLM's WordPiece vocabulary."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(MINILM)
-    model = build_tiny("bart", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                       bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, task="seq2seq-lm")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    """A random BART over MiniLM's vocabulary."""
+    return _save_tiny("bart", "seq2seq-lm", path)
 
 
 def make_results(explainer: Explainer, out: Path, n: int = 6) -> Path:
