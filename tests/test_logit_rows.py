@@ -63,7 +63,7 @@ def test_next_token_explanations_equal_the_whole_outputs(lm, every_position, tar
 
 
 def test_a_batch_mixing_given_and_predicted_targets(lm, every_position):
-    kwargs = dict(methods=["grads", "cat", "inputxgradient", "decompx"], target=[None, 12, None], batch_size=3)
+    kwargs = dict(methods=["grads", "cat", "saliency", "decompx"], target=[None, 12, None], batch_size=3)
     kept = lm.explain(TEXTS, **kwargs)
     every_position()
     _assert_same(kept, lm.explain(TEXTS, **kwargs))
@@ -91,7 +91,7 @@ def test_generation_steps(lm, every_position):
 
 def test_whole_answer(lm, every_position):
     prompt = lm.tokenizer(TEXTS[2])["input_ids"]
-    kwargs = dict(methods=["rawatt", "grads", "cat", "inputxgradient", "decompx", "attnlrp"])
+    kwargs = dict(methods=["rawatt", "grads", "cat", "saliency", "decompx", "attnlrp"])
     kept = lm.explain_answer(prompt, [7, 8, 9], **kwargs)
     every_position()
     _assert_same([kept], [lm.explain_answer(prompt, [7, 8, 9], **kwargs)])
