@@ -286,8 +286,7 @@ def train_qa(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, 
         if given_length is not None:
             raise InputError(f"--max-length {cfg.max_length} is more than the {positions} positions of {cfg.model}")
         # the default window, on a model that takes fewer tokens (and the default stride, a third of it)
-        default_stride = next(f.default for f in fields(TrainConfig) if f.name == "doc_stride")
-        stride = positions // 3 if cfg.doc_stride == default_stride else cfg.doc_stride
+        stride = positions // 3 if cfg.doc_stride == TrainConfig.doc_stride else cfg.doc_stride
         cfg = replace(cfg, max_length=positions, doc_stride=stride)
         _check_options(cfg)
     seed_everything(cfg.seed)  # the new head's initialisation does not depend on what was loaded before

@@ -331,10 +331,10 @@ def capped_new_tokens(runner: ModelRunner, n_prompt: int, max_new_tokens: int) -
     line (a continuation past the window would have positions the model never learnt)."""
     room = room_to_generate(runner, n_prompt)
     if 1 <= room < max_new_tokens:
-        after = ("the decoder's window of {} positions holds after its start token" if isinstance(runner.head,
-                 Seq2SeqLMHead) else "the model's window of {} tokens leaves after the " + f"{n_prompt}-token prompt")
-        warnings.warn(f"max_new_tokens={max_new_tokens} is more than {after.format(runner.max_length)}: generating at "
-                      f"most {room}", stacklevel=4)
+        window = (f"the decoder's window of {runner.max_length} positions holds after its start token"
+                  if isinstance(runner.head, Seq2SeqLMHead) else
+                  f"the model's window of {runner.max_length} tokens leaves after the {n_prompt}-token prompt")
+        warnings.warn(f"max_new_tokens={max_new_tokens} is more than {window}: generating at most {room}", stacklevel=4)
         return room
     return max_new_tokens
 

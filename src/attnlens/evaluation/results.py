@@ -63,10 +63,6 @@ class BenchmarkSettings:
     def key(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def example_row(self, row: dict[str, Any]) -> bool:
-        """:func:`is_example_row` for this run's ``examples.jsonl``."""
-        return example_row_of(self.metrics)(row)
-
 
 def differing_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """The settings (``BenchmarkSettings.key()``, as JSON) in which a recorded run ``before`` differs from ``now``;

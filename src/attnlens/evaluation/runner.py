@@ -60,6 +60,7 @@ from .results import (
     clear_results,
     complete_examples,
     differing_settings,
+    example_row_of,
     example_rows,
     explanation_cache,
     read_rows,
@@ -472,7 +473,8 @@ def _work(
     kendall_methods = [m for m in method_ids if class_specific[m]] if "kendall" in metric_ids else []
 
     ex_path, exp_path = work_dir / "examples.jsonl", work_dir / "explanations.jsonl"
-    rows = read_rows(ex_path, row=settings.example_row)
+    example_row = example_row_of(settings.metrics)
+    rows = read_rows(ex_path, row=example_row)
     done = complete_examples(rows, method_ids)
     if len(done) * (len(method_ids) + 1) != len(rows):  # drop lines of half-written examples
         rows = [r for r in rows if r["index"] in done]
@@ -480,7 +482,7 @@ def _work(
     wanted = {i for chunk in plan for i in chunk}
     exp_rows = read_rows(exp_path)
     for src in sources:  # other processes may be appending to these: read complete lines, repair nothing
-        done |= complete_examples(read_rows(src / "examples.jsonl", repair=False, row=settings.example_row), method_ids)
+        done |= complete_examples(read_rows(src / "examples.jsonl", repair=False, row=example_row), method_ids)
         exp_rows += read_rows(src / "explanations.jsonl", repair=False)
     cached = explanation_cache([r for r in exp_rows if (r.get("meta") or {}).get("example_index") in wanted])
 
@@ -535,7 +537,7 @@ def _finish(
     remaining = 0.0  # compute seconds of shards still being written (kept, merged again later)
     if shard_dirs(out):
         cached, remaining = _merge_shards(out, settings, method_ids, chunk_size)
-    rows = read_rows(out / "examples.jsonl", row=settings.example_row)
+    rows = read_rows(out / "examples.jsonl", row=example_row_of(settings.metrics))
     complete = len(complete_examples(rows, method_ids)) == len(dataset)
     t2 = time.perf_counter()
     consist = None

@@ -15,14 +15,7 @@ from typing import Any
 
 from ..paths import atomic_output, atomic_write_text
 from .metrics import CURVES, METRICS, EvalConfig, mean_or_none, metric_info
-from .results import (
-    FORMAT_VERSION,
-    BenchmarkSettings,
-    complete_examples,
-    finite,
-    jsonable,
-    read_rows,
-)
+from .results import FORMAT_VERSION, BenchmarkSettings, complete_examples, example_row_of, finite, jsonable, read_rows
 
 
 def summarize(
@@ -36,7 +29,7 @@ def summarize(
 
     ``consist`` and ``sanity``: the data-set metrics' results (:mod:`.metrics` consistency, :mod:`.sanity`)."""
     out = Path(out_dir)
-    rows = read_rows(out / "examples.jsonl", row=settings.example_row)
+    rows = read_rows(out / "examples.jsonl", row=example_row_of(settings.metrics))
     done = complete_examples(rows, settings.methods)
     rows = [r for r in rows if r["index"] in done]
     config = EvalConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.config.items()})
